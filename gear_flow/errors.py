@@ -1,0 +1,107 @@
+"""Exception hierarchy.
+
+Every error raised on purpose by gear_flow derives from :class:`GearFlowError`.
+Subclasses also derive from the closest builtin (``ValueError``, ``KeyError``,
+``TimeoutError``) so that generic handlers keep working.  Messages name the bad
+value and what is allowed.
+"""
+
+from __future__ import annotations
+
+
+class GearFlowError(Exception):
+    """Root of all gear_flow errors."""
+
+
+class SpecError(GearFlowError, ValueError):
+    """A specification (column, table, selector, limiter) is invalid."""
+
+
+class InvalidDataError(GearFlowError, ValueError):
+    """Inserted data does not match the table's spec (shape, dtype, columns)."""
+
+
+class CapacityError(GearFlowError, ValueError):
+    """A single insert is larger than what the table can ever hold."""
+
+
+class InvalidPriorityError(GearFlowError, ValueError):
+    """A priority is NaN, infinite or negative.
+
+    Attributes
+    ----------
+    index : int
+        Position of the first bad priority in the call's input.
+    value : float
+        The bad value.
+    """
+
+    def __init__(self, index: int, value: float, message: str | None = None):
+        self.index = int(index)
+        self.value = float(value)
+        super().__init__(
+            message
+            or f"priority[{self.index}] = {self.value!r} is invalid: priorities must be "
+            "finite and >= 0; nothing from this call was applied"
+        )
+
+
+class UnknownKeyError(GearFlowError, KeyError):
+    """A key was never issued by this table (wrong table, wrong shard, or made up).
+
+    Keys of items that existed but were evicted are *stale*, not unknown: they are
+    ignored and counted instead.
+    """
+
+    def __init__(self, key: int, reason: str):
+        self.key = int(key)
+        self.reason = reason
+        super().__init__(f"key {self.key:#x} is unknown to this table: {reason}")
+
+    def __str__(self) -> str:  # KeyError quotes its argument otherwise
+        return str(self.args[0])
+
+
+class EmptyTableError(GearFlowError, ValueError):
+    """Nothing can be sampled (no items, or none with a valid window / nonzero mass)."""
+
+
+class WindowTooLongError(EmptyTableError):
+    """The requested window length fits in no stored episode (strict mode).
+
+    Attributes
+    ----------
+    length : int
+        The requested window length.
+    longest : int
+        The longest stored episode.
+    """
+
+    def __init__(self, length: int, longest: int):
+        self.length = int(length)
+        self.longest = int(longest)
+        super().__init__(
+            f"window length {self.length} is longer than every stored episode "
+            f"(longest: {self.longest} steps); use a length <= {self.longest} or "
+            "boundary='pad_tail'/'pad_head'"
+        )
+
+
+class RateLimitTimeout(GearFlowError, TimeoutError):
+    """A blocking insert or sample was not allowed by the rate limiter in time."""
+
+
+class TableClosedError(GearFlowError, RuntimeError):
+    """The table (or the writer) was closed."""
+
+
+class ShardLostError(GearFlowError, RuntimeError):
+    """A shard's worker is gone; the operation needed it."""
+
+    def __init__(self, shard: int, detail: str = ""):
+        self.shard = int(shard)
+        super().__init__(f"shard {self.shard} is lost" + (f": {detail}" if detail else ""))
+
+
+class CheckpointError(GearFlowError, ValueError):
+    """A checkpoint is corrupted, of another version, or does not match the table."""

@@ -1,0 +1,106 @@
+"""Max tree over item keys for top-k selection (MaxHeap / MinHeap selectors).
+
+Layout as in :mod:`gear_flow.ops.sumtree` but parents hold the max of their
+children; empty leaves hold ``-inf``.  A MinHeap stores negated priorities.
+``topk`` is a best-first search from the root with a small binary heap of tree
+nodes: O(k log k log N), independent of N's size beyond the tree depth.
+
+Twin of ``kernels/topk.cu``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .sumtree import leaf_count
+
+
+def new_tree(n: int) -> np.ndarray:
+    return np.full(2 * leaf_count(n), -np.inf, dtype=np.float64)
+
+
+@njit(cache=True, nogil=True)
+def set_leaves(tree, idx, values):
+    """``leaf[idx[k]] = values[k]`` (last wins on duplicates), parents repaired."""
+    P = tree.shape[0] // 2
+    for k in range(idx.shape[0]):
+        i = idx[k] + P
+        tree[i] = values[k]
+        i //= 2
+        while i >= 1:
+            a = tree[2 * i]
+            b = tree[2 * i + 1]
+            tree[i] = a if a >= b else b
+            i //= 2
+
+
+@njit(cache=True, nogil=True)
+def _push(hv, hn, size, v, n):
+    i = size
+    hv[i] = v
+    hn[i] = n
+    while i > 0:
+        p = (i - 1) // 2
+        # ties: the smaller node index (older slot) first, so results are deterministic
+        if hv[p] > hv[i] or (hv[p] == hv[i] and hn[p] < hn[i]):
+            break
+        hv[p], hv[i] = hv[i], hv[p]
+        hn[p], hn[i] = hn[i], hn[p]
+        i = p
+    return size + 1
+
+
+@njit(cache=True, nogil=True)
+def _pop(hv, hn, size):
+    v = hv[0]
+    n = hn[0]
+    size -= 1
+    hv[0] = hv[size]
+    hn[0] = hn[size]
+    i = 0
+    while True:
+        l = 2 * i + 1
+        r = l + 1
+        m = i
+        if l < size and (hv[l] > hv[m] or (hv[l] == hv[m] and hn[l] < hn[m])):
+            m = l
+        if r < size and (hv[r] > hv[m] or (hv[r] == hv[m] and hn[r] < hn[m])):
+            m = r
+        if m == i:
+            break
+        hv[m], hv[i] = hv[i], hv[m]
+        hn[m], hn[i] = hn[i], hn[m]
+        i = m
+    return v, n, size
+
+
+@njit(cache=True, nogil=True)
+def topk(tree, k, out_idx, out_val):
+    """The ``k`` largest finite leaves, in descending order (ties: lower index first).
+
+    Returns how many were found (fewer than ``k`` if fewer leaves are set).
+    """
+    P = tree.shape[0] // 2
+    cap = 2 * k * 64 + 2
+    hv = np.empty(cap, dtype=np.float64)
+    hn = np.empty(cap, dtype=np.int64)
+    size = 0
+    found = 0
+    if tree[1] == -np.inf or k <= 0:
+        return 0
+    size = _push(hv, hn, size, tree[1], 1)
+    while size > 0 and found < k:
+        v, n, size = _pop(hv, hn, size)
+        if n >= P:
+            out_idx[found] = n - P
+            out_val[found] = v
+            found += 1
+        else:
+            if size + 2 > cap:  # cannot happen for depth <= 64, kept as a guard
+                break
+            if tree[2 * n] != -np.inf:
+                size = _push(hv, hn, size, tree[2 * n], 2 * n)
+            if tree[2 * n + 1] != -np.inf:
+                size = _push(hv, hn, size, tree[2 * n + 1], 2 * n + 1)
+    return found

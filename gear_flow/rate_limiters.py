@@ -1,0 +1,246 @@
+"""Rate limiters with Reverb's semantics.
+
+A limiter tracks ``diff = inserts * samples_per_insert - samples`` over the
+whole table (all shards) and decides whether an insert of ``k`` items or a
+sample of ``n`` items may go ahead now:
+
+* sampling needs ``size >= min_size_to_sample`` and ``diff - n >= min_diff``;
+* inserting is always allowed while the table is below ``min_size_to_sample``
+  (counting the new items), otherwise it needs ``diff + k * spi <= max_diff``.
+
+Calls are atomic: a batch is admitted whole or waits.  A call that could never
+be admitted (``n > max_diff - min_diff``) is rejected at once rather than left
+to block forever, and configurations that deadlock are rejected at
+construction.  The limiter is pure state; the table does the waiting (with a
+timeout) under its own condition variable.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from abc import ABC
+from dataclasses import dataclass
+
+from .errors import SpecError
+
+_INF = sys.float_info.max
+
+
+@dataclass
+class LimiterState:
+    """Counters of a limiter (checkpointed with the table).
+
+    Attributes
+    ----------
+    inserts : int
+        Items admitted by inserts since the table was created.
+    samples : int
+        Items handed out by samples.
+    deletes : int
+        Items removed (evicted, deleted, expired).
+    """
+
+    inserts: int = 0
+    samples: int = 0
+    deletes: int = 0
+
+
+class RateLimiter(ABC):
+    """Base of every limiter; see the module docstring."""
+
+    def __init__(self, samples_per_insert: float, min_size_to_sample: int, min_diff: float, max_diff: float):
+        if not (isinstance(min_size_to_sample, int) and not isinstance(min_size_to_sample, bool)) or min_size_to_sample < 1:
+            raise SpecError(f"min_size_to_sample ({min_size_to_sample!r}) must be a positive integer")
+        if not (isinstance(samples_per_insert, (int, float)) and math.isfinite(samples_per_insert)) or samples_per_insert <= 0:
+            raise SpecError(f"samples_per_insert ({samples_per_insert!r}) must be a positive finite number")
+        self.samples_per_insert = float(samples_per_insert)
+        self.min_size_to_sample = int(min_size_to_sample)
+        self.min_diff = float(min_diff)
+        self.max_diff = float(max_diff)
+        self.state = LimiterState()
+
+    # -- decisions -------------------------------------------------------------
+    @property
+    def diff(self) -> float:
+        return self.state.inserts * self.samples_per_insert - self.state.samples
+
+    def can_insert(self, k: int, size: int) -> bool:
+        if size + k <= self.min_size_to_sample:
+            return True
+        return self.diff + k * self.samples_per_insert <= self.max_diff
+
+    def can_sample(self, n: int, size: int) -> bool:
+        if size < self.min_size_to_sample:
+            return False
+        return self.diff - n >= self.min_diff
+
+    def check_insert_size(self, k: int) -> None:
+        """Reject an insert of ``k`` items that this limiter could never admit."""
+        span = self.max_diff - self.min_diff
+        if k * self.samples_per_insert > span and k > self.min_size_to_sample:
+            raise SpecError(
+                f"an insert of {k} items can never be admitted by {self!r}: "
+                f"{k} * samples_per_insert = {k * self.samples_per_insert:g} exceeds the limiter's "
+                f"range max_diff - min_diff = {span:g}; insert fewer items per call or widen error_buffer"
+            )
+
+    def check_sample_size(self, n: int) -> None:
+        """Reject a sample of ``n`` items that this limiter could never admit."""
+        span = self.max_diff - self.min_diff
+        if n > span:
+            raise SpecError(
+                f"a sample of {n} items can never be admitted by {self!r}: it exceeds the "
+                f"limiter's range max_diff - min_diff = {span:g}; sample fewer or widen error_buffer"
+            )
+
+    def check_table(self, max_size: int) -> None:
+        """Reject configurations that deadlock with a table of ``max_size`` items."""
+        if self.min_size_to_sample > max_size:
+            raise SpecError(
+                f"min_size_to_sample ({self.min_size_to_sample}) is larger than the table's "
+                f"max_size ({max_size}): sampling could never start"
+            )
+
+    # -- bookkeeping -------------------------------------------------------------
+    def on_insert(self, k: int) -> None:
+        self.state.inserts += int(k)
+
+    def on_sample(self, n: int) -> None:
+        self.state.samples += int(n)
+
+    def on_delete(self, k: int) -> None:
+        self.state.deletes += int(k)
+
+    def info(self) -> dict:
+        return {
+            "kind": type(self).__name__,
+            "samples_per_insert": self.samples_per_insert,
+            "min_size_to_sample": self.min_size_to_sample,
+            "min_diff": self.min_diff if self.min_diff > -_INF else None,
+            "max_diff": self.max_diff if self.max_diff < _INF else None,
+            "inserts": self.state.inserts,
+            "samples": self.state.samples,
+            "deletes": self.state.deletes,
+        }
+
+    def params(self) -> dict:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.params().items())})"
+
+
+class MinSize(RateLimiter):
+    """Block sampling until the table holds ``min_size_to_sample`` items.
+
+    Examples
+    --------
+    >>> MinSize(1000)
+    MinSize(min_size_to_sample=1000)
+    """
+
+    def __init__(self, min_size_to_sample: int = 1):
+        super().__init__(1.0, min_size_to_sample, -_INF, _INF)
+
+    def params(self) -> dict:
+        return {"min_size_to_sample": self.min_size_to_sample}
+
+
+class SampleToInsertRatio(RateLimiter):
+    """Keep ``samples / inserts`` near ``samples_per_insert`` once the table is warm.
+
+    Parameters
+    ----------
+    samples_per_insert : float
+        Average number of times each item is sampled over its lifetime.
+    min_size_to_sample : int
+        Below this size sampling blocks and inserting never does.
+    error_buffer : float or (float, float)
+        Allowed deviation of ``(inserts - min_size_to_sample) * spi - samples``
+        around 0 before calls block; a pair gives ``(min_diff, max_diff)``
+        without the offset.  Must span at least ``2 * max(1, spi)``.
+
+    Examples
+    --------
+    >>> SampleToInsertRatio(samples_per_insert=4, min_size_to_sample=100, error_buffer=50)
+    SampleToInsertRatio(samples_per_insert=4.0, min_size_to_sample=100, error_buffer=(350.0, 450.0))
+    """
+
+    def __init__(self, samples_per_insert: float, min_size_to_sample: int, error_buffer):
+        if isinstance(error_buffer, (int, float)) and not isinstance(error_buffer, bool):
+            if not math.isfinite(error_buffer) or error_buffer <= 0:
+                raise SpecError(f"error_buffer ({error_buffer!r}) must be a positive finite number")
+            offset = samples_per_insert * min_size_to_sample
+            min_diff, max_diff = offset - error_buffer, offset + error_buffer
+        else:
+            try:
+                min_diff, max_diff = (float(x) for x in error_buffer)
+            except (TypeError, ValueError):
+                raise SpecError(f"error_buffer ({error_buffer!r}) must be a number or a (min_diff, max_diff) pair") from None
+        super().__init__(samples_per_insert, min_size_to_sample, min_diff, max_diff)
+        spi = self.samples_per_insert
+        if max_diff - min_diff < 2 * max(1.0, spi):
+            raise SpecError(
+                f"error_buffer {error_buffer!r} spans {max_diff - min_diff:g}, which must be >= "
+                f"2 * max(1, samples_per_insert) = {2 * max(1.0, spi):g}; smaller values can block "
+                "samples and inserts forever"
+            )
+        if min_diff > spi * self.min_size_to_sample:
+            raise SpecError(
+                f"min_diff ({min_diff:g}) is above samples_per_insert * min_size_to_sample "
+                f"({spi * self.min_size_to_sample:g}): the table would deadlock once it reaches min size"
+            )
+        if max_diff < spi * self.min_size_to_sample:
+            raise SpecError(
+                f"max_diff ({max_diff:g}) is below samples_per_insert * min_size_to_sample "
+                f"({spi * self.min_size_to_sample:g}): inserts would block before sampling can start"
+            )
+
+    def params(self) -> dict:
+        return {
+            "samples_per_insert": self.samples_per_insert,
+            "min_size_to_sample": self.min_size_to_sample,
+            "error_buffer": (self.min_diff, self.max_diff),
+        }
+
+
+class Queue(RateLimiter):
+    """A bounded queue: every item sampled once, in order; inserts block when full.
+
+    Use with ``sampler=Fifo()``, ``remover=Fifo()``, ``max_times_sampled=1`` and
+    ``max_size=size`` (``LocalTable.queue`` builds exactly that).
+
+    Examples
+    --------
+    >>> Queue(100)
+    Queue(size=100)
+    """
+
+    def __init__(self, size: int):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise SpecError(f"queue size ({size!r}) must be a positive integer")
+        self.size = size
+        super().__init__(1.0, 1, 0.0, float(size))
+
+    def params(self) -> dict:
+        return {"size": self.size}
+
+
+class Stack(Queue):
+    """A bounded stack: like :class:`Queue` with Lifo sampler and remover.
+
+    Examples
+    --------
+    >>> Stack(100)
+    Stack(size=100)
+    """
+
+
+#: name -> class, for configuration and checkpoints
+REGISTRY: dict[str, type[RateLimiter]] = {
+    "min_size": MinSize,
+    "sample_to_insert_ratio": SampleToInsertRatio,
+    "queue": Queue,
+    "stack": Stack,
+}

@@ -1,0 +1,131 @@
+"""Selector base classes.
+
+A selector decides which items are taken, either to *sample* them or, used as a
+table's *remover*, to evict them when the table is over ``max_size`` (Reverb's
+vocabulary; TorchRL calls the former a sampler).  Selectors keep per-item state
+indexed by *slot* (``0 <= slot < capacity`` of the shard) and are told about
+every insert, removal and priority update of the shard that owns them.  They do
+no I/O, no locking and no communication: the shard serialises calls.
+
+Two families:
+
+* :class:`WeightedSelector` (Uniform, Prioritized, WithoutReplacement) keeps a
+  sum tree of sampling weights.  The shard draws by inverse CDF over it and
+  reports the exact probability ``weight / valid_mass``; two-level sampling
+  over shards uses the masses.
+* :class:`OrderedSelector` (Fifo, Lifo, MaxHeap, MinHeap) is deterministic: it
+  yields the best ``n`` candidates with an order key (larger is better), and
+  the table merges candidates of all shards exactly.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable, ClassVar, Protocol
+
+import numpy as np
+
+from ..ops import sumtree
+
+
+class ShardState(Protocol):
+    """What a shard exposes to its selectors (read-only for them)."""
+
+    capacity: int
+    active: np.ndarray  # uint8[capacity], 1 where the slot holds a live item
+
+    def live_seq_range(self) -> tuple[int, int]:
+        """``[lo, hi)``: item sequence numbers that may be live (slot = seq % capacity)."""
+
+    def item_stamps(self, slots: np.ndarray) -> np.ndarray:
+        """Table-wide insertion order of the items in ``slots`` (int64)."""
+
+
+class Selector(ABC):
+    """Common interface of every selector; see the module docstring."""
+
+    #: deterministic selectors return candidates, stochastic ones draw
+    deterministic: ClassVar[bool] = False
+    #: whether the selector may be used as a table's remover
+    can_remove: ClassVar[bool] = True
+
+    def bind(self, shard: ShardState) -> None:
+        """Allocate per-slot state for ``shard``.  Called once by the shard."""
+        self.shard = shard
+        self.capacity = shard.capacity
+
+    def clone(self) -> Selector:
+        """A fresh, unbound selector with the same parameters (one per shard)."""
+        return type(self)(**self.params())
+
+    def params(self) -> dict:
+        """Constructor arguments (JSON-able)."""
+        return {}
+
+    @abstractmethod
+    def insert(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        """New live items at ``slots``."""
+
+    @abstractmethod
+    def remove(self, slots: np.ndarray) -> None:
+        """Items at ``slots`` are gone."""
+
+    @abstractmethod
+    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        """Priorities of live items changed (duplicates: last wins)."""
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{type(self).__name__}({args})"
+
+
+class WeightedSelector(Selector):
+    """Stochastic selection by inverse CDF over a sum tree of weights."""
+
+    #: whether importance-sampling weights are meaningful for this selector
+    importance_weighted: ClassVar[bool] = False
+    #: whether drawn items are drawn without replacement (within an epoch)
+    without_replacement: ClassVar[bool] = False
+
+    def bind(self, shard: ShardState) -> None:
+        super().bind(shard)
+        self.tree = sumtree.new_tree(shard.capacity)
+
+    @property
+    def mass(self) -> float:
+        """Total sampling weight of all items."""
+        return float(self.tree[1])
+
+    def leaf_weights(self, slots: np.ndarray) -> np.ndarray:
+        P = self.tree.shape[0] // 2
+        return self.tree[P + slots]
+
+    def remove(self, slots: np.ndarray) -> None:
+        sumtree.set_leaves_const(self.tree, slots, 0.0)
+
+    def consume(self, slots: np.ndarray) -> None:
+        """Called with the slots just sampled (before any removal)."""
+
+
+class OrderedSelector(Selector):
+    """Deterministic selection: the ``n`` best candidates by an order key."""
+
+    deterministic = True
+
+    @abstractmethod
+    def candidates(
+        self, n: int, valid: Callable[[np.ndarray], np.ndarray] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Up to ``n`` best live slots (best first) and their order keys (float64, larger is better).
+
+        ``valid`` filters slots (strict windows); only valid slots are returned.
+        """
+
+    def insert(self, slots: np.ndarray, priorities: np.ndarray) -> None:  # noqa: B027
+        pass
+
+    def remove(self, slots: np.ndarray) -> None:  # noqa: B027
+        pass
+
+    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:  # noqa: B027
+        pass

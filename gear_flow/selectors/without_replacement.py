@@ -1,0 +1,50 @@
+"""Epochs over all items, for offline training."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops import sumtree
+from .base import WeightedSelector
+
+
+class WithoutReplacement(WeightedSelector):
+    """Each live item is drawn once per epoch, in uniformly random order.
+
+    An epoch ends when every live item has been drawn; the table then starts
+    the next one on all shards at once (epochs are global).  Items inserted
+    during an epoch join it.  A batch that straddles two epochs may contain an
+    item twice (once per epoch).  In strict-window mode, items whose window does
+    not fit the requested length are skipped for the epoch.  The probability
+    reported for a draw is ``1 / U`` with ``U`` the items not yet drawn in the
+    epoch when the batch was drawn; importance weights are 1.
+
+    Examples
+    --------
+    >>> from gear_flow.selectors import WithoutReplacement
+    >>> WithoutReplacement()
+    WithoutReplacement()
+    """
+
+    without_replacement = True
+    can_remove = False
+
+    def bind(self, shard) -> None:
+        super().bind(shard)
+        self.epoch = 0
+
+    def insert(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        sumtree.set_leaves_const(self.tree, slots, 1.0)
+
+    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        pass
+
+    def consume(self, slots: np.ndarray) -> None:
+        sumtree.set_leaves_const(self.tree, slots, 0.0)
+
+    def new_epoch(self) -> None:
+        """Make every live item drawable again."""
+        live = np.flatnonzero(self.shard.active)
+        self.tree[:] = 0.0
+        sumtree.set_leaves_const(self.tree, live.astype(np.int64), 1.0)
+        self.epoch += 1

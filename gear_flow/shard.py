@@ -1,0 +1,512 @@
+"""One shard: column rings, episode index, per-item state, sampler and remover.
+
+A shard is an in-process, thread-safe object with no Dask in it.  Tables
+(local or distributed) hold several and orchestrate them: they validate input,
+route inserts, apply the rate limiter and combine per-shard selections into one
+exact global choice.  Everything here assumes validated input.
+
+Items are steps (each step is a window start, or a window end in ``pad_head``
+mode) or episodes, per table.  Per-item state is indexed by slot
+(``seq % capacity``): ``active`` (uint8), ``priority`` (float64) and, when
+``max_times_sampled`` is set, ``times_sampled`` (int32).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import keys as keymod
+from .errors import EmptyTableError, WindowTooLongError
+from .ops import sumtree
+from .selectors.base import OrderedSelector, Selector, WeightedSelector
+from .spec import TableSpec
+from .storage import ColumnRing, EpisodeIndex, get_tier
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EpisodeBatch:
+    """Validated episodes for one shard.
+
+    Attributes
+    ----------
+    chunks : list of dict
+        Each maps every column name to a ``[T_chunk, *shape]`` array; chunks are
+        written back to back (episodes may span chunk borders only if the caller
+        concatenated them, which :class:`~gear_flow.table.LocalTable` never does).
+    lengths : int64 array
+        Steps of each episode, in order.
+    episode_ids : int64 array
+        Table-wide id of each episode.
+    stamps : int64 array
+        Table-wide insertion order of each episode's first item.
+    priorities : float64 array or None
+        One per item (per step, or per episode); None: the shard's running max.
+    """
+
+    chunks: list
+    lengths: np.ndarray
+    episode_ids: np.ndarray
+    stamps: np.ndarray
+    priorities: np.ndarray | None = None
+
+    @property
+    def num_steps(self) -> int:
+        return int(self.lengths.sum())
+
+
+@dataclass
+class Counters:
+    """Item accounting of a shard: ``inserted == size + evicted + removed + deleted + expired``."""
+
+    inserted: int = 0
+    inserted_steps: int = 0
+    inserted_episodes: int = 0
+    evicted: int = 0  # storage overwrote their episode
+    removed: int = 0  # remover evicted them (max_size)
+    deleted: int = 0  # explicit delete
+    expired: int = 0  # max_times_sampled reached
+    sampled: int = 0
+    stale_updates: int = 0
+    stale_deletes: int = 0
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Windows:
+    """Where the windows of selected items are (internal to shard and tables)."""
+
+    slots: np.ndarray
+    src_start: np.ndarray  # ring slot of the first valid step
+    dst_offset: np.ndarray  # position of that step in the window
+    n_valid: np.ndarray  # valid steps in the window
+    episode_ids: np.ndarray
+    timesteps: np.ndarray  # index within the episode of the first valid step
+    extras: dict = field(default_factory=dict)
+
+
+class Shard:
+    """Storage and selection of one shard.
+
+    Parameters
+    ----------
+    spec : TableSpec
+        Columns, capacity (steps of this shard), item unit.
+    shard_id : int
+        Carried in every key (0..126).
+    sampler, remover : Selector
+        Fresh (unbound) selector instances owned by this shard.
+    max_times_sampled : int
+        Items are removed after this many samples (0: never).
+    tier : str or StorageTier
+        Where the column rings live (``host``, ``pinned``, ``device``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gear_flow.spec import ColumnSpec, TableSpec
+    >>> from gear_flow.selectors import Uniform, Fifo
+    >>> spec = TableSpec((ColumnSpec("x", ()),), capacity=16)
+    >>> shard = Shard(spec, 0, Uniform(), Fifo())
+    >>> shard.insert(EpisodeBatch([{"x": np.arange(5.0, dtype=np.float32)}], np.array([5]),
+    ...                           np.array([0]), np.array([0])))
+    >>> shard.size
+    5
+    """
+
+    def __init__(
+        self,
+        spec: TableSpec,
+        shard_id: int,
+        sampler: Selector,
+        remover: Selector,
+        *,
+        max_times_sampled: int = 0,
+        tier="host",
+    ):
+        self.spec = spec
+        self.shard_id = int(shard_id)
+        self.capacity = spec.capacity
+        self.step_items = spec.item_unit == "step"
+        self.tier = get_tier(tier)
+        self.ring = ColumnRing(spec, self.tier)
+        self.index = EpisodeIndex()
+        cap = self.capacity
+        self.step_episode = np.full(cap, -1, dtype=np.int64) if self.step_items else None
+        self.active = np.zeros(cap, dtype=np.uint8)
+        self.priority = np.zeros(cap, dtype=np.float64)
+        self.max_times_sampled = int(max_times_sampled)
+        self.times_sampled = np.zeros(cap, dtype=np.int32) if self.max_times_sampled else None
+        self.size = 0
+        self.max_priority = 1.0
+        self.counters = Counters()
+        self.lock = threading.RLock()
+        self.sampler = sampler
+        self.remover = remover
+        sampler.bind(self)
+        remover.bind(self)
+
+    # -- ShardState protocol (for selectors) ----------------------------------
+    def live_seq_range(self) -> tuple[int, int]:
+        if self.step_items:
+            return max(0, self.ring.write_pos - self.capacity), self.ring.write_pos
+        return self.index.first, self.index.next
+
+    def item_stamps(self, slots: np.ndarray) -> np.ndarray:
+        seqs = self.slot_seqs(slots)
+        if self.step_items:
+            ep = self.step_episode[slots]
+            return self.index.get("stamp", ep) + (seqs - self.index.get("start", ep))
+        return self.index.get("stamp", seqs)
+
+    def slot_seqs(self, slots: np.ndarray) -> np.ndarray:
+        """Sequence number of the live occupant of each slot."""
+        hi = self.live_seq_range()[1]
+        return hi - 1 - ((hi - 1 - slots) % self.capacity)
+
+    # -- writing ----------------------------------------------------------------
+    def insert(self, batch: EpisodeBatch) -> tuple[np.ndarray, int]:
+        """Store whole episodes (validated; ``num_steps <= capacity``).
+
+        Returns the key of each episode's first item and the number of items.
+        """
+        with self.lock:
+            n = batch.num_steps
+            w = self.ring.write_pos
+            self._evict_steps_before(w + n - self.capacity)
+            pos = w
+            for chunk in batch.chunks:
+                t = len(next(iter(chunk.values())))
+                for name, rows in chunk.items():
+                    self.ring.write(pos, name, rows)
+                pos += t
+            self.ring.write_pos = w + n
+            starts = w + np.concatenate(([0], np.cumsum(batch.lengths)[:-1])).astype(np.int64)
+            ep_seqs = self.index.append(starts, batch.lengths, batch.stamps, batch.episode_ids)
+            if self.step_items:
+                step_slots = (w + np.arange(n, dtype=np.int64)) % self.capacity
+                self.step_episode[step_slots] = np.repeat(ep_seqs, batch.lengths)
+                slots, first_seqs = step_slots, starts
+            else:
+                slots, first_seqs = ep_seqs % self.capacity, ep_seqs
+            if batch.priorities is None:
+                pr = np.full(len(slots), self.max_priority)
+            else:
+                pr = batch.priorities
+                if len(pr):
+                    self.max_priority = max(self.max_priority, float(pr.max()))
+            self._add_items(slots, pr)
+            self.counters.inserted_steps += n
+            self.counters.inserted_episodes += len(batch.lengths)
+            return keymod.encode(self.shard_id, first_seqs), len(slots)
+
+    def _add_items(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        self.active[slots] = 1
+        self.priority[slots] = priorities
+        if self.times_sampled is not None:
+            self.times_sampled[slots] = 0
+        self.sampler.insert(slots, priorities)
+        self.remover.insert(slots, priorities)
+        self.size += len(slots)
+        self.counters.inserted += len(slots)
+
+    def _drop_items(self, slots: np.ndarray) -> int:
+        """Deactivate the active ones among ``slots``; returns how many."""
+        slots = slots[self.active[slots] == 1]
+        if len(slots):
+            self.active[slots] = 0
+            self.sampler.remove(slots)
+            self.remover.remove(slots)
+            self.size -= len(slots)
+        return len(slots)
+
+    def _evict_steps_before(self, bound: int) -> None:
+        """Evict every live episode with a step at absolute position < bound."""
+        idx = self.index
+        k = 0
+        while idx.first + k < idx.next and idx.get("start", idx.first + k) < bound:
+            k += 1
+        if not k:
+            return
+        seqs = idx.pop_front(k)
+        if self.step_items:
+            st = idx.get("start", seqs)
+            ln = idx.get("length", seqs)
+            steps = np.concatenate([np.arange(s, s + l) for s, l in zip(st, ln)])
+            slots = steps % self.capacity
+            self.step_episode[slots] = -1
+        else:
+            slots = seqs % self.capacity
+        self.counters.evicted += self._drop_items(slots)
+
+    # -- keys ------------------------------------------------------------------
+    def resolve(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Split seqs into (slots of live items, mask of live) — unknown seqs raise."""
+        lo, hi = self.live_seq_range()
+        bad = np.flatnonzero(seqs >= hi)
+        if len(bad):
+            from .errors import UnknownKeyError
+
+            k = int(keymod.encode(self.shard_id, seqs[bad[:1]])[0])
+            raise UnknownKeyError(k, f"shard {self.shard_id} has issued item seqs below {hi} only")
+        slots = seqs % self.capacity
+        live = (seqs >= lo) & (seqs >= 0) & (self.active[slots] == 1)
+        return slots, live
+
+    def update_priorities(self, seqs: np.ndarray, priorities: np.ndarray) -> int:
+        """Apply validated priorities; returns the number of stale keys ignored."""
+        with self.lock:
+            slots, live = self.resolve(seqs)
+            stale = int((~live).sum())
+            slots, pr = slots[live], priorities[live]
+            if len(slots):
+                self.priority[slots] = pr
+                self.sampler.update(slots, pr)
+                self.remover.update(slots, pr)
+                self.max_priority = max(self.max_priority, float(pr.max()))
+            self.counters.stale_updates += stale
+            return stale
+
+    def delete(self, seqs: np.ndarray) -> tuple[int, int]:
+        """Remove items; returns (deleted, stale)."""
+        with self.lock:
+            slots, live = self.resolve(seqs)
+            n = self._drop_items(np.unique(slots[live]))
+            stale = int((~live).sum())
+            self.counters.deleted += n
+            self.counters.stale_deletes += stale
+            return n, stale
+
+    # -- window geometry ----------------------------------------------------------
+    def windows(self, slots: np.ndarray, length: int, boundary: str, rng: np.random.Generator) -> Windows:
+        """Window placement for the items at ``slots``."""
+        seqs = self.slot_seqs(slots)
+        if self.step_items:
+            ep = self.step_episode[slots]
+            t = seqs
+        else:
+            ep = seqs
+        start = self.index.get("start", ep)
+        n_ep = self.index.get("length", ep)
+        end = start + n_ep
+        if not self.step_items:
+            # the item is the episode; its window position is uniform among the valid ones
+            if boundary == "strict":
+                t = start + np.floor(rng.random(len(slots)) * np.maximum(n_ep - length + 1, 1)).astype(np.int64)
+            else:
+                t = start + np.floor(rng.random(len(slots)) * n_ep).astype(np.int64)
+        if boundary == "pad_head":
+            first = np.maximum(start, t - length + 1)
+            n_valid = t - first + 1
+            dst = length - n_valid
+        else:
+            first = t
+            n_valid = np.minimum(length, end - t)
+            dst = np.zeros(len(slots), dtype=np.int64)
+        return Windows(
+            slots=slots,
+            src_start=first % self.capacity,
+            dst_offset=dst,
+            n_valid=n_valid,
+            episode_ids=self.index.get("episode_id", ep),
+            timesteps=first - start,
+        )
+
+    def valid_fn(self, length: int, boundary: str):
+        """Predicate over slots: does the item's window fit (None when all do)."""
+        if boundary != "strict":
+            return None
+        if self.step_items:
+
+            def valid(slots):
+                ep = self.step_episode[slots]
+                end = self.index.get("start", ep) + self.index.get("length", ep)
+                return end - self.slot_seqs(slots) >= length
+
+        else:
+
+            def valid(slots):
+                return self.index.get("length", self.slot_seqs(slots)) >= length
+
+        return valid
+
+    def longest_episode(self) -> int:
+        ln = self.index.lengths()
+        return int(ln.max()) if len(ln) else 0
+
+    # -- stochastic selection --------------------------------------------------------
+    def valid_mass(self, length: int, boundary: str) -> float:
+        """Sampling mass of items whose window fits (exact; strict mode subtracts tails)."""
+        sel = self.sampler
+        assert isinstance(sel, WeightedSelector)
+        with self.lock:
+            total = sel.mass
+            if boundary != "strict" or length <= 1 or total <= 0:
+                return total
+            if self.step_items:
+                tail = sumtree.ring_tail_mass(
+                    sel.tree, self.capacity, self.index.starts() % self.capacity, self.index.lengths(), length - 1
+                )
+            else:
+                live = self.index.live()
+                short = live[self.index.get("length", live) < length]
+                tail = float(sel.leaf_weights(short % self.capacity).sum())
+            # a tiny negative remainder is rounding: nothing valid is left
+            return max(total - tail, 0.0) if total - tail > total * 1e-12 else 0.0
+
+    def draw(
+        self, n: int, length: int, boundary: str, rng: np.random.Generator, mass: float | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Draw ``n`` items from the sampler; returns (slots, probability within this shard).
+
+        Strict windows are drawn by rejection against the full tree; the
+        returned probability is renormalised by the exact valid mass, so it is
+        the probability of the distribution actually sampled.
+        """
+        sel = self.sampler
+        assert isinstance(sel, WeightedSelector)
+        with self.lock:
+            if mass is None:
+                mass = self.valid_mass(length, boundary)
+            if mass <= 0:
+                self._raise_empty(length, boundary)
+            valid = self.valid_fn(length, boundary)
+            out = np.empty(n, dtype=np.int64)
+            got = 0
+            rounds = 0
+            while got < n:
+                m = n - got
+                u = rng.random(m) * sel.mass
+                s = np.empty(m, dtype=np.int64)
+                sumtree.find(sel.tree, u, s)
+                if sel.without_replacement:
+                    s = np.unique(s)
+                    if valid is not None:
+                        bad = s[~valid(s)]
+                        sel.consume(bad)  # skipped for this epoch
+                        s = s[valid(s)]
+                    sel.consume(s)
+                elif valid is not None:
+                    s = s[valid(s)]
+                out[got : got + len(s)] = s
+                got += len(s)
+                rounds += 1
+                if got < n and (sel.mass <= 0 or rounds > 10_000):
+                    raise EmptyTableError(
+                        f"shard {self.shard_id}: could draw only {got} of {n} items "
+                        f"(remaining mass {sel.mass:g})"
+                    )
+            probs = (
+                np.full(n, 1.0 / (mass if mass > 0 else 1.0))
+                if sel.without_replacement
+                else sel.leaf_weights(out) / mass
+            )
+            return out, probs
+
+    def unseen(self, length: int, boundary: str) -> int:
+        """WithoutReplacement: items still drawable in this epoch (valid for the window)."""
+        return int(round(self.valid_mass(length, boundary)))
+
+    def _raise_empty(self, length: int, boundary: str):
+        if self.size == 0:
+            raise EmptyTableError(f"shard {self.shard_id} holds no items")
+        if boundary == "strict" and self.longest_episode() < length:
+            raise WindowTooLongError(length, self.longest_episode())
+        raise EmptyTableError(
+            f"shard {self.shard_id}: no item with a nonzero sampling weight has a window of length {length}"
+        )
+
+    # -- ordered selection -------------------------------------------------------
+    def candidates(self, n: int, length: int, boundary: str) -> tuple[np.ndarray, np.ndarray]:
+        sel = self.sampler
+        assert isinstance(sel, OrderedSelector)
+        with self.lock:
+            return sel.candidates(n, self.valid_fn(length, boundary))
+
+    # -- gathering -------------------------------------------------------------------
+    def take(
+        self,
+        slots: np.ndarray,
+        length: int,
+        boundary: str,
+        rng: np.random.Generator,
+        out: dict,
+        offset: int,
+        columns,
+    ) -> Windows:
+        """Gather the windows of ``slots`` into ``out[name][offset:offset+len(slots)]``,
+        count the samples and expire items that reached ``max_times_sampled``.
+
+        ``out`` maps column names to uint8 byte buffers ``[B, L, nbytes]``.
+        """
+        with self.lock:
+            win = self.windows(slots, length, boundary, rng)
+            b = len(slots)
+            for name in columns:
+                self.tier.gather_windows(
+                    self.ring.bytes[name], win.src_start, win.dst_offset, win.n_valid, out[name][offset : offset + b]
+                )
+            win.extras["seqs"] = self.slot_seqs(slots)
+            self.counters.sampled += b
+            if self.times_sampled is not None:
+                np.add.at(self.times_sampled, slots, 1)
+                done = np.unique(slots[self.times_sampled[slots] >= self.max_times_sampled])
+                self.counters.expired += self._drop_items(done)
+            return win
+
+    # -- removal by the remover -------------------------------------------------------
+    def remover_candidates(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """Best victims for an ordered remover (order key: larger = evict first)."""
+        with self.lock:
+            return self.remover.candidates(n)
+
+    def remove_by_remover(self, n: int, rng: np.random.Generator, slots: np.ndarray | None = None) -> int:
+        """Evict ``n`` items chosen by the remover (or exactly ``slots`` if given)."""
+        with self.lock:
+            if slots is None:
+                if isinstance(self.remover, OrderedSelector):
+                    slots, _ = self.remover.candidates(n)
+                else:
+                    chosen = []
+                    for _ in range(min(n, self.size)):  # one at a time: distinct, by current weights
+                        s = np.empty(1, dtype=np.int64)
+                        sumtree.find(self.remover.tree, rng.random(1) * self.remover.mass, s)
+                        chosen.append(int(s[0]))
+                        self.remover.remove(s)
+                    slots = np.array(chosen, dtype=np.int64)
+            k = self._drop_items(np.asarray(slots, dtype=np.int64))
+            self.counters.removed += k
+            return k
+
+    # -- info ---------------------------------------------------------------------------
+    def info(self) -> dict:
+        with self.lock:
+            return {
+                "shard": self.shard_id,
+                "size": self.size,
+                "episodes": len(self.index),
+                "steps_stored": int(self.index.lengths().sum()),
+                "capacity": self.capacity,
+                "write_pos": self.ring.write_pos,
+                **self.counters.as_dict(),
+            }
+
+    def nbytes(self) -> dict:
+        """Resident bytes by part (data vs overhead)."""
+        over = self.active.nbytes + self.priority.nbytes + self.index.nbytes
+        if self.step_episode is not None:
+            over += self.step_episode.nbytes
+        if self.times_sampled is not None:
+            over += self.times_sampled.nbytes
+        for sel in {id(self.sampler): self.sampler, id(self.remover): self.remover}.values():
+            tree = getattr(sel, "tree", None)
+            if tree is not None:
+                over += tree.nbytes
+        return {"data": self.ring.nbytes, "overhead": over}

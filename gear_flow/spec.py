@@ -1,0 +1,186 @@
+"""Validated, frozen descriptions of what a table stores.
+
+Examples
+--------
+>>> import numpy as np
+>>> from gear_flow.spec import ColumnSpec, TableSpec
+>>> spec = TableSpec(
+...     columns=(ColumnSpec("obs", (4,), np.float32), ColumnSpec("action", (), np.int64)),
+...     capacity=10_000,
+... )
+>>> spec.step_nbytes
+24
+"""
+
+from __future__ import annotations
+
+import keyword
+from dataclasses import dataclass, field
+from typing import Iterable, Literal
+
+import numpy as np
+
+from .errors import SpecError
+
+#: The unit that carries a priority: every stored step is the start (or end) of
+#: a window item, or every episode is one item.
+ItemUnit = Literal["step", "episode"]
+
+#: What happens to windows that would cross an episode boundary.
+#: ``strict``: such windows are never sampled (items whose window does not fit
+#: are excluded, with the probabilities renormalised exactly).
+#: ``pad_tail``: the window starts at the item and is zero-padded after the
+#: episode's last step (mask False there).
+#: ``pad_head``: the window *ends* at the item and is zero-padded before the
+#: episode's first step (Decision-Transformer style right-aligned windows).
+Boundary = Literal["strict", "pad_tail", "pad_head"]
+BOUNDARIES: tuple[str, ...] = ("strict", "pad_tail", "pad_head")
+ITEM_UNITS: tuple[str, ...] = ("step", "episode")
+
+#: Names used by the sample result itself; a column may not shadow them.
+RESERVED = frozenset({"keys", "probabilities", "weights", "mask", "table_size", "info"})
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """One named column: every step holds an array of ``shape`` and ``dtype``.
+
+    Parameters
+    ----------
+    name : str
+        A Python identifier, not one of the sample result's own field names.
+    shape : tuple of int
+        Per-step shape (``()`` for scalars).
+    dtype : numpy dtype-like
+        Any fixed-size numeric or bool dtype.
+
+    Examples
+    --------
+    >>> ColumnSpec("obs", (84, 84), "uint8").nbytes
+    7056
+    """
+
+    name: str
+    shape: tuple[int, ...] = ()
+    dtype: np.dtype = field(default=np.dtype(np.float32))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier() or keyword.iskeyword(self.name):
+            raise SpecError(f"column name {self.name!r} must be a Python identifier")
+        if self.name in RESERVED:
+            raise SpecError(f"column name {self.name!r} is reserved; reserved names: {sorted(RESERVED)}")
+        try:
+            shape = tuple(int(s) for s in (self.shape if isinstance(self.shape, Iterable) else (self.shape,)))
+        except (TypeError, ValueError):
+            raise SpecError(f"column {self.name!r}: shape {self.shape!r} must be a tuple of ints") from None
+        if any(s <= 0 for s in shape):
+            raise SpecError(f"column {self.name!r}: shape {shape} must have positive dimensions")
+        try:
+            dtype = np.dtype(self.dtype)
+        except TypeError:
+            raise SpecError(f"column {self.name!r}: dtype {self.dtype!r} is not a numpy dtype") from None
+        if dtype.kind not in "biufc" or dtype.hasobject or dtype.itemsize == 0:
+            raise SpecError(
+                f"column {self.name!r}: dtype {dtype} is not allowed; use a bool, integer, "
+                "float or complex dtype"
+            )
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "dtype", dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of one step of this column."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """What one table stores and how its items are defined.
+
+    Parameters
+    ----------
+    columns : sequence of ColumnSpec
+        At least one; names unique.
+    capacity : int
+        Steps per shard (the length of each column's ring).
+    num_shards : int
+        Shards of the table (in-process for a local table, on workers for a
+        distributed one).  Episodes are never split across shards.
+    item_unit : {"step", "episode"}
+        What carries a priority: each step (as a window start, or window end in
+        ``pad_head`` mode) or each episode.
+    max_size : int, optional
+        Most items the table keeps; beyond it the remover evicts.  Default:
+        every step of every shard (``capacity * num_shards``) for step items.
+        For episode items the default is ``capacity * num_shards`` as well (an
+        episode has at least one step).
+
+    Examples
+    --------
+    >>> spec = TableSpec((ColumnSpec("obs", (3,)),), capacity=1000, num_shards=2)
+    >>> spec.max_size
+    2000
+    """
+
+    columns: tuple[ColumnSpec, ...]
+    capacity: int
+    num_shards: int = 1
+    item_unit: ItemUnit = "step"
+    max_size: int | None = None
+
+    def __post_init__(self) -> None:
+        cols = tuple(self.columns)
+        if not cols:
+            raise SpecError("a table needs at least one column")
+        for c in cols:
+            if not isinstance(c, ColumnSpec):
+                raise SpecError(f"columns must be ColumnSpec instances, got {type(c).__name__}")
+        names = [c.name for c in cols]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise SpecError(f"column names must be unique; repeated: {dup}")
+        _positive_int("capacity", self.capacity)
+        _positive_int("num_shards", self.num_shards)
+        if self.num_shards > 127:
+            raise SpecError(f"num_shards ({self.num_shards}) must be <= 127 (keys carry the shard in 7 bits)")
+        if self.item_unit not in ITEM_UNITS:
+            raise SpecError(f"item_unit {self.item_unit!r} must be one of {ITEM_UNITS}")
+        max_size = self.capacity * self.num_shards if self.max_size is None else self.max_size
+        _positive_int("max_size", max_size)
+        object.__setattr__(self, "columns", cols)
+        object.__setattr__(self, "max_size", int(max_size))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def column(self, name: str) -> ColumnSpec:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise SpecError(f"no column {name!r}; columns: {list(self.names)}")
+
+    @property
+    def step_nbytes(self) -> int:
+        """Raw bytes of one step over all columns."""
+        return sum(c.nbytes for c in self.columns)
+
+    def to_dict(self) -> dict:
+        """A JSON-able description (used by checkpoints and the distributed table)."""
+        return {
+            "columns": [{"name": c.name, "shape": list(c.shape), "dtype": c.dtype.str} for c in self.columns],
+            "capacity": self.capacity,
+            "num_shards": self.num_shards,
+            "item_unit": self.item_unit,
+            "max_size": self.max_size,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TableSpec:
+        cols = tuple(ColumnSpec(c["name"], tuple(c["shape"]), np.dtype(c["dtype"])) for c in d["columns"])
+        return cls(cols, d["capacity"], d["num_shards"], d["item_unit"], d["max_size"])
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise SpecError(f"{name} ({value!r}) must be a positive integer")

@@ -1,0 +1,81 @@
+"""Storage tiers: where a shard's column rings live.
+
+``host`` (NumPy, the CPU backend) is built in.  ``pinned`` (page-locked host
+memory that GPU kernels read directly over UVA) and ``device`` (CuPy) are
+provided by :mod:`gear_flow.gpu` and registered lazily, so that importing
+gear_flow never imports CuPy or touches CUDA.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Callable
+
+import numpy as np
+
+from ..errors import SpecError
+
+
+class StorageTier(ABC):
+    """Allocates the arrays of one shard and knows how to gather from them."""
+
+    #: tier name used in specs and configuration
+    name: str = ""
+
+    @abstractmethod
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype):
+        """An uninitialised array of the tier (NumPy or CuPy)."""
+
+    @abstractmethod
+    def gather_windows(self, src, src_start, dst_offset, n_valid, out) -> None:
+        """Copy windows of ``src`` (``[cap, nbytes]`` uint8) into ``out`` (``[B, L, nbytes]`` uint8).
+
+        Semantics: :func:`gear_flow.ops.gather.gather_windows`.
+        """
+
+    def write_rows(self, dst, pos: int, rows: np.ndarray) -> None:
+        """Write host ``rows`` into ring ``dst`` at ``pos`` (wrapping)."""
+        from ..ops.gather import scatter_rows
+
+        scatter_rows(dst, pos, rows)
+
+    def read_rows(self, src, pos: int, n: int) -> np.ndarray:
+        """Copy ``n`` rows starting at ring ``pos`` (wrapping) to host memory."""
+        cap = src.shape[0]
+        idx = (pos + np.arange(n)) % cap
+        return np.asarray(src[idx])
+
+
+class HostTier(StorageTier):
+    """NumPy arrays in ordinary host memory; windows gathered by the numba twin."""
+
+    name = "host"
+
+    def empty(self, shape, dtype):
+        return np.empty(shape, dtype=dtype)
+
+    def gather_windows(self, src, src_start, dst_offset, n_valid, out) -> None:
+        from ..ops.gather import gather_windows
+
+        gather_windows(src, src_start, dst_offset, n_valid, out)
+
+
+_TIERS: dict[str, Callable[[], StorageTier]] = {"host": HostTier}
+
+
+def register_tier(name: str, factory: Callable[[], StorageTier]) -> None:
+    """Make a tier available by name (the GPU module registers ``pinned`` and ``device``)."""
+    _TIERS[name] = factory
+
+
+def get_tier(tier: str | StorageTier) -> StorageTier:
+    """The tier object for a name (importing the GPU tiers on first use)."""
+    if isinstance(tier, StorageTier):
+        return tier
+    if tier not in _TIERS and tier in ("pinned", "device"):
+        from .. import gpu  # noqa: F401  registers the GPU tiers
+
+    try:
+        return _TIERS[tier]()
+    except KeyError:
+        raise SpecError(f"storage tier {tier!r} is unknown; available: {sorted(set(_TIERS) | {'pinned', 'device'})}") from None

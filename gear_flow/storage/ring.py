@@ -1,0 +1,54 @@
+"""Column rings: one contiguous ``[capacity, *shape]`` array per column.
+
+Steps are written at an ever-increasing absolute position ``t``; step ``t``
+lives at ring slot ``t % capacity``.  Episodes are stored back to back without
+padding, and a window is a contiguous slice of the ring (two at the wrap), so
+overlapping windows are never stored twice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..spec import TableSpec
+from .base import StorageTier
+
+
+class ColumnRing:
+    """The step data of one shard.
+
+    Parameters
+    ----------
+    spec : TableSpec
+        Columns and capacity.
+    tier : StorageTier
+        Where the arrays live.
+
+    Examples
+    --------
+    >>> from gear_flow.spec import ColumnSpec, TableSpec
+    >>> from gear_flow.storage.base import HostTier
+    >>> ring = ColumnRing(TableSpec((ColumnSpec("x", (2,)),), capacity=8), HostTier())
+    >>> ring.columns["x"].shape
+    (8, 2)
+    """
+
+    def __init__(self, spec: TableSpec, tier: StorageTier):
+        self.spec = spec
+        self.tier = tier
+        self.capacity = spec.capacity
+        self.columns = {c.name: tier.empty((spec.capacity, *c.shape), c.dtype) for c in spec.columns}
+        # byte views [capacity, step_nbytes] used by the dtype-agnostic gather
+        self.bytes = {n: a.reshape(self.capacity, -1).view(np.uint8) for n, a in self.columns.items()}
+        #: absolute position of the next step to write
+        self.write_pos = 0
+
+    def write(self, pos: int, name: str, rows: np.ndarray) -> None:
+        self.tier.write_rows(self.columns[name], pos % self.capacity, rows)
+
+    def read(self, name: str, start: int, n: int) -> np.ndarray:
+        return self.tier.read_rows(self.columns[name], start % self.capacity, n)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(a.nbytes) for a in self.columns.values())

@@ -1,0 +1,493 @@
+"""A table of in-process shards: the single-process (and per-worker) view.
+
+Inserts are validated whole, routed to shards (episodes never split) and
+admitted by the rate limiter atomically; sampling is two-level (shard masses
+→ per-shard counts → local selection and gather) and returns the true
+probability of every item.  Thread-safe: concurrent writers and samplers are
+allowed; a sample holds every shard's lock while it selects and gathers, so
+the probabilities it reports are those of one consistent state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import config
+from ..errors import EmptyTableError, SpecError, TableClosedError, RateLimitTimeout
+from ..keys import decode
+from ..rate_limiters import MinSize, Queue, RateLimiter, Stack
+from ..sample import SampleBatch, SampleBuffers
+from ..selectors import Fifo, Lifo, OrderedSelector, Selector, Uniform, WeightedSelector
+from ..shard import EpisodeBatch, Shard
+from ..spec import TableSpec
+from . import two_level
+from .routing import route
+from .validate import as_episode_list, check_episode, check_keys, check_priorities, check_sample_args
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InsertResult:
+    """What an insert stored.
+
+    Attributes
+    ----------
+    episode_ids : numpy.ndarray
+        int64, table-wide id of each inserted episode, in input order.
+    first_keys : numpy.ndarray
+        int64, key of each episode's first item (for episode items: the
+        episode's key; for step items, step ``j`` of episode ``i`` has key
+        ``first_keys[i] + j``).
+    shards : numpy.ndarray
+        Shard of each episode.
+    num_items : int
+        Items created.
+    """
+
+    episode_ids: np.ndarray
+    first_keys: np.ndarray
+    shards: np.ndarray
+    num_items: int
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """Outcome of a priority update or delete: ``applied`` items, ``stale`` keys ignored."""
+
+    applied: int
+    stale: int
+
+
+class LocalTable:
+    """Replay table whose shards live in this process.
+
+    Parameters
+    ----------
+    spec : TableSpec
+        Columns, capacity per shard, number of shards, item unit, max_size.
+    sampler : Selector, default Uniform()
+        How items are sampled.
+    remover : Selector, default Fifo()
+        Which items are evicted when the table exceeds ``max_size``.
+    rate_limiter : RateLimiter, default MinSize(1)
+        Global across the shards.
+    max_times_sampled : int, default 0
+        Remove an item after this many samples (0: never).
+    boundary : {"strict", "pad_tail", "pad_head"}, optional
+        Default window boundary mode for ``sample`` (config ``table.boundary``).
+    tier : {"host", "pinned", "device"}, optional
+        Storage tier of the shards (config ``table.tier``).
+    routing : {"balanced", "round_robin"}, optional
+    timeout : float, optional
+        Default seconds a blocking call waits (None: forever).
+    seed : int, optional
+        Seeds the table's random generator (sampling, routing ties).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gear_flow import ColumnSpec, TableSpec, LocalTable, Prioritized
+    >>> spec = TableSpec((ColumnSpec("obs", (3,), np.float32), ColumnSpec("reward", (), np.float32)),
+    ...                  capacity=1000)
+    >>> table = LocalTable(spec, sampler=Prioritized(alpha=0.6, beta=0.4), seed=0)
+    >>> _ = table.insert({"obs": np.zeros((10, 3)), "reward": np.ones(10)})
+    >>> batch = table.sample(batch_size=4, length=5)
+    >>> tuple(batch["obs"].shape), tuple(batch.mask.shape)
+    ((4, 5, 3), (4, 5))
+    """
+
+    def __init__(
+        self,
+        spec: TableSpec,
+        *,
+        sampler: Selector | None = None,
+        remover: Selector | None = None,
+        rate_limiter: RateLimiter | None = None,
+        max_times_sampled: int = 0,
+        boundary: str | None = None,
+        tier: str | None = None,
+        routing: str | None = None,
+        timeout: float | None = None,
+        seed: int | None = None,
+        shard_ids=None,
+    ):
+        if not isinstance(spec, TableSpec):
+            raise SpecError(f"spec must be a TableSpec, got {type(spec).__name__}")
+        sampler = Uniform() if sampler is None else sampler
+        remover = Fifo() if remover is None else remover
+        for role, sel in (("sampler", sampler), ("remover", remover)):
+            if not isinstance(sel, Selector):
+                raise SpecError(f"{role} must be a Selector instance, got {sel!r}")
+        if not remover.can_remove:
+            raise SpecError(f"{remover!r} cannot be used as a remover; use Fifo, Lifo, MinHeap, MaxHeap, Uniform or Prioritized")
+        if isinstance(max_times_sampled, bool) or not isinstance(max_times_sampled, int) or max_times_sampled < 0:
+            raise SpecError(f"max_times_sampled ({max_times_sampled!r}) must be an integer >= 0")
+        self.rate_limiter = MinSize(1) if rate_limiter is None else rate_limiter
+        if not isinstance(self.rate_limiter, RateLimiter):
+            raise SpecError(f"rate_limiter must be a RateLimiter, got {rate_limiter!r}")
+        self.rate_limiter.check_table(spec.max_size)
+        if isinstance(self.rate_limiter, Queue):
+            want = Lifo if isinstance(self.rate_limiter, Stack) else Fifo
+            if not (isinstance(sampler, want) and isinstance(remover, want) and max_times_sampled == 1):
+                raise SpecError(
+                    f"{self.rate_limiter!r} needs sampler={want.__name__}(), remover={want.__name__}() and "
+                    "max_times_sampled=1 (use LocalTable.queue / LocalTable.stack)"
+                )
+        self.spec = spec
+        self.sampler_proto = sampler
+        self.remover_proto = remover
+        self.max_times_sampled = max_times_sampled
+        self.boundary = config.get("table.boundary", boundary)
+        check_sample_args(1, 1, self.boundary)
+        self.routing = config.get("table.routing", routing)
+        self.timeout = config.get("table.timeout", timeout)
+        tier = config.get("table.tier", tier)
+        ids = list(range(spec.num_shards)) if shard_ids is None else list(shard_ids)
+        self.shards = [
+            Shard(spec, i, sampler.clone(), remover.clone(), max_times_sampled=max_times_sampled, tier=tier)
+            for i in ids
+        ]
+        self.rng = np.random.default_rng(config.get("table.seed", seed))
+        self._cond = threading.Condition(threading.Lock())
+        self._rr = 0
+        self._episode_ids = itertools.count()
+        self._stamp = 0
+        self._closed = False
+        self._evict_lock = threading.Lock()
+
+    # -- construction helpers ------------------------------------------------------
+    @classmethod
+    def queue(cls, spec: TableSpec, size: int, **kw) -> LocalTable:
+        """A FIFO queue of ``size`` items: each sampled once, inserts block when full."""
+        spec = TableSpec(spec.columns, spec.capacity, spec.num_shards, spec.item_unit, size)
+        return cls(spec, sampler=Fifo(), remover=Fifo(), rate_limiter=Queue(size), max_times_sampled=1, **kw)
+
+    @classmethod
+    def stack(cls, spec: TableSpec, size: int, **kw) -> LocalTable:
+        """A LIFO stack of ``size`` items."""
+        spec = TableSpec(spec.columns, spec.capacity, spec.num_shards, spec.item_unit, size)
+        return cls(spec, sampler=Lifo(), remover=Lifo(), rate_limiter=Stack(size), max_times_sampled=1, **kw)
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        """Items currently in the table."""
+        return sum(s.size for s in self.shards)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def close(self) -> None:
+        """Refuse further calls and wake every blocked caller with TableClosedError."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _check_open(self):
+        if self._closed:
+            raise TableClosedError("the table is closed")
+
+    def _wait(self, pred, timeout, what: str):
+        """Wait (holding ``self._cond``) until ``pred()``; raise on timeout or close."""
+        timeout = self.timeout if timeout is None else timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._check_open()
+            if pred():
+                return
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise RateLimitTimeout(
+                    f"{what} was not admitted by {self.rate_limiter!r} within {timeout} s "
+                    f"(table size {self.size}, inserts {self.rate_limiter.state.inserts}, "
+                    f"samples {self.rate_limiter.state.samples})"
+                )
+            self._cond.wait(remaining)
+
+    # -- writing --------------------------------------------------------------------------
+    def insert(self, episodes, priorities=None, *, timeout: float | None = None, shard: int | None = None) -> InsertResult:
+        """Insert whole episodes, all or nothing.
+
+        Parameters
+        ----------
+        episodes : mapping or sequence of mappings
+            Each maps every column to an array ``[T, *shape]`` (T >= 1).
+        priorities : None, float, array or list of arrays
+            Per item: None (the shard's running max priority, as in PER), one
+            value for all, a flat array over all items of all episodes, or one
+            array per episode.
+        timeout : float, optional
+            Seconds to wait for the rate limiter.
+        shard : int, optional
+            Put every episode on this shard (writer affinity).
+        """
+        self._check_open()
+        eps = as_episode_list(episodes)
+        checked = [check_episode(self.spec, e, i) for i, e in enumerate(eps)]
+        lengths = np.array([t for _, t in checked], dtype=np.int64)
+        step_items = self.spec.item_unit == "step"
+        n_items = int(lengths.sum()) if step_items else len(lengths)
+        if isinstance(priorities, (list, tuple)) and priorities and np.ndim(priorities[0]) >= 1:
+            priorities = np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1) for p in priorities])
+        pr = check_priorities(priorities, n_items)
+        dest = route(lengths, len(self.shards), self.spec.capacity, self.routing, self._rr, shard)
+        self.rate_limiter.check_insert_size(n_items)
+        item_off = np.concatenate(([0], np.cumsum(lengths if step_items else np.ones_like(lengths))))
+        with self._cond:
+            self._wait(lambda: self.rate_limiter.can_insert(n_items, self.size), timeout, f"an insert of {n_items} items")
+            ids = np.array([next(self._episode_ids) for _ in eps], dtype=np.int64)
+            stamps = self._stamp + item_off[:-1]
+            self._stamp += n_items
+            self._rr = (self._rr + len(eps)) % len(self.shards)
+            self.rate_limiter.on_insert(n_items)
+        first_keys = np.empty(len(eps), dtype=np.int64)
+        for s in np.unique(dest):
+            sel = np.flatnonzero(dest == s)
+            p = None if pr is None else np.concatenate([pr[item_off[i] : item_off[i + 1]] for i in sel])
+            batch = EpisodeBatch([checked[i][0] for i in sel], lengths[sel], ids[sel], stamps[sel], p)
+            fk, _ = self.shards[s].insert(batch)
+            first_keys[sel] = fk
+        self._enforce_max_size()
+        with self._cond:
+            self._cond.notify_all()
+        return InsertResult(ids, first_keys, dest, n_items)
+
+    def writer(self, max_episode_length: int | None = None, shard: int | None = None, timeout: float | None = None):
+        """A streaming writer: ``append(step)`` … ``end_episode()``; see :class:`EpisodeWriter`."""
+        from ..writer import EpisodeWriter
+
+        return EpisodeWriter(self, max_episode_length=max_episode_length, shard=shard, timeout=timeout)
+
+    def _enforce_max_size(self) -> None:
+        with self._evict_lock:
+            self._enforce_max_size_locked()
+
+    def _enforce_max_size_locked(self) -> None:
+        excess = self.size - self.spec.max_size
+        if excess <= 0:
+            return
+        removed = 0
+        if isinstance(self.remover_proto, OrderedSelector):
+            cands = [s.remover_candidates(excess) for s in self.shards]
+            chosen = two_level.merge_candidates(cands, excess)
+            for s, slots in zip(self.shards, chosen):
+                if len(slots):
+                    removed += s.remove_by_remover(len(slots), self.rng, slots=np.unique(slots))
+        else:
+            masses = np.array([s.remover.mass for s in self.shards])
+            counts = two_level.multinomial_counts(masses, excess, self.rng)
+            counts = np.minimum(counts, [s.size for s in self.shards])
+            for s, c in zip(self.shards, counts):
+                if c:
+                    removed += s.remove_by_remover(int(c), self.rng)
+        with self._cond:
+            self.rate_limiter.on_delete(removed)
+
+    # -- sampling -----------------------------------------------------------------------------
+    def sample(
+        self,
+        batch_size: int,
+        length: int = 1,
+        *,
+        columns=None,
+        boundary: str | None = None,
+        timeout: float | None = None,
+        out: SampleBuffers | None = None,
+    ) -> SampleBatch:
+        """Sample ``batch_size`` windows of ``length`` steps; see :class:`SampleBatch`.
+
+        Blocks until the rate limiter admits the whole batch (or ``timeout``).
+        ``columns`` selects columns (default: all); ``out`` reuses buffers.
+        """
+        self._check_open()
+        boundary = self.boundary if boundary is None else boundary
+        check_sample_args(batch_size, length, boundary)
+        columns = self.spec.names if columns is None else tuple(columns)
+        for c in columns:
+            self.spec.column(c)
+        if out is None:
+            out = SampleBuffers(self.spec, columns, batch_size, length)
+        elif not out.matches(columns, batch_size, length):
+            raise SpecError(
+                f"out buffers are for columns={out.columns}, batch_size={out.batch_size}, length={out.length}; "
+                f"this call asks for columns={columns}, batch_size={batch_size}, length={length}"
+            )
+        self.rate_limiter.check_sample_size(batch_size)
+        with self._cond:
+            self._wait(lambda: self.rate_limiter.can_sample(batch_size, self.size), timeout, f"a sample of {batch_size}")
+            self.rate_limiter.on_sample(batch_size)
+        try:
+            size = self._sample_into(out, batch_size, length, boundary, columns)
+        except BaseException:
+            with self._cond:
+                self.rate_limiter.state.samples -= batch_size
+            raise
+        with self._cond:
+            self._cond.notify_all()
+        return out.batch(size)
+
+    def _sample_into(self, out: SampleBuffers, B: int, L: int, boundary: str, columns) -> int:
+        locks = [s.lock for s in self.shards]
+        for lk in locks:
+            lk.acquire()
+        try:
+            size = self.size
+            expired_before = sum(s.counters.expired for s in self.shards)
+            sel = self.shards[0].sampler
+            if isinstance(sel, OrderedSelector):
+                cands = [s.candidates(B, L, boundary) for s in self.shards]
+                if not any(len(c[0]) for c in cands):
+                    self._raise_empty(L, boundary)
+                chosen = two_level.merge_candidates(cands, B)
+                plan = [(s, slots, np.ones(len(slots))) for s, slots in zip(self.shards, chosen)]
+            elif sel.without_replacement:
+                plan = self._plan_epoch(B, L, boundary)
+            else:
+                masses = np.array([s.valid_mass(L, boundary) for s in self.shards])
+                if masses.sum() <= 0:
+                    self._raise_empty(L, boundary)
+                counts = two_level.multinomial_counts(masses, B, self.rng)
+                total = masses.sum()
+                plan = []
+                for s, c, m in zip(self.shards, counts, masses):
+                    if c:
+                        slots, q = s.draw(int(c), L, boundary, self.rng, mass=m)
+                        plan.append((s, slots, q * (m / total)))
+            off = 0
+            for s, slots, p in plan:
+                n = len(slots)
+                if not n:
+                    continue
+                win = s.take(slots, L, boundary, self.rng, out.bytes, off, columns)
+                out.keys[off : off + n] = (np.int64(s.shard_id) << np.int64(56)) | win.extras["seqs"]
+                out.probabilities[off : off + n] = p
+                out.episode_ids[off : off + n] = win.episode_ids
+                out.timesteps[off : off + n] = win.timesteps
+                j = np.arange(L)
+                out.mask[off : off + n] = (j >= win.dst_offset[:, None]) & (j < (win.dst_offset + win.n_valid)[:, None])
+                off += n
+            assert off == B, (off, B)
+            beta = getattr(sel, "beta", 0.0) if getattr(sel, "importance_weighted", False) else 0.0
+            two_level.importance_weights(out.probabilities, beta, out.weights)
+            expired = sum(s.counters.expired for s in self.shards) - expired_before
+            if expired:
+                self.rate_limiter.on_delete(expired)
+            return size
+        finally:
+            for lk in reversed(locks):
+                lk.release()
+
+    def _plan_epoch(self, B: int, L: int, boundary: str):
+        """WithoutReplacement: a uniform subset of the global epoch, starting a new epoch when it runs out."""
+        plan = []
+        need = B
+        fresh = False
+        while need:
+            unseen = np.array([s.unseen(L, boundary) for s in self.shards])
+            left = int(unseen.sum())
+            if left == 0:
+                if fresh:
+                    self._raise_empty(L, boundary)
+                for s in self.shards:
+                    s.sampler.new_epoch()
+                fresh = True
+                continue
+            fresh = False
+            take = min(need, left)
+            counts = two_level.epoch_counts(unseen, take, self.rng)
+            for s, c in zip(self.shards, counts):
+                if c:
+                    slots, _ = s.draw(int(c), L, boundary, self.rng, mass=float(s.unseen(L, boundary)))
+                    plan.append((s, slots, np.full(len(slots), 1.0 / left)))
+            need -= take
+        return plan
+
+    def _raise_empty(self, L: int, boundary: str):
+        if self.size == 0:
+            raise EmptyTableError("the table holds no items")
+        longest = max(s.longest_episode() for s in self.shards)
+        if boundary == "strict" and longest < L:
+            from ..errors import WindowTooLongError
+
+            raise WindowTooLongError(L, longest)
+        raise EmptyTableError(f"no item with a nonzero sampling weight has a window of length {L} ({boundary})")
+
+    # -- priorities and deletes ------------------------------------------------------------------
+    def _by_shard(self, keys):
+        k = check_keys(keys, len(self.shards))
+        shard, seq = decode(k)
+        return k, shard, seq
+
+    def update_priorities(self, keys, priorities) -> UpdateResult:
+        """Set priorities by key, all or nothing for invalid input.
+
+        Keys of evicted items are ignored and counted (``stale``); unknown keys
+        and NaN/inf/negative priorities raise before anything is applied.
+        Duplicate keys: the last value wins.
+        """
+        self._check_open()
+        k, shard, seq = self._by_shard(keys)
+        pr = check_priorities(priorities, len(k), "keys")
+        if pr is None:
+            raise SpecError("priorities must not be None")
+        for s in np.unique(shard):  # unknown keys raise before any shard is touched
+            self.shards[s].resolve(seq[shard == s])
+        stale = 0
+        for s in np.unique(shard):
+            m = shard == s
+            stale += self.shards[s].update_priorities(seq[m], pr[m])
+        return UpdateResult(len(k) - stale, stale)
+
+    def delete(self, keys) -> UpdateResult:
+        """Remove items by key (stale keys ignored and counted, unknown keys raise)."""
+        self._check_open()
+        k, shard, seq = self._by_shard(keys)
+        for s in np.unique(shard):
+            self.shards[s].resolve(seq[shard == s])
+        deleted = stale = 0
+        for s in np.unique(shard):
+            d, st = self.shards[s].delete(seq[shard == s])
+            deleted += d
+            stale += st
+        with self._cond:
+            self.rate_limiter.on_delete(deleted)
+            self._cond.notify_all()
+        return UpdateResult(deleted, stale)
+
+    # -- info ----------------------------------------------------------------------------------
+    def info(self) -> dict:
+        """Sizes, counters per shard and in total, limiter state, selectors."""
+        shards = [s.info() for s in self.shards]
+        totals = {
+            k: sum(si[k] for si in shards)
+            for k in shards[0]
+            if k not in ("shard", "capacity", "write_pos")
+        }
+        return {
+            "size": self.size,
+            "max_size": self.spec.max_size,
+            "num_shards": len(self.shards),
+            "item_unit": self.spec.item_unit,
+            "sampler": repr(self.sampler_proto),
+            "remover": repr(self.remover_proto),
+            "rate_limiter": self.rate_limiter.info(),
+            "totals": totals,
+            "shards": shards,
+        }
+
+    def nbytes(self) -> dict:
+        parts = [s.nbytes() for s in self.shards]
+        return {k: sum(p[k] for p in parts) for k in parts[0]}

@@ -1,0 +1,49 @@
+"""Which shard each inserted episode goes to (episodes are never split)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import CapacityError, SpecError
+
+ROUTINGS = ("balanced", "round_robin")
+
+
+def route(lengths: np.ndarray, num_shards: int, capacity: int, policy: str, start: int, shard: int | None = None):
+    """Shard of each episode, so that no shard receives more than ``capacity`` steps.
+
+    ``balanced`` gives each episode to the shard that received the fewest steps
+    so far in this call (ties: the next in round-robin order from ``start``);
+    ``round_robin`` cycles from ``start``.  ``shard`` pins all episodes.
+    """
+    if policy not in ROUTINGS:
+        raise SpecError(f"routing {policy!r} must be one of {ROUTINGS}")
+    too_long = np.flatnonzero(lengths > capacity)
+    if len(too_long):
+        i = int(too_long[0])
+        raise CapacityError(
+            f"episode {i} has {int(lengths[i])} steps, more than a shard's capacity ({capacity}); nothing was inserted"
+        )
+    n = len(lengths)
+    if shard is not None:
+        if not 0 <= shard < num_shards:
+            raise SpecError(f"shard {shard} must be in [0, {num_shards})")
+        dest = np.full(n, shard, dtype=np.int64)
+    elif policy == "round_robin" or num_shards == 1:
+        dest = (start + np.arange(n)) % num_shards
+    else:
+        load = np.zeros(num_shards, dtype=np.int64)
+        order = (start + np.arange(num_shards)) % num_shards
+        dest = np.empty(n, dtype=np.int64)
+        for i, ln in enumerate(lengths):
+            s = order[np.argmin(load[order])]
+            dest[i] = s
+            load[s] += ln
+    per = np.bincount(dest, weights=lengths, minlength=num_shards)
+    if per.max() > capacity:
+        s = int(per.argmax())
+        raise CapacityError(
+            f"this insert puts {int(per[s])} steps on shard {s}, more than its capacity ({capacity}); "
+            "insert fewer steps per call; nothing was inserted"
+        )
+    return dest

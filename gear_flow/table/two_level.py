@@ -1,0 +1,56 @@
+"""Combining per-shard selections into one exact global choice.
+
+Shared by the local and the distributed table: the first level decides how
+many items each shard contributes, the second (on the shards) picks them.
+
+* Weighted selectors: counts ~ Multinomial(B, m_s / sum(m)) with ``m_s`` the
+  shard's valid mass; an item drawn with local probability ``q`` then has
+  global probability ``q * m_s / sum(m) = w_i / sum(m)``, exactly the
+  single-table distribution.
+* WithoutReplacement: counts ~ multivariate hypergeometric over the items left
+  in each shard's epoch, so the batch is a uniform subset of the global epoch.
+* Ordered selectors: every shard proposes its best ``B`` candidates with order
+  keys; the global best ``B`` are among them (a merge, exact).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def multinomial_counts(masses: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    total = masses.sum()
+    return rng.multinomial(n, masses / total)
+
+
+def epoch_counts(unseen: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Counts for ``n`` draws without replacement (``n <= unseen.sum()``)."""
+    return rng.multivariate_hypergeometric(unseen.astype(np.int64), n)
+
+
+def merge_candidates(per_shard: list[tuple[np.ndarray, np.ndarray]], n: int) -> list[np.ndarray]:
+    """Global best ``n`` of every shard's (slots, keys); returns chosen slots per shard.
+
+    Ties are broken by shard order, then by the shard's own order.  If fewer
+    than ``n`` candidates exist, the chosen ones are repeated in order until the
+    batch is full (a Fifo over 3 items sampled with B=5 gives 1,2,3,1,2).
+    """
+    shard_of = np.concatenate([np.full(len(s), i) for i, (s, _) in enumerate(per_shard)] or [np.zeros(0, int)])
+    pos = np.concatenate([np.arange(len(s)) for s, _ in per_shard] or [np.zeros(0, int)])
+    keys = np.concatenate([k for _, k in per_shard] or [np.zeros(0)])
+    order = np.lexsort((pos, shard_of, -keys))[:n]
+    if len(order) and len(order) < n:
+        order = np.resize(order, n)
+    return [per_shard[i][0][pos[order[shard_of[order] == i]]] for i in range(len(per_shard))]
+
+
+
+
+def importance_weights(probabilities: np.ndarray, beta: float, out: np.ndarray) -> np.ndarray:
+    """``(P_i)^-beta`` normalised by the batch maximum (the ``N`` factor cancels)."""
+    if beta == 0.0 or len(probabilities) == 0:
+        out[...] = 1.0
+        return out
+    w = np.power(probabilities, -beta)
+    out[...] = w / w.max()
+    return out

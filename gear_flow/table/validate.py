@@ -1,0 +1,105 @@
+"""Input validation shared by every table: nothing is applied unless all of it is valid."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from ..errors import InvalidDataError, InvalidPriorityError, SpecError
+from ..spec import BOUNDARIES, TableSpec
+
+
+def as_episode_list(episodes) -> list[Mapping]:
+    """One mapping (one episode) or a sequence of mappings."""
+    if isinstance(episodes, Mapping):
+        return [episodes]
+    if isinstance(episodes, Sequence) and not isinstance(episodes, (str, bytes)):
+        eps = list(episodes)
+        for i, e in enumerate(eps):
+            if not isinstance(e, Mapping):
+                raise InvalidDataError(f"episode {i} is a {type(e).__name__}; expected a mapping of column -> array")
+        return eps
+    raise InvalidDataError(
+        f"episodes must be a mapping of column -> array or a sequence of them, got {type(episodes).__name__}"
+    )
+
+
+def check_episode(spec: TableSpec, ep: Mapping, i: int) -> tuple[dict, int]:
+    """Return ``({name: array cast to the column dtype}, T)`` or raise, naming what is wrong."""
+    names = set(spec.names)
+    got = set(ep)
+    if got != names:
+        missing, extra = sorted(names - got), sorted(got - names)
+        raise InvalidDataError(
+            f"episode {i}: columns do not match the table"
+            + (f"; missing {missing}" if missing else "")
+            + (f"; unknown {extra}" if extra else "")
+            + f" (table columns: {list(spec.names)})"
+        )
+    out = {}
+    T = None
+    for c in spec.columns:
+        a = np.asarray(ep[c.name])
+        if a.dtype.kind not in "biufc":
+            raise InvalidDataError(f"episode {i}, column {c.name!r}: dtype {a.dtype} is not numeric")
+        if a.ndim != 1 + len(c.shape) or a.shape[1:] != c.shape:
+            raise InvalidDataError(
+                f"episode {i}, column {c.name!r}: shape {a.shape} must be (T, *{c.shape}) = (T{''.join(', ' + str(s) for s in c.shape)})"
+            )
+        if not np.can_cast(a.dtype, c.dtype, "same_kind"):
+            raise InvalidDataError(
+                f"episode {i}, column {c.name!r}: dtype {a.dtype} cannot be stored as {c.dtype} "
+                "(allowed: dtypes that cast safely or within the same kind)"
+            )
+        if T is None:
+            T = a.shape[0]
+        elif a.shape[0] != T:
+            raise InvalidDataError(
+                f"episode {i}: columns have different lengths ({c.name!r} has {a.shape[0]} steps, "
+                f"{spec.columns[0].name!r} has {T})"
+            )
+        out[c.name] = np.ascontiguousarray(a, dtype=c.dtype)
+    if not T:
+        raise InvalidDataError(f"episode {i} has no steps; an episode needs at least one")
+    return out, int(T)
+
+
+def check_priorities(priorities, n: int, what: str = "items") -> np.ndarray | None:
+    """None, a scalar, or ``n`` values; all finite and >= 0."""
+    if priorities is None:
+        return None
+    p = np.asarray(priorities, dtype=np.float64)
+    if p.ndim == 0:
+        p = np.full(n, float(p))
+    p = p.reshape(-1)
+    if len(p) != n:
+        raise InvalidDataError(f"got {len(p)} priorities for {n} {what}")
+    bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
+    if len(bad):
+        raise InvalidPriorityError(int(bad[0]), float(p[bad[0]]))
+    return p
+
+
+def check_keys(keys, num_shards: int) -> np.ndarray:
+    k = np.asarray(keys)
+    if k.dtype.kind not in "iu":
+        if hasattr(keys, "numpy"):  # a torch tensor
+            return check_keys(keys.cpu().numpy(), num_shards)
+        raise InvalidDataError(f"keys must be integers, got dtype {k.dtype}")
+    k = k.astype(np.int64).reshape(-1)
+    shard = k >> np.int64(56)
+    bad = np.flatnonzero((shard < 0) | (shard >= num_shards))
+    if len(bad):
+        from ..errors import UnknownKeyError
+
+        raise UnknownKeyError(int(k[bad[0]]), f"it names shard {int(shard[bad[0]])}; this table has {num_shards}")
+    return k
+
+
+def check_sample_args(batch_size, length, boundary) -> None:
+    for name, v in (("batch_size", batch_size), ("length", length)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise SpecError(f"{name} ({v!r}) must be a positive integer")
+    if boundary not in BOUNDARIES:
+        raise SpecError(f"boundary {boundary!r} must be one of {BOUNDARIES}")

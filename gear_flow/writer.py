@@ -1,0 +1,155 @@
+"""Streaming writer for actors: ``append(step)`` … ``end_episode()``.
+
+Steps are buffered in the writer (growing NumPy arrays, one per column) and
+become sampleable all at once when ``end_episode()`` returns: the episode is
+inserted atomically, exactly like a one-episode ``insert``.  With
+``max_episode_length`` set, an episode that reaches that many steps is ended
+automatically (``truncated`` in :attr:`EpisodeWriter.ended`) and the next
+``append`` starts a new one, so non-terminating environments still deliver data.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Mapping
+
+import numpy as np
+
+from .errors import InvalidDataError, SpecError, TableClosedError
+
+logger = logging.getLogger(__name__)
+
+
+class EpisodeWriter:
+    """Buffers one episode at a time and inserts it whole.
+
+    Parameters
+    ----------
+    table : LocalTable or DistributedTable
+        Anything with ``spec`` and ``insert(episodes, priorities, timeout=, shard=)``.
+    max_episode_length : int, optional
+        End the episode automatically at this many steps.
+    shard : int, optional
+        Insert into this shard (writer affinity).
+    timeout : float, optional
+        Rate-limiter wait of each insert.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gear_flow import ColumnSpec, TableSpec, LocalTable
+    >>> table = LocalTable(TableSpec((ColumnSpec("obs", (2,)),), capacity=100))
+    >>> with table.writer() as w:
+    ...     for t in range(3):
+    ...         w.append({"obs": np.full(2, t)})
+    ...     _ = w.end_episode()
+    >>> table.size
+    3
+    """
+
+    def __init__(self, table, max_episode_length: int | None = None, shard: int | None = None, timeout=None):
+        if max_episode_length is not None and (
+            isinstance(max_episode_length, bool) or not isinstance(max_episode_length, int) or max_episode_length < 1
+        ):
+            raise SpecError(f"max_episode_length ({max_episode_length!r}) must be a positive integer or None")
+        self.table = table
+        self.spec = table.spec
+        self.max_episode_length = max_episode_length
+        self.shard = shard
+        self.timeout = timeout
+        self._buf = {c.name: np.empty((64, *c.shape), dtype=c.dtype) for c in self.spec.columns}
+        self._prio: list[float] | None = None
+        self._n = 0
+        self._closed = False
+        #: (episode_id, length, truncated) of every episode this writer ended
+        self.ended: list[tuple[int, int, bool]] = []
+
+    @property
+    def pending(self) -> int:
+        """Steps appended to the current episode, not yet sampleable."""
+        return self._n
+
+    def append(self, step: Mapping, priority: float | None = None) -> None:
+        """Add one step (a mapping of every column to one step's array)."""
+        if self._closed:
+            raise TableClosedError("the writer is closed")
+        names = set(self.spec.names)
+        if set(step) != names:
+            raise InvalidDataError(
+                f"step columns {sorted(step)} do not match the table's {sorted(names)}; nothing was appended"
+            )
+        vals = {}
+        for c in self.spec.columns:
+            v = np.asarray(step[c.name])
+            if v.shape != c.shape:
+                raise InvalidDataError(f"step column {c.name!r}: shape {v.shape} must be {c.shape}; nothing was appended")
+            if not np.can_cast(v.dtype, c.dtype, "same_kind"):
+                raise InvalidDataError(f"step column {c.name!r}: dtype {v.dtype} cannot be stored as {c.dtype}")
+            vals[c.name] = v
+        if priority is not None:
+            p = float(priority)
+            if not np.isfinite(p) or p < 0:
+                from .errors import InvalidPriorityError
+
+                raise InvalidPriorityError(self._n, p)
+        if self._n == len(self._buf[self.spec.columns[0].name]):
+            for k, a in self._buf.items():
+                b = np.empty((2 * len(a), *a.shape[1:]), dtype=a.dtype)
+                b[: self._n] = a[: self._n]
+                self._buf[k] = b
+        for k, v in vals.items():
+            self._buf[k][self._n] = v
+        if priority is not None or self._prio is not None:
+            if self._prio is None:
+                self._prio = [None] * self._n
+            self._prio.append(priority)
+        self._n += 1
+        if self.max_episode_length is not None and self._n >= self.max_episode_length:
+            self.end_episode(truncated=True)
+
+    def end_episode(self, priorities=None, truncated: bool = False):
+        """Insert the buffered steps as one episode; returns the table's InsertResult.
+
+        ``priorities`` (per item) overrides those given to ``append``.  On
+        failure (e.g. a rate-limiter timeout) the steps stay buffered, so the
+        call can be retried.
+        """
+        if self._n == 0:
+            return None
+        ep = {k: a[: self._n] for k, a in self._buf.items()}
+        if priorities is None and self._prio is not None:
+            if self.spec.item_unit == "step":
+                default = max([p for p in self._prio if p is not None], default=1.0)
+                priorities = np.array([default if p is None else p for p in self._prio])
+            else:
+                priorities = max(p for p in self._prio if p is not None)
+        res = self.table.insert(ep, priorities, timeout=self.timeout, shard=self.shard)
+        self.ended.append((int(res.episode_ids[0]), self._n, truncated))
+        self._n = 0
+        self._prio = None
+        return res
+
+    def discard(self) -> int:
+        """Drop the buffered steps; returns how many were dropped."""
+        n, self._n, self._prio = self._n, 0, None
+        return n
+
+    def close(self) -> None:
+        """End the pending episode (if any) and refuse further appends."""
+        if not self._closed:
+            try:
+                self.end_episode()
+            finally:
+                self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            n = self.discard()
+            if n:
+                logger.warning("writer exited with %s; %d buffered steps were not inserted", exc_type.__name__, n)
+            self._closed = True
+        else:
+            self.close()
