@@ -46,14 +46,22 @@ class LimiterState:
     deletes: int = 0
 
 
+def _check_rate(samples_per_insert, min_size_to_sample) -> None:
+    if not (isinstance(min_size_to_sample, int) and not isinstance(min_size_to_sample, bool)) or min_size_to_sample < 1:
+        raise SpecError(f"min_size_to_sample ({min_size_to_sample!r}) must be a positive integer")
+    if (
+        isinstance(samples_per_insert, bool)
+        or not (isinstance(samples_per_insert, (int, float)) and math.isfinite(samples_per_insert))
+        or samples_per_insert <= 0
+    ):
+        raise SpecError(f"samples_per_insert ({samples_per_insert!r}) must be a positive finite number")
+
+
 class RateLimiter(ABC):
     """Base of every limiter; see the module docstring."""
 
     def __init__(self, samples_per_insert: float, min_size_to_sample: int, min_diff: float, max_diff: float):
-        if not (isinstance(min_size_to_sample, int) and not isinstance(min_size_to_sample, bool)) or min_size_to_sample < 1:
-            raise SpecError(f"min_size_to_sample ({min_size_to_sample!r}) must be a positive integer")
-        if not (isinstance(samples_per_insert, (int, float)) and math.isfinite(samples_per_insert)) or samples_per_insert <= 0:
-            raise SpecError(f"samples_per_insert ({samples_per_insert!r}) must be a positive finite number")
+        _check_rate(samples_per_insert, min_size_to_sample)
         self.samples_per_insert = float(samples_per_insert)
         self.min_size_to_sample = int(min_size_to_sample)
         self.min_diff = float(min_diff)
@@ -76,13 +84,19 @@ class RateLimiter(ABC):
         return self.diff - n >= self.min_diff
 
     def check_insert_size(self, k: int) -> None:
-        """Reject an insert of ``k`` items that this limiter could never admit."""
-        span = self.max_diff - self.min_diff
+        """Reject an insert of ``k`` items that this limiter could never admit from now on.
+
+        Samples lower ``diff`` to ``min_diff`` at most, but before sampling starts
+        ``diff`` may still be below ``min_diff`` (0 for a new table), where a
+        larger insert is admissible; the bound uses the lower of the two.
+        """
+        low = min(self.diff, self.min_diff)
+        span = self.max_diff - low
         if k * self.samples_per_insert > span and k > self.min_size_to_sample:
             raise SpecError(
                 f"an insert of {k} items can never be admitted by {self!r}: "
-                f"{k} * samples_per_insert = {k * self.samples_per_insert:g} exceeds the limiter's "
-                f"range max_diff - min_diff = {span:g}; insert fewer items per call or widen error_buffer"
+                f"{k} * samples_per_insert = {k * self.samples_per_insert:g} exceeds "
+                f"max_diff - min(diff, min_diff) = {span:g}; insert fewer items per call or widen error_buffer"
             )
 
     def check_sample_size(self, n: int) -> None:
@@ -168,6 +182,8 @@ class SampleToInsertRatio(RateLimiter):
     """
 
     def __init__(self, samples_per_insert: float, min_size_to_sample: int, error_buffer):
+        # validated before the offset below is computed from them (a str would raise TypeError)
+        _check_rate(samples_per_insert, min_size_to_sample)
         if isinstance(error_buffer, (int, float)) and not isinstance(error_buffer, bool):
             if not math.isfinite(error_buffer) or error_buffer <= 0:
                 raise SpecError(f"error_buffer ({error_buffer!r}) must be a positive finite number")

@@ -25,6 +25,7 @@ from .ops import sumtree
 from .selectors.base import OrderedSelector, Selector, WeightedSelector
 from .spec import TableSpec
 from .storage import ColumnRing, EpisodeIndex, get_tier
+from .tails import TailMass
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +153,8 @@ class Shard:
         self.remover = remover
         sampler.bind(self)
         remover.bind(self)
+        self.weighted = isinstance(sampler, WeightedSelector)
+        self.tails = TailMass(self._tail_mass_exact, self._reach)
 
     # -- ShardState protocol (for selectors) ----------------------------------
     def live_seq_range(self) -> tuple[int, int]:
@@ -213,6 +216,8 @@ class Shard:
         if self.times_sampled is not None:
             self.times_sampled[slots] = 0
         self.sampler.insert(slots, priorities)
+        if self.weighted:
+            self.tails.change(slots, np.zeros(len(slots)), self.sampler.leaf_weights(slots))
         self.remover.insert(slots, priorities)
         self.size += len(slots)
         self.counters.inserted += len(slots)
@@ -221,6 +226,8 @@ class Shard:
         """Deactivate the active ones among ``slots``; returns how many."""
         slots = slots[self.active[slots] == 1]
         if len(slots):
+            if self.weighted:
+                self.tails.change(slots, self.sampler.leaf_weights(slots), np.zeros(len(slots)))
             self.active[slots] = 0
             self.sampler.remove(slots)
             self.remover.remove(slots)
@@ -235,16 +242,19 @@ class Shard:
             k += 1
         if not k:
             return
-        seqs = idx.pop_front(k)
+        seqs = np.arange(idx.first, idx.first + k)
         if self.step_items:
             st = idx.get("start", seqs)
             ln = idx.get("length", seqs)
             steps = np.concatenate([np.arange(s, s + l) for s, l in zip(st, ln)])
             slots = steps % self.capacity
-            self.step_episode[slots] = -1
         else:
             slots = seqs % self.capacity
+        # drop first: the tail-mass cache needs the episode records of the dropped items
         self.counters.evicted += self._drop_items(slots)
+        idx.pop_front(k)
+        if self.step_items:
+            self.step_episode[slots] = -1
 
     # -- keys ------------------------------------------------------------------
     def resolve(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -268,7 +278,12 @@ class Shard:
             slots, pr = slots[live], priorities[live]
             if len(slots):
                 self.priority[slots] = pr
-                self.sampler.update(slots, pr)
+                if self.weighted:
+                    old = self.sampler.leaf_weights(slots)
+                    self.sampler.update(slots, pr)
+                    self.tails.change(slots, old, self.sampler.leaf_weights(slots))
+                else:
+                    self.sampler.update(slots, pr)
                 self.remover.update(slots, pr)
                 self.max_priority = max(self.max_priority, float(pr.max()))
             self.counters.stale_updates += stale
@@ -350,16 +365,28 @@ class Shard:
             total = sel.mass
             if boundary != "strict" or length <= 1 or total <= 0:
                 return total
-            if self.step_items:
-                tail = sumtree.ring_tail_mass(
+            tail = self.tails.get(length)
+            # a remainder within rounding of zero means nothing valid is left
+            return total - tail if total - tail > total * 1e-9 else 0.0
+
+    def _tail_mass_exact(self, length: int) -> float:
+        sel = self.sampler
+        if self.step_items:
+            return float(
+                sumtree.ring_tail_mass(
                     sel.tree, self.capacity, self.index.starts() % self.capacity, self.index.lengths(), length - 1
                 )
-            else:
-                live = self.index.live()
-                short = live[self.index.get("length", live) < length]
-                tail = float(sel.leaf_weights(short % self.capacity).sum())
-            # a tiny negative remainder is rounding: nothing valid is left
-            return max(total - tail, 0.0) if total - tail > total * 1e-12 else 0.0
+            )
+        live = self.index.live()
+        short = live[self.index.get("length", live) < length]
+        return float(sel.leaf_weights(short % self.capacity).sum())
+
+    def _reach(self, slots: np.ndarray) -> np.ndarray:
+        """Steps from each item to its episode's end (inclusive); episode items: the length."""
+        if self.step_items:
+            ep = self.step_episode[slots]
+            return self.index.get("start", ep) + self.index.get("length", ep) - self.slot_seqs(slots)
+        return self.index.get("length", self.slot_seqs(slots))
 
     def draw(
         self, n: int, length: int, boundary: str, rng: np.random.Generator, mass: float | None = None
@@ -388,11 +415,9 @@ class Shard:
                 sumtree.find(sel.tree, u, s)
                 if sel.without_replacement:
                     s = np.unique(s)
+                    self._consume(s)  # invalid ones are skipped for this epoch
                     if valid is not None:
-                        bad = s[~valid(s)]
-                        sel.consume(bad)  # skipped for this epoch
                         s = s[valid(s)]
-                    sel.consume(s)
                 elif valid is not None:
                     s = s[valid(s)]
                 out[got : got + len(s)] = s
@@ -409,6 +434,17 @@ class Shard:
                 else sel.leaf_weights(out) / mass
             )
             return out, probs
+
+    def _consume(self, slots: np.ndarray) -> None:
+        old = self.sampler.leaf_weights(slots)
+        self.sampler.consume(slots)
+        self.tails.change(slots, old, self.sampler.leaf_weights(slots))
+
+    def new_epoch(self) -> None:
+        """WithoutReplacement: make every live item drawable again."""
+        with self.lock:
+            self.sampler.new_epoch()
+            self.tails.clear()
 
     def unseen(self, length: int, boundary: str) -> int:
         """WithoutReplacement: items still drawable in this epoch (valid for the window)."""
@@ -474,12 +510,19 @@ class Shard:
                 if isinstance(self.remover, OrderedSelector):
                     slots, _ = self.remover.candidates(n)
                 else:
+                    want = min(n, self.size)
                     chosen = []
-                    for _ in range(min(n, self.size)):  # one at a time: distinct, by current weights
+                    while len(chosen) < want and self.remover.mass > 0:  # one at a time: distinct, by current weights
                         s = np.empty(1, dtype=np.int64)
                         sumtree.find(self.remover.tree, rng.random(1) * self.remover.mass, s)
                         chosen.append(int(s[0]))
                         self.remover.remove(s)
+                    if len(chosen) < want:
+                        # the live items left all have weight 0 (Prioritized, priority 0): pick
+                        # uniformly among them, as Reverb's selectors do when every weight is 0;
+                        # leaving them would keep the table above max_size for good
+                        left = np.setdiff1d(np.flatnonzero(self.active), chosen)
+                        chosen.extend(rng.choice(left, want - len(chosen), replace=False).tolist())
                     slots = np.array(chosen, dtype=np.int64)
             k = self._drop_items(np.asarray(slots, dtype=np.int64))
             self.counters.removed += k

@@ -80,14 +80,22 @@ class EpisodeWriter:
             )
         vals = {}
         for c in self.spec.columns:
-            v = np.asarray(step[c.name])
+            try:
+                v = np.asarray(step[c.name])
+            except (TypeError, ValueError) as e:  # ragged nesting etc.: report as bad data
+                raise InvalidDataError(f"step column {c.name!r}: cannot be read as an array ({e})") from None
+            if v.dtype.kind not in "biufc":
+                raise InvalidDataError(f"step column {c.name!r}: dtype {v.dtype} is not numeric; nothing was appended")
             if v.shape != c.shape:
                 raise InvalidDataError(f"step column {c.name!r}: shape {v.shape} must be {c.shape}; nothing was appended")
             if not np.can_cast(v.dtype, c.dtype, "same_kind"):
                 raise InvalidDataError(f"step column {c.name!r}: dtype {v.dtype} cannot be stored as {c.dtype}")
             vals[c.name] = v
         if priority is not None:
-            p = float(priority)
+            try:
+                p = float(priority)
+            except (TypeError, ValueError):
+                raise InvalidDataError(f"priority must be a number, got {priority!r}; nothing was appended") from None
             if not np.isfinite(p) or p < 0:
                 from .errors import InvalidPriorityError
 

@@ -16,29 +16,70 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ._mem import copy_bytes, zero_bytes
 
-@njit(parallel=True, nogil=True, cache=True)
-def gather_windows(src, src_start, dst_offset, n_valid, out):
+
+#: below this many output bytes one thread copies: a parallel region costs tens of
+#: microseconds, and much more when the cores are oversubscribed (Dask workers,
+#: learners and actors sharing a machine), which would dominate small batches.
+PARALLEL_MIN_BYTES = 1 << 20
+
+
+def gather_windows(src, src_start, dst_offset, n_valid, out) -> None:
     """See the module docstring.  ``src``: uint8[cap, nb]; ``out``: uint8[B, L, nb]."""
-    cap = src.shape[0]
-    nb = src.shape[1]
-    B = out.shape[0]
+    bad = _first_bad(src.shape[0], out.shape[1], src_start, dst_offset, n_valid)
+    if bad >= 0:  # the byte copies do no bounds checks, so check every window first
+        raise IndexError(
+            f"gather_windows: window {bad} (src_start={src_start[bad]}, dst_offset={dst_offset[bad]}, "
+            f"n_valid={n_valid[bad]}) does not fit a ring of {src.shape[0]} steps and windows of {out.shape[1]}"
+        )
+    if out.nbytes >= PARALLEL_MIN_BYTES:
+        _gather_parallel(src, src_start, dst_offset, n_valid, out)
+    else:
+        _gather_serial(src, src_start, dst_offset, n_valid, out)
+
+
+@njit(nogil=True, cache=True)
+def _first_bad(cap, L, src_start, dst_offset, n_valid):
+    for b in range(src_start.shape[0]):
+        s, d, n = src_start[b], dst_offset[b], n_valid[b]
+        if s < 0 or s >= cap or d < 0 or n < 0 or d + n > L or n > cap:
+            return b
+    return -1
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _copy_window(sf, of, cap, nb, L, b, s, d, n):
+    base = b * L * nb
+    first = n if n < cap - s else cap - s
+    copy_bytes(of, base + d * nb, sf, s * nb, first * nb)
+    if n > first:
+        copy_bytes(of, base + (d + first) * nb, sf, 0, (n - first) * nb)
+    if d > 0:
+        zero_bytes(of, base, d * nb)
+    if d + n < L:
+        zero_bytes(of, base + (d + n) * nb, (L - d - n) * nb)
+
+
+# Two separately named functions, not one function jitted twice: numba's on-disk
+# cache is keyed by the Python function, and two dispatchers of one function
+# overwrite each other's cache entries.
+@njit(parallel=True, nogil=True, cache=True)
+def _gather_parallel(src, src_start, dst_offset, n_valid, out):
+    cap, nb = src.shape[0], src.shape[1]
     L = out.shape[1]
-    sf = src.reshape(-1)
-    of = out.reshape(-1)
-    for b in prange(B):
-        s = src_start[b]
-        d = dst_offset[b]
-        n = n_valid[b]
-        base = b * L * nb
-        first = n if n < cap - s else cap - s
-        of[base + d * nb : base + (d + first) * nb] = sf[s * nb : (s + first) * nb]
-        if n > first:
-            of[base + (d + first) * nb : base + (d + n) * nb] = sf[0 : (n - first) * nb]
-        if d > 0:
-            of[base : base + d * nb] = 0
-        if d + n < L:
-            of[base + (d + n) * nb : base + L * nb] = 0
+    sf, of = src.reshape(-1), out.reshape(-1)
+    for b in prange(out.shape[0]):
+        _copy_window(sf, of, cap, nb, L, b, src_start[b], dst_offset[b], n_valid[b])
+
+
+@njit(nogil=True, cache=True)
+def _gather_serial(src, src_start, dst_offset, n_valid, out):
+    cap, nb = src.shape[0], src.shape[1]
+    L = out.shape[1]
+    sf, of = src.reshape(-1), out.reshape(-1)
+    for b in range(out.shape[0]):
+        _copy_window(sf, of, cap, nb, L, b, src_start[b], dst_offset[b], n_valid[b])
 
 
 def window_mask(dst_offset: np.ndarray, n_valid: np.ndarray, length: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -56,6 +97,24 @@ def scatter_rows(dst: np.ndarray, pos: int, src: np.ndarray) -> None:
     cap = dst.shape[0]
     n = src.shape[0]
     first = min(n, cap - pos)
-    dst[pos : pos + first] = src[:first]
+    _copy(dst[pos : pos + first], src[:first])
     if n > first:
-        dst[: n - first] = src[first:]
+        _copy(dst[: n - first], src[first:])
+
+
+def _copy(dst: np.ndarray, src: np.ndarray) -> None:
+    if dst.nbytes >= PARALLEL_MIN_BYTES // 4 and dst.flags.c_contiguous and src.flags.c_contiguous:
+        _parallel_copy(dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8))
+    else:
+        dst[...] = src
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _parallel_copy(dst, src):
+    """Byte copy in 256 KiB chunks over the available cores."""
+    n = dst.shape[0]
+    chunk = 1 << 18
+    for c in prange((n + chunk - 1) // chunk):
+        a = c * chunk
+        b = min(n, a + chunk)
+        copy_bytes(dst, a, src, a, b - a)

@@ -47,7 +47,9 @@ class _Scan(OrderedSelector):
             slots = buf[:k]
             if valid is not None:
                 slots = slots[valid(slots)]
-            if len(slots) >= n or k < len(buf) or len(buf) == 0:
+            # stop once every seq in [lo, hi) was scanned: growing ``want`` cannot
+            # find more (fewer live or valid items than ``n``)
+            if len(slots) >= n or k < len(buf) or len(buf) >= hi - lo:
                 break
             want *= 2
         slots = slots[:n]

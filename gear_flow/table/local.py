@@ -27,7 +27,7 @@ from ..selectors import Fifo, Lifo, OrderedSelector, Selector, Uniform, Weighted
 from ..shard import EpisodeBatch, Shard
 from ..spec import TableSpec
 from . import two_level
-from .routing import route
+from .routing import ROUTINGS, route
 from .validate import as_episode_list, check_episode, check_keys, check_priorities, check_sample_args
 
 logger = logging.getLogger(__name__)
@@ -147,6 +147,8 @@ class LocalTable:
         self.boundary = config.get("table.boundary", boundary)
         check_sample_args(1, 1, self.boundary)
         self.routing = config.get("table.routing", routing)
+        if self.routing not in ROUTINGS:  # validate at construction, not at the first insert
+            raise SpecError(f"routing {self.routing!r} must be one of {ROUTINGS}")
         self.timeout = config.get("table.timeout", timeout)
         tier = config.get("table.tier", tier)
         ids = list(range(spec.num_shards)) if shard_ids is None else list(shard_ids)
@@ -287,12 +289,20 @@ class LocalTable:
                 if len(slots):
                     removed += s.remove_by_remover(len(slots), self.rng, slots=np.unique(slots))
         else:
-            masses = np.array([s.remover.mass for s in self.shards])
-            counts = two_level.multinomial_counts(masses, excess, self.rng)
-            counts = np.minimum(counts, [s.size for s in self.shards])
-            for s, c in zip(self.shards, counts):
-                if c:
-                    removed += s.remove_by_remover(int(c), self.rng)
+            # a multinomial count can exceed a shard's size (clipped below), so draw again
+            # for the shortfall until the table is back at max_size; every round removes
+            # at least one item
+            while removed < excess:
+                sizes = np.array([s.size for s in self.shards])
+                if not sizes.sum():
+                    break
+                masses = np.array([s.remover.mass for s in self.shards])
+                # no remover weight left anywhere (all priorities 0): by size, i.e. uniform
+                weights = masses if masses.sum() > 0 else sizes.astype(np.float64)
+                counts = np.minimum(two_level.multinomial_counts(weights, excess - removed, self.rng), sizes)
+                for s, c in zip(self.shards, counts):
+                    if c:
+                        removed += s.remove_by_remover(int(c), self.rng)
         with self._cond:
             self.rate_limiter.on_delete(removed)
 
@@ -347,12 +357,14 @@ class LocalTable:
             size = self.size
             expired_before = sum(s.counters.expired for s in self.shards)
             sel = self.shards[0].sampler
+            rows_at = None
             if isinstance(sel, OrderedSelector):
                 cands = [s.candidates(B, L, boundary) for s in self.shards]
                 if not any(len(c[0]) for c in cands):
                     self._raise_empty(L, boundary)
-                chosen = two_level.merge_candidates(cands, B)
+                chosen, where = two_level.merge_candidates_with_positions(cands, B)
                 plan = [(s, slots, np.ones(len(slots))) for s, slots in zip(self.shards, chosen)]
+                rows_at = np.concatenate(where)  # batch position of each row, as gathered shard by shard
             elif sel.without_replacement:
                 plan = self._plan_epoch(B, L, boundary)
             else:
@@ -380,6 +392,8 @@ class LocalTable:
                 out.mask[off : off + n] = (j >= win.dst_offset[:, None]) & (j < (win.dst_offset + win.n_valid)[:, None])
                 off += n
             assert off == B, (off, B)
+            if rows_at is not None and len(self.shards) > 1 and np.any(rows_at != np.arange(B)):
+                self._reorder_rows(out, rows_at)
             beta = getattr(sel, "beta", 0.0) if getattr(sel, "importance_weighted", False) else 0.0
             two_level.importance_weights(out.probabilities, beta, out.weights)
             expired = sum(s.counters.expired for s in self.shards) - expired_before
@@ -389,6 +403,19 @@ class LocalTable:
         finally:
             for lk in reversed(locks):
                 lk.release()
+
+    @staticmethod
+    def _reorder_rows(out: SampleBuffers, rows_at: np.ndarray) -> None:
+        """Move gathered row ``r`` to batch position ``rows_at[r]``.
+
+        Ordered selectors (Fifo, Lifo, heaps) promise their global order within
+        a batch, but rows are gathered shard by shard; one extra copy of the
+        batch, for these selectors only, puts them back in order.
+        """
+        src = np.empty_like(rows_at)
+        src[rows_at] = np.arange(len(rows_at))
+        for a in (*out.bytes.values(), out.keys, out.probabilities, out.mask, out.episode_ids, out.timesteps):
+            a[...] = a[src]
 
     def _plan_epoch(self, B: int, L: int, boundary: str):
         """WithoutReplacement: a uniform subset of the global epoch, starting a new epoch when it runs out."""
@@ -402,7 +429,7 @@ class LocalTable:
                 if fresh:
                     self._raise_empty(L, boundary)
                 for s in self.shards:
-                    s.sampler.new_epoch()
+                    s.new_epoch()
                 fresh = True
                 continue
             fresh = False

@@ -26,7 +26,7 @@ def route(lengths: np.ndarray, num_shards: int, capacity: int, policy: str, star
         )
     n = len(lengths)
     if shard is not None:
-        if not 0 <= shard < num_shards:
+        if isinstance(shard, bool) or not isinstance(shard, (int, np.integer)) or not 0 <= shard < num_shards:
             raise SpecError(f"shard {shard} must be in [0, {num_shards})")
         dest = np.full(n, shard, dtype=np.int64)
     elif policy == "round_robin" or num_shards == 1:

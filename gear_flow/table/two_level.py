@@ -35,13 +35,25 @@ def merge_candidates(per_shard: list[tuple[np.ndarray, np.ndarray]], n: int) -> 
     than ``n`` candidates exist, the chosen ones are repeated in order until the
     batch is full (a Fifo over 3 items sampled with B=5 gives 1,2,3,1,2).
     """
+    return merge_candidates_with_positions(per_shard, n)[0]
+
+
+def merge_candidates_with_positions(
+    per_shard: list[tuple[np.ndarray, np.ndarray]], n: int
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Like :func:`merge_candidates`, plus the batch position (0..n-1, best first) of
+    every chosen slot, so that a caller gathering shard by shard can restore the
+    global order (a queue over two shards must still come out oldest first)."""
     shard_of = np.concatenate([np.full(len(s), i) for i, (s, _) in enumerate(per_shard)] or [np.zeros(0, int)])
     pos = np.concatenate([np.arange(len(s)) for s, _ in per_shard] or [np.zeros(0, int)])
     keys = np.concatenate([k for _, k in per_shard] or [np.zeros(0)])
     order = np.lexsort((pos, shard_of, -keys))[:n]
     if len(order) and len(order) < n:
         order = np.resize(order, n)
-    return [per_shard[i][0][pos[order[shard_of[order] == i]]] for i in range(len(per_shard))]
+    rank = np.arange(len(order))
+    chosen = [per_shard[i][0][pos[order[shard_of[order] == i]]] for i in range(len(per_shard))]
+    where = [rank[shard_of[order] == i] for i in range(len(per_shard))]
+    return chosen, where
 
 
 

@@ -40,7 +40,7 @@ def check_episode(spec: TableSpec, ep: Mapping, i: int) -> tuple[dict, int]:
     out = {}
     T = None
     for c in spec.columns:
-        a = np.asarray(ep[c.name])
+        a = _as_array(ep[c.name], f"episode {i}, column {c.name!r}")
         if a.dtype.kind not in "biufc":
             raise InvalidDataError(f"episode {i}, column {c.name!r}: dtype {a.dtype} is not numeric")
         if a.ndim != 1 + len(c.shape) or a.shape[1:] != c.shape:
@@ -65,11 +65,22 @@ def check_episode(spec: TableSpec, ep: Mapping, i: int) -> tuple[dict, int]:
     return out, int(T)
 
 
+def _as_array(value, what: str) -> np.ndarray:
+    """``np.asarray(value)``, with NumPy's own errors (ragged nesting, ...) translated."""
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as e:
+        raise InvalidDataError(f"{what}: cannot be read as an array ({e})") from None
+
+
 def check_priorities(priorities, n: int, what: str = "items") -> np.ndarray | None:
     """None, a scalar, or ``n`` values; all finite and >= 0."""
     if priorities is None:
         return None
-    p = np.asarray(priorities, dtype=np.float64)
+    try:
+        p = np.asarray(priorities, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise InvalidDataError(f"priorities must be numbers, got {priorities!r} ({e})") from None
     if p.ndim == 0:
         p = np.full(n, float(p))
     p = p.reshape(-1)

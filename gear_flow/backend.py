@@ -1,0 +1,160 @@
+"""The one place that decides NumPy/pandas versus CuPy/cuDF.
+
+Everything here is lazy: importing this module imports neither CuPy nor cuDF
+nor torch, and no function creates a CUDA context except when a GPU tier is
+actually asked for.  A storage tier decides two things:
+
+============  ==================  =====================  ===================
+tier          ring arrays         sample output buffers  frames
+============  ==================  =====================  ===================
+``host``      NumPy               NumPy (CPU tensors)    pandas
+``pinned``    NumPy, page-locked  CuPy (CUDA tensors)    pandas
+``device``    CuPy                CuPy (CUDA tensors)    cuDF
+============  ==================  =====================  ===================
+
+Pinned rings are NumPy arrays to the host (inserts are plain host writes) and
+device-addressable memory to the kernels, which gather from them straight
+into device buffers.
+
+Examples
+--------
+>>> import numpy as np
+>>> from gear_flow import backend
+>>> backend.array_module("host") is np
+True
+>>> isinstance(backend.gpu_available(), bool)
+True
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+
+import numpy as np
+
+from .errors import GearFlowError, SpecError
+
+
+class BackendUnavailableError(GearFlowError, RuntimeError):
+    """A GPU tier or GPU library was asked for where there is none.
+
+    Attributes
+    ----------
+    what : str
+        What was asked for (a tier, a module).
+    reason : str
+        Why it is unavailable (package missing, no usable device).
+    """
+
+    def __init__(self, what: str, reason: str):
+        self.what = what
+        self.reason = reason
+        super().__init__(
+            f"{what} needs CuPy and a usable CUDA device: {reason} "
+            "(install the extra 'gear-flow[gpu-cu13]' or 'gear-flow[gpu-cu12]', or use tier='host')"
+        )
+
+
+#: tier -> (module of the ring arrays, module of the sample output, frame module)
+_TIERS: dict[str, tuple[str, str, str]] = {
+    "host": ("numpy", "numpy", "pandas"),
+    "pinned": ("numpy", "cupy", "pandas"),
+    "device": ("cupy", "cupy", "cudf"),
+}
+
+
+def tier_name(tier) -> str:
+    """The name of a tier given as a name or as a :class:`~gear_flow.storage.StorageTier`."""
+    name = tier if isinstance(tier, str) else getattr(tier, "name", None)
+    if name not in _TIERS:
+        raise SpecError(f"storage tier {tier!r} is unknown to the backend; available: {sorted(_TIERS)}")
+    return name
+
+
+@functools.lru_cache(maxsize=None)
+def _cupy_status() -> str | None:
+    """None when CuPy imports and sees a device, else the reason why not."""
+    try:
+        import cupy
+    except Exception as e:  # ImportError, or a broken CUDA install raising at import
+        return f"cupy cannot be imported ({type(e).__name__}: {e})"
+    try:
+        if not cupy.cuda.is_available():  # False, without raising, when there is no device or driver
+            return "cupy sees no CUDA device"
+    except Exception as e:
+        return f"cupy cannot query devices ({type(e).__name__}: {e})"
+    return None
+
+
+def gpu_available() -> bool:
+    """True when CuPy is importable and a CUDA device is usable; never raises.
+
+    Memoised; ``gpu_available.cache_clear()`` forgets the answer.
+    """
+    return _cupy_status() is None
+
+
+gpu_available.cache_clear = _cupy_status.cache_clear  # type: ignore[attr-defined]
+
+
+def require_gpu(what: str):
+    """The ``cupy`` module, or :class:`BackendUnavailableError` naming ``what`` needed it."""
+    reason = _cupy_status()
+    if reason is not None:
+        raise BackendUnavailableError(what, reason)
+    import cupy
+
+    return cupy
+
+
+def _load(modname: str, what: str):
+    if modname == "numpy":
+        return np
+    if modname == "cupy":
+        return require_gpu(what)
+    try:
+        return importlib.import_module(modname)
+    except ImportError as e:
+        raise BackendUnavailableError(what, f"{modname} cannot be imported ({e})") from None
+
+
+def array_module(tier="host"):
+    """Module of a tier's ring arrays: ``numpy`` (host, pinned) or ``cupy`` (device)."""
+    name = tier_name(tier)
+    return _load(_TIERS[name][0], f"storage tier {name!r}")
+
+
+def output_module(tier="host"):
+    """Module of the sample output buffers of a tier: ``numpy`` (host) or ``cupy`` (pinned, device)."""
+    name = tier_name(tier)
+    return _load(_TIERS[name][1], f"sample output of tier {name!r}")
+
+
+def frame_module(tier="host"):
+    """Frame library of a tier: ``pandas`` (host, pinned) or ``cudf`` (device)."""
+    name = tier_name(tier)
+    return _load(_TIERS[name][2], f"frames of tier {name!r}")
+
+
+def output_on_device(tier="host") -> bool:
+    """Do samples of this tier come out in device memory (as CUDA tensors)?"""
+    return _TIERS[tier_name(tier)][1] == "cupy"
+
+
+def is_device_array(a) -> bool:
+    """Is ``a`` a CUDA array (CuPy, or anything exposing ``__cuda_array_interface__``)?"""
+    return hasattr(a, "__cuda_array_interface__")
+
+
+def to_torch(a):
+    """A torch tensor aliasing ``a``: ``torch.from_numpy`` for host arrays, DLPack for device ones.
+
+    For a device array, torch's current stream is made to wait for CuPy's
+    current stream (the DLPack protocol's ``stream`` handshake).
+    """
+    import torch
+
+    if is_device_array(a):
+        return torch.from_dlpack(a)
+    return torch.from_numpy(np.asarray(a))

@@ -1,0 +1,234 @@
+"""Sum tree on the device; twin of :mod:`gear_flow.ops.sumtree` (``kernels/sumtree.cu``).
+
+Layout as in the twin: ``tree`` is float64 ``[2 * P]``, ``tree[1]`` the root,
+leaf ``i`` at ``tree[P + i]``.  Every result equals the twin's bit for bit:
+parents are recomputed from their children, never updated by deltas, and the
+descent and range sums do the same floating-point operations in the same order.
+
+Duplicate indices in one update: the last value wins, as in the twin's
+sequential loop.  On the device this is made deterministic by first marking,
+for each index, the last position holding it (``atomicMax``), then letting only
+that position write the leaf, then repairing the parents level by level (or
+rebuilding every level when the batch touches most of the tree).
+
+Examples
+--------
+>>> import cupy, numpy as np                                    # doctest: +SKIP
+>>> from gear_flow.gpu.ops import sumtree                       # doctest: +SKIP
+>>> tree = sumtree.new_tree(5)                                  # doctest: +SKIP
+>>> sumtree.set_leaves(tree, np.array([0, 3, 3]), np.array([1.0, 2.0, 5.0]))  # doctest: +SKIP
+>>> sumtree.mass(tree)                                          # doctest: +SKIP
+6.0
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import InvalidDataError
+from ...ops.sumtree import leaf_count
+from .. import loader
+from ..launch import THREADS, blocks, check_out, check_tree, device_array, i64
+from ..loader import ctype, expr
+
+__all__ = [
+    "find",
+    "leaf_count",
+    "mass",
+    "new_scratch",
+    "new_tree",
+    "range_sum",
+    "range_sums",
+    "rebuild",
+    "ring_tail_mass",
+    "sample",
+    "set_leaves",
+    "set_leaves_const",
+]
+
+#: batches up to this many indices are applied by one block in one launch
+BLOCK_UPDATE_MAX = 4096
+_BLOCK_THREADS = 1024
+_IDX = (np.int64, np.int32)
+_VAL = (np.float64, np.float32)
+_MOD = "sumtree"
+
+
+def new_tree(n: int):
+    """An all-zero device tree able to hold ``n`` leaves."""
+    import cupy
+
+    return cupy.zeros(2 * leaf_count(n), dtype=np.float64)
+
+
+def new_scratch(tree):
+    """Reusable scratch for :func:`set_leaves`: int32 ``[P]``, all ``-1`` (kept so by every update).
+
+    Without it each update allocates and fills one (``4 * P`` bytes).
+    """
+    import cupy
+
+    return cupy.full(tree.shape[0] // 2, -1, dtype=np.int32)
+
+
+def update(op: str, tree, idx, values, cval: float = 0.0, scratch=None) -> None:
+    """Set leaves and repair the parents with ``op`` (``"SumOp"`` or ``"MaxOp"``).
+
+    ``values`` None: every leaf in ``idx`` gets ``cval``.  Duplicates: last wins.
+    Indices outside ``[0, P)`` are ignored.
+    """
+    P = check_tree(tree)
+    idx = device_array(idx, _IDX, "idx")
+    n = int(idx.shape[0])
+    if n == 0:
+        return
+    if n >= 2**31:
+        raise InvalidDataError(f"an update of {n} leaves is too large; at most {2**31 - 1} per call")
+    if values is None:
+        vals, use = tree, 0  # never read
+    else:
+        vals, use = device_array(values, _VAL, "values"), 1
+        if vals.shape[0] != n:
+            raise InvalidDataError(f"values has {vals.shape[0]} entries for {n} indices")
+    if scratch is None:
+        scratch = new_scratch(tree)
+    elif scratch.dtype != np.int32 or scratch.shape != (P,):
+        raise InvalidDataError(f"scratch must be int32 [{P}] (see new_scratch), got {scratch.dtype} {scratch.shape}")
+    I, T = ctype(idx.dtype), ctype(vals.dtype)
+    depth = P.bit_length() - 1
+    cv = np.float64(cval)
+    if n <= BLOCK_UPDATE_MAX:
+        f = loader.function(_MOD, expr("tree_update_block", op, I, T))
+        f((1,), (_BLOCK_THREADS,), (tree, i64(P), np.int32(depth), idx, vals, np.int32(use), cv, i64(n), scratch))
+        return
+    g = (blocks(n),)
+    loader.function(_MOD, expr("tree_mark_last", I))(g, (THREADS,), (idx, i64(n), i64(P), scratch))
+    loader.function(_MOD, expr("tree_set_marked", I, T))(
+        g, (THREADS,), (tree, i64(P), idx, vals, np.int32(use), cv, i64(n), scratch)
+    )
+    loader.function(_MOD, expr("tree_reset_owner", I))(g, (THREADS,), (idx, i64(n), i64(P), scratch))
+    if n * depth > 2 * P:  # touching most nodes anyway: rebuild whole levels, without write contention
+        rebuild(tree, op)
+        return
+    f = loader.function(_MOD, expr("tree_repair_level", op, I))
+    for level in range(1, depth + 1):
+        f(g, (THREADS,), (tree, i64(P), idx, i64(n), np.int32(level)))
+
+
+def rebuild(tree, op: str = "SumOp") -> None:
+    """Recompute every internal node from the leaves (bulk load, or after editing leaves directly)."""
+    P = check_tree(tree)
+    f = loader.function(_MOD, expr("tree_rebuild_level", op))
+    hi = P
+    while hi > 1:
+        lo = hi // 2
+        f((blocks(hi - lo),), (THREADS,), (tree, i64(lo), i64(hi)))
+        hi = lo
+
+
+def set_leaves(tree, idx, values, *, scratch=None) -> None:
+    """Set ``leaf[idx[k]] = values[k]`` for every k and repair the parents.
+
+    Duplicate indices: the last value wins (as the twin's sequential loop).
+    ``scratch``: optional :func:`new_scratch` array, saves an allocation.
+    """
+    update("SumOp", tree, idx, values, 0.0, scratch)
+
+
+def set_leaves_const(tree, idx, value, *, scratch=None) -> None:
+    """Set every ``leaf[idx[k]] = value`` (insert with one weight, removal with 0)."""
+    update("SumOp", tree, idx, None, float(value), scratch)
+
+
+def find(tree, targets, out) -> None:
+    """Inverse CDF: ``out[k]`` is the leaf whose cumulative range holds ``targets[k]``.
+
+    ``targets`` must lie in ``[0, tree[1])``; a zero-weight leaf is never
+    returned while the root is positive.  ``out``: int64 device array.
+    """
+    P = check_tree(tree)
+    t = device_array(targets, _VAL, "targets")
+    n = int(t.shape[0])
+    check_out(out, np.int64, "out")
+    if out.shape[0] < n:
+        raise InvalidDataError(f"out has {out.shape[0]} entries for {n} targets")
+    if n:
+        f = loader.function(_MOD, expr("tree_find", ctype(t.dtype)))
+        f((blocks(n),), (THREADS,), (tree, i64(P), t, i64(n), out))
+
+
+def sample(tree, uniforms, out, weights=None) -> None:
+    """Draw ``len(uniforms)`` leaves with probability ``weight / total``.
+
+    ``uniforms`` in ``[0, 1)`` (e.g. ``cupy.random.random(B)``); leaf ``k`` is
+    ``find(tree, uniforms * tree[1])``, so the CPU twin reproduces the draw
+    exactly from the same uniforms.  ``weights`` (float64, optional) receives
+    each drawn leaf's weight.  The caller checks the mass is positive.
+    """
+    P = check_tree(tree)
+    u = device_array(uniforms, _VAL, "uniforms")
+    n = int(u.shape[0])
+    check_out(out, np.int64, "out")
+    if out.shape[0] < n:
+        raise InvalidDataError(f"out has {out.shape[0]} entries for {n} uniforms")
+    want = weights is not None
+    if want:
+        check_out(weights, np.float64, "weights")
+        if weights.shape[0] < n:
+            raise InvalidDataError(f"weights has {weights.shape[0]} entries for {n} uniforms")
+    if n:
+        f = loader.function(_MOD, expr("tree_sample", ctype(u.dtype)))
+        f((blocks(n),), (THREADS,), (tree, i64(P), u, i64(n), out, np.int32(want), weights if want else tree))
+
+
+def mass(tree) -> float:
+    """Total weight (the root), copied to the host."""
+    check_tree(tree)
+    return float(tree[1])
+
+
+def range_sums(tree, lo, hi, out) -> None:
+    """``out[k]`` = sum of leaves ``lo[k] <= i < hi[k]`` (the twin's ``range_sum``, batched)."""
+    P = check_tree(tree)
+    lo = device_array(lo, (np.int64,), "lo")
+    hi = device_array(hi, (np.int64,), "hi")
+    n = int(lo.shape[0])
+    if hi.shape[0] != n:
+        raise InvalidDataError(f"lo has {n} entries, hi {hi.shape[0]}")
+    check_out(out, np.float64, "out")
+    if n:
+        loader.function(_MOD, "tree_range_sums")((blocks(n),), (THREADS,), (tree, i64(P), lo, hi, i64(n), out))
+
+
+def range_sum(tree, lo: int, hi: int) -> float:
+    """Sum of leaves ``lo <= i < hi``."""
+    import cupy
+
+    out = cupy.empty(1, dtype=np.float64)
+    range_sums(tree, np.array([lo], dtype=np.int64), np.array([hi], dtype=np.int64), out)
+    return float(out[0])
+
+
+def ring_tail_mass(tree, capacity: int, starts, lengths, k: int) -> float:
+    """Mass of the last ``min(k, length)`` leaves of each ring segment, summed in order.
+
+    Same semantics and same summation order as the twin: one thread per
+    segment computes its term, one thread adds the terms in order.
+    """
+    import cupy
+
+    P = check_tree(tree)
+    s = device_array(starts, (np.int64,), "starts")
+    ln = device_array(lengths, (np.int64,), "lengths")
+    n = int(s.shape[0])
+    if ln.shape[0] != n:
+        raise InvalidDataError(f"starts has {n} entries, lengths {ln.shape[0]}")
+    if n == 0:
+        return 0.0
+    parts = cupy.empty(n, dtype=np.float64)
+    out = cupy.empty(1, dtype=np.float64)
+    loader.function(_MOD, "tree_ring_tail_parts")(
+        (blocks(n),), (THREADS,), (tree, i64(P), i64(capacity), s, ln, i64(n), i64(k), parts)
+    )
+    loader.function(_MOD, "sum_in_order")((1,), (1,), (parts, i64(n), out))
+    return float(out[0])

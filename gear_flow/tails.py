@@ -1,0 +1,75 @@
+"""Exact sampling mass of strict windows, without an O(episodes) pass per batch.
+
+In ``strict`` mode an item is sampleable for window length ``L`` only if its
+*reach* (steps from the item to the end of its episode, inclusive; for episode
+items the episode's length) is at least ``L``.  The valid mass is the
+sampler's total weight minus the *tail mass* ``sum(w_i for reach_i < L)``.
+
+Computing the tail mass walks every live episode (O(E log N)); at 10M items
+that would dominate sampling.  :class:`TailMass` caches it for the few window
+lengths in use and keeps each cached value current by adding the weight
+deltas of the slots that change (inserts, removals, priority updates, draws
+without replacement).  To bound floating-point drift an entry is recomputed
+from the tree after ``refresh_every`` slot changes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable
+
+import numpy as np
+
+
+class TailMass:
+    """Cache of ``tail_mass(L)`` for one shard.
+
+    Parameters
+    ----------
+    compute : callable
+        ``compute(L) -> float``: the exact tail mass from scratch.
+    reach : callable
+        ``reach(slots) -> int64 array`` for live items.
+    max_entries : int
+        Window lengths cached at once (least recently used dropped).
+    refresh_every : int
+        Slot changes after which an entry is recomputed exactly.
+    """
+
+    def __init__(
+        self,
+        compute: Callable[[int], float],
+        reach: Callable[[np.ndarray], np.ndarray],
+        max_entries: int = 4,
+        refresh_every: int = 1_000_000,
+    ):
+        self.compute = compute
+        self.reach = reach
+        self.max_entries = max_entries
+        self.refresh_every = refresh_every
+        self.entries: OrderedDict[int, list] = OrderedDict()  # L -> [mass, changes]
+
+    def get(self, length: int) -> float:
+        e = self.entries.get(length)
+        if e is None or e[1] >= self.refresh_every:
+            e = [self.compute(length), 0]
+            self.entries[length] = e
+            if len(self.entries) > self.max_entries:
+                self.entries.popitem(last=False)
+        self.entries.move_to_end(length)
+        return e[0]
+
+    def change(self, slots: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
+        """Weights at ``slots`` went from ``old`` to ``new`` (slots must still be resolvable)."""
+        if not self.entries or len(slots) == 0:
+            return
+        delta = np.asarray(new, dtype=np.float64) - np.asarray(old, dtype=np.float64)
+        r = self.reach(slots)
+        for L, e in self.entries.items():
+            m = r < L
+            if m.any():
+                e[0] += float(delta[m].sum())
+            e[1] += len(slots)
+
+    def clear(self) -> None:
+        self.entries.clear()

@@ -1,0 +1,282 @@
+"""Local (single-process) benchmark on the reference workload of DESIGN.md.
+
+200 episodes x 1000 steps; obs float32[256], action int64, reward float32,
+done bool; windows L=64, batch B=256, torch tensors out.  Every path reports
+GB/s delivered and its ratio to a single-thread ``np.copyto`` of the same bytes
+measured in this run.  TorchRL's replay buffer (SliceSampler /
+PrioritizedSliceSampler on a LazyTensorStorage) runs the same workload side by
+side when it is installed (``pip install -e '.[bench]'``).
+
+Usage::
+
+    python pipelines/bench_local.py            # full run, writes benchmarks/results/bench_local.json
+    python pipelines/bench_local.py --quick    # small sizes, seconds (used by the test suite)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    REFERENCE,
+    make_episodes,
+    memcpy_gbps,
+    print_table,
+    reference_columns,
+    rss_bytes,
+    timeit,
+    write_json,
+)
+
+import gear_flow as gf  # noqa: E402
+
+
+def bench_gear_flow(args, eps, rows, results):
+    B, L = args.batch_size, args.length
+    cols = reference_columns()
+    step_bytes = sum(c.nbytes for c in cols)
+    steps = sum(len(e["reward"]) for e in eps)
+    batch_bytes = B * L * step_bytes
+    ref_batch = memcpy_gbps(batch_bytes, repeat=args.repeat)
+    results["memcpy_batch_gbps"] = ref_batch
+    rows.append({"path": "memcpy (1 thread), one batch", "GB/s": ref_batch, "x memcpy": 1.0})
+
+    # -- insert (steady state: the ring is full and wraps, evicting) ----------------
+    spec = gf.TableSpec(cols, capacity=steps)
+    warm = gf.LocalTable(gf.TableSpec(cols, capacity=4 * args.episode_length), seed=0)
+    warm.insert(eps[:2])
+    warm.sample(B, min(L, args.episode_length))  # compile every kernel before measuring memory
+    del warm
+    gc.collect()
+    rss0 = rss_bytes()
+    table = gf.LocalTable(spec, sampler=gf.Uniform(), seed=0)
+    per_call = args.insert_batch
+    for i in range(0, len(eps), per_call):
+        table.insert(eps[i : i + per_call])
+    rss1 = rss_bytes()
+    call_bytes = per_call * args.episode_length * step_bytes
+    ref_ins = memcpy_gbps(call_bytes, repeat=args.repeat, cold_dst=True)
+    k = iter(range(10**9))
+
+    def insert_once():
+        i = (next(k) * per_call) % len(eps)
+        table.insert(eps[i : i + per_call])
+
+    ts = timeit(insert_once, repeat=max(3, len(eps) // per_call))
+    ins = call_bytes / float(np.median(ts)) / 1e9
+    results["insert"] = {"gbps": ins, "memcpy_gbps": ref_ins, "ratio": ins / ref_ins, "target": 0.5}
+    rows.append({"path": f"insert ({per_call} episodes/call)", "GB/s": ins, "x memcpy": ins / ref_ins, "target": ">= 0.5"})
+
+    # -- memory ---------------------------------------------------------------------
+    nb = table.nbytes()
+    raw = steps * step_bytes
+    results["memory"] = {
+        "raw_bytes": raw,
+        "rss_delta_bytes": rss1 - rss0,
+        "rss_per_raw": (rss1 - rss0) / raw,
+        "accounted_per_raw": (nb["data"] + nb["overhead"]) / raw,
+        "overhead_bytes_per_step": nb["overhead"] / steps,
+        "target": 1.05,
+    }
+    rows.append(
+        {
+            "path": "memory resident / raw bytes",
+            "ratio": (rss1 - rss0) / raw,
+            "note": f"{nb['overhead'] / steps:.1f} B/step overhead",
+            "target": "<= 1.05",
+        }
+    )
+
+    # -- uniform windows -----------------------------------------------------------------
+    out = gf.SampleBuffers(spec, spec.names, B, L)
+    ts = timeit(lambda: table.sample(B, L, out=out), repeat=args.repeat)
+    uni = batch_bytes / float(np.median(ts)) / 1e9
+    results["uniform"] = {"gbps": uni, "ratio": uni / ref_batch, "ms": 1e3 * float(np.median(ts)), "target": 1.0}
+    rows.append({"path": "uniform windows", "GB/s": uni, "x memcpy": uni / ref_batch, "ms": 1e3 * np.median(ts), "target": ">= 1.0"})
+    del table
+    gc.collect()
+
+    # -- prioritized windows + priority update -------------------------------------------------
+    table = gf.LocalTable(spec, sampler=gf.Prioritized(0.6, 0.4), seed=0)
+    rng = np.random.default_rng(0)
+    for i in range(0, len(eps), per_call):
+        chunk = eps[i : i + per_call]
+        table.insert(chunk, priorities=rng.random(sum(len(e["reward"]) for e in chunk)) + 0.01)
+
+    def prio_once():
+        b = table.sample(B, L, out=out)
+        table.update_priorities(b.keys, rng.random(B) + 0.01)
+
+    ts = timeit(prio_once, repeat=args.repeat)
+    pri = batch_bytes / float(np.median(ts)) / 1e9
+    results["prioritized"] = {"gbps": pri, "ratio": pri / ref_batch, "ms": 1e3 * float(np.median(ts)), "target": 0.8}
+    rows.append(
+        {"path": "prioritized windows + update", "GB/s": pri, "x memcpy": pri / ref_batch, "ms": 1e3 * np.median(ts), "target": ">= 0.8"}
+    )
+    del table
+    gc.collect()
+
+
+def bench_latency(args, eps, rows, results):
+    """Prioritized sample+update latency at a large vs a small capacity.
+
+    Two variants: the reference columns (what a learner gets; at 10M steps the
+    table holds 10.4 GB) and tiny steps (5 bytes) where selection, not the
+    copy, dominates.  Both fill the table completely with the reference
+    episodes (reused), and both sample B windows of L steps.
+    """
+    B, L = args.batch_size, args.length
+    tiny = (gf.ColumnSpec("reward", (), np.float32), gf.ColumnSpec("done", (), np.bool_))
+    results["latency"] = {}
+    for variant, cols in (("reference", reference_columns()), ("tiny", tiny)):
+        if variant == "reference" and args.skip_large_reference:
+            continue
+        names = [c.name for c in cols]
+        src = [{k: e[k] for k in names} for e in eps]
+        lat = {}
+        for cap in (args.small_capacity, args.large_capacity):
+            spec = gf.TableSpec(cols, capacity=cap)
+            table = gf.LocalTable(spec, sampler=gf.Prioritized(0.6, 0.4), seed=0)
+            rng = np.random.default_rng(0)
+            per = args.insert_batch
+            i = 0
+            while table.size + per * args.episode_length <= cap:
+                chunk = [src[(i + j) % len(src)] for j in range(per)]
+                table.insert(chunk, priorities=rng.random(per * args.episode_length) + 0.01)
+                i += per
+            out = gf.SampleBuffers(spec, spec.names, B, L)
+
+            def once():
+                b = table.sample(B, L, out=out)
+                table.update_priorities(b.keys, rng.random(B) + 0.01)
+
+            ts = timeit(once, repeat=args.repeat * 2)
+            lat[cap] = float(np.median(ts))
+            del table, out
+            gc.collect()
+        small, large = lat[args.small_capacity], lat[args.large_capacity]
+        results["latency"][variant] = {
+            "small_capacity": args.small_capacity,
+            "large_capacity": args.large_capacity,
+            "small_ms": 1e3 * small,
+            "large_ms": 1e3 * large,
+            "ratio": large / small,
+            "target": 1.2 if variant == "reference" else None,
+        }
+        rows.append(
+            {
+                "path": f"prioritized latency {args.large_capacity:.0e} vs {args.small_capacity:.0e} ({variant})",
+                "ms": 1e3 * large,
+                "ratio": large / small,
+                "target": "<= 1.2" if variant == "reference" else "(info)",
+                "note": f"{1e3 * small:.3g} ms at {args.small_capacity:.0e}",
+            }
+        )
+
+
+def bench_torchrl(args, eps, rows, results):
+    """TorchRL's buffers on the same workload (skipped if torchrl is not installed)."""
+    try:
+        import torch
+        from tensordict import TensorDict
+        from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+        from torchrl.data.replay_buffers.samplers import PrioritizedSliceSampler, SliceSampler
+    except ImportError as e:
+        results["torchrl"] = {"skipped": str(e)}
+        return
+    B, L = args.batch_size, args.length
+    steps = sum(len(e["reward"]) for e in eps)
+    step_bytes = sum(c.nbytes for c in reference_columns())
+    batch_bytes = B * L * step_bytes
+    ref_batch = results["memcpy_batch_gbps"]
+
+    def td(i, e):
+        n = len(e["reward"])
+        return TensorDict(
+            {
+                "obs": torch.from_numpy(e["obs"]),
+                "action": torch.from_numpy(e["action"]),
+                "reward": torch.from_numpy(e["reward"]),
+                "done": torch.from_numpy(e["done"]),
+                "episode": torch.full((n,), i, dtype=torch.int64),
+            },
+            batch_size=[n],
+        )
+
+    out = {}
+    makers = {
+        "uniform": lambda: SliceSampler(slice_len=L, traj_key="episode", strict_length=True),
+        "prioritized": lambda: PrioritizedSliceSampler(
+            max_capacity=steps, alpha=0.6, beta=0.4, slice_len=L, traj_key="episode", strict_length=True
+        ),
+    }
+    for name, make in makers.items():
+        try:
+            sampler = make()
+        except Exception as e:  # e.g. torchrl's C++ sum tree missing for this torch build
+            out[name] = {"unavailable": f"{type(e).__name__}: {e}"}
+            rows.append({"path": f"torchrl {name} windows", "note": f"unavailable: {type(e).__name__}"})
+            continue
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(steps), sampler=sampler, batch_size=B * L)
+        t0 = time.perf_counter()
+        for i, e in enumerate(eps):
+            rb.extend(td(i, e))
+        ins_s = time.perf_counter() - t0
+        rng = np.random.default_rng(0)
+
+        def once(rb=rb, name=name):
+            s = rb.sample()
+            if name == "prioritized":
+                rb.update_priority(s["index"], torch.from_numpy(rng.random(len(s["index"])) + 0.01))
+
+        ts = timeit(once, repeat=max(3, args.repeat // 2))
+        g = batch_bytes / float(np.median(ts)) / 1e9
+        out[name] = {"gbps": g, "ratio": g / ref_batch, "ms": 1e3 * float(np.median(ts)), "insert_gbps": steps * step_bytes / ins_s / 1e9}
+        ours = results[name]["gbps"]
+        rows.append({"path": f"torchrl {name} windows", "GB/s": g, "x memcpy": g / ref_batch, "ms": 1e3 * np.median(ts), "note": f"gear_flow is {ours / g:.1f}x"})
+        del rb
+        gc.collect()
+    results["torchrl"] = out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--episodes", type=int, default=REFERENCE["episodes"])
+    p.add_argument("--episode-length", type=int, default=REFERENCE["episode_length"])
+    p.add_argument("--batch-size", type=int, default=REFERENCE["batch_size"])
+    p.add_argument("--length", type=int, default=REFERENCE["length"])
+    p.add_argument("--insert-batch", type=int, default=10, help="episodes per insert call")
+    p.add_argument("--repeat", type=int, default=30)
+    p.add_argument("--small-capacity", type=int, default=100_000)
+    p.add_argument("--large-capacity", type=int, default=10_000_000)
+    p.add_argument("--skip-large-reference", action="store_true", help="skip the 10 GB reference-column latency run")
+    p.add_argument("--no-peers", action="store_true", help="skip TorchRL")
+    p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
+    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench_local.json)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.episodes, args.episode_length, args.repeat = 20, 200, 5
+        args.small_capacity, args.large_capacity = 10_000, 200_000
+        args.insert_batch = 5
+    eps = make_episodes(args.episodes, args.episode_length)
+    rows: list[dict] = []
+    results: dict = {"args": vars(args)}
+    bench_gear_flow(args, eps, rows, results)
+    bench_latency(args, eps, rows, results)
+    if not args.no_peers:
+        bench_torchrl(args, eps, rows, results)
+    print_table(rows, ["path", "GB/s", "x memcpy", "ms", "ratio", "target", "note"])
+    path = write_json("bench_local", results, args.out)
+    print(f"\nwrote {path}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""Shared harness of the benchmark scripts (after dask-cuda's benchmarks/common.py).
+
+Every speed is reported next to a reference measured *in the same run* on the
+same machine (single-thread ``np.copyto`` of the same bytes, or a raw Dask
+transfer), because only ratios are stable on shared, noisy machines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
+#: the reference workload of DESIGN.md
+REFERENCE = {
+    "episodes": 200,
+    "episode_length": 1000,
+    "batch_size": 256,
+    "length": 64,
+}
+
+
+def reference_columns():
+    from gear_flow import ColumnSpec
+
+    return (
+        ColumnSpec("obs", (256,), np.float32),
+        ColumnSpec("action", (), np.int64),
+        ColumnSpec("reward", (), np.float32),
+        ColumnSpec("done", (), np.bool_),
+    )
+
+
+def make_episodes(n: int, length: int, seed: int = 0, obs_dim: int = 256) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    eps = []
+    for _ in range(n):
+        done = np.zeros(length, dtype=np.bool_)
+        done[-1] = True
+        eps.append(
+            {
+                "obs": rng.standard_normal((length, obs_dim), dtype=np.float32),
+                "action": rng.integers(0, 18, length),
+                "reward": rng.standard_normal(length, dtype=np.float32),
+                "done": done,
+            }
+        )
+    return eps
+
+
+def timeit(fn, repeat: int, warmup: int = 2) -> list[float]:
+    """Wall seconds of each of ``repeat`` calls after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def memcpy_gbps(nbytes: int, repeat: int = 30, pool_bytes: int = 256 << 20, cold_dst: bool = False) -> float:
+    """Single-thread ``np.copyto`` of ``nbytes`` (GB/s, median).
+
+    The source is read at random offsets of a pool larger than the caches.
+    The destination is one reused buffer (like a batch buffer a learner
+    reuses), or with ``cold_dst`` random offsets of a second large pool (like
+    the ring an insert writes into).
+    """
+    rng = np.random.default_rng(1)
+    pool = np.random.default_rng(0).integers(0, 255, pool_bytes, dtype=np.uint8)
+    if cold_dst:
+        dpool = np.ones(pool_bytes, dtype=np.uint8)
+
+        def one():
+            o = int(rng.integers(0, pool_bytes - nbytes))
+            d = int(rng.integers(0, pool_bytes - nbytes))
+            np.copyto(dpool[d : d + nbytes], pool[o : o + nbytes])
+
+    else:
+        dst = np.ones(nbytes, dtype=np.uint8)
+
+        def one():
+            o = int(rng.integers(0, pool_bytes - nbytes))
+            np.copyto(dst, pool[o : o + nbytes])
+
+    ts = timeit(one, repeat)
+    return nbytes / float(np.median(ts)) / 1e9
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def machine() -> dict:
+    return {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count()}
+
+
+def print_table(rows: list[dict], cols: list[str]) -> None:
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in cols]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(cols, widths)))
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def write_json(name: str, payload: dict, out: str | None = None) -> Path:
+    path = Path(out) if out else RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"machine": machine(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **payload}
+    path.write_text(json.dumps(payload, indent=2, default=float))
+    return path

@@ -1,0 +1,129 @@
+"""Shared helpers for the core tests: self-describing episodes and window checks.
+
+Every step of an episode built by :func:`episode` encodes where it comes from:
+``ep`` holds the episode's tag (>= 1, so that zero padding is never a valid
+tag), ``t`` its index in the episode, and ``obs`` ``[tag, t, 1000 * tag + t]``.
+A sampled window can then be checked, from the data alone, to be ``L``
+consecutive steps of one episode (:func:`check_windows`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gear_flow import ColumnSpec, LocalTable, TableSpec
+from gear_flow.keys import decode
+
+COLUMNS = (
+    ColumnSpec("obs", (3,), np.float32),
+    ColumnSpec("ep", (), np.int64),
+    ColumnSpec("t", (), np.int32),
+    ColumnSpec("done", (), np.bool_),
+)
+
+
+def make_spec(capacity: int = 64, num_shards: int = 1, item_unit: str = "step", max_size: int | None = None) -> TableSpec:
+    return TableSpec(COLUMNS, capacity=capacity, num_shards=num_shards, item_unit=item_unit, max_size=max_size)
+
+
+def episode(tag: int, length: int) -> dict:
+    t = np.arange(length)
+    return {
+        "obs": np.stack([np.full(length, tag), t, 1000 * tag + t], axis=1).astype(np.float32),
+        "ep": np.full(length, tag, dtype=np.int64),
+        "t": t.astype(np.int32),
+        "done": t == length - 1,
+    }
+
+
+def scalar_episode(length: int, start: float = 0.0) -> dict:
+    """For tables with one float32 column ``x``."""
+    return {"x": (start + np.arange(length)).astype(np.float32)}
+
+
+def x_spec(capacity: int = 32, num_shards: int = 1, max_size: int | None = None, item_unit: str = "step") -> TableSpec:
+    return TableSpec((ColumnSpec("x", (), np.float32),), capacity=capacity, num_shards=num_shards,
+                     max_size=max_size, item_unit=item_unit)
+
+
+class Catalog:
+    """What was inserted: episode id -> (tag, length, first key)."""
+
+    def __init__(self):
+        self.by_id: dict[int, tuple[int, int, int]] = {}
+
+    def insert(self, table: LocalTable, tags_lengths, priorities=None, **kw):
+        eps = [episode(tag, n) for tag, n in tags_lengths]
+        res = table.insert(eps, priorities, **kw)
+        for (tag, n), eid, fk in zip(tags_lengths, res.episode_ids, res.first_keys):
+            self.by_id[int(eid)] = (tag, n, int(fk))
+        return res
+
+
+def check_windows(batch, catalog: Catalog, length: int, boundary: str, item_unit: str = "step") -> None:
+    """Assert every window of ``batch`` is consecutive steps of one episode, padded correctly."""
+    L = length
+    obs = batch["obs"].numpy()
+    ep = batch["ep"].numpy()
+    t = batch["t"].numpy()
+    done = batch["done"].numpy()
+    mask = batch.mask.numpy()
+    keys = batch.keys.numpy()
+    assert obs.shape == (len(batch), L, 3) and mask.shape == (len(batch), L)
+    for b in range(len(batch)):
+        eid = int(batch.episode_ids[b])
+        assert eid in catalog.by_id, f"row {b}: episode id {eid} was never inserted"
+        tag, T, first_key = catalog.by_id[eid]
+        m = mask[b]
+        valid = np.flatnonzero(m)
+        assert len(valid) >= 1, f"row {b}: empty window"
+        assert np.array_equal(valid, np.arange(valid[0], valid[-1] + 1)), f"row {b}: mask not contiguous {m}"
+        n = len(valid)
+        if boundary == "strict":
+            assert n == L
+        elif boundary == "pad_tail":
+            assert valid[0] == 0
+        else:
+            assert valid[-1] == L - 1
+        ts = t[b, valid]
+        t0 = int(batch.timesteps[b])
+        assert np.array_equal(ts, t0 + np.arange(n)), f"row {b}: steps {ts} not consecutive from {t0}"
+        assert 0 <= t0 and t0 + n <= T
+        if n < L:  # truncated only by the episode's edge
+            if boundary == "pad_tail":
+                assert t0 + n == T, f"row {b}: tail padding before the episode's end"
+            else:
+                assert t0 == 0, f"row {b}: head padding after the episode's start"
+        assert np.all(ep[b, valid] == tag)
+        assert np.array_equal(obs[b, valid], np.stack([np.full(n, tag), ts, 1000 * tag + ts], 1).astype(np.float32))
+        assert np.array_equal(done[b, valid], ts == T - 1)
+        pad = ~m
+        assert not obs[b, pad].any() and not ep[b, pad].any() and not t[b, pad].any() and not done[b, pad].any()
+        shard, seq = decode(np.array([keys[b]]))
+        fshard, fseq = decode(np.array([first_key]))
+        assert shard[0] == fshard[0], f"row {b}: key's shard differs from the episode's"
+        if item_unit == "step":
+            item_t = t0 + n - 1 if boundary == "pad_head" else t0
+            assert seq[0] == fseq[0] + item_t, f"row {b}: key is not the window's item step"
+        else:
+            assert seq[0] == fseq[0]
+
+
+def reconcile(table: LocalTable) -> dict:
+    """Assert the accounting identity on ``info()`` and return the totals."""
+    info = table.info()
+    tot = info["totals"]
+    assert tot["inserted"] == tot["size"] + tot["evicted"] + tot["removed"] + tot["deleted"] + tot["expired"], tot
+    assert tot["size"] == info["size"] == table.size == sum(s["size"] for s in info["shards"])
+    for s in info["shards"]:
+        assert s["inserted"] == s["size"] + s["evicted"] + s["removed"] + s["deleted"] + s["expired"], s
+    return tot
+
+
+def chi2_critical(df: int, z: float = 3.719) -> float:
+    """Upper critical value of chi-square with ``df`` degrees of freedom (Wilson-Hilferty).
+
+    ``z = 3.719`` is the standard normal quantile for a 1e-4 upper tail.
+    """
+    a = 2.0 / (9.0 * df)
+    return df * (1.0 - a + z * np.sqrt(a)) ** 3

@@ -1,0 +1,329 @@
+"""Numeric cores (gear_flow.ops) against plain NumPy references.
+
+These functions are also the parity references of the CUDA kernels, so their
+semantics (duplicates, ties, empties, ring wrap) are pinned here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gear_flow.ops import gather, maxtree, sumtree
+
+SIZES = [1, 2, 3, 5, 7, 8, 13, 64, 100, 257, 1000]
+
+
+# ---------------------------------------------------------------------------- sum tree
+
+
+def _tree_from(weights: np.ndarray) -> np.ndarray:
+    tree = sumtree.new_tree(len(weights))
+    sumtree.set_leaves(tree, np.arange(len(weights), dtype=np.int64), weights.astype(np.float64))
+    return tree
+
+
+def _find_ref(weights: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Leaf i with cum[i-1] <= u < cum[i]: zero-weight leaves are never chosen."""
+    return np.searchsorted(np.cumsum(weights), targets, side="right")
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_leaf_count_and_layout(n):
+    P = sumtree.leaf_count(n)
+    assert P >= n and P & (P - 1) == 0 and (P == 1 or P // 2 < n)
+    tree = sumtree.new_tree(n)
+    assert tree.shape == (2 * P,) and not tree.any()
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_set_leaves_parents_are_sums(n):
+    rng = np.random.default_rng(n)
+    w = rng.random(n)
+    tree = _tree_from(w)
+    P = len(tree) // 2
+    assert np.array_equal(tree[P : P + n], w)
+    for i in range(1, P):
+        assert tree[i] == tree[2 * i] + tree[2 * i + 1]
+    assert tree[1] == pytest.approx(w.sum(), rel=1e-12)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_find_matches_cumsum_exact(n):
+    """Integer weights make every partial sum exact, so the reference is exact too."""
+    rng = np.random.default_rng(100 + n)
+    w = rng.integers(0, 5, n).astype(np.float64)
+    if w.sum() == 0:
+        w[n // 2] = 3.0
+    tree = _tree_from(w)
+    targets = np.concatenate([rng.random(2000) * w.sum(), np.cumsum(w)[w > 0][:-1], [0.0]])
+    out = np.empty(len(targets), dtype=np.int64)
+    sumtree.find(tree, targets, out)
+    assert np.array_equal(out, _find_ref(w, targets))
+    assert np.all(w[out] > 0)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_find_matches_cumsum_float(n):
+    """Real-valued weights: targets at interval midpoints (away from rounding at the edges)."""
+    rng = np.random.default_rng(200 + n)
+    w = rng.random(n) * (rng.random(n) < 0.7)
+    if w.sum() == 0:
+        w[0] = 0.5
+    tree = _tree_from(w)
+    c = np.cumsum(w)
+    lo = np.concatenate(([0.0], c[:-1]))
+    pos = np.flatnonzero(w > 0)
+    targets = (lo[pos] + c[pos]) / 2
+    out = np.empty(len(targets), dtype=np.int64)
+    sumtree.find(tree, targets, out)
+    assert np.array_equal(out, pos)
+
+
+def test_find_never_returns_zero_weight_at_right_edge():
+    """Rounding can put a target at (or just below) the root; the descent must still land on mass."""
+    w = np.zeros(37)
+    w[[3, 20, 21]] = [0.1, 0.2, 0.3]
+    tree = _tree_from(w)
+    root = tree[1]
+    targets = np.array([0.0, np.nextafter(root, 0), root * (1 - 1e-16), root, root * (1 + 1e-15)])
+    out = np.empty(len(targets), dtype=np.int64)
+    sumtree.find(tree, targets, out)
+    assert set(out.tolist()) <= {3, 20, 21}
+    assert out[0] == 3 and out[1] == 21
+
+
+def test_find_distribution_is_proportional():
+    rng = np.random.default_rng(7)
+    w = np.array([0.0, 1.0, 0.0, 3.0, 6.0, 0.0, 0.0])
+    tree = _tree_from(w)
+    u = rng.random(60_000) * tree[1]
+    out = np.empty(len(u), dtype=np.int64)
+    sumtree.find(tree, u, out)
+    freq = np.bincount(out, minlength=len(w)) / len(u)
+    assert np.all(freq[w == 0] == 0)
+    assert np.allclose(freq, w / w.sum(), atol=0.01)
+
+
+def test_set_leaves_duplicates_last_wins():
+    tree = sumtree.new_tree(10)
+    idx = np.array([2, 5, 2, 2, 5], dtype=np.int64)
+    sumtree.set_leaves(tree, idx, np.array([1.0, 2.0, 3.0, 4.0, 7.0]))
+    P = len(tree) // 2
+    expect = np.zeros(10)
+    expect[2], expect[5] = 4.0, 7.0
+    assert np.array_equal(tree[P : P + 10], expect)
+    assert tree[1] == 11.0
+
+
+def test_set_leaves_const_and_overwrite():
+    tree = _tree_from(np.arange(1.0, 9.0))
+    sumtree.set_leaves_const(tree, np.array([0, 7, 7], dtype=np.int64), 0.0)
+    P = len(tree) // 2
+    assert tree[P] == 0 and tree[P + 7] == 0
+    assert tree[1] == sum(range(2, 8))
+    sumtree.set_leaves_const(tree, np.arange(8, dtype=np.int64), 1.0)
+    assert tree[1] == 8.0
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_range_sum(n):
+    rng = np.random.default_rng(300 + n)
+    w = rng.integers(0, 9, n).astype(np.float64)
+    tree = _tree_from(w)
+    for _ in range(50):
+        lo, hi = sorted(rng.integers(0, n + 1, 2))
+        assert sumtree.range_sum(tree, lo, hi) == w[lo:hi].sum()
+    assert sumtree.range_sum(tree, 0, n) == w.sum()
+    assert sumtree.range_sum(tree, 3, 3) == 0.0
+
+
+def _tail_ref(w, capacity, starts, lengths, k):
+    total = 0.0
+    for s, n in zip(starts, lengths):
+        m = min(k, n)
+        for j in range(n - m, n):
+            total += w[(s + j) % capacity]
+    return total
+
+
+@pytest.mark.parametrize("capacity", [1, 5, 8, 13, 64, 100])
+def test_ring_tail_mass(capacity):
+    rng = np.random.default_rng(capacity)
+    w = rng.integers(0, 7, capacity).astype(np.float64)
+    tree = _tree_from(w)
+    for _ in range(30):
+        # back-to-back segments starting anywhere in the ring, so some wrap
+        lengths = rng.integers(1, max(2, capacity // 2), rng.integers(1, 5))
+        lengths = lengths[np.cumsum(lengths) <= capacity] if capacity > 1 else np.array([1])
+        if not len(lengths):
+            lengths = np.array([1])
+        start0 = int(rng.integers(0, capacity))
+        starts = (start0 + np.concatenate(([0], np.cumsum(lengths)[:-1]))) % capacity
+        for k in (0, 1, 2, 5, capacity):
+            got = sumtree.ring_tail_mass(tree, capacity, starts.astype(np.int64), lengths.astype(np.int64), k)
+            assert got == _tail_ref(w, capacity, starts, lengths, k)
+
+
+def test_ring_tail_mass_wraps():
+    capacity = 10
+    w = np.arange(1.0, 11.0)  # leaf i weighs i + 1
+    tree = _tree_from(w)
+    # one episode of 6 steps starting at slot 7: slots 7, 8, 9, 0, 1, 2
+    got = sumtree.ring_tail_mass(tree, capacity, np.array([7]), np.array([6]), 4)
+    assert got == w[9] + w[0] + w[1] + w[2]
+    got = sumtree.ring_tail_mass(tree, capacity, np.array([7]), np.array([6]), 5)
+    assert got == w[8] + w[9] + w[0] + w[1] + w[2]
+
+
+# ---------------------------------------------------------------------------- max tree / top-k
+
+
+def _topk_ref(values: np.ndarray, k: int):
+    idx = np.flatnonzero(np.isfinite(values))
+    order = np.lexsort((idx, -values[idx]))  # descending value, ties: lower index first
+    sel = idx[order][:k]
+    return sel, values[sel]
+
+
+def _maxtree_from(values: np.ndarray) -> np.ndarray:
+    tree = maxtree.new_tree(len(values))
+    maxtree.set_leaves(tree, np.arange(len(values), dtype=np.int64), values.astype(np.float64))
+    return tree
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("k", [1, 2, 7, 50, 2000])
+def test_topk_matches_argsort(n, k):
+    rng = np.random.default_rng(n * 31 + k)
+    v = rng.integers(-3, 4, n).astype(np.float64)  # few distinct values: many ties
+    v[rng.random(n) < 0.2] = -np.inf  # empty slots
+    tree = _maxtree_from(v)
+    out_i = np.empty(k, dtype=np.int64)
+    out_v = np.empty(k, dtype=np.float64)
+    found = maxtree.topk(tree, k, out_i, out_v)
+    ref_i, ref_v = _topk_ref(v, k)
+    assert found == len(ref_i) == min(k, int(np.isfinite(v).sum()))
+    assert np.array_equal(out_i[:found], ref_i)
+    assert np.array_equal(out_v[:found], ref_v)
+
+
+@pytest.mark.parametrize("n", [64, 1000, 4096, 100_000])
+def test_topk_all_equal(n):
+    """Every priority equal (the default max-priority insert): ties by index, nothing lost."""
+    tree = _maxtree_from(np.ones(n))
+    for k in (1, 3, 100):
+        out_i = np.empty(k, dtype=np.int64)
+        out_v = np.empty(k, dtype=np.float64)
+        found = maxtree.topk(tree, k, out_i, out_v)
+        assert found == min(k, n)
+        assert np.array_equal(out_i[:found], np.arange(found))
+        assert np.all(out_v[:found] == 1.0)
+
+
+def test_topk_empty_and_k_zero():
+    tree = maxtree.new_tree(17)
+    out_i = np.empty(3, dtype=np.int64)
+    out_v = np.empty(3)
+    assert maxtree.topk(tree, 3, out_i, out_v) == 0
+    tree = _maxtree_from(np.arange(5.0))
+    assert maxtree.topk(tree, 0, out_i, out_v) == 0
+
+
+def test_topk_negative_values_and_removal():
+    v = np.array([-1.0, -5.0, -0.5, -np.inf, -2.0])
+    tree = _maxtree_from(v)
+    out_i = np.empty(10, dtype=np.int64)
+    out_v = np.empty(10)
+    assert maxtree.topk(tree, 10, out_i, out_v) == 4
+    assert out_i[:4].tolist() == [2, 0, 4, 1]
+    maxtree.set_leaves(tree, np.array([2, 0]), np.array([-np.inf, -np.inf]))
+    assert maxtree.topk(tree, 10, out_i, out_v) == 2
+    assert out_i[:2].tolist() == [4, 1]
+    assert tree[1] == -2.0
+
+
+def test_maxtree_set_leaves_duplicates_last_wins():
+    tree = maxtree.new_tree(6)
+    maxtree.set_leaves(tree, np.array([1, 1, 4, 1]), np.array([9.0, 3.0, 2.0, 1.0]))
+    P = len(tree) // 2
+    assert tree[P + 1] == 1.0 and tree[P + 4] == 2.0
+    assert tree[1] == 2.0
+
+
+# ---------------------------------------------------------------------------- window gather
+
+
+def _gather_ref(src, src_start, dst_offset, n_valid, L):
+    cap = src.shape[0]
+    out = np.zeros((len(src_start), L, *src.shape[1:]), dtype=src.dtype)
+    for b in range(len(src_start)):
+        for j in range(n_valid[b]):
+            out[b, dst_offset[b] + j] = src[(src_start[b] + j) % cap]
+    return out
+
+
+def _as_bytes(a):
+    return a.reshape(a.shape[0], -1).view(np.uint8)
+
+
+@pytest.mark.parametrize(
+    "dtype, shape",
+    [(np.float32, (3,)), (np.int64, ()), (np.bool_, ()), (np.uint8, (4, 5)), (np.float64, (2, 2)),
+     (np.int16, (7,)), (np.complex64, ())],
+)
+@pytest.mark.parametrize("capacity", [1, 7, 16])
+def test_gather_windows_matches_reference(dtype, shape, capacity):
+    rng = np.random.default_rng(capacity)
+    src = (rng.random((capacity, *shape)) * 100).astype(dtype)
+    if dtype is np.bool_:
+        src = rng.random((capacity, *shape)) < 0.5
+    L = min(5, capacity + 2)
+    B = 40
+    starts, offs, nvs = [], [], []
+    for _ in range(B):
+        n = int(rng.integers(0, min(L, capacity) + 1))
+        d = int(rng.integers(0, L - n + 1))
+        starts.append(int(rng.integers(0, capacity)))
+        offs.append(d)
+        nvs.append(n)
+    # deterministic edge cases: wrap at the ring's end, head pad, tail pad, empty, duplicate windows
+    starts += [capacity - 1, capacity - 1, 0, 0, 0]
+    offs += [0, L - min(L, capacity), 0, L - 1, 0]
+    nvs += [min(L, capacity), min(L, capacity), 0, 1, min(L, capacity)]
+    src_start, dst_offset, n_valid = (np.array(a, dtype=np.int64) for a in (starts, offs, nvs))
+    out = np.full((len(starts), L, *shape), 1, dtype=dtype)  # garbage to be overwritten / zeroed
+    gather.gather_windows(_as_bytes(src), src_start, dst_offset, n_valid, out.reshape(len(starts), L, -1).view(np.uint8))
+    assert np.array_equal(out, _gather_ref(src, src_start, dst_offset, n_valid, L))
+
+
+def test_gather_window_across_ring_end():
+    src = np.arange(10, dtype=np.int64)
+    out = np.full((1, 6), -1, dtype=np.int64)
+    gather.gather_windows(_as_bytes(src), np.array([7]), np.array([1]), np.array([5]), out.reshape(1, 6, -1).view(np.uint8))
+    assert out.tolist() == [[0, 7, 8, 9, 0, 1]]
+
+
+def test_window_mask():
+    m = gather.window_mask(np.array([0, 2, 0, 3]), np.array([4, 2, 0, 1]), 4)
+    assert m.tolist() == [
+        [True, True, True, True],
+        [False, False, True, True],
+        [False, False, False, False],
+        [False, False, False, True],
+    ]
+    out = np.empty((4, 4), dtype=bool)
+    assert gather.window_mask(np.array([0, 2, 0, 3]), np.array([4, 2, 0, 1]), 4, out=out) is out
+    assert np.array_equal(out, m)
+
+
+@pytest.mark.parametrize("pos, n", [(0, 3), (5, 5), (8, 4), (9, 10), (3, 0)])
+def test_scatter_rows_wraps(pos, n):
+    cap = 10
+    dst = np.full((cap, 2), -1.0)
+    src = np.arange(2 * n, dtype=np.float64).reshape(n, 2)
+    gather.scatter_rows(dst, pos, src)
+    expect = np.full((cap, 2), -1.0)
+    for j in range(n):
+        expect[(pos + j) % cap] = src[j]
+    assert np.array_equal(dst, expect)

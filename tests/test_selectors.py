@@ -1,0 +1,350 @@
+"""Every selector, as sampler and as remover, through a Shard or a LocalTable."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import scalar_episode, x_spec
+
+from gear_flow import (
+    Fifo,
+    Lifo,
+    LocalTable,
+    MaxHeap,
+    MinHeap,
+    Prioritized,
+    SpecError,
+    Uniform,
+    WithoutReplacement,
+)
+from gear_flow.selectors import REGISTRY
+from gear_flow.shard import EpisodeBatch, Shard
+
+
+def _single_steps(table, values, priorities=None, **kw):
+    """Insert each value as its own one-step episode; returns key -> value."""
+    res = table.insert([{"x": np.array([v], np.float32)} for v in values], priorities, **kw)
+    return {int(k): float(v) for k, v in zip(res.first_keys, values)}
+
+
+def _keys_values(batch):
+    return batch.keys.numpy().tolist(), batch["x"].numpy()[:, 0].tolist()
+
+
+# ---------------------------------------------------------------------------- registry / basics
+
+
+def test_registry_names_map_to_classes():
+    assert REGISTRY["uniform"] is Uniform and REGISTRY["without_replacement"] is WithoutReplacement
+    for cls in REGISTRY.values():
+        s = cls()
+        assert repr(s).startswith(cls.__name__)
+        c = s.clone()
+        assert type(c) is cls and c is not s and c.params() == s.params()
+
+
+@pytest.mark.parametrize("kw", [{"alpha": -0.1}, {"alpha": float("inf")}, {"alpha": "1"}, {"beta": -0.01},
+                                {"beta": 1.5}, {"beta": "x"}])
+def test_prioritized_params_validated(kw):
+    with pytest.raises(SpecError):
+        Prioritized(**kw)
+
+
+# ---------------------------------------------------------------------------- Shard level
+
+
+def _shard(sampler, remover=None, capacity=16, item_unit="step"):
+    spec = x_spec(capacity=capacity, item_unit=item_unit)
+    return Shard(spec, 3, sampler, remover or Fifo())
+
+
+def _batch(lengths, stamps_from=0, priorities=None):
+    lengths = np.asarray(lengths, dtype=np.int64)
+    chunks = [scalar_episode(int(n), 100 * i) for i, n in enumerate(lengths)]
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    return EpisodeBatch(chunks, lengths, np.arange(len(lengths)), stamps_from + starts, priorities)
+
+
+def test_shard_prioritized_draw_probabilities():
+    sh = _shard(Prioritized(alpha=0.5))
+    pr = np.array([4.0, 0.0, 1.0, 9.0, 16.0])
+    keys, n = sh.insert(_batch([5], priorities=pr))
+    assert n == 5 and sh.size == 5
+    w = np.sqrt(pr)
+    rng = np.random.default_rng(0)
+    slots, q = sh.draw(4000, 1, "strict", rng)
+    assert np.allclose(q, w[slots] / w.sum())
+    assert not np.any(slots == 1)  # zero priority never drawn
+    freq = np.bincount(slots, minlength=5) / 4000
+    assert np.allclose(freq, w / w.sum(), atol=0.03)
+
+
+def test_shard_ordered_candidates():
+    sh = _shard(MaxHeap(), capacity=8)
+    sh.insert(_batch([3, 3], priorities=np.array([5.0, 1.0, 7.0, 7.0, 0.5, 2.0])))
+    slots, keys = sh.candidates(4, 1, "strict")
+    assert slots.tolist() == [2, 3, 0, 5]
+    assert keys.tolist() == [7.0, 7.0, 5.0, 2.0]
+    # strict length 2: the last step of each episode is not a valid window start
+    slots, _ = sh.candidates(10, 2, "strict")
+    assert slots.tolist() == [3, 0, 1, 4]  # priorities 7, 5, 1, 0.5
+
+
+def test_shard_keys_carry_shard_id():
+    sh = _shard(Uniform())
+    keys, _ = sh.insert(_batch([2, 3]))
+    assert (keys >> 56).tolist() == [3, 3]
+    assert (keys & ((1 << 56) - 1)).tolist() == [0, 2]
+
+
+# ---------------------------------------------------------------------------- samplers via LocalTable
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_uniform_sampler(num_shards):
+    t = LocalTable(x_spec(capacity=20, num_shards=num_shards), sampler=Uniform(), seed=1)
+    kv = _single_steps(t, np.arange(10.0))
+    counts = {k: 0 for k in kv}
+    for _ in range(300):
+        b = t.sample(10)
+        assert np.allclose(b.probabilities.numpy(), 1 / 10)
+        assert np.all(b.weights.numpy() == 1)
+        for k, v in zip(*_keys_values(b)):
+            assert kv[k] == v
+            counts[k] += 1
+    c = np.array(list(counts.values()))
+    # 3000 draws over 10 items: each ~300, binomial sd ~16
+    assert c.min() > 220 and c.max() < 380
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_prioritized_sampler_probabilities_and_weights(num_shards):
+    alpha, beta = 0.7, 0.4
+    t = LocalTable(x_spec(capacity=20, num_shards=num_shards), sampler=Prioritized(alpha, beta), seed=2)
+    pr = np.array([0.5, 1.0, 2.0, 0.0, 3.0, 8.0, 0.25, 1.5])
+    kv = _single_steps(t, np.arange(8.0), priorities=pr)
+    p_of = {k: pr[int(v)] for k, v in kv.items()}
+    total = sum(p ** alpha for p in pr)
+    for _ in range(20):
+        b = t.sample(16)
+        keys, vals = _keys_values(b)
+        expect = np.array([p_of[k] ** alpha / total for k in keys])
+        assert np.allclose(b.probabilities.numpy(), expect, rtol=1e-12)
+        w = expect ** -beta
+        assert np.allclose(b.weights.numpy(), w / w.max(), rtol=1e-6)
+        assert all(p_of[k] > 0 for k in keys)
+
+
+def test_prioritized_update_changes_distribution():
+    t = LocalTable(x_spec(capacity=20), sampler=Prioritized(1.0, 0.0), seed=3)
+    kv = _single_steps(t, np.arange(4.0), priorities=1.0)
+    keys = list(kv)
+    t.update_priorities(keys, [0.0, 0.0, 0.0, 5.0])
+    b = t.sample(50)
+    assert set(b.keys.numpy().tolist()) == {keys[3]}
+    assert np.allclose(b.probabilities.numpy(), 1.0)
+
+
+def test_prioritized_alpha_zero_is_uniform_even_at_zero_priority():
+    t = LocalTable(x_spec(capacity=20), sampler=Prioritized(0.0, 0.5), seed=4)
+    _single_steps(t, np.arange(4.0), priorities=[0.0, 1.0, 2.0, 100.0])
+    b = t.sample(400)
+    assert np.allclose(b.probabilities.numpy(), 0.25)
+    assert len(set(b.keys.numpy().tolist())) == 4
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_fifo_sampler(num_shards):
+    t = LocalTable(x_spec(capacity=20, num_shards=num_shards), sampler=Fifo(), seed=0)
+    _single_steps(t, np.arange(7.0))
+    b = t.sample(4)
+    assert _keys_values(b)[1] == [0.0, 1.0, 2.0, 3.0]
+    assert np.all(b.probabilities.numpy() == 1) and np.all(b.weights.numpy() == 1)
+    # fewer items than the batch: repeated in order
+    assert _keys_values(t.sample(9))[1] == [0, 1, 2, 3, 4, 5, 6, 0, 1]
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_lifo_sampler(num_shards):
+    t = LocalTable(x_spec(capacity=20, num_shards=num_shards), sampler=Lifo(), seed=0)
+    _single_steps(t, np.arange(7.0))
+    assert _keys_values(t.sample(3))[1] == [6.0, 5.0, 4.0]
+    _single_steps(t, [10.0, 11.0])
+    assert _keys_values(t.sample(3))[1] == [11.0, 10.0, 6.0]
+
+
+def test_fifo_lifo_order_is_insertion_order_not_slot_order():
+    """After the ring wraps, the oldest item sits in a higher slot than newer ones."""
+    t = LocalTable(x_spec(capacity=6), sampler=Fifo(), remover=Fifo(), seed=0)
+    for i in range(10):
+        t.insert(scalar_episode(1, float(i)))
+    assert t.size == 6
+    assert _keys_values(t.sample(6))[1] == [4, 5, 6, 7, 8, 9]
+    t2 = LocalTable(x_spec(capacity=6), sampler=Lifo(), seed=0)
+    for i in range(10):
+        t2.insert(scalar_episode(1, float(i)))
+    assert _keys_values(t2.sample(6))[1] == [9, 8, 7, 6, 5, 4]
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_max_heap_sampler(num_shards):
+    t = LocalTable(x_spec(capacity=20, num_shards=num_shards), sampler=MaxHeap(), seed=0)
+    pr = [3.0, 9.0, 1.0, 9.0, 4.0, 0.0]
+    kv = _single_steps(t, np.arange(6.0), priorities=pr)
+    vals = _keys_values(t.sample(4))[1]
+    assert vals[:2] in ([1.0, 3.0], [3.0, 1.0])  # tie at 9 across shards/slots: both first
+    assert vals[2:] == [4.0, 0.0]
+    keys = list(kv)
+    t.update_priorities([keys[2]], [100.0])
+    assert _keys_values(t.sample(1))[1] == [2.0]
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_min_heap_sampler(num_shards):
+    t = LocalTable(x_spec(capacity=20, num_shards=num_shards), sampler=MinHeap(), seed=0)
+    pr = [3.0, 9.0, 1.0, 0.5, 4.0, 2.0]
+    kv = _single_steps(t, np.arange(6.0), priorities=pr)
+    assert _keys_values(t.sample(3))[1] == [3.0, 2.0, 5.0]
+    t.update_priorities([list(kv)[1]], [0.0])
+    assert _keys_values(t.sample(2))[1] == [1.0, 3.0]
+
+
+def test_heap_with_default_priorities_many_items():
+    """Every item at the default (running max) priority: ties, and the heap must still deliver."""
+    t = LocalTable(x_spec(capacity=2048), sampler=MaxHeap(), seed=0)
+    t.insert(scalar_episode(1500))
+    b = t.sample(5)
+    assert len(set(b.keys.numpy().tolist())) == 5
+    assert _keys_values(b)[1] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_without_replacement_epochs(num_shards):
+    n = 12
+    t = LocalTable(x_spec(capacity=32, num_shards=num_shards), sampler=WithoutReplacement(), seed=5)
+    kv = _single_steps(t, np.arange(float(n)))
+    draws = []
+    for _ in range(9):  # 9 * 5 = 45 draws: batches straddle epoch ends
+        b = t.sample(5)
+        draws += b.keys.numpy().tolist()
+        assert np.all(b.weights.numpy() == 1)
+    for e in range(len(draws) // n):
+        epoch = draws[e * n : (e + 1) * n]
+        assert sorted(epoch) == sorted(kv), f"epoch {e} is not each item exactly once"
+    rest = draws[(len(draws) // n) * n :]
+    assert len(set(rest)) == len(rest)
+
+
+def test_without_replacement_probabilities_and_mid_epoch_insert():
+    t = LocalTable(x_spec(capacity=32, num_shards=2), sampler=WithoutReplacement(), seed=6)
+    kv = _single_steps(t, np.arange(6.0))
+    b = t.sample(2)
+    assert np.allclose(b.probabilities.numpy(), 1 / 6)
+    first = set(b.keys.numpy().tolist())
+    kv2 = _single_steps(t, [50.0, 51.0])  # join the running epoch
+    b = t.sample(3)
+    assert np.allclose(b.probabilities.numpy(), 1 / 6)  # 4 old left + 2 new
+    b2 = t.sample(3)
+    assert np.allclose(b2.probabilities.numpy(), 1 / 3)
+    epoch = first | set(b.keys.numpy().tolist()) | set(b2.keys.numpy().tolist())
+    assert epoch == set(kv) | set(kv2)
+
+
+def test_without_replacement_strict_skips_short_items():
+    """Steps too close to their episode's end are skipped for the epoch, never returned."""
+    t = LocalTable(x_spec(capacity=32, num_shards=2), sampler=WithoutReplacement(), seed=7)
+    res = t.insert([scalar_episode(4, 0), scalar_episode(3, 10), scalar_episode(1, 20)])
+    valid = {int(res.first_keys[0]) + j for j in range(3)} | {int(res.first_keys[1]) + j for j in range(2)}
+    got = []
+    for _ in range(4):
+        b = t.sample(5, length=2)
+        got.append(sorted(b.keys.numpy().tolist()))
+        assert np.all(b.mask.numpy())
+    assert all(g == sorted(valid) for g in got)
+
+
+# ---------------------------------------------------------------------------- removers (max_size eviction)
+
+
+def _evict_table(remover, num_shards=1, max_size=6, pr=None, seed=0):
+    t = LocalTable(x_spec(capacity=64, num_shards=num_shards, max_size=max_size), sampler=Uniform(), remover=remover,
+                   seed=seed)
+    vals = np.arange(10.0)
+    kv = _single_steps(t, vals, priorities=pr)
+    assert t.size == max_size
+    tot = t.info()["totals"]
+    assert tot["removed"] == 10 - max_size and tot["evicted"] == 0
+    return t, kv
+
+
+def _live_values(t, kv):
+    """Values whose keys are still live (a stale update is counted, a live one applied)."""
+    live = []
+    for k, v in kv.items():
+        if t.update_priorities([k], [1.0]).applied:
+            live.append(v)
+    return sorted(live)
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_fifo_remover_evicts_oldest(num_shards):
+    t, kv = _evict_table(Fifo(), num_shards)
+    assert _live_values(t, kv) == [4, 5, 6, 7, 8, 9]
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_lifo_remover_evicts_newest(num_shards):
+    t, kv = _evict_table(Lifo(), num_shards)
+    assert _live_values(t, kv) == [0, 1, 2, 3, 4, 5]
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_min_heap_remover_evicts_lowest_priority(num_shards):
+    pr = [5.0, 0.1, 7.0, 3.0, 0.2, 9.0, 1.0, 8.0, 6.0, 2.0]
+    t, kv = _evict_table(MinHeap(), num_shards, pr=pr)
+    assert _live_values(t, kv) == sorted(np.argsort(pr)[4:].tolist())
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_max_heap_remover_evicts_highest_priority(num_shards):
+    pr = [5.0, 0.1, 7.0, 3.0, 0.2, 9.0, 1.0, 8.0, 6.0, 2.0]
+    t, kv = _evict_table(MaxHeap(), num_shards, pr=pr)
+    assert _live_values(t, kv) == sorted(np.argsort(pr)[:6].tolist())
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_uniform_remover_keeps_max_size(num_shards):
+    t, kv = _evict_table(Uniform(), num_shards, seed=3)
+    assert len(_live_values(t, kv)) == 6
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_prioritized_remover_only_evicts_weighted_items(num_shards):
+    """Items with priority 0 have no remover weight: the 4 evicted are among the positive ones."""
+    pr = [0.0, 2.0, 0.0, 1.0, 0.0, 3.0, 0.0, 5.0, 0.0, 0.0]
+    for seed in range(5):
+        t, kv = _evict_table(Prioritized(1.0), num_shards, pr=pr, seed=seed)
+        assert _live_values(t, kv) == [0, 2, 4, 6, 8, 9]
+
+
+def test_prioritized_remover_all_zero_priorities_still_evicts():
+    """No remover weight anywhere: eviction falls back to uniform (Reverb) instead of failing."""
+    t, kv = _evict_table(Prioritized(1.0), 2, pr=0.0, seed=1)
+    assert len(_live_values(t, kv)) == 6
+
+
+def test_prioritized_remover_mixed_weights_over_shards():
+    """Few weighted items on one shard, many zero-weight ones: evicts exactly down to max_size."""
+    for seed in range(20):
+        t = LocalTable(x_spec(capacity=64, num_shards=2, max_size=20), remover=Prioritized(1.0), seed=seed)
+        t.insert(scalar_episode(1), priorities=1000.0, shard=0)
+        t.insert(scalar_episode(19), priorities=1.0, shard=1)
+        t.insert(scalar_episode(3), priorities=1.0, shard=1)
+        assert t.size == 20
+        assert t.info()["totals"]["removed"] == 3
+
+
+def test_without_replacement_cannot_remove():
+    with pytest.raises(SpecError, match="cannot be used as a remover"):
+        LocalTable(x_spec(), remover=WithoutReplacement())
+    assert LocalTable(x_spec(), sampler=WithoutReplacement()).size == 0
