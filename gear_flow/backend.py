@@ -50,10 +50,12 @@ class BackendUnavailableError(GearFlowError, RuntimeError):
     def __init__(self, what: str, reason: str):
         self.what = what
         self.reason = reason
-        super().__init__(
-            f"{what} needs CuPy and a usable CUDA device: {reason} "
-            "(install the extra 'gear-flow[gpu-cu13]' or 'gear-flow[gpu-cu12]', or use tier='host')"
+        hint = (
+            "install the extra 'gear-flow[gpu-cu13]' (or '[gpu-cu12]'), or use tier='host'"
+            if "import" in reason
+            else "run on a machine with a CUDA device, or use tier='host'"
         )
+        super().__init__(f"{what} needs CuPy and a usable CUDA device: {reason} ({hint})")
 
 
 #: tier -> (module of the ring arrays, module of the sample output, frame module)

@@ -260,3 +260,29 @@ REGISTRY: dict[str, type[RateLimiter]] = {
     "queue": Queue,
     "stack": Stack,
 }
+
+
+def to_config(limiter: RateLimiter) -> dict:
+    """A JSON-able description ``{"kind": ..., "params": {...}, "state": {...}}``."""
+    for kind, cls in REGISTRY.items():
+        if type(limiter) is cls:
+            params = limiter.params()
+            if "error_buffer" in params:
+                params["error_buffer"] = list(params["error_buffer"])
+            return {"kind": kind, "params": params, "state": dict(limiter.state.__dict__)}
+    raise TypeError(f"{limiter!r} is not a registered rate limiter; registered: {sorted(REGISTRY)}")
+
+
+def from_config(cfg: dict) -> RateLimiter:
+    """Inverse of :func:`to_config` (restores the counters too)."""
+    try:
+        cls = REGISTRY[cfg["kind"]]
+    except KeyError:
+        raise SpecError(f"unknown rate limiter kind {cfg.get('kind')!r}; known: {sorted(REGISTRY)}") from None
+    params = dict(cfg.get("params", {}))
+    if isinstance(params.get("error_buffer"), list):
+        params["error_buffer"] = tuple(params["error_buffer"])
+    lim = cls(**params)
+    for k, v in cfg.get("state", {}).items():
+        setattr(lim.state, k, v)
+    return lim

@@ -1,16 +1,23 @@
 """The sample result handed to learners, and reusable output buffers.
 
 Windows are gathered straight into byte buffers that torch tensors alias
-(``torch.from_numpy``, zero-copy), so a batch reaches the learner without any
-copy beyond the gather itself.
+(``torch.from_numpy`` for host buffers, ``torch.from_dlpack`` for device
+buffers; zero-copy either way), so a batch reaches the learner without any copy
+beyond the gather itself.  Which kind of buffer a table fills is decided by its
+storage tier (:func:`gear_flow.backend.output_module`): ``host`` gathers into
+NumPy memory, ``pinned`` and ``device`` gather on the GPU into CuPy memory.
+Only the column data moves to the device; keys, probabilities, weights, mask,
+episode ids and timesteps are computed on the host and stay there.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import backend
 from .spec import TableSpec
 
 
@@ -96,6 +103,19 @@ class SampleBuffers:
     with ``out=buffers`` aliases them: it is overwritten by the next sample into
     the same buffers.  :class:`~gear_flow.stream.Stream` rotates a pool of them.
 
+    Parameters
+    ----------
+    spec : TableSpec
+        The table's columns.
+    columns : sequence of str
+        Columns to hold.
+    batch_size, length : int
+        ``B`` and ``L``.
+    tier : str or StorageTier
+        Storage tier of the table that fills the buffers (default ``"host"``).
+        For ``pinned`` and ``device`` the column buffers are CuPy arrays on the
+        current device and the batch's column tensors are CUDA tensors.
+
     Examples
     --------
     >>> import numpy as np
@@ -106,16 +126,20 @@ class SampleBuffers:
     (4, 2, 3)
     """
 
-    def __init__(self, spec: TableSpec, columns, batch_size: int, length: int):
+    def __init__(self, spec: TableSpec, columns, batch_size: int, length: int, tier="host"):
         self.columns = tuple(columns)
         self.batch_size = int(batch_size)
         self.length = int(length)
+        self.tier = backend.tier_name(tier)
+        #: are the column buffers device (CuPy) arrays?
+        self.on_device = backend.output_on_device(self.tier)
+        xp = backend.output_module(self.tier)
         B, L = self.batch_size, self.length
         self.bytes = {}
         self.arrays = {}
         for name in self.columns:
             c = spec.column(name)
-            raw = np.empty((B, L, max(c.nbytes, 1)), dtype=np.uint8)
+            raw = xp.empty((B, L, max(c.nbytes, 1)), dtype=np.uint8)
             self.bytes[name] = raw
             self.arrays[name] = raw.view(c.dtype).reshape(B, L, *c.shape)
         self.keys = np.empty(B, dtype=np.int64)
@@ -126,14 +150,30 @@ class SampleBuffers:
         self.timesteps = np.empty(B, dtype=np.int64)
         self._tensors = None
 
-    def matches(self, columns, batch_size: int, length: int) -> bool:
-        return tuple(columns) == self.columns and batch_size == self.batch_size and length == self.length
+    def matches(self, columns, batch_size: int, length: int, tier=None) -> bool:
+        """Can these buffers hold a sample of ``(columns, batch_size, length)`` from a table of ``tier``?"""
+        same = tuple(columns) == self.columns and batch_size == self.batch_size and length == self.length
+        return same and (tier is None or backend.output_on_device(tier) == self.on_device)
+
+    def gather_stream(self):
+        """Context in which a table gathers into these buffers.
+
+        For device buffers: the learner's current torch stream (as a CuPy
+        stream), so that the gather runs after the learner's work on the
+        previous batch in these buffers and before its work on this one.  For
+        host buffers: nothing.
+        """
+        if not self.on_device:
+            return contextlib.nullcontext()
+        from .gpu.streams import learner_stream
+
+        return learner_stream()
 
     def batch(self, table_size: int) -> SampleBatch:
         if self._tensors is None:
             t = _torch().from_numpy
             self._tensors = (
-                {k: t(v) for k, v in self.arrays.items()},
+                {k: backend.to_torch(v) for k, v in self.arrays.items()},
                 t(self.keys),
                 t(self.probabilities),
                 t(self.weights),
@@ -141,5 +181,9 @@ class SampleBuffers:
                 t(self.episode_ids),
                 t(self.timesteps),
             )
+        elif self.on_device:
+            from .gpu.streams import publish
+
+            publish()  # gathered outside gather_stream(): order torch's stream after it
         d, k, p, w, m, e, ts = self._tensors
         return SampleBatch(d, k, p, w, m, e, ts, int(table_size), self.length)

@@ -31,3 +31,22 @@ __all__ = [
     "WeightedSelector",
     "WithoutReplacement",
 ]
+
+
+def to_config(selector: Selector) -> dict:
+    """A JSON-able description ``{"kind": ..., "params": {...}}``."""
+    for kind, cls in REGISTRY.items():
+        if type(selector) is cls:
+            return {"kind": kind, "params": selector.params()}
+    raise TypeError(f"{selector!r} is not a registered selector; registered: {sorted(REGISTRY)}")
+
+
+def from_config(cfg: dict) -> Selector:
+    """Inverse of :func:`to_config`."""
+    from ..errors import SpecError
+
+    try:
+        cls = REGISTRY[cfg["kind"]]
+    except KeyError:
+        raise SpecError(f"unknown selector kind {cfg.get('kind')!r}; known: {sorted(REGISTRY)}") from None
+    return cls(**cfg.get("params", {}))

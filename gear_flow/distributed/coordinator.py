@@ -1,0 +1,193 @@
+"""Scheduler plugin: the one place that holds a distributed table's global state.
+
+Every client and every worker can reach the scheduler, so the coordinator
+lives there: the table's configuration and shard placement, the global rate
+limiter (Reverb semantics across all shards, with timeouts), the table size
+as the limiter sees it, episode ids and insertion stamps, and lost shards.
+Data never passes through it: callers ask it for admission, then talk to the
+shard workers directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.protocol import to_serialize
+
+from ..errors import RateLimitTimeout, SpecError, TableClosedError
+from ..rate_limiters import from_config, to_config
+
+logger = logging.getLogger(__name__)
+
+COORDINATOR_NAME = "gear-flow-coordinator"
+
+
+class TableState:
+    """Global state of one table (lives on the scheduler)."""
+
+    def __init__(self, name: str, config: dict, placement: dict):
+        self.name = name
+        self.config = config
+        self.placement = {int(k): v for k, v in placement.items()}
+        self.limiter = from_config(config["rate_limiter"])
+        self.size = 0
+        self.next_episode_id = 0
+        self.next_stamp = 0
+        self.lost: dict[int, dict] = {}
+        self.closed = False
+        self.cond = asyncio.Condition()
+
+    def public(self) -> dict:
+        return {
+            "name": self.name,
+            "config": self.config,
+            "placement": self.placement,
+            "size": self.size,
+            "rate_limiter": self.limiter.info(),
+            "lost": self.lost,
+            "closed": self.closed,
+        }
+
+
+class GearFlowCoordinator(SchedulerPlugin):
+    """Registers the ``gear_flow_coord`` handler on the scheduler.
+
+    Examples
+    --------
+    >>> client.register_plugin(GearFlowCoordinator())  # doctest: +SKIP
+    """
+
+    name = COORDINATOR_NAME
+    idempotent = True
+
+    async def start(self, scheduler):
+        self.scheduler = scheduler
+        self.tables: dict[str, TableState] = {}
+        scheduler.handlers["gear_flow_coord"] = self.handle
+
+    async def handle(self, comm=None, action=None, name=None, **kw):
+        op = action
+        ops = {
+            "register": self._register,
+            "lookup": self._lookup,
+            "admit_insert": self._admit_insert,
+            "rollback_insert": self._rollback_insert,
+            "admit_sample": self._admit_sample,
+            "rollback_sample": self._rollback_sample,
+            "removed": self._removed,
+            "mark_lost": self._mark_lost,
+            "close": self._close,
+            "drop": self._drop,
+            "list": self._list,
+        }
+        try:
+            if op not in ops:
+                raise ValueError(f"unknown coordinator op {op!r}")
+            return {"status": "OK", "result": to_serialize(await ops[op](name, **kw))}
+        except Exception as e:
+            return {"status": "error", "error": to_serialize(e)}
+
+    def _table(self, name) -> TableState:
+        try:
+            return self.tables[name]
+        except KeyError:
+            raise SpecError(f"no distributed table {name!r}; tables: {sorted(self.tables)}") from None
+
+    async def _register(self, name, config, placement):
+        if name in self.tables and not self.tables[name].closed:
+            raise SpecError(f"a distributed table named {name!r} already exists")
+        self.tables[name] = TableState(name, config, placement)
+        return True
+
+    async def _lookup(self, name):
+        return self._table(name).public()
+
+    async def _list(self, name=None):
+        return sorted(self.tables)
+
+    async def _wait(self, t: TableState, pred, timeout, what):
+        async with t.cond:
+            try:
+                await asyncio.wait_for(t.cond.wait_for(lambda: t.closed or pred()), timeout)
+            except asyncio.TimeoutError:
+                raise RateLimitTimeout(
+                    f"{what} on table {t.name!r} was not admitted by {t.limiter!r} within {timeout} s "
+                    f"(size {t.size}, inserts {t.limiter.state.inserts}, samples {t.limiter.state.samples})"
+                ) from None
+            if t.closed:
+                raise TableClosedError(f"table {t.name!r} is closed")
+
+    async def _admit_insert(self, name, n, episodes, timeout=None):
+        t = self._table(name)
+        await self._wait(t, lambda: t.limiter.can_insert(n, t.size), timeout, f"an insert of {n} items")
+        async with t.cond:
+            t.limiter.on_insert(n)
+            t.size += n
+            first_id, first_stamp = t.next_episode_id, t.next_stamp
+            t.next_episode_id += episodes
+            t.next_stamp += n
+            t.cond.notify_all()
+        return {"first_episode_id": first_id, "first_stamp": first_stamp}
+
+    async def _rollback_insert(self, name, n):
+        t = self._table(name)
+        async with t.cond:
+            t.limiter.state.inserts -= n
+            t.size -= n
+            t.cond.notify_all()
+        return True
+
+    async def _admit_sample(self, name, n, timeout=None):
+        t = self._table(name)
+        await self._wait(t, lambda: t.limiter.can_sample(n, t.size), timeout, f"a sample of {n}")
+        async with t.cond:
+            t.limiter.on_sample(n)
+            t.cond.notify_all()
+        return True
+
+    async def _rollback_sample(self, name, n):
+        t = self._table(name)
+        async with t.cond:
+            t.limiter.state.samples -= n
+            t.cond.notify_all()
+        return True
+
+    async def _removed(self, name, k):
+        t = self._table(name)
+        async with t.cond:
+            t.size -= k
+            t.limiter.on_delete(k)
+            t.cond.notify_all()
+        return t.size
+
+    async def _mark_lost(self, name, shard, size=0, detail=""):
+        t = self._table(name)
+        async with t.cond:
+            if int(shard) not in t.lost:
+                t.lost[int(shard)] = {"size_at_loss": int(size), "detail": detail}
+                t.size -= int(size)
+            t.cond.notify_all()
+        return t.lost
+
+    async def _close(self, name):
+        t = self._table(name)
+        async with t.cond:
+            t.closed = True
+            t.cond.notify_all()
+        return True
+
+    async def _drop(self, name):
+        t = self.tables.pop(name, None)
+        if t is not None:
+            async with t.cond:
+                t.closed = True
+                t.cond.notify_all()
+        return True
+
+    def state(self, name) -> dict:
+        return self._table(name).public()
+
+    def limiter_config(self, name) -> dict:
+        return to_config(self._table(name).limiter)

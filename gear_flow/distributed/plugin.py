@@ -1,0 +1,98 @@
+"""Worker plugin: hosts shards and serves them over Dask's comm.
+
+``setup(worker)`` creates the worker's :class:`~gear_flow.distributed.host.ShardHost`
+and registers one comm handler, ``gear_flow``.  Requests name an operation
+from :data:`OPS` (a fixed table, never a free attribute name) and carry NumPy
+arrays as serialized frames; the host runs in a small thread pool so that
+gathers never block the worker's event loop.  ``__init__`` stores only
+picklable configuration (dask-cuda's plugins do the same).
+
+Why a plugin with a comm handler and not one Dask actor per shard: measured on
+a 2-core machine (``pipelines/bench_transport.py``), a handler round trip costs
+~0.3 ms against ~1 ms for an actor method call, and 17 MB of windows arrive
+~2.4x faster, because actor calls go through extra task-state machinery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.protocol import to_serialize
+
+from .host import ShardHost
+
+logger = logging.getLogger(__name__)
+
+PLUGIN_NAME = "gear-flow"
+
+#: operation name -> ShardHost method
+OPS = {
+    "create": ShardHost.create,
+    "drop": ShardHost.drop,
+    "insert": ShardHost.insert,
+    "masses": ShardHost.masses,
+    "new_epoch": ShardHost.new_epoch,
+    "candidates": ShardHost.candidates,
+    "sample_part": ShardHost.sample_part,
+    "check_keys": ShardHost.check_keys,
+    "update": ShardHost.update,
+    "delete": ShardHost.delete,
+    "remover_candidates": ShardHost.remover_candidates,
+    "remove": ShardHost.remove,
+    "info": ShardHost.info,
+    "nbytes": ShardHost.nbytes,
+}
+
+
+class GearFlowWorker(WorkerPlugin):
+    """Hosts gear_flow shards on a worker.
+
+    Parameters
+    ----------
+    threads : int
+        Threads that run shard operations (gathers release the GIL).
+    tier : str, optional
+        Default storage tier of shards created on this worker (``host``,
+        ``pinned`` or ``device``); a table's own setting wins.
+
+    Examples
+    --------
+    >>> client.register_plugin(GearFlowWorker())  # doctest: +SKIP
+    """
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self, threads: int = 2, tier: str | None = None):
+        self.threads = threads
+        self.tier = tier
+
+    def setup(self, worker):
+        self.worker = worker
+        self.host = ShardHost()
+        self.executor = ThreadPoolExecutor(self.threads, thread_name_prefix="gear-flow")
+        worker.handlers["gear_flow"] = self.handle
+
+    def teardown(self, worker):
+        self.executor.shutdown(wait=False)
+        worker.handlers.pop("gear_flow", None)
+
+    async def run(self, op: str, **kwargs):
+        """Run a host operation in the plugin's threads (in-process callers use this)."""
+        fn = OPS[op]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, partial(fn, self.host, **kwargs))
+
+    async def handle(self, comm=None, action=None, args=None):
+        op = action
+        if op not in OPS:
+            return {"status": "error", "error": to_serialize(ValueError(f"unknown gear_flow op {op!r}"))}
+        try:
+            result = await self.run(op, **(args or {}))
+        except Exception as e:  # returned, re-raised with its own type by the caller
+            return {"status": "error", "error": to_serialize(e)}
+        return {"status": "OK", "result": to_serialize(result)}

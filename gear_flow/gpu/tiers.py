@@ -1,0 +1,170 @@
+"""GPU storage tiers: ``device`` (CuPy arrays) and ``pinned`` (page-locked host memory).
+
+Both gather with the CUDA kernel of ``kernels/gather.cu`` into device output
+buffers (``[B, L, nbytes]`` uint8 CuPy arrays), on CuPy's current stream — the
+learner's torch stream while a table samples into
+:class:`~gear_flow.sample.SampleBuffers` (see :mod:`gear_flow.gpu.streams`).
+
+Ordering.  Inserts (``write_rows``) and gathers may be issued on different
+streams, and a pinned ring is written by the CPU while kernels may still be
+reading it.  Each tier instance (one per shard) therefore keeps a fence: the
+event recorded after its last device operation.  A device operation first makes
+its stream wait for the fence; a host write into a pinned ring first waits for
+the fence on the host.  Without this, an insert could overwrite steps that an
+already-launched gather has not copied yet.
+
+Constructing either tier needs CuPy and a usable device; otherwise it raises
+:class:`~gear_flow.backend.BackendUnavailableError`.  The tier binds to the
+current CUDA device at construction (one device per process or Dask worker,
+as with dask-cuda).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import require_gpu
+from ..storage.base import StorageTier
+
+
+class _GpuTier(StorageTier):
+    def __init__(self):
+        cp = require_gpu(f"storage tier {self.name!r}")
+        self._cp = cp
+        self.device_id = int(cp.cuda.runtime.getDevice())
+        self._fence = None  # event after the last device operation on this tier's arrays
+        self._win_key = None  # ((L, cap), host copy) of the last uploaded windows
+        self._win = None
+
+    # -- ordering ---------------------------------------------------------------------
+    def _stream(self):
+        s = self._cp.cuda.get_current_stream()
+        if self._fence is not None:
+            s.wait_event(self._fence)
+        return s
+
+    def _record(self, stream) -> None:
+        ev = self._cp.cuda.Event(disable_timing=True)
+        ev.record(stream)
+        self._fence = ev
+
+    def synchronize(self) -> None:
+        """Block the host until every device operation on this tier's arrays is done."""
+        if self._fence is not None:
+            self._fence.synchronize()
+
+    # -- gather --------------------------------------------------------------------------
+    def _windows(self, src_start, dst_offset, n_valid, L: int, cap: int):
+        # A shard gathers every column of one take with the same three arrays:
+        # upload them once and reuse the device copy while they are unchanged
+        # (compared by value on the host: B int64 triples, microseconds).
+        from .ops.gather import upload_windows
+
+        if any(isinstance(x, self._cp.ndarray) for x in (src_start, dst_offset, n_valid)):
+            return upload_windows(src_start, dst_offset, n_valid)
+        w = np.stack([np.asarray(x, dtype=np.int64).reshape(-1) for x in (src_start, dst_offset, n_valid)])
+        key = self._win_key
+        if key is None or key[0] != (L, cap) or key[1].shape != w.shape or not np.array_equal(key[1], w):
+            self._win = upload_windows(w[0], w[1], w[2], L, cap)
+            self._win_key = ((L, cap), w)
+        return self._win
+
+    def gather_windows(self, src, src_start, dst_offset, n_valid, out) -> None:
+        """Gather into ``out``, a ``[B, L, nbytes]`` uint8 CuPy array.
+
+        Semantics: :func:`gear_flow.ops.gather.gather_windows`.
+        """
+        from .ops.gather import gather_windows
+
+        with self._cp.cuda.Device(self.device_id):
+            s = self._stream()
+            win = self._windows(src_start, dst_offset, n_valid, int(out.shape[1]), int(src.shape[0]))
+            gather_windows(src, None, None, None, out, windows=win)
+            self._record(s)
+
+    def empty_output(self, shape, dtype=np.uint8):
+        """A device buffer for gathered windows."""
+        with self._cp.cuda.Device(self.device_id):
+            return self._cp.empty(shape, dtype=dtype)
+
+
+class DeviceTier(_GpuTier):
+    """Column rings in device memory (CuPy arrays).
+
+    Examples
+    --------
+    >>> from gear_flow.storage import get_tier
+    >>> tier = get_tier("device")          # doctest: +SKIP
+    >>> ring = tier.empty((1024, 4), "float32")  # doctest: +SKIP
+    """
+
+    name = "device"
+
+    def empty(self, shape, dtype):
+        with self._cp.cuda.Device(self.device_id):
+            return self._cp.empty(shape, dtype=dtype)
+
+    def write_rows(self, dst, pos: int, rows: np.ndarray) -> None:
+        """Copy host ``rows`` into device ring ``dst`` at ``pos``, wrapping at the end."""
+        cap = dst.shape[0]
+        rows = np.ascontiguousarray(rows, dtype=dst.dtype)
+        n = rows.shape[0]
+        first = min(n, cap - pos)
+        with self._cp.cuda.Device(self.device_id):
+            s = self._stream()
+            dst[pos : pos + first].set(rows[:first], stream=s)
+            if n > first:
+                dst[: n - first].set(rows[first:], stream=s)
+            self._record(s)
+
+    def read_rows(self, src, pos: int, n: int) -> np.ndarray:
+        """Copy ``n`` rows from ring ``pos`` (wrapping) to a host array."""
+        cap = src.shape[0]
+        first = min(n, cap - pos)
+        with self._cp.cuda.Device(self.device_id):
+            s = self._stream()
+            out = np.empty((n, *src.shape[1:]), dtype=src.dtype)
+            src[pos : pos + first].get(stream=s, out=out[:first])
+            if n > first:
+                src[: n - first].get(stream=s, out=out[first:])
+            s.synchronize()
+            return out
+
+
+class PinnedTier(_GpuTier):
+    """Column rings in page-locked host memory, gathered by GPU kernels over UVA.
+
+    The arrays are NumPy arrays (inserts and reads are plain host memory
+    operations) over memory from :func:`cupy.cuda.alloc_pinned_memory`
+    (``cudaHostAlloc``), which with unified virtual addressing is mapped into
+    the device's address space at the same address.  Host capacity, not device
+    memory, bounds the table; every gather crosses the host link once.
+
+    Examples
+    --------
+    >>> from gear_flow.storage import get_tier
+    >>> tier = get_tier("pinned")           # doctest: +SKIP
+    >>> ring = tier.empty((1024, 4), "float32")  # doctest: +SKIP
+    """
+
+    name = "pinned"
+
+    def empty(self, shape, dtype):
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        with self._cp.cuda.Device(self.device_id):
+            mem = self._cp.cuda.alloc_pinned_memory(max(count * dtype.itemsize, 1))
+        # the NumPy array keeps `mem` (and so the pinned allocation) alive through .base
+        return np.frombuffer(mem, dtype=dtype, count=count).reshape(shape)
+
+    def write_rows(self, dst, pos: int, rows: np.ndarray) -> None:
+        """Host write into the pinned ring, after the gathers already issued on it."""
+        from ..ops.gather import scatter_rows
+
+        self.synchronize()
+        scatter_rows(dst, pos, rows)
+
+    def read_rows(self, src, pos: int, n: int) -> np.ndarray:
+        cap = src.shape[0]
+        idx = (pos + np.arange(n)) % cap
+        return np.asarray(src[idx])
