@@ -24,6 +24,7 @@ from .sample import SampleBatch, SampleBuffers
 from .selectors import Fifo, Lifo, MaxHeap, MinHeap, Prioritized, Selector, Uniform, WithoutReplacement
 from .shard import Shard
 from .spec import ColumnSpec, TableSpec
+from .stream import Stream
 from .table import InsertResult, LocalTable, UpdateResult
 from .writer import EpisodeWriter
 
@@ -56,6 +57,7 @@ __all__ = [
     "ShardLostError",
     "SpecError",
     "Stack",
+    "Stream",
     "TableClosedError",
     "TableSpec",
     "Uniform",

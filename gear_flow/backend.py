@@ -74,7 +74,7 @@ def tier_name(tier) -> str:
     return name
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cupy_status() -> str | None:
     """None when CuPy imports and sees a device, else the reason why not."""
     try:

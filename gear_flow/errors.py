@@ -44,6 +44,10 @@ class InvalidPriorityError(GearFlowError, ValueError):
             or f"priority[{self.index}] = {self.value!r} is invalid: priorities must be "
             "finite and >= 0; nothing from this call was applied"
         )
+        self._message = message
+
+    def __reduce__(self):  # errors travel between Dask processes
+        return (type(self), (self.index, self.value, self._message))
 
 
 class UnknownKeyError(GearFlowError, KeyError):
@@ -57,6 +61,9 @@ class UnknownKeyError(GearFlowError, KeyError):
         self.key = int(key)
         self.reason = reason
         super().__init__(f"key {self.key:#x} is unknown to this table: {reason}")
+
+    def __reduce__(self):
+        return (type(self), (self.key, self.reason))
 
     def __str__(self) -> str:  # KeyError quotes its argument otherwise
         return str(self.args[0])
@@ -86,6 +93,9 @@ class WindowTooLongError(EmptyTableError):
             "boundary='pad_tail'/'pad_head'"
         )
 
+    def __reduce__(self):
+        return (type(self), (self.length, self.longest))
+
 
 class RateLimitTimeout(GearFlowError, TimeoutError):
     """A blocking insert or sample was not allowed by the rate limiter in time."""
@@ -100,7 +110,11 @@ class ShardLostError(GearFlowError, RuntimeError):
 
     def __init__(self, shard: int, detail: str = ""):
         self.shard = int(shard)
+        self.detail = detail
         super().__init__(f"shard {self.shard} is lost" + (f": {detail}" if detail else ""))
+
+    def __reduce__(self):
+        return (type(self), (self.shard, self.detail))
 
 
 class CheckpointError(GearFlowError, ValueError):

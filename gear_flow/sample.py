@@ -169,6 +169,19 @@ class SampleBuffers:
 
         return learner_stream()
 
+    def permute(self, src: np.ndarray) -> None:
+        """Reorder the batch in place: row ``r`` of every buffer becomes row ``src[r]``.
+
+        ``src`` is a host int array; for device buffers it is copied to the
+        device first (CuPy does not index with NumPy arrays).
+        """
+        src = np.asarray(src, dtype=np.int64)
+        dsrc = backend.output_module(self.tier).asarray(src) if self.on_device else src
+        for a in self.bytes.values():
+            a[...] = a[dsrc]
+        for a in (self.keys, self.probabilities, self.weights, self.mask, self.episode_ids, self.timesteps):
+            a[...] = a[src]
+
     def batch(self, table_size: int) -> SampleBatch:
         if self._tensors is None:
             t = _torch().from_numpy

@@ -26,7 +26,19 @@ needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
 
 
 def _nvcc(src: Path, arch: str, out: Path) -> str:
-    cmd = [NVCC, "-cubin", f"-arch={arch}", "-std=c++17", "-Werror", "all-warnings", "-Xptxas", "-v", "-o", str(out), str(src)]
+    cmd = [
+        NVCC,
+        "-cubin",
+        f"-arch={arch}",
+        "-std=c++17",
+        "-Werror",
+        "all-warnings",
+        "-Xptxas",
+        "-v",
+        "-o",
+        str(out),
+        str(src),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stdout}\n{res.stderr}"
     assert out.stat().st_size > 0

@@ -33,6 +33,8 @@ class TableState:
         self.placement = {int(k): v for k, v in placement.items()}
         self.limiter = from_config(config["rate_limiter"])
         self.size = 0
+        #: items per shard, as reported by the callers (what a lost shard held)
+        self.shard_size = {s: 0 for s in self.placement}
         self.next_episode_id = 0
         self.next_stamp = 0
         self.lost: dict[int, dict] = {}
@@ -45,6 +47,7 @@ class TableState:
             "config": self.config,
             "placement": self.placement,
             "size": self.size,
+            "shard_size": dict(self.shard_size),
             "rate_limiter": self.limiter.info(),
             "lost": self.lost,
             "closed": self.closed,
@@ -119,23 +122,27 @@ class GearFlowCoordinator(SchedulerPlugin):
             if t.closed:
                 raise TableClosedError(f"table {t.name!r} is closed")
 
-    async def _admit_insert(self, name, n, episodes, timeout=None):
+    async def _admit_insert(self, name, n, episodes, per_shard=None, timeout=None):
         t = self._table(name)
         await self._wait(t, lambda: t.limiter.can_insert(n, t.size), timeout, f"an insert of {n} items")
         async with t.cond:
             t.limiter.on_insert(n)
             t.size += n
+            for s, k in (per_shard or {}).items():
+                t.shard_size[int(s)] = t.shard_size.get(int(s), 0) + int(k)
             first_id, first_stamp = t.next_episode_id, t.next_stamp
             t.next_episode_id += episodes
             t.next_stamp += n
             t.cond.notify_all()
         return {"first_episode_id": first_id, "first_stamp": first_stamp}
 
-    async def _rollback_insert(self, name, n):
+    async def _rollback_insert(self, name, n, per_shard=None):
         t = self._table(name)
         async with t.cond:
             t.limiter.state.inserts -= n
             t.size -= n
+            for s, k in (per_shard or {}).items():
+                t.shard_size[int(s)] -= int(k)
             t.cond.notify_all()
         return True
 
@@ -154,20 +161,24 @@ class GearFlowCoordinator(SchedulerPlugin):
             t.cond.notify_all()
         return True
 
-    async def _removed(self, name, k):
+    async def _removed(self, name, k, per_shard=None):
         t = self._table(name)
         async with t.cond:
             t.size -= k
+            for s, j in (per_shard or {}).items():
+                t.shard_size[int(s)] -= int(j)
             t.limiter.on_delete(k)
             t.cond.notify_all()
         return t.size
 
-    async def _mark_lost(self, name, shard, size=0, detail=""):
+    async def _mark_lost(self, name, shard, detail=""):
         t = self._table(name)
         async with t.cond:
             if int(shard) not in t.lost:
+                size = t.shard_size.get(int(shard), 0)
                 t.lost[int(shard)] = {"size_at_loss": int(size), "detail": detail}
                 t.size -= int(size)
+                t.shard_size[int(shard)] = 0
             t.cond.notify_all()
         return t.lost
 

@@ -195,13 +195,14 @@ class ShardHost:
             for i, seqs in seqs_by_shard.items()
         )
 
-    def delete(self, name, seqs_by_shard: dict) -> tuple[int, int]:
+    def delete(self, name, seqs_by_shard: dict) -> tuple[dict, int]:
+        """Returns ({shard: deleted}, stale)."""
         self.check_keys(name, seqs_by_shard)
         t = self.table(name)
-        d = st = 0
+        d, st = {}, 0
         for i, seqs in seqs_by_shard.items():
             a, b = t.shards[int(i)].delete(np.asarray(seqs, np.int64))
-            d += a
+            d[int(i)] = a
             st += b
         return d, st
 
@@ -209,19 +210,20 @@ class ShardHost:
         t = self.table(name)
         return {i: s.remover_candidates(n) for i, s in t.shards.items() if isinstance(s.remover, OrderedSelector)}
 
-    def remove(self, name, counts: dict | None = None, slots: dict | None = None, seed=None) -> int:
+    def remove(self, name, counts: dict | None = None, slots: dict | None = None, seed=None) -> dict:
+        """Evict by the remover; returns {shard: removed}."""
         rng = np.random.default_rng(seed)
         t = self.table(name)
-        k = 0
+        k = {}
         if slots is not None:
             for i, sl in slots.items():
                 sl = np.unique(np.asarray(sl, dtype=np.int64))
                 if len(sl):
-                    k += t.shards[int(i)].remove_by_remover(len(sl), rng, slots=sl)
+                    k[int(i)] = t.shards[int(i)].remove_by_remover(len(sl), rng, slots=sl)
         else:
             for i, c in counts.items():
                 if c:
-                    k += t.shards[int(i)].remove_by_remover(int(c), rng)
+                    k[int(i)] = t.shards[int(i)].remove_by_remover(int(c), rng)
         return k
 
     def info(self, name) -> list[dict]:

@@ -122,6 +122,8 @@ class DistributedTable:
         self._remover_ordered = cfg["remover"]["kind"] in ("fifo", "lifo", "max_heap", "min_heap")
         self.rng = np.random.default_rng(seed)
         self._rr = 0
+        #: bytes of windows gathered in-process (co-located) vs received over the comm
+        self.stats = {"local_bytes": 0, "remote_bytes": 0, "batches": 0}
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -307,8 +309,13 @@ class DistributedTable:
         self._rr += len(eps)
         limiter = _limiter_for_checks(self._config)
         limiter.check_insert_size(n_items)
-        adm = await self._coord("admit_insert", n=n_items, episodes=len(eps), timeout=self.timeout if timeout is None else timeout)
         item_off = np.concatenate(([0], np.cumsum(lengths if step_items else np.ones_like(lengths))))
+        items_of = item_off[1:] - item_off[:-1]
+        per_shard = {int(s): int(items_of[dest == s].sum()) for s in np.unique(dest)}
+        adm = await self._coord(
+            "admit_insert", n=n_items, episodes=len(eps), per_shard=per_shard,
+            timeout=self.timeout if timeout is None else timeout,
+        )
         ids = adm["first_episode_id"] + np.arange(len(eps), dtype=np.int64)
         stamps = adm["first_stamp"] + item_off[:-1]
         calls = defaultdict(list)
@@ -324,7 +331,7 @@ class DistributedTable:
 
         results = await asyncio.gather(*(one_worker(a, it) for a, it in calls.items()), return_exceptions=True)
         first_keys = np.empty(len(eps), dtype=np.int64)
-        evicted = 0
+        evicted = {}
         failed = []
         for (addr, items), r in zip(calls.items(), results):
             if isinstance(r, BaseException):
@@ -332,10 +339,12 @@ class DistributedTable:
                 continue
             for s, sel, res in r:
                 first_keys[sel] = res["first_keys"]
-                evicted += res["evicted"]
+                if res["evicted"]:
+                    evicted[s] = res["evicted"]
         if failed:
-            lost_items = sum(int(item_off[sel + 1].sum() - item_off[sel].sum()) for _, items, _ in failed for _, sel, _ in items)
-            await self._coord("rollback_insert", n=lost_items)
+            failed_shards = {s: per_shard[s] for _, items, _ in failed for s, _, _ in items}
+            lost_items = sum(failed_shards.values())
+            await self._coord("rollback_insert", n=lost_items, per_shard=failed_shards)
             errs = [r for _, _, r in failed]
             if any(not isinstance(e, _WorkerLost) for e in errs):
                 raise next(e for e in errs if not isinstance(e, _WorkerLost))
@@ -348,7 +357,7 @@ class DistributedTable:
                 f"the episodes routed to worker(s) {[a for a, _, _ in failed]} were not stored "
                 f"({lost_items} items); the other shards' part of this insert was stored",
             )
-        size = await self._coord("removed", k=evicted) if evicted else None
+        size = await self._coord("removed", k=sum(evicted.values()), per_shard=evicted) if evicted else None
         if size is None:
             size = (await self._coord("lookup"))["size"]
         if size > self.spec.max_size:
@@ -379,9 +388,9 @@ class DistributedTable:
             res = await self._on_workers(
                 {a: ("remove", dict(name=self.name, counts=c, seed=int(self.rng.integers(2**63)))) for a, c in calls.items()}
             )
-        removed = sum(res.values())
-        if removed:
-            await self._coord("removed", k=removed)
+        per = {s: k for r in res.values() for s, k in r.items() if k}
+        if per:
+            await self._coord("removed", k=sum(per.values()), per_shard=per)
 
     def writer(self, max_episode_length: int | None = None, shard: int | None = None, timeout=None):
         """A streaming writer (``append``/``end_episode``) inserting into this table."""
@@ -411,7 +420,7 @@ class DistributedTable:
         try:
             for attempt in range(5):
                 try:
-                    expired = await self._sample_into(out, batch_size, length, boundary, columns, rng)
+                    expired = await self._sample_into(out, batch_size, length, boundary, columns, rng)  # {shard: n}
                     break
                 except (_Retry, StaleSelectionError):
                     if attempt == 4:
@@ -419,7 +428,7 @@ class DistributedTable:
         except BaseException:
             await self._coord("rollback_sample", n=batch_size)
             raise
-        size = await self._coord("removed", k=expired) if expired else None
+        size = await self._coord("removed", k=sum(expired.values()), per_shard=expired) if expired else None
         if size is None:
             size = -1
         return out.batch(size)
@@ -457,7 +466,7 @@ class DistributedTable:
 
     async def _sample_epoch(self, out, workers, B, L, boundary, columns, rng) -> int:
         """WithoutReplacement: a uniform subset of the global epoch; a new epoch starts on every shard when it runs out."""
-        done, expired, fresh = 0, 0, False
+        done, expired, fresh = 0, {}, False
         while done < B:
             res = await self._on_workers({a: ("masses", dict(name=self.name, length=L, boundary=boundary, kind="unseen")) for a in workers})
             unseen = {s: int(round(m)) for r in res.values() for s, m in r.items()}
@@ -477,7 +486,8 @@ class DistributedTable:
                 if c:
                     parts[self.placement[s]][s] = int(c)
             scale = {s: 1.0 for s in shards}  # shards report 1 / (their unseen); rescaled below
-            expired += await self._execute(out, done, {a: dict(counts=c) for a, c in parts.items()}, scale, L, boundary, columns, rng)
+            for s, k in (await self._execute(out, done, {a: dict(counts=c) for a, c in parts.items()}, scale, L, boundary, columns, rng)).items():
+                expired[s] = expired.get(s, 0) + k
             out.probabilities[done : done + take] = 1.0 / left
             done += take
         return expired
@@ -500,23 +510,29 @@ class DistributedTable:
                 args.update(out=out.bytes, offsets=offsets)  # co-located: gather straight into the batch
             calls[a] = ("sample_part", args)
         res = await self._on_workers(calls)
-        expired = 0
+        expired = {}
         j = np.arange(L)
         for a, parts_ in res.items():
             for s, r in parts_.items():
                 o = offsets[s]
                 n = len(r["seqs"])
+                nbytes = sum(out.bytes[c][o : o + n].nbytes for c in columns)
                 if "data" in r:
                     for c in columns:
                         out.bytes[c][o : o + n] = r["data"][c]
+                    self.stats["remote_bytes"] += nbytes
+                else:
+                    self.stats["local_bytes"] += nbytes
                 out.keys[o : o + n] = (np.int64(s) << np.int64(56)) | np.asarray(r["seqs"], dtype=np.int64)
                 out.probabilities[o : o + n] = np.asarray(r["q"]) * scale.get(s, 1.0)
                 out.episode_ids[o : o + n] = r["episode_ids"]
                 out.timesteps[o : o + n] = r["timesteps"]
                 d, nv = np.asarray(r["dst_offset"]), np.asarray(r["n_valid"])
                 out.mask[o : o + n] = (j >= d[:, None]) & (j < (d + nv)[:, None])
-                expired += r["expired"]
+                if r["expired"]:
+                    expired[s] = r["expired"]
         if off == out.batch_size:
+            self.stats["batches"] += 1
             two_level.importance_weights(out.probabilities, self._beta, out.weights)
         return expired
 
@@ -573,10 +589,11 @@ class DistributedTable:
         if len(by) > 1:
             await self._on_workers({a: ("check_keys", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()})
         res = await self._on_workers({a: ("delete", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()})
-        d = sum(r[0] for r in res.values())
+        per = {s: k for r in res.values() for s, k in r[0].items() if k}
+        d = sum(per.values())
         st = sum(r[1] for r in res.values()) + on_lost
         if d:
-            await self._coord("removed", k=d)
+            await self._coord("removed", k=d, per_shard=per)
         return UpdateResult(d, st)
 
     # -- info ---------------------------------------------------------------------------------

@@ -38,7 +38,9 @@ def ctype(dtype) -> str:
     try:
         return CTYPES[np.dtype(dtype)]
     except KeyError:
-        raise TypeError(f"no kernel instantiation for dtype {np.dtype(dtype)}; available: {sorted(map(str, CTYPES))}") from None
+        raise TypeError(
+            f"no kernel instantiation for dtype {np.dtype(dtype)}; available: {sorted(map(str, CTYPES))}"
+        ) from None
 
 
 def expr(name: str, *targs: str) -> str:
@@ -143,7 +145,7 @@ def options(name: str) -> tuple[str, ...]:
 _lock = threading.Lock()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _module(name: str):
     import cupy
 
@@ -157,7 +159,7 @@ def module(name: str):
         return _module(name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _function(name: str, expression: str, device_id: int):
     # keyed by device: a loaded function belongs to one device's context
     if expression not in SOURCES[name].name_expressions:

@@ -316,8 +316,12 @@ class LocalTable:
         boundary: str | None = None,
         timeout: float | None = None,
         out: SampleBuffers | None = None,
+        rng: np.random.Generator | None = None,
     ) -> SampleBatch:
         """Sample ``batch_size`` windows of ``length`` steps; see :class:`SampleBatch`.
+
+        ``rng`` replaces the table's generator for this call (streams give each
+        rank its own, so that ranks draw independent batches).
 
         Blocks until the rate limiter admits the whole batch (or ``timeout``).
         ``columns`` selects columns (default: all); ``out`` reuses buffers.
@@ -340,7 +344,7 @@ class LocalTable:
             self._wait(lambda: self.rate_limiter.can_sample(batch_size, self.size), timeout, f"a sample of {batch_size}")
             self.rate_limiter.on_sample(batch_size)
         try:
-            size = self._sample_into(out, batch_size, length, boundary, columns)
+            size = self._sample_into(out, batch_size, length, boundary, columns, self.rng if rng is None else rng)
         except BaseException:
             with self._cond:
                 self.rate_limiter.state.samples -= batch_size
@@ -349,7 +353,7 @@ class LocalTable:
             self._cond.notify_all()
         return out.batch(size)
 
-    def _sample_into(self, out: SampleBuffers, B: int, L: int, boundary: str, columns) -> int:
+    def _sample_into(self, out: SampleBuffers, B: int, L: int, boundary: str, columns, rng) -> int:
         locks = [s.lock for s in self.shards]
         for lk in locks:
             lk.acquire()
@@ -366,24 +370,24 @@ class LocalTable:
                 plan = [(s, slots, np.ones(len(slots))) for s, slots in zip(self.shards, chosen)]
                 rows_at = np.concatenate(where)  # batch position of each row, as gathered shard by shard
             elif sel.without_replacement:
-                plan = self._plan_epoch(B, L, boundary)
+                plan = self._plan_epoch(B, L, boundary, rng)
             else:
                 masses = np.array([s.valid_mass(L, boundary) for s in self.shards])
                 if masses.sum() <= 0:
                     self._raise_empty(L, boundary)
-                counts = two_level.multinomial_counts(masses, B, self.rng)
+                counts = two_level.multinomial_counts(masses, B, rng)
                 total = masses.sum()
                 plan = []
                 for s, c, m in zip(self.shards, counts, masses):
                     if c:
-                        slots, q = s.draw(int(c), L, boundary, self.rng, mass=m)
+                        slots, q = s.draw(int(c), L, boundary, rng, mass=m)
                         plan.append((s, slots, q * (m / total)))
             off = 0
             for s, slots, p in plan:
                 n = len(slots)
                 if not n:
                     continue
-                win = s.take(slots, L, boundary, self.rng, out.bytes, off, columns)
+                win = s.take(slots, L, boundary, rng, out.bytes, off, columns)
                 out.keys[off : off + n] = (np.int64(s.shard_id) << np.int64(56)) | win.extras["seqs"]
                 out.probabilities[off : off + n] = p
                 out.episode_ids[off : off + n] = win.episode_ids
@@ -417,7 +421,7 @@ class LocalTable:
         for a in (*out.bytes.values(), out.keys, out.probabilities, out.mask, out.episode_ids, out.timesteps):
             a[...] = a[src]
 
-    def _plan_epoch(self, B: int, L: int, boundary: str):
+    def _plan_epoch(self, B: int, L: int, boundary: str, rng):
         """WithoutReplacement: a uniform subset of the global epoch, starting a new epoch when it runs out."""
         plan = []
         need = B
@@ -434,10 +438,10 @@ class LocalTable:
                 continue
             fresh = False
             take = min(need, left)
-            counts = two_level.epoch_counts(unseen, take, self.rng)
+            counts = two_level.epoch_counts(unseen, take, rng)
             for s, c in zip(self.shards, counts):
                 if c:
-                    slots, _ = s.draw(int(c), L, boundary, self.rng, mass=float(s.unseen(L, boundary)))
+                    slots, _ = s.draw(int(c), L, boundary, rng, mass=float(s.unseen(L, boundary)))
                     plan.append((s, slots, np.full(len(slots), 1.0 / left)))
             need -= take
         return plan

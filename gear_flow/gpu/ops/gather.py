@@ -50,7 +50,9 @@ def device_pointer(a) -> int:
         kind = int(attrs.type)
     except Exception:  # older drivers raise for unregistered host memory
         kind = 0
-    host, dev, managed = (getattr(rt, n, d) for n, d in (("memoryTypeHost", 1), ("memoryTypeDevice", 2), ("memoryTypeManaged", 3)))
+    host, dev, managed = (
+        getattr(rt, n, d) for n, d in (("memoryTypeHost", 1), ("memoryTypeDevice", 2), ("memoryTypeManaged", 3))
+    )
     if kind not in (host, dev, managed):
         raise InvalidDataError(
             "the source array is ordinary (pageable) host memory; GPU kernels read only device memory or pinned "
@@ -62,8 +64,12 @@ def device_pointer(a) -> int:
 def upload_windows(src_start, dst_offset, n_valid, L: int | None = None, cap: int | None = None):
     """The three window arrays as one int64 ``[3, B]`` device array (one host-to-device copy).
 
-    Host inputs are validated when ``L`` and ``cap`` are given: ``0 <= src_start < cap``,
-    ``dst_offset >= 0``, ``n_valid >= 0``, ``dst_offset + n_valid <= L``, ``n_valid <= cap``.
+    Host inputs are validated when ``L`` and ``cap`` are given, as the twin
+    validates them (``IndexError`` naming the first bad window):
+    ``0 <= src_start < cap``, ``dst_offset >= 0``, ``n_valid >= 0``,
+    ``dst_offset + n_valid <= L``, ``n_valid <= cap``.  Device inputs are not
+    checked (that would cost a synchronisation); the kernel clamps them so
+    that it never reads or writes out of bounds.
     """
     import cupy
 
@@ -73,12 +79,11 @@ def upload_windows(src_start, dst_offset, n_valid, L: int | None = None, cap: in
     if L is not None and cap is not None and w.shape[1]:
         s, d, n = w
         bad = (s < 0) | (s >= cap) | (d < 0) | (n < 0) | (d + n > L) | (n > cap)
-        if bad.any():
+        if bad.any():  # the twin's check and error
             b = int(np.flatnonzero(bad)[0])
-            raise InvalidDataError(
-                f"window {b}: src_start={s[b]}, dst_offset={d[b]}, n_valid={n[b]} is invalid for capacity {cap} "
-                f"and length {L} (need 0 <= src_start < capacity, dst_offset, n_valid >= 0, "
-                "dst_offset + n_valid <= length, n_valid <= capacity)"
+            raise IndexError(
+                f"gather_windows: window {b} (src_start={s[b]}, dst_offset={d[b]}, n_valid={n[b]}) does not fit "
+                f"a ring of {cap} steps and windows of {L}"
             )
     return cupy.asarray(w)
 

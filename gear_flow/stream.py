@@ -1,0 +1,163 @@
+"""What a learner iterates: batches with requests in flight.
+
+:class:`Stream` keeps ``prefetch`` sample requests in flight (threads; the
+gathers release the GIL, the distributed table's requests run concurrently on
+the workers) and yields :class:`~gear_flow.sample.SampleBatch` objects in
+order.  Each batch is gathered into buffers from a pool of ``prefetch + 2``
+sets, so there is no allocation per batch; a batch therefore stays valid until
+the learner takes the second batch after it (one training step on it, while
+the next is taken, is safe); pass ``copy=True`` to keep batches longer.
+
+It works as a ``torch.utils.data.IterableDataset`` (:meth:`Stream.dataset`,
+use ``DataLoader(ds, batch_size=None)``: batches are already batched) and is
+rank-aware: under ``torch.distributed`` (or given ``rank=``) each rank draws
+with its own seed, so ranks see independent batches of the same table.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .errors import SpecError
+from .sample import SampleBatch, SampleBuffers
+
+
+def _dist_rank() -> tuple[int, int]:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    return 0, 1
+
+
+class Stream:
+    """Iterate batches of a LocalTable or DistributedTable.
+
+    Parameters
+    ----------
+    table : LocalTable or DistributedTable
+    batch_size, length : int
+        ``B`` windows of ``L`` steps per batch.
+    columns : sequence of str, optional
+    boundary : str, optional
+    prefetch : int
+        Requests in flight.
+    num_batches : int, optional
+        Stop after this many (default: endless).
+    seed : int, optional
+        Base seed; rank ``r`` uses ``seed + r`` (random when None).
+    rank, world_size : int, optional
+        Default: from ``torch.distributed`` when initialised, else 0 / 1.
+    timeout : float, optional
+        Per-request rate-limiter timeout.
+    copy : bool
+        Yield batches that own their memory.
+
+    Examples
+    --------
+    >>> for batch in Stream(table, batch_size=256, length=64, prefetch=4, num_batches=100):  # doctest: +SKIP
+    ...     loss = model(batch["obs"]).mean()
+    """
+
+    def __init__(
+        self,
+        table,
+        batch_size: int,
+        length: int = 1,
+        *,
+        columns=None,
+        boundary: str | None = None,
+        prefetch: int = 2,
+        num_batches: int | None = None,
+        seed: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        timeout: float | None = None,
+        copy: bool = False,
+    ):
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
+            raise SpecError(f"prefetch ({prefetch!r}) must be a positive integer")
+        self.table = table
+        self.batch_size = batch_size
+        self.length = length
+        self.columns = tuple(table.spec.names if columns is None else columns)
+        self.boundary = boundary
+        self.prefetch = prefetch
+        self.num_batches = num_batches
+        self.timeout = timeout
+        self.copy = copy
+        r, w = _dist_rank()
+        self.rank = r if rank is None else rank
+        self.world_size = w if world_size is None else world_size
+        self.seed = seed
+        self._closed = False
+
+    def _rngs(self):
+        base = np.random.SeedSequence(None if self.seed is None else [self.seed, self.rank])
+        return [np.random.default_rng(s) for s in base.spawn(self.prefetch)]
+
+    def __iter__(self):
+        pool = [SampleBuffers(self.table.spec, self.columns, self.batch_size, self.length) for _ in range(self.prefetch + 2)]
+        rngs = self._rngs()
+        ex = ThreadPoolExecutor(self.prefetch, thread_name_prefix="gear-flow-stream")
+        pending: deque = deque()
+        issued = 0
+
+        def request(buf, rng):
+            return self.table.sample(
+                self.batch_size, self.length, columns=self.columns, boundary=self.boundary, timeout=self.timeout, out=buf, rng=rng
+            )
+
+        try:
+            while self.num_batches is None or issued < min(self.prefetch, self.num_batches):
+                if issued >= self.prefetch:
+                    break
+                pending.append(ex.submit(request, pool[issued % len(pool)], rngs[issued % self.prefetch]))
+                issued += 1
+            yielded = 0
+            while pending and not self._closed:
+                batch: SampleBatch = pending.popleft().result()
+                if self.num_batches is None or issued < self.num_batches:
+                    pending.append(ex.submit(request, pool[issued % len(pool)], rngs[issued % self.prefetch]))
+                    issued += 1
+                yielded += 1
+                yield _copy(batch) if self.copy else batch
+        finally:
+            for f in pending:
+                f.cancel()
+            ex.shutdown(wait=True, cancel_futures=True)
+
+    def close(self) -> None:
+        self._closed = True
+
+    def dataset(self):
+        """This stream as a ``torch.utils.data.IterableDataset`` (use ``batch_size=None``)."""
+        import torch.utils.data
+
+        stream = self
+
+        class StreamDataset(torch.utils.data.IterableDataset):
+            def __iter__(self):
+                return iter(stream)
+
+        return StreamDataset()
+
+
+def _copy(b: SampleBatch) -> SampleBatch:
+    return SampleBatch(
+        {k: v.clone() for k, v in b.data.items()},
+        b.keys.clone(),
+        b.probabilities.clone(),
+        b.weights.clone(),
+        b.mask.clone(),
+        b.episode_ids.clone(),
+        b.timesteps.clone(),
+        b.table_size,
+        b.length,
+    )

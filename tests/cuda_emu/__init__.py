@@ -1,0 +1,148 @@
+"""Run the CUDA kernels on the CPU, through the real Python wrappers, for tests.
+
+:func:`build` compiles each ``kernels/<name>.cu`` as host C++ (``emu.h`` maps
+the CUDA subset the kernels use onto threads, barriers and atomics) together
+with a trampoline per name expression of :data:`gear_flow.gpu.loader.SOURCES`,
+so the kernels are instantiated exactly as the loader instantiates them.
+
+:func:`install` then replaces ``cupy`` by :mod:`.fake_cupy` (NumPy arrays
+standing in for device arrays) and ``gear_flow.gpu.loader.function`` by
+:class:`EmuKernel`, whose call signature is RawKernel's ``(grid, block, args)``.
+Arguments are packed like CuPy packs them: arrays as pointers, NumPy scalars
+by their dtype — a Python int or float is refused, since its C type would be
+a guess.  A wrapper passing an argument of the wrong type or in the wrong
+position therefore fails here as it would on a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+
+_CTYPES = {
+    np.dtype(np.int32): ctypes.c_int32,
+    np.dtype(np.int64): ctypes.c_int64,
+    np.dtype(np.uint32): ctypes.c_uint32,
+    np.dtype(np.uint64): ctypes.c_uint64,
+    np.dtype(np.float32): ctypes.c_float,
+    np.dtype(np.float64): ctypes.c_double,
+}
+
+
+def compiler() -> str | None:
+    return shutil.which("g++") or shutil.which("c++")
+
+
+def _trampolines(name: str) -> str:
+    from gear_flow.gpu import loader
+
+    src = loader.SOURCES[name]
+    lines = [
+        '#include "emu.h"',
+        f'#include "{ROOT / "kernels" / src.file}"',
+        'extern "C" int emu_launch(const char* name, unsigned gx, unsigned bx, void** args) {',
+    ]
+    for e in src.name_expressions:
+        lines.append(f'    if (!std::strcmp(name, "{e}")) {{ emu::launch(&{e}, gx, bx, args); return 0; }}')
+    lines += ["    return -1;", "}", ""]
+    return "\n".join(lines)
+
+
+_libs: dict[str, ctypes.CDLL] = {}
+
+
+def build(name: str) -> ctypes.CDLL:
+    """The emulation library of module ``name`` (built once per source version, cached on disk)."""
+    if name in _libs:
+        return _libs[name]
+    from gear_flow.gpu import loader
+
+    code = _trampolines(name)
+    digest = hashlib.sha256(
+        (code + (HERE / "emu.h").read_text() + (ROOT / "kernels" / loader.SOURCES[name].file).read_text()).encode()
+    ).hexdigest()[:16]
+    cache = Path(tempfile.gettempdir()) / f"gear_flow_cuda_emu_{os.getuid()}"
+    cache.mkdir(exist_ok=True)
+    so = cache / f"{name}_{digest}.so"
+    if not so.exists():
+        cpp = cache / f"{name}_{digest}.cpp"
+        cpp.write_text(code)
+        tmp = cache / f"{name}_{digest}.{os.getpid()}.so"
+        cmd = [compiler(), "-std=c++17", "-O1", "-shared", "-fPIC", "-pthread", "-Wno-unknown-pragmas",
+               f"-I{HERE}", "-o", str(tmp), str(cpp)]  # fmt: skip
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if res.returncode:
+            raise RuntimeError(f"emulation build of {name} failed:\n{res.stderr}")
+        os.replace(tmp, so)
+    lib = ctypes.CDLL(str(so))
+    lib.emu_launch.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p)]
+    lib.emu_launch.restype = ctypes.c_int
+    _libs[name] = lib
+    return lib
+
+
+def _pack(a):
+    if isinstance(a, np.ndarray):
+        return ctypes.c_void_p(a.ctypes.data)
+    if isinstance(a, np.generic):
+        return _CTYPES[a.dtype](a.item())
+    raise TypeError(f"kernel argument {a!r} of type {type(a).__name__}: pass arrays or NumPy scalars")
+
+
+class EmuKernel:
+    """Stands in for a ``cupy.RawKernel``: ``kernel(grid, block, args)``."""
+
+    #: launches so far, as (module, name expression, grid, block): tests may inspect them
+    log: list = []
+
+    def __init__(self, module: str, expression: str):
+        self.module = module
+        self.expression = expression
+        self.lib = build(module)
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        gx, bx = int(grid[0]), int(block[0])
+        assert all(int(g) == 1 for g in grid[1:]) and all(int(b) == 1 for b in block[1:]), "1-D launches only"
+        assert 1 <= bx <= 1024 and gx >= 1, (grid, block)
+        vals = [_pack(a) for a in args]
+        ptrs = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
+        EmuKernel.log.append((self.module, self.expression, gx, bx))
+        rc = self.lib.emu_launch(self.expression.encode(), gx, bx, ptrs)
+        if rc:
+            raise KeyError(f"{self.expression!r} has no trampoline in module {self.module!r}")
+
+
+def function(module: str, expression: str) -> EmuKernel:
+    from gear_flow.gpu import loader
+
+    if expression not in loader.SOURCES[module].name_expressions:
+        raise KeyError(f"{expression!r} is not instantiated in {module}")
+    return EmuKernel(module, expression)
+
+
+def install(monkeypatch) -> None:
+    """Route ``import cupy`` to the fake and kernel launches to the emulator (undone by monkeypatch)."""
+    from gear_flow import backend
+    from gear_flow.gpu import loader
+
+    from . import fake_cupy
+
+    try:  # torch's first import walks sys.modules; it must not meet the fake there
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    monkeypatch.setattr(loader, "function", function)
+    backend.gpu_available.cache_clear()
+    monkeypatch.setattr(backend, "_cupy_status", lambda: None)

@@ -1,0 +1,369 @@
+"""Every public entry point fed bad input: a clear GearFlowError, and nothing partially applied."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from helpers import episode, make_spec
+
+from gear_flow import (
+    CapacityError,
+    ColumnSpec,
+    EmptyTableError,
+    Fifo,
+    GearFlowError,
+    InvalidDataError,
+    InvalidPriorityError,
+    LocalTable,
+    MaxHeap,
+    Prioritized,
+    RateLimitTimeout,
+    SampleBuffers,
+    SpecError,
+    TableSpec,
+    UnknownKeyError,
+    WindowTooLongError,
+    WithoutReplacement,
+)
+from gear_flow.keys import encode
+
+CAP = 16
+
+
+def _table(sampler=None):
+    t = LocalTable(make_spec(capacity=CAP, num_shards=2), sampler=sampler or Prioritized(0.7, 0.5), seed=0)
+    r = t.insert([episode(1, 5), episode(2, 7), episode(3, 2)], priorities=np.linspace(0.5, 3.0, 14))
+    return t, r
+
+
+def snapshot(t: LocalTable):
+    """Everything an applied call could change."""
+    shards = []
+    for s in t.shards:
+        shards.append(
+            (
+                s.ring.write_pos,
+                {k: v.copy() for k, v in s.ring.columns.items()},
+                s.active.copy(),
+                s.priority.copy(),
+                s.sampler.tree.copy() if hasattr(s.sampler, "tree") else None,
+                s.remover.tree.copy() if hasattr(s.remover, "tree") else None,
+                len(s.index),
+                s.max_priority,
+            )
+        )
+    return copy.deepcopy(t.info()), shards, copy.deepcopy(t.rate_limiter.state), t._stamp
+
+
+def assert_same(a, b):
+    assert a[0] == b[0]
+    assert a[2:] == b[2:]
+    for x, y in zip(a[1], b[1]):
+        assert x[0] == y[0] and x[6] == y[6] and x[7] == y[7]
+        for k in x[1]:
+            assert np.array_equal(x[1][k], y[1][k])
+        for i in (2, 3, 4, 5):
+            if x[i] is None:
+                assert y[i] is None
+            else:
+                assert np.array_equal(x[i], y[i])
+
+
+@pytest.fixture
+def table():
+    return _table()
+
+
+def _ep(**over):
+    e = episode(9, 3)
+    e.update(over)
+    return e
+
+
+# ---------------------------------------------------------------------------- insert
+
+BAD_INSERTS = [
+    ("per-step shape", lambda: _ep(obs=np.zeros((3, 4), np.float32)), InvalidDataError, r"column 'obs': shape \(3, 4\)"),
+    ("ndim", lambda: _ep(obs=np.zeros((3, 3, 1), np.float32)), InvalidDataError, "shape"),
+    ("scalar column as 2-d", lambda: _ep(t=np.zeros((3, 1), np.int32)), InvalidDataError, "'t'"),
+    ("0-d", lambda: _ep(t=np.int32(1)), InvalidDataError, r"shape \(\)"),
+    ("float into int", lambda: _ep(ep=np.array([1.0, 2.0, 3.0])), InvalidDataError, "float64 cannot be stored as int64"),
+    ("float into bool", lambda: _ep(done=np.array([0.0, 0.0, 1.0])), InvalidDataError, "cannot be stored as bool"),
+    ("complex into float", lambda: _ep(obs=np.zeros((3, 3), np.complex64)), InvalidDataError, "complex64"),
+    ("strings", lambda: _ep(t=np.array(["a", "b", "c"])), InvalidDataError, "not numeric"),
+    ("objects", lambda: _ep(t=np.array([1, None, 2], dtype=object)), InvalidDataError, "not numeric"),
+    ("None", lambda: _ep(t=None), InvalidDataError, "not numeric"),
+    ("ragged", lambda: _ep(obs=[[1, 2, 3], [1, 2]]), InvalidDataError, "'obs'"),
+    ("missing column", lambda: {k: v for k, v in _ep().items() if k != "done"}, InvalidDataError, r"missing \['done'\]"),
+    ("extra column", lambda: _ep(reward=np.zeros(3, np.float32)), InvalidDataError, r"unknown \['reward'\]"),
+    ("lengths differ", lambda: _ep(t=np.arange(4, dtype=np.int32)), InvalidDataError, "different lengths"),
+    ("empty episode", lambda: episode(9, 0), InvalidDataError, "no steps"),
+    ("not a mapping", lambda: [np.zeros(3)], InvalidDataError, "episode 0 is a ndarray"),
+    ("a string", lambda: "obs", InvalidDataError, "mapping"),
+    ("an int", lambda: 3, InvalidDataError, "mapping"),
+    ("too long", lambda: episode(9, CAP + 1), CapacityError, f"{CAP + 1} steps, more than a shard's capacity \\({CAP}\\)"),
+]
+
+
+@pytest.mark.parametrize("name, make, exc, match", BAD_INSERTS, ids=[b[0] for b in BAD_INSERTS])
+def test_bad_insert_rejected_whole(table, name, make, exc, match):
+    t, _ = table
+    before = snapshot(t)
+    bad = make()
+    batch = [episode(7, 2), bad, episode(8, 3)] if isinstance(bad, dict) else bad
+    with pytest.raises(exc, match=match) as e:
+        t.insert(batch)
+    assert isinstance(e.value, GearFlowError)
+    assert_same(snapshot(t), before)
+
+
+def test_bad_episode_is_named_by_position(table):
+    t, _ = table
+    with pytest.raises(InvalidDataError, match="episode 2, column 'ep'"):
+        t.insert([episode(1, 2), episode(2, 2), _ep(ep=np.zeros(3, np.float32))])
+
+
+def test_batch_larger_than_a_shard(table):
+    t, _ = table
+    before = snapshot(t)
+    with pytest.raises(CapacityError, match="more than its capacity"):
+        t.insert([episode(7, 10), episode(8, 10)], shard=0)
+    with pytest.raises(CapacityError):
+        t.insert([episode(i, 9) for i in range(5)])  # 45 steps over 2 shards of 16
+    assert_same(snapshot(t), before)
+
+
+@pytest.mark.parametrize(
+    "priorities, exc, match",
+    [
+        ([1.0, 2.0], InvalidDataError, "got 2 priorities for 5 items"),
+        (np.ones(6), InvalidDataError, "got 6 priorities"),
+        ([1.0, 1.0, float("nan"), 1.0, 1.0], InvalidPriorityError, r"priority\[2\] = nan"),
+        ([1.0, 1.0, 1.0, -2.0, 1.0], InvalidPriorityError, r"priority\[3\] = -2.0"),
+        (float("inf"), InvalidPriorityError, r"priority\[0\] = inf"),
+        ("high", InvalidDataError, "priorities must be numbers"),
+        ({"a": 1}, InvalidDataError, "priorities must be numbers"),
+        ([[1.0, 2.0], [1.0]], InvalidDataError, "got 3 priorities for 5 items"),
+    ],
+)
+def test_bad_insert_priorities(table, priorities, exc, match):
+    t, _ = table
+    before = snapshot(t)
+    with pytest.raises(exc, match=match):
+        t.insert([episode(7, 2), episode(8, 3)], priorities)
+    assert_same(snapshot(t), before)
+
+
+@pytest.mark.parametrize("shard", [2, -1, "0", 1.0, True])
+def test_bad_insert_shard(table, shard):
+    t, _ = table
+    before = snapshot(t)
+    with pytest.raises(SpecError, match="shard"):
+        t.insert(episode(7, 2), shard=shard)
+    assert_same(snapshot(t), before)
+
+
+def test_allowed_casts():
+    """int64/float64 into float32, bool into anything numeric, small ints into wider ints."""
+    spec = TableSpec((ColumnSpec("f", (2,), np.float32), ColumnSpec("i", (), np.int64)), capacity=8)
+    t = LocalTable(spec, sampler=Fifo(), seed=0)
+    t.insert({"f": np.array([[1, 2], [3, 4]], np.int64), "i": np.array([1, 2], np.int8)})
+    t.insert({"f": np.array([[0.5, 1.5]], np.float64), "i": np.array([True])})
+    t.insert({"f": [[True, False]], "i": [7]})
+    b = t.sample(4)
+    assert b["f"].numpy()[:, 0].tolist() == [[1, 2], [3, 4], [0.5, 1.5], [1, 0]]
+    assert b["i"].numpy().ravel().tolist() == [1, 2, 1, 7]
+
+
+# ---------------------------------------------------------------------------- sample
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"batch_size": 0}, r"batch_size \(0\)"),
+        ({"batch_size": -3}, "batch_size"),
+        ({"batch_size": 2.0}, "batch_size"),
+        ({"batch_size": True}, "batch_size"),
+        ({"batch_size": "4"}, "batch_size"),
+        ({"batch_size": None}, "batch_size"),
+        ({"batch_size": 4, "length": 0}, r"length \(0\)"),
+        ({"batch_size": 4, "length": 1.5}, "length"),
+        ({"batch_size": 4, "boundary": "pad"}, "boundary 'pad' must be one of"),
+        ({"batch_size": 4, "columns": ["obs", "nope"]}, "no column 'nope'"),
+    ],
+)
+def test_bad_sample_args(table, kw, match):
+    t, _ = table
+    before = snapshot(t)
+    with pytest.raises(SpecError, match=match):
+        t.sample(**kw)
+    assert_same(snapshot(t), before)
+
+
+@pytest.mark.parametrize("sampler", [Prioritized(0.6), Fifo(), MaxHeap(), WithoutReplacement()], ids=repr)
+def test_window_too_long_names_the_longest(sampler):
+    t, _ = _table(sampler)
+    before = snapshot(t)
+    with pytest.raises(WindowTooLongError) as e:
+        t.sample(4, length=8)
+    assert e.value.longest == 7 and e.value.length == 8
+    assert "longest: 7 steps" in str(e.value) and "window length 8" in str(e.value)
+    assert isinstance(e.value, EmptyTableError)
+    assert_same(snapshot(t), before)
+    assert len(t.sample(4, length=7)) == 4  # the longest fits
+    assert len(t.sample(4, length=8, boundary="pad_tail")) == 4
+
+
+def test_zero_mass_is_empty_not_window_too_long():
+    t = LocalTable(make_spec(capacity=CAP), sampler=Prioritized(1.0), seed=0)
+    t.insert(episode(1, 4), priorities=0.0)
+    with pytest.raises(EmptyTableError, match="nonzero sampling weight") as e:
+        t.sample(2)
+    assert not isinstance(e.value, WindowTooLongError)
+
+
+def test_bad_out_buffers(table):
+    t, _ = table
+    spec = t.spec
+    with pytest.raises(SpecError, match="out buffers"):
+        t.sample(4, length=2, out=SampleBuffers(spec, spec.names, 4, 3))
+    with pytest.raises(SpecError, match="out buffers"):
+        t.sample(4, length=2, out=SampleBuffers(spec, ["obs"], 4, 2))
+
+
+# ---------------------------------------------------------------------------- keys and priorities
+
+
+def _keys(r):
+    return (r.first_keys[0] + np.arange(5)).tolist()
+
+
+@pytest.mark.parametrize(
+    "keys, exc, match",
+    [
+        (np.array([1.0, 2.0]), InvalidDataError, "keys must be integers, got dtype float64"),
+        ("abc", InvalidDataError, "keys must be integers"),
+        (None, InvalidDataError, "keys must be integers"),
+        ([object()], InvalidDataError, "keys must be integers"),
+        ("shard", UnknownKeyError, "names shard 5; this table has 2"),
+        ("future", UnknownKeyError, "has issued item seqs below"),
+        ("negative", UnknownKeyError, "names shard -1"),
+    ],
+)
+def test_bad_keys(table, keys, exc, match):
+    t, r = table
+    special = {
+        "shard": [int(r.first_keys[0]), int(encode(5, np.array([0]))[0])],
+        "future": [int(r.first_keys[0]), int(encode(0, np.array([999]))[0])],
+        "negative": [int(r.first_keys[0]), -5],
+    }
+    keys = special.get(keys, keys) if isinstance(keys, str) else keys
+    n = 2 if keys is None or isinstance(keys, str) else len(keys)
+    before = snapshot(t)
+    with pytest.raises(exc, match=match):
+        t.update_priorities(keys, np.full(n, 9.0))
+    with pytest.raises(exc, match=match):
+        t.delete(keys)
+    assert_same(snapshot(t), before)
+
+
+@pytest.mark.parametrize(
+    "priorities, exc, match",
+    [
+        ([1.0, 2.0, float("nan"), 1.0, 1.0], InvalidPriorityError, r"priority\[2\] = nan"),
+        ([1.0, 2.0, 3.0, 4.0, -0.5], InvalidPriorityError, r"priority\[4\] = -0.5"),
+        ([float("-inf")] * 5, InvalidPriorityError, r"priority\[0\] = -inf"),
+        ([1.0] * 4, InvalidDataError, "got 4 priorities for 5 keys"),
+        (None, SpecError, "must not be None"),
+        ("x", InvalidDataError, "priorities must be numbers"),
+    ],
+)
+def test_bad_update_priorities(table, priorities, exc, match):
+    t, r = table
+    before = snapshot(t)
+    with pytest.raises(exc, match=match):
+        t.update_priorities(_keys(r), priorities)
+    assert_same(snapshot(t), before)
+
+
+def test_stale_key_in_a_batch_does_not_block_the_rest(table):
+    """Stale keys are not errors: counted, the rest applied."""
+    t, r = table
+    k = _keys(r)
+    t.delete(k[:1])
+    res = t.update_priorities(k, [1.0, 2.0, 3.0, 4.0, 5.0])
+    assert (res.applied, res.stale) == (4, 1)
+    res = t.delete(k[:2])
+    assert (res.applied, res.stale) == (1, 1)
+
+
+# ---------------------------------------------------------------------------- construction / writer
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"spec": "spec"}, "TableSpec"),
+        ({"sampler": "uniform"}, "sampler must be a Selector"),
+        ({"remover": Fifo}, "remover must be a Selector"),
+        ({"remover": WithoutReplacement()}, "cannot be used as a remover"),
+        ({"max_times_sampled": -1}, "max_times_sampled"),
+        ({"max_times_sampled": True}, "max_times_sampled"),
+        ({"max_times_sampled": 1.0}, "max_times_sampled"),
+        ({"boundary": "both"}, "boundary"),
+        ({"routing": "random"}, "routing 'random'"),
+        ({"tier": "gpu"}, "storage tier 'gpu' is unknown"),
+    ],
+)
+def test_bad_construction(kw, match):
+    args = {"spec": make_spec(), **kw}
+    spec = args.pop("spec")
+    with pytest.raises(SpecError, match=match):
+        LocalTable(spec, **args)
+
+
+@pytest.mark.parametrize(
+    "step, priority, exc",
+    [
+        ({"obs": [[1, 2], [3]]}, None, InvalidDataError),
+        ({"obs": np.zeros(4, np.float32)}, None, InvalidDataError),
+        ({"t": 1.5}, None, InvalidDataError),
+        ({"t": "a"}, None, InvalidDataError),
+        ({"extra": 1}, None, InvalidDataError),
+        ({}, float("nan"), InvalidPriorityError),
+        ({}, -1.0, InvalidPriorityError),
+        ({}, "high", InvalidDataError),
+    ],
+)
+def test_bad_writer_steps(table, step, priority, exc):
+    t, _ = table
+    before = snapshot(t)
+    w = t.writer()
+    good = {k: v[0] for k, v in episode(1, 1).items()}
+    w.append(good)
+    with pytest.raises(exc):
+        w.append({**good, **step}, priority=priority)
+    assert w.pending == 1
+    assert_same(snapshot(t), before)
+
+
+def test_missing_writer_column(table):
+    t, _ = table
+    w = t.writer()
+    with pytest.raises(InvalidDataError, match="do not match"):
+        w.append({"obs": np.zeros(3, np.float32)})
+    assert w.pending == 0
+
+
+def test_rate_limit_timeout_applies_nothing():
+    t = LocalTable.queue(make_spec(capacity=CAP), 3, seed=0)
+    t.insert(episode(1, 3))
+    before = snapshot(t)
+    with pytest.raises(RateLimitTimeout):
+        t.insert(episode(2, 1), timeout=0.01)
+    assert_same(snapshot(t), before)
+    t.sample(3)
+    assert t.insert(episode(3, 1), timeout=0.01).episode_ids.tolist() == [1]

@@ -1,0 +1,308 @@
+"""The distributed table on real Dask processes (LocalCluster, 2 worker processes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+import torch
+from distributed import Client, LocalCluster
+
+import gear_flow as gf
+from gear_flow.distributed import DistributedTable
+from gear_flow.keys import decode
+
+from helpers import COLUMNS, Catalog, check_windows, chi2_critical, episode
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def client():
+    with dask.config.set({"distributed.comm.timeouts.connect": "5s"}):
+        with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster:
+            with Client(cluster) as c:
+                yield c
+
+
+def spec(capacity=2000, num_shards=2, **kw):
+    return gf.TableSpec(COLUMNS, capacity=capacity, num_shards=num_shards, **kw)
+
+
+class DCatalog(Catalog):
+    """Catalog for a distributed table (same bookkeeping)."""
+
+
+def dreconcile(table: DistributedTable) -> dict:
+    info = table.info()
+    tot = info["totals"]
+    assert tot["inserted"] == tot["size"] + tot["evicted"] + tot["removed"] + tot["deleted"] + tot["expired"], tot
+    assert info["size"] == info["coordinator_size"], info
+    return tot
+
+
+def test_shards_on_both_workers_and_windows_are_real(client):
+    t = DistributedTable.create(client, spec(), seed=0)
+    try:
+        assert len(set(t.placement.values())) == 2
+        cat = DCatalog()
+        cat.insert(t, [(i + 1, 20 + 7 * i) for i in range(10)])
+        for boundary in ("strict", "pad_tail", "pad_head"):
+            b = t.sample(64, 8, boundary=boundary)
+            check_windows(b, cat, 8, boundary)
+        shards = decode(t.sample(256, 4).keys.numpy())[0]
+        assert set(shards.tolist()) == {0, 1}  # both shards contribute
+        dreconcile(t)
+    finally:
+        t.close()
+
+
+def test_prioritized_global_distribution_matches_chi_square(client):
+    alpha = 0.7
+    t = DistributedTable.create(client, spec(), sampler=gf.Prioritized(alpha=alpha, beta=0.5), seed=1)
+    try:
+        rng = np.random.default_rng(5)
+        eps = [episode(i + 1, n) for i, n in enumerate([5, 9, 3, 12, 7, 6])]
+        prios = [rng.uniform(0.1, 3.0, len(e["t"])) for e in eps]
+        res = t.insert(eps, prios)
+        L = 3  # strict: starts in the last L-1 steps of each episode are excluded
+        expected = {}
+        for e, p, fk in zip(eps, prios, res.first_keys):
+            n = len(e["t"])
+            for j in range(n - L + 1):
+                expected[int(fk) + j] = p[j] ** alpha
+        total = sum(expected.values())
+        counts = dict.fromkeys(expected, 0)
+        draws = 0
+        for _ in range(60):
+            b = t.sample(200, L)
+            k = b.keys.numpy()
+            p = b.probabilities.numpy()
+            for key, prob in zip(k, p):
+                assert int(key) in expected, "an invalid (too short) window was sampled"
+                assert prob == pytest.approx(expected[int(key)] / total, rel=1e-9)
+                counts[int(key)] += 1
+            w = b.weights.numpy()
+            ref = p ** -0.5
+            np.testing.assert_allclose(w, ref / ref.max(), rtol=1e-5)
+            draws += len(k)
+        exp = np.array([expected[k] / total * draws for k in expected])
+        obs = np.array([counts[k] for k in expected])
+        chi2 = float(((obs - exp) ** 2 / exp).sum())
+        assert chi2 < chi2_critical(len(exp) - 1), chi2
+    finally:
+        t.close()
+
+
+def test_inserts_from_client_threads_and_worker_tasks_reconcile(client):
+    t = DistributedTable.create(client, spec(capacity=3000), seed=2, name="concurrent")
+    try:
+        def client_writer(k):
+            for j in range(5):
+                t.insert([episode(100 * k + j + 1, 30 + j)])
+
+        threads = [threading.Thread(target=client_writer, args=(k,)) for k in range(3)]
+        for th in threads:
+            th.start()
+
+        def task_writer(name, e1, e2):
+            from gear_flow.distributed import DistributedTable as DT
+
+            table = DT.attach(name)
+            with table.writer() as w:
+                for i in range(len(e1["t"])):
+                    w.append({k: v[i] for k, v in e1.items()})
+                w.end_episode()
+            res = table.insert([e2])
+            return table.local_shards, [int(s) for s in res.shards]
+
+        futs = [
+            client.submit(task_writer, "concurrent", episode(1000 + 10 * i, 25), episode(1001 + 10 * i, 10), pure=False)
+            for i in range(4)
+        ]
+        results = client.gather(futs)
+        for th in threads:
+            th.join()
+        for local, dest in results:  # writer affinity: worker tasks write to their own shards
+            assert local and set(dest) <= set(local)
+        tot = dreconcile(t)
+        assert tot["inserted_episodes"] == 15 + 8
+        assert tot["inserted"] == sum(30 + j for j in range(5)) * 3 + 4 * (25 + 10)
+        # keys of one shard never alias another's
+        b = t.sample(128, 1)
+        shard, _ = decode(b.keys.numpy())
+        info = t.info()
+        for s in info["shards"]:
+            assert s["worker"] == t.placement[s["shard"]]
+        assert set(shard.tolist()) <= {0, 1}
+    finally:
+        t.close()
+
+
+def test_updates_stale_and_unknown_keys(client):
+    t = DistributedTable.create(client, spec(capacity=100), sampler=gf.Prioritized(1.0, 0.0), seed=3)
+    try:
+        r1 = t.insert([episode(1, 60), episode(2, 60)])
+        b = t.sample(32, 1)
+        old = b.keys.numpy().copy()
+        t.insert([episode(3, 60), episode(4, 60)])  # overwrites both shards' rings: old keys go stale
+        res = t.update_priorities(old, np.full(len(old), 7.0))
+        assert res.stale == len(old) and res.applied == 0
+        bogus = np.array([int(r1.first_keys[0]) + 10_000])
+        before = t.info()["totals"]["stale_updates"]
+        with pytest.raises(gf.UnknownKeyError):
+            t.update_priorities(np.concatenate([t.sample(4, 1).keys.numpy(), bogus]), np.ones(5))
+        assert t.info()["totals"]["stale_updates"] == before
+        with pytest.raises(gf.InvalidPriorityError):
+            t.update_priorities(t.sample(2, 1).keys, [1.0, float("nan")])
+        dreconcile(t)
+    finally:
+        t.close()
+
+
+def test_global_rate_limiter_and_timeout(client):
+    t = DistributedTable.create(client, spec(), rate_limiter=gf.MinSize(50), seed=4, timeout=0.5)
+    try:
+        t.insert([episode(1, 20)])
+        with pytest.raises(gf.RateLimitTimeout):
+            t.sample(4, 1)
+        t.insert([episode(2, 40)])  # lands on the other shard: the limiter counts the whole table
+        assert len(t.sample(4, 1)) == 4
+    finally:
+        t.close()
+
+
+def test_fifo_merges_shards_and_epochs_are_global(client):
+    t = DistributedTable.create(client, spec(), sampler=gf.Fifo(), seed=5)
+    try:
+        t.insert([episode(1, 3), episode(2, 3), episode(3, 3)])
+        b = t.sample(4, 1)
+        got = sorted(zip(b["ep"][:, 0].tolist(), b["t"][:, 0].tolist()))
+        assert got == [(1, 0), (1, 1), (1, 2), (2, 0)]
+    finally:
+        t.close()
+    t = DistributedTable.create(client, spec(), sampler=gf.WithoutReplacement(), seed=6)
+    try:
+        t.insert([episode(i + 1, 5) for i in range(4)])  # 20 items over two shards
+        seen = []
+        for _ in range(5):
+            b = t.sample(4, 1)
+            seen += list(zip(b["ep"][:, 0].tolist(), b["t"][:, 0].tolist()))
+        assert len(set(seen)) == 20  # one epoch: every item exactly once
+    finally:
+        t.close()
+
+
+def test_stream_dataloader_and_colocated_learner(client):
+    t = DistributedTable.create(client, spec(), seed=7, name="stream")
+    try:
+        cat = DCatalog()
+        cat.insert(t, [(i + 1, 40) for i in range(6)])
+        dl = torch.utils.data.DataLoader(gf.Stream(t, 16, 5, prefetch=3, num_batches=12, seed=0).dataset(), batch_size=None)
+        n = 0
+        for b in dl:
+            check_windows(b, cat, 5, "strict")
+            n += 1
+        assert n == 12
+
+        def learner(name):
+            import gear_flow as gf2
+            from gear_flow.distributed import DistributedTable as DT
+
+            table = DT.attach(name, seed=1)
+            model = torch.nn.Linear(3, 1)
+            opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+            losses = []
+            for b in gf2.Stream(table, 32, 4, num_batches=20, seed=1):
+                loss = (model(b["obs"]).squeeze(-1) - b["t"].float()).pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+            return table.local_shards, table.stats, losses
+
+        local, stats, losses = client.submit(learner, "stream", pure=False).result()
+        assert local, "the learner's worker hosts a shard"
+        assert stats["local_bytes"] > 0 and stats["remote_bytes"] > 0  # whole table, local part without copy
+        assert len(losses) == 20
+    finally:
+        t.close()
+
+
+def test_ddp_two_ranks_with_gloo(client, tmp_path):
+    t = DistributedTable.create(client, spec(), seed=8, name="ddp")
+    try:
+        t.insert([episode(i + 1, 30) for i in range(6)])
+        script = Path(__file__).with_name("ddp_rank.py")
+        addr = client.scheduler.address
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), addr, "ddp", str(r), "2", f"file://{tmp_path}/store"],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )
+            for r in range(2)
+        ]
+        outs = [p.communicate(timeout=180)[0] for p in procs]
+        assert all(p.returncode == 0 for p in procs), outs
+        lines = [next(line for line in o.splitlines() if line.startswith("RESULT")) for o in outs]
+        keysets = [set(map(int, line.split()[2].split(","))) for line in lines]
+        sums = {line.split()[1] for line in lines}
+        assert len(sums) == 1  # all_reduce gave both ranks the same total
+        assert keysets[0] != keysets[1]  # ranks draw independent batches
+    finally:
+        t.close()
+
+
+@pytest.mark.slow
+def test_ucx_transport_over_tcp():
+    pytest.importorskip("distributed_ucxx")
+    env = {**os.environ, "UCX_TLS": "tcp,sm,self", "UCXPY_IFNAME": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
+    code = (
+        "import numpy as np, gear_flow as gf\n"
+        "from distributed import Client, LocalCluster\n"
+        "from gear_flow.distributed import DistributedTable\n"
+        "if __name__ == '__main__':\n"
+        "    with LocalCluster(n_workers=2, threads_per_worker=1, protocol='ucx', host='127.0.0.1', dashboard_address=None) as c, Client(c) as cl:\n"
+        "        assert cl.scheduler.address.startswith('ucx://')\n"
+        "        spec = gf.TableSpec((gf.ColumnSpec('x', (4,), np.float32),), capacity=500, num_shards=2)\n"
+        "        t = DistributedTable.create(cl, spec, sampler=gf.Prioritized(), seed=0)\n"
+        "        t.insert([{'x': np.full((40, 4), i, np.float32)} for i in range(6)])\n"
+        "        b = t.sample(64, 8)\n"
+        "        t.update_priorities(b.keys, np.ones(64))\n"
+        "        assert t.info()['size'] == 240 and b['x'].shape == (64, 8, 4)\n"
+        "        print('UCX-OK', sorted(set(t.placement.values())))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=200)
+    assert "UCX-OK" in r.stdout, r.stdout + r.stderr
+    assert "ucx://" in r.stdout
+
+
+def test_lost_worker_error_and_degraded_mode():
+    with dask.config.set({"distributed.comm.timeouts.connect": "3s"}):
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, Client(cluster) as c:
+            strict = DistributedTable.create(c, spec(), seed=9, name="strict")
+            soft = DistributedTable.create(c, spec(), seed=9, name="soft", degraded=True)
+            for t in (strict, soft):
+                t.insert([episode(i + 1, 20) for i in range(4)])
+            victim = strict.placement[1]
+            assert soft.placement[1] == victim
+            pid = c.run(os.getpid, workers=[victim])[victim]
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises(gf.ShardLostError, match="shard"):
+                strict.sample(8, 2)
+            with pytest.raises(gf.ShardLostError):
+                strict.insert([episode(9, 5)])
+            b = soft.sample(8, 2)  # degraded: keeps serving from shard 0
+            assert set(decode(b.keys.numpy())[0].tolist()) == {0}
+            info = soft.info()
+            assert 1 in info["lost"] and info["lost"][1]["size_at_loss"] == 40
+            res = soft.insert([episode(10, 5)])
+            assert set(res.shards.tolist()) == {0}
