@@ -150,6 +150,25 @@ class SampleBuffers:
         self.timesteps = np.empty(B, dtype=np.int64)
         self._tensors = None
 
+    @classmethod
+    def wrap(cls, spec: TableSpec, columns, length: int, parts: dict) -> SampleBuffers:
+        """Host buffers around arrays that arrived from a worker (no copy)."""
+        self = cls.__new__(cls)
+        self.columns = tuple(columns)
+        self.batch_size = len(parts["keys"])
+        self.length = int(length)
+        self.tier = "host"
+        self.on_device = False
+        self.bytes = dict(parts["data"])
+        self.arrays = {}
+        for name in self.columns:
+            c = spec.column(name)
+            self.arrays[name] = self.bytes[name].view(c.dtype).reshape(self.batch_size, self.length, *c.shape)
+        for f in ("keys", "probabilities", "weights", "mask", "episode_ids", "timesteps"):
+            setattr(self, f, parts[f])
+        self._tensors = None
+        return self
+
     def matches(self, columns, batch_size: int, length: int, tier=None) -> bool:
         """Can these buffers hold a sample of ``(columns, batch_size, length)`` from a table of ``tier``?"""
         same = tuple(columns) == self.columns and batch_size == self.batch_size and length == self.length

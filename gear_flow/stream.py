@@ -103,7 +103,12 @@ class Stream:
         return [np.random.default_rng(s) for s in base.spawn(self.prefetch)]
 
     def __iter__(self):
-        pool = [SampleBuffers(self.table.spec, self.columns, self.batch_size, self.length) for _ in range(self.prefetch + 2)]
+        # a remote table's batches arrive in fresh frames: reusable buffers would only add a copy
+        fresh = getattr(self.table, "returns_fresh_batches", False)
+        pool = [
+            None if fresh else SampleBuffers(self.table.spec, self.columns, self.batch_size, self.length)
+            for _ in range(self.prefetch + 2)
+        ]
         rngs = self._rngs()
         ex = ThreadPoolExecutor(self.prefetch, thread_name_prefix="gear-flow-stream")
         pending: deque = deque()

@@ -9,6 +9,8 @@ consecutive steps of one episode (:func:`check_windows`).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from gear_flow import ColumnSpec, LocalTable, TableSpec
@@ -120,10 +122,27 @@ def reconcile(table: LocalTable) -> dict:
     return tot
 
 
-def chi2_critical(df: int, z: float = 3.719) -> float:
-    """Upper critical value of chi-square with ``df`` degrees of freedom (Wilson-Hilferty).
+def chi2_sf(x: float, df: int) -> float:
+    """Upper tail of chi-square: 1 - P(df/2, x/2), the regularized lower incomplete gamma by its series."""
+    a, z = df / 2.0, x / 2.0
+    if z <= 0:
+        return 1.0
+    term = total = 1.0 / a
+    n = 0
+    while term > 1e-17 * total:
+        n += 1
+        term *= z / (a + n)
+        total += term
+    return 1.0 - math.exp(-z + a * math.log(z) - math.lgamma(a)) * total
 
-    ``z = 3.719`` is the standard normal quantile for a 1e-4 upper tail.
-    """
-    a = 2.0 / (9.0 * df)
-    return df * (1.0 - a + z * np.sqrt(a)) ** 3
+
+def chi2_critical(df: int, p: float = 1e-4) -> float:
+    """``x`` with ``chi2_sf(x, df) == p`` (bisection); scipy is not a dependency."""
+    lo, hi = 0.0, df + 40.0 * math.sqrt(2.0 * df) + 100.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        if chi2_sf(mid, df) > p:
+            lo = mid
+        else:
+            hi = mid
+    return hi

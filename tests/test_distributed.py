@@ -306,3 +306,18 @@ def test_lost_worker_error_and_degraded_mode():
             assert 1 in info["lost"] and info["lost"][1]["size_at_loss"] == 40
             res = soft.insert([episode(10, 5)])
             assert set(res.shards.tolist()) == {0}
+
+
+def test_cli_info_and_list(client):
+    t = DistributedTable.create(client, spec(), seed=10, name="cli-table")
+    try:
+        t.insert([episode(1, 12), episode(2, 8)])
+        addr = client.scheduler.address
+        r = subprocess.run([sys.executable, "-m", "gear_flow", "list", "--scheduler", addr], capture_output=True, text=True, timeout=60)
+        assert "cli-table" in r.stdout, r.stderr
+        r = subprocess.run([sys.executable, "-m", "gear_flow", "info", "--scheduler", addr, "--table", "cli-table"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert "cli-table: 20 items" in r.stdout
+        assert len([line for line in r.stdout.splitlines() if "tcp://" in line]) == 2  # one line per shard
+    finally:
+        t.close()

@@ -16,7 +16,9 @@ import numpy as np
 from ..errors import GearFlowError, SpecError
 from ..selectors import OrderedSelector, from_config
 from ..shard import EpisodeBatch, Shard
+from ..sample import SampleBuffers
 from ..spec import TableSpec
+from ..table.local import LocalTable
 
 
 class StaleSelectionError(GearFlowError):
@@ -30,19 +32,18 @@ class HostedTable:
         self.name = name
         self.config = config
         self.spec = TableSpec.from_dict(config["spec"])
-        sampler = from_config(config["sampler"])
-        remover = from_config(config["remover"])
-        self.shards: dict[int, Shard] = {
-            int(i): Shard(
-                self.spec,
-                int(i),
-                sampler.clone(),
-                remover.clone(),
-                max_times_sampled=config.get("max_times_sampled", 0),
-                tier=tier or config.get("tier", "host"),
-            )
-            for i in shard_ids
-        }
+        # the worker's shards form a LocalTable (its limiter unused: admission is global,
+        # at the coordinator), so a worker holding every live shard samples in one call
+        # with exactly the local two-level logic
+        self.local = LocalTable(
+            self.spec,
+            sampler=from_config(config["sampler"]),
+            remover=from_config(config["remover"]),
+            max_times_sampled=config.get("max_times_sampled", 0),
+            tier=tier or config.get("tier", "host"),
+            shard_ids=[int(i) for i in shard_ids],
+        )
+        self.shards: dict[int, Shard] = {s.shard_id: s for s in self.local.shards}
 
 
 class ShardHost:
@@ -178,6 +179,21 @@ class ShardHost:
                 if out is None:
                     r["data"] = buf
                 res[int(i)] = r
+        return res
+
+    def sample_all(self, name, n, length, boundary, columns, seed, out: SampleBuffers | None = None) -> dict:
+        """The whole two-level sample over this worker's shards (when they are all the live ones)."""
+        t = self.table(name)
+        buf = SampleBuffers(t.spec, columns, n, length) if out is None else out
+        before = {i: s.counters.expired for i, s in t.shards.items()}
+        t.local._sample_into(buf, n, length, boundary, tuple(columns), np.random.default_rng(seed))
+        expired = {i: s.counters.expired - before[i] for i, s in t.shards.items() if s.counters.expired - before[i]}
+        res = {"expired": expired}
+        if out is None:
+            res.update(
+                data=buf.bytes, keys=buf.keys, probabilities=buf.probabilities, weights=buf.weights,
+                mask=buf.mask, episode_ids=buf.episode_ids, timesteps=buf.timesteps,
+            )
         return res
 
     # -- priorities, deletes, removal ------------------------------------------------------

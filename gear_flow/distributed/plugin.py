@@ -38,6 +38,7 @@ OPS = {
     "new_epoch": ShardHost.new_epoch,
     "candidates": ShardHost.candidates,
     "sample_part": ShardHost.sample_part,
+    "sample_all": ShardHost.sample_all,
     "check_keys": ShardHost.check_keys,
     "update": ShardHost.update,
     "delete": ShardHost.delete,

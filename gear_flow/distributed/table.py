@@ -223,6 +223,11 @@ class DistributedTable:
         return cls(ctx, name, ctx.sync(look), seed=seed, timeout=timeout)
 
     @property
+    def returns_fresh_batches(self) -> bool:
+        """True when batches arrive in fresh frames from one remote worker (no buffer reuse needed)."""
+        return len(self._workers()) == 1 and not self.local_shards
+
+    @property
     def local_shards(self) -> list[int]:
         """Shards hosted by the worker running this handle (co-located mode)."""
         return sorted(s for s, a in self.placement.items() if a == self._ctx.local_addr)
@@ -409,9 +414,7 @@ class DistributedTable:
         columns = self.spec.names if columns is None else tuple(columns)
         for c in columns:
             self.spec.column(c)
-        if out is None:
-            out = SampleBuffers(self.spec, columns, batch_size, length)
-        elif not out.matches(columns, batch_size, length):
+        if out is not None and not out.matches(columns, batch_size, length):
             raise SpecError(f"out buffers are for columns={out.columns}, batch_size={out.batch_size}, length={out.length}")
         _limiter_for_checks(self._config).check_sample_size(batch_size)
         self._check_not_lost()
@@ -420,7 +423,14 @@ class DistributedTable:
         try:
             for attempt in range(5):
                 try:
-                    expired = await self._sample_into(out, batch_size, length, boundary, columns, rng)  # {shard: n}
+                    workers = self._workers()
+                    if len(workers) == 1:  # every live shard on one worker: one call does it all
+                        addr = next(iter(workers))
+                        out, expired = await self._sample_one_worker(addr, out, batch_size, length, boundary, columns, rng)
+                    else:
+                        if out is None:
+                            out = SampleBuffers(self.spec, columns, batch_size, length)
+                        expired = await self._sample_into(out, batch_size, length, boundary, columns, rng)  # {shard: n}
                     break
                 except (_Retry, StaleSelectionError):
                     if attempt == 4:
@@ -432,6 +442,29 @@ class DistributedTable:
         if size is None:
             size = -1
         return out.batch(size)
+
+    async def _sample_one_worker(self, addr, out, B, L, boundary, columns, rng):
+        args = dict(name=self.name, n=B, length=L, boundary=boundary, columns=columns, seed=int(rng.integers(2**63)))
+        local = addr == self._ctx.local_addr and self._ctx.local_plugin is not None
+        if local:
+            if out is None:
+                out = SampleBuffers(self.spec, columns, B, L)
+            args["out"] = out  # co-located: gathered straight into the learner's buffers
+        res = (await self._on_workers({addr: ("sample_all", args)}))[addr]
+        nbytes = B * L * sum(max(self.spec.column(c).nbytes, 1) for c in columns)
+        if local:
+            self.stats["local_bytes"] += nbytes
+        elif out is None:
+            out = SampleBuffers.wrap(self.spec, columns, L, res)  # the received frames are the batch
+            self.stats["remote_bytes"] += nbytes
+        else:
+            for c in columns:
+                out.bytes[c][...] = res["data"][c]
+            for f in ("keys", "probabilities", "weights", "mask", "episode_ids", "timesteps"):
+                getattr(out, f)[...] = res[f]
+            self.stats["remote_bytes"] += nbytes
+        self.stats["batches"] += 1
+        return out, res["expired"]
 
     async def _sample_into(self, out, B, L, boundary, columns, rng) -> int:
         workers = self._workers()

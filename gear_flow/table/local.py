@@ -340,11 +340,24 @@ class LocalTable:
                 f"this call asks for columns={columns}, batch_size={batch_size}, length={length}"
             )
         self.rate_limiter.check_sample_size(batch_size)
+        locks = [s.lock for s in self.shards]
         with self._cond:
             self._wait(lambda: self.rate_limiter.can_sample(batch_size, self.size), timeout, f"a sample of {batch_size}")
             self.rate_limiter.on_sample(batch_size)
+            # Take the shard locks before any other call is admitted: an insert admitted
+            # after this sample must not reach the shards before the sample has taken
+            # (and, with max_times_sampled, expired) its items.  Otherwise the table
+            # briefly exceeds max_size and the remover evicts an item nobody sampled: a
+            # Queue or Stack loses it and its consumer blocks forever.  Safe order: no
+            # code takes ``_cond`` while holding a shard lock.
+            for lk in locks:
+                lk.acquire()
         try:
-            size = self._sample_into(out, batch_size, length, boundary, columns, self.rng if rng is None else rng)
+            try:
+                size = self._sample_into(out, batch_size, length, boundary, columns, self.rng if rng is None else rng)
+            finally:
+                for lk in reversed(locks):
+                    lk.release()
         except BaseException:
             with self._cond:
                 self.rate_limiter.state.samples -= batch_size

@@ -1,0 +1,181 @@
+"""Distributed benchmark: the reference workload on a LocalCluster.
+
+Reports, in one run:
+
+* external learner: GB/s of windows delivered to the client process, against
+  a raw Dask transfer of the same number of bytes (a NumPy array held by a
+  worker, fetched with ``Future.result()``) — target >= 0.8x;
+* co-located learner: a task on a worker sampling the table (its shard read
+  in-process without copies), against a single-thread ``np.copyto`` of the
+  same bytes measured in that worker — target >= 0.8x;
+* per-batch overhead of the Dask path (a 1-window batch) vs the local table;
+* scaling with 1 and 2 workers;
+* the transport choice: a comm-handler round trip (what the shards use) vs a
+  Dask actor method call, for a tiny and a 17 MB reply.
+
+Usage::
+
+    python pipelines/bench_distributed.py [--quick] [--out PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REFERENCE, make_episodes, memcpy_gbps, print_table, reference_columns, timeit, write_json  # noqa: E402
+
+import gear_flow as gf  # noqa: E402
+
+
+def _colocated(name, B, L, repeat):
+    """Runs on a worker: sample from the table with the worker's shard read in-process."""
+    import numpy as np
+
+    import gear_flow as gf
+    from gear_flow.distributed import DistributedTable
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import memcpy_gbps, timeit
+
+    t = DistributedTable.attach(name, seed=0)
+    out = gf.SampleBuffers(t.spec, t.spec.names, B, L)
+    ts = timeit(lambda: t.sample(B, L, out=out), repeat)
+    nbytes = sum(a.nbytes for a in out.arrays.values())
+    return {
+        "gbps": nbytes / float(np.median(ts)) / 1e9,
+        "memcpy_gbps": memcpy_gbps(nbytes, repeat=repeat),
+        "local_shards": t.local_shards,
+        "local_bytes": t.stats["local_bytes"],
+        "remote_bytes": t.stats["remote_bytes"],
+    }
+
+
+def _make(n, i):
+    return np.full(n, i % 251, dtype=np.uint8)
+
+
+class _Echo:
+    """Actor used to compare transports."""
+
+    def __init__(self, n):
+        self.buf = np.ones(n, np.uint8)
+
+    def get(self, k):
+        return self.buf[:k]
+
+
+def run(workers: int, args, eps, rows, results):
+    from distributed import Client, LocalCluster, wait
+
+    from gear_flow.distributed import DistributedTable
+
+    B, L = args.batch_size, args.length
+    cols = reference_columns()
+    step_bytes = sum(c.nbytes for c in cols)
+    steps = sum(len(e["reward"]) for e in eps)
+    batch_bytes = B * L * step_bytes
+    res = {}
+    with LocalCluster(n_workers=workers, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, Client(cluster) as client:
+        spec = gf.TableSpec(cols, capacity=steps // workers + args.episode_length, num_shards=workers)
+        table = DistributedTable.create(client, spec, sampler=gf.Uniform(), seed=0, name=f"bench{workers}")
+        t0 = time.perf_counter()
+        for i in range(0, len(eps), args.insert_batch):
+            table.insert(eps[i : i + args.insert_batch])
+        res["insert_gbps"] = steps * step_bytes / (time.perf_counter() - t0) / 1e9
+
+        # raw Dask transfer of the same bytes, worker -> client
+        w0 = sorted(client.scheduler_info()["workers"])[0]
+        raw = []
+        for i in range(args.repeat):
+            f = client.submit(_make, batch_bytes, i, workers=[w0], pure=False)
+            wait(f)
+            t = time.perf_counter()
+            f.result()
+            raw.append(time.perf_counter() - t)
+            del f
+        res["raw_dask_gbps"] = batch_bytes / float(np.median(raw)) / 1e9
+
+        out = gf.SampleBuffers(spec, spec.names, B, L)
+        ts = timeit(lambda: table.sample(B, L, out=out), args.repeat)
+        res["external_gbps"] = batch_bytes / float(np.median(ts)) / 1e9
+        res["external_ratio"] = res["external_gbps"] / res["raw_dask_gbps"]
+        n = 0
+        t = time.perf_counter()
+        for _ in gf.Stream(table, B, L, prefetch=2, num_batches=args.repeat, seed=0):
+            n += 1
+        res["stream_gbps"] = n * batch_bytes / (time.perf_counter() - t) / 1e9
+
+        co = client.submit(_colocated, table.name, B, L, args.repeat, workers=[w0], pure=False).result()
+        res["colocated"] = co
+        res["colocated_ratio"] = co["gbps"] / co["memcpy_gbps"]
+
+        small = gf.SampleBuffers(spec, spec.names, 1, 1)
+        ts = timeit(lambda: table.sample(1, 1, out=small), args.repeat * 3)
+        res["batch_overhead_ms"] = 1e3 * float(np.median(ts))
+
+        if workers == 1:
+            from distributed.protocol import to_serialize  # noqa: F401
+
+            n17 = batch_bytes
+            actor = client.submit(_Echo, n17, actor=True, workers=[w0]).result()
+            ta = timeit(lambda: actor.get(1).result(), args.repeat)
+            tb = timeit(lambda: actor.get(n17).result(), args.repeat)
+            hp = timeit(lambda: table.info(), args.repeat)  # a handler round trip per worker + coordinator
+            res["transport"] = {
+                "actor_ping_ms": 1e3 * float(np.median(ta)),
+                "actor_batch_ms": 1e3 * float(np.median(tb)),
+                "handler_sample_batch_ms": 1e3 * float(np.median(ts if False else timeit(lambda: table.sample(B, L, out=out), args.repeat))),
+                "handler_info_ms": 1e3 * float(np.median(hp)),
+            }
+        table.close()
+    results[f"workers_{workers}"] = res
+    rows.append({"path": f"external learner, {workers} worker(s)", "GB/s": res["external_gbps"], "ratio": res["external_ratio"], "ref": f"raw Dask {res['raw_dask_gbps']:.3g} GB/s", "target": ">= 0.8"})
+    rows.append({"path": f"external learner + Stream(prefetch=2), {workers}w", "GB/s": res["stream_gbps"], "ratio": res["stream_gbps"] / res["raw_dask_gbps"]})
+    rows.append({"path": f"co-located learner, {workers} worker(s)", "GB/s": co["gbps"], "ratio": res["colocated_ratio"], "ref": f"memcpy {co['memcpy_gbps']:.3g} GB/s", "target": ">= 0.8"})
+    rows.append({"path": f"per-batch overhead (B=1, L=1), {workers}w", "ms": res["batch_overhead_ms"]})
+    rows.append({"path": f"insert, {workers} worker(s)", "GB/s": res["insert_gbps"]})
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--episodes", type=int, default=REFERENCE["episodes"])
+    p.add_argument("--episode-length", type=int, default=REFERENCE["episode_length"])
+    p.add_argument("--batch-size", type=int, default=REFERENCE["batch_size"])
+    p.add_argument("--length", type=int, default=REFERENCE["length"])
+    p.add_argument("--insert-batch", type=int, default=10)
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.episodes, args.episode_length, args.repeat, args.insert_batch = 10, 200, 4, 5
+        args.batch_size, args.length = 32, 16
+    eps = make_episodes(args.episodes, args.episode_length)
+    rows, results = [], {"args": vars(args)}
+    local = gf.LocalTable(gf.TableSpec(reference_columns(), capacity=args.episodes * args.episode_length), seed=0)
+    local.insert(eps)
+    small = gf.SampleBuffers(local.spec, local.spec.names, 1, 1)
+    results["local_batch_overhead_ms"] = 1e3 * float(np.median(timeit(lambda: local.sample(1, 1, out=small), args.repeat * 3)))
+    rows.append({"path": "per-batch overhead (B=1, L=1), LocalTable", "ms": results["local_batch_overhead_ms"]})
+    results["memcpy_batch_gbps"] = memcpy_gbps(args.batch_size * args.length * sum(c.nbytes for c in reference_columns()))
+    del local
+    for w in (1, 2):
+        run(w, args, eps, rows, results)
+    tr = results["workers_1"].get("transport")
+    if tr:
+        rows.append({"path": "transport: actor call, tiny reply", "ms": tr["actor_ping_ms"]})
+        rows.append({"path": "transport: actor call, one batch of bytes", "ms": tr["actor_batch_ms"]})
+        rows.append({"path": "transport: handler sample, one batch", "ms": tr["handler_sample_batch_ms"]})
+    print_table(rows, ["path", "GB/s", "ms", "ratio", "ref", "target"])
+    print(f"\nwrote {write_json('bench_distributed', results, args.out)}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

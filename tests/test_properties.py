@@ -1,0 +1,230 @@
+"""Property tests (hypothesis): nothing lost, keys never reused, exact probabilities, real windows.
+
+The expected live items come from an independent model of the storage: per
+shard, episodes are written back to back and the oldest whole episodes are
+dropped when a call's steps would overwrite them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import Catalog, check_windows, make_spec, reconcile
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from gear_flow import (
+    EmptyTableError,
+    Fifo,
+    Lifo,
+    LocalTable,
+    MinHeap,
+    Prioritized,
+    Uniform,
+    WindowTooLongError,
+)
+
+SETTINGS = settings(
+    max_examples=50,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+MAX_LEN = 8
+MAX_EPS = 3  # per call: a call holds at most MIN_CAP steps, so it always fits one shard
+MIN_CAP = MAX_LEN * MAX_EPS
+calls = st.lists(st.lists(st.integers(1, MAX_LEN), min_size=1, max_size=MAX_EPS), min_size=1, max_size=10)
+
+
+class RingModel:
+    """Which episodes each shard still stores, computed without the library."""
+
+    def __init__(self, num_shards: int, capacity: int):
+        self.capacity = capacity
+        self.wp = [0] * num_shards
+        self.eps: list[list[tuple[int, int, int]]] = [[] for _ in range(num_shards)]  # (first_key, length, start)
+
+    def insert(self, lengths, shards, first_keys):
+        for s in sorted(set(shards.tolist())):
+            mine = [i for i in range(len(lengths)) if shards[i] == s]
+            n = sum(lengths[i] for i in mine)
+            bound = self.wp[s] + n - self.capacity
+            while self.eps[s] and self.eps[s][0][2] < bound:
+                self.eps[s].pop(0)
+            for i in mine:
+                self.eps[s].append((int(first_keys[i]), lengths[i], self.wp[s]))
+                self.wp[s] += lengths[i]
+
+    def live(self):
+        return [e for eps in self.eps for e in eps]
+
+
+def _expect_step_keys(model: RingModel):
+    return {k + j for k, n, _ in model.live() for j in range(n)}
+
+
+@SETTINGS
+@given(
+    calls=calls,
+    capacity=st.integers(MIN_CAP, MIN_CAP + 16),
+    num_shards=st.integers(1, 3),
+    max_frac=st.sampled_from([None, 0.5]),
+    remover=st.sampled_from(["fifo", "lifo", "uniform", "min_heap", "prioritized"]),
+    item_unit=st.sampled_from(["step", "episode"]),
+    ops=st.lists(st.sampled_from(["sample", "delete", "update"]), min_size=10, max_size=10),
+    seed=st.integers(0, 2**16),
+)
+def test_nothing_lost(calls, capacity, num_shards, max_frac, remover, item_unit, ops, seed):
+    rng = np.random.default_rng(seed)
+    max_size = None if max_frac is None else max(1, int(capacity * num_shards * max_frac))
+    removers = {"fifo": Fifo, "lifo": Lifo, "uniform": Uniform, "min_heap": MinHeap, "prioritized": Prioritized}
+    t = LocalTable(
+        make_spec(capacity=capacity, num_shards=num_shards, item_unit=item_unit, max_size=max_size),
+        remover=removers[remover](),
+        max_times_sampled=int(rng.integers(0, 3)),
+        seed=seed,
+    )
+    cat = Catalog()
+    tag = 1
+    issued = []
+    n_inserted = 0
+    for lengths, op in zip(calls, ops):
+        pr = rng.random(sum(lengths) if item_unit == "step" else len(lengths)) * (rng.random() < 0.7)
+        r = cat.insert(t, [(tag + i, n) for i, n in enumerate(lengths)], priorities=pr)
+        tag += len(lengths)
+        issued += r.first_keys.tolist()
+        tot = reconcile(t)
+        assert t.size <= t.spec.max_size
+        assert sum(int(s.active.sum()) for s in t.shards) == t.size
+        for s in t.info()["shards"]:
+            assert s["steps_stored"] <= capacity
+        n_inserted += sum(lengths) if item_unit == "step" else len(lengths)
+        assert tot["inserted"] == n_inserted
+        if t.size == 0:
+            continue
+        if op == "sample":
+            b = t.sample(int(rng.integers(1, 8)), length=1, timeout=1)
+            check_windows(b, cat, 1, "strict", item_unit)
+        elif op == "delete":
+            t.delete(rng.choice(issued, size=min(3, len(issued)), replace=False))
+        else:
+            t.update_priorities(issued, rng.random(len(issued)))
+        reconcile(t)
+
+
+@SETTINGS
+@given(calls=calls, capacity=st.integers(MIN_CAP, MIN_CAP + 6), num_shards=st.integers(1, 3),
+       item_unit=st.sampled_from(["step", "episode"]))
+@example(calls=[[8, 8, 8]] * 5 + [[1, 2, 3], [7]], capacity=MIN_CAP + 1, num_shards=2, item_unit="step")
+@example(calls=[[1, 1, 1]] * 10, capacity=MIN_CAP, num_shards=1, item_unit="episode")
+def test_keys_never_reused_and_stale_detected(calls, capacity, num_shards, item_unit):
+    t = LocalTable(make_spec(capacity=capacity, num_shards=num_shards, item_unit=item_unit), seed=0)
+    model = RingModel(num_shards, capacity)
+    cat = Catalog()
+    tag = 1
+    issued: list[int] = []
+    for _ in range(3):  # the same calls three times over: the rings wrap several times
+        for lengths in calls:
+            r = cat.insert(t, [(tag + i, n) for i, n in enumerate(lengths)])
+            tag += len(lengths)
+            model.insert(lengths, r.shards, r.first_keys)
+            if item_unit == "step":
+                issued += [int(k) + j for k, n in zip(r.first_keys, lengths) for j in range(n)]
+            else:
+                issued += r.first_keys.tolist()
+    assert len(issued) == len(set(issued)), "a key was issued twice"
+    live = _expect_step_keys(model) if item_unit == "step" else {k for k, _, _ in model.live()}
+    assert t.size == len(live)
+    res = t.update_priorities(issued, np.ones(len(issued)))
+    assert res.applied == len(live) and res.stale == len(issued) - len(live)
+    # only live keys are ever sampled
+    b = t.sample(64, length=1)
+    assert set(b.keys.tolist()) <= live
+    # deleting every issued key empties the table; stale ones are counted, not errors
+    res = t.delete(issued)
+    assert res.applied == len(live) and t.size == 0
+
+
+@SETTINGS
+@given(
+    calls=calls,
+    capacity=st.integers(MIN_CAP, MIN_CAP + 16),
+    num_shards=st.integers(1, 3),
+    alpha=st.sampled_from([0.0, 0.5, 1.0, 1.7]),
+    length=st.integers(1, 6),
+    item_unit=st.sampled_from(["step", "episode"]),
+    seed=st.integers(0, 2**16),
+)
+def test_prioritized_probabilities_are_exact(calls, capacity, num_shards, alpha, length, item_unit, seed):
+    rng = np.random.default_rng(seed)
+    t = LocalTable(make_spec(capacity=capacity, num_shards=num_shards, item_unit=item_unit),
+                   sampler=Prioritized(alpha, 0.6), seed=seed)
+    model = RingModel(num_shards, capacity)
+    cat = Catalog()
+    prio: dict[int, float] = {}
+    tag = 1
+    for lengths in calls:
+        n_items = sum(lengths) if item_unit == "step" else len(lengths)
+        pr = rng.choice([0.0, 0.1, 1.0, 2.5, 7.0], size=n_items)
+        r = cat.insert(t, [(tag + i, n) for i, n in enumerate(lengths)], priorities=pr)
+        tag += len(lengths)
+        model.insert(lengths, r.shards, r.first_keys)
+        if item_unit == "step":
+            keys = [int(k) + j for k, n in zip(r.first_keys, lengths) for j in range(n)]
+        else:
+            keys = r.first_keys.tolist()
+        prio.update(zip(keys, pr.tolist()))
+    # weight of every live item whose window fits, computed here from the model
+    weights = {}
+    for k, n, _ in model.live():
+        items = [(k + j, n - j) for j in range(n)] if item_unit == "step" else [(k, n)]
+        for key, room in items:
+            if room >= length:
+                weights[key] = 1.0 if alpha == 0 else prio[key] ** alpha
+    total = sum(weights.values())
+    if total == 0:
+        with pytest.raises(EmptyTableError) as e:
+            t.sample(8, length=length)
+        longest = max(n for _, n, _ in model.live())
+        assert isinstance(e.value, WindowTooLongError) == (longest < length)
+        return
+    b = t.sample(32, length=length)
+    got = b.probabilities.numpy()
+    expect = np.array([weights[k] / total for k in b.keys.tolist()])
+    np.testing.assert_allclose(got, expect, rtol=1e-9)
+    iw = expect ** -0.6
+    np.testing.assert_allclose(b.weights.numpy(), iw / iw.max(), rtol=1e-5)
+    check_windows(b, cat, length, "strict", item_unit)
+
+
+@SETTINGS
+@given(
+    calls=calls,
+    capacity=st.integers(MIN_CAP, MIN_CAP + 16),
+    num_shards=st.integers(1, 3),
+    length=st.integers(1, 12),
+    boundary=st.sampled_from(["strict", "pad_tail", "pad_head"]),
+    sampler=st.sampled_from(["uniform", "fifo", "lifo", "min_heap"]),
+    item_unit=st.sampled_from(["step", "episode"]),
+)
+def test_windows_are_real(calls, capacity, num_shards, length, boundary, sampler, item_unit):
+    samplers = {"uniform": Uniform, "fifo": Fifo, "lifo": Lifo, "min_heap": MinHeap}
+    t = LocalTable(make_spec(capacity=capacity, num_shards=num_shards, item_unit=item_unit),
+                   sampler=samplers[sampler](), seed=1)
+    cat = Catalog()
+    model = RingModel(num_shards, capacity)
+    tag = 1
+    for lengths in calls:
+        r = cat.insert(t, [(tag + i, n) for i, n in enumerate(lengths)])
+        model.insert(lengths, r.shards, r.first_keys)
+        tag += len(lengths)
+    longest = max(n for _, n, _ in model.live())
+    if boundary == "strict" and longest < length:
+        with pytest.raises(WindowTooLongError, match=f"longest: {longest} steps"):
+            t.sample(8, length=length)
+        return
+    b = t.sample(24, length=length, boundary=boundary)
+    check_windows(b, cat, length, boundary, item_unit)
+    live_ids = {eid for eid, (_, _, fk) in cat.by_id.items() if fk in {k for k, _, _ in model.live()}}
+    assert set(b.episode_ids.tolist()) <= live_ids
