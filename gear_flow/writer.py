@@ -70,9 +70,20 @@ class EpisodeWriter:
         return self._n
 
     def append(self, step: Mapping, priority: float | None = None) -> None:
-        """Add one step (a mapping of every column to one step's array)."""
+        """Add one step (a mapping of every column to one step's array).
+
+        When the step completes ``max_episode_length`` and the automatic
+        ``end_episode`` fails (e.g. :class:`~gear_flow.RateLimitTimeout`), the
+        error propagates but the step *was* appended; the full episode stays
+        buffered and is inserted by the next ``append`` (before it takes its
+        step) or ``end_episode``.
+        """
         if self._closed:
             raise TableClosedError("the writer is closed")
+        if self.max_episode_length is not None and self._n >= self.max_episode_length:
+            # an automatic end failed earlier: insert that episode first, so that no
+            # episode ever exceeds max_episode_length (raises again, appending nothing)
+            self.end_episode(truncated=True)
         names = set(self.spec.names)
         if set(step) != names:
             raise InvalidDataError(

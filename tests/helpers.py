@@ -24,7 +24,9 @@ COLUMNS = (
 )
 
 
-def make_spec(capacity: int = 64, num_shards: int = 1, item_unit: str = "step", max_size: int | None = None) -> TableSpec:
+def make_spec(
+    capacity: int = 64, num_shards: int = 1, item_unit: str = "step", max_size: int | None = None
+) -> TableSpec:
     return TableSpec(COLUMNS, capacity=capacity, num_shards=num_shards, item_unit=item_unit, max_size=max_size)
 
 
@@ -44,8 +46,13 @@ def scalar_episode(length: int, start: float = 0.0) -> dict:
 
 
 def x_spec(capacity: int = 32, num_shards: int = 1, max_size: int | None = None, item_unit: str = "step") -> TableSpec:
-    return TableSpec((ColumnSpec("x", (), np.float32),), capacity=capacity, num_shards=num_shards,
-                     max_size=max_size, item_unit=item_unit)
+    return TableSpec(
+        (ColumnSpec("x", (), np.float32),),
+        capacity=capacity,
+        num_shards=num_shards,
+        max_size=max_size,
+        item_unit=item_unit,
+    )
 
 
 class Catalog:

@@ -85,25 +85,45 @@ def _ep(**over):
 # ---------------------------------------------------------------------------- insert
 
 BAD_INSERTS = [
-    ("per-step shape", lambda: _ep(obs=np.zeros((3, 4), np.float32)), InvalidDataError, r"column 'obs': shape \(3, 4\)"),
+    (
+        "per-step shape",
+        lambda: _ep(obs=np.zeros((3, 4), np.float32)),
+        InvalidDataError,
+        r"column 'obs': shape \(3, 4\)",
+    ),
     ("ndim", lambda: _ep(obs=np.zeros((3, 3, 1), np.float32)), InvalidDataError, "shape"),
     ("scalar column as 2-d", lambda: _ep(t=np.zeros((3, 1), np.int32)), InvalidDataError, "'t'"),
     ("0-d", lambda: _ep(t=np.int32(1)), InvalidDataError, r"shape \(\)"),
-    ("float into int", lambda: _ep(ep=np.array([1.0, 2.0, 3.0])), InvalidDataError, "float64 cannot be stored as int64"),
+    (
+        "float into int",
+        lambda: _ep(ep=np.array([1.0, 2.0, 3.0])),
+        InvalidDataError,
+        "float64 cannot be stored as int64",
+    ),
     ("float into bool", lambda: _ep(done=np.array([0.0, 0.0, 1.0])), InvalidDataError, "cannot be stored as bool"),
     ("complex into float", lambda: _ep(obs=np.zeros((3, 3), np.complex64)), InvalidDataError, "complex64"),
     ("strings", lambda: _ep(t=np.array(["a", "b", "c"])), InvalidDataError, "not numeric"),
     ("objects", lambda: _ep(t=np.array([1, None, 2], dtype=object)), InvalidDataError, "not numeric"),
     ("None", lambda: _ep(t=None), InvalidDataError, "not numeric"),
     ("ragged", lambda: _ep(obs=[[1, 2, 3], [1, 2]]), InvalidDataError, "'obs'"),
-    ("missing column", lambda: {k: v for k, v in _ep().items() if k != "done"}, InvalidDataError, r"missing \['done'\]"),
+    (
+        "missing column",
+        lambda: {k: v for k, v in _ep().items() if k != "done"},
+        InvalidDataError,
+        r"missing \['done'\]",
+    ),
     ("extra column", lambda: _ep(reward=np.zeros(3, np.float32)), InvalidDataError, r"unknown \['reward'\]"),
     ("lengths differ", lambda: _ep(t=np.arange(4, dtype=np.int32)), InvalidDataError, "different lengths"),
     ("empty episode", lambda: episode(9, 0), InvalidDataError, "no steps"),
     ("not a mapping", lambda: [np.zeros(3)], InvalidDataError, "episode 0 is a ndarray"),
     ("a string", lambda: "obs", InvalidDataError, "mapping"),
     ("an int", lambda: 3, InvalidDataError, "mapping"),
-    ("too long", lambda: episode(9, CAP + 1), CapacityError, f"{CAP + 1} steps, more than a shard's capacity \\({CAP}\\)"),
+    (
+        "too long",
+        lambda: episode(9, CAP + 1),
+        CapacityError,
+        f"{CAP + 1} steps, more than a shard's capacity \\({CAP}\\)",
+    ),
 ]
 
 

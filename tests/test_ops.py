@@ -269,8 +269,15 @@ def _as_bytes(a):
 
 @pytest.mark.parametrize(
     "dtype, shape",
-    [(np.float32, (3,)), (np.int64, ()), (np.bool_, ()), (np.uint8, (4, 5)), (np.float64, (2, 2)),
-     (np.int16, (7,)), (np.complex64, ())],
+    [
+        (np.float32, (3,)),
+        (np.int64, ()),
+        (np.bool_, ()),
+        (np.uint8, (4, 5)),
+        (np.float64, (2, 2)),
+        (np.int16, (7,)),
+        (np.complex64, ()),
+    ],
 )
 @pytest.mark.parametrize("capacity", [1, 7, 16])
 def test_gather_windows_matches_reference(dtype, shape, capacity):
@@ -293,14 +300,18 @@ def test_gather_windows_matches_reference(dtype, shape, capacity):
     nvs += [min(L, capacity), min(L, capacity), 0, 1, min(L, capacity)]
     src_start, dst_offset, n_valid = (np.array(a, dtype=np.int64) for a in (starts, offs, nvs))
     out = np.full((len(starts), L, *shape), 1, dtype=dtype)  # garbage to be overwritten / zeroed
-    gather.gather_windows(_as_bytes(src), src_start, dst_offset, n_valid, out.reshape(len(starts), L, -1).view(np.uint8))
+    gather.gather_windows(
+        _as_bytes(src), src_start, dst_offset, n_valid, out.reshape(len(starts), L, -1).view(np.uint8)
+    )
     assert np.array_equal(out, _gather_ref(src, src_start, dst_offset, n_valid, L))
 
 
 def test_gather_window_across_ring_end():
     src = np.arange(10, dtype=np.int64)
     out = np.full((1, 6), -1, dtype=np.int64)
-    gather.gather_windows(_as_bytes(src), np.array([7]), np.array([1]), np.array([5]), out.reshape(1, 6, -1).view(np.uint8))
+    gather.gather_windows(
+        _as_bytes(src), np.array([7]), np.array([1]), np.array([5]), out.reshape(1, 6, -1).view(np.uint8)
+    )
     assert out.tolist() == [[0, 7, 8, 9, 0, 1]]
 
 

@@ -114,8 +114,12 @@ def test_nothing_lost(calls, capacity, num_shards, max_frac, remover, item_unit,
 
 
 @SETTINGS
-@given(calls=calls, capacity=st.integers(MIN_CAP, MIN_CAP + 6), num_shards=st.integers(1, 3),
-       item_unit=st.sampled_from(["step", "episode"]))
+@given(
+    calls=calls,
+    capacity=st.integers(MIN_CAP, MIN_CAP + 6),
+    num_shards=st.integers(1, 3),
+    item_unit=st.sampled_from(["step", "episode"]),
+)
 @example(calls=[[8, 8, 8]] * 5 + [[1, 2, 3], [7]], capacity=MIN_CAP + 1, num_shards=2, item_unit="step")
 @example(calls=[[1, 1, 1]] * 10, capacity=MIN_CAP, num_shards=1, item_unit="episode")
 def test_keys_never_reused_and_stale_detected(calls, capacity, num_shards, item_unit):
@@ -158,8 +162,11 @@ def test_keys_never_reused_and_stale_detected(calls, capacity, num_shards, item_
 )
 def test_prioritized_probabilities_are_exact(calls, capacity, num_shards, alpha, length, item_unit, seed):
     rng = np.random.default_rng(seed)
-    t = LocalTable(make_spec(capacity=capacity, num_shards=num_shards, item_unit=item_unit),
-                   sampler=Prioritized(alpha, 0.6), seed=seed)
+    t = LocalTable(
+        make_spec(capacity=capacity, num_shards=num_shards, item_unit=item_unit),
+        sampler=Prioritized(alpha, 0.6),
+        seed=seed,
+    )
     model = RingModel(num_shards, capacity)
     cat = Catalog()
     prio: dict[int, float] = {}
@@ -193,7 +200,7 @@ def test_prioritized_probabilities_are_exact(calls, capacity, num_shards, alpha,
     got = b.probabilities.numpy()
     expect = np.array([weights[k] / total for k in b.keys.tolist()])
     np.testing.assert_allclose(got, expect, rtol=1e-9)
-    iw = expect ** -0.6
+    iw = expect**-0.6
     np.testing.assert_allclose(b.weights.numpy(), iw / iw.max(), rtol=1e-5)
     check_windows(b, cat, length, "strict", item_unit)
 
@@ -210,8 +217,9 @@ def test_prioritized_probabilities_are_exact(calls, capacity, num_shards, alpha,
 )
 def test_windows_are_real(calls, capacity, num_shards, length, boundary, sampler, item_unit):
     samplers = {"uniform": Uniform, "fifo": Fifo, "lifo": Lifo, "min_heap": MinHeap}
-    t = LocalTable(make_spec(capacity=capacity, num_shards=num_shards, item_unit=item_unit),
-                   sampler=samplers[sampler](), seed=1)
+    t = LocalTable(
+        make_spec(capacity=capacity, num_shards=num_shards, item_unit=item_unit), sampler=samplers[sampler](), seed=1
+    )
     cat = Catalog()
     model = RingModel(num_shards, capacity)
     tag = 1

@@ -130,8 +130,9 @@ def test_queue_needs_matching_selectors():
     with pytest.raises(SpecError, match="LocalTable.queue"):
         LocalTable(x_spec(capacity=10), rate_limiter=Queue(4))
     with pytest.raises(SpecError, match="Lifo"):
-        LocalTable(x_spec(capacity=10, max_size=4), sampler=Fifo(), remover=Fifo(), rate_limiter=Stack(4),
-                   max_times_sampled=1)
+        LocalTable(
+            x_spec(capacity=10, max_size=4), sampler=Fifo(), remover=Fifo(), rate_limiter=Stack(4), max_times_sampled=1
+        )
 
 
 def test_rate_limiter_must_be_a_limiter():
@@ -388,8 +389,7 @@ def test_closed_table_refuses_calls():
 def test_uniform_table_with_ratio_limiter_threads_reach_the_ratio():
     """An actor and a learner in threads: the limiter keeps samples/inserts near spi."""
     spi = 3.0
-    t = LocalTable(x_spec(capacity=512), sampler=Uniform(),
-                   rate_limiter=SampleToInsertRatio(spi, 10, 12.0), seed=0)
+    t = LocalTable(x_spec(capacity=512), sampler=Uniform(), rate_limiter=SampleToInsertRatio(spi, 10, 12.0), seed=0)
     stop = threading.Event()
 
     def actor():

@@ -43,8 +43,9 @@ def test_registry_names_map_to_classes():
         assert type(c) is cls and c is not s and c.params() == s.params()
 
 
-@pytest.mark.parametrize("kw", [{"alpha": -0.1}, {"alpha": float("inf")}, {"alpha": "1"}, {"beta": -0.01},
-                                {"beta": 1.5}, {"beta": "x"}])
+@pytest.mark.parametrize(
+    "kw", [{"alpha": -0.1}, {"alpha": float("inf")}, {"alpha": "1"}, {"beta": -0.01}, {"beta": 1.5}, {"beta": "x"}]
+)
 def test_prioritized_params_validated(kw):
     with pytest.raises(SpecError):
         Prioritized(**kw)
@@ -124,13 +125,13 @@ def test_prioritized_sampler_probabilities_and_weights(num_shards):
     pr = np.array([0.5, 1.0, 2.0, 0.0, 3.0, 8.0, 0.25, 1.5])
     kv = _single_steps(t, np.arange(8.0), priorities=pr)
     p_of = {k: pr[int(v)] for k, v in kv.items()}
-    total = sum(p ** alpha for p in pr)
+    total = sum(p**alpha for p in pr)
     for _ in range(20):
         b = t.sample(16)
         keys, vals = _keys_values(b)
         expect = np.array([p_of[k] ** alpha / total for k in keys])
         assert np.allclose(b.probabilities.numpy(), expect, rtol=1e-12)
-        w = expect ** -beta
+        w = expect**-beta
         assert np.allclose(b.weights.numpy(), w / w.max(), rtol=1e-6)
         assert all(p_of[k] > 0 for k in keys)
 
@@ -267,8 +268,9 @@ def test_without_replacement_strict_skips_short_items():
 
 
 def _evict_table(remover, num_shards=1, max_size=6, pr=None, seed=0):
-    t = LocalTable(x_spec(capacity=64, num_shards=num_shards, max_size=max_size), sampler=Uniform(), remover=remover,
-                   seed=seed)
+    t = LocalTable(
+        x_spec(capacity=64, num_shards=num_shards, max_size=max_size), sampler=Uniform(), remover=remover, seed=seed
+    )
     vals = np.arange(10.0)
     kv = _single_steps(t, vals, priorities=pr)
     assert t.size == max_size

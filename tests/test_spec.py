@@ -47,8 +47,9 @@ def test_bad_dtypes(dtype):
         ColumnSpec("x", (), dtype)
 
 
-@pytest.mark.parametrize("dtype", [np.bool_, np.int8, np.uint8, np.int64, np.float16, np.float32, np.float64,
-                                   np.complex64, "int32", "<f4"])
+@pytest.mark.parametrize(
+    "dtype", [np.bool_, np.int8, np.uint8, np.int64, np.float16, np.float32, np.float64, np.complex64, "int32", "<f4"]
+)
 def test_good_dtypes(dtype):
     c = ColumnSpec("x", (2, 3), dtype)
     assert c.dtype == np.dtype(dtype)

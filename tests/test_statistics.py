@@ -73,8 +73,7 @@ def test_prioritized_strict_windows_mixed_lengths(item_unit):
     """Strict windows of L=4 over episodes of mixed lengths (some too short), rings wrapped."""
     L, alpha = 4, 0.7
     rng = np.random.default_rng(3)
-    t = LocalTable(make_spec(capacity=48, num_shards=2, item_unit=item_unit), sampler=Prioritized(alpha, 0.5),
-                   seed=99)
+    t = LocalTable(make_spec(capacity=48, num_shards=2, item_unit=item_unit), sampler=Prioritized(alpha, 0.5), seed=99)
     lengths = [2, 5, 7, 3, 9, 4, 1, 6, 8, 5]
     # a first batch, partly evicted by the second, which then straddles the rings' ends; its
     # survivors have priority 0 and must never be drawn

@@ -324,7 +324,9 @@ def test_stale_keys_counted_never_applied_to_newer_data(item_unit):
     b = t.sample(100)
     n_items = 8 if item_unit == "step" else 2
     assert np.allclose(b.probabilities.numpy(), 1 / n_items)  # priorities of the new data untouched
-    new_keys = set(((new.first_keys[:, None] + np.arange(4)).ravel() if item_unit == "step" else new.first_keys).tolist())
+    new_keys = set(
+        ((new.first_keys[:, None] + np.arange(4)).ravel() if item_unit == "step" else new.first_keys).tolist()
+    )
     assert set(b.keys.tolist()) <= new_keys
     # keys of the new generation differ from the old ones even though the slots are the same
     assert not new_keys & set(old_keys.tolist())
@@ -435,8 +437,9 @@ def test_ring_eviction_counts_whole_episodes():
 
 
 def test_info_counters():
-    t = LocalTable(make_spec(capacity=16, num_shards=2, max_size=10), sampler=Prioritized(1.0), seed=0,
-                   rate_limiter=MinSize(2))
+    t = LocalTable(
+        make_spec(capacity=16, num_shards=2, max_size=10), sampler=Prioritized(1.0), seed=0, rate_limiter=MinSize(2)
+    )
     r = t.insert([episode(1, 4), episode(2, 4), episode(3, 4)])
     t.sample(5)
     t.update_priorities(r.first_keys, [1.0, 2.0, 3.0])
@@ -560,6 +563,26 @@ def test_writer_retries_after_timeout():
     t.sample(2)
     w.end_episode()
     assert t.sample(1)["x"].item() == 7.0
+
+
+def test_writer_failed_automatic_end_never_exceeds_max_length():
+    t = LocalTable.queue(x_spec(capacity=64), 8, seed=0)
+    t.insert({"x": np.zeros(6, np.float32)})
+    w = t.writer(max_episode_length=3, timeout=0.02)
+    w.append({"x": np.float32(1)})
+    w.append({"x": np.float32(2)})
+    with pytest.raises(RateLimitTimeout):
+        w.append({"x": np.float32(3)})  # completes the episode; 6 + 3 > 8: the automatic end waits
+    assert w.pending == 3  # the step was appended, the episode kept
+    with pytest.raises(RateLimitTimeout):
+        w.append({"x": np.float32(4)})  # retries the pending episode first and appends nothing
+    assert w.pending == 3
+    t.sample(2)  # room for 3 more
+    w.append({"x": np.float32(4)})
+    assert [n for _, n, _ in w.ended] == [3] and w.ended[0][2] is True
+    assert w.pending == 1
+    t.sample(4)
+    assert t.sample(3)["x"].numpy().ravel().tolist() == [1.0, 2.0, 3.0]
 
 
 def test_without_replacement_table_sample_probability_counts_all_shards():

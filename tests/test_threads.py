@@ -28,7 +28,9 @@ from gear_flow import (
     Uniform,
 )
 
-DURATION = 1.0  # seconds per configuration
+DURATION = 1.0  # seconds per configuration, at least ...
+MIN_WORK = 20  # ... and until every thread has done this many calls (the machine may be loaded)
+CAP = 30.0  # but never longer than this
 
 
 def check_batch(b, L: int, boundary: str) -> None:
@@ -48,17 +50,19 @@ def check_batch(b, L: int, boundary: str) -> None:
         assert not ep[r, ~mask[r]].any() and not obs[r, ~mask[r]].any()
 
 
-CONFIGS = {
-    "prioritized-fifo-minsize": dict(sampler=Prioritized(0.6, 0.4), remover=Fifo(), rate_limiter=MinSize(1),
-                                     max_times_sampled=0),
-    "uniform-minheap-ratio-expiry": dict(sampler=Uniform(), remover=MinHeap(),
-                                         rate_limiter=SampleToInsertRatio(4.0, 8, 400.0), max_times_sampled=6),
+CONFIGS = {  # factories: a rate limiter holds state
+    "prioritized-fifo-minsize": lambda: dict(
+        sampler=Prioritized(0.6, 0.4), remover=Fifo(), rate_limiter=MinSize(1), max_times_sampled=0
+    ),
+    "uniform-minheap-ratio-expiry": lambda: dict(
+        sampler=Uniform(), remover=MinHeap(), rate_limiter=SampleToInsertRatio(4.0, 8, 400.0), max_times_sampled=6
+    ),
 }
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_concurrent_use(config):
-    kw = CONFIGS[config]
+    kw = CONFIGS[config]()
     t = LocalTable(make_spec(capacity=96, num_shards=2, max_size=150), seed=0, **kw)
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -67,6 +71,7 @@ def test_concurrent_use(config):
     sampled = [0] * 2
     counts = {"updates": 0, "deletes": 0, "timeouts": 0}
     lock = threading.Lock()
+    work = dict.fromkeys(["writer0", "writer1", "stream", "sampler0", "sampler1", "updater", "deleter"], 0)
 
     def guard(fn):
         def run():
@@ -92,6 +97,7 @@ def test_concurrent_use(config):
             except RateLimitTimeout:
                 with lock:
                     counts["timeouts"] += 1
+            work[f"writer{i}"] += 1
 
     def streaming_writer():
         rng = np.random.default_rng(7)
@@ -104,14 +110,15 @@ def test_concurrent_use(config):
             # episodes would continue under a new episode id and break the data's encoding
             n = int(rng.integers(1, 7))
             ep = episode(tag, n)
-            for j in range(n):
-                w.append({k: v[j] for k, v in ep.items()}, priority=float(rng.uniform(0.1, 5)))
             try:
+                for j in range(n):  # the 6th step ends the episode inside append
+                    w.append({k: v[j] for k, v in ep.items()}, priority=float(rng.uniform(0.1, 5)))
                 w.end_episode()
             except RateLimitTimeout:
                 w.discard()
                 with lock:
                     counts["timeouts"] += 1
+            work["stream"] += 1
         inserted[2] = sum(n for _, n, _ in w.ended[before:])
 
     def sampler(i):
@@ -126,6 +133,7 @@ def test_concurrent_use(config):
             check_batch(b, L, boundary)
             sampled[i] += len(b)
             recent.extend(b.keys.tolist())
+            work[f"sampler{i}"] += 1
 
     def updater():
         rng = np.random.default_rng(200)
@@ -138,6 +146,7 @@ def test_concurrent_use(config):
             assert res.applied + res.stale == len(keys)
             with lock:
                 counts["updates"] += 1
+            work["updater"] += 1
 
     def deleter():
         rng = np.random.default_rng(300)
@@ -149,14 +158,27 @@ def test_concurrent_use(config):
                 assert res.applied + res.stale == 2 or res.applied + res.stale == 1
                 with lock:
                     counts["deletes"] += 1
+                work["deleter"] += 1
 
     threads = [threading.Thread(target=guard(lambda i=i: writer(i)), daemon=True) for i in range(2)]
     threads += [threading.Thread(target=guard(streaming_writer), daemon=True)]
     threads += [threading.Thread(target=guard(lambda i=i: sampler(i)), daemon=True) for i in range(2)]
-    threads += [threading.Thread(target=guard(updater), daemon=True), threading.Thread(target=guard(deleter), daemon=True)]
+    threads += [
+        threading.Thread(target=guard(updater), daemon=True),
+        threading.Thread(target=guard(deleter), daemon=True),
+    ]
+    # compile / load every numba function first, so the threads run real work from the start
+    warm = LocalTable(make_spec(capacity=32, num_shards=2), sampler=type(kw["sampler"])(), seed=1)
+    warm.insert([episode(1, 5), episode(2, 3)])
+    for boundary in ("strict", "pad_tail", "pad_head"):
+        warm.sample(4, length=2, boundary=boundary)
     for th in threads:
         th.start()
-    stop.wait(DURATION)
+    t0 = time.monotonic()
+    while not stop.is_set() and time.monotonic() - t0 < CAP:
+        if time.monotonic() - t0 >= DURATION and min(work.values()) >= MIN_WORK:
+            break
+        time.sleep(0.02)
     stop.set()
     for th in threads:
         th.join(20)

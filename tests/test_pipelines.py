@@ -1,0 +1,56 @@
+"""The runnable scripts in pipelines/ run end to end (small sizes; speed is not asserted here)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+PIPELINES = Path(__file__).resolve().parents[1] / "pipelines"
+sys.path.insert(0, str(PIPELINES))
+
+
+def test_quickstart_learns():
+    import quickstart
+
+    s = quickstart.main(["--steps", "150", "--episodes", "60"])
+    assert s["last_loss"] < 0.2 * s["first_loss"]
+    assert s["sampled"] == 150 * 64 * 1 // 1 and s["table_size"] == s["stored_steps"]
+
+
+def test_bench_local_quick_writes_ratios(tmp_path):
+    import bench_local
+
+    out = tmp_path / "b.json"
+    bench_local.main(["--quick", "--no-peers", "--out", str(out)])
+    data = json.loads(out.read_text())
+    for path in ("uniform", "prioritized", "insert"):
+        assert data[path]["gbps"] > 0 and data[path]["ratio"] > 0
+    assert data["memory"]["accounted_per_raw"] > 1.0
+    assert set(data["latency"]) == {"reference", "tiny"}
+
+
+@pytest.mark.slow
+def test_bench_distributed_quick(tmp_path):
+    import bench_distributed
+
+    out = tmp_path / "d.json"
+    bench_distributed.main(["--quick", "--out", str(out)])
+    data = json.loads(out.read_text())
+    for w in ("workers_1", "workers_2"):
+        assert data[w]["external_gbps"] > 0 and data[w]["colocated"]["gbps"] > 0
+    assert data["workers_1"]["colocated"]["remote_bytes"] == 0  # one worker: everything in-process
+    assert data["workers_2"]["colocated"]["remote_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_colocated_data_parallel_learners():
+    import colocated_train
+
+    res = colocated_train.main(["--steps", "60", "--episodes", "40"])["results"]
+    assert sorted(r["local_shards"][0] for r in res) == [0, 1]
+    for r in res:
+        assert r["local_bytes"] > 0 and r["remote_bytes"] > 0
+        assert sum(r["losses"][-5:]) < 0.5 * sum(r["losses"][:5])
