@@ -21,6 +21,31 @@ class InvalidDataError(GearFlowError, ValueError):
     """Inserted data does not match the table's spec (shape, dtype, columns)."""
 
 
+class DatasetError(InvalidDataError):
+    """An offline dataset file is malformed (raised by :mod:`gear_flow.ingest`).
+
+    Attributes
+    ----------
+    path : str
+        The file (or dataset directory) at fault.
+    episode : int, str or None
+        The episode at fault (its index or id in the file), None when the
+        problem is with the whole file.
+    problem : str
+        What is wrong and what is allowed.
+    """
+
+    def __init__(self, path, episode, problem: str):
+        self.path = str(path)
+        self.episode = episode
+        self.problem = problem
+        where = self.path if episode is None else f"{self.path}, episode {episode}"
+        super().__init__(f"{where}: {problem}")
+
+    def __reduce__(self):  # errors travel between Dask processes
+        return (type(self), (self.path, self.episode, self.problem))
+
+
 class CapacityError(GearFlowError, ValueError):
     """A single insert is larger than what the table can ever hold."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import Catalog, check_windows, make_spec, reconcile
+from helpers import Catalog, check_windows, episode, make_spec, reconcile
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -236,3 +236,103 @@ def test_windows_are_real(calls, capacity, num_shards, length, boundary, sampler
     check_windows(b, cat, length, boundary, item_unit)
     live_ids = {eid for eid, (_, _, fk) in cat.by_id.items() if fk in {k for k, _, _ in model.live()}}
     assert set(b.episode_ids.tolist()) <= live_ids
+
+
+churn_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("insert"), st.lists(st.integers(1, MAX_LEN), min_size=1, max_size=MAX_EPS)),
+        st.tuples(st.just("update"), st.integers(1, 12)),
+        st.tuples(st.just("delete"), st.integers(1, 4)),
+    ),
+    min_size=4,
+    max_size=25,
+)
+
+
+@SETTINGS
+@given(
+    ops=churn_ops,
+    capacity=st.integers(MIN_CAP, MIN_CAP + 8),
+    num_shards=st.integers(1, 2),
+    alpha=st.sampled_from([0.5, 1.0]),
+    item_unit=st.sampled_from(["step", "episode"]),
+    max_times=st.sampled_from([0, 2]),
+    seed=st.integers(0, 2**16),
+)
+def test_strict_probabilities_stay_exact_under_churn(ops, capacity, num_shards, alpha, item_unit, max_times, seed):
+    """Strict-window masses are cached per window length and updated incrementally by the
+    shards; after any mix of inserts (with evictions), updates, deletes and expiries, with a
+    sample of one of 6 window lengths (more than the cache holds) after every operation,
+    every reported probability must still be exact."""
+    rng = np.random.default_rng(seed)
+    t = LocalTable(
+        make_spec(capacity=capacity, num_shards=num_shards, item_unit=item_unit),
+        sampler=Prioritized(alpha, 0.0),
+        max_times_sampled=max_times,
+        seed=seed,
+    )
+    model = RingModel(num_shards, capacity)
+    prio: dict[int, float] = {}
+    gone: set[int] = set()  # deleted or expired
+    times: dict[int, int] = {}
+    issued: list[int] = []
+    tag = 1
+
+    def live_items():
+        out = {}
+        for k, n, _ in model.live():
+            for key, room in [(k + j, n - j) for j in range(n)] if item_unit == "step" else [(k, n)]:
+                if key not in gone:
+                    out[key] = room
+        return out
+
+    for op, arg in ops:
+        if op == "insert":
+            n_items = sum(arg) if item_unit == "step" else len(arg)
+            pr = rng.choice([0.0, 0.1, 1.0, 2.5, 7.0], size=n_items)
+            r = t.insert([episode(tag + i, n) for i, n in enumerate(arg)], priorities=pr)
+            tag += len(arg)
+            model.insert(arg, r.shards, r.first_keys)
+            keys = (
+                [int(k) + j for k, n in zip(r.first_keys, arg) for j in range(n)]
+                if item_unit == "step"
+                else r.first_keys.tolist()
+            )
+            prio.update(zip(keys, pr.tolist()))
+            issued += keys
+        elif op == "update" and issued:
+            keys = rng.choice(issued, size=min(arg, len(issued)), replace=False).tolist()
+            pr = rng.choice([0.0, 0.3, 1.0, 4.0], size=len(keys))
+            res = t.update_priorities(keys, pr)
+            live = live_items()
+            assert res.applied == sum(k in live for k in keys)
+            for k, p in zip(keys, pr.tolist()):
+                if k in live:
+                    prio[k] = p
+        elif op == "delete" and issued:
+            keys = rng.choice(issued, size=min(arg, len(issued)), replace=False).tolist()
+            live = live_items()
+            res = t.delete(keys)
+            assert res.applied == sum(k in live for k in keys)
+            gone |= {k for k in keys if k in live}
+        # after every operation: a strict sample (L >= 2 uses the cached tail masses)
+        L = int(rng.integers(2, 8))
+        live = live_items()
+        weights = {k: prio[k] ** alpha for k, room in live.items() if room >= L}
+        total = sum(weights.values())
+        if not live:
+            pass  # below MinSize(1): the sample would wait
+        elif total == 0:
+            with pytest.raises(EmptyTableError):
+                t.sample(4, length=L)
+        else:
+            b = t.sample(4, length=L)
+            keys = b.keys.tolist()
+            expect = np.array([weights[k] / total for k in keys])  # KeyError: an invalid item was drawn
+            np.testing.assert_allclose(b.probabilities.numpy(), expect, rtol=1e-9)
+            if max_times:
+                for k in keys:
+                    times[k] = times.get(k, 0) + 1
+                    if times[k] >= max_times:
+                        gone.add(k)
+        assert t.size == len(live_items())

@@ -20,15 +20,26 @@ from __future__ import annotations
 from ..backend import require_gpu
 
 
-def _torch_stream_ptr(device_id: int) -> int | None:
+def _torch_stream(device_id: int):
+    """torch's current stream on ``device_id``, or None without a CUDA-enabled torch."""
     try:
         import torch
 
         if not torch.cuda.is_available():
             return None
-        return int(torch.cuda.current_stream(device_id).cuda_stream)
+        return torch.cuda.current_stream(device_id)
     except Exception:  # torch without CUDA, or no torch
         return None
+
+
+def _as_cupy(cp, ts, device_id: int):
+    ptr = int(ts.cuda_stream)
+    if ptr == 0:  # the legacy default stream
+        return cp.cuda.Stream.null
+    from_external = getattr(cp.cuda.Stream, "from_external", None)
+    if from_external is not None:  # CuPy >= 14: the CUDA stream protocol
+        return from_external(ts)
+    return cp.cuda.ExternalStream(ptr, device_id)
 
 
 def learner_stream():
@@ -38,20 +49,20 @@ def learner_stream():
     """
     cp = require_gpu("the learner stream")
     dev = int(cp.cuda.runtime.getDevice())
-    ptr = _torch_stream_ptr(dev)
-    if ptr is None:
+    ts = _torch_stream(dev)
+    if ts is None:
         return cp.cuda.get_current_stream()
-    return cp.cuda.ExternalStream(ptr, dev)
+    return _as_cupy(cp, ts, dev)
 
 
 def publish() -> None:
     """Order torch's current stream after everything issued so far on CuPy's current stream."""
     cp = require_gpu("the learner stream")
     dev = int(cp.cuda.runtime.getDevice())
-    ptr = _torch_stream_ptr(dev)
+    ts = _torch_stream(dev)
     cur = cp.cuda.get_current_stream()
-    if ptr is None or ptr == int(cur.ptr):
+    if ts is None or int(ts.cuda_stream) == int(cur.ptr):
         return
     ev = cp.cuda.Event(disable_timing=True)
     ev.record(cur)
-    cp.cuda.ExternalStream(ptr, dev).wait_event(ev)
+    _as_cupy(cp, ts, dev).wait_event(ev)

@@ -4,6 +4,9 @@
 the CUDA subset the kernels use onto threads, barriers and atomics) together
 with a trampoline per name expression of :data:`gear_flow.gpu.loader.SOURCES`,
 so the kernels are instantiated exactly as the loader instantiates them.
+The build checks alignment at run time (UBSan, with the handler in emu.h): a
+vector load or store at an address a GPU would fault on fails the launch with
+the source line, rather than passing on a CPU that tolerates it.
 
 :func:`install` then replaces ``cupy`` by :mod:`.fake_cupy` (NumPy arrays
 standing in for device arrays) and ``gear_flow.gpu.loader.function`` by
@@ -79,7 +82,9 @@ def build(name: str) -> ctypes.CDLL:
         cpp = cache / f"{name}_{digest}.cpp"
         cpp.write_text(code)
         tmp = cache / f"{name}_{digest}.{os.getpid()}.so"
-        cmd = [compiler(), "-std=c++17", "-O1", "-shared", "-fPIC", "-pthread", "-Wno-unknown-pragmas",
+        # misaligned accesses (which fault on a GPU) are counted by emu.h's UBSan handler
+        cmd = [compiler(), "-std=c++17", "-O1", "-shared", "-fPIC", "-Wno-unknown-pragmas",
+               "-fsanitize=alignment", "-fsanitize-recover=alignment", "-Wl,-Bsymbolic",
                f"-I{HERE}", "-o", str(tmp), str(cpp)]  # fmt: skip
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if res.returncode:
@@ -88,6 +93,8 @@ def build(name: str) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(so))
     lib.emu_launch.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p)]
     lib.emu_launch.restype = ctypes.c_int
+    lib.emu_faults.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    lib.emu_faults.restype = ctypes.c_ulonglong
     _libs[name] = lib
     return lib
 
@@ -98,6 +105,13 @@ def _pack(a):
     if isinstance(a, np.generic):
         return _CTYPES[a.dtype](a.item())
     raise TypeError(f"kernel argument {a!r} of type {type(a).__name__}: pass arrays or NumPy scalars")
+
+
+#: Every kernel in kernels/ is either grid-stride (any grid computes the same
+#: result) or launched as a single block, so the emulation may run fewer blocks
+#: than the wrapper asked for; several, so that blocks still meet in global
+#: atomics.  The requested grid is kept in EmuKernel.log.
+MAX_EMULATED_BLOCKS = 6
 
 
 class EmuKernel:
@@ -118,9 +132,15 @@ class EmuKernel:
         vals = [_pack(a) for a in args]
         ptrs = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
         EmuKernel.log.append((self.module, self.expression, gx, bx))
-        rc = self.lib.emu_launch(self.expression.encode(), gx, bx, ptrs)
+        rc = self.lib.emu_launch(self.expression.encode(), min(gx, MAX_EMULATED_BLOCKS), bx, ptrs)
         if rc:
             raise KeyError(f"{self.expression!r} has no trampoline in module {self.module!r}")
+        first = ctypes.create_string_buffer(256)
+        faults = self.lib.emu_faults(first, 256)
+        if faults:
+            raise AssertionError(
+                f"{self.expression}: {faults} misaligned accesses, which fault on a GPU; first: {first.value.decode()}"
+            )
 
 
 def function(module: str, expression: str) -> EmuKernel:

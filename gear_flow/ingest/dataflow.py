@@ -1,0 +1,183 @@
+"""Ingestion, all or nothing: plan → read and validate every partition → insert → read back.
+
+:func:`ingest` is the entry point.  A file is split into partitions (Minari
+episode chunks, D4RL row ranges, episode chunks of Parquet files, see :mod:`.common`); every
+partition is read and checked (format, derived columns, the table's spec)
+before anything is inserted, so a malformed file raises a
+:class:`~gear_flow.errors.DatasetError` naming the file, the episode and the
+problem, with nothing inserted.  A :class:`~gear_flow.LocalTable` does this
+in-process and inserts everything in one atomic ``insert``; a
+:class:`~gear_flow.distributed.DistributedTable` does it as a Dask dataflow
+that reads each partition on a worker owning target shards
+(:mod:`.cluster`).  Either way the result is an
+:class:`~gear_flow.ingest.IngestReport` comparing what was read with what the
+table holds.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from ..errors import DatasetError, SpecError
+from . import parquet
+from .common import Format, Plan, check_table_columns, parse_partition, resolve
+from .formats import FORMATS, detect_format
+from .report import IngestReport, build_report, stored_summary
+
+
+def ingest(
+    table,
+    source,
+    fmt: str | None = None,
+    *,
+    gamma: float | None = None,
+    strict: bool | None = None,
+    chunk_episodes: int | None = None,
+    frame_backend: str | None = None,
+    timeout: float | None = None,
+    client=None,
+) -> IngestReport:
+    """Read an offline dataset into a table, all or nothing.
+
+    Parameters
+    ----------
+    table : LocalTable or DistributedTable
+        Its columns must be among those the readers produce (create it with
+        :func:`~gear_flow.ingest.episode_columns`); each episode must fit a
+        shard's capacity.
+    source : str, Path or list
+        Minari dataset directory, D4RL HDF5 file, or Parquet file(s)/directory/glob.
+        For a distributed table the paths are opened *by the workers*.
+    fmt : {"minari", "d4rl", "parquet"}, optional
+        Default: guessed from ``source`` (:func:`detect_format`).
+    gamma : float, optional
+        Discount of the derived ``rtg`` column (config ``ingest.gamma``, 1.0).
+    strict : bool, optional
+        Reject non-finite rewards/observations, early end flags and totals that
+        disagree with the dataset's metadata (config ``ingest.strict``, True).
+    chunk_episodes : int, optional
+        Episodes per partition (config ``ingest.chunk_episodes``); a
+        distributed ingestion uses smaller chunks when there would be fewer than
+        ``cluster.PARTITIONS_PER_WORKER`` partitions per worker.
+    frame_backend : {"pandas", "cudf"}, optional
+        Parquet only: the frame library of :func:`dask.dataframe.read_parquet`.
+    timeout : float, optional
+        Seconds each insert may wait for the table's rate limiter.
+    client : distributed.Client, optional
+        Default: the client the table was created or attached with.
+
+    Returns
+    -------
+    IngestReport
+
+    Raises
+    ------
+    gear_flow.errors.DatasetError
+        A file is malformed (names the file, the episode and the problem);
+        nothing was inserted.
+    gear_flow.errors.SpecError
+        The table has a column no reader produces, or ``fmt`` is unknown.
+
+    Examples
+    --------
+    >>> spec = gf.TableSpec(episode_columns(4), capacity=100_000, num_shards=2)  # doctest: +SKIP
+    >>> table = DistributedTable.create(client, spec)                            # doctest: +SKIP
+    >>> report = ingest(table, "data/cartpole/minari/cartpole-mixed-v0")         # doctest: +SKIP
+    >>> assert report.ok, report.mismatches()                                    # doctest: +SKIP
+    """
+    t0 = time.perf_counter()
+    source = _absolute(source)  # workers may run elsewhere (another cwd): paths are the client's
+    name = detect_format(source) if fmt is None else fmt
+    if name not in FORMATS:
+        raise SpecError(f"fmt {name!r} must be one of {sorted(FORMATS)}")
+    gamma, strict, chunk = resolve(gamma, strict, chunk_episodes)
+    check_table_columns(table.spec)
+    if frame_backend is not None and (name != "parquet" or frame_backend not in parquet.FRAME_READERS):
+        raise SpecError(
+            f"frame_backend ({frame_backend!r}) applies to Parquet only: one of {sorted(parquet.FRAME_READERS)}"
+        )
+    options = {"frame_backend": frame_backend} if frame_backend else {}
+    from ..table.local import LocalTable
+
+    if isinstance(table, LocalTable):
+        return _ingest_local(table, FORMATS[name], source, gamma, strict, chunk, options, timeout, t0)
+    from ..distributed.table import DistributedTable
+
+    if isinstance(table, DistributedTable):
+        from .cluster import ingest_distributed
+
+        return ingest_distributed(table, name, source, gamma, strict, chunk, options, timeout, client, t0)
+    raise SpecError(f"table must be a LocalTable or a DistributedTable, got {type(table).__name__}")
+
+
+def _absolute(source):
+    if isinstance(source, (list, tuple)):
+        return [os.path.abspath(os.fspath(s)) for s in source]
+    return os.path.abspath(os.fspath(source))
+
+
+def check_totals(plan: Plan, summaries: list[dict], strict: bool) -> None:
+    """Cross-partition checks: unique source episode ids; totals agreeing with the metadata (strict)."""
+    seen = {}
+    for s in summaries:
+        for eid in s["ids"]:
+            if eid in seen and seen[eid] != s["index"]:
+                raise DatasetError(s["path"], eid, "the episode id appears in two partitions")
+            seen[eid] = s["index"]
+    steps = sum(s["steps"] for s in summaries)
+    eps = sum(s["episodes"] for s in summaries)
+    if strict and plan.expected_steps is not None and steps != plan.expected_steps:
+        raise DatasetError(
+            plan.source, None, f"the metadata promises {plan.expected_steps} steps, the episodes hold {steps}"
+        )
+    if strict and plan.expected_episodes is not None and eps != plan.expected_episodes:
+        raise DatasetError(
+            plan.source, None, f"the metadata promises {plan.expected_episodes} episodes, the file holds {eps}"
+        )
+
+
+def nothing_inserted(err: BaseException, table_name: str | None) -> BaseException:
+    """``err`` with "nothing was inserted" added, for DatasetErrors (others unchanged)."""
+    if isinstance(err, DatasetError):
+        into = "" if table_name is None else f" into table {table_name!r}"
+        new = DatasetError(err.path, err.episode, f"{err.problem}; nothing was inserted{into}")
+        new.__cause__ = None
+        return new
+    return err
+
+
+# -- local ---------------------------------------------------------------------------------------
+
+
+def _ingest_local(table, fmt: Format, source, gamma, strict, chunk, options, timeout, t0) -> IngestReport:
+    spec = table.spec
+    try:
+        plan = fmt.plan(source, chunk, **options)
+        parsed = [parse_partition(fmt, p, spec, gamma, strict, options) for p in plan.partitions]
+        summaries = [p.summary() for p in parsed]
+        check_totals(plan, summaries, strict)
+    except DatasetError as e:
+        raise nothing_inserted(e, None) from None
+    eps = [e for p in parsed for e in p.episodes]
+    ids = np.zeros(0, np.int64)
+    dest = np.zeros(0, np.int64)
+    if eps:
+        res = table.insert(eps, timeout=timeout)  # atomic: all episodes or none
+        ids, dest = res.episode_ids, res.shards
+    by_shard = {int(s): ids[dest == s] for s in np.unique(dest)}
+    stored = stored_summary(dict(enumerate(table.shards)), by_shard, spec.names)
+    parts_info, off = [], 0
+    for s in summaries:
+        n = s["episodes"]
+        parts_info.append(
+            {**part_info(s), "read_on": None, "worker": None, "shards": sorted(set(dest[off : off + n].tolist()))}
+        )
+        off += n
+    return build_report(plan.fmt, source, spec.names, summaries, parts_info, stored, ids, time.perf_counter() - t0)
+
+
+def part_info(s: dict) -> dict:
+    return {"index": s["index"], "path": s["path"], "episodes": s["episodes"], "steps": s["steps"]}

@@ -1,0 +1,30 @@
+"""The dataset formats :func:`~gear_flow.ingest.ingest` knows, by name, and a guess from a path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import SpecError
+from . import d4rl, minari, parquet
+from .common import Format
+
+#: format name -> Format (plan + partition reader); a registry, never a name built from a string
+FORMATS: dict[str, Format] = {f.name: f for f in (minari.FORMAT, d4rl.FORMAT, parquet.FORMAT)}
+
+
+def detect_format(source) -> str:
+    """``minari``, ``d4rl`` or ``parquet`` from the shape of ``source`` (paths are not opened)."""
+    if isinstance(source, (list, tuple)):
+        return "parquet"
+    s = str(source)
+    p = Path(s)
+    if any(ch in s for ch in "*?[") or p.suffix == ".parquet":
+        return "parquet"
+    if p.is_dir():
+        if (p / "data" / minari.MAIN_FILE).is_file() or (p / minari.MAIN_FILE).is_file():
+            return "minari"
+        if any(p.rglob("*.parquet")):
+            return "parquet"
+    if p.is_file() and p.suffix in (".hdf5", ".h5"):
+        return "minari" if p.name == minari.MAIN_FILE else "d4rl"
+    raise SpecError(f"cannot tell the format of {s!r}; pass fmt= one of {sorted(FORMATS)}")

@@ -1,0 +1,244 @@
+"""Parquet step tables: one row per step, an ``episode_id`` column, several files.
+
+Schema (column names as written by ``pipelines/make_dataset.py``):
+
+=====================  ==========================================================
+``episode_id``         integer; every row of an episode carries it
+``step``               optional integer ``0 .. T-1``; rows are ordered by it
+``obs_0 .. obs_{d-1}`` the observation, one float column per dimension (or a
+                       single fixed-size-list column ``obs``)
+``action``             integer (discrete) or float; or ``action_0 ..`` / a list
+                       column for continuous actions
+``reward``             float
+``terminal``           bool: the episode terminated at this step
+``truncated``          bool: the episode was cut at this step
+=====================  ==========================================================
+
+An episode lies in exactly one file (checked at planning); a partition is up
+to ``chunk_episodes`` episodes of one file, read with
+:func:`dask.dataframe.read_parquet` and a row filter on ``episode_id`` (the
+whole file when it fits in one partition).  The frame library is
+chosen by ``frame_backend``: ``"pandas"`` (default, CPU) or ``"cudf"`` (GPU
+workers, through Dask's ``dataframe.backend`` option; needs the ``cudf`` extra
+and is checked through :mod:`gear_flow.backend`).  Either way the columns come
+back as NumPy arrays: the table's tiers decide where rows live, not the reader.
+"""
+
+from __future__ import annotations
+
+import glob
+import re
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DatasetError, SpecError
+from .common import Format, Partition, Plan, iter_episodes, make_episode
+
+REQUIRED = ("episode_id", "reward", "terminal", "truncated")
+_DIM_RE = {"obs": re.compile(r"obs_(\d+)$"), "action": re.compile(r"action_(\d+)$")}
+
+
+def files_of(paths) -> list[str]:
+    """The Parquet files named by a file, a directory (searched recursively), a glob, or a list of those."""
+    items = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    out: list[str] = []
+    for it in items:
+        p = Path(it)
+        if p.is_dir():
+            found = sorted(str(f) for f in p.rglob("*.parquet"))
+        elif any(ch in str(it) for ch in "*?["):
+            found = sorted(glob.glob(str(it), recursive=True))
+        else:
+            found = [str(p)] if p.is_file() else []
+        if not found:
+            raise DatasetError(it, None, "no Parquet files found (give a file, a directory of *.parquet or a glob)")
+        out.extend(found)
+    return out
+
+
+# Two frame libraries read the same files; the rest of the reader only sees NumPy arrays.
+def _read_pandas(path: str, filters=None):
+    import dask.dataframe as dd
+
+    # scheduler="sync": this already runs inside a task (or the caller's process); no nested graph on the cluster
+    return dd.read_parquet(path, filters=filters).compute(scheduler="sync")
+
+
+def _read_cudf(path: str, filters=None):
+    import dask
+    import dask.dataframe as dd
+
+    from .. import backend
+
+    backend.frame_module("device")  # BackendUnavailableError, clearly worded, without cuDF or a device
+    with dask.config.set({"dataframe.backend": "cudf"}):
+        return dd.read_parquet(path, filters=filters).compute(scheduler="sync")
+
+
+FRAME_READERS = {"pandas": _read_pandas, "cudf": _read_cudf}
+
+
+def _column(frame, name: str) -> np.ndarray:
+    col = frame[name]
+    if hasattr(col, "to_numpy"):
+        return col.to_numpy()
+    return np.asarray(col)
+
+
+def plan(source, chunk_episodes: int, **_) -> Plan:
+    """Chunks of ``chunk_episodes`` episodes per file.
+
+    Reads only the ``episode_id`` column (to count, and to check that no
+    episode spans two files).
+    """
+    import pyarrow.parquet as pq
+
+    parts, seen, total_eps, total_steps = [], {}, 0, 0
+    for path in files_of(source):
+        try:
+            pf = pq.ParquetFile(path)
+        except Exception as e:  # pyarrow raises ArrowInvalid / OSError for non-Parquet files
+            raise DatasetError(path, None, f"cannot be read as Parquet ({e})") from None
+        names = pf.schema_arrow.names
+        if "episode_id" not in names:
+            raise DatasetError(path, None, f"column 'episode_id' is missing (columns: {names})")
+        ids = pf.read(columns=["episode_id"]).column("episode_id").to_numpy()
+        if ids.dtype.kind not in "iu":
+            raise DatasetError(path, None, f"'episode_id' has dtype {ids.dtype}; expected integers")
+        uniq, counts = np.unique(ids, return_counts=True)
+        for e in uniq.tolist():
+            if e in seen:
+                raise DatasetError(path, e, f"the episode also has rows in {seen[e]}; an episode must lie in one file")
+            seen[e] = path
+        for a in range(0, max(len(uniq), 1), chunk_episodes):
+            sel = () if len(uniq) <= chunk_episodes else tuple(int(x) for x in uniq[a : a + chunk_episodes])
+            n = len(uniq[a : a + chunk_episodes])
+            parts.append(
+                Partition("parquet", path, len(parts), sel, n, int(counts[a : a + chunk_episodes].sum()), total_eps + a)
+            )
+        total_eps += len(uniq)
+        total_steps += len(ids)
+    return Plan("parquet", str(source), parts, total_eps, total_steps)
+
+
+def _block(frame, names, role: str, path) -> np.ndarray:
+    """The ``obs`` / ``action`` values of every row: one column, a list column, or ``role_0 .. role_{k-1}``."""
+    if role in names:
+        a = _column(frame, role)
+        if a.dtype == object and len(a) and isinstance(a[0], (np.ndarray, list)):
+            try:
+                return np.stack([np.asarray(v) for v in a])
+            except ValueError as e:
+                raise DatasetError(path, None, f"list column {role!r} has rows of different lengths ({e})") from None
+        return a
+    dims = sorted((int(m.group(1)), n) for n in names if (m := _DIM_RE[role].match(n)))
+    if not dims:
+        raise DatasetError(
+            path, None, f"no {role!r} column (expected {role!r} or {role}_0, {role}_1, ...; columns: {names})"
+        )
+    if [d for d, _ in dims] != list(range(len(dims))):
+        raise DatasetError(
+            path, None, f"{role} columns must be {role}_0 .. {role}_{len(dims) - 1}; got {[n for _, n in dims]}"
+        )
+    cols = [_column(frame, n) for _, n in dims]
+    for (_, n), c in zip(dims, cols):
+        if c.dtype.kind not in "biuf":
+            raise DatasetError(path, None, f"column {n!r} has dtype {c.dtype}; expected a numeric dtype")
+    return np.stack(cols, axis=1)
+
+
+def read(
+    part: Partition, gamma: float, strict: bool, *, frame_backend: str | None = None, **_
+) -> list[tuple[int, dict]]:
+    """The canonical episodes of one partition, in order of first appearance, as ``(episode_id, episode)``."""
+    backend_name = frame_backend or "pandas"
+    if backend_name not in FRAME_READERS:
+        raise SpecError(f"frame_backend {backend_name!r} must be one of {sorted(FRAME_READERS)}")
+    try:
+        frame = FRAME_READERS[backend_name](
+            part.path, [("episode_id", "in", list(part.selector))] if part.selector else None
+        )
+    except (OSError, ValueError) as e:
+        raise DatasetError(part.path, None, f"cannot be read as Parquet ({e})") from None
+    if part.selector:  # filters may only prune row groups with some engines: keep exactly this chunk's rows
+        frame = frame[frame["episode_id"].isin(list(part.selector))]
+    names = list(frame.columns)
+    missing = [c for c in REQUIRED if c not in names]
+    if missing:
+        raise DatasetError(part.path, None, f"column(s) {missing} are missing (columns: {names})")
+    ids = _column(frame, "episode_id")
+    obs = _block(frame, names, "obs", part.path)
+    act = _block(frame, names, "action", part.path)
+    cols = {
+        "reward": _column(frame, "reward"),
+        "terminal": _column(frame, "terminal"),
+        "truncated": _column(frame, "truncated"),
+    }
+    step = _column(frame, "step") if "step" in names else None
+    uniq, first = np.unique(ids, return_index=True)
+    order = np.argsort(ids, kind="stable")  # rows of each episode together, file order kept within
+    bounds = np.searchsorted(ids[order], uniq)
+    bounds = np.append(bounds, len(ids))
+    out = []
+    for j in np.argsort(first, kind="stable"):
+        eid = int(uniq[j])
+        rows = order[bounds[j] : bounds[j + 1]]
+        if step is not None:
+            if step.dtype.kind not in "iu":
+                raise DatasetError(part.path, eid, f"'step' has dtype {step.dtype}; expected integers")
+            rows = rows[np.argsort(step[rows], kind="stable")]
+            s = step[rows]
+            if not np.array_equal(s, np.arange(len(rows))):
+                bad = int(np.flatnonzero(s != np.arange(len(rows)))[0])
+                raise DatasetError(
+                    part.path,
+                    eid,
+                    f"steps must be 0..{len(rows) - 1} without gaps or repeats; "
+                    f"sorted position {bad} holds step {s[bad]}",
+                )
+        raw = {
+            "obs": obs[rows],
+            "action": act[rows],
+            "reward": cols["reward"][rows],
+            "terminal": cols["terminal"][rows],
+            "truncated": cols["truncated"][rows],
+        }
+        out.append((eid, make_episode(part.path, eid, **raw, gamma=gamma, strict=strict)))
+    return out
+
+
+FORMAT = Format("parquet", plan, read)
+
+
+def read_parquet(
+    paths,
+    *,
+    gamma: float | None = None,
+    strict: bool | None = None,
+    chunk_episodes: int | None = None,
+    frame_backend: str | None = None,
+):
+    """Yield the canonical episodes of Parquet step tables, file by file.
+
+    Parameters
+    ----------
+    paths : str, Path or list of them
+        Files, directories (every ``*.parquet`` below, sorted) or globs.
+    gamma, strict, chunk_episodes
+        As for :func:`~gear_flow.ingest.read_minari`.
+    frame_backend : {"pandas", "cudf"}, optional
+        Frame library :func:`dask.dataframe.read_parquet` uses (default pandas).
+
+    Yields
+    ------
+    dict of str to numpy.ndarray
+        The canonical episode.
+
+    Examples
+    --------
+    >>> n = sum(1 for _ in read_parquet("data/cartpole/parquet/cartpole-mixed-v0"))  # doctest: +SKIP
+    """
+    return iter_episodes(
+        FORMAT, paths, gamma=gamma, strict=strict, chunk_episodes=chunk_episodes, frame_backend=frame_backend
+    )
