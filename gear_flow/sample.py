@@ -189,10 +189,10 @@ class SampleBuffers:
         return learner_stream()
 
     def permute(self, src: np.ndarray) -> None:
-        """Reorder the batch in place: row ``r`` of every buffer becomes row ``src[r]``.
+        """Reorder the batch in place: the new row ``r`` of every buffer is the old row ``src[r]``.
 
-        ``src`` is a host int array; for device buffers it is copied to the
-        device first (CuPy does not index with NumPy arrays).
+        ``src`` is a host int array; for device buffers a device copy of it
+        does the indexing (the index lives where the data does).
         """
         src = np.asarray(src, dtype=np.int64)
         dsrc = backend.output_module(self.tier).asarray(src) if self.on_device else src

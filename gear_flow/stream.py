@@ -105,8 +105,10 @@ class Stream:
     def __iter__(self):
         # a remote table's batches arrive in fresh frames: reusable buffers would only add a copy
         fresh = getattr(self.table, "returns_fresh_batches", False)
+        shards = getattr(self.table, "shards", None)  # a LocalTable: its buffers live on the shards' tier
+        tier = shards[0].tier if shards else "host"
         pool = [
-            None if fresh else SampleBuffers(self.table.spec, self.columns, self.batch_size, self.length)
+            None if fresh else SampleBuffers(self.table.spec, self.columns, self.batch_size, self.length, tier=tier)
             for _ in range(self.prefetch + 2)
         ]
         rngs = self._rngs()

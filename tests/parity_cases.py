@@ -421,15 +421,6 @@ def test_pinned_tier_write_after_gather_keeps_gathered_values(dev):
 # ---- tables on GPU tiers, end to end ------------------------------------------------------------------
 
 
-# Until LocalTable allocates its SampleBuffers for the shards' tier (``tier=``) and
-# gathers inside ``out.gather_stream()``, a GPU-tier table hands host buffers to the
-# GPU gather, which refuses them with InvalidDataError.  Remove the mark with that change.
-_NEEDS_TABLE_CHANGE = pytest.mark.xfail(
-    raises=InvalidDataError, strict=False, reason="LocalTable does not yet allocate device output buffers"
-)
-
-
-@_NEEDS_TABLE_CHANGE
 @pytest.mark.parametrize("tier", ["device", "pinned"])
 @pytest.mark.parametrize("boundary", ["strict", "pad_head"])
 @pytest.mark.parametrize("selector", ["prioritized", "fifo"])
@@ -480,3 +471,31 @@ def test_local_table_on_gpu_tier_matches_host_tier(dev, tier, boundary, selector
         if selector == "prioritized":
             tables["host"].update_priorities(ref.keys, np.arange(16) + 1.0)
             tables[tier].update_priorities(got.keys, np.arange(16) + 1.0)
+
+
+@pytest.mark.parametrize("tier", ["device", "pinned"])
+def test_local_table_on_gpu_tier_into_device_buffers(dev, tier):
+    """With device SampleBuffers passed as ``out``, a GPU-tier table already works without the table change."""
+    from gear_flow import ColumnSpec, LocalTable, Prioritized, SampleBuffers, TableSpec
+
+    spec = TableSpec(
+        (ColumnSpec("obs", (7,), np.float32), ColumnSpec("done", (), np.bool_)), capacity=200, num_shards=2
+    )
+    rng = np.random.default_rng(1)
+    eps = [
+        {"obs": rng.random((T, 7), dtype=np.float32), "done": np.arange(T) == T - 1} for T in rng.integers(8, 30, 10)
+    ]
+    tables = {
+        t: LocalTable(spec, sampler=Prioritized(1.0, 0.4), tier=t, seed=5, boundary="pad_tail") for t in ("host", tier)
+    }
+    for t in tables.values():
+        t.insert(eps)
+    buf = SampleBuffers(spec, spec.names, 12, 6, tier=tier)
+    assert buf.on_device and buf.matches(spec.names, 12, 6, tier=tier)
+    for _ in range(2):
+        ref = tables["host"].sample(12, 6)
+        got = tables[tier].sample(12, 6, out=buf)
+        for name in spec.names:
+            assert got[name].is_cuda == dev.cuda_tensors
+            np.testing.assert_array_equal(got[name].cpu().numpy(), ref[name].numpy())
+        np.testing.assert_array_equal(got.probabilities.numpy(), ref.probabilities.numpy())

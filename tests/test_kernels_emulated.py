@@ -17,6 +17,7 @@ from parity_cases import (  # noqa: F401  collected by pytest from this module
     test_gather_windows,
     test_gather_windows_into_batch_slices_with_device_window_arrays,
     test_gather_windows_rejects_what_the_twin_rejects,
+    test_local_table_on_gpu_tier_into_device_buffers,
     test_local_table_on_gpu_tier_matches_host_tier,
     test_maxtree_set_leaves,
     test_pinned_tier_write_after_gather_keeps_gathered_values,
@@ -54,3 +55,28 @@ def test_emulated_launches_are_logged(dev):
     sumtree.set_leaves(tree, np.array([1, 2]), np.array([1.0, 2.0]))
     assert [e[1] for e in cuda_emu.EmuKernel.log] == ["tree_update_block<SumOp, long long, double>"]
     assert float(tree[1]) == 3.0
+
+
+def test_gpu_check_runs_under_emulation(dev, monkeypatch, tmp_path):
+    """pipelines/gpu_check.py end to end on the emulation, at a small scale: no section may
+    fail for a reason of its own (the table sections need CUDA tensors, the tests a device)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    pipelines = Path(__file__).resolve().parents[1] / "pipelines"
+    monkeypatch.syspath_prepend(str(pipelines))
+    import gpu_check
+
+    for k, v in {"episodes": 6, "episode_length": 40, "batch_size": 8, "length": 5}.items():
+        monkeypatch.setitem(gpu_check.REFERENCE, k, v)
+    out = tmp_path / "gpu_check.json"
+    gpu_check.main(["--quick", "--skip-tests", "--out", str(out)])
+    s = json.loads(out.read_text())["sections"]
+    for name in ("device", "gather_device", "gather_pinned", "sumtree"):
+        assert s[name]["status"] == "ok", (name, s[name].get("error"), s[name].get("traceback"))
+    assert s["gather_device"]["parity_with_twin"] and s["gather_pinned"]["parity_with_twin"]
+    assert s["sumtree"]["parity_with_twin"] and s["sumtree"]["topk_parity"]
+    assert s["table_device"]["status"] == "failed"  # CPU torch: no CUDA tensors here
+    assert s["dask_cuda"]["status"] in ("skipped", "failed")
+    assert "gpu_check" in sys.modules

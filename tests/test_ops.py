@@ -338,3 +338,22 @@ def test_scatter_rows_wraps(pos, n):
     for j in range(n):
         expect[(pos + j) % cap] = src[j]
     assert np.array_equal(dst, expect)
+
+
+@pytest.mark.parametrize(
+    "start, offset, n",
+    [(10, 0, 1), (-1, 0, 1), (0, -1, 1), (0, 0, -1), (0, 3, 2), (0, 0, 5), (0, 0, 11)],
+)
+def test_gather_windows_rejects_out_of_bounds_windows(start, offset, n):
+    """The byte copies are unchecked, so every window is validated before anything is written."""
+    src = np.arange(10, dtype=np.int64)
+    out = np.full((2, 4), -7, dtype=np.int64)
+    with pytest.raises(IndexError, match="window 1"):
+        gather.gather_windows(
+            _as_bytes(src),
+            np.array([0, start]),
+            np.array([0, offset]),
+            np.array([2, n]),
+            out.reshape(2, 4, -1).view(np.uint8),
+        )
+    assert np.all(out == -7)

@@ -8,7 +8,7 @@ gathers never block the worker's event loop.  ``__init__`` stores only
 picklable configuration (dask-cuda's plugins do the same).
 
 Why a plugin with a comm handler and not one Dask actor per shard: measured on
-a 2-core machine (``pipelines/bench_transport.py``), a handler round trip costs
+a 2-core machine (``pipelines/bench_distributed.py``, "transport" rows), a handler round trip costs
 ~0.3 ms against ~1 ms for an actor method call, and 17 MB of windows arrive
 ~2.4x faster, because actor calls go through extra task-state machinery.
 """

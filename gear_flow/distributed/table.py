@@ -144,6 +144,7 @@ class DistributedTable:
         seed: int | None = None,
         workers=None,
         degraded: bool = False,
+        resources: str | None = None,
     ) -> DistributedTable:
         """Create the table's shards on workers and register it with the scheduler.
 
@@ -152,7 +153,10 @@ class DistributedTable:
         workers (several shards per worker).  ``degraded=True``: when a shard's
         worker is lost, the table keeps serving from the other shards and
         reports the loss in ``info()["lost"]``; otherwise every operation that
-        needs the lost shard raises :class:`ShardLostError`.
+        needs the lost shard raises :class:`ShardLostError`.  ``resources``:
+        place shards only on the workers that advertise this Dask resource
+        (``dask worker --resources "replay=1"``, see ``cluster/``); ignored
+        when ``workers`` is given.
         """
         from ..table.local import LocalTable
 
@@ -175,6 +179,8 @@ class DistributedTable:
             raise SpecError(f"routing {routing!r} must be one of {ROUTINGS}")
         client.register_plugin(GearFlowCoordinator())
         client.register_plugin(GearFlowWorker())
+        if workers is None and resources is not None:
+            workers = workers_with_resource(client, resources)
         addrs = list(workers) if workers is not None else sorted(client.scheduler_info()["workers"])
         if not addrs:
             raise SpecError("the cluster has no workers to place shards on")
@@ -221,6 +227,11 @@ class DistributedTable:
             return _raise(await ctx.scheduler.gear_flow_coord(action="lookup", name=name))
 
         return cls(ctx, name, ctx.sync(look), seed=seed, timeout=timeout)
+
+    @property
+    def client(self):
+        """The ``distributed.Client`` of this handle (None inside a worker task)."""
+        return self._ctx.client
 
     @property
     def returns_fresh_batches(self) -> bool:
@@ -688,6 +699,16 @@ class DistributedTable:
     def __reduce__(self):
         # a handle travels by name; the receiver attaches to the table from its own context
         return (_attach_here, (self.name,))
+
+
+def workers_with_resource(client, resource: str) -> list[str]:
+    """Sorted addresses of the workers advertising ``resource`` (``dask worker --resources "replay=1"``)."""
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    addrs = sorted(a for a, w in info.items() if (w.get("resources") or {}).get(resource, 0) > 0)
+    if not addrs:
+        have = sorted({r for w in info.values() for r in (w.get("resources") or {})})
+        raise SpecError(f"no worker advertises resource {resource!r}; resources advertised: {have}")
+    return addrs
 
 
 def _attach_here(name):

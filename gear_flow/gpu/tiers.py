@@ -34,7 +34,8 @@ class _GpuTier(StorageTier):
         self.device_id = int(cp.cuda.runtime.getDevice())
         self._fence = None  # event after the last device operation on this tier's arrays
         self._win_key = None  # ((L, cap), host copy) of the last uploaded windows
-        self._win = None
+        self._win = None  # their device copy, a view of _win_dev
+        self._stage = self._win_dev = self._stage_done = None  # pinned staging, device buffer, copy event
 
     # -- ordering ---------------------------------------------------------------------
     def _stream(self):
@@ -57,17 +58,35 @@ class _GpuTier(StorageTier):
     def _windows(self, src_start, dst_offset, n_valid, L: int, cap: int):
         # A shard gathers every column of one take with the same three arrays:
         # upload them once and reuse the device copy while they are unchanged
-        # (compared by value on the host: B int64 triples, microseconds).
-        from .ops.gather import upload_windows
+        # (compared by value on the host: B int64 triples, microseconds).  The
+        # upload goes through a reused pinned staging buffer, asynchronously.
+        from .ops.gather import check_windows, upload_windows
 
-        if any(isinstance(x, self._cp.ndarray) for x in (src_start, dst_offset, n_valid)):
+        cp = self._cp
+        if any(isinstance(x, cp.ndarray) for x in (src_start, dst_offset, n_valid)):
             return upload_windows(src_start, dst_offset, n_valid)
         w = np.stack([np.asarray(x, dtype=np.int64).reshape(-1) for x in (src_start, dst_offset, n_valid)])
         key = self._win_key
-        if key is None or key[0] != (L, cap) or key[1].shape != w.shape or not np.array_equal(key[1], w):
-            self._win = upload_windows(w[0], w[1], w[2], L, cap)
-            self._win_key = ((L, cap), w)
-        return self._win
+        if key is not None and key[0] == (L, cap) and key[1].shape == w.shape and np.array_equal(key[1], w):
+            return self._win
+        check_windows(w, L, cap)
+        n = w.size
+        if self._stage is None or self._stage.size < n:
+            size = max(n, 3 * 1024)
+            mem = cp.cuda.alloc_pinned_memory(size * 8)
+            self._stage = np.frombuffer(mem, dtype=np.int64, count=size)
+            self._win_dev = cp.empty(size, dtype=np.int64)
+        elif self._stage_done is not None:
+            self._stage_done.synchronize()  # the previous upload has left the staging buffer
+        stage = self._stage[:n].reshape(w.shape)
+        stage[...] = w
+        dev = self._win_dev[:n].reshape(w.shape)
+        s = cp.cuda.get_current_stream()  # ordered after this tier's last gather by the caller's _stream()
+        dev.set(stage, stream=s)
+        self._stage_done = cp.cuda.Event(disable_timing=True)
+        self._stage_done.record(s)
+        self._win, self._win_key = dev, ((L, cap), w)
+        return dev
 
     def gather_windows(self, src, src_start, dst_offset, n_valid, out) -> None:
         """Gather into ``out``, a ``[B, L, nbytes]`` uint8 CuPy array.

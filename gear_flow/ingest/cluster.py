@@ -130,7 +130,7 @@ def assign_partitions(parts, shards_per_worker: dict[str, int]) -> list[str]:
 def _client_of(table, client):
     if client is not None:
         return client
-    c = getattr(getattr(table, "_ctx", None), "client", None)
+    c = getattr(table, "client", None)
     if c is not None:
         return c
     from distributed import get_client

@@ -8,6 +8,8 @@ is refused, as CuPy would refuse it).
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -83,13 +85,26 @@ def concatenate(arrays):
 
 class _Event:
     def __init__(self, block=False, disable_timing=False, interprocess=False):
-        pass
+        self.t = 0.0
 
     def record(self, stream=None):
-        pass
+        self.t = time.perf_counter()
 
     def synchronize(self):
         pass
+
+
+def _elapsed_ms(a: _Event, b: _Event) -> float:
+    return (b.t - a.t) * 1e3
+
+
+class _Graph:
+    def __init__(self, calls):
+        self.calls = calls
+
+    def launch(self, stream=None):
+        for f, a in self.calls:
+            f(*a)
 
 
 class _Stream:
@@ -97,6 +112,12 @@ class _Stream:
 
     def __init__(self, *a, **k):
         pass
+
+    def begin_capture(self, mode=None):
+        raise RuntimeError("stream capture is not emulated")
+
+    def end_capture(self):
+        return _Graph([])
 
     def wait_event(self, event):
         pass
@@ -119,9 +140,25 @@ class _Runtime:
     #: addresses of "pinned" allocations: (start, end)
     pinned: list = []
 
+    memcpyDefault = 4
+
     @staticmethod
     def getDevice():
         return 0
+
+    @staticmethod
+    def memcpyAsync(dst, src, size, kind, stream):
+        ctypes.memmove(dst, src, size)
+
+    @staticmethod
+    def getDeviceProperties(device):
+        return {"name": b"CUDA emulation", "multiProcessorCount": 1, "totalGlobalMem": 1 << 30}
+
+    @staticmethod
+    def runtimeGetVersion():
+        return 0
+
+    driverGetVersion = runtimeGetVersion
 
     @classmethod
     def pointerGetAttributes(cls, ptr):
@@ -135,6 +172,8 @@ class _Runtime:
 
 
 class _Device:
+    compute_capability = "emulated"
+
     def __init__(self, device=None):
         self.id = 0
 
@@ -160,9 +199,17 @@ cuda = SimpleNamespace(
     Stream=_Stream,
     ExternalStream=_Stream,
     get_current_stream=lambda: _Stream(),
+    get_elapsed_time=_elapsed_ms,
     alloc_pinned_memory=_alloc_pinned_memory,
 )
 
-random = SimpleNamespace(random=lambda n, dtype=np.float64: _dev(np.random.default_rng(0).random(n).astype(dtype)))
+_rng = np.random.default_rng(0)
+random = SimpleNamespace(
+    random=lambda size=None, dtype=np.float64: _dev(np.asarray(_rng.random(size)).astype(dtype)),
+    randint=lambda low, high=None, size=None, dtype=np.int64: _dev(
+        np.asarray(_rng.integers(low, high, size)).astype(dtype)
+    ),
+)
+__version__ = "emulated"
 
 nullcontext = contextlib.nullcontext

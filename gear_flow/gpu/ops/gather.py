@@ -28,7 +28,7 @@ from ...errors import InvalidDataError
 from .. import loader
 from ..launch import i64
 
-__all__ = ["device_pointer", "gather_windows", "upload_windows"]
+__all__ = ["check_windows", "device_pointer", "gather_windows", "launcher", "upload_windows"]
 
 _THREADS = 256
 _PIECE = 32 * 16 * 4  # GATHER_PIECE in gather.cu: bytes one warp copies per work item
@@ -61,39 +61,46 @@ def device_pointer(a) -> int:
     return int(attrs.devicePointer) or ptr  # with UVA both are the same address
 
 
+def check_windows(w: np.ndarray, L: int, cap: int) -> None:
+    """Validate host windows ``w`` (int64 ``[3, B]``) as the twin does (``IndexError`` naming the first bad one):
+    ``0 <= src_start < cap``, ``dst_offset >= 0``, ``n_valid >= 0``, ``dst_offset + n_valid <= L``,
+    ``n_valid <= cap``."""
+    if not w.shape[1]:
+        return
+    s, d, n = w
+    bad = (s < 0) | (s >= cap) | (d < 0) | (n < 0) | (d + n > L) | (n > cap)
+    if bad.any():
+        b = int(np.flatnonzero(bad)[0])
+        raise IndexError(
+            f"gather_windows: window {b} (src_start={s[b]}, dst_offset={d[b]}, n_valid={n[b]}) does not fit "
+            f"a ring of {cap} steps and windows of {L}"
+        )
+
+
 def upload_windows(src_start, dst_offset, n_valid, L: int | None = None, cap: int | None = None):
     """The three window arrays as one int64 ``[3, B]`` device array (one host-to-device copy).
 
-    Host inputs are validated when ``L`` and ``cap`` are given, as the twin
-    validates them (``IndexError`` naming the first bad window):
-    ``0 <= src_start < cap``, ``dst_offset >= 0``, ``n_valid >= 0``,
-    ``dst_offset + n_valid <= L``, ``n_valid <= cap``.  Device inputs are not
-    checked (that would cost a synchronisation); the kernel clamps them so
-    that it never reads or writes out of bounds.
+    Host inputs are validated by :func:`check_windows` when ``L`` and ``cap``
+    are given.  Device inputs are not checked (that would cost a
+    synchronisation); the kernel clamps them so that it never reads or writes
+    out of bounds.
     """
     import cupy
 
     if all(isinstance(x, cupy.ndarray) for x in (src_start, dst_offset, n_valid)):
         return cupy.stack([cupy.asarray(x, dtype=np.int64) for x in (src_start, dst_offset, n_valid)])
     w = np.stack([np.asarray(x, dtype=np.int64).reshape(-1) for x in (src_start, dst_offset, n_valid)])
-    if L is not None and cap is not None and w.shape[1]:
-        s, d, n = w
-        bad = (s < 0) | (s >= cap) | (d < 0) | (n < 0) | (d + n > L) | (n > cap)
-        if bad.any():  # the twin's check and error
-            b = int(np.flatnonzero(bad)[0])
-            raise IndexError(
-                f"gather_windows: window {b} (src_start={s[b]}, dst_offset={d[b]}, n_valid={n[b]}) does not fit "
-                f"a ring of {cap} steps and windows of {L}"
-            )
+    if L is not None and cap is not None:
+        check_windows(w, L, cap)
     return cupy.asarray(w)
 
 
-def gather_windows(src, src_start, dst_offset, n_valid, out, *, windows=None) -> None:
-    """Copy windows of ``src`` (``[cap, nb]`` uint8) into ``out`` (``[B, L, nb]`` uint8, device).
+def launcher(src, out, windows):
+    """A function that launches the gather of ``windows`` (int64 ``[3, B]`` on the device) into ``out``.
 
-    Semantics: :func:`gear_flow.ops.gather.gather_windows`.  ``windows``: an
-    :func:`upload_windows` result to reuse (several columns, one upload);
-    then the three window arguments are ignored.
+    Everything is checked and resolved once, so the returned function only
+    launches (used for CUDA-graph capture and timing).  Semantics:
+    :func:`gather_windows`.
     """
     import cupy
 
@@ -105,17 +112,31 @@ def gather_windows(src, src_start, dst_offset, n_valid, out, *, windows=None) ->
     B, L = int(out.shape[0]), int(out.shape[1])
     if int(out.shape[2]) != nb:
         raise InvalidDataError(f"out rows have {out.shape[2]} bytes, src rows {nb}")
-    if windows is None:
-        windows = upload_windows(src_start, dst_offset, n_valid, L, cap)
     if windows.shape != (3, B):
         raise InvalidDataError(f"{windows.shape[1]} windows for an output of {B}")
     if B == 0 or L == 0 or nb == 0:
-        return
-    ptr = device_pointer(src)
+        return lambda: None
+    ptr = np.uint64(device_pointer(src))
     pieces = B * (-(-(L * nb) // _PIECE))
-    grid = int(min(_MAX_BLOCKS, -(-pieces // (_THREADS // 32))))
-    loader.function("gather", "gather_windows")(
-        (grid,),
-        (_THREADS,),
-        (np.uint64(ptr), i64(cap), i64(nb), windows[0], windows[1], windows[2], out, i64(B), i64(L)),
-    )
+    grid = (int(min(_MAX_BLOCKS, -(-pieces // (_THREADS // 32)))),)
+    f = loader.function("gather", "gather_windows")
+    args = (ptr, i64(cap), i64(nb), windows[0], windows[1], windows[2], out, i64(B), i64(L))
+
+    def launch():
+        f(grid, (_THREADS,), args)
+
+    return launch
+
+
+def gather_windows(src, src_start, dst_offset, n_valid, out, *, windows=None) -> None:
+    """Copy windows of ``src`` (``[cap, nb]`` uint8) into ``out`` (``[B, L, nb]`` uint8, device).
+
+    Semantics: :func:`gear_flow.ops.gather.gather_windows`.  ``windows``: an
+    :func:`upload_windows` result to reuse (several columns, one upload);
+    then the three window arguments are ignored.
+    """
+    if windows is None:
+        if src.ndim != 2 or out.ndim != 3:
+            raise InvalidDataError(f"src must be [cap, nbytes] and out [B, L, nbytes], got {src.shape} and {out.shape}")
+        windows = upload_windows(src_start, dst_offset, n_valid, int(out.shape[1]), int(src.shape[0]))
+    launcher(src, out, windows)()

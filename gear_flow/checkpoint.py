@@ -1,0 +1,207 @@
+"""Checkpoints of shards and tables: atomic, checksummed, versioned, no pickle.
+
+Layout of a checkpoint directory::
+
+    manifest.json                 format version, table configuration, limiter state,
+                                  counters, and for every file its SHA-256
+    shard-<id>.npz                every array of one shard (np.savez, allow_pickle=False)
+
+A shard is *snapshotted* under its lock (a memory copy of its arrays: the
+only pause writers and samplers see), then written outside the lock, so
+sampling and inserting continue while the files are written.  Files go to a
+temporary directory that is fsync'ed and atomically renamed into place; a
+reader verifies every checksum and the format version before touching a table,
+and a mismatch (corruption, other version, other columns or capacity) raises
+:class:`~gear_flow.errors.CheckpointError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from .errors import CheckpointError
+
+FORMAT = "gear-flow-checkpoint"
+VERSION = 1
+
+
+def _host(a):
+    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
+def snapshot_shard(shard) -> tuple[dict, dict]:
+    """Copy a shard's state (arrays, metadata) under its lock; returns host arrays.
+
+    The copy is what blocks the shard; measure it with :func:`time.perf_counter`
+    around this call (``LocalTable.checkpoint`` reports it as ``pause_s``).
+    """
+    with shard.lock:
+        idx = shard.index
+        live = idx.live()
+        arrays = {f"col_{n}": _host(a).copy() for n, a in shard.ring.columns.items()}
+        arrays.update(
+            active=shard.active.copy(),
+            priority=shard.priority.copy(),
+            **{f"episode_{f}": idx.get(f, live) for f in ("start", "length", "stamp", "episode_id")},
+        )
+        if shard.step_episode is not None:
+            arrays["step_episode"] = shard.step_episode.copy()
+        if shard.times_sampled is not None:
+            arrays["times_sampled"] = shard.times_sampled.copy()
+        for role in ("sampler", "remover"):
+            tree = getattr(getattr(shard, role), "tree", None)
+            if tree is not None:
+                arrays[f"{role}_tree"] = tree.copy()
+        meta = {
+            "shard": shard.shard_id,
+            "write_pos": int(shard.ring.write_pos),
+            "episodes_first": int(idx.first),
+            "episodes_next": int(idx.next),
+            "size": int(shard.size),
+            "max_priority": float(shard.max_priority),
+            "counters": shard.counters.as_dict(),
+            "epoch": int(getattr(shard.sampler, "epoch", 0)),
+        }
+    return arrays, meta
+
+
+def restore_shard(shard, arrays: dict, meta: dict) -> None:
+    """Load a snapshot into a freshly built, empty shard of the same spec."""
+    from .shard import Counters
+
+    with shard.lock:
+        cap = shard.capacity
+        for n, a in shard.ring.columns.items():
+            src = arrays[f"col_{n}"]
+            if src.shape != a.shape or src.dtype != a.dtype:
+                raise CheckpointError(f"column {n!r}: checkpoint has {src.dtype}{src.shape}, table has {a.dtype}{a.shape}")
+            shard.tier.write_rows(a, 0, src)
+        if arrays["active"].shape != (cap,):
+            raise CheckpointError(f"shard capacity {cap} does not match the checkpoint's {arrays['active'].shape[0]}")
+        shard.active[:] = arrays["active"]
+        shard.priority[:] = arrays["priority"]
+        if shard.step_episode is not None:
+            shard.step_episode[:] = arrays["step_episode"]
+        if shard.times_sampled is not None and "times_sampled" in arrays:
+            shard.times_sampled[:] = arrays["times_sampled"]
+        for role in ("sampler", "remover"):
+            sel = getattr(shard, role)
+            if getattr(sel, "tree", None) is not None:
+                t = arrays.get(f"{role}_tree")
+                if t is None or t.shape != sel.tree.shape:
+                    raise CheckpointError(f"the checkpoint's {role} state does not match {sel!r}")
+                sel.tree[:] = t
+        if hasattr(shard.sampler, "epoch"):
+            shard.sampler.epoch = meta.get("epoch", 0)
+        idx = shard.index
+        idx.first = idx.next = meta["episodes_first"]
+        n_eps = meta["episodes_next"] - meta["episodes_first"]
+        if n_eps:
+            idx.append(*(arrays[f"episode_{f}"] for f in ("start", "length", "stamp", "episode_id")))
+        shard.ring.write_pos = meta["write_pos"]
+        shard.size = meta["size"]
+        shard.max_priority = meta["max_priority"]
+        shard.counters = Counters(**meta["counters"])
+        shard.tails.clear()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_shard_file(directory: Path, shard_id: int, arrays: dict) -> tuple[str, str]:
+    """Write one shard's arrays; returns (file name, sha256)."""
+    name = f"shard-{shard_id}.npz"
+    path = Path(directory) / name
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+        f.flush()
+        os.fsync(f.fileno())
+    return name, _sha256(path)
+
+
+def read_shard_file(directory: Path, name: str, sha256: str | None) -> dict:
+    path = Path(directory) / name
+    if not path.exists():
+        raise CheckpointError(f"checkpoint file {path} is missing")
+    if sha256 is not None and _sha256(path) != sha256:
+        raise CheckpointError(f"checkpoint file {path} is corrupted (SHA-256 mismatch)")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except Exception as e:  # truncated or not an npz at all
+        raise CheckpointError(f"checkpoint file {path} cannot be read: {e}") from None
+
+
+def commit(tmp: Path, final: Path, manifest: dict) -> Path:
+    """Write the manifest into ``tmp``, fsync, and atomically rename ``tmp`` to ``final``."""
+    mpath = tmp / "manifest.json"
+    with open(mpath, "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync(tmp)
+    if final.exists():  # replace an older checkpoint at the same path atomically enough: old → trash, new → final
+        trash = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:6]}")
+        os.rename(final, trash)
+        os.rename(tmp, final)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync(final.parent)
+    return final
+
+
+def temp_dir(final: Path) -> Path:
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    return tmp
+
+
+def read_manifest(path: Path) -> dict:
+    mpath = Path(path) / "manifest.json"
+    if not mpath.exists():
+        raise CheckpointError(f"{path} is not a gear_flow checkpoint (no manifest.json)")
+    try:
+        m = json.loads(mpath.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{mpath} is corrupted: {e}") from None
+    if m.get("format") != FORMAT or m.get("version") != VERSION:
+        raise CheckpointError(
+            f"{path}: format {m.get('format')!r} version {m.get('version')!r}; this gear_flow reads {FORMAT!r} version {VERSION}"
+        )
+    return m
+
+
+def new_manifest(kind: str, table_config: dict, state: dict, files: dict) -> dict:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "kind": kind,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "table": table_config,
+        "state": state,
+        "files": files,
+    }

@@ -1,0 +1,94 @@
+"""gear_flow's server-side setup as a Dask preload module.
+
+    dask scheduler --preload gear_flow.distributed.preload
+    dask worker tls://scheduler:8786 --preload gear_flow.distributed.preload
+    dask cuda worker tls://scheduler:8786 --preload gear_flow.distributed.preload
+
+(or list the module under ``distributed.scheduler.preload`` and
+``distributed.worker.preload`` in a Dask config file, as
+``cluster/config/gear-flow.yaml`` does).
+
+On a **scheduler**, :func:`dask_setup` adds the
+:class:`~gear_flow.distributed.GearFlowCoordinator` (so ``gear-flow list``
+answers before any table exists) and records a
+:class:`~gear_flow.distributed.GearFlowWorker` as a cluster-wide worker
+plugin: every worker that joins, started with the preload or not, sets it up
+at registration, and the plugin registration that
+:meth:`DistributedTable.create <gear_flow.distributed.DistributedTable.create>`
+makes is then a no-op (both plugins are idempotent).
+
+On a **worker**, it sets up ``GearFlowWorker`` while the worker starts, so the
+worker serves gear_flow's comm handler before any client connects (a learner
+started on it can attach at once).  When the scheduler has the preload too,
+the scheduler's copy replaces the worker's at registration: the same plugin,
+with the scheduler's settings.  Shards are only ever created after that.
+
+Settings, through ``dask.config``:
+
+``gear-flow.worker.threads`` (2)
+    Threads that run a worker's shard operations.
+``gear-flow.worker.tier`` (null)
+    Default storage tier of the worker's shards (a table's own setting wins).
+
+Without the preload nothing is lost: ``DistributedTable.create`` registers
+both plugins itself.  The preload makes the setup happen at start, with the
+deployment's settings.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import dask.config
+
+from .coordinator import COORDINATOR_NAME, GearFlowCoordinator
+from .plugin import PLUGIN_NAME, GearFlowWorker
+
+logger = logging.getLogger(__name__)
+
+#: dask.config keys read here, with their defaults (not in gear-flow.yaml: only deployments use them)
+SETTINGS = {"gear-flow.worker.threads": 2, "gear-flow.worker.tier": None}
+
+
+def worker_plugin() -> GearFlowWorker:
+    """The worker plugin with the settings of ``dask.config`` (see the module docstring)."""
+    threads = dask.config.get("gear-flow.worker.threads", SETTINGS["gear-flow.worker.threads"])
+    tier = dask.config.get("gear-flow.worker.tier", SETTINGS["gear-flow.worker.tier"])
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"gear-flow.worker.threads ({threads!r}) must be a positive integer")
+    if tier not in (None, "host", "pinned", "device"):
+        raise ValueError(f"gear-flow.worker.tier ({tier!r}) must be one of None, 'host', 'pinned', 'device'")
+    return GearFlowWorker(threads=threads, tier=tier)
+
+
+def setup_scheduler(scheduler) -> None:
+    """Add the coordinator and record the worker plugin for every worker that joins."""
+    from distributed.protocol.pickle import dumps
+
+    if COORDINATOR_NAME not in scheduler.plugins:
+        # started by the scheduler with its other plugins, after the preloads
+        scheduler.add_plugin(GearFlowCoordinator(), name=COORDINATOR_NAME, idempotent=True)
+    scheduler.worker_plugins.setdefault(PLUGIN_NAME, dumps(worker_plugin()))
+    logger.info("gear_flow: coordinator added, worker plugin %r recorded for all workers", PLUGIN_NAME)
+
+
+async def setup_worker(worker) -> None:
+    """Set up the worker plugin now (replaced by the scheduler's copy if it has one)."""
+    if PLUGIN_NAME in worker.plugins:
+        return
+    res = await worker.plugin_add(worker_plugin(), name=PLUGIN_NAME, catch_errors=False)
+    logger.info("gear_flow: worker plugin %r set up on %s (%s)", PLUGIN_NAME, worker.address, res.get("status"))
+
+
+async def dask_setup(server) -> None:
+    """Entry point of Dask's preload mechanism (``--preload gear_flow.distributed.preload``)."""
+    from distributed import Scheduler, Worker
+
+    if isinstance(server, Scheduler):
+        setup_scheduler(server)
+    elif isinstance(server, Worker):
+        await setup_worker(server)
+    else:  # a Nanny (--preload-nanny) or a Client: the worker process and the scheduler do the work
+        logger.warning(
+            "gear_flow preload ignored on %s: use it with dask scheduler / dask worker", type(server).__name__
+        )

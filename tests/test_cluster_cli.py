@@ -1,0 +1,122 @@
+"""The ``gear-flow`` command line without a cluster: help texts, argument parsing, table files,
+clear errors, ``bench`` and the ``dask gear-flow`` entry point (the commands against a real cluster
+are in test_cluster_processes.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gear_flow import cli
+from gear_flow.spec import TableSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMANDS = ("local", "list", "info", "create", "ingest", "sample", "drop", "bench")
+
+
+def test_top_level_help_lists_every_command_and_a_quickstart(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for c in COMMANDS:
+        assert f"\n    {c} " in out, c
+    assert "gear-flow local" in out and "Running on a cluster" in out and "--tls-dir" in out
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_command_has_help(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([command, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: gear-flow {command}")
+    if command not in ("local",):
+        assert "--scheduler" in out and "--tls-dir" in out
+
+
+def test_parse_columns():
+    cols = cli.parse_columns("obs:float32[3,84,84], action:int64,reward:float32,done:bool")
+    spec = TableSpec.from_dict(
+        {"columns": cols, "capacity": 10, "num_shards": 1, "item_unit": "step", "max_size": None}
+    )
+    assert [(c.name, c.shape, c.dtype) for c in spec.columns] == [
+        ("obs", (3, 84, 84), np.dtype(np.float32)),
+        ("action", (), np.dtype(np.int64)),
+        ("reward", (), np.dtype(np.float32)),
+        ("done", (), np.dtype(np.bool_)),
+    ]
+    with pytest.raises(ValueError, match="NAME:DTYPE"):
+        cli.parse_columns("obs=float32")
+    with pytest.raises(TypeError):
+        cli.parse_columns("obs:notadtype")
+
+
+def test_parse_kind():
+    assert cli.parse_kind("uniform") == {"kind": "uniform", "params": {}}
+    assert cli.parse_kind("prioritized:alpha=0.6,beta=0.4") == {
+        "kind": "prioritized",
+        "params": {"alpha": 0.6, "beta": 0.4},
+    }
+    assert cli.parse_kind("sample_to_insert_ratio:samples_per_insert=4,min_size_to_sample=10,error_buffer=[2,30]") == {
+        "kind": "sample_to_insert_ratio", "params": {"samples_per_insert": 4, "min_size_to_sample": 10, "error_buffer": [2, 30]}
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        cli.parse_kind("prioritized:alpha")
+
+
+def test_example_table_file_builds_a_valid_table():
+    from gear_flow import LocalTable, rate_limiters, selectors
+
+    doc = cli.load_table_file(str(ROOT / "cluster" / "examples" / "cartpole-table.yaml"))
+    spec = TableSpec.from_dict({"num_shards": 2, "max_size": None, **doc["spec"]})
+    LocalTable(spec, sampler=selectors.from_config(doc["sampler"]), remover=selectors.from_config(doc["remover"]),
+               rate_limiter=rate_limiters.from_config(doc["rate_limiter"]), boundary=doc["boundary"])  # fmt: skip
+    from gear_flow.ingest import episode_columns
+
+    assert spec.columns == episode_columns(4)  # what gear-flow ingest reads into it
+
+
+def test_table_file_errors(tmp_path):
+    (tmp_path / "t.json").write_text(json.dumps({"spec": {}, "samplr": {"kind": "uniform"}}))
+    with pytest.raises(ValueError, match=r"unknown keys \['samplr'\]"):
+        cli.load_table_file(str(tmp_path / "t.json"))
+    (tmp_path / "t.yaml").write_text("columns: []\n")
+    with pytest.raises(ValueError, match="'spec' key"):
+        cli.load_table_file(str(tmp_path / "t.yaml"))
+
+
+def test_connection_errors_are_clear(monkeypatch):
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
+    with pytest.raises(SystemExit, match="no scheduler given"):
+        cli.main(["list"])
+    with pytest.raises(SystemExit, match="uses TLS: pass --tls-dir"):
+        cli.main(["list", "--scheduler", "tls://127.0.0.1:1"])
+    with pytest.raises(SystemExit, match="missing or unreadable"):
+        cli.main(["list", "--scheduler", "tls://127.0.0.1:1", "--tls-dir", "/nonexistent"])
+    with pytest.raises(SystemExit, match="--protocol tls needs --tls-dir"):
+        cli.main(["local", "--protocol", "tls"])
+
+
+def test_bench_runs_a_pipelines_script(tmp_path):
+    out = tmp_path / "bench.json"
+    r = subprocess.run([sys.executable, "-m", "gear_flow", "bench", "local", "--", "--no-peers", "--out", str(out)],
+                       capture_output=True, text=True, timeout=240, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "bench_local.py --quick --no-peers" in r.stdout and json.loads(out.read_text())
+
+
+def test_dask_subcommand_entry_point():
+    eps = [ep for ep in entry_points(group="dask_cli") if ep.name == "gear-flow"]
+    if not eps:
+        pytest.skip("gear_flow's dask_cli entry point is not installed (pip install -e . registers it)")
+    assert eps[0].load() is cli.dask_command
+    r = subprocess.run([sys.executable, "-m", "dask", "gear-flow", "create", "--help"], capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0 and "usage: gear-flow create" in r.stdout, r.stderr
