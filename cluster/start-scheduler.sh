@@ -32,7 +32,7 @@ cmd=("${dask_cmd[@]}" scheduler --protocol "$GEAR_FLOW_PROTOCOL" --port "$GEAR_F
 [ -n "${GEAR_FLOW_INTERFACE:-}" ] && cmd+=(--interface "$GEAR_FLOW_INTERFACE")
 [ -n "${GEAR_FLOW_SCHEDULER_FILE:-}" ] && cmd+=(--scheduler-file "$GEAR_FLOW_SCHEDULER_FILE")
 case "${GEAR_FLOW_DASHBOARD:-:8787}" in
-    none) cmd+=(--no-dashboard) ;;
+    none) cmd+=(--no-dashboard --dashboard-address :0) ;;  # :0: the health/metrics routes still listen
     *) cmd+=(--dashboard-address "${GEAR_FLOW_DASHBOARD:-:8787}") ;;
 esac
 if [ "$GEAR_FLOW_PROTOCOL" = tls ]; then

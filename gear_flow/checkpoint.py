@@ -82,7 +82,9 @@ def restore_shard(shard, arrays: dict, meta: dict) -> None:
         for n, a in shard.ring.columns.items():
             src = arrays[f"col_{n}"]
             if src.shape != a.shape or src.dtype != a.dtype:
-                raise CheckpointError(f"column {n!r}: checkpoint has {src.dtype}{src.shape}, table has {a.dtype}{a.shape}")
+                raise CheckpointError(
+                    f"column {n!r}: checkpoint has {src.dtype}{src.shape}, table has {a.dtype}{a.shape}"
+                )
             shard.tier.write_rows(a, 0, src)
         if arrays["active"].shape != (cap,):
             raise CheckpointError(f"shard capacity {cap} does not match the checkpoint's {arrays['active'].shape[0]}")

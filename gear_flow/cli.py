@@ -220,7 +220,9 @@ def cmd_local(args) -> int:
     cluster = LocalCluster(
         n_workers=args.workers, threads_per_worker=args.threads, processes=True, memory_limit=args.memory_limit,
         host=args.host, scheduler_port=args.port, protocol=protocol, security=sec, resources=resources,
-        dashboard_address=None if args.no_dashboard else args.dashboard_address,
+        # without the dashboard the scheduler's HTTP routes (health, metrics) still listen: any free port
+        dashboard_address=":0" if args.no_dashboard else args.dashboard_address,
+        scheduler_kwargs={"dashboard": not args.no_dashboard},
     )  # fmt: skip
     stop = []
 

@@ -57,7 +57,7 @@ def _check_rate(samples_per_insert, min_size_to_sample) -> None:
         raise SpecError(f"samples_per_insert ({samples_per_insert!r}) must be a positive finite number")
 
 
-class RateLimiter(ABC):
+class RateLimiter(ABC):  # noqa: B024  (abstract by intent: use a subclass)
     """Base of every limiter; see the module docstring."""
 
     def __init__(self, samples_per_insert: float, min_size_to_sample: int, min_diff: float, max_diff: float):
@@ -193,7 +193,9 @@ class SampleToInsertRatio(RateLimiter):
             try:
                 min_diff, max_diff = (float(x) for x in error_buffer)
             except (TypeError, ValueError):
-                raise SpecError(f"error_buffer ({error_buffer!r}) must be a number or a (min_diff, max_diff) pair") from None
+                raise SpecError(
+                    f"error_buffer ({error_buffer!r}) must be a number or a (min_diff, max_diff) pair"
+                ) from None
         super().__init__(samples_per_insert, min_size_to_sample, min_diff, max_diff)
         spi = self.samples_per_insert
         if max_diff - min_diff < 2 * max(1.0, spi):

@@ -425,8 +425,7 @@ class Shard:
                 rounds += 1
                 if got < n and (sel.mass <= 0 or rounds > 10_000):
                     raise EmptyTableError(
-                        f"shard {self.shard_id}: could draw only {got} of {n} items "
-                        f"(remaining mass {sel.mass:g})"
+                        f"shard {self.shard_id}: could draw only {got} of {n} items (remaining mass {sel.mass:g})"
                     )
             probs = (
                 np.full(n, 1.0 / (mass if mass > 0 else 1.0))

@@ -15,8 +15,9 @@ Examples
 from __future__ import annotations
 
 import keyword
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, Literal
+from typing import Literal
 
 import numpy as np
 
@@ -81,8 +82,7 @@ class ColumnSpec:
             raise SpecError(f"column {self.name!r}: dtype {self.dtype!r} is not a numpy dtype") from None
         if dtype.kind not in "biufc" or dtype.hasobject or dtype.itemsize == 0:
             raise SpecError(
-                f"column {self.name!r}: dtype {dtype} is not allowed; use a bool, integer, "
-                "float or complex dtype"
+                f"column {self.name!r}: dtype {dtype} is not allowed; use a bool, integer, float or complex dtype"
             )
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", dtype)

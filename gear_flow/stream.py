@@ -118,7 +118,13 @@ class Stream:
 
         def request(buf, rng):
             return self.table.sample(
-                self.batch_size, self.length, columns=self.columns, boundary=self.boundary, timeout=self.timeout, out=buf, rng=rng
+                self.batch_size,
+                self.length,
+                columns=self.columns,
+                boundary=self.boundary,
+                timeout=self.timeout,
+                out=buf,
+                rng=rng,
             )
 
         try:

@@ -16,7 +16,7 @@ from the tree after ``refresh_every`` slot changes.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

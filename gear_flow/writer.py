@@ -11,7 +11,7 @@ automatically (``truncated`` in :attr:`EpisodeWriter.ended`) and the next
 from __future__ import annotations
 
 import logging
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -98,7 +98,9 @@ class EpisodeWriter:
             if v.dtype.kind not in "biufc":
                 raise InvalidDataError(f"step column {c.name!r}: dtype {v.dtype} is not numeric; nothing was appended")
             if v.shape != c.shape:
-                raise InvalidDataError(f"step column {c.name!r}: shape {v.shape} must be {c.shape}; nothing was appended")
+                raise InvalidDataError(
+                    f"step column {c.name!r}: shape {v.shape} must be {c.shape}; nothing was appended"
+                )
             if not np.can_cast(v.dtype, c.dtype, "same_kind"):
                 raise InvalidDataError(f"step column {c.name!r}: dtype {v.dtype} cannot be stored as {c.dtype}")
             vals[c.name] = v

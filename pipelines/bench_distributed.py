@@ -81,7 +81,10 @@ def run(workers: int, args, eps, rows, results):
     steps = sum(len(e["reward"]) for e in eps)
     batch_bytes = B * L * step_bytes
     res = {}
-    with LocalCluster(n_workers=workers, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(n_workers=workers, threads_per_worker=2, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         spec = gf.TableSpec(cols, capacity=steps // workers + args.episode_length, num_shards=workers)
         table = DistributedTable.create(client, spec, sampler=gf.Uniform(), seed=0, name=f"bench{workers}")
         t0 = time.perf_counter()
@@ -130,14 +133,37 @@ def run(workers: int, args, eps, rows, results):
             res["transport"] = {
                 "actor_ping_ms": 1e3 * float(np.median(ta)),
                 "actor_batch_ms": 1e3 * float(np.median(tb)),
-                "handler_sample_batch_ms": 1e3 * float(np.median(ts if False else timeit(lambda: table.sample(B, L, out=out), args.repeat))),
+                "handler_sample_batch_ms": 1e3
+                * float(np.median(ts if False else timeit(lambda: table.sample(B, L, out=out), args.repeat))),
                 "handler_info_ms": 1e3 * float(np.median(hp)),
             }
         table.close()
     results[f"workers_{workers}"] = res
-    rows.append({"path": f"external learner, {workers} worker(s)", "GB/s": res["external_gbps"], "ratio": res["external_ratio"], "ref": f"raw Dask {res['raw_dask_gbps']:.3g} GB/s", "target": ">= 0.8"})
-    rows.append({"path": f"external learner + Stream(prefetch=2), {workers}w", "GB/s": res["stream_gbps"], "ratio": res["stream_gbps"] / res["raw_dask_gbps"]})
-    rows.append({"path": f"co-located learner, {workers} worker(s)", "GB/s": co["gbps"], "ratio": res["colocated_ratio"], "ref": f"memcpy {co['memcpy_gbps']:.3g} GB/s", "target": ">= 0.8"})
+    rows.append(
+        {
+            "path": f"external learner, {workers} worker(s)",
+            "GB/s": res["external_gbps"],
+            "ratio": res["external_ratio"],
+            "ref": f"raw Dask {res['raw_dask_gbps']:.3g} GB/s",
+            "target": ">= 0.8",
+        }
+    )
+    rows.append(
+        {
+            "path": f"external learner + Stream(prefetch=2), {workers}w",
+            "GB/s": res["stream_gbps"],
+            "ratio": res["stream_gbps"] / res["raw_dask_gbps"],
+        }
+    )
+    rows.append(
+        {
+            "path": f"co-located learner, {workers} worker(s)",
+            "GB/s": co["gbps"],
+            "ratio": res["colocated_ratio"],
+            "ref": f"memcpy {co['memcpy_gbps']:.3g} GB/s",
+            "target": ">= 0.8",
+        }
+    )
     rows.append({"path": f"per-batch overhead (B=1, L=1), {workers}w", "ms": res["batch_overhead_ms"]})
     rows.append({"path": f"insert, {workers} worker(s)", "GB/s": res["insert_gbps"]})
 
@@ -161,10 +187,14 @@ def main(argv=None):
     local = gf.LocalTable(gf.TableSpec(reference_columns(), capacity=args.episodes * args.episode_length), seed=0)
     local.insert(eps)
     small = gf.SampleBuffers(local.spec, local.spec.names, 1, 1)
-    results["local_batch_overhead_ms"] = 1e3 * float(np.median(timeit(lambda: local.sample(1, 1, out=small), args.repeat * 3)))
+    results["local_batch_overhead_ms"] = 1e3 * float(
+        np.median(timeit(lambda: local.sample(1, 1, out=small), args.repeat * 3))
+    )
     rows.append({"path": "per-batch overhead (B=1, L=1), LocalTable", "ms": results["local_batch_overhead_ms"]})
-    results["memcpy_batch_gbps"] = memcpy_gbps(args.batch_size * args.length * sum(c.nbytes for c in reference_columns()))
-    del local
+    results["memcpy_batch_gbps"] = memcpy_gbps(
+        args.batch_size * args.length * sum(c.nbytes for c in reference_columns())
+    )
+    local = None
     for w in (1, 2):
         run(w, args, eps, rows, results)
     tr = results["workers_1"].get("transport")

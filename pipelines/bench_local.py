@@ -72,7 +72,9 @@ def bench_gear_flow(args, eps, rows, results):
     ts = timeit(insert_once, repeat=max(3, len(eps) // per_call))
     ins = call_bytes / float(np.median(ts)) / 1e9
     results["insert"] = {"gbps": ins, "memcpy_gbps": ref_ins, "ratio": ins / ref_ins, "target": 0.5}
-    rows.append({"path": f"insert ({per_call} episodes/call)", "GB/s": ins, "x memcpy": ins / ref_ins, "target": ">= 0.5"})
+    rows.append(
+        {"path": f"insert ({per_call} episodes/call)", "GB/s": ins, "x memcpy": ins / ref_ins, "target": ">= 0.5"}
+    )
 
     # -- memory ---------------------------------------------------------------------
     nb = table.nbytes()
@@ -99,8 +101,16 @@ def bench_gear_flow(args, eps, rows, results):
     ts = timeit(lambda: table.sample(B, L, out=out), repeat=args.repeat)
     uni = batch_bytes / float(np.median(ts)) / 1e9
     results["uniform"] = {"gbps": uni, "ratio": uni / ref_batch, "ms": 1e3 * float(np.median(ts)), "target": 1.0}
-    rows.append({"path": "uniform windows", "GB/s": uni, "x memcpy": uni / ref_batch, "ms": 1e3 * np.median(ts), "target": ">= 1.0"})
-    del table
+    rows.append(
+        {
+            "path": "uniform windows",
+            "GB/s": uni,
+            "x memcpy": uni / ref_batch,
+            "ms": 1e3 * np.median(ts),
+            "target": ">= 1.0",
+        }
+    )
+    table = None
     gc.collect()
 
     # -- prioritized windows + priority update -------------------------------------------------
@@ -118,9 +128,15 @@ def bench_gear_flow(args, eps, rows, results):
     pri = batch_bytes / float(np.median(ts)) / 1e9
     results["prioritized"] = {"gbps": pri, "ratio": pri / ref_batch, "ms": 1e3 * float(np.median(ts)), "target": 0.8}
     rows.append(
-        {"path": "prioritized windows + update", "GB/s": pri, "x memcpy": pri / ref_batch, "ms": 1e3 * np.median(ts), "target": ">= 0.8"}
+        {
+            "path": "prioritized windows + update",
+            "GB/s": pri,
+            "x memcpy": pri / ref_batch,
+            "ms": 1e3 * np.median(ts),
+            "target": ">= 0.8",
+        }
     )
-    del table
+    table = None
     gc.collect()
 
 
@@ -153,13 +169,13 @@ def bench_latency(args, eps, rows, results):
                 i += per
             out = gf.SampleBuffers(spec, spec.names, B, L)
 
-            def once():
+            def once(table=table, out=out, rng=rng):
                 b = table.sample(B, L, out=out)
                 table.update_priorities(b.keys, rng.random(B) + 0.01)
 
             ts = timeit(once, repeat=args.repeat * 2)
             lat[cap] = float(np.median(ts))
-            del table, out
+            table = out = None
             gc.collect()
         small, large = lat[args.small_capacity], lat[args.large_capacity]
         results["latency"][variant] = {
@@ -231,16 +247,29 @@ def bench_torchrl(args, eps, rows, results):
         ins_s = time.perf_counter() - t0
         rng = np.random.default_rng(0)
 
-        def once(rb=rb, name=name):
+        def once(rb=rb, name=name, rng=rng):
             s = rb.sample()
             if name == "prioritized":
                 rb.update_priority(s["index"], torch.from_numpy(rng.random(len(s["index"])) + 0.01))
 
         ts = timeit(once, repeat=max(3, args.repeat // 2))
         g = batch_bytes / float(np.median(ts)) / 1e9
-        out[name] = {"gbps": g, "ratio": g / ref_batch, "ms": 1e3 * float(np.median(ts)), "insert_gbps": steps * step_bytes / ins_s / 1e9}
+        out[name] = {
+            "gbps": g,
+            "ratio": g / ref_batch,
+            "ms": 1e3 * float(np.median(ts)),
+            "insert_gbps": steps * step_bytes / ins_s / 1e9,
+        }
         ours = results[name]["gbps"]
-        rows.append({"path": f"torchrl {name} windows", "GB/s": g, "x memcpy": g / ref_batch, "ms": 1e3 * np.median(ts), "note": f"gear_flow is {ours / g:.1f}x"})
+        rows.append(
+            {
+                "path": f"torchrl {name} windows",
+                "GB/s": g,
+                "x memcpy": g / ref_batch,
+                "ms": 1e3 * np.median(ts),
+                "note": f"gear_flow is {ours / g:.1f}x",
+            }
+        )
         del rb
         gc.collect()
     results["torchrl"] = out

@@ -70,15 +70,33 @@ def main(argv=None) -> dict:
         T = int(rng.integers(40, 200))
         obs = rng.standard_normal((T, obs_dim), dtype=np.float32)
         eps.append({"obs": obs, "reward": obs @ w})
-    spec = gf.TableSpec((gf.ColumnSpec("obs", (obs_dim,), np.float32), gf.ColumnSpec("reward", (), np.float32)), capacity=20_000, num_shards=2)
-    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, Client(cluster) as client:
+    spec = gf.TableSpec(
+        (gf.ColumnSpec("obs", (obs_dim,), np.float32), gf.ColumnSpec("reward", (), np.float32)),
+        capacity=20_000,
+        num_shards=2,
+    )
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):
         table = DistributedTable.create(client, spec, sampler=gf.Uniform(), seed=0, name="colocated")
         table.insert(eps)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         futs = [
-            client.submit(learner, table.name, rank, 2, port, args.steps, args.batch_size, args.length, workers=[table.placement[rank]], pure=False)
+            client.submit(
+                learner,
+                table.name,
+                rank,
+                2,
+                port,
+                args.steps,
+                args.batch_size,
+                args.length,
+                workers=[table.placement[rank]],
+                pure=False,
+            )
             for rank in range(2)
         ]
         results = client.gather(futs)

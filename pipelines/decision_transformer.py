@@ -29,7 +29,18 @@ class DecisionTransformer(nn.Module):
         Returns-to-go are divided by this before embedding.
     """
 
-    def __init__(self, obs_dim, num_actions, context=20, max_timestep=1024, d_model=64, layers=2, heads=2, dropout=0.1, rtg_scale=100.0):
+    def __init__(
+        self,
+        obs_dim,
+        num_actions,
+        context=20,
+        max_timestep=1024,
+        d_model=64,
+        layers=2,
+        heads=2,
+        dropout=0.1,
+        rtg_scale=100.0,
+    ):
         super().__init__()
         self.context, self.num_actions, self.rtg_scale, self.heads = context, num_actions, rtg_scale, heads
         self.embed_rtg = nn.Linear(1, d_model)
@@ -40,7 +51,9 @@ class DecisionTransformer(nn.Module):
         layer = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout, batch_first=True, norm_first=True)
         self.blocks = nn.TransformerEncoder(layer, layers)
         self.head = nn.Linear(d_model, num_actions)
-        self.register_buffer("causal", torch.triu(torch.ones(3 * context, 3 * context, dtype=torch.bool), 1), persistent=False)
+        self.register_buffer(
+            "causal", torch.triu(torch.ones(3 * context, 3 * context, dtype=torch.bool), 1), persistent=False
+        )
 
     def forward(self, rtg, obs, action, timestep, mask):
         """Action logits ``[B, L, num_actions]`` from ``rtg [B, L]``, ``obs [B, L, obs_dim]``,
@@ -62,7 +75,9 @@ class DecisionTransformer(nn.Module):
     def loss(self, batch) -> torch.Tensor:
         """Cross-entropy of the actions on real (unpadded) steps of a replay batch."""
         logits = self(batch["rtg"], batch["obs"], batch["action"], batch["timestep"], batch.mask)
-        ce = nn.functional.cross_entropy(logits.reshape(-1, self.num_actions), batch["action"].reshape(-1), reduction="none")
+        ce = nn.functional.cross_entropy(
+            logits.reshape(-1, self.num_actions), batch["action"].reshape(-1), reduction="none"
+        )
         m = batch.mask.reshape(-1).float()
         return (ce * m).sum() / m.sum()
 
@@ -77,7 +92,9 @@ class DecisionTransformer(nn.Module):
         return int(logits[0, -1].argmax())
 
 
-def evaluate(model: DecisionTransformer, env_id: str, target_return: float, episodes: int, seed: int = 1000, max_steps: int = 500) -> list[float]:
+def evaluate(
+    model: DecisionTransformer, env_id: str, target_return: float, episodes: int, seed: int = 1000, max_steps: int = 500
+) -> list[float]:
     """Returns of ``episodes`` greedy roll-outs conditioned on ``target_return``."""
     import gymnasium as gym
     import numpy as np

@@ -54,13 +54,13 @@ def main(argv=None) -> dict:
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
 
+    import make_dataset
     import torch
+    from decision_transformer import DecisionTransformer, evaluate
     from distributed import Client, LocalCluster
     from tqdm import tqdm
 
     import gear_flow as gf
-    import make_dataset
-    from decision_transformer import DecisionTransformer, evaluate
     from gear_flow.distributed import DistributedTable
     from gear_flow.ingest import episode_columns, ingest
 
@@ -76,8 +76,12 @@ def main(argv=None) -> dict:
     else:
         ds = make_dataset.main(["--out", args.data, "--episodes", str(args.episodes), "--seed", str(args.seed)])
         stats_file.write_text(json.dumps(ds, default=str))
-    source = {"minari": ds["paths"]["minari"], "d4rl": ds["paths"]["d4rl"], "parquet": ds["paths"]["parquet"]}[args.format]
-    print(f"dataset: {ds['episodes']} episodes, {ds['steps']} steps; return mean {ds['mean_return']:.1f}, best {ds['best_return']:.1f}")
+    source = {"minari": ds["paths"]["minari"], "d4rl": ds["paths"]["d4rl"], "parquet": ds["paths"]["parquet"]}[
+        args.format
+    ]
+    print(
+        f"dataset: {ds['episodes']} episodes, {ds['steps']} steps; return mean {ds['mean_return']:.1f}, best {ds['best_return']:.1f}"
+    )
 
     # 2. cluster, table, ingestion ------------------------------------------------------------
     cluster = None
@@ -92,7 +96,13 @@ def main(argv=None) -> dict:
         per_shard = int(ds["steps"] / n_workers * 1.5) + 1000
         spec = gf.TableSpec(cols, capacity=per_shard, num_shards=n_workers)
         table = DistributedTable.create(
-            client, spec, sampler=gf.Uniform(), boundary="pad_head", tier=args.tier, seed=args.seed, name=f"offline-dt-{os.getpid()}"
+            client,
+            spec,
+            sampler=gf.Uniform(),
+            boundary="pad_head",
+            tier=args.tier,
+            seed=args.seed,
+            name=f"offline-dt-{os.getpid()}",
         )
         t0 = time.perf_counter()
         report = ingest(table, source, fmt=args.format)
@@ -104,11 +114,15 @@ def main(argv=None) -> dict:
 
         # 3. training ----------------------------------------------------------------------------
         max_t = int(max(ds["steps"], 1))
-        model = DecisionTransformer(ds["obs_dim"], ds["n_actions"], context=args.context, max_timestep=min(max_t, 4096), rtg_scale=100.0)
+        model = DecisionTransformer(
+            ds["obs_dim"], ds["n_actions"], context=args.context, max_timestep=min(max_t, 4096), rtg_scale=100.0
+        )
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=1e-4)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
         losses, evals = [], []
-        stream = gf.Stream(table, args.batch_size, args.context, columns=COLUMNS, prefetch=2, num_batches=args.steps, seed=args.seed)
+        stream = gf.Stream(
+            table, args.batch_size, args.context, columns=COLUMNS, prefetch=2, num_batches=args.steps, seed=args.seed
+        )
         bar = tqdm(total=args.steps, disable=args.no_progress, desc="train", unit="batch")
         t0 = time.perf_counter()
         train_s = 0.0
@@ -122,17 +136,24 @@ def main(argv=None) -> dict:
             losses.append(loss.item())
             bar.update(1)
             if step % 20 == 0:
-                bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}", bps=f"{(step + 1) / (time.perf_counter() - t0):.1f}")
+                bar.set_postfix(
+                    loss=f"{np.mean(losses[-20:]):.3f}", bps=f"{(step + 1) / (time.perf_counter() - t0):.1f}"
+                )
             if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
                 te = time.perf_counter()
                 r = evaluate(model, ds["env_id"], args.target_return, args.eval_episodes, seed=10_000 + step)
                 evals.append((step + 1, float(np.mean(r)), float(np.std(r))))
                 t0 += time.perf_counter() - te  # batches/s counts training only
-                bar.write(f"step {step + 1}: eval return {np.mean(r):.1f} ± {np.std(r):.1f} (target {args.target_return:g})")
+                bar.write(
+                    f"step {step + 1}: eval return {np.mean(r):.1f} ± {np.std(r):.1f} (target {args.target_return:g})"
+                )
         bar.close()
         train_s = time.perf_counter() - t0
         ckpt = out / "decision_transformer.pt"
-        torch.save({"model": model.state_dict(), "args": vars(args), "obs_dim": ds["obs_dim"], "n_actions": ds["n_actions"]}, ckpt)
+        torch.save(
+            {"model": model.state_dict(), "args": vars(args), "obs_dim": ds["obs_dim"], "n_actions": ds["n_actions"]},
+            ckpt,
+        )
         info = table.info()
         table.close()
     finally:
@@ -169,7 +190,11 @@ def main(argv=None) -> dict:
         "ingest_s": t_ingest,
         "first_loss": float(np.mean(losses[:20])),
         "last_loss": float(np.mean(losses[-20:])),
-        "table": {"size": info["size"], "shards": [s["size"] for s in info["shards"]], "sampled": info["totals"]["sampled"]},
+        "table": {
+            "size": info["size"],
+            "shards": [s["size"] for s in info["shards"]],
+            "sampled": info["totals"]["sampled"],
+        },
         "ingest": {"episodes": report.episodes_stored, "steps": report.steps_stored},
         "plot": str(plot),
         "checkpoint": str(ckpt),

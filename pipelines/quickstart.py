@@ -59,7 +59,9 @@ def main(argv=None) -> dict:
         capacity=50_000,
         num_shards=2,
     )
-    table = gf.LocalTable(spec, sampler=gf.Prioritized(alpha=0.6, beta=0.4), rate_limiter=gf.MinSize(1000), seed=args.seed)
+    table = gf.LocalTable(
+        spec, sampler=gf.Prioritized(alpha=0.6, beta=0.4), rate_limiter=gf.MinSize(1000), seed=args.seed
+    )
     eps = make_episodes(args.episodes, rng, w)
     t0 = time.perf_counter()
     for i in range(0, len(eps), 20):

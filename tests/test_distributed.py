@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 import torch
 from distributed import Client, LocalCluster
+from helpers import COLUMNS, Catalog, check_windows, chi2_critical, episode
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable
 from gear_flow.keys import decode
-
-from helpers import COLUMNS, Catalog, check_windows, chi2_critical, episode
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -90,7 +89,7 @@ def test_prioritized_global_distribution_matches_chi_square(client):
                 assert prob == pytest.approx(expected[int(key)] / total, rel=1e-9)
                 counts[int(key)] += 1
             w = b.weights.numpy()
-            ref = p ** -0.5
+            ref = p**-0.5
             np.testing.assert_allclose(w, ref / ref.max(), rtol=1e-5)
             draws += len(k)
         exp = np.array([expected[k] / total * draws for k in expected])
@@ -104,6 +103,7 @@ def test_prioritized_global_distribution_matches_chi_square(client):
 def test_inserts_from_client_threads_and_worker_tasks_reconcile(client):
     t = DistributedTable.create(client, spec(capacity=3000), seed=2, name="concurrent")
     try:
+
         def client_writer(k):
             for j in range(5):
                 t.insert([episode(100 * k + j + 1, 30 + j)])
@@ -205,7 +205,9 @@ def test_stream_dataloader_and_colocated_learner(client):
     try:
         cat = DCatalog()
         cat.insert(t, [(i + 1, 40) for i in range(6)])
-        dl = torch.utils.data.DataLoader(gf.Stream(t, 16, 5, prefetch=3, num_batches=12, seed=0).dataset(), batch_size=None)
+        dl = torch.utils.data.DataLoader(
+            gf.Stream(t, 16, 5, prefetch=3, num_batches=12, seed=0).dataset(), batch_size=None
+        )
         n = 0
         for b in dl:
             check_windows(b, cat, 5, "strict")
@@ -246,7 +248,10 @@ def test_ddp_two_ranks_with_gloo(client, tmp_path):
         procs = [
             subprocess.Popen(
                 [sys.executable, str(script), addr, "ddp", str(r), "2", f"file://{tmp_path}/store"],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
             for r in range(2)
         ]
@@ -287,7 +292,10 @@ def test_ucx_transport_over_tcp():
 
 def test_lost_worker_error_and_degraded_mode():
     with dask.config.set({"distributed.comm.timeouts.connect": "3s"}):
-        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster, Client(cluster) as c:
+        with (
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+            Client(cluster) as c,
+        ):
             strict = DistributedTable.create(c, spec(), seed=9, name="strict")
             soft = DistributedTable.create(c, spec(), seed=9, name="soft", degraded=True)
             for t in (strict, soft):
@@ -313,9 +321,16 @@ def test_cli_info_and_list(client):
     try:
         t.insert([episode(1, 12), episode(2, 8)])
         addr = client.scheduler.address
-        r = subprocess.run([sys.executable, "-m", "gear_flow", "list", "--scheduler", addr], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "gear_flow", "list", "--scheduler", addr], capture_output=True, text=True, timeout=60
+        )
         assert "cli-table" in r.stdout, r.stderr
-        r = subprocess.run([sys.executable, "-m", "gear_flow", "info", "--scheduler", addr, "--table", "cli-table"], capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "gear_flow", "info", "--scheduler", addr, "--table", "cli-table"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr
         assert "cli-table: 20 items" in r.stdout
         assert len([line for line in r.stdout.splitlines() if "tcp://" in line]) == 2  # one line per shard

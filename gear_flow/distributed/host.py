@@ -14,9 +14,9 @@ import threading
 import numpy as np
 
 from ..errors import GearFlowError, SpecError
+from ..sample import SampleBuffers
 from ..selectors import OrderedSelector, from_config
 from ..shard import EpisodeBatch, Shard
-from ..sample import SampleBuffers
 from ..spec import TableSpec
 from ..table.local import LocalTable
 
@@ -79,7 +79,9 @@ class ShardHost:
         try:
             return t.shards[int(shard_id)]
         except KeyError:
-            raise SpecError(f"shard {shard_id} of table {name!r} is not on this worker (here: {sorted(t.shards)})") from None
+            raise SpecError(
+                f"shard {shard_id} of table {name!r} is not on this worker (here: {sorted(t.shards)})"
+            ) from None
 
     # -- writing ----------------------------------------------------------------------
     def insert(self, name, shard_id, chunks: list, lengths, episode_ids, stamps, priorities=None) -> dict:
@@ -158,9 +160,7 @@ class ShardHost:
                     q = np.ones(len(sl))
                 n = len(sl)
                 if out is None:
-                    buf = {
-                        c: np.empty((n, length, max(t.spec.column(c).nbytes, 1)), dtype=np.uint8) for c in columns
-                    }
+                    buf = {c: np.empty((n, length, max(t.spec.column(c).nbytes, 1)), dtype=np.uint8) for c in columns}
                     off = 0
                 else:
                     buf = out
@@ -191,8 +191,13 @@ class ShardHost:
         res = {"expired": expired}
         if out is None:
             res.update(
-                data=buf.bytes, keys=buf.keys, probabilities=buf.probabilities, weights=buf.weights,
-                mask=buf.mask, episode_ids=buf.episode_ids, timesteps=buf.timesteps,
+                data=buf.bytes,
+                keys=buf.keys,
+                probabilities=buf.probabilities,
+                weights=buf.weights,
+                mask=buf.mask,
+                episode_ids=buf.episode_ids,
+                timesteps=buf.timesteps,
             )
         return res
 

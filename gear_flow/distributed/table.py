@@ -30,7 +30,7 @@ from ..keys import decode
 from ..rate_limiters import MinSize, RateLimiter
 from ..rate_limiters import to_config as limiter_config
 from ..sample import SampleBatch, SampleBuffers
-from ..selectors import Fifo, OrderedSelector, Selector, Uniform
+from ..selectors import Fifo, Selector, Uniform
 from ..selectors import to_config as selector_config
 from ..spec import TableSpec
 from ..table import two_level
@@ -207,7 +207,11 @@ class DistributedTable:
             await asyncio.gather(
                 *(_call(ctx, a, "create", name=name, config=cfg, shard_ids=ids) for a, ids in by_worker.items())
             )
-            _raise(await ctx.scheduler.gear_flow_coord(action="register", name=name, config=cfg, placement={str(k): v for k, v in placement.items()}))
+            _raise(
+                await ctx.scheduler.gear_flow_coord(
+                    action="register", name=name, config=cfg, placement={str(k): v for k, v in placement.items()}
+                )
+            )
             return _raise(await ctx.scheduler.gear_flow_coord(action="lookup", name=name))
 
         state = ctx.sync(setup)
@@ -276,7 +280,9 @@ class DistributedTable:
     async def _handle_lost(self, addrs):
         shards = sorted(s for s, a in self.placement.items() if a in addrs and s not in self.lost)
         for s in shards:
-            self.lost[s] = (await self._coord("mark_lost", shard=s, detail=f"worker {self.placement[s]} unreachable"))[s]
+            self.lost[s] = (await self._coord("mark_lost", shard=s, detail=f"worker {self.placement[s]} unreachable"))[
+                s
+            ]
         if not self.degraded:
             raise ShardLostError(
                 shards[0] if shards else -1,
@@ -320,7 +326,14 @@ class DistributedTable:
             dest_i = route(lengths, len(local), self.spec.capacity, self.routing, self._rr)
             dest = np.array(local)[dest_i]
         else:
-            dest_i = route(lengths, len(alive), self.spec.capacity, self.routing, self._rr, None if shard is None else alive.index(shard))
+            dest_i = route(
+                lengths,
+                len(alive),
+                self.spec.capacity,
+                self.routing,
+                self._rr,
+                None if shard is None else alive.index(shard),
+            )
             dest = np.array(alive)[dest_i]
         self._rr += len(eps)
         limiter = _limiter_for_checks(self._config)
@@ -329,7 +342,10 @@ class DistributedTable:
         items_of = item_off[1:] - item_off[:-1]
         per_shard = {int(s): int(items_of[dest == s].sum()) for s in np.unique(dest)}
         adm = await self._coord(
-            "admit_insert", n=n_items, episodes=len(eps), per_shard=per_shard,
+            "admit_insert",
+            n=n_items,
+            episodes=len(eps),
+            per_shard=per_shard,
             timeout=self.timeout if timeout is None else timeout,
         )
         ids = adm["first_episode_id"] + np.arange(len(eps), dtype=np.int64)
@@ -339,7 +355,19 @@ class DistributedTable:
             sel = np.flatnonzero(dest == s)
             p = None if pr is None else np.concatenate([pr[item_off[i] : item_off[i + 1]] for i in sel])
             calls[self.placement[int(s)]].append(
-                (int(s), sel, dict(name=self.name, shard_id=int(s), chunks=[checked[i][0] for i in sel], lengths=lengths[sel], episode_ids=ids[sel], stamps=stamps[sel], priorities=p))
+                (
+                    int(s),
+                    sel,
+                    dict(
+                        name=self.name,
+                        shard_id=int(s),
+                        chunks=[checked[i][0] for i in sel],
+                        lengths=lengths[sel],
+                        episode_ids=ids[sel],
+                        stamps=stamps[sel],
+                        priorities=p,
+                    ),
+                )
             )
 
         async def one_worker(addr, items):
@@ -392,7 +420,9 @@ class DistributedTable:
                     calls[self.placement[s]][s] = sl
             res = await self._on_workers({a: ("remove", dict(name=self.name, slots=sl)) for a, sl in calls.items()})
         else:
-            res = await self._on_workers({a: ("masses", dict(name=self.name, length=1, boundary="pad_tail", kind="remover")) for a in workers})
+            res = await self._on_workers(
+                {a: ("masses", dict(name=self.name, length=1, boundary="pad_tail", kind="remover")) for a in workers}
+            )
             masses = {s: m for r in res.values() for s, m in r.items()}
             shards = sorted(masses)
             m = np.array([masses[s] for s in shards])
@@ -402,7 +432,10 @@ class DistributedTable:
                 if c:
                     calls[self.placement[s]][s] = int(c)
             res = await self._on_workers(
-                {a: ("remove", dict(name=self.name, counts=c, seed=int(self.rng.integers(2**63)))) for a, c in calls.items()}
+                {
+                    a: ("remove", dict(name=self.name, counts=c, seed=int(self.rng.integers(2**63))))
+                    for a, c in calls.items()
+                }
             )
         per = {s: k for r in res.values() for s, k in r.items() if k}
         if per:
@@ -415,18 +448,26 @@ class DistributedTable:
         return EpisodeWriter(self, max_episode_length=max_episode_length, shard=shard, timeout=timeout)
 
     # -- sampling ------------------------------------------------------------------------------------
-    def sample(self, batch_size: int, length: int = 1, *, columns=None, boundary=None, timeout=None, out=None, rng=None) -> SampleBatch:
+    def sample(
+        self, batch_size: int, length: int = 1, *, columns=None, boundary=None, timeout=None, out=None, rng=None
+    ) -> SampleBatch:
         """Sample ``batch_size`` windows of ``length`` steps from all shards; see :class:`SampleBatch`."""
-        return self._ctx.sync(self.sample_async, batch_size, length, columns=columns, boundary=boundary, timeout=timeout, out=out, rng=rng)
+        return self._ctx.sync(
+            self.sample_async, batch_size, length, columns=columns, boundary=boundary, timeout=timeout, out=out, rng=rng
+        )
 
-    async def sample_async(self, batch_size, length=1, *, columns=None, boundary=None, timeout=None, out=None, rng=None):
+    async def sample_async(
+        self, batch_size, length=1, *, columns=None, boundary=None, timeout=None, out=None, rng=None
+    ):
         boundary = self.boundary if boundary is None else boundary
         check_sample_args(batch_size, length, boundary)
         columns = self.spec.names if columns is None else tuple(columns)
         for c in columns:
             self.spec.column(c)
         if out is not None and not out.matches(columns, batch_size, length):
-            raise SpecError(f"out buffers are for columns={out.columns}, batch_size={out.batch_size}, length={out.length}")
+            raise SpecError(
+                f"out buffers are for columns={out.columns}, batch_size={out.batch_size}, length={out.length}"
+            )
         _limiter_for_checks(self._config).check_sample_size(batch_size)
         self._check_not_lost()
         rng = self.rng if rng is None else rng
@@ -437,7 +478,9 @@ class DistributedTable:
                     workers = self._workers()
                     if len(workers) == 1:  # every live shard on one worker: one call does it all
                         addr = next(iter(workers))
-                        out, expired = await self._sample_one_worker(addr, out, batch_size, length, boundary, columns, rng)
+                        out, expired = await self._sample_one_worker(
+                            addr, out, batch_size, length, boundary, columns, rng
+                        )
                     else:
                         if out is None:
                             out = SampleBuffers(self.spec, columns, batch_size, length)
@@ -482,7 +525,9 @@ class DistributedTable:
         if not workers:
             raise EmptyTableError(f"table {self.name!r} has no reachable shard")
         if self._ordered:
-            res = await self._on_workers({a: ("candidates", dict(name=self.name, n=B, length=L, boundary=boundary)) for a in workers})
+            res = await self._on_workers(
+                {a: ("candidates", dict(name=self.name, n=B, length=L, boundary=boundary)) for a in workers}
+            )
             per = [(s, c) for a in sorted(res) for s, c in sorted(res[a].items())]
             if not any(len(c[0]) for _, c in per):
                 await self._raise_empty(L, boundary)
@@ -491,10 +536,14 @@ class DistributedTable:
             for (s, _), sl in zip(per, chosen):
                 if len(sl):
                     parts[self.placement[s]][s] = sl
-            return await self._execute(out, 0, {a: dict(slots=sl) for a, sl in parts.items()}, {}, L, boundary, columns, rng)
+            return await self._execute(
+                out, 0, {a: dict(slots=sl) for a, sl in parts.items()}, {}, L, boundary, columns, rng
+            )
         if self._epochs:
             return await self._sample_epoch(out, workers, B, L, boundary, columns, rng)
-        res = await self._on_workers({a: ("masses", dict(name=self.name, length=L, boundary=boundary, kind="sampler")) for a in workers})
+        res = await self._on_workers(
+            {a: ("masses", dict(name=self.name, length=L, boundary=boundary, kind="sampler")) for a in workers}
+        )
         masses = {s: m for r in res.values() for s, m in r.items()}
         shards = sorted(masses)
         m = np.array([masses[s] for s in shards])
@@ -512,7 +561,9 @@ class DistributedTable:
         """WithoutReplacement: a uniform subset of the global epoch; a new epoch starts on every shard when it runs out."""
         done, expired, fresh = 0, {}, False
         while done < B:
-            res = await self._on_workers({a: ("masses", dict(name=self.name, length=L, boundary=boundary, kind="unseen")) for a in workers})
+            res = await self._on_workers(
+                {a: ("masses", dict(name=self.name, length=L, boundary=boundary, kind="unseen")) for a in workers}
+            )
             unseen = {s: int(round(m)) for r in res.values() for s, m in r.items()}
             shards = sorted(unseen)
             u = np.array([unseen[s] for s in shards])
@@ -530,7 +581,11 @@ class DistributedTable:
                 if c:
                     parts[self.placement[s]][s] = int(c)
             scale = {s: 1.0 for s in shards}  # shards report 1 / (their unseen); rescaled below
-            for s, k in (await self._execute(out, done, {a: dict(counts=c) for a, c in parts.items()}, scale, L, boundary, columns, rng)).items():
+            for s, k in (
+                await self._execute(
+                    out, done, {a: dict(counts=c) for a, c in parts.items()}, scale, L, boundary, columns, rng
+                )
+            ).items():
                 expired[s] = expired.get(s, 0) + k
             out.probabilities[done : done + take] = 1.0 / left
             done += take
@@ -547,8 +602,14 @@ class DistributedTable:
         calls = {}
         for a, kw in plan.items():
             args = dict(
-                name=self.name, length=L, boundary=boundary, columns=columns, seed=int(rng.integers(2**63)),
-                counts=kw.get("counts"), masses=kw.get("masses"), slots=kw.get("slots"),
+                name=self.name,
+                length=L,
+                boundary=boundary,
+                columns=columns,
+                seed=int(rng.integers(2**63)),
+                counts=kw.get("counts"),
+                masses=kw.get("masses"),
+                slots=kw.get("slots"),
             )
             if a == self._ctx.local_addr and self._ctx.local_plugin is not None:
                 args.update(out=out.bytes, offsets=offsets)  # co-located: gather straight into the batch
@@ -556,7 +617,7 @@ class DistributedTable:
         res = await self._on_workers(calls)
         expired = {}
         j = np.arange(L)
-        for a, parts_ in res.items():
+        for parts_ in res.values():
             for s, r in parts_.items():
                 o = offsets[s]
                 n = len(r["seqs"])
@@ -619,7 +680,10 @@ class DistributedTable:
             raise SpecError("priorities must not be None")
         if len(by) > 1:  # unknown keys anywhere must stop the whole call before any worker applies it
             await self._on_workers({a: ("check_keys", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()})
-        calls = {a: ("update", dict(name=self.name, seqs_by_shard=s, prios_by_shard={i: pr[idx[a][i]] for i in s})) for a, s in by.items()}
+        calls = {
+            a: ("update", dict(name=self.name, seqs_by_shard=s, prios_by_shard={i: pr[idx[a][i]] for i in s}))
+            for a, s in by.items()
+        }
         res = await self._on_workers(calls)
         stale = sum(res.values()) + on_lost
         return UpdateResult(len(k) - stale, stale)
@@ -650,7 +714,9 @@ class DistributedTable:
         for s, v in state["lost"].items():
             self.lost[int(s)] = v
         calls = {a: ("info", dict(name=self.name)) for a in self._workers()}
-        res = await asyncio.gather(*(_call(self._ctx, a, *calls[a][0:1], **calls[a][1]) for a in calls), return_exceptions=True)
+        res = await asyncio.gather(
+            *(_call(self._ctx, a, *calls[a][0:1], **calls[a][1]) for a in calls), return_exceptions=True
+        )
         shards = []
         unreachable = []
         for a, r in zip(calls, res):
@@ -660,7 +726,11 @@ class DistributedTable:
                 for i in r:
                     shards.append({**i, "worker": a})
         shards.sort(key=lambda i: i["shard"])
-        keys = [k for k in (shards[0] if shards else {}) if k not in ("shard", "capacity", "write_pos", "worker", "longest_episode")]
+        keys = [
+            k
+            for k in (shards[0] if shards else {})
+            if k not in ("shard", "capacity", "write_pos", "worker", "longest_episode")
+        ]
         return {
             "name": self.name,
             "size": sum(i["size"] for i in shards),

@@ -18,7 +18,6 @@ from numba import njit, prange
 
 from ._mem import copy_bytes, zero_bytes
 
-
 #: below this many output bytes one thread copies: a parallel region costs tens of
 #: microseconds, and much more when the cores are oversubscribed (Dask workers,
 #: learners and actors sharing a machine), which would dominate small batches.

@@ -21,7 +21,8 @@ Two families:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, ClassVar, Protocol
+from collections.abc import Callable
+from typing import ClassVar, Protocol
 
 import numpy as np
 

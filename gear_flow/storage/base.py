@@ -9,7 +9,7 @@ gear_flow never imports CuPy or touches CUDA.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -78,4 +78,6 @@ def get_tier(tier: str | StorageTier) -> StorageTier:
     try:
         return _TIERS[tier]()
     except KeyError:
-        raise SpecError(f"storage tier {tier!r} is unknown; available: {sorted(set(_TIERS) | {'pinned', 'device'})}") from None
+        raise SpecError(
+            f"storage tier {tier!r} is unknown; available: {sorted(set(_TIERS) | {'pinned', 'device'})}"
+        ) from None

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import config
-from ..errors import EmptyTableError, SpecError, TableClosedError, RateLimitTimeout
+from ..errors import EmptyTableError, RateLimitTimeout, SpecError, TableClosedError
 from ..keys import decode
 from ..rate_limiters import MinSize, Queue, RateLimiter, Stack
 from ..sample import SampleBatch, SampleBuffers
-from ..selectors import Fifo, Lifo, OrderedSelector, Selector, Uniform, WeightedSelector
+from ..selectors import Fifo, Lifo, OrderedSelector, Selector, Uniform
 from ..shard import EpisodeBatch, Shard
 from ..spec import TableSpec
 from . import two_level
@@ -125,7 +125,9 @@ class LocalTable:
             if not isinstance(sel, Selector):
                 raise SpecError(f"{role} must be a Selector instance, got {sel!r}")
         if not remover.can_remove:
-            raise SpecError(f"{remover!r} cannot be used as a remover; use Fifo, Lifo, MinHeap, MaxHeap, Uniform or Prioritized")
+            raise SpecError(
+                f"{remover!r} cannot be used as a remover; use Fifo, Lifo, MinHeap, MaxHeap, Uniform or Prioritized"
+            )
         if isinstance(max_times_sampled, bool) or not isinstance(max_times_sampled, int) or max_times_sampled < 0:
             raise SpecError(f"max_times_sampled ({max_times_sampled!r}) must be an integer >= 0")
         self.rate_limiter = MinSize(1) if rate_limiter is None else rate_limiter
@@ -219,7 +221,9 @@ class LocalTable:
             self._cond.wait(remaining)
 
     # -- writing --------------------------------------------------------------------------
-    def insert(self, episodes, priorities=None, *, timeout: float | None = None, shard: int | None = None) -> InsertResult:
+    def insert(
+        self, episodes, priorities=None, *, timeout: float | None = None, shard: int | None = None
+    ) -> InsertResult:
         """Insert whole episodes, all or nothing.
 
         Parameters
@@ -248,7 +252,9 @@ class LocalTable:
         self.rate_limiter.check_insert_size(n_items)
         item_off = np.concatenate(([0], np.cumsum(lengths if step_items else np.ones_like(lengths))))
         with self._cond:
-            self._wait(lambda: self.rate_limiter.can_insert(n_items, self.size), timeout, f"an insert of {n_items} items")
+            self._wait(
+                lambda: self.rate_limiter.can_insert(n_items, self.size), timeout, f"an insert of {n_items} items"
+            )
             ids = self._next_episode_id + np.arange(len(eps), dtype=np.int64)
             self._next_episode_id += len(eps)
             stamps = self._stamp + item_off[:-1]
@@ -344,7 +350,9 @@ class LocalTable:
         self.rate_limiter.check_sample_size(batch_size)
         locks = [s.lock for s in self.shards]
         with self._cond:
-            self._wait(lambda: self.rate_limiter.can_sample(batch_size, self.size), timeout, f"a sample of {batch_size}")
+            self._wait(
+                lambda: self.rate_limiter.can_sample(batch_size, self.size), timeout, f"a sample of {batch_size}"
+            )
             self.rate_limiter.on_sample(batch_size)
             # Take the shard locks before any other call is admitted: an insert admitted
             # after this sample must not reach the shards before the sample has taken
@@ -357,7 +365,9 @@ class LocalTable:
         try:
             try:
                 with out.gather_stream():  # device buffers: gather on the learner's torch stream
-                    size = self._sample_into(out, batch_size, length, boundary, columns, self.rng if rng is None else rng)
+                    size = self._sample_into(
+                        out, batch_size, length, boundary, columns, self.rng if rng is None else rng
+                    )
             finally:
                 for lk in reversed(locks):
                     lk.release()
@@ -517,11 +527,7 @@ class LocalTable:
     def info(self) -> dict:
         """Sizes, counters per shard and in total, limiter state, selectors."""
         shards = [s.info() for s in self.shards]
-        totals = {
-            k: sum(si[k] for si in shards)
-            for k in shards[0]
-            if k not in ("shard", "capacity", "write_pos")
-        }
+        totals = {k: sum(si[k] for si in shards) for k in shards[0] if k not in ("shard", "capacity", "write_pos")}
         return {
             "size": self.size,
             "max_size": self.spec.max_size,
@@ -585,7 +591,9 @@ class LocalTable:
         return {"path": str(final), "pause_s": pause, "seconds": time.perf_counter() - t0, "bytes": nbytes}
 
     @classmethod
-    def restore(cls, path, *, tier: str | None = None, seed: int | None = None, timeout: float | None = None) -> LocalTable:
+    def restore(
+        cls, path, *, tier: str | None = None, seed: int | None = None, timeout: float | None = None
+    ) -> LocalTable:
         """A table rebuilt from a checkpoint directory (verified before anything is built)."""
         from .. import checkpoint as ck
         from ..errors import CheckpointError
@@ -597,7 +605,9 @@ class LocalTable:
         try:
             spec = TableSpec.from_dict(cfg["spec"])
             shard_ids = sorted(int(k) for k in m["files"])
-            loaded = {i: ck.read_shard_file(path, m["files"][str(i)]["file"], m["files"][str(i)]["sha256"]) for i in shard_ids}
+            loaded = {
+                i: ck.read_shard_file(path, m["files"][str(i)]["file"], m["files"][str(i)]["sha256"]) for i in shard_ids
+            }
             table = cls(
                 spec,
                 sampler=selector_from(cfg["sampler"]),
@@ -616,7 +626,11 @@ class LocalTable:
         for s in table.shards:
             ck.restore_shard(s, loaded[s.shard_id], m["files"][str(s.shard_id)]["meta"])
         st = m["state"]
-        table._next_episode_id, table._stamp, table._rr = st["next_episode_id"], st["stamp"], st["rr"] % len(table.shards)
+        table._next_episode_id, table._stamp, table._rr = (
+            st["next_episode_id"],
+            st["stamp"],
+            st["rr"] % len(table.shards),
+        )
         return table
 
     def nbytes(self) -> dict:

@@ -56,8 +56,6 @@ def merge_candidates_with_positions(
     return chosen, where
 
 
-
-
 def importance_weights(probabilities: np.ndarray, beta: float, out: np.ndarray) -> np.ndarray:
     """``(P_i)^-beta`` normalised by the batch maximum (the ``N`` factor cancels)."""
     if beta == 0.0 or len(probabilities) == 0:
