@@ -38,6 +38,10 @@ class TableState:
         self.next_episode_id = 0
         self.next_stamp = 0
         self.lost: dict[int, dict] = {}
+        #: items ever inserted per shard (what a lost shard had received since a checkpoint)
+        self.shard_inserted = {s: 0 for s in self.placement}
+        #: bumped whenever placement or lost shards change, so handles know to refresh
+        self.version = 0
         self.closed = False
         self.cond = asyncio.Condition()
 
@@ -49,7 +53,12 @@ class TableState:
             "size": self.size,
             "shard_size": dict(self.shard_size),
             "rate_limiter": self.limiter.info(),
+            "rate_limiter_config": to_config(self.limiter),
             "lost": self.lost,
+            "shard_inserted": dict(self.shard_inserted),
+            "next_episode_id": self.next_episode_id,
+            "next_stamp": self.next_stamp,
+            "version": self.version,
             "closed": self.closed,
         }
 
@@ -81,6 +90,8 @@ class GearFlowCoordinator(SchedulerPlugin):
             "rollback_sample": self._rollback_sample,
             "removed": self._removed,
             "mark_lost": self._mark_lost,
+            "restore_state": self._restore_state,
+            "shard_restored": self._shard_restored,
             "close": self._close,
             "drop": self._drop,
             "list": self._list,
@@ -130,11 +141,12 @@ class GearFlowCoordinator(SchedulerPlugin):
             t.size += n
             for s, k in (per_shard or {}).items():
                 t.shard_size[int(s)] = t.shard_size.get(int(s), 0) + int(k)
+                t.shard_inserted[int(s)] = t.shard_inserted.get(int(s), 0) + int(k)
             first_id, first_stamp = t.next_episode_id, t.next_stamp
             t.next_episode_id += episodes
             t.next_stamp += n
             t.cond.notify_all()
-        return {"first_episode_id": first_id, "first_stamp": first_stamp}
+        return {"first_episode_id": first_id, "first_stamp": first_stamp, "version": t.version}
 
     async def _rollback_insert(self, name, n, per_shard=None):
         t = self._table(name)
@@ -143,6 +155,7 @@ class GearFlowCoordinator(SchedulerPlugin):
             t.size -= n
             for s, k in (per_shard or {}).items():
                 t.shard_size[int(s)] -= int(k)
+                t.shard_inserted[int(s)] -= int(k)
             t.cond.notify_all()
         return True
 
@@ -152,7 +165,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         async with t.cond:
             t.limiter.on_sample(n)
             t.cond.notify_all()
-        return True
+        return {"version": t.version}
 
     async def _rollback_sample(self, name, n):
         t = self._table(name)
@@ -176,11 +189,41 @@ class GearFlowCoordinator(SchedulerPlugin):
         async with t.cond:
             if int(shard) not in t.lost:
                 size = t.shard_size.get(int(shard), 0)
-                t.lost[int(shard)] = {"size_at_loss": int(size), "detail": detail}
+                t.lost[int(shard)] = {
+                    "size_at_loss": int(size),
+                    "inserted_at_loss": int(t.shard_inserted.get(int(shard), 0)),
+                    "detail": detail,
+                }
                 t.size -= int(size)
                 t.shard_size[int(shard)] = 0
+                t.version += 1
             t.cond.notify_all()
         return t.lost
+
+    async def _restore_state(self, name, state):
+        """Counters of a restored table (from its checkpoint)."""
+        t = self._table(name)
+        async with t.cond:
+            t.size = int(state["size"])
+            t.shard_size = {int(k): int(v) for k, v in state["shard_size"].items()}
+            t.shard_inserted = {int(k): int(v) for k, v in state["shard_inserted"].items()}
+            t.next_episode_id = int(state["next_episode_id"])
+            t.next_stamp = int(state["next_stamp"])
+            t.cond.notify_all()
+        return True
+
+    async def _shard_restored(self, name, shard, worker, size, inserted):
+        """A lost shard was rebuilt on ``worker`` from a checkpoint holding ``size`` items."""
+        t = self._table(name)
+        async with t.cond:
+            lost = t.lost.pop(int(shard), None)
+            t.placement[int(shard)] = worker
+            t.shard_size[int(shard)] = int(size)
+            t.size += int(size)
+            t.shard_inserted[int(shard)] = int(inserted)
+            t.version += 1
+            t.cond.notify_all()
+        return lost
 
     async def _close(self, name):
         t = self._table(name)

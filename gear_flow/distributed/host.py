@@ -247,6 +247,50 @@ class ShardHost:
                     k[int(i)] = t.shards[int(i)].remove_by_remover(int(c), rng)
         return k
 
+    # -- checkpoints --------------------------------------------------------------------------
+    def checkpoint(self, name, directory) -> dict:
+        """Snapshot every hosted shard (under its lock) and write it to ``directory``.
+
+        Returns ``{shard: {"file", "sha256", "meta", "pause_s"}}``.
+        """
+        import time
+        from pathlib import Path
+
+        from .. import checkpoint as ck
+
+        out = {}
+        for i, s in sorted(self.table(name).shards.items()):
+            t0 = time.perf_counter()
+            arrays, meta = ck.snapshot_shard(s)
+            pause = time.perf_counter() - t0
+            f, digest = ck.write_shard_file(Path(directory), i, arrays)
+            out[i] = {"file": f, "sha256": digest, "meta": meta, "pause_s": pause}
+        return out
+
+    def restore(self, name, config: dict, directory, files: dict, tier: str | None = None) -> dict:
+        """Create the table's shards ``files`` (``{shard: entry}``) here from a checkpoint directory.
+
+        Shards already hosted are replaced.  Every file is verified before any shard is built.
+        """
+        from pathlib import Path
+
+        from .. import checkpoint as ck
+
+        loaded = {int(i): ck.read_shard_file(Path(directory), e["file"], e["sha256"]) for i, e in files.items()}
+        with self.lock:
+            old = self.tables.get(name)
+            have = set(old.shards) if old is not None else set()
+            ids = sorted(have | set(loaded))
+            t = HostedTable(name, config, ids, tier)
+            for i in ids:
+                if i in loaded:
+                    ck.restore_shard(t.shards[i], loaded[i], files[i]["meta"])
+                else:  # keep shards this worker already hosts
+                    t.local.shards[t.local.shards.index(t.shards[i])] = old.shards[i]
+                    t.shards[i] = old.shards[i]
+            self.tables[name] = t
+        return {i: t.shards[i].size for i in loaded}
+
     def info(self, name) -> list[dict]:
         return [{**s.info(), "longest_episode": s.longest_episode()} for s in self.table(name).shards.values()]
 

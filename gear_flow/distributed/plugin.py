@@ -45,6 +45,8 @@ OPS = {
     "remover_candidates": ShardHost.remover_candidates,
     "remove": ShardHost.remove,
     "info": ShardHost.info,
+    "checkpoint": ShardHost.checkpoint,
+    "restore": ShardHost.restore,
     "nbytes": ShardHost.nbytes,
 }
 

@@ -122,6 +122,7 @@ class DistributedTable:
         self._remover_ordered = cfg["remover"]["kind"] in ("fifo", "lifo", "max_heap", "min_heap")
         self.rng = np.random.default_rng(seed)
         self._rr = 0
+        self._version = state.get("version", 0)
         #: bytes of windows gathered in-process (co-located) vs received over the comm
         self.stats = {"local_bytes": 0, "remote_bytes": 0, "batches": 0}
 
@@ -259,6 +260,15 @@ class DistributedTable:
     async def _coord(self, op, **kw):
         return _raise(await self._ctx.scheduler.gear_flow_coord(action=op, name=self.name, **kw))
 
+    async def _refresh(self, version=None):
+        """Pick up placement / lost-shard changes made by other handles (restores, losses)."""
+        if version is not None and version == self._version:
+            return
+        st = await self._coord("lookup")
+        self.placement = {int(k): v for k, v in st["placement"].items()}
+        self.lost = {int(k): v for k, v in st["lost"].items()}
+        self._version = st["version"]
+
     async def _on_workers(self, calls: dict):
         """Run ``{addr: (op, kwargs)}`` in parallel; lost workers → ShardLostError or degraded mode."""
         addrs = list(calls)
@@ -348,6 +358,7 @@ class DistributedTable:
             per_shard=per_shard,
             timeout=self.timeout if timeout is None else timeout,
         )
+        await self._refresh(adm["version"])  # shards may have moved (restored) since routing
         ids = adm["first_episode_id"] + np.arange(len(eps), dtype=np.int64)
         stamps = adm["first_stamp"] + item_off[:-1]
         calls = defaultdict(list)
@@ -471,7 +482,8 @@ class DistributedTable:
         _limiter_for_checks(self._config).check_sample_size(batch_size)
         self._check_not_lost()
         rng = self.rng if rng is None else rng
-        await self._coord("admit_sample", n=batch_size, timeout=self.timeout if timeout is None else timeout)
+        adm = await self._coord("admit_sample", n=batch_size, timeout=self.timeout if timeout is None else timeout)
+        await self._refresh(adm["version"])
         try:
             for attempt in range(5):
                 try:
@@ -746,6 +758,152 @@ class DistributedTable:
             "unreachable_workers": unreachable,
             "placement": self.placement,
         }
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def checkpoint(self, path) -> dict:
+        """Atomic, checksummed checkpoint of every live shard into directory ``path``.
+
+        ``path`` must be visible to the workers (a shared filesystem; any local
+        path for a LocalCluster).  Each worker snapshots its shards under their
+        locks (the only pause: a memory copy) and writes them while sampling and
+        inserting continue; the coordinator's counters are recorded after the
+        snapshots so that restored tables never reuse episode ids.  Returns
+        ``{"path", "pause_s" (longest shard pause), "seconds", "shards"}``.
+        """
+        return self._ctx.sync(self.checkpoint_async, path)
+
+    async def checkpoint_async(self, path) -> dict:
+        import time
+        from pathlib import Path
+
+        from .. import checkpoint as ck
+
+        t0 = time.perf_counter()
+        final = Path(path).absolute()
+        tmp = ck.temp_dir(final)
+        try:
+            res = await self._on_workers(
+                {a: ("checkpoint", dict(name=self.name, directory=str(tmp))) for a in self._workers()}
+            )
+            files = {str(s): e for r in res.values() for s, e in r.items()}
+            st = await self._coord("lookup")
+            cfg = {**self._config, "rate_limiter": st["rate_limiter_config"]}
+            state = {k: st[k] for k in ("size", "shard_size", "shard_inserted", "next_episode_id", "next_stamp")}
+            state["shard_size"] = {str(k): v for k, v in state["shard_size"].items() if int(k) not in self.lost}
+            state["shard_inserted"] = {str(k): v for k, v in state["shard_inserted"].items()}
+            state["size"] = sum(state["shard_size"].values())
+            ck.commit(tmp, final, ck.new_manifest("distributed", cfg, state, files))
+        except BaseException:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        pause = max((e["pause_s"] for e in files.values()), default=0.0)
+        return {
+            "path": str(final),
+            "pause_s": pause,
+            "seconds": time.perf_counter() - t0,
+            "shards": sorted(int(k) for k in files),
+        }
+
+    @classmethod
+    def restore(
+        cls, client, path, *, name: str | None = None, workers=None, seed=None, timeout=None
+    ) -> DistributedTable:
+        """A table rebuilt from a checkpoint onto ``workers`` (default: all; any number, any addresses).
+
+        Every shard file is verified (SHA-256, format version, spec) by the worker
+        that loads it before anything is built.
+        """
+        from pathlib import Path
+
+        from .. import checkpoint as ck
+
+        path = Path(path).absolute()
+        m = ck.read_manifest(path)
+        if m.get("kind") != "distributed":
+            from ..errors import CheckpointError
+
+            raise CheckpointError(f"{path} holds a {m.get('kind')!r} checkpoint; use LocalTable.restore")
+        cfg = m["table"]
+        client.register_plugin(GearFlowCoordinator())
+        client.register_plugin(GearFlowWorker())
+        addrs = list(workers) if workers is not None else sorted(client.scheduler_info()["workers"])
+        shard_ids = sorted(int(k) for k in m["files"])
+        placement = {s: addrs[j % len(addrs)] for j, s in enumerate(shard_ids)}
+        name = name or f"table-{uuid.uuid4().hex[:8]}"
+        ctx = _Context(client=client)
+
+        async def go():
+            by_worker = defaultdict(dict)
+            for s, a in placement.items():
+                by_worker[a][s] = m["files"][str(s)]
+            await asyncio.gather(
+                *(
+                    _call(ctx, a, "restore", name=name, config=cfg, directory=str(path), files=f)
+                    for a, f in by_worker.items()
+                )
+            )
+            _raise(
+                await ctx.scheduler.gear_flow_coord(
+                    action="register", name=name, config=cfg, placement={str(k): v for k, v in placement.items()}
+                )
+            )
+            _raise(await ctx.scheduler.gear_flow_coord(action="restore_state", name=name, state=m["state"]))
+            return _raise(await ctx.scheduler.gear_flow_coord(action="lookup", name=name))
+
+        return cls(ctx, name, ctx.sync(go), seed=seed, timeout=timeout)
+
+    def restore_shard(self, shard: int, path, worker: str | None = None) -> dict:
+        """Rebuild a lost shard from checkpoint ``path`` on ``worker`` (default: the least loaded live one).
+
+        Returns what was lost: ``inserted_at_loss`` (items the shard had received
+        when it was lost), ``inserted_at_checkpoint``, their difference
+        ``lost_items`` (inserted after the checkpoint, gone), and ``items_restored``.
+        """
+        return self._ctx.sync(self.restore_shard_async, shard, path, worker)
+
+    async def restore_shard_async(self, shard: int, path, worker=None) -> dict:
+        from pathlib import Path
+
+        from .. import checkpoint as ck
+
+        path = Path(path).absolute()
+        m = ck.read_manifest(path)
+        entry = m["files"].get(str(shard))
+        if entry is None:
+            raise ShardLostError(shard, f"checkpoint {path} has no file for shard {shard}")
+        await self._refresh()
+        if worker is None:
+            alive = self._workers()
+            if not alive:
+                raise ShardLostError(shard, "no live worker to restore onto")
+            worker = min(alive, key=lambda a: (len(alive[a]), a))
+        restored = (
+            await self._on_workers(
+                {
+                    worker: (
+                        "restore",
+                        dict(name=self.name, config=self._config, directory=str(path), files={shard: entry}),
+                    )
+                }
+            )
+        )[worker]
+        meta = entry["meta"]
+        lost = await self._coord(
+            "shard_restored", shard=shard, worker=worker, size=restored[shard], inserted=meta["counters"]["inserted"]
+        )
+        await self._refresh()
+        report = {
+            "shard": shard,
+            "worker": worker,
+            "items_restored": restored[shard],
+            "inserted_at_checkpoint": meta["counters"]["inserted"],
+        }
+        if lost:
+            report["inserted_at_loss"] = lost["inserted_at_loss"]
+            report["lost_items"] = lost["inserted_at_loss"] - meta["counters"]["inserted"]
+        return report
 
     def close(self, drop: bool = True) -> None:
         """Close the table (blocked callers get TableClosedError) and free its shards."""

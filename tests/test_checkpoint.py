@@ -1,0 +1,180 @@
+"""Checkpoints: atomic, checksummed, no pickle; restore locally, onto other clusters, and of a lost shard."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import zipfile
+
+import dask
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+from helpers import COLUMNS, episode, reconcile
+
+import gear_flow as gf
+from gear_flow.distributed import DistributedTable
+from gear_flow.errors import CheckpointError
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def local_table(**kw):
+    spec = gf.TableSpec(COLUMNS, capacity=300, num_shards=2)
+    t = gf.LocalTable(
+        spec, sampler=gf.Prioritized(0.7, 0.5), rate_limiter=gf.SampleToInsertRatio(2, 10, 10_000), seed=0, **kw
+    )
+    rng = np.random.default_rng(0)
+    for i in range(30):
+        t.insert([episode(i + 1, int(rng.integers(3, 30)))], priorities=rng.random())
+    b = t.sample(16, 3)
+    t.update_priorities(b.keys, np.arange(16) + 1.0)
+    return t
+
+
+def test_local_roundtrip_is_exact(tmp_path):
+    t = local_table()
+    res = t.checkpoint(tmp_path / "ck")
+    assert res["pause_s"] < res["seconds"]
+    t2 = gf.LocalTable.restore(tmp_path / "ck")
+    assert t.info() == t2.info()
+    assert t.rate_limiter.info() == t2.rate_limiter.info()
+    t.rng, t2.rng = np.random.default_rng(7), np.random.default_rng(7)
+    b1, b2 = t.sample(32, 4), t2.sample(32, 4)
+    for f in ("keys", "probabilities", "weights", "mask", "episode_ids", "timesteps"):
+        assert np.array_equal(getattr(b1, f).numpy(), getattr(b2, f).numpy()), f
+    for c in b1.data:
+        assert np.array_equal(b1[c].numpy(), b2[c].numpy())
+    r1, r2 = t.insert([episode(99, 5)]), t2.insert([episode(99, 5)])  # ids and keys continue identically
+    assert np.array_equal(r1.episode_ids, r2.episode_ids) and np.array_equal(r1.first_keys, r2.first_keys)
+    reconcile(t2)
+
+
+def test_files_hold_no_pickle_and_manifest_is_versioned(tmp_path):
+    local_table().checkpoint(tmp_path / "ck")
+    m = json.loads((tmp_path / "ck" / "manifest.json").read_text())
+    assert m["format"] == "gear-flow-checkpoint" and m["version"] == 1
+    for e in m["files"].values():
+        with zipfile.ZipFile(tmp_path / "ck" / e["file"]) as z:
+            for n in z.namelist():
+                with z.open(n) as f:
+                    head = f.read(10)
+                    assert head[:6] == b"\x93NUMPY"  # plain .npy members
+        with np.load(tmp_path / "ck" / e["file"], allow_pickle=False) as z:
+            assert all(z[k].dtype != object for k in z.files)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left behind
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "manifest", "version", "missing"])
+def test_corrupted_checkpoint_is_refused(tmp_path, damage):
+    local_table().checkpoint(tmp_path / "ck")
+    d = tmp_path / "ck"
+    shard = d / "shard-0.npz"
+    if damage == "flip":
+        b = bytearray(shard.read_bytes())
+        b[len(b) // 2] ^= 0xFF
+        shard.write_bytes(bytes(b))
+    elif damage == "truncate":
+        shard.write_bytes(shard.read_bytes()[:100])
+    elif damage == "manifest":
+        (d / "manifest.json").write_text("{not json")
+    elif damage == "version":
+        m = json.loads((d / "manifest.json").read_text())
+        m["version"] = 999
+        (d / "manifest.json").write_text(json.dumps(m))
+    else:
+        shard.unlink()
+    with pytest.raises(CheckpointError):
+        gf.LocalTable.restore(d)
+
+
+def test_mismatched_table_is_refused(tmp_path):
+    local_table().checkpoint(tmp_path / "ck")
+    m = json.loads((tmp_path / "ck" / "manifest.json").read_text())
+    m["table"]["spec"]["capacity"] = 301  # the arrays no longer fit the spec
+    (tmp_path / "ck" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(CheckpointError, match="capacity|column"):
+        gf.LocalTable.restore(tmp_path / "ck")
+
+
+def test_checkpoint_while_writers_and_samplers_run(tmp_path):
+    t = local_table()
+    stop = threading.Event()
+    errors = []
+
+    def work():
+        rng = np.random.default_rng(1)
+        try:
+            while not stop.is_set():
+                t.insert([episode(int(rng.integers(1, 50)), 10)])
+                b = t.sample(8, 2)
+                t.update_priorities(b.keys, rng.random(8) + 0.1)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    th = threading.Thread(target=work)
+    th.start()
+    try:
+        results = [t.checkpoint(tmp_path / f"ck{i}") for i in range(5)]
+    finally:
+        stop.set()
+        th.join()
+    assert not errors
+    for i, r in enumerate(results):
+        assert r["pause_s"] < 0.5
+        t2 = gf.LocalTable.restore(tmp_path / f"ck{i}")
+        reconcile(t2)  # each shard's snapshot is self-consistent
+
+
+@pytest.fixture
+def cluster3():
+    with dask.config.set({"distributed.comm.timeouts.connect": "3s"}):
+        with (
+            LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=None) as c,
+            Client(c) as cl,
+        ):
+            yield cl
+
+
+def test_distributed_checkpoint_restore_elsewhere_and_after_a_kill(cluster3, tmp_path):
+    c = cluster3
+    workers = sorted(c.scheduler_info()["workers"])
+    spec = gf.TableSpec(COLUMNS, capacity=400, num_shards=2)
+    t = DistributedTable.create(
+        c, spec, sampler=gf.Prioritized(0.6, 0.4), workers=workers[:2], degraded=True, seed=0, name="ck"
+    )
+    t.insert([episode(i + 1, 20) for i in range(10)])
+    b = t.sample(16, 2)
+    t.update_priorities(b.keys, np.full(16, 3.0))
+    ck = t.checkpoint(tmp_path / "ck")
+    assert ck["shards"] == [0, 1]
+    before = t.info()
+
+    # restore onto other workers (one worker holding both shards)
+    t2 = DistributedTable.restore(c, tmp_path / "ck", name="ck-copy", workers=[workers[2]])
+    info2 = t2.info()
+    assert set(t2.placement.values()) == {workers[2]}
+    assert info2["size"] == before["size"] and info2["totals"]["inserted"] == before["totals"]["inserted"]
+    assert [s["size"] for s in info2["shards"]] == [s["size"] for s in before["shards"]]
+    assert info2["rate_limiter"]["inserts"] == before["rate_limiter"]["inserts"]
+    r = t2.insert([episode(77, 4)])
+    assert int(r.episode_ids[0]) >= 10  # ids continue after the checkpoint's
+    t2.close()
+
+    # more data after the checkpoint, then lose shard 1's worker
+    res = t.insert([episode(50 + i, 10) for i in range(4)])
+    after_ck_on_1 = 10 * int((res.shards == 1).sum())
+    victim = t.placement[1]
+    os.kill(c.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+    b = t.sample(8, 1)  # degraded: notices the loss, serves from shard 0
+    assert set(gf.keys.decode(b.keys.numpy())[0].tolist()) == {0}
+    assert 1 in t.info()["lost"]
+    rep = t.restore_shard(1, tmp_path / "ck")
+    assert rep["lost_items"] == after_ck_on_1  # exactly the items inserted after the checkpoint
+    assert rep["items_restored"] == before["shards"][1]["size"]
+    info = t.info()
+    assert not info["lost"] and info["size"] == info["coordinator_size"]
+    shards = set(gf.keys.decode(t.sample(64, 1).keys.numpy())[0].tolist())
+    assert shards == {0, 1}
