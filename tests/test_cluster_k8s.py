@@ -142,10 +142,10 @@ def unknown_fields(obj, schema: dict, path: str = "") -> list[str]:
 
 @pytest.mark.parametrize("name", sorted(MANIFESTS))
 def test_manifests_match_the_operator_crds(name):
-    import jsonschema
-
     doc = load(name)
     api_version, schema = _crd_schema(doc["kind"])
+    import jsonschema
+
     assert doc["apiVersion"] == api_version
     jsonschema.validate({k: v for k, v in doc.items() if k != "metadata"}, schema)
     assert not unknown_fields(doc["spec"], schema["properties"]["spec"], "spec")
@@ -153,10 +153,10 @@ def test_manifests_match_the_operator_crds(name):
 
 def test_strict_check_catches_a_typo():
     """The unknown-field check is what catches a misspelt field (the schema alone allows extra fields)."""
+    _, schema = _crd_schema("DaskCluster")
     import jsonschema
 
     doc = load("daskcluster.yaml")
-    _, schema = _crd_schema("DaskCluster")
     doc["spec"]["worker"]["spec"]["containers"][0]["resource"] = {"limits": {"nvidia.com/gpu": 1}}
     jsonschema.validate({k: v for k, v in doc.items() if k != "metadata"}, schema)
     assert unknown_fields(doc["spec"], schema["properties"]["spec"], "spec") == [

@@ -87,7 +87,6 @@ class ShardHost:
     def insert(self, name, shard_id, chunks: list, lengths, episode_ids, stamps, priorities=None) -> dict:
         """Store validated episodes; ``chunks`` are column dicts written back to back."""
         s = self.shard(name, shard_id)
-        before = s.counters.evicted
         batch = EpisodeBatch(
             list(chunks),
             np.asarray(lengths, dtype=np.int64),
@@ -95,8 +94,12 @@ class ShardHost:
             np.asarray(stamps, dtype=np.int64),
             None if priorities is None else np.asarray(priorities, dtype=np.float64),
         )
-        first_keys, n_items = s.insert(batch)
-        return {"first_keys": first_keys, "num_items": n_items, "evicted": s.counters.evicted - before, "size": s.size}
+        with s.lock:  # concurrent inserts: count only this one's evictions
+            before = s.counters.evicted
+            first_keys, n_items = s.insert(batch)
+            evicted = s.counters.evicted - before
+            size = s.size
+        return {"first_keys": first_keys, "num_items": n_items, "evicted": evicted, "size": size}
 
     # -- selection ----------------------------------------------------------------------
     def masses(self, name, length, boundary, kind: str = "sampler") -> dict:
@@ -185,9 +188,16 @@ class ShardHost:
         """The whole two-level sample over this worker's shards (when they are all the live ones)."""
         t = self.table(name)
         buf = SampleBuffers(t.spec, columns, n, length) if out is None else out
-        before = {i: s.counters.expired for i, s in t.shards.items()}
-        t.local._sample_into(buf, n, length, boundary, tuple(columns), np.random.default_rng(seed))
-        expired = {i: s.counters.expired - before[i] for i, s in t.shards.items() if s.counters.expired - before[i]}
+        locks = [s.lock for _, s in sorted(t.shards.items())]
+        for lk in locks:  # concurrent samples: count only this one's expirations
+            lk.acquire()
+        try:
+            before = {i: s.counters.expired for i, s in t.shards.items()}
+            t.local._sample_into(buf, n, length, boundary, tuple(columns), np.random.default_rng(seed))
+            expired = {i: s.counters.expired - before[i] for i, s in t.shards.items() if s.counters.expired - before[i]}
+        finally:
+            for lk in reversed(locks):
+                lk.release()
         res = {"expired": expired}
         if out is None:
             res.update(
