@@ -12,7 +12,8 @@
 #   GEAR_FLOW_INTERFACE       network interface to listen on, e.g. ib0 (UCX over InfiniBand) or eth0
 #   GEAR_FLOW_DASK            the dask command (default: dask)
 #
-# It exports DASK_CONFIG (this folder's config/), and, with TLS, the DASK_DISTRIBUTED__COMM__TLS__*
+# It exports DASK_CONFIG (this folder's config/; if you already set DASK_CONFIG, that folder is kept:
+# copy config/gear-flow.yaml into it), and, with TLS, the DASK_DISTRIBUTED__COMM__TLS__*
 # variables so that any Client started from this shell (gear-flow, Python) uses the certificates.
 # shellcheck shell=bash
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 from . import config  # noqa: F401  registers dask.config defaults
 from .errors import (
     CapacityError,
+    CheckpointError,
+    CoordinatorLostError,
     EmptyTableError,
     GearFlowError,
     InvalidDataError,
@@ -32,6 +34,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CapacityError",
+    "CheckpointError",
+    "CoordinatorLostError",
     "ColumnSpec",
     "EmptyTableError",
     "EpisodeWriter",

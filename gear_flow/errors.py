@@ -142,5 +142,9 @@ class ShardLostError(GearFlowError, RuntimeError):
         return (type(self), (self.shard, self.detail))
 
 
+class CoordinatorLostError(GearFlowError, ConnectionError):
+    """The scheduler (which coordinates distributed tables) cannot be reached."""
+
+
 class CheckpointError(GearFlowError, ValueError):
     """A checkpoint is corrupted, of another version, or does not match the table."""

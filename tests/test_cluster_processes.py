@@ -149,7 +149,11 @@ def test_tls_cluster_from_launch_scripts(tmp_path):
     assert r.returncode == 0, r.stderr
     port = free_port()
     addr = f"tls://127.0.0.1:{port}"
-    env = cluster_env(GEAR_FLOW_TLS_DIR=certs, GEAR_FLOW_HOST="127.0.0.1", GEAR_FLOW_SCHEDULER_PORT=port,
+    # the deployment's config, in a copy: packages imported by `dask` commands (dask-kubernetes)
+    # write their default config files into $DASK_CONFIG, which should not be the source tree here
+    (tmp_path / "config").mkdir()
+    shutil.copy(CLUSTER / "config" / "gear-flow.yaml", tmp_path / "config")
+    env = cluster_env(DASK_CONFIG=tmp_path / "config", GEAR_FLOW_TLS_DIR=certs, GEAR_FLOW_HOST="127.0.0.1", GEAR_FLOW_SCHEDULER_PORT=port,
                       GEAR_FLOW_DASHBOARD="none", GEAR_FLOW_NTHREADS=2, GEAR_FLOW_MEMORY_LIMIT="2GB",
                       GEAR_FLOW_LOCAL_DIRECTORY=tmp_path / "scratch")  # fmt: skip
     procs = Processes(tmp_path)

@@ -82,7 +82,11 @@ def attempt(t, fn, *args, **kw):
 
 
 @SETTINGS
-@given(eps=st.one_of(junk_episode(), st.lists(junk_episode(), max_size=4)), prios=priorities, shard=st.one_of(st.none(), junk_scalar))
+@given(
+    eps=st.one_of(junk_episode(), st.lists(junk_episode(), max_size=4)),
+    prios=priorities,
+    shard=st.one_of(st.none(), junk_scalar),
+)
 def test_fuzz_insert(eps, prios, shard):
     t = fresh()
     attempt(t, t.insert, eps, prios, shard=shard if isinstance(shard, int) and not isinstance(shard, bool) else None)
@@ -106,7 +110,9 @@ def test_fuzz_sample(batch, length, boundary, columns):
 
 @SETTINGS
 @given(
-    keys=st.one_of(junk_scalar, st.lists(st.integers(-(2**63), 2**63 - 1), max_size=6), st.lists(junk_scalar, max_size=4)),
+    keys=st.one_of(
+        junk_scalar, st.lists(st.integers(-(2**63), 2**63 - 1), max_size=6), st.lists(junk_scalar, max_size=4)
+    ),
     prios=priorities,
     use_real=st.booleans(),
 )
@@ -125,7 +131,9 @@ def test_fuzz_writer(step, prio):
     w = t.writer()
     good = {k: v[0] for k, v in episode(5, 1).items()}
     w.append(good)
-    single = step if not isinstance(step, dict) else {k: (v[0] if np.ndim(v) > 0 and len(v) else v) for k, v in step.items()}
+    single = (
+        step if not isinstance(step, dict) else {k: (v[0] if np.ndim(v) > 0 and len(v) else v) for k, v in step.items()}
+    )
     before = snapshot(t)
     try:
         w.append(single, priority=prio if not isinstance(prio, (str, type(None))) or prio is None else prio)

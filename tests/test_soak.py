@@ -53,9 +53,14 @@ def test_soak():
     spi, min_size, buffer = 2.0, 200, 400.0
     limiter = gf.SampleToInsertRatio(samples_per_insert=spi, min_size_to_sample=min_size, error_buffer=buffer)
     with dask.config.set({"distributed.comm.timeouts.connect": "5s"}):
-        with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster, Client(cluster) as c:
+        with (
+            LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster,
+            Client(cluster) as c,
+        ):
             spec = gf.TableSpec(COLUMNS, capacity=1500, num_shards=2)  # small: the rings wrap and evict
-            table = DistributedTable.create(c, spec, sampler=gf.Prioritized(0.6, 0.4), rate_limiter=limiter, timeout=1.0, seed=0, name="soak")
+            table = DistributedTable.create(
+                c, spec, sampler=gf.Prioritized(0.6, 0.4), rate_limiter=limiter, timeout=1.0, seed=0, name="soak"
+            )
             stop = threading.Event()
             stop_ev = Event("soak-stop", client=c)
             counts = {"inserts": 0, "samples": 0, "updates": 0, "timeouts": 0}
@@ -71,7 +76,9 @@ def test_soak():
                 try:
                     while not stop.is_set():
                         try:
-                            table.insert([episode(int(rng.integers(1, 999)), int(rng.integers(5, 40))) for _ in range(2)])
+                            table.insert(
+                                [episode(int(rng.integers(1, 999)), int(rng.integers(5, 40))) for _ in range(2)]
+                            )
                             count("inserts")
                         except gf.RateLimitTimeout:
                             count("timeouts")
@@ -108,7 +115,9 @@ def test_soak():
 
             info = table.info()
             tot = info["totals"]
-            assert tot["inserted"] == tot["size"] + tot["evicted"] + tot["removed"] + tot["deleted"] + tot["expired"], tot
+            assert tot["inserted"] == tot["size"] + tot["evicted"] + tot["removed"] + tot["deleted"] + tot["expired"], (
+                tot
+            )
             for s in info["shards"]:
                 assert s["inserted"] == s["size"] + s["evicted"] + s["removed"] + s["deleted"] + s["expired"], s
             assert info["size"] == info["coordinator_size"]

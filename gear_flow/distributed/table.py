@@ -258,7 +258,15 @@ class DistributedTable:
         return dict(by)
 
     async def _coord(self, op, **kw):
-        return _raise(await self._ctx.scheduler.gear_flow_coord(action=op, name=self.name, **kw))
+        try:
+            resp = await self._ctx.scheduler.gear_flow_coord(action=op, name=self.name, **kw)
+        except _COMM_ERRORS as e:
+            from ..errors import CoordinatorLostError
+
+            raise CoordinatorLostError(
+                f"table {self.name!r}: the scheduler at {self._ctx.scheduler.address} cannot be reached ({type(e).__name__}: {e})"
+            ) from e
+        return _raise(resp)
 
     async def _refresh(self, version=None):
         """Pick up placement / lost-shard changes made by other handles (restores, losses)."""

@@ -1,0 +1,98 @@
+"""A closed table, a lost scheduler: clear errors within bounded time, never a hang."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import dask
+import pytest
+from distributed import Client, LocalCluster
+from helpers import COLUMNS, episode
+
+import gear_flow as gf
+from gear_flow.distributed import DistributedTable
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def spec():
+    return gf.TableSpec(COLUMNS, capacity=500, num_shards=2)
+
+
+def test_closing_wakes_blocked_callers_and_refuses_new_ones():
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as c,
+    ):
+        t = DistributedTable.create(c, spec(), rate_limiter=gf.MinSize(100), seed=0)
+        t.insert([episode(1, 10)])
+        got = []
+
+        def blocked():
+            try:
+                t.sample(4, 1, timeout=60)
+            except gf.GearFlowError as e:
+                got.append(e)
+
+        th = threading.Thread(target=blocked)
+        th.start()
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        t.close()
+        th.join(timeout=20)
+        assert not th.is_alive() and time.monotonic() - t0 < 20
+        assert isinstance(got[0], gf.TableClosedError)
+        with pytest.raises(gf.GearFlowError):
+            t.insert([episode(2, 3)])
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_lost_scheduler_is_a_clear_error(tmp_path):
+    port = _free_port()
+    addr = f"tcp://127.0.0.1:{port}"
+    py = os.path.dirname(sys.executable)
+    sched = subprocess.Popen(
+        [f"{py}/dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    worker = subprocess.Popen(
+        [f"{py}/dask", "worker", addr, "--nthreads", "1", "--no-dashboard", "--no-nanny"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        with dask.config.set({"distributed.comm.timeouts.connect": "3s"}):
+            with Client(addr, timeout="30s") as c:
+                c.wait_for_workers(1, timeout=30)
+                t = DistributedTable.create(c, spec(), seed=0)
+                t.insert([episode(1, 10)])
+                assert len(t.sample(4, 1)) == 4
+                os.killpg(sched.pid, signal.SIGKILL)
+                sched.wait(timeout=10)
+                t0 = time.monotonic()
+                with pytest.raises((gf.CoordinatorLostError, gf.ShardLostError, OSError)) as ei:
+                    t.sample(4, 1)
+                assert time.monotonic() - t0 < 60
+                assert isinstance(ei.value, gf.GearFlowError), f"untranslated: {ei.value!r}"
+                assert "scheduler" in str(ei.value)
+    finally:
+        for p in (sched, worker):
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=10)
