@@ -126,6 +126,44 @@ def bench_gear_flow(args, eps, rows, results):
 
     ts = timeit(prio_once, repeat=args.repeat)
     pri = batch_bytes / float(np.median(ts)) / 1e9
+
+    # -- checkpoint while a sampler runs: the pause it sees, and the total time --------------
+    import tempfile
+    import threading
+
+    stop = threading.Event()
+    lat: list[float] = []
+
+    def sampler():
+        while not stop.is_set():
+            t = time.perf_counter()
+            prio_once()
+            lat.append(time.perf_counter() - t)
+
+    th = threading.Thread(target=sampler)
+    with tempfile.TemporaryDirectory(dir=args.checkpoint_dir) as d:
+        th.start()
+        time.sleep(0.2)
+        ck = table.checkpoint(f"{d}/ck")
+        time.sleep(0.2)
+        stop.set()
+        th.join()
+    results["checkpoint"] = {
+        "bytes": ck["bytes"],
+        "seconds": ck["seconds"],
+        "pause_ms": 1e3 * ck["pause_s"],
+        "sampler_max_ms": 1e3 * max(lat),
+        "sampler_median_ms": 1e3 * float(np.median(lat)),
+        "samples_during": len(lat),
+    }
+    rows.append(
+        {
+            "path": "checkpoint (sampler running)",
+            "GB/s": ck["bytes"] / ck["seconds"] / 1e9,
+            "ms": 1e3 * ck["seconds"],
+            "note": f"pause {1e3 * ck['pause_s']:.1f} ms; sampler max {1e3 * max(lat):.1f} ms",
+        }
+    )
     results["prioritized"] = {"gbps": pri, "ratio": pri / ref_batch, "ms": 1e3 * float(np.median(ts)), "target": 0.8}
     rows.append(
         {
@@ -287,6 +325,7 @@ def main(argv=None):
     p.add_argument("--large-capacity", type=int, default=10_000_000)
     p.add_argument("--skip-large-reference", action="store_true", help="skip the 10 GB reference-column latency run")
     p.add_argument("--no-peers", action="store_true", help="skip TorchRL")
+    p.add_argument("--checkpoint-dir", default=None, help="where the checkpoint test writes (default: system temp)")
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench_local.json)")
     args = p.parse_args(argv)

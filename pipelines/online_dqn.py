@@ -159,7 +159,8 @@ class Publisher:
         self.version = 0
 
     def publish(self, params: list[np.ndarray]) -> None:
-        fut = self.client.scatter({"version": self.version, "params": params}, broadcast=True, hash=False)
+        payload = {"version": self.version, "params": params}
+        [fut] = self.client.scatter([payload], broadcast=True, hash=False)  # a list: a dict would scatter per key
         self.var.set(fut)  # the Variable holds the future; the previous version is released
         self.version += 1
 
@@ -310,6 +311,10 @@ def main(argv=None) -> dict:
             )
             return env_steps
 
+        # warm-up: the actors fill the table to min_size (checked here so that a failing actor shows at once)
+        while table.info()["coordinator_size"] < args.min_size:
+            check_actors()
+            time.sleep(0.25)
         stream = gf.Stream(table, B, n + 1, prefetch=args.prefetch, num_batches=updates, seed=args.seed)
         bar = tqdm(total=updates, disable=args.no_progress, desc="learn", unit="upd")
         t_learn = None

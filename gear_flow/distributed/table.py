@@ -968,7 +968,9 @@ async def _call(ctx: _Context, addr: str, op: str, **args):
     from distributed.protocol import to_serialize
 
     try:
-        resp = await ctx.rpc(addr).gear_flow(action=op, args=to_serialize(args))
-    except _COMM_ERRORS as e:
+        resp = await asyncio.wait_for(
+            ctx.rpc(addr).gear_flow(action=op, args=to_serialize(args)), config.get("distributed.rpc-timeout")
+        )
+    except _COMM_ERRORS as e:  # includes the timeout: a worker that does not answer is as good as lost
         raise _WorkerLost(addr, e) from e
     return _raise(resp)
