@@ -261,13 +261,24 @@ class LocalTable:
             self._stamp += n_items
             self._rr = (self._rr + len(eps)) % len(self.shards)
             self.rate_limiter.on_insert(n_items)
+            # Take the destination shards' locks before any sample is admitted after this
+            # insert: the limiter already counts these items, so a sample admitted now must
+            # find them stored (a Queue would otherwise hand out an item twice or block).
+            # Same order as sample(): _cond, then shard locks in ascending order.
+            held = [self.shards[int(s)].lock for s in np.unique(dest)]
+            for lk in held:
+                lk.acquire()
         first_keys = np.empty(len(eps), dtype=np.int64)
-        for s in np.unique(dest):
-            sel = np.flatnonzero(dest == s)
-            p = None if pr is None else np.concatenate([pr[item_off[i] : item_off[i + 1]] for i in sel])
-            batch = EpisodeBatch([checked[i][0] for i in sel], lengths[sel], ids[sel], stamps[sel], p)
-            fk, _ = self.shards[s].insert(batch)
-            first_keys[sel] = fk
+        try:
+            for s in np.unique(dest):
+                sel = np.flatnonzero(dest == s)
+                p = None if pr is None else np.concatenate([pr[item_off[i] : item_off[i + 1]] for i in sel])
+                batch = EpisodeBatch([checked[i][0] for i in sel], lengths[sel], ids[sel], stamps[sel], p)
+                fk, _ = self.shards[s].insert(batch)
+                first_keys[sel] = fk
+        finally:
+            for lk in reversed(held):
+                lk.release()
         self._enforce_max_size()
         with self._cond:
             self._cond.notify_all()
