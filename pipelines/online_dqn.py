@@ -8,9 +8,10 @@
 2. Runs actor tasks on the workers (``--actors-per-worker``).  Each plays
    CartPole-v1 epsilon-greedily with the latest published Q-network (NumPy
    weights, refreshed every ``--refresh-every`` steps) and streams its steps
-   through ``table.writer()`` into its own worker's shard; an episode becomes
-   sampleable at ``end_episode()``.  Rows follow :mod:`dqn`'s layout (one row
-   per transition plus a row holding the final observation).
+   through ``table.writer()`` into its own worker's shard.  Rows follow
+   :mod:`dqn`'s layout (one row per transition plus a row holding the final
+   observation); an episode is written in chunks of ``--chunk`` rows that
+   overlap by one row, each chunk one insert, sampleable once inserted.
 3. The learner (this process, an external learner) iterates a ``gf.Stream``
    of ``n + 1``-step windows (``boundary="pad_tail"``), trains a double DQN
    with n-step returns and a target network, importance weights with beta
@@ -18,18 +19,21 @@
    background, in order) and publishes its weights through Dask
    (``client.scatter`` + a ``distributed.Variable`` holding the future and a
    version number).
-4. Stops the actors with a ``distributed.Event`` (each ends or discards its
-   pending episode), evaluates, writes a PNG of return vs env steps and the
-   loss, a summary JSON, and prints the summary: greedy evaluation return vs
-   a random policy measured in the same run, env steps, learner updates, the
-   observed samples-per-insert ratio vs the limiter's target and band, and
-   the table's counters.
+4. Stops the actors with a ``distributed.Event`` (each discards its pending,
+   not yet inserted chunk), evaluates, writes a PNG of return vs env steps
+   and the loss, a summary JSON, and prints the summary: greedy evaluation
+   return vs a random policy measured in the same run, env steps, learner
+   updates, the observed samples-per-insert ratio vs the limiter's target and
+   band, and the table's counters.
 
-Pacing: the limiter admits a sample of ``B`` windows only while
-``inserts * spi - samples >= min_diff`` and an insert of ``k`` rows only
-while ``inserts * spi - samples + k * spi <= max_diff``.  An episode is one
-insert (up to ``max_steps + 1`` rows), so the error buffer is sized to hold
-the largest episode plus a batch; smaller buffers could stall both sides.
+Pacing: the limiter counts rows (items are steps).  It admits a sample of
+``B`` windows only while ``inserts * spi - samples - B >= min_diff`` and an
+insert of ``k`` rows only while ``inserts * spi - samples + k * spi <=
+max_diff``; an insert is admitted whole.  The error buffer is therefore
+sized from the largest insert (:func:`error_buffer_for`).  Whole episodes as
+inserts (``--chunk 0``: up to 501 rows) need a buffer of ~8000 at spi 16 and
+let short inserts overtake a long one that waits for room; chunks keep
+inserts small and alike, the buffer tight and the actors' policies fresh.
 
     python pipelines/online_dqn.py [--env-steps 40000] [--scheduler tcp://...] [--out runs/online_dqn]
 """
@@ -43,7 +47,9 @@ import os
 import sys
 import time
 import uuid
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -59,9 +65,16 @@ ENV_ID = "CartPole-v1"
 def actor(table_name: str, actor_id: int, cfg: dict) -> dict:
     """Play episodes with the latest weights and stream them into this worker's shard until stopped.
 
-    Returns what the actor did: steps, episodes, ``(wall time, return,
-    length)`` of each episode, the weight versions it used, and how many
-    buffered steps it discarded at the stop.
+    Rows go through ``table.writer(max_episode_length=chunk)``: a long episode
+    is written as chunks of at most ``chunk`` rows, each one insert (the
+    limiter's unit of admission).  Consecutive chunks overlap by one row: a
+    chunk's last row is its bootstrap state (its own item is no transition)
+    and the next chunk's first transition, so no transition and no n-step
+    target is lost, only shortened to the chunk's end.
+
+    Returns what the actor did: steps, ``(wall time, return, length)`` of each
+    episode, inserts and the seconds they waited for the limiter, the weight
+    versions used, and the buffered rows discarded at the stop.
     """
     import gymnasium as gym
     from distributed import Event, Variable, get_worker
@@ -73,78 +86,76 @@ def actor(table_name: str, actor_id: int, cfg: dict) -> dict:
     weights_var, stop = Variable(cfg["weights"]), Event(cfg["stop"])
     env = gym.make(cfg["env_id"])
     rng = np.random.default_rng(cfg["seed"] + 1000 * actor_id)
-    writer = table.writer(max_episode_length=cfg["max_rows"], timeout=cfg["insert_timeout"])
-    key, params, version, versions = None, None, -1, set()
-    steps, episodes, discarded, stopped = 0, [], 0, False
+    writer = table.writer(max_episode_length=cfg["chunk"], timeout=cfg["insert_timeout"])
+    st = {"steps": 0, "inserts": 0, "wait_s": 0.0, "max_wait_s": 0.0, "discarded_rows": 0, "versions": set()}
+    key, params, version = None, None, -1
 
     def refresh() -> bool:
         nonlocal key, params, version
         if stop.is_set():
             return False
-        fut = weights_var.get(timeout=cfg["insert_timeout"] * 10)
+        fut = weights_var.get(timeout=30)
         if fut.key != key:
             payload = fut.result()
             key, params, version = fut.key, payload["params"], payload["version"]
-            versions.add(version)
+            st["versions"].add(version)
         return True
 
-    def flush() -> bool:
-        """Insert the buffered episode, retrying while the limiter holds it back; discard it when stopped."""
-        nonlocal discarded
+    def insert(call) -> bool:
+        """Run ``call`` (an append that may end a chunk, or end_episode), retrying while the limiter
+        holds the insert back (the rows stay buffered); discard them when stopped."""
+        t0 = time.perf_counter()
+        before = len(writer.ended)
         while True:
             try:
-                writer.end_episode()  # on a timeout the steps stay buffered
-                return True
+                call()
+                break
             except RateLimitTimeout:
                 if stop.is_set():
-                    discarded += writer.discard()
+                    st["discarded_rows"] += writer.discard()
                     return False
+                call = writer.end_episode  # the failed insert's rows are buffered: insert them
+        if len(writer.ended) > before:
+            dt = time.perf_counter() - t0
+            st["inserts"] += len(writer.ended) - before
+            st["wait_s"] += dt
+            st["max_wait_s"] = max(st["max_wait_s"], dt)
+        return True
 
-    def append(row) -> bool:
-        try:
-            writer.append(row)  # may end the episode itself at max_episode_length
-            return True
-        except RateLimitTimeout:  # that automatic end waited too long: the row is buffered
-            return flush()
-
+    episodes = []
     try:
         obs, _ = env.reset(seed=cfg["seed"] + 7919 * actor_id)
-        ep_return, ep_len = 0.0, 0
-        while not stopped:
-            if steps % cfg["refresh_every"] == 0 and not refresh():
+        ep_return, ep_len, running = 0.0, 0, True
+        while running:
+            if st["steps"] % cfg["refresh_every"] == 0 and not refresh():
                 break
             # epsilon decays with this actor's share of the global step budget
-            frac = min(1.0, steps * cfg["num_actors"] / cfg["eps_decay_steps"])
+            frac = min(1.0, st["steps"] * cfg["num_actors"] / cfg["eps_decay_steps"])
             eps = 1.0 + frac * (cfg["eps_final"] - 1.0)
             a = int(rng.integers(cfg["num_actions"])) if rng.random() < eps else int(np.argmax(numpy_q(params, obs)))
             nxt, r, term, trunc, _ = env.step(a)
             row = {"obs": obs, "action": a, "reward": r, "terminated": term, "truncated": trunc}
-            stopped = not append(row)
-            steps += 1
+            running = insert(partial(writer.append, row))
+            if running and writer.pending == 0:  # the row completed a chunk: it also opens the next one
+                writer.append(row)
+            st["steps"] += 1
             ep_return += float(r)
             ep_len += 1
             obs = nxt
-            if (term or trunc) and not stopped:
-                # the final observation: the bootstrap state of a truncated episode
+            if running and (term or trunc):
+                # the final observation: the bootstrap state when the episode was truncated
                 final = {"obs": obs, "action": 0, "reward": 0.0, "terminated": term, "truncated": trunc}
-                stopped = not (append(final) and flush())
-                if not stopped:
+                running = insert(partial(writer.append, final)) and insert(writer.end_episode)
+                if running:
                     episodes.append((time.time(), ep_return, ep_len))
                 obs, _ = env.reset()
                 ep_return, ep_len = 0.0, 0
     finally:
-        discarded += writer.discard()  # a partial episode at the stop is not a real episode: drop it
+        st["discarded_rows"] += writer.discard()  # the stop cuts the episode: drop its pending chunk
         writer.close()
         env.close()
-    return {
-        "actor": actor_id,
-        "worker": get_worker().address,
-        "steps": steps,
-        "episodes": episodes,
-        "discarded_steps": discarded,
-        "weight_versions": len(versions),
-        "last_version": version,
-    }
+    st["versions"] = len(st["versions"])
+    return {"actor": actor_id, "worker": get_worker().address, "episodes": episodes, "last_version": version, **st}
 
 
 # -- learner (this process) -----------------------------------------------------------------------
@@ -165,19 +176,89 @@ class Publisher:
         self.version += 1
 
 
-def error_buffer_for(spi: float, batch_size: int, max_rows: int) -> float:
+class Learner:
+    """Double DQN on the table's batches; priorities and weights go out in the background, in order.
+
+    The learner never waits for its writes unless more than ``backlog`` are
+    pending, so it runs at most that many updates ahead of its priorities.
+    """
+
+    def __init__(self, table, publisher: Publisher, obs_dim: int, num_actions: int, args, backlog: int = 8):
+        import dqn
+        import torch
+
+        self.table, self.publisher, self.args, self.backlog = table, publisher, args, backlog
+        hidden = (args.hidden, args.hidden)
+        self.online = dqn.q_network(obs_dim, num_actions, hidden)
+        self.target = dqn.q_network(obs_dim, num_actions, hidden)
+        self.target.load_state_dict(self.online.state_dict())
+        self.opt = torch.optim.Adam(self.online.parameters(), lr=args.lr)
+        self.comm = ThreadPoolExecutor(1, thread_name_prefix="online-dqn-comm")
+        self.pending = deque()
+        self.updates, self.losses = 0, []
+        self.priorities = {"applied": 0, "stale": 0}
+        publisher.publish(self.params())
+
+    def params(self) -> list[np.ndarray]:
+        import dqn
+
+        return dqn.numpy_params(self.online)
+
+    def step(self, batch, beta: float) -> float:
+        import dqn
+        import torch
+
+        a = self.args
+        loss, td, valid = dqn.dqn_loss(self.online, self.target, batch, a.n_step, a.gamma, beta)
+        self.opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.online.parameters(), 10.0)
+        self.opt.step()
+        self.updates += 1
+        self.losses.append(loss.item())
+        # items that start no transition (a chunk's last row) get priority 0: never drawn again
+        prios = torch.where(valid, td.abs() + a.priority_eps, torch.zeros_like(td)).numpy().astype(np.float64)
+        self._submit(self.table.update_priorities, batch.keys.numpy().copy(), prios)  # keys alias reused buffers
+        if self.updates % a.target_every == 0:
+            self.target.load_state_dict(self.online.state_dict())
+        if self.updates % a.publish_every == 0:
+            self._submit(self.publisher.publish, self.params())
+        while self.pending and (self.pending[0].done() or len(self.pending) > self.backlog):
+            self._collect(self.pending.popleft())
+        return self.losses[-1]
+
+    def _submit(self, fn, *args):
+        self.pending.append(self.comm.submit(fn, *args))
+
+    def _collect(self, fut):
+        r = fut.result()  # raises a failed write here
+        if r is not None:
+            self.priorities["applied"] += r.applied
+            self.priorities["stale"] += r.stale
+
+    def drain(self) -> None:
+        """Wait for every pending write; stop the background thread."""
+        while self.pending:
+            self._collect(self.pending.popleft())
+        self.comm.shutdown(wait=True)
+
+    def close(self) -> None:
+        self.comm.shutdown(wait=True, cancel_futures=True)
+
+
+def error_buffer_for(spi: float, batch_size: int, max_insert: int) -> float:
     """An error buffer with which neither actors nor learner can stall.
 
-    Once sampling runs, progress needs ``max_diff - min_diff >= max_rows * spi
-    + batch_size`` (else some state admits neither the sample nor the
-    largest episode insert); before it starts, the insert that crosses
-    ``min_size_to_sample`` needs ``error_buffer >= (max_rows - 1) * spi``.
-    ``max_rows * spi + batch_size`` satisfies both.
+    Once sampling runs, progress needs ``max_diff - min_diff >= max_insert *
+    spi + batch_size`` (else some state admits neither the sample nor the
+    largest insert); before it starts, the insert that crosses
+    ``min_size_to_sample`` needs ``error_buffer >= (max_insert - 1) * spi``.
+    ``max_insert * spi + batch_size`` satisfies both.
     """
-    return float(math.ceil(max_rows * spi + batch_size))
+    return float(math.ceil(max_insert * spi + batch_size))
 
 
-def main(argv=None) -> dict:
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="runs/online_dqn", help="run directory (plot, summary)")
     p.add_argument("--scheduler", default=None, help="existing scheduler address (default: embedded LocalCluster)")
@@ -188,6 +269,7 @@ def main(argv=None) -> dict:
     p.add_argument("--samples-per-insert", type=float, default=16.0, help="times each row is sampled on average")
     p.add_argument("--min-size", type=int, default=1000, help="rows before sampling starts")
     p.add_argument("--capacity", type=int, default=25_000, help="rows per shard (FIFO replay)")
+    p.add_argument("--chunk", type=int, default=64, help="rows per insert (0: whole episodes, one insert each)")
     p.add_argument("--n-step", type=int, default=3)
     p.add_argument("--gamma", type=float, default=0.99)
     p.add_argument("--lr", type=float, default=1e-3)
@@ -203,18 +285,26 @@ def main(argv=None) -> dict:
     p.add_argument("--eval-every", type=int, default=1000, help="updates between evaluations")
     p.add_argument("--eval-episodes", type=int, default=5)
     p.add_argument("--random-episodes", type=int, default=20)
+    p.add_argument("--trace-every", type=int, default=250, help="updates between records of the limiter's counters")
     p.add_argument("--prefetch", type=int, default=2)
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a sample may wait for the actors")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    if args.chunk and args.chunk < args.n_step + 1:
+        p.error(f"--chunk ({args.chunk}) must be 0 (whole episodes) or at least n_step + 1 = {args.n_step + 1}")
+    return args
 
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+
+    import dqn
     import gymnasium as gym
     import torch
     from distributed import Client, Event, LocalCluster
     from tqdm import tqdm
 
-    import dqn
     import gear_flow as gf
     from gear_flow.distributed import DistributedTable
 
@@ -227,8 +317,9 @@ def main(argv=None) -> dict:
     max_rows = probe.spec.max_episode_steps + 1  # transitions + the final observation
     probe.close()
     n, B, spi = args.n_step, args.batch_size, args.samples_per_insert
+    chunk = min(args.chunk or max_rows, max_rows)  # the largest insert, in rows
     updates = max(1, int((args.env_steps - args.min_size) * spi / B))
-    error_buffer = error_buffer_for(spi, B, max_rows)
+    error_buffer = error_buffer_for(spi, B, chunk)
     limiter = gf.SampleToInsertRatio(spi, args.min_size, error_buffer)
 
     t_run = time.perf_counter()
@@ -241,24 +332,18 @@ def main(argv=None) -> dict:
             client.upload_file(str(Path(__file__).resolve().parent / f))
     else:
         cluster = LocalCluster(
-            n_workers=args.workers,
-            threads_per_worker=args.actors_per_worker,
-            processes=True,
-            dashboard_address=None,
+            n_workers=args.workers, threads_per_worker=args.actors_per_worker, processes=True, dashboard_address=None
         )
         client = Client(cluster)
     run_id = f"online-dqn-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     stop = Event(f"{run_id}-stop", client=client)
     publisher = Publisher(client, f"{run_id}-weights")
-    comm = ThreadPoolExecutor(1, thread_name_prefix="online-dqn-comm")  # priority updates + publishing, in order
-    actors = []
-    table = None
+    actors, table, learner = [], None, None
     try:
         workers = sorted(client.scheduler_info()["workers"])
-        spec = gf.TableSpec(dqn.columns(obs_dim), capacity=args.capacity, num_shards=len(workers))
         table = DistributedTable.create(
             client,
-            spec,
+            gf.TableSpec(dqn.columns(obs_dim), capacity=args.capacity, num_shards=len(workers)),
             sampler=gf.Prioritized(alpha=args.alpha, beta=args.beta),
             remover=gf.Fifo(),
             rate_limiter=limiter,
@@ -267,29 +352,25 @@ def main(argv=None) -> dict:
             name=run_id,
             timeout=args.timeout,
         )
-        online = dqn.q_network(obs_dim, num_actions, (args.hidden, args.hidden))
-        target = dqn.q_network(obs_dim, num_actions, (args.hidden, args.hidden))
-        target.load_state_dict(online.state_dict())
-        opt = torch.optim.Adam(online.parameters(), lr=args.lr)
-        publisher.publish(dqn.numpy_params(online))
-
-        n_actors = len(workers) * args.actors_per_worker
+        learner = Learner(table, publisher, obs_dim, num_actions, args)
         cfg = {
             "env_id": ENV_ID,
             "weights": publisher.var.name,
             "stop": stop.name,
             "seed": args.seed,
-            "num_actors": n_actors,
+            "num_actors": len(workers) * args.actors_per_worker,
             "num_actions": num_actions,
-            "max_rows": max_rows,
-            "insert_timeout": 1.0,
+            "chunk": chunk,
+            "insert_timeout": 1.0,  # per try: between tries an actor checks the stop flag
             "refresh_every": args.refresh_every,
             "eps_decay_steps": args.eps_decay_steps,
             "eps_final": args.eps_final,
         }
-        actors = [
-            client.submit(actor, table.name, i, cfg, workers=[workers[i % len(workers)]], pure=False, key=f"{run_id}-actor-{i}")
-            for i in range(n_actors)
+        actors = [  # actor i on worker i mod W: every worker's shard gets its own actors' data
+            client.submit(
+                actor, run_id, i, cfg, workers=[workers[i % len(workers)]], pure=False, key=f"{run_id}-actor-{i}"
+            )
+            for i in range(cfg["num_actors"])
         ]
 
         def check_actors():
@@ -297,126 +378,131 @@ def main(argv=None) -> dict:
                 if f.status == "error":
                     f.result()  # raises the actor's error here
 
-        losses, evals, trace, prio_futs = [], [], [], []
-        applied = stale = 0
+        evals, trace = [], []
 
-        def record(step):
+        def record():
             info = table.info()
-            rl = info["rate_limiter"]
-            t = info["totals"]
-            env_steps = t["inserted_steps"] - t["inserted_episodes"]  # rows minus final observations
+            rl, t = info["rate_limiter"], info["totals"]
+            env_steps = t["inserted_steps"] - t["inserted_episodes"]  # each insert has one row more than transitions
             trace.append(
-                {"update": step, "env_steps": env_steps, "inserts": rl["inserts"], "samples": rl["samples"],
-                 "diff": rl["inserts"] * spi - rl["samples"], "size": info["size"]}
+                {
+                    "update": learner.updates,
+                    "env_steps": env_steps,
+                    "inserts": rl["inserts"],
+                    "samples": rl["samples"],
+                    "diff": rl["inserts"] * spi - rl["samples"],
+                    "size": info["size"],
+                }
             )
             return env_steps
 
-        # warm-up: the actors fill the table to min_size (checked here so that a failing actor shows at once)
+        # warm-up: the actors fill the table to min_size (polled, so that a failing actor shows at once)
         while table.info()["coordinator_size"] < args.min_size:
             check_actors()
             time.sleep(0.25)
         stream = gf.Stream(table, B, n + 1, prefetch=args.prefetch, num_batches=updates, seed=args.seed)
         bar = tqdm(total=updates, disable=args.no_progress, desc="learn", unit="upd")
-        t_learn = None
+        t_learn, eval_s = time.perf_counter(), 0.0
         try:
-            for step, batch in enumerate(stream):
-                if t_learn is None:
-                    t_learn = time.perf_counter()  # from the first batch: the warm-up is the actors' part
-                beta = args.beta + (1.0 - args.beta) * step / max(1, updates - 1)
-                loss, td, valid = dqn.dqn_loss(online, target, batch, n, args.gamma, beta)
-                opt.zero_grad()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(online.parameters(), 10.0)
-                opt.step()
-                losses.append(loss.item())
-                # items that start no transition (final observations) get priority 0: never drawn again
-                prios = torch.where(valid, td.abs() + args.priority_eps, torch.zeros_like(td)).numpy().astype(np.float64)
-                prio_futs.append(comm.submit(table.update_priorities, batch.keys.numpy().copy(), prios))
-                if (step + 1) % args.target_every == 0:
-                    target.load_state_dict(online.state_dict())
-                if (step + 1) % args.publish_every == 0:
-                    comm.submit(publisher.publish, dqn.numpy_params(online))
-                while prio_futs and (prio_futs[0].done() or len(prio_futs) > 8):
-                    r = prio_futs.pop(0).result()
-                    applied, stale = applied + r.applied, stale + r.stale
+            for batch in stream:
+                loss = learner.step(batch, beta=args.beta + (1.0 - args.beta) * learner.updates / max(1, updates - 1))
                 bar.update(1)
-                if step % 50 == 0:
-                    bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
-                if (step + 1) % args.eval_every == 0 or step + 1 == updates:
+                if learner.updates % 50 == 0:
+                    bar.set_postfix(loss=f"{np.mean(learner.losses[-50:]):.3f}")
+                if learner.updates % args.eval_every == 0 or learner.updates == updates:
+                    te = time.perf_counter()
                     check_actors()
-                    env_steps = record(step + 1)
-                    r = dqn.run_episodes(dqn.greedy(dqn.numpy_params(online)), ENV_ID, args.eval_episodes, 10_000 + step)
-                    evals.append((env_steps, step + 1, float(np.mean(r)), float(np.std(r))))
+                    env_steps = record()
+                    policy = dqn.greedy(learner.params())
+                    r = dqn.run_episodes(policy, ENV_ID, args.eval_episodes, seed=10_000 + learner.updates)
+                    evals.append((env_steps, learner.updates, float(np.mean(r)), float(np.std(r))))
                     bar.write(
-                        f"update {step + 1} ({env_steps} env steps): eval return {np.mean(r):.1f} ± {np.std(r):.1f}, "
-                        f"loss {np.mean(losses[-200:]):.3f}, samples/insert {trace[-1]['samples'] / max(1, trace[-1]['inserts']):.2f}"
+                        f"update {learner.updates} ({env_steps} env steps): eval return {np.mean(r):.1f} "
+                        f"± {np.std(r):.1f}, loss {np.mean(learner.losses[-200:]):.3f} (last {loss:.3f}), "
+                        f"samples/insert {trace[-1]['samples'] / max(1, trace[-1]['inserts']):.2f}"
                     )
+                    eval_s += time.perf_counter() - te
+                elif learner.updates % args.trace_every == 0:
+                    record()
         except gf.RateLimitTimeout:
             check_actors()  # an actor's failure explains a starved learner better than the timeout
             raise
         bar.close()
-        learn_s = time.perf_counter() - (t_learn or time.perf_counter())
-        for f in prio_futs:
-            r = f.result()
-            applied, stale = applied + r.applied, stale + r.stale
-        comm.shutdown(wait=True)
+        learn_s = time.perf_counter() - t_learn - eval_s
+        learner.drain()
 
-        # stop the actors: each ends or discards its pending episode and returns
+        # stop the actors: each ends or discards its pending chunk and returns
         stop.set()
         results = client.gather(actors)
-        record(updates)
+        status = {
+            "actors": [f.status for f in actors],
+            "tasks_left": sum(len(v) for v in client.processing().values()),
+        }
+        record()
         info = table.info()
     finally:
-        comm.shutdown(wait=True, cancel_futures=True)
         stop.set()
+        if learner is not None:
+            learner.close()
         for f in actors:
-            f.cancel()
+            if not f.done():
+                f.cancel()
         if table is not None:
             table.close()
         publisher.var.delete()
         client.close()
         if cluster is not None:
             cluster.close()
-    wall_s = time.perf_counter() - t_run
 
-    # -- summary and plot ------------------------------------------------------------------------
-    rl = info["rate_limiter"]
-    totals = info["totals"]
-    env_steps = totals["inserted_steps"] - totals["inserted_episodes"]
-    observed = rl["samples"] / max(1, rl["inserts"])
-    band = (spi - rl["max_diff"] / max(1, rl["inserts"]), spi - rl["min_diff"] / max(1, rl["inserts"]))
-    final = evals[-1]
-    summary = {
+    summary = _summary(args, info, evals, trace, results, learner, rand, error_buffer, chunk, status)
+    summary["wall_s"] = time.perf_counter() - t_run
+    summary["updates_per_s"] = learner.updates / max(learn_s, 1e-9)
+    plot = out / "training.png"
+    _plot(plot, evals, results, learner.losses, summary)
+    summary["plot"] = str(plot)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+    _print(summary, out)
+    return summary
+
+
+def _summary(args, info, evals, trace, results, learner, rand, error_buffer, chunk, status) -> dict:
+    spi = args.samples_per_insert
+    rl, totals = info["rate_limiter"], info["totals"]
+    inserts = max(1, rl["inserts"])
+    losses = learner.losses
+    return {
         "env_id": ENV_ID,
-        "eval_return": final[2],
-        "eval_return_std": final[3],
+        "eval_return": evals[-1][2],
+        "eval_return_std": evals[-1][3],
         "best_eval_return": max(e[2] for e in evals),
         "random_return": float(np.mean(rand)),
         "random_return_std": float(np.std(rand)),
         "evals": [dict(zip(("env_steps", "updates", "mean", "std"), e)) for e in evals],
-        "env_steps": int(env_steps),
-        "episodes": int(totals["inserted_episodes"]),
-        "learner_updates": len(losses),
-        "updates_per_s": len(losses) / max(learn_s, 1e-9),
-        "wall_s": wall_s,
+        "env_steps": int(totals["inserted_steps"] - totals["inserted_episodes"]),
+        "episodes": sum(len(r["episodes"]) for r in results),
+        "learner_updates": learner.updates,
         "first_loss": float(np.mean(losses[:50])),
         "last_loss": float(np.mean(losses[-50:])),
         "loss_finite": bool(np.all(np.isfinite(losses))),
-        "priorities": {"applied": applied, "stale": stale},
+        "priorities": dict(learner.priorities),
         "rate": {
-            "samples_per_insert_target": spi,
-            "observed": observed,
-            "allowed_band": band,
+            "samples_per_insert": spi,
+            "observed": rl["samples"] / inserts,
+            # samples / inserts that the limiter allows at the final insert count
+            "allowed": (spi - rl["max_diff"] / inserts, spi - rl["min_diff"] / inserts),
             "error_buffer": error_buffer,
+            "min_size_to_sample": rl["min_size_to_sample"],
             "min_diff": rl["min_diff"],
             "max_diff": rl["max_diff"],
-            "trace": trace,
+            "largest_insert": chunk,
             "inserts": rl["inserts"],
             "samples": rl["samples"],
+            "trace": trace,
         },
         "table": {
             "size": info["size"],
             "coordinator_size": info["coordinator_size"],
+            "inserts": int(totals["inserted_episodes"]),
             "totals": totals,
             "shards": [
                 {k: s[k] for k in ("shard", "worker", "size", "inserted", "inserted_episodes", "sampled", "evicted")}
@@ -424,28 +510,38 @@ def main(argv=None) -> dict:
             ],
         },
         "actors": [{k: v for k, v in r.items() if k != "episodes"} | {"episodes": len(r["episodes"])} for r in results],
-        "actor_status": [f.status for f in actors],
+        "actor_status": status["actors"],
+        "tasks_left": status["tasks_left"],
+        "insert_wait_s": {
+            "mean": sum(r["wait_s"] for r in results) / max(1, sum(r["inserts"] for r in results)),
+            "max": max(r["max_wait_s"] for r in results),
+        },
         "args": vars(args),
     }
-    plot = out / "training.png"
-    _plot(plot, evals, results, losses, summary)
-    summary["plot"] = str(plot)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
+
+
+def _print(s: dict, out: Path) -> None:
+    r, t = s["rate"], s["table"]
+    a = s["args"]
+    workers = len({x["worker"] for x in s["actors"]})
     print(
-        f"\nsummary ({ENV_ID}, {wall_s:.0f} s): greedy eval return {final[2]:.1f} ± {final[3]:.1f} over "
-        f"{args.eval_episodes} episodes (best {summary['best_eval_return']:.1f}); random policy "
-        f"{summary['random_return']:.1f} ± {summary['random_return_std']:.1f}\n"
-        f"  {env_steps} env steps in {summary['episodes']} episodes from {len(results)} actors on "
-        f"{len({r['worker'] for r in results})} workers; {len(losses)} learner updates "
-        f"({summary['updates_per_s']:.0f}/s), loss {summary['first_loss']:.3f} -> {summary['last_loss']:.3f}\n"
-        f"  samples/insert {observed:.2f} (target {spi:g}, allowed now [{band[0]:.2f}, {band[1]:.2f}]: "
-        f"error buffer {error_buffer:g}, diff {rl['inserts'] * spi - rl['samples']:.0f} in [{rl['min_diff']:g}, {rl['max_diff']:g}])\n"
-        f"  priorities updated {applied} (stale {stale}); table {info['size']} rows "
-        f"(coordinator {info['coordinator_size']}) on shards {[s['size'] for s in info['shards']]}, "
-        f"inserted {totals['inserted']}, evicted {totals['evicted']}, sampled {totals['sampled']}\n"
-        f"plot: {plot}\nsummary: {out / 'summary.json'}"
+        f"\nsummary ({s['env_id']}, {s['wall_s']:.0f} s): greedy eval return {s['eval_return']:.1f} "
+        f"± {s['eval_return_std']:.1f} over {a['eval_episodes']} episodes (best {s['best_eval_return']:.1f}); "
+        f"random policy {s['random_return']:.1f} ± {s['random_return_std']:.1f} ({a['random_episodes']} episodes)\n"
+        f"  {s['env_steps']} env steps in {s['episodes']} episodes from {len(s['actors'])} actors on {workers} "
+        f"workers; {s['learner_updates']} learner updates ({s['updates_per_s']:.0f}/s), "
+        f"loss {s['first_loss']:.3f} -> {s['last_loss']:.3f}\n"
+        f"  samples/insert {r['observed']:.2f}: target {r['samples_per_insert']:g}, allowed now "
+        f"[{r['allowed'][0]:.2f}, {r['allowed'][1]:.2f}] (error buffer {r['error_buffer']:g} for inserts of "
+        f"<= {r['largest_insert']} rows; diff {r['trace'][-1]['diff']:.0f} in [{r['min_diff']:g}, {r['max_diff']:g}])\n"
+        f"  inserts waited {s['insert_wait_s']['mean'] * 1e3:.0f} ms on average (max {s['insert_wait_s']['max']:.1f} s); "
+        f"rows per actor {[x['steps'] for x in s['actors']]}\n"
+        f"  priorities updated {s['priorities']['applied']} (stale {s['priorities']['stale']}); table {t['size']} "
+        f"rows (coordinator {t['coordinator_size']}) on shards {[x['size'] for x in t['shards']]}, inserted "
+        f"{t['totals']['inserted']} in {t['inserts']} inserts, evicted {t['totals']['evicted']}, "
+        f"sampled {t['totals']['sampled']}\n"
+        f"plot: {s['plot']}\nsummary: {out / 'summary.json'}"
     )
-    return summary
 
 
 def _plot(path: Path, evals, results, losses, summary) -> None:
@@ -461,11 +557,24 @@ def _plot(path: Path, evals, results, losses, summary) -> None:
         x = np.cumsum([e[2] for e in eps])
         y = np.array([e[1] for e in eps])
         k = max(1, min(20, len(y) // 10))
-        a1.plot(x[k - 1 :], np.convolve(y, np.ones(k) / k, mode="valid"), color="tab:blue", alpha=0.5, label=f"actors (mean of {k})")
-    a1.errorbar([e[0] for e in evals], [e[2] for e in evals], yerr=[e[3] for e in evals], marker="o", color="tab:red", label="greedy eval")
+        a1.plot(
+            x[k - 1 :],
+            np.convolve(y, np.ones(k) / k, mode="valid"),
+            color="tab:blue",
+            alpha=0.5,
+            label=f"actors (mean of {k})",
+        )
+    a1.errorbar(
+        [e[0] for e in evals],
+        [e[2] for e in evals],
+        yerr=[e[3] for e in evals],
+        marker="o",
+        color="tab:red",
+        label="greedy eval",
+    )
     a1.axhline(summary["random_return"], color="gray", ls="--", label="random policy")
     a1.set(xlabel="env steps", ylabel="episode return", title=f"{summary['env_id']}: return")
-    a1.legend(loc="upper left")
+    a1.legend(loc="lower right")
     k = max(1, len(losses) // 100)
     sm = np.convolve(losses, np.ones(k) / k, mode="valid")
     a2.plot(np.arange(len(sm)) + k, sm)

@@ -121,7 +121,13 @@ class GearFlowCoordinator(SchedulerPlugin):
     async def _list(self, name=None):
         return sorted(self.tables)
 
-    async def _wait(self, t: TableState, pred, timeout, what):
+    async def _admit(self, t: TableState, pred, apply, timeout, what):
+        """Wait until ``pred()`` holds, then run ``apply()`` under the same hold of the lock.
+
+        Checking and applying in one hold keeps the limiter's bounds: released in
+        between, every waiter woken by one notify could pass the check before any
+        of them applied its count (room for one insert admitted all of them).
+        """
         async with t.cond:
             try:
                 await asyncio.wait_for(t.cond.wait_for(lambda: t.closed or pred()), timeout)
@@ -132,11 +138,14 @@ class GearFlowCoordinator(SchedulerPlugin):
                 ) from None
             if t.closed:
                 raise TableClosedError(f"table {t.name!r} is closed")
+            out = apply()
+            t.cond.notify_all()
+            return out
 
     async def _admit_insert(self, name, n, episodes, per_shard=None, timeout=None):
         t = self._table(name)
-        await self._wait(t, lambda: t.limiter.can_insert(n, t.size), timeout, f"an insert of {n} items")
-        async with t.cond:
+
+        def apply():
             t.limiter.on_insert(n)
             t.size += n
             for s, k in (per_shard or {}).items():
@@ -145,8 +154,9 @@ class GearFlowCoordinator(SchedulerPlugin):
             first_id, first_stamp = t.next_episode_id, t.next_stamp
             t.next_episode_id += episodes
             t.next_stamp += n
-            t.cond.notify_all()
-        return {"first_episode_id": first_id, "first_stamp": first_stamp, "version": t.version}
+            return {"first_episode_id": first_id, "first_stamp": first_stamp, "version": t.version}
+
+        return await self._admit(t, lambda: t.limiter.can_insert(n, t.size), apply, timeout, f"an insert of {n} items")
 
     async def _rollback_insert(self, name, n, per_shard=None):
         t = self._table(name)
@@ -161,11 +171,12 @@ class GearFlowCoordinator(SchedulerPlugin):
 
     async def _admit_sample(self, name, n, timeout=None):
         t = self._table(name)
-        await self._wait(t, lambda: t.limiter.can_sample(n, t.size), timeout, f"a sample of {n}")
-        async with t.cond:
+
+        def apply():
             t.limiter.on_sample(n)
-            t.cond.notify_all()
-        return {"version": t.version}
+            return {"version": t.version}
+
+        return await self._admit(t, lambda: t.limiter.can_sample(n, t.size), apply, timeout, f"a sample of {n}")
 
     async def _rollback_sample(self, name, n):
         t = self._table(name)
