@@ -145,6 +145,9 @@ class Stream:
             for f in pending:
                 f.cancel()
             ex.shutdown(wait=True, cancel_futures=True)
+            flush = getattr(self.table, "flush", None)
+            if flush is not None:  # samples served under an admission lease get counted now
+                flush()
 
     def close(self) -> None:
         self._closed = True

@@ -81,7 +81,9 @@ class EpisodeWriter:
         if self._closed:
             raise TableClosedError("the writer is closed")
         if not isinstance(step, Mapping):
-            raise InvalidDataError(f"a step must be a mapping of column -> value, got {type(step).__name__}; nothing was appended")
+            raise InvalidDataError(
+                f"a step must be a mapping of column -> value, got {type(step).__name__}; nothing was appended"
+            )
         if self.max_episode_length is not None and self._n >= self.max_episode_length:
             # an automatic end failed earlier: insert that episode first, so that no
             # episode ever exceeds max_episode_length (raises again, appending nothing)

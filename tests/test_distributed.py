@@ -336,3 +336,29 @@ def test_cli_info_and_list(client):
         assert len([line for line in r.stdout.splitlines() if "tcp://" in line]) == 2  # one line per shard
     finally:
         t.close()
+
+
+def test_colocated_lease_counts_every_sample(client):
+    w0 = sorted(client.scheduler_info()["workers"])[0]
+    t = DistributedTable.create(client, spec(), workers=[w0], seed=11, name="lease")  # both shards on one worker
+    try:
+        t.insert([episode(i + 1, 30) for i in range(4)])
+
+        def learner(name):
+            import gear_flow as gf2
+            from gear_flow.distributed import DistributedTable as DT
+
+            table = DT.attach(name, seed=2)
+            n = 0
+            for b in gf2.Stream(table, 8, 3, num_batches=40, seed=2):
+                assert b["obs"].shape == (8, 3, 3)
+                n += 1
+            return n, table.stats
+
+        n, stats = client.submit(learner, "lease", workers=[w0], pure=False).result()
+        assert n == 40 and stats["remote_bytes"] == 0
+        info = t.info()
+        assert info["rate_limiter"]["samples"] == 40 * 8  # leased batches were all reported
+        assert info["totals"]["sampled"] == 40 * 8
+    finally:
+        t.close()

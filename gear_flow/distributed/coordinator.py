@@ -17,7 +17,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol import to_serialize
 
 from ..errors import RateLimitTimeout, SpecError, TableClosedError
-from ..rate_limiters import from_config, to_config
+from ..rate_limiters import MinSize, from_config, to_config
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ class GearFlowCoordinator(SchedulerPlugin):
             "rollback_insert": self._rollback_insert,
             "admit_sample": self._admit_sample,
             "rollback_sample": self._rollback_sample,
+            "count_samples": self._count_samples,
             "removed": self._removed,
             "mark_lost": self._mark_lost,
             "restore_state": self._restore_state,
@@ -169,14 +170,31 @@ class GearFlowCoordinator(SchedulerPlugin):
             t.cond.notify_all()
         return True
 
-    async def _admit_sample(self, name, n, timeout=None):
+    async def _admit_sample(self, name, n, timeout=None, done=0, lease=0):
+        """Admit a sample of ``n``; ``done`` counts leased samples already served.
+
+        With a MinSize limiter (no sample/insert ratio to keep) the caller may be
+        granted a *lease* of up to ``lease`` further batches of ``n``, served
+        without asking again while the lease lasts (a co-located learner then
+        pays no scheduler round trip per batch); their counts come back in
+        ``done`` with the next request.
+        """
         t = self._table(name)
 
         def apply():
-            t.limiter.on_sample(n)
-            return {"version": t.version}
+            t.limiter.on_sample(n + done)
+            grant = lease if isinstance(t.limiter, MinSize) and lease > 0 else 0
+            return {"version": t.version, "lease": grant}
 
         return await self._admit(t, lambda: t.limiter.can_sample(n, t.size), apply, timeout, f"a sample of {n}")
+
+    async def _count_samples(self, name, n):
+        """Samples already served under a lease (no admission check)."""
+        t = self._table(name)
+        async with t.cond:
+            t.limiter.on_sample(n)
+            t.cond.notify_all()
+        return True
 
     async def _rollback_sample(self, name, n):
         t = self._table(name)

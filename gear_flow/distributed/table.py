@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 import uuid
 from collections import defaultdict
 
@@ -123,6 +125,9 @@ class DistributedTable:
         self.rng = np.random.default_rng(seed)
         self._rr = 0
         self._version = state.get("version", 0)
+        self._lease = (0, 0, 0.0)  # (batch size, batches left, granted at)
+        self._lease_lock = threading.Lock()
+        self._lease_done = 0  # leased samples served, reported with the next admission
         #: bytes of windows gathered in-process (co-located) vs received over the comm
         self.stats = {"local_bytes": 0, "remote_bytes": 0, "batches": 0}
 
@@ -471,6 +476,9 @@ class DistributedTable:
         self, batch_size: int, length: int = 1, *, columns=None, boundary=None, timeout=None, out=None, rng=None
     ) -> SampleBatch:
         """Sample ``batch_size`` windows of ``length`` steps from all shards; see :class:`SampleBatch`."""
+        fast = self._colocated_fast_path(batch_size, length, columns, boundary, out, rng)
+        if fast is not None:
+            return fast
         return self._ctx.sync(
             self.sample_async, batch_size, length, columns=columns, boundary=boundary, timeout=timeout, out=out, rng=rng
         )
@@ -490,8 +498,19 @@ class DistributedTable:
         _limiter_for_checks(self._config).check_sample_size(batch_size)
         self._check_not_lost()
         rng = self.rng if rng is None else rng
-        adm = await self._coord("admit_sample", n=batch_size, timeout=self.timeout if timeout is None else timeout)
-        await self._refresh(adm["version"])
+        leased = self._take_lease(batch_size)
+        if not leased:
+            with self._lease_lock:
+                done, self._lease_done = self._lease_done, 0
+            adm = await self._coord(
+                "admit_sample",
+                n=batch_size,
+                timeout=self.timeout if timeout is None else timeout,
+                done=done,
+                lease=config.get("distributed.sample-lease"),
+            )
+            await self._refresh(adm["version"])
+            self._lease = (batch_size, adm.get("lease", 0), time.monotonic())
         try:
             for attempt in range(5):
                 try:
@@ -510,12 +529,71 @@ class DistributedTable:
                     if attempt == 4:
                         raise
         except BaseException:
-            await self._coord("rollback_sample", n=batch_size)
+            if leased:
+                with self._lease_lock:
+                    self._lease_done -= batch_size
+            else:
+                await self._coord("rollback_sample", n=batch_size)
             raise
         size = await self._coord("removed", k=sum(expired.values()), per_shard=expired) if expired else None
         if size is None:
             size = -1
         return out.batch(size)
+
+    def _take_lease(self, n: int) -> bool:
+        """Serve this batch from a MinSize admission lease (fresh, same batch size, not used up)."""
+        with self._lease_lock:
+            size, left, since = self._lease
+            if size != n or left <= 0 or time.monotonic() - since > config.get("distributed.sample-lease-seconds"):
+                return False
+            self._lease = (size, left - 1, since)
+            self._lease_done += n
+            return True
+
+    def _colocated_fast_path(self, B, L, columns, boundary, out, rng):
+        """A co-located learner whose worker holds every live shard, under a lease: sample in
+        this thread, straight into the learner's buffers, without touching the event loop."""
+        ctx = self._ctx
+        if ctx.local_plugin is None or self._lost_any_local():
+            return None
+        workers = self._workers()
+        if list(workers) != [ctx.local_addr]:
+            return None
+        boundary = self.boundary if boundary is None else boundary
+        check_sample_args(B, L, boundary)
+        columns = self.spec.names if columns is None else tuple(columns)
+        for c in columns:
+            self.spec.column(c)
+        if out is None:
+            out = SampleBuffers(self.spec, columns, B, L)
+        elif not out.matches(columns, B, L):
+            return None  # the slow path raises the clear error
+        if not self._take_lease(B):
+            return None
+        rng = self.rng if rng is None else rng
+        try:
+            res = ctx.local_plugin.host.sample_all(
+                self.name, B, L, boundary, columns, int(rng.integers(2**63)), out=out
+            )
+        except BaseException:
+            with self._lease_lock:
+                self._lease_done -= B
+            raise
+        self.stats["local_bytes"] += sum(a.nbytes for a in out.bytes.values())
+        self.stats["batches"] += 1
+        if res["expired"]:
+            ctx.sync(self._coord, "removed", k=sum(res["expired"].values()), per_shard=res["expired"])
+        return out.batch(-1)
+
+    def flush(self) -> None:
+        """Report samples served under a lease to the coordinator now (``info()`` then counts them)."""
+        with self._lease_lock:
+            done, self._lease_done = self._lease_done, 0
+        if done:
+            self._ctx.sync(self._coord, "count_samples", n=done)
+
+    def _lost_any_local(self) -> bool:
+        return bool(self.lost) and not self.degraded
 
     async def _sample_one_worker(self, addr, out, B, L, boundary, columns, rng):
         args = dict(name=self.name, n=B, length=L, boundary=boundary, columns=columns, seed=int(rng.integers(2**63)))
