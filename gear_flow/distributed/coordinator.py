@@ -163,9 +163,11 @@ class GearFlowCoordinator(SchedulerPlugin):
         t = self._table(name)
         async with t.cond:
             t.limiter.state.inserts -= n
-            t.size -= n
+            # a lost shard's items already left the size when it was marked lost
+            t.size -= n - sum(int(k) for s, k in (per_shard or {}).items() if int(s) in t.lost)
             for s, k in (per_shard or {}).items():
-                t.shard_size[int(s)] -= int(k)
+                if int(s) not in t.lost:
+                    t.shard_size[int(s)] -= int(k)
                 t.shard_inserted[int(s)] -= int(k)
             t.cond.notify_all()
         return True
@@ -206,9 +208,10 @@ class GearFlowCoordinator(SchedulerPlugin):
     async def _removed(self, name, k, per_shard=None):
         t = self._table(name)
         async with t.cond:
-            t.size -= k
+            t.size -= k - sum(int(j) for s, j in (per_shard or {}).items() if int(s) in t.lost)
             for s, j in (per_shard or {}).items():
-                t.shard_size[int(s)] -= int(j)
+                if int(s) not in t.lost:
+                    t.shard_size[int(s)] -= int(j)
             t.limiter.on_delete(k)
             t.cond.notify_all()
         return t.size
@@ -246,6 +249,10 @@ class GearFlowCoordinator(SchedulerPlugin):
         t = self._table(name)
         async with t.cond:
             lost = t.lost.pop(int(shard), None)
+            if lost is not None:
+                # inserts in flight when the shard was lost are rolled back after the loss was
+                # marked; the count now is what the shard really had received
+                lost["inserted_at_loss"] = int(t.shard_inserted.get(int(shard), 0))
             t.placement[int(shard)] = worker
             t.shard_size[int(shard)] = int(size)
             t.size += int(size)
