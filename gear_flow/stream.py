@@ -86,7 +86,9 @@ class Stream:
         self.table = table
         self.batch_size = batch_size
         self.length = length
-        self.columns = tuple(table.spec.names if columns is None else columns)
+        self.columns = tuple(
+            table.spec.names if columns is None else ((columns,) if isinstance(columns, str) else columns)
+        )
         self.boundary = boundary
         self.prefetch = prefetch
         self.num_batches = num_batches

@@ -387,3 +387,14 @@ def test_rate_limit_timeout_applies_nothing():
     assert_same(snapshot(t), before)
     t.sample(3)
     assert t.insert(episode(3, 1), timeout=0.01).episode_ids.tolist() == [1]
+
+
+def test_column_name_string_and_bool_exponents():
+    t, _ = _table()
+    b = t.sample(2, 1, columns="obs")  # one name, not its characters
+    assert list(b.data) == ["obs"]
+    with pytest.raises(SpecError):
+        t.sample(2, 1, columns="nope")
+    for kw in ({"beta": True}, {"alpha": False}):
+        with pytest.raises(SpecError):
+            Prioritized(**kw)

@@ -488,7 +488,7 @@ class DistributedTable:
     ):
         boundary = self.boundary if boundary is None else boundary
         check_sample_args(batch_size, length, boundary)
-        columns = self.spec.names if columns is None else tuple(columns)
+        columns = self.spec.names if columns is None else ((columns,) if isinstance(columns, str) else tuple(columns))
         for c in columns:
             self.spec.column(c)
         if out is not None and not out.matches(columns, batch_size, length):
@@ -561,7 +561,7 @@ class DistributedTable:
             return None
         boundary = self.boundary if boundary is None else boundary
         check_sample_args(B, L, boundary)
-        columns = self.spec.names if columns is None else tuple(columns)
+        columns = self.spec.names if columns is None else ((columns,) if isinstance(columns, str) else tuple(columns))
         for c in columns:
             self.spec.column(c)
         if out is None:

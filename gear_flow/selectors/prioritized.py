@@ -33,9 +33,9 @@ class Prioritized(WeightedSelector):
     importance_weighted = True
 
     def __init__(self, alpha: float = 0.6, beta: float = 0.4):
-        if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0):
+        if isinstance(alpha, bool) or not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha >= 0):
             raise SpecError(f"alpha ({alpha!r}) must be a finite number >= 0")
-        if not (isinstance(beta, (int, float)) and 0 <= beta <= 1):
+        if isinstance(beta, bool) or not (isinstance(beta, (int, float)) and 0 <= beta <= 1):
             raise SpecError(f"beta ({beta!r}) must be a number in [0, 1]")
         self.alpha = float(alpha)
         self.beta = float(beta)

@@ -346,7 +346,7 @@ class LocalTable:
         self._check_open()
         boundary = self.boundary if boundary is None else boundary
         check_sample_args(batch_size, length, boundary)
-        columns = self.spec.names if columns is None else tuple(columns)
+        columns = self.spec.names if columns is None else ((columns,) if isinstance(columns, str) else tuple(columns))
         for c in columns:
             self.spec.column(c)
         tier = self.shards[0].tier
