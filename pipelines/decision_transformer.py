@@ -49,7 +49,7 @@ class DecisionTransformer(nn.Module):
         self.embed_t = nn.Embedding(max_timestep, d_model)
         self.ln = nn.LayerNorm(d_model)
         layer = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout, batch_first=True, norm_first=True)
-        self.blocks = nn.TransformerEncoder(layer, layers)
+        self.blocks = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)  # norm_first: no fast path
         self.head = nn.Linear(d_model, num_actions)
         self.register_buffer(
             "causal", torch.triu(torch.ones(3 * context, 3 * context, dtype=torch.bool), 1), persistent=False
