@@ -30,15 +30,22 @@ from .. import config
 from ..errors import EmptyTableError, GearFlowError, ShardLostError, SpecError, WindowTooLongError
 from ..keys import decode
 from ..rate_limiters import MinSize, RateLimiter
-from ..rate_limiters import to_config as limiter_config
+from ..rate_limiters import from_config as from_limiter_config
 from ..sample import SampleBatch, SampleBuffers
 from ..selectors import Fifo, Selector, Uniform
-from ..selectors import to_config as selector_config
+from ..selectors import from_config as selector_from_config
 from ..spec import TableSpec
 from ..table import two_level
 from ..table.local import InsertResult, UpdateResult
-from ..table.routing import ROUTINGS, route
-from ..table.validate import as_episode_list, check_episode, check_keys, check_priorities, check_sample_args
+from ..table.routing import route
+from ..table.validate import (
+    as_episode_list,
+    check_episode,
+    check_keys,
+    check_priorities,
+    check_sample_args,
+    sample_columns,
+)
 from .coordinator import GearFlowCoordinator
 from .host import StaleSelectionError
 from .plugin import PLUGIN_NAME, GearFlowWorker
@@ -117,11 +124,12 @@ class DistributedTable:
         self.routing = cfg["routing"]
         self.degraded = cfg["degraded"]
         self.timeout = cfg["timeout"] if timeout is None else timeout
-        self._sampler_kind = cfg["sampler"]["kind"]
-        self._ordered = self._sampler_kind in ("fifo", "lifo", "max_heap", "min_heap")
-        self._epochs = self._sampler_kind == "without_replacement"
-        self._beta = cfg["sampler"]["params"].get("beta", 0.0) if self._sampler_kind == "prioritized" else 0.0
-        self._remover_ordered = cfg["remover"]["kind"] in ("fifo", "lifo", "max_heap", "min_heap")
+        # what kind of selection this is, from the selector classes themselves
+        sampler = selector_from_config(cfg["sampler"])
+        self._ordered = sampler.deterministic
+        self._epochs = getattr(sampler, "without_replacement", False)
+        self._beta = getattr(sampler, "beta", 0.0) if getattr(sampler, "importance_weighted", False) else 0.0
+        self._remover_ordered = selector_from_config(cfg["remover"]).deterministic
         self.rng = np.random.default_rng(seed)
         self._rr = 0
         self._version = state.get("version", 0)
@@ -130,6 +138,8 @@ class DistributedTable:
         self._lease_done = 0  # leased samples served, reported with the next admission
         #: bytes of windows gathered in-process (co-located) vs received over the comm
         self.stats = {"local_bytes": 0, "remote_bytes": 0, "batches": 0}
+        #: a copy of the limiter's parameters, for rejecting impossible call sizes locally
+        self._size_checks = from_limiter_config(cfg["rate_limiter"])
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -170,7 +180,8 @@ class DistributedTable:
         remover = Fifo() if remover is None else remover
         rate_limiter = MinSize(1) if rate_limiter is None else rate_limiter
         # the local table validates the whole configuration (same rules, same messages)
-        LocalTable(
+        # and describes it (with the config fallbacks for boundary and routing applied)
+        probe = LocalTable(
             TableSpec(spec.columns, 1, 1, spec.item_unit, spec.max_size),
             sampler=sampler,
             remover=remover,
@@ -179,10 +190,6 @@ class DistributedTable:
             boundary=boundary,
             routing=routing,
         )
-        boundary = config.get("table.boundary", boundary)
-        routing = config.get("table.routing", routing)
-        if routing not in ROUTINGS:
-            raise SpecError(f"routing {routing!r} must be one of {ROUTINGS}")
         client.register_plugin(GearFlowCoordinator())
         client.register_plugin(GearFlowWorker())
         if workers is None and resources is not None:
@@ -193,13 +200,8 @@ class DistributedTable:
         placement = {i: addrs[i % len(addrs)] for i in range(spec.num_shards)}
         name = name or f"table-{uuid.uuid4().hex[:8]}"
         cfg = {
+            **probe.config(),
             "spec": spec.to_dict(),
-            "sampler": selector_config(sampler),
-            "remover": selector_config(remover),
-            "rate_limiter": limiter_config(rate_limiter),
-            "max_times_sampled": max_times_sampled,
-            "boundary": boundary,
-            "routing": routing,
             "tier": config.get("table.tier", tier),
             "timeout": config.get("table.timeout", timeout),
             "degraded": bool(degraded),
@@ -359,8 +361,7 @@ class DistributedTable:
             )
             dest = np.array(alive)[dest_i]
         self._rr += len(eps)
-        limiter = _limiter_for_checks(self._config)
-        limiter.check_insert_size(n_items)
+        self._size_checks.check_insert_size(n_items)
         item_off = np.concatenate(([0], np.cumsum(lengths if step_items else np.ones_like(lengths))))
         items_of = item_off[1:] - item_off[:-1]
         per_shard = {int(s): int(items_of[dest == s].sum()) for s in np.unique(dest)}
@@ -488,14 +489,12 @@ class DistributedTable:
     ):
         boundary = self.boundary if boundary is None else boundary
         check_sample_args(batch_size, length, boundary)
-        columns = self.spec.names if columns is None else ((columns,) if isinstance(columns, str) else tuple(columns))
-        for c in columns:
-            self.spec.column(c)
+        columns = sample_columns(self.spec, columns)
         if out is not None and not out.matches(columns, batch_size, length):
             raise SpecError(
                 f"out buffers are for columns={out.columns}, batch_size={out.batch_size}, length={out.length}"
             )
-        _limiter_for_checks(self._config).check_sample_size(batch_size)
+        self._size_checks.check_sample_size(batch_size)
         self._check_not_lost()
         rng = self.rng if rng is None else rng
         leased = self._take_lease(batch_size)
@@ -561,9 +560,7 @@ class DistributedTable:
             return None
         boundary = self.boundary if boundary is None else boundary
         check_sample_args(B, L, boundary)
-        columns = self.spec.names if columns is None else ((columns,) if isinstance(columns, str) else tuple(columns))
-        for c in columns:
-            self.spec.column(c)
+        columns = sample_columns(self.spec, columns)
         if out is None:
             out = SampleBuffers(self.spec, columns, B, L)
         elif not out.matches(columns, B, L):
@@ -1031,12 +1028,6 @@ def _attach_here(name):
 
 class _Retry(Exception):
     """Internal: the shard set changed (degraded mode); redo the operation."""
-
-
-def _limiter_for_checks(cfg) -> RateLimiter:
-    from ..rate_limiters import from_config
-
-    return from_config(cfg["rate_limiter"])
 
 
 async def _call(ctx: _Context, addr: str, op: str, **args):

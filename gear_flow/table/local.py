@@ -27,7 +27,14 @@ from ..shard import EpisodeBatch, Shard
 from ..spec import TableSpec
 from . import two_level
 from .routing import ROUTINGS, route
-from .validate import as_episode_list, check_episode, check_keys, check_priorities, check_sample_args
+from .validate import (
+    as_episode_list,
+    check_episode,
+    check_keys,
+    check_priorities,
+    check_sample_args,
+    sample_columns,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -346,9 +353,7 @@ class LocalTable:
         self._check_open()
         boundary = self.boundary if boundary is None else boundary
         check_sample_args(batch_size, length, boundary)
-        columns = self.spec.names if columns is None else ((columns,) if isinstance(columns, str) else tuple(columns))
-        for c in columns:
-            self.spec.column(c)
+        columns = sample_columns(self.spec, columns)
         tier = self.shards[0].tier
         if out is None:
             out = SampleBuffers(self.spec, columns, batch_size, length, tier=tier)

@@ -108,6 +108,16 @@ def check_keys(keys, num_shards: int) -> np.ndarray:
     return k
 
 
+def sample_columns(spec: TableSpec, columns) -> tuple[str, ...]:
+    """The columns a sample asks for: all when None, one name, or a sequence; each must exist."""
+    if columns is None:
+        return spec.names
+    columns = (columns,) if isinstance(columns, str) else tuple(columns)
+    for c in columns:
+        spec.column(c)
+    return columns
+
+
 def check_sample_args(batch_size, length, boundary) -> None:
     for name, v in (("batch_size", batch_size), ("length", length)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
