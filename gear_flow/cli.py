@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from .spec import BOUNDARIES
+
 QUICKSTART = """\
 Start here (one machine; on a cluster see README, "Running on a cluster"):
 
@@ -480,7 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--sampler", help="KIND[:K=V,...], e.g. uniform, prioritized:alpha=0.6,beta=0.4, fifo")
     g.add_argument("--remover", help="eviction policy, KIND[:K=V,...] (default: fifo)")
     g.add_argument("--rate-limiter", help="KIND[:K=V,...], e.g. min_size:min_size_to_sample=1000")
-    g.add_argument("--boundary", choices=["strict", "pad_tail", "pad_head"], help="default window boundary")
+    g.add_argument("--boundary", choices=BOUNDARIES, help="default window boundary")
     g.add_argument("--tier", choices=["host", "pinned", "device"], help="storage tier of the shards")
     g.add_argument("--routing", choices=["balanced", "round_robin"], help="how inserts are spread over shards")
     g.add_argument("--resources", help="place shards on the workers advertising this Dask resource, e.g. replay")
@@ -509,7 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--table", required=True, help="table name")
     sp.add_argument("--batch-size", type=int, default=32, help="default: %(default)s")
     sp.add_argument("--length", type=int, default=8, help="window length (default: %(default)s)")
-    sp.add_argument("--boundary", choices=["strict", "pad_tail", "pad_head"], help="default: the table's")
+    sp.add_argument("--boundary", choices=BOUNDARIES, help="default: the table's")
     sp.set_defaults(func=cmd_sample)
 
     sp = sub.add_parser(
