@@ -29,6 +29,8 @@ import numpy as np
 from .. import config
 from ..errors import EmptyTableError, GearFlowError, ShardLostError, SpecError, WindowTooLongError
 from ..keys import decode
+from ..keys import encode as encode_keys
+from ..ops.gather import window_mask
 from ..rate_limiters import MinSize, RateLimiter
 from ..rate_limiters import from_config as from_limiter_config
 from ..sample import SampleBatch, SampleBuffers
@@ -711,7 +713,6 @@ class DistributedTable:
             calls[a] = ("sample_part", args)
         res = await self._on_workers(calls)
         expired = {}
-        j = np.arange(L)
         for parts_ in res.values():
             for s, r in parts_.items():
                 o = offsets[s]
@@ -723,12 +724,11 @@ class DistributedTable:
                     self.stats["remote_bytes"] += nbytes
                 else:
                     self.stats["local_bytes"] += nbytes
-                out.keys[o : o + n] = (np.int64(s) << np.int64(56)) | np.asarray(r["seqs"], dtype=np.int64)
+                out.keys[o : o + n] = encode_keys(s, r["seqs"])
                 out.probabilities[o : o + n] = np.asarray(r["q"]) * scale.get(s, 1.0)
                 out.episode_ids[o : o + n] = r["episode_ids"]
                 out.timesteps[o : o + n] = r["timesteps"]
-                d, nv = np.asarray(r["dst_offset"]), np.asarray(r["n_valid"])
-                out.mask[o : o + n] = (j >= d[:, None]) & (j < (d + nv)[:, None])
+                window_mask(np.asarray(r["dst_offset"]), np.asarray(r["n_valid"]), L, out=out.mask[o : o + n])
                 if r["expired"]:
                     expired[s] = r["expired"]
         if off == out.batch_size:

@@ -20,6 +20,8 @@ import numpy as np
 from .. import config
 from ..errors import EmptyTableError, RateLimitTimeout, SpecError, TableClosedError
 from ..keys import decode
+from ..keys import encode as encode_keys
+from ..ops.gather import window_mask
 from ..rate_limiters import MinSize, Queue, RateLimiter, Stack
 from ..sample import SampleBatch, SampleBuffers
 from ..selectors import Fifo, Lifo, OrderedSelector, Selector, Uniform
@@ -430,12 +432,11 @@ class LocalTable:
                 if not n:
                     continue
                 win = s.take(slots, L, boundary, rng, out.bytes, off, columns)
-                out.keys[off : off + n] = (np.int64(s.shard_id) << np.int64(56)) | win.extras["seqs"]
+                out.keys[off : off + n] = encode_keys(s.shard_id, win.extras["seqs"])
                 out.probabilities[off : off + n] = p
                 out.episode_ids[off : off + n] = win.episode_ids
                 out.timesteps[off : off + n] = win.timesteps
-                j = np.arange(L)
-                out.mask[off : off + n] = (j >= win.dst_offset[:, None]) & (j < (win.dst_offset + win.n_valid)[:, None])
+                window_mask(win.dst_offset, win.n_valid, L, out=out.mask[off : off + n])
                 off += n
             assert off == B, (off, B)
             if rows_at is not None and len(self.shards) > 1 and np.any(rows_at != np.arange(B)):

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..errors import InvalidDataError, InvalidPriorityError, SpecError
+from ..keys import decode
 from ..spec import BOUNDARIES, TableSpec
 
 
@@ -99,7 +100,7 @@ def check_keys(keys, num_shards: int) -> np.ndarray:
             return check_keys(keys.cpu().numpy(), num_shards)
         raise InvalidDataError(f"keys must be integers, got dtype {k.dtype}")
     k = k.astype(np.int64).reshape(-1)
-    shard = k >> np.int64(56)
+    shard, _ = decode(k)
     bad = np.flatnonzero((shard < 0) | (shard >= num_shards))
     if len(bad):
         from ..errors import UnknownKeyError
