@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -90,7 +90,7 @@ class Windows:
     n_valid: np.ndarray  # valid steps in the window
     episode_ids: np.ndarray
     timesteps: np.ndarray  # index within the episode of the first valid step
-    extras: dict = field(default_factory=dict)
+    seqs: np.ndarray  # item sequence numbers (the low bits of the keys)
 
 
 class Shard:
@@ -332,6 +332,7 @@ class Shard:
             n_valid=n_valid,
             episode_ids=self.index.get("episode_id", ep),
             timesteps=first - start,
+            seqs=seqs,
         )
 
     def valid_fn(self, length: int, boundary: str):
@@ -488,7 +489,6 @@ class Shard:
                 self.tier.gather_windows(
                     self.ring.bytes[name], win.src_start, win.dst_offset, win.n_valid, out[name][offset : offset + b]
                 )
-            win.extras["seqs"] = self.slot_seqs(slots)
             self.counters.sampled += b
             if self.times_sampled is not None:
                 np.add.at(self.times_sampled, slots, 1)

@@ -171,7 +171,7 @@ class ShardHost:
                 before = s.counters.expired
                 win = s.take(sl, length, boundary, rng, buf, off, columns)
                 r = {
-                    "seqs": win.extras["seqs"],
+                    "seqs": win.seqs,
                     "q": q,
                     "episode_ids": win.episode_ids,
                     "timesteps": win.timesteps,

@@ -432,7 +432,7 @@ class LocalTable:
                 if not n:
                     continue
                 win = s.take(slots, L, boundary, rng, out.bytes, off, columns)
-                out.keys[off : off + n] = encode_keys(s.shard_id, win.extras["seqs"])
+                out.keys[off : off + n] = encode_keys(s.shard_id, win.seqs)
                 out.probabilities[off : off + n] = p
                 out.episode_ids[off : off + n] = win.episode_ids
                 out.timesteps[off : off + n] = win.timesteps
