@@ -40,8 +40,9 @@ def device_array(x, dtypes, name: str):
     return cupy.asarray(np.ascontiguousarray(a, dtype=dt))
 
 
-def check_out(out, dtype, name: str, ndim: int = 1):
-    """``out`` must be a C-contiguous CuPy array of ``dtype`` (outputs are written in place)."""
+def check_out(out, dtype, name: str, ndim: int = 1, at_least: int | None = None, of: str = "inputs"):
+    """``out`` must be a C-contiguous CuPy array of ``dtype`` (outputs are written in place),
+    with at least ``at_least`` entries (one per ``of``) when given."""
     import cupy
 
     if not isinstance(out, cupy.ndarray):
@@ -51,6 +52,8 @@ def check_out(out, dtype, name: str, ndim: int = 1):
             f"{name} must be a C-contiguous {ndim}-D {np.dtype(dtype)} array, got {out.dtype} "
             f"shape {out.shape} (contiguous={out.flags.c_contiguous})"
         )
+    if at_least is not None and out.shape[0] < at_least:
+        raise InvalidDataError(f"{name} has {out.shape[0]} entries for {at_least} {of}")
     return out
 
 

@@ -149,9 +149,7 @@ def find(tree, targets, out) -> None:
     P = check_tree(tree)
     t = device_array(targets, _VAL, "targets")
     n = int(t.shape[0])
-    check_out(out, np.int64, "out")
-    if out.shape[0] < n:
-        raise InvalidDataError(f"out has {out.shape[0]} entries for {n} targets")
+    check_out(out, np.int64, "out", at_least=n, of="targets")
     if n:
         f = loader.function(_MOD, expr("tree_find", ctype(t.dtype)))
         f((blocks(n),), (THREADS,), (tree, i64(P), t, i64(n), out))
@@ -168,14 +166,10 @@ def sample(tree, uniforms, out, weights=None) -> None:
     P = check_tree(tree)
     u = device_array(uniforms, _VAL, "uniforms")
     n = int(u.shape[0])
-    check_out(out, np.int64, "out")
-    if out.shape[0] < n:
-        raise InvalidDataError(f"out has {out.shape[0]} entries for {n} uniforms")
+    check_out(out, np.int64, "out", at_least=n, of="uniforms")
     want = weights is not None
     if want:
-        check_out(weights, np.float64, "weights")
-        if weights.shape[0] < n:
-            raise InvalidDataError(f"weights has {weights.shape[0]} entries for {n} uniforms")
+        check_out(weights, np.float64, "weights", at_least=n, of="uniforms")
     if n:
         f = loader.function(_MOD, expr("tree_sample", ctype(u.dtype)))
         f((blocks(n),), (THREADS,), (tree, i64(P), u, i64(n), out, np.int32(want), weights if want else tree))
