@@ -58,3 +58,23 @@ esac
 if [ -n "${GEAR_FLOW_SCHEDULER_ADDRESS:-}" ]; then
     export DASK_SCHEDULER_ADDRESS="$GEAR_FLOW_SCHEDULER_ADDRESS"
 fi
+
+# Shared tail of the launch scripts: TLS options for a role, then print (--dry-run) or exec.
+# Both work on the caller's `cmd` array and read its `extra` array and `dry_run` flag.
+gf_add_tls() {  # gf_add_tls scheduler|worker
+    if [ "$GEAR_FLOW_PROTOCOL" = tls ]; then
+        cmd+=(--tls-ca-file "$GEAR_FLOW_TLS_DIR/ca.pem" --tls-cert "$GEAR_FLOW_TLS_DIR/$1.pem"
+              --tls-key "$GEAR_FLOW_TLS_DIR/$1-key.pem")
+    fi
+}
+
+gf_launch() {
+    cmd+=("${extra[@]}")
+    if [ "$dry_run" = 1 ]; then
+        printf 'DASK_CONFIG=%q ' "$DASK_CONFIG"
+        printf '%q ' "${cmd[@]}"
+        printf '\n'
+        exit 0
+    fi
+    exec "${cmd[@]}"
+}

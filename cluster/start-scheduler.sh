@@ -35,16 +35,5 @@ case "${GEAR_FLOW_DASHBOARD:-:8787}" in
     none) cmd+=(--no-dashboard --dashboard-address :0) ;;  # :0: the health/metrics routes still listen
     *) cmd+=(--dashboard-address "${GEAR_FLOW_DASHBOARD:-:8787}") ;;
 esac
-if [ "$GEAR_FLOW_PROTOCOL" = tls ]; then
-    cmd+=(--tls-ca-file "$GEAR_FLOW_TLS_DIR/ca.pem" --tls-cert "$GEAR_FLOW_TLS_DIR/scheduler.pem"
-          --tls-key "$GEAR_FLOW_TLS_DIR/scheduler-key.pem")
-fi
-cmd+=("${extra[@]}")
-
-if [ "$dry_run" = 1 ]; then
-    printf 'DASK_CONFIG=%q ' "$DASK_CONFIG"
-    printf '%q ' "${cmd[@]}"
-    printf '\n'
-    exit 0
-fi
-exec "${cmd[@]}"
+gf_add_tls scheduler
+gf_launch

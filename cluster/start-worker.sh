@@ -106,16 +106,5 @@ cmd+=(--protocol "$GEAR_FLOW_PROTOCOL" --preload gear_flow.distributed.preload)
 [ -n "${GEAR_FLOW_INTERFACE:-}" ] && cmd+=(--interface "$GEAR_FLOW_INTERFACE")
 [ -n "${GEAR_FLOW_LOCAL_DIRECTORY:-}" ] && cmd+=(--local-directory "$GEAR_FLOW_LOCAL_DIRECTORY")
 [ -n "${GEAR_FLOW_NAME:-}" ] && cmd+=(--name "$GEAR_FLOW_NAME")
-if [ "$GEAR_FLOW_PROTOCOL" = tls ]; then
-    cmd+=(--tls-ca-file "$GEAR_FLOW_TLS_DIR/ca.pem" --tls-cert "$GEAR_FLOW_TLS_DIR/worker.pem"
-          --tls-key "$GEAR_FLOW_TLS_DIR/worker-key.pem")
-fi
-cmd+=("${extra[@]}")
-
-if [ "$dry_run" = 1 ]; then
-    printf 'DASK_CONFIG=%q ' "$DASK_CONFIG"
-    printf '%q ' "${cmd[@]}"
-    printf '\n'
-    exit 0
-fi
-exec "${cmd[@]}"
+gf_add_tls worker
+gf_launch
