@@ -122,6 +122,20 @@ class WindowTooLongError(EmptyTableError):
         return (type(self), (self.length, self.longest))
 
 
+def nothing_to_sample(who: str, size: int, longest: int, length: int, boundary: str) -> EmptyTableError:
+    """The error for a sample that finds nothing: empty, window too long, or no weight left.
+
+    ``who`` names the table or shard ("the table", "table 'replay'", "shard 3").
+    """
+    if size == 0:
+        return EmptyTableError(f"{who} holds no items")
+    if boundary == "strict" and longest < length:
+        return WindowTooLongError(length, longest)
+    return EmptyTableError(
+        f"{who}: no item with a nonzero sampling weight has a window of length {length} ({boundary})"
+    )
+
+
 class RateLimitTimeout(GearFlowError, TimeoutError):
     """A blocking insert or sample was not allowed by the rate limiter in time."""
 

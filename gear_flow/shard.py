@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import keys as keymod
-from .errors import EmptyTableError, WindowTooLongError
+from .errors import EmptyTableError, nothing_to_sample
 from .ops import sumtree
 from .selectors.base import OrderedSelector, Selector, WeightedSelector
 from .spec import TableSpec
@@ -451,13 +451,7 @@ class Shard:
         return int(round(self.valid_mass(length, boundary)))
 
     def _raise_empty(self, length: int, boundary: str):
-        if self.size == 0:
-            raise EmptyTableError(f"shard {self.shard_id} holds no items")
-        if boundary == "strict" and self.longest_episode() < length:
-            raise WindowTooLongError(length, self.longest_episode())
-        raise EmptyTableError(
-            f"shard {self.shard_id}: no item with a nonzero sampling weight has a window of length {length}"
-        )
+        raise nothing_to_sample(f"shard {self.shard_id}", self.size, self.longest_episode(), length, boundary)
 
     # -- ordered selection -------------------------------------------------------
     def candidates(self, n: int, length: int, boundary: str) -> tuple[np.ndarray, np.ndarray]:

@@ -27,7 +27,7 @@ from collections import defaultdict
 import numpy as np
 
 from .. import config
-from ..errors import EmptyTableError, GearFlowError, ShardLostError, SpecError, WindowTooLongError
+from ..errors import EmptyTableError, GearFlowError, ShardLostError, SpecError, nothing_to_sample
 from ..keys import decode
 from ..keys import encode as encode_keys
 from ..ops.gather import window_mask
@@ -739,13 +739,8 @@ class DistributedTable:
     async def _raise_empty(self, L, boundary):
         res = await self._on_workers({a: ("info", dict(name=self.name)) for a in self._workers()})
         infos = [i for r in res.values() for i in r]
-        if not sum(i["size"] for i in infos):
-            raise EmptyTableError(f"table {self.name!r} holds no items")
-        if boundary == "strict":
-            longest = max((i["longest_episode"] for i in infos), default=0)
-            if longest < L:
-                raise WindowTooLongError(L, longest)
-        raise EmptyTableError(f"table {self.name!r}: no item with a nonzero weight has a window of length {L}")
+        longest = max((i["longest_episode"] for i in infos), default=0)
+        raise nothing_to_sample(f"table {self.name!r}", sum(i["size"] for i in infos), longest, L, boundary)
 
     # -- priorities, deletes ----------------------------------------------------------------------
     def _group(self, keys):

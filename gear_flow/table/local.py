@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import config
-from ..errors import EmptyTableError, RateLimitTimeout, SpecError, TableClosedError
+from ..errors import RateLimitTimeout, SpecError, TableClosedError, nothing_to_sample
 from ..keys import decode
 from ..keys import encode as encode_keys
 from ..ops.gather import window_mask
@@ -489,14 +489,8 @@ class LocalTable:
         return plan
 
     def _raise_empty(self, L: int, boundary: str):
-        if self.size == 0:
-            raise EmptyTableError("the table holds no items")
         longest = max(s.longest_episode() for s in self.shards)
-        if boundary == "strict" and longest < L:
-            from ..errors import WindowTooLongError
-
-            raise WindowTooLongError(L, longest)
-        raise EmptyTableError(f"no item with a nonzero sampling weight has a window of length {L} ({boundary})")
+        raise nothing_to_sample("the table", self.size, longest, L, boundary)
 
     # -- priorities and deletes ------------------------------------------------------------------
     def _by_shard(self, keys):
