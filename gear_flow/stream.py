@@ -129,19 +129,23 @@ class Stream:
                 rng=rng,
             )
 
+        def more() -> bool:
+            return self.num_batches is None or issued < self.num_batches
+
+        def submit() -> None:
+            # request i uses buffer i mod (prefetch + 2) and generator i mod prefetch: at most
+            # `prefetch` requests are in flight, so no two of them share a generator
+            nonlocal issued
+            pending.append(ex.submit(request, pool[issued % len(pool)], rngs[issued % self.prefetch]))
+            issued += 1
+
         try:
-            while self.num_batches is None or issued < min(self.prefetch, self.num_batches):
-                if issued >= self.prefetch:
-                    break
-                pending.append(ex.submit(request, pool[issued % len(pool)], rngs[issued % self.prefetch]))
-                issued += 1
-            yielded = 0
+            while len(pending) < self.prefetch and more():
+                submit()
             while pending and not self._closed:
                 batch: SampleBatch = pending.popleft().result()
-                if self.num_batches is None or issued < self.num_batches:
-                    pending.append(ex.submit(request, pool[issued % len(pool)], rngs[issued % self.prefetch]))
-                    issued += 1
-                yielded += 1
+                if more():
+                    submit()
                 yield _copy(batch) if self.copy else batch
         finally:
             for f in pending:
