@@ -454,11 +454,27 @@ class Shard:
         raise nothing_to_sample(f"shard {self.shard_id}", self.size, self.longest_episode(), length, boundary)
 
     # -- ordered selection -------------------------------------------------------
-    def candidates(self, n: int, length: int, boundary: str) -> tuple[np.ndarray, np.ndarray]:
+    def candidates(
+        self, n: int, length: int, boundary: str, horizon: int | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Best ``n`` items for the sampler; ``horizon``: only items stamped before it.
+
+        A distributed table passes the stamp of its oldest insert still being
+        written, so that an ordered sample sees a prefix of the insertion order
+        (a Queue never hands out an item before an older one that is in flight).
+        """
         sel = self.sampler
         assert isinstance(sel, OrderedSelector)
         with self.lock:
-            return sel.candidates(n, self.valid_fn(length, boundary))
+            valid = self.valid_fn(length, boundary)
+            if horizon is not None:
+                fits = valid
+
+                def valid(slots):
+                    ok = self.item_stamps(slots) < horizon
+                    return ok if fits is None else ok & fits(slots)
+
+            return sel.candidates(n, valid)
 
     # -- gathering -------------------------------------------------------------------
     def take(
@@ -470,11 +486,14 @@ class Shard:
         out: dict,
         offset: int,
         columns,
+        record: bool = True,
     ) -> Windows:
         """Gather the windows of ``slots`` into ``out[name][offset:offset+len(slots)]``,
-        count the samples and expire items that reached ``max_times_sampled``.
+        and (``record``) count the samples and expire items that reached ``max_times_sampled``.
 
         ``out`` maps column names to uint8 byte buffers ``[B, L, nbytes]``.
+        ``record=False`` leaves the shard unchanged; :meth:`record_samples`
+        then commits the sample (two-phase samples over several workers).
         """
         with self.lock:
             win = self.windows(slots, length, boundary, rng)
@@ -483,12 +502,45 @@ class Shard:
                 self.tier.gather_windows(
                     self.ring.bytes[name], win.src_start, win.dst_offset, win.n_valid, out[name][offset : offset + b]
                 )
-            self.counters.sampled += b
-            if self.times_sampled is not None:
-                np.add.at(self.times_sampled, slots, 1)
-                done = np.unique(slots[self.times_sampled[slots] >= self.max_times_sampled])
-                self.counters.expired += self._drop_items(done)
+            if record:
+                self._record(slots)
             return win
+
+    def _record(self, slots: np.ndarray) -> None:
+        self.counters.sampled += len(slots)
+        if self.times_sampled is not None:
+            np.add.at(self.times_sampled, slots, 1)
+            done = np.unique(slots[self.times_sampled[slots] >= self.max_times_sampled])
+            self.counters.expired += self._drop_items(done)
+
+    def _still_there(self, slots: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+        """Mask of items (slot, seq) that are still the live occupant of their slot."""
+        return (self.active[slots] == 1) & (self.slot_seqs(slots) == seqs)
+
+    def record_samples(self, slots: np.ndarray, seqs: np.ndarray) -> int:
+        """Commit a sample gathered with ``record=False``: count it, expire what reached
+        ``max_times_sampled``.  Items removed meanwhile were still handed out once;
+        they are counted as sampled and not touched.  Returns the number expired."""
+        with self.lock:
+            before = self.counters.expired
+            here = self._still_there(slots, seqs)
+            self.counters.sampled += int((~here).sum())
+            self._record(slots[here])
+            return self.counters.expired - before
+
+    def unconsume(self, slots: np.ndarray, seqs: np.ndarray) -> None:
+        """Undo the epoch bookkeeping of a draw that was not handed out (WithoutReplacement)."""
+        with self.lock:
+            slots = np.unique(slots[self._still_there(slots, seqs)])
+            if len(slots) and getattr(self.sampler, "without_replacement", False):
+                old = self.sampler.leaf_weights(slots)
+                self.sampler.insert(slots, self.priority[slots])
+                self.tails.change(slots, old, self.sampler.leaf_weights(slots))
+
+    def uncount(self, n: int) -> None:
+        """Forget ``n`` samples counted by a sample that was then abandoned (no expiry involved)."""
+        with self.lock:
+            self.counters.sampled -= int(n)
 
     # -- removal by the remover -------------------------------------------------------
     def remover_candidates(self, n: int) -> tuple[np.ndarray, np.ndarray]:

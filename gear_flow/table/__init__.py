@@ -1,5 +1,7 @@
 """Tables: the global view over shards."""
 
-from .local import InsertResult, LocalTable, UpdateResult
+from .config import TableConfig
+from .local import LocalTable
+from .results import InsertResult, UpdateResult
 
-__all__ = ["InsertResult", "LocalTable", "UpdateResult"]
+__all__ = ["InsertResult", "LocalTable", "TableConfig", "UpdateResult"]

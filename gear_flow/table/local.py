@@ -13,22 +13,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 
 import numpy as np
 
 from .. import config
-from ..errors import RateLimitTimeout, SpecError, TableClosedError, nothing_to_sample
+from ..errors import RateLimitTimeout, SpecError, TableClosedError
 from ..keys import decode
-from ..keys import encode as encode_keys
-from ..ops.gather import window_mask
-from ..rate_limiters import MinSize, Queue, RateLimiter, Stack
+from ..rate_limiters import Queue, RateLimiter, Stack
 from ..sample import SampleBatch, SampleBuffers
-from ..selectors import Fifo, Lifo, OrderedSelector, Selector, Uniform
+from ..selectors import Fifo, Lifo, Selector
 from ..shard import EpisodeBatch, Shard
 from ..spec import TableSpec
-from . import two_level
-from .routing import ROUTINGS, route
+from .config import TableConfig
+from .executor import evict_shards, sample_shards
+from .results import InsertResult, UpdateResult
+from .routing import route
 from .validate import (
     as_episode_list,
     check_episode,
@@ -39,38 +38,6 @@ from .validate import (
 )
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class InsertResult:
-    """What an insert stored.
-
-    Attributes
-    ----------
-    episode_ids : numpy.ndarray
-        int64, table-wide id of each inserted episode, in input order.
-    first_keys : numpy.ndarray
-        int64, key of each episode's first item (for episode items: the
-        episode's key; for step items, step ``j`` of episode ``i`` has key
-        ``first_keys[i] + j``).
-    shards : numpy.ndarray
-        Shard of each episode.
-    num_items : int
-        Items created.
-    """
-
-    episode_ids: np.ndarray
-    first_keys: np.ndarray
-    shards: np.ndarray
-    num_items: int
-
-
-@dataclass(frozen=True)
-class UpdateResult:
-    """Outcome of a priority update or delete: ``applied`` items, ``stale`` keys ignored."""
-
-    applied: int
-    stale: int
 
 
 class LocalTable:
@@ -126,46 +93,39 @@ class LocalTable:
         seed: int | None = None,
         shard_ids=None,
     ):
-        if not isinstance(spec, TableSpec):
-            raise SpecError(f"spec must be a TableSpec, got {type(spec).__name__}")
-        sampler = Uniform() if sampler is None else sampler
-        remover = Fifo() if remover is None else remover
-        for role, sel in (("sampler", sampler), ("remover", remover)):
-            if not isinstance(sel, Selector):
-                raise SpecError(f"{role} must be a Selector instance, got {sel!r}")
-        if not remover.can_remove:
-            raise SpecError(
-                f"{remover!r} cannot be used as a remover; use Fifo, Lifo, MinHeap, MaxHeap, Uniform or Prioritized"
-            )
-        if isinstance(max_times_sampled, bool) or not isinstance(max_times_sampled, int) or max_times_sampled < 0:
-            raise SpecError(f"max_times_sampled ({max_times_sampled!r}) must be an integer >= 0")
-        self.rate_limiter = MinSize(1) if rate_limiter is None else rate_limiter
-        if not isinstance(self.rate_limiter, RateLimiter):
-            raise SpecError(f"rate_limiter must be a RateLimiter, got {rate_limiter!r}")
-        self.rate_limiter.check_table(spec.max_size)
-        if isinstance(self.rate_limiter, Queue):
-            want = Lifo if isinstance(self.rate_limiter, Stack) else Fifo
-            if not (isinstance(sampler, want) and isinstance(remover, want) and max_times_sampled == 1):
-                raise SpecError(
-                    f"{self.rate_limiter!r} needs sampler={want.__name__}(), remover={want.__name__}() and "
-                    "max_times_sampled=1 (use LocalTable.queue / LocalTable.stack)"
-                )
+        cfg = TableConfig.build(
+            spec,
+            sampler=sampler,
+            remover=remover,
+            rate_limiter=rate_limiter,
+            max_times_sampled=max_times_sampled,
+            boundary=boundary,
+            routing=routing,
+            tier=tier,
+            timeout=timeout,
+        )
+        self.cfg = cfg
         self.spec = spec
-        self.sampler_proto = sampler
-        self.remover_proto = remover
-        self.max_times_sampled = max_times_sampled
-        self.boundary = config.get("table.boundary", boundary)
-        check_sample_args(1, 1, self.boundary)
-        self.routing = config.get("table.routing", routing)
-        if self.routing not in ROUTINGS:  # validate at construction, not at the first insert
-            raise SpecError(f"routing {self.routing!r} must be one of {ROUTINGS}")
-        self.timeout = config.get("table.timeout", timeout)
-        tier = config.get("table.tier", tier)
+        self.rate_limiter = cfg.rate_limiter
+        self.sampler_proto = cfg.sampler
+        self.remover_proto = cfg.remover
+        self.max_times_sampled = cfg.max_times_sampled
+        self.boundary = cfg.boundary
+        self.routing = cfg.routing
+        self.timeout = cfg.timeout
         ids = list(range(spec.num_shards)) if shard_ids is None else list(shard_ids)
         self.shards = [
-            Shard(spec, i, sampler.clone(), remover.clone(), max_times_sampled=max_times_sampled, tier=tier)
+            Shard(
+                spec,
+                i,
+                cfg.sampler.clone(),
+                cfg.remover.clone(),
+                max_times_sampled=cfg.max_times_sampled,
+                tier=cfg.tier,
+            )
             for i in ids
         ]
+        self._by_id = {s.shard_id: s for s in self.shards}
         self.rng = np.random.default_rng(config.get("table.seed", seed))
         self._cond = threading.Condition(threading.Lock())
         self._rr = 0
@@ -307,28 +267,7 @@ class LocalTable:
         excess = self.size - self.spec.max_size
         if excess <= 0:
             return
-        removed = 0
-        if isinstance(self.remover_proto, OrderedSelector):
-            cands = [s.remover_candidates(excess) for s in self.shards]
-            chosen = two_level.merge_candidates(cands, excess)
-            for s, slots in zip(self.shards, chosen):
-                if len(slots):
-                    removed += s.remove_by_remover(len(slots), self.rng, slots=np.unique(slots))
-        else:
-            # a multinomial count can exceed a shard's size (clipped below), so draw again
-            # for the shortfall until the table is back at max_size; every round removes
-            # at least one item
-            while removed < excess:
-                sizes = np.array([s.size for s in self.shards])
-                if not sizes.sum():
-                    break
-                masses = np.array([s.remover.mass for s in self.shards])
-                # no remover weight left anywhere (all priorities 0): by size, i.e. uniform
-                weights = masses if masses.sum() > 0 else sizes.astype(np.float64)
-                counts = np.minimum(two_level.multinomial_counts(weights, excess - removed, self.rng), sizes)
-                for s, c in zip(self.shards, counts):
-                    if c:
-                        removed += s.remove_by_remover(int(c), self.rng)
+        removed = evict_shards(self._by_id, excess, self.remover_proto.deterministic, self.rng)
         with self._cond:
             self.rate_limiter.on_delete(removed)
 
@@ -403,94 +342,15 @@ class LocalTable:
             lk.acquire()
         try:
             size = self.size
-            expired_before = sum(s.counters.expired for s in self.shards)
-            sel = self.shards[0].sampler
-            rows_at = None
-            if isinstance(sel, OrderedSelector):
-                cands = [s.candidates(B, L, boundary) for s in self.shards]
-                if not any(len(c[0]) for c in cands):
-                    self._raise_empty(L, boundary)
-                chosen, where = two_level.merge_candidates_with_positions(cands, B)
-                plan = [(s, slots, np.ones(len(slots))) for s, slots in zip(self.shards, chosen)]
-                rows_at = np.concatenate(where)  # batch position of each row, as gathered shard by shard
-            elif sel.without_replacement:
-                plan = self._plan_epoch(B, L, boundary, rng)
-            else:
-                masses = np.array([s.valid_mass(L, boundary) for s in self.shards])
-                if masses.sum() <= 0:
-                    self._raise_empty(L, boundary)
-                counts = two_level.multinomial_counts(masses, B, rng)
-                total = masses.sum()
-                plan = []
-                for s, c, m in zip(self.shards, counts, masses):
-                    if c:
-                        slots, q = s.draw(int(c), L, boundary, rng, mass=m)
-                        plan.append((s, slots, q * (m / total)))
-            off = 0
-            for s, slots, p in plan:
-                n = len(slots)
-                if not n:
-                    continue
-                win = s.take(slots, L, boundary, rng, out.bytes, off, columns)
-                out.keys[off : off + n] = encode_keys(s.shard_id, win.seqs)
-                out.probabilities[off : off + n] = p
-                out.episode_ids[off : off + n] = win.episode_ids
-                out.timesteps[off : off + n] = win.timesteps
-                window_mask(win.dst_offset, win.n_valid, L, out=out.mask[off : off + n])
-                off += n
-            assert off == B, (off, B)
-            if rows_at is not None and len(self.shards) > 1 and np.any(rows_at != np.arange(B)):
-                self._reorder_rows(out, rows_at)
-            beta = getattr(sel, "beta", 0.0) if getattr(sel, "importance_weighted", False) else 0.0
-            two_level.importance_weights(out.probabilities, beta, out.weights)
-            expired = sum(s.counters.expired for s in self.shards) - expired_before
+            expired = sample_shards(
+                self._by_id, self.cfg.selection, out, B, L, boundary, columns, rng, self.cfg.beta, "the table"
+            )
             if expired:
-                self.rate_limiter.on_delete(expired)
+                self.rate_limiter.on_delete(sum(expired.values()))
             return size
         finally:
             for lk in reversed(locks):
                 lk.release()
-
-    @staticmethod
-    def _reorder_rows(out: SampleBuffers, rows_at: np.ndarray) -> None:
-        """Move gathered row ``r`` to batch position ``rows_at[r]``.
-
-        Ordered selectors (Fifo, Lifo, heaps) promise their global order within
-        a batch, but rows are gathered shard by shard; one extra copy of the
-        batch, for these selectors only, puts them back in order.
-        """
-        src = np.empty_like(rows_at)
-        src[rows_at] = np.arange(len(rows_at))
-        out.permute(src)
-
-    def _plan_epoch(self, B: int, L: int, boundary: str, rng):
-        """WithoutReplacement: a uniform subset of the global epoch, starting a new epoch when it runs out."""
-        plan = []
-        need = B
-        fresh = False
-        while need:
-            unseen = np.array([s.unseen(L, boundary) for s in self.shards])
-            left = int(unseen.sum())
-            if left == 0:
-                if fresh:
-                    self._raise_empty(L, boundary)
-                for s in self.shards:
-                    s.new_epoch()
-                fresh = True
-                continue
-            fresh = False
-            take = min(need, left)
-            counts = two_level.epoch_counts(unseen, take, rng)
-            for s, c in zip(self.shards, counts):
-                if c:
-                    slots, _ = s.draw(int(c), L, boundary, rng, mass=float(s.unseen(L, boundary)))
-                    plan.append((s, slots, np.full(len(slots), 1.0 / left)))
-            need -= take
-        return plan
-
-    def _raise_empty(self, L: int, boundary: str):
-        longest = max(s.longest_episode() for s in self.shards)
-        raise nothing_to_sample("the table", self.size, longest, L, boundary)
 
     # -- priorities and deletes ------------------------------------------------------------------
     def _by_shard(self, keys):
@@ -554,18 +414,7 @@ class LocalTable:
     # -- checkpoints ----------------------------------------------------------------------------
     def config(self) -> dict:
         """JSON-able configuration (what a checkpoint needs to rebuild the table)."""
-        from ..rate_limiters import to_config as limiter_config
-        from ..selectors import to_config as selector_config
-
-        return {
-            "spec": self.spec.to_dict(),
-            "sampler": selector_config(self.sampler_proto),
-            "remover": selector_config(self.remover_proto),
-            "rate_limiter": limiter_config(self.rate_limiter),
-            "max_times_sampled": self.max_times_sampled,
-            "boundary": self.boundary,
-            "routing": self.routing,
-        }
+        return self.cfg.to_dict()
 
     def checkpoint(self, path) -> dict:
         """Write an atomic, checksummed checkpoint to directory ``path`` (no pickle).

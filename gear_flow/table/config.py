@@ -1,0 +1,181 @@
+"""A table's whole configuration, validated once: what every table (local or distributed) is built from.
+
+:class:`TableConfig` is frozen and checked at construction, so the local table,
+the distributed handle, the worker-side host and checkpoints all read the same
+validated values; nobody builds a throw-away table to validate its arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import config
+from ..errors import SpecError
+from ..rate_limiters import MinSize, Queue, RateLimiter, Stack
+from ..rate_limiters import from_config as limiter_from_config
+from ..rate_limiters import to_config as limiter_to_config
+from ..selectors import Fifo, Lifo, Selector, Uniform
+from ..selectors import from_config as selector_from_config
+from ..selectors import to_config as selector_to_config
+from ..spec import BOUNDARIES, TableSpec
+from .routing import ROUTINGS
+
+#: what a sample's selection needs from the shards (see :mod:`gear_flow.table.planner`)
+SELECTION_KINDS = ("weighted", "epoch", "ordered")
+TIERS = ("host", "pinned", "device")
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """Spec, selectors, limiter and defaults of a table; validated, immutable.
+
+    Parameters
+    ----------
+    spec : TableSpec
+    sampler, remover : Selector
+        Prototypes (each shard gets ``clone()`` of them).
+    rate_limiter : RateLimiter
+        Prototype of the table's global limiter.
+    max_times_sampled : int
+        Remove an item after this many samples (0: never).
+    boundary, routing, tier : str
+        Defaults, after the ``dask.config`` fallbacks.
+    timeout : float or None
+        Default seconds a blocking call waits.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gear_flow import ColumnSpec, TableSpec, Prioritized
+    >>> cfg = TableConfig.build(TableSpec((ColumnSpec("x", ()),), capacity=8), sampler=Prioritized())
+    >>> cfg.selection
+    'weighted'
+    """
+
+    spec: TableSpec
+    sampler: Selector = field(default_factory=Uniform)
+    remover: Selector = field(default_factory=Fifo)
+    rate_limiter: RateLimiter = field(default_factory=lambda: MinSize(1))
+    max_times_sampled: int = 0
+    boundary: str = "strict"
+    routing: str = "balanced"
+    tier: object = "host"  # a tier name or a StorageTier instance
+    timeout: float | None = None
+
+    @classmethod
+    def build(
+        cls,
+        spec: TableSpec,
+        *,
+        sampler: Selector | None = None,
+        remover: Selector | None = None,
+        rate_limiter: RateLimiter | None = None,
+        max_times_sampled: int = 0,
+        boundary: str | None = None,
+        routing: str | None = None,
+        tier: str | None = None,
+        timeout: float | None = None,
+    ) -> TableConfig:
+        """Apply defaults (``None`` → ``dask.config``) and validate."""
+        return cls(
+            spec,
+            Uniform() if sampler is None else sampler,
+            Fifo() if remover is None else remover,
+            MinSize(1) if rate_limiter is None else rate_limiter,
+            max_times_sampled,
+            config.get("table.boundary", boundary),
+            config.get("table.routing", routing),
+            config.get("table.tier", tier),
+            config.get("table.timeout", timeout),
+        )
+
+    def __post_init__(self):
+        if not isinstance(self.spec, TableSpec):
+            raise SpecError(f"spec must be a TableSpec, got {type(self.spec).__name__}")
+        for role in ("sampler", "remover"):
+            sel = getattr(self, role)
+            if not isinstance(sel, Selector):
+                raise SpecError(f"{role} must be a Selector instance, got {sel!r}")
+        if not self.remover.can_remove:
+            raise SpecError(
+                f"{self.remover!r} cannot be used as a remover; use Fifo, Lifo, MinHeap, MaxHeap, Uniform or Prioritized"
+            )
+        m = self.max_times_sampled
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise SpecError(f"max_times_sampled ({m!r}) must be an integer >= 0")
+        if not isinstance(self.rate_limiter, RateLimiter):
+            raise SpecError(f"rate_limiter must be a RateLimiter, got {self.rate_limiter!r}")
+        self.rate_limiter.check_table(self.spec.max_size)
+        if isinstance(self.rate_limiter, Queue):
+            want = Lifo if isinstance(self.rate_limiter, Stack) else Fifo
+            if not (isinstance(self.sampler, want) and isinstance(self.remover, want) and m == 1):
+                raise SpecError(
+                    f"{self.rate_limiter!r} needs sampler={want.__name__}(), remover={want.__name__}() and "
+                    "max_times_sampled=1 (use LocalTable.queue / LocalTable.stack)"
+                )
+        if self.boundary not in BOUNDARIES:
+            raise SpecError(f"boundary {self.boundary!r} must be one of {BOUNDARIES}")
+        if self.routing not in ROUTINGS:
+            raise SpecError(f"routing {self.routing!r} must be one of {ROUTINGS}")
+        if isinstance(self.tier, str) and self.tier not in TIERS:
+            raise SpecError(f"tier {self.tier!r} must be one of {TIERS}")
+        t = self.timeout
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0):
+            raise SpecError(f"timeout ({t!r}) must be None or a number of seconds >= 0")
+
+    # -- what kind of table this is ---------------------------------------------------------
+    @property
+    def selection(self) -> str:
+        """``ordered`` (Fifo, Lifo, heaps), ``epoch`` (WithoutReplacement) or ``weighted``."""
+        if self.sampler.deterministic:
+            return "ordered"
+        return "epoch" if getattr(self.sampler, "without_replacement", False) else "weighted"
+
+    @property
+    def beta(self) -> float:
+        """Importance-weight exponent (0 when the sampler has none)."""
+        return float(getattr(self.sampler, "beta", 0.0)) if getattr(self.sampler, "importance_weighted", False) else 0.0
+
+    @property
+    def exclusive(self) -> bool:
+        """Samples change what later samples may take (expiry, epochs, queue order): run one at a time.
+
+        Two samplers running at once could otherwise both take an item that may
+        be handed out only once, or an epoch could lose items on a retry.
+        """
+        return self.max_times_sampled > 0 or self.selection == "epoch"
+
+    # -- JSON form (checkpoints, the wire) ---------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "spec": self.spec.to_dict(),
+            "sampler": selector_to_config(self.sampler),
+            "remover": selector_to_config(self.remover),
+            "rate_limiter": limiter_to_config(self.rate_limiter),
+            "max_times_sampled": self.max_times_sampled,
+            "boundary": self.boundary,
+            "routing": self.routing,
+            "tier": getattr(self.tier, "name", self.tier),
+            "timeout": self.timeout,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TableConfig:
+        try:
+            return cls(
+                TableSpec.from_dict(d["spec"]),
+                selector_from_config(d["sampler"]),
+                selector_from_config(d["remover"]),
+                limiter_from_config(d["rate_limiter"]),
+                int(d.get("max_times_sampled", 0)),
+                d.get("boundary", "strict"),
+                d.get("routing", "balanced"),
+                d.get("tier") or "host",
+                d.get("timeout"),
+            )
+        except (KeyError, TypeError) as e:
+            raise SpecError(f"not a table configuration ({type(e).__name__}: {e})") from None
+
+    def fresh_limiter(self) -> RateLimiter:
+        """A new limiter with this configuration's parameters and zero counts."""
+        return limiter_from_config(limiter_to_config(self.rate_limiter))

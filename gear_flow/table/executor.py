@@ -1,0 +1,138 @@
+"""Carrying out plans on shards in this process (the local table, a worker's host).
+
+:class:`InProcess` answers the planner's requests (:mod:`gear_flow.table.planner`)
+with direct calls on :class:`~gear_flow.shard.Shard` objects.  The caller holds
+the shards' locks for a whole sample, so a plan executed here sees one
+consistent state; the distributed handle answers the same requests over the
+comm (:mod:`gear_flow.distributed.sampling`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import nothing_to_sample
+from ..keys import encode as encode_keys
+from ..ops.gather import window_mask
+from . import planner, two_level
+
+
+def fill_rows(out, off: int, shard_id: int, seqs, probabilities, episode_ids, timesteps, dst_offset, n_valid, L: int):
+    """Everything of rows ``off:off+n`` of a batch except the window bytes (gathered separately)."""
+    n = len(seqs)
+    out.keys[off : off + n] = encode_keys(shard_id, np.asarray(seqs))
+    out.probabilities[off : off + n] = probabilities
+    out.episode_ids[off : off + n] = episode_ids
+    out.timesteps[off : off + n] = timesteps
+    window_mask(np.asarray(dst_offset), np.asarray(n_valid), L, out=out.mask[off : off + n])
+
+
+def summary(shard, kind: str, L: int = 1, boundary: str = "pad_tail") -> float:
+    """One number a plan asks of a shard (see :class:`planner.Summaries`)."""
+    if kind == "sampler":
+        return shard.valid_mass(L, boundary)
+    if kind == "unseen":
+        return float(shard.unseen(L, boundary))
+    if kind == "remover":
+        return float(shard.remover.mass) if hasattr(shard.remover, "mass") else 0.0
+    if kind == "size":
+        return float(shard.size)
+    raise ValueError(f"unknown summary kind {kind!r}")
+
+
+def evict_on(shard, counts=None, slots=None, rng=None) -> int:
+    """Carry out an :class:`planner.Evict` part on one shard."""
+    if slots is not None:
+        sl = np.unique(np.asarray(slots, dtype=np.int64))
+        return shard.remove_by_remover(len(sl), rng, slots=sl) if len(sl) else 0
+    return shard.remove_by_remover(int(counts), rng) if counts else 0
+
+
+class InProcess:
+    """Answers plan requests with in-process shards, gathering into ``out`` (a SampleBuffers).
+
+    Parameters
+    ----------
+    shards : dict
+        shard id -> Shard.
+    horizon : int, optional
+        Ordered samples see only items stamped before it (see ``Shard.candidates``).
+    """
+
+    def __init__(self, shards: dict, rng, out=None, L: int = 1, boundary: str = "pad_tail", columns=(), horizon=None):
+        self.shards = shards
+        self.rng = rng
+        self.out = out
+        self.L = L
+        self.boundary = boundary
+        self.columns = tuple(columns)
+        self.horizon = horizon
+        self.expired = {}
+
+    def __call__(self, req):
+        if isinstance(req, planner.Summaries):
+            return {k: {i: summary(s, k, self.L, self.boundary) for i, s in self.shards.items()} for k in req.kinds}
+        if isinstance(req, planner.Candidates):
+            if req.role == "remover":
+                return {i: s.remover_candidates(req.n) for i, s in self.shards.items()}
+            return {i: s.candidates(req.n, self.L, self.boundary, self.horizon) for i, s in self.shards.items()}
+        if isinstance(req, planner.Draw):
+            offs = planner.offsets(req.counts, req.base)
+            for i in sorted(offs):
+                slots, q = self.shards[i].draw(req.counts[i], self.L, self.boundary, self.rng)
+                self._gather(i, slots, q * req.scale[i], offs[i])
+            return None
+        if isinstance(req, planner.Take):
+            offs = planner.offsets(req.slots)
+            for i in sorted(offs):
+                slots = np.asarray(req.slots[i], dtype=np.int64)
+                self._gather(i, slots, np.ones(len(slots)), offs[i])
+            return None
+        if isinstance(req, planner.NewEpoch):
+            for s in self.shards.values():
+                s.new_epoch()
+            return None
+        if isinstance(req, planner.Evict):
+            parts = req.slots if req.slots is not None else req.counts
+            k = 0
+            for i in sorted(parts):
+                if req.slots is not None:
+                    k += evict_on(self.shards[i], slots=parts[i], rng=self.rng)
+                else:
+                    k += evict_on(self.shards[i], counts=parts[i], rng=self.rng)
+            return k
+        raise TypeError(f"unknown plan request {req!r}")
+
+    def _gather(self, i: int, slots: np.ndarray, p: np.ndarray, off: int) -> None:
+        s = self.shards[i]
+        before = s.counters.expired
+        win = s.take(slots, self.L, self.boundary, self.rng, self.out.bytes, off, self.columns)
+        fill_rows(self.out, off, i, win.seqs, p, win.episode_ids, win.timesteps, win.dst_offset, win.n_valid, self.L)
+        if s.counters.expired != before:
+            self.expired[i] = self.expired.get(i, 0) + s.counters.expired - before
+
+
+def sample_shards(
+    shards: dict, selection: str, out, B: int, L: int, boundary: str, columns, rng, beta: float, who: str, horizon=None
+) -> dict:
+    """A whole two-level sample of ``B`` windows over in-process ``shards`` (their locks held by the caller).
+
+    Fills ``out`` in the batch's final order, with importance weights; returns
+    ``{shard: items expired}``.
+    """
+    ex = InProcess(shards, rng, out, L, boundary, columns, horizon)
+    try:
+        layout = planner.run(planner.sample(selection, B, rng), ex)
+    except planner.NothingToSample:
+        size = sum(s.size for s in shards.values())
+        longest = max((s.longest_episode() for s in shards.values()), default=0)
+        raise nothing_to_sample(who, size, longest, L, boundary) from None
+    if layout.rows_at is not None:
+        out.permute(planner.sources(layout.rows_at))
+    two_level.importance_weights(out.probabilities, beta, out.weights)
+    return ex.expired
+
+
+def evict_shards(shards: dict, excess: int, ordered: bool, rng) -> int:
+    """Remove ``excess`` items from in-process ``shards`` as the remover says; returns how many."""
+    return planner.run(planner.evict(excess, ordered, rng), InProcess(shards, rng))

@@ -1,0 +1,226 @@
+"""The one planner: how a sample or an eviction is decided from per-shard summaries.
+
+Every table runs the same rules: the local table over its in-process shards,
+a worker's host over the shards it holds, and the distributed handle over
+shards on many workers.  To keep one copy of each rule, the planner is written
+*sans I/O*: a plan is a generator that yields requests and receives their
+answers; an executor (:mod:`gear_flow.table.executor` in-process, the
+distributed sampler over the comm) answers them.  No Dask, no locks here.
+
+Requests (yielded) and what the executor sends back:
+
+* :class:`Summaries` → ``{kind: {shard: float}}`` (valid sampling mass,
+  unseen epoch items, remover mass, size);
+* :class:`Candidates` → ``{shard: (slots, order_keys)}`` (best first);
+* :class:`Draw` → ``None``: draw ``counts[s]`` items from shard ``s`` with
+  its mass *at the draw* and gather them at the rows :func:`offsets` gives;
+  the probability reported for an item is ``scale[s] * w_i / m'_s``, which is
+  exactly the probability of the draw made (the shard was chosen with the
+  planned masses, the item with the shard's mass when it was drawn), so it
+  stays exact while writers insert between planning and drawing;
+* :class:`Take` → ``None``: gather exactly these slots (probability 1) at
+  the rows :func:`offsets` gives; a slot removed since the candidates were
+  listed makes the executor retry the whole plan;
+* :class:`NewEpoch` → ``None``: start a new epoch on every shard;
+* :class:`Evict` → number of items removed.
+
+A sample plan returns :class:`Layout`: where each gathered row belongs
+(ordered selectors interleave shards).  It raises :class:`NothingToSample`
+when no shard can supply a window; the executor turns that into the public
+error with its own details.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import two_level
+
+
+class NothingToSample(Exception):
+    """Internal: no shard has an item whose window fits (the executor raises the public error)."""
+
+
+@dataclass(frozen=True)
+class Summaries:
+    kinds: tuple[str, ...]  # "sampler" | "unseen" | "remover" | "size"
+
+
+@dataclass(frozen=True)
+class Candidates:
+    n: int
+    role: str  # "sampler" | "remover"
+
+
+@dataclass(frozen=True)
+class Draw:
+    counts: dict  # shard -> items to draw
+    scale: dict  # shard -> first-level probability (planned mass share)
+    base: int  # batch row of this round's first item
+
+
+@dataclass(frozen=True)
+class Take:
+    slots: dict  # shard -> slots, in the shard's order
+
+
+@dataclass(frozen=True)
+class NewEpoch:
+    pass
+
+
+@dataclass(frozen=True)
+class Evict:
+    counts: dict | None = None  # shard -> items the remover picks
+    slots: dict | None = None  # shard -> exactly these slots (ordered removers)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where gathered rows go: ``rows_at[r]`` is the batch position of gathered row ``r``
+    (rows are gathered round by round, shards in ascending order); None: in place."""
+
+    rows_at: np.ndarray | None = None
+
+
+def offsets(part: dict, base: int = 0) -> dict:
+    """Batch row of each shard's first item: shards in ascending order from ``base``.
+
+    ``part`` maps shard → count, or shard → slots.
+    """
+    out, off = {}, base
+    for s in sorted(part):
+        v = part[s]
+        n = int(v) if np.ndim(v) == 0 else len(v)
+        if n:
+            out[s] = off
+            off += n
+    return out
+
+
+# -- sampling --------------------------------------------------------------------------------------------
+def sample(selection: str, batch_size: int, rng: np.random.Generator):
+    """Plan a batch of ``batch_size`` items; ``selection`` is ``weighted``, ``epoch`` or ``ordered``."""
+    if selection == "ordered":
+        return (yield from _ordered(batch_size))
+    if selection == "epoch":
+        return (yield from _epoch(batch_size, rng))
+    return (yield from _weighted(batch_size, rng))
+
+
+def _weighted(B: int, rng):
+    masses = (yield Summaries(("sampler",)))["sampler"]
+    shards = sorted(masses)
+    m = np.array([masses[s] for s in shards], dtype=np.float64)
+    total = m.sum()
+    if not total > 0:
+        raise NothingToSample
+    counts = two_level.multinomial_counts(m, B, rng)
+    yield Draw(
+        {s: int(c) for s, c in zip(shards, counts) if c},
+        {s: float(ms / total) for s, ms in zip(shards, m)},
+        0,
+    )
+    return Layout()
+
+
+def _epoch(B: int, rng):
+    """WithoutReplacement: a uniform subset of the global epoch; a new epoch on every shard when it runs out."""
+    done, fresh = 0, False
+    while done < B:
+        unseen = (yield Summaries(("unseen",)))["unseen"]
+        shards = sorted(unseen)
+        u = np.array([int(round(unseen[s])) for s in shards], dtype=np.int64)
+        left = int(u.sum())
+        if left == 0:
+            if fresh:
+                raise NothingToSample
+            yield NewEpoch()
+            fresh = True
+            continue
+        fresh = False
+        take = min(B - done, left)
+        counts = two_level.epoch_counts(u, take, rng)
+        yield Draw(
+            {s: int(c) for s, c in zip(shards, counts) if c}, {s: float(us / left) for s, us in zip(shards, u)}, done
+        )
+        done += take
+    return Layout()
+
+
+def _ordered(B: int):
+    cands = yield Candidates(B, "sampler")
+    shards = sorted(cands)
+    if not any(len(cands[s][0]) for s in shards):
+        raise NothingToSample
+    chosen, where = two_level.merge_candidates_with_positions([cands[s] for s in shards], B)
+    yield Take({s: sl for s, sl in zip(shards, chosen) if len(sl)})
+    rows_at = np.concatenate([w for w in where if len(w)])
+    return Layout(None if np.array_equal(rows_at, np.arange(B)) else rows_at)
+
+
+def sources(rows_at: np.ndarray) -> np.ndarray:
+    """Inverse of ``Layout.rows_at``: the gathered row that goes to each batch position."""
+    src = np.empty_like(rows_at)
+    src[rows_at] = np.arange(len(rows_at))
+    return src
+
+
+# -- eviction ---------------------------------------------------------------------------------------------
+def evict(excess: int, ordered: bool, rng: np.random.Generator):
+    """Remove ``excess`` items as the remover says, round after round until done.
+
+    Ordered removers: the global best victims (a merge of every shard's).
+    Weighted removers: counts ~ Multinomial(remover masses), clipped to sizes,
+    drawn again for the shortfall; when no remover weight is left anywhere
+    (every priority 0) by size, i.e. uniformly.  Stops early only when the
+    table is empty or a round removes nothing (concurrent removals did it).
+    Returns the number of items removed.
+    """
+    removed = 0
+    while removed < excess:
+        need = excess - removed
+        if ordered:
+            cands = yield Candidates(need, "remover")
+            shards = sorted(cands)
+            if not any(len(cands[s][0]) for s in shards):
+                break
+            chosen = two_level.merge_candidates([cands[s] for s in shards], need)
+            k = yield Evict(slots={s: np.unique(sl) for s, sl in zip(shards, chosen) if len(sl)})
+        else:
+            summ = yield Summaries(("size", "remover"))
+            shards = sorted(summ["size"])
+            sizes = np.array([summ["size"][s] for s in shards], dtype=np.int64)
+            if not sizes.sum():
+                break
+            masses = np.array([summ["remover"][s] for s in shards], dtype=np.float64)
+            weights = masses if masses.sum() > 0 else sizes.astype(np.float64)
+            counts = np.minimum(two_level.multinomial_counts(weights, need, rng), sizes)
+            k = yield Evict(counts={s: int(c) for s, c in zip(shards, counts) if c})
+        if not k:
+            break
+        removed += int(k)
+    return removed
+
+
+# -- drivers ------------------------------------------------------------------------------------------------
+def run(plan, answer):
+    """Drive ``plan`` with a synchronous ``answer(request)``; returns the plan's result."""
+    try:
+        req = next(plan)
+        while True:
+            req = plan.send(answer(req))
+    except StopIteration as stop:
+        return stop.value
+
+
+async def run_async(plan, answer):
+    """Drive ``plan`` with an ``async answer(request)``; returns the plan's result."""
+    try:
+        req = next(plan)
+        while True:
+            req = plan.send(await answer(req))
+    except StopIteration as stop:
+        return stop.value

@@ -1,0 +1,39 @@
+"""What table operations return (shared by the local and the distributed table)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class InsertResult:
+    """What an insert stored.
+
+    Attributes
+    ----------
+    episode_ids : numpy.ndarray
+        int64, table-wide id of each inserted episode, in input order.
+    first_keys : numpy.ndarray
+        int64, key of each episode's first item (for episode items: the
+        episode's key; for step items, step ``j`` of episode ``i`` has key
+        ``first_keys[i] + j``).
+    shards : numpy.ndarray
+        Shard of each episode.
+    num_items : int
+        Items created.
+    """
+
+    episode_ids: np.ndarray
+    first_keys: np.ndarray
+    shards: np.ndarray
+    num_items: int
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """Outcome of a priority update or delete: ``applied`` items, ``stale`` keys ignored."""
+
+    applied: int
+    stale: int
