@@ -280,7 +280,7 @@ def cmd_info(args) -> int:
 def cmd_create(args) -> int:
     from . import rate_limiters, selectors
     from .distributed import DistributedTable
-    from .distributed.table import workers_with_resource
+    from .distributed.api import workers_with_resource
     from .spec import TableSpec
 
     doc = load_table_file(args.spec) if args.spec else {"spec": {}}

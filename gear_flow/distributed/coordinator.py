@@ -1,11 +1,18 @@
 """Scheduler plugin: the one place that holds a distributed table's global state.
 
 Every client and every worker can reach the scheduler, so the coordinator
-lives there: the table's configuration and shard placement, the global rate
-limiter (Reverb semantics across all shards, with timeouts), the table size
-as the limiter sees it, episode ids and insertion stamps, and lost shards.
-Data never passes through it: callers ask it for admission, then talk to the
-shard workers directly.
+lives there: per table a :class:`~gear_flow.distributed.gate.TableGate`
+(configuration, placement, the global rate limiter with first-come
+first-served waiters, insert transactions, ids and stamps, lost shards).  Data
+never passes through it: callers ask it for admission, then talk to the shard
+workers directly.
+
+It also watches the cluster: a worker the scheduler removes has its shards
+marked lost at once (handles learn it from the version in their next reply);
+a client or worker that goes away has its waiting requests dropped, its
+exclusive sample released and its unfinished inserts recovered (committed if
+any worker applied them, aborted everywhere otherwise), so a killed process
+leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -16,51 +23,12 @@ import logging
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol import to_serialize
 
-from ..errors import RateLimitTimeout, SpecError, TableClosedError
-from ..rate_limiters import MinSize, from_config, to_config
+from ..errors import GearFlowError, RateLimitTimeout, SpecError
+from .gate import OwnerGone, TableGate
 
 logger = logging.getLogger(__name__)
 
 COORDINATOR_NAME = "gear-flow-coordinator"
-
-
-class TableState:
-    """Global state of one table (lives on the scheduler)."""
-
-    def __init__(self, name: str, config: dict, placement: dict):
-        self.name = name
-        self.config = config
-        self.placement = {int(k): v for k, v in placement.items()}
-        self.limiter = from_config(config["rate_limiter"])
-        self.size = 0
-        #: items per shard, as reported by the callers (what a lost shard held)
-        self.shard_size = {s: 0 for s in self.placement}
-        self.next_episode_id = 0
-        self.next_stamp = 0
-        self.lost: dict[int, dict] = {}
-        #: items ever inserted per shard (what a lost shard had received since a checkpoint)
-        self.shard_inserted = {s: 0 for s in self.placement}
-        #: bumped whenever placement or lost shards change, so handles know to refresh
-        self.version = 0
-        self.closed = False
-        self.cond = asyncio.Condition()
-
-    def public(self) -> dict:
-        return {
-            "name": self.name,
-            "config": self.config,
-            "placement": self.placement,
-            "size": self.size,
-            "shard_size": dict(self.shard_size),
-            "rate_limiter": self.limiter.info(),
-            "rate_limiter_config": to_config(self.limiter),
-            "lost": self.lost,
-            "shard_inserted": dict(self.shard_inserted),
-            "next_episode_id": self.next_episode_id,
-            "next_stamp": self.next_stamp,
-            "version": self.version,
-            "closed": self.closed,
-        }
 
 
 class GearFlowCoordinator(SchedulerPlugin):
@@ -76,21 +44,23 @@ class GearFlowCoordinator(SchedulerPlugin):
 
     async def start(self, scheduler):
         self.scheduler = scheduler
-        self.tables: dict[str, TableState] = {}
+        self.tables: dict[str, TableGate] = {}
+        self._tasks: set = set()
         scheduler.handlers["gear_flow_coord"] = self.handle
 
     async def handle(self, comm=None, action=None, name=None, **kw):
-        op = action
         ops = {
             "register": self._register,
             "lookup": self._lookup,
             "admit_insert": self._admit_insert,
-            "rollback_insert": self._rollback_insert,
+            "commit_insert": self._commit_insert,
+            "abort_insert": self._abort_insert,
             "admit_sample": self._admit_sample,
-            "rollback_sample": self._rollback_sample,
+            "sample_finished": self._sample_finished,
             "count_samples": self._count_samples,
             "removed": self._removed,
             "mark_lost": self._mark_lost,
+            "worker_alive": self._worker_alive,
             "restore_state": self._restore_state,
             "shard_restored": self._shard_restored,
             "close": self._close,
@@ -98,22 +68,28 @@ class GearFlowCoordinator(SchedulerPlugin):
             "list": self._list,
         }
         try:
-            if op not in ops:
-                raise ValueError(f"unknown coordinator op {op!r}")
-            return {"status": "OK", "result": to_serialize(await ops[op](name, **kw))}
-        except Exception as e:
+            if action not in ops:
+                raise SpecError(f"unknown coordinator operation {action!r}; known: {sorted(ops)}")
+            return {"status": "OK", "result": to_serialize(await ops[action](name, **kw))}
+        except GearFlowError as e:
             return {"status": "error", "error": to_serialize(e)}
+        except Exception as e:  # a malformed request: answered, never raised into the scheduler
+            return {
+                "status": "error",
+                "error": to_serialize(SpecError(f"coordinator {action!r}: {type(e).__name__}: {e}")),
+            }
 
-    def _table(self, name) -> TableState:
+    def _table(self, name) -> TableGate:
         try:
             return self.tables[name]
-        except KeyError:
+        except (KeyError, TypeError):
             raise SpecError(f"no distributed table {name!r}; tables: {sorted(self.tables)}") from None
 
+    # -- registry ---------------------------------------------------------------------------------
     async def _register(self, name, config, placement):
         if name in self.tables and not self.tables[name].closed:
             raise SpecError(f"a distributed table named {name!r} already exists")
-        self.tables[name] = TableState(name, config, placement)
+        self.tables[name] = TableGate(name, config, placement)
         return True
 
     async def _lookup(self, name):
@@ -122,162 +98,184 @@ class GearFlowCoordinator(SchedulerPlugin):
     async def _list(self, name=None):
         return sorted(self.tables)
 
-    async def _admit(self, t: TableState, pred, apply, timeout, what):
-        """Wait until ``pred()`` holds, then run ``apply()`` under the same hold of the lock.
+    # -- admission ------------------------------------------------------------------------------------
+    async def _wait(self, g: TableGate, w, timeout, what):
+        try:
+            return await asyncio.wait_for(asyncio.shield(w.fut), timeout)
+        except asyncio.TimeoutError:
+            if w.fut.done() and not w.fut.cancelled():  # granted as the time ran out: keep the grant
+                return w.fut.result()
+            g.withdraw(w)
+            raise RateLimitTimeout(
+                f"{what} on table {g.name!r} was not admitted by {g.limiter!r} within {timeout} s "
+                f"(size {g.size}, inserts {g.limiter.state.inserts}, samples {g.limiter.state.samples})"
+            ) from None
+        except OwnerGone:
+            raise RateLimitTimeout(f"{what} on table {g.name!r}: its client went away") from None
 
-        Checking and applying in one hold keeps the limiter's bounds: released in
-        between, every waiter woken by one notify could pass the check before any
-        of them applied its count (room for one insert admitted all of them).
-        """
-        async with t.cond:
-            try:
-                await asyncio.wait_for(t.cond.wait_for(lambda: t.closed or pred()), timeout)
-            except asyncio.TimeoutError:
-                raise RateLimitTimeout(
-                    f"{what} on table {t.name!r} was not admitted by {t.limiter!r} within {timeout} s "
-                    f"(size {t.size}, inserts {t.limiter.state.inserts}, samples {t.limiter.state.samples})"
-                ) from None
-            if t.closed:
-                raise TableClosedError(f"table {t.name!r} is closed")
-            out = apply()
-            t.cond.notify_all()
-            return out
+    @staticmethod
+    def _count(n, what):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise SpecError(f"{what} ({n!r}) must be an integer >= 0")
+        return n
 
-    async def _admit_insert(self, name, n, episodes, per_shard=None, timeout=None):
-        t = self._table(name)
+    async def _admit_insert(self, name, n, episodes, per_shard=None, timeout=None, owner=""):
+        g = self._table(name)
+        self._count(n, "n")
+        self._count(episodes, "episodes")
+        w = g.request("insert", n, owner, episodes=episodes, per_shard=per_shard or {})
+        return await self._wait(g, w, timeout, f"an insert of {n} items")
 
-        def apply():
-            t.limiter.on_insert(n)
-            t.size += n
-            for s, k in (per_shard or {}).items():
-                t.shard_size[int(s)] = t.shard_size.get(int(s), 0) + int(k)
-                t.shard_inserted[int(s)] = t.shard_inserted.get(int(s), 0) + int(k)
-            first_id, first_stamp = t.next_episode_id, t.next_stamp
-            t.next_episode_id += episodes
-            t.next_stamp += n
-            return {"first_episode_id": first_id, "first_stamp": first_stamp, "version": t.version}
+    async def _commit_insert(self, name, txn, items, evicted):
+        g = self._table(name)
+        g.commit_insert(txn, items or {}, evicted or {})
+        return g.size
 
-        return await self._admit(t, lambda: t.limiter.can_insert(n, t.size), apply, timeout, f"an insert of {n} items")
+    async def _abort_insert(self, name, txn):
+        return self._table(name).abort_insert(txn)
 
-    async def _rollback_insert(self, name, n, per_shard=None):
-        t = self._table(name)
-        async with t.cond:
-            t.limiter.state.inserts -= n
-            # a lost shard's items already left the size when it was marked lost
-            t.size -= n - sum(int(k) for s, k in (per_shard or {}).items() if int(s) in t.lost)
-            for s, k in (per_shard or {}).items():
-                if int(s) not in t.lost:
-                    t.shard_size[int(s)] -= int(k)
-                t.shard_inserted[int(s)] -= int(k)
-            t.cond.notify_all()
-        return True
-
-    async def _admit_sample(self, name, n, timeout=None, done=0, lease=0):
+    async def _admit_sample(self, name, n, timeout=None, done=0, lease=0, exclusive=False, owner=""):
         """Admit a sample of ``n``; ``done`` counts leased samples already served.
 
         With a MinSize limiter (no sample/insert ratio to keep) the caller may be
         granted a *lease* of up to ``lease`` further batches of ``n``, served
-        without asking again while the lease lasts (a co-located learner then
-        pays no scheduler round trip per batch); their counts come back in
+        without asking again while the lease lasts; their counts come back in
         ``done`` with the next request.
         """
-        t = self._table(name)
+        g = self._table(name)
+        self._count(n, "n")
+        w = g.request("sample", n, owner, done=self._count(done, "done"), lease=lease, exclusive=bool(exclusive))
+        return await self._wait(g, w, timeout, f"a sample of {n}")
 
-        def apply():
-            t.limiter.on_sample(n + done)
-            grant = lease if isinstance(t.limiter, MinSize) and lease > 0 else 0
-            return {"version": t.version, "lease": grant}
-
-        return await self._admit(t, lambda: t.limiter.can_sample(n, t.size), apply, timeout, f"a sample of {n}")
-
-    async def _count_samples(self, name, n):
-        """Samples already served under a lease (no admission check)."""
-        t = self._table(name)
-        async with t.cond:
-            t.limiter.on_sample(n)
-            t.cond.notify_all()
+    async def _sample_finished(self, name, txn, rollback=0, expired=None):
+        g = self._table(name)
+        g.sample_finished(txn, self._count(rollback, "rollback"))
+        if expired:
+            g.removed(sum(int(k) for k in expired.values()), expired)
         return True
 
-    async def _rollback_sample(self, name, n):
-        t = self._table(name)
-        async with t.cond:
-            t.limiter.state.samples -= n
-            t.cond.notify_all()
+    async def _count_samples(self, name, n):
+        self._table(name).count_samples(self._count(n, "n"))
         return True
 
     async def _removed(self, name, k, per_shard=None):
-        t = self._table(name)
-        async with t.cond:
-            t.size -= k - sum(int(j) for s, j in (per_shard or {}).items() if int(s) in t.lost)
-            for s, j in (per_shard or {}).items():
-                if int(s) not in t.lost:
-                    t.shard_size[int(s)] -= int(j)
-            t.limiter.on_delete(k)
-            t.cond.notify_all()
-        return t.size
+        g = self._table(name)
+        g.removed(self._count(k, "k"), per_shard or {})
+        return g.size
 
+    # -- losses -------------------------------------------------------------------------------------------
     async def _mark_lost(self, name, shard, detail=""):
-        t = self._table(name)
-        async with t.cond:
-            if int(shard) not in t.lost:
-                size = t.shard_size.get(int(shard), 0)
-                t.lost[int(shard)] = {
-                    "size_at_loss": int(size),
-                    "inserted_at_loss": int(t.shard_inserted.get(int(shard), 0)),
-                    "detail": detail,
-                }
-                t.size -= int(size)
-                t.shard_size[int(shard)] = 0
-                t.version += 1
-            t.cond.notify_all()
-        return t.lost
+        g = self._table(name)
+        if int(shard) not in g.placement:
+            raise SpecError(f"table {name!r} has no shard {shard!r}")
+        g.mark_lost(int(shard), detail)
+        return g.lost
 
+    async def _worker_alive(self, name, address):
+        return address in self.scheduler.workers
+
+    def remove_worker(self, scheduler, worker, *, stimulus_id=None, **kwargs):
+        for g in list(self.tables.values()):
+            for s in sorted(s for s, a in g.placement.items() if a == worker):
+                g.mark_lost(s, f"worker {worker} left the cluster")
+        self._release(worker)
+
+    def remove_client(self, scheduler, client):
+        self._release(client)
+
+    def _release(self, owner: str) -> None:
+        for g in list(self.tables.values()):
+            txns, hold = g.release_owner(owner)
+            if txns or hold:
+                task = asyncio.ensure_future(self._recover(g, txns, hold))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _worker_call(self, addr, action, **args):
+        resp = await asyncio.wait_for(self.scheduler.rpc(addr).gear_flow(action=action, args=to_serialize(args)), 30)
+        if resp.get("status") != "OK":
+            raise GearFlowError(str(resp.get("error")))
+        return resp["result"]
+
+    async def _recover(self, g: TableGate, txns, hold) -> None:
+        """Finish what a departed owner left: its inserts (2PC recovery) and its exclusive sample."""
+        workers = sorted(set(g.placement.values()))
+        for t in txns:
+            addrs = sorted({g.placement[s] for s in t.per_shard if s in g.placement})
+            states = {}
+            for a in addrs:
+                try:
+                    states[a] = await self._worker_call(a, "status", name=g.name, txn=t.txn)
+                except Exception:
+                    states[a] = {"state": "unknown"}
+            if any(st["state"] == "applied" for st in states.values()):
+                items, evicted = {}, {}
+                for a, st in states.items():
+                    res = st.get("result")
+                    if st["state"] == "staged":
+                        try:
+                            res = await self._worker_call(a, "apply", name=g.name, txn=t.txn)
+                        except Exception:
+                            res = None
+                    for s, k in ((res or {}).get("items") or {}).items():
+                        items[s] = items.get(s, 0) + k
+                    for s, k in ((res or {}).get("evicted") or {}).items():
+                        evicted[s] = evicted.get(s, 0) + k
+                g.commit_insert(t.txn, items, evicted)
+                logger.info("table %r: committed insert %s of a departed client", g.name, t.txn)
+            else:
+                for a in addrs:
+                    try:
+                        await self._worker_call(a, "abort", name=g.name, txn=t.txn)
+                    except Exception:
+                        pass
+                g.abort_insert(t.txn)
+                logger.info("table %r: aborted insert %s of a departed client", g.name, t.txn)
+        if hold is not None:
+            for a in workers:
+                try:
+                    await self._worker_call(a, "abort", name=g.name, txn=hold["txn"])
+                except Exception:
+                    pass
+            g.sample_finished(hold["txn"], rollback=hold["n"])
+
+    # -- checkpoints, restores -------------------------------------------------------------------------------
     async def _restore_state(self, name, state):
         """Counters of a restored table (from its checkpoint)."""
-        t = self._table(name)
-        async with t.cond:
-            t.size = int(state["size"])
-            t.shard_size = {int(k): int(v) for k, v in state["shard_size"].items()}
-            t.shard_inserted = {int(k): int(v) for k, v in state["shard_inserted"].items()}
-            t.next_episode_id = int(state["next_episode_id"])
-            t.next_stamp = int(state["next_stamp"])
-            t.cond.notify_all()
+        g = self._table(name)
+        g.size = int(state["size"])
+        g.shard_size = {int(k): int(v) for k, v in state["shard_size"].items()}
+        g.shard_inserted = {int(k): int(v) for k, v in state["shard_inserted"].items()}
+        g.next_episode_id = int(state["next_episode_id"])
+        g.next_stamp = int(state["next_stamp"])
+        g.pump()
         return True
 
     async def _shard_restored(self, name, shard, worker, size, inserted):
         """A lost shard was rebuilt on ``worker`` from a checkpoint holding ``size`` items."""
-        t = self._table(name)
-        async with t.cond:
-            lost = t.lost.pop(int(shard), None)
-            if lost is not None:
-                # inserts in flight when the shard was lost are rolled back after the loss was
-                # marked; the count now is what the shard really had received
-                lost["inserted_at_loss"] = int(t.shard_inserted.get(int(shard), 0))
-            t.placement[int(shard)] = worker
-            t.shard_size[int(shard)] = int(size)
-            t.size += int(size)
-            t.shard_inserted[int(shard)] = int(inserted)
-            t.version += 1
-            t.cond.notify_all()
+        g = self._table(name)
+        lost = g.lost.pop(int(shard), None)
+        if lost is not None:
+            # inserts in flight when the shard was lost are settled after the loss was
+            # marked; the count now is what the shard really had received
+            lost["inserted_at_loss"] = int(g.shard_inserted.get(int(shard), 0))
+        g.placement[int(shard)] = worker
+        g.shard_size[int(shard)] = int(size)
+        g.size += int(size)
+        g.shard_inserted[int(shard)] = int(inserted)
+        g.version += 1
+        g.pump()
         return lost
 
     async def _close(self, name):
-        t = self._table(name)
-        async with t.cond:
-            t.closed = True
-            t.cond.notify_all()
+        self._table(name).close()
         return True
 
     async def _drop(self, name):
-        t = self.tables.pop(name, None)
-        if t is not None:
-            async with t.cond:
-                t.closed = True
-                t.cond.notify_all()
+        g = self.tables.pop(name, None)
+        if g is not None:
+            g.close()
         return True
 
     def state(self, name) -> dict:
         return self._table(name).public()
-
-    def limiter_config(self, name) -> dict:
-        return to_config(self._table(name).limiter)

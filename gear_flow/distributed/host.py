@@ -5,20 +5,36 @@ holds the shards of every distributed table placed there.  Its methods take
 and return only NumPy arrays and plain Python values, so they travel over
 Dask's comm as raw frames; they know nothing about Dask and are tested
 without a cluster.  A co-located learner calls them in-process (no copy).
+
+Inserts are transactions: ``stage`` validates and keeps the episodes (no copy,
+nothing visible), ``apply`` writes them, ``abort`` forgets them; ``write`` is
+both at once for an insert that touches only this worker.  ``status`` tells
+the coordinator what became of a transaction whose client went away.
+
+Samples answer the planner's requests (:mod:`gear_flow.table.planner`): a
+``Draw`` uses each shard's mass at the draw; a ``Take`` checks that the chosen
+items are still there.  A sample over several workers of a table whose samples
+change the table (expiry, epochs) gathers first (``record=False``) and is
+committed or undone by ``finish_sample``.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 
 import numpy as np
 
 from ..errors import GearFlowError, SpecError
 from ..sample import SampleBuffers
-from ..selectors import OrderedSelector, from_config
 from ..shard import EpisodeBatch, Shard
-from ..spec import TableSpec
-from ..table.local import LocalTable
+from ..table import planner
+from ..table.config import TableConfig
+from ..table.executor import InProcess, evict_on, sample_shards, summary
+from ..table.validate import check_sample_args
+
+#: transactions whose outcome a worker remembers (for the coordinator's recovery)
+_REMEMBER = 4096
 
 
 class StaleSelectionError(GearFlowError):
@@ -26,24 +42,48 @@ class StaleSelectionError(GearFlowError):
 
 
 class HostedTable:
-    """The shards of one table on one worker."""
+    """The shards of one table on one worker, plus its transactions in progress."""
 
-    def __init__(self, name: str, config: dict, shard_ids, tier: str | None):
+    def __init__(self, name: str, cfg: TableConfig, shard_ids, tier=None):
         self.name = name
-        self.config = config
-        self.spec = TableSpec.from_dict(config["spec"])
-        # the worker's shards form a LocalTable (its limiter unused: admission is global,
-        # at the coordinator), so a worker holding every live shard samples in one call
-        # with exactly the local two-level logic
-        self.local = LocalTable(
-            self.spec,
-            sampler=from_config(config["sampler"]),
-            remover=from_config(config["remover"]),
-            max_times_sampled=config.get("max_times_sampled", 0),
-            tier=tier or config.get("tier", "host"),
-            shard_ids=[int(i) for i in shard_ids],
-        )
-        self.shards: dict[int, Shard] = {s.shard_id: s for s in self.local.shards}
+        self.cfg = cfg
+        self.spec = cfg.spec
+        tier = tier or cfg.tier
+        self.shards: dict[int, Shard] = {
+            int(i): Shard(
+                cfg.spec,
+                int(i),
+                cfg.sampler.clone(),
+                cfg.remover.clone(),
+                max_times_sampled=cfg.max_times_sampled,
+                tier=tier,
+            )
+            for i in shard_ids
+        }
+        self.staged: dict[str, list] = {}
+        self.applied: OrderedDict[str, dict] = OrderedDict()
+        self.pending: dict[str, list] = {}  # sample txn -> [(shard, slots, seqs, drawn)]
+        self.lock = threading.Lock()
+
+    def shard(self, i) -> Shard:
+        try:
+            return self.shards[int(i)]
+        except (KeyError, TypeError, ValueError):
+            raise SpecError(
+                f"shard {i!r} of table {self.name!r} is not on this worker (here: {sorted(self.shards)})"
+            ) from None
+
+    def locked(self, ids=None):
+        """Acquire the locks of ``ids`` (default: all) in ascending order; returns them for release."""
+        locks = [self.shards[i].lock for i in sorted(self.shards if ids is None else ids)]
+        for lk in locks:
+            lk.acquire()
+        return locks
+
+
+def _release(locks):
+    for lk in reversed(locks):
+        lk.release()
 
 
 class ShardHost:
@@ -55,13 +95,14 @@ class ShardHost:
 
     # -- lifecycle --------------------------------------------------------------------
     def create(self, name: str, config: dict, shard_ids, tier: str | None = None) -> list[int]:
+        cfg = TableConfig.from_dict(config)
         with self.lock:
             if name in self.tables:
                 have = sorted(self.tables[name].shards)
                 if have != sorted(int(i) for i in shard_ids):
                     raise SpecError(f"table {name!r} already has shards {have} on this worker")
                 return have
-            self.tables[name] = HostedTable(name, config, shard_ids, tier)
+            self.tables[name] = HostedTable(name, cfg, shard_ids, tier)
             return sorted(self.tables[name].shards)
 
     def drop(self, name: str) -> bool:
@@ -71,108 +112,187 @@ class ShardHost:
     def table(self, name: str) -> HostedTable:
         try:
             return self.tables[name]
-        except KeyError:
+        except (KeyError, TypeError):
             raise SpecError(f"no table {name!r} on this worker; tables here: {sorted(self.tables)}") from None
 
     def shard(self, name: str, shard_id: int) -> Shard:
-        t = self.table(name)
-        try:
-            return t.shards[int(shard_id)]
-        except KeyError:
-            raise SpecError(
-                f"shard {shard_id} of table {name!r} is not on this worker (here: {sorted(t.shards)})"
-            ) from None
+        return self.table(name).shard(shard_id)
 
-    # -- writing ----------------------------------------------------------------------
-    def insert(self, name, shard_id, chunks: list, lengths, episode_ids, stamps, priorities=None) -> dict:
-        """Store validated episodes; ``chunks`` are column dicts written back to back."""
-        s = self.shard(name, shard_id)
+    # -- inserts: stage, apply, abort -----------------------------------------------------
+    def stage(self, name, txn: str, parts: list) -> int:
+        """Validate and keep ``parts`` of insert ``txn`` (nothing visible yet); returns items staged.
+
+        Each part: ``{"shard", "chunks", "lengths", "episode_ids", "stamps", "priorities"}``.
+        """
+        t = self.table(name)
+        batches = [self._batch(t, p) for p in parts]
+        with t.lock:
+            if txn in t.staged or txn in t.applied:
+                raise SpecError(f"insert {txn!r} of table {name!r} was already staged on this worker")
+            t.staged[txn] = batches
+        step = t.spec.item_unit == "step"
+        return int(sum(int(b.lengths.sum()) if step else len(b.lengths) for _, b in batches))
+
+    def _batch(self, t: HostedTable, p: dict):
+        s = t.shard(p["shard"])
+        lengths = np.asarray(p["lengths"], dtype=np.int64)
+        chunks = list(p["chunks"])
+        if len(chunks) != len(lengths) or np.any(lengths < 1):
+            raise SpecError(f"shard {s.shard_id}: {len(chunks)} chunks for {len(lengths)} episode lengths")
+        if lengths.sum() > s.capacity:
+            raise SpecError(f"shard {s.shard_id}: {int(lengths.sum())} steps exceed its capacity ({s.capacity})")
+        for c, n in zip(chunks, lengths):
+            for col in t.spec.columns:
+                a = c.get(col.name) if hasattr(c, "get") else None
+                if not isinstance(a, np.ndarray) or a.dtype != col.dtype or a.shape != (int(n), *col.shape):
+                    raise SpecError(
+                        f"shard {s.shard_id}: column {col.name!r} must be {col.dtype}[{int(n)}, *{col.shape}], got "
+                        f"{getattr(a, 'dtype', type(a).__name__)}{list(getattr(a, 'shape', ()))}"
+                    )
+        n_items = int(lengths.sum()) if t.spec.item_unit == "step" else len(lengths)
+        pr = p.get("priorities")
+        if pr is not None:
+            pr = np.asarray(pr, dtype=np.float64)
+            if pr.shape != (n_items,) or not np.all(np.isfinite(pr) & (pr >= 0)):
+                raise SpecError(f"shard {s.shard_id}: priorities must be {n_items} finite values >= 0")
         batch = EpisodeBatch(
-            list(chunks),
-            np.asarray(lengths, dtype=np.int64),
-            np.asarray(episode_ids, dtype=np.int64),
-            np.asarray(stamps, dtype=np.int64),
-            None if priorities is None else np.asarray(priorities, dtype=np.float64),
+            chunks,
+            lengths,
+            np.asarray(p["episode_ids"], dtype=np.int64),
+            np.asarray(p["stamps"], dtype=np.int64),
+            pr,
         )
-        with s.lock:  # concurrent inserts: count only this one's evictions
-            before = s.counters.evicted
-            first_keys, n_items = s.insert(batch)
-            evicted = s.counters.evicted - before
-            size = s.size
-        return {"first_keys": first_keys, "num_items": n_items, "evicted": evicted, "size": size}
+        return s.shard_id, batch
+
+    def apply(self, name, txn: str) -> dict:
+        """Write the staged insert ``txn``; returns ``{"first_keys": {shard: keys}, "evicted": {shard: n}}``.
+
+        Applying a transaction twice returns the first result (the coordinator's
+        recovery and the client may both ask).
+        """
+        t = self.table(name)
+        with t.lock:
+            if txn in t.applied:
+                return t.applied[txn]
+            try:
+                batches = t.staged.pop(txn)
+            except KeyError:
+                raise SpecError(f"insert {txn!r} of table {name!r} is not staged on this worker") from None
+        res = {"first_keys": {}, "evicted": {}, "items": {}}
+        for sid, batch in batches:
+            s = t.shards[sid]
+            with s.lock:  # count only this insert's evictions
+                before = s.counters.evicted
+                fk, n = s.insert(batch)
+                ev = s.counters.evicted - before
+            res["first_keys"][sid] = np.concatenate([res["first_keys"][sid], fk]) if sid in res["first_keys"] else fk
+            res["items"][sid] = res["items"].get(sid, 0) + int(n)
+            if ev:
+                res["evicted"][sid] = res["evicted"].get(sid, 0) + int(ev)
+        with t.lock:
+            t.applied[txn] = res
+            while len(t.applied) > _REMEMBER:
+                t.applied.popitem(last=False)
+        return res
+
+    def write(self, name, txn: str, parts: list) -> dict:
+        """Stage and apply at once (an insert that touches only this worker)."""
+        self.stage(name, txn, parts)
+        return self.apply(name, txn)
+
+    def abort(self, name, txn: str) -> bool:
+        """Forget a staged insert, or undo a pending sample; True if there was something to undo."""
+        t = self.tables.get(name)
+        if t is None:
+            return False
+        with t.lock:
+            staged = t.staged.pop(txn, None) is not None
+        return staged or bool(self.finish_sample(name, txn, commit=False))
+
+    def status(self, name, txn: str) -> dict:
+        """What became of ``txn`` here: ``staged``, ``applied`` (with its result) or ``unknown``."""
+        t = self.tables.get(name)
+        if t is None:
+            return {"state": "unknown"}
+        with t.lock:
+            if txn in t.applied:
+                return {"state": "applied", "result": t.applied[txn]}
+            return {"state": "staged" if txn in t.staged else "unknown"}
 
     # -- selection ----------------------------------------------------------------------
-    def masses(self, name, length, boundary, kind: str = "sampler") -> dict:
-        """Per shard: ``sampler`` valid mass, ``unseen`` epoch items, ``remover`` mass, or ``size``."""
-        out = {}
-        for i, s in self.table(name).shards.items():
-            if kind == "sampler":
-                out[i] = s.valid_mass(length, boundary)
-            elif kind == "unseen":
-                out[i] = float(s.unseen(length, boundary))
-            elif kind == "remover":
-                out[i] = s.remover.mass
-            else:
-                out[i] = float(s.size)
-        return out
+    def summaries(self, name, kinds, length=1, boundary="pad_tail") -> dict:
+        t = self.table(name)
+        return {k: {i: summary(s, k, length, boundary) for i, s in t.shards.items()} for k in kinds}
 
     def new_epoch(self, name) -> None:
         for s in self.table(name).shards.values():
             s.new_epoch()
 
-    def candidates(self, name, n, length, boundary) -> dict:
-        return {i: s.candidates(n, length, boundary) for i, s in self.table(name).shards.items()}
+    def candidates(self, name, n, role="sampler", length=1, boundary="pad_tail", horizon=None) -> dict:
+        ex = InProcess(self.table(name).shards, None, None, length, boundary, horizon=horizon)
+        return ex(planner.Candidates(int(n), role))
 
     def sample_part(
         self,
         name,
-        counts: dict,
         length,
         boundary,
         columns,
         seed,
-        masses: dict | None = None,
+        counts: dict | None = None,
+        scale: dict | None = None,
         slots: dict | None = None,
+        txn: str | None = None,
+        record: bool = True,
         out: dict | None = None,
         offsets: dict | None = None,
     ) -> dict:
-        """Draw ``counts[shard]`` items (or take the given ``slots``) and gather their windows.
+        """Draw ``counts[shard]`` items (mass at the draw; probability ``scale[shard] * w / m'``)
+        or take exactly ``slots[shard]``, and gather their windows.
 
-        Returns per shard the window data (unless ``out`` receives it in place at
-        ``offsets[shard]``), keys, local probabilities ``w / m'`` (``m'`` the
-        shard's valid mass at the draw), episode ids, timesteps and mask geometry.
+        Returns per shard: ``data`` (unless ``out`` receives the rows at
+        ``offsets[shard]``), ``seqs``, ``p``, ``episode_ids``, ``timesteps``,
+        ``dst_offset``, ``n_valid`` and ``expired``.  ``record=False``: nothing
+        changes until :meth:`finish_sample` commits (``txn`` names the sample).
         """
-        rng = np.random.default_rng(seed)
         t = self.table(name)
+        rng = np.random.default_rng(seed)
+        part = counts if slots is None else slots
+        ids = sorted(int(i) for i in part)
+        for i in ids:
+            t.shard(i)
         res = {}
-        for i in sorted(counts if slots is None else slots):
-            s = t.shards[int(i)]
-            with s.lock:
+        drawn = []
+        locks = t.locked(ids)
+        try:
+            for i in ids:
+                s = t.shards[i]
                 if slots is None:
                     c = int(counts[i])
-                    if c == 0:
+                    if c <= 0:
                         continue
-                    m = None if masses is None else masses.get(i)
-                    if s.sampler.without_replacement:
-                        m = float(s.unseen(length, boundary))
-                    sl, q = s.draw(c, length, boundary, rng, mass=m)
+                    try:
+                        sl, q = s.draw(c, length, boundary, rng)
+                    except GearFlowError as e:  # emptied since the plan was made
+                        raise StaleSelectionError(f"shard {i}: {e}") from None
+                    p = q * float(scale[i])
                 else:
                     sl = np.asarray(slots[i], dtype=np.int64)
-                    if not s.active[sl].all():
+                    if np.any((sl < 0) | (sl >= s.capacity)) or not s.active[sl].all():
                         raise StaleSelectionError(f"shard {i}: a chosen item was removed before the gather")
-                    q = np.ones(len(sl))
+                    p = np.ones(len(sl))
+                drawn.append((i, sl))
                 n = len(sl)
                 if out is None:
                     buf = {c: np.empty((n, length, max(t.spec.column(c).nbytes, 1)), dtype=np.uint8) for c in columns}
                     off = 0
                 else:
-                    buf = out
-                    off = offsets[i]
+                    buf, off = out, offsets[i]
                 before = s.counters.expired
-                win = s.take(sl, length, boundary, rng, buf, off, columns)
+                win = s.take(sl, length, boundary, rng, buf, off, columns, record=record)
                 r = {
                     "seqs": win.seqs,
-                    "q": q,
+                    "p": p,
                     "episode_ids": win.episode_ids,
                     "timesteps": win.timesteps,
                     "dst_offset": win.dst_offset,
@@ -181,23 +301,75 @@ class ShardHost:
                 }
                 if out is None:
                     r["data"] = buf
-                res[int(i)] = r
+                res[i] = r
+            if not record:
+                with t.lock:
+                    t.pending.setdefault(txn, []).extend((i, sl, res[i]["seqs"], slots is None) for i, sl in drawn)
+        except BaseException:
+            for i, sl in drawn:  # undo the epoch bookkeeping of draws that will not be handed out
+                if slots is None:
+                    t.shards[i].unconsume(sl, t.shards[i].slot_seqs(sl))
+                if record:
+                    t.shards[i].uncount(len(sl))
+            raise
+        finally:
+            _release(locks)
         return res
 
-    def sample_all(self, name, n, length, boundary, columns, seed, out: SampleBuffers | None = None) -> dict:
+    def finish_sample(self, name, txn: str, commit: bool) -> dict:
+        """Commit (count, expire) or undo (epoch bookkeeping) a sample gathered with ``record=False``.
+
+        Returns ``{shard: items expired}`` on commit, ``{shard: items undone}``
+        otherwise; empty when ``txn`` is unknown here.
+        """
+        t = self.tables.get(name)
+        if t is None:
+            return {}
+        with t.lock:
+            parts = t.pending.pop(txn, None) or []
+        out = {}
+        for i, sl, seqs, drawn in parts:
+            s = t.shards[i]
+            if commit:
+                k = s.record_samples(sl, seqs)
+                if k:
+                    out[i] = k
+            else:
+                if drawn:
+                    s.unconsume(sl, seqs)
+                out[i] = len(sl)
+        return out
+
+    def uncount(self, name, counts: dict) -> None:
+        """Forget samples counted by parts of a sample that was retried (tables without expiry)."""
+        t = self.table(name)
+        for i, n in counts.items():
+            t.shard(i).uncount(int(n))
+
+    def sample_all(
+        self, name, n, length, boundary, columns, seed, horizon=None, out: SampleBuffers | None = None
+    ) -> dict:
         """The whole two-level sample over this worker's shards (when they are all the live ones)."""
         t = self.table(name)
+        check_sample_args(n, length, boundary)
         buf = SampleBuffers(t.spec, columns, n, length) if out is None else out
-        locks = [s.lock for _, s in sorted(t.shards.items())]
-        for lk in locks:  # concurrent samples: count only this one's expirations
-            lk.acquire()
+        locks = t.locked()
         try:
-            before = {i: s.counters.expired for i, s in t.shards.items()}
-            t.local._sample_into(buf, n, length, boundary, tuple(columns), np.random.default_rng(seed))
-            expired = {i: s.counters.expired - before[i] for i, s in t.shards.items() if s.counters.expired - before[i]}
+            expired = sample_shards(
+                t.shards,
+                t.cfg.selection,
+                buf,
+                n,
+                length,
+                boundary,
+                tuple(columns),
+                np.random.default_rng(seed),
+                t.cfg.beta,
+                f"table {name!r}",
+                horizon,
+            )
         finally:
-            for lk in reversed(locks):
-                lk.release()
+            _release(locks)
         res = {"expired": expired}
         if out is None:
             res.update(
@@ -216,13 +388,13 @@ class ShardHost:
         """Raise UnknownKeyError if any seq was never issued (nothing applied)."""
         t = self.table(name)
         for i, seqs in seqs_by_shard.items():
-            t.shards[int(i)].resolve(np.asarray(seqs, dtype=np.int64))
+            t.shard(i).resolve(np.asarray(seqs, dtype=np.int64))
 
     def update(self, name, seqs_by_shard: dict, prios_by_shard: dict) -> int:
         self.check_keys(name, seqs_by_shard)
         t = self.table(name)
         return sum(
-            t.shards[int(i)].update_priorities(np.asarray(seqs, np.int64), np.asarray(prios_by_shard[i], np.float64))
+            t.shard(i).update_priorities(np.asarray(seqs, np.int64), np.asarray(prios_by_shard[i], np.float64))
             for i, seqs in seqs_by_shard.items()
         )
 
@@ -232,30 +404,21 @@ class ShardHost:
         t = self.table(name)
         d, st = {}, 0
         for i, seqs in seqs_by_shard.items():
-            a, b = t.shards[int(i)].delete(np.asarray(seqs, np.int64))
+            a, b = t.shard(i).delete(np.asarray(seqs, np.int64))
             d[int(i)] = a
             st += b
         return d, st
 
-    def remover_candidates(self, name, n) -> dict:
-        t = self.table(name)
-        return {i: s.remover_candidates(n) for i, s in t.shards.items() if isinstance(s.remover, OrderedSelector)}
-
     def remove(self, name, counts: dict | None = None, slots: dict | None = None, seed=None) -> dict:
-        """Evict by the remover; returns {shard: removed}."""
+        """Evict by the remover (an :class:`planner.Evict` part); returns {shard: removed}."""
         rng = np.random.default_rng(seed)
         t = self.table(name)
-        k = {}
-        if slots is not None:
-            for i, sl in slots.items():
-                sl = np.unique(np.asarray(sl, dtype=np.int64))
-                if len(sl):
-                    k[int(i)] = t.shards[int(i)].remove_by_remover(len(sl), rng, slots=sl)
-        else:
-            for i, c in counts.items():
-                if c:
-                    k[int(i)] = t.shards[int(i)].remove_by_remover(int(c), rng)
-        return k
+        out = {}
+        for i, v in (slots if slots is not None else counts or {}).items():
+            k = evict_on(t.shard(i), slots=v, rng=rng) if slots is not None else evict_on(t.shard(i), counts=v, rng=rng)
+            if k:
+                out[int(i)] = k
+        return out
 
     # -- checkpoints --------------------------------------------------------------------------
     def checkpoint(self, name, directory) -> dict:
@@ -286,23 +449,23 @@ class ShardHost:
 
         from .. import checkpoint as ck
 
+        cfg = TableConfig.from_dict(config)
         loaded = {int(i): ck.read_shard_file(Path(directory), e["file"], e["sha256"]) for i, e in files.items()}
         with self.lock:
             old = self.tables.get(name)
             have = set(old.shards) if old is not None else set()
-            ids = sorted(have | set(loaded))
-            t = HostedTable(name, config, ids, tier)
-            for i in ids:
-                if i in loaded:
-                    ck.restore_shard(t.shards[i], loaded[i], files[i]["meta"])
-                else:  # keep shards this worker already hosts
-                    t.local.shards[t.local.shards.index(t.shards[i])] = old.shards[i]
-                    t.shards[i] = old.shards[i]
+            t = HostedTable(name, cfg, sorted(loaded), tier)
+            for i in loaded:
+                ck.restore_shard(t.shards[i], loaded[i], files[i]["meta"])
+            for i in have - set(loaded):  # keep shards this worker already hosts
+                t.shards[i] = old.shards[i]
             self.tables[name] = t
         return {i: t.shards[i].size for i in loaded}
 
     def info(self, name) -> list[dict]:
-        return [{**s.info(), "longest_episode": s.longest_episode()} for s in self.table(name).shards.values()]
+        return [
+            {**s.info(), "longest_episode": s.longest_episode()} for _, s in sorted(self.table(name).shards.items())
+        ]
 
     def nbytes(self, name) -> dict:
         parts = [s.nbytes() for s in self.table(name).shards.values()]

@@ -70,7 +70,7 @@ def _insert_task(name: str, parsed_list: list, timeout) -> dict:
     """Insert this worker's partitions through a worker-side handle (writer affinity: its own shards)."""
     from distributed import get_worker
 
-    from ..distributed.table import DistributedTable
+    from ..distributed.api import DistributedTable
 
     table = DistributedTable.attach(name)
     done, error = [], None

@@ -104,7 +104,7 @@ def ingest(
 
     if isinstance(table, LocalTable):
         return _ingest_local(table, FORMATS[name], source, gamma, strict, chunk, options, timeout, t0)
-    from ..distributed.table import DistributedTable
+    from ..distributed.api import DistributedTable
 
     if isinstance(table, DistributedTable):
         from .cluster import ingest_distributed

@@ -118,7 +118,7 @@ class TableConfig:
         if self.routing not in ROUTINGS:
             raise SpecError(f"routing {self.routing!r} must be one of {ROUTINGS}")
         if isinstance(self.tier, str) and self.tier not in TIERS:
-            raise SpecError(f"tier {self.tier!r} must be one of {TIERS}")
+            raise SpecError(f"storage tier {self.tier!r} is unknown; available: {sorted(TIERS)}")
         t = self.timeout
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0):
             raise SpecError(f"timeout ({t!r}) must be None or a number of seconds >= 0")

@@ -1,0 +1,291 @@
+"""Admission and transactions of one distributed table: the coordinator's state, without Dask.
+
+A :class:`TableGate` lives on the scheduler (one per table) and is driven by
+:class:`~gear_flow.distributed.coordinator.GearFlowCoordinator` on the
+scheduler's event loop; it does no I/O, so it is tested on its own.
+
+* **Inserts** are transactions.  Admission (Reverb semantics: the limiter
+  counts an insert when it is admitted) issues episode ids, stamps and a
+  transaction id; the client stages the episodes on the shard workers, applies
+  them, then *commits* here; a failure anywhere *aborts*, which gives back the
+  limiter's count, so an insert leaves no trace.
+* **Sizes**: ``size`` counts committed items (what samples may find);
+  ``admitted`` adds the inserts in flight (what the limiter's size bound sees).
+* **Horizon**: the stamp of the oldest insert still in flight.  Ordered samples
+  (Fifo, Lifo, heaps) see only items stamped before it, so a Queue never hands
+  out an item while an older one is still being written; ``visible`` counts
+  those items for their admission.
+* **Waiters** are served first come, first served, per kind (inserts; samples),
+  as Reverb serves blocked calls.
+* **Exclusive samples** (tables whose samples change the table: expiry,
+  epochs) spanning several workers run one at a time: the grant holds the
+  table until the sampler reports it finished.
+* **Owners**: every request names its owner (a client id, or a worker address
+  for handles in tasks).  When an owner goes away its waiters are dropped, its
+  exclusive hold is released and its unfinished inserts are recovered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+
+from ..errors import TableClosedError
+from ..rate_limiters import MinSize
+from ..table.config import TableConfig
+
+
+class OwnerGone(Exception):
+    """Internal: the request's owner disconnected while it waited."""
+
+
+@dataclass
+class Txn:
+    """An insert admitted and not yet committed or aborted (or committed but above the horizon)."""
+
+    txn: str
+    owner: str
+    n: int
+    first_stamp: int
+    per_shard: dict  # shard -> items routed there
+    committed: bool = False
+
+
+@dataclass
+class Waiter:
+    kind: str  # "insert" | "sample"
+    n: int
+    owner: str
+    fut: asyncio.Future
+    extra: dict = field(default_factory=dict)
+
+
+class TableGate:
+    """Global state of one table; see the module docstring."""
+
+    def __init__(self, name: str, config: dict, placement: dict):
+        self.name = name
+        self.config = config
+        cfg = TableConfig.from_dict(config)
+        self.ordered = cfg.selection == "ordered"
+        self.exclusive = cfg.exclusive
+        self.limiter = cfg.fresh_limiter()
+        self.placement = {int(k): v for k, v in placement.items()}
+        self.size = 0
+        self.shard_size = {s: 0 for s in self.placement}
+        #: items ever inserted per shard (what a lost shard had received since a checkpoint)
+        self.shard_inserted = {s: 0 for s in self.placement}
+        self.next_episode_id = 0
+        self.next_stamp = 0
+        self.lost: dict[int, dict] = {}
+        self.version = 0  # bumped when placement or lost shards change
+        self.closed = False
+        self.txns: dict[str, Txn] = {}  # in admission order
+        self.inserts: deque[Waiter] = deque()
+        self.samples: deque[Waiter] = deque()
+        self.holder: dict | None = None  # the exclusive sample in progress
+
+    # -- derived sizes ----------------------------------------------------------------------------
+    @property
+    def admitted(self) -> int:
+        return self.size + sum(t.n for t in self.txns.values() if not t.committed)
+
+    @property
+    def horizon(self) -> int:
+        for t in self.txns.values():
+            if not t.committed:
+                return t.first_stamp
+        return self.next_stamp
+
+    @property
+    def visible(self) -> int:
+        return max(0, self.size - sum(t.n for t in self.txns.values() if t.committed))
+
+    # -- admission ----------------------------------------------------------------------------------
+    def request(self, kind: str, n: int, owner: str, **extra) -> Waiter:
+        """Queue a request; its future resolves with the grant (call :meth:`pump` after)."""
+        if self.closed:
+            raise TableClosedError(f"table {self.name!r} is closed")
+        w = Waiter(kind, int(n), owner, asyncio.get_running_loop().create_future(), extra)
+        (self.inserts if kind == "insert" else self.samples).append(w)
+        self.pump()
+        return w
+
+    def withdraw(self, w: Waiter) -> None:
+        """A waiter gave up (timeout); later waiters may now be served."""
+        for q in (self.inserts, self.samples):
+            if w in q:
+                q.remove(w)
+        if not w.fut.done():
+            w.fut.cancel()
+        self.pump()
+
+    def _can(self, w: Waiter) -> bool:
+        if w.kind == "insert":
+            return self.limiter.can_insert(w.n, self.admitted)
+        if w.extra.get("exclusive") and self.holder is not None:
+            return False
+        return self.limiter.can_sample(w.n, self.visible if self.ordered else self.size)
+
+    def pump(self) -> None:
+        """Grant waiters first come, first served, per kind, while the limiter allows."""
+        if self.closed:
+            for q in (self.inserts, self.samples):
+                while q:
+                    w = q.popleft()
+                    if not w.fut.done():
+                        w.fut.set_exception(TableClosedError(f"table {self.name!r} is closed"))
+            return
+        progress = True
+        while progress:
+            progress = False
+            for q in (self.inserts, self.samples):
+                while q and (q[0].fut.done() or self._can(q[0])):
+                    w = q.popleft()
+                    if w.fut.done():
+                        continue
+                    w.fut.set_result(self._grant_insert(w) if w.kind == "insert" else self._grant_sample(w))
+                    progress = True
+
+    def _grant_insert(self, w: Waiter) -> dict:
+        self.limiter.on_insert(w.n)
+        txn = uuid.uuid4().hex
+        first_id, first_stamp = self.next_episode_id, self.next_stamp
+        self.next_episode_id += int(w.extra.get("episodes", 0))
+        self.next_stamp += w.n
+        per = {int(s): int(k) for s, k in (w.extra.get("per_shard") or {}).items()}
+        self.txns[txn] = Txn(txn, w.owner, w.n, first_stamp, per)
+        return {"txn": txn, "first_episode_id": first_id, "first_stamp": first_stamp, "version": self.version}
+
+    def _grant_sample(self, w: Waiter) -> dict:
+        done = int(w.extra.get("done", 0))
+        self.limiter.on_sample(w.n + done)
+        txn = uuid.uuid4().hex
+        if w.extra.get("exclusive"):
+            self.holder = {"txn": txn, "owner": w.owner, "n": w.n}
+        lease = int(w.extra.get("lease", 0))
+        return {
+            "txn": txn,
+            "horizon": self.horizon if self.ordered else None,
+            "version": self.version,
+            "lease": lease if isinstance(self.limiter, MinSize) and lease > 0 else 0,
+        }
+
+    # -- insert transactions -----------------------------------------------------------------------------
+    def commit_insert(self, txn: str, items: dict, evicted: dict) -> None:
+        """The insert is stored: ``items`` per shard written, ``evicted`` per shard overwritten by it."""
+        t = self.txns.get(txn)
+        if t is None or t.committed:
+            return
+        t.committed = True
+        for s, k in items.items():
+            s = int(s)
+            self.shard_inserted[s] = self.shard_inserted.get(s, 0) + int(k)
+            if s not in self.lost:
+                self.shard_size[s] = self.shard_size.get(s, 0) + int(k) - int(evicted.get(s, 0))
+        gone = sum(int(k) for k in evicted.values())
+        lost_items = sum(int(k) for s, k in items.items() if int(s) in self.lost)
+        self.size += sum(int(k) for k in items.values()) - gone - lost_items
+        # items routed to a shard but never written (lost before the apply): the limiter forgets them
+        unwritten = t.n - sum(int(k) for k in items.values())
+        if unwritten > 0:
+            self.limiter.state.inserts -= unwritten
+        if gone:
+            self.limiter.on_delete(gone)
+        self._trim()
+        self.pump()
+
+    def abort_insert(self, txn: str) -> bool:
+        """Nothing of the insert was stored: give back its admission."""
+        t = self.txns.pop(txn, None)
+        if t is None or t.committed:
+            return False
+        self.limiter.state.inserts -= t.n
+        self._trim()
+        self.pump()
+        return True
+
+    def _trim(self) -> None:
+        while self.txns:
+            first = next(iter(self.txns.values()))
+            if not first.committed:
+                break
+            del self.txns[first.txn]
+
+    # -- samples -----------------------------------------------------------------------------------------------
+    def sample_finished(self, txn: str, rollback: int = 0) -> None:
+        """A granted sample is over; ``rollback`` samples were not handed out after all."""
+        if self.holder is not None and self.holder["txn"] == txn:
+            self.holder = None
+        if rollback:
+            self.limiter.state.samples -= int(rollback)
+        self.pump()
+
+    def count_samples(self, n: int) -> None:
+        self.limiter.on_sample(int(n))
+        self.pump()
+
+    def removed(self, k: int, per_shard: dict) -> None:
+        """Items left the table (deletes, expiry, the remover)."""
+        live = {int(s): int(j) for s, j in per_shard.items() if int(s) not in self.lost}
+        for s, j in live.items():
+            self.shard_size[s] = self.shard_size.get(s, 0) - j
+        self.size -= sum(live.values())
+        self.limiter.on_delete(int(k))
+        self.pump()
+
+    # -- owners, losses --------------------------------------------------------------------------------------
+    def release_owner(self, owner: str) -> tuple[list[Txn], dict | None]:
+        """Drop ``owner``'s waiters; return its unfinished inserts and its exclusive hold (to recover)."""
+        for q in (self.inserts, self.samples):
+            for w in [w for w in q if w.owner == owner]:
+                q.remove(w)
+                if not w.fut.done():
+                    w.fut.set_exception(OwnerGone(owner))
+        txns = [t for t in self.txns.values() if t.owner == owner and not t.committed]
+        hold = self.holder if self.holder is not None and self.holder["owner"] == owner else None
+        self.pump()
+        return txns, hold
+
+    def mark_lost(self, shard: int, detail: str) -> None:
+        shard = int(shard)
+        if shard in self.lost:
+            return
+        size = self.shard_size.get(shard, 0)
+        self.lost[shard] = {
+            "size_at_loss": int(size),
+            "inserted_at_loss": int(self.shard_inserted.get(shard, 0)),
+            "detail": detail,
+        }
+        self.size -= int(size)
+        self.shard_size[shard] = 0
+        self.version += 1
+        self.pump()
+
+    def close(self) -> None:
+        self.closed = True
+        self.pump()
+
+    def public(self) -> dict:
+        from ..rate_limiters import to_config
+
+        return {
+            "name": self.name,
+            "config": self.config,
+            "placement": self.placement,
+            "size": self.size,
+            "admitted": self.admitted,
+            "shard_size": dict(self.shard_size),
+            "rate_limiter": self.limiter.info(),
+            "rate_limiter_config": to_config(self.limiter),
+            "lost": self.lost,
+            "shard_inserted": dict(self.shard_inserted),
+            "next_episode_id": self.next_episode_id,
+            "next_stamp": self.next_stamp,
+            "version": self.version,
+            "closed": self.closed,
+            "inserts_in_flight": sum(1 for t in self.txns.values() if not t.committed),
+            "waiting": {"inserts": len(self.inserts), "samples": len(self.samples)},
+        }

@@ -1,0 +1,343 @@
+"""Sampling a distributed table: the planner's requests answered over the comm.
+
+A sample is admitted by the coordinator, then planned by the same planner as
+the local table's (:mod:`gear_flow.table.planner`) with the shard workers
+answering its requests in parallel:
+
+* weighted selectors: shard masses, then each worker draws its count with its
+  shard's mass *at the draw*, so the probability reported, ``m_s / M * w / m'_s``,
+  is the probability of the draw actually made even while writers insert;
+* ordered selectors: candidates (only items stamped before the admission's
+  horizon, so inserts still in flight never let a newer item overtake an
+  older one), a global merge, the chosen slots taken, rows put in global order;
+* epochs: unseen counts, hypergeometric counts, new epochs when they run out.
+
+A selection that went stale (an item removed between the candidates and the
+take) is retried.  For tables whose samples change the table (expiry, epochs)
+and span several workers, the sample holds the table exclusively at the
+coordinator and gathers first; it is committed on the workers only once every
+part arrived, and undone otherwise, so a retry loses nothing and an item that
+may be handed out once is handed out once.  Every live shard on one worker:
+one request does the whole sample there, atomically.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+from .. import config
+from ..errors import EmptyTableError, SpecError, nothing_to_sample
+from ..sample import SampleBatch, SampleBuffers
+from ..table import planner, two_level
+from ..table.executor import fill_rows
+from ..table.validate import check_sample_args, sample_columns
+from .host import StaleSelectionError
+from .transport import Retry
+
+_ATTEMPTS = 8
+
+
+class RemoteSample:
+    """Answers one sample's plan requests with the shard workers (see the module docstring)."""
+
+    def __init__(self, table, out, L, boundary, columns, rng, txn, record, horizon):
+        self.t = table
+        self.out = out
+        self.L = L
+        self.boundary = boundary
+        self.columns = columns
+        self.rng = rng
+        self.txn = txn
+        self.record = record
+        self.horizon = horizon
+        self.counted = defaultdict(dict)  # worker -> {shard: rows} gathered (to undo on a retry)
+        self.sent = set()  # workers asked for parts (pending parts to undo, record=False)
+        self.expired = {}
+
+    async def __call__(self, req):
+        t = self.t
+        workers = t._workers()
+        if isinstance(req, planner.Summaries):
+            res = await t._on_workers(
+                {
+                    a: ("summaries", dict(name=t.name, kinds=req.kinds, length=self.L, boundary=self.boundary))
+                    for a in workers
+                }
+            )
+            return {k: {s: v for r in res.values() for s, v in r[k].items()} for k in req.kinds}
+        if isinstance(req, planner.Candidates):
+            args = dict(
+                name=t.name, n=req.n, role=req.role, length=self.L, boundary=self.boundary, horizon=self.horizon
+            )
+            res = await t._on_workers({a: ("candidates", args) for a in workers})
+            return {s: c for r in res.values() for s, c in r.items()}
+        if isinstance(req, planner.NewEpoch):
+            await t._on_workers({a: ("new_epoch", dict(name=t.name)) for a in workers})
+            return None
+        if isinstance(req, planner.Draw):
+            return await self._parts(
+                req.counts, planner.offsets(req.counts, req.base), counts=req.counts, scale=req.scale
+            )
+        if isinstance(req, planner.Take):
+            return await self._parts(req.slots, planner.offsets(req.slots), slots=req.slots)
+        raise TypeError(f"unknown plan request {req!r}")
+
+    async def _parts(self, part, offs, counts=None, scale=None, slots=None):
+        t, out = self.t, self.out
+        by = defaultdict(list)
+        for s in offs:
+            by[t.placement[s]].append(s)
+        calls = {}
+        for a, shards in by.items():
+            args = dict(
+                name=t.name,
+                length=self.L,
+                boundary=self.boundary,
+                columns=self.columns,
+                seed=int(self.rng.integers(2**63)),
+                counts=None if counts is None else {s: counts[s] for s in shards},
+                scale=None if scale is None else {s: scale[s] for s in shards},
+                slots=None if slots is None else {s: slots[s] for s in shards},
+                txn=self.txn,
+                record=self.record,
+            )
+            if a == t._ctx.local_addr and t._ctx.local_plugin is not None:
+                args.update(out=out.bytes, offsets={s: offs[s] for s in shards})  # co-located: straight into the batch
+            calls[a] = ("sample_part", args)
+        self.sent.update(calls)
+        res, errors = await t._on_workers(calls, partial=True)
+        for a, parts in res.items():
+            for s, r in parts.items():
+                o, n = offs[s], len(r["seqs"])
+                self.counted[a][s] = self.counted[a].get(s, 0) + n
+                if "data" in r:
+                    for c in self.columns:
+                        out.bytes[c][o : o + n] = r["data"][c]
+                    t.stats["remote_bytes"] += sum(out.bytes[c][o : o + n].nbytes for c in self.columns)
+                else:
+                    t.stats["local_bytes"] += sum(out.bytes[c][o : o + n].nbytes for c in self.columns)
+                fill_rows(
+                    out,
+                    o,
+                    s,
+                    r["seqs"],
+                    r["p"],
+                    r["episode_ids"],
+                    r["timesteps"],
+                    r["dst_offset"],
+                    r["n_valid"],
+                    self.L,
+                )
+                if r["expired"]:
+                    self.expired[s] = self.expired.get(s, 0) + r["expired"]
+        if errors:  # the parts that arrived are recorded above, so undo() can give them back
+            e = errors[0]
+            raise Retry() if isinstance(e, StaleSelectionError) else e
+        return None
+
+    async def undo(self) -> None:
+        """Forget what this attempt gathered (a retry or a failure follows)."""
+        t = self.t
+        if self.record:
+            calls = {a: ("uncount", dict(name=t.name, counts=c)) for a, c in self.counted.items()}
+        else:
+            calls = {a: ("finish_sample", dict(name=t.name, txn=self.txn, commit=False)) for a in self.sent}
+        if calls:
+            await t._on_workers(calls, partial=True)
+        self.counted.clear()
+        self.sent.clear()
+
+
+class SamplingMixin:
+    """Sampling methods of :class:`~gear_flow.distributed.DistributedTable`."""
+
+    def sample(
+        self, batch_size: int, length: int = 1, *, columns=None, boundary=None, timeout=None, out=None, rng=None
+    ) -> SampleBatch:
+        """Sample ``batch_size`` windows of ``length`` steps from all shards; see :class:`SampleBatch`."""
+        fast = self._colocated_fast_path(batch_size, length, columns, boundary, out, rng)
+        if fast is not None:
+            return fast
+        return self._ctx.sync(
+            self.sample_async, batch_size, length, columns=columns, boundary=boundary, timeout=timeout, out=out, rng=rng
+        )
+
+    def _exclusive(self) -> bool:
+        return self._cfg.exclusive and len(self._workers()) > 1
+
+    def _leases_ok(self) -> bool:
+        return not self._cfg.exclusive and self._cfg.selection != "ordered"
+
+    async def sample_async(
+        self, batch_size, length=1, *, columns=None, boundary=None, timeout=None, out=None, rng=None
+    ):
+        boundary = self.boundary if boundary is None else boundary
+        check_sample_args(batch_size, length, boundary)
+        columns = sample_columns(self.spec, columns)
+        if out is not None and not out.matches(columns, batch_size, length):
+            raise SpecError(
+                f"out buffers are for columns={out.columns}, batch_size={out.batch_size}, length={out.length}"
+            )
+        self._cfg.rate_limiter.check_sample_size(batch_size)
+        self._check_not_lost()
+        rng = self.rng if rng is None else rng
+        leased = self._leases_ok() and self._take_lease(batch_size)
+        adm = {"txn": None, "horizon": None}
+        exclusive = False
+        if not leased:
+            with self._lease_lock:
+                done, self._lease_done = self._lease_done, 0
+            exclusive = self._exclusive()
+            adm = await self._coord(
+                "admit_sample",
+                n=batch_size,
+                timeout=self.timeout if timeout is None else timeout,
+                done=done,
+                lease=config.get("distributed.sample-lease") if self._leases_ok() else 0,
+                exclusive=exclusive,
+                owner=self._ctx.owner,
+            )
+            await self._refresh(adm["version"])
+            self._lease = (batch_size, adm.get("lease", 0), time.monotonic())
+        expired = {}
+        try:
+            for attempt in range(_ATTEMPTS):
+                workers = self._workers()
+                if not workers:
+                    raise EmptyTableError(f"table {self.name!r} has no reachable shard")
+                try:
+                    if len(workers) == 1:  # every live shard on one worker: one call does it all
+                        out, expired = await self._sample_one_worker(
+                            next(iter(workers)), out, batch_size, length, boundary, columns, rng, adm["horizon"]
+                        )
+                    else:
+                        if out is None:
+                            out = SampleBuffers(self.spec, columns, batch_size, length)
+                        expired = await self._sample_plan(
+                            out, batch_size, length, boundary, columns, rng, adm, exclusive
+                        )
+                    break
+                except (Retry, StaleSelectionError):
+                    if attempt == _ATTEMPTS - 1:
+                        raise
+        except BaseException:
+            if leased:
+                with self._lease_lock:
+                    self._lease_done -= batch_size
+            else:
+                await self._coord("sample_finished", txn=adm["txn"], rollback=batch_size)
+            raise
+        if exclusive:
+            await self._coord("sample_finished", txn=adm["txn"], expired=expired)
+        elif expired:
+            await self._coord("removed", k=sum(expired.values()), per_shard=expired)
+        self.stats["batches"] += 1
+        return out.batch(-1)
+
+    async def _sample_plan(self, out, B, L, boundary, columns, rng, adm, exclusive) -> dict:
+        ex = RemoteSample(self, out, L, boundary, columns, rng, adm["txn"], not exclusive, adm["horizon"])
+        try:
+            layout = await planner.run_async(planner.sample(self._cfg.selection, B, rng), ex)
+        except planner.NothingToSample:
+            await ex.undo()
+            await self._raise_empty(L, boundary)
+        except BaseException:
+            await ex.undo()
+            raise
+        if exclusive:  # every part arrived: commit the sample on the workers (count, expire)
+            res = await self._on_workers(
+                {a: ("finish_sample", dict(name=self.name, txn=adm["txn"], commit=True)) for a in ex.sent}
+            )
+            for r in res.values():
+                for s, k in r.items():
+                    ex.expired[s] = ex.expired.get(s, 0) + k
+        if layout.rows_at is not None:
+            out.permute(planner.sources(layout.rows_at))
+        two_level.importance_weights(out.probabilities, self._cfg.beta, out.weights)
+        return ex.expired
+
+    def _take_lease(self, n: int) -> bool:
+        """Serve this batch from a MinSize admission lease (fresh, same batch size, not used up)."""
+        with self._lease_lock:
+            size, left, since = self._lease
+            if size != n or left <= 0 or time.monotonic() - since > config.get("distributed.sample-lease-seconds"):
+                return False
+            self._lease = (size, left - 1, since)
+            self._lease_done += n
+            return True
+
+    def _colocated_fast_path(self, B, L, columns, boundary, out, rng):
+        """A co-located learner whose worker holds every live shard, under a lease: sample in
+        this thread, straight into the learner's buffers, without touching the event loop."""
+        ctx = self._ctx
+        if ctx.local_plugin is None or (self.lost and not self.degraded) or not self._leases_ok():
+            return None
+        if list(self._workers()) != [ctx.local_addr]:
+            return None
+        boundary = self.boundary if boundary is None else boundary
+        check_sample_args(B, L, boundary)
+        columns = sample_columns(self.spec, columns)
+        if out is None:
+            out = SampleBuffers(self.spec, columns, B, L)
+        elif not out.matches(columns, B, L):
+            return None  # the slow path raises the clear error
+        if not self._take_lease(B):
+            return None
+        rng = self.rng if rng is None else rng
+        try:
+            res = ctx.local_plugin.host.sample_all(
+                self.name, B, L, boundary, columns, int(rng.integers(2**63)), out=out
+            )
+        except BaseException:
+            with self._lease_lock:
+                self._lease_done -= B
+            raise
+        self.stats["local_bytes"] += sum(a.nbytes for a in out.bytes.values())
+        self.stats["batches"] += 1
+        if res["expired"]:
+            ctx.sync(self._coord, "removed", k=sum(res["expired"].values()), per_shard=res["expired"])
+        return out.batch(-1)
+
+    def flush(self) -> None:
+        """Report samples served under a lease to the coordinator now (``info()`` then counts them)."""
+        with self._lease_lock:
+            done, self._lease_done = self._lease_done, 0
+        if done:
+            self._ctx.sync(self._coord, "count_samples", n=done)
+
+    async def _sample_one_worker(self, addr, out, B, L, boundary, columns, rng, horizon):
+        args = dict(
+            name=self.name,
+            n=B,
+            length=L,
+            boundary=boundary,
+            columns=columns,
+            seed=int(rng.integers(2**63)),
+            horizon=horizon,
+        )
+        local = addr == self._ctx.local_addr and self._ctx.local_plugin is not None
+        if local:
+            if out is None:
+                out = SampleBuffers(self.spec, columns, B, L)
+            args["out"] = out  # co-located: gathered straight into the learner's buffers
+        res = (await self._on_workers({addr: ("sample_all", args)}))[addr]
+        nbytes = B * L * sum(max(self.spec.column(c).nbytes, 1) for c in columns)
+        if local:
+            self.stats["local_bytes"] += nbytes
+        elif out is None:
+            out = SampleBuffers.wrap(self.spec, columns, L, res)  # the received frames are the batch
+            self.stats["remote_bytes"] += nbytes
+        else:
+            for c in columns:
+                out.bytes[c][...] = res["data"][c]
+            for f in ("keys", "probabilities", "weights", "mask", "episode_ids", "timesteps"):
+                getattr(out, f)[...] = res[f]
+            self.stats["remote_bytes"] += nbytes
+        return out, res["expired"]
+
+    async def _raise_empty(self, L, boundary):
+        res = await self._on_workers({a: ("info", dict(name=self.name)) for a in self._workers()})
+        infos = [i for r in res.values() for i in r]
+        longest = max((i["longest_episode"] for i in infos), default=0)
+        raise nothing_to_sample(f"table {self.name!r}", sum(i["size"] for i in infos), longest, L, boundary)

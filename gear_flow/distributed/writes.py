@@ -1,0 +1,282 @@
+"""Writes of a distributed table: transactional inserts, eviction, priority updates, deletes.
+
+An insert is all or nothing across workers: admission at the coordinator
+(ids, stamps, a transaction id; waiters served in arrival order), then the
+episodes are *staged* on every shard worker (validated, nothing visible), then
+*applied*, then *committed* at the coordinator.  If staging fails anywhere,
+every worker forgets the staged part and the coordinator gives back the
+admission: nothing of the insert is sampleable anywhere and the limiter's
+counts are as before.  An insert that touches one worker stages and applies in
+one request.  Eviction to ``max_size`` runs the planner's eviction plan, the
+same rule as the local table's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+
+import numpy as np
+
+from ..errors import GearFlowError, ShardLostError, SpecError
+from ..keys import decode
+from ..table import planner
+from ..table.results import InsertResult, UpdateResult
+from ..table.routing import route
+from ..table.validate import as_episode_list, check_episode, check_keys, check_priorities
+from .transport import Retry, WorkerLost, call
+
+
+def prepare_insert(spec, episodes, priorities):
+    """Validated episodes: ``(chunks, lengths, n_items, item offsets, priorities)``; raises before anything is sent."""
+    eps = as_episode_list(episodes)
+    checked = [check_episode(spec, e, i) for i, e in enumerate(eps)]
+    lengths = np.array([t for _, t in checked], dtype=np.int64)
+    step_items = spec.item_unit == "step"
+    n_items = int(lengths.sum()) if step_items else len(lengths)
+    if isinstance(priorities, (list, tuple)) and priorities and np.ndim(priorities[0]) >= 1:
+        priorities = np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1) for p in priorities])
+    pr = check_priorities(priorities, n_items)
+    item_off = np.concatenate(([0], np.cumsum(lengths if step_items else np.ones_like(lengths))))
+    return [c for c, _ in checked], lengths, n_items, item_off, pr
+
+
+class WritesMixin:
+    """Inserts, eviction, updates and deletes of :class:`~gear_flow.distributed.DistributedTable`."""
+
+    # -- inserts ------------------------------------------------------------------------------------
+    def insert(self, episodes, priorities=None, *, timeout=None, shard=None) -> InsertResult:
+        """Insert whole episodes, all or nothing across workers; see :meth:`LocalTable.insert`.
+
+        Input is validated before anything is sent.  Episodes are routed to
+        shards (never split), preferring the calling worker's own shards when
+        called from a task on a worker (writer affinity), and travel as raw
+        frames straight to the shard workers.
+        """
+        return self._ctx.sync(self.insert_async, episodes, priorities, timeout=timeout, shard=shard)
+
+    def _route(self, lengths, shard):
+        alive = [s for s in sorted(self.placement) if s not in self.lost]
+        if not alive:
+            raise ShardLostError(-1, f"table {self.name!r} has no shard left")
+        if shard is not None and shard not in alive:
+            if shard in self.lost:
+                raise ShardLostError(shard, f"shard {shard} of table {self.name!r} is lost")
+            raise SpecError(f"shard {shard} must be in [0, {self.spec.num_shards})")
+        local = [s for s in self.local_shards if s not in self.lost]
+        pool = local if shard is None and local else alive
+        idx = route(
+            lengths, len(pool), self.spec.capacity, self.routing, self._rr, None if shard is None else pool.index(shard)
+        )
+        return np.array(pool, dtype=np.int64)[idx]
+
+    async def insert_async(self, episodes, priorities=None, *, timeout=None, shard=None) -> InsertResult:
+        self._check_not_lost()
+        chunks, lengths, n_items, item_off, pr = prepare_insert(self.spec, episodes, priorities)
+        dest = self._route(lengths, shard)
+        self._rr += len(lengths)
+        self._cfg.rate_limiter.check_insert_size(n_items)
+        items_of = item_off[1:] - item_off[:-1]
+        per_shard = {int(s): int(items_of[dest == s].sum()) for s in np.unique(dest)}
+        adm = await self._coord(
+            "admit_insert",
+            n=n_items,
+            episodes=len(lengths),
+            per_shard=per_shard,
+            timeout=self.timeout if timeout is None else timeout,
+            owner=self._ctx.owner,
+        )
+        await self._refresh(adm["version"])
+        ids = adm["first_episode_id"] + np.arange(len(lengths), dtype=np.int64)
+        stamps = adm["first_stamp"] + item_off[:-1]
+        parts = defaultdict(list)
+        sel_of = {}
+        for s in np.unique(dest):
+            sel = np.flatnonzero(dest == s)
+            sel_of[int(s)] = sel
+            p = None if pr is None else np.concatenate([pr[item_off[i] : item_off[i + 1]] for i in sel])
+            parts[self.placement[int(s)]].append(
+                {
+                    "shard": int(s),
+                    "chunks": [chunks[i] for i in sel],
+                    "lengths": lengths[sel],
+                    "episode_ids": ids[sel],
+                    "stamps": stamps[sel],
+                    "priorities": p,
+                }
+            )
+        applied, size = await self.run_insert(adm["txn"], dict(parts))
+        first_keys = np.empty(len(lengths), dtype=np.int64)
+        for res in applied.values():
+            for s, fk in res["first_keys"].items():
+                first_keys[sel_of[int(s)]] = fk
+        if size > self.spec.max_size:
+            await self._evict(size - self.spec.max_size)
+        return InsertResult(ids, first_keys, dest, n_items)
+
+    async def run_insert(self, txn: str, parts: dict) -> dict:
+        """Stage ``parts`` (``{worker: [part, ...]}``) of admitted insert ``txn`` everywhere, apply, commit.
+
+        All or nothing: a failure before every worker has staged aborts the
+        insert everywhere (and at the coordinator) and raises.  Returns the
+        apply result of each worker and the table's size after the commit.
+        """
+        addrs = sorted(parts)
+        if len(addrs) == 1:  # one worker: staged and applied in one request
+            try:
+                res = {
+                    addrs[0]: await call(
+                        self._ctx, addrs[0], "write", table=self.name, name=self.name, txn=txn, parts=parts[addrs[0]]
+                    )
+                }
+            except BaseException as e:
+                await self._abort_insert(txn, addrs, e)
+                raise self._insert_error(e, addrs) from None
+        else:
+            staged = await asyncio.gather(
+                *(call(self._ctx, a, "stage", table=self.name, name=self.name, txn=txn, parts=parts[a]) for a in addrs),
+                return_exceptions=True,
+            )
+            bad = [e for e in staged if isinstance(e, BaseException)]
+            if bad:
+                await self._abort_insert(txn, addrs, bad[0])
+                raise self._insert_error(bad[0], addrs) from None
+            # every part is staged: the insert is decided; apply it everywhere
+            got = await asyncio.gather(
+                *(call(self._ctx, a, "apply", table=self.name, name=self.name, txn=txn) for a in addrs),
+                return_exceptions=True,
+            )
+            res = {a: r for a, r in zip(addrs, got) if not isinstance(r, BaseException)}
+            lost = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
+            if lost:
+                await self._commit(txn, res)
+                try:
+                    await self._handle_lost(lost)
+                except Retry:
+                    pass
+                raise ShardLostError(
+                    -1,
+                    f"worker(s) {lost} were lost while insert {txn[:8]} was applied; its episodes there are gone, "
+                    "the rest of the insert was stored",
+                )
+        return res, await self._commit(txn, res)
+
+    async def _commit(self, txn, res: dict) -> int:
+        items, evicted = defaultdict(int), defaultdict(int)
+        for r in res.values():
+            for s, k in r["items"].items():
+                items[int(s)] += int(k)
+            for s, k in r["evicted"].items():
+                evicted[int(s)] += int(k)
+        return await self._coord("commit_insert", txn=txn, items=dict(items), evicted=dict(evicted))
+
+    async def _abort_insert(self, txn, addrs, cause) -> None:
+        await asyncio.gather(
+            *(call(self._ctx, a, "abort", table=self.name, name=self.name, txn=txn) for a in addrs),
+            return_exceptions=True,
+        )
+        await self._coord("abort_insert", txn=txn)
+        lost = [a for a in addrs if isinstance(cause, WorkerLost) and cause.addr == a]
+        if lost:
+            try:
+                await self._handle_lost(lost)
+            except (Retry, ShardLostError):
+                pass
+
+    def _insert_error(self, e, addrs):
+        if isinstance(e, WorkerLost):
+            return ShardLostError(
+                -1, f"worker {e.addr} could not be reached during an insert; nothing of the insert was stored"
+            )
+        if isinstance(e, GearFlowError):
+            return e
+        return GearFlowError(f"insert failed on {addrs} ({type(e).__name__}: {e}); nothing of the insert was stored")
+
+    async def _evict(self, excess: int) -> int:
+        """Remove ``excess`` items as the remover says (the planner's eviction plan)."""
+        removed = await planner.run_async(
+            planner.evict(excess, self._cfg.remover.deterministic, self.rng), self._answer_evict
+        )
+        return removed
+
+    async def _answer_evict(self, req):
+        workers = self._workers()
+        if isinstance(req, planner.Summaries):
+            res = await self._on_workers({a: ("summaries", dict(name=self.name, kinds=req.kinds)) for a in workers})
+            return {k: {s: v for r in res.values() for s, v in r[k].items()} for k in req.kinds}
+        if isinstance(req, planner.Candidates):
+            res = await self._on_workers(
+                {a: ("candidates", dict(name=self.name, n=req.n, role=req.role)) for a in workers}
+            )
+            return {s: c for r in res.values() for s, c in r.items()}
+        assert isinstance(req, planner.Evict)
+        part = req.slots if req.slots is not None else req.counts
+        by = defaultdict(dict)
+        for s, v in part.items():
+            by[self.placement[s]][s] = v
+        key = "slots" if req.slots is not None else "counts"
+        res = await self._on_workers(
+            {a: ("remove", {"name": self.name, key: v, "seed": int(self.rng.integers(2**63))}) for a, v in by.items()}
+        )
+        per = {s: k for r in res.values() for s, k in r.items() if k}
+        if per:
+            await self._coord("removed", k=sum(per.values()), per_shard=per)
+        return sum(per.values())
+
+    def writer(self, max_episode_length: int | None = None, shard: int | None = None, timeout=None):
+        """A streaming writer (``append``/``end_episode``) inserting into this table."""
+        from ..writer import EpisodeWriter
+
+        return EpisodeWriter(self, max_episode_length=max_episode_length, shard=shard, timeout=timeout)
+
+    # -- priorities, deletes ----------------------------------------------------------------------
+    def _group(self, keys):
+        k = check_keys(keys, self.spec.num_shards)
+        shard, seq = decode(k)
+        lost = sorted(set(np.unique(shard).tolist()) & set(self.lost))
+        if lost and not self.degraded:
+            raise ShardLostError(lost[0], "keys name a lost shard")
+        by = defaultdict(dict)
+        idx = defaultdict(dict)
+        for s in np.unique(shard):
+            if int(s) in self.lost:
+                continue
+            m = np.flatnonzero(shard == s)
+            by[self.placement[int(s)]][int(s)] = seq[m]
+            idx[self.placement[int(s)]][int(s)] = m
+        return k, by, idx, int(np.isin(shard, list(self.lost)).sum())
+
+    def update_priorities(self, keys, priorities) -> UpdateResult:
+        """Set priorities by key: one message per worker, all or nothing for invalid input."""
+        return self._ctx.sync(self.update_priorities_async, keys, priorities)
+
+    async def update_priorities_async(self, keys, priorities) -> UpdateResult:
+        k, by, idx, on_lost = self._group(keys)
+        pr = check_priorities(priorities, len(k), "keys")
+        if pr is None:
+            raise SpecError("priorities must not be None")
+        if len(by) > 1:  # unknown keys anywhere must stop the whole call before any worker applies it
+            await self._on_workers({a: ("check_keys", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()})
+        calls = {
+            a: ("update", dict(name=self.name, seqs_by_shard=s, prios_by_shard={i: pr[idx[a][i]] for i in s}))
+            for a, s in by.items()
+        }
+        res = await self._on_workers(calls)
+        stale = sum(res.values()) + on_lost
+        return UpdateResult(len(k) - stale, stale)
+
+    def delete(self, keys) -> UpdateResult:
+        """Remove items by key (stale keys ignored and counted)."""
+        return self._ctx.sync(self.delete_async, keys)
+
+    async def delete_async(self, keys) -> UpdateResult:
+        k, by, idx, on_lost = self._group(keys)
+        if len(by) > 1:
+            await self._on_workers({a: ("check_keys", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()})
+        res = await self._on_workers({a: ("delete", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()})
+        per = {s: k for r in res.values() for s, k in r[0].items() if k}
+        d = sum(per.values())
+        st = sum(r[1] for r in res.values()) + on_lost
+        if d:
+            await self._coord("removed", k=d, per_shard=per)
+        return UpdateResult(d, st)
