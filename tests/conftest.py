@@ -21,3 +21,32 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+# -- the same suites against the local and the distributed table ---------------------------------
+@pytest.fixture(scope="session")
+def dist_client():
+    """One 2-worker LocalCluster (real processes, loopback only) shared by the suites that run on both tables."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    with dask.config.set({"distributed.comm.timeouts.connect": "5s"}):
+        with LocalCluster(
+            n_workers=2, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address=None
+        ) as cluster:
+            with Client(cluster) as c:
+                yield c
+
+
+@pytest.fixture(params=["local", "distributed"])
+def make_table(request):
+    """``make_table(spec, **LocalTable kwargs)``: a LocalTable, or a DistributedTable over two workers.
+
+    For the distributed kind, making a table closes the one made before (suites
+    use one table at a time; hypothesis makes one per example).
+    """
+    from dist_support import TableFactory
+
+    f = TableFactory(request.param, request.getfixturevalue("dist_client") if request.param == "distributed" else None)
+    yield f
+    f.close()

@@ -124,6 +124,7 @@ def reconcile(table: LocalTable) -> dict:
     tot = info["totals"]
     assert tot["inserted"] == tot["size"] + tot["evicted"] + tot["removed"] + tot["deleted"] + tot["expired"], tot
     assert tot["size"] == info["size"] == table.size == sum(s["size"] for s in info["shards"])
+    assert info.get("coordinator_size", info["size"]) == info["size"], info  # distributed: global count == shards
     for s in info["shards"]:
         assert s["inserted"] == s["size"] + s["evicted"] + s["removed"] + s["deleted"] + s["expired"], s
     return tot

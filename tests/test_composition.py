@@ -1,4 +1,5 @@
-"""Every sampler x remover x limiter pairing (TorchRL's test_composable style), on small tables.
+"""Every sampler x remover x limiter pairing (TorchRL's test_composable style), on small tables,
+local and distributed (two shards on two worker processes).
 
 Each pairing goes through inserts past capacity and max_size, samples, priority
 updates (some stale) and deletes, checking after every step that sampled
@@ -17,7 +18,6 @@ from helpers import Catalog, check_windows, make_spec, reconcile
 from gear_flow import (
     Fifo,
     Lifo,
-    LocalTable,
     MaxHeap,
     MinHeap,
     MinSize,
@@ -56,12 +56,12 @@ UNITS = {"step": 0, "episode": 3}  # item unit -> max_times_sampled used with it
 @pytest.mark.parametrize("limiter", list(LIMITERS))
 @pytest.mark.parametrize("remover", list(REMOVERS))
 @pytest.mark.parametrize("sampler", list(SAMPLERS))
-def test_composition(sampler, remover, limiter, unit):
+def test_composition(sampler, remover, limiter, unit, make_table):
     rng = np.random.default_rng(zlib.crc32(f"{sampler}-{remover}-{limiter}-{unit}".encode()))
     cap, shards = 16, 2
     max_size = 12 if unit == "step" else 5
     mts = UNITS[unit]
-    t = LocalTable(
+    t = make_table(
         make_spec(capacity=cap, num_shards=shards, item_unit=unit, max_size=max_size),
         sampler=SAMPLERS[sampler](),
         remover=REMOVERS[remover](),

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from dist_support import active_items, on_both_tables
 from helpers import Catalog, check_windows, episode, make_spec, reconcile
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, example, settings
 from hypothesis import strategies as st
 
 from gear_flow import (
     EmptyTableError,
     Fifo,
     Lifo,
-    LocalTable,
     MinHeap,
     Prioritized,
     Uniform,
@@ -30,6 +30,8 @@ SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
+#: the distributed table: fewer examples (each is a table on the cluster, every call a round trip)
+DIST_SETTINGS = settings(SETTINGS, max_examples=8, suppress_health_check=list(HealthCheck))
 
 MAX_LEN = 8
 MAX_EPS = 3  # per call: a call holds at most MIN_CAP steps, so it always fits one shard
@@ -64,22 +66,11 @@ def _expect_step_keys(model: RingModel):
     return {k + j for k, n, _ in model.live() for j in range(n)}
 
 
-@SETTINGS
-@given(
-    calls=calls,
-    capacity=st.integers(MIN_CAP, MIN_CAP + 16),
-    num_shards=st.integers(1, 3),
-    max_frac=st.sampled_from([None, 0.5]),
-    remover=st.sampled_from(["fifo", "lifo", "uniform", "min_heap", "prioritized"]),
-    item_unit=st.sampled_from(["step", "episode"]),
-    ops=st.lists(st.sampled_from(["sample", "delete", "update"]), min_size=10, max_size=10),
-    seed=st.integers(0, 2**16),
-)
-def test_nothing_lost(calls, capacity, num_shards, max_frac, remover, item_unit, ops, seed):
+def _nothing_lost(make_table, calls, capacity, num_shards, max_frac, remover, item_unit, ops, seed):
     rng = np.random.default_rng(seed)
     max_size = None if max_frac is None else max(1, int(capacity * num_shards * max_frac))
     removers = {"fifo": Fifo, "lifo": Lifo, "uniform": Uniform, "min_heap": MinHeap, "prioritized": Prioritized}
-    t = LocalTable(
+    t = make_table(
         make_spec(capacity=capacity, num_shards=num_shards, item_unit=item_unit, max_size=max_size),
         remover=removers[remover](),
         max_times_sampled=int(rng.integers(0, 3)),
@@ -96,7 +87,7 @@ def test_nothing_lost(calls, capacity, num_shards, max_frac, remover, item_unit,
         issued += r.first_keys.tolist()
         tot = reconcile(t)
         assert t.size <= t.spec.max_size
-        assert sum(int(s.active.sum()) for s in t.shards) == t.size
+        assert active_items(t) == t.size
         for s in t.info()["shards"]:
             assert s["steps_stored"] <= capacity
         n_inserted += sum(lengths) if item_unit == "step" else len(lengths)
@@ -113,17 +104,8 @@ def test_nothing_lost(calls, capacity, num_shards, max_frac, remover, item_unit,
         reconcile(t)
 
 
-@SETTINGS
-@given(
-    calls=calls,
-    capacity=st.integers(MIN_CAP, MIN_CAP + 6),
-    num_shards=st.integers(1, 3),
-    item_unit=st.sampled_from(["step", "episode"]),
-)
-@example(calls=[[8, 8, 8]] * 5 + [[1, 2, 3], [7]], capacity=MIN_CAP + 1, num_shards=2, item_unit="step")
-@example(calls=[[1, 1, 1]] * 10, capacity=MIN_CAP, num_shards=1, item_unit="episode")
-def test_keys_never_reused_and_stale_detected(calls, capacity, num_shards, item_unit):
-    t = LocalTable(make_spec(capacity=capacity, num_shards=num_shards, item_unit=item_unit), seed=0)
+def _keys_never_reused_and_stale_detected(make_table, calls, capacity, num_shards, item_unit):
+    t = make_table(make_spec(capacity=capacity, num_shards=num_shards, item_unit=item_unit), seed=0)
     model = RingModel(num_shards, capacity)
     cat = Catalog()
     tag = 1
@@ -150,19 +132,9 @@ def test_keys_never_reused_and_stale_detected(calls, capacity, num_shards, item_
     assert res.applied == len(live) and t.size == 0
 
 
-@SETTINGS
-@given(
-    calls=calls,
-    capacity=st.integers(MIN_CAP, MIN_CAP + 16),
-    num_shards=st.integers(1, 3),
-    alpha=st.sampled_from([0.0, 0.5, 1.0, 1.7]),
-    length=st.integers(1, 6),
-    item_unit=st.sampled_from(["step", "episode"]),
-    seed=st.integers(0, 2**16),
-)
-def test_prioritized_probabilities_are_exact(calls, capacity, num_shards, alpha, length, item_unit, seed):
+def _prioritized_probabilities_are_exact(make_table, calls, capacity, num_shards, alpha, length, item_unit, seed):
     rng = np.random.default_rng(seed)
-    t = LocalTable(
+    t = make_table(
         make_spec(capacity=capacity, num_shards=num_shards, item_unit=item_unit),
         sampler=Prioritized(alpha, 0.6),
         seed=seed,
@@ -205,19 +177,9 @@ def test_prioritized_probabilities_are_exact(calls, capacity, num_shards, alpha,
     check_windows(b, cat, length, "strict", item_unit)
 
 
-@SETTINGS
-@given(
-    calls=calls,
-    capacity=st.integers(MIN_CAP, MIN_CAP + 16),
-    num_shards=st.integers(1, 3),
-    length=st.integers(1, 12),
-    boundary=st.sampled_from(["strict", "pad_tail", "pad_head"]),
-    sampler=st.sampled_from(["uniform", "fifo", "lifo", "min_heap"]),
-    item_unit=st.sampled_from(["step", "episode"]),
-)
-def test_windows_are_real(calls, capacity, num_shards, length, boundary, sampler, item_unit):
+def _windows_are_real(make_table, calls, capacity, num_shards, length, boundary, sampler, item_unit):
     samplers = {"uniform": Uniform, "fifo": Fifo, "lifo": Lifo, "min_heap": MinHeap}
-    t = LocalTable(
+    t = make_table(
         make_spec(capacity=capacity, num_shards=num_shards, item_unit=item_unit), sampler=samplers[sampler](), seed=1
     )
     cat = Catalog()
@@ -249,23 +211,15 @@ churn_ops = st.lists(
 )
 
 
-@SETTINGS
-@given(
-    ops=churn_ops,
-    capacity=st.integers(MIN_CAP, MIN_CAP + 8),
-    num_shards=st.integers(1, 2),
-    alpha=st.sampled_from([0.5, 1.0]),
-    item_unit=st.sampled_from(["step", "episode"]),
-    max_times=st.sampled_from([0, 2]),
-    seed=st.integers(0, 2**16),
-)
-def test_strict_probabilities_stay_exact_under_churn(ops, capacity, num_shards, alpha, item_unit, max_times, seed):
+def _strict_probabilities_stay_exact_under_churn(
+    make_table, ops, capacity, num_shards, alpha, item_unit, max_times, seed
+):
     """Strict-window masses are cached per window length and updated incrementally by the
     shards; after any mix of inserts (with evictions), updates, deletes and expiries, with a
     sample of one of 6 window lengths (more than the cache holds) after every operation,
     every reported probability must still be exact."""
     rng = np.random.default_rng(seed)
-    t = LocalTable(
+    t = make_table(
         make_spec(capacity=capacity, num_shards=num_shards, item_unit=item_unit),
         sampler=Prioritized(alpha, 0.0),
         max_times_sampled=max_times,
@@ -336,3 +290,70 @@ def test_strict_probabilities_stay_exact_under_churn(ops, capacity, num_shards, 
                     if times[k] >= max_times:
                         gone.add(k)
         assert t.size == len(live_items())
+
+
+test_nothing_lost, test_nothing_lost_distributed = on_both_tables(
+    SETTINGS,
+    DIST_SETTINGS,
+    calls=calls,
+    capacity=st.integers(MIN_CAP, MIN_CAP + 16),
+    num_shards=st.integers(1, 3),
+    max_frac=st.sampled_from([None, 0.5]),
+    remover=st.sampled_from(["fifo", "lifo", "uniform", "min_heap", "prioritized"]),
+    item_unit=st.sampled_from(["step", "episode"]),
+    ops=st.lists(st.sampled_from(["sample", "delete", "update"]), min_size=10, max_size=10),
+    seed=st.integers(0, 2**16),
+)(_nothing_lost)
+
+test_keys_never_reused_and_stale_detected, test_keys_never_reused_and_stale_detected_distributed = on_both_tables(
+    SETTINGS,
+    DIST_SETTINGS,
+    calls=calls,
+    capacity=st.integers(MIN_CAP, MIN_CAP + 6),
+    num_shards=st.integers(1, 3),
+    item_unit=st.sampled_from(["step", "episode"]),
+)(_keys_never_reused_and_stale_detected)
+test_keys_never_reused_and_stale_detected = example(
+    calls=[[8, 8, 8]] * 5 + [[1, 2, 3], [7]], capacity=MIN_CAP + 1, num_shards=2, item_unit="step"
+)(test_keys_never_reused_and_stale_detected)
+test_keys_never_reused_and_stale_detected = example(
+    calls=[[1, 1, 1]] * 10, capacity=MIN_CAP, num_shards=1, item_unit="episode"
+)(test_keys_never_reused_and_stale_detected)
+
+test_prioritized_probabilities_are_exact, test_prioritized_probabilities_are_exact_distributed = on_both_tables(
+    SETTINGS,
+    DIST_SETTINGS,
+    calls=calls,
+    capacity=st.integers(MIN_CAP, MIN_CAP + 16),
+    num_shards=st.integers(1, 3),
+    alpha=st.sampled_from([0.0, 0.5, 1.0, 1.7]),
+    length=st.integers(1, 6),
+    item_unit=st.sampled_from(["step", "episode"]),
+    seed=st.integers(0, 2**16),
+)(_prioritized_probabilities_are_exact)
+
+test_windows_are_real, test_windows_are_real_distributed = on_both_tables(
+    SETTINGS,
+    DIST_SETTINGS,
+    calls=calls,
+    capacity=st.integers(MIN_CAP, MIN_CAP + 16),
+    num_shards=st.integers(1, 3),
+    length=st.integers(1, 12),
+    boundary=st.sampled_from(["strict", "pad_tail", "pad_head"]),
+    sampler=st.sampled_from(["uniform", "fifo", "lifo", "min_heap"]),
+    item_unit=st.sampled_from(["step", "episode"]),
+)(_windows_are_real)
+
+test_strict_probabilities_stay_exact_under_churn, test_strict_probabilities_stay_exact_under_churn_distributed = (
+    on_both_tables(
+        SETTINGS,
+        DIST_SETTINGS,
+        ops=churn_ops,
+        capacity=st.integers(MIN_CAP, MIN_CAP + 8),
+        num_shards=st.integers(1, 2),
+        alpha=st.sampled_from([0.5, 1.0]),
+        item_unit=st.sampled_from(["step", "episode"]),
+        max_times=st.sampled_from([0, 2]),
+        seed=st.integers(0, 2**16),
+    )(_strict_probabilities_stay_exact_under_churn)
+)

@@ -4,7 +4,8 @@ The statistic is compared with the 1e-4 upper critical value of the
 chi-square distribution (computed in helpers; scipy is not needed), so a
 correct sampler fails with probability ~1e-4 per test and the fixed seeds make
 the outcome reproducible.  Expected frequencies are computed here from the
-inserted priorities, never from the probabilities the table reports.
+inserted priorities, never from the probabilities the table reports.  Every
+test runs on the local table and on a distributed table over two workers.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 from helpers import chi2_critical, episode, make_spec, scalar_episode, x_spec
 
-from gear_flow import LocalTable, Prioritized, Uniform, WithoutReplacement
+from gear_flow import Prioritized, Uniform, WithoutReplacement
 
 
 def chi2(observed: np.ndarray, expected: np.ndarray) -> float:
@@ -29,7 +30,7 @@ def test_critical_values_match_tables():
     assert chi2_critical(20, 0.01) == pytest.approx(37.566, abs=2e-3)
 
 
-def _draw_counts(t: LocalTable, keys: list[int], n_batches: int, B: int, length: int = 1, boundary="strict"):
+def _draw_counts(t, keys: list[int], n_batches: int, B: int, length: int = 1, boundary="strict"):
     index = {k: i for i, k in enumerate(keys)}
     counts = np.zeros(len(keys))
     for _ in range(n_batches):
@@ -40,9 +41,9 @@ def _draw_counts(t: LocalTable, keys: list[int], n_batches: int, B: int, length:
 
 
 @pytest.mark.parametrize("alpha", [0.6, 1.0])
-def test_prioritized_frequencies_two_shards(alpha):
+def test_prioritized_frequencies_two_shards(alpha, make_table):
     rng = np.random.default_rng(12)
-    t = LocalTable(x_spec(capacity=64, num_shards=2), sampler=Prioritized(alpha, 0.4), seed=123)
+    t = make_table(x_spec(capacity=64, num_shards=2), sampler=Prioritized(alpha, 0.4), seed=123)
     pr = rng.uniform(0.2, 5.0, 40)
     res = t.insert([scalar_episode(1) for _ in range(40)], priorities=pr)
     assert set(res.shards.tolist()) == {0, 1}
@@ -54,9 +55,9 @@ def test_prioritized_frequencies_two_shards(alpha):
     assert chi2(counts, expected) < chi2_critical(len(keys) - 1)
 
 
-def test_prioritized_unequal_shards_and_zero_priorities():
+def test_prioritized_unequal_shards_and_zero_priorities(make_table):
     """Shard masses differ a lot (3 heavy items on one shard, 30 light on the other)."""
-    t = LocalTable(x_spec(capacity=64, num_shards=2), sampler=Prioritized(1.0, 0.4), seed=7)
+    t = make_table(x_spec(capacity=64, num_shards=2), sampler=Prioritized(1.0, 0.4), seed=7)
     heavy = t.insert([scalar_episode(1) for _ in range(3)], priorities=[10.0, 20.0, 30.0], shard=0)
     light = t.insert([scalar_episode(1) for _ in range(30)], priorities=np.linspace(0.5, 3.0, 30), shard=1)
     zero = t.insert([scalar_episode(1) for _ in range(5)], priorities=0.0, shard=1)
@@ -69,11 +70,11 @@ def test_prioritized_unequal_shards_and_zero_priorities():
 
 
 @pytest.mark.parametrize("item_unit", ["step", "episode"])
-def test_prioritized_strict_windows_mixed_lengths(item_unit):
+def test_prioritized_strict_windows_mixed_lengths(item_unit, make_table):
     """Strict windows of L=4 over episodes of mixed lengths (some too short), rings wrapped."""
     L, alpha = 4, 0.7
     rng = np.random.default_rng(3)
-    t = LocalTable(make_spec(capacity=48, num_shards=2, item_unit=item_unit), sampler=Prioritized(alpha, 0.5), seed=99)
+    t = make_table(make_spec(capacity=48, num_shards=2, item_unit=item_unit), sampler=Prioritized(alpha, 0.5), seed=99)
     lengths = [2, 5, 7, 3, 9, 4, 1, 6, 8, 5]
     # a first batch, partly evicted by the second, which then straddles the rings' ends; its
     # survivors have priority 0 and must never be drawn
@@ -104,8 +105,8 @@ def test_prioritized_strict_windows_mixed_lengths(item_unit):
     assert chi2(counts, expected) < chi2_critical(len(keys) - 1)
 
 
-def test_uniform_two_level_exact_with_unequal_shards():
-    t = LocalTable(x_spec(capacity=64, num_shards=2), sampler=Uniform(), seed=5)
+def test_uniform_two_level_exact_with_unequal_shards(make_table):
+    t = make_table(x_spec(capacity=64, num_shards=2), sampler=Uniform(), seed=5)
     a = t.insert([scalar_episode(1) for _ in range(4)], shard=0)
     b = t.insert([scalar_episode(1) for _ in range(36)], shard=1)
     keys = a.first_keys.tolist() + b.first_keys.tolist()
@@ -116,8 +117,8 @@ def test_uniform_two_level_exact_with_unequal_shards():
     assert counts[:4].sum() / counts.sum() == pytest.approx(0.1, abs=0.01)
 
 
-def test_episode_window_position_uniform():
-    t = LocalTable(make_spec(capacity=64, item_unit="episode"), seed=8)
+def test_episode_window_position_uniform(make_table):
+    t = make_table(make_spec(capacity=64, item_unit="episode"), seed=8)
     t.insert(episode(1, 20))
     L = 5
     counts = np.zeros(16)
@@ -128,9 +129,9 @@ def test_episode_window_position_uniform():
     assert chi2(counts, np.full(16, counts.sum() / 16)) < chi2_critical(15)
 
 
-def test_without_replacement_batches_are_uniform_subsets():
+def test_without_replacement_batches_are_uniform_subsets(make_table):
     """Items on a small and a large shard are equally likely to open an epoch."""
-    t = LocalTable(x_spec(capacity=64, num_shards=2), sampler=WithoutReplacement(), seed=4)
+    t = make_table(x_spec(capacity=64, num_shards=2), sampler=WithoutReplacement(), seed=4)
     a = t.insert([scalar_episode(1) for _ in range(3)], shard=0)
     b = t.insert([scalar_episode(1) for _ in range(9)], shard=1)
     keys = a.first_keys.tolist() + b.first_keys.tolist()
@@ -149,10 +150,10 @@ def test_without_replacement_batches_are_uniform_subsets():
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.4, 1.0])
-def test_importance_weights(beta):
+def test_importance_weights(beta, make_table):
     alpha = 0.8
     rng = np.random.default_rng(21)
-    t = LocalTable(x_spec(capacity=64, num_shards=2), sampler=Prioritized(alpha, beta), seed=2)
+    t = make_table(x_spec(capacity=64, num_shards=2), sampler=Prioritized(alpha, beta), seed=2)
     pr = rng.uniform(0.1, 6.0, 25)
     r = t.insert([scalar_episode(1) for _ in range(25)], priorities=pr)
     P = dict(zip(r.first_keys.tolist(), (pr**alpha / (pr**alpha).sum()).tolist()))

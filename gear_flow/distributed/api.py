@@ -265,7 +265,8 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin):
         return self.size
 
     def info(self) -> dict:
-        """Global and per-shard sizes and counters, limiter state, lost shards."""
+        """Global and per-shard sizes and counters, limiter state, lost shards (leased samples reported first)."""
+        self.flush()
         return self._ctx.sync(self.info_async)
 
     async def info_async(self) -> dict:

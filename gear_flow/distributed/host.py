@@ -333,11 +333,11 @@ class ShardHost:
             if commit:
                 k = s.record_samples(sl, seqs)
                 if k:
-                    out[i] = k
+                    out[i] = out.get(i, 0) + k
             else:
                 if drawn:
                     s.unconsume(sl, seqs)
-                out[i] = len(sl)
+                out[i] = out.get(i, 0) + len(sl)
         return out
 
     def uncount(self, name, counts: dict) -> None:

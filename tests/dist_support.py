@@ -1,0 +1,138 @@
+"""Running the table suites against :class:`DistributedTable` too: a factory and state snapshots.
+
+The distributed snapshot reads the real shards inside the worker processes
+(``client.run``) and the coordinator's counters, so "nothing changed" is
+checked on what the workers hold, not on what the client believes.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+import gear_flow as gf
+from gear_flow.distributed import DistributedTable
+
+
+class TableFactory:
+    def __init__(self, kind: str, client=None):
+        self.kind = kind
+        self.client = client
+        self.current = None
+
+    def __call__(self, spec, **kw):
+        if self.kind == "local":
+            return gf.LocalTable(spec, **kw)
+        self.close()
+        self.current = DistributedTable.create(self.client, spec, **kw)
+        return self.current
+
+    def queue(self, spec, size, **kw):
+        spec = gf.TableSpec(spec.columns, spec.capacity, spec.num_shards, spec.item_unit, size)
+        kw = dict(sampler=gf.Fifo(), remover=gf.Fifo(), rate_limiter=gf.Queue(size), max_times_sampled=1, **kw)
+        return self(spec, **kw)
+
+    def close(self):
+        if self.current is not None:
+            self.current.close()
+            self.current = None
+
+
+def _worker_shards(name, dask_worker=None):
+    host = dask_worker.plugins["gear-flow"].host
+    t = host.tables.get(name)
+    if t is None:
+        return []
+    out = []
+    for i, s in sorted(t.shards.items()):
+        with s.lock:
+            out.append(
+                (
+                    i,
+                    s.ring.write_pos,
+                    {k: v.copy() for k, v in s.ring.columns.items()},
+                    s.active.copy(),
+                    s.priority.copy(),
+                    s.sampler.tree.copy() if hasattr(s.sampler, "tree") else None,
+                    s.remover.tree.copy() if hasattr(s.remover, "tree") else None,
+                    len(s.index),
+                    s.max_priority,
+                    s.counters.as_dict(),
+                )
+            )
+    return out
+
+
+def active_items(t) -> int:
+    """Live items counted from the shards' own state (in the workers for a distributed table)."""
+    if isinstance(t, DistributedTable):
+        res = t.client.run(_worker_shards, t.name)
+        return sum(int(x[3].sum()) for parts in res.values() for x in parts)
+    return sum(int(s.active.sum()) for s in t.shards)
+
+
+def snapshot(t):
+    """Everything an applied call could change: shards (in their processes) and the global counters."""
+    if not isinstance(t, DistributedTable):
+        from test_bad_input import snapshot as local_snapshot
+
+        return ("local", local_snapshot(t))
+    t.flush()
+    res = t.client.run(_worker_shards, t.name)
+    shards = sorted((x for parts in res.values() for x in parts), key=lambda x: x[0])
+    st = t._ctx.sync(t._coord, "lookup")
+    glob = {
+        k: st[k] for k in ("size", "admitted", "shard_size", "rate_limiter", "next_episode_id", "next_stamp", "lost")
+    }
+    return ("distributed", (copy.deepcopy(glob), shards))
+
+
+def assert_same(a, b):
+    assert a[0] == b[0]
+    if a[0] == "local":
+        from test_bad_input import assert_same as local_same
+
+        return local_same(a[1], b[1])
+    (ga, sa), (gb, sb) = a[1], b[1]
+    assert ga == gb
+    assert len(sa) == len(sb)
+    for x, y in zip(sa, sb):
+        assert x[0] == y[0] and x[1] == y[1] and x[7] == y[7] and x[8] == y[8] and x[9] == y[9]
+        for k in x[2]:
+            assert np.array_equal(x[2][k].view(np.uint8), y[2][k].view(np.uint8))
+        for i in (3, 4, 5, 6):
+            if x[i] is None:
+                assert y[i] is None
+            else:
+                assert np.array_equal(x[i], y[i])
+
+
+def on_both_tables(local_settings, dist_settings, **strategies):
+    """Turn ``body(make_table, **drawn)`` into two hypothesis tests: local and distributed.
+
+    The distributed variant runs fewer examples (each builds a table on the
+    cluster and every call is a round trip); both draw from the same strategies.
+    Returns ``(test_local, test_distributed)``.
+    """
+    from hypothesis import given
+
+    def deco(body):
+        @local_settings
+        @given(**strategies)
+        def test_local(**drawn):
+            body(gf.LocalTable, **drawn)
+
+        @dist_settings
+        @given(**strategies)
+        def test_distributed(dist_client, **drawn):
+            f = TableFactory("distributed", dist_client)
+            try:
+                body(f, **drawn)
+            finally:
+                f.close()
+
+        test_local.__doc__ = test_distributed.__doc__ = body.__doc__
+        return test_local, test_distributed
+
+    return deco
