@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from dist_support import assert_same, on_both_tables, snapshot
 from helpers import COLUMNS, episode, reconcile
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from test_bad_input import assert_same, snapshot
 
 import gear_flow as gf
 
 SETTINGS = settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+#: the distributed table: fewer examples (each is a table on the cluster, every call a round trip)
+DIST_SETTINGS = settings(SETTINGS, max_examples=25)
 
 junk_scalar = st.one_of(
     st.none(),
@@ -65,8 +67,8 @@ priorities = st.one_of(
 )
 
 
-def fresh():
-    t = gf.LocalTable(gf.TableSpec(COLUMNS, capacity=64, num_shards=2), sampler=gf.Prioritized(), seed=0)
+def fresh(make_table):
+    t = make_table(gf.TableSpec(COLUMNS, capacity=64, num_shards=2), sampler=gf.Prioritized(), seed=0)
     t.insert([episode(1, 10), episode(2, 7)])
     return t
 
@@ -81,53 +83,30 @@ def attempt(t, fn, *args, **kw):
     reconcile(t)
 
 
-@SETTINGS
-@given(
-    eps=st.one_of(junk_episode(), st.lists(junk_episode(), max_size=4)),
-    prios=priorities,
-    shard=st.one_of(st.none(), junk_scalar),
-)
-def test_fuzz_insert(eps, prios, shard):
-    t = fresh()
+def _fuzz_insert(make_table, eps, prios, shard):
+    t = fresh(make_table)
     attempt(t, t.insert, eps, prios, shard=shard if isinstance(shard, int) and not isinstance(shard, bool) else None)
     if isinstance(shard, (str, float)):
         attempt(t, t.insert, episode(3, 3), shard=shard)
 
 
-@SETTINGS
-@given(
-    batch=junk_scalar,
-    length=junk_scalar,
-    boundary=st.one_of(st.sampled_from(["strict", "pad_tail", "pad_head"]), st.text(max_size=6), st.none()),
-    columns=st.one_of(st.none(), st.lists(st.sampled_from(["obs", "ep", "t", "done", "nope", ""]), max_size=3)),
-)
-def test_fuzz_sample(batch, length, boundary, columns):
-    t = fresh()
+def _fuzz_sample(make_table, batch, length, boundary, columns):
+    t = fresh(make_table)
     b = batch if not isinstance(batch, int) or isinstance(batch, bool) or abs(batch) < 10_000 else 10_000
     n = length if not isinstance(length, int) or isinstance(length, bool) or abs(length) < 100 else 100
     attempt(t, t.sample, b, n, boundary=boundary, columns=columns, timeout=0.01)
 
 
-@SETTINGS
-@given(
-    keys=st.one_of(
-        junk_scalar, st.lists(st.integers(-(2**63), 2**63 - 1), max_size=6), st.lists(junk_scalar, max_size=4)
-    ),
-    prios=priorities,
-    use_real=st.booleans(),
-)
-def test_fuzz_update_and_delete(keys, prios, use_real):
-    t = fresh()
+def _fuzz_update_and_delete(make_table, keys, prios, use_real):
+    t = fresh(make_table)
     if use_real:
         keys = t.sample(4, 1).keys.numpy()
     attempt(t, t.update_priorities, keys, prios)
     attempt(t, t.delete, keys)
 
 
-@SETTINGS
-@given(step=st.one_of(junk_episode(), junk_scalar), prio=junk_scalar)
-def test_fuzz_writer(step, prio):
-    t = fresh()
+def _fuzz_writer(make_table, step, prio):
+    t = fresh(make_table)
     w = t.writer()
     good = {k: v[0] for k, v in episode(5, 1).items()}
     w.append(good)
@@ -148,9 +127,41 @@ def test_fuzz_writer(step, prio):
     reconcile(t)
 
 
-def test_fuzz_covers_rejections():
+test_fuzz_insert, test_fuzz_insert_distributed = on_both_tables(
+    SETTINGS,
+    DIST_SETTINGS,
+    eps=st.one_of(junk_episode(), st.lists(junk_episode(), max_size=4)),
+    prios=priorities,
+    shard=st.one_of(st.none(), junk_scalar),
+)(_fuzz_insert)
+test_fuzz_sample, test_fuzz_sample_distributed = on_both_tables(
+    SETTINGS,
+    DIST_SETTINGS,
+    batch=junk_scalar,
+    length=junk_scalar,
+    boundary=st.one_of(st.sampled_from(["strict", "pad_tail", "pad_head"]), st.text(max_size=6), st.none()),
+    columns=st.one_of(st.none(), st.lists(st.sampled_from(["obs", "ep", "t", "done", "nope", ""]), max_size=3)),
+)(_fuzz_sample)
+test_fuzz_update_and_delete, test_fuzz_update_and_delete_distributed = on_both_tables(
+    SETTINGS,
+    DIST_SETTINGS,
+    keys=st.one_of(
+        junk_scalar, st.lists(st.integers(-(2**63), 2**63 - 1), max_size=6), st.lists(junk_scalar, max_size=4)
+    ),
+    prios=priorities,
+    use_real=st.booleans(),
+)(_fuzz_update_and_delete)
+test_fuzz_writer, test_fuzz_writer_distributed = on_both_tables(
+    SETTINGS,
+    DIST_SETTINGS,
+    step=st.one_of(junk_episode(), junk_scalar),
+    prio=junk_scalar,
+)(_fuzz_writer)
+
+
+def test_fuzz_covers_rejections(make_table):
     """The strategies above do produce rejected calls (so the fuzz tests can fail)."""
-    t = fresh()
+    t = fresh(make_table)
     with pytest.raises(gf.GearFlowError):
         t.insert({"obs": np.zeros((2, 3), np.float32)})
     with pytest.raises(gf.GearFlowError):

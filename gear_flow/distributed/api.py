@@ -28,7 +28,7 @@ from ..errors import ShardLostError, SpecError
 from ..rate_limiters import RateLimiter
 from ..selectors import Selector
 from ..spec import TableSpec
-from ..table.config import TableConfig
+from ..table.config import TableConfig, queue_setup
 from .checkpoints import CheckpointMixin
 from .coordinator import GearFlowCoordinator
 from .plugin import GearFlowWorker
@@ -145,6 +145,18 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin):
 
         state = ctx.sync(setup)
         return cls(ctx, name, state, seed=seed)
+
+    @classmethod
+    def queue(cls, client, spec: TableSpec, size: int, **kw) -> DistributedTable:
+        """A FIFO queue of ``size`` items over the workers: each handed out once, in insertion order."""
+        spec, args = queue_setup(spec, size)
+        return cls.create(client, spec, **args, **kw)
+
+    @classmethod
+    def stack(cls, client, spec: TableSpec, size: int, **kw) -> DistributedTable:
+        """A LIFO stack of ``size`` items over the workers."""
+        spec, args = queue_setup(spec, size, lifo=True)
+        return cls.create(client, spec, **args, **kw)
 
     @classmethod
     def attach(cls, name: str, client=None, seed: int | None = None, timeout: float | None = None) -> DistributedTable:

@@ -56,6 +56,7 @@ class GearFlowCoordinator(SchedulerPlugin):
             "commit_insert": self._commit_insert,
             "abort_insert": self._abort_insert,
             "admit_sample": self._admit_sample,
+            "admit_hold": self._admit_hold,
             "sample_finished": self._sample_finished,
             "count_samples": self._count_samples,
             "removed": self._removed,
@@ -147,11 +148,16 @@ class GearFlowCoordinator(SchedulerPlugin):
         w = g.request("sample", n, owner, done=self._count(done, "done"), lease=lease, exclusive=bool(exclusive))
         return await self._wait(g, w, timeout, f"a sample of {n}")
 
+    async def _admit_hold(self, name, timeout=None, owner=""):
+        """Hold an exclusive table (no sample in progress) for an eviction; returns the size then."""
+        g = self._table(name)
+        return await self._wait(g, g.request("hold", 0, owner), timeout, "an eviction")
+
     async def _sample_finished(self, name, txn, rollback=0, expired=None):
         g = self._table(name)
-        g.sample_finished(txn, self._count(rollback, "rollback"))
-        if expired:
+        if expired:  # before the hold is released: the next sample must not count expired items
             g.removed(sum(int(k) for k in expired.values()), expired)
+        g.sample_finished(txn, self._count(rollback, "rollback"))
         return True
 
     async def _count_samples(self, name, n):

@@ -18,8 +18,10 @@ scheduler's event loop; it does no I/O, so it is tested on its own.
 * **Waiters** are served first come, first served, per kind (inserts; samples),
   as Reverb serves blocked calls.
 * **Exclusive samples** (tables whose samples change the table: expiry,
-  epochs) spanning several workers run one at a time: the grant holds the
-  table until the sampler reports it finished.
+  epochs) run one at a time: the grant holds the table until the sampler
+  reports it finished (with the items it expired).  Evictions of such a table
+  take the same hold, so an item a sample is about to hand out and expire is
+  never also counted as excess (a Queue never evicts what it delivers).
 * **Owners**: every request names its owner (a client id, or a worker address
   for handles in tasks).  When an owner goes away its waiters are dropped, its
   exclusive hold is released and its unfinished inserts are recovered.
@@ -125,6 +127,8 @@ class TableGate:
     def _can(self, w: Waiter) -> bool:
         if w.kind == "insert":
             return self.limiter.can_insert(w.n, self.admitted)
+        if w.kind == "hold":
+            return self.holder is None
         if w.extra.get("exclusive") and self.holder is not None:
             return False
         return self.limiter.can_sample(w.n, self.visible if self.ordered else self.size)
@@ -146,8 +150,17 @@ class TableGate:
                     w = q.popleft()
                     if w.fut.done():
                         continue
-                    w.fut.set_result(self._grant_insert(w) if w.kind == "insert" else self._grant_sample(w))
+                    w.fut.set_result(self._grant(w))
                     progress = True
+
+    def _grant(self, w: Waiter) -> dict:
+        if w.kind == "insert":
+            return self._grant_insert(w)
+        if w.kind == "hold":  # an eviction of an exclusive table: serialised with its samples
+            txn = uuid.uuid4().hex
+            self.holder = {"txn": txn, "owner": w.owner, "n": 0}
+            return {"txn": txn, "size": self.size}
+        return self._grant_sample(w)
 
     def _grant_insert(self, w: Waiter) -> dict:
         self.limiter.on_insert(w.n)

@@ -164,7 +164,8 @@ class SamplingMixin:
         )
 
     def _exclusive(self) -> bool:
-        return self._cfg.exclusive and len(self._workers()) > 1
+        # also on one worker: the next sample may only be admitted once this one's expiries are counted
+        return self._cfg.exclusive
 
     def _leases_ok(self) -> bool:
         return not self._cfg.exclusive and self._cfg.selection != "ordered"

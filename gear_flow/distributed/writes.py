@@ -111,7 +111,7 @@ class WritesMixin:
             for s, fk in res["first_keys"].items():
                 first_keys[sel_of[int(s)]] = fk
         if size > self.spec.max_size:
-            await self._evict(size - self.spec.max_size)
+            await self._evict_excess(size)
         return InsertResult(ids, first_keys, dest, n_items)
 
     async def run_insert(self, txn: str, parts: dict) -> dict:
@@ -191,6 +191,19 @@ class WritesMixin:
         if isinstance(e, GearFlowError):
             return e
         return GearFlowError(f"insert failed on {addrs} ({type(e).__name__}: {e}); nothing of the insert was stored")
+
+    async def _evict_excess(self, size: int) -> None:
+        """Back to ``max_size``.  Tables whose samples expire items evict under the table's hold,
+        after any sample in progress has expired what it hands out."""
+        if not self._cfg.exclusive:
+            await self._evict(size - self.spec.max_size)
+            return
+        hold = await self._coord("admit_hold", owner=self._ctx.owner, timeout=self.timeout)
+        try:
+            if hold["size"] > self.spec.max_size:
+                await self._evict(hold["size"] - self.spec.max_size)
+        finally:
+            await self._coord("sample_finished", txn=hold["txn"])
 
     async def _evict(self, excess: int) -> int:
         """Remove ``excess`` items as the remover says (the planner's eviction plan)."""

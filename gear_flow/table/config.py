@@ -179,3 +179,14 @@ class TableConfig:
     def fresh_limiter(self) -> RateLimiter:
         """A new limiter with this configuration's parameters and zero counts."""
         return limiter_from_config(limiter_to_config(self.rate_limiter))
+
+
+def queue_setup(spec: TableSpec, size: int, lifo: bool = False) -> tuple[TableSpec, dict]:
+    """The spec and table arguments of a FIFO queue (``lifo``: a stack) of ``size`` items.
+
+    Each item is sampled once (``max_times_sampled=1``), in order; inserts block
+    when ``size`` items wait.  Every table kind builds its queues from this.
+    """
+    sel, lim = (Lifo, Stack) if lifo else (Fifo, Queue)
+    spec = TableSpec(spec.columns, spec.capacity, spec.num_shards, spec.item_unit, size)
+    return spec, {"sampler": sel(), "remover": sel(), "rate_limiter": lim(size), "max_times_sampled": 1}

@@ -19,12 +19,12 @@ import numpy as np
 from .. import config
 from ..errors import RateLimitTimeout, SpecError, TableClosedError
 from ..keys import decode
-from ..rate_limiters import Queue, RateLimiter, Stack
+from ..rate_limiters import RateLimiter
 from ..sample import SampleBatch, SampleBuffers
-from ..selectors import Fifo, Lifo, Selector
+from ..selectors import Selector
 from ..shard import EpisodeBatch, Shard
 from ..spec import TableSpec
-from .config import TableConfig
+from .config import TableConfig, queue_setup
 from .executor import evict_shards, sample_shards
 from .results import InsertResult, UpdateResult
 from .routing import route
@@ -138,14 +138,14 @@ class LocalTable:
     @classmethod
     def queue(cls, spec: TableSpec, size: int, **kw) -> LocalTable:
         """A FIFO queue of ``size`` items: each sampled once, inserts block when full."""
-        spec = TableSpec(spec.columns, spec.capacity, spec.num_shards, spec.item_unit, size)
-        return cls(spec, sampler=Fifo(), remover=Fifo(), rate_limiter=Queue(size), max_times_sampled=1, **kw)
+        spec, args = queue_setup(spec, size)
+        return cls(spec, **args, **kw)
 
     @classmethod
     def stack(cls, spec: TableSpec, size: int, **kw) -> LocalTable:
         """A LIFO stack of ``size`` items."""
-        spec = TableSpec(spec.columns, spec.capacity, spec.num_shards, spec.item_unit, size)
-        return cls(spec, sampler=Lifo(), remover=Lifo(), rate_limiter=Stack(size), max_times_sampled=1, **kw)
+        spec, args = queue_setup(spec, size, lifo=True)
+        return cls(spec, **args, **kw)
 
     # -- state ---------------------------------------------------------------------------
     @property

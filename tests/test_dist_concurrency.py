@@ -1,0 +1,317 @@
+"""The distributed table under concurrency: exact probabilities, global order, queues, atomic inserts.
+
+Real worker processes (the session's 2-worker LocalCluster); writers, samplers,
+producers and consumers run at the same time as threads of this process and
+as tasks on the workers.  No sleeps: threads meet on events and counters.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import numpy as np
+import pytest
+from dist_support import assert_same, snapshot
+from helpers import chi2_critical
+
+import gear_flow as gf
+from gear_flow.distributed import DistributedTable, ShardHost
+from gear_flow.keys import decode
+from gear_flow.sample import SampleBuffers
+from gear_flow.table import planner
+from gear_flow.table.config import TableConfig
+
+pytestmark = pytest.mark.timeout(240)
+
+X = (gf.ColumnSpec("x", (), np.float32),)
+TAG = (gf.ColumnSpec("tag", (), np.int64),)
+
+
+def ones(n, start=0.0):
+    return [{"x": np.array([start + i], np.float32)} for i in range(n)]
+
+
+def tagged(tags):
+    return [{"tag": np.array([t], np.int64)} for t in tags]
+
+
+# -- exact probabilities --------------------------------------------------------------------------------
+def test_host_reports_the_probability_of_the_draw_made():
+    """Mass 4 when planned, 16 when drawn: an old item's probability is 1/16, not 1/4."""
+    cfg = TableConfig.build(gf.TableSpec(X, capacity=64), sampler=gf.Prioritized(1.0, 0.0))
+    host = ShardHost()
+    host.create("t", cfg.to_dict(), [0])
+
+    def put(txn, n, first):
+        part = {
+            "shard": 0,
+            "chunks": [{"x": np.zeros(1, np.float32)} for _ in range(n)],
+            "lengths": np.ones(n, np.int64),
+            "episode_ids": np.arange(first, first + n),
+            "stamps": np.arange(first, first + n),
+            "priorities": np.ones(n),
+        }
+        host.write("t", txn, [part])
+
+    put("a", 4, 0)
+    planned = host.summaries("t", ("sampler",))["sampler"][0]
+    put("b", 12, 4)  # a writer lands between the plan and the draw
+    res = host.sample_part("t", 1, "pad_tail", ("x",), seed=1, counts={0: 2000}, scale={0: planned / planned})
+    p = res[0]["p"]
+    assert planned == 4.0
+    np.testing.assert_allclose(p, 1 / 16)
+    assert len(np.unique(res[0]["seqs"])) == 16  # the new items were drawable too
+    assert p[np.unique(res[0]["seqs"], return_index=True)[1]].sum() == pytest.approx(1.0)
+
+
+def test_probabilities_stay_exact_while_writers_insert(dist_client):
+    """Writers insert and delete heavy items on both shards while a learner samples.
+
+    For the 40 fixed items, the reported probabilities say how often each
+    should appear in every batch (``p_i = w_i * c_s`` with ``c_s`` read from the
+    batch); the counts over all batches must match that (chi-square, p=1e-4).
+    Reporting the planned mass instead of the mass at the draw fails this.
+    """
+    t = DistributedTable.create(
+        dist_client, gf.TableSpec(X, capacity=100_000, num_shards=2), sampler=gf.Prioritized(1.0, 0.0), seed=3
+    )
+    try:
+        rng = np.random.default_rng(0)
+        w = rng.uniform(1.0, 5.0, 40)
+        fixed = {}
+        for s in (0, 1):
+            r = t.insert(ones(20), priorities=w[20 * s : 20 * s + 20], shard=s)
+            fixed.update({int(k): (s, float(p)) for k, p in zip(r.first_keys, w[20 * s : 20 * s + 20])})
+        stop = threading.Event()
+        churn = Counter()
+        errors = []
+
+        def writer(s):
+            try:
+                while not stop.is_set():
+                    r = t.insert(ones(10, 100.0), priorities=25.0, shard=s)
+                    churn[s] += 1
+                    t.delete(r.first_keys)
+            except Exception as e:  # surfaced below
+                errors.append(e)
+
+        threads = [threading.Thread(target=writer, args=(s,)) for s in (0, 1)]
+        for th in threads:
+            th.start()
+        keys = sorted(fixed)
+        index = {k: i for i, k in enumerate(keys)}
+        observed = np.zeros(len(keys))
+        expected = np.zeros(len(keys))
+        scales = {0: set(), 1: set()}
+        B = 256
+        try:
+            for _ in range(150):
+                b = t.sample(B)
+                k = b.keys.numpy()
+                p = b.probabilities.numpy()
+                assert np.all((p > 0) & (p <= 1))
+                shard = decode(k)[0]
+                c = {}
+                for s in (0, 1):
+                    mine = [(kk, pp) for kk, pp in zip(k, p) if kk in fixed and fixed[kk][0] == s]
+                    assert mine, "a batch without fixed items of a shard: the test cannot estimate its scale"
+                    ratios = np.array([pp / fixed[kk][1] for kk, pp in mine])
+                    np.testing.assert_allclose(ratios, ratios[0], rtol=1e-9)  # one draw, one mass per shard
+                    c[s] = float(ratios[0])
+                    scales[s].add(round(c[s], 12))
+                    uniq = {kk: pp for kk, pp in zip(k, p) if shard[list(k).index(kk)] == s}
+                    assert sum(uniq.values()) <= 1.0 + 1e-12
+                for kk in k:
+                    if kk in fixed:
+                        observed[index[kk]] += 1
+                for kk, (s, wi) in fixed.items():
+                    expected[index[kk]] += B * wi * c[s]
+        finally:
+            stop.set()
+            for th in threads:
+                th.join()
+        assert not errors, errors
+        assert min(churn.values()) >= 5 and min(len(v) for v in scales.values()) > 5  # masses really moved
+        stat = float(((observed - expected) ** 2 / expected).sum())
+        assert stat < chi2_critical(len(keys) - 1), (stat, observed[:5], expected[:5])
+    finally:
+        t.close()
+
+
+# -- ordered selectors, eviction --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "sampler, prio, expect",
+    [
+        (gf.Fifo(), None, lambda tags, pr: tags),
+        (gf.Lifo(), None, lambda tags, pr: tags[::-1]),
+        (gf.MaxHeap(), "p", lambda tags, pr: [t for _, t in sorted(zip(-pr, tags))]),
+        (gf.MinHeap(), "p", lambda tags, pr: [t for _, t in sorted(zip(pr, tags))]),
+    ],
+)
+def test_ordered_batches_come_in_global_order(dist_client, sampler, prio, expect):
+    t = DistributedTable.create(dist_client, gf.TableSpec(TAG, capacity=64, num_shards=2), sampler=sampler, seed=1)
+    try:
+        tags = list(range(1, 13))
+        pr = np.random.default_rng(5).permutation(12).astype(float) + 1.0
+        for i, tag in enumerate(tags):  # alternate shards, one insert each: insertion order interleaves them
+            t.insert(tagged([tag]), priorities=None if prio is None else pr[i : i + 1], shard=i % 2)
+        b = t.sample(8)
+        got = b["tag"].numpy()[:, 0].tolist()
+        assert got == expect(tags, pr)[:8]  # in order, not sorted
+        assert sorted(set(decode(b.keys.numpy())[0].tolist())) == [0, 1]
+    finally:
+        t.close()
+
+
+def test_eviction_continues_until_within_max_size(dist_client):
+    """A prioritized remover whose weight sits on one shard's few items: one multinomial round
+    cannot remove enough there, the following rounds must (and zero weights fall back to sizes)."""
+    spec = gf.TableSpec(X, capacity=200, num_shards=2, max_size=30)
+    t = DistributedTable.create(dist_client, spec, remover=gf.Prioritized(1.0), seed=2)
+    try:
+        t.insert(ones(3), priorities=1000.0, shard=0)
+        t.insert(ones(27), priorities=0.0, shard=1)
+        assert t.size == 30
+        t.insert(ones(20), priorities=0.0, shard=1)
+        info = t.info()
+        assert info["size"] == 30 == info["coordinator_size"]
+        assert info["totals"]["removed"] == 20
+        assert info["shards"][0]["size"] == 0  # the heavy items went first
+    finally:
+        t.close()
+
+
+# -- all or nothing ----------------------------------------------------------------------------------------
+def _drop_on(name, dask_worker=None):
+    return dask_worker.plugins["gear-flow"].host.drop(name)
+
+
+def test_an_insert_failing_on_one_worker_leaves_no_trace(dist_client):
+    t = DistributedTable.create(dist_client, gf.TableSpec(X, capacity=64, num_shards=2), seed=0)
+    try:
+        t.insert(ones(6))
+        before = snapshot(t)
+        # the first shard's worker loses the table (as a worker restarted by its nanny would)
+        bad = t.placement[1]
+        assert dist_client.run(_drop_on, t.name, workers=[bad])[bad]
+        with pytest.raises(gf.GearFlowError, match="not on this worker|no table"):
+            t.insert(ones(10))  # routed to both shards: staged on one, refused by the other
+        after = snapshot(t)
+        # the good worker's shard is unchanged: nothing of the insert is sampleable there
+        good = [x for x in after[1][1] if x[0] == 0]
+        assert good and all(np.array_equal(a[3], b[3]) for a, b in zip(before[1][1][:1], good))
+        glob = lambda snap: {k: v for k, v in snap[1][0].items() if k not in ("next_episode_id", "next_stamp")}  # noqa: E731
+        assert glob(after) == glob(before)  # size, admitted, limiter counts unchanged (ids are never reused)
+        info = t.info()
+        assert info["inserts_in_flight"] == 0
+    finally:
+        t.close()
+
+
+def test_a_rejected_insert_changes_nothing_anywhere(dist_client):
+    t = DistributedTable.create(dist_client, gf.TableSpec(X, capacity=8, num_shards=2), seed=0)
+    try:
+        t.insert(ones(4))
+        before = snapshot(t)
+        with pytest.raises(gf.GearFlowError):
+            t.insert([{"x": np.zeros(9, np.float32)}])  # longer than a shard: refused before anything is sent
+        assert_same(before, snapshot(t))
+    finally:
+        t.close()
+
+
+# -- queues and stacks --------------------------------------------------------------------------------------
+def _produce(name, pid, n, client=None):
+    t = DistributedTable.attach(name, client)  # in a task: the worker's own handle (its shards first)
+    for i in range(n):
+        t.insert(tagged([pid * 10_000 + i]))
+    return n
+
+
+@pytest.mark.parametrize("kind", ["queue", "stack"])
+def test_queue_and_stack_hand_out_every_item_once(dist_client, kind):
+    """3 producers (2 worker tasks, 1 client thread), 2 consumer threads, a queue of 8 over 2 workers."""
+    make = DistributedTable.queue if kind == "queue" else DistributedTable.stack
+    # capacity: a stack keeps its oldest items longest; the ring must not wrap over them
+    t = make(dist_client, gf.TableSpec(TAG, capacity=256, num_shards=2), 8, timeout=60, seed=0)
+    n = 60
+    try:
+        tasks = [dist_client.submit(_produce, t.name, pid, n, pure=False) for pid in (1, 2)]
+        got = {0: [], 1: []}
+        ids = {0: [], 1: []}
+        total = 3 * n
+        taken = Counter()
+        lock = threading.Lock()
+        errors = []
+
+        def consume(c):
+            try:
+                while True:
+                    with lock:
+                        if taken["n"] >= total:
+                            return
+                        taken["n"] += 1
+                    b = t.sample(1)
+                    got[c].append(int(b["tag"].numpy()[0, 0]))
+                    ids[c].append(int(b.episode_ids[0]))
+            except Exception as e:
+                errors.append(e)
+
+        consumers = [threading.Thread(target=consume, args=(c,)) for c in (0, 1)]
+        for th in consumers:
+            th.start()
+        _produce(t.name, 3, n, dist_client)
+        for th in consumers:
+            th.join()
+        assert [f.result() for f in tasks] == [n, n]
+        assert not errors, errors
+        every = got[0] + got[1]
+        assert sorted(every) == sorted(pid * 10_000 + i for pid in (1, 2, 3) for i in range(n))  # each exactly once
+        if kind == "queue":
+            for c in (0, 1):
+                assert ids[c] == sorted(ids[c])  # oldest first, across producers and workers
+                for pid in (1, 2, 3):
+                    mine = [x for x in got[c] if x // 10_000 == pid]
+                    assert mine == sorted(mine)
+        info = t.info()
+        assert info["size"] == info["coordinator_size"] == 0
+        assert info["totals"]["expired"] == total and info["totals"]["removed"] == 0
+    finally:
+        t.close()
+
+
+def test_a_stale_selection_is_retried_without_losing_items(dist_client):
+    """An item chosen by the merge is deleted before the take: the attempt is undone on every
+    worker (nothing counted, nothing expired) and the queue still hands out the rest in order."""
+    from gear_flow.distributed.sampling import RemoteSample
+    from gear_flow.distributed.transport import Retry
+
+    t = DistributedTable.queue(dist_client, gf.TableSpec(TAG, capacity=64, num_shards=2), 16, timeout=10, seed=0)
+    try:
+        for i in range(6):
+            t.insert(tagged([i]), shard=i % 2)
+
+        async def attempt():
+            adm = await t._coord("admit_sample", n=4, exclusive=True, owner=t._ctx.owner, timeout=5)
+            out = SampleBuffers(t.spec, ("tag",), 4, 1)
+            ex = RemoteSample(t, out, 1, "pad_tail", ("tag",), t.rng, adm["txn"], False, adm["horizon"])
+            plan = planner.sample("ordered", 4, t.rng)
+            take = plan.send(await ex(next(plan)))
+            assert isinstance(take, planner.Take)
+            victim = next(s for s in sorted(take.slots) if s == 1)  # shard 1's oldest, chosen
+            seq = int(take.slots[victim][0])  # slot == seq before the ring wraps
+            await t.delete_async([int(gf.keys.encode(victim, np.array([seq]))[0])])
+            with pytest.raises(Retry):
+                await ex(take)
+            await ex.undo()
+            await t._coord("sample_finished", txn=adm["txn"], rollback=4)
+
+        t._ctx.sync(attempt)
+        tot = t.info()["totals"]
+        assert (tot["sampled"], tot["expired"], tot["deleted"], tot["size"]) == (0, 0, 1, 5)
+        b = t.sample(5)
+        assert b["tag"].numpy()[:, 0].tolist() == [0, 2, 3, 4, 5]
+        assert t.info()["totals"]["expired"] == 5
+    finally:
+        t.close()
