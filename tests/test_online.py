@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-import gear_flow as gf
-
 PIPELINES = Path(__file__).resolve().parents[1] / "pipelines"
 sys.path.insert(0, str(PIPELINES))
 
