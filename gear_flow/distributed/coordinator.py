@@ -198,45 +198,23 @@ class GearFlowCoordinator(SchedulerPlugin):
                 task.add_done_callback(self._tasks.discard)
 
     async def _worker_call(self, addr, action, **args):
+        from distributed.protocol import Serialized, deserialize
+
         resp = await asyncio.wait_for(self.scheduler.rpc(addr).gear_flow(action=action, args=to_serialize(args)), 30)
         if resp.get("status") != "OK":
-            raise GearFlowError(str(resp.get("error")))
-        return resp["result"]
+            raise GearFlowError(f"worker {addr}: {action} failed")
+        r = resp["result"]
+        return deserialize(r.header, r.frames) if isinstance(r, Serialized) else r  # the scheduler keeps frames as is
 
     async def _recover(self, g: TableGate, txns, hold) -> None:
         """Finish what a departed owner left: its inserts (2PC recovery) and its exclusive sample."""
         workers = sorted(set(g.placement.values()))
         for t in txns:
-            addrs = sorted({g.placement[s] for s in t.per_shard if s in g.placement})
-            states = {}
-            for a in addrs:
-                try:
-                    states[a] = await self._worker_call(a, "status", name=g.name, txn=t.txn)
-                except Exception:
-                    states[a] = {"state": "unknown"}
-            if any(st["state"] == "applied" for st in states.values()):
-                items, evicted = {}, {}
-                for a, st in states.items():
-                    res = st.get("result")
-                    if st["state"] == "staged":
-                        try:
-                            res = await self._worker_call(a, "apply", name=g.name, txn=t.txn)
-                        except Exception:
-                            res = None
-                    for s, k in ((res or {}).get("items") or {}).items():
-                        items[s] = items.get(s, 0) + k
-                    for s, k in ((res or {}).get("evicted") or {}).items():
-                        evicted[s] = evicted.get(s, 0) + k
-                g.commit_insert(t.txn, items, evicted)
-                logger.info("table %r: committed insert %s of a departed client", g.name, t.txn)
-            else:
-                for a in addrs:
-                    try:
-                        await self._worker_call(a, "abort", name=g.name, txn=t.txn)
-                    except Exception:
-                        pass
+            try:
+                await self._recover_insert(g, t)
+            except Exception:  # never leave the transaction open: it would block the horizon for good
+                logger.exception("table %r: recovering insert %s failed; aborting it", g.name, t.txn)
                 g.abort_insert(t.txn)
-                logger.info("table %r: aborted insert %s of a departed client", g.name, t.txn)
         if hold is not None:
             for a in workers:
                 try:
@@ -244,6 +222,39 @@ class GearFlowCoordinator(SchedulerPlugin):
                 except Exception:
                     pass
             g.sample_finished(hold["txn"], rollback=hold["n"])
+
+    async def _recover_insert(self, g: TableGate, t) -> None:
+        """Two-phase-commit recovery: applied anywhere → apply everywhere and commit; else abort everywhere."""
+        addrs = sorted({g.placement[s] for s in t.per_shard if s in g.placement})
+        states = {}
+        for a in addrs:
+            try:
+                states[a] = await self._worker_call(a, "status", name=g.name, txn=t.txn)
+            except Exception:
+                states[a] = {"state": "unknown"}
+        if any(st["state"] == "applied" for st in states.values()):
+            items, evicted = {}, {}
+            for a, st in states.items():
+                res = st.get("result")
+                if st["state"] == "staged":
+                    try:
+                        res = await self._worker_call(a, "apply", name=g.name, txn=t.txn)
+                    except Exception:
+                        res = None
+                for s, k in ((res or {}).get("items") or {}).items():
+                    items[s] = items.get(s, 0) + k
+                for s, k in ((res or {}).get("evicted") or {}).items():
+                    evicted[s] = evicted.get(s, 0) + k
+            g.commit_insert(t.txn, items, evicted)
+            logger.info("table %r: committed insert %s of a departed client", g.name, t.txn)
+        else:
+            for a in addrs:
+                try:
+                    await self._worker_call(a, "abort", name=g.name, txn=t.txn)
+                except Exception:
+                    pass
+            g.abort_insert(t.txn)
+            logger.info("table %r: aborted insert %s of a departed client", g.name, t.txn)
 
     # -- checkpoints, restores -------------------------------------------------------------------------------
     async def _restore_state(self, name, state):

@@ -1,0 +1,170 @@
+"""Processes that die while they use a distributed table leave nothing behind.
+
+A client process is SIGKILLed while it waits for admission, or in the middle
+of an insert (after staging on both workers, or after applying on one of
+them); the coordinator hears of it from the scheduler (``remove_client``) and
+releases or settles what it held.  A worker killed by SIGKILL has its shards
+marked lost by the coordinator without any table call.  Waiting for those
+reactions polls the table's state with a deadline (no fixed sleeps).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+import gear_flow as gf
+from gear_flow.distributed import DistributedTable
+
+pytestmark = pytest.mark.timeout(240)
+
+TAG = (gf.ColumnSpec("tag", (), np.int64),)
+
+
+def tagged(tags):
+    return [{"tag": np.array([t], np.int64)} for t in tags]
+
+
+def wait_for(pred, what, deadline=60.0):
+    end = time.monotonic() + deadline
+    while not pred():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)  # polling a condition, not a barrier
+
+
+def spawn(scheduler: str, name: str, body: str) -> subprocess.Popen:
+    """A separate client process attached to table ``name`` that runs ``body`` (t: the handle)."""
+    code = textwrap.dedent(
+        """
+        import os, signal, sys
+        import numpy as np
+        from distributed import Client
+        from gear_flow.distributed import DistributedTable
+        from gear_flow.distributed.transport import call
+        client = Client(sys.argv[1])
+        t = DistributedTable.attach(sys.argv[2], client)
+        def tagged(tags):
+            return [{"tag": np.array([x], np.int64)} for x in tags]
+        """
+    ) + textwrap.dedent(body)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.Popen([sys.executable, "-c", code, scheduler, name], cwd=root, stdout=subprocess.PIPE, text=True)
+
+
+def waiting(t, kind):
+    return t._ctx.sync(t._coord, "lookup")["waiting"][kind]
+
+
+@pytest.mark.parametrize("blocked", ["sample", "insert"])
+def test_a_client_killed_while_blocked_leaves_nothing_behind(dist_client, blocked):
+    t = DistributedTable.queue(dist_client, gf.TableSpec(TAG, capacity=64, num_shards=2), 2, timeout=30, seed=0)
+    try:
+        if blocked == "insert":
+            t.insert(tagged([1, 2]))  # full: the other client's insert waits
+            body = "t.insert(tagged([99]), timeout=120)\n"
+        else:
+            body = "t.sample(1, timeout=120)\n"
+        p = spawn(dist_client.scheduler.address, t.name, body)
+        wait_for(lambda: waiting(t, blocked + "s") == 1, f"the other client's {blocked} to wait")
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        wait_for(lambda: waiting(t, blocked + "s") == 0, "the coordinator to drop the dead client's request")
+        if blocked == "insert":
+            assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [1, 2]  # 99 was never admitted
+            t.insert(tagged([3, 4]))
+            assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [3, 4]
+        else:
+            t.insert(tagged([7]))
+            assert t.sample(1)["tag"].numpy()[:, 0].tolist() == [7]  # not stranded with the dead consumer
+        info = t.info()
+        assert info["size"] == info["coordinator_size"] == 0 and info["inserts_in_flight"] == 0
+        assert info["rate_limiter"]["inserts"] == info["totals"]["inserted"]
+        assert info["rate_limiter"]["samples"] == info["totals"]["sampled"]
+    finally:
+        t.close()
+
+
+# the dead client admits an insert of two episodes, one per shard, stages both parts, then dies
+_MID_INSERT = """
+async def go():
+    adm = await t._coord("admit_insert", n=2, episodes=2, per_shard={0: 1, 1: 1}, owner=client.id, timeout=30)
+    for s in (0, 1):
+        part = {"shard": s, "chunks": tagged([100 + s]), "lengths": np.ones(1, np.int64),
+                "episode_ids": np.array([adm["first_episode_id"] + s]), "stamps": np.array([adm["first_stamp"] + s]),
+                "priorities": None}
+        await call(t._ctx, t.placement[s], "stage", name=t.name, txn=adm["txn"], parts=[part])
+    if APPLY_ONE:
+        await call(t._ctx, t.placement[0], "apply", name=t.name, txn=adm["txn"])
+t._ctx.sync(go)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _staged(name, dask_worker=None):
+    t = dask_worker.plugins["gear-flow"].host.tables.get(name)
+    return 0 if t is None else len(t.staged)
+
+
+@pytest.mark.parametrize("applied_on_one", [False, True])
+def test_a_client_killed_mid_insert_is_settled_by_the_coordinator(dist_client, applied_on_one):
+    """Staged everywhere, applied nowhere: aborted everywhere.  Applied on one worker: the insert
+    was decided, so the coordinator applies the other part and commits it (two-phase commit)."""
+    t = DistributedTable.create(dist_client, gf.TableSpec(TAG, capacity=64, num_shards=2), seed=0)
+    try:
+        assert len(set(t.placement.values())) == 2
+        t.insert(tagged([1, 2]))
+        before = t.info()
+        p = spawn(dist_client.scheduler.address, t.name, f"APPLY_ONE = {applied_on_one}\n" + _MID_INSERT)
+        assert p.wait() == -signal.SIGKILL
+        wait_for(lambda: t.info()["inserts_in_flight"] == 0, "the coordinator to settle the dead client's insert")
+        info = t.info()
+        assert sum(dist_client.run(_staged, t.name).values()) == 0  # nothing left staged on any worker
+        assert info["size"] == info["coordinator_size"]
+        assert info["rate_limiter"]["inserts"] == info["totals"]["inserted"]
+        if applied_on_one:
+            assert info["size"] == before["size"] + 2
+            assert sorted(t.sample(64, boundary="pad_tail")["tag"].numpy()[:, 0].tolist()) != []
+            tags = set()
+            for _ in range(20):
+                tags |= set(t.sample(32)["tag"].numpy()[:, 0].tolist())
+            assert tags == {1, 2, 100, 101}
+        else:
+            assert info["size"] == before["size"]
+            assert info["totals"]["inserted"] == before["totals"]["inserted"]
+    finally:
+        t.close()
+
+
+async def _kill_self():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_the_coordinator_marks_a_killed_workers_shards_lost_without_a_table_call():
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as c,
+        Client(c) as client,
+    ):
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), degraded=True, seed=0)
+        t.insert(tagged(range(10)))
+        victim = t.placement[1]
+        client.run(_kill_self, workers=[victim], wait=False)
+        st = lambda: t._ctx.sync(t._coord, "lookup")  # noqa: E731
+        wait_for(lambda: 1 in {int(k) for k in st()["lost"]}, "shard 1 to be marked lost")
+        lost = st()["lost"]
+        assert victim in next(iter(lost.values()))["detail"]
+        # the handle learns it from the next reply's version: no timeout, no stall on the dead address
+        t0 = time.monotonic()
+        b = t.sample(8)
+        assert time.monotonic() - t0 < 5
+        assert set(gf.keys.decode(b.keys.numpy())[0].tolist()) == {0}
+        info = t.info()
+        assert info["size"] == info["coordinator_size"] and 1 in info["lost"]
