@@ -49,8 +49,10 @@ def _mode(key: str) -> int:
         mode = int(value, 8) if isinstance(value, str) else int(value)
     except (TypeError, ValueError):
         mode = -1
-    if not 0 <= mode <= 0o777 or (key == "file-mode" and mode & 0o600 != 0o600) or (
-        key == "dir-mode" and mode & 0o700 != 0o700
+    if (
+        not 0 <= mode <= 0o777
+        or (key == "file-mode" and mode & 0o600 != 0o600)
+        or (key == "dir-mode" and mode & 0o700 != 0o700)
     ):
         who = "owner rw (0600)" if key == "file-mode" else "owner rwx (0700)"
         raise CheckpointError(

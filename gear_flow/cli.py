@@ -5,13 +5,18 @@
     gear-flow ingest --scheduler tcp://127.0.0.1:8786 --table replay data/cartpole/minari/cartpole-mixed-v0
     gear-flow info --scheduler tcp://127.0.0.1:8786 --table replay
 
-Run ``gear-flow COMMAND --help`` for each command.
+Run ``gear-flow COMMAND --help`` for each command.  A user error prints one line on stderr (what went
+wrong, why, what to do) and exits with status 2; ``--debug`` (or ``GEAR_FLOW_DEBUG=1``) shows the
+traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import logging
+import os
 import re
 import signal
 import subprocess
@@ -19,7 +24,13 @@ import sys
 import time
 from pathlib import Path
 
-from .spec import BOUNDARIES
+from .errors import GearFlowError
+from .spec import BOUNDARIES, column_dtype
+
+
+class CLIError(GearFlowError):
+    """A user error of the command line; the message says what is wrong and what to do."""
+
 
 QUICKSTART = """\
 Start here (one machine; on a cluster see README, "Running on a cluster"):
@@ -89,15 +100,13 @@ _COLUMN = re.compile(
 
 def parse_columns(text: str) -> list[dict]:
     """``"obs:float32[4],action:int64,done:bool"`` → column dicts of :meth:`TableSpec.from_dict`."""
-    import numpy as np
-
     cols = []
     for part in re.split(r",(?![^\[]*\])", text):
         m = _COLUMN.match(part)
         if not m:
             raise ValueError(f"column {part.strip()!r} must look like NAME:DTYPE or NAME:DTYPE[D1,D2,...]")
         shape = [int(s) for s in (m["shape"] or "").replace(" ", "").split(",") if s]
-        cols.append({"name": m["name"], "shape": shape, "dtype": np.dtype(m["dtype"]).str})
+        cols.append({"name": m["name"], "shape": shape, "dtype": column_dtype(m["dtype"], f"column {m['name']!r}").str})
     return cols
 
 
@@ -119,8 +128,14 @@ def load_table_file(path: str) -> dict:
     """A table file (JSON or YAML): ``spec`` (TableSpec.to_dict layout) plus table options."""
     import yaml
 
+    if not Path(path).is_file():
+        raise CLIError(f"table file {path} does not exist (see cluster/examples/cartpole-table.yaml for one)")
     text = Path(path).read_text()
-    doc = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    try:
+        doc = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise CLIError(f"table file {path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
+                       f"{' '.join(str(e).split())}") from None  # fmt: skip
     if not isinstance(doc, dict) or "spec" not in doc:
         raise ValueError(
             f"{path}: a table file is a mapping with a 'spec' key (see cluster/examples/cartpole-table.yaml)"
@@ -146,7 +161,8 @@ def security_from_args(args, role: str = "client"):
         return None
     missing = [str(p) for p in (ca, cert, key) if not p or not Path(p).is_file()]
     if missing:
-        raise SystemExit(f"gear-flow: TLS needs a CA file, a certificate and a key; missing or unreadable: {missing}")
+        raise CLIError(f"TLS needs a CA file, a certificate and a key; missing or unreadable: {missing} "
+                       "(--tls-dir DIR with ca.pem, client.pem, client-key.pem from cluster/tls/make_certs.py)")  # fmt: skip
     return Security(
         require_encryption=True, tls_ca_file=str(ca), **{f"tls_{role}_cert": str(cert), f"tls_{role}_key": str(key)}
     )
@@ -164,31 +180,86 @@ def local_security(tls_dir):
     files["tls_ca_file"] = d / "ca.pem"
     missing = sorted(str(p) for p in files.values() if not p.is_file())
     if missing:
-        raise SystemExit(f"gear-flow local: --tls-dir {d} lacks {missing} (make them with cluster/tls/make_certs.py)")
+        raise CLIError(f"--tls-dir {d} lacks {missing} (make them with cluster/tls/make_certs.py)")
     return Security(require_encryption=True, **{k: str(v) for k, v in files.items()})
 
 
 def connect(args):
-    """A Client for --scheduler / --scheduler-file (default: Dask's ``scheduler-address`` setting)."""
+    """A Client for --scheduler / --scheduler-file (default: Dask's ``scheduler-address`` setting).
+
+    Every way this fails (no address, TLS on one side only, nothing listening, a refused
+    certificate) is a :class:`CLIError` saying what to do.
+    """
     import dask.config
     from distributed import Client
 
     sec = security_from_args(args)
     kw = {"timeout": args.timeout} if sec is None else {"timeout": args.timeout, "security": sec}
     if args.scheduler_file:
-        return Client(scheduler_file=args.scheduler_file, **kw)
-    addr = args.scheduler or dask.config.get("scheduler-address", None)
-    if not addr:
-        raise SystemExit(
-            "gear-flow: no scheduler given: pass --scheduler tls://HOST:8786 (or --scheduler-file), "
-            "or set DASK_SCHEDULER_ADDRESS; `gear-flow local` starts one on this machine"
-        )
-    if addr.startswith("tls://") and sec is None and not dask.config.get("distributed.comm.tls.ca-file", None):
-        raise SystemExit(
-            f"gear-flow: {addr} uses TLS: pass --tls-dir DIR (ca.pem, client.pem, client-key.pem) "
+        if not Path(args.scheduler_file).is_file():
+            raise CLIError(f"scheduler file {args.scheduler_file} does not exist: is the scheduler running, "
+                           "and is the file on a filesystem this machine sees?")  # fmt: skip
+        addr = json.loads(Path(args.scheduler_file).read_text()).get("address", "")
+        target = {"scheduler_file": args.scheduler_file}
+    else:
+        addr = args.scheduler or dask.config.get("scheduler-address", None)
+        if not addr:
+            raise CLIError(
+                "no scheduler given: pass --scheduler tls://HOST:8786 (or --scheduler-file), "
+                "or set DASK_SCHEDULER_ADDRESS; `gear-flow local` starts one on this machine"
+            )
+        target = {"address": addr}
+    tls_configured = sec is not None or dask.config.get("distributed.comm.tls.ca-file", None)
+    if addr.startswith("tls://") and not tls_configured:
+        raise CLIError(
+            f"{addr} uses TLS: pass --tls-dir DIR (ca.pem, client.pem, client-key.pem) "
             "or --tls-ca-file/--tls-cert/--tls-key, or `source cluster/env.sh` with GEAR_FLOW_TLS_DIR set"
         )
-    return Client(addr, **kw)
+    encrypted = sec.require_encryption if sec is not None else dask.config.get("distributed.comm.require-encryption")
+    if addr and not addr.startswith("tls://") and encrypted:
+        raise CLIError(
+            f"{addr} is not a TLS address, but this shell requires encryption "
+            "(DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION, set by `source cluster/env.sh` or --tls-dir): "
+            f"use tls://{addr.split('://')[-1]} for a TLS cluster, or unset DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION "
+            "for a plain-TCP one"
+        )
+    try:
+        return Client(**target, **kw)
+    except (OSError, TimeoutError) as e:
+        hint = ("; with TLS, check that the certificates are signed by the cluster's CA" if addr.startswith("tls://")
+                else "")  # fmt: skip
+        raise CLIError(
+            f"cannot reach the scheduler at {addr or args.scheduler_file} within {args.timeout} "
+            f"({_first_line(e) or type(e).__name__}): is it running, and is the address right? "
+            f"(--timeout to wait longer{hint})"
+        ) from e
+
+
+def table_names(client) -> list[str]:
+    """Names of the tables registered with the scheduler ([] when gear_flow is not set up there yet)."""
+
+    async def names():
+        r = await client.scheduler.gear_flow_coord(action="list", name=None)
+        return r["result"]
+
+    try:
+        return sorted(client.sync(names))
+    except (KeyError, ValueError, AttributeError, TypeError):  # no coordinator handler yet: no tables
+        return []
+
+
+def attach(client, name: str):
+    """The table ``name``, or a :class:`CLIError` listing the tables there are."""
+    from .distributed import DistributedTable
+
+    names = table_names(client)
+    if name not in names:
+        there = f"tables there: {', '.join(names)}" if names else "there are no tables"
+        raise CLIError(
+            f"no table {name!r} on {client.scheduler.address} ({there}); create it with "
+            f"`gear-flow create --name {name} ...`, or check --table"
+        )
+    return DistributedTable.attach(name, client=client)
 
 
 def _add_connection(p) -> None:
@@ -208,23 +279,59 @@ def _add_connection(p) -> None:
 
 
 # -- commands -------------------------------------------------------------------------------------
+def _check_port_free(host: str, port: int, what: str) -> None:
+    """A clear error now, instead of a traceback from deep inside the scheduler, for a busy port."""
+    import socket
+
+    if not port:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise CLIError(
+                    f"{what} port {port} on {host} is already in use (another gear-flow local or Dask "
+                    f"scheduler?): stop it, or pass --port 0 for any free port"
+                ) from None
+            raise CLIError(
+                f"cannot listen on {host}:{port} ({e.strerror}): pass --host an address of this machine"
+            ) from None
+
+
 def cmd_local(args) -> int:
     from distributed import Client, LocalCluster
 
+    from .deploy.net import http_address, join_host_port
     from .distributed.coordinator import GearFlowCoordinator
     from .distributed.preload import worker_plugin
 
     sec = local_security(args.tls_dir)
     protocol = args.protocol or ("tls" if sec is not None else "tcp")
     if protocol == "tls" and sec is None:
-        raise SystemExit("gear-flow local: --protocol tls needs --tls-dir (cluster/tls/make_certs.py makes one)")
+        raise CLIError("--protocol tls needs --tls-dir (cluster/tls/make_certs.py makes one)")
+    if protocol == "ucx":
+        import dask.config
+
+        from .deploy.ucx import CUDA_CONTEXT_VAR, ucx_environment
+
+        env = ucx_environment(args.host)  # no CUDA context without a GPU; UCX_NET_DEVICES=lo on loopback
+        if CUDA_CONTEXT_VAR in env:
+            dask.config.set({"distributed-ucxx.create-cuda-context": env.pop(CUDA_CONTEXT_VAR) == "True"})
+        os.environ.update(env)  # the worker processes inherit it
+    if protocol != "ucx":  # UCX binds its own way; Dask reports that clearly enough
+        _check_port_free(args.host, args.port, "scheduler")
     resources = dict(parse_kind("x:" + args.resources.replace(" ", ","))["params"]) if args.resources else None
+    # every listener on --host: scheduler, workers, nannies and their HTTP servers; "no dashboard"
+    # means no HTTP server at all (Dask starts one regardless: the no_http preload stops it)
+    dashboard = None if args.no_dashboard else http_address(args.dashboard_address, args.host, 8787)
+    no_http = ["gear_flow.deploy.no_http"] if args.no_dashboard else []
     cluster = LocalCluster(
         n_workers=args.workers, threads_per_worker=args.threads, processes=True, memory_limit=args.memory_limit,
         host=args.host, scheduler_port=args.port, protocol=protocol, security=sec, resources=resources,
-        # without the dashboard the scheduler's HTTP routes (health, metrics) still listen: any free port
-        dashboard_address=":0" if args.no_dashboard else args.dashboard_address,
-        scheduler_kwargs={"dashboard": not args.no_dashboard},
+        dashboard_address=dashboard, worker_dashboard_address=join_host_port(args.host, 0),
+        scheduler_kwargs={"dashboard": not args.no_dashboard, "preload": no_http}, preload=no_http,
     )  # fmt: skip
     stop = []
 
@@ -255,24 +362,18 @@ def cmd_local(args) -> int:
 
 def cmd_list(args) -> int:
     with connect(args) as client:
-
-        async def names():
-            r = await client.scheduler.gear_flow_coord(action="list", name=None)
-            return r["result"]
-
-        try:
-            for n in client.sync(names):
-                print(n)
-        except Exception as e:  # no coordinator yet: no tables
-            print(f"no gear_flow tables ({type(e).__name__})", file=sys.stderr)
+        names = table_names(client)
+        for n in names:
+            print(n)
+        if not names:  # stdout stays empty for scripts; say so on stderr for people
+            print(f"gear-flow list: no tables on {client.scheduler.address} (create one with `gear-flow create`)",
+                  file=sys.stderr)  # fmt: skip
     return 0
 
 
 def cmd_info(args) -> int:
-    from .distributed import DistributedTable
-
     with connect(args) as client:
-        info = DistributedTable.attach(args.table, client=client).info()
+        info = attach(client, args.table).info()
         print(json.dumps(info, indent=2, default=str) if args.json else format_info(info))
     return 0
 
@@ -281,6 +382,7 @@ def cmd_create(args) -> int:
     from . import rate_limiters, selectors
     from .distributed import DistributedTable
     from .distributed.table import workers_with_resource
+    from .resources import check_resources
     from .spec import TableSpec
 
     doc = load_table_file(args.spec) if args.spec else {"spec": {}}
@@ -290,6 +392,8 @@ def cmd_create(args) -> int:
     elif args.obs_dim:
         from .ingest import episode_columns
 
+        column_dtype(args.action_dtype, "--action-dtype")
+
         cols = episode_columns(tuple(args.obs_dim), args.action_dtype, tuple(args.action_shape or ()))
         spec["columns"] = [{"name": c.name, "shape": list(c.shape), "dtype": c.dtype.str} for c in cols]
     for key, value in (("capacity", args.capacity), ("num_shards", args.shards), ("item_unit", args.item_unit),
@@ -297,7 +401,7 @@ def cmd_create(args) -> int:
         if value is not None:
             spec[key] = value
     if "columns" not in spec or "capacity" not in spec:
-        raise SystemExit("gear-flow create: give the columns (--columns, --obs-dim or a --spec file) and --capacity")
+        raise CLIError("give the columns (--columns, --obs-dim or a --spec file) and --capacity")
     opts = {k: v for k, v in doc.items() if k != "spec"}
     for key in ("name", "boundary", "tier", "routing", "resources"):
         if getattr(args, key) is not None:
@@ -314,6 +418,7 @@ def cmd_create(args) -> int:
             if opts.get("workers"):
                 spec["num_shards"] = len(opts["workers"])
             elif opts.get("resources"):
+                check_resources(client, opts["resources"])  # a clear error when no worker has it
                 spec["num_shards"] = len(workers_with_resource(client, opts["resources"]))
             else:
                 spec["num_shards"] = max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
@@ -330,12 +435,24 @@ def cmd_create(args) -> int:
     return 0
 
 
+def _check_sources(sources: list[str], fmt: str | None) -> None:
+    """A missing path is named as such (the format is guessed from the path, so it must exist here)."""
+    import glob
+
+    missing = [p for p in sources if not Path(p).exists() and not glob.glob(p)]
+    if missing and not fmt:
+        raise CLIError(
+            f"{', '.join(missing)} does not exist on this machine: check the path; if only the workers "
+            "see it (they read the files), pass --format minari|d4rl|parquet"
+        )
+
+
 def cmd_ingest(args) -> int:
-    from .distributed import DistributedTable
     from .ingest import ingest
 
+    _check_sources(args.source, args.format)
     with connect(args) as client:
-        table = DistributedTable.attach(args.table, client=client)
+        table = attach(client, args.table)
         source = args.source[0] if len(args.source) == 1 else args.source
         rep = ingest(table, source, args.format, gamma=args.gamma, chunk_episodes=args.chunk_episodes,
                      timeout=args.insert_timeout, client=client)  # fmt: skip
@@ -348,10 +465,8 @@ def cmd_ingest(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    from .distributed import DistributedTable
-
     with connect(args) as client:
-        table = DistributedTable.attach(args.table, client=client)
+        table = attach(client, args.table)
         t0 = time.perf_counter()
         batch = table.sample(args.batch_size, args.length, boundary=args.boundary)
         ms = 1e3 * (time.perf_counter() - t0)
@@ -365,10 +480,8 @@ def cmd_sample(args) -> int:
 
 
 def cmd_drop(args) -> int:
-    from .distributed import DistributedTable
-
     with connect(args) as client:
-        DistributedTable.attach(args.table, client=client).close(drop=True)
+        attach(client, args.table).close(drop=True)
         print(f"dropped table {args.table!r}")
     return 0
 
@@ -378,7 +491,7 @@ def cmd_bench(args) -> int:
         return _bench_table(args)
     script = Path(__file__).resolve().parents[1] / "pipelines" / f"bench_{args.which}.py"
     if not script.is_file():
-        raise SystemExit(f"gear-flow bench: {script} not found: the benchmarks are scripts in the repository's "
+        raise CLIError(f"{script} not found: the benchmarks are scripts in the repository's "
                          "pipelines/ folder; run this from a clone installed with `pip install -e .`")  # fmt: skip
     cmd = [sys.executable, str(script)] + ([] if args.full else ["--quick"]) + list(args.extra)
     print("running", " ".join(cmd), flush=True)
@@ -388,12 +501,10 @@ def cmd_bench(args) -> int:
 def _bench_table(args) -> int:
     import numpy as np
 
-    from .distributed import DistributedTable
-
     if not args.table:
-        raise SystemExit("gear-flow bench table: --table NAME is required")
+        raise CLIError("bench table needs --table NAME (gear-flow list shows the tables)")
     with connect(args) as client:
-        table = DistributedTable.attach(args.table, client=client)
+        table = attach(client, args.table)
         table.sample(args.batch_size, args.length)  # warm up connections and buffers
         times, nbytes = [], 0
         for _ in range(args.batches):
@@ -417,7 +528,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="gear_flow: distributed experience replay tables on Dask. Start a local cluster, "
                     "or connect to one (--scheduler), and create, fill, inspect and sample tables.",
     )  # fmt: skip
+    p.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks instead of one-line errors (also GEAR_FLOW_DEBUG=1)")  # fmt: skip
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    _add_parser = sub.add_parser
+
+    def add_parser(*a, **kw):
+        return _add_parser(*a, parents=[common], **kw)
+
+    sub.add_parser = add_parser
 
     sp = sub.add_parser("local", formatter_class=fmt, help="start a local Dask cluster with gear_flow; print its address",
                         description="Start a Dask cluster of worker processes on this machine with gear_flow set up, "
@@ -428,9 +549,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     sp.add_argument("--port", type=int, default=8786, help="scheduler port, 0 for any free port (default: %(default)s)")
     sp.add_argument("--protocol", choices=["tcp", "tls", "ucx"], help="default: tls with --tls-dir, else tcp")
-    sp.add_argument("--resources", default="replay=1", help="Dask resources of each worker (default: %(default)s)")
-    sp.add_argument("--dashboard-address", default=":8787", help="dashboard (default: %(default)s)")
-    sp.add_argument("--no-dashboard", action="store_true", help="no dashboard")
+    sp.add_argument(
+        "--resources",
+        default="replay=1,learner=1",
+        help="Dask resources of each worker (default: %(default)s: shards and a co-located learner)",
+    )
+    sp.add_argument(
+        "--dashboard-address",
+        default=":8787",
+        help="dashboard; without a host it listens on --host (default: %(default)s)",
+    )
+    sp.add_argument("--no-dashboard", action="store_true",
+                    help="no HTTP server at all (no dashboard, /health or /metrics) in the scheduler and workers")  # fmt: skip
     sp.add_argument("--scheduler-file", help="also write the address to this JSON file")
     sp.add_argument("--tls-dir", help="TLS with the scheduler certificate of this folder (cluster/tls/make_certs.py)")
     sp.set_defaults(func=cmd_local)
@@ -543,20 +673,54 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _first_line(e: BaseException) -> str:
+    """An exception's message on one line (Dask's remote errors can carry several)."""
+    return " ".join(str(e).split())
+
+
+def _chain(e: BaseException):
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def explain(e: BaseException) -> str:
+    """One line for a failed command: what, why, and what to do where we know it."""
+    for x in _chain(e):
+        if isinstance(x, OSError) and x.errno == errno.EADDRINUSE or "Address already in use" in str(x):
+            return f"an address is already in use ({_first_line(x)}): stop what listens there, or pick another port"
+        if "encryption required by Dask configuration" in str(x):
+            return (f"{_first_line(x)}: this shell requires TLS (DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION, from "
+                    "cluster/env.sh or --tls-dir): use the tls:// address, or unset that variable for a TCP cluster")  # fmt: skip
+    if isinstance(e, CLIError):
+        return _first_line(e)
+    if isinstance(e, GearFlowError):
+        return f"{type(e).__name__}: {_first_line(e)}"
+    if isinstance(e, FileNotFoundError):
+        return f"no such file or directory: {e.filename or _first_line(e)}"
+    if isinstance(e, (ValueError, OSError, TimeoutError)):
+        return f"{type(e).__name__}: {_first_line(e)}"
+    return f"unexpected {type(e).__name__}: {_first_line(e)} (rerun with --debug for the traceback)"
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    debug = args.debug or os.environ.get("GEAR_FLOW_DEBUG", "") not in ("", "0")
+    if not debug and args.cmd != "local":
+        # distributed logs connection trouble as multi-line warnings; the error below says it in one
+        logging.getLogger("distributed").setLevel(logging.CRITICAL)
     try:
         return args.func(args)
-    except (ValueError, OSError, TimeoutError) as e:
-        print(f"gear-flow {args.cmd}: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print(f"gear-flow {args.cmd}: interrupted", file=sys.stderr)
+        return 130
     except Exception as e:
-        from .errors import GearFlowError
-
-        if isinstance(e, GearFlowError):
-            print(f"gear-flow {args.cmd}: {type(e).__name__}: {e}", file=sys.stderr)
-            return 2
-        raise
+        if debug:
+            raise
+        print(f"gear-flow {args.cmd}: {explain(e)}", file=sys.stderr)
+        return 2
 
 
 def _dask_command():
