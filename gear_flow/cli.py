@@ -683,19 +683,19 @@ def _chain(e: BaseException):
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         yield e
-        e = e.__cause__ or e.__context__
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
 
 
 def explain(e: BaseException) -> str:
     """One line for a failed command: what, why, and what to do where we know it."""
+    if isinstance(e, CLIError):  # ours already says all that
+        return _first_line(e)
     for x in _chain(e):
         if isinstance(x, OSError) and x.errno == errno.EADDRINUSE or "Address already in use" in str(x):
             return f"an address is already in use ({_first_line(x)}): stop what listens there, or pick another port"
         if "encryption required by Dask configuration" in str(x):
             return (f"{_first_line(x)}: this shell requires TLS (DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION, from "
                     "cluster/env.sh or --tls-dir): use the tls:// address, or unset that variable for a TCP cluster")  # fmt: skip
-    if isinstance(e, CLIError):
-        return _first_line(e)
     if isinstance(e, GearFlowError):
         return f"{type(e).__name__}: {_first_line(e)}"
     if isinstance(e, FileNotFoundError):
