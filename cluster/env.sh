@@ -36,7 +36,16 @@ if [ -z "${GEAR_FLOW_PROTOCOL:-}" ]; then
 fi
 export GEAR_FLOW_PROTOCOL
 
-export GEAR_FLOW_PYTHON="${GEAR_FLOW_PYTHON:-python3}"
+if [ -z "${GEAR_FLOW_PYTHON:-}" ]; then  # the Python beside the dask command, else python3
+    _gf_bin="$(command -v "${GEAR_FLOW_DASK%% *}" 2> /dev/null || true)"
+    if [ -n "$_gf_bin" ] && [ -x "$(dirname "$_gf_bin")/python" ]; then
+        GEAR_FLOW_PYTHON="$(dirname "$_gf_bin")/python"
+    else
+        GEAR_FLOW_PYTHON=python3
+    fi
+    unset _gf_bin
+fi
+export GEAR_FLOW_PYTHON
 gf_role="${gf_role:-client}"
 
 case "$GEAR_FLOW_PROTOCOL" in
@@ -81,8 +90,19 @@ fi
 # The launch scripts' listen address, dashboard and UCX variables (python -m gear_flow.deploy):
 # sets gf_listen and gf_dashboard, exports UCX_* / DASK_DISTRIBUTED_UCXX__* where UCX needs them.
 gf_settings() {  # gf_settings scheduler|worker [SCHEDULER_ADDRESS]
-    local out
-    out="$("$GEAR_FLOW_PYTHON" -m gear_flow.deploy --role "$1" ${2:+--scheduler "$2"})" || exit 2
+    local out rc=0
+    out="$("$GEAR_FLOW_PYTHON" -m gear_flow.deploy --role "$1" ${2:+--scheduler "$2"} \
+          $([ "${dry_run:-0}" = 1 ] && echo --dry-run) 2> "${TMPDIR:-/tmp}/gf_settings.$$")" || rc=$?
+    if [ "$rc" = 2 ]; then  # a bad setting, already said in one line
+        cat "${TMPDIR:-/tmp}/gf_settings.$$" >&2
+    elif [ "$rc" != 0 ]; then
+        echo "gear_flow env.sh: $GEAR_FLOW_PYTHON cannot run gear_flow.deploy" \
+             "($(tail -n 1 "${TMPDIR:-/tmp}/gf_settings.$$")): set GEAR_FLOW_PYTHON to the Python that has gear_flow installed" >&2
+    else  # notes (e.g. "listening on 127.0.0.1 only")
+        cat "${TMPDIR:-/tmp}/gf_settings.$$" >&2
+    fi
+    rm -f "${TMPDIR:-/tmp}/gf_settings.$$"
+    [ "$rc" = 0 ] || exit 2
     eval "$out"
     # what was exported, for --dry-run to show
     gf_exports=($(printf '%s\n' "$out" | sed -n 's/^export \([A-Za-z_][A-Za-z0-9_]*\)=.*/\1/p'))

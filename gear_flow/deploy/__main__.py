@@ -21,8 +21,14 @@ from ..errors import GearFlowError
 from .net import environ, http_address, is_loopback, listen_host, scheduler_host
 from .ucx import ucx_environment
 
+#: what --dry-run prints for an address this machine cannot work out (an interface it lacks, a
+#: scheduler name it cannot resolve): the command is meant for another node
+UNKNOWN = "ADDRESS_OF_THIS_NODE"
 
-def settings(role: str, scheduler: str | None = None) -> tuple[dict[str, str], dict[str, str], list[str]]:
+
+def settings(
+    role: str, scheduler: str | None = None, dry_run: bool = False
+) -> tuple[dict[str, str], dict[str, str], list[str]]:
     """(shell variables, variables to export, notes for stderr) for a scheduler, a worker or a client
     (``env.sh``: a client listens on nothing, it only needs the UCX variables)."""
     host, interface = environ("GEAR_FLOW_HOST"), environ("GEAR_FLOW_INTERFACE")
@@ -30,8 +36,14 @@ def settings(role: str, scheduler: str | None = None) -> tuple[dict[str, str], d
         target = scheduler_host(scheduler or environ("GEAR_FLOW_SCHEDULER_ADDRESS"))
         near = host or (target and is_loopback(target) and "127.0.0.1") or None
         return {}, ucx_environment(near) if environ("GEAR_FLOW_PROTOCOL") == "ucx" else {}, []
-    listen = listen_host(role, host, interface, scheduler, environ("GEAR_FLOW_SCHEDULER_FILE"))
     notes = []
+    try:
+        listen = listen_host(role, host, interface, scheduler, environ("GEAR_FLOW_SCHEDULER_FILE"))
+    except GearFlowError as e:
+        if not dry_run:
+            raise
+        listen = UNKNOWN
+        notes.append(f"dry run: {e}; the command shows {UNKNOWN} instead")
     if role == "scheduler" and not host and not interface:
         notes.append(
             "listening on 127.0.0.1 only (GEAR_FLOW_HOST is not set): other nodes cannot join; "
@@ -50,9 +62,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m gear_flow.deploy", description=__doc__.splitlines()[0])
     p.add_argument("--role", choices=["scheduler", "worker", "client"], required=True)
     p.add_argument("--scheduler", help="worker: the scheduler's address")
+    p.add_argument("--dry-run", action="store_true", help="an address this node cannot tell is a placeholder")
     args = p.parse_args(argv)
     try:
-        var, export, notes = settings(args.role, args.scheduler)
+        var, export, notes = settings(args.role, args.scheduler, args.dry_run)
     except GearFlowError as e:
         print(f"{'env.sh' if args.role == 'client' else f'start-{args.role}.sh'}: {e}", file=sys.stderr)
         return 2
