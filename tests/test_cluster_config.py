@@ -74,6 +74,8 @@ def parse_cuda_worker(args) -> dict:
             params["scheduler"] = a
         elif a in CUDA_WORKER_FLAGS:
             params[a.lstrip("-").replace("-", "_")] = True
+        elif a == "--preload":  # repeatable, as in dask-cuda
+            params["preload"] = params.get("preload", ()) + (next(it),)
         elif a in CUDA_WORKER_VALUES:
             params[a.lstrip("-").replace("-", "_")] = next(it)
         else:
@@ -432,6 +434,7 @@ def test_slurm_gpu_job_script(tmp_path, certs):
     p = parse_cuda_worker(words[3:])
     assert p["scheduler"] == "tls://SCHEDULER_HOST:8786" and "gear_flow.distributed.preload" in str(p["preload"])
     assert (p["resources"], p["rmm_pool_size"], p["interface"]) == ("replay=1,learner=1", "0.5", "ib0")
+    assert "gear_flow.deploy.no_http" in str(p["preload"]) and p.get("no_dashboard", not p.get("dashboard"))
     assert (p["tls_ca_file"], p["tls_cert"]) == (str(certs / "ca.pem"), str(certs / "worker.pem"))
     words = _check_job_script(_slurm_dry_run("--kind", "gpu", "--ucx"), tmp_path)
     assert parse_cuda_worker(words[3:])["scheduler"] == "ucx://SCHEDULER_HOST:8786"
@@ -442,8 +445,11 @@ def test_slurm_cpu_job_script(tmp_path, certs):
     words = _check_job_script(_slurm_dry_run("--kind", "cpu", "--tls-dir", certs), tmp_path)
     assert words[0] == "distributed.cli.dask_worker"
     p = parse_worker(words[1:])
-    assert (p["resources"], p["n_workers"], p["nthreads"]) == ("replay=1", "2", 8)
-    assert p["preload"] == ("gear_flow.distributed.preload",) and p["tls_key"] == str(certs / "worker-key.pem")
+    assert (p["resources"], p["n_workers"], p["nthreads"]) == ("replay=1,learner=1", "2", 8)
+    assert p["preload"] == ("gear_flow.distributed.preload", "gear_flow.deploy.no_http")
+    assert p["tls_key"] == str(certs / "worker-key.pem")
+    # listeners: the configured interface only, and no HTTP server at all
+    assert (p["interface"], p["dashboard"]) == ("eth0", False)
 
 
 def test_slurm_script_refuses_ucx_with_tls(certs):
