@@ -486,6 +486,31 @@ def cmd_drop(args) -> int:
     return 0
 
 
+def cmd_checkpoint(args) -> int:
+    with connect(args) as client:
+        r = attach(client, args.table).checkpoint(args.path)
+        print(f"checkpoint of {args.table!r} written to {r['path']}: {r.get('bytes', 0) / 1e6:.1f} MB in "
+              f"{r.get('seconds', 0):.2f} s (longest pause of a shard {1e3 * r.get('pause_s', 0):.1f} ms)")  # fmt: skip
+    return 0
+
+
+def cmd_restore_shard(args) -> int:
+    import inspect
+
+    with connect(args) as client:
+        table = attach(client, args.table)
+        kw = {"worker": args.worker}
+        if args.replace:
+            if "replace" not in inspect.signature(table.restore_shard).parameters:
+                raise CLIError("--replace is not supported by this gear_flow's restore_shard (update gear_flow)")
+            kw["replace"] = True
+        report = table.restore_shard(args.shard, args.path, **kw)
+        print(f"restored shard {args.shard} of {args.table!r} from {args.path}")
+        for key, value in (report or {}).items():
+            print(f"  {key}: {value}")
+    return 0
+
+
 def cmd_bench(args) -> int:
     if args.which == "table":
         return _bench_table(args)
@@ -653,6 +678,27 @@ def build_parser() -> argparse.ArgumentParser:
     _add_connection(sp)
     sp.add_argument("--table", required=True, help="table name")
     sp.set_defaults(func=cmd_drop)
+
+    sp = sub.add_parser("checkpoint", formatter_class=fmt, help="write a table's checkpoint",
+                        description="Write an atomic, checksummed checkpoint of a table into directory PATH "
+                        "(files 0600, directories 0700: gear-flow.checkpoint.file-mode / dir-mode). The workers "
+                        "write the shard files: PATH must be on a filesystem they share with this machine.")  # fmt: skip
+    _add_connection(sp)
+    sp.add_argument("path", help="checkpoint directory (replaced atomically if it exists)")
+    sp.add_argument("--table", required=True, help="table name")
+    sp.set_defaults(func=cmd_checkpoint)
+
+    sp = sub.add_parser("restore-shard", formatter_class=fmt, help="rebuild a lost shard from a checkpoint",
+                        description="Rebuild shard SHARD of a table from checkpoint PATH on a live worker and print "
+                        "what was lost (items inserted into it after the checkpoint). A shard that is still alive "
+                        "is refused unless --replace, which reports what it drops.")  # fmt: skip
+    _add_connection(sp)
+    sp.add_argument("path", help="checkpoint directory written by `gear-flow checkpoint` or table.checkpoint()")
+    sp.add_argument("--table", required=True, help="table name")
+    sp.add_argument("--shard", type=int, required=True, help="the shard to rebuild")
+    sp.add_argument("--worker", help="worker address to rebuild it on (default: the least loaded eligible one)")
+    sp.add_argument("--replace", action="store_true", help="replace a live shard (its newer items are dropped)")
+    sp.set_defaults(func=cmd_restore_shard)
 
     sp = sub.add_parser("bench", formatter_class=fmt, help="run a benchmark",
                         description="local: pipelines/bench_local.py (in-process tables vs memcpy, TorchRL); "

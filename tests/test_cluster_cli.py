@@ -18,7 +18,7 @@ from gear_flow.errors import SpecError
 from gear_flow.spec import TableSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ("local", "list", "info", "create", "ingest", "sample", "drop", "bench")
+COMMANDS = ("local", "list", "info", "create", "ingest", "sample", "drop", "checkpoint", "restore-shard", "bench")
 
 
 def test_top_level_help_lists_every_command_and_a_quickstart(capsys):
@@ -27,7 +27,7 @@ def test_top_level_help_lists_every_command_and_a_quickstart(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     for c in COMMANDS:
-        assert f"\n    {c} " in out, c
+        assert f"\n    {c} " in out or f"\n    {c}\n" in out, c
     assert "gear-flow local" in out and "Running on a cluster" in out and "--tls-dir" in out
 
 

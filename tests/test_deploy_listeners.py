@@ -87,6 +87,13 @@ def test_launch_scripts_listen_on_loopback_by_default_and_resources_fail_fast(tm
             gear_flow_cli("create", "--name", "t", "--obs-dim", "4", "--capacity", "100", env=cenv)
             line = cli_error("sample", "--table", "other", env=cenv)
             assert "no table 'other'" in line and "tables there: t" in line
+            # checkpoint and restore-shard: written private; a restore's refusal is one line too
+            out = gear_flow_cli("checkpoint", "--table", "t", tmp_path / "ck", env=cenv)
+            assert f"written to {tmp_path / 'ck'}" in out and oct((tmp_path / "ck").stat().st_mode & 0o777) == "0o700"
+            line = cli_error("restore-shard", "--table", "t", "--shard", "7", tmp_path / "ck", env=cenv)
+            assert "has no file for shard 7" in line, line
+            line = cli_error("restore-shard", "--table", "t", "--shard", "0", tmp_path / "nowhere", env=cenv)
+            assert "is not a gear_flow checkpoint" in line, line
     except BaseException:
         print(procs.logs())
         raise
