@@ -283,8 +283,6 @@ def _check_port_free(host: str, port: int, what: str) -> None:
     """A clear error now, instead of a traceback from deep inside the scheduler, for a busy port."""
     import socket
 
-    if not port:
-        return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         try:

@@ -44,6 +44,9 @@ def one_line(r, command: str) -> str:
         (["info", "--scheduler", "tcp://127.0.0.1:1", "--table", "t", "--timeout", "1s"], {},
          "cannot reach the scheduler at tcp://127.0.0.1:1 within 1s"),
         (["create", "--spec", "missing.yaml"], {}, "table file missing.yaml does not exist"),
+        # 192.0.2.1 (TEST-NET-1) is on no machine
+        (["local", "--host", "192.0.2.1", "--port", "0"], {},
+         "cannot listen on 192.0.2.1:0 (Cannot assign requested address): pass --host an address of this machine"),
     ],
 )  # fmt: skip
 def test_user_errors_are_one_line(args, env, expected, tmp_path):
