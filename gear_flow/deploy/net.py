@@ -44,16 +44,6 @@ def interface_ip(name: str) -> str:
     raise SpecError(f"network interface {name!r} has no IPv4 address")
 
 
-def interface_of(ip: str) -> str | None:
-    """The network interface holding address ``ip``, or None."""
-    import psutil
-
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address == ip for a in addrs):
-            return name
-    return None
-
-
 def route_ip(host: str) -> str:
     """The local address this node uses to reach ``host`` (no packet is sent)."""
     if is_loopback(host):
