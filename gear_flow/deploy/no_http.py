@@ -2,9 +2,9 @@
 
 Dask always starts an HTTP server (dashboard, ``/health``, ``/metrics``), even with
 ``--no-dashboard``.  Loaded as ``--preload gear_flow.deploy.no_http`` (``GEAR_FLOW_DASHBOARD=none``
-in the launch scripts, ``gear-flow local --no-dashboard``), it stops that server when the process
-starts, before the scheduler or worker accepts any connection, so the process keeps only its comm
-port.  Kubernetes probes and the operator need that HTTP server: do not use it there.
+in the launch scripts, ``gear-flow local --no-dashboard``), it stops that server as the process
+starts (Dask opened it in the constructor; it lives a few milliseconds, about as long as the
+process's start), so the process keeps only its comm port.  Kubernetes probes and the operator need that HTTP server: do not use it there.
 """
 
 from __future__ import annotations
