@@ -13,8 +13,13 @@
 # Settings come from cluster/env.sh (GEAR_FLOW_PROTOCOL, GEAR_FLOW_TLS_DIR, GEAR_FLOW_HOST,
 # GEAR_FLOW_INTERFACE) and:
 #
-#   GEAR_FLOW_RESOURCES        Dask resources of each worker. Default: "replay=1" on CPU nodes,
-#                              "replay=1,learner=1" on GPU nodes (shards and a co-located learner per GPU)
+#   GEAR_FLOW_HOST             the address the workers (and their nannies and dashboards) listen on.
+#                              Unset (and no GEAR_FLOW_INTERFACE): the address this node reaches the
+#                              scheduler from (127.0.0.1 for a scheduler on 127.0.0.1)
+#   GEAR_FLOW_DASHBOARD        "none": no HTTP server in the workers; otherwise each worker serves its
+#                              dashboard on a random port of that address
+#   GEAR_FLOW_RESOURCES        Dask resources of each worker. Default: "replay=1,learner=1": shards, and
+#                              one co-located learner per worker (per GPU with dask cuda worker)
 #   GEAR_FLOW_NTHREADS         threads per worker (default 2 on CPU, 1 on GPU as dask-cuda does)
 #   GEAR_FLOW_NWORKERS         CPU only: worker processes on this node (default 1)
 #   GEAR_FLOW_MEMORY_LIMIT     host memory per worker (default auto)
@@ -45,6 +50,7 @@ while [ $# -gt 0 ]; do
         *) scheduler="$1"; shift ;;
     esac
 done
+gf_role=worker
 # shellcheck source=env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
@@ -71,6 +77,8 @@ else
          "or set GEAR_FLOW_SCHEDULER_ADDRESS or GEAR_FLOW_SCHEDULER_FILE" >&2
     exit 2
 fi
+
+gf_settings worker "$scheduler"
 
 read -r -a dask_cmd <<< "$GEAR_FLOW_DASK"
 if [ "$kind" = gpu ]; then
@@ -99,11 +107,19 @@ else
          --nthreads "${GEAR_FLOW_NTHREADS:-2}"
          --nworkers "${GEAR_FLOW_NWORKERS:-1}"
          --memory-limit "${GEAR_FLOW_MEMORY_LIMIT:-auto}"
-         --resources "${GEAR_FLOW_RESOURCES:-replay=1}")
+         --resources "${GEAR_FLOW_RESOURCES:-replay=1,learner=1}")
 fi
 cmd+=(--protocol "$GEAR_FLOW_PROTOCOL" --preload gear_flow.distributed.preload)
-[ -n "${GEAR_FLOW_HOST:-}" ] && cmd+=(--host "$GEAR_FLOW_HOST")
-[ -n "${GEAR_FLOW_INTERFACE:-}" ] && cmd+=(--interface "$GEAR_FLOW_INTERFACE")
+if [ -n "${GEAR_FLOW_INTERFACE:-}" ] && [ -z "${GEAR_FLOW_HOST:-}" ]; then
+    cmd+=(--interface "$GEAR_FLOW_INTERFACE")
+else
+    cmd+=(--host "$gf_listen")
+fi
+if [ -n "$gf_dashboard" ]; then
+    cmd+=(--dashboard-address "$gf_dashboard")
+else  # Dask starts its HTTP server even with --no-dashboard: the preload stops it
+    cmd+=(--no-dashboard --preload gear_flow.deploy.no_http)
+fi
 [ -n "${GEAR_FLOW_LOCAL_DIRECTORY:-}" ] && cmd+=(--local-directory "$GEAR_FLOW_LOCAL_DIRECTORY")
 [ -n "${GEAR_FLOW_NAME:-}" ] && cmd+=(--name "$GEAR_FLOW_NAME")
 gf_add_tls worker

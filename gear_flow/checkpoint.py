@@ -13,6 +13,13 @@ temporary directory that is fsync'ed and atomically renamed into place; a
 reader verifies every checksum and the format version before touching a table,
 and a mismatch (corruption, other version, other columns or capacity) raises
 :class:`~gear_flow.errors.CheckpointError`.
+
+Checkpoints hold the replay data itself, so they are private by default: files
+are created ``0600`` and directories ``0700`` (whatever the umask), set by
+``gear-flow.checkpoint.file-mode`` / ``dir-mode`` (octal strings, e.g. ``"0640"``
+and ``"0750"`` to share with a group).  On a cluster the workers write the
+shard files into the directory the caller created: run them as the same user,
+or give both a group and group-writable ``dir-mode``.
 """
 
 from __future__ import annotations
@@ -31,6 +38,49 @@ from .errors import CheckpointError
 
 FORMAT = "gear-flow-checkpoint"
 VERSION = 1
+
+
+def _mode(key: str) -> int:
+    """``gear-flow.checkpoint.<key>`` as a permission mode (octal string such as ``"0600"``, or an int)."""
+    from . import config
+
+    value = config.get(f"checkpoint.{key}")
+    try:
+        mode = int(value, 8) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        mode = -1
+    if (
+        not 0 <= mode <= 0o777
+        or (key == "file-mode" and mode & 0o600 != 0o600)
+        or (key == "dir-mode" and mode & 0o700 != 0o700)
+    ):
+        who = "owner rw (0600)" if key == "file-mode" else "owner rwx (0700)"
+        raise CheckpointError(
+            f"gear-flow.checkpoint.{key} ({value!r}) must be an octal permission string like "
+            f"{'0600' if key == 'file-mode' else '0700'} that keeps {who}"
+        )
+    return mode
+
+
+def file_mode() -> int:
+    """Permissions of checkpoint files (``gear-flow.checkpoint.file-mode``, default 0600)."""
+    return _mode("file-mode")
+
+
+def dir_mode() -> int:
+    """Permissions of checkpoint directories (``gear-flow.checkpoint.dir-mode``, default 0700)."""
+    return _mode("dir-mode")
+
+
+def _create(path: Path, mode: int):
+    """A new file opened for binary writing with exactly ``mode`` (not widened by the umask)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.fchmod(fd, mode)  # the umask may have narrowed it, and the file may have existed
+        return os.fdopen(fd, "wb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _host(a):
@@ -135,7 +185,7 @@ def write_shard_file(directory: Path, shard_id: int, arrays: dict) -> tuple[str,
     """Write one shard's arrays; returns (file name, sha256)."""
     name = f"shard-{shard_id}.npz"
     path = Path(directory) / name
-    with open(path, "wb") as f:
+    with _create(path, file_mode()) as f:
         np.savez(f, **arrays)
         f.flush()
         os.fsync(f.fileno())
@@ -158,8 +208,8 @@ def read_shard_file(directory: Path, name: str, sha256: str | None) -> dict:
 def commit(tmp: Path, final: Path, manifest: dict) -> Path:
     """Write the manifest into ``tmp``, fsync, and atomically rename ``tmp`` to ``final``."""
     mpath = tmp / "manifest.json"
-    with open(mpath, "w") as f:
-        json.dump(manifest, f, indent=1)
+    with _create(mpath, file_mode()) as f:
+        f.write(json.dumps(manifest, indent=1).encode())
         f.flush()
         os.fsync(f.fileno())
     _fsync(tmp)
@@ -175,10 +225,17 @@ def commit(tmp: Path, final: Path, manifest: dict) -> Path:
 
 
 def temp_dir(final: Path) -> Path:
+    """A new private directory beside ``final`` to write a checkpoint into (missing parents are
+    created with the same mode)."""
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
+    mode = dir_mode()
+    missing = [p for p in reversed(final.parents) if not p.exists()]
+    for p in missing:
+        p.mkdir(mode=mode, exist_ok=True)
+        os.chmod(p, mode)
     tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
+    tmp.mkdir(mode=mode)
+    os.chmod(tmp, mode)  # mkdir's mode is narrowed by the umask only; make it exact
     return tmp
 
 

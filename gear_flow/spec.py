@@ -76,14 +76,7 @@ class ColumnSpec:
             raise SpecError(f"column {self.name!r}: shape {self.shape!r} must be a tuple of ints") from None
         if any(s <= 0 for s in shape):
             raise SpecError(f"column {self.name!r}: shape {shape} must have positive dimensions")
-        try:
-            dtype = np.dtype(self.dtype)
-        except TypeError:
-            raise SpecError(f"column {self.name!r}: dtype {self.dtype!r} is not a numpy dtype") from None
-        if dtype.kind not in "biufc" or dtype.hasobject or dtype.itemsize == 0:
-            raise SpecError(
-                f"column {self.name!r}: dtype {dtype} is not allowed; use a bool, integer, float or complex dtype"
-            )
+        dtype = column_dtype(self.dtype, f"column {self.name!r}")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "dtype", dtype)
 
@@ -177,8 +170,37 @@ class TableSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> TableSpec:
-        cols = tuple(ColumnSpec(c["name"], tuple(c["shape"]), np.dtype(c["dtype"])) for c in d["columns"])
-        return cls(cols, d["capacity"], d["num_shards"], d["item_unit"], d["max_size"])
+        """The inverse of :meth:`to_dict`; a missing key or a bad value raises :class:`SpecError`."""
+        try:
+            cols = tuple(ColumnSpec(c["name"], tuple(c.get("shape", ())), c["dtype"]) for c in d["columns"])
+            return cls(cols, d["capacity"], d["num_shards"], d["item_unit"], d["max_size"])
+        except KeyError as e:
+            raise SpecError(f"a table spec needs the key {e.args[0]!r} (columns: name, dtype, shape)") from None
+        except TypeError as e:
+            raise SpecError(f"a table spec must be a mapping with a list of column mappings ({e})") from None
+
+
+#: dtype kinds a column may have: bool, signed and unsigned integers, floats, complex
+DTYPE_KINDS = "biufc"
+
+
+def column_dtype(value, who: str = "column") -> np.dtype:
+    """``value`` as a numpy dtype a column may have, or :class:`SpecError` naming it and what is allowed.
+
+    Examples
+    --------
+    >>> column_dtype("float32")
+    dtype('float32')
+    """
+    try:
+        dtype = np.dtype(value)
+    except (TypeError, ValueError, SyntaxError):
+        raise SpecError(
+            f"{who}: dtype {value!r} is not a numpy dtype; use one like float32, float64, int64, uint8 or bool"
+        ) from None
+    if dtype.kind not in DTYPE_KINDS or dtype.hasobject or dtype.itemsize == 0:
+        raise SpecError(f"{who}: dtype {dtype} is not allowed; use a bool, integer, float or complex dtype")
+    return dtype
 
 
 def _positive_int(name: str, value) -> None:

@@ -74,6 +74,8 @@ def parse_cuda_worker(args) -> dict:
             params["scheduler"] = a
         elif a in CUDA_WORKER_FLAGS:
             params[a.lstrip("-").replace("-", "_")] = True
+        elif a == "--preload":  # repeatable, as in dask-cuda
+            params["preload"] = params.get("preload", ()) + (next(it),)
         elif a in CUDA_WORKER_VALUES:
             params[a.lstrip("-").replace("-", "_")] = next(it)
         else:
@@ -83,6 +85,7 @@ def parse_cuda_worker(args) -> dict:
 
 def dry_run(script, *args, **env):
     e = {k: v for k, v in os.environ.items() if not k.startswith(("DASK_", "GEAR_FLOW_"))}
+    e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")  # gear_flow's Python
     e.update({k: str(v) for k, v in env.items()})
     r = subprocess.run(["bash", str(CLUSTER / script), "--dry-run", *map(str, args)], env=e, capture_output=True,
                        text=True, timeout=30)  # fmt: skip
@@ -90,11 +93,15 @@ def dry_run(script, *args, **env):
 
 
 def command(r) -> tuple[dict, list[str]]:
+    """(the environment it sets, the command) of a --dry-run: ``DASK_CONFIG=... [VAR=...] dask ...``."""
     assert r.returncode == 0, r.stderr
-    first, *cmd = shlex.split(r.stdout)  # DASK_CONFIG=... dask ...
-    key, _, value = first.partition("=")
-    assert key == "DASK_CONFIG", r.stdout
-    return {key: value}, cmd
+    words = shlex.split(r.stdout)
+    env = {}
+    while "=" in words[0] and not words[0].startswith("-"):
+        key, _, value = words.pop(0).partition("=")
+        env[key] = value
+    assert "DASK_CONFIG" in env, r.stdout
+    return env, words
 
 
 # -- the config file ------------------------------------------------------------------------------
@@ -199,7 +206,7 @@ def test_cpu_worker_script_commands(certs):
     assert cmd[:2] == ["dask", "worker"]
     p = parse_worker(cmd[2:])
     assert p["scheduler"] == "tls://10.0.0.5:8786" and p["preload"] == ("gear_flow.distributed.preload",)
-    assert (p["resources"], p["n_workers"], p["interface"], p["nanny"]) == ("replay=1", "2", "ib0", False)
+    assert (p["resources"], p["n_workers"], p["interface"], p["nanny"]) == ("replay=1,learner=1", "2", "ib0", False)
     assert (p["tls_cert"], p["tls_key"]) == (str(certs / "worker.pem"), str(certs / "worker-key.pem"))
     # the scheduler from the environment or a scheduler file; without either, a clear error
     _, cmd = command(dry_run("start-worker.sh", "--kind=cpu", GEAR_FLOW_SCHEDULER_FILE="/shared/s.json"))
@@ -228,6 +235,82 @@ def test_gpu_worker_script_commands(certs):
     if not shutil.which("nvidia-smi"):
         _, cmd = command(dry_run("start-worker.sh", "tcp://x:8786"))
         assert cmd[:2] == ["dask", "worker"]
+
+
+def test_every_listener_is_bound_to_one_address():
+    """Scheduler, workers and their dashboards on GEAR_FLOW_HOST (default: loopback for the scheduler, the
+    address reaching the scheduler for workers); "none" is no HTTP server at all."""
+    _, cmd = command(dry_run("start-scheduler.sh", GEAR_FLOW_TLS_DIR="/nonexistent", GEAR_FLOW_HOST="10.0.0.5"))
+    p = parse_scheduler(cmd[2:])
+    assert (p["host"], p["dashboard_address"]) == ("10.0.0.5", "10.0.0.5:8787")
+    r = dry_run("start-scheduler.sh", GEAR_FLOW_TLS_DIR="/nonexistent")
+    p = parse_scheduler(command(r)[1][2:])
+    assert (p["host"], p["dashboard_address"]) == ("127.0.0.1", "127.0.0.1:8787")
+    assert "listening on 127.0.0.1 only (GEAR_FLOW_HOST is not set)" in r.stderr
+    _, cmd = command(dry_run("start-scheduler.sh", GEAR_FLOW_TLS_DIR="/nonexistent", GEAR_FLOW_HOST="0.0.0.0",
+                             GEAR_FLOW_DASHBOARD=":9000"))  # fmt: skip
+    assert parse_scheduler(cmd[2:])["dashboard_address"] == "0.0.0.0:9000"  # every interface, when asked
+    _, cmd = command(dry_run("start-scheduler.sh", GEAR_FLOW_TLS_DIR="/nonexistent", GEAR_FLOW_INTERFACE="lo"))
+    p = parse_scheduler(cmd[2:])
+    assert (p["interface"], p["host"], p["dashboard_address"]) == ("lo", "", "127.0.0.1:8787")
+    for script, args in (("start-scheduler.sh", []), ("start-worker.sh", ["--kind", "cpu", "tcp://127.0.0.1:1"])):
+        _, cmd = command(dry_run(script, *args, GEAR_FLOW_TLS_DIR="/nonexistent", GEAR_FLOW_DASHBOARD="none"))
+        p = (parse_scheduler if script == "start-scheduler.sh" else parse_worker)(cmd[2:])
+        assert p["dashboard"] is False and "gear_flow.deploy.no_http" in p["preload"], cmd
+    _, cmd = command(dry_run("start-worker.sh", "--kind", "cpu", "tcp://127.0.0.1:1", GEAR_FLOW_TLS_DIR="/x"))
+    p = parse_worker(cmd[2:])
+    assert (p["host"], p["dashboard_address"]) == ("127.0.0.1", "127.0.0.1:0")
+    _, cmd = command(dry_run("start-worker.sh", "--kind", "gpu", "tcp://127.0.0.1:1", GEAR_FLOW_TLS_DIR="/x",
+                             GEAR_FLOW_HOST="10.0.0.7"))  # fmt: skip
+    p = parse_cuda_worker(cmd[3:])
+    assert (p["host"], p["dashboard_address"]) == ("10.0.0.7", "10.0.0.7:0")
+    # an interface this machine lacks: a dry run shows a placeholder (the command is for another node)
+    r = dry_run("start-worker.sh", "--kind", "cpu", "tcp://127.0.0.1:1", GEAR_FLOW_INTERFACE="nope0")
+    assert "network interface 'nope0' does not exist" in r.stderr
+    assert parse_worker(command(r)[1][2:])["dashboard_address"] == "ADDRESS_OF_THIS_NODE:0"
+
+
+def test_ucx_settings_follow_the_node():
+    """No CUDA context without a GPU (it crashes a CPU-only scheduler), loopback devices for a loopback
+    deployment; values set by the user are kept."""
+    from gear_flow.deploy.gpu import has_gpu
+    from gear_flow.deploy.ucx import ucx_environment
+
+    env, cmd = command(dry_run("start-scheduler.sh", GEAR_FLOW_PROTOCOL="ucx"))
+    assert env["DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT"] == str(has_gpu())
+    assert env["UCX_NET_DEVICES"] == "lo" and parse_scheduler(cmd[2:])["protocol"] == "ucx"
+    env, _ = command(dry_run("start-worker.sh", "--kind", "cpu", "ucx://10.0.0.5:8786", GEAR_FLOW_PROTOCOL="ucx",
+                             GEAR_FLOW_HOST="10.0.0.6", DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT="True"))  # fmt: skip
+    assert "UCX_NET_DEVICES" not in env and "DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT" not in env  # kept as set
+    assert ucx_environment("127.0.0.1", gpu=True, environ={}) == {
+        "DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT": "True", "UCX_NET_DEVICES": "lo"
+    }  # fmt: skip
+    assert ucx_environment("10.0.0.5", gpu=False, environ={"UCX_NET_DEVICES": "mlx5_0:1"}) == {
+        "DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT": "False"
+    }
+    cfg = yaml.safe_load((CLUSTER / "config" / "gear-flow.yaml").read_text())
+    assert cfg["distributed-ucxx"]["create-cuda-context"] is None  # decided per node, not in the shared file
+
+
+def test_clients_need_only_the_client_certificate(certs, tmp_path):
+    """A client machine holds ca.pem, client.pem and client-key.pem, never the scheduler's or workers' keys."""
+    client_only = tmp_path / "client-certs"
+    client_only.mkdir()
+    for f in ("ca.pem", "client.pem", "client-key.pem"):
+        shutil.copy(certs / f, client_only / f)
+    code = "from distributed import Security; s = Security(); print(s.require_encryption, s.tls_client_cert, s.tls_worker_key)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DASK_", "GEAR_FLOW_"))}
+    r = subprocess.run(["bash", "-c", f"source {CLUSTER / 'env.sh'} && {shlex.quote(sys.executable)} -c '{code}'"],
+                       env={**env, "GEAR_FLOW_TLS_DIR": str(client_only)}, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", str(client_only / "client.pem"), "None"]
+    # a worker node without its key: the launch script says which file is missing
+    r = dry_run("start-worker.sh", "--kind", "cpu", "tls://10.0.0.5:8786", GEAR_FLOW_TLS_DIR=client_only)
+    assert r.returncode == 2 and f"a worker needs {client_only / 'worker.pem'}" in r.stderr
+    os.remove(client_only / "client-key.pem")
+    r = subprocess.run(["bash", "-c", f"source {CLUSTER / 'env.sh'}"], env={**env, "GEAR_FLOW_TLS_DIR": str(client_only)},
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and f"a client needs {client_only / 'client-key.pem'}" in r.stderr
 
 
 def test_env_sh_gives_clients_the_certificates(certs):
@@ -351,6 +434,7 @@ def test_slurm_gpu_job_script(tmp_path, certs):
     p = parse_cuda_worker(words[3:])
     assert p["scheduler"] == "tls://SCHEDULER_HOST:8786" and "gear_flow.distributed.preload" in str(p["preload"])
     assert (p["resources"], p["rmm_pool_size"], p["interface"]) == ("replay=1,learner=1", "0.5", "ib0")
+    assert "gear_flow.deploy.no_http" in str(p["preload"]) and p.get("no_dashboard", not p.get("dashboard"))
     assert (p["tls_ca_file"], p["tls_cert"]) == (str(certs / "ca.pem"), str(certs / "worker.pem"))
     words = _check_job_script(_slurm_dry_run("--kind", "gpu", "--ucx"), tmp_path)
     assert parse_cuda_worker(words[3:])["scheduler"] == "ucx://SCHEDULER_HOST:8786"
@@ -361,8 +445,11 @@ def test_slurm_cpu_job_script(tmp_path, certs):
     words = _check_job_script(_slurm_dry_run("--kind", "cpu", "--tls-dir", certs), tmp_path)
     assert words[0] == "distributed.cli.dask_worker"
     p = parse_worker(words[1:])
-    assert (p["resources"], p["n_workers"], p["nthreads"]) == ("replay=1", "2", 8)
-    assert p["preload"] == ("gear_flow.distributed.preload",) and p["tls_key"] == str(certs / "worker-key.pem")
+    assert (p["resources"], p["n_workers"], p["nthreads"]) == ("replay=1,learner=1", "2", 8)
+    assert p["preload"] == ("gear_flow.distributed.preload", "gear_flow.deploy.no_http")
+    assert p["tls_key"] == str(certs / "worker-key.pem")
+    # listeners: the configured interface only, and no HTTP server at all
+    assert (p["interface"], p["dashboard"]) == ("eth0", False)
 
 
 def test_slurm_script_refuses_ucx_with_tls(certs):

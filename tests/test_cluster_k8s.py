@@ -7,6 +7,7 @@ dry run and the real option parsers), and, with dask-kubernetes and jsonschema i
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shlex
 import subprocess
@@ -52,7 +53,7 @@ def test_manifests_fit_together():
             assert vols["tls"]["secret"]["secretName"] == "gear-flow-tls"
             assert pod["securityContext"]["runAsNonRoot"] is True
             for c in pod["containers"]:
-                env = {e["name"]: e["value"] for e in c["env"]}
+                env = container_env(c)
                 mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
                 assert env["GEAR_FLOW_TLS_DIR"] == mounts["tls"]
                 assert c["args"][0] == IMAGE_ROOT + ("start-worker.sh" if role == "worker" else "start-scheduler.sh")
@@ -60,6 +61,8 @@ def test_manifests_fit_together():
                 for probe in ("readinessProbe", "livenessProbe"):
                     if probe in c:
                         assert c[probe]["httpGet"]["port"] in named
+                # every pod listens on its own address (workers) or its own interfaces (scheduler) only
+                assert env["GEAR_FLOW_HOST"] == ("10.1.2.3" if role == "worker" else "0.0.0.0")
                 if role == "worker":
                     # set explicitly: the operator would inject a tcp:// address
                     assert env["DASK_SCHEDULER_ADDRESS"] == f"tls://{name}-scheduler:{ports['tcp-comm']}"
@@ -69,6 +72,12 @@ def test_manifests_fit_together():
     gpu_worker = cluster["spec"]["worker"]["spec"]["containers"][0]
     assert gpu_worker["resources"]["limits"]["nvidia.com/gpu"] == "1" and "--kind" in gpu_worker["args"]
     assert gpu_worker["args"][gpu_worker["args"].index("--kind") + 1] == "gpu"
+
+
+def container_env(c: dict) -> dict:
+    """A container's environment as the pod sees it; the downward API gives the pod's address."""
+    pod = {"status.podIP": "10.1.2.3"}
+    return {e["name"]: e["value"] if "value" in e else pod[e["valueFrom"]["fieldRef"]["fieldPath"]] for e in c["env"]}
 
 
 def _expand(value: str, env: dict) -> str:
@@ -85,21 +94,23 @@ def test_pod_commands_dry_run(name, tmp_path):
     make_certs.make_certs(certs)  # stands in for the mounted Secret
     for role, pod in pods(load(name)):
         c = pod["containers"][0]
-        env = {e["name"]: e["value"] for e in c["env"]}
+        env = container_env(c)
         env.setdefault("DASK_WORKER_NAME", "gear-flow-default-worker-0")  # injected by the operator
         args = [_expand(a, env) for a in c["args"]]
         script = ROOT / "cluster" / args[0][len(IMAGE_ROOT) :]
-        run_env = {k: v for k, v in env.items()} | {"GEAR_FLOW_TLS_DIR": str(certs), "PATH": "/usr/bin:/bin"}
+        path = os.path.dirname(sys.executable) + ":/usr/bin:/bin"  # the image's Python has gear_flow
+        run_env = {k: v for k, v in env.items()} | {"GEAR_FLOW_TLS_DIR": str(certs), "PATH": path}
         r = subprocess.run(["bash", str(script), "--dry-run", *args[1:]], env=run_env, capture_output=True,
                            text=True, timeout=30)  # fmt: skip
         assert r.returncode == 0, r.stderr
         cmd = shlex.split(r.stdout)[1:]
         if role == "scheduler":
             p = parse_scheduler(cmd[2:])
-            assert (p["protocol"], p["dashboard_address"]) == ("tls", ":8787")
+            assert (p["protocol"], p["host"], p["dashboard_address"]) == ("tls", "0.0.0.0", "0.0.0.0:8787")
         elif cmd[1] == "cuda":
             p = parse_cuda_worker(cmd[3:])
             assert p["scheduler"] == env["DASK_SCHEDULER_ADDRESS"] and p["name"] == env["DASK_WORKER_NAME"]
+            assert (p["host"], p["dashboard_address"]) == ("10.1.2.3", "10.1.2.3:8788")
             assert (p["resources"], p["rmm_pool_size"], p["protocol"]) == ("replay=1,learner=1", "0.5", "tls")
         else:
             p = parse_worker(cmd[2:])

@@ -16,82 +16,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
+from processes import CLUSTER, ROOT, Processes, cluster_env, free_port, gear_flow_cli, listening, port_of
 
-ROOT = Path(__file__).resolve().parents[1]
-CLUSTER = ROOT / "cluster"
 pytestmark = pytest.mark.timeout(120)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Processes:
-    """Processes started in their own session (process group); ``stop()`` ends every group."""
-
-    def __init__(self, tmp: Path):
-        self.tmp = tmp
-        self.procs: list[tuple[subprocess.Popen, Path]] = []
-
-    def start(self, name: str, cmd: list[str], env: dict) -> subprocess.Popen:
-        log = self.tmp / f"{name}.log"
-        f = open(log, "w")
-        p = subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True, cwd=self.tmp)  # fmt: skip
-        f.close()
-        self.procs.append((p, log))
-        return p
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for _, log in self.procs if log.exists())
-
-    def group_members(self) -> list[psutil.Process]:
-        pgids = {p.pid for p, _ in self.procs}
-        out = []
-        for proc in psutil.process_iter():
-            try:
-                if os.getpgid(proc.pid) in pgids and proc.status() != psutil.STATUS_ZOMBIE:
-                    out.append(proc)
-            except (ProcessLookupError, psutil.Error):
-                pass
-        return out
-
-    def stop(self, grace: float = 20.0) -> None:
-        for p, _ in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace
-        while self.group_members() and time.monotonic() < deadline:
-            for p, _ in self.procs:
-                p.poll()
-            time.sleep(0.2)
-        for p, _ in self.procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            p.wait(timeout=10)
-
-
-def cluster_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DASK_", "GEAR_FLOW_"))}
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
-
-
-def gear_flow_cli(*args, env, timeout=60) -> str:
-    r = subprocess.run([sys.executable, "-m", "gear_flow", *map(str, args)], env=env, capture_output=True,
-                       text=True, timeout=timeout)  # fmt: skip
-    assert r.returncode == 0, f"gear-flow {args[0]} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}"
-    return r.stdout
 
 
 def tls_without_client_cert_accepted(port: int, ca: Path) -> bool:
@@ -165,7 +93,7 @@ def test_tls_cluster_from_launch_scripts(tmp_path):
         procs.start(
             "scheduler", ["bash", str(CLUSTER / "start-scheduler.sh")], {**env, "DASK_GEAR_FLOW__WORKER__THREADS": "3"}
         )
-        worker = ["bash", str(CLUSTER / "start-worker.sh"), "--kind", "cpu", addr, "--", "--no-dashboard"]
+        worker = ["bash", str(CLUSTER / "start-worker.sh"), "--kind", "cpu", addr]
         procs.start("worker-learner", worker, {**env, "GEAR_FLOW_RESOURCES": "replay=1,learner=1"})
         procs.start("worker-replay", worker, {**env, "GEAR_FLOW_RESOURCES": "replay=1"})
         with Client(addr, security=sec, timeout="30s") as client:
@@ -173,6 +101,10 @@ def test_tls_cluster_from_launch_scripts(tmp_path):
             started = time.monotonic() - t0
             workers = client.scheduler_info(n_workers=-1)["workers"]
             assert all(a.startswith("tls://") for a in workers), workers
+            # GEAR_FLOW_HOST=127.0.0.1, GEAR_FLOW_DASHBOARD=none: the scheduler's, workers' and nannies'
+            # comm ports on 127.0.0.1 and nothing else (no HTTP server anywhere)
+            comm = {port} | {port_of(a) for a in workers} | {port_of(w["nanny"]) for w in workers.values()}
+            assert listening(procs.group_members()) == {("127.0.0.1", p) for p in comm}
             learner_addr = next(a for a, w in workers.items() if w["resources"].get("learner"))
             # the preload set gear_flow up on both sides before any table existed
             assert set(client.run(lambda dask_worker: "gear_flow" in dask_worker.handlers).values()) == {True}
@@ -245,6 +177,12 @@ def test_gear_flow_local_starts_serves_and_stops(tmp_path):
         m = re.search(r"scheduler at (\S+)", log.read_text())
         assert m, log.read_text()
         addr = m[1]
+        from distributed import Client
+
+        with Client(addr, timeout="10s") as client:  # --no-dashboard: comm ports only, all on 127.0.0.1
+            ws = client.scheduler_info(n_workers=-1)["workers"]
+            comm = {port_of(addr)} | {port_of(a) for a in ws} | {port_of(w["nanny"]) for w in ws.values()}
+        assert listening(procs.group_members()) == {("127.0.0.1", p) for p in comm}
         out = gear_flow_cli("create", "--scheduler", addr, "--name", "t", "--columns", "obs:float32[3],done:bool",
                             "--capacity", "100", env=env)  # fmt: skip
         assert "created table 't': 1 shard(s) of 100 steps" in out, out
@@ -253,8 +191,6 @@ def test_gear_flow_local_starts_serves_and_stops(tmp_path):
         assert "created table 'cartpole': 1 shard(s) of 1000 steps" in out and "prioritized" in out, out
         env_addr = {**env, "DASK_SCHEDULER_ADDRESS": addr}
         assert sorted(gear_flow_cli("list", env=env_addr).split()) == ["cartpole", "t"]
-        from distributed import Client
-
         from gear_flow.distributed import DistributedTable
 
         with Client(addr, timeout="10s") as client:

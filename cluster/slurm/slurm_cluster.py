@@ -80,14 +80,22 @@ def job_script(kind: str, tls_dir=None, scheduler: str = "tls://SCHEDULER:8786")
     return job.job_script()
 
 
-def make_cluster(kind: str, tls_dir=None, port: int = 8786, dashboard: str = ":8787", ucx: bool = False):
-    """A ``dask_jobqueue.SLURMCluster`` with gear_flow's scheduler setup (no jobs yet: ``.scale(jobs=N)``)."""
+def make_cluster(kind: str, tls_dir=None, port: int = 8786, dashboard: str = "127.0.0.1:8787", ucx: bool = False):
+    """A ``dask_jobqueue.SLURMCluster`` with gear_flow's scheduler setup (no jobs yet: ``.scale(jobs=N)``).
+
+    The dashboard listens on ``dashboard`` (default: this node's loopback, reach it with
+    ``ssh -L 8787:localhost:8787``; a bare ``:PORT`` would be every interface); ``"none"``: no HTTP server.
+    """
     from dask_jobqueue import SLURMCluster
 
     if ucx and tls_dir:
         raise ValueError("UCX does not encrypt: use either --ucx or --tls-dir (see cluster/README.md, Security)")
     sec = security(tls_dir)
-    opts = {"preload": ["gear_flow.distributed.preload"], "port": port, "dashboard_address": dashboard}
+    opts = {"preload": ["gear_flow.distributed.preload"], "port": port}
+    if str(dashboard).lower() == "none":  # Dask starts an HTTP server regardless: the preload stops it
+        opts.update(dashboard=False, preload=opts["preload"] + ["gear_flow.deploy.no_http"])
+    else:
+        opts["dashboard_address"] = dashboard
     return SLURMCluster(
         config_name=SECTIONS[kind],
         security=sec,
@@ -105,7 +113,8 @@ def main(argv=None) -> int:
     p.add_argument("--tls-dir", help="certificates of cluster/tls/make_certs.py on the shared filesystem")
     p.add_argument("--ucx", action="store_true", help="UCX (InfiniBand/NVLink) instead of TCP; not with --tls-dir")
     p.add_argument("--port", type=int, default=8786, help="scheduler port (default: %(default)s)")
-    p.add_argument("--dashboard", default=":8787", help="dashboard address (plain HTTP; default: %(default)s)")
+    p.add_argument("--dashboard", default="127.0.0.1:8787",
+                   help="dashboard address (plain HTTP; default: %(default)s, reach it through ssh -L; none: no HTTP)")  # fmt: skip
     p.add_argument("--scheduler-file", help="write the scheduler's address here (JSON, for Client(scheduler_file=...))")
     p.add_argument("--wait-workers", type=int, default=0, help="wait for this many workers before printing 'ready'")
     p.add_argument("--dry-run", action="store_true", help="print the job script and exit; submit nothing")

@@ -1,0 +1,281 @@
+"""The ``gear-flow`` commands, one function each (``args`` from :func:`~gear_flow.cli.parser.build_parser`)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..spec import column_dtype
+from .connect import attach, connect, local_security, table_names
+from .errors import CLIError
+from .text import format_info, format_rows, load_table_file, parse_columns, parse_kind
+
+
+def _check_port_free(host: str, port: int, what: str) -> None:
+    """A clear error now, instead of a traceback from deep inside the scheduler, for a busy port."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise CLIError(
+                    f"{what} port {port} on {host} is already in use (another gear-flow local or Dask "
+                    f"scheduler?): stop it, or pass --port 0 for any free port"
+                ) from None
+            raise CLIError(
+                f"cannot listen on {host}:{port} ({e.strerror}): pass --host an address of this machine"
+            ) from None
+
+
+def cmd_local(args) -> int:
+    from distributed import Client, LocalCluster
+
+    from ..deploy.net import http_address, join_host_port
+    from ..distributed.coordinator import GearFlowCoordinator
+    from ..distributed.preload import worker_plugin
+
+    sec = local_security(args.tls_dir)
+    protocol = args.protocol or ("tls" if sec is not None else "tcp")
+    if protocol == "tls" and sec is None:
+        raise CLIError("--protocol tls needs --tls-dir (cluster/tls/make_certs.py makes one)")
+    if protocol == "ucx":
+        import dask.config
+
+        from ..deploy.ucx import CUDA_CONTEXT_VAR, ucx_environment
+
+        env = ucx_environment(args.host)  # no CUDA context without a GPU; UCX_NET_DEVICES=lo on loopback
+        if CUDA_CONTEXT_VAR in env:
+            dask.config.set({"distributed-ucxx.create-cuda-context": env.pop(CUDA_CONTEXT_VAR) == "True"})
+        os.environ.update(env)  # the worker processes inherit it
+    if protocol != "ucx":  # UCX binds its own way; Dask reports that clearly enough
+        _check_port_free(args.host, args.port, "scheduler")
+    resources = dict(parse_kind("x:" + args.resources.replace(" ", ","))["params"]) if args.resources else None
+    # every listener on --host: scheduler, workers, nannies and their HTTP servers; "no dashboard"
+    # means no HTTP server at all (Dask starts one regardless: the no_http preload stops it)
+    dashboard = None if args.no_dashboard else http_address(args.dashboard_address, args.host, 8787)
+    no_http = ["gear_flow.deploy.no_http"] if args.no_dashboard else []
+    cluster = LocalCluster(
+        n_workers=args.workers, threads_per_worker=args.threads, processes=True, memory_limit=args.memory_limit,
+        host=args.host, scheduler_port=args.port, protocol=protocol, security=sec, resources=resources,
+        dashboard_address=dashboard, worker_dashboard_address=join_host_port(args.host, 0),
+        scheduler_kwargs={"dashboard": not args.no_dashboard, "preload": no_http}, preload=no_http,
+    )  # fmt: skip
+    stop = []
+
+    def on_signal(signum, frame):
+        stop.append(signum)
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with Client(cluster, security=sec) as client:
+            client.register_plugin(GearFlowCoordinator())
+            client.register_plugin(worker_plugin())
+            if args.scheduler_file:
+                Path(args.scheduler_file).write_text(json.dumps({"address": cluster.scheduler_address}))
+            print(f"gear-flow local: scheduler at {cluster.scheduler_address}", flush=True)
+            if cluster.dashboard_link and not args.no_dashboard:
+                print(f"gear-flow local: dashboard at {cluster.dashboard_link}", flush=True)
+            print(f"gear-flow local: {args.workers} worker(s) x {args.threads} thread(s)"
+                  + (f", resources {resources}" if resources else "") + "; Ctrl-C stops it", flush=True)  # fmt: skip
+            while not stop:
+                time.sleep(0.2)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        cluster.close(timeout=30)
+    print("gear-flow local: stopped", flush=True)
+    return 0
+
+
+def cmd_list(args) -> int:
+    with connect(args) as client:
+        names = table_names(client)
+        for n in names:
+            print(n)
+        if not names:  # stdout stays empty for scripts; say so on stderr for people
+            print(f"gear-flow list: no tables on {client.scheduler.address} (create one with `gear-flow create`)",
+                  file=sys.stderr)  # fmt: skip
+    return 0
+
+
+def cmd_info(args) -> int:
+    with connect(args) as client:
+        info = attach(client, args.table).info()
+        print(json.dumps(info, indent=2, default=str) if args.json else format_info(info))
+    return 0
+
+
+def cmd_create(args) -> int:
+    from .. import rate_limiters, selectors
+    from ..distributed import DistributedTable
+    from ..distributed.api import workers_with_resource
+    from ..resources import check_resources
+    from ..spec import TableSpec
+
+    doc = load_table_file(args.spec) if args.spec else {"spec": {}}
+    spec = dict(doc["spec"])
+    if args.columns:
+        spec["columns"] = parse_columns(args.columns)
+    elif args.obs_dim:
+        from ..ingest import episode_columns
+
+        column_dtype(args.action_dtype, "--action-dtype")
+
+        cols = episode_columns(tuple(args.obs_dim), args.action_dtype, tuple(args.action_shape or ()))
+        spec["columns"] = [{"name": c.name, "shape": list(c.shape), "dtype": c.dtype.str} for c in cols]
+    for key, value in (("capacity", args.capacity), ("num_shards", args.shards), ("item_unit", args.item_unit),
+                       ("max_size", args.max_size)):  # fmt: skip
+        if value is not None:
+            spec[key] = value
+    if "columns" not in spec or "capacity" not in spec:
+        raise CLIError("give the columns (--columns, --obs-dim or a --spec file) and --capacity")
+    opts = {k: v for k, v in doc.items() if k != "spec"}
+    for key in ("name", "boundary", "tier", "routing", "resources"):
+        if getattr(args, key) is not None:
+            opts[key] = getattr(args, key)
+    for key in ("sampler", "remover", "rate_limiter"):
+        if getattr(args, key) is not None:
+            opts[key] = parse_kind(getattr(args, key))
+    if args.workers:
+        opts["workers"] = args.workers.split(",")
+    if args.degraded:
+        opts["degraded"] = True
+    with connect(args) as client:
+        if "num_shards" not in spec:  # default: one shard per worker it can go on
+            if opts.get("workers"):
+                spec["num_shards"] = len(opts["workers"])
+            elif opts.get("resources"):
+                check_resources(client, opts["resources"])  # a clear error when no worker has it
+                spec["num_shards"] = len(workers_with_resource(client, opts["resources"]))
+            else:
+                spec["num_shards"] = max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
+        spec.setdefault("item_unit", "step")
+        spec.setdefault("max_size", None)
+        kw = {k: opts[k] for k in ("name", "boundary", "tier", "routing", "timeout", "resources", "workers",
+                                   "max_times_sampled", "degraded") if k in opts}  # fmt: skip
+        for key, reg in (("sampler", selectors), ("remover", selectors), ("rate_limiter", rate_limiters)):
+            if key in opts:
+                kw[key] = reg.from_config(opts[key])
+        table = DistributedTable.create(client, TableSpec.from_dict(spec), **kw)
+        print(f"created table {table.name!r}: {table.spec.num_shards} shard(s) of {table.spec.capacity} steps")
+        print(format_info(table.info()))
+    return 0
+
+
+def _check_sources(sources: list[str], fmt: str | None) -> None:
+    """A missing path is named as such (the format is guessed from the path, so it must exist here)."""
+    import glob
+
+    missing = [p for p in sources if not Path(p).exists() and not glob.glob(p)]
+    if missing and not fmt:
+        raise CLIError(
+            f"{', '.join(missing)} does not exist on this machine: check the path; if only the workers "
+            "see it (they read the files), pass --format minari|d4rl|parquet"
+        )
+
+
+def cmd_ingest(args) -> int:
+    from ..ingest import ingest
+
+    _check_sources(args.source, args.format)
+    with connect(args) as client:
+        table = attach(client, args.table)
+        source = args.source[0] if len(args.source) == 1 else args.source
+        rep = ingest(table, source, args.format, gamma=args.gamma, chunk_episodes=args.chunk_episodes,
+                     timeout=args.insert_timeout, client=client)  # fmt: skip
+        print(f"ingested {rep.fmt} {rep.source}: read {rep.episodes_read} episodes / {rep.steps_read} steps, "
+              f"stored {rep.episodes_stored} / {rep.steps_stored} in {rep.elapsed_s:.1f} s; "
+              f"checksums {'match' if rep.ok else 'DIFFER: ' + '; '.join(rep.mismatches())}")  # fmt: skip
+        rows = [{"shard": s, **v} for s, v in sorted(rep.shards.items())]
+        print("\n".join(format_rows(rows, ["shard", "episodes", "steps"])))
+        return 0 if rep.ok else 1
+
+
+def cmd_sample(args) -> int:
+    with connect(args) as client:
+        table = attach(client, args.table)
+        t0 = time.perf_counter()
+        batch = table.sample(args.batch_size, args.length, boundary=args.boundary)
+        ms = 1e3 * (time.perf_counter() - t0)
+        rows = [{"column": n, "shape": list(batch[n].shape), "dtype": str(batch[n].dtype).replace("torch.", "")}
+                for n in table.spec.names]  # fmt: skip
+        print(f"{args.table}: one batch of {args.batch_size} windows of {args.length} steps in {ms:.1f} ms")
+        print("\n".join(format_rows(rows, ["column", "shape", "dtype"])))
+        p = batch.probabilities
+        print(f"probabilities {float(p.min()):.3g}..{float(p.max()):.3g}, masked steps {int((~batch.mask).sum())}")
+    return 0
+
+
+def cmd_drop(args) -> int:
+    with connect(args) as client:
+        attach(client, args.table).close(drop=True)
+        print(f"dropped table {args.table!r}")
+    return 0
+
+
+def cmd_checkpoint(args) -> int:
+    with connect(args) as client:
+        r = attach(client, args.table).checkpoint(args.path)
+        print(f"checkpoint of {args.table!r} written to {r['path']}: {r.get('bytes', 0) / 1e6:.1f} MB in "
+              f"{r.get('seconds', 0):.2f} s (longest pause of a shard {1e3 * r.get('pause_s', 0):.1f} ms)")  # fmt: skip
+    return 0
+
+
+def cmd_restore_shard(args) -> int:
+    import inspect
+
+    with connect(args) as client:
+        table = attach(client, args.table)
+        kw = {"worker": args.worker}
+        if args.replace:
+            if "replace" not in inspect.signature(table.restore_shard).parameters:
+                raise CLIError("--replace is not supported by this gear_flow's restore_shard (update gear_flow)")
+            kw["replace"] = True
+        report = table.restore_shard(args.shard, args.path, **kw)
+        print(f"restored shard {args.shard} of {args.table!r} from {args.path}")
+        for key, value in (report or {}).items():
+            print(f"  {key}: {value}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    if args.which == "table":
+        return _bench_table(args)
+    script = Path(__file__).resolve().parents[2] / "pipelines" / f"bench_{args.which}.py"
+    if not script.is_file():
+        raise CLIError(f"{script} not found: the benchmarks are scripts in the repository's "
+                         "pipelines/ folder; run this from a clone installed with `pip install -e .`")  # fmt: skip
+    cmd = [sys.executable, str(script)] + ([] if args.full else ["--quick"]) + list(args.extra)
+    print("running", " ".join(cmd), flush=True)
+    return subprocess.call(cmd)
+
+
+def _bench_table(args) -> int:
+    import numpy as np
+
+    if not args.table:
+        raise CLIError("bench table needs --table NAME (gear-flow list shows the tables)")
+    with connect(args) as client:
+        table = attach(client, args.table)
+        table.sample(args.batch_size, args.length)  # warm up connections and buffers
+        times, nbytes = [], 0
+        for _ in range(args.batches):
+            t0 = time.perf_counter()
+            b = table.sample(args.batch_size, args.length)
+            times.append(time.perf_counter() - t0)
+            nbytes = sum(b[n].numel() * b[n].element_size() for n in table.spec.names)
+        med = float(np.median(times))
+        print("\n".join(format_rows([{"table": args.table, "batch": f"{args.batch_size}x{args.length}",
+                                      "MB/batch": f"{nbytes / 1e6:.2f}", "median ms": f"{1e3 * med:.2f}",
+                                      "GB/s": f"{nbytes / med / 1e9:.3f}"}],
+                                    ["table", "batch", "MB/batch", "median ms", "GB/s"])))  # fmt: skip
+    return 0

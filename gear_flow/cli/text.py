@@ -1,0 +1,109 @@
+"""What the command line reads and prints: column and selector strings, table files, info tables."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ..spec import column_dtype
+from .errors import CLIError
+
+
+# -- output -------------------------------------------------------------------------------------
+def format_info(info: dict) -> str:
+    """A table's ``info()`` as text: totals, limiter, one line per shard."""
+    lines = []
+    title = info.get("name", "table")
+    lines.append(f"{title}: {info['size']} items (max {info['max_size']}), {info['num_shards']} shard(s)")
+    sampler = info.get("sampler")
+    remover = info.get("remover")
+    lines.append(f"  sampler {sampler}  remover {remover}")
+    lim = info.get("rate_limiter", {})
+    lines.append(
+        "  rate limiter {kind}: inserts {inserts}, samples {samples}, deletes {deletes}".format(
+            **{k: lim.get(k) for k in ("kind", "inserts", "samples", "deletes")}
+        )
+    )
+    t = info.get("totals", {})
+    lines.append(
+        "  totals: inserted {inserted}, evicted {evicted}, removed {removed}, deleted {deleted}, "
+        "expired {expired}, sampled {sampled}, stale updates {stale_updates}".format(
+            **{
+                k: t.get(k, 0)
+                for k in ("inserted", "evicted", "removed", "deleted", "expired", "sampled", "stale_updates")
+            }
+        )
+    )
+    cols = ["shard", "worker", "size", "episodes", "steps_stored", "inserted", "evicted", "sampled"]
+    lines += [
+        "  " + line for line in format_rows([{c: s.get(c, "") for c in cols} for s in info.get("shards", [])], cols)
+    ]
+    for s, v in (info.get("lost") or {}).items():
+        lines.append(f"  LOST shard {s}: {v}")
+    return "\n".join(lines)
+
+
+def format_rows(rows: list[dict], cols: list[str]) -> list[str]:
+    """Rows as aligned text lines under a header."""
+    cells = [[str(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
+    out = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()]
+    out += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
+    return out
+
+
+# -- parsing helpers ------------------------------------------------------------------------------
+_COLUMN = re.compile(
+    r"^\s*(?P<name>[A-Za-z_][\w.-]*)\s*:\s*(?P<dtype>[A-Za-z0-9_]+)\s*(?:\[(?P<shape>[\d,\s]*)\])?\s*$"
+)
+
+
+def parse_columns(text: str) -> list[dict]:
+    """``"obs:float32[4],action:int64,done:bool"`` → column dicts of :meth:`TableSpec.from_dict`."""
+    cols = []
+    for part in re.split(r",(?![^\[]*\])", text):
+        m = _COLUMN.match(part)
+        if not m:
+            raise ValueError(f"column {part.strip()!r} must look like NAME:DTYPE or NAME:DTYPE[D1,D2,...]")
+        shape = [int(s) for s in (m["shape"] or "").replace(" ", "").split(",") if s]
+        cols.append({"name": m["name"], "shape": shape, "dtype": column_dtype(m["dtype"], f"column {m['name']!r}").str})
+    return cols
+
+
+def parse_kind(text: str) -> dict:
+    """``"prioritized:alpha=0.6,beta=0.4"`` → ``{"kind": "prioritized", "params": {"alpha": 0.6, ...}}``."""
+    import yaml
+
+    kind, _, rest = text.partition(":")
+    params = {}
+    for item in filter(None, re.split(r",(?![^\[]*\])", rest)):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"{item!r} in {text!r} must be KEY=VALUE")
+        params[key.strip()] = yaml.safe_load(value)
+    return {"kind": kind.strip(), "params": params}
+
+
+def load_table_file(path: str) -> dict:
+    """A table file (JSON or YAML): ``spec`` (TableSpec.to_dict layout) plus table options."""
+    import yaml
+
+    if not Path(path).is_file():
+        raise CLIError(f"table file {path} does not exist (see cluster/examples/cartpole-table.yaml for one)")
+    text = Path(path).read_text()
+    try:
+        doc = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise CLIError(f"table file {path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
+                       f"{' '.join(str(e).split())}") from None  # fmt: skip
+    if not isinstance(doc, dict) or "spec" not in doc:
+        raise ValueError(
+            f"{path}: a table file is a mapping with a 'spec' key (see cluster/examples/cartpole-table.yaml)"
+        )
+    known = {"name", "spec", "sampler", "remover", "rate_limiter", "max_times_sampled", "boundary", "tier",
+             "routing", "timeout", "degraded", "resources", "workers"}  # fmt: skip
+    unknown = sorted(set(doc) - known)
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {unknown}; allowed: {sorted(known)}")
+    return doc

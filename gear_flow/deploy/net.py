@@ -1,0 +1,113 @@
+"""Which address a process listens on: only the one it was given, or else the one it needs.
+
+Dask listens on every interface when it is given no host, and its HTTP servers (dashboards,
+``/health``, ``/metrics``) do so whenever their address has no host part (``:8787``), even when
+the comm listens on one address.  These helpers turn the deployment's settings into one concrete
+address that every listener of a process binds.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from ..errors import SpecError
+
+#: what a user writes to listen on every interface on purpose
+ALL_INTERFACES = ("0.0.0.0", "::", "*")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) is a loopback address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def interface_ip(name: str) -> str:
+    """The IPv4 address of network interface ``name`` (e.g. ``eth0``, ``ib0``, ``lo``)."""
+    import psutil
+
+    addrs = psutil.net_if_addrs()
+    if name not in addrs:
+        raise SpecError(f"network interface {name!r} does not exist here; interfaces: {sorted(addrs)}")
+    for a in addrs[name]:
+        if a.family == socket.AF_INET:
+            return a.address
+    raise SpecError(f"network interface {name!r} has no IPv4 address")
+
+
+def route_ip(host: str) -> str:
+    """The local address this node uses to reach ``host`` (no packet is sent)."""
+    if is_loopback(host):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, 9))
+            return s.getsockname()[0]
+        except OSError as e:
+            raise SpecError(f"cannot tell which local address reaches {host!r} ({e}); set GEAR_FLOW_HOST") from None
+
+
+def scheduler_host(address: str | None = None, scheduler_file: str | None = None) -> str | None:
+    """The host of a scheduler address (``tls://10.0.0.5:8786``) or of an existing scheduler file."""
+    if not address and scheduler_file and Path(scheduler_file).is_file():
+        address = json.loads(Path(scheduler_file).read_text()).get("address")
+    if not address:
+        return None
+    return urlsplit(address if "://" in address else f"tcp://{address}").hostname
+
+
+def listen_host(role: str, host: str | None = None, interface: str | None = None, scheduler: str | None = None,
+                scheduler_file: str | None = None) -> str:  # fmt: skip
+    """The one address a scheduler or worker binds.
+
+    ``host`` wins (``0.0.0.0`` only when asked for), then ``interface``'s address; without either,
+    a scheduler binds loopback (nothing beyond this machine unless asked) and a worker binds the
+    address it reaches its scheduler from.
+    """
+    if host:
+        return "0.0.0.0" if host == "*" else host
+    if interface:
+        return interface_ip(interface)
+    if role == "scheduler":
+        return "127.0.0.1"
+    target = scheduler_host(scheduler, scheduler_file)
+    if target is None:
+        raise SpecError(
+            "cannot tell which address this worker should listen on: the scheduler file does not exist yet; "
+            "set GEAR_FLOW_HOST (this node's address) or GEAR_FLOW_INTERFACE (e.g. eth0)"
+        )
+    return route_ip(target)
+
+
+def join_host_port(host: str, port: int | str) -> str:
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def http_address(value: str | None, host: str, default_port: int) -> str | None:
+    """A dashboard address bound to ``host``: ``:8787`` or ``8787`` → ``HOST:8787``; ``none`` → None.
+
+    An address with its own host (``10.0.0.5:8787``, ``0.0.0.0:8787``) is kept as given.
+    """
+    if value is None or value == "":
+        return join_host_port(host, default_port)
+    if str(value).lower() in ("none", "off", "false", "no"):
+        return None
+    value = str(value)
+    if value.startswith(":"):
+        return join_host_port(host, value[1:])
+    if value.isdigit():
+        return join_host_port(host, value)
+    return value
+
+
+def environ(name: str) -> str | None:
+    return os.environ.get(name) or None

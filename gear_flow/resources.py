@@ -1,0 +1,95 @@
+"""Dask resources that fail fast: a task asking for a resource no worker has would wait forever.
+
+Dask keeps a task that needs ``resources={"learner": 1}`` pending, without a warning, until a
+worker advertising ``learner >= 1`` joins.  On a deployment where none will (CPU nodes started
+with ``GEAR_FLOW_RESOURCES=replay=1``), that is a hang.  :func:`check_resources` asks the
+scheduler once and raises :class:`~gear_flow.errors.SpecError` naming the resource and what the
+workers do advertise; :func:`submit` is ``client.submit`` behind that check.
+
+Examples
+--------
+>>> from gear_flow.resources import submit            # doctest: +SKIP
+>>> fut = submit(client, learner, resources={"learner": 1})   # SpecError at once if no worker has it
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+
+from .errors import SpecError
+
+
+def _normalise(resources) -> dict[str, float]:
+    if isinstance(resources, str):
+        resources = {resources: 1}
+    if not isinstance(resources, Mapping) or not resources:
+        raise SpecError(f"resources ({resources!r}) must be a non-empty mapping like {{'learner': 1}}")
+    out = {}
+    for name, amount in resources.items():
+        try:
+            out[str(name)] = float(amount)
+        except (TypeError, ValueError):
+            raise SpecError(f"resource {name!r}: amount {amount!r} must be a number") from None
+        if out[str(name)] <= 0:
+            raise SpecError(f"resource {name!r}: amount {amount!r} must be > 0")
+    return out
+
+
+def advertised(client) -> dict[str, dict[str, float]]:
+    """``{worker address: {resource: amount}}`` of every worker the scheduler knows now."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    return {addr: dict(w.get("resources") or {}) for addr, w in workers.items()}
+
+
+def describe(adv: Mapping[str, Mapping[str, float]]) -> str:
+    """What workers advertise, grouped: ``"2 workers with replay=1, 1 with none"``."""
+    if not adv:
+        return "no worker is connected"
+    groups = Counter(",".join(f"{k}={v:g}" for k, v in sorted(r.items())) or "none" for r in adv.values())
+    parts = [f"{n} worker{'s' if n > 1 else ''} with {r}" for r, n in sorted(groups.items())]
+    return "; ".join(parts)
+
+
+def check_resources(client, resources) -> list[str]:
+    """The addresses of the workers that can run a task needing ``resources``; never empty.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    resources : str or mapping
+        ``"learner"`` (one unit) or ``{"learner": 1, "replay": 1}``: every resource on one worker,
+        as Dask requires for one task.
+
+    Raises
+    ------
+    SpecError
+        No connected worker advertises all of them; the message names the missing resource,
+        what the workers advertise, and how to start workers that have it.
+    """
+    need = _normalise(resources)
+    adv = advertised(client)
+    fit = [a for a, r in adv.items() if all(r.get(k, 0) >= v for k, v in need.items())]
+    if fit:
+        return sorted(fit)
+    short = [k for k, v in need.items() if not any(r.get(k, 0) >= v for r in adv.values())] or sorted(need)
+    wanted = ",".join(f"{k}={v:g}" for k, v in need.items())
+    raise SpecError(
+        f"no worker has the resources {wanted} (missing: {', '.join(short)}); {describe(adv)}. "
+        f"A task asking for them would wait forever: start workers with "
+        f"GEAR_FLOW_RESOURCES={','.join(f'{k}={need.get(k, 1):g}' for k in sorted({*need, 'replay'}))} "
+        "(cluster/start-worker.sh) "
+        f"or submit without resources={{{', '.join(repr(k) + ': ' + f'{v:g}' for k, v in need.items())}}}"
+    )
+
+
+def submit(client, fn, *args, resources, **kwargs):
+    """``client.submit(fn, *args, resources=resources, **kwargs)`` after :func:`check_resources`.
+
+    The check is made once, when submitting: a worker that leaves afterwards can still leave the
+    task waiting (as with any Dask task).
+    """
+    check_resources(client, resources)
+    if isinstance(resources, str):
+        resources = {resources: 1}
+    return client.submit(fn, *args, resources=dict(resources), **kwargs)

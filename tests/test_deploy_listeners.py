@@ -1,0 +1,102 @@
+"""Safe defaults of the launch scripts, for real: a scheduler and a worker started without
+GEAR_FLOW_HOST listen on 127.0.0.1 only (dashboards included), read from the processes' sockets; a
+task asking for a resource no worker has fails at once with a clear error; the CLI's errors against
+a live cluster (missing table, no tables, unknown resource) are one line each."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from processes import CLUSTER, Processes, cluster_env, free_port, gear_flow_cli, listening, port_of, wait_for_line
+
+from gear_flow.errors import SpecError
+from gear_flow.resources import check_resources, submit
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def cli_error(*args, env) -> str:
+    """Run a gear-flow command that must fail; its stderr, which must be one line."""
+    r = subprocess.run([sys.executable, "-m", "gear_flow", *map(str, args)], env=env, capture_output=True,
+                       text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"gear-flow {args[0]}: "), r.stderr
+    assert "Traceback" not in r.stderr
+    return lines[0]
+
+
+def test_launch_scripts_listen_on_loopback_by_default_and_resources_fail_fast(tmp_path):
+    from distributed import Client
+
+    port = free_port()
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "gear-flow.yaml").write_text((CLUSTER / "config" / "gear-flow.yaml").read_text())
+    # no GEAR_FLOW_HOST, dashboards on (a free port: 8787 may be taken on this machine)
+    env = cluster_env(DASK_CONFIG=tmp_path / "config", GEAR_FLOW_PROTOCOL="tcp", GEAR_FLOW_SCHEDULER_PORT=port,
+                      GEAR_FLOW_DASHBOARD=":0", GEAR_FLOW_MEMORY_LIMIT="1GB", GEAR_FLOW_NTHREADS=1,
+                      GEAR_FLOW_LOCAL_DIRECTORY=tmp_path / "scratch")  # fmt: skip
+    addr = f"tcp://127.0.0.1:{port}"
+    procs = Processes(tmp_path)
+    try:
+        sched = procs.start("scheduler", ["bash", str(CLUSTER / "start-scheduler.sh")], env)
+        wait_for_line(tmp_path / "scheduler.log", r"Scheduler at:\s+tcp://127\.0\.0\.1:", sched)
+        # the default worker resources include `learner` (the README's co-located learner runs)
+        procs.start("worker", ["bash", str(CLUSTER / "start-worker.sh"), "--kind", "cpu", addr], env)
+        with Client(addr, timeout="20s") as client:
+            client.wait_for_workers(1, timeout=60)
+            ws = client.scheduler_info(n_workers=-1)["workers"]
+            socks = listening(procs.group_members())
+            assert {ip for ip, _ in socks} == {"127.0.0.1"}, socks
+            comm = {port} | {port_of(a) for a in ws} | {port_of(w["nanny"]) for w in ws.values()}
+            http = {p for _, p in socks} - comm
+            assert len(http) == 2, socks  # the scheduler's and the worker's dashboards, on 127.0.0.1 too
+            for p in http:
+                with urllib.request.urlopen(f"http://127.0.0.1:{p}/health", timeout=10) as r:
+                    assert r.read() == b"ok"
+            log = (tmp_path / "scheduler.log").read_text()
+            assert "listening on 127.0.0.1 only (GEAR_FLOW_HOST is not set)" in log
+
+            (w,) = ws.values()
+            assert w["resources"] == {"replay": 1, "learner": 1}
+            assert check_resources(client, {"learner": 1}) == list(ws)
+            assert submit(client, lambda x: x + 1, 1, resources={"learner": 1}).result(timeout=30) == 2
+            with pytest.raises(SpecError) as e:
+                submit(client, lambda: 0, resources={"learner": 1, "gpu": 1})
+            msg = str(e.value)
+            assert "missing: gpu" in msg and "1 worker with learner=1,replay=1" in msg
+            assert "GEAR_FLOW_RESOURCES=gpu=1,learner=1,replay=1" in msg
+            with pytest.raises(SpecError, match="must be > 0"):
+                check_resources(client, {"learner": 0})
+
+            # the CLI against this cluster: one line for each user error
+            cenv = cluster_env(DASK_SCHEDULER_ADDRESS=addr)
+            r = subprocess.run([sys.executable, "-m", "gear_flow", "list"], env=cenv, capture_output=True,
+                               text=True, timeout=60)  # fmt: skip
+            assert r.returncode == 0 and r.stdout == "", r
+            assert r.stderr.strip() == f"gear-flow list: no tables on {addr} (create one with `gear-flow create`)"
+            line = cli_error("info", "--table", "nope", env=cenv)
+            assert line == (f"gear-flow info: no table 'nope' on {addr} (there are no tables); create it with "
+                            "`gear-flow create --name nope ...`, or check --table")  # fmt: skip
+            line = cli_error("create", "--name", "t", "--obs-dim", "4", "--capacity", "100", "--resources", "gpu",
+                             env=cenv)  # fmt: skip
+            assert "no worker has the resources gpu=1" in line and "1 worker with learner=1,replay=1" in line
+            gear_flow_cli("create", "--name", "t", "--obs-dim", "4", "--capacity", "100", env=cenv)
+            line = cli_error("sample", "--table", "other", env=cenv)
+            assert "no table 'other'" in line and "tables there: t" in line
+            # checkpoint and restore-shard: written private; a restore's refusal is one line too
+            out = gear_flow_cli("checkpoint", "--table", "t", tmp_path / "ck", env=cenv)
+            assert f"written to {tmp_path / 'ck'}" in out and oct((tmp_path / "ck").stat().st_mode & 0o777) == "0o700"
+            line = cli_error("restore-shard", "--table", "t", "--shard", "7", tmp_path / "ck", env=cenv)
+            assert "has no file for shard 7" in line, line
+            line = cli_error("restore-shard", "--table", "t", "--shard", "0", tmp_path / "nowhere", env=cenv)
+            assert "is not a gear_flow checkpoint" in line, line
+    except BaseException:
+        print(procs.logs())
+        raise
+    finally:
+        procs.stop()
+    assert not procs.group_members(), "processes left behind"
