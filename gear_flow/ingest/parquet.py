@@ -159,12 +159,28 @@ def _block(frame, names, name: str, path) -> np.ndarray:
     return np.stack(cols, axis=1)
 
 
+def _pick(x, rows):
+    """Rows of an observation block, or of each leaf of a dict of them."""
+    if x is None:
+        return None
+    return {k: v[rows] for k, v in x.items()} if isinstance(x, dict) else x[rows]
+
+
 def _observation(frame, names, cmap: ColumnMap, role: str, path, required: bool = True):
     """An observation block, or a dict of them (``role.<key>`` mappings); None if optional and absent."""
     leaves = cmap.leaves(role)
+    col = cmap.source(role)
+    if (
+        not leaves
+        and col == role
+        and role not in names
+        and not any(re.match(re.escape(role) + r"_\d+$", n) for n in names)
+    ):
+        # our own export of a Dict observation: obs__<key> or obs__<key>_<j> columns
+        pat = re.compile(re.escape(role) + r"__(.+?)(?:_\d+)?$")
+        leaves = {m.group(1): role + "__" + m.group(1) for n in names if (m := pat.match(n))}
     if leaves:
         return {k: _block(frame, names, c, path) for k, c in leaves.items()}
-    col = cmap.source(role)
     if not required and col not in names and not any(n.startswith(col + "_") for n in names):
         return None
     return _block(frame, names, col, path)
@@ -205,9 +221,6 @@ def read(
     order = np.argsort(ids, kind="stable")  # rows of each episode together, file order kept within
     bounds = np.searchsorted(ids[order], uniq)
     bounds = np.append(bounds, len(ids))
-    pick = lambda x, rows: (
-        None if x is None else ({k: v[rows] for k, v in x.items()} if isinstance(x, dict) else x[rows])
-    )  # noqa: E731
     out = []
     for j in np.argsort(first, kind="stable"):
         eid = int(uniq[j])
@@ -232,12 +245,12 @@ def read(
             trunc = np.zeros(len(rows), bool)
             trunc[-1] = not bool(np.asarray(term)[-1])
         raw = {
-            "obs": pick(obs, rows),
+            "obs": _pick(obs, rows),
             "action": act[rows],
             "reward": cols["reward"][rows],
             "terminal": term,
             "truncated": trunc,
-            "next_obs": pick(nxt, rows),
+            "next_obs": _pick(nxt, rows),
         }
         labels = {r: c for r, c in {**roles, "obs": cmap.source("obs"), "action": cmap.source("action")}.items() if c}
         out.append((eid, make_episode(part.path, eid, **raw, labels=labels, want_next=next_obs, strict=strict)))
