@@ -205,15 +205,26 @@ def read(
         frame = FRAME_READERS[backend_name](part.path, [(epc, "in", list(part.selector))] if part.selector else None)
     if part.selector:  # filters may only prune row groups with some engines: keep exactly this chunk's rows
         frame = frame[frame[epc].isin(list(part.selector))]
+    return frame_episodes(frame, part.path, strict, cmap, next_obs)
+
+
+def frame_episodes(frame, path, strict: bool, cmap: ColumnMap | None = None, next_obs: bool = False) -> list:
+    """The episodes of a step-table frame (pandas or cuDF), as ``(episode id, episode)`` in order of first row.
+
+    Also what inserting a ``dask.dataframe`` of steps runs on each partition
+    (:func:`gear_flow.ingest.collection.insert_collection`).
+    """
+    cmap = cmap or DEFAULT
+    epc = cmap.episode
     names = list(frame.columns)
     roles = {"reward": cmap.source("reward"), "terminal": cmap.source("terminal"), "truncated": cmap.truncated}
     missing = [c for c in (epc, *roles.values()) if c is not None and c not in names]
     if missing:
-        raise DatasetError(part.path, None, f"column(s) {missing} are missing (columns: {names})")
+        raise DatasetError(path, None, f"column(s) {missing} are missing (columns: {names})")
     ids = _column(frame, epc)
-    obs = _observation(frame, names, cmap, "obs", part.path)
-    nxt = _observation(frame, names, cmap, "next_obs", part.path, required=False) if next_obs else None
-    act = _block(frame, names, cmap.source("action"), part.path)
+    obs = _observation(frame, names, cmap, "obs", path)
+    nxt = _observation(frame, names, cmap, "next_obs", path, required=False) if next_obs else None
+    act = _block(frame, names, cmap.source("action"), path)
     cols = {r: _column(frame, c) for r, c in roles.items() if c is not None}
     step_col = cmap.step if cmap.step in names else None
     step = _column(frame, step_col) if step_col else None
@@ -227,13 +238,13 @@ def read(
         rows = order[bounds[j] : bounds[j + 1]]
         if step is not None:
             if step.dtype.kind not in "iu":
-                raise DatasetError(part.path, eid, f"{step_col!r} has dtype {step.dtype}; expected integers")
+                raise DatasetError(path, eid, f"{step_col!r} has dtype {step.dtype}; expected integers")
             rows = rows[np.argsort(step[rows], kind="stable")]
             s = step[rows]
             if not np.array_equal(s, np.arange(len(rows))):
                 bad = int(np.flatnonzero(s != np.arange(len(rows)))[0])
                 raise DatasetError(
-                    part.path,
+                    path,
                     eid,
                     f"steps must be 0..{len(rows) - 1} without gaps or repeats; "
                     f"sorted position {bad} holds step {s[bad]}",
@@ -253,7 +264,7 @@ def read(
             "next_obs": _pick(nxt, rows),
         }
         labels = {r: c for r, c in {**roles, "obs": cmap.source("obs"), "action": cmap.source("action")}.items() if c}
-        out.append((eid, make_episode(part.path, eid, **raw, labels=labels, want_next=next_obs, strict=strict)))
+        out.append((eid, make_episode(path, eid, **raw, labels=labels, want_next=next_obs, strict=strict)))
     return out
 
 
