@@ -260,7 +260,9 @@ def _integral(path, episode, name, a: np.ndarray, dtype) -> np.ndarray:
     bad = np.flatnonzero(~np.isfinite(a.reshape(len(a), -1)).all(axis=1) | (a.reshape(len(a), -1) % 1 != 0).any(axis=1))
     if len(bad):
         raise DatasetError(
-            path, episode, f"{name}[{bad[0]}] = {a[bad[0]]!r} is not a whole number; the table's {name!r} is {dtype}"
+            path,
+            episode,
+            f"{name}[{bad[0]}] = {a[bad[0]].tolist()!r} is not a whole number; the table's {name!r} is {dtype}",
         )
     return a.astype(dtype)
 
