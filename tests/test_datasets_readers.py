@@ -256,7 +256,7 @@ def test_lerobot_parquet_with_a_column_mapping(tmp_path, per_file):
     rep = ingest(table, tmp_path / "data", columns=LEROBOT)
     assert rep.ok and rep.episodes_stored == 4 and sorted(rep.source_ids) == [0, 1, 2, 3]
     by_src = dict(zip(rep.episode_ids.tolist(), rep.source_ids))
-    for (eid, e), ref in zip(
+    for (_eid, e), ref in zip(
         sorted((x for sh in table.shards for x in read_episodes(sh)), key=lambda x: by_src[x[0]]), src.values()
     ):
         assert np.array_equal(e["obs"], np.stack(ref["observation.state"].to_numpy()))

@@ -99,15 +99,20 @@ def _write(shards: dict, fmt: str, out: str, part: int, order: dict, names) -> d
     return info
 
 
+def _id_column(frame):
+    return frame["episode_id"]
+
+
 def _ids_of(episodes) -> np.ndarray | None:
     """Episode ids from None (all), ids, a pandas frame or a dask dataframe (only its ``episode_id`` column is computed)."""
     if episodes is None:
         return None
     if hasattr(episodes, "columns"):
-        col = episodes["episode_id"]
-        if hasattr(col, "compute"):
-            col = col.compute()
-        return np.asarray(col, dtype=np.int64)
+        if hasattr(episodes, "compute"):
+            # map_partitions rather than ["episode_id"]: dask-expr's projection pushdown fails
+            # through nlargest/nsmallest (TypeError), the "top k by return" query
+            return np.asarray(episodes.map_partitions(_id_column, meta=("episode_id", "int64")).compute(), np.int64)
+        return np.asarray(episodes["episode_id"], dtype=np.int64)
     return np.asarray(episodes, dtype=np.int64).reshape(-1)
 
 
