@@ -185,12 +185,16 @@ def _check_sources(sources: list[str], fmt: str | None) -> None:
 
 def cmd_ingest(args) -> int:
     from ..ingest import ingest
+    from ..ingest.columns import parse_columns
 
     _check_sources(args.source, args.format)
+    cmap = parse_columns(args.columns, layout=args.layout, episode=args.episode_column, step=args.step_column,
+                         no_truncation=args.no_truncation_column)  # fmt: skip
     with connect(args) as client:
         table = attach(client, args.table)
         source = args.source[0] if len(args.source) == 1 else args.source
         rep = ingest(table, source, args.format, gamma=args.gamma, chunk_episodes=args.chunk_episodes,
+                     columns=cmap, max_episode_steps=args.max_episode_steps,
                      timeout=args.insert_timeout, client=client)  # fmt: skip
         print(f"ingested {rep.fmt} {rep.source}: read {rep.episodes_read} episodes / {rep.steps_read} steps, "
               f"stored {rep.episodes_stored} / {rep.steps_stored} in {rep.elapsed_s:.1f} s; "

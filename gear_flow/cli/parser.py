@@ -147,6 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--gamma", type=float, help="discount of the derived return-to-go (default: config, 1.0)")
     sp.add_argument("--chunk-episodes", type=int, help="episodes per partition (default: config, 64)")
     sp.add_argument("--insert-timeout", type=float, help="seconds each insert may wait for the rate limiter")
+    g = sp.add_argument_group("Parquet from other tools (column mapping)")
+    g.add_argument("--layout", choices=["gear-flow", "lerobot"], help="a known layout (lerobot: episode_index, "
+                   "frame_index, observation.state, action, next.reward, next.done)")  # fmt: skip
+    g.add_argument("--columns", help="COLUMN=ROLE,... with roles obs, obs.<key>, next_obs, action, reward, "
+                   "terminal, truncated (e.g. observation.state=obs,next.reward=reward)")  # fmt: skip
+    g.add_argument("--episode-column", help="integer column naming each row's episode (default episode_id)")
+    g.add_argument("--step-column", help="integer column ordering an episode's rows (default step)")
+    g.add_argument("--no-truncation-column", action="store_true",
+                   help="the layout has no truncation flag: an episode not ending terminal is truncated")  # fmt: skip
+    sp.add_argument("--max-episode-steps", type=int, help="D4RL files without timeouts: end episodes after N steps")
     sp.set_defaults(func=cmd_ingest)
 
     sp = sub.add_parser("sample", formatter_class=fmt, help="draw one batch and print its shapes",

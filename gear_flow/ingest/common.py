@@ -3,26 +3,34 @@
 A reader turns the arrays of one episode in a file into the *canonical
 episode*: a dict of NumPy arrays, one row per step,
 
-==============  ==================  ================================================
-column          dtype, shape        meaning
-==============  ==================  ================================================
-``obs``         float32 ``[T, d]``  observation at step ``t`` (Minari's final,
-                                    post-episode observation is dropped)
-``action``      int64 ``[T]``       action at step ``t`` (float32 ``[T, a]`` for
-                                    continuous actions)
-``reward``      float32 ``[T]``     reward after step ``t``
-``done``        bool ``[T]``        the episode *terminated* at step ``t`` (only the
-                                    last step can be True)
-``truncated``   bool ``[T]``        the episode was cut (time limit, end of file)
-                                    at step ``t`` (only the last step can be True)
-``rtg``         float32 ``[T]``     derived: return-to-go ``sum_{k>=t} gamma^(k-t) r_k``
-``timestep``    int64 ``[T]``       derived: ``0 .. T-1``
-==============  ==================  ================================================
+=================  ==================  ================================================
+column             dtype, shape        meaning
+=================  ==================  ================================================
+``obs``            float32 ``[T, d]``  observation at step ``t``; a Dict/Tuple space
+                                       gives one column per leaf, ``obs__<key>``
+                                       (``obs__goal__0``: Tuple member 0 of key goal)
+``next_obs``       float32 ``[T, d]``  optional (a table with this column asks for it):
+                                       the observation after step ``t``, so that a
+                                       truncated episode keeps the one its last
+                                       Q-target bootstraps from (``next_obs__<key>``)
+``action``         int64 ``[T]``       action at step ``t`` (float32 ``[T, a]`` for
+                                       continuous actions)
+``reward``         float32 ``[T]``     reward after step ``t``
+``done``           bool ``[T]``        the episode *terminated* at step ``t`` (only the
+                                       last step can be True)
+``truncated``      bool ``[T]``        the episode was cut (time limit, end of file)
+                                       at step ``t`` (only the last step can be True)
+``rtg``            float32 ``[T]``     derived: return-to-go ``sum_{k>=t} gamma^(k-t) r_k``
+``timestep``       int64 ``[T]``       derived: ``0 .. T-1``
+=================  ==================  ================================================
 
-:func:`episode_columns` gives the matching :class:`~gear_flow.ColumnSpec` tuple,
-so that a table can be created for a dataset.  A file is read in
-*partitions* (:class:`Partition`: a chunk of Minari episode groups, a range of
-D4RL rows, episodes of one Parquet file); every episode lies in exactly one partition.
+The public readers yield float32 floats; :func:`~gear_flow.ingest.ingest`
+casts the file's own values to the *table's* dtypes instead (a float64 column
+keeps float64 values exactly, float actions holding integers go into an integer
+column) and derives ``rtg`` from the reward as stored.  :func:`episode_columns`
+gives the matching :class:`~gear_flow.ColumnSpec` tuple.  A file is read in
+*partitions* (:class:`Partition`: a chunk of Minari episodes, a range of D4RL
+rows, episodes of one Parquet file); every episode lies in exactly one partition.
 """
 
 from __future__ import annotations
@@ -34,8 +42,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import config
-from ..errors import DatasetError, InvalidDataError
+from ..errors import DatasetError, InvalidDataError, SpecError
 from ..spec import ColumnSpec, TableSpec
+from .episode import SEP, canonical, derive, is_obs_column, make_episode, return_to_go  # noqa: F401 (re-exported)
 
 #: canonical columns, in the order :func:`episode_columns` returns them
 COLUMNS: tuple[str, ...] = ("obs", "action", "reward", "done", "truncated", "rtg", "timestep")
@@ -43,158 +52,61 @@ COLUMNS: tuple[str, ...] = ("obs", "action", "reward", "done", "truncated", "rtg
 DERIVED: tuple[str, ...] = ("rtg", "timestep")
 
 
-def episode_columns(obs_dim, action_dtype=np.int64, action_shape=(), *, derived: bool = True) -> tuple[ColumnSpec, ...]:
+def episode_columns(
+    obs_dim,
+    action_dtype=np.int64,
+    action_shape=(),
+    *,
+    derived: bool = True,
+    next_obs: bool = False,
+    float_dtype=np.float32,
+) -> tuple[ColumnSpec, ...]:
     """The columns of the canonical episode, for a :class:`~gear_flow.TableSpec`.
 
     Parameters
     ----------
-    obs_dim : int or tuple of int
-        Observation size (or per-step observation shape).
+    obs_dim : int, tuple of int, or dict of str to either
+        Observation size (or per-step shape); a dict gives one ``obs__<key>``
+        column per key (a Dict space, flattened).
     action_dtype : numpy dtype-like, default int64
         ``int64`` for discrete actions, ``float32`` for continuous ones.
     action_shape : tuple of int, default ()
         Per-step action shape (``(a,)`` for continuous actions).
     derived : bool, default True
         Include the derived ``rtg`` and ``timestep`` columns.
+    next_obs : bool, default False
+        Add ``next_obs`` column(s): ingestion then keeps each step's next
+        observation (for DQN/SAC-style bootstrapping).
+    float_dtype : numpy dtype-like, default float32
+        dtype of the observation, reward and ``rtg`` columns (float64 keeps a
+        float64 file's values exactly).
 
     Examples
     --------
     >>> [c.name for c in episode_columns(4)]
     ['obs', 'action', 'reward', 'done', 'truncated', 'rtg', 'timestep']
+    >>> [c.name for c in episode_columns({"position": 2, "goal": 2}, derived=False, next_obs=True)][:3]
+    ['obs__position', 'obs__goal', 'next_obs__position']
     """
-    obs_shape = (int(obs_dim),) if np.ndim(obs_dim) == 0 else tuple(int(s) for s in obs_dim)
-    cols = (
-        ColumnSpec("obs", obs_shape, np.float32),
+    fdt = np.dtype(float_dtype)
+    dims = obs_dim if isinstance(obs_dim, dict) else {"": obs_dim}
+    obs = []
+    for key, d in dims.items():
+        shape = (int(d),) if np.ndim(d) == 0 else tuple(int(s) for s in d)
+        obs.append((key, shape))
+    name = lambda role, key: role + (SEP + key if key else "")  # noqa: E731
+    cols = tuple(ColumnSpec(name("obs", k), s, fdt) for k, s in obs)
+    if next_obs:
+        cols += tuple(ColumnSpec(name("next_obs", k), s, fdt) for k, s in obs)
+    cols += (
         ColumnSpec("action", tuple(action_shape), np.dtype(action_dtype)),
-        ColumnSpec("reward", (), np.float32),
+        ColumnSpec("reward", (), fdt),
         ColumnSpec("done", (), np.bool_),
         ColumnSpec("truncated", (), np.bool_),
     )
     if derived:
-        cols += (ColumnSpec("rtg", (), np.float32), ColumnSpec("timestep", (), np.int64))
+        cols += (ColumnSpec("rtg", (), fdt), ColumnSpec("timestep", (), np.int64))
     return cols
-
-
-def return_to_go(reward: np.ndarray, gamma: float = 1.0) -> np.ndarray:
-    """``rtg[t] = sum_{k >= t} gamma**(k - t) * reward[k]``, accumulated in float64, as float32."""
-    r = np.asarray(reward, dtype=np.float64)
-    if gamma == 1.0:
-        return np.cumsum(r[::-1])[::-1].astype(np.float32)
-    out = np.empty_like(r)
-    acc = 0.0
-    for t in range(len(r) - 1, -1, -1):  # a recurrence; T is an episode's length
-        acc = r[t] + gamma * acc
-        out[t] = acc
-    return out.astype(np.float32)
-
-
-def _kind_ok(path, episode, label, a: np.ndarray, kinds: str, what: str) -> None:
-    if a.dtype.kind not in kinds:
-        raise DatasetError(path, episode, f"{label!r} has dtype {a.dtype}; expected {what}")
-
-
-def _flags(path, episode, label, a: np.ndarray) -> np.ndarray:
-    """End flags: bool, or integers/floats holding only 0 and 1 (old D4RL files store floats)."""
-    if a.dtype.kind == "b":
-        return a.astype(np.bool_, copy=False)
-    _kind_ok(path, episode, label, a, "iuf", "bool (or 0/1 numbers)")
-    bad = np.flatnonzero((a != 0) & (a != 1))
-    if len(bad):
-        raise DatasetError(path, episode, f"{label}[{bad[0]}] = {a[bad[0]]!r}; end flags must be True/False (or 0/1)")
-    return a != 0
-
-
-def make_episode(
-    path,
-    episode,
-    *,
-    obs,
-    action,
-    reward,
-    terminal,
-    truncated,
-    labels: dict[str, str] | None = None,
-    final_obs: bool = False,
-    gamma: float = 1.0,
-    strict: bool = True,
-) -> dict[str, np.ndarray]:
-    """Validate one episode's raw arrays and return the canonical episode.
-
-    ``labels`` maps the canonical roles (``obs``, ``action``, ``reward``,
-    ``terminal``, ``truncated``) to the names used in the file, for messages.
-    ``final_obs``: ``obs`` holds ``T + 1`` rows (Minari stores the final
-    observation); the last row is dropped.  ``strict``: reject non-finite
-    observations or rewards, and end flags before the last step.  Raises
-    :class:`~gear_flow.errors.DatasetError` naming ``path``, ``episode`` and the problem.
-    """
-    lab = {"obs": "obs", "action": "action", "reward": "reward", "terminal": "terminal", "truncated": "truncated"}
-    lab.update(labels or {})
-    raw = {"obs": obs, "action": action, "reward": reward, "terminal": terminal, "truncated": truncated}
-    arr = {}
-    for role, v in raw.items():
-        try:
-            arr[role] = np.asarray(v)
-        except (TypeError, ValueError) as e:
-            raise DatasetError(path, episode, f"{lab[role]!r} cannot be read as an array ({e})") from None
-    _kind_ok(path, episode, lab["obs"], arr["obs"], "biuf", "a numeric dtype")
-    _kind_ok(path, episode, lab["action"], arr["action"], "biuf", "an integer (discrete) or float (continuous) dtype")
-    _kind_ok(path, episode, lab["reward"], arr["reward"], "iuf", "a numeric dtype")
-    for role in ("reward", "terminal", "truncated"):
-        if arr[role].ndim != 1:
-            raise DatasetError(
-                path, episode, f"{lab[role]!r} has shape {arr[role].shape}; expected one value per step, (T,)"
-            )
-    if arr["obs"].ndim == 1:  # scalar observations
-        arr["obs"] = arr["obs"][:, None]
-    if arr["action"].ndim == 0 or arr["obs"].ndim == 0:
-        raise DatasetError(path, episode, "observations and actions must have one row per step")
-    T = len(arr["reward"])
-    want = {"obs": T + 1 if final_obs else T, "action": T, "terminal": T, "truncated": T}
-    for role, n in want.items():
-        if len(arr[role]) != n:
-            extra = " (T + 1: the final observation is stored)" if role == "obs" and final_obs else ""
-            raise DatasetError(
-                path,
-                episode,
-                f"ragged columns: {lab[role]!r} has {len(arr[role])} rows, {lab['reward']!r} has {T}; "
-                f"expected {n}{extra}",
-            )
-    if T == 0:
-        raise DatasetError(path, episode, "the episode has no steps")
-    term = _flags(path, episode, lab["terminal"], arr["terminal"])
-    trunc = _flags(path, episode, lab["truncated"], arr["truncated"])
-    obs_arr = arr["obs"][:T] if final_obs else arr["obs"]
-    if strict:
-        for role, a in (("reward", arr["reward"]), ("obs", obs_arr)):
-            if a.dtype.kind == "f":
-                bad = np.flatnonzero(~np.isfinite(a.reshape(len(a), -1)).all(axis=1))
-                if len(bad):
-                    raise DatasetError(
-                        path,
-                        episode,
-                        f"{lab[role]}[{bad[0]}] is not finite ({a[bad[0]]!r}); strict=True requires finite "
-                        f"{lab[role]} (pass strict=False to keep them)",
-                    )
-        early = np.flatnonzero(term[:-1] | trunc[:-1])
-        if len(early):
-            raise DatasetError(
-                path,
-                episode,
-                f"an end flag is set at step {early[0]}, before the episode's last step ({T - 1}); "
-                "strict=True requires episodes to end only at their last step",
-            )
-    act = arr["action"]
-    act = act.astype(np.int64) if act.dtype.kind in "biu" else act.astype(np.float32)
-    reward32 = arr["reward"].astype(np.float32)
-    return {
-        "obs": np.ascontiguousarray(obs_arr, dtype=np.float32),
-        "action": np.ascontiguousarray(act),
-        "reward": reward32,
-        "done": np.ascontiguousarray(term),
-        "truncated": np.ascontiguousarray(trunc),
-        "rtg": return_to_go(reward32, gamma),
-        "timestep": np.arange(T, dtype=np.int64),
-    }
 
 
 # -- partitions -----------------------------------------------------------------------------
@@ -248,7 +160,8 @@ class Format:
     """A dataset format: how to find its partitions and how to read one.
 
     ``plan(source, chunk_episodes, **options) -> Plan``;
-    ``read(partition, gamma, strict, **options) -> list of (source id, canonical episode)``.
+    ``read(partition, strict, **options) -> list of (source id, episode)``, the
+    episodes at native precision (:func:`~gear_flow.ingest.episode.make_episode`).
     """
 
     name: str
@@ -269,11 +182,11 @@ def resolve(gamma=None, strict=None, chunk_episodes=None) -> tuple[float, bool, 
 
 
 def iter_episodes(fmt: Format, source, *, gamma=None, strict=None, chunk_episodes=None, **options) -> Iterator[dict]:
-    """Read a whole dataset in this process, partition by partition (the public readers)."""
+    """Read a whole dataset in this process, partition by partition (the public readers): canonical episodes."""
     gamma, strict, chunk = resolve(gamma, strict, chunk_episodes)
     for part in fmt.plan(source, chunk, **options).partitions:
-        for _, ep in fmt.read(part, gamma, strict, **options):
-            yield ep
+        for _, ep in fmt.read(part, strict, **options):
+            yield canonical(ep, gamma)
 
 
 # -- parsed partitions, table checks, checksums ------------------------------------------------------
@@ -327,23 +240,61 @@ def combine_sums(per_episode: list[np.ndarray], names) -> dict[str, float]:
 
 
 def check_table_columns(spec: TableSpec) -> None:
-    """Every column of the table must be one the readers produce."""
-    unknown = [n for n in spec.names if n not in COLUMNS]
+    """Every column of the table must be one the readers can produce."""
+    unknown = [n for n in spec.names if n not in COLUMNS and not is_obs_column(n)]
     if unknown:
-        from ..errors import SpecError
-
         raise SpecError(
-            f"table column(s) {unknown} are not produced by the dataset readers; "
-            f"readers produce {list(COLUMNS)} (see gear_flow.ingest.episode_columns)"
+            f"table column(s) {unknown} are not produced by the dataset readers; readers produce "
+            f"{list(COLUMNS)}, next_obs, and obs__<key>/next_obs__<key> for Dict/Tuple observations "
+            "(see gear_flow.ingest.episode_columns)"
         )
 
 
-def fit_to_table(spec: TableSpec, path, episode, ep: dict) -> dict:
-    """Keep the table's columns, checked and cast to its dtypes; DatasetError naming the episode otherwise."""
+def wants_next(spec: TableSpec) -> bool:
+    """Does the table keep next observations (a ``next_obs`` or ``next_obs__<key>`` column)?"""
+    return any(n == "next_obs" or n.startswith("next_obs" + SEP) for n in spec.names)
+
+
+def _integral(path, episode, name, a: np.ndarray, dtype) -> np.ndarray:
+    """Float values into an integer column: only when every value is a whole number (d4rl stores floats)."""
+    bad = np.flatnonzero(~np.isfinite(a.reshape(len(a), -1)).all(axis=1) | (a.reshape(len(a), -1) % 1 != 0).any(axis=1))
+    if len(bad):
+        raise DatasetError(
+            path,
+            episode,
+            f"{name}[{bad[0]}] = {a[bad[0]].tolist()!r} is not a whole number; the table's {name!r} is {dtype}",
+        )
+    return a.astype(dtype)
+
+
+def fit_to_table(spec: TableSpec, path, episode, ep: dict, gamma: float = 1.0) -> dict:
+    """The table's columns, cast to its dtypes, derived columns computed after the cast.
+
+    DatasetError naming the episode when a column is missing or does not fit.
+    """
     from ..table.validate import check_episode
 
+    have = {}
+    for c in spec.columns:
+        if c.name in DERIVED:
+            continue
+        if c.name not in ep:
+            hint = " (the file has no such observation)" if is_obs_column(c.name) else ""
+            raise DatasetError(path, episode, f"the dataset has no column {c.name!r}{hint}; it has {sorted(ep)}")
+        a = ep[c.name]
+        if c.dtype.kind in "iu" and a.dtype.kind == "f":
+            a = _integral(path, episode, c.name, a, c.dtype)
+        have[c.name] = a
+    derived = [n for n in DERIVED if n in spec.names]
+    if derived:
+        src = have.get("reward", ep.get("reward"))
+        rdt = spec.column("reward").dtype if "reward" in spec.names else np.float32
+        base = {"reward": np.asarray(src).astype(rdt)} if src is not None else {"x": next(iter(ep.values()))}
+        rtg_dtype = spec.column("rtg").dtype if "rtg" in spec.names else np.float32
+        d = derive(base, gamma, derived, rtg_dtype)
+        have.update({n: d[n] for n in derived})
     try:
-        out, T = check_episode(spec, {n: ep[n] for n in spec.names}, 0)
+        out, T = check_episode(spec, have, 0)
     except InvalidDataError as e:
         msg = str(e).removeprefix("episode 0, ").removeprefix("episode 0: ")
         raise DatasetError(path, episode, f"does not fit the table: {msg}") from None
@@ -358,8 +309,8 @@ def parse_partition(
     fmt: Format, part: Partition, spec: TableSpec, gamma: float, strict: bool, options: dict
 ) -> ParsedPartition:
     """Read and validate one partition against the table (runs on the worker that will insert it)."""
-    pairs = fmt.read(part, gamma, strict, **options)
-    eps = [fit_to_table(spec, part.path, sid, ep) for sid, ep in pairs]
+    pairs = fmt.read(part, strict, **{**options, "next_obs": wants_next(spec)})
+    eps = [fit_to_table(spec, part.path, sid, ep, gamma) for sid, ep in pairs]
     names = spec.names
     sums = np.stack([episode_sums(e, names) for e in eps]) if eps else np.zeros((0, len(names)))
     return ParsedPartition(part, eps, [sid for sid, _ in pairs], sums)

@@ -1,12 +1,17 @@
-"""D4RL-style flat HDF5: ``observations, actions, rewards, terminals, timeouts`` over all steps.
+"""D4RL-style flat HDF5: ``observations, actions, rewards, terminals[, timeouts]`` over all steps.
 
 The file holds one row per step of all episodes back to back (``observations``
 ``[N, d]``, ``actions`` ``[N]`` or ``[N, a]``, ``rewards``, ``terminals``,
-``timeouts`` ``[N]``; any other datasets, e.g. ``next_observations`` or
-``infos/*``, are ignored).  Splitting rule: an episode ends at a step whose
-``terminals`` *or* ``timeouts`` flag is True, and that step belongs to the
-episode it ends; rows after the last flagged step form a final episode, marked
-truncated.  Partitions are row ranges holding ``chunk_episodes`` whole episodes.
+``timeouts`` ``[N]`` or ``[N, 1]``, as d4rl 1.1's ``get_dataset`` accepts;
+``next_observations`` is read when the table keeps next observations; other
+datasets, e.g. ``infos/*``, are ignored).  Splitting rule: an episode ends at a
+step whose ``terminals`` *or* ``timeouts`` flag is True, and that step belongs
+to the episode it ends; rows after the last flagged step form a final episode,
+marked truncated.  Files of older releases have no ``timeouts``: episodes then
+end at ``terminals`` only, or also every ``max_episode_steps`` steps since the
+last end when that option is given (what d4rl's ``qlearning_dataset`` does with
+the environment's time limit).  Float actions holding whole numbers go into an
+integer action column.  Partitions are row ranges of ``chunk_episodes`` whole episodes.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import numpy as np
 
 from ..errors import DatasetError
 from .common import Format, Partition, Plan, iter_episodes, make_episode
+from .episode import guard
 
 KEYS = {
     "obs": "observations",
@@ -27,19 +33,28 @@ KEYS = {
 }
 
 
-def split_points(terminals: np.ndarray, timeouts: np.ndarray) -> np.ndarray:
+def split_points(terminals: np.ndarray, timeouts: np.ndarray, max_episode_steps: int | None = None) -> np.ndarray:
     """``[0, e_1, ..., N]``: episode ``k`` is rows ``[b[k], b[k+1])``.
 
     An episode ends *after* each row flagged terminal or timeout (the flagged
-    row is its last step); trailing unflagged rows form a last episode.
+    row is its last step); trailing unflagged rows form a last episode.  With
+    ``max_episode_steps``, an episode also ends after that many steps.
 
     Examples
     --------
     >>> split_points(np.array([0, 0, 1, 0, 0, 0, 0], bool), np.array([0, 0, 0, 0, 0, 1, 0], bool)).tolist()
     [0, 3, 6, 7]
+    >>> split_points(np.zeros(7, bool), np.zeros(7, bool), max_episode_steps=3).tolist()
+    [0, 3, 6, 7]
     """
     ends = np.flatnonzero(np.asarray(terminals, bool) | np.asarray(timeouts, bool)) + 1
     n = len(terminals)
+    if max_episode_steps:
+        cut, last = [], 0
+        for e in [*ends.tolist(), n]:
+            cut.extend(range(last + max_episode_steps, e, max_episode_steps))
+            last = e
+        ends = np.union1d(ends, np.asarray(cut, dtype=np.int64))
     b = np.concatenate(([0], ends))
     if b[-1] != n:
         b = np.concatenate((b, [n]))
@@ -61,26 +76,31 @@ def _open(path):
 def _datasets(f, path) -> tuple[dict, int]:
     import h5py
 
-    missing = [k for k in KEYS.values() if k not in f]
+    need = [KEYS[r] for r in ("obs", "action", "reward", "terminal")]
+    missing = [k for k in need if k not in f]
     if missing:
         raise DatasetError(
             path,
             None,
             f"dataset(s) {missing} are missing (the file has {sorted(f.keys())}); "
-            f"a D4RL file needs {list(KEYS.values())}",
+            f"a D4RL file needs {need} (and 'timeouts' since d4rl's v1 datasets)",
         )
-    ds = {role: f[k] for role, k in KEYS.items()}
-    for role, d in ds.items():
+    ds = {role: f[k] for role, k in KEYS.items() if k in f}
+    if "next_observations" in f:
+        ds["next_obs"] = f["next_observations"]
+    for d in ds.values():
         if not isinstance(d, h5py.Dataset) or len(d.shape) == 0:
-            raise DatasetError(path, None, f"{KEYS[role]!r} must be an array with one row per step")
+            raise DatasetError(path, None, f"{d.name.lstrip('/')!r} must be an array with one row per step")
     n = ds["obs"].shape[0]
-    rows = {KEYS[r]: d.shape[0] for r, d in ds.items()}
+    rows = {d.name.lstrip("/"): d.shape[0] for d in ds.values()}
     if len(set(rows.values())) != 1:
         raise DatasetError(path, None, f"ragged columns: every dataset needs one row per step, got rows {rows}")
     return ds, n
 
 
 def _flags(path, name, a: np.ndarray) -> np.ndarray:
+    if a.ndim == 2 and a.shape[1] == 1:  # (N, 1), as some releases store them
+        a = a[:, 0]
     if a.dtype.kind == "b":
         return a
     if a.dtype.kind not in "iuf" or np.any((a != 0) & (a != 1)):
@@ -88,13 +108,17 @@ def _flags(path, name, a: np.ndarray) -> np.ndarray:
     return a != 0
 
 
-def plan(source, chunk_episodes: int, **_) -> Plan:
-    """Row ranges of ``chunk_episodes`` episodes, from the ``terminals`` and ``timeouts`` flags only."""
-    with _open(source) as f:
+def _ends(path, ds, sl=slice(None)) -> tuple[np.ndarray, np.ndarray]:
+    term = _flags(path, "terminals", ds["terminal"][sl])
+    tout = _flags(path, "timeouts", ds["truncated"][sl]) if "truncated" in ds else np.zeros(len(term), bool)
+    return term, tout
+
+
+def plan(source, chunk_episodes: int, *, max_episode_steps: int | None = None, **_) -> Plan:
+    """Row ranges of ``chunk_episodes`` episodes, from the end flags only."""
+    with _open(source) as f, guard(source, None):
         ds, n = _datasets(f, source)
-        b = split_points(
-            _flags(source, "terminals", ds["terminal"][()]), _flags(source, "timeouts", ds["truncated"][()])
-        )
+        b = split_points(*_ends(source, ds), max_episode_steps)
     parts = []
     for k, e in enumerate(range(0, len(b) - 1, chunk_episodes)):
         e2 = min(e + chunk_episodes, len(b) - 1)
@@ -102,21 +126,22 @@ def plan(source, chunk_episodes: int, **_) -> Plan:
     return Plan("d4rl", str(source), parts, len(b) - 1, n)
 
 
-def read(part: Partition, gamma: float, strict: bool, **_) -> list[tuple[int, dict]]:
-    """The canonical episodes of one row range, as ``(dataset-wide episode index, episode)``."""
+def read(
+    part: Partition, strict: bool, *, next_obs: bool = False, max_episode_steps: int | None = None, **_
+) -> list[tuple[int, dict]]:
+    """The episodes of one row range, as ``(dataset-wide episode index, episode)``."""
     lo, hi = part.selector
-    with _open(part.path) as f:
+    with _open(part.path) as f, guard(part.path, f"{part.first_episode}.. (rows {lo}..{hi - 1})"):
         ds, _ = _datasets(f, part.path)
-        rows = {role: d[lo:hi] for role, d in ds.items()}
-    term = _flags(part.path, "terminals", rows["terminal"])
-    tout = _flags(part.path, "timeouts", rows["truncated"])
-    b = split_points(term, tout)
+        rows = {role: d[lo:hi] for role, d in ds.items() if role != "next_obs" or next_obs}
+        term, tout = _ends(part.path, ds, slice(lo, hi))
+    b = split_points(term, tout, max_episode_steps)
     out = []
     for j in range(len(b) - 1):
         s, e = int(b[j]), int(b[j + 1])
         k = part.first_episode + j
         trunc = tout[s:e].copy()
-        if not (term[e - 1] or tout[e - 1]):  # rows after the last flag: a final, truncated episode
+        if not term[e - 1]:  # cut by a timeout, the time limit, or the end of the file
             trunc[-1] = True
         raw = {
             "obs": rows["obs"][s:e],
@@ -124,26 +149,38 @@ def read(part: Partition, gamma: float, strict: bool, **_) -> list[tuple[int, di
             "reward": rows["reward"][s:e],
             "terminal": term[s:e],
             "truncated": trunc,
+            "next_obs": rows["next_obs"][s:e] if "next_obs" in rows else None,
         }
         try:
-            out.append((k, make_episode(part.path, k, **raw, labels=KEYS, gamma=gamma, strict=strict)))
+            ep = make_episode(part.path, k, **raw, labels=KEYS, want_next=next_obs, strict=strict)
         except DatasetError as err:  # name the rows too: D4RL episodes have no id in the file
             raise DatasetError(err.path, f"{k} (rows {lo + s}..{lo + e - 1})", err.problem) from None
+        out.append((k, ep))
     return out
 
 
 FORMAT = Format("d4rl", plan, read)
 
 
-def read_d4rl(path, *, gamma: float | None = None, strict: bool | None = None, chunk_episodes: int | None = None):
+def read_d4rl(
+    path,
+    *,
+    gamma: float | None = None,
+    strict: bool | None = None,
+    chunk_episodes: int | None = None,
+    next_obs: bool = False,
+    max_episode_steps: int | None = None,
+):
     """Yield the canonical episodes of a D4RL-style flat HDF5 file, in file order.
 
     Parameters
     ----------
     path : str or Path
         The HDF5 file.
-    gamma, strict, chunk_episodes
+    gamma, strict, chunk_episodes, next_obs
         As for :func:`~gear_flow.ingest.read_minari`.
+    max_episode_steps : int, optional
+        For files without ``timeouts``: also end an episode after this many steps.
 
     Yields
     ------
@@ -155,4 +192,12 @@ def read_d4rl(path, *, gamma: float | None = None, strict: bool | None = None, c
     --------
     >>> lengths = [len(e["reward"]) for e in read_d4rl("data/cartpole/d4rl/cartpole-mixed-v0.hdf5")]  # doctest: +SKIP
     """
-    return iter_episodes(FORMAT, path, gamma=gamma, strict=strict, chunk_episodes=chunk_episodes)
+    return iter_episodes(
+        FORMAT,
+        path,
+        gamma=gamma,
+        strict=strict,
+        chunk_episodes=chunk_episodes,
+        next_obs=next_obs,
+        max_episode_steps=max_episode_steps,
+    )

@@ -37,6 +37,8 @@ def ingest(
     strict: bool | None = None,
     chunk_episodes: int | None = None,
     frame_backend: str | None = None,
+    columns=None,
+    max_episode_steps: int | None = None,
     timeout: float | None = None,
     client=None,
 ) -> IngestReport:
@@ -47,7 +49,8 @@ def ingest(
     table : LocalTable or DistributedTable
         Its columns must be among those the readers produce (create it with
         :func:`~gear_flow.ingest.episode_columns`); each episode must fit a
-        shard's capacity.
+        shard's capacity.  Values are cast to its dtypes (float64 columns keep
+        float64 files exact); a ``next_obs`` column keeps next observations.
     source : str, Path or list
         Minari dataset directory, D4RL HDF5 file, or Parquet file(s)/directory/glob.
         For a distributed table the paths are opened *by the workers*.
@@ -64,6 +67,12 @@ def ingest(
         ``cluster.PARTITIONS_PER_WORKER`` partitions per worker.
     frame_backend : {"pandas", "cudf"}, optional
         Parquet only: the frame library of :func:`dask.dataframe.read_parquet`.
+    columns : ColumnMap, optional
+        Parquet only: the column of each role, the episode/step columns and
+        whether there is a truncation column (e.g.
+        :data:`gear_flow.ingest.columns.LEROBOT`).
+    max_episode_steps : int, optional
+        D4RL files without ``timeouts`` only: also end an episode after this many steps.
     timeout : float, optional
         Seconds each insert may wait for the table's rate limiter.
     client : distributed.Client, optional
@@ -99,7 +108,12 @@ def ingest(
         raise SpecError(
             f"frame_backend ({frame_backend!r}) applies to Parquet only: one of {sorted(parquet.FRAME_READERS)}"
         )
-    options = {"frame_backend": frame_backend} if frame_backend else {}
+    if columns is not None and name != "parquet":
+        raise SpecError(f"columns= (a column mapping) applies to Parquet step tables, not {name!r}")
+    if max_episode_steps is not None and name != "d4rl":
+        raise SpecError(f"max_episode_steps applies to D4RL files, not {name!r}")
+    given = {"frame_backend": frame_backend, "columns": columns, "max_episode_steps": max_episode_steps}
+    options = {k: v for k, v in given.items() if v is not None}
     from ..table.local import LocalTable
 
     if isinstance(table, LocalTable):

@@ -21,8 +21,8 @@ def detect_format(source) -> str:
     if any(ch in s for ch in "*?[") or p.suffix == ".parquet":
         return "parquet"
     if p.is_dir():
-        if (p / "data" / minari.MAIN_FILE).is_file() or (p / minari.MAIN_FILE).is_file():
-            return "minari"
+        if any((d / f).is_file() for d in (p / "data", p) for f in (minari.MAIN_FILE, minari.METADATA_FILE)):
+            return "minari"  # before the *.parquet search: Minari's parquet storage is not our step-table layout
         if any(p.rglob("*.parquet")):
             return "parquet"
     if p.is_file() and p.suffix in (".hdf5", ".h5"):

@@ -1,14 +1,23 @@
-"""Minari datasets: ``<root>/<dataset_id>/data/{main_data.hdf5, metadata.json}``.
+"""Minari datasets: ``<root>/<dataset_id>/data/`` in any of Minari's storage formats.
 
-``main_data.hdf5`` holds one group per episode, ``episode_{i}`` (``i = 0 ..
-total_episodes - 1``), with the datasets ``observations`` (``T + 1`` rows:
-Minari stores the final observation), ``actions``, ``rewards``,
-``terminations`` and ``truncations`` (``T`` rows each); ``metadata.json``
-holds ``dataset_id``, ``total_episodes``, ``total_steps``, the serialized
-spaces, ``env_spec`` and ``minari_version`` (Minari's ``MinariStorage``).
-Only Box observations and Box/Discrete actions are read (Dict/Tuple spaces are
-stored as HDF5 groups and rejected with a clear error).  Partitions are chunks
-of consecutive episode groups.
+``data/metadata.json`` holds ``dataset_id``, ``total_episodes``,
+``total_steps``, ``data_format``, the serialized spaces, ``env_spec`` and
+``minari_version`` (Minari's ``MinariStorage``).  By ``data_format``:
+
+``hdf5`` (the default)
+    ``main_data.hdf5`` with one group per episode, ``episode_{i}``, holding
+    ``observations`` (``T + 1`` rows: Minari stores the final observation),
+    ``actions``, ``rewards``, ``terminations`` and ``truncations`` (``T`` rows).
+    A Dict observation space is a group per key, a Tuple space a group of
+    ``_index_{j}`` members.
+``arrow``, ``parquet``
+    one directory per episode, ``data/{i}/``, of Arrow IPC or Parquet files
+    (see :mod:`.minari_arrow`).
+
+Dict/Tuple observations become one column per leaf, ``obs__<key>``
+(``obs__<j>`` for Tuple member ``j``, nested with ``__``), the naming an export
+inverts to rebuild the space.  Actions must be Box or Discrete.  Partitions
+are chunks of consecutive episodes.
 """
 
 from __future__ import annotations
@@ -18,7 +27,9 @@ import re
 from pathlib import Path
 
 from ..errors import DatasetError
+from . import minari_arrow
 from .common import Format, Partition, Plan, iter_episodes, make_episode
+from .episode import guard
 
 MAIN_FILE = "main_data.hdf5"
 METADATA_FILE = "metadata.json"
@@ -33,13 +44,27 @@ _EPISODE_RE = re.compile(r"episode_(\d+)$")
 
 
 def locate(source) -> tuple[Path, Path | None]:
-    """``(main_data.hdf5, metadata.json or None)`` for a dataset dir, its ``data`` dir or the HDF5 file."""
+    """``(main_data.hdf5 or the data directory, metadata.json or None)`` for a dataset dir, its ``data`` dir or the HDF5 file."""
     p = Path(source)
     for cand in (p / "data" / MAIN_FILE, p / MAIN_FILE, p):
         if cand.is_file():
             meta = cand.parent / METADATA_FILE
             return cand, (meta if meta.is_file() else None)
-    raise DatasetError(p, None, f"no Minari dataset here: expected {p}/data/{MAIN_FILE} (or {p}/{MAIN_FILE})")
+    for d in (p / "data", p):
+        if (d / METADATA_FILE).is_file():
+            return d, d / METADATA_FILE
+    raise DatasetError(
+        p, None, f"no Minari dataset here: expected {p}/data/{MAIN_FILE} or {p}/data/{METADATA_FILE} (arrow/parquet)"
+    )
+
+
+def read_metadata(meta_path) -> dict:
+    if meta_path is None:
+        return {}
+    try:
+        return json.loads(Path(meta_path).read_text())
+    except (OSError, ValueError) as e:
+        raise DatasetError(meta_path, None, f"is not valid JSON ({e})") from None
 
 
 def _h5(path):
@@ -52,33 +77,36 @@ def _h5(path):
 
 
 def plan(source, chunk_episodes: int, **_) -> Plan:
-    """Chunks of ``chunk_episodes`` consecutive episode groups; checks the groups against metadata.json."""
+    """Chunks of ``chunk_episodes`` consecutive episodes; checks the episodes against metadata.json."""
     main, meta_path = locate(source)
-    meta = {}
-    if meta_path is not None:
-        try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, ValueError) as e:
-            raise DatasetError(meta_path, None, f"is not valid JSON ({e})") from None
-    with _h5(main) as f:
-        idx = sorted(int(m.group(1)) for k in f.keys() if (m := _EPISODE_RE.match(k)))
-        if idx != list(range(len(idx))):
-            missing = sorted(set(range(max(idx, default=-1) + 1)) - set(idx))
+    meta = read_metadata(meta_path)
+    if main.is_dir():
+        fmt = meta.get("data_format")
+        if fmt not in minari_arrow.FORMATS:
             raise DatasetError(
-                main, None, f"episode groups must be episode_0 .. episode_{{n-1}}; missing {missing[:5]}"
+                meta_path,
+                None,
+                f"data_format {fmt!r} without {MAIN_FILE}; expected hdf5 (with {MAIN_FILE}), arrow or parquet",
             )
-        steps = []
-        for i in idx:
-            g = f[f"episode_{i}"]
-            n = g.attrs.get("total_steps")
-            if n is None:
-                d = g.get("rewards", g.get("actions"))
-                n = d.shape[0] if d is not None and hasattr(d, "shape") and len(d.shape) else 0
-            steps.append(int(n))
+        idx, steps = minari_arrow.episodes(main)
+    else:
+        with _h5(main) as f, guard(main, None):
+            idx = sorted(int(m.group(1)) for k in f.keys() if (m := _EPISODE_RE.match(k)))
+            steps = []
+            for i in idx:
+                g = f[f"episode_{i}"]
+                n = g.attrs.get("total_steps")
+                if n is None:
+                    d = g.get("rewards", g.get("actions"))
+                    n = d.shape[0] if d is not None and hasattr(d, "shape") and len(d.shape) else 0
+                steps.append(int(n))
+    if idx != list(range(len(idx))):
+        missing = sorted(set(range(max(idx, default=-1) + 1)) - set(idx))
+        raise DatasetError(main, None, f"episodes must be numbered 0 .. n-1; missing {missing[:5]}")
     total = meta.get("total_episodes")
     if total is not None and int(total) != len(idx):
         raise DatasetError(
-            main, None, f"{METADATA_FILE} says total_episodes={total} but the file has {len(idx)} episode groups"
+            main, None, f"{METADATA_FILE} says total_episodes={total} but the dataset has {len(idx)} episodes"
         )
     parts = [
         Partition(
@@ -96,46 +124,62 @@ def plan(source, chunk_episodes: int, **_) -> Plan:
     return Plan("minari", str(main), parts, len(idx), None if exp_steps is None else int(exp_steps))
 
 
-def read(part: Partition, gamma: float, strict: bool, **_) -> list[tuple[int, dict]]:
-    """The canonical episodes of a chunk of episode groups, as ``(episode index, episode)``."""
+def _tree(path, i, node, label):
+    """An HDF5 dataset as an array; a group (Dict/Tuple space) as a dict of its members, ``_index_j`` as ``j``."""
     import h5py
 
+    if isinstance(node, h5py.Dataset):
+        return node[()]
+    if label != "observations":
+        raise DatasetError(path, i, f"{label!r} is an HDF5 group (a Dict/Tuple space); actions must be Box or Discrete")
+    out = {k.removeprefix("_index_"): _tree(path, i, node[k], label) for k in node.keys()}
+    if all(k.startswith("_index_") for k in node.keys()):
+        return tuple(out[str(j)] for j in range(len(out)))
+    return out
+
+
+def read(part: Partition, strict: bool, *, next_obs: bool = False, **_) -> list[tuple[int, dict]]:
+    """The episodes of a chunk, as ``(episode index, episode)``."""
+    if Path(part.path).is_dir():
+        return minari_arrow.read(part, strict, next_obs=next_obs)
     out = []
     with _h5(part.path) as f:
         for i in part.selector:
             name = f"episode_{i}"
-            if name not in f:
-                raise DatasetError(part.path, i, f"group {name!r} is missing")
-            g = f[name]
-            raw = {}
-            for role, key in KEYS.items():
-                if key not in g:
-                    raise DatasetError(
-                        part.path, i, f"dataset {key!r} is missing (group {name!r} has {sorted(g.keys())})"
-                    )
-                d = g[key]
-                if not isinstance(d, h5py.Dataset):
-                    raise DatasetError(
-                        part.path,
-                        i,
-                        f"{key!r} is an HDF5 group (a Dict/Tuple space); only Box observations and Box/Discrete actions are supported",
-                    )
-                raw[role] = d[()]
-            out.append((i, make_episode(part.path, i, **raw, labels=KEYS, final_obs=True, gamma=gamma, strict=strict)))
+            with guard(part.path, i):
+                if name not in f:
+                    raise DatasetError(part.path, i, f"group {name!r} is missing")
+                g = f[name]
+                raw = {}
+                for role, key in KEYS.items():
+                    if key not in g:
+                        raise DatasetError(
+                            part.path, i, f"dataset {key!r} is missing (group {name!r} has {sorted(g.keys())})"
+                        )
+                    raw[role] = _tree(part.path, i, g[key], key)
+            ep = make_episode(part.path, i, **raw, labels=KEYS, final_obs=True, want_next=next_obs, strict=strict)
+            out.append((i, ep))
     return out
 
 
 FORMAT = Format("minari", plan, read)
 
 
-def read_minari(path, *, gamma: float | None = None, strict: bool | None = None, chunk_episodes: int | None = None):
+def read_minari(
+    path,
+    *,
+    gamma: float | None = None,
+    strict: bool | None = None,
+    chunk_episodes: int | None = None,
+    next_obs: bool = False,
+):
     """Yield the canonical episodes of a Minari dataset, in episode order.
 
     Parameters
     ----------
     path : str or Path
         The dataset directory (``<root>/<dataset_id>``), its ``data`` directory,
-        or ``main_data.hdf5`` itself.
+        or ``main_data.hdf5`` itself; any of Minari's ``data_format`` values.
     gamma : float, optional
         Discount of the ``rtg`` column (config ``ingest.gamma``, default 1.0).
     strict : bool, optional
@@ -143,6 +187,8 @@ def read_minari(path, *, gamma: float | None = None, strict: bool | None = None,
         ``ingest.strict``, default True).
     chunk_episodes : int, optional
         Episodes read per HDF5 pass (config ``ingest.chunk_episodes``).
+    next_obs : bool, default False
+        Add ``next_obs`` (``obs`` shifted by one, the final observation last).
 
     Yields
     ------
@@ -155,4 +201,4 @@ def read_minari(path, *, gamma: float | None = None, strict: bool | None = None,
     >>> eps[0]["rtg"][0] == eps[0]["reward"].sum()                            # doctest: +SKIP
     True
     """
-    return iter_episodes(FORMAT, path, gamma=gamma, strict=strict, chunk_episodes=chunk_episodes)
+    return iter_episodes(FORMAT, path, gamma=gamma, strict=strict, chunk_episodes=chunk_episodes, next_obs=next_obs)

@@ -14,6 +14,12 @@ Schema (column names as written by ``pipelines/make_dataset.py``):
 ``truncated``          bool: the episode was cut at this step
 =====================  ==========================================================
 
+Other tools' layouts (LeRobot's ``episode_index``, ``frame_index``,
+``observation.state``, ``next.reward``, ``next.done``; one or many episodes
+per file) are read through a :class:`~gear_flow.ingest.columns.ColumnMap`
+(``columns=``), which names the column of each role, the episode and step
+columns, and whether there is a truncation column at all.
+
 An episode lies in exactly one file (checked at planning); a partition is up
 to ``chunk_episodes`` episodes of one file, read with
 :func:`dask.dataframe.read_parquet` and a row filter on ``episode_id`` (the
@@ -33,10 +39,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError, SpecError
+from .columns import ColumnMap
 from .common import Format, Partition, Plan, iter_episodes, make_episode
+from .episode import guard
 
-REQUIRED = ("episode_id", "reward", "terminal", "truncated")
-_DIM_RE = {"obs": re.compile(r"obs_(\d+)$"), "action": re.compile(r"action_(\d+)$")}
+DEFAULT = ColumnMap()
 
 
 def files_of(paths) -> list[str]:
@@ -86,7 +93,7 @@ def _column(frame, name: str) -> np.ndarray:
     return np.asarray(col)
 
 
-def plan(source, chunk_episodes: int, **_) -> Plan:
+def plan(source, chunk_episodes: int, *, columns: ColumnMap | None = None, **_) -> Plan:
     """Chunks of ``chunk_episodes`` episodes per file.
 
     Reads only the ``episode_id`` column (to count, and to check that no
@@ -94,6 +101,7 @@ def plan(source, chunk_episodes: int, **_) -> Plan:
     """
     import pyarrow.parquet as pq
 
+    epc = (columns or DEFAULT).episode
     parts, seen, total_eps, total_steps = [], {}, 0, 0
     for path in files_of(source):
         try:
@@ -101,11 +109,13 @@ def plan(source, chunk_episodes: int, **_) -> Plan:
         except Exception as e:  # pyarrow raises ArrowInvalid / OSError for non-Parquet files
             raise DatasetError(path, None, f"cannot be read as Parquet ({e})") from None
         names = pf.schema_arrow.names
-        if "episode_id" not in names:
-            raise DatasetError(path, None, f"column 'episode_id' is missing (columns: {names})")
-        ids = pf.read(columns=["episode_id"]).column("episode_id").to_numpy()
+        if epc not in names:
+            hint = "; pass columns= (a ColumnMap) naming the episode column" if epc == "episode_id" else ""
+            raise DatasetError(path, None, f"column {epc!r} is missing (columns: {names}){hint}")
+        with guard(path, None):
+            ids = pf.read(columns=[epc]).column(epc).to_numpy()
         if ids.dtype.kind not in "iu":
-            raise DatasetError(path, None, f"'episode_id' has dtype {ids.dtype}; expected integers")
+            raise DatasetError(path, None, f"{epc!r} has dtype {ids.dtype}; expected integers")
         uniq, counts = np.unique(ids, return_counts=True)
         for e in uniq.tolist():
             if e in seen:
@@ -122,24 +132,25 @@ def plan(source, chunk_episodes: int, **_) -> Plan:
     return Plan("parquet", str(source), parts, total_eps, total_steps)
 
 
-def _block(frame, names, role: str, path) -> np.ndarray:
-    """The ``obs`` / ``action`` values of every row: one column, a list column, or ``role_0 .. role_{k-1}``."""
-    if role in names:
-        a = _column(frame, role)
+def _block(frame, names, name: str, path) -> np.ndarray:
+    """The values of every row: one column, a list column, or ``name_0 .. name_{k-1}``."""
+    if name in names:
+        a = _column(frame, name)
         if a.dtype == object and len(a) and isinstance(a[0], (np.ndarray, list)):
             try:
                 return np.stack([np.asarray(v) for v in a])
             except ValueError as e:
-                raise DatasetError(path, None, f"list column {role!r} has rows of different lengths ({e})") from None
+                raise DatasetError(path, None, f"list column {name!r} has rows of different lengths ({e})") from None
         return a
-    dims = sorted((int(m.group(1)), n) for n in names if (m := _DIM_RE[role].match(n)))
+    pat = re.compile(re.escape(name) + r"_(\d+)$")
+    dims = sorted((int(m.group(1)), n) for n in names if (m := pat.match(n)))
     if not dims:
         raise DatasetError(
-            path, None, f"no {role!r} column (expected {role!r} or {role}_0, {role}_1, ...; columns: {names})"
+            path, None, f"no {name!r} column (expected {name!r} or {name}_0, {name}_1, ...; columns: {names})"
         )
     if [d for d, _ in dims] != list(range(len(dims))):
         raise DatasetError(
-            path, None, f"{role} columns must be {role}_0 .. {role}_{len(dims) - 1}; got {[n for _, n in dims]}"
+            path, None, f"{name} columns must be {name}_0 .. {name}_{len(dims) - 1}; got {[n for _, n in dims]}"
         )
     cols = [_column(frame, n) for _, n in dims]
     for (_, n), c in zip(dims, cols):
@@ -148,34 +159,75 @@ def _block(frame, names, role: str, path) -> np.ndarray:
     return np.stack(cols, axis=1)
 
 
+def _pick(x, rows):
+    """Rows of an observation block, or of each leaf of a dict of them."""
+    if x is None:
+        return None
+    return {k: v[rows] for k, v in x.items()} if isinstance(x, dict) else x[rows]
+
+
+def _observation(frame, names, cmap: ColumnMap, role: str, path, required: bool = True):
+    """An observation block, or a dict of them (``role.<key>`` mappings); None if optional and absent."""
+    leaves = cmap.leaves(role)
+    col = cmap.source(role)
+    if (
+        not leaves
+        and col == role
+        and role not in names
+        and not any(re.match(re.escape(role) + r"_\d+$", n) for n in names)
+    ):
+        # our own export of a Dict observation: obs__<key> or obs__<key>_<j> columns
+        pat = re.compile(re.escape(role) + r"__(.+?)(?:_\d+)?$")
+        leaves = {m.group(1): role + "__" + m.group(1) for n in names if (m := pat.match(n))}
+    if leaves:
+        return {k: _block(frame, names, c, path) for k, c in leaves.items()}
+    if not required and col not in names and not any(n.startswith(col + "_") for n in names):
+        return None
+    return _block(frame, names, col, path)
+
+
 def read(
-    part: Partition, gamma: float, strict: bool, *, frame_backend: str | None = None, **_
+    part: Partition,
+    strict: bool,
+    *,
+    frame_backend: str | None = None,
+    columns: ColumnMap | None = None,
+    next_obs: bool = False,
+    **_,
 ) -> list[tuple[int, dict]]:
-    """The canonical episodes of one partition, in order of first appearance, as ``(episode_id, episode)``."""
+    """The episodes of one partition, in order of first appearance, as ``(episode id, episode)``."""
     backend_name = frame_backend or "pandas"
     if backend_name not in FRAME_READERS:
         raise SpecError(f"frame_backend {backend_name!r} must be one of {sorted(FRAME_READERS)}")
-    try:
-        frame = FRAME_READERS[backend_name](
-            part.path, [("episode_id", "in", list(part.selector))] if part.selector else None
-        )
-    except (OSError, ValueError) as e:
-        raise DatasetError(part.path, None, f"cannot be read as Parquet ({e})") from None
+    cmap = columns or DEFAULT
+    epc = cmap.episode
+    with guard(part.path, None if not part.selector else f"{part.selector[0]}..{part.selector[-1]}"):
+        frame = FRAME_READERS[backend_name](part.path, [(epc, "in", list(part.selector))] if part.selector else None)
     if part.selector:  # filters may only prune row groups with some engines: keep exactly this chunk's rows
-        frame = frame[frame["episode_id"].isin(list(part.selector))]
+        frame = frame[frame[epc].isin(list(part.selector))]
+    return frame_episodes(frame, part.path, strict, cmap, next_obs)
+
+
+def frame_episodes(frame, path, strict: bool, cmap: ColumnMap | None = None, next_obs: bool = False) -> list:
+    """The episodes of a step-table frame (pandas or cuDF), as ``(episode id, episode)`` in order of first row.
+
+    Also what inserting a ``dask.dataframe`` of steps runs on each partition
+    (:func:`gear_flow.ingest.collection.insert_collection`).
+    """
+    cmap = cmap or DEFAULT
+    epc = cmap.episode
     names = list(frame.columns)
-    missing = [c for c in REQUIRED if c not in names]
+    roles = {"reward": cmap.source("reward"), "terminal": cmap.source("terminal"), "truncated": cmap.truncated}
+    missing = [c for c in (epc, *roles.values()) if c is not None and c not in names]
     if missing:
-        raise DatasetError(part.path, None, f"column(s) {missing} are missing (columns: {names})")
-    ids = _column(frame, "episode_id")
-    obs = _block(frame, names, "obs", part.path)
-    act = _block(frame, names, "action", part.path)
-    cols = {
-        "reward": _column(frame, "reward"),
-        "terminal": _column(frame, "terminal"),
-        "truncated": _column(frame, "truncated"),
-    }
-    step = _column(frame, "step") if "step" in names else None
+        raise DatasetError(path, None, f"column(s) {missing} are missing (columns: {names})")
+    ids = _column(frame, epc)
+    obs = _observation(frame, names, cmap, "obs", path)
+    nxt = _observation(frame, names, cmap, "next_obs", path, required=False) if next_obs else None
+    act = _block(frame, names, cmap.source("action"), path)
+    cols = {r: _column(frame, c) for r, c in roles.items() if c is not None}
+    step_col = cmap.step if cmap.step in names else None
+    step = _column(frame, step_col) if step_col else None
     uniq, first = np.unique(ids, return_index=True)
     order = np.argsort(ids, kind="stable")  # rows of each episode together, file order kept within
     bounds = np.searchsorted(ids[order], uniq)
@@ -186,25 +238,33 @@ def read(
         rows = order[bounds[j] : bounds[j + 1]]
         if step is not None:
             if step.dtype.kind not in "iu":
-                raise DatasetError(part.path, eid, f"'step' has dtype {step.dtype}; expected integers")
+                raise DatasetError(path, eid, f"{step_col!r} has dtype {step.dtype}; expected integers")
             rows = rows[np.argsort(step[rows], kind="stable")]
             s = step[rows]
             if not np.array_equal(s, np.arange(len(rows))):
                 bad = int(np.flatnonzero(s != np.arange(len(rows)))[0])
                 raise DatasetError(
-                    part.path,
+                    path,
                     eid,
                     f"steps must be 0..{len(rows) - 1} without gaps or repeats; "
                     f"sorted position {bad} holds step {s[bad]}",
                 )
+        term = cols["terminal"][rows]
+        if "truncated" in cols:
+            trunc = cols["truncated"][rows]
+        else:  # no truncation column: an episode that ends without terminating was cut
+            trunc = np.zeros(len(rows), bool)
+            trunc[-1] = not bool(np.asarray(term)[-1])
         raw = {
-            "obs": obs[rows],
+            "obs": _pick(obs, rows),
             "action": act[rows],
             "reward": cols["reward"][rows],
-            "terminal": cols["terminal"][rows],
-            "truncated": cols["truncated"][rows],
+            "terminal": term,
+            "truncated": trunc,
+            "next_obs": _pick(nxt, rows),
         }
-        out.append((eid, make_episode(part.path, eid, **raw, gamma=gamma, strict=strict)))
+        labels = {r: c for r, c in {**roles, "obs": cmap.source("obs"), "action": cmap.source("action")}.items() if c}
+        out.append((eid, make_episode(path, eid, **raw, labels=labels, want_next=next_obs, strict=strict)))
     return out
 
 
@@ -218,6 +278,8 @@ def read_parquet(
     strict: bool | None = None,
     chunk_episodes: int | None = None,
     frame_backend: str | None = None,
+    columns: ColumnMap | None = None,
+    next_obs: bool = False,
 ):
     """Yield the canonical episodes of Parquet step tables, file by file.
 
@@ -229,6 +291,10 @@ def read_parquet(
         As for :func:`~gear_flow.ingest.read_minari`.
     frame_backend : {"pandas", "cudf"}, optional
         Frame library :func:`dask.dataframe.read_parquet` uses (default pandas).
+    columns : ColumnMap, optional
+        Column names of another tool's layout (e.g. :data:`~gear_flow.ingest.columns.LEROBOT`).
+    next_obs : bool, default False
+        Add ``next_obs`` (a mapped ``next_obs`` column, else the next row).
 
     Yields
     ------
@@ -240,5 +306,12 @@ def read_parquet(
     >>> n = sum(1 for _ in read_parquet("data/cartpole/parquet/cartpole-mixed-v0"))  # doctest: +SKIP
     """
     return iter_episodes(
-        FORMAT, paths, gamma=gamma, strict=strict, chunk_episodes=chunk_episodes, frame_backend=frame_backend
+        FORMAT,
+        paths,
+        gamma=gamma,
+        strict=strict,
+        chunk_episodes=chunk_episodes,
+        frame_backend=frame_backend,
+        columns=columns,
+        next_obs=next_obs,
     )

@@ -44,6 +44,10 @@ class IngestReport:
         ``shards`` (the shards its episodes went to).
     episode_ids : numpy.ndarray
         int64, table-wide ids of the inserted episodes (partition order).
+    source_ids : list
+        The source's id of each inserted episode, aligned with
+        ``episode_ids`` (Minari episode index, D4RL episode number in file
+        order, Parquet episode column value); :meth:`source_map` as a dict.
     elapsed_s : float
         Wall time of the whole ingestion.
 
@@ -74,6 +78,11 @@ class IngestReport:
     partitions: list[dict] = field(default_factory=list)
     episode_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     elapsed_s: float = 0.0
+    source_ids: list = field(default_factory=list)
+
+    def source_map(self) -> dict:
+        """``{table episode id: source episode id}`` (e.g. for :func:`~gear_flow.ingest.episodes`)."""
+        return dict(zip(self.episode_ids.tolist(), self.source_ids))
 
     def mismatches(self) -> list[str]:
         """What differs between what was read and what the table holds (empty when :attr:`ok`)."""
@@ -148,4 +157,5 @@ def build_report(fmt, source, names, summaries, parts_info, stored, episode_ids,
         partitions=parts_info,
         episode_ids=np.asarray(episode_ids, dtype=np.int64),
         elapsed_s=float(elapsed),
+        source_ids=[i for x in summaries for i in x["ids"]],
     )

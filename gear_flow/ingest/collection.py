@@ -1,0 +1,287 @@
+"""Tables as Dask collections: ``episodes(table)`` as a dask.dataframe, ``select`` back into a table, collections in.
+
+- :func:`episodes` — one partition per shard, computed on the worker that
+  holds the shard (a pandas frame on CPU workers, cuDF on GPU-tier shards,
+  through :func:`gear_flow.backend.frame_module`), of per-episode metadata
+  (:data:`gear_flow.ingest.shards.META`).  Filter it with ordinary Dask code.
+- :func:`select` — the episodes of such a frame (only its ``episode_id``
+  column is computed) copied into a new table of the same kind; for a
+  distributed table each worker copies its own shards' episodes into the new
+  table's shards, so no trajectory passes through the client.  To write them
+  to a file instead, :func:`gear_flow.ingest.export.export` takes the same frame.
+- :func:`insert_collection` — a ``dask.bag`` of episode dicts, or a
+  ``dask.dataframe`` step table (the Parquet layout, or a
+  :class:`~gear_flow.ingest.columns.ColumnMap`), validated and inserted
+  like an ingested file: every partition is parsed and checked first, on a
+  worker hosting shards, and only then inserted there.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+
+from ..errors import DatasetError
+from .common import fit_to_table, resolve, wants_next
+from .episode import make_episode
+from .shards import META, episode_table, is_local, live_shards_by_worker, read_episodes
+
+
+def _meta():
+    import pandas as pd
+
+    return pd.DataFrame({k: np.zeros(0, dtype=v) for k, v in META.items()})
+
+
+def _frame(shard, shard_id: int, sources):
+    from .. import backend
+
+    cols = episode_table(shard, shard_id, sources)
+    return backend.frame_module(shard.tier).DataFrame(cols)
+
+
+def _frame_task(name: str, shard_id: int, sources):
+    from distributed import get_worker
+
+    from ..distributed.plugin import PLUGIN_NAME
+
+    return _frame(get_worker().plugins[PLUGIN_NAME].host.shard(name, shard_id), shard_id, sources)
+
+
+def episodes(table, sources=None):
+    """The table's episodes as a :class:`dask.dataframe.DataFrame`, one partition per live shard.
+
+    Parameters
+    ----------
+    table : LocalTable or DistributedTable
+    sources : dict or IngestReport, optional
+        ``{table episode id: source episode id}`` for the ``source_id``
+        column (an :class:`~gear_flow.ingest.IngestReport` gives its
+        :meth:`~gear_flow.ingest.IngestReport.source_map`); -1 otherwise.
+
+    Returns
+    -------
+    dask.dataframe.DataFrame
+        Columns ``episode_id``, ``source_id``, ``shard``, ``length``,
+        ``return`` (sum of ``reward``), ``first_key`` (key of the episode's
+        first item), ``stamp`` (insertion order), ``times_sampled`` (-1 unless
+        the table counts samples) and ``mean_priority`` (over its active
+        items).  A snapshot: partitions are computed now, where the shards are.
+
+    Examples
+    --------
+    >>> eps = episodes(table)                                                   # doctest: +SKIP
+    >>> top = eps[eps["return"] >= eps["return"].quantile(0.9).compute()]       # doctest: +SKIP
+    >>> bc_table = select(table, top)                                           # doctest: +SKIP
+    """
+    import dask
+    import dask.dataframe as dd
+
+    if hasattr(sources, "source_map"):
+        sources = sources.source_map()
+    if is_local(table):
+        parts = [dask.delayed(_frame(sh, s, sources)) for s, sh in enumerate(table.shards)]
+        return dd.from_delayed(parts, meta=_meta(), verify_meta=False)
+    token = uuid.uuid4().hex[:8]
+    futs = []
+    for a, shard_ids in live_shards_by_worker(table).items():
+        for s in shard_ids:
+            futs.append(
+                table.client.submit(
+                    _frame_task,
+                    table.name,
+                    s,
+                    sources,
+                    workers=[a],
+                    allow_other_workers=False,
+                    pure=False,
+                    key=f"gear-flow-episodes-{token}-{s}",
+                )
+            )
+    meta = table.client.submit(lambda df: df.iloc[:0], futs[0], pure=False).result()  # pandas or cuDF, empty
+    return dd.from_delayed(futs, meta=meta, verify_meta=False)
+
+
+def _ids(frame) -> np.ndarray:
+    from .export import _ids_of
+
+    return _ids_of(frame)
+
+
+def _copy_into(shards: dict, name: str, ids, timeout):
+    from ..distributed.table import DistributedTable
+
+    eps = []
+    for sh in shards.values():
+        with sh.lock:
+            stamp = dict(zip(sh.index.get("episode_id", sh.index.live()), sh.index.get("stamp", sh.index.live())))
+        eps.extend((stamp[e], ep) for e, ep in read_episodes(sh, ids))
+    eps = [ep for _, ep in sorted(eps, key=lambda x: x[0])]
+    if not eps:
+        return 0
+    # the public insert, as ingestion's insert step does; to move to the transactional insert with it
+    DistributedTable.attach(name).insert(eps, timeout=timeout)
+    return len(eps)
+
+
+def select(table, episodes_frame, *, timeout: float | None = None, **table_kwargs):
+    """A new table of the same kind and spec holding the chosen episodes (in insertion order).
+
+    Parameters
+    ----------
+    table : LocalTable or DistributedTable
+    episodes_frame : dask or pandas DataFrame, or array of episode ids
+        Typically :func:`episodes` filtered; only ``episode_id`` is computed.
+    timeout : float, optional
+        Seconds each insert may wait for the new table's rate limiter.
+    **table_kwargs
+        Passed to ``LocalTable(spec, ...)`` / ``DistributedTable.create(client, spec, ...)``
+        (sampler, remover, rate_limiter, ...).  A distributed table's new
+        shards go on the same workers.
+
+    Returns
+    -------
+    LocalTable or DistributedTable
+    """
+    from ..errors import SpecError
+
+    ids = _ids(episodes_frame)
+    if is_local(table):
+        from ..table.local import LocalTable
+
+        eps = []
+        for sh in table.shards:
+            with sh.lock:
+                live = sh.index.live()
+                stamp = dict(zip(sh.index.get("episode_id", live), sh.index.get("stamp", live)))
+            eps.extend((stamp[e], ep) for e, ep in read_episodes(sh, ids))
+        new = LocalTable(table.spec, **table_kwargs)
+        if eps:
+            new.insert([ep for _, ep in sorted(eps, key=lambda x: x[0])], timeout=timeout)
+        return new
+    from ..distributed.table import DistributedTable
+
+    by = live_shards_by_worker(table)
+    new = DistributedTable.create(table.client, table.spec, workers=sorted(by), **table_kwargs)
+    try:
+        from .shards import submit_per_worker
+
+        futs = submit_per_worker(table, _copy_into, lambda a, s: (new.name, ids, timeout), tag="select")
+        n = sum(table.client.gather(list(futs.values())))
+    except BaseException:
+        new.close()
+        raise
+    if n != len(np.unique(ids)):
+        new.close()
+        raise SpecError(f"{len(np.unique(ids)) - n} of the chosen episodes are no longer in table {table.name!r}")
+    return new
+
+
+# -- collections in --------------------------------------------------------------------------------------
+
+
+def _parse(part, spec, gamma: float, strict: bool, kind: str, cmap, label: str) -> list:
+    """One bag/dataframe partition → episodes fitted to the table (DatasetError naming the partition)."""
+    from .parquet import frame_episodes
+
+    nxt = wants_next(spec)
+    if kind == "frame":
+        pairs = frame_episodes(part, label, strict, cmap, nxt)
+    else:
+        pairs = []
+        for j, e in enumerate(part):
+            raw = {r: e.get(k) for r, k in (("obs", "obs"), ("action", "action"), ("reward", "reward"))}
+            raw["terminal"] = e.get("done", e.get("terminal"))
+            raw["truncated"] = e.get("truncated", np.zeros(len(np.asarray(e["reward"])), bool))
+            obs = {k[5:]: v for k, v in e.items() if k.startswith("obs__")} or raw["obs"]
+            raw["obs"] = obs
+            raw["next_obs"] = e.get("next_obs")
+            pairs.append((j, make_episode(label, j, **raw, want_next=nxt, strict=strict)))
+    return [fit_to_table(spec, label, sid, ep, gamma) for sid, ep in pairs]
+
+
+def _insert_task(name: str, eps: list, timeout):
+    from ..distributed.table import DistributedTable
+
+    if eps:  # the public insert, as ingestion's insert step does; to move to the transactional insert with it
+        DistributedTable.attach(name).insert(eps, timeout=timeout)
+    return len(eps)
+
+
+def insert_collection(table, collection, *, columns=None, gamma=None, strict=None, timeout=None) -> int:
+    """Insert a ``dask.bag`` of episodes or a ``dask.dataframe`` step table, validated like ingestion.
+
+    Bag elements are dicts with ``obs`` (or ``obs__<key>``), ``action``,
+    ``reward``, ``done``, optional ``truncated``/``next_obs``; a dataframe has
+    the Parquet layout (or ``columns``, a ColumnMap) and no episode spans two
+    partitions.  Every partition is parsed and checked before anything is
+    inserted (a DatasetError names the partition and episode; nothing was
+    inserted).  Returns the number of episodes inserted.
+    """
+    gamma, strict, _ = resolve(gamma, strict, None)
+    kind = "frame" if hasattr(collection, "columns") else "bag"
+    parts = collection.to_delayed()
+    if hasattr(parts, "ravel"):
+        parts = list(parts.ravel())
+    if is_local(table):
+        import dask
+
+        datas = dask.compute(*parts, scheduler="sync")
+        try:
+            eps = [
+                e
+                for i, d in enumerate(datas)
+                for e in _parse(d, table.spec, gamma, strict, kind, columns, f"partition {i}")
+            ]
+        except DatasetError as e:
+            raise DatasetError(e.path, e.episode, f"{e.problem}; nothing was inserted") from None
+        if eps:
+            table.insert(eps, timeout=timeout)
+        return len(eps)
+    client = table.client
+    addrs = sorted(live_shards_by_worker(table))
+    token = uuid.uuid4().hex[:8]
+    futs = client.compute(parts)
+    parsed = [
+        client.submit(
+            _parse,
+            f,
+            table.spec,
+            gamma,
+            strict,
+            kind,
+            columns,
+            f"partition {i}",
+            workers=[addrs[i % len(addrs)]],
+            allow_other_workers=False,
+            pure=False,
+            key=f"gear-flow-parse-{token}-{i}",
+        )  # fmt: skip
+        for i, f in enumerate(futs)
+    ]
+    from distributed import wait
+
+    wait(parsed)
+    for f in parsed:
+        if f.status == "error":
+            e = f.exception()
+            if isinstance(e, DatasetError):
+                raise DatasetError(e.path, e.episode, f"{e.problem}; nothing was inserted") from None
+            raise e
+    ins = [
+        client.submit(
+            _insert_task,
+            table.name,
+            p,
+            timeout,
+            workers=[addrs[i % len(addrs)]],
+            allow_other_workers=False,
+            pure=False,
+            key=f"gear-flow-insert-coll-{token}-{i}",
+        )  # fmt: skip
+        for i, p in enumerate(parsed)
+    ]
+    n = sum(client.gather(ins))
+    client.cancel(futs + parsed)
+    return n

@@ -1,0 +1,122 @@
+"""Column mapping for step tables written by other tools (Parquet): which column plays which role.
+
+A :class:`ColumnMap` names, for a Parquet step table, the column of each role
+the reader needs: ``obs`` (or several ``obs.<key>`` for a Dict observation),
+``next_obs``, ``action``, ``reward``, ``terminal``, ``truncated``, plus the
+episode and step columns.  ``truncated=None`` says the layout has no
+truncation column: an episode whose last step is not terminal is then marked
+truncated (it ended in the file without terminating).  :data:`LEROBOT` is
+LeRobot's layout; :func:`parse_columns` reads the ``gear-flow ingest
+--columns`` form.
+
+Examples
+--------
+>>> m = ColumnMap({"observation.state": "obs", "next.reward": "reward", "next.done": "terminal"},
+...               episode="episode_index", step="frame_index", truncated=None)
+>>> m.source("obs"), m.source("action")
+('observation.state', 'action')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import SpecError
+
+#: roles a mapped column can play (``obs.<key>`` / ``next_obs.<key>``: one leaf of a Dict observation)
+ROLES = ("obs", "next_obs", "action", "reward", "terminal", "truncated")
+
+
+@dataclass(frozen=True)
+class ColumnMap:
+    """Which Parquet column holds which role.
+
+    Parameters
+    ----------
+    columns : dict of str to str
+        File column -> role (one of :data:`ROLES`, or ``obs.<key>`` /
+        ``next_obs.<key>`` for a Dict observation).  Roles not named keep their
+        default column (``obs`` or ``obs_0..``, ``action``, ``reward``,
+        ``terminal``, ``truncated``).
+    episode : str, default "episode_id"
+        Integer column carrying each row's episode.
+    step : str or None, default "step"
+        Integer column ordering an episode's rows (``0 .. T-1``); None, or a
+        column the file lacks: file order.
+    truncated : str or None, default "truncated"
+        The truncation flag's column; None: the layout has none.
+    """
+
+    columns: dict = field(default_factory=dict)
+    episode: str = "episode_id"
+    step: str | None = "step"
+    truncated: str | None = "truncated"
+
+    def __post_init__(self) -> None:
+        for col, role in self.columns.items():
+            base = role.split(".", 1)[0]
+            if base not in ROLES or (role.count(".") and base not in ("obs", "next_obs")):
+                raise SpecError(f"column {col!r} is mapped to {role!r}; roles are {list(ROLES)} or obs.<key>")
+            if role == "truncated" and self.truncated is None:
+                raise SpecError(f"column {col!r} is mapped to 'truncated' but truncated=None says there is none")
+        roles = list(self.columns.values())
+        dup = sorted({r for r in roles if roles.count(r) > 1})
+        if dup:
+            raise SpecError(f"role(s) {dup} are mapped from more than one column")
+
+    def source(self, role: str) -> str | None:
+        """The file column of a role (None: ``truncated`` when the layout has none)."""
+        for col, r in self.columns.items():
+            if r == role:
+                return col
+        if role == "truncated":
+            return self.truncated
+        return role
+
+    def leaves(self, role: str) -> dict[str, str]:
+        """``{key: column}`` of the ``role.<key>`` mappings (a Dict observation); empty if none."""
+        return {r.split(".", 1)[1]: c for c, r in self.columns.items() if r.startswith(role + ".")}
+
+
+#: LeRobot's Parquet layout (``data/chunk-000/episode_000000.parquet``, one or many episodes per file);
+#: ``next.done`` marks an episode's last frame, with no separate truncation flag
+LEROBOT = ColumnMap(
+    {"observation.state": "obs", "action": "action", "next.reward": "reward", "next.done": "terminal"},
+    episode="episode_index",
+    step="frame_index",
+    truncated=None,
+)
+
+#: named layouts for ``gear-flow ingest --layout``
+LAYOUTS = {"gear-flow": ColumnMap(), "lerobot": LEROBOT}
+
+
+def parse_columns(
+    text: str | None = None,
+    *,
+    layout: str | None = None,
+    episode: str | None = None,
+    step: str | None = None,
+    no_truncation: bool = False,
+) -> ColumnMap | None:
+    """A ColumnMap from CLI text (``"observation.state=obs,next.reward=reward"``) and options; None if nothing set."""
+    if text is None and layout is None and episode is None and step is None and not no_truncation:
+        return None
+    if layout is not None and layout not in LAYOUTS:
+        raise SpecError(f"layout {layout!r} must be one of {sorted(LAYOUTS)}")
+    base = LAYOUTS[layout or "gear-flow"]
+    cols = dict(base.columns)
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        col, sep, role = item.rpartition("=")
+        if not sep or not col:
+            raise SpecError(f"--columns item {item!r} must be COLUMN=ROLE (e.g. observation.state=obs)")
+        cols = {c: r for c, r in cols.items() if r != role.strip()}
+        cols[col.strip()] = role.strip()
+    return ColumnMap(
+        cols,
+        episode=episode or base.episode,
+        step=step or base.step,
+        truncated=None if no_truncation else base.truncated,
+    )

@@ -1,0 +1,283 @@
+"""Per-worker part writers and the client-side finishing step of each export format.
+
+Each format has ``write(out_dir, part, episodes, names) -> dict`` (runs where
+the episodes are; writes one part file; returns its file name, rows, and the
+float64 sums of what it *read back* from that file, per table column) and
+``finish(out_dir, parts, info)`` (runs on the client with only the parts'
+small reports: writes the file that ties the parts together).
+
+- ``parquet``: one step table per part (``part-<p>.parquet``), the layout
+  :mod:`gear_flow.ingest.parquet` reads: ``episode_id``, ``step``, ``obs_<j>``
+  (``obs__<key>_<j>`` for Dict observations), ``action``, ``reward``,
+  ``terminal``, ``truncated`` (and ``next_obs_<j>``).
+- ``d4rl``: ``parts/part-<p>.hdf5`` of flat arrays; ``<name>.hdf5`` holds HDF5
+  *virtual datasets* mapping each episode's rows from its part, in export order
+  (h5py/d4rl read them as ordinary datasets).
+- ``minari``: ``data/parts/part-<p>.hdf5`` with ``episode_<k>`` groups;
+  ``data/main_data.hdf5`` holds *external links* ``episode_<k>`` to them,
+  plus ``data/metadata.json`` (``minari.load_dataset`` reads it).  The
+  observation group holds ``T + 1`` rows: the final one is ``next_obs[-1]``
+  when the table keeps next observations, else a repeat of the last (Minari
+  needs a row there; re-ingestion drops it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import SpecError
+from ..episode import SEP
+
+EXPORTED = ("action", "reward", "done", "truncated")
+
+
+def obs_columns(names, role: str = "obs") -> list[str]:
+    return [n for n in names if n == role or n.startswith(role + SEP)]
+
+
+def check_exportable(spec, fmt: str) -> None:
+    """The table has what ``fmt`` needs (obs, action, reward, done, truncated); D4RL needs a single obs."""
+    names = spec.names
+    missing = [n for n in EXPORTED if n not in names] + ([] if obs_columns(names) else ["obs"])
+    if missing:
+        raise SpecError(f"exporting to {fmt} needs the table column(s) {missing}; the table has {list(names)}")
+    if fmt == "d4rl" and obs_columns(names) != ["obs"]:
+        raise SpecError(
+            "D4RL files hold one 'observations' array: a table with obs__<key> columns exports to minari or parquet"
+        )
+    for n in obs_columns(names) + obs_columns(names, "next_obs"):
+        if fmt == "parquet" and len(spec.column(n).shape) > 1:
+            raise SpecError(f"column {n!r} has shape {spec.column(n).shape}: Parquet export writes 1-D observations")
+
+
+def _sums(cols: dict[str, list]) -> dict[str, float]:
+    return {n: math.fsum(float(np.sum(a, dtype=np.float64)) for a in arrs) for n, arrs in cols.items()}
+
+
+# -- parquet -------------------------------------------------------------------------------------
+
+
+def _flat_cols(name: str, a: np.ndarray) -> dict[str, np.ndarray]:
+    return {name: a} if a.ndim == 1 else {f"{name}_{j}": a[:, j] for j in range(a.shape[1])}
+
+
+def write_parquet(out: Path, part: int, episodes: list, names) -> dict:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rename = {"done": "terminal"}
+    cols: dict[str, list] = {"episode_id": [], "step": []}
+    keep = [n for n in names if n not in ("rtg", "timestep")]
+    for k, ep in episodes:
+        T = len(ep["reward"])
+        cols["episode_id"].append(np.full(T, k, np.int64))
+        cols["step"].append(np.arange(T, dtype=np.int64))
+        for n in keep:
+            for c, v in _flat_cols(rename.get(n, n), ep[n]).items():
+                cols.setdefault(c, []).append(v)
+    table = pa.table({c: np.concatenate(v) for c, v in cols.items()})
+    path = out / f"part-{part:05d}.parquet"
+    pq.write_table(table, path)
+    back = pq.read_table(path)
+    sums = {}
+    for n in keep:
+        c = rename.get(n, n)
+        sub = [x for x in back.column_names if x == c or (x.startswith(c + "_") and x[len(c) + 1 :].isdigit())]
+        sums[n] = math.fsum(float(np.sum(back.column(x).to_numpy(), dtype=np.float64)) for x in sub)
+    return {"file": path.name, "rows": back.num_rows, "sums": sums}
+
+
+def finish_parquet(out: Path, parts: list, info: dict) -> list[str]:
+    return [p["file"] for p in parts]
+
+
+# -- d4rl ------------------------------------------------------------------------------------------
+
+
+D4RL_KEYS = {"obs": "observations", "next_obs": "next_observations", "action": "actions", "reward": "rewards",
+             "done": "terminals", "truncated": "timeouts"}  # fmt: skip
+
+
+def write_d4rl(out: Path, part: int, episodes: list, names) -> dict:
+    import h5py
+
+    (out / "parts").mkdir(exist_ok=True)
+    path = out / "parts" / f"part-{part:05d}.hdf5"
+    keep = [n for n in D4RL_KEYS if n in names]
+    with h5py.File(path, "w") as f:
+        for n in keep:
+            f.create_dataset(D4RL_KEYS[n], data=np.concatenate([ep[n] for _, ep in episodes]))
+    with h5py.File(path, "r") as f:
+        sums = {n: float(np.sum(f[D4RL_KEYS[n]][()], dtype=np.float64)) for n in keep}
+        rows = f[D4RL_KEYS["reward"]].shape[0]
+    spans, off = [], 0
+    for k, ep in episodes:
+        T = len(ep["reward"])
+        spans.append((k, off, T))
+        off += T
+    meta = {n: (ep[n].shape[1:], ep[n].dtype.str) for n in keep for _, ep in episodes[:1]}
+    return {"file": f"parts/{path.name}", "rows": rows, "sums": sums, "spans": spans, "meta": meta}
+
+
+def finish_d4rl(out: Path, parts: list, info: dict) -> list[str]:
+    import h5py
+
+    spans = sorted((k, p["file"], o, T) for p in parts for k, o, T in p["spans"])
+    total = sum(T for *_, T in spans)
+    meta = next(p["meta"] for p in parts if p["meta"])
+    path = out / info["file"]
+    with h5py.File(path, "w") as f:
+        for n, (shape, dt) in meta.items():
+            layout = h5py.VirtualLayout(shape=(total, *shape), dtype=np.dtype(dt))
+            pos = 0
+            for _, file, o, T in spans:
+                n_rows = next(p["rows"] for p in parts if p["file"] == file)
+                src = h5py.VirtualSource(file, D4RL_KEYS[n], shape=(n_rows, *shape))
+                layout[pos : pos + T] = src[o : o + T]
+                pos += T
+            f.create_virtual_dataset(D4RL_KEYS[n], layout)
+        f.attrs["exported_by"] = "gear_flow"
+    return [info["file"]] + sorted({p["file"] for p in parts})
+
+
+# -- minari ----------------------------------------------------------------------------------------
+
+MINARI_KEYS = {"action": "actions", "reward": "rewards", "done": "terminations", "truncated": "truncations"}
+
+
+def _obs_tree(g, cols: dict[str, np.ndarray]) -> None:
+    """Write ``{leaf path: array}`` (``obs`` or ``obs__a__0``) as Minari's groups (Tuple members ``_index_j``)."""
+    if list(cols) == [""]:
+        g.create_dataset("observations", data=cols[""])
+        return
+    root = g.create_group("observations")
+    for leaf, a in cols.items():
+        node = root
+        parts = leaf.split(SEP)
+        for p in parts[:-1]:
+            p = f"_index_{p}" if p.isdigit() else p
+            node = node[p] if p in node else node.create_group(p)
+        last = parts[-1]
+        node.create_dataset(f"_index_{last}" if last.isdigit() else last, data=a)
+
+
+def write_minari(out: Path, part: int, episodes: list, names) -> dict:
+    import h5py
+
+    parts_dir = out / "data" / "parts"
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    path = parts_dir / f"part-{part:05d}.hdf5"
+    obs = obs_columns(names)
+    sums: dict[str, list] = {n: [] for n in obs + list(MINARI_KEYS)}
+    leaves = {}
+    with h5py.File(path, "w") as f:
+        for k, ep in episodes:
+            g = f.create_group(f"episode_{k}")
+            T = len(ep["reward"])
+            g.attrs["id"] = k
+            g.attrs["total_steps"] = T
+            cols = {}
+            for n in obs:
+                last = ep["next_" + n][-1:] if "next_" + n in names else ep[n][-1:]
+                cols[n[len("obs__") :] if n != "obs" else ""] = np.concatenate([ep[n], last])
+                leaves[n] = (ep[n].shape[1:], ep[n].dtype.str)
+            _obs_tree(g, cols)
+            for n, key in MINARI_KEYS.items():
+                g.create_dataset(key, data=ep[n])
+    with h5py.File(path, "r") as f:
+        for k, _ in episodes:
+            g = f[f"episode_{k}"]
+            for n in obs:
+                node = g["observations"]
+                if n != "obs":
+                    for p in n[len("obs__") :].split(SEP):
+                        node = node[f"_index_{p}" if p.isdigit() else p]
+                sums[n].append(node[()][:-1])
+            for n, key in MINARI_KEYS.items():
+                sums[n].append(g[key][()])
+    act = [ep["action"] for _, ep in episodes]
+    return {
+        "file": f"parts/{path.name}",
+        "episodes": [(k, len(ep["reward"])) for k, ep in episodes],
+        "sums": _sums(sums),
+        "leaves": leaves,
+        "action": (
+            act[0].shape[1:],
+            act[0].dtype.str,
+            int(max(a.max() for a in act)) if act[0].dtype.kind in "iu" else None,
+        )
+        if act
+        else None,
+    }
+
+
+def _box(shape, dtype: str) -> dict:
+    dt = np.dtype(dtype)
+    lo, hi = (np.iinfo(dt).min, np.iinfo(dt).max) if dt.kind in "iu" else (-np.inf, np.inf)
+    full = lambda v: np.full(tuple(shape), v).tolist()  # noqa: E731
+    return {"type": "Box", "dtype": str(dt), "shape": list(shape), "low": full(lo), "high": full(hi)}
+
+
+def _space_of(leaves: dict) -> dict:
+    if list(leaves) == ["obs"]:
+        return _box(*leaves["obs"])
+    tree: dict = {}
+    for n, (shape, dt) in leaves.items():
+        node, parts = tree, n[len("obs__") :].split(SEP)
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = _box(shape, dt)
+
+    def build(node):
+        if "type" in node:
+            return node
+        sub = {k: build(v) for k, v in node.items()}
+        if all(k.isdigit() for k in sub):
+            return {"type": "Tuple", "subspaces": [sub[str(j)] for j in range(len(sub))]}
+        return {"type": "Dict", "subspaces": sub}
+
+    return build(tree)
+
+
+def finish_minari(out: Path, parts: list, info: dict) -> list[str]:
+    import h5py
+
+    data = out / "data"
+    eps = sorted((k, T, p["file"]) for p in parts for k, T in p["episodes"])
+    with h5py.File(data / "main_data.hdf5", "w") as f:
+        for k, _, file in eps:
+            f[f"episode_{k}"] = h5py.ExternalLink(file, f"episode_{k}")
+    leaves = next(p["leaves"] for p in parts if p["leaves"])
+    acts = [p["action"] for p in parts if p["action"] is not None]
+    shape, dt, hi = acts[0]
+    if hi is not None:
+        act = {"type": "Discrete", "dtype": "int64", "start": 0, "n": max(a[2] for a in acts) + 1}
+    else:
+        act = _box(shape, dt)
+    meta = {
+        "dataset_id": info["dataset_id"],
+        "total_episodes": len(eps),
+        "total_steps": int(sum(T for _, T, _ in eps)),
+        "data_format": "hdf5",
+        "observation_space": json.dumps(_space_of(leaves)),
+        "action_space": json.dumps(act),
+        "env_spec": None,
+        "minari_version": info.get("minari_version", "0.5.0"),  # a release Minari 0.4-0.5 loads
+        "algorithm_name": "exported by gear_flow",
+        "author": ["gear_flow"],
+        "code_permalink": "https://github.com/",
+        "description": f"Exported from gear_flow table {info.get('table')!r}.",
+    }
+    (data / "metadata.json").write_text(json.dumps(meta))
+    return ["data/main_data.hdf5", "data/metadata.json"] + sorted({"data/" + p["file"] for p in parts})
+
+
+WRITERS = {
+    "parquet": (write_parquet, finish_parquet),
+    "d4rl": (write_d4rl, finish_d4rl),
+    "minari": (write_minari, finish_minari),
+}
