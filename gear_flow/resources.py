@@ -36,10 +36,17 @@ def _normalise(resources) -> dict[str, float]:
     return out
 
 
+def _on_scheduler(dask_scheduler=None) -> dict:
+    return {a: dict(ws.resources or {}) for a, ws in dask_scheduler.workers.items()}
+
+
 def advertised(client) -> dict[str, dict[str, float]]:
-    """``{worker address: {resource: amount}}`` of every worker the scheduler knows now."""
-    workers = client.scheduler_info(n_workers=-1)["workers"]
-    return {addr: dict(w.get("resources") or {}) for addr, w in workers.items()}
+    """``{worker address: {resource: amount}}`` of every worker the scheduler knows now.
+
+    Asked of the scheduler itself: ``client.scheduler_info()`` reads a cache that the
+    client's periodic refresh may have just replaced by cluster totals without workers.
+    """
+    return client.run_on_scheduler(_on_scheduler)
 
 
 def describe(adv: Mapping[str, Mapping[str, float]]) -> str:

@@ -412,14 +412,31 @@ def test_nan_rewards_are_kept_when_not_strict(tmp_path, good):
         ingest(gf.LocalTable(spec()), src)
 
 
-def test_a_failed_insert_is_rolled_back(client, dataset):
-    # admits ~3000 steps without sampling, then blocks: later partitions time out in the insert phase
+def _drop_on(name, dask_worker=None):
+    return dask_worker.plugins["gear-flow"].host.drop(name)
+
+
+def test_a_failed_ingestion_leaves_no_trace(client, dataset):
+    """One transaction for the whole dataset: a worker that cannot stage its part aborts it everywhere."""
+    table = DistributedTable.create(client, spec(), seed=0)
+    try:
+        bad = table.placement[1]
+        assert client.run(_drop_on, table.name, workers=[bad])[bad]  # that worker lost the table
+        with pytest.raises(gf.GearFlowError, match="nothing was inserted"):
+            ingest(table, dataset["paths"]["d4rl"], chunk_episodes=2)
+        info = table.info()
+        assert info["totals"]["inserted"] == 0 and info["totals"]["deleted"] == 0 and info["size"] == 0
+        assert info["rate_limiter"]["inserts"] == 0 and info["inserts_in_flight"] == 0 and info["coordinator_size"] == 0
+    finally:
+        table.close()
+
+
+def test_an_ingestion_the_limiter_can_never_admit_is_refused(client, dataset):
     limiter = gf.SampleToInsertRatio(samples_per_insert=1, min_size_to_sample=1, error_buffer=(0, 3000))
     table = DistributedTable.create(client, spec(), rate_limiter=limiter, seed=0)
     try:
-        with pytest.raises(gf.RateLimitTimeout):
+        with pytest.raises(gf.SpecError, match="can never be admitted"):
             ingest(table, dataset["paths"]["d4rl"], chunk_episodes=2, timeout=0.5)
-        tot = table.info()["totals"]
-        assert tot["inserted"] > 0 and tot["deleted"] == tot["inserted"] and tot["size"] == 0
+        assert table.info()["totals"]["inserted"] == 0 and table.info()["rate_limiter"]["inserts"] == 0
     finally:
         table.close()

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..resources import advertised
 from ..spec import column_dtype
 from .connect import attach, connect, local_security, table_names
 from .errors import CLIError
@@ -157,7 +158,7 @@ def cmd_create(args) -> int:
                 check_resources(client, opts["resources"])  # a clear error when no worker has it
                 spec["num_shards"] = len(workers_with_resource(client, opts["resources"]))
             else:
-                spec["num_shards"] = max(1, len(client.scheduler_info(n_workers=-1)["workers"]))
+                spec["num_shards"] = max(1, len(advertised(client)))
         spec.setdefault("item_unit", "step")
         spec.setdefault("max_size", None)
         kw = {k: opts[k] for k in ("name", "boundary", "tier", "routing", "timeout", "resources", "workers",
@@ -235,16 +236,9 @@ def cmd_checkpoint(args) -> int:
 
 
 def cmd_restore_shard(args) -> int:
-    import inspect
-
     with connect(args) as client:
         table = attach(client, args.table)
-        kw = {"worker": args.worker}
-        if args.replace:
-            if "replace" not in inspect.signature(table.restore_shard).parameters:
-                raise CLIError("--replace is not supported by this gear_flow's restore_shard (update gear_flow)")
-            kw["replace"] = True
-        report = table.restore_shard(args.shard, args.path, **kw)
+        report = table.restore_shard(args.shard, args.path, worker=args.worker, replace=args.replace)
         print(f"restored shard {args.shard} of {args.table!r} from {args.path}")
         for key, value in (report or {}).items():
             print(f"  {key}: {value}")

@@ -25,6 +25,7 @@ from collections import defaultdict
 import numpy as np
 
 from ..errors import ShardLostError, SpecError
+from ..resources import advertised, check_resources
 from ..rate_limiters import RateLimiter
 from ..selectors import Selector
 from ..spec import TableSpec
@@ -125,12 +126,12 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin):
         client.register_plugin(GearFlowWorker())
         if workers is None and resources is not None:
             workers = workers_with_resource(client, resources)
-        addrs = list(workers) if workers is not None else sorted(client.scheduler_info(n_workers=-1)["workers"])
+        addrs = list(workers) if workers is not None else sorted(advertised(client))
         if not addrs:
             raise SpecError("the cluster has no workers to place shards on")
         placement = {i: addrs[i % len(addrs)] for i in range(spec.num_shards)}
         name = name or f"table-{uuid.uuid4().hex[:8]}"
-        config = {**cfg.to_dict(), "degraded": bool(degraded)}
+        config = {**cfg.to_dict(), "degraded": bool(degraded), "resources": resources}
         ctx = Context(client=client)
 
         async def setup():
@@ -343,12 +344,7 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin):
 
 def workers_with_resource(client, resource: str) -> list[str]:
     """Sorted addresses of the workers advertising ``resource`` (``dask worker --resources "replay=1"``)."""
-    info = client.scheduler_info(n_workers=-1)["workers"]
-    addrs = sorted(a for a, w in info.items() if (w.get("resources") or {}).get(resource, 0) > 0)
-    if not addrs:
-        have = sorted({r for w in info.values() for r in (w.get("resources") or {})})
-        raise SpecError(f"no worker advertises resource {resource!r}; resources advertised: {have}")
-    return addrs
+    return sorted(check_resources(client, resource))
 
 
 def _attach_here(name):

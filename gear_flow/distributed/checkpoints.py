@@ -6,7 +6,8 @@ import asyncio
 import uuid
 from collections import defaultdict
 
-from ..errors import ShardLostError
+from ..errors import ShardLostError, SpecError
+from ..resources import advertised
 from .coordinator import GearFlowCoordinator
 from .plugin import GearFlowWorker
 from .transport import Context, call, unwrap
@@ -82,7 +83,7 @@ class CheckpointMixin:
         cfg = m["table"]
         client.register_plugin(GearFlowCoordinator())
         client.register_plugin(GearFlowWorker())
-        addrs = list(workers) if workers is not None else sorted(client.scheduler_info()["workers"])
+        addrs = list(workers) if workers is not None else sorted(advertised(client))
         shard_ids = sorted(int(k) for k in m["files"])
         placement = {s: addrs[j % len(addrs)] for j, s in enumerate(shard_ids)}
         name = name or f"table-{uuid.uuid4().hex[:8]}"
@@ -108,16 +109,37 @@ class CheckpointMixin:
 
         return cls(ctx, name, ctx.sync(go), seed=seed, timeout=timeout)
 
-    def restore_shard(self, shard: int, path, worker: str | None = None) -> dict:
-        """Rebuild a lost shard from checkpoint ``path`` on ``worker`` (default: the least loaded live one).
+    def restore_shard(self, shard: int, path, worker: str | None = None, replace: bool = False) -> dict:
+        """Rebuild shard ``shard`` from checkpoint ``path`` on ``worker``.
 
-        Returns what was lost: ``inserted_at_loss`` (items the shard had received
-        when it was lost), ``inserted_at_checkpoint``, their difference
-        ``lost_items`` (inserted after the checkpoint, gone), and ``items_restored``.
+        A lost shard is restored; a live one is refused unless ``replace=True``
+        (its items since the checkpoint would be dropped), and then replaced
+        without leaving its old copy behind.  The default ``worker`` is the
+        least loaded live worker that may hold the table (its resource, if it
+        was created with one), empty workers included.
+
+        Returns ``items_restored``, ``inserted_at_checkpoint``; for a lost shard
+        ``inserted_at_loss`` and ``lost_items`` (inserted after the checkpoint,
+        gone); for a replaced one ``dropped_items`` (what it held) and
+        ``inserted_since_checkpoint``.
         """
-        return self._ctx.sync(self.restore_shard_async, shard, path, worker)
+        return self._ctx.sync(self.restore_shard_async, shard, path, worker, replace)
 
-    async def restore_shard_async(self, shard: int, path, worker=None) -> dict:
+    async def _restore_target(self) -> str:
+        workers = await self._coord("workers")
+        resource = self._config.get("resources")
+        if resource:
+            workers = {a: r for a, r in workers.items() if (r or {}).get(resource, 0) > 0}
+        if not workers:
+            what = f" advertising resource {resource!r}" if resource else ""
+            raise ShardLostError(-1, f"table {self.name!r}: no live worker{what} to restore onto")
+        load = {a: 0 for a in workers}
+        for s, a in self.placement.items():
+            if s not in self.lost and a in load:
+                load[a] += 1
+        return min(load, key=lambda a: (load[a], a))
+
+    async def restore_shard_async(self, shard: int, path, worker=None, replace: bool = False) -> dict:
         from pathlib import Path
 
         from .. import checkpoint as ck
@@ -128,11 +150,22 @@ class CheckpointMixin:
         if entry is None:
             raise ShardLostError(shard, f"checkpoint {path} has no file for shard {shard}")
         await self._refresh()
+        if shard not in self.placement:
+            raise SpecError(f"table {self.name!r} has no shard {shard} (shards 0..{self.spec.num_shards - 1})")
+        live = shard not in self.lost
+        old = self.placement[shard]
+        before = None
+        if live:
+            before = next(
+                i for i in (await self._on_workers({old: ("info", dict(name=self.name))}))[old] if i["shard"] == shard
+            )
+            if not replace:
+                raise SpecError(
+                    f"shard {shard} of table {self.name!r} is alive on {old} with {before['size']} items; restoring it "
+                    "would drop what was inserted since the checkpoint; pass replace=True (CLI: --replace) to replace it"
+                )
         if worker is None:
-            alive = self._workers()
-            if not alive:
-                raise ShardLostError(shard, "no live worker to restore onto")
-            worker = min(alive, key=lambda a: (len(alive[a]), a))
+            worker = await self._restore_target()
         restored = (
             await self._on_workers(
                 {
@@ -147,6 +180,8 @@ class CheckpointMixin:
         lost = await self._coord(
             "shard_restored", shard=shard, worker=worker, size=restored[shard], inserted=meta["counters"]["inserted"]
         )
+        if live and worker != old:  # the replaced copy must not stay behind on its old worker
+            await self._on_workers({old: ("drop_shard", dict(name=self.name, shard=shard))})
         await self._refresh()
         report = {
             "shard": shard,
@@ -157,4 +192,7 @@ class CheckpointMixin:
         if lost:
             report["inserted_at_loss"] = lost["inserted_at_loss"]
             report["lost_items"] = lost["inserted_at_loss"] - meta["counters"]["inserted"]
+        if before is not None:
+            report["dropped_items"] = before["size"]
+            report["inserted_since_checkpoint"] = before["inserted"] - meta["counters"]["inserted"]
         return report

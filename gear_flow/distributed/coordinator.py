@@ -62,6 +62,7 @@ class GearFlowCoordinator(SchedulerPlugin):
             "removed": self._removed,
             "mark_lost": self._mark_lost,
             "worker_alive": self._worker_alive,
+            "workers": self._workers,
             "restore_state": self._restore_state,
             "shard_restored": self._shard_restored,
             "close": self._close,
@@ -180,6 +181,10 @@ class GearFlowCoordinator(SchedulerPlugin):
     async def _worker_alive(self, name, address):
         return address in self.scheduler.workers
 
+    async def _workers(self, name=None):
+        """Live workers and the resources they advertise."""
+        return {a: dict(ws.resources or {}) for a, ws in self.scheduler.workers.items()}
+
     def remove_worker(self, scheduler, worker, *, stimulus_id=None, **kwargs):
         for g in list(self.tables.values()):
             for s in sorted(s for s, a in g.placement.items() if a == worker):
@@ -271,6 +276,8 @@ class GearFlowCoordinator(SchedulerPlugin):
     async def _shard_restored(self, name, shard, worker, size, inserted):
         """A lost shard was rebuilt on ``worker`` from a checkpoint holding ``size`` items."""
         g = self._table(name)
+        if int(shard) not in g.lost:  # a live shard replaced: its old items leave the count
+            g.size -= g.shard_size.get(int(shard), 0)
         lost = g.lost.pop(int(shard), None)
         if lost is not None:
             # inserts in flight when the shard was lost are settled after the loss was

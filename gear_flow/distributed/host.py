@@ -462,6 +462,12 @@ class ShardHost:
             self.tables[name] = t
         return {i: t.shards[i].size for i in loaded}
 
+    def drop_shard(self, name, shard: int) -> bool:
+        """Forget one shard of a table here (it was restored on another worker)."""
+        with self.lock:
+            t = self.tables.get(name)
+            return t is not None and t.shards.pop(int(shard), None) is not None
+
     def info(self, name) -> list[dict]:
         return [
             {**s.info(), "longest_episode": s.longest_episode()} for _, s in sorted(self.table(name).shards.items())

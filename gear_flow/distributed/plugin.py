@@ -33,6 +33,7 @@ PLUGIN_NAME = "gear-flow"
 OPS = {
     "create": ShardHost.create,
     "drop": ShardHost.drop,
+    "drop_shard": ShardHost.drop_shard,
     "stage": ShardHost.stage,
     "apply": ShardHost.apply,
     "write": ShardHost.write,

@@ -141,25 +141,37 @@ class WritesMixin:
             if bad:
                 await self._abort_insert(txn, addrs, bad[0])
                 raise self._insert_error(bad[0], addrs) from None
-            # every part is staged: the insert is decided; apply it everywhere
-            got = await asyncio.gather(
-                *(call(self._ctx, a, "apply", table=self.name, name=self.name, txn=txn) for a in addrs),
-                return_exceptions=True,
-            )
-            res = {a: r for a, r in zip(addrs, got) if not isinstance(r, BaseException)}
-            lost = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
-            if lost:
-                await self._commit(txn, res)
-                try:
-                    await self._handle_lost(lost)
-                except Retry:
-                    pass
-                raise ShardLostError(
-                    -1,
-                    f"worker(s) {lost} were lost while insert {txn[:8]} was applied; its episodes there are gone, "
-                    "the rest of the insert was stored",
-                )
+            return await self.apply_staged(txn, addrs)
         return res, await self._commit(txn, res)
+
+    async def apply_staged(self, txn: str, addrs) -> tuple[dict, int]:
+        """Every part of ``txn`` is staged on ``addrs``: the insert is decided; apply it everywhere, commit.
+
+        Returns the apply result of each worker and the table's size after the commit.
+        """
+        addrs = sorted(addrs)
+        got = await asyncio.gather(
+            *(call(self._ctx, a, "apply", table=self.name, name=self.name, txn=txn) for a in addrs),
+            return_exceptions=True,
+        )
+        res = {a: r for a, r in zip(addrs, got) if not isinstance(r, BaseException)}
+        lost = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
+        size = await self._commit(txn, res)
+        if lost:
+            try:
+                await self._handle_lost(lost)
+            except Retry:
+                pass
+            raise ShardLostError(
+                -1,
+                f"worker(s) {lost} were lost while insert {txn[:8]} was applied; its episodes there are gone, "
+                "the rest of the insert was stored",
+            )
+        return res, size
+
+    async def abort_staged(self, txn: str, addrs, cause=None) -> None:
+        """Forget ``txn`` on ``addrs`` and give back its admission (nothing of it is stored anywhere)."""
+        await self._abort_insert(txn, sorted(addrs), cause)
 
     async def _commit(self, txn, res: dict) -> int:
         items, evicted = defaultdict(int), defaultdict(int)

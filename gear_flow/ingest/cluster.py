@@ -9,20 +9,20 @@ For a :class:`~gear_flow.distributed.DistributedTable`:
    derive ``rtg``/``timestep``, check every episode against the table's spec.
    The parsed episodes stay on that worker as the task's result; only a
    summary (counts, per-episode checksums, source ids) reaches the client;
-3. only if *every* partition is valid, **insert** (one task per worker, on
-   the same worker, reading its partitions' results in place): the task
-   attaches to the table (:meth:`DistributedTable.attach`) and inserts
-   partition by partition; writer affinity routes them to that worker's own
-   shards, so the data goes file → worker → local shard and never through
-   the client.  Episodes are never split;
+3. only if *every* partition is valid, **insert** as one transaction: the
+   coordinator admits the whole dataset once, then one task per worker (on
+   the same worker, reading its partitions' results in place) *stages* them on
+   that worker's own shards, so the data goes file → worker → local shard and
+   never through the client; when every worker has staged its part the
+   client applies and commits it.  Episodes are never split;
 4. **read back** (one task per worker): counts and checksums of what the
    shards hold, for the :class:`~gear_flow.ingest.IngestReport`.
 
 A malformed file stops the ingestion in step 2 with a
-:class:`~gear_flow.errors.DatasetError` and nothing inserted.  Should an
-insert itself fail in step 3 (a lost worker, a rate-limiter timeout), the
-partitions already inserted are deleted again before the error is raised
-(their items are removed; their steps stay in the rings until overwritten).
+:class:`~gear_flow.errors.DatasetError` and nothing inserted.  Should staging
+fail in step 3 (a lost worker, a rate-limiter timeout), the transaction is
+aborted on every worker and at the coordinator: nothing of the dataset is
+stored anywhere, nothing was evicted, and the limiter's counts are unchanged.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from ..errors import DatasetError, ShardLostError
+from ..errors import DatasetError, GearFlowError, ShardLostError
 from .common import Plan, parse_partition
 from .dataflow import check_totals, nothing_inserted, part_info
 from .formats import FORMATS
@@ -66,41 +66,49 @@ def _summary_task(parsed) -> dict:
     return parsed.summary()
 
 
-def _insert_task(name: str, parsed_list: list, timeout) -> dict:
-    """Insert this worker's partitions through a worker-side handle (writer affinity: its own shards)."""
+def _stage_task(name: str, txn: str, parsed_list: list, offsets: list, first_id: int, first_stamp: int) -> dict:
+    """Stage this worker's partitions as parts of insert ``txn`` on its own shards (nothing visible yet).
+
+    ``offsets[i]`` is ``(episodes, items)`` before partition ``i`` in the whole
+    ingestion, so ids and stamps follow the dataset's order on every worker.
+    Episodes are routed among the worker's shards partition by partition, as
+    separate inserts would be.
+    """
     from distributed import get_worker
 
     from ..distributed.api import DistributedTable
+    from ..distributed.plugin import PLUGIN_NAME
+    from ..table.routing import route
 
     table = DistributedTable.attach(name)
-    done, error = [], None
-    for p in parsed_list:
-        if not p.episodes:
-            done.append(
+    spec = table.spec
+    local = [s for s in table.local_shards if s not in table.lost]
+    step = spec.item_unit == "step"
+    parts, done = [], []
+    for k, (p, (ep_off, item_off)) in enumerate(zip(parsed_list, offsets)):
+        lengths = np.array([len(next(iter(e.values()))) for e in p.episodes], dtype=np.int64)
+        ids = first_id + ep_off + np.arange(len(lengths), dtype=np.int64)
+        if not len(lengths):
+            done.append({"index": p.partition.index, "episode_ids": ids, "shards": ids, "lengths": lengths})
+            continue
+        dest = np.array(local, dtype=np.int64)[route(lengths, len(local), spec.capacity, table.routing, k)]
+        per = lengths if step else np.ones_like(lengths)
+        stamps = first_stamp + item_off + np.concatenate(([0], np.cumsum(per)[:-1]))
+        for s in np.unique(dest):
+            sel = np.flatnonzero(dest == s)
+            parts.append(
                 {
-                    "index": p.partition.index,
-                    "episode_ids": np.zeros(0, np.int64),
-                    "first_keys": np.zeros(0, np.int64),
-                    "shards": np.zeros(0, np.int64),
-                    "lengths": np.zeros(0, np.int64),
+                    "shard": int(s),
+                    "chunks": [p.episodes[i] for i in sel],
+                    "lengths": lengths[sel],
+                    "episode_ids": ids[sel],
+                    "stamps": stamps[sel],
+                    "priorities": None,
                 }
             )
-            continue
-        try:
-            r = table.insert(p.episodes, timeout=timeout)
-        except Exception as e:  # reported, and the partitions already inserted are rolled back by the client
-            error = e
-            break
-        done.append(
-            {
-                "index": p.partition.index,
-                "episode_ids": r.episode_ids,
-                "first_keys": r.first_keys,
-                "shards": r.shards,
-                "lengths": np.array([len(next(iter(e.values()))) for e in p.episodes], dtype=np.int64),
-            }
-        )
-    return {"worker": get_worker().address, "local_shards": table.local_shards, "done": done, "error": error}
+        done.append({"index": p.partition.index, "episode_ids": ids, "shards": dest, "lengths": lengths})
+    get_worker().plugins[PLUGIN_NAME].host.stage(name, txn, parts)
+    return {"worker": get_worker().address, "local_shards": local, "done": done}
 
 
 def _stored_task(name: str, ids_by_shard: dict, names) -> dict:
@@ -212,24 +220,8 @@ def ingest_distributed(table, fmt, source, gamma, strict, chunk, options, timeou
             check_totals(plan, summaries, strict)
         except DatasetError as e:
             raise nothing_inserted(e, table.name) from None
-        # every partition is valid: insert, each worker its own partitions, in place
-        mine = defaultdict(list)
-        for i, a in enumerate(where):
-            mine[a].append(i)
-        ins = {
-            a: client.submit(
-                _insert_task,
-                table.name,
-                [reads[i] for i in idx],
-                timeout,
-                workers=[a],
-                allow_other_workers=False,
-                pure=False,
-                key=f"gear-flow-ingest-insert-{token}-{a}",
-            )
-            for a, idx in mine.items()
-        }
-        results = _collect_inserts(client, table, ins)
+        # every partition is valid: one insert transaction, staged by each worker from its own partitions
+        results = _insert_all(client, table, reads, where, summaries, timeout, token)
     finally:
         client.cancel(reads + sums)  # the parsed episodes leave the workers' memory
     done = {
@@ -283,29 +275,68 @@ def ingest_distributed(table, fmt, source, gamma, strict, chunk, options, timeou
     return report
 
 
-def _collect_inserts(client, table, ins: dict) -> dict:
-    """Insert results by worker; on any failure, delete what the others inserted, then raise."""
+def _insert_all(client, table, reads, where, summaries, timeout, token) -> dict:
+    """Insert every partition as one transaction: admitted once, staged by the workers that read the
+    partitions (data never through the client), applied and committed only if every worker staged
+    its part; otherwise aborted everywhere, with nothing stored and the limiter's counts as before."""
     from distributed import wait
 
-    wait(list(ins.values()))
-    results, errors = {}, []
-    for a, f in ins.items():
-        if f.status == "error":
-            errors.append(f.exception())
-        else:
-            results[a] = f.result()
-            if results[a]["error"] is not None:
-                errors.append(results[a]["error"])
-    if not errors:
-        return results
-    keys = []
-    for r in results.values():
-        for d in r["done"]:
-            for fk, t in zip(d["first_keys"], d["lengths"]):
-                keys.append(fk + np.arange(t if table.spec.item_unit == "step" else 1, dtype=np.int64))
-    if keys:
-        table.delete(np.concatenate(keys))
-        logger.error(
-            "ingestion into %r failed during insert; rolled back %d items", table.name, sum(len(k) for k in keys)
+    step = table.spec.item_unit == "step"
+    n_eps = [int(s["episodes"]) for s in summaries]
+    n_items = [int(s["steps"]) if step else int(s["episodes"]) for s in summaries]
+    ep_off = np.concatenate(([0], np.cumsum(n_eps)[:-1])).astype(int).tolist() if n_eps else []
+    it_off = np.concatenate(([0], np.cumsum(n_items)[:-1])).astype(int).tolist() if n_items else []
+    mine = defaultdict(list)
+    for i, a in enumerate(where):
+        mine[a].append(i)
+    shards = {s: 0 for s, a in table.placement.items() if a in mine and s not in table.lost}
+    table.config.rate_limiter.check_insert_size(sum(n_items))
+    adm = table._ctx.sync(
+        table._coord,
+        "admit_insert",
+        n=sum(n_items),
+        episodes=sum(n_eps),
+        per_shard=shards,
+        timeout=table.timeout if timeout is None else timeout,
+        owner=table._ctx.owner,
+    )
+    txn = adm["txn"]
+    staged = {
+        a: client.submit(
+            _stage_task,
+            table.name,
+            txn,
+            [reads[i] for i in idx],
+            [(ep_off[i], it_off[i]) for i in idx],
+            adm["first_episode_id"],
+            adm["first_stamp"],
+            workers=[a],
+            allow_other_workers=False,
+            pure=False,
+            key=f"gear-flow-ingest-stage-{token}-{a}",
         )
-    raise errors[0]
+        for a, idx in mine.items()
+    }
+    wait(list(staged.values()))
+    bad = [f.exception() for f in staged.values() if f.status == "error"]
+    if bad:
+        table._ctx.sync(table.abort_staged, txn, list(staged), bad[0])
+        err = nothing_inserted(bad[0], table.name)
+        if isinstance(err, DatasetError):
+            raise err
+        raise GearFlowError(
+            f"ingestion into table {table.name!r} failed while the workers staged it ({type(err).__name__}: {err}); "
+            "nothing was inserted"
+        ) from err
+    results = {a: f.result() for a, f in staged.items()}
+    applied, size = table._ctx.sync(table.apply_staged, txn, list(staged))
+    for a, r in results.items():  # first keys come back per shard, in the order the parts were staged
+        at = {s: 0 for s in applied[a]["first_keys"]}
+        for d in r["done"]:
+            d["first_keys"] = np.empty(len(d["shards"]), dtype=np.int64)
+            for j, s in enumerate(np.asarray(d["shards"]).tolist()):
+                d["first_keys"][j] = applied[a]["first_keys"][s][at[s]]
+                at[s] += 1
+    if size > table.spec.max_size:
+        table._ctx.sync(table._evict_excess, size)
+    return results

@@ -110,7 +110,7 @@ def _ids(frame) -> np.ndarray:
 
 
 def _copy_into(shards: dict, name: str, ids, timeout):
-    from ..distributed.table import DistributedTable
+    from ..distributed.api import DistributedTable
 
     eps = []
     for sh in shards.values():
@@ -160,7 +160,7 @@ def select(table, episodes_frame, *, timeout: float | None = None, **table_kwarg
         if eps:
             new.insert([ep for _, ep in sorted(eps, key=lambda x: x[0])], timeout=timeout)
         return new
-    from ..distributed.table import DistributedTable
+    from ..distributed.api import DistributedTable
 
     by = live_shards_by_worker(table)
     new = DistributedTable.create(table.client, table.spec, workers=sorted(by), **table_kwargs)
@@ -202,7 +202,7 @@ def _parse(part, spec, gamma: float, strict: bool, kind: str, cmap, label: str) 
 
 
 def _insert_task(name: str, eps: list, timeout):
-    from ..distributed.table import DistributedTable
+    from ..distributed.api import DistributedTable
 
     if eps:  # the public insert, as ingestion's insert step does; to move to the transactional insert with it
         DistributedTable.attach(name).insert(eps, timeout=timeout)
