@@ -25,8 +25,8 @@ from collections import defaultdict
 import numpy as np
 
 from ..errors import ShardLostError, SpecError
-from ..resources import advertised, check_resources
 from ..rate_limiters import RateLimiter
+from ..resources import advertised, check_resources
 from ..selectors import Selector
 from ..spec import TableSpec
 from ..table.config import TableConfig, queue_setup
