@@ -92,7 +92,7 @@ def test_minari_loads_the_exported_dataset(tmp_path, dataset, monkeypatch):
 def test_episodes_frame_and_local_select(dataset):
     table = gf.LocalTable(_spec())
     rep = ingest(table, dataset["paths"]["minari"])
-    df = episodes(table, rep)
+    df = table.episodes(rep)
     assert isinstance(df, dd.DataFrame) and df.npartitions == 2
     pdf = df.compute()
     assert sorted(pdf["episode_id"]) == sorted(rep.episode_ids.tolist())
@@ -100,7 +100,7 @@ def test_episodes_frame_and_local_select(dataset):
     assert pdf["length"].sum() == dataset["steps"] and (pdf["return"] == pdf["length"]).all()  # CartPole: 1 per step
     assert (pdf["mean_priority"] == 1.0).all() and (pdf["times_sampled"] == -1).all()
     top = df[df["return"] >= 100]
-    new = select(table, top)
+    new = table.select(top)
     assert new.size == int(top["length"].sum().compute()) and len(top) >= 3
     kept = [e for e in contents(table) if float(e["reward"].sum()) >= 100]
     assert_same(kept, contents(new))
@@ -180,7 +180,7 @@ def test_query_select_export_on_a_cluster_never_moves_steps_through_the_client(c
         assert df.npartitions == 2
         top = df.nlargest(int(np.ceil(0.1 * len(df))), "return")  # the top 10% by return, for BC
         best = select(table, top)
-        out = export(table, tmp_path / "top", "parquet", episodes=top)
+        out = table.export(tmp_path / "top", "parquet", episodes=top)
         received = counter.n
         print(f"client received {received} bytes over the comm during query, select and export")
         chosen = sorted(top.compute()["source_id"].tolist())  # (top["source_id"] trips a dask-expr bug)

@@ -30,6 +30,7 @@ from ..resources import advertised, check_resources
 from ..selectors import Selector
 from ..spec import TableSpec
 from ..table.config import TableConfig, queue_setup
+from ..table.datasets import DatasetMethods
 from .checkpoints import CheckpointMixin
 from .coordinator import GearFlowCoordinator
 from .plugin import GearFlowWorker
@@ -40,7 +41,7 @@ from .writes import WritesMixin
 logger = logging.getLogger(__name__)
 
 
-class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin):
+class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, DatasetMethods):
     """Replay table sharded over Dask workers.
 
     Create with :meth:`create` (from a client) or get a handle with

@@ -11,11 +11,7 @@ nothing visible), ``apply`` writes them, ``abort`` forgets them; ``write`` is
 both at once for an insert that touches only this worker.  ``status`` tells
 the coordinator what became of a transaction whose client went away.
 
-Samples answer the planner's requests (:mod:`gear_flow.table.planner`): a
-``Draw`` uses each shard's mass at the draw; a ``Take`` checks that the chosen
-items are still there.  A sample over several workers of a table whose samples
-change the table (expiry, epochs) gathers first (``record=False``) and is
-committed or undone by ``finish_sample``.
+Samples are answered by :class:`~gear_flow.distributed.host_sampling.SamplingHost`.
 """
 
 from __future__ import annotations
@@ -25,20 +21,14 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..errors import GearFlowError, SpecError
-from ..sample import SampleBuffers
+from ..errors import SpecError
 from ..shard import EpisodeBatch, Shard
-from ..table import planner
 from ..table.config import TableConfig
-from ..table.executor import InProcess, evict_on, sample_shards, summary
-from ..table.validate import check_sample_args
+from ..table.executor import evict_on
+from .host_sampling import SamplingHost
 
 #: transactions whose outcome a worker remembers (for the coordinator's recovery)
 _REMEMBER = 4096
-
-
-class StaleSelectionError(GearFlowError):
-    """Items chosen in an earlier phase of a sample were removed before the gather (retry)."""
 
 
 class HostedTable:
@@ -81,12 +71,7 @@ class HostedTable:
         return locks
 
 
-def _release(locks):
-    for lk in reversed(locks):
-        lk.release()
-
-
-class ShardHost:
+class ShardHost(SamplingHost):
     """All hosted tables of one worker; see the module docstring."""
 
     def __init__(self):
@@ -218,170 +203,6 @@ class ShardHost:
             if txn in t.applied:
                 return {"state": "applied", "result": t.applied[txn]}
             return {"state": "staged" if txn in t.staged else "unknown"}
-
-    # -- selection ----------------------------------------------------------------------
-    def summaries(self, name, kinds, length=1, boundary="pad_tail") -> dict:
-        t = self.table(name)
-        return {k: {i: summary(s, k, length, boundary) for i, s in t.shards.items()} for k in kinds}
-
-    def new_epoch(self, name) -> None:
-        for s in self.table(name).shards.values():
-            s.new_epoch()
-
-    def candidates(self, name, n, role="sampler", length=1, boundary="pad_tail", horizon=None) -> dict:
-        ex = InProcess(self.table(name).shards, None, None, length, boundary, horizon=horizon)
-        return ex(planner.Candidates(int(n), role))
-
-    def sample_part(
-        self,
-        name,
-        length,
-        boundary,
-        columns,
-        seed,
-        counts: dict | None = None,
-        scale: dict | None = None,
-        slots: dict | None = None,
-        txn: str | None = None,
-        record: bool = True,
-        out: dict | None = None,
-        offsets: dict | None = None,
-    ) -> dict:
-        """Draw ``counts[shard]`` items (mass at the draw; probability ``scale[shard] * w / m'``)
-        or take exactly ``slots[shard]``, and gather their windows.
-
-        Returns per shard: ``data`` (unless ``out`` receives the rows at
-        ``offsets[shard]``), ``seqs``, ``p``, ``episode_ids``, ``timesteps``,
-        ``dst_offset``, ``n_valid`` and ``expired``.  ``record=False``: nothing
-        changes until :meth:`finish_sample` commits (``txn`` names the sample).
-        """
-        t = self.table(name)
-        rng = np.random.default_rng(seed)
-        part = counts if slots is None else slots
-        ids = sorted(int(i) for i in part)
-        for i in ids:
-            t.shard(i)
-        res = {}
-        drawn = []
-        locks = t.locked(ids)
-        try:
-            for i in ids:
-                s = t.shards[i]
-                if slots is None:
-                    c = int(counts[i])
-                    if c <= 0:
-                        continue
-                    try:
-                        sl, q = s.draw(c, length, boundary, rng)
-                    except GearFlowError as e:  # emptied since the plan was made
-                        raise StaleSelectionError(f"shard {i}: {e}") from None
-                    p = q * float(scale[i])
-                else:
-                    sl = np.asarray(slots[i], dtype=np.int64)
-                    if np.any((sl < 0) | (sl >= s.capacity)) or not s.active[sl].all():
-                        raise StaleSelectionError(f"shard {i}: a chosen item was removed before the gather")
-                    p = np.ones(len(sl))
-                drawn.append((i, sl))
-                n = len(sl)
-                if out is None:
-                    buf = {c: np.empty((n, length, max(t.spec.column(c).nbytes, 1)), dtype=np.uint8) for c in columns}
-                    off = 0
-                else:
-                    buf, off = out, offsets[i]
-                before = s.counters.expired
-                win = s.take(sl, length, boundary, rng, buf, off, columns, record=record)
-                r = {
-                    "seqs": win.seqs,
-                    "p": p,
-                    "episode_ids": win.episode_ids,
-                    "timesteps": win.timesteps,
-                    "dst_offset": win.dst_offset,
-                    "n_valid": win.n_valid,
-                    "expired": s.counters.expired - before,
-                }
-                if out is None:
-                    r["data"] = buf
-                res[i] = r
-            if not record:
-                with t.lock:
-                    t.pending.setdefault(txn, []).extend((i, sl, res[i]["seqs"], slots is None) for i, sl in drawn)
-        except BaseException:
-            for i, sl in drawn:  # undo the epoch bookkeeping of draws that will not be handed out
-                if slots is None:
-                    t.shards[i].unconsume(sl, t.shards[i].slot_seqs(sl))
-                if record:
-                    t.shards[i].uncount(len(sl))
-            raise
-        finally:
-            _release(locks)
-        return res
-
-    def finish_sample(self, name, txn: str, commit: bool) -> dict:
-        """Commit (count, expire) or undo (epoch bookkeeping) a sample gathered with ``record=False``.
-
-        Returns ``{shard: items expired}`` on commit, ``{shard: items undone}``
-        otherwise; empty when ``txn`` is unknown here.
-        """
-        t = self.tables.get(name)
-        if t is None:
-            return {}
-        with t.lock:
-            parts = t.pending.pop(txn, None) or []
-        out = {}
-        for i, sl, seqs, drawn in parts:
-            s = t.shards[i]
-            if commit:
-                k = s.record_samples(sl, seqs)
-                if k:
-                    out[i] = out.get(i, 0) + k
-            else:
-                if drawn:
-                    s.unconsume(sl, seqs)
-                out[i] = out.get(i, 0) + len(sl)
-        return out
-
-    def uncount(self, name, counts: dict) -> None:
-        """Forget samples counted by parts of a sample that was retried (tables without expiry)."""
-        t = self.table(name)
-        for i, n in counts.items():
-            t.shard(i).uncount(int(n))
-
-    def sample_all(
-        self, name, n, length, boundary, columns, seed, horizon=None, out: SampleBuffers | None = None
-    ) -> dict:
-        """The whole two-level sample over this worker's shards (when they are all the live ones)."""
-        t = self.table(name)
-        check_sample_args(n, length, boundary)
-        buf = SampleBuffers(t.spec, columns, n, length) if out is None else out
-        locks = t.locked()
-        try:
-            expired = sample_shards(
-                t.shards,
-                t.cfg.selection,
-                buf,
-                n,
-                length,
-                boundary,
-                tuple(columns),
-                np.random.default_rng(seed),
-                t.cfg.beta,
-                f"table {name!r}",
-                horizon,
-            )
-        finally:
-            _release(locks)
-        res = {"expired": expired}
-        if out is None:
-            res.update(
-                data=buf.bytes,
-                keys=buf.keys,
-                probabilities=buf.probabilities,
-                weights=buf.weights,
-                mask=buf.mask,
-                episode_ids=buf.episode_ids,
-                timesteps=buf.timesteps,
-            )
-        return res
 
     # -- priorities, deletes, removal ------------------------------------------------------
     def check_keys(self, name, seqs_by_shard: dict) -> None:

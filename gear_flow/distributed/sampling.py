@@ -32,7 +32,7 @@ from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
 from ..table.executor import fill_rows
 from ..table.validate import check_sample_args, sample_columns
-from .host import StaleSelectionError
+from .host_sampling import StaleSelectionError
 from .transport import Retry
 
 _ATTEMPTS = 8

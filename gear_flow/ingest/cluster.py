@@ -86,10 +86,12 @@ def _stage_task(name: str, txn: str, parsed_list: list, offsets: list, first_id:
     step = spec.item_unit == "step"
     parts, done = [], []
     for k, (p, (ep_off, item_off)) in enumerate(zip(parsed_list, offsets)):
-        lengths = np.array([len(next(iter(e.values()))) for e in p.episodes], dtype=np.int64)
+        eps = p.episodes if hasattr(p, "episodes") else p  # a parsed partition, or a list of episodes
+        index = p.partition.index if hasattr(p, "partition") else k
+        lengths = np.array([len(next(iter(e.values()))) for e in eps], dtype=np.int64)
         ids = first_id + ep_off + np.arange(len(lengths), dtype=np.int64)
         if not len(lengths):
-            done.append({"index": p.partition.index, "episode_ids": ids, "shards": ids, "lengths": lengths})
+            done.append({"index": index, "episode_ids": ids, "shards": ids, "lengths": lengths})
             continue
         dest = np.array(local, dtype=np.int64)[route(lengths, len(local), spec.capacity, table.routing, k)]
         per = lengths if step else np.ones_like(lengths)
@@ -99,14 +101,14 @@ def _stage_task(name: str, txn: str, parsed_list: list, offsets: list, first_id:
             parts.append(
                 {
                     "shard": int(s),
-                    "chunks": [p.episodes[i] for i in sel],
+                    "chunks": [eps[i] for i in sel],
                     "lengths": lengths[sel],
                     "episode_ids": ids[sel],
                     "stamps": stamps[sel],
                     "priorities": None,
                 }
             )
-        done.append({"index": p.partition.index, "episode_ids": ids, "shards": dest, "lengths": lengths})
+        done.append({"index": index, "episode_ids": ids, "shards": dest, "lengths": lengths})
     get_worker().plugins[PLUGIN_NAME].host.stage(name, txn, parts)
     return {"worker": get_worker().address, "local_shards": local, "done": done}
 
@@ -221,7 +223,9 @@ def ingest_distributed(table, fmt, source, gamma, strict, chunk, options, timeou
         except DatasetError as e:
             raise nothing_inserted(e, table.name) from None
         # every partition is valid: one insert transaction, staged by each worker from its own partitions
-        results = _insert_all(client, table, reads, where, summaries, timeout, token)
+        step = spec.item_unit == "step"
+        counts = [(int(m["episodes"]), int(m["steps"]) if step else int(m["episodes"])) for m in summaries]
+        results = insert_partitions(client, table, reads, where, counts, timeout, token)
     finally:
         client.cancel(reads + sums)  # the parsed episodes leave the workers' memory
     done = {
@@ -275,15 +279,20 @@ def ingest_distributed(table, fmt, source, gamma, strict, chunk, options, timeou
     return report
 
 
-def _insert_all(client, table, reads, where, summaries, timeout, token) -> dict:
-    """Insert every partition as one transaction: admitted once, staged by the workers that read the
-    partitions (data never through the client), applied and committed only if every worker staged
-    its part; otherwise aborted everywhere, with nothing stored and the limiter's counts as before."""
+def insert_partitions(client, table, parts, where, counts, timeout, token) -> dict:
+    """Insert partitions held on workers as one transaction.
+
+    ``parts[i]`` is a future (a parsed partition or a list of episodes) on
+    worker ``where[i]``, with ``counts[i] = (episodes, items)``.  Admitted once,
+    staged by the workers that hold the partitions (data never through the
+    client), applied and committed only if every worker staged its part;
+    otherwise aborted everywhere, with nothing stored and the limiter's counts
+    as before.  Returns per worker ``{"worker", "local_shards", "done"}``.
+    """
     from distributed import wait
 
-    step = table.spec.item_unit == "step"
-    n_eps = [int(s["episodes"]) for s in summaries]
-    n_items = [int(s["steps"]) if step else int(s["episodes"]) for s in summaries]
+    n_eps = [int(c[0]) for c in counts]
+    n_items = [int(c[1]) for c in counts]
     ep_off = np.concatenate(([0], np.cumsum(n_eps)[:-1])).astype(int).tolist() if n_eps else []
     it_off = np.concatenate(([0], np.cumsum(n_items)[:-1])).astype(int).tolist() if n_items else []
     mine = defaultdict(list)
@@ -306,7 +315,7 @@ def _insert_all(client, table, reads, where, summaries, timeout, token) -> dict:
             _stage_task,
             table.name,
             txn,
-            [reads[i] for i in idx],
+            [parts[i] for i in idx],
             [(ep_off[i], it_off[i]) for i in idx],
             adm["first_episode_id"],
             adm["first_stamp"],

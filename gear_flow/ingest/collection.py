@@ -109,20 +109,30 @@ def _ids(frame) -> np.ndarray:
     return _ids_of(frame)
 
 
-def _copy_into(shards: dict, name: str, ids, timeout):
-    from ..distributed.api import DistributedTable
-
+def _read_selected(shards: dict, ids):
+    """This worker's chosen episodes, in insertion order (they stay on the worker as the task's result)."""
     eps = []
     for sh in shards.values():
         with sh.lock:
             stamp = dict(zip(sh.index.get("episode_id", sh.index.live()), sh.index.get("stamp", sh.index.live())))
         eps.extend((stamp[e], ep) for e, ep in read_episodes(sh, ids))
-    eps = [ep for _, ep in sorted(eps, key=lambda x: x[0])]
-    if not eps:
+    return [ep for _, ep in sorted(eps, key=lambda x: x[0])]
+
+
+def _counts(eps: list, step: bool) -> tuple[int, int]:
+    return len(eps), int(sum(len(next(iter(e.values()))) for e in eps)) if step else len(eps)
+
+
+def _insert_held(client, table, futs: list, where: list, timeout, token) -> int:
+    """Insert lists of episodes held on workers (futures) as one transaction; returns episodes inserted."""
+    from .cluster import insert_partitions
+
+    step = table.spec.item_unit == "step"
+    counts = client.gather([client.submit(_counts, f, step, workers=[a], pure=False) for f, a in zip(futs, where)])
+    if not sum(c[0] for c in counts):
         return 0
-    # the public insert, as ingestion's insert step does; to move to the transactional insert with it
-    DistributedTable.attach(name).insert(eps, timeout=timeout)
-    return len(eps)
+    insert_partitions(client, table, futs, where, counts, timeout, token)
+    return sum(c[0] for c in counts)
 
 
 def select(table, episodes_frame, *, timeout: float | None = None, **table_kwargs):
@@ -167,8 +177,9 @@ def select(table, episodes_frame, *, timeout: float | None = None, **table_kwarg
     try:
         from .shards import submit_per_worker
 
-        futs = submit_per_worker(table, _copy_into, lambda a, s: (new.name, ids, timeout), tag="select")
-        n = sum(table.client.gather(list(futs.values())))
+        futs = submit_per_worker(table, _read_selected, lambda a, s: (ids,), tag="select")
+        n = _insert_held(table.client, new, list(futs.values()), list(futs), timeout, uuid.uuid4().hex[:8])
+        table.client.cancel(list(futs.values()))
     except BaseException:
         new.close()
         raise
@@ -199,14 +210,6 @@ def _parse(part, spec, gamma: float, strict: bool, kind: str, cmap, label: str) 
             raw["next_obs"] = e.get("next_obs")
             pairs.append((j, make_episode(label, j, **raw, want_next=nxt, strict=strict)))
     return [fit_to_table(spec, label, sid, ep, gamma) for sid, ep in pairs]
-
-
-def _insert_task(name: str, eps: list, timeout):
-    from ..distributed.api import DistributedTable
-
-    if eps:  # the public insert, as ingestion's insert step does; to move to the transactional insert with it
-        DistributedTable.attach(name).insert(eps, timeout=timeout)
-    return len(eps)
 
 
 def insert_collection(table, collection, *, columns=None, gamma=None, strict=None, timeout=None) -> int:
@@ -269,19 +272,7 @@ def insert_collection(table, collection, *, columns=None, gamma=None, strict=Non
             if isinstance(e, DatasetError):
                 raise DatasetError(e.path, e.episode, f"{e.problem}; nothing was inserted") from None
             raise e
-    ins = [
-        client.submit(
-            _insert_task,
-            table.name,
-            p,
-            timeout,
-            workers=[addrs[i % len(addrs)]],
-            allow_other_workers=False,
-            pure=False,
-            key=f"gear-flow-insert-coll-{token}-{i}",
-        )  # fmt: skip
-        for i, p in enumerate(parsed)
-    ]
-    n = sum(client.gather(ins))
-    client.cancel(futs + parsed)
-    return n
+    try:  # one transaction: every partition or none
+        return _insert_held(client, table, parsed, [addrs[i % len(addrs)] for i in range(len(parsed))], timeout, token)
+    finally:
+        client.cancel(futs + parsed)

@@ -25,6 +25,7 @@ from ..selectors import Selector
 from ..shard import EpisodeBatch, Shard
 from ..spec import TableSpec
 from .config import TableConfig, queue_setup
+from .datasets import DatasetMethods
 from .executor import evict_shards, sample_shards
 from .results import InsertResult, UpdateResult
 from .routing import route
@@ -40,7 +41,7 @@ from .validate import (
 logger = logging.getLogger(__name__)
 
 
-class LocalTable:
+class LocalTable(DatasetMethods):
     """Replay table whose shards live in this process.
 
     Parameters
