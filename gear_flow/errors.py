@@ -21,6 +21,14 @@ class InvalidDataError(GearFlowError, ValueError):
     """Inserted data does not match the table's spec (shape, dtype, columns)."""
 
 
+class ProtocolError(SpecError):
+    """A message to a worker or the coordinator is malformed, out of range or of another protocol version.
+
+    Raised where the message enters, before anything changes; it names the
+    operation, the field and what is allowed.
+    """
+
+
 class DatasetError(InvalidDataError):
     """An offline dataset file is malformed (raised by :mod:`gear_flow.ingest`).
 

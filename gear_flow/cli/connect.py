@@ -97,12 +97,13 @@ def connect(args):
 def table_names(client) -> list[str]:
     """Names of the tables registered with the scheduler ([] when gear_flow is not set up there yet)."""
 
-    async def names():
-        r = await client.scheduler.gear_flow_coord(action="list", name=None)
-        return r["result"]
+    from ..distributed.transport import Context, coord
+    from ..errors import ProtocolError
 
     try:
-        return sorted(client.sync(names))
+        return sorted(client.sync(coord, Context(client=client), "list", None))
+    except ProtocolError:  # another gear_flow version on the scheduler: say so
+        raise
     except (KeyError, ValueError, AttributeError, TypeError):  # no coordinator handler yet: no tables
         return []
 

@@ -10,7 +10,7 @@ from ..errors import ShardLostError, SpecError
 from ..resources import advertised
 from .coordinator import GearFlowCoordinator
 from .plugin import GearFlowWorker
-from .transport import Context, call, unwrap
+from .transport import Context, call, coord
 
 
 class CheckpointMixin:
@@ -99,13 +99,9 @@ class CheckpointMixin:
                     for a, f in by_worker.items()
                 )
             )
-            unwrap(
-                await ctx.scheduler.gear_flow_coord(
-                    action="register", name=name, config=cfg, placement={str(k): v for k, v in placement.items()}
-                )
-            )
-            unwrap(await ctx.scheduler.gear_flow_coord(action="restore_state", name=name, state=m["state"]))
-            return unwrap(await ctx.scheduler.gear_flow_coord(action="lookup", name=name))
+            await coord(ctx, "register", name, config=cfg, placement={str(k): v for k, v in placement.items()})
+            await coord(ctx, "restore_state", name, state=m["state"])
+            return await coord(ctx, "lookup", name)
 
         return cls(ctx, name, ctx.sync(go), seed=seed, timeout=timeout)
 

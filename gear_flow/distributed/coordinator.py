@@ -23,7 +23,9 @@ import logging
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol import to_serialize
 
-from ..errors import GearFlowError, RateLimitTimeout, SpecError
+from .. import config
+from ..errors import GearFlowError, ProtocolError, RateLimitTimeout, SpecError
+from . import protocol
 from .gate import OwnerGone, TableGate
 
 logger = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         self._tasks: set = set()
         scheduler.handlers["gear_flow_coord"] = self.handle
 
-    async def handle(self, comm=None, action=None, name=None, **kw):
+    async def handle(self, comm=None, action=None, name=None, v=None, **kw):
         ops = {
             "register": self._register,
             "lookup": self._lookup,
@@ -70,8 +72,10 @@ class GearFlowCoordinator(SchedulerPlugin):
             "list": self._list,
         }
         try:
-            if action not in ops:
-                raise SpecError(f"unknown coordinator operation {action!r}; known: {sorted(ops)}")
+            protocol.check_version(v, "the scheduler's coordinator")
+            protocol.check(protocol.COORDINATOR, action, kw, "coordinator")
+            if action != "list" and not (isinstance(name, str) and 0 < len(name) <= 512):
+                raise ProtocolError(f"coordinator {action!r}: field 'name' must be a non-empty string, got {name!r}")
             return {"status": "OK", "result": to_serialize(await ops[action](name, **kw))}
         except GearFlowError as e:
             return {"status": "error", "error": to_serialize(e)}
@@ -91,7 +95,13 @@ class GearFlowCoordinator(SchedulerPlugin):
     async def _register(self, name, config, placement):
         if name in self.tables and not self.tables[name].closed:
             raise SpecError(f"a distributed table named {name!r} already exists")
-        self.tables[name] = TableGate(name, config, placement)
+        g = TableGate(name, config, placement)  # validates the configuration
+        if sorted(g.placement) != list(range(g.spec.num_shards)):
+            raise ProtocolError(
+                f"coordinator 'register': placement names shards {sorted(g.placement)}, "
+                f"the spec has shards 0..{g.spec.num_shards - 1}"
+            )
+        self.tables[name] = g
         return True
 
     async def _lookup(self, name):
@@ -102,6 +112,8 @@ class GearFlowCoordinator(SchedulerPlugin):
 
     # -- admission ------------------------------------------------------------------------------------
     async def _wait(self, g: TableGate, w, timeout, what):
+        if timeout is None:  # no waiter without an end: a client that never comes back must not pin it
+            timeout = config.get("distributed.admission-timeout")
         try:
             return await asyncio.wait_for(asyncio.shield(w.fut), timeout)
         except asyncio.TimeoutError:
@@ -123,13 +135,13 @@ class GearFlowCoordinator(SchedulerPlugin):
 
     async def _admit_insert(self, name, n, episodes, per_shard=None, timeout=None, owner=""):
         g = self._table(name)
-        self._count(n, "n")
-        self._count(episodes, "episodes")
-        w = g.request("insert", n, owner, episodes=episodes, per_shard=per_shard or {})
+        g.check_insert(n, episodes, per_shard or {})  # never admissible: refused at once, nothing queued
+        w = g.request("insert", n, owner or "", episodes=episodes, per_shard=per_shard or {})
         return await self._wait(g, w, timeout, f"an insert of {n} items")
 
     async def _commit_insert(self, name, txn, items, evicted):
         g = self._table(name)
+        g.check_commit(txn, items or {}, evicted or {})
         g.commit_insert(txn, items or {}, evicted or {})
         return g.size
 
@@ -145,20 +157,23 @@ class GearFlowCoordinator(SchedulerPlugin):
         ``done`` with the next request.
         """
         g = self._table(name)
-        self._count(n, "n")
-        w = g.request("sample", n, owner, done=self._count(done, "done"), lease=lease, exclusive=bool(exclusive))
+        g.check_sample(n)
+        w = g.request("sample", n, owner or "", done=done or 0, lease=lease or 0, exclusive=bool(exclusive))
         return await self._wait(g, w, timeout, f"a sample of {n}")
 
     async def _admit_hold(self, name, timeout=None, owner=""):
         """Hold an exclusive table (no sample in progress) for an eviction; returns the size then."""
         g = self._table(name)
-        return await self._wait(g, g.request("hold", 0, owner), timeout, "an eviction")
+        return await self._wait(g, g.request("hold", 0, owner or ""), timeout, "an eviction")
 
     async def _sample_finished(self, name, txn, rollback=0, expired=None):
         g = self._table(name)
+        g.check_removal(sum(int(k) for k in (expired or {}).values()), expired or {})
+        if rollback and rollback > g.limiter.state.samples:
+            raise ProtocolError(f"coordinator 'sample_finished': rollback {rollback} exceeds the samples counted")
         if expired:  # before the hold is released: the next sample must not count expired items
             g.removed(sum(int(k) for k in expired.values()), expired)
-        g.sample_finished(txn, self._count(rollback, "rollback"))
+        g.sample_finished(txn, rollback or 0)
         return True
 
     async def _count_samples(self, name, n):
@@ -167,7 +182,8 @@ class GearFlowCoordinator(SchedulerPlugin):
 
     async def _removed(self, name, k, per_shard=None):
         g = self._table(name)
-        g.removed(self._count(k, "k"), per_shard or {})
+        g.check_removal(k, per_shard or {})
+        g.removed(k, per_shard or {})
         return g.size
 
     # -- losses -------------------------------------------------------------------------------------------
@@ -205,7 +221,9 @@ class GearFlowCoordinator(SchedulerPlugin):
     async def _worker_call(self, addr, action, **args):
         from distributed.protocol import Serialized, deserialize
 
-        resp = await asyncio.wait_for(self.scheduler.rpc(addr).gear_flow(action=action, args=to_serialize(args)), 30)
+        resp = await asyncio.wait_for(
+            self.scheduler.rpc(addr).gear_flow(action=action, args=to_serialize(args), v=protocol.VERSION), 30
+        )
         if resp.get("status") != "OK":
             raise GearFlowError(f"worker {addr}: {action} failed")
         r = resp["result"]
@@ -265,6 +283,7 @@ class GearFlowCoordinator(SchedulerPlugin):
     async def _restore_state(self, name, state):
         """Counters of a restored table (from its checkpoint)."""
         g = self._table(name)
+        protocol.check(protocol.RESTORED_STATE, "state", state, "coordinator 'restore_state'")
         g.size = int(state["size"])
         g.shard_size = {int(k): int(v) for k, v in state["shard_size"].items()}
         g.shard_inserted = {int(k): int(v) for k, v in state["shard_inserted"].items()}
@@ -276,6 +295,10 @@ class GearFlowCoordinator(SchedulerPlugin):
     async def _shard_restored(self, name, shard, worker, size, inserted):
         """A lost shard was rebuilt on ``worker`` from a checkpoint holding ``size`` items."""
         g = self._table(name)
+        if int(shard) not in g.placement:
+            raise ProtocolError(f"coordinator 'shard_restored': table {name!r} has no shard {shard}")
+        if worker not in self.scheduler.workers:
+            raise ProtocolError(f"coordinator 'shard_restored': {worker!r} is not a live worker")
         if int(shard) not in g.lost:  # a live shard replaced: its old items leave the count
             g.size -= g.shard_size.get(int(shard), 0)
         lost = g.lost.pop(int(shard), None)

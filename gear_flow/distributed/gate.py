@@ -34,7 +34,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..errors import TableClosedError
+from ..errors import ProtocolError, TableClosedError
 from ..rate_limiters import MinSize
 from ..table.config import TableConfig
 
@@ -71,6 +71,7 @@ class TableGate:
         self.name = name
         self.config = config
         cfg = TableConfig.from_dict(config)
+        self.spec = cfg.spec
         self.ordered = cfg.selection == "ordered"
         self.exclusive = cfg.exclusive
         self.limiter = cfg.fresh_limiter()
@@ -104,6 +105,47 @@ class TableGate:
     @property
     def visible(self) -> int:
         return max(0, self.size - sum(t.n for t in self.txns.values() if t.committed))
+
+    # -- what a request may ask (refused at once, before anything is queued or counted) ----------------
+    def _shards(self, per_shard: dict, op: str, field: str) -> None:
+        unknown = sorted(int(s) for s in per_shard if int(s) not in self.placement)
+        if unknown:
+            raise ProtocolError(f"coordinator {op!r}: field {field!r} names shard(s) {unknown} of no table shard")
+
+    def check_insert(self, n: int, episodes: int, per_shard: dict) -> None:
+        room = self.spec.capacity * self.spec.num_shards
+        if n > room or episodes > room or (self.spec.item_unit == "episode" and n != episodes):
+            raise ProtocolError(
+                f"coordinator 'admit_insert': {n} items in {episodes} episodes can never be stored by table "
+                f"{self.name!r} ({self.spec.num_shards} shards of {self.spec.capacity} steps)"
+            )
+        self._shards(per_shard, "admit_insert", "per_shard")
+        if sum(int(k) for k in per_shard.values()) > n:
+            raise ProtocolError(f"coordinator 'admit_insert': per_shard counts add up to more than n={n}")
+        self.limiter.check_insert_size(n)
+
+    def check_sample(self, n: int) -> None:
+        self.limiter.check_sample_size(n)
+
+    def check_commit(self, txn: str, items: dict, evicted: dict) -> None:
+        t = self.txns.get(txn)
+        if t is None:
+            raise ProtocolError(f"coordinator 'commit_insert': no insert {txn!r} is in flight on table {self.name!r}")
+        self._shards(items, "commit_insert", "items")
+        self._shards(evicted, "commit_insert", "evicted")
+        if sum(int(k) for k in items.values()) > t.n:
+            raise ProtocolError(f"coordinator 'commit_insert': items add up to more than the {t.n} admitted")
+
+    def check_removal(self, k: int, per_shard: dict) -> None:
+        self._shards(per_shard, "removed", "per_shard")
+        if per_shard and sum(int(j) for j in per_shard.values()) != k:
+            raise ProtocolError(f"coordinator 'removed': per_shard adds up to {sum(per_shard.values())}, not k={k}")
+        over = [s for s, j in per_shard.items() if int(s) not in self.lost and int(j) > self.shard_size.get(int(s), 0)]
+        if over or (not per_shard and k > self.size):
+            raise ProtocolError(
+                f"coordinator 'removed': {k} items cannot have left table {self.name!r} "
+                f"(shard sizes {self.shard_size}, size {self.size})"
+            )
 
     # -- admission ----------------------------------------------------------------------------------
     def request(self, kind: str, n: int, owner: str, **extra) -> Waiter:

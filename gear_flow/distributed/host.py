@@ -124,6 +124,8 @@ class ShardHost(SamplingHost):
         chunks = list(p["chunks"])
         if len(chunks) != len(lengths) or np.any(lengths < 1):
             raise SpecError(f"shard {s.shard_id}: {len(chunks)} chunks for {len(lengths)} episode lengths")
+        if not len(np.asarray(p["episode_ids"])) == len(np.asarray(p["stamps"])) == len(lengths):
+            raise SpecError(f"shard {s.shard_id}: one episode id and one stamp per episode are needed")
         if lengths.sum() > s.capacity:
             raise SpecError(f"shard {s.shard_id}: {int(lengths.sum())} steps exceed its capacity ({s.capacity})")
         for c, n in zip(chunks, lengths):
@@ -212,6 +214,10 @@ class ShardHost(SamplingHost):
             t.shard(i).resolve(np.asarray(seqs, dtype=np.int64))
 
     def update(self, name, seqs_by_shard: dict, prios_by_shard: dict) -> int:
+        if set(seqs_by_shard) != set(prios_by_shard) or any(
+            len(np.asarray(seqs_by_shard[i])) != len(np.asarray(prios_by_shard[i])) for i in seqs_by_shard
+        ):
+            raise SpecError("worker 'update': one priority per key, for the same shards")
         self.check_keys(name, seqs_by_shard)
         t = self.table(name)
         return sum(
@@ -234,6 +240,13 @@ class ShardHost(SamplingHost):
         """Evict by the remover (an :class:`planner.Evict` part); returns {shard: removed}."""
         rng = np.random.default_rng(seed)
         t = self.table(name)
+        if (counts is None) == (slots is None):
+            raise SpecError("worker 'remove': give exactly one of counts and slots")
+        for i, v in (slots or {}).items():
+            if len(v) and int(np.max(v)) >= t.shard(i).capacity:
+                raise SpecError(f"worker 'remove': slots of shard {i} must be below its capacity")
+        for i in counts or {}:
+            t.shard(i)
         out = {}
         for i, v in (slots if slots is not None else counts or {}).items():
             k = evict_on(t.shard(i), slots=v, rng=rng) if slots is not None else evict_on(t.shard(i), counts=v, rng=rng)

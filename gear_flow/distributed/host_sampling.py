@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import GearFlowError
+from ..errors import GearFlowError, ProtocolError
 from ..sample import SampleBuffers
 from ..table import planner
 from ..table.executor import InProcess, sample_shards, summary
@@ -28,20 +28,56 @@ def release(locks):
         lk.release()
 
 
+def check_columns(spec, columns, op: str) -> tuple:
+    unknown = [c for c in columns if c not in spec.names]
+    if unknown or not columns or len(set(columns)) != len(columns):
+        raise ProtocolError(f"worker {op!r}: columns {list(columns)} must be distinct columns of {list(spec.names)}")
+    return tuple(columns)
+
+
+def check_out(spec, out, offsets, sizes: dict, columns, length: int, op: str) -> None:
+    """``out[c]`` must hold every part's rows at its offset: ``uint8[rows, length, row bytes]``."""
+    if offsets is None or not set(sizes) <= set(offsets):
+        raise ProtocolError(f"worker {op!r}: out needs an offset for every part (shards {sorted(sizes)})")
+    for c in columns:
+        a = out.get(c) if hasattr(out, "get") else None
+        nb = max(spec.column(c).nbytes, 1)
+        if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or a.ndim != 3 or a.shape[1:] != (length, nb):
+            raise ProtocolError(f"worker {op!r}: out[{c!r}] must be uint8[rows, {length}, {nb}]")
+        if not a.flags.c_contiguous or not a.flags.writeable:
+            raise ProtocolError(f"worker {op!r}: out[{c!r}] must be a writeable C-contiguous array")
+        for i, n in sizes.items():
+            if not 0 <= int(offsets[i]) <= a.shape[0] - n:
+                raise ProtocolError(
+                    f"worker {op!r}: shard {i}'s {n} rows at offset {offsets[i]} do not fit out[{c!r}] "
+                    f"of {a.shape[0]} rows"
+                )
+
+
 class SamplingHost:
     """Sampling methods of :class:`~gear_flow.distributed.host.ShardHost` (needs ``self.table(name)``)."""
 
     # -- selection ----------------------------------------------------------------------
-    def summaries(self, name, kinds, length=1, boundary="pad_tail") -> dict:
+    def summaries(self, name, kinds, length=None, boundary=None) -> dict:
         t = self.table(name)
+        if ("sampler" in kinds or "unseen" in kinds) and t.cfg.selection == "ordered":
+            raise ProtocolError(f"worker 'summaries': table {name!r} has an ordered sampler, no sampling mass")
+        if "unseen" in kinds and t.cfg.selection != "epoch":
+            raise ProtocolError(f"worker 'summaries': table {name!r} samples without epochs (no 'unseen')")
+        length, boundary = length or 1, boundary or "pad_tail"
         return {k: {i: summary(s, k, length, boundary) for i, s in t.shards.items()} for k in kinds}
 
     def new_epoch(self, name) -> None:
         for s in self.table(name).shards.values():
             s.new_epoch()
 
-    def candidates(self, name, n, role="sampler", length=1, boundary="pad_tail", horizon=None) -> dict:
-        ex = InProcess(self.table(name).shards, None, None, length, boundary, horizon=horizon)
+    def candidates(self, name, n, role=None, length=None, boundary=None, horizon=None) -> dict:
+        t = self.table(name)
+        role = role or "sampler"
+        sel = t.cfg.sampler if role == "sampler" else t.cfg.remover
+        if not sel.deterministic:
+            raise ProtocolError(f"worker 'candidates': the {role} of table {name!r} ({sel!r}) is not ordered")
+        ex = InProcess(t.shards, None, None, length or 1, boundary or "pad_tail", horizon=horizon)
         return ex(planner.Candidates(int(n), role))
 
     def sample_part(
@@ -69,10 +105,25 @@ class SamplingHost:
         """
         t = self.table(name)
         rng = np.random.default_rng(seed)
+        columns = check_columns(t.spec, columns, "sample_part")
+        record = True if record is None else bool(record)
+        if slots is None and t.cfg.selection == "ordered":
+            raise ProtocolError(f"worker 'sample_part': table {name!r} has an ordered sampler: give slots, not counts")
+        if (counts is None) == (slots is None):
+            raise ProtocolError("worker 'sample_part': give exactly one of counts and slots")
+        if counts is not None and (scale is None or set(scale) != set(counts)):
+            raise ProtocolError(
+                "worker 'sample_part': scale must give the first-level probability of every counted shard"
+            )
+        if not record and txn is None:
+            raise ProtocolError("worker 'sample_part': record=False needs the sample's txn")
         part = counts if slots is None else slots
         ids = sorted(int(i) for i in part)
         for i in ids:
             t.shard(i)
+        if out is not None:
+            sizes = {i: int(counts[i]) if slots is None else len(slots[i]) for i in ids}
+            check_out(t.spec, out, offsets, sizes, columns, length, "sample_part")
         res = {}
         drawn = []
         locks = t.locked(ids)
@@ -156,6 +207,9 @@ class SamplingHost:
         """Forget samples counted by parts of a sample that was retried (tables without expiry)."""
         t = self.table(name)
         for i, n in counts.items():
+            if int(n) > t.shard(i).counters.sampled:
+                raise ProtocolError(f"worker 'uncount': shard {i} has counted fewer than {n} samples")
+        for i, n in counts.items():
             t.shard(i).uncount(int(n))
 
     def sample_all(
@@ -164,6 +218,9 @@ class SamplingHost:
         """The whole two-level sample over this worker's shards (when they are all the live ones)."""
         t = self.table(name)
         check_sample_args(n, length, boundary)
+        columns = check_columns(t.spec, columns, "sample_all")
+        if out is not None and not (isinstance(out, SampleBuffers) and out.matches(columns, n, length)):
+            raise ProtocolError("worker 'sample_all': out must be SampleBuffers for these columns, n and length")
         buf = SampleBuffers(t.spec, columns, n, length) if out is None else out
         locks = t.locked()
         try:

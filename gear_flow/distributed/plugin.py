@@ -23,6 +23,8 @@ from functools import partial
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
+from ..errors import GearFlowError
+from . import protocol
 from .host import ShardHost
 
 logger = logging.getLogger(__name__)
@@ -96,12 +98,18 @@ class GearFlowWorker(WorkerPlugin):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, partial(fn, self.host, **kwargs))
 
-    async def handle(self, comm=None, action=None, args=None):
-        op = action
-        if op not in OPS:
-            return {"status": "error", "error": to_serialize(ValueError(f"unknown gear_flow op {op!r}"))}
+    async def handle(self, comm=None, action=None, args=None, v=None):
+        """The comm handler: version, then schema, then the operation (errors are returned, never raised)."""
         try:
-            result = await self.run(op, **(args or {}))
-        except Exception as e:  # returned, re-raised with its own type by the caller
+            protocol.check_version(v, f"worker {self.worker.address}")
+            protocol.check(protocol.WORKER, action, args if args is not None else {}, f"worker {self.worker.address}")
+            result = await self.run(action, **(args or {}))
+        except GearFlowError as e:  # returned, re-raised with its own type by the caller
             return {"status": "error", "error": to_serialize(e)}
+        except Exception as e:  # a bug or a message the schema let through: answered, the worker survives
+            logger.exception("gear_flow %r failed", action)
+            return {
+                "status": "error",
+                "error": to_serialize(GearFlowError(f"worker operation {action!r}: {type(e).__name__}: {e}")),
+            }
         return {"status": "OK", "result": to_serialize(result)}

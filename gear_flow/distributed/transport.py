@@ -14,6 +14,7 @@ import asyncio
 
 from .. import config
 from ..errors import CoordinatorLostError, GearFlowError
+from . import protocol
 from .plugin import PLUGIN_NAME
 
 COMM_ERRORS = (OSError, asyncio.TimeoutError)
@@ -74,7 +75,7 @@ def unwrap(resp):
 async def coord(ctx: Context, op: str, name: str | None, **kw):
     """One request to the coordinator on the scheduler."""
     try:
-        resp = await ctx.scheduler.gear_flow_coord(action=op, name=name, **kw)
+        resp = await ctx.scheduler.gear_flow_coord(action=op, name=name, v=protocol.VERSION, **kw)
     except COMM_ERRORS as e:
         raise CoordinatorLostError(
             f"table {name!r}: the scheduler at {ctx.scheduler.address} cannot be reached ({type(e).__name__}: {e})"
@@ -91,7 +92,7 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
     timeout = config.get("distributed.rpc-timeout")
     retries = int(config.get("distributed.rpc-retries") or 0)
     try:
-        reply = asyncio.ensure_future(ctx.rpc(addr).gear_flow(action=op, args=to_serialize(args)))
+        reply = asyncio.ensure_future(ctx.rpc(addr).gear_flow(action=op, args=to_serialize(args), v=protocol.VERSION))
     except COMM_ERRORS as e:
         raise WorkerLost(addr, e) from e
     for attempt in range(retries + 1):

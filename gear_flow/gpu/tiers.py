@@ -125,8 +125,11 @@ class DeviceTier(_GpuTier):
 
     def write_rows(self, dst, pos: int, rows: np.ndarray) -> None:
         """Copy host ``rows`` into device ring ``dst`` at ``pos``, wrapping at the end."""
+        from ..ops.gather import check_rows
+
         cap = dst.shape[0]
-        rows = np.ascontiguousarray(rows, dtype=dst.dtype)
+        rows = np.ascontiguousarray(rows)
+        check_rows(dst, pos, rows)  # the same extents as the host twin checks
         n = rows.shape[0]
         first = min(n, cap - pos)
         with self._cp.cuda.Device(self.device_id):

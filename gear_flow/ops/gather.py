@@ -25,7 +25,22 @@ PARALLEL_MIN_BYTES = 1 << 20
 
 
 def gather_windows(src, src_start, dst_offset, n_valid, out) -> None:
-    """See the module docstring.  ``src``: uint8[cap, nb]; ``out``: uint8[B, L, nb]."""
+    """See the module docstring.  ``src``: uint8[cap, nb]; ``out``: uint8[B, L, nb].
+
+    Every extent is checked once before the copies (which check nothing): no
+    caller can make them read or write outside ``src`` and ``out``.
+    """
+    if not (isinstance(src, np.ndarray) and src.ndim == 2 and src.dtype == np.uint8 and src.flags.c_contiguous):
+        raise IndexError(f"gather_windows: src must be a C-contiguous uint8[cap, nbytes] array, got {_desc(src)}")
+    if not (isinstance(out, np.ndarray) and out.ndim == 3 and out.dtype == np.uint8 and out.flags.c_contiguous):
+        raise IndexError(f"gather_windows: out must be a C-contiguous uint8[B, L, nbytes] array, got {_desc(out)}")
+    if out.shape[2] != src.shape[1] or not out.flags.writeable:
+        raise IndexError(f"gather_windows: out rows have {out.shape[2]} bytes, src rows {src.shape[1]}")
+    B = out.shape[0]
+    if any(np.ndim(a) != 1 or len(a) != B for a in (src_start, dst_offset, n_valid)):
+        raise IndexError(
+            f"gather_windows: src_start, dst_offset and n_valid must each hold one entry per row of out ({B})"
+        )
     bad = _first_bad(src.shape[0], out.shape[1], src_start, dst_offset, n_valid)
     if bad >= 0:  # the byte copies do no bounds checks, so check every window first
         raise IndexError(
@@ -91,8 +106,21 @@ def window_mask(dst_offset: np.ndarray, n_valid: np.ndarray, length: int, out: n
     return out
 
 
+def _desc(a) -> str:
+    return f"{a.dtype}{list(a.shape)}" if isinstance(a, np.ndarray) else type(a).__name__
+
+
+def check_rows(dst, pos: int, src) -> None:
+    """``src`` must be rows of exactly ``dst``'s row shape and dtype, no more than the ring holds, at a ring position."""
+    if not isinstance(src, np.ndarray) or src.shape[1:] != tuple(dst.shape[1:]) or src.dtype != dst.dtype:
+        raise IndexError(f"scatter_rows: rows must be {dst.dtype}[n, *{tuple(dst.shape[1:])}], got {_desc(src)}")
+    if not 0 <= pos < dst.shape[0] or src.shape[0] > dst.shape[0]:
+        raise IndexError(f"scatter_rows: {src.shape[0]} rows at {pos} do not fit a ring of {dst.shape[0]}")
+
+
 def scatter_rows(dst: np.ndarray, pos: int, src: np.ndarray) -> None:
-    """Write ``src`` rows into ring ``dst`` starting at ``pos``, wrapping at the end."""
+    """Write ``src`` rows into ring ``dst`` starting at ``pos``, wrapping at the end (extents checked first)."""
+    check_rows(dst, pos, src)
     cap = dst.shape[0]
     n = src.shape[0]
     first = min(n, cap - pos)

@@ -1,0 +1,264 @@
+"""The wire protocol defends itself: malformed, out-of-range and version-skewed messages change nothing.
+
+Messages are sent raw over Dask's comm to the workers' ``gear_flow`` handler
+and the scheduler's ``gear_flow_coord`` handler of the session's 2-worker
+LocalCluster, as a buggy or version-skewed client would.  After every one: the
+reply is a GearFlowError, the worker processes are the same (none crashed and
+was restarted by its nanny), the table's counters and data (read inside the
+workers) are unchanged, and a normal sample still works.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from dist_support import assert_same, snapshot
+from distributed.protocol import to_serialize
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import gear_flow as gf
+from gear_flow.distributed import DistributedTable, protocol
+
+pytestmark = pytest.mark.timeout(300)
+
+COLS = (gf.ColumnSpec("obs", (64,), np.float32), gf.ColumnSpec("r", (), np.float32))
+
+
+def eps(n, T=5):
+    return [{"obs": np.full((T, 64), i, np.float32), "r": np.ones(T, np.float32)} for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tables(dist_client):
+    """A prioritized table and a Fifo table, both with two shards on two workers."""
+    out = {}
+    for kind, sampler in (("prio", gf.Prioritized()), ("fifo", gf.Fifo())):
+        t = DistributedTable.create(
+            dist_client, gf.TableSpec(COLS, capacity=256, num_shards=2), sampler=sampler, seed=0
+        )
+        t.insert(eps(8))
+        out[kind] = t
+    yield out
+    for t in out.values():
+        t.close()
+
+
+def pids(client):
+    return client.run(os.getpid)
+
+
+def raw_worker(t, op, args, v=protocol.VERSION, shard=0):
+    async def go():
+        return await t._ctx.rpc(t.placement[shard]).gear_flow(action=op, args=to_serialize(args), v=v)
+
+    return t._ctx.sync(go)
+
+
+def raw_coord(t, op, v=protocol.VERSION, **kw):
+    async def go():
+        return await t._ctx.scheduler.gear_flow_coord(action=op, v=v, **kw)
+
+    return t._ctx.sync(go)
+
+
+def refused(resp, *match) -> str:
+    assert resp["status"] == "error", resp
+    err = resp["error"]
+    assert isinstance(err, gf.GearFlowError), repr(err)
+    msg = str(err)
+    for m in match:
+        assert m in msg, msg
+    return msg
+
+
+class Unchanged:
+    """Worker processes, table data and counters are the same after the block; a sample still works."""
+
+    def __init__(self, client, t):
+        self.client, self.t = client, t
+
+    def __enter__(self):
+        self.pids, self.state = pids(self.client), snapshot(self.t)
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0] is None:
+            assert pids(self.client) == self.pids, "a worker process died and was restarted"
+            assert_same(self.state, snapshot(self.t))
+            assert len(self.t.sample(4)) == 4
+
+
+# -- the cases found by hand, each pinned --------------------------------------------------------------------
+def test_sample_part_out_buffer_smaller_than_the_batch(dist_client, tables):
+    t = tables["prio"]
+    small = {"obs": np.zeros((2, 1, 256), np.uint8), "r": np.zeros((2, 1, 4), np.uint8)}
+    args = dict(name=t.name, length=1, boundary="pad_tail", columns=["obs", "r"], seed=1, counts={0: 64},
+                scale={0: 0.5}, out=small, offsets={0: 0})  # fmt: skip
+    with Unchanged(dist_client, t):
+        refused(raw_worker(t, "sample_part", args), "do not fit out['obs']")
+        args["offsets"] = {0: 10**6}  # far beyond the batch
+        args["out"] = {"obs": np.zeros((64, 1, 256), np.uint8), "r": np.zeros((64, 1, 4), np.uint8)}
+        refused(raw_worker(t, "sample_part", args), "offset 1000000")
+        args.update(out=None, offsets=None, counts={0: 4}, scale={0: 0.5}, length=0)
+        refused(raw_worker(t, "sample_part", args), "'length'")
+        args.update(length=1, boundary="sideways")
+        refused(raw_worker(t, "sample_part", args), "'boundary'")
+        args.update(boundary="pad_tail", counts=None, scale=None, slots={0: np.array([-4095])})
+        refused(raw_worker(t, "sample_part", args), "'slots'")
+
+
+def test_stage_with_rows_narrower_than_the_spec(dist_client, tables):
+    t = tables["prio"]
+    part = {"shard": 0, "chunks": [{"obs": np.zeros((5, 1), np.float32), "r": np.ones(5, np.float32)}],
+            "lengths": np.array([5]), "episode_ids": np.array([999]), "stamps": np.array([999]), "priorities": None}  # fmt: skip
+    with Unchanged(dist_client, t):
+        refused(raw_worker(t, "write", dict(name=t.name, txn="x" * 8, parts=[part])), "column 'obs' must be float32[5")
+    info = t.info()
+    assert info["size"] == info["coordinator_size"]
+
+
+def test_coordinator_counts_cannot_be_corrupted(dist_client, tables):
+    t = tables["prio"]
+    with Unchanged(dist_client, t):
+        refused(raw_coord(t, "admit_insert", name=t.name, n=10**12, episodes=1), "can never be stored")
+        refused(raw_coord(t, "admit_insert", name=t.name, n=-100, episodes=1), "field 'n'")
+        refused(raw_coord(t, "admit_insert", name=t.name, n=float("nan"), episodes=1), "field 'n'")
+        refused(raw_coord(t, "admit_sample", name=t.name, n=-5), "field 'n'")
+        refused(raw_coord(t, "admit_sample", name=t.name, n=10**12), "field 'n'")  # refused at once, no waiter
+        refused(raw_coord(t, "removed", name=t.name, k=-(10**12)), "field 'k'")
+        refused(raw_coord(t, "removed", name=t.name, k=10**6, per_shard={0: 10**6}), "cannot have left")
+        refused(raw_coord(t, "count_samples", name=t.name, n=-(10**12)), "field 'n'")
+        refused(raw_coord(t, "commit_insert", name=t.name, txn="nope", items={0: 5}, evicted={}), "no insert")
+        refused(raw_coord(t, "mark_lost", name=t.name, shard=200), "field 'shard'")
+        refused(raw_coord(t, "mark_lost", name=t.name, shard=5), "no shard 5")
+        refused(raw_coord(t, "shard_restored", name=t.name, shard=99, worker="x", size=1, inserted=1), "no shard 99")
+        refused(raw_coord(t, "admit_insert", name=t.name, n=1, episodes=1, bogus=1), "unknown field(s) ['bogus']")
+    assert t._ctx.sync(t._coord, "lookup")["waiting"] == {"inserts": 0, "samples": 0}
+
+
+def test_updates_and_selections_are_checked_by_the_worker(dist_client, tables):
+    t = tables["prio"]
+    with Unchanged(dist_client, t):
+        for bad in ([float("nan")], [float("inf")], [-1.0]):
+            refused(raw_worker(t, "update", dict(name=t.name, seqs_by_shard={0: np.array([0])},
+                                                 prios_by_shard={0: np.array(bad)})), "'prios_by_shard'")  # fmt: skip
+        refused(raw_worker(t, "candidates", dict(name=t.name, n=4)), "is not ordered")
+        refused(raw_worker(t, "summaries", dict(name=t.name, kinds=["unseen"])), "without epochs")
+        refused(raw_worker(t, "sample_part", dict(name=t.name, length=1)), "'boundary'")
+        refused(raw_worker(t, "sample", dict(name=t.name)), "unknown operation 'sample'")
+        refused(raw_worker(t, "info", dict(name=t.name, extra=1)), "unknown field(s) ['extra']")
+    f = tables["fifo"]
+    with Unchanged(dist_client, f):
+        refused(raw_worker(f, "summaries", dict(name=f.name, kinds=["sampler"])), "ordered sampler")
+        refused(raw_worker(f, "sample_part", dict(name=f.name, length=1, boundary="strict", columns=["obs"], seed=0,
+                                                  counts={0: 2}, scale={0: 1.0})), "give slots")  # fmt: skip
+
+
+def test_another_protocol_version_is_refused_naming_both(dist_client, tables):
+    t = tables["prio"]
+    with Unchanged(dist_client, t):
+        msg = refused(raw_worker(t, "info", dict(name=t.name), v=protocol.VERSION - 1), f"protocol {protocol.VERSION}")
+        assert repr(protocol.VERSION - 1) in msg
+        refused(raw_worker(t, "info", dict(name=t.name), v=None), "version None")
+        refused(raw_coord(t, "lookup", name=t.name, v=protocol.VERSION + 1), f"version {protocol.VERSION + 1}")
+    # a client process of another version: attach is refused with a clear error
+    code = (
+        "import sys\nfrom distributed import Client\nimport gear_flow.distributed.protocol as p\n"
+        "p.VERSION += 1\nfrom gear_flow.distributed import DistributedTable\n"
+        "try:\n    DistributedTable.attach(sys.argv[2], Client(sys.argv[1]))\n"
+        "except Exception as e:\n    print(type(e).__name__, e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, dist_client.scheduler.address, t.name], capture_output=True, text=True, timeout=60
+    ).stdout
+    assert out.startswith("ProtocolError") and f"version {protocol.VERSION + 1}" in out, out
+
+
+# -- fuzz: every operation, junk in one field ----------------------------------------------------------------
+JUNK = [None, -1, -(10**12), 10**19, float("nan"), float("inf"), 1.5, True, "", "x" * 600, [1, "a"], {"a": 1},
+        np.zeros((2, 2)), np.array([-5]), np.array(["a"])]  # fmt: skip
+
+
+def _valid(t, op) -> dict:
+    """A well-formed message for ``op`` that nevertheless names no real data (so junk in one field is all that differs)."""
+    base = {"name": t.name}
+    return {
+        "create": {**base, "config": {}, "shard_ids": [0]},
+        "drop_shard": {**base, "shard": 0},
+        "stage": {**base, "txn": "t" * 8, "parts": []},
+        "apply": {**base, "txn": "t" * 8},
+        "write": {**base, "txn": "t" * 8, "parts": []},
+        "abort": {**base, "txn": "t" * 8},
+        "status": {**base, "txn": "t" * 8},
+        "summaries": {**base, "kinds": ["size"], "length": 1, "boundary": "strict"},
+        "candidates": {**base, "n": 1, "role": "remover"},
+        "sample_part": {
+            **base,
+            "length": 1,
+            "boundary": "strict",
+            "columns": ["r"],
+            "seed": 0,
+            "counts": {0: 1},
+            "scale": {0: 0.5},
+        },  # fmt: skip
+        "finish_sample": {**base, "txn": "t" * 8, "commit": False},
+        "uncount": {**base, "counts": {0: 0}},
+        "sample_all": {**base, "n": 1, "length": 1, "boundary": "strict", "columns": ["r"], "seed": 0},
+        "check_keys": {**base, "seqs_by_shard": {0: np.array([0])}},
+        "update": {**base, "seqs_by_shard": {0: np.array([0])}, "prios_by_shard": {0: np.array([1.0])}},
+        "delete": {**base, "seqs_by_shard": {0: np.array([0])}},
+        "remove": {**base, "counts": {0: 0}},
+        "checkpoint": {**base, "directory": "/nonexistent/x"},
+        "restore": {**base, "config": {}, "directory": "/nonexistent", "files": {}},
+    }.get(op, base)
+
+
+WORKER_OPS = sorted(set(protocol.WORKER) - {"drop", "new_epoch", "info", "nbytes"})  # those take only a name
+COORD_OPS = sorted(set(protocol.COORDINATOR) - {"lookup", "list", "workers", "close", "drop"})
+
+
+@settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_fuzz_every_operation_with_junk(dist_client, tables, data):
+    t = tables[data.draw(st.sampled_from(["prio", "fifo"]))]
+    to_worker = data.draw(st.booleans())
+    ops = WORKER_OPS if to_worker else COORD_OPS
+    op = data.draw(st.sampled_from(ops))
+    schema = (protocol.WORKER if to_worker else protocol.COORDINATOR)[op]
+    msg = _valid(t, op) if to_worker else {}
+    how = data.draw(st.sampled_from(["junk", "unknown", "drop"] if schema else ["unknown"]))
+    if how == "unknown":
+        msg["no_such_field"] = 1
+    else:
+        field = data.draw(st.sampled_from(sorted(schema)))
+        if how == "drop" and field in msg:
+            del msg[field]
+            if msg.get(field) is None and _accepts_none(schema[field]):
+                msg["no_such_field"] = 1  # an optional field's absence is valid: make the message bad another way
+        else:
+            value = data.draw(st.sampled_from(JUNK))
+            if _accepts(schema[field], value):
+                value = -(10**12) if not _accepts(schema[field], -(10**12)) else "x" * 600
+            if _accepts(schema[field], value):
+                msg["no_such_field"] = 1
+            msg[field] = value
+    with Unchanged(dist_client, t):
+        resp = raw_worker(t, op, msg) if to_worker else raw_coord(t, op, name=t.name, **msg)
+        refused(resp)
+
+
+def _accepts(checker, value) -> bool:
+    try:
+        checker(value)
+        return True
+    except protocol._Bad:
+        return False
+
+
+def _accepts_none(checker) -> bool:
+    return _accepts(checker, None)
