@@ -1,0 +1,139 @@
+"""Column rings in named POSIX shared memory: one copy of a host's trajectories, readable by every process on it.
+
+The ``shared`` tier allocates a shard's rings (and a small header) in
+``multiprocessing.shared_memory`` segments owned by the worker that holds the
+shard.  Any process on the same machine -- a learner task on another worker,
+or the client itself -- maps them once, read-only in spirit, and gathers its
+part of a batch straight from them with the same gather code; the owner still
+selects (priorities live there) and returns only the windows' positions.
+
+Consistency is a seqlock on the ring: before the owner writes steps
+``[w, w + n)`` it publishes ``writing_until = w + n`` in the header, and only
+then overwrites the slots of positions ``< w + n - capacity``.  A reader copies
+its windows and then reads ``writing_until``; a window that starts at absolute
+position ``a`` is intact iff ``a >= writing_until - capacity``.  A torn window
+is never returned: the reader redoes the sample.  (Loads and stores of the
+header are plain int64 accesses, ordered on x86-64's memory model.)
+
+Segments are named ``gf_<owner pid>_<token>`` and unlinked when the table is
+dropped or the worker closes; if the owner is killed, Python's resource
+tracker (registered at creation) unlinks them.  Readers unregister what they
+attach, so that a reader's exit never unlinks an owner's segment.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+
+import numpy as np
+
+from ..errors import ShardLostError
+from .base import HostTier, register_tier
+
+PREFIX = "gf_"
+#: header fields (int64): absolute write position, and the end of the write in progress
+WRITE_POS, WRITING_UNTIL = 0, 1
+
+
+def machine_id() -> str:
+    """Identifies this machine's shared memory (boot id, hostname fallback)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        import socket
+
+        return socket.gethostname()
+
+
+class SharedTier(HostTier):
+    """Host arrays in named shared-memory segments (see the module docstring)."""
+
+    name = "shared"
+
+    def __init__(self):
+        self.segments = {}  # id(array) -> SharedMemory
+        self.names = {}  # id(array) -> segment name
+
+    def empty(self, shape, dtype):
+        from multiprocessing import shared_memory
+
+        dtype = np.dtype(dtype)
+        size = max(1, math.prod(shape) * dtype.itemsize)
+        seg = shared_memory.SharedMemory(create=True, size=size, name=f"{PREFIX}{os.getpid()}_{uuid.uuid4().hex[:16]}")
+        a = np.ndarray(shape, dtype=dtype, buffer=seg.buf)
+        self.segments[id(a)] = seg
+        self.names[id(a)] = seg.name
+        return a
+
+    def describe(self, a) -> dict:
+        """What a reader needs to map array ``a``: segment name, shape, dtype."""
+        return {"segment": self.names[id(a)], "shape": list(a.shape), "dtype": a.dtype.str}
+
+    def release(self) -> None:
+        """Unlink every segment (mappings stay valid until their arrays are gone)."""
+        for seg in self.segments.values():
+            try:
+                seg.unlink()
+            except FileNotFoundError:
+                pass
+        self.segments.clear()
+
+
+register_tier("shared", SharedTier)
+
+
+class Attached:
+    """A reader's mapping of one shard's shared rings: ``bytes[column]`` (uint8 ``[cap, nb]``) and ``header``."""
+
+    def __init__(self, info: dict, shard: int):
+        from multiprocessing import resource_tracker, shared_memory
+
+        self._segs = []
+        self.capacity = int(info["capacity"])
+
+        def attach(d):
+            try:
+                seg = shared_memory.SharedMemory(name=d["segment"])
+            except FileNotFoundError:
+                raise ShardLostError(
+                    shard, f"shared-memory segment {d['segment']} of shard {shard} is gone (its worker exited)"
+                ) from None
+            try:  # Python < 3.13 registers attached segments too: the reader must not unlink them at exit
+                resource_tracker.unregister(seg._name, "shared_memory")
+            except Exception:
+                pass
+            self._segs.append(seg)
+            return np.ndarray(tuple(d["shape"]), dtype=np.dtype(d["dtype"]), buffer=seg.buf)
+
+        self.header = attach(info["header"])
+        self.bytes = {c: attach(d).reshape(self.capacity, -1).view(np.uint8) for c, d in info["columns"].items()}
+
+    def intact(self, src_abs: np.ndarray) -> np.ndarray:
+        """Mask of windows (by absolute start) not overwritten up to now (call after copying)."""
+        return src_abs >= int(self.header[WRITING_UNTIL]) - self.capacity
+
+
+def leftover_segments() -> list[str]:
+    """gear_flow segments in /dev/shm whose owner process is gone."""
+    out = []
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return out
+    for n in names:
+        if not n.startswith(PREFIX):
+            continue
+        try:
+            pid = int(n[len(PREFIX) :].split("_", 1)[0])
+        except ValueError:
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            out.append(n)
+        except PermissionError:
+            pass
+    return out
