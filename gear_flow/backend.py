@@ -61,6 +61,7 @@ class BackendUnavailableError(GearFlowError, RuntimeError):
 #: tier -> (module of the ring arrays, module of the sample output, frame module)
 _TIERS: dict[str, tuple[str, str, str]] = {
     "host": ("numpy", "numpy", "pandas"),
+    "shared": ("numpy", "numpy", "pandas"),  # host arrays in shared-memory segments
     "pinned": ("numpy", "cupy", "pandas"),
     "device": ("cupy", "cupy", "cudf"),
 }

@@ -91,6 +91,7 @@ class Windows:
     episode_ids: np.ndarray
     timesteps: np.ndarray  # index within the episode of the first valid step
     seqs: np.ndarray  # item sequence numbers (the low bits of the keys)
+    src_abs: np.ndarray | None = None  # absolute position of the first valid step (shared-ring readers)
 
 
 class Shard:
@@ -183,6 +184,7 @@ class Shard:
         with self.lock:
             n = batch.num_steps
             w = self.ring.write_pos
+            self.ring.begin_write(w + n)  # readers of a shared ring: these slots are about to change
             self._evict_steps_before(w + n - self.capacity)
             pos = w
             for chunk in batch.chunks:
@@ -333,6 +335,7 @@ class Shard:
             episode_ids=self.index.get("episode_id", ep),
             timesteps=first - start,
             seqs=seqs,
+            src_abs=first,
         )
 
     def valid_fn(self, length: int, boundary: str):
@@ -487,6 +490,7 @@ class Shard:
         offset: int,
         columns,
         record: bool = True,
+        gather: bool = True,
     ) -> Windows:
         """Gather the windows of ``slots`` into ``out[name][offset:offset+len(slots)]``,
         and (``record``) count the samples and expire items that reached ``max_times_sampled``.
@@ -498,7 +502,7 @@ class Shard:
         with self.lock:
             win = self.windows(slots, length, boundary, rng)
             b = len(slots)
-            for name in columns:
+            for name in columns if gather else ():  # gather=False: a shared-ring reader copies them itself
                 self.tier.gather_windows(
                     self.ring.bytes[name], win.src_start, win.dst_offset, win.n_valid, out[name][offset : offset + b]
                 )
@@ -572,6 +576,17 @@ class Shard:
             k = self._drop_items(np.asarray(slots, dtype=np.int64))
             self.counters.removed += k
             return k
+
+    def shared_layout(self) -> dict | None:
+        """How another process on this machine maps this shard's rings (None unless the tier is shared)."""
+        if self.ring.header is None:
+            return None
+        d = self.tier.describe
+        return {
+            "capacity": self.capacity,
+            "header": d(self.ring.header),
+            "columns": {c: d(a) for c, a in self.ring.columns.items()},
+        }
 
     # -- info ---------------------------------------------------------------------------
     def info(self) -> dict:

@@ -50,3 +50,22 @@ def make_table(request):
     f = TableFactory(request.param, request.getfixturevalue("dist_client") if request.param == "distributed" else None)
     yield f
     f.close()
+
+
+@pytest.fixture(params=["shared-memory", "comm"])
+def data_plane(request):
+    """Tables created in the test read remote shards from shared memory (same machine) or over the comm."""
+    import dask
+
+    with dask.config.set({"gear-flow.distributed.shared-memory": request.param == "shared-memory"}):
+        yield request.param
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """No shared-memory segment may outlive its owner: a leak fails the run."""
+    from gear_flow.storage.shared import leftover_segments
+
+    left = leftover_segments()
+    if left:
+        print(f"\nleaked gear_flow shared-memory segments: {left}")
+        session.exitstatus = 1

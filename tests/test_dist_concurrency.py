@@ -22,7 +22,7 @@ from gear_flow.sample import SampleBuffers
 from gear_flow.table import planner
 from gear_flow.table.config import TableConfig
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("data_plane")]
 
 X = (gf.ColumnSpec("x", (), np.float32),)
 TAG = (gf.ColumnSpec("tag", (), np.int64),)

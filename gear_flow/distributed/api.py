@@ -24,6 +24,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from ..config import get as config_get
 from ..errors import ShardLostError, SpecError
 from ..rate_limiters import RateLimiter
 from ..resources import advertised, check_resources
@@ -76,8 +77,9 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, DatasetMetho
         self._lease = (0, 0, 0.0)  # (batch size, batches left, granted at)
         self._lease_lock = threading.Lock()
         self._lease_done = 0  # leased samples served, reported with the next admission
-        #: bytes of windows gathered in-process (co-located) vs received over the comm
-        self.stats = {"local_bytes": 0, "remote_bytes": 0, "batches": 0}
+        #: bytes of windows gathered in-process (co-located), from shared memory, or received over the comm
+        self.stats = {"local_bytes": 0, "shared_bytes": 0, "remote_bytes": 0, "batches": 0, "shared_conflicts": 0}
+        self._shared: dict = {}  # worker -> {shard: Attached} (or None: not readable from here)
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -132,7 +134,8 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, DatasetMetho
             raise SpecError("the cluster has no workers to place shards on")
         placement = {i: addrs[i % len(addrs)] for i in range(spec.num_shards)}
         name = name or f"table-{uuid.uuid4().hex[:8]}"
-        config = {**cfg.to_dict(), "degraded": bool(degraded), "resources": resources}
+        shared = bool(config_get("distributed.shared-memory")) and cfg.tier == "host"
+        config = {**cfg.to_dict(), "degraded": bool(degraded), "resources": resources, "shared_memory": shared}
         ctx = Context(client=client)
 
         async def setup():
@@ -215,6 +218,25 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, DatasetMetho
         self.placement = {int(k): v for k, v in st["placement"].items()}
         self.lost = {int(k): v for k, v in st["lost"].items()}
         self._version = st["version"]
+        self._shared.clear()  # shards may have moved: map again
+
+    async def _shared_for(self, addr: str) -> dict | None:
+        """``{shard: Attached}`` when ``addr``'s shards can be read from shared memory here, else None."""
+        if addr in self._shared:
+            return self._shared[addr]
+        got = None
+        local = addr == self._ctx.local_addr and self._ctx.local_plugin is not None
+        if self._config.get("shared_memory") and config_get("distributed.shared-memory") and not local:
+            from ..storage.shared import Attached, machine_id
+
+            lay = await call(self._ctx, addr, "shared_layout", table=self.name, name=self.name)
+            if lay["machine"] == machine_id() and all(v is not None for v in lay["shards"].values()):
+                try:
+                    got = {int(i): Attached(v, int(i)) for i, v in lay["shards"].items()}
+                except (ShardLostError, OSError, ValueError) as e:  # not this machine's /dev/shm after all
+                    logger.info("table %r: shards of %s not mapped (%s); using the comm", self.name, addr, e)
+        self._shared[addr] = got
+        return got
 
     async def _on_workers(self, calls: dict, partial: bool = False):
         """Run ``{addr: (op, kwargs)}`` in parallel.

@@ -34,11 +34,13 @@ _REMEMBER = 4096
 class HostedTable:
     """The shards of one table on one worker, plus its transactions in progress."""
 
-    def __init__(self, name: str, cfg: TableConfig, shard_ids, tier=None):
+    def __init__(self, name: str, cfg: TableConfig, shard_ids, tier=None, shared: bool = False):
         self.name = name
         self.cfg = cfg
         self.spec = cfg.spec
         tier = tier or cfg.tier
+        if shared and tier == "host":  # the shared-memory data plane: same arrays, in named segments
+            tier = "shared"
         self.shards: dict[int, Shard] = {
             int(i): Shard(
                 cfg.spec,
@@ -54,6 +56,13 @@ class HostedTable:
         self.applied: OrderedDict[str, dict] = OrderedDict()
         self.pending: dict[str, list] = {}  # sample txn -> [(shard, slots, seqs, drawn)]
         self.lock = threading.Lock()
+
+    def release(self, shards=None) -> None:
+        """Unlink the shared-memory segments of ``shards`` (default: all)."""
+        for i in sorted(self.shards if shards is None else shards):
+            s = self.shards.get(i)
+            if s is not None and hasattr(s.tier, "release"):
+                s.tier.release()
 
     def shard(self, i) -> Shard:
         try:
@@ -87,12 +96,28 @@ class ShardHost(SamplingHost):
                 if have != sorted(int(i) for i in shard_ids):
                     raise SpecError(f"table {name!r} already has shards {have} on this worker")
                 return have
-            self.tables[name] = HostedTable(name, cfg, shard_ids, tier)
+            self.tables[name] = HostedTable(name, cfg, shard_ids, tier, shared=bool(config.get("shared_memory")))
             return sorted(self.tables[name].shards)
 
     def drop(self, name: str) -> bool:
         with self.lock:
-            return self.tables.pop(name, None) is not None
+            t = self.tables.pop(name, None)
+        if t is not None:
+            t.release()
+        return t is not None
+
+    def close(self) -> None:
+        """The worker is closing: release every table's shared memory."""
+        with self.lock:
+            tables, self.tables = list(self.tables.values()), {}
+        for t in tables:
+            t.release()
+
+    def shared_layout(self, name) -> dict:
+        """For readers on this machine: ``{"machine", "shards": {shard: layout or None}}``."""
+        from ..storage.shared import machine_id
+
+        return {"machine": machine_id(), "shards": {i: s.shared_layout() for i, s in self.table(name).shards.items()}}
 
     def table(self, name: str) -> HostedTable:
         try:
@@ -300,7 +325,10 @@ class ShardHost(SamplingHost):
         """Forget one shard of a table here (it was restored on another worker)."""
         with self.lock:
             t = self.tables.get(name)
-            return t is not None and t.shards.pop(int(shard), None) is not None
+            if t is None or int(shard) not in t.shards:
+                return False
+            t.release([int(shard)])
+            return t.shards.pop(int(shard)) is not None
 
     def info(self, name) -> list[dict]:
         return [

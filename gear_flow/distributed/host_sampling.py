@@ -94,6 +94,7 @@ class SamplingHost:
         record: bool = True,
         out: dict | None = None,
         offsets: dict | None = None,
+        geometry: bool | None = None,
     ) -> dict:
         """Draw ``counts[shard]`` items (mass at the draw; probability ``scale[shard] * w / m'``)
         or take exactly ``slots[shard]``, and gather their windows.
@@ -102,6 +103,8 @@ class SamplingHost:
         ``offsets[shard]``), ``seqs``, ``p``, ``episode_ids``, ``timesteps``,
         ``dst_offset``, ``n_valid`` and ``expired``.  ``record=False``: nothing
         changes until :meth:`finish_sample` commits (``txn`` names the sample).
+        ``geometry=True``: no data; ``src_abs`` (absolute ring position of each
+        window's first step) instead, for a reader that maps the shared rings.
         """
         t = self.table(name)
         rng = np.random.default_rng(seed)
@@ -146,13 +149,15 @@ class SamplingHost:
                     p = np.ones(len(sl))
                 drawn.append((i, sl))
                 n = len(sl)
-                if out is None:
+                if geometry:
+                    buf, off = None, 0
+                elif out is None:
                     buf = {c: np.empty((n, length, max(t.spec.column(c).nbytes, 1)), dtype=np.uint8) for c in columns}
                     off = 0
                 else:
                     buf, off = out, offsets[i]
                 before = s.counters.expired
-                win = s.take(sl, length, boundary, rng, buf, off, columns, record=record)
+                win = s.take(sl, length, boundary, rng, buf, off, columns, record=record, gather=not geometry)
                 r = {
                     "seqs": win.seqs,
                     "p": p,
@@ -162,7 +167,9 @@ class SamplingHost:
                     "n_valid": win.n_valid,
                     "expired": s.counters.expired - before,
                 }
-                if out is None:
+                if geometry:
+                    r["src_abs"] = win.src_abs
+                elif out is None:
                     r["data"] = buf
                 res[i] = r
             if not record:

@@ -36,6 +36,7 @@ OPS = {
     "create": ShardHost.create,
     "drop": ShardHost.drop,
     "drop_shard": ShardHost.drop_shard,
+    "shared_layout": ShardHost.shared_layout,
     "stage": ShardHost.stage,
     "apply": ShardHost.apply,
     "write": ShardHost.write,
@@ -83,14 +84,18 @@ class GearFlowWorker(WorkerPlugin):
         self.tier = tier
 
     def setup(self, worker):
+        from ..storage.shared import sweep
+
         self.worker = worker
         self.host = ShardHost()
+        sweep()  # segments of workers that died on this machine (e.g. the one this worker replaces)
         self.executor = ThreadPoolExecutor(self.threads, thread_name_prefix="gear-flow")
         worker.handlers["gear_flow"] = self.handle
 
     def teardown(self, worker):
         self.executor.shutdown(wait=False)
         worker.handlers.pop("gear_flow", None)
+        self.host.close()  # shared-memory segments leave with the worker
 
     async def run(self, op: str, **kwargs):
         """Run a host operation in the plugin's threads (in-process callers use this)."""

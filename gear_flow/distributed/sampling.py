@@ -26,8 +26,11 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
+import numpy as np
+
 from .. import config
 from ..errors import EmptyTableError, SpecError, nothing_to_sample
+from ..ops.gather import gather_windows
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
 from ..table.executor import fill_rows
@@ -88,8 +91,11 @@ class RemoteSample:
         by = defaultdict(list)
         for s in offs:
             by[t.placement[s]].append(s)
-        calls = {}
+        calls, mapped = {}, {}
         for a, shards in by.items():
+            sh = await t._shared_for(a)
+            if sh is not None:
+                mapped[a] = sh
             args = dict(
                 name=t.name,
                 length=self.L,
@@ -104,6 +110,8 @@ class RemoteSample:
             )
             if a == t._ctx.local_addr and t._ctx.local_plugin is not None:
                 args.update(out=out.bytes, offsets={s: offs[s] for s in shards})  # co-located: straight into the batch
+            elif a in mapped:
+                args["geometry"] = True  # same machine: the owner selects, we copy from its shared rings
             calls[a] = ("sample_part", args)
         self.sent.update(calls)
         res, errors = await t._on_workers(calls, partial=True)
@@ -115,6 +123,17 @@ class RemoteSample:
                     for c in self.columns:
                         out.bytes[c][o : o + n] = r["data"][c]
                     t.stats["remote_bytes"] += sum(out.bytes[c][o : o + n].nbytes for c in self.columns)
+                elif "src_abs" in r:
+                    sh = mapped[a][s]
+                    src = np.asarray(r["src_abs"], dtype=np.int64)
+                    for c in self.columns:
+                        gather_windows(sh.bytes[c], src % sh.capacity, np.asarray(r["dst_offset"]),
+                                       np.asarray(r["n_valid"]), out.bytes[c][o : o + n])  # fmt: skip
+                    torn = int((~sh.intact(src)).sum())  # seqlock: read after the copy
+                    if torn:
+                        t.stats["shared_conflicts"] += torn
+                        errors.append(Retry())
+                    t.stats["shared_bytes"] += sum(out.bytes[c][o : o + n].nbytes for c in self.columns)
                 else:
                     t.stats["local_bytes"] += sum(out.bytes[c][o : o + n].nbytes for c in self.columns)
                 fill_rows(
@@ -133,7 +152,7 @@ class RemoteSample:
                     self.expired[s] = self.expired.get(s, 0) + r["expired"]
         if errors:  # the parts that arrived are recorded above, so undo() can give them back
             e = errors[0]
-            raise Retry() if isinstance(e, StaleSelectionError) else e
+            raise Retry() if isinstance(e, (StaleSelectionError, Retry)) else e
         return None
 
     async def undo(self) -> None:
@@ -208,9 +227,10 @@ class SamplingMixin:
                 if not workers:
                     raise EmptyTableError(f"table {self.name!r} has no reachable shard")
                 try:
-                    if len(workers) == 1:  # every live shard on one worker: one call does it all
+                    one = next(iter(workers)) if len(workers) == 1 else None
+                    if one is not None and await self._shared_for(one) is None:  # one call does it all
                         out, expired = await self._sample_one_worker(
-                            next(iter(workers)), out, batch_size, length, boundary, columns, rng, adm["horizon"]
+                            one, out, batch_size, length, boundary, columns, rng, adm["horizon"]
                         )
                     else:
                         if out is None:

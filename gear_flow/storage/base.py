@@ -74,6 +74,8 @@ def get_tier(tier: str | StorageTier) -> StorageTier:
         return tier
     if tier not in _TIERS and tier in ("pinned", "device"):
         from .. import gpu  # noqa: F401  registers the GPU tiers
+    if tier not in _TIERS and tier == "shared":
+        from . import shared  # noqa: F401  registers the shared-memory tier
 
     try:
         return _TIERS[tier]()

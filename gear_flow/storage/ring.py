@@ -40,8 +40,28 @@ class ColumnRing:
         self.columns = {c.name: tier.empty((spec.capacity, *c.shape), c.dtype) for c in spec.columns}
         # byte views [capacity, step_nbytes] used by the dtype-agnostic gather
         self.bytes = {n: a.reshape(self.capacity, -1).view(np.uint8) for n, a in self.columns.items()}
-        #: absolute position of the next step to write
-        self.write_pos = 0
+        # shared rings publish their write position for readers in other processes (a seqlock)
+        self.header = tier.empty((2,), np.int64) if getattr(tier, "shared", False) else None
+        if self.header is not None:
+            self.header[:] = 0
+        self._wp = 0
+
+    @property
+    def write_pos(self) -> int:
+        """Absolute position of the next step to write."""
+        return self._wp
+
+    @write_pos.setter
+    def write_pos(self, v: int) -> None:
+        self._wp = int(v)
+        if self.header is not None:
+            self.header[0] = self._wp
+            self.header[1] = max(int(self.header[1]), self._wp)
+
+    def begin_write(self, upto: int) -> None:
+        """Announce that steps up to ``upto`` (absolute) are about to be written (before any slot changes)."""
+        if self.header is not None:
+            self.header[1] = int(upto)
 
     def write(self, pos: int, name: str, rows: np.ndarray) -> None:
         self.tier.write_rows(self.columns[name], pos % self.capacity, rows)

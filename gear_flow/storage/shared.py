@@ -17,13 +17,16 @@ header are plain int64 accesses, ordered on x86-64's memory model.)
 
 Segments are named ``gf_<owner pid>_<token>`` and unlinked when the table is
 dropped or the worker closes; if the owner is killed, Python's resource
-tracker (registered at creation) unlinks them.  Readers unregister what they
-attach, so that a reader's exit never unlinks an owner's segment.
+tracker (registered at creation) unlinks them.  Readers map segments
+read-only, outside the resource tracker, so that a reader never unlinks (or
+stops tracking) an owner's segment.
 """
 
 from __future__ import annotations
 
+import _posixshmem
 import math
+import mmap
 import os
 import uuid
 
@@ -52,6 +55,7 @@ class SharedTier(HostTier):
     """Host arrays in named shared-memory segments (see the module docstring)."""
 
     name = "shared"
+    shared = True
 
     def __init__(self):
         self.segments = {}  # id(array) -> SharedMemory
@@ -89,24 +93,26 @@ class Attached:
     """A reader's mapping of one shard's shared rings: ``bytes[column]`` (uint8 ``[cap, nb]``) and ``header``."""
 
     def __init__(self, info: dict, shard: int):
-        from multiprocessing import resource_tracker, shared_memory
-
-        self._segs = []
+        self._maps = []
         self.capacity = int(info["capacity"])
 
         def attach(d):
+            # mapped read-only, outside multiprocessing's resource tracker: the segment is the
+            # owner's, and a tracker shared with the owner must keep tracking it for crash cleanup
             try:
-                seg = shared_memory.SharedMemory(name=d["segment"])
+                fd = _posixshmem.shm_open("/" + d["segment"], os.O_RDONLY, mode=0o600)
             except FileNotFoundError:
                 raise ShardLostError(
                     shard, f"shared-memory segment {d['segment']} of shard {shard} is gone (its worker exited)"
                 ) from None
-            try:  # Python < 3.13 registers attached segments too: the reader must not unlink them at exit
-                resource_tracker.unregister(seg._name, "shared_memory")
-            except Exception:
-                pass
-            self._segs.append(seg)
-            return np.ndarray(tuple(d["shape"]), dtype=np.dtype(d["dtype"]), buffer=seg.buf)
+            try:
+                dtype = np.dtype(d["dtype"])
+                size = max(1, math.prod(d["shape"]) * dtype.itemsize)
+                m = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+            finally:
+                os.close(fd)
+            self._maps.append(m)
+            return np.frombuffer(m, dtype=dtype, count=math.prod(d["shape"])).reshape(tuple(d["shape"]))
 
         self.header = attach(info["header"])
         self.bytes = {c: attach(d).reshape(self.capacity, -1).view(np.uint8) for c, d in info["columns"].items()}
@@ -137,3 +143,19 @@ def leftover_segments() -> list[str]:
         except PermissionError:
             pass
     return out
+
+
+def sweep() -> list[str]:
+    """Unlink the segments of dead owners on this machine; returns their names."""
+    gone = []
+    for n in leftover_segments():
+        try:
+            _posixshmem.shm_unlink("/" + n)
+            gone.append(n)
+        except FileNotFoundError:
+            pass
+    if gone:
+        import logging
+
+        logging.getLogger(__name__).info("unlinked %d shared-memory segments of exited workers", len(gone))
+    return gone

@@ -22,7 +22,7 @@ from .routing import ROUTINGS
 
 #: what a sample's selection needs from the shards (see :mod:`gear_flow.table.planner`)
 SELECTION_KINDS = ("weighted", "epoch", "ordered")
-TIERS = ("host", "pinned", "device")
+TIERS = ("host", "shared", "pinned", "device")
 
 
 @dataclass(frozen=True)
