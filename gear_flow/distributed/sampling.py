@@ -115,6 +115,7 @@ class RemoteSample:
             calls[a] = ("sample_part", args)
         self.sent.update(calls)
         res, errors = await t._on_workers(calls, partial=True)
+        repairs = []
         for a, parts in res.items():
             for s, r in parts.items():
                 o, n = offs[s], len(r["seqs"])
@@ -124,15 +125,13 @@ class RemoteSample:
                         out.bytes[c][o : o + n] = r["data"][c]
                     t.stats["remote_bytes"] += sum(out.bytes[c][o : o + n].nbytes for c in self.columns)
                 elif "src_abs" in r:
-                    sh = mapped[a][s]
-                    src = np.asarray(r["src_abs"], dtype=np.int64)
-                    for c in self.columns:
-                        gather_windows(sh.bytes[c], src % sh.capacity, np.asarray(r["dst_offset"]),
-                                       np.asarray(r["n_valid"]), out.bytes[c][o : o + n])  # fmt: skip
-                    torn = int((~sh.intact(src)).sum())  # seqlock: read after the copy
-                    if torn:
-                        t.stats["shared_conflicts"] += torn
-                        errors.append(Retry())
+                    torn = self._copy_shared(mapped[a][s], r, o)
+                    if len(torn):
+                        t.stats["shared_conflicts"] += len(torn)
+                        if self.record and counts is not None:  # a weighted draw: redraw just those rows
+                            repairs.append((a, s, o, torn, calls[a][1]))
+                        else:
+                            errors.append(Retry())
                     t.stats["shared_bytes"] += sum(out.bytes[c][o : o + n].nbytes for c in self.columns)
                 else:
                     t.stats["local_bytes"] += sum(out.bytes[c][o : o + n].nbytes for c in self.columns)
@@ -150,10 +149,58 @@ class RemoteSample:
                 )
                 if r["expired"]:
                     self.expired[s] = self.expired.get(s, 0) + r["expired"]
+        for a, s, o, torn, args in repairs:
+            if not errors:
+                await self._redraw(a, mapped[a][s], s, o, torn, args)
         if errors:  # the parts that arrived are recorded above, so undo() can give them back
             e = errors[0]
             raise Retry() if isinstance(e, (StaleSelectionError, Retry)) else e
         return None
+
+    def _copy_shared(self, sh, r, o: int) -> np.ndarray:
+        """Copy a part's windows from a mapped shared ring into rows ``o:``; returns the torn rows (seqlock)."""
+        n = len(r["seqs"])
+        src = np.asarray(r["src_abs"], dtype=np.int64)
+        for c in self.columns:
+            gather_windows(sh.bytes[c], src % sh.capacity, np.asarray(r["dst_offset"]), np.asarray(r["n_valid"]),
+                           self.out.bytes[c][o : o + n])  # fmt: skip
+        return np.flatnonzero(~sh.intact(src))  # read after the copy
+
+    async def _redraw(self, a, sh, s: int, o: int, torn: np.ndarray, args: dict) -> None:
+        """Rows whose windows were overwritten while being copied: draw them again from shard ``s``.
+
+        Each redrawn row reports the probability of its own draw (the shard's
+        first-level share, its mass at the redraw); the abandoned draws are
+        uncounted at the owner.  A writer that overtakes the reader every time
+        makes the whole sample retry.
+        """
+        t, out = self.t, self.out
+        given = 0
+        for _ in range(16):
+            k = len(torn)
+            args = {**args, "counts": {s: k}, "scale": {s: args["scale"][s]}, "seed": int(self.rng.integers(2**63))}
+            r = (await t._on_workers({a: ("sample_part", args)}))[a][s]
+            self.counted[a][s] = self.counted[a].get(s, 0) + k
+            given += k
+            tmp = SampleBuffers(t.spec, self.columns, k, self.L)
+            sub = RemoteSample(t, tmp, self.L, self.boundary, self.columns, self.rng, self.txn, True, None)
+            again = sub._copy_shared(sh, r, 0)
+            fill_rows(
+                tmp, 0, s, r["seqs"], r["p"], r["episode_ids"], r["timesteps"], r["dst_offset"], r["n_valid"], self.L
+            )
+            ok = np.setdiff1d(np.arange(k), again)
+            rows = o + torn[ok]
+            for c in self.columns:
+                out.bytes[c][rows] = tmp.bytes[c][ok]
+            for f in ("keys", "probabilities", "episode_ids", "timesteps", "mask"):
+                getattr(out, f)[rows] = getattr(tmp, f)[ok]
+            torn = torn[again]
+            if not len(torn):
+                await t._on_workers({a: ("uncount", dict(name=t.name, counts={s: given}))})  # the torn draws
+                self.counted[a][s] -= given
+                return
+            t.stats["shared_conflicts"] += len(torn)
+        raise Retry()
 
     async def undo(self) -> None:
         """Forget what this attempt gathered (a retry or a failure follows)."""
