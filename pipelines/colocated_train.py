@@ -105,7 +105,8 @@ def main(argv=None) -> dict:
         ls = r["losses"]
         print(
             f"rank {r['rank']} (shard {r['local_shards']}): loss {np.mean(ls[:10]):.3f} -> {np.mean(ls[-10:]):.4f}; "
-            f"read {r['local_bytes'] / 1e6:.1f} MB in-process, {r['remote_bytes'] / 1e6:.1f} MB over the comm"
+            f"read {r['local_bytes'] / 1e6:.1f} MB in-process, {r['shared_bytes'] / 1e6:.1f} MB from shared memory, "
+            f"{r['remote_bytes'] / 1e6:.1f} MB over the comm"
         )
     return {"results": results}
 

@@ -40,9 +40,13 @@ def test_bench_distributed_quick(tmp_path):
     bench_distributed.main(["--quick", "--out", str(out)])
     data = json.loads(out.read_text())
     for w in ("workers_1", "workers_2"):
-        assert data[w]["external_gbps"] > 0 and data[w]["colocated"]["gbps"] > 0
-    assert data["workers_1"]["colocated"]["remote_bytes"] == 0  # one worker: everything in-process
-    assert data["workers_2"]["colocated"]["remote_bytes"] > 0
+        for plane in ("shared", "comm"):
+            assert data[f"{w}_{plane}"]["external_gbps"] > 0 and data[f"{w}_{plane}"]["colocated"]["gbps"] > 0
+    assert data["workers_1_comm"]["colocated"]["remote_bytes"] == 0  # one worker: everything in-process
+    assert data["workers_2_comm"]["colocated"]["remote_bytes"] > 0  # the other shard over the comm
+    two = data["workers_2_shared"]
+    assert two["colocated"]["shared_bytes"] > 0 and two["colocated"]["remote_bytes"] == 0  # ... or shared memory
+    assert two["stats"]["shared_bytes"] > 0 and two["stats"]["remote_bytes"] == 0
 
 
 @pytest.mark.slow
@@ -52,5 +56,5 @@ def test_colocated_data_parallel_learners():
     res = colocated_train.main(["--steps", "60", "--episodes", "40"])["results"]
     assert sorted(r["local_shards"][0] for r in res) == [0, 1]
     for r in res:
-        assert r["local_bytes"] > 0 and r["remote_bytes"] > 0
+        assert r["local_bytes"] > 0 and r["remote_bytes"] + r["shared_bytes"] > 0  # the other shard too
         assert sum(r["losses"][-5:]) < 0.5 * sum(r["losses"][:5])
