@@ -80,6 +80,9 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, DatasetMetho
         #: bytes of windows gathered in-process (co-located), from shared memory, or received over the comm
         self.stats = {"local_bytes": 0, "shared_bytes": 0, "remote_bytes": 0, "batches": 0, "shared_conflicts": 0}
         self._shared: dict = {}  # worker -> {shard: Attached} (or None: not readable from here)
+        from .sampling import MassCache
+
+        self._masses = MassCache()
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -199,6 +202,9 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, DatasetMetho
         return sorted(s for s, a in self.placement.items() if a == self._ctx.local_addr)
 
     # -- plumbing ---------------------------------------------------------------------------------
+    def _live_shards(self) -> list[int]:
+        return sorted(s for s in self.placement if s not in self.lost)
+
     def _workers(self, shards=None) -> dict[str, list[int]]:
         by = defaultdict(list)
         for s, a in sorted(self.placement.items()):
@@ -219,6 +225,7 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, DatasetMetho
         self.lost = {int(k): v for k, v in st["lost"].items()}
         self._version = st["version"]
         self._shared.clear()  # shards may have moved: map again
+        self._masses.clear()
 
     async def _shared_for(self, addr: str) -> dict | None:
         """``{shard: Attached}`` when ``addr``'s shards can be read from shared memory here, else None."""

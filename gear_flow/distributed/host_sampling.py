@@ -167,6 +167,10 @@ class SamplingHost:
                     "n_valid": win.n_valid,
                     "expired": s.counters.expired - before,
                 }
+                if slots is None:  # the shard's mass now, for the sampler's next plan (no extra round trip)
+                    r["mass"] = (
+                        s.unseen(length, boundary) if t.cfg.selection == "epoch" else s.valid_mass(length, boundary)
+                    )
                 if geometry:
                     r["src_abs"] = win.src_abs
                 elif out is None:

@@ -71,6 +71,7 @@ class WritesMixin:
         return np.array(pool, dtype=np.int64)[idx]
 
     async def insert_async(self, episodes, priorities=None, *, timeout=None, shard=None) -> InsertResult:
+        self._masses.clear()  # this handle's own writes show in its next sample's plan
         self._check_not_lost()
         chunks, lengths, n_items, item_off, pr = prepare_insert(self.spec, episodes, priorities)
         dest = self._route(lengths, shard)
@@ -276,6 +277,7 @@ class WritesMixin:
         return self._ctx.sync(self.update_priorities_async, keys, priorities)
 
     async def update_priorities_async(self, keys, priorities) -> UpdateResult:
+        self._masses.clear()  # this handle's own writes show in its next sample's plan
         k, by, idx, on_lost = self._group(keys)
         pr = check_priorities(priorities, len(k), "keys")
         if pr is None:
@@ -295,6 +297,7 @@ class WritesMixin:
         return self._ctx.sync(self.delete_async, keys)
 
     async def delete_async(self, keys) -> UpdateResult:
+        self._masses.clear()  # this handle's own writes show in its next sample's plan
         k, by, idx, on_lost = self._group(keys)
         if len(by) > 1:
             await self._on_workers({a: ("check_keys", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()})
