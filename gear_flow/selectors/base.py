@@ -41,6 +41,9 @@ class ShardState(Protocol):
     def item_stamps(self, slots: np.ndarray) -> np.ndarray:
         """Table-wide insertion order of the items in ``slots`` (int64)."""
 
+    def item_touched(self, slots: np.ndarray) -> np.ndarray:
+        """Table-wide stamp of each item's insert or latest priority update (int64)."""
+
 
 class Selector(ABC):
     """Common interface of every selector; see the module docstring."""
@@ -74,6 +77,13 @@ class Selector(ABC):
     @abstractmethod
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         """Priorities of live items changed (duplicates: last wins)."""
+
+    def check_priorities(self, priorities: np.ndarray, role: str = "sampler") -> None:  # noqa: B027
+        """Raise :class:`~gear_flow.errors.SpecError` for priorities this selector cannot represent.
+
+        Called by the tables before an insert or update is applied anywhere
+        (``priorities`` are already finite and ``>= 0``).  Default: all fine.
+        """
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
@@ -117,7 +127,8 @@ class OrderedSelector(Selector):
     def candidates(
         self, n: int, valid: Callable[[np.ndarray], np.ndarray] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Up to ``n`` best live slots (best first) and their order keys (float64, larger is better).
+        """Up to ``n`` best live slots (best first) and their order keys (float64, larger is better:
+        ``[n]``, or ``[n, c]`` compared column by column).
 
         ``valid`` filters slots (strict windows); only valid slots are returned.
         """
