@@ -429,7 +429,7 @@ class LocalTable(DatasetMethods):
 
     # -- info ----------------------------------------------------------------------------------
     def info(self) -> dict:
-        """Sizes, counters per shard and in total, limiter state, selectors."""
+        """Sizes, counters per shard and in total, limiter state, selectors, calls waiting per kind."""
         shards = [s.info() for s in self.shards]
         totals = {k: sum(si[k] for si in shards) for k in shards[0] if k not in ("shard", "capacity", "write_pos")}
         return {
@@ -440,6 +440,7 @@ class LocalTable(DatasetMethods):
             "sampler": repr(self.sampler_proto),
             "remover": repr(self.remover_proto),
             "rate_limiter": self.rate_limiter.info(),
+            "waiting": {k: self._admission.waiting(k) for k in ("insert", "sample")},
             "totals": totals,
             "shards": shards,
         }
