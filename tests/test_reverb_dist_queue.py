@@ -46,10 +46,10 @@ def test_issue_scenario_three_producers_four_samples(dist_client, kind):
         try:
             t.insert(one(0))
 
-            def consume():
+            def consume(t=t):
                 return [float(t.sample(1)["x"].numpy()[0, 0]) for _ in range(4)]
 
-            res = run_all([consume] + [lambda v=v: t.insert(one(v)) for v in (1.0, 2.0, 3.0)])
+            res = run_all([consume] + [lambda v=v, t=t: t.insert(one(v)) for v in (1.0, 2.0, 3.0)])
             got = res[0]
             assert got[0] == 0.0 and sorted(got) == [0.0, 1.0, 2.0, 3.0], (trial, got)
             info = t.info()
@@ -67,10 +67,10 @@ def test_producers_and_consumers_on_a_queue_of_two(dist_client, kind):
         t = make(dist_client, gf.TableSpec(X, capacity=128, num_shards=2), 2, timeout=30, seed=rep)
         try:
 
-            def consume(k):
+            def consume(k, t=t):
                 return [float(t.sample(1)["x"].numpy()[0, 0]) for _ in range(k)]
 
-            def produce(p):
+            def produce(p, t=t):
                 for i in range(n):
                     t.insert(one(100 * p + i))
 

@@ -104,8 +104,8 @@ def test_issue_scenario_three_blocked_producers_four_samples(kind):
         q.insert(one(0))
         producers = []
         for i in (1, 2, 3):
-            producers.append(Call(lambda i=i: q.insert(one(i))))
-            assert until(lambda n=i: waiting(q) == n)  # arrival order 1, 2, 3
+            producers.append(Call(lambda i=i, q=q: q.insert(one(i))))
+            assert until(lambda n=i, q=q: waiting(q) == n)  # arrival order 1, 2, 3
         got = [values(q.sample(1, timeout=5))[0] for _ in range(4)]
         for p in producers:
             p.outcome()
@@ -127,10 +127,10 @@ def test_many_producers_and_consumers_hand_out_every_item_once(kind, consumers):
         total = 3 * n_per
         share = [total // consumers + (c < total % consumers) for c in range(consumers)]
         cons = [
-            Call(lambda k=k: [values(q.sample(1))[0] for _ in range(k)])  # started first: they block
+            Call(lambda k=k, q=q: [values(q.sample(1))[0] for _ in range(k)])  # started first: they block
             for k in share
         ]
-        prods = [Call(lambda p=p: [q.insert(one(100 * p + i)) for i in range(n_per)]) for p in range(3)]
+        prods = [Call(lambda p=p, q=q: [q.insert(one(100 * p + i)) for i in range(n_per)]) for p in range(3)]
         for p in prods:
             p.outcome()
         got = [v for c in cons for v in c.outcome()]
@@ -161,10 +161,10 @@ def test_ratio_limiter_free_inserts_do_not_overshoot_while_one_is_being_written(
         for i in range(3):
             t.insert(one(i))
         shard.insert = held_write
-        first = Call(lambda: t.insert(one(3)))  # the last free insert, held while it writes
+        first = Call(lambda t=t: t.insert(one(3)))  # the last free insert, held while it writes
         assert entered.wait(10)
-        late = Call(lambda: t.insert(one(4), timeout=SHORT * 4))
-        until(lambda: not late.is_alive() or t.rate_limiter.state.inserts == 5)
+        late = Call(lambda t=t: t.insert(one(4), timeout=SHORT * 4))
+        until(lambda t=t, late=late: not late.is_alive() or t.rate_limiter.state.inserts == 5)
         shard.insert = write
         release.set()
         first.outcome()

@@ -15,8 +15,8 @@ from helpers import x_spec
 from gear_flow import (
     CapacityError,
     Fifo,
-    LocalTable,
     Lifo,
+    LocalTable,
     MaxHeap,
     MinHeap,
     Prioritized,

@@ -17,8 +17,8 @@ from gear_flow import (
     Uniform,
     WithoutReplacement,
 )
-from gear_flow.selectors import REGISTRY
 from gear_flow.keys import decode
+from gear_flow.selectors import REGISTRY
 from gear_flow.shard import EpisodeBatch, Shard
 from gear_flow.table.executor import evict_shards
 
@@ -289,7 +289,10 @@ class _Shards:
         for j, v in enumerate(values):
             i = (self.stamp % len(self.shards)) if shard is None else shard
             b = EpisodeBatch(
-                [{"x": np.array([v], np.float32)}], np.array([1]), np.array([self.stamp]), np.array([self.stamp]),
+                [{"x": np.array([v], np.float32)}],
+                np.array([1]),
+                np.array([self.stamp]),
+                np.array([self.stamp]),
                 None if priorities is None else pr[j : j + 1].copy(),
             )
             keys.append(int(self.shards[i].insert(b)[0][0]))
@@ -309,7 +312,7 @@ class _Shards:
     def live(self, keys, values):
         shard, seq = decode(np.array(keys))
         out = []
-        for k, i, q, v in zip(keys, shard, seq, values):
+        for i, q, v in zip(shard, seq, values):
             _, live = self.shards[int(i)].resolve(np.array([q]))
             if live[0]:
                 out.append(v)

@@ -25,7 +25,6 @@ from gear_flow import (
     Prioritized,
     RateLimitTimeout,
     SampleToInsertRatio,
-    Uniform,
 )
 
 DURATION = 1.0  # seconds per configuration, at least ...

@@ -16,6 +16,11 @@ Two families:
 * :class:`OrderedSelector` (Fifo, Lifo, MaxHeap, MinHeap) is deterministic: it
   yields the best ``n`` candidates with an order key (larger is better), and
   the table merges candidates of all shards exactly.
+
+Every selector samples; as a table's remover only Fifo is accepted
+(:class:`~gear_flow.table.config.TableConfig` explains why: ring storage
+overwrites a shard's oldest steps whatever another remover would keep).  The
+others' eviction rules stay implemented and tested on bare shards.
 """
 
 from __future__ import annotations
