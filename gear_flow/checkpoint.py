@@ -100,6 +100,7 @@ def snapshot_shard(shard) -> tuple[dict, dict]:
         arrays.update(
             active=shard.active.copy(),
             priority=shard.priority.copy(),
+            touched=shard.touched.copy(),
             **{f"episode_{f}": idx.get(f, live) for f in ("start", "length", "stamp", "episode_id")},
         )
         if shard.step_episode is not None:
@@ -162,6 +163,12 @@ def restore_shard(shard, arrays: dict, meta: dict) -> None:
         shard.size = meta["size"]
         shard.max_priority = meta["max_priority"]
         shard.counters = Counters(**meta["counters"])
+        if "touched" in arrays:
+            shard.touched[:] = arrays["touched"]
+        else:  # a checkpoint from before heap ties were stamped: insertion order
+            live = np.flatnonzero(shard.active)
+            shard.touched[live] = shard.item_stamps(live)
+        shard._clock = int(shard.touched.max(initial=-1)) + 1
         shard.tails.clear()
 
 

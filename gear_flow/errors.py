@@ -55,11 +55,12 @@ class DatasetError(InvalidDataError):
 
 
 class CapacityError(GearFlowError, ValueError):
-    """A single insert is larger than what the table can ever hold."""
+    """An insert does not fit the storage: larger than a shard can ever hold, or (queues and
+    stacks) it would overwrite items still waiting to be sampled."""
 
 
 class InvalidPriorityError(GearFlowError, ValueError):
-    """A priority is NaN, infinite or negative.
+    """A priority is NaN, infinite or negative, or its weight ``priority ** alpha`` is too large.
 
     Attributes
     ----------

@@ -209,11 +209,9 @@ class SampleToInsertRatio(RateLimiter):
                 f"min_diff ({min_diff:g}) is above samples_per_insert * min_size_to_sample "
                 f"({spi * self.min_size_to_sample:g}): the table would deadlock once it reaches min size"
             )
-        if max_diff < spi * self.min_size_to_sample:
-            raise SpecError(
-                f"max_diff ({max_diff:g}) is below samples_per_insert * min_size_to_sample "
-                f"({spi * self.min_size_to_sample:g}): inserts would block before sampling can start"
-            )
+        # max_diff below spi * min_size_to_sample is allowed, as in Reverb: the inserts up to
+        # min_size_to_sample are free, then inserts wait for samples, which can start (the
+        # span above keeps min_diff at least 2 * max(1, spi) below max_diff): nothing deadlocks.
 
     def params(self) -> dict:
         return {
@@ -228,6 +226,15 @@ class Queue(RateLimiter):
 
     Use with ``sampler=Fifo()``, ``remover=Fifo()``, ``max_times_sampled=1`` and
     ``max_size=size`` (``LocalTable.queue`` builds exactly that).
+
+    Inserts are admitted against the items stored plus those of inserts
+    already admitted (Reverb's count), and blocked calls are served first
+    come, first served per kind, so several producers never overfill it and
+    no item is dropped.  Where we differ from Reverb on purpose: a batch is
+    admitted whole or waits (atomic), and an insert that would make a shard's
+    ring overwrite an item still waiting raises
+    :class:`~gear_flow.errors.CapacityError` instead of dropping it (give the
+    shards a capacity of at least ``size`` plus the longest episode).
 
     Examples
     --------

@@ -7,8 +7,10 @@ exact global choice.  Everything here assumes validated input.
 
 Items are steps (each step is a window start, or a window end in ``pad_head``
 mode) or episodes, per table.  Per-item state is indexed by slot
-(``seq % capacity``): ``active`` (uint8), ``priority`` (float64) and, when
-``max_times_sampled`` is set, ``times_sampled`` (int32).
+(``seq % capacity``): ``active`` (uint8), ``priority`` (float64), ``touched``
+(int64: the table-wide stamp of the item's insert or latest priority update,
+which breaks heap ties) and, when ``max_times_sampled`` is set,
+``times_sampled`` (int32).
 """
 
 from __future__ import annotations
@@ -144,6 +146,8 @@ class Shard:
         self.step_episode = np.full(cap, -1, dtype=np.int64) if self.step_items else None
         self.active = np.zeros(cap, dtype=np.uint8)
         self.priority = np.zeros(cap, dtype=np.float64)
+        self.touched = np.zeros(cap, dtype=np.int64)
+        self._clock = 0  # one past the newest stamp seen (updates without a table stamp use it)
         self.max_times_sampled = int(max_times_sampled)
         self.times_sampled = np.zeros(cap, dtype=np.int32) if self.max_times_sampled else None
         self.size = 0
@@ -169,6 +173,10 @@ class Shard:
             ep = self.step_episode[slots]
             return self.index.get("stamp", ep) + (seqs - self.index.get("start", ep))
         return self.index.get("stamp", seqs)
+
+    def item_touched(self, slots: np.ndarray) -> np.ndarray:
+        """Table-wide stamp of each item's insert or latest priority update (int64)."""
+        return self.touched[slots]
 
     def slot_seqs(self, slots: np.ndarray) -> np.ndarray:
         """Sequence number of the live occupant of each slot."""
@@ -207,10 +215,24 @@ class Shard:
                 pr = batch.priorities
                 if len(pr):
                     self.max_priority = max(self.max_priority, float(pr.max()))
+            if self.step_items:
+                within = np.arange(n, dtype=np.int64) - np.repeat(starts - w, batch.lengths)
+                stamps = np.repeat(np.asarray(batch.stamps, dtype=np.int64), batch.lengths) + within
+            else:
+                stamps = np.asarray(batch.stamps, dtype=np.int64)
+            self._touch(slots, stamps)
             self._add_items(slots, pr)
             self.counters.inserted_steps += n
             self.counters.inserted_episodes += len(batch.lengths)
             return keymod.encode(self.shard_id, first_seqs), len(slots)
+
+    def _touch(self, slots: np.ndarray, stamps: np.ndarray | None) -> None:
+        """Record the stamps of an insert or update (None: stamps from this shard's own clock)."""
+        if stamps is None:
+            stamps = self._clock + np.arange(len(slots), dtype=np.int64)
+        self.touched[slots] = stamps
+        if len(stamps):
+            self._clock = max(self._clock, int(stamps.max()) + 1)
 
     def _add_items(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         self.active[slots] = 1
@@ -236,22 +258,34 @@ class Shard:
             self.size -= len(slots)
         return len(slots)
 
-    def _evict_steps_before(self, bound: int) -> None:
-        """Evict every live episode with a step at absolute position < bound."""
+    def _front(self, bound: int) -> tuple[int, np.ndarray]:
+        """The oldest episodes with a step at absolute position < bound: (how many, their item slots)."""
         idx = self.index
         k = 0
         while idx.first + k < idx.next and idx.get("start", idx.first + k) < bound:
             k += 1
         if not k:
-            return
+            return 0, np.zeros(0, dtype=np.int64)
         seqs = np.arange(idx.first, idx.first + k)
         if self.step_items:
             st = idx.get("start", seqs)
             ln = idx.get("length", seqs)
             steps = np.concatenate([np.arange(s, s + l) for s, l in zip(st, ln)])
-            slots = steps % self.capacity
-        else:
-            slots = seqs % self.capacity
+            return k, steps % self.capacity
+        return k, seqs % self.capacity
+
+    def live_overwritten(self, n_steps: int) -> int:
+        """Live items the ring would overwrite to store ``n_steps`` more steps (nothing changes)."""
+        with self.lock:
+            _, slots = self._front(self.ring.write_pos + n_steps - self.capacity)
+            return int(self.active[slots].sum())
+
+    def _evict_steps_before(self, bound: int) -> None:
+        """Evict every live episode with a step at absolute position < bound."""
+        idx = self.index
+        k, slots = self._front(bound)
+        if not k:
+            return
         # drop first: the tail-mass cache needs the episode records of the dropped items
         self.counters.evicted += self._drop_items(slots)
         idx.pop_front(k)
@@ -272,13 +306,20 @@ class Shard:
         live = (seqs >= lo) & (seqs >= 0) & (self.active[slots] == 1)
         return slots, live
 
-    def update_priorities(self, seqs: np.ndarray, priorities: np.ndarray) -> int:
-        """Apply validated priorities; returns the number of stale keys ignored."""
+    def update_priorities(self, seqs: np.ndarray, priorities: np.ndarray, stamps: np.ndarray | None = None) -> int:
+        """Apply validated priorities; returns the number of stale keys ignored.
+
+        ``stamps``: the table-wide stamp of each update (from the clock that
+        stamps inserts), so heap ties go to the least recently inserted or
+        updated item across shards; None stamps them from this shard's clock
+        (exact within the shard only).
+        """
         with self.lock:
             slots, live = self.resolve(seqs)
             stale = int((~live).sum())
             slots, pr = slots[live], priorities[live]
             if len(slots):
+                self._touch(slots, None if stamps is None else np.asarray(stamps, dtype=np.int64)[live])
                 self.priority[slots] = pr
                 if self.weighted:
                     old = self.sampler.leaf_weights(slots)
@@ -399,7 +440,10 @@ class Shard:
 
         Strict windows are drawn by rejection against the full tree; the
         returned probability is renormalised by the exact valid mass, so it is
-        the probability of the distribution actually sampled.
+        the probability of the distribution actually sampled.  When no valid
+        item has any weight (every priority 0) the draw is uniform over the
+        valid items, as in Reverb (the planner then weighs shards by
+        :meth:`valid_count`).
         """
         sel = self.sampler
         assert isinstance(sel, WeightedSelector)
@@ -407,7 +451,9 @@ class Shard:
             if mass is None:
                 mass = self.valid_mass(length, boundary)
             if mass <= 0:
-                self._raise_empty(length, boundary)
+                if sel.without_replacement:
+                    self._raise_empty(length, boundary)
+                return self._draw_uniform(n, length, boundary, rng)
             valid = self.valid_fn(length, boundary)
             out = np.empty(n, dtype=np.int64)
             got = 0
@@ -437,6 +483,22 @@ class Shard:
                 else sel.leaf_weights(out) / mass
             )
             return out, probs
+
+    def _valid_slots(self, length: int, boundary: str) -> np.ndarray:
+        slots = np.flatnonzero(self.active)
+        valid = self.valid_fn(length, boundary)
+        return slots if valid is None or not len(slots) else slots[valid(slots)]
+
+    def valid_count(self, length: int, boundary: str) -> int:
+        """Live items whose window fits (O(capacity): asked only when no item has weight)."""
+        with self.lock:
+            return len(self._valid_slots(length, boundary))
+
+    def _draw_uniform(self, n: int, length: int, boundary: str, rng) -> tuple[np.ndarray, np.ndarray]:
+        slots = self._valid_slots(length, boundary)
+        if not len(slots):
+            self._raise_empty(length, boundary)
+        return slots[rng.integers(len(slots), size=n)], np.full(n, 1.0 / len(slots))
 
     def _consume(self, slots: np.ndarray) -> None:
         old = self.sampler.leaf_weights(slots)

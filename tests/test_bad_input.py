@@ -237,12 +237,13 @@ def test_window_too_long_names_the_longest(sampler):
     assert len(t.sample(4, length=8, boundary="pad_tail")) == 4
 
 
-def test_zero_mass_is_empty_not_window_too_long():
+def test_zero_mass_samples_uniformly_and_too_long_windows_still_raise():
+    """No item has weight: Reverb samples uniformly (1/n); a window that fits no episode still raises."""
     t = LocalTable(make_spec(capacity=CAP), sampler=Prioritized(1.0), seed=0)
     t.insert(episode(1, 4), priorities=0.0)
-    with pytest.raises(EmptyTableError, match="nonzero sampling weight") as e:
-        t.sample(2)
-    assert not isinstance(e.value, WindowTooLongError)
+    assert t.sample(2).probabilities.numpy().tolist() == [0.25, 0.25]
+    with pytest.raises(WindowTooLongError):
+        t.sample(2, length=5)
 
 
 def test_bad_out_buffers(table):

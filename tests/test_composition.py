@@ -37,14 +37,10 @@ SAMPLERS = {
     "min_heap": MinHeap,
     "without_replacement": WithoutReplacement,
 }
-REMOVERS = {
-    "fifo": Fifo,
-    "lifo": Lifo,
-    "uniform": Uniform,
-    "prioritized": lambda: Prioritized(1.0),
-    "min_heap": MinHeap,
-    "max_heap": MaxHeap,
-}
+# the only remover ring storage can honour; the others are refused at construction
+# (tests/test_reverb_removers.py) and their eviction rules are tested on bare shards
+# (tests/test_selectors.py)
+REMOVERS = {"fifo": Fifo}
 LIMITERS = {
     "min_size": lambda: MinSize(1),
     "ratio": lambda: SampleToInsertRatio(samples_per_insert=2.0, min_size_to_sample=2, error_buffer=10_000.0),

@@ -165,10 +165,10 @@ def test_ordered_batches_come_in_global_order(dist_client, sampler, prio, expect
 
 
 def test_eviction_continues_until_within_max_size(dist_client):
-    """A prioritized remover whose weight sits on one shard's few items: one multinomial round
-    cannot remove enough there, the following rounds must (and zero weights fall back to sizes)."""
+    """The oldest items sit on one shard: the global Fifo remover takes them all there first, then
+    the rest from the other shard (tables accept only Fifo removers: ring storage)."""
     spec = gf.TableSpec(X, capacity=200, num_shards=2, max_size=30)
-    t = DistributedTable.create(dist_client, spec, remover=gf.Prioritized(1.0), seed=2)
+    t = DistributedTable.create(dist_client, spec, remover=gf.Fifo(), seed=2)
     try:
         t.insert(ones(3), priorities=1000.0, shard=0)
         t.insert(ones(27), priorities=0.0, shard=1)

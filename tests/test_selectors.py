@@ -17,8 +17,10 @@ from gear_flow import (
     Uniform,
     WithoutReplacement,
 )
+from gear_flow.keys import decode
 from gear_flow.selectors import REGISTRY
 from gear_flow.shard import EpisodeBatch, Shard
+from gear_flow.table.executor import evict_shards
 
 
 def _single_steps(table, values, priorities=None, **kw):
@@ -85,7 +87,8 @@ def test_shard_ordered_candidates():
     sh.insert(_batch([3, 3], priorities=np.array([5.0, 1.0, 7.0, 7.0, 0.5, 2.0])))
     slots, keys = sh.candidates(4, 1, "strict")
     assert slots.tolist() == [2, 3, 0, 5]
-    assert keys.tolist() == [7.0, 7.0, 5.0, 2.0]
+    assert keys[:, 0].tolist() == [7.0, 7.0, 5.0, 2.0]
+    assert keys[:, 1].tolist() == [-2.0, -3.0, -0.0, -5.0]  # tie-break: the negated insert stamp
     # strict length 2: the last step of each episode is not a valid window start
     slots, _ = sh.candidates(10, 2, "strict")
     assert slots.tolist() == [3, 0, 1, 4]  # priorities 7, 5, 1, 0.5
@@ -265,33 +268,81 @@ def test_without_replacement_strict_skips_short_items():
 
 
 # ---------------------------------------------------------------------------- removers (max_size eviction)
+# Tables accept only a Fifo remover (ring storage cannot honour the others, see
+# test_reverb_removers.py); the planner's rules for every remover are still
+# tested here on bare shards, so they stay right for a storage that could.
+
+
+class _Shards:
+    """Shards driven directly: one-step episodes routed round robin, then the planner's eviction."""
+
+    def __init__(self, remover, num_shards, seed):
+        spec = x_spec(capacity=64, num_shards=num_shards)
+        self.shards = {i: Shard(spec, i, Uniform(), remover.clone()) for i in range(num_shards)}
+        self.rng = np.random.default_rng(seed)
+        self.stamp = 0
+        self.max_size = None
+
+    def insert(self, values, priorities=None, shard=None):
+        pr = np.broadcast_to(np.asarray(0.0 if priorities is None else priorities, float), (len(values),))
+        keys = []
+        for j, v in enumerate(values):
+            i = (self.stamp % len(self.shards)) if shard is None else shard
+            b = EpisodeBatch(
+                [{"x": np.array([v], np.float32)}],
+                np.array([1]),
+                np.array([self.stamp]),
+                np.array([self.stamp]),
+                None if priorities is None else pr[j : j + 1].copy(),
+            )
+            keys.append(int(self.shards[i].insert(b)[0][0]))
+            self.stamp += 1
+        self.enforce()
+        return keys
+
+    @property
+    def size(self):
+        return sum(s.size for s in self.shards.values())
+
+    def enforce(self):
+        excess = self.size - self.max_size
+        if excess > 0:
+            evict_shards(self.shards, excess, next(iter(self.shards.values())).remover.deterministic, self.rng)
+
+    def live(self, keys, values):
+        shard, seq = decode(np.array(keys))
+        out = []
+        for i, q, v in zip(shard, seq, values):
+            _, live = self.shards[int(i)].resolve(np.array([q]))
+            if live[0]:
+                out.append(v)
+        return sorted(out)
 
 
 def _evict_table(remover, num_shards=1, max_size=6, pr=None, seed=0):
-    t = LocalTable(
-        x_spec(capacity=64, num_shards=num_shards, max_size=max_size), sampler=Uniform(), remover=remover, seed=seed
-    )
-    vals = np.arange(10.0)
-    kv = _single_steps(t, vals, priorities=pr)
+    t = _Shards(remover, num_shards, seed)
+    t.max_size = max_size
+    vals = list(range(10))
+    keys = t.insert([float(v) for v in vals], pr)
     assert t.size == max_size
-    tot = t.info()["totals"]
-    assert tot["removed"] == 10 - max_size and tot["evicted"] == 0
-    return t, kv
+    assert sum(s.counters.removed for s in t.shards.values()) == 10 - max_size
+    assert sum(s.counters.evicted for s in t.shards.values()) == 0
+    return t, (keys, vals)
 
 
 def _live_values(t, kv):
-    """Values whose keys are still live (a stale update is counted, a live one applied)."""
-    live = []
-    for k, v in kv.items():
-        if t.update_priorities([k], [1.0]).applied:
-            live.append(v)
-    return sorted(live)
+    return t.live(*kv)
 
 
 @pytest.mark.parametrize("num_shards", [1, 2])
 def test_fifo_remover_evicts_oldest(num_shards):
-    t, kv = _evict_table(Fifo(), num_shards)
-    assert _live_values(t, kv) == [4, 5, 6, 7, 8, 9]
+    t = LocalTable(x_spec(capacity=64, num_shards=num_shards, max_size=6), sampler=Uniform(), remover=Fifo())
+    kv = _single_steps(t, np.arange(10.0))
+    assert t.size == 6 and t.info()["totals"]["removed"] == 4
+    live = sorted(v for k, v in kv.items() if t.update_priorities([k], [1.0]).applied)
+    assert live == [4, 5, 6, 7, 8, 9]
+    t2, kv2 = _evict_table(Fifo(), num_shards)
+    assert _live_values(t2, kv2) == [4, 5, 6, 7, 8, 9]
 
 
 @pytest.mark.parametrize("num_shards", [1, 2])
@@ -338,12 +389,13 @@ def test_prioritized_remover_all_zero_priorities_still_evicts():
 def test_prioritized_remover_mixed_weights_over_shards():
     """Few weighted items on one shard, many zero-weight ones: evicts exactly down to max_size."""
     for seed in range(20):
-        t = LocalTable(x_spec(capacity=64, num_shards=2, max_size=20), remover=Prioritized(1.0), seed=seed)
-        t.insert(scalar_episode(1), priorities=1000.0, shard=0)
-        t.insert(scalar_episode(19), priorities=1.0, shard=1)
-        t.insert(scalar_episode(3), priorities=1.0, shard=1)
+        t = _Shards(Prioritized(1.0), 2, seed)
+        t.max_size = 20
+        t.insert([0.0], 1000.0, shard=0)
+        t.insert([0.0] * 19, 1.0, shard=1)
+        t.insert([0.0] * 3, 1.0, shard=1)
         assert t.size == 20
-        assert t.info()["totals"]["removed"] == 3
+        assert sum(s.counters.removed for s in t.shards.values()) == 3
 
 
 def test_without_replacement_cannot_remove():

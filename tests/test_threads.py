@@ -25,7 +25,6 @@ from gear_flow import (
     Prioritized,
     RateLimitTimeout,
     SampleToInsertRatio,
-    Uniform,
 )
 
 DURATION = 1.0  # seconds per configuration, at least ...
@@ -54,8 +53,8 @@ CONFIGS = {  # factories: a rate limiter holds state
     "prioritized-fifo-minsize": lambda: dict(
         sampler=Prioritized(0.6, 0.4), remover=Fifo(), rate_limiter=MinSize(1), max_times_sampled=0
     ),
-    "uniform-minheap-ratio-expiry": lambda: dict(
-        sampler=Uniform(), remover=MinHeap(), rate_limiter=SampleToInsertRatio(4.0, 8, 400.0), max_times_sampled=6
+    "minheap-fifo-ratio-expiry": lambda: dict(  # heap sampling (MinHeap removers are refused: ring storage)
+        sampler=MinHeap(), remover=Fifo(), rate_limiter=SampleToInsertRatio(4.0, 8, 400.0), max_times_sampled=6
     ),
 }
 

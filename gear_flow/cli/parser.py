@@ -125,7 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--item-unit", choices=["step", "episode"], help="what carries a priority (default: step)")
     g.add_argument("--max-size", type=int, help="most items kept (default: every step)")
     g.add_argument("--sampler", help="KIND[:K=V,...], e.g. uniform, prioritized:alpha=0.6,beta=0.4, fifo")
-    g.add_argument("--remover", help="eviction policy, KIND[:K=V,...] (default: fifo)")
+    g.add_argument(
+        "--remover", help="eviction policy, KIND[:K=V,...] (default and only one ring storage honours: fifo)"
+    )
     g.add_argument("--rate-limiter", help="KIND[:K=V,...], e.g. min_size:min_size_to_sample=1000")
     g.add_argument("--boundary", choices=BOUNDARIES, help="default window boundary")
     g.add_argument("--tier", choices=["host", "pinned", "device"], help="storage tier of the shards")

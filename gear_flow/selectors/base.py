@@ -16,6 +16,11 @@ Two families:
 * :class:`OrderedSelector` (Fifo, Lifo, MaxHeap, MinHeap) is deterministic: it
   yields the best ``n`` candidates with an order key (larger is better), and
   the table merges candidates of all shards exactly.
+
+Every selector samples; as a table's remover only Fifo is accepted
+(:class:`~gear_flow.table.config.TableConfig` explains why: ring storage
+overwrites a shard's oldest steps whatever another remover would keep).  The
+others' eviction rules stay implemented and tested on bare shards.
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ class ShardState(Protocol):
 
     def item_stamps(self, slots: np.ndarray) -> np.ndarray:
         """Table-wide insertion order of the items in ``slots`` (int64)."""
+
+    def item_touched(self, slots: np.ndarray) -> np.ndarray:
+        """Table-wide stamp of each item's insert or latest priority update (int64)."""
 
 
 class Selector(ABC):
@@ -74,6 +82,13 @@ class Selector(ABC):
     @abstractmethod
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         """Priorities of live items changed (duplicates: last wins)."""
+
+    def check_priorities(self, priorities: np.ndarray, role: str = "sampler") -> None:  # noqa: B027
+        """Raise :class:`~gear_flow.errors.SpecError` for priorities this selector cannot represent.
+
+        Called by the tables before an insert or update is applied anywhere
+        (``priorities`` are already finite and ``>= 0``).  Default: all fine.
+        """
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
@@ -117,7 +132,8 @@ class OrderedSelector(Selector):
     def candidates(
         self, n: int, valid: Callable[[np.ndarray], np.ndarray] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Up to ``n`` best live slots (best first) and their order keys (float64, larger is better).
+        """Up to ``n`` best live slots (best first) and their order keys (float64, larger is better:
+        ``[n]``, or ``[n, c]`` compared column by column).
 
         ``valid`` filters slots (strict windows); only valid slots are returned.
         """

@@ -6,9 +6,13 @@ import math
 
 import numpy as np
 
-from ..errors import SpecError
+from ..errors import InvalidPriorityError, SpecError
 from ..ops import sumtree
 from .base import WeightedSelector
+
+#: largest sampling weight ``priority ** alpha`` accepted: a table's total weight (at most
+#: 127 shards of 2**40 items) then stays finite, so probabilities are always defined
+MAX_WEIGHT = 1e280
 
 
 class Prioritized(WeightedSelector):
@@ -17,11 +21,25 @@ class Prioritized(WeightedSelector):
     Parameters
     ----------
     alpha : float
-        Priority exponent, ``>= 0`` (0 is uniform over nonzero... and zero priorities:
-        with ``alpha == 0`` every live item has weight 1, including priority 0).
+        Priority exponent, ``>= 0``.
     beta : float
         Importance-sampling exponent for the returned weights
         ``(N * P(i)) ** -beta`` normalised by the batch maximum, in ``[0, 1]``.
+
+    Notes
+    -----
+    As in Reverb: when every item whose window fits has priority 0 (no weight
+    anywhere in the table), the sample is uniform over them and reports
+    probability ``1 / n``.
+
+    Where we differ from Reverb on purpose:
+
+    * ``alpha == 0`` gives every live item weight 1, priority 0 included
+      (``0 ** 0 == 1``), so sampling is uniform over the whole table.
+    * Infinite and NaN priorities are rejected, and so is any priority whose
+      weight ``priority ** alpha`` exceeds ``MAX_WEIGHT`` (1e280), at insert
+      and update, before anything is applied: a larger weight would make the
+      table's total weight overflow and every later sample fail.
 
     Examples
     --------
@@ -49,6 +67,23 @@ class Prioritized(WeightedSelector):
         if self.alpha == 1.0:
             return np.asarray(priorities, dtype=np.float64)
         return np.power(np.asarray(priorities, dtype=np.float64), self.alpha)
+
+    def check_priorities(self, priorities: np.ndarray, role: str = "sampler") -> None:
+        if not len(priorities):
+            return
+        with np.errstate(over="ignore"):
+            w = self._w(priorities)
+        bad = np.flatnonzero(~(w <= MAX_WEIGHT))
+        if len(bad):
+            i, p = int(bad[0]), float(priorities[bad[0]])
+            raise InvalidPriorityError(
+                i,
+                p,
+                f"priority[{i}] = {p!r} gives the {role} {self!r} the weight priority**alpha = {float(w[i]):g}, "
+                f"above the largest allowed {MAX_WEIGHT:g} (the table's total weight would overflow); "
+                f"priorities must be <= {MAX_WEIGHT ** (1 / self.alpha):g} with alpha={self.alpha:g}; "
+                "nothing from this call was applied",
+            )
 
     def insert(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         sumtree.set_leaves(self.tree, slots, self._w(priorities))

@@ -100,6 +100,7 @@ class TableConfig:
             raise SpecError(
                 f"{self.remover!r} cannot be used as a remover; use Fifo, Lifo, MinHeap, MaxHeap, Uniform or Prioritized"
             )
+        self._check_remover_honoured()
         m = self.max_times_sampled
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
             raise SpecError(f"max_times_sampled ({m!r}) must be an integer >= 0")
@@ -123,6 +124,27 @@ class TableConfig:
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0):
             raise SpecError(f"timeout ({t!r}) must be None or a number of seconds >= 0")
 
+    def _check_remover_honoured(self) -> None:
+        """Refuse a remover that the storage cannot honour.
+
+        Each shard stores its steps in one ring that overwrites its oldest steps
+        once it has gone round (see :mod:`gear_flow.storage.ring`): an item lives
+        at most one lap of its shard's ring, whatever the remover says.  Only a
+        Fifo remover agrees with that (the ring evicts the oldest, as Fifo does).
+        Lifo, heap, Uniform and Prioritized removers keep old items for good, and
+        the ring would overwrite them after one lap: a silent FIFO.  The one
+        exception is a Stack, whose limiter keeps the table within ``max_size``
+        (its Lifo remover never runs; waiting items are protected at insert).
+        """
+        if isinstance(self.remover, Fifo) or isinstance(self.rate_limiter, Queue):
+            return
+        spec = self.spec
+        raise SpecError(
+            f"remover {self.remover!r} cannot be honoured by the storage: each shard's ring (capacity "
+            f"{spec.capacity} steps, {spec.num_shards} shard(s), max_size {spec.max_size}) overwrites its oldest "
+            "steps after one lap whatever the remover keeps, so it would act as Fifo; use remover=Fifo()"
+        )
+
     # -- what kind of table this is ---------------------------------------------------------
     @property
     def selection(self) -> str:
@@ -130,6 +152,16 @@ class TableConfig:
         if self.sampler.deterministic:
             return "ordered"
         return "epoch" if getattr(self.sampler, "without_replacement", False) else "weighted"
+
+    @property
+    def lossless(self) -> bool:
+        """Every item must be handed out (Queue, Stack): storage may never overwrite a waiting item."""
+        return isinstance(self.rate_limiter, Queue)
+
+    def check_priorities(self, priorities) -> None:
+        """Reject (validated, finite, >= 0) priorities that the sampler or remover cannot represent."""
+        self.sampler.check_priorities(priorities, "sampler")
+        self.remover.check_priorities(priorities, "remover")
 
     @property
     def beta(self) -> float:

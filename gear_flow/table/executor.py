@@ -37,6 +37,8 @@ def summary(shard, kind: str, L: int = 1, boundary: str = "pad_tail") -> float:
         return float(shard.remover.mass) if hasattr(shard.remover, "mass") else 0.0
     if kind == "size":
         return float(shard.size)
+    if kind == "valid":
+        return float(shard.valid_count(L, boundary))
     raise ValueError(f"unknown summary kind {kind!r}")
 
 

@@ -17,13 +17,14 @@ import time
 import numpy as np
 
 from .. import config
-from ..errors import RateLimitTimeout, SpecError, TableClosedError
+from ..errors import CapacityError, SpecError
 from ..keys import decode
 from ..rate_limiters import RateLimiter
 from ..sample import SampleBatch, SampleBuffers
 from ..selectors import Selector
 from ..shard import EpisodeBatch, Shard
 from ..spec import TableSpec
+from .admission import Admission, timeout_error
 from .config import TableConfig, queue_setup
 from .datasets import DatasetMethods
 from .executor import evict_shards, sample_shards
@@ -128,11 +129,11 @@ class LocalTable(DatasetMethods):
         ]
         self._by_id = {s.shard_id: s for s in self.shards}
         self.rng = np.random.default_rng(config.get("table.seed", seed))
-        self._cond = threading.Condition(threading.Lock())
+        self._admission = Admission()
+        self._cond = self._admission.cond
         self._rr = 0
         self._next_episode_id = 0
         self._stamp = 0
-        self._closed = False
         self._evict_lock = threading.Lock()
 
     # -- construction helpers ------------------------------------------------------
@@ -160,8 +161,7 @@ class LocalTable(DatasetMethods):
     def close(self) -> None:
         """Refuse further calls and wake every blocked caller with TableClosedError."""
         with self._cond:
-            self._closed = True
-            self._cond.notify_all()
+            self._admission.close()
 
     def __enter__(self):
         return self
@@ -170,25 +170,18 @@ class LocalTable(DatasetMethods):
         self.close()
 
     def _check_open(self):
-        if self._closed:
-            raise TableClosedError("the table is closed")
+        self._admission.check_open()
 
-    def _wait(self, pred, timeout, what: str):
-        """Wait (holding ``self._cond``) until ``pred()``; raise on timeout or close."""
+    def _wait(self, kind: str, pred, timeout, what: str):
+        """Wait (holding ``self._cond``) until this call heads its kind's line and ``pred()``;
+        raise on timeout or close.  The caller applies its admission, then ``_admission.done(kind)``."""
         timeout = self.timeout if timeout is None else timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            self._check_open()
-            if pred():
-                return
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise RateLimitTimeout(
-                    f"{what} was not admitted by {self.rate_limiter!r} within {timeout} s "
-                    f"(table size {self.size}, inserts {self.rate_limiter.state.inserts}, "
-                    f"samples {self.rate_limiter.state.samples})"
-                )
-            self._cond.wait(remaining)
+        self._admission.wait(kind, pred, timeout, timeout_error(what, self.rate_limiter, lambda: self.size))
+
+    @property
+    def admitted_size(self) -> int:
+        """Items stored plus items of admitted inserts still being written (what insert admission sees)."""
+        return self.size + self._admission.in_flight
 
     # -- writing --------------------------------------------------------------------------
     def insert(
@@ -218,19 +211,36 @@ class LocalTable(DatasetMethods):
         if isinstance(priorities, (list, tuple)) and priorities and np.ndim(priorities[0]) >= 1:
             priorities = np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1) for p in priorities])
         pr = check_priorities(priorities, n_items)
+        if pr is not None:
+            self.cfg.check_priorities(pr)
         dest = route(lengths, len(self.shards), self.spec.capacity, self.routing, self._rr, shard)
         self.rate_limiter.check_insert_size(n_items)
         item_off = np.concatenate(([0], np.cumsum(lengths if step_items else np.ones_like(lengths))))
+        adm = self._admission
         with self._cond:
             self._wait(
-                lambda: self.rate_limiter.can_insert(n_items, self.size), timeout, f"an insert of {n_items} items"
+                "insert",
+                lambda: self.rate_limiter.can_insert(n_items, self.admitted_size),
+                timeout,
+                f"an insert of {n_items} items",
             )
+            if self.cfg.lossless:
+                # a queue or stack hands out every item: refuse (before anything is counted or
+                # written) an insert that would make a shard's ring overwrite a waiting item
+                try:
+                    for s in np.unique(dest):
+                        self._check_ring_room(int(s), lengths[dest == s])
+                except BaseException:
+                    adm.done("insert")
+                    raise
             ids = self._next_episode_id + np.arange(len(eps), dtype=np.int64)
             self._next_episode_id += len(eps)
             stamps = self._stamp + item_off[:-1]
             self._stamp += n_items
             self._rr = (self._rr + len(eps)) % len(self.shards)
             self.rate_limiter.on_insert(n_items)
+            adm.in_flight += n_items
+            adm.done("insert")
             # Take the destination shards' locks before any sample is admitted after this
             # insert: the limiter already counts these items, so a sample admitted now must
             # find them stored (a Queue would otherwise hand out an item twice or block).
@@ -249,10 +259,24 @@ class LocalTable(DatasetMethods):
         finally:
             for lk in reversed(held):
                 lk.release()
+            with self._cond:
+                adm.in_flight -= n_items
         self._enforce_max_size()
         with self._cond:
             self._cond.notify_all()
         return InsertResult(ids, first_keys, dest, n_items)
+
+    def _check_ring_room(self, shard: int, lengths: np.ndarray) -> None:
+        """Raise if storing episodes of ``lengths`` on ``shard`` would overwrite a live item."""
+        s = self.shards[shard]
+        with s.lock:
+            lost = s.live_overwritten(int(lengths.sum()))
+        if lost:
+            raise CapacityError(
+                f"shard {shard}: storing {int(lengths.sum())} steps would overwrite {lost} item(s) still waiting "
+                f"to be sampled: its ring holds {s.capacity} steps and {self.rate_limiter!r} never drops an item; "
+                f"build the table with a larger capacity (at least max_size plus the longest episode) or sample first"
+            )
 
     def writer(self, max_episode_length: int | None = None, shard: int | None = None, timeout: float | None = None):
         """A streaming writer: ``append(step)`` … ``end_episode()``; see :class:`EpisodeWriter`."""
@@ -309,9 +333,13 @@ class LocalTable(DatasetMethods):
         locks = [s.lock for s in self.shards]
         with self._cond:
             self._wait(
-                lambda: self.rate_limiter.can_sample(batch_size, self.size), timeout, f"a sample of {batch_size}"
+                "sample",
+                lambda: self.rate_limiter.can_sample(batch_size, self.size),
+                timeout,
+                f"a sample of {batch_size}",
             )
             self.rate_limiter.on_sample(batch_size)
+            self._admission.done("sample")
             # Take the shard locks before any other call is admitted: an insert admitted
             # after this sample must not reach the shards before the sample has taken
             # (and, with max_times_sampled, expired) its items.  Otherwise the table
@@ -371,12 +399,16 @@ class LocalTable(DatasetMethods):
         pr = check_priorities(priorities, len(k), "keys")
         if pr is None:
             raise SpecError("priorities must not be None")
+        self.cfg.check_priorities(pr)
         for s in np.unique(shard):  # unknown keys raise before any shard is touched
             self.shards[s].resolve(seq[shard == s])
+        with self._cond:  # one clock for inserts and updates: heap ties go to the least recently touched
+            stamps = self._stamp + np.arange(len(k), dtype=np.int64)
+            self._stamp += len(k)
         stale = 0
         for s in np.unique(shard):
             m = shard == s
-            stale += self.shards[s].update_priorities(seq[m], pr[m])
+            stale += self.shards[s].update_priorities(seq[m], pr[m], stamps[m])
         return UpdateResult(len(k) - stale, stale)
 
     def delete(self, keys) -> UpdateResult:
@@ -397,7 +429,7 @@ class LocalTable(DatasetMethods):
 
     # -- info ----------------------------------------------------------------------------------
     def info(self) -> dict:
-        """Sizes, counters per shard and in total, limiter state, selectors."""
+        """Sizes, counters per shard and in total, limiter state, selectors, calls waiting per kind."""
         shards = [s.info() for s in self.shards]
         totals = {k: sum(si[k] for si in shards) for k in shards[0] if k not in ("shard", "capacity", "write_pos")}
         return {
@@ -408,6 +440,7 @@ class LocalTable(DatasetMethods):
             "sampler": repr(self.sampler_proto),
             "remover": repr(self.remover_proto),
             "rate_limiter": self.rate_limiter.info(),
+            "waiting": {k: self._admission.waiting(k) for k in ("insert", "sample")},
             "totals": totals,
             "shards": shards,
         }

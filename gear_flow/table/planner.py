@@ -10,7 +10,7 @@ distributed sampler over the comm) answers them.  No Dask, no locks here.
 Requests (yielded) and what the executor sends back:
 
 * :class:`Summaries` → ``{kind: {shard: float}}`` (valid sampling mass,
-  unseen epoch items, remover mass, size);
+  unseen epoch items, remover mass, size, count of items whose window fits);
 * :class:`Candidates` → ``{shard: (slots, order_keys)}`` (best first);
 * :class:`Draw` → ``None``: draw ``counts[s]`` items from shard ``s`` with
   its mass *at the draw* and gather them at the rows :func:`offsets` gives;
@@ -45,7 +45,7 @@ class NothingToSample(Exception):
 
 @dataclass(frozen=True)
 class Summaries:
-    kinds: tuple[str, ...]  # "sampler" | "unseen" | "remover" | "size"
+    kinds: tuple[str, ...]  # "sampler" | "unseen" | "remover" | "size" | "valid"
 
 
 @dataclass(frozen=True)
@@ -111,10 +111,16 @@ def sample(selection: str, batch_size: int, rng: np.random.Generator):
 
 
 def _weighted(B: int, rng):
+    """Shards by valid mass; when no valid item has weight anywhere (every priority 0), by the
+    number of valid items, and each shard then draws uniformly (Reverb: uniform, ``1/n``)."""
     masses = (yield Summaries(("sampler",)))["sampler"]
     shards = sorted(masses)
     m = np.array([masses[s] for s in shards], dtype=np.float64)
     total = m.sum()
+    if not total > 0:
+        valid = (yield Summaries(("valid",)))["valid"]
+        m = np.array([valid.get(s, 0.0) for s in shards], dtype=np.float64)
+        total = m.sum()
     if not total > 0:
         raise NothingToSample
     counts = two_level.multinomial_counts(m, B, rng)

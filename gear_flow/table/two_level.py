@@ -31,7 +31,10 @@ def epoch_counts(unseen: np.ndarray, n: int, rng: np.random.Generator) -> np.nda
 def merge_candidates(per_shard: list[tuple[np.ndarray, np.ndarray]], n: int) -> list[np.ndarray]:
     """Global best ``n`` of every shard's (slots, keys); returns chosen slots per shard.
 
-    Ties are broken by shard order, then by the shard's own order.  If fewer
+    Keys are ``[k]`` or ``[k, c]`` (larger is better, compared column by
+    column: a heap's second column is its tie-break, the negated stamp of
+    each item's insert or latest update).  Remaining ties are broken by shard
+    order, then by the shard's own order.  If fewer
     than ``n`` candidates exist, the chosen ones are repeated in order until the
     batch is full (a Fifo over 3 items sampled with B=5 gives 1,2,3,1,2).
     """
@@ -46,8 +49,12 @@ def merge_candidates_with_positions(
     global order (a queue over two shards must still come out oldest first)."""
     shard_of = np.concatenate([np.full(len(s), i) for i, (s, _) in enumerate(per_shard)] or [np.zeros(0, int)])
     pos = np.concatenate([np.arange(len(s)) for s, _ in per_shard] or [np.zeros(0, int)])
-    keys = np.concatenate([k for _, k in per_shard] or [np.zeros(0)])
-    order = np.lexsort((pos, shard_of, -keys))[:n]
+    cols = max((np.shape(k)[1] for _, k in per_shard if np.ndim(k) == 2), default=1)
+    keys = np.concatenate(
+        [np.asarray(k, dtype=np.float64).reshape(len(s), cols) for s, k in per_shard] or [np.zeros((0, cols))]
+    )
+    # lexsort: the last key is the primary one; order keys compare column by column
+    order = np.lexsort((pos, shard_of, *(-keys[:, j] for j in reversed(range(keys.shape[1])))))[:n]
     if len(order) and len(order) < n:
         order = np.resize(order, n)
     rank = np.arange(len(order))

@@ -1,0 +1,115 @@
+"""Admission of an in-process table's calls: who may go ahead, in which order.
+
+The rate limiter decides *whether* a call may go ahead; this module decides
+*who* goes first and what size the limiter sees:
+
+* **Admitted size.**  Inserts are admitted against the items stored *plus*
+  the items of inserts admitted and still being written (Reverb counts an
+  insert when it is admitted, as does the distributed coordinator's
+  :class:`~gear_flow.distributed.gate.TableGate`).  An admitted insert writes
+  after releasing the condition; without this count a second producer woken
+  at the same time would still see the old size and be admitted too (a
+  Queue of size 1 then holds two items and its remover drops one).
+* **First come, first served, per kind.**  Blocked inserts are served in
+  arrival order, and so are blocked samples (Reverb serves blocked calls so;
+  the distributed gate does the same).  A call that is not at the head of its
+  kind's line waits even if the limiter would admit it, so which items end up
+  in a table does not depend on how threads are woken.
+
+No I/O: a plain condition variable, tickets and two lines.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from ..errors import RateLimitTimeout, TableClosedError
+
+KINDS = ("insert", "sample")
+
+
+class Admission:
+    """Condition variable, per-kind FIFO lines of waiters, and the count of inserts in flight.
+
+    Examples
+    --------
+    >>> adm = Admission()
+    >>> with adm.cond:
+    ...     adm.wait("insert", lambda: True, None, lambda t: RuntimeError("late"))
+    ...     adm.done("insert")
+    """
+
+    def __init__(self):
+        self.cond = threading.Condition(threading.Lock())
+        self.closed = False
+        #: items of admitted inserts not yet stored in the shards
+        self.in_flight = 0
+        self._tickets = itertools.count()
+        self._lines: dict[str, deque] = {k: deque() for k in KINDS}
+
+    def close(self) -> None:
+        """Wake every waiter with :class:`TableClosedError` (call holding ``cond``)."""
+        self.closed = True
+        self.cond.notify_all()
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise TableClosedError("the table is closed")
+
+    def wait(
+        self,
+        kind: str,
+        pred: Callable[[], bool],
+        timeout: float | None,
+        timed_out: Callable[[float], Exception],
+    ) -> None:
+        """Wait (holding ``cond``) until this call heads its line and ``pred()`` holds.
+
+        On return the call still heads its line: the caller applies its
+        admission (limiter counts) and then calls :meth:`done`, both while
+        holding ``cond``.  On timeout the exception ``timed_out(timeout)``
+        raises; on close, :class:`TableClosedError`; either way the call
+        leaves its line and the next in line is woken.
+        """
+        line = self._lines[kind]
+        ticket = next(self._tickets)
+        line.append(ticket)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                self.check_open()
+                if line[0] == ticket and pred():
+                    return
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise timed_out(timeout)
+                self.cond.wait(remaining)
+        except BaseException:
+            line.remove(ticket)
+            self.cond.notify_all()
+            raise
+
+    def done(self, kind: str) -> None:
+        """The head of ``kind``'s line was admitted: the next one may go (call holding ``cond``)."""
+        self._lines[kind].popleft()
+        self.cond.notify_all()
+
+    def waiting(self, kind: str) -> int:
+        """Calls of ``kind`` waiting now (including one being admitted)."""
+        return len(self._lines[kind])
+
+
+def timeout_error(what: str, limiter, size: Callable[[], int]) -> Callable[[float], Exception]:
+    """The :class:`RateLimitTimeout` a call raises when ``limiter`` did not admit it in time."""
+
+    def make(timeout: float) -> Exception:
+        return RateLimitTimeout(
+            f"{what} was not admitted by {limiter!r} within {timeout} s "
+            f"(table size {size()}, inserts {limiter.state.inserts}, samples {limiter.state.samples})"
+        )
+
+    return make
