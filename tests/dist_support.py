@@ -82,9 +82,9 @@ def snapshot(t):
     res = t.client.run(_worker_shards, t.name)
     shards = sorted((x for parts in res.values() for x in parts), key=lambda x: x[0])
     st = t._ctx.sync(t._coord, "lookup")
-    glob = {
-        k: st[k] for k in ("size", "admitted", "shard_size", "rate_limiter", "next_episode_id", "next_stamp", "lost")
-    }
+    # episode ids and stamps are never reused, so an aborted insert consumes them; what it must not leave
+    # behind is in the sizes, the limiter's counts and the shards themselves
+    glob = {k: st[k] for k in ("size", "admitted", "shard_size", "rate_limiter", "lost", "inserts_in_flight")}
     return ("distributed", (copy.deepcopy(glob), shards))
 
 

@@ -41,12 +41,10 @@ def test_ties_below_better_items_also_in_insertion_order(num_shards, make_table)
 
 
 @pytest.mark.parametrize("num_shards", [1, 2])
-def test_an_update_to_the_same_priority_moves_the_item_behind_its_ties(num_shards):
-    """Reverb: after an update, the item is the most recently touched one.  Across shards this
-    needs table-wide update stamps (the local table has them; see the distributed note)."""
-    from gear_flow import LocalTable
-
-    t = LocalTable(x_spec(capacity=16, num_shards=num_shards), sampler=MaxHeap(), seed=0)
+def test_an_update_to_the_same_priority_moves_the_item_behind_its_ties(num_shards, make_table):
+    """Reverb: after an update, the item is the most recently touched one, across shards too
+    (updates are stamped by the table-wide clock that stamps inserts)."""
+    t = make_table(x_spec(capacity=16, num_shards=num_shards), sampler=MaxHeap(), remover=Fifo(), seed=0)
     keys = one_by_one(t, [float(v) for v in range(6)])
     assert values(t.sample(1)) == [0.0]
     t.update_priorities([keys[0.0]], [1.0])

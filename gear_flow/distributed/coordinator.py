@@ -61,6 +61,7 @@ class GearFlowCoordinator(SchedulerPlugin):
             "admit_hold": self._admit_hold,
             "sample_finished": self._sample_finished,
             "count_samples": self._count_samples,
+            "stamps": self._stamps,
             "removed": self._removed,
             "mark_lost": self._mark_lost,
             "worker_alive": self._worker_alive,
@@ -179,6 +180,14 @@ class GearFlowCoordinator(SchedulerPlugin):
     async def _count_samples(self, name, n):
         self._table(name).count_samples(self._count(n, "n"))
         return True
+
+    async def _stamps(self, name, n):
+        """``n`` table-wide stamps (the insert clock) for priority updates: heap ties follow them across shards."""
+        g = self._table(name)
+        first = g.next_stamp
+        g.next_stamp += int(n)
+        g.pump()
+        return first
 
     async def _removed(self, name, k, per_shard=None):
         g = self._table(name)

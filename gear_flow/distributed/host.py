@@ -21,7 +21,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..errors import SpecError
+from ..errors import CapacityError, SpecError
 from ..shard import EpisodeBatch, Shard
 from ..table.config import TableConfig
 from ..table.executor import evict_on
@@ -136,6 +136,18 @@ class ShardHost(SamplingHost):
         """
         t = self.table(name)
         batches = [self._batch(t, p) for p in parts]
+        if t.cfg.lossless:  # a Queue/Stack: the ring may never overwrite an item still waiting
+            steps = {}
+            for sid, b in batches:
+                steps[sid] = steps.get(sid, 0) + int(b.lengths.sum())
+            for sid, n in steps.items():
+                lost = t.shards[sid].live_overwritten(n)
+                if lost:
+                    raise CapacityError(
+                        f"shard {sid} of table {name!r}: storing {n} more steps would overwrite {lost} items that "
+                        f"were never handed out (capacity {t.spec.capacity}); give the table more capacity; "
+                        "nothing was inserted"
+                    )
         with t.lock:
             if txn in t.staged or txn in t.applied:
                 raise SpecError(f"insert {txn!r} of table {name!r} was already staged on this worker")
@@ -238,15 +250,20 @@ class ShardHost(SamplingHost):
         for i, seqs in seqs_by_shard.items():
             t.shard(i).resolve(np.asarray(seqs, dtype=np.int64))
 
-    def update(self, name, seqs_by_shard: dict, prios_by_shard: dict) -> int:
+    def update(self, name, seqs_by_shard: dict, prios_by_shard: dict, stamps_by_shard: dict | None = None) -> int:
         if set(seqs_by_shard) != set(prios_by_shard) or any(
             len(np.asarray(seqs_by_shard[i])) != len(np.asarray(prios_by_shard[i])) for i in seqs_by_shard
         ):
             raise SpecError("worker 'update': one priority per key, for the same shards")
         self.check_keys(name, seqs_by_shard)
         t = self.table(name)
+        for i in seqs_by_shard:
+            t.cfg.check_priorities(np.asarray(prios_by_shard[i], np.float64))
+        st = stamps_by_shard or {}
         return sum(
-            t.shard(i).update_priorities(np.asarray(seqs, np.int64), np.asarray(prios_by_shard[i], np.float64))
+            t.shard(i).update_priorities(
+                np.asarray(seqs, np.int64), np.asarray(prios_by_shard[i], np.float64), st.get(i)
+            )
             for i, seqs in seqs_by_shard.items()
         )
 

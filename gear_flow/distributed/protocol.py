@@ -196,7 +196,7 @@ WORKER = {
     "status": {"name": NAME, "txn": TXN},
     "summaries": {
         "name": NAME,
-        "kinds": sequence(choice("sampler", "unseen", "remover", "size"), 4),
+        "kinds": sequence(choice("sampler", "unseen", "remover", "size", "valid"), 5),
         "length": optional(LENGTH),
         "boundary": optional(BOUNDARY),
     },
@@ -241,6 +241,7 @@ WORKER = {
         "name": NAME,
         "seqs_by_shard": mapping(SHARD, SEQS, 127),
         "prios_by_shard": mapping(SHARD, float_array, 127),
+        "stamps_by_shard": optional(mapping(SHARD, int_array(0), 127)),
     },
     "delete": {"name": NAME, "seqs_by_shard": mapping(SHARD, SEQS, 127)},
     "remove": {
@@ -288,6 +289,7 @@ COORDINATOR = {
     "admit_hold": {"timeout": TIMEOUT, "owner": optional(text())},
     "sample_finished": {"txn": optional(TXN), "rollback": optional(integer(0, MAX_COUNT)), "expired": PER_SHARD},
     "count_samples": {"n": integer(0, MAX_COUNT)},
+    "stamps": {"n": integer(1, MAX_COUNT)},
     "removed": {"k": integer(0, MAX_COUNT), "per_shard": PER_SHARD},
     "mark_lost": {"shard": SHARD, "detail": optional(text(4096))},
     "worker_alive": {"address": text()},

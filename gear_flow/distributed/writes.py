@@ -44,6 +44,12 @@ def prepare_insert(spec, episodes, priorities):
 class WritesMixin:
     """Inserts, eviction, updates and deletes of :class:`~gear_flow.distributed.DistributedTable`."""
 
+    @property
+    def _heap_ties(self) -> bool:
+        from ..selectors import MaxHeap, MinHeap
+
+        return any(isinstance(x, (MaxHeap, MinHeap)) for x in (self._cfg.sampler, self._cfg.remover))
+
     # -- inserts ------------------------------------------------------------------------------------
     def insert(self, episodes, priorities=None, *, timeout=None, shard=None) -> InsertResult:
         """Insert whole episodes, all or nothing across workers; see :meth:`LocalTable.insert`.
@@ -74,6 +80,8 @@ class WritesMixin:
         self._masses.clear()  # this handle's own writes show in its next sample's plan
         self._check_not_lost()
         chunks, lengths, n_items, item_off, pr = prepare_insert(self.spec, episodes, priorities)
+        if pr is not None:
+            self._cfg.check_priorities(pr)
         dest = self._route(lengths, shard)
         self._rr += len(lengths)
         self._cfg.rate_limiter.check_insert_size(n_items)
@@ -282,10 +290,22 @@ class WritesMixin:
         pr = check_priorities(priorities, len(k), "keys")
         if pr is None:
             raise SpecError("priorities must not be None")
+        self._cfg.check_priorities(pr)
         if len(by) > 1:  # unknown keys anywhere must stop the whole call before any worker applies it
             await self._on_workers({a: ("check_keys", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()})
+        stamps = None
+        if self._heap_ties and len(k):  # heap ties across shards follow the table-wide insert/update clock
+            stamps = (await self._coord("stamps", n=len(k))) + np.arange(len(k), dtype=np.int64)
         calls = {
-            a: ("update", dict(name=self.name, seqs_by_shard=s, prios_by_shard={i: pr[idx[a][i]] for i in s}))
+            a: (
+                "update",
+                dict(
+                    name=self.name,
+                    seqs_by_shard=s,
+                    prios_by_shard={i: pr[idx[a][i]] for i in s},
+                    stamps_by_shard=None if stamps is None else {i: stamps[idx[a][i]] for i in s},
+                ),
+            )
             for a, s in by.items()
         }
         res = await self._on_workers(calls)
