@@ -142,7 +142,11 @@ def test_tls_cluster_from_launch_scripts(tmp_path):
             res = client.submit(make_learner(), "replay", 6, resources={"learner": 1}, pure=False).result(timeout=60)
             assert res["worker"] == learner_addr
             assert res["shapes"] == [(16, 8, 4)] * 6
-            assert res["local_shards"] and res["stats"]["local_bytes"] > 0 and res["stats"]["remote_bytes"] > 0
+            assert (
+                res["local_shards"]
+                and res["stats"]["local_bytes"] > 0
+                and res["stats"]["remote_bytes"] + res["stats"]["shared_bytes"] > 0
+            )
 
             # and an external learner on this client
             table = DistributedTable.attach("replay", client=client)
