@@ -80,7 +80,7 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, DatasetMetho
         #: bytes of windows gathered in-process (co-located), from shared memory, or received over the comm
         self.stats = {"local_bytes": 0, "shared_bytes": 0, "remote_bytes": 0, "batches": 0, "shared_conflicts": 0}
         self._shared: dict = {}  # worker -> {shard: Attached} (or None: not readable from here)
-        from .sampling import MassCache
+        from .masses import MassCache
 
         self._masses = MassCache()
 

@@ -26,22 +26,20 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
-import numpy as np
-
 from .. import config
 from ..errors import EmptyTableError, SpecError, nothing_to_sample
-from ..ops.gather import gather_windows
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
 from ..table.executor import fill_rows
 from ..table.validate import check_sample_args, sample_columns
 from .host_sampling import StaleSelectionError
+from .shared_reads import SharedReads
 from .transport import Retry
 
 _ATTEMPTS = 8
 
 
-class RemoteSample:
+class RemoteSample(SharedReads):
     """Answers one sample's plan requests with the shard workers (see the module docstring)."""
 
     def __init__(self, table, out, L, boundary, columns, rng, txn, record, horizon):
@@ -165,51 +163,6 @@ class RemoteSample:
             raise Retry() if isinstance(e, (StaleSelectionError, Retry)) else e
         return None
 
-    def _copy_shared(self, sh, r, o: int) -> np.ndarray:
-        """Copy a part's windows from a mapped shared ring into rows ``o:``; returns the torn rows (seqlock)."""
-        n = len(r["seqs"])
-        src = np.asarray(r["src_abs"], dtype=np.int64)
-        for c in self.columns:
-            gather_windows(sh.bytes[c], src % sh.capacity, np.asarray(r["dst_offset"]), np.asarray(r["n_valid"]),
-                           self.out.bytes[c][o : o + n])  # fmt: skip
-        return np.flatnonzero(~sh.intact(src))  # read after the copy
-
-    async def _redraw(self, a, sh, s: int, o: int, torn: np.ndarray, args: dict) -> None:
-        """Rows whose windows were overwritten while being copied: draw them again from shard ``s``.
-
-        Each redrawn row reports the probability of its own draw (the shard's
-        first-level share, its mass at the redraw); the abandoned draws are
-        uncounted at the owner.  A writer that overtakes the reader every time
-        makes the whole sample retry.
-        """
-        t, out = self.t, self.out
-        given = 0
-        for _ in range(16):
-            k = len(torn)
-            args = {**args, "counts": {s: k}, "scale": {s: args["scale"][s]}, "seed": int(self.rng.integers(2**63))}
-            r = (await t._on_workers({a: ("sample_part", args)}))[a][s]
-            self.counted[a][s] = self.counted[a].get(s, 0) + k
-            given += k
-            tmp = SampleBuffers(t.spec, self.columns, k, self.L)
-            sub = RemoteSample(t, tmp, self.L, self.boundary, self.columns, self.rng, self.txn, True, None)
-            again = sub._copy_shared(sh, r, 0)
-            fill_rows(
-                tmp, 0, s, r["seqs"], r["p"], r["episode_ids"], r["timesteps"], r["dst_offset"], r["n_valid"], self.L
-            )
-            ok = np.setdiff1d(np.arange(k), again)
-            rows = o + torn[ok]
-            for c in self.columns:
-                out.bytes[c][rows] = tmp.bytes[c][ok]
-            for f in ("keys", "probabilities", "episode_ids", "timesteps", "mask"):
-                getattr(out, f)[rows] = getattr(tmp, f)[ok]
-            torn = torn[again]
-            if not len(torn):
-                await t._on_workers({a: ("uncount", dict(name=t.name, counts={s: given}))})  # the torn draws
-                self.counted[a][s] -= given
-                return
-            t.stats["shared_conflicts"] += len(torn)
-        raise Retry()
-
     async def undo(self) -> None:
         """Forget what this attempt gathered (a retry or a failure follows)."""
         t = self.t
@@ -221,46 +174,6 @@ class RemoteSample:
             await t._on_workers(calls, partial=True)
         self.counted.clear()
         self.sent.clear()
-
-
-class MassCache:
-    """The shards' sampling masses a planner used last, refreshed by every draw's reply.
-
-    A plan may use masses that are a little old without losing exactness: the
-    shard is chosen with the masses the plan used (that first-level
-    probability is what gets reported) and the item with the shard's mass at
-    the draw.  Reusing them saves the masses round trip, so a steady-state
-    batch costs one round trip, and only to the workers it draws from.  They
-    are refreshed by every draw's reply and fetched again once any is older
-    than ``distributed.mass-max-age`` seconds (so a shard that was empty, or
-    no batch drew from, is not left out for long).
-    """
-
-    def __init__(self):
-        self.values = {}  # (kind, L, boundary) -> {shard: (mass, time)}
-
-    def clear(self):
-        self.values.clear()
-
-    def fresh(self, kinds, L, boundary, shards):
-        age = config.get("distributed.mass-max-age") or 0.0
-        if age <= 0 or len(kinds) != 1 or kinds[0] not in ("sampler",):
-            return None
-        got = self.values.get((kinds[0], L, boundary))
-        now = time.monotonic()
-        if not got or set(got) != set(shards) or any(now - ts > age for _, ts in got.values()):
-            return None
-        return {kinds[0]: {s: m for s, (m, _) in got.items()}}
-
-    def store(self, kinds, L, boundary, got: dict):
-        now = time.monotonic()
-        for k in kinds:
-            self.values[(k, L, boundary)] = {s: (float(m), now) for s, m in got[k].items()}
-
-    def update(self, L, boundary, shard, mass):
-        d = self.values.get(("sampler", L, boundary))
-        if d is not None and shard in d:
-            d[shard] = (float(mass), time.monotonic())
 
 
 class SamplingMixin:

@@ -1,0 +1,60 @@
+"""Reading a sample's windows from shared memory: the copy, the seqlock check, and redraws of torn rows."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..ops.gather import gather_windows
+from ..sample import SampleBuffers
+from ..table.executor import fill_rows
+from .transport import Retry
+
+
+class SharedReads:
+    """Part of :class:`~gear_flow.distributed.sampling.RemoteSample` (needs ``t``, ``out``, ``columns``, ``L``,
+    ``boundary``, ``rng``, ``txn`` and ``counted``)."""
+
+    def _copy_shared(self, sh, r, o: int) -> np.ndarray:
+        """Copy a part's windows from a mapped shared ring into rows ``o:``; returns the torn rows (seqlock)."""
+        n = len(r["seqs"])
+        src = np.asarray(r["src_abs"], dtype=np.int64)
+        for c in self.columns:
+            gather_windows(sh.bytes[c], src % sh.capacity, np.asarray(r["dst_offset"]), np.asarray(r["n_valid"]),
+                           self.out.bytes[c][o : o + n])  # fmt: skip
+        return np.flatnonzero(~sh.intact(src))  # read after the copy
+
+    async def _redraw(self, a, sh, s: int, o: int, torn: np.ndarray, args: dict) -> None:
+        """Rows whose windows were overwritten while being copied: draw them again from shard ``s``.
+
+        Each redrawn row reports the probability of its own draw (the shard's
+        first-level share, its mass at the redraw); the abandoned draws are
+        uncounted at the owner.  A writer that overtakes the reader every time
+        makes the whole sample retry.
+        """
+        t, out = self.t, self.out
+        given = 0
+        for _ in range(16):
+            k = len(torn)
+            args = {**args, "counts": {s: k}, "scale": {s: args["scale"][s]}, "seed": int(self.rng.integers(2**63))}
+            r = (await t._on_workers({a: ("sample_part", args)}))[a][s]
+            self.counted[a][s] = self.counted[a].get(s, 0) + k
+            given += k
+            tmp = SampleBuffers(t.spec, self.columns, k, self.L)
+            sub = type(self)(t, tmp, self.L, self.boundary, self.columns, self.rng, self.txn, True, None)
+            again = sub._copy_shared(sh, r, 0)
+            fill_rows(
+                tmp, 0, s, r["seqs"], r["p"], r["episode_ids"], r["timesteps"], r["dst_offset"], r["n_valid"], self.L
+            )
+            ok = np.setdiff1d(np.arange(k), again)
+            rows = o + torn[ok]
+            for c in self.columns:
+                out.bytes[c][rows] = tmp.bytes[c][ok]
+            for f in ("keys", "probabilities", "episode_ids", "timesteps", "mask"):
+                getattr(out, f)[rows] = getattr(tmp, f)[ok]
+            torn = torn[again]
+            if not len(torn):
+                await t._on_workers({a: ("uncount", dict(name=t.name, counts={s: given}))})  # the torn draws
+                self.counted[a][s] -= given
+                return
+            t.stats["shared_conflicts"] += len(torn)
+        raise Retry()

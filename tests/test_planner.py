@@ -1,0 +1,67 @@
+"""The one planner on its own: pure plans driven by hand-written answers and by in-process shards."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gear_flow as gf
+from gear_flow.shard import EpisodeBatch, Shard
+from gear_flow.table import planner
+from gear_flow.table.executor import evict_shards
+
+X = (gf.ColumnSpec("x", (), np.float32),)
+
+
+def shard(i, remover, n, priority, capacity=64):
+    s = Shard(gf.TableSpec(X, capacity=capacity), i, gf.Uniform(), remover)
+    if n:
+        ones = [{"x": np.zeros(1, np.float32)} for _ in range(n)]
+        s.insert(EpisodeBatch(ones, np.ones(n, np.int64), np.arange(n), np.arange(n) + 100 * i, np.full(n, priority)))
+    return s
+
+
+def test_eviction_rounds_continue_until_the_excess_is_gone():
+    """A weighted remover whose weight sits on 2 items of shard 0: the first multinomial round asks
+    shard 0 for more than it holds (clipped), later rounds take the rest where the weight is left,
+    and once every remaining weight is 0 the rounds fall back to sizes (uniform)."""
+    shards = {0: shard(0, gf.Prioritized(1.0), 2, 1000.0), 1: shard(1, gf.Prioritized(1.0), 20, 0.0)}
+    removed = evict_shards(shards, 12, ordered=False, rng=np.random.default_rng(0))
+    assert removed == 12
+    assert shards[0].size == 0 and shards[1].size == 10
+
+
+def test_eviction_stops_when_nothing_is_left_or_nothing_moves():
+    shards = {0: shard(0, gf.Prioritized(1.0), 3, 1.0)}
+    assert evict_shards(shards, 10, ordered=False, rng=np.random.default_rng(0)) == 3
+    plan = planner.evict(5, ordered=True, rng=np.random.default_rng(0))
+    req = next(plan)
+    assert isinstance(req, planner.Candidates) and req.role == "remover"
+    with pytest.raises(StopIteration) as stop:
+        plan.send({0: (np.array([3, 4]), np.array([2.0, 1.0]))})  # two victims offered...
+        plan.send(0)  # ...but a concurrent removal took them: no progress, the plan ends
+    assert stop.value.value == 0
+
+
+def test_ordered_plans_put_rows_in_global_order():
+    plan = planner.sample("ordered", 4, np.random.default_rng(0))
+    assert isinstance(next(plan), planner.Candidates)
+    take = plan.send({0: (np.array([10, 11]), np.array([4.0, 1.0])), 1: (np.array([20, 21]), np.array([3.0, 2.0]))})
+    assert {s: v.tolist() for s, v in take.slots.items()} == {0: [10, 11], 1: [20, 21]}
+    assert planner.offsets(take.slots) == {0: 0, 1: 2}
+    with pytest.raises(StopIteration) as stop:
+        plan.send(None)
+    rows_at = stop.value.value.rows_at  # gathered [10, 11, 20, 21] belong at positions 0, 3, 1, 2
+    assert rows_at.tolist() == [0, 3, 1, 2] and planner.sources(rows_at).tolist() == [0, 2, 3, 1]
+
+
+def test_weighted_plans_report_the_planned_share_and_refuse_an_empty_table():
+    plan = planner.sample("weighted", 1000, np.random.default_rng(1))
+    assert next(plan) == planner.Summaries(("sampler",))
+    draw = plan.send({"sampler": {0: 1.0, 1: 3.0}})
+    assert draw.scale == {0: 0.25, 1: 0.75} and sum(draw.counts.values()) == 1000
+    empty = planner.sample("weighted", 4, np.random.default_rng(1))
+    next(empty)
+    assert empty.send({"sampler": {0: 0.0}}) == planner.Summaries(("valid",))  # all weights 0: by valid count
+    with pytest.raises(planner.NothingToSample):
+        empty.send({"valid": {0: 0.0}})
