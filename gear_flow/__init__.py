@@ -32,6 +32,7 @@ from .spec import ColumnSpec, TableSpec
 from .stream import Stream
 from .table import InsertResult, LocalTable, UpdateResult
 from .writer import EpisodeWriter
+from .writers import PriorityWriter, TrajectoryWriter, VectorWriter
 
 __version__ = "0.1.0"
 
@@ -77,6 +78,7 @@ __all__ = [
     "MinHeap",
     "MinSize",
     "Prioritized",
+    "PriorityWriter",
     "Queue",
     "RateLimitTimeout",
     "RateLimiter",
@@ -91,9 +93,11 @@ __all__ = [
     "Stream",
     "TableClosedError",
     "TableSpec",
+    "TrajectoryWriter",
     "Uniform",
     "UnknownKeyError",
     "UpdateResult",
+    "VectorWriter",
     "WindowTooLongError",
     "WithoutReplacement",
     "register_rate_limiter",
