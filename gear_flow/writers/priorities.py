@@ -33,8 +33,9 @@ class PriorityWriter:
     ----------
     table : LocalTable or DistributedTable
         Anything with ``update_priorities(keys, priorities)``.
-    backlog : int
-        Pending writes allowed before :meth:`update` waits for the oldest.
+    backlog : int or None
+        Pending writes allowed before :meth:`update` waits for the oldest;
+        None: never wait (the queue grows while the table is slower).
 
     Attributes
     ----------
@@ -50,9 +51,9 @@ class PriorityWriter:
     ...         pw.update(batch.keys, td.abs() + 1e-3)              # returns at once
     """
 
-    def __init__(self, table, backlog: int = 8):
-        if isinstance(backlog, bool) or not isinstance(backlog, int) or backlog < 0:
-            raise SpecError(f"backlog ({backlog!r}) must be an integer >= 0")
+    def __init__(self, table, backlog: int | None = 8):
+        if backlog is not None and (isinstance(backlog, bool) or not isinstance(backlog, int) or backlog < 0):
+            raise SpecError(f"backlog ({backlog!r}) must be None or an integer >= 0")
         self.table = table
         self.backlog = backlog
         self.applied = 0
@@ -127,7 +128,8 @@ class PriorityWriter:
                 if not self._pending:
                     return 0
                 head = self._pending[0]
-                if not (head.done() or wait or len(self._pending) > self.backlog):
+                over = self.backlog is not None and len(self._pending) > self.backlog
+                if not (head.done() or wait or over):
                     return len(self._pending)
                 self._pending.popleft()
             r = head.result()  # waits if needed; raises a failed write here
