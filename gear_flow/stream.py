@@ -67,6 +67,10 @@ class Stream:
         Per-request rate-limiter timeout.
     copy : bool
         Yield batches that own their memory.
+    as_tensordict : bool
+        Yield ``tensordict.TensorDict`` objects (:meth:`SampleBatch.to_tensordict
+        <gear_flow.SampleBatch.to_tensordict>`, TorchRL's key names) instead of
+        :class:`~gear_flow.SampleBatch` (needs the ``tensordict`` extra).
     priority_backlog : int, optional
         Priority writes (:meth:`update_priorities`) pending before the next
         one waits; None (default): never wait.
@@ -92,6 +96,7 @@ class Stream:
         world_size: int | None = None,
         timeout: float | None = None,
         copy: bool = False,
+        as_tensordict: bool = False,
         priority_backlog: int | None = None,
     ):
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
@@ -112,6 +117,9 @@ class Stream:
         self.world_size = w if world_size is None else world_size
         self.seed = seed
         self.priority_backlog = priority_backlog
+        self.as_tensordict = bool(as_tensordict)
+        if self.as_tensordict:
+            import tensordict  # noqa: F401  (fail here, not in the first batch)
         self._closed = False
         self._iters: weakref.WeakSet = weakref.WeakSet()  # generators running, closed by close()
         self._writer = None
@@ -168,7 +176,8 @@ class Stream:
                 batch: SampleBatch = pending.popleft().result()
                 if more():
                     submit()
-                yield _copy(batch) if self.copy else batch
+                batch = _copy(batch) if self.copy else batch
+                yield batch.to_tensordict() if self.as_tensordict else batch
         finally:
             for f in pending:
                 f.cancel()
@@ -257,4 +266,6 @@ def _copy(b: SampleBatch) -> SampleBatch:
         b.timesteps.clone(),
         b.table_size,
         b.length,
+        None if b.priorities is None else b.priorities.clone(),
+        None if b.times_sampled is None else b.times_sampled.clone(),
     )

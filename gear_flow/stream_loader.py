@@ -26,7 +26,7 @@ import torch.utils.data
 from .errors import GearFlowError
 
 #: Stream constructor arguments a loader worker copies from the learner's stream
-_ARGS = ("batch_size", "length", "columns", "boundary", "prefetch", "timeout", "rank", "world_size")
+_ARGS = ("batch_size", "length", "columns", "boundary", "prefetch", "timeout", "rank", "world_size", "as_tensordict")
 
 
 class StreamDataset(torch.utils.data.IterableDataset):

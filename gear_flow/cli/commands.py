@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-from ..resources import advertised
 from ..spec import column_dtype
 from .connect import attach, connect, local_security, table_names
 from .errors import CLIError
@@ -118,8 +117,7 @@ def cmd_info(args) -> int:
 def cmd_create(args) -> int:
     from .. import rate_limiters, selectors
     from ..distributed import DistributedTable
-    from ..distributed.api import workers_with_resource
-    from ..resources import check_resources
+    from ..parsing import default_num_shards
     from ..spec import TableSpec
 
     doc = load_table_file(args.spec) if args.spec else {"spec": {}}
@@ -151,14 +149,8 @@ def cmd_create(args) -> int:
     if args.degraded:
         opts["degraded"] = True
     with connect(args) as client:
-        if "num_shards" not in spec:  # default: one shard per worker it can go on
-            if opts.get("workers"):
-                spec["num_shards"] = len(opts["workers"])
-            elif opts.get("resources"):
-                check_resources(client, opts["resources"])  # a clear error when no worker has it
-                spec["num_shards"] = len(workers_with_resource(client, opts["resources"]))
-            else:
-                spec["num_shards"] = max(1, len(advertised(client)))
+        if "num_shards" not in spec:  # one shard per worker it can go on
+            spec["num_shards"] = default_num_shards(client, opts.get("workers"), opts.get("resources"))
         spec.setdefault("item_unit", "step")
         spec.setdefault("max_size", None)
         kw = {k: opts[k] for k in ("name", "boundary", "tier", "routing", "timeout", "resources", "workers",

@@ -17,9 +17,27 @@ from ..ops.gather import window_mask
 from . import planner, two_level
 
 
-def fill_rows(out, off: int, shard_id: int, seqs, probabilities, episode_ids, timesteps, dst_offset, n_valid, L: int):
-    """Everything of rows ``off:off+n`` of a batch except the window bytes (gathered separately)."""
+def fill_rows(
+    out,
+    off: int,
+    shard_id: int,
+    seqs,
+    probabilities,
+    episode_ids,
+    timesteps,
+    dst_offset,
+    n_valid,
+    L: int,
+    priorities=None,
+    times_sampled=None,
+) -> None:
+    """Everything of rows ``off:off+n`` of a batch except the window bytes (gathered separately).
+
+    ``priorities`` / ``times_sampled`` not reported: NaN / -1 (see :class:`~gear_flow.SampleBatch`).
+    """
     n = len(seqs)
+    out.priorities[off : off + n] = np.nan if priorities is None else priorities
+    out.times_sampled[off : off + n] = -1 if times_sampled is None else times_sampled
     out.keys[off : off + n] = encode_keys(shard_id, np.asarray(seqs))
     out.probabilities[off : off + n] = probabilities
     out.episode_ids[off : off + n] = episode_ids
@@ -106,8 +124,13 @@ class InProcess:
     def _gather(self, i: int, slots: np.ndarray, p: np.ndarray, off: int) -> None:
         s = self.shards[i]
         before = s.counters.expired
+        prio = s.priority[slots]  # as drawn (an expiring take may clear it)
         win = s.take(slots, self.L, self.boundary, self.rng, self.out.bytes, off, self.columns)
-        fill_rows(self.out, off, i, win.seqs, p, win.episode_ids, win.timesteps, win.dst_offset, win.n_valid, self.L)
+        counted = None if s.times_sampled is None else s.times_sampled[slots]  # this sample included
+        fill_rows(
+            self.out, off, i, win.seqs, p, win.episode_ids, win.timesteps, win.dst_offset, win.n_valid, self.L,
+            prio, counted,
+        )  # fmt: skip
         if s.counters.expired != before:
             self.expired[i] = self.expired.get(i, 0) + s.counters.expired - before
 
