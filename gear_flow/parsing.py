@@ -9,11 +9,15 @@ so registered custom selectors and limiters parse too.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from .errors import SpecError
 from .rate_limiters import RateLimiter
 from .selectors import Selector
 from .spec import column_dtype
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 _COLUMN = re.compile(
     r"^\s*(?P<name>[A-Za-z_][\w.-]*)\s*:\s*(?P<dtype>[A-Za-z0-9_]+)\s*(?:\[(?P<shape>[\d,\s]*)\])?\s*$"
@@ -99,7 +103,7 @@ def _checked(cfg: dict, text: str) -> dict:
     return cfg
 
 
-def default_num_shards(client, workers: list[str] | None = None, resources: str | None = None) -> int:
+def default_num_shards(client: Client, workers: list[str] | None = None, resources: str | None = None) -> int:
     """Shards of a new distributed table when none is asked for: one per worker it can go on.
 
     Parameters

@@ -7,10 +7,14 @@ imports no Dask.
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from .registry import custom, install
+
+if TYPE_CHECKING:
+    from distributed import Client, Scheduler, Worker
 
 
 def _name(entries: dict) -> str:
@@ -27,7 +31,7 @@ class RegistryWorkerPlugin(WorkerPlugin):
         self.entries = entries
         self.name = _name(entries)
 
-    def setup(self, worker) -> None:
+    def setup(self, worker: Worker) -> None:
         install(self.entries)
 
 
@@ -40,11 +44,11 @@ class RegistrySchedulerPlugin(SchedulerPlugin):
         self.entries = entries
         self.name = _name(entries)
 
-    async def start(self, scheduler) -> None:
+    async def start(self, scheduler: Scheduler) -> None:
         install(self.entries)
 
 
-def share(client) -> bool:
+def share(client: Client) -> bool:
     """Send this process's custom registrations to the client's scheduler and workers.
 
     Parameters

@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import backend
 from .spec import TableSpec
+
+if TYPE_CHECKING:
+    import torch
+    from tensordict import TensorDict
 
 
 def _torch():
@@ -89,7 +94,7 @@ class SampleBatch:
     def __len__(self) -> int:
         return int(self.keys.shape[0])
 
-    def to(self, device, non_blocking: bool = True) -> SampleBatch:
+    def to(self, device: str | torch.device, non_blocking: bool = True) -> SampleBatch:
         """A copy of the batch on ``device`` (torch semantics)."""
         mv = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
         return SampleBatch(
@@ -106,7 +111,7 @@ class SampleBatch:
             None if self.times_sampled is None else mv(self.times_sampled),
         )
 
-    def to_tensordict(self, columns: dict | None = None, names: dict | None = None):
+    def to_tensordict(self, columns: dict | None = None, names: dict | None = None) -> TensorDict:
         """The batch as a ``tensordict.TensorDict`` of batch size ``[B]`` (needs the ``tensordict`` extra).
 
         Parameters

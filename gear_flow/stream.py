@@ -27,11 +27,16 @@ import threading
 import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .errors import SpecError
 from .sample import SampleBatch, SampleBuffers
+
+if TYPE_CHECKING:
+    from .stream_loader import StreamDataset
 
 
 def _dist_rank() -> tuple[int, int]:
@@ -186,7 +191,7 @@ class Stream:
             if flush is not None:  # samples served under an admission lease get counted now
                 flush()
 
-    def update_priorities(self, keys, priorities) -> None:
+    def update_priorities(self, keys: ArrayLike, priorities: ArrayLike) -> None:
         """Queue a priority update of the table; returns at once (see ``priority_backlog``).
 
         Updates reach the table in the order they were made, from one
@@ -239,7 +244,7 @@ class Stream:
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close()
 
-    def dataset(self):
+    def dataset(self) -> StreamDataset:
         """This stream as a ``torch.utils.data.IterableDataset`` (use ``DataLoader(ds, batch_size=None)``).
 
         With ``num_workers > 0`` (distributed tables only) every loader worker

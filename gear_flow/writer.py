@@ -14,8 +14,10 @@ import logging
 from collections.abc import Mapping
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .errors import InvalidDataError, SpecError, TableClosedError
+from .table.results import InsertResult
 from .writers.buffer import StepBuffer, check_step
 
 logger = logging.getLogger(__name__)
@@ -24,28 +26,29 @@ logger = logging.getLogger(__name__)
 class EpisodeWriter:
     """Buffers one episode at a time and inserts it whole.
 
-    Parameters
-    ----------
-    table : LocalTable or DistributedTable
-        Anything with ``spec`` and ``insert(episodes, priorities, timeout=, shard=)``.
-    max_episode_length : int, optional
-        End the episode automatically at this many steps.
-    shard : int, optional
-        Insert into this shard (writer affinity).
-    timeout : float, optional
-        Rate-limiter wait of each insert.
+        Parameters
+        ----------
+        table : LocalTable or DistributedTable
+            Anything with ``spec`` and ``insert(episodes, priorities, timeout=, shard=)``.
+        max_episode_length : int, optional
+            End the episode automatically at this many steps.
+        shard : int, optional
+            Insert into this shard (writer affinity).
+        timeout : float, optional
+            Rate-limiter wait of each insert.
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from gear_flow import ColumnSpec, TableSpec, LocalTable
-    >>> table = LocalTable(TableSpec((ColumnSpec("obs", (2,)),), capacity=100))
-    >>> with table.writer() as w:
-    ...     for t in range(3):
-    ...         w.append({"obs": np.full(2, t)})
-    ...     _ = w.end_episode()
-    >>> table.size
-    3
+        Examples
+        --------
+        >>> import numpy as np
+    from numpy.typing import ArrayLike
+        >>> from gear_flow import ColumnSpec, TableSpec, LocalTable
+        >>> table = LocalTable(TableSpec((ColumnSpec("obs", (2,)),), capacity=100))
+        >>> with table.writer() as w:
+        ...     for t in range(3):
+        ...         w.append({"obs": np.full(2, t)})
+        ...     _ = w.end_episode()
+        >>> table.size
+        3
     """
 
     def __init__(self, table, max_episode_length: int | None = None, shard: int | None = None, timeout=None):
@@ -110,7 +113,7 @@ class EpisodeWriter:
         if self.max_episode_length is not None and self._n >= self.max_episode_length:
             self.end_episode(truncated=True)
 
-    def end_episode(self, priorities=None, truncated: bool = False):
+    def end_episode(self, priorities: ArrayLike | float | None = None, truncated: bool = False) -> InsertResult | None:
         """Insert the buffered steps as one episode; returns the table's InsertResult.
 
         ``priorities`` (per item) overrides those given to ``append``.  On

@@ -32,6 +32,10 @@ def test_distributed_table_from_the_package_lazily():
         "assert gf.GearFlowDashboard.__name__ == 'GearFlowDashboard'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    doc = subprocess.run(
+        [sys.executable, "-m", "pydoc", "gear_flow.DistributedTable"], capture_output=True, text=True, timeout=120
+    ).stdout
+    assert "Help on class DistributedTable" in doc and "update_priorities(" in doc and "nbytes(" in doc
     with pytest.raises(AttributeError, match="no attribute 'Nope'"):
         gf.Nope  # noqa: B018
 

@@ -11,11 +11,21 @@ limiter's target.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from bokeh.layouts import column, row
 from bokeh.models import ColumnDataSource, DataTable, Div, Legend, Select, TableColumn
 from bokeh.plotting import figure
 from dask.utils import format_bytes
+
+from .model import Snapshot
+
+if TYPE_CHECKING:
+    from bokeh.document import Document
+    from distributed import Scheduler
+
+    from .plugin import GearFlowDashboard
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +78,7 @@ def _empty(spec) -> dict:
     return {f: [] for f, _ in spec}
 
 
-def table_data(snap, rate: dict) -> dict:
+def table_data(snap: Snapshot, rate: dict) -> dict:
     """Columns of the tables' DataTable from a snapshot and its rates."""
     out = _empty(TABLE_COLUMNS)
     for name, r in snap.tables.items():
@@ -88,7 +98,7 @@ def table_data(snap, rate: dict) -> dict:
     return out
 
 
-def shard_data(snap, rate: dict) -> dict:
+def shard_data(snap: Snapshot, rate: dict) -> dict:
     """Columns of the shards' DataTable."""
     out = _empty(SHARD_COLUMNS)
     for r in snap.shards:
@@ -99,7 +109,7 @@ def shard_data(snap, rate: dict) -> dict:
     return out
 
 
-def learner_data(snap) -> dict:
+def learner_data(snap: Snapshot) -> dict:
     """Columns of the learners' DataTable."""
     out = _empty(LEARNER_COLUMNS)
     for r in snap.learners:
@@ -114,7 +124,7 @@ def learner_data(snap) -> dict:
     return out
 
 
-def series_data(history, series, name: str | None) -> dict:
+def series_data(history: Sequence[Snapshot], series: Sequence[dict], name: str | None) -> dict:
     """Time series of one table: rates, size, samples per insert (ms since the epoch on x)."""
     out = {k: [] for k in ("time", "inserts", "samples", "size", "max_size", "spi", "target")}
     if name is None:
@@ -150,7 +160,7 @@ def _figure(title: str, y: str, src, lines) -> figure:
 class GearFlowPage:
     """The widgets of one browser session and their refresh."""
 
-    def __init__(self, plugin):
+    def __init__(self, plugin: GearFlowDashboard):
         self.plugin = plugin
         self.header = Div(text="<h2>gear_flow replay tables</h2><p>No table yet.</p>", sizing_mode="stretch_width")
         self.select = Select(title="Time series of table", options=[], value="", width=300)
@@ -211,7 +221,7 @@ class GearFlowPage:
         self.series.data = series_data(hist, list(self.plugin.series), self.select.value or None)
 
 
-def gear_flow_doc(plugin, scheduler, extra: dict, doc) -> None:
+def gear_flow_doc(plugin: GearFlowDashboard, scheduler: Scheduler, extra: dict, doc: Document) -> None:
     """Build the page for one browser session (Dask's ``BokehApplication`` calls this)."""
     from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 

@@ -24,10 +24,15 @@ import asyncio
 import logging
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from .model import TRANSPORT_KEYS, Snapshot, rates, snapshot
+
+if TYPE_CHECKING:
+    from bokeh.server.server import BokehTornado
+    from distributed import Scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +65,7 @@ class GearFlowDashboard(SchedulerPlugin):
         self.interval = float(interval)
         self.history_len = int(history)
 
-    async def start(self, scheduler) -> None:
+    async def start(self, scheduler: Scheduler) -> None:
         """Register the stats handler; add the page and start polling where the dashboard is served."""
         self.scheduler = scheduler
         self.reports: dict = {}
@@ -78,7 +83,9 @@ class GearFlowDashboard(SchedulerPlugin):
             self._poll_task.cancel()
 
     # -- learners' reports ------------------------------------------------------------------------
-    def handle_stats(self, comm=None, table: str | None = None, learner: str | None = None, stats=None) -> dict:
+    def handle_stats(
+        self, comm: object = None, table: str | None = None, learner: str | None = None, stats: dict | None = None
+    ) -> dict:
         """Record a learner's transport counters (``DistributedTable.stats``)."""
         if not isinstance(table, str) or not isinstance(learner, str) or not isinstance(stats, dict):
             return {"status": "error", "error": "gear_flow_stats needs table, learner (str) and stats (dict)"}
@@ -131,7 +138,7 @@ class GearFlowDashboard(SchedulerPlugin):
         return info, nbytes
 
 
-async def _call(scheduler, addr: str, action: str, name: str):
+async def _call(scheduler: Scheduler, addr: str, action: str, name: str) -> object:
     from distributed.protocol import Serialized, deserialize, to_serialize
 
     resp = await asyncio.wait_for(scheduler.rpc(addr).gear_flow(action=action, args=to_serialize({"name": name})), 10)
@@ -141,7 +148,7 @@ async def _call(scheduler, addr: str, action: str, name: str):
     return deserialize(r.header, r.frames) if isinstance(r, Serialized) else r  # the scheduler keeps frames as is
 
 
-def dashboard_app(scheduler):
+def dashboard_app(scheduler: Scheduler) -> BokehTornado | None:
     """The Bokeh application of the scheduler's dashboard, or None where it serves none."""
     app = getattr(scheduler, "http_application", None)
     if app is None:
@@ -153,7 +160,7 @@ def dashboard_app(scheduler):
     return next((a for a in getattr(app, "applications", []) if isinstance(a, BokehTornado)), None)
 
 
-def add_page(scheduler, plugin: GearFlowDashboard) -> bool:
+def add_page(scheduler: Scheduler, plugin: GearFlowDashboard) -> bool:
     """Add the page to the scheduler's HTTP server when it serves the dashboard; True if added."""
     dashboard = dashboard_app(scheduler)
     if dashboard is None:

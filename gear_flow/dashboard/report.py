@@ -15,13 +15,17 @@ import asyncio
 import logging
 import time
 import uuid
+from typing import TYPE_CHECKING
 
 from ..errors import GearFlowError
+
+if TYPE_CHECKING:
+    from ..distributed import DistributedTable
 
 logger = logging.getLogger(__name__)
 
 
-def learner_id(table) -> str:
+def learner_id(table: DistributedTable) -> str:
     """A name for this handle: its owner (client id or worker address) and a short handle id."""
     hid = getattr(table, "_dashboard_id", None)
     if hid is None:
@@ -30,7 +34,7 @@ def learner_id(table) -> str:
     return f"{table._ctx.owner}/{hid}"
 
 
-async def report_stats_async(table) -> None:
+async def report_stats_async(table: DistributedTable) -> None:
     """Send ``table.stats`` to the scheduler (see :func:`report_stats`)."""
     stats = {k: int(v) for k, v in table.stats.items()}
     resp = await table._ctx.scheduler.gear_flow_stats(table=table.name, learner=learner_id(table), stats=stats)
@@ -38,7 +42,7 @@ async def report_stats_async(table) -> None:
         raise GearFlowError(f"table {table.name!r}: the scheduler refused the transport report ({resp!r})")
 
 
-def report_stats(table) -> None:
+def report_stats(table: DistributedTable) -> None:
     """Report a distributed table handle's transport counters to the dashboard page (blocking).
 
     Parameters
@@ -54,7 +58,7 @@ def report_stats(table) -> None:
     table._ctx.sync(report_stats_async, table)
 
 
-def maybe_report(table, interval: float = 1.0) -> bool:
+def maybe_report(table: DistributedTable, interval: float = 1.0) -> bool:
     """Report ``table.stats`` if ``interval`` seconds passed since this handle last did; never waits.
 
     Parameters

@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..errors import SpecError, TableClosedError
 
@@ -68,7 +69,7 @@ class PriorityWriter:
         """Writes submitted and not yet collected."""
         return len(self._pending)
 
-    def update(self, keys, priorities) -> None:
+    def update(self, keys: ArrayLike, priorities: ArrayLike) -> None:
         """Queue ``table.update_priorities(keys, priorities)``; returns without waiting (see ``backlog``).
 
         Parameters

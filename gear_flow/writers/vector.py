@@ -15,8 +15,10 @@ import logging
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..errors import InvalidDataError, InvalidPriorityError, SpecError, TableClosedError
+from ..table.results import InsertResult
 from .buffer import StepBuffer, check_step
 
 logger = logging.getLogger(__name__)
@@ -25,28 +27,29 @@ logger = logging.getLogger(__name__)
 class VectorWriter:
     """One episode buffer per environment of a vectorised env; see the module docstring.
 
-    Parameters
-    ----------
-    table : LocalTable or DistributedTable
-    num_envs : int
-        ``N``, the environments stepped together.
-    max_episode_length : int, optional
-        End an environment's episode at this many steps (``truncated``).
-    shard : int, optional
-        Insert into this shard.
-    timeout : float, optional
-        Rate-limiter wait of each insert.
+        Parameters
+        ----------
+        table : LocalTable or DistributedTable
+        num_envs : int
+            ``N``, the environments stepped together.
+        max_episode_length : int, optional
+            End an environment's episode at this many steps (``truncated``).
+        shard : int, optional
+            Insert into this shard.
+        timeout : float, optional
+            Rate-limiter wait of each insert.
 
-    Examples
-    --------
-    >>> import numpy as np
-    >>> import gear_flow as gf
-    >>> table = gf.LocalTable(gf.TableSpec((gf.ColumnSpec("obs", (2,)),), capacity=100))
-    >>> w = VectorWriter(table, num_envs=3)
-    >>> _ = w.append({"obs": np.zeros((3, 2))}, done=[False, True, False])  # env 1 ends its episode
-    >>> _ = w.append({"obs": np.ones((3, 2))}, done=[True, False, True])  # envs 0 and 2 end theirs
-    >>> table.size, w.pending.tolist()
-    (5, [0, 1, 0])
+        Examples
+        --------
+        >>> import numpy as np
+    from numpy.typing import ArrayLike
+        >>> import gear_flow as gf
+        >>> table = gf.LocalTable(gf.TableSpec((gf.ColumnSpec("obs", (2,)),), capacity=100))
+        >>> w = VectorWriter(table, num_envs=3)
+        >>> _ = w.append({"obs": np.zeros((3, 2))}, done=[False, True, False])  # env 1 ends its episode
+        >>> _ = w.append({"obs": np.ones((3, 2))}, done=[True, False, True])  # envs 0 and 2 end theirs
+        >>> table.size, w.pending.tolist()
+        (5, [0, 1, 0])
     """
 
     def __init__(
@@ -81,7 +84,9 @@ class VectorWriter:
         """Steps buffered per environment (int64 ``[N]``)."""
         return np.array([b.n for b in self._rows], dtype=np.int64)
 
-    def append(self, steps: Mapping, done: Sequence[bool] | None = None, priorities=None):
+    def append(
+        self, steps: Mapping, done: Sequence[bool] | None = None, priorities: ArrayLike | None = None
+    ) -> InsertResult | None:
         """Add one step of every environment; insert the episodes that ``done`` ends.
 
         Parameters
@@ -129,7 +134,7 @@ class VectorWriter:
                 self._ending.append((i, not bool(d[i])))
         return self.flush() if self._ending else None
 
-    def end_episodes(self, envs: Sequence[int] | None = None, truncated: bool = True):
+    def end_episodes(self, envs: Sequence[int] | None = None, truncated: bool = True) -> InsertResult | None:
         """End the episodes of ``envs`` (default: every environment with buffered steps) now.
 
         Parameters
@@ -150,7 +155,7 @@ class VectorWriter:
                 self._ending.append((int(i), truncated))
         return self.flush() if self._ending else None
 
-    def flush(self):
+    def flush(self) -> InsertResult | None:
         """Insert the episodes that ended and are not inserted yet (one insert).
 
         Returns
