@@ -23,6 +23,7 @@ from browser import Browser, find_chromium
 from helpers import episode, make_spec
 
 import gear_flow as gf
+from gear_flow.dashboard import DASHBOARD_NAME as DASHBOARD
 from gear_flow.dashboard import GearFlowDashboard, report_stats
 from gear_flow.dashboard.model import rates, snapshot
 from gear_flow.distributed import DistributedTable
@@ -211,3 +212,22 @@ def test_dashboard_page_in_a_browser(tmp_path):
     task_row = learners[[i for i, s in enumerate(learners) if s.startswith(workers[0])][0] :][:5]
     assert client_row[1:4:2] == ["0 B", "0%"], client_row  # an external learner: every byte over the comm
     assert task_row[1] != "0 B" and task_row[3] != "0%", task_row  # co-located: its own shard read in-process
+
+
+def test_page_from_a_scheduler_preload():
+    """Added while the scheduler is set up (a preload), the page is served once the scheduler runs."""
+    from distributed import Client, LocalCluster
+
+    with (
+        LocalCluster(
+            n_workers=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+            scheduler_kwargs={"preload": ["dashboard_preload"]},
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        assert client.run_on_scheduler(lambda dask_scheduler=None: dask_scheduler.plugins[DASHBOARD].served)
+        page = urllib.request.urlopen(client.dashboard_link.replace("/status", "/gear-flow"))
+        assert page.status == 200 and b"bokeh" in page.read().lower()

@@ -39,6 +39,7 @@ def _check_port_free(host: str, port: int, what: str) -> None:
 def cmd_local(args) -> int:
     from distributed import Client, LocalCluster
 
+    from ..dashboard import GearFlowDashboard
     from ..deploy.net import http_address, join_host_port
     from ..distributed.coordinator import GearFlowCoordinator
     from ..distributed.preload import worker_plugin
@@ -79,11 +80,12 @@ def cmd_local(args) -> int:
         with Client(cluster, security=sec) as client:
             client.register_plugin(GearFlowCoordinator())
             client.register_plugin(worker_plugin())
+            client.register_plugin(GearFlowDashboard())  # the /gear-flow page (none without the dashboard)
             if args.scheduler_file:
                 Path(args.scheduler_file).write_text(json.dumps({"address": cluster.scheduler_address}))
             print(f"gear-flow local: scheduler at {cluster.scheduler_address}", flush=True)
             if cluster.dashboard_link and not args.no_dashboard:
-                print(f"gear-flow local: dashboard at {cluster.dashboard_link}", flush=True)
+                print(f"gear-flow local: dashboard at {cluster.dashboard_link} (tables: /gear-flow)", flush=True)
             print(f"gear-flow local: {args.workers} worker(s) x {args.threads} thread(s)"
                   + (f", resources {resources}" if resources else "") + "; Ctrl-C stops it", flush=True)  # fmt: skip
             while not stop:

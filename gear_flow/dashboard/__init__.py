@@ -8,7 +8,7 @@ is built only on a scheduler that serves the dashboard.
 
 from __future__ import annotations
 
-from .plugin import DASHBOARD_NAME, ROUTE, GearFlowDashboard
+from .plugin import DASHBOARD_NAME, ROUTE, GearFlowDashboard, install
 from .report import report_stats
 
-__all__ = ["DASHBOARD_NAME", "ROUTE", "GearFlowDashboard", "report_stats"]
+__all__ = ["DASHBOARD_NAME", "ROUTE", "GearFlowDashboard", "install", "report_stats"]

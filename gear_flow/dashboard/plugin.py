@@ -138,6 +138,22 @@ class GearFlowDashboard(SchedulerPlugin):
         return info, nbytes
 
 
+def install(scheduler: Scheduler) -> None:
+    """Add the dashboard plugin to a scheduler being set up (a preload's ``dask_setup``); idempotent.
+
+    Parameters
+    ----------
+    scheduler : distributed.Scheduler
+
+    Returns
+    -------
+    None
+    """
+    if DASHBOARD_NAME not in scheduler.plugins:
+        # started by the scheduler with its other plugins, after the preloads
+        scheduler.add_plugin(GearFlowDashboard(), name=DASHBOARD_NAME, idempotent=True)
+
+
 async def _call(scheduler: Scheduler, addr: str, action: str, name: str) -> object:
     from distributed.protocol import Serialized, deserialize, to_serialize
 
