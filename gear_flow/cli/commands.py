@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import errno
 import json
 import os
@@ -36,7 +37,7 @@ def _check_port_free(host: str, port: int, what: str) -> None:
             ) from None
 
 
-def cmd_local(args) -> int:
+def cmd_local(args: argparse.Namespace) -> int:
     from distributed import Client, LocalCluster
 
     from ..dashboard import GearFlowDashboard
@@ -98,7 +99,7 @@ def cmd_local(args) -> int:
     return 0
 
 
-def cmd_list(args) -> int:
+def cmd_list(args: argparse.Namespace) -> int:
     with connect(args) as client:
         names = table_names(client)
         for n in names:
@@ -109,14 +110,14 @@ def cmd_list(args) -> int:
     return 0
 
 
-def cmd_info(args) -> int:
+def cmd_info(args: argparse.Namespace) -> int:
     with connect(args) as client:
         info = attach(client, args.table).info()
         print(json.dumps(info, indent=2, default=str) if args.json else format_info(info))
     return 0
 
 
-def cmd_create(args) -> int:
+def cmd_create(args: argparse.Namespace) -> int:
     from .. import rate_limiters, selectors
     from ..distributed import DistributedTable
     from ..parsing import default_num_shards
@@ -178,7 +179,7 @@ def _check_sources(sources: list[str], fmt: str | None) -> None:
         )
 
 
-def cmd_ingest(args) -> int:
+def cmd_ingest(args: argparse.Namespace) -> int:
     from ..ingest import ingest
     from ..ingest.columns import parse_columns
 
@@ -199,7 +200,7 @@ def cmd_ingest(args) -> int:
         return 0 if rep.ok else 1
 
 
-def cmd_sample(args) -> int:
+def cmd_sample(args: argparse.Namespace) -> int:
     with connect(args) as client:
         table = attach(client, args.table)
         t0 = time.perf_counter()
@@ -214,14 +215,14 @@ def cmd_sample(args) -> int:
     return 0
 
 
-def cmd_drop(args) -> int:
+def cmd_drop(args: argparse.Namespace) -> int:
     with connect(args) as client:
         attach(client, args.table).close(drop=True)
         print(f"dropped table {args.table!r}")
     return 0
 
 
-def cmd_checkpoint(args) -> int:
+def cmd_checkpoint(args: argparse.Namespace) -> int:
     with connect(args) as client:
         r = attach(client, args.table).checkpoint(args.path)
         print(f"checkpoint of {args.table!r} written to {r['path']}: {r.get('bytes', 0) / 1e6:.1f} MB in "
@@ -229,7 +230,7 @@ def cmd_checkpoint(args) -> int:
     return 0
 
 
-def cmd_restore_shard(args) -> int:
+def cmd_restore_shard(args: argparse.Namespace) -> int:
     with connect(args) as client:
         table = attach(client, args.table)
         report = table.restore_shard(args.shard, args.path, worker=args.worker, replace=args.replace)
@@ -239,7 +240,7 @@ def cmd_restore_shard(args) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
+def cmd_bench(args: argparse.Namespace) -> int:
     if args.which == "table":
         return _bench_table(args)
     script = Path(__file__).resolve().parents[2] / "pipelines" / f"bench_{args.which}.py"
