@@ -70,8 +70,12 @@ LEARNER_COLUMNS = [
 ]
 
 
-def _columns(spec) -> list[TableColumn]:
-    return [TableColumn(field=f, title=t) for f, t in spec]
+#: relative widths of the columns whose values are long (the others get 1)
+WIDE = {"limiter": 2.2, "spi_s": 2.2, "worker": 2.0, "learner": 3.0, "local_s": 1.8}
+
+
+def _columns(spec: list[tuple[str, str]]) -> list[TableColumn]:
+    return [TableColumn(field=f, title=t, width=int(80 * WIDE.get(f, 1.0))) for f, t in spec]
 
 
 def _empty(spec) -> dict:
