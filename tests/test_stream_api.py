@@ -63,8 +63,8 @@ def test_update_priorities_never_blocks_and_applies_in_order():
     assert s.priority[int(seq[0]) % s.capacity] == 20.0  # the last update won
 
 
-def _loader_keys(dataset, workers: int) -> list[list[int]]:
-    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers)
+def _loader_keys(dataset, workers: int, context: str | None = None) -> list[list[int]]:
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers, multiprocessing_context=context)
     out = []
     for b in loader:
         assert isinstance(b, gf.SampleBatch) and b["obs"].shape == (16, 4, 3)
@@ -82,7 +82,8 @@ def test_dataloader_workers_attach_their_own_handles(dist_client):
         assert len(first) == 5  # the workers' shares add up to num_batches
         assert first[0] != first[1]  # worker 0 and worker 1 draw with their own seeds
         assert _loader_keys(ds, 2) == first  # seeded: the same batches again
-        assert t.info()["totals"]["sampled"] == 2 * 5 * 16
+        assert _loader_keys(ds, 2, "spawn") == first  # spawned workers: the dataset travels pickled, by name
+        assert t.info()["totals"]["sampled"] == 3 * 5 * 16
     finally:
         t.close()
 
