@@ -94,7 +94,7 @@ def test_no_route_without_dashboard(dist_client):
 
         served, polls, reports = dist_client.run_on_scheduler(state)
         assert not served and polls == 0
-        assert [(k[0], b) for k, b in reports] == [(t.name, 1)]
+        assert [b for k, b in reports if k[0] == t.name] == [1]  # (other tables' handles may report too)
     finally:
         t.close()
 
