@@ -9,7 +9,7 @@ workers do advertise; :func:`submit` is ``client.submit`` behind that check.
 Examples
 --------
 >>> from gear_flow.resources import submit            # doctest: +SKIP
->>> fut = submit(client, learner, resources={"learner": 1})   # SpecError at once if no worker has it
+>>> fut = submit(client, learner, resources={"learner": 1})   # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -26,29 +26,28 @@ logger = logging.getLogger(__name__)
 class EpisodeWriter:
     """Buffers one episode at a time and inserts it whole.
 
-        Parameters
-        ----------
-        table : LocalTable or DistributedTable
-            Anything with ``spec`` and ``insert(episodes, priorities, timeout=, shard=)``.
-        max_episode_length : int, optional
-            End the episode automatically at this many steps.
-        shard : int, optional
-            Insert into this shard (writer affinity).
-        timeout : float, optional
-            Rate-limiter wait of each insert.
+    Parameters
+    ----------
+    table : LocalTable or DistributedTable
+        Anything with ``spec`` and ``insert(episodes, priorities, timeout=, shard=)``.
+    max_episode_length : int, optional
+        End the episode automatically at this many steps.
+    shard : int, optional
+        Insert into this shard (writer affinity).
+    timeout : float, optional
+        Rate-limiter wait of each insert.
 
-        Examples
-        --------
-        >>> import numpy as np
-    from numpy.typing import ArrayLike
-        >>> from gear_flow import ColumnSpec, TableSpec, LocalTable
-        >>> table = LocalTable(TableSpec((ColumnSpec("obs", (2,)),), capacity=100))
-        >>> with table.writer() as w:
-        ...     for t in range(3):
-        ...         w.append({"obs": np.full(2, t)})
-        ...     _ = w.end_episode()
-        >>> table.size
-        3
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gear_flow import ColumnSpec, TableSpec, LocalTable
+    >>> table = LocalTable(TableSpec((ColumnSpec("obs", (2,)),), capacity=100))
+    >>> with table.writer() as w:
+    ...     for t in range(3):
+    ...         w.append({"obs": np.full(2, t)})
+    ...     _ = w.end_episode()
+    >>> table.size
+    3
     """
 
     def __init__(self, table, max_episode_length: int | None = None, shard: int | None = None, timeout=None):

@@ -27,29 +27,28 @@ logger = logging.getLogger(__name__)
 class VectorWriter:
     """One episode buffer per environment of a vectorised env; see the module docstring.
 
-        Parameters
-        ----------
-        table : LocalTable or DistributedTable
-        num_envs : int
-            ``N``, the environments stepped together.
-        max_episode_length : int, optional
-            End an environment's episode at this many steps (``truncated``).
-        shard : int, optional
-            Insert into this shard.
-        timeout : float, optional
-            Rate-limiter wait of each insert.
+    Parameters
+    ----------
+    table : LocalTable or DistributedTable
+    num_envs : int
+        ``N``, the environments stepped together.
+    max_episode_length : int, optional
+        End an environment's episode at this many steps (``truncated``).
+    shard : int, optional
+        Insert into this shard.
+    timeout : float, optional
+        Rate-limiter wait of each insert.
 
-        Examples
-        --------
-        >>> import numpy as np
-    from numpy.typing import ArrayLike
-        >>> import gear_flow as gf
-        >>> table = gf.LocalTable(gf.TableSpec((gf.ColumnSpec("obs", (2,)),), capacity=100))
-        >>> w = VectorWriter(table, num_envs=3)
-        >>> _ = w.append({"obs": np.zeros((3, 2))}, done=[False, True, False])  # env 1 ends its episode
-        >>> _ = w.append({"obs": np.ones((3, 2))}, done=[True, False, True])  # envs 0 and 2 end theirs
-        >>> table.size, w.pending.tolist()
-        (5, [0, 1, 0])
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gear_flow as gf
+    >>> table = gf.LocalTable(gf.TableSpec((gf.ColumnSpec("obs", (2,)),), capacity=100))
+    >>> w = VectorWriter(table, num_envs=3)
+    >>> _ = w.append({"obs": np.zeros((3, 2))}, done=[False, True, False])  # env 1 ends its episode
+    >>> _ = w.append({"obs": np.ones((3, 2))}, done=[True, False, True])  # envs 0 and 2 end theirs
+    >>> table.size, w.pending.tolist()
+    (5, [0, 1, 0])
     """
 
     def __init__(
