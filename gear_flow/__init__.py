@@ -1,6 +1,8 @@
 """gear_flow: distributed, GPU-centric experience replay on Dask.
 
-Importing gear_flow never imports CuPy, cuDF or torch and never touches CUDA.
+Importing gear_flow never imports CuPy, cuDF or torch and never touches CUDA,
+and imports Dask's distributed machinery only when a name that needs it is
+first used (``gear_flow.DistributedTable``, ``gear_flow.GearFlowDashboard``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .errors import (
     WindowTooLongError,
 )
 from .rate_limiters import MinSize, Queue, RateLimiter, SampleToInsertRatio, Stack
+from .registry import register_rate_limiter, register_selector
 from .sample import SampleBatch, SampleBuffers
 from .selectors import Fifo, Lifo, MaxHeap, MinHeap, Prioritized, Selector, Uniform, WithoutReplacement
 from .shard import Shard
@@ -30,17 +33,42 @@ from .spec import ColumnSpec, TableSpec
 from .stream import Stream
 from .table import InsertResult, LocalTable, UpdateResult
 from .writer import EpisodeWriter
+from .writers import PriorityWriter, TrajectoryWriter, VectorWriter
 
 __version__ = "0.1.0"
+
+#: names imported on first use, each from its module (they import distributed)
+_LAZY = {
+    "DistributedTable": "gear_flow.distributed.api",
+    "GearFlowDashboard": "gear_flow.dashboard.plugin",
+}
+
+
+def __getattr__(name: str):
+    """``gear_flow.DistributedTable`` and friends, imported on first use (PEP 562)."""
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'gear_flow' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
 
 __all__ = [
     "CapacityError",
     "CheckpointError",
     "CoordinatorLostError",
     "ColumnSpec",
+    "DistributedTable",
     "EmptyTableError",
     "EpisodeWriter",
     "Fifo",
+    "GearFlowDashboard",
     "GearFlowError",
     "InsertResult",
     "InvalidDataError",
@@ -52,6 +80,7 @@ __all__ = [
     "MinHeap",
     "MinSize",
     "Prioritized",
+    "PriorityWriter",
     "Queue",
     "RateLimitTimeout",
     "RateLimiter",
@@ -66,9 +95,13 @@ __all__ = [
     "Stream",
     "TableClosedError",
     "TableSpec",
+    "TrajectoryWriter",
     "Uniform",
     "UnknownKeyError",
     "UpdateResult",
+    "VectorWriter",
     "WindowTooLongError",
     "WithoutReplacement",
+    "register_rate_limiter",
+    "register_selector",
 ]

@@ -30,10 +30,17 @@ from __future__ import annotations
 
 import functools
 import importlib
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import GearFlowError, SpecError
+
+if TYPE_CHECKING:
+    import torch
+
+    from .storage.base import StorageTier
 
 
 class BackendUnavailableError(GearFlowError, RuntimeError):
@@ -67,7 +74,7 @@ _TIERS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def tier_name(tier) -> str:
+def tier_name(tier: str | StorageTier) -> str:
     """The name of a tier given as a name or as a :class:`~gear_flow.storage.StorageTier`."""
     name = tier if isinstance(tier, str) else getattr(tier, "name", None)
     if name not in _TIERS:
@@ -101,7 +108,7 @@ def gpu_available() -> bool:
 gpu_available.cache_clear = _cupy_status.cache_clear  # type: ignore[attr-defined]
 
 
-def require_gpu(what: str):
+def require_gpu(what: str) -> ModuleType:
     """The ``cupy`` module, or :class:`BackendUnavailableError` naming ``what`` needed it."""
     reason = _cupy_status()
     if reason is not None:
@@ -122,35 +129,35 @@ def _load(modname: str, what: str):
         raise BackendUnavailableError(what, f"{modname} cannot be imported ({e})") from None
 
 
-def array_module(tier="host"):
+def array_module(tier: str | StorageTier = "host") -> ModuleType:
     """Module of a tier's ring arrays: ``numpy`` (host, pinned) or ``cupy`` (device)."""
     name = tier_name(tier)
     return _load(_TIERS[name][0], f"storage tier {name!r}")
 
 
-def output_module(tier="host"):
+def output_module(tier: str | StorageTier = "host") -> ModuleType:
     """Module of the sample output buffers of a tier: ``numpy`` (host) or ``cupy`` (pinned, device)."""
     name = tier_name(tier)
     return _load(_TIERS[name][1], f"sample output of tier {name!r}")
 
 
-def frame_module(tier="host"):
+def frame_module(tier: str | StorageTier = "host") -> ModuleType:
     """Frame library of a tier: ``pandas`` (host, pinned) or ``cudf`` (device)."""
     name = tier_name(tier)
     return _load(_TIERS[name][2], f"frames of tier {name!r}")
 
 
-def output_on_device(tier="host") -> bool:
+def output_on_device(tier: str | StorageTier = "host") -> bool:
     """Do samples of this tier come out in device memory (as CUDA tensors)?"""
     return _TIERS[tier_name(tier)][1] == "cupy"
 
 
-def is_device_array(a) -> bool:
+def is_device_array(a: object) -> bool:
     """Is ``a`` a CUDA array (CuPy, or anything exposing ``__cuda_array_interface__``)?"""
     return hasattr(a, "__cuda_array_interface__")
 
 
-def to_torch(a):
+def to_torch(a: object) -> torch.Tensor:
     """A torch tensor aliasing ``a``: ``torch.from_numpy`` for host arrays, DLPack for device ones.
 
     For a device array, torch's current stream is made to wait for CuPy's

@@ -70,7 +70,7 @@ else:
     _dask_config.update_defaults(defaults)
 
 
-def get(key: str, value=None):
+def get(key: str, value: object = None) -> object:
     """``value`` if not None, else ``gear-flow.<key>`` from dask.config (or the YAML defaults without Dask)."""
     if value is not None:
         return value

@@ -9,15 +9,19 @@ workers do advertise; :func:`submit` is ``client.submit`` behind that check.
 Examples
 --------
 >>> from gear_flow.resources import submit            # doctest: +SKIP
->>> fut = submit(client, learner, resources={"learner": 1})   # SpecError at once if no worker has it
+>>> fut = submit(client, learner, resources={"learner": 1})   # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from .errors import SpecError
+
+if TYPE_CHECKING:
+    from distributed import Client, Future
 
 
 def _normalise(resources) -> dict[str, float]:
@@ -40,7 +44,7 @@ def _on_scheduler(dask_scheduler=None) -> dict:
     return {a: dict(ws.resources or {}) for a, ws in dask_scheduler.workers.items()}
 
 
-def advertised(client) -> dict[str, dict[str, float]]:
+def advertised(client: Client) -> dict[str, dict[str, float]]:
     """``{worker address: {resource: amount}}`` of every worker the scheduler knows now.
 
     Asked of the scheduler itself: ``client.scheduler_info()`` reads a cache that the
@@ -58,7 +62,7 @@ def describe(adv: Mapping[str, Mapping[str, float]]) -> str:
     return "; ".join(parts)
 
 
-def check_resources(client, resources) -> list[str]:
+def check_resources(client: Client, resources: str | Mapping[str, float]) -> list[str]:
     """The addresses of the workers that can run a task needing ``resources``; never empty.
 
     Parameters
@@ -90,7 +94,7 @@ def check_resources(client, resources) -> list[str]:
     )
 
 
-def submit(client, fn, *args, resources, **kwargs):
+def submit(client: Client, fn: Callable, *args: Any, resources: str | Mapping[str, float], **kwargs: Any) -> Future:
     """``client.submit(fn, *args, resources=resources, **kwargs)`` after :func:`check_resources`.
 
     The check is made once, when submitting: a worker that leaves afterwards can still leave the

@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from . import backend
 from .spec import TableSpec
+
+if TYPE_CHECKING:
+    import torch
+    from tensordict import TensorDict
 
 
 def _torch():
@@ -57,10 +62,18 @@ class SampleBatch:
         Items in the table when the batch was drawn.
     length : int
         ``L``, the window length.
+    priorities : torch.Tensor or None
+        float64 ``[B]``: each item's priority when it was drawn (Reverb's
+        ``SampleInfo.priority``); NaN where the table did not report it.
+    times_sampled : torch.Tensor or None
+        int64 ``[B]``: how many times each item has been sampled, this sample
+        included (Reverb's ``SampleInfo.times_sampled``); -1 where the table
+        does not count it.
 
     Examples
     --------
-    ``batch["obs"]`` is ``batch.data["obs"]``.
+    ``batch["obs"]`` is ``batch.data["obs"]``; ``batch.to_tensordict()`` is
+    the batch as a ``tensordict.TensorDict``.
     """
 
     data: dict
@@ -72,6 +85,8 @@ class SampleBatch:
     timesteps: object
     table_size: int
     length: int
+    priorities: object = None
+    times_sampled: object = None
 
     def __getitem__(self, name: str):
         return self.data[name]
@@ -79,7 +94,7 @@ class SampleBatch:
     def __len__(self) -> int:
         return int(self.keys.shape[0])
 
-    def to(self, device, non_blocking: bool = True) -> SampleBatch:
+    def to(self, device: str | torch.device, non_blocking: bool = True) -> SampleBatch:
         """A copy of the batch on ``device`` (torch semantics)."""
         mv = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
         return SampleBatch(
@@ -92,7 +107,69 @@ class SampleBatch:
             mv(self.timesteps),
             self.table_size,
             self.length,
+            None if self.priorities is None else mv(self.priorities),
+            None if self.times_sampled is None else mv(self.times_sampled),
         )
+
+    def to_tensordict(self, columns: dict | None = None, names: dict | None = None) -> TensorDict:
+        """The batch as a ``tensordict.TensorDict`` of batch size ``[B]`` (needs the ``tensordict`` extra).
+
+        Parameters
+        ----------
+        columns : dict, optional
+            Column name -> key in the TensorDict (a str or a tuple for a nested
+            key, e.g. ``{"reward": ("next", "reward")}``); other columns keep
+            their names.
+        names : dict, optional
+            Overrides of the keys of the per-item fields; see Returns.
+
+        Returns
+        -------
+        tensordict.TensorDict
+            The column tensors ``[B, L, ...]`` plus, by default under TorchRL's
+            names, ``index`` (keys, for ``update_priorities``), ``_weight``
+            (importance weights), ``priority``, ``probability``,
+            ``times_sampled``, ``mask`` ``[B, L]``, ``episode_id`` and
+            ``timestep``.  The tensors are the batch's own (no copy).
+        """
+        try:
+            from tensordict import TensorDict
+        except ImportError:
+            raise ImportError(
+                "SampleBatch.to_tensordict needs tensordict: pip install 'gear-flow[tensordict]'"
+            ) from None
+        keys = {**TENSORDICT_NAMES, **(names or {})}
+        B = len(self)
+        fields = {
+            "keys": self.keys,
+            "weights": self.weights,
+            "priorities": self.priorities,
+            "probabilities": self.probabilities,
+            "times_sampled": self.times_sampled,
+            "mask": self.mask,
+            "episode_ids": self.episode_ids,
+            "timesteps": self.timesteps,
+        }
+        td = TensorDict({}, batch_size=[B])
+        for name, t in self.data.items():
+            td.set((columns or {}).get(name, name), t)
+        for field, t in fields.items():
+            if t is not None:
+                td.set(keys[field], t)
+        return td
+
+
+#: SampleBatch field -> its key in :meth:`SampleBatch.to_tensordict` (TorchRL's names where it has them)
+TENSORDICT_NAMES = {
+    "keys": "index",
+    "weights": "_weight",
+    "priorities": "priority",
+    "probabilities": "probability",
+    "times_sampled": "times_sampled",
+    "mask": "mask",
+    "episode_ids": "episode_id",
+    "timesteps": "timestep",
+}
 
 
 class SampleBuffers:
@@ -148,6 +225,8 @@ class SampleBuffers:
         self.mask = np.empty((B, L), dtype=np.bool_)
         self.episode_ids = np.empty(B, dtype=np.int64)
         self.timesteps = np.empty(B, dtype=np.int64)
+        self.priorities = np.full(B, np.nan)
+        self.times_sampled = np.full(B, -1, dtype=np.int64)
         self._tensors = None
 
     @classmethod
@@ -166,6 +245,11 @@ class SampleBuffers:
             self.arrays[name] = self.bytes[name].view(c.dtype).reshape(self.batch_size, self.length, *c.shape)
         for f in ("keys", "probabilities", "weights", "mask", "episode_ids", "timesteps"):
             setattr(self, f, parts[f])
+        # a host that does not report them: NaN / -1 (see SampleBatch)
+        self.priorities = parts["priorities"] if "priorities" in parts else np.full(self.batch_size, np.nan)
+        self.times_sampled = (
+            parts["times_sampled"] if "times_sampled" in parts else np.full(self.batch_size, -1, dtype=np.int64)
+        )
         self._tensors = None
         return self
 
@@ -198,8 +282,20 @@ class SampleBuffers:
         dsrc = backend.output_module(self.tier).asarray(src) if self.on_device else src
         for a in self.bytes.values():
             a[...] = a[dsrc]
-        for a in (self.keys, self.probabilities, self.weights, self.mask, self.episode_ids, self.timesteps):
+        for a in self._item_arrays():
             a[...] = a[src]
+
+    def _item_arrays(self) -> tuple:
+        return (
+            self.keys,
+            self.probabilities,
+            self.weights,
+            self.mask,
+            self.episode_ids,
+            self.timesteps,
+            self.priorities,
+            self.times_sampled,
+        )
 
     def batch(self, table_size: int) -> SampleBatch:
         if self._tensors is None:
@@ -212,10 +308,12 @@ class SampleBuffers:
                 t(self.mask),
                 t(self.episode_ids),
                 t(self.timesteps),
+                t(self.priorities),
+                t(self.times_sampled),
             )
         elif self.on_device:
             from .gpu.streams import publish
 
             publish()  # gathered outside gather_stream(): order torch's stream after it
-        d, k, p, w, m, e, ts = self._tensors
-        return SampleBatch(d, k, p, w, m, e, ts, int(table_size), self.length)
+        d, k, p, w, m, e, ts, pr, n = self._tensors
+        return SampleBatch(d, k, p, w, m, e, ts, int(table_size), self.length, pr, n)

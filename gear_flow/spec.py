@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from .errors import SpecError
 
@@ -184,7 +185,7 @@ class TableSpec:
 DTYPE_KINDS = "biufc"
 
 
-def column_dtype(value, who: str = "column") -> np.dtype:
+def column_dtype(value: DTypeLike, who: str = "column") -> np.dtype:
     """``value`` as a numpy dtype a column may have, or :class:`SpecError` naming it and what is allowed.
 
     Examples

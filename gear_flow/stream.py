@@ -9,20 +9,34 @@ the learner takes the second batch after it (one training step on it, while
 the next is taken, is safe); pass ``copy=True`` to keep batches longer.
 
 It works as a ``torch.utils.data.IterableDataset`` (:meth:`Stream.dataset`,
-use ``DataLoader(ds, batch_size=None)``: batches are already batched) and is
-rank-aware: under ``torch.distributed`` (or given ``rank=``) each rank draws
-with its own seed, so ranks see independent batches of the same table.
+use ``DataLoader(ds, batch_size=None)``: batches are already batched), also
+with ``num_workers > 0`` for a distributed table (see
+:mod:`gear_flow.stream_loader`), and is rank-aware: under
+``torch.distributed`` (or given ``rank=``) each rank draws with its own seed,
+so ranks see independent batches of the same table.
+
+A stream is a context manager: leaving the ``with`` block stops its requests
+in flight and writes back the priorities given to
+:meth:`Stream.update_priorities`, which queues them in the background, in
+order, without blocking the learner (a :class:`~gear_flow.PriorityWriter`).
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .errors import SpecError
 from .sample import SampleBatch, SampleBuffers
+
+if TYPE_CHECKING:
+    from .stream_loader import StreamDataset
 
 
 def _dist_rank() -> tuple[int, int]:
@@ -58,6 +72,13 @@ class Stream:
         Per-request rate-limiter timeout.
     copy : bool
         Yield batches that own their memory.
+    as_tensordict : bool
+        Yield ``tensordict.TensorDict`` objects (:meth:`SampleBatch.to_tensordict
+        <gear_flow.SampleBatch.to_tensordict>`, TorchRL's key names) instead of
+        :class:`~gear_flow.SampleBatch` (needs the ``tensordict`` extra).
+    priority_backlog : int, optional
+        Priority writes (:meth:`update_priorities`) pending before the next
+        one waits; None (default): never wait.
 
     Examples
     --------
@@ -80,6 +101,8 @@ class Stream:
         world_size: int | None = None,
         timeout: float | None = None,
         copy: bool = False,
+        as_tensordict: bool = False,
+        priority_backlog: int | None = None,
     ):
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise SpecError(f"prefetch ({prefetch!r}) must be a positive integer")
@@ -98,13 +121,25 @@ class Stream:
         self.rank = r if rank is None else rank
         self.world_size = w if world_size is None else world_size
         self.seed = seed
+        self.priority_backlog = priority_backlog
+        self.as_tensordict = bool(as_tensordict)
+        if self.as_tensordict:
+            import tensordict  # noqa: F401  (fail here, not in the first batch)
         self._closed = False
+        self._iters: weakref.WeakSet = weakref.WeakSet()  # generators running, closed by close()
+        self._writer = None
+        self._writer_lock = threading.Lock()
 
     def _rngs(self):
         base = np.random.SeedSequence(None if self.seed is None else [self.seed, self.rank])
         return [np.random.default_rng(s) for s in base.spawn(self.prefetch)]
 
     def __iter__(self):
+        gen = self._batches()
+        self._iters.add(gen)
+        return gen
+
+    def _batches(self):
         # a remote table's batches arrive in fresh frames: reusable buffers would only add a copy
         fresh = getattr(self.table, "returns_fresh_batches", False)
         shards = getattr(self.table, "shards", None)  # a LocalTable: its buffers live on the shards' tier
@@ -146,7 +181,8 @@ class Stream:
                 batch: SampleBatch = pending.popleft().result()
                 if more():
                     submit()
-                yield _copy(batch) if self.copy else batch
+                batch = _copy(batch) if self.copy else batch
+                yield batch.to_tensordict() if self.as_tensordict else batch
         finally:
             for f in pending:
                 f.cancel()
@@ -155,20 +191,73 @@ class Stream:
             if flush is not None:  # samples served under an admission lease get counted now
                 flush()
 
+    def update_priorities(self, keys: ArrayLike, priorities: ArrayLike) -> None:
+        """Queue a priority update of the table; returns at once (see ``priority_backlog``).
+
+        Updates reach the table in the order they were made, from one
+        background thread; a failed one is raised by a later call or by
+        :meth:`close`.
+
+        Parameters
+        ----------
+        keys : array-like or torch.Tensor of int64
+            Copied now (a batch's keys alias buffers that later batches reuse).
+        priorities : array-like or torch.Tensor of float
+
+        Returns
+        -------
+        None
+        """
+        with self._writer_lock:
+            if self._writer is None:
+                from .writers import PriorityWriter
+
+                self._writer = PriorityWriter(self.table, backlog=self.priority_backlog)
+        self._writer.update(keys, priorities)
+
+    @property
+    def priority_writes(self) -> dict:
+        """``{"applied", "stale", "pending"}`` of the priority updates so far."""
+        w = self._writer
+        if w is None:
+            return {"applied": 0, "stale": 0, "pending": 0}
+        return {"applied": w.applied, "stale": w.stale, "pending": w.pending}
+
     def close(self) -> None:
+        """Stop: requests in flight are cancelled or awaited, queued priority updates written.
+
+        Call it from the thread that iterates (or after iterating).
+
+        Returns
+        -------
+        None
+        """
         self._closed = True
+        for gen in list(self._iters):
+            gen.close()  # runs the generator's cleanup: cancel what has not started, wait for the rest
+        if self._writer is not None:
+            self._writer.close(wait=True)
 
-    def dataset(self):
-        """This stream as a ``torch.utils.data.IterableDataset`` (use ``batch_size=None``)."""
-        import torch.utils.data
+    def __enter__(self) -> Stream:
+        return self
 
-        stream = self
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
 
-        class StreamDataset(torch.utils.data.IterableDataset):
-            def __iter__(self):
-                return iter(stream)
+    def dataset(self) -> StreamDataset:
+        """This stream as a ``torch.utils.data.IterableDataset`` (use ``DataLoader(ds, batch_size=None)``).
 
-        return StreamDataset()
+        With ``num_workers > 0`` (distributed tables only) every loader worker
+        attaches its own handle and draws with its own seed; together they
+        yield ``num_batches`` batches.  See :mod:`gear_flow.stream_loader`.
+
+        Returns
+        -------
+        torch.utils.data.IterableDataset
+        """
+        from .stream_loader import StreamDataset
+
+        return StreamDataset(self)
 
 
 def _copy(b: SampleBatch) -> SampleBatch:
@@ -182,4 +271,6 @@ def _copy(b: SampleBatch) -> SampleBatch:
         b.timesteps.clone(),
         b.table_size,
         b.length,
+        None if b.priorities is None else b.priorities.clone(),
+        None if b.times_sampled is None else b.times_sampled.clone(),
     )

@@ -14,8 +14,11 @@ import logging
 from collections.abc import Mapping
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .errors import InvalidDataError, SpecError, TableClosedError
+from .table.results import InsertResult
+from .writers.buffer import StepBuffer, check_step
 
 logger = logging.getLogger(__name__)
 
@@ -57,12 +60,15 @@ class EpisodeWriter:
         self.max_episode_length = max_episode_length
         self.shard = shard
         self.timeout = timeout
-        self._buf = {c.name: np.empty((64, *c.shape), dtype=c.dtype) for c in self.spec.columns}
+        self._rows = StepBuffer(self.spec)
         self._prio: list[float] | None = None
-        self._n = 0
         self._closed = False
         #: (episode_id, length, truncated) of every episode this writer ended
         self.ended: list[tuple[int, int, bool]] = []
+
+    @property
+    def _n(self) -> int:
+        return self._rows.n
 
     @property
     def pending(self) -> int:
@@ -88,26 +94,7 @@ class EpisodeWriter:
             # an automatic end failed earlier: insert that episode first, so that no
             # episode ever exceeds max_episode_length (raises again, appending nothing)
             self.end_episode(truncated=True)
-        names = set(self.spec.names)
-        if set(step) != names:
-            raise InvalidDataError(
-                f"step columns {sorted(step)} do not match the table's {sorted(names)}; nothing was appended"
-            )
-        vals = {}
-        for c in self.spec.columns:
-            try:
-                v = np.asarray(step[c.name])
-            except (TypeError, ValueError) as e:  # ragged nesting etc.: report as bad data
-                raise InvalidDataError(f"step column {c.name!r}: cannot be read as an array ({e})") from None
-            if v.dtype.kind not in "biufc":
-                raise InvalidDataError(f"step column {c.name!r}: dtype {v.dtype} is not numeric; nothing was appended")
-            if v.shape != c.shape:
-                raise InvalidDataError(
-                    f"step column {c.name!r}: shape {v.shape} must be {c.shape}; nothing was appended"
-                )
-            if not np.can_cast(v.dtype, c.dtype, "same_kind"):
-                raise InvalidDataError(f"step column {c.name!r}: dtype {v.dtype} cannot be stored as {c.dtype}")
-            vals[c.name] = v
+        vals = check_step(self.spec, step)
         if priority is not None:
             try:
                 p = float(priority)
@@ -117,22 +104,15 @@ class EpisodeWriter:
                 from .errors import InvalidPriorityError
 
                 raise InvalidPriorityError(self._n, p)
-        if self._n == len(self._buf[self.spec.columns[0].name]):
-            for k, a in self._buf.items():
-                b = np.empty((2 * len(a), *a.shape[1:]), dtype=a.dtype)
-                b[: self._n] = a[: self._n]
-                self._buf[k] = b
-        for k, v in vals.items():
-            self._buf[k][self._n] = v
         if priority is not None or self._prio is not None:
             if self._prio is None:
                 self._prio = [None] * self._n
             self._prio.append(priority)
-        self._n += 1
+        self._rows.append(vals)
         if self.max_episode_length is not None and self._n >= self.max_episode_length:
             self.end_episode(truncated=True)
 
-    def end_episode(self, priorities=None, truncated: bool = False):
+    def end_episode(self, priorities: ArrayLike | float | None = None, truncated: bool = False) -> InsertResult | None:
         """Insert the buffered steps as one episode; returns the table's InsertResult.
 
         ``priorities`` (per item) overrides those given to ``append``.  On
@@ -141,7 +121,7 @@ class EpisodeWriter:
         """
         if self._n == 0:
             return None
-        ep = {k: a[: self._n] for k, a in self._buf.items()}
+        ep = self._rows.rows(self._n)
         if priorities is None and self._prio is not None:
             if self.spec.item_unit == "step":
                 default = max([p for p in self._prio if p is not None], default=1.0)
@@ -150,13 +130,14 @@ class EpisodeWriter:
                 priorities = max(p for p in self._prio if p is not None)
         res = self.table.insert(ep, priorities, timeout=self.timeout, shard=self.shard)
         self.ended.append((int(res.episode_ids[0]), self._n, truncated))
-        self._n = 0
+        self._rows.clear()
         self._prio = None
         return res
 
     def discard(self) -> int:
         """Drop the buffered steps; returns how many were dropped."""
-        n, self._n, self._prio = self._n, 0, None
+        n, self._prio = self._n, None
+        self._rows.clear()
         return n
 
     def close(self) -> None:

@@ -8,15 +8,15 @@
 2. Runs actor tasks on the workers (``--actors-per-worker``).  Each plays
    CartPole-v1 epsilon-greedily with the latest published Q-network (NumPy
    weights, refreshed every ``--refresh-every`` steps) and streams its steps
-   through ``table.writer()`` into its own worker's shard.  Rows follow
+   through a ``gf.TrajectoryWriter`` into its own worker's shard.  Rows follow
    :mod:`dqn`'s layout (one row per transition plus a row holding the final
    observation); an episode is written in chunks of ``--chunk`` rows that
    overlap by one row, each chunk one insert, sampleable once inserted.
 3. The learner (this process, an external learner) iterates a ``gf.Stream``
    of ``n + 1``-step windows (``boundary="pad_tail"``), trains a double DQN
    with n-step returns and a target network, importance weights with beta
-   annealed 0.4 → 1, writes ``|TD| + eps`` back as priorities (in the
-   background, in order) and publishes its weights through Dask
+   annealed 0.4 → 1, writes ``|TD| + eps`` back as priorities (a
+   ``gf.PriorityWriter``: in the background, in order) and publishes its weights through Dask
    (``client.scatter`` + a ``distributed.Variable`` holding the future and a
    version number).
 4. Stops the actors with a ``distributed.Event`` (each discards its pending,
@@ -40,15 +40,11 @@ inserts small and alike, the buffer tight and the actors' policies fresh.
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 import os
 import sys
 import time
 import uuid
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
@@ -57,6 +53,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dqn import numpy_q  # noqa: E402  (the actors' policy; the learner imports the rest)
+from online_args import error_buffer_for, parse_args  # noqa: E402,F401  (error_buffer_for: part of this script's API)
 
 ENV_ID = "CartPole-v1"
 
@@ -65,8 +62,8 @@ ENV_ID = "CartPole-v1"
 def actor(table_name: str, actor_id: int, cfg: dict) -> dict:
     """Play episodes with the latest weights and stream them into this worker's shard until stopped.
 
-    Rows go through ``table.writer(max_episode_length=chunk)``: a long episode
-    is written as chunks of at most ``chunk`` rows, each one insert (the
+    Rows go through a :class:`gear_flow.TrajectoryWriter`: a long episode is
+    written as chunks of at most ``chunk`` rows, each one insert (the
     limiter's unit of admission).  Consecutive chunks overlap by one row: a
     chunk's last row is its bootstrap state (its own item is no transition)
     and the next chunk's first transition, so no transition and no n-step
@@ -79,14 +76,14 @@ def actor(table_name: str, actor_id: int, cfg: dict) -> dict:
     import gymnasium as gym
     from distributed import Event, Variable, get_worker
 
-    from gear_flow import RateLimitTimeout
-    from gear_flow.distributed import DistributedTable
+    from gear_flow import DistributedTable, RateLimitTimeout, TrajectoryWriter
 
     table = DistributedTable.attach(table_name)  # inserts go to this worker's own shards
     weights_var, stop = Variable(cfg["weights"]), Event(cfg["stop"])
     env = gym.make(cfg["env_id"])
     rng = np.random.default_rng(cfg["seed"] + 1000 * actor_id)
-    writer = table.writer(max_episode_length=cfg["chunk"], timeout=cfg["insert_timeout"])
+    # chunks of `chunk` rows sharing one row: a chunk's last row opens the next one
+    writer = TrajectoryWriter(table, cfg["chunk"], overlap=1, timeout=cfg["insert_timeout"])
     st = {"steps": 0, "inserts": 0, "wait_s": 0.0, "max_wait_s": 0.0, "discarded_rows": 0, "versions": set()}
     key, params, version = None, None, -1
 
@@ -102,10 +99,10 @@ def actor(table_name: str, actor_id: int, cfg: dict) -> dict:
         return True
 
     def insert(call) -> bool:
-        """Run ``call`` (an append that may end a chunk, or end_episode), retrying while the limiter
-        holds the insert back (the rows stay buffered); discard them when stopped."""
+        """Run ``call`` (an append that may insert a chunk, or end_episode), retrying while the limiter
+        holds the chunk back (it stays buffered, the append is not made); discard the rows when stopped."""
         t0 = time.perf_counter()
-        before = len(writer.ended)
+        before = len(writer.chunks)
         while True:
             try:
                 call()
@@ -114,10 +111,9 @@ def actor(table_name: str, actor_id: int, cfg: dict) -> dict:
                 if stop.is_set():
                     st["discarded_rows"] += writer.discard()
                     return False
-                call = writer.end_episode  # the failed insert's rows are buffered: insert them
-        if len(writer.ended) > before:
+        if len(writer.chunks) > before:
             dt = time.perf_counter() - t0
-            st["inserts"] += len(writer.ended) - before
+            st["inserts"] += len(writer.chunks) - before
             st["wait_s"] += dt
             st["max_wait_s"] = max(st["max_wait_s"], dt)
         return True
@@ -136,8 +132,6 @@ def actor(table_name: str, actor_id: int, cfg: dict) -> dict:
             nxt, r, term, trunc, _ = env.step(a)
             row = {"obs": obs, "action": a, "reward": r, "terminated": term, "truncated": trunc}
             running = insert(partial(writer.append, row))
-            if running and writer.pending == 0:  # the row completed a chunk: it also opens the next one
-                writer.append(row)
             st["steps"] += 1
             ep_return += float(r)
             ep_len += 1
@@ -179,25 +173,31 @@ class Publisher:
 class Learner:
     """Double DQN on the table's batches; priorities and weights go out in the background, in order.
 
-    The learner never waits for its writes unless more than ``backlog`` are
-    pending, so it runs at most that many updates ahead of its priorities.
+    Writes go through a :class:`gear_flow.PriorityWriter`: the learner never
+    waits for them unless more than ``backlog`` are pending, so it runs at
+    most that many updates ahead of its priorities.
     """
 
     def __init__(self, table, publisher: Publisher, obs_dim: int, num_actions: int, args, backlog: int = 8):
         import dqn
         import torch
 
-        self.table, self.publisher, self.args, self.backlog = table, publisher, args, backlog
+        import gear_flow as gf
+
+        self.table, self.publisher, self.args = table, publisher, args
         hidden = (args.hidden, args.hidden)
         self.online = dqn.q_network(obs_dim, num_actions, hidden)
         self.target = dqn.q_network(obs_dim, num_actions, hidden)
         self.target.load_state_dict(self.online.state_dict())
         self.opt = torch.optim.Adam(self.online.parameters(), lr=args.lr)
-        self.comm = ThreadPoolExecutor(1, thread_name_prefix="online-dqn-comm")
-        self.pending = deque()
+        self.writes = gf.PriorityWriter(table, backlog=backlog)
         self.updates, self.losses = 0, []
-        self.priorities = {"applied": 0, "stale": 0}
         publisher.publish(self.params())
+
+    @property
+    def priorities(self) -> dict:
+        """Priority writes applied, and ignored because their item was evicted meanwhile."""
+        return {"applied": self.writes.applied, "stale": self.writes.stale}
 
     def params(self) -> list[np.ndarray]:
         import dqn
@@ -218,89 +218,27 @@ class Learner:
         self.losses.append(loss.item())
         # items that start no transition (a chunk's last row) get priority 0: never drawn again
         prios = torch.where(valid, td.abs() + a.priority_eps, torch.zeros_like(td)).numpy().astype(np.float64)
-        self._submit(self.table.update_priorities, batch.keys.numpy().copy(), prios)  # keys alias reused buffers
+        self.writes.update(batch.keys, prios)  # copies the keys (they alias reused buffers)
         if self.updates % a.target_every == 0:
             self.target.load_state_dict(self.online.state_dict())
         if self.updates % a.publish_every == 0:
-            self._submit(self.publisher.publish, self.params())
-        while self.pending and (self.pending[0].done() or len(self.pending) > self.backlog):
-            self._collect(self.pending.popleft())
+            self.writes.call(self.publisher.publish, self.params())
         return self.losses[-1]
-
-    def _submit(self, fn, *args):
-        self.pending.append(self.comm.submit(fn, *args))
-
-    def _collect(self, fut):
-        r = fut.result()  # raises a failed write here
-        if r is not None:
-            self.priorities["applied"] += r.applied
-            self.priorities["stale"] += r.stale
 
     def drain(self) -> None:
         """Wait for every pending write; stop the background thread."""
-        while self.pending:
-            self._collect(self.pending.popleft())
-        self.comm.shutdown(wait=True)
+        self.writes.close(wait=True)
 
     def close(self) -> None:
-        self.comm.shutdown(wait=True, cancel_futures=True)
-
-
-def error_buffer_for(spi: float, batch_size: int, max_insert: int) -> float:
-    """An error buffer with which neither actors nor learner can stall.
-
-    Once sampling runs, progress needs ``max_diff - min_diff >= max_insert *
-    spi + batch_size`` (else some state admits neither the sample nor the
-    largest insert); before it starts, the insert that crosses
-    ``min_size_to_sample`` needs ``error_buffer >= (max_insert - 1) * spi``.
-    ``max_insert * spi + batch_size`` satisfies both.
-    """
-    return float(math.ceil(max_insert * spi + batch_size))
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default="runs/online_dqn", help="run directory (plot, summary)")
-    p.add_argument("--scheduler", default=None, help="existing scheduler address (default: embedded LocalCluster)")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--actors-per-worker", type=int, default=2)
-    p.add_argument("--env-steps", type=int, default=40_000, help="env steps the learner's updates are paced for")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--samples-per-insert", type=float, default=16.0, help="times each row is sampled on average")
-    p.add_argument("--min-size", type=int, default=1000, help="rows before sampling starts")
-    p.add_argument("--capacity", type=int, default=25_000, help="rows per shard (FIFO replay)")
-    p.add_argument("--chunk", type=int, default=64, help="rows per insert (0: whole episodes, one insert each)")
-    p.add_argument("--n-step", type=int, default=3)
-    p.add_argument("--gamma", type=float, default=0.99)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--target-every", type=int, default=250, help="updates between target-network copies")
-    p.add_argument("--publish-every", type=int, default=50, help="updates between weight publications")
-    p.add_argument("--refresh-every", type=int, default=50, help="actor steps between weight refreshes")
-    p.add_argument("--eps-decay-steps", type=int, default=10_000)
-    p.add_argument("--eps-final", type=float, default=0.05)
-    p.add_argument("--alpha", type=float, default=0.6)
-    p.add_argument("--beta", type=float, default=0.4, help="initial IS exponent, annealed to 1")
-    p.add_argument("--priority-eps", type=float, default=1e-3)
-    p.add_argument("--eval-every", type=int, default=1000, help="updates between evaluations")
-    p.add_argument("--eval-episodes", type=int, default=5)
-    p.add_argument("--random-episodes", type=int, default=20)
-    p.add_argument("--trace-every", type=int, default=250, help="updates between records of the limiter's counters")
-    p.add_argument("--prefetch", type=int, default=2)
-    p.add_argument("--timeout", type=float, default=120.0, help="seconds a sample may wait for the actors")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-progress", action="store_true")
-    args = p.parse_args(argv)
-    if args.chunk and args.chunk < args.n_step + 1:
-        p.error(f"--chunk ({args.chunk}) must be 0 (whole episodes) or at least n_step + 1 = {args.n_step + 1}")
-    return args
+        self.writes.close(wait=False)
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
+    args = parse_args(argv, __doc__)
 
     import dqn
     import gymnasium as gym
+    import online_report as report
     import torch
     from distributed import Client, Event, LocalCluster
     from tqdm import tqdm
@@ -328,7 +266,11 @@ def main(argv=None) -> dict:
     cluster = None
     if args.scheduler:
         client = Client(args.scheduler)
-        for f in ("dqn.py", "online_dqn.py"):  # the actors' code, for workers that lack pipelines/ on their path
+        for f in (
+            "dqn.py",
+            "online_dqn.py",
+            "online_report.py",
+        ):  # the actors' code, for workers that lack pipelines/ on their path
             client.upload_file(str(Path(__file__).resolve().parent / f))
     else:
         cluster = LocalCluster(
@@ -381,20 +323,8 @@ def main(argv=None) -> dict:
         evals, trace = [], []
 
         def record():
-            info = table.info()
-            rl, t = info["rate_limiter"], info["totals"]
-            env_steps = t["inserted_steps"] - t["inserted_episodes"]  # each insert has one row more than transitions
-            trace.append(
-                {
-                    "update": learner.updates,
-                    "env_steps": env_steps,
-                    "inserts": rl["inserts"],
-                    "samples": rl["samples"],
-                    "diff": rl["inserts"] * spi - rl["samples"],
-                    "size": info["size"],
-                }
-            )
-            return env_steps
+            trace.append(report.trace_point(table.info(), learner.updates, spi))
+            return trace[-1]["env_steps"]
 
         # warm-up: the actors fill the table to min_size (polled, so that a failing actor shows at once)
         while table.info()["coordinator_size"] < args.min_size:
@@ -454,134 +384,15 @@ def main(argv=None) -> dict:
         if cluster is not None:
             cluster.close()
 
-    summary = _summary(args, info, evals, trace, results, learner, rand, error_buffer, chunk, status)
+    summary = report.summary(ENV_ID, args, info, evals, trace, results, learner, rand, error_buffer, chunk, status)
     summary["wall_s"] = time.perf_counter() - t_run
     summary["updates_per_s"] = learner.updates / max(learn_s, 1e-9)
     plot = out / "training.png"
-    _plot(plot, evals, results, learner.losses, summary)
+    report.plot(plot, evals, results, learner.losses, summary)
     summary["plot"] = str(plot)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float))
-    _print(summary, out)
+    report.print_summary(summary, out)
     return summary
-
-
-def _summary(args, info, evals, trace, results, learner, rand, error_buffer, chunk, status) -> dict:
-    spi = args.samples_per_insert
-    rl, totals = info["rate_limiter"], info["totals"]
-    inserts = max(1, rl["inserts"])
-    losses = learner.losses
-    return {
-        "env_id": ENV_ID,
-        "eval_return": evals[-1][2],
-        "eval_return_std": evals[-1][3],
-        "best_eval_return": max(e[2] for e in evals),
-        "random_return": float(np.mean(rand)),
-        "random_return_std": float(np.std(rand)),
-        "evals": [dict(zip(("env_steps", "updates", "mean", "std"), e)) for e in evals],
-        "env_steps": int(totals["inserted_steps"] - totals["inserted_episodes"]),
-        "episodes": sum(len(r["episodes"]) for r in results),
-        "learner_updates": learner.updates,
-        "first_loss": float(np.mean(losses[:50])),
-        "last_loss": float(np.mean(losses[-50:])),
-        "loss_finite": bool(np.all(np.isfinite(losses))),
-        "priorities": dict(learner.priorities),
-        "rate": {
-            "samples_per_insert": spi,
-            "observed": rl["samples"] / inserts,
-            # samples / inserts that the limiter allows at the final insert count
-            "allowed": (spi - rl["max_diff"] / inserts, spi - rl["min_diff"] / inserts),
-            "error_buffer": error_buffer,
-            "min_size_to_sample": rl["min_size_to_sample"],
-            "min_diff": rl["min_diff"],
-            "max_diff": rl["max_diff"],
-            "largest_insert": chunk,
-            "inserts": rl["inserts"],
-            "samples": rl["samples"],
-            "trace": trace,
-        },
-        "table": {
-            "size": info["size"],
-            "coordinator_size": info["coordinator_size"],
-            "inserts": int(totals["inserted_episodes"]),
-            "totals": totals,
-            "shards": [
-                {k: s[k] for k in ("shard", "worker", "size", "inserted", "inserted_episodes", "sampled", "evicted")}
-                for s in info["shards"]
-            ],
-        },
-        "actors": [{k: v for k, v in r.items() if k != "episodes"} | {"episodes": len(r["episodes"])} for r in results],
-        "actor_status": status["actors"],
-        "tasks_left": status["tasks_left"],
-        "insert_wait_s": {
-            "mean": sum(r["wait_s"] for r in results) / max(1, sum(r["inserts"] for r in results)),
-            "max": max(r["max_wait_s"] for r in results),
-        },
-        "args": vars(args),
-    }
-
-
-def _print(s: dict, out: Path) -> None:
-    r, t = s["rate"], s["table"]
-    a = s["args"]
-    workers = len({x["worker"] for x in s["actors"]})
-    print(
-        f"\nsummary ({s['env_id']}, {s['wall_s']:.0f} s): greedy eval return {s['eval_return']:.1f} "
-        f"± {s['eval_return_std']:.1f} over {a['eval_episodes']} episodes (best {s['best_eval_return']:.1f}); "
-        f"random policy {s['random_return']:.1f} ± {s['random_return_std']:.1f} ({a['random_episodes']} episodes)\n"
-        f"  {s['env_steps']} env steps in {s['episodes']} episodes from {len(s['actors'])} actors on {workers} "
-        f"workers; {s['learner_updates']} learner updates ({s['updates_per_s']:.0f}/s), "
-        f"loss {s['first_loss']:.3f} -> {s['last_loss']:.3f}\n"
-        f"  samples/insert {r['observed']:.2f}: target {r['samples_per_insert']:g}, allowed now "
-        f"[{r['allowed'][0]:.2f}, {r['allowed'][1]:.2f}] (error buffer {r['error_buffer']:g} for inserts of "
-        f"<= {r['largest_insert']} rows; diff {r['trace'][-1]['diff']:.0f} in [{r['min_diff']:g}, {r['max_diff']:g}])\n"
-        f"  inserts waited {s['insert_wait_s']['mean'] * 1e3:.0f} ms on average (max {s['insert_wait_s']['max']:.1f} s); "
-        f"rows per actor {[x['steps'] for x in s['actors']]}\n"
-        f"  priorities updated {s['priorities']['applied']} (stale {s['priorities']['stale']}); table {t['size']} "
-        f"rows (coordinator {t['coordinator_size']}) on shards {[x['size'] for x in t['shards']]}, inserted "
-        f"{t['totals']['inserted']} in {t['inserts']} inserts, evicted {t['totals']['evicted']}, "
-        f"sampled {t['totals']['sampled']}\n"
-        f"plot: {s['plot']}\nsummary: {out / 'summary.json'}"
-    )
-
-
-def _plot(path: Path, evals, results, losses, summary) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    # actors' episodes in wall-clock order: cumulative length approximates the global env step
-    eps = sorted(e for r in results for e in r["episodes"])
-    if eps:
-        x = np.cumsum([e[2] for e in eps])
-        y = np.array([e[1] for e in eps])
-        k = max(1, min(20, len(y) // 10))
-        a1.plot(
-            x[k - 1 :],
-            np.convolve(y, np.ones(k) / k, mode="valid"),
-            color="tab:blue",
-            alpha=0.5,
-            label=f"actors (mean of {k})",
-        )
-    a1.errorbar(
-        [e[0] for e in evals],
-        [e[2] for e in evals],
-        yerr=[e[3] for e in evals],
-        marker="o",
-        color="tab:red",
-        label="greedy eval",
-    )
-    a1.axhline(summary["random_return"], color="gray", ls="--", label="random policy")
-    a1.set(xlabel="env steps", ylabel="episode return", title=f"{summary['env_id']}: return")
-    a1.legend(loc="lower right")
-    k = max(1, len(losses) // 100)
-    sm = np.convolve(losses, np.ones(k) / k, mode="valid")
-    a2.plot(np.arange(len(sm)) + k, sm)
-    a2.set(xlabel="learner update", ylabel="Huber TD loss (IS weighted)", title="loss", yscale="log")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     debug = args.debug or os.environ.get("GEAR_FLOW_DEBUG", "") not in ("", "0")
     if not debug and args.cmd != "local":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import errno
 import json
 import os
@@ -11,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-from ..resources import advertised
 from ..spec import column_dtype
 from .connect import attach, connect, local_security, table_names
 from .errors import CLIError
@@ -37,9 +37,10 @@ def _check_port_free(host: str, port: int, what: str) -> None:
             ) from None
 
 
-def cmd_local(args) -> int:
+def cmd_local(args: argparse.Namespace) -> int:
     from distributed import Client, LocalCluster
 
+    from ..dashboard import GearFlowDashboard
     from ..deploy.net import http_address, join_host_port
     from ..distributed.coordinator import GearFlowCoordinator
     from ..distributed.preload import worker_plugin
@@ -80,11 +81,12 @@ def cmd_local(args) -> int:
         with Client(cluster, security=sec) as client:
             client.register_plugin(GearFlowCoordinator())
             client.register_plugin(worker_plugin())
+            client.register_plugin(GearFlowDashboard())  # the /gear-flow page (none without the dashboard)
             if args.scheduler_file:
                 Path(args.scheduler_file).write_text(json.dumps({"address": cluster.scheduler_address}))
             print(f"gear-flow local: scheduler at {cluster.scheduler_address}", flush=True)
             if cluster.dashboard_link and not args.no_dashboard:
-                print(f"gear-flow local: dashboard at {cluster.dashboard_link}", flush=True)
+                print(f"gear-flow local: dashboard at {cluster.dashboard_link} (tables: /gear-flow)", flush=True)
             print(f"gear-flow local: {args.workers} worker(s) x {args.threads} thread(s)"
                   + (f", resources {resources}" if resources else "") + "; Ctrl-C stops it", flush=True)  # fmt: skip
             while not stop:
@@ -97,7 +99,7 @@ def cmd_local(args) -> int:
     return 0
 
 
-def cmd_list(args) -> int:
+def cmd_list(args: argparse.Namespace) -> int:
     with connect(args) as client:
         names = table_names(client)
         for n in names:
@@ -108,18 +110,17 @@ def cmd_list(args) -> int:
     return 0
 
 
-def cmd_info(args) -> int:
+def cmd_info(args: argparse.Namespace) -> int:
     with connect(args) as client:
         info = attach(client, args.table).info()
         print(json.dumps(info, indent=2, default=str) if args.json else format_info(info))
     return 0
 
 
-def cmd_create(args) -> int:
+def cmd_create(args: argparse.Namespace) -> int:
     from .. import rate_limiters, selectors
     from ..distributed import DistributedTable
-    from ..distributed.api import workers_with_resource
-    from ..resources import check_resources
+    from ..parsing import default_num_shards
     from ..spec import TableSpec
 
     doc = load_table_file(args.spec) if args.spec else {"spec": {}}
@@ -151,14 +152,8 @@ def cmd_create(args) -> int:
     if args.degraded:
         opts["degraded"] = True
     with connect(args) as client:
-        if "num_shards" not in spec:  # default: one shard per worker it can go on
-            if opts.get("workers"):
-                spec["num_shards"] = len(opts["workers"])
-            elif opts.get("resources"):
-                check_resources(client, opts["resources"])  # a clear error when no worker has it
-                spec["num_shards"] = len(workers_with_resource(client, opts["resources"]))
-            else:
-                spec["num_shards"] = max(1, len(advertised(client)))
+        if "num_shards" not in spec:  # one shard per worker it can go on
+            spec["num_shards"] = default_num_shards(client, opts.get("workers"), opts.get("resources"))
         spec.setdefault("item_unit", "step")
         spec.setdefault("max_size", None)
         kw = {k: opts[k] for k in ("name", "boundary", "tier", "routing", "timeout", "resources", "workers",
@@ -184,7 +179,7 @@ def _check_sources(sources: list[str], fmt: str | None) -> None:
         )
 
 
-def cmd_ingest(args) -> int:
+def cmd_ingest(args: argparse.Namespace) -> int:
     from ..ingest import ingest
     from ..ingest.columns import parse_columns
 
@@ -205,7 +200,7 @@ def cmd_ingest(args) -> int:
         return 0 if rep.ok else 1
 
 
-def cmd_sample(args) -> int:
+def cmd_sample(args: argparse.Namespace) -> int:
     with connect(args) as client:
         table = attach(client, args.table)
         t0 = time.perf_counter()
@@ -220,14 +215,14 @@ def cmd_sample(args) -> int:
     return 0
 
 
-def cmd_drop(args) -> int:
+def cmd_drop(args: argparse.Namespace) -> int:
     with connect(args) as client:
         attach(client, args.table).close(drop=True)
         print(f"dropped table {args.table!r}")
     return 0
 
 
-def cmd_checkpoint(args) -> int:
+def cmd_checkpoint(args: argparse.Namespace) -> int:
     with connect(args) as client:
         r = attach(client, args.table).checkpoint(args.path)
         print(f"checkpoint of {args.table!r} written to {r['path']}: {r.get('bytes', 0) / 1e6:.1f} MB in "
@@ -235,7 +230,7 @@ def cmd_checkpoint(args) -> int:
     return 0
 
 
-def cmd_restore_shard(args) -> int:
+def cmd_restore_shard(args: argparse.Namespace) -> int:
     with connect(args) as client:
         table = attach(client, args.table)
         report = table.restore_shard(args.shard, args.path, worker=args.worker, replace=args.replace)
@@ -245,7 +240,7 @@ def cmd_restore_shard(args) -> int:
     return 0
 
 
-def cmd_bench(args) -> int:
+def cmd_bench(args: argparse.Namespace) -> int:
     if args.which == "table":
         return _bench_table(args)
     script = Path(__file__).resolve().parents[2] / "pipelines" / f"bench_{args.which}.py"

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import CLIError, first_line
 
+if TYPE_CHECKING:
+    from distributed import Client
+    from distributed.security import Security
 
-def security_from_args(args, role: str = "client"):
+    from ..distributed import DistributedTable
+
+
+def security_from_args(args: argparse.Namespace, role: str = "client") -> Security | None:
     """A ``distributed.Security`` from --tls-dir / --tls-* flags, or None (Dask's configuration decides)."""
     from distributed import Security
 
@@ -27,7 +35,7 @@ def security_from_args(args, role: str = "client"):
     )
 
 
-def local_security(tls_dir):
+def local_security(tls_dir: str | Path | None) -> Security | None:
     """Security for all three roles of a local cluster from a make_certs.py folder (None without one)."""
     from distributed import Security
 
@@ -43,7 +51,7 @@ def local_security(tls_dir):
     return Security(require_encryption=True, **{k: str(v) for k, v in files.items()})
 
 
-def connect(args):
+def connect(args: argparse.Namespace) -> Client:
     """A Client for --scheduler / --scheduler-file (default: Dask's ``scheduler-address`` setting).
 
     Every way this fails (no address, TLS on one side only, nothing listening, a refused
@@ -94,7 +102,7 @@ def connect(args):
         ) from e
 
 
-def table_names(client) -> list[str]:
+def table_names(client: Client) -> list[str]:
     """Names of the tables registered with the scheduler ([] when gear_flow is not set up there yet)."""
 
     from ..distributed.transport import Context, coord
@@ -108,7 +116,7 @@ def table_names(client) -> list[str]:
         return []
 
 
-def attach(client, name: str):
+def attach(client: Client, name: str) -> DistributedTable:
     """The table ``name``, or a :class:`CLIError` listing the tables there are."""
     from ..distributed import DistributedTable
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
-from ..spec import column_dtype
+from ..parsing import parse_columns, parse_kind  # noqa: F401  (part of this module's API)
 from .errors import CLIError
 
 
@@ -53,36 +52,7 @@ def format_rows(rows: list[dict], cols: list[str]) -> list[str]:
     return out
 
 
-# -- parsing helpers ------------------------------------------------------------------------------
-_COLUMN = re.compile(
-    r"^\s*(?P<name>[A-Za-z_][\w.-]*)\s*:\s*(?P<dtype>[A-Za-z0-9_]+)\s*(?:\[(?P<shape>[\d,\s]*)\])?\s*$"
-)
-
-
-def parse_columns(text: str) -> list[dict]:
-    """``"obs:float32[4],action:int64,done:bool"`` → column dicts of :meth:`TableSpec.from_dict`."""
-    cols = []
-    for part in re.split(r",(?![^\[]*\])", text):
-        m = _COLUMN.match(part)
-        if not m:
-            raise ValueError(f"column {part.strip()!r} must look like NAME:DTYPE or NAME:DTYPE[D1,D2,...]")
-        shape = [int(s) for s in (m["shape"] or "").replace(" ", "").split(",") if s]
-        cols.append({"name": m["name"], "shape": shape, "dtype": column_dtype(m["dtype"], f"column {m['name']!r}").str})
-    return cols
-
-
-def parse_kind(text: str) -> dict:
-    """``"prioritized:alpha=0.6,beta=0.4"`` → ``{"kind": "prioritized", "params": {"alpha": 0.6, ...}}``."""
-    import yaml
-
-    kind, _, rest = text.partition(":")
-    params = {}
-    for item in filter(None, re.split(r",(?![^\[]*\])", rest)):
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ValueError(f"{item!r} in {text!r} must be KEY=VALUE")
-        params[key.strip()] = yaml.safe_load(value)
-    return {"kind": kind.strip(), "params": params}
+# -- parsing: the library's (gear_flow.parsing), re-exported for the CLI's users
 
 
 def load_table_file(path: str) -> dict:

@@ -36,10 +36,11 @@ rows, episodes of one Parquet file); every episode lies in exactly one partition
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from .. import config
 from ..errors import DatasetError, InvalidDataError, SpecError
@@ -53,13 +54,13 @@ DERIVED: tuple[str, ...] = ("rtg", "timestep")
 
 
 def episode_columns(
-    obs_dim,
-    action_dtype=np.int64,
-    action_shape=(),
+    obs_dim: int | tuple[int, ...] | Mapping[str, int | tuple[int, ...]],
+    action_dtype: DTypeLike = np.int64,
+    action_shape: tuple[int, ...] = (),
     *,
     derived: bool = True,
     next_obs: bool = False,
-    float_dtype=np.float32,
+    float_dtype: DTypeLike = np.float32,
 ) -> tuple[ColumnSpec, ...]:
     """The columns of the canonical episode, for a :class:`~gear_flow.TableSpec`.
 

@@ -16,6 +16,8 @@ integer action column.  Partitions are row ranges of ``chunk_episodes`` whole ep
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -163,14 +165,14 @@ FORMAT = Format("d4rl", plan, read)
 
 
 def read_d4rl(
-    path,
+    path: str | os.PathLike,
     *,
     gamma: float | None = None,
     strict: bool | None = None,
     chunk_episodes: int | None = None,
     next_obs: bool = False,
     max_episode_steps: int | None = None,
-):
+) -> Iterator[dict]:
     """Yield the canonical episodes of a D4RL-style flat HDF5 file, in file order.
 
     Parameters

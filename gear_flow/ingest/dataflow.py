@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,20 +29,27 @@ from .common import Format, Plan, check_table_columns, parse_partition, resolve
 from .formats import FORMATS, detect_format
 from .report import IngestReport, build_report, stored_summary
 
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from ..distributed import DistributedTable
+    from ..table import LocalTable
+    from .columns import ColumnMap
+
 
 def ingest(
-    table,
-    source,
+    table: LocalTable | DistributedTable,
+    source: str | os.PathLike | Sequence[str | os.PathLike],
     fmt: str | None = None,
     *,
     gamma: float | None = None,
     strict: bool | None = None,
     chunk_episodes: int | None = None,
     frame_backend: str | None = None,
-    columns=None,
+    columns: ColumnMap | None = None,
     max_episode_steps: int | None = None,
     timeout: float | None = None,
-    client=None,
+    client: Client | None = None,
 ) -> IngestReport:
     """Read an offline dataset into a table, all or nothing.
 

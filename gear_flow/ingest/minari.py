@@ -23,7 +23,9 @@ are chunks of consecutive episodes.
 from __future__ import annotations
 
 import json
+import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import DatasetError
@@ -166,13 +168,13 @@ FORMAT = Format("minari", plan, read)
 
 
 def read_minari(
-    path,
+    path: str | os.PathLike,
     *,
     gamma: float | None = None,
     strict: bool | None = None,
     chunk_episodes: int | None = None,
     next_obs: bool = False,
-):
+) -> Iterator[dict]:
     """Yield the canonical episodes of a Minari dataset, in episode order.
 
     Parameters

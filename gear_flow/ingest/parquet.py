@@ -33,7 +33,9 @@ back as NumPy arrays: the table's tiers decide where rows live, not the reader.
 from __future__ import annotations
 
 import glob
+import os
 import re
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -272,7 +274,7 @@ FORMAT = Format("parquet", plan, read)
 
 
 def read_parquet(
-    paths,
+    paths: str | os.PathLike | Sequence[str | os.PathLike],
     *,
     gamma: float | None = None,
     strict: bool | None = None,
@@ -280,7 +282,7 @@ def read_parquet(
     frame_backend: str | None = None,
     columns: ColumnMap | None = None,
     next_obs: bool = False,
-):
+) -> Iterator[dict]:
     """Yield the canonical episodes of Parquet step tables, file by file.
 
     Parameters

@@ -23,23 +23,25 @@ class StorageTier(ABC):
     name: str = ""
 
     @abstractmethod
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype):
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         """An uninitialised array of the tier (NumPy or CuPy)."""
 
     @abstractmethod
-    def gather_windows(self, src, src_start, dst_offset, n_valid, out) -> None:
+    def gather_windows(
+        self, src: np.ndarray, src_start: np.ndarray, dst_offset: np.ndarray, n_valid: np.ndarray, out: np.ndarray
+    ) -> None:
         """Copy windows of ``src`` (``[cap, nbytes]`` uint8) into ``out`` (``[B, L, nbytes]`` uint8).
 
         Semantics: :func:`gear_flow.ops.gather.gather_windows`.
         """
 
-    def write_rows(self, dst, pos: int, rows: np.ndarray) -> None:
+    def write_rows(self, dst: np.ndarray, pos: int, rows: np.ndarray) -> None:
         """Write host ``rows`` into ring ``dst`` at ``pos`` (wrapping)."""
         from ..ops.gather import scatter_rows
 
         scatter_rows(dst, pos, rows)
 
-    def read_rows(self, src, pos: int, n: int) -> np.ndarray:
+    def read_rows(self, src: np.ndarray, pos: int, n: int) -> np.ndarray:
         """Copy ``n`` rows starting at ring ``pos`` (wrapping) to host memory."""
         cap = src.shape[0]
         idx = (pos + np.arange(n)) % cap
@@ -51,10 +53,12 @@ class HostTier(StorageTier):
 
     name = "host"
 
-    def empty(self, shape, dtype):
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return np.empty(shape, dtype=dtype)
 
-    def gather_windows(self, src, src_start, dst_offset, n_valid, out) -> None:
+    def gather_windows(
+        self, src: np.ndarray, src_start: np.ndarray, dst_offset: np.ndarray, n_valid: np.ndarray, out: np.ndarray
+    ) -> None:
         from ..ops.gather import gather_windows
 
         gather_windows(src, src_start, dst_offset, n_valid, out)

@@ -9,17 +9,42 @@ comm (:mod:`gear_flow.distributed.sampling`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..errors import nothing_to_sample
 from ..keys import encode as encode_keys
 from ..ops.gather import window_mask
 from . import planner, two_level
 
+if TYPE_CHECKING:
+    from ..sample import SampleBuffers
+    from ..shard import Shard
 
-def fill_rows(out, off: int, shard_id: int, seqs, probabilities, episode_ids, timesteps, dst_offset, n_valid, L: int):
-    """Everything of rows ``off:off+n`` of a batch except the window bytes (gathered separately)."""
+
+def fill_rows(
+    out: SampleBuffers,
+    off: int,
+    shard_id: int,
+    seqs: ArrayLike,
+    probabilities: ArrayLike,
+    episode_ids: ArrayLike,
+    timesteps: ArrayLike,
+    dst_offset: ArrayLike,
+    n_valid: ArrayLike,
+    L: int,
+    priorities: ArrayLike | None = None,
+    times_sampled: ArrayLike | None = None,
+) -> None:
+    """Everything of rows ``off:off+n`` of a batch except the window bytes (gathered separately).
+
+    ``priorities`` / ``times_sampled`` not reported: NaN / -1 (see :class:`~gear_flow.SampleBatch`).
+    """
     n = len(seqs)
+    out.priorities[off : off + n] = np.nan if priorities is None else priorities
+    out.times_sampled[off : off + n] = -1 if times_sampled is None else times_sampled
     out.keys[off : off + n] = encode_keys(shard_id, np.asarray(seqs))
     out.probabilities[off : off + n] = probabilities
     out.episode_ids[off : off + n] = episode_ids
@@ -27,7 +52,7 @@ def fill_rows(out, off: int, shard_id: int, seqs, probabilities, episode_ids, ti
     window_mask(np.asarray(dst_offset), np.asarray(n_valid), L, out=out.mask[off : off + n])
 
 
-def summary(shard, kind: str, L: int = 1, boundary: str = "pad_tail") -> float:
+def summary(shard: Shard, kind: str, L: int = 1, boundary: str = "pad_tail") -> float:
     """One number a plan asks of a shard (see :class:`planner.Summaries`)."""
     if kind == "sampler":
         return shard.valid_mass(L, boundary)
@@ -42,7 +67,9 @@ def summary(shard, kind: str, L: int = 1, boundary: str = "pad_tail") -> float:
     raise ValueError(f"unknown summary kind {kind!r}")
 
 
-def evict_on(shard, counts=None, slots=None, rng=None) -> int:
+def evict_on(
+    shard: Shard, counts: int | None = None, slots: ArrayLike | None = None, rng: np.random.Generator | None = None
+) -> int:
     """Carry out an :class:`planner.Evict` part on one shard."""
     if slots is not None:
         sl = np.unique(np.asarray(slots, dtype=np.int64))
@@ -108,14 +135,29 @@ class InProcess:
     def _gather(self, i: int, slots: np.ndarray, p: np.ndarray, off: int) -> None:
         s = self.shards[i]
         before = s.counters.expired
+        prio = s.priority[slots]  # as drawn (an expiring take may clear it)
         win = s.take(slots, self.L, self.boundary, self.rng, self.out.bytes, off, self.columns)
-        fill_rows(self.out, off, i, win.seqs, p, win.episode_ids, win.timesteps, win.dst_offset, win.n_valid, self.L)
+        counted = None if s.times_sampled is None else s.times_sampled[slots]  # this sample included
+        fill_rows(
+            self.out, off, i, win.seqs, p, win.episode_ids, win.timesteps, win.dst_offset, win.n_valid, self.L,
+            prio, counted,
+        )  # fmt: skip
         if s.counters.expired != before:
             self.expired[i] = self.expired.get(i, 0) + s.counters.expired - before
 
 
 def sample_shards(
-    shards: dict, selection: str, out, B: int, L: int, boundary: str, columns, rng, beta: float, who: str, horizon=None
+    shards: dict,
+    selection: str,
+    out: SampleBuffers,
+    B: int,
+    L: int,
+    boundary: str,
+    columns: tuple[str, ...],
+    rng: np.random.Generator,
+    beta: float,
+    who: str,
+    horizon: int | None = None,
 ) -> dict:
     """A whole two-level sample of ``B`` windows over in-process ``shards`` (their locks held by the caller).
 
@@ -135,6 +177,6 @@ def sample_shards(
     return ex.expired
 
 
-def evict_shards(shards: dict, excess: int, ordered: bool, rng) -> int:
+def evict_shards(shards: dict, excess: int, ordered: bool, rng: np.random.Generator) -> int:
     """Remove ``excess`` items from in-process ``shards`` as the remover says; returns how many."""
     return planner.run(planner.evict(excess, ordered, rng), InProcess(shards, rng))

@@ -32,11 +32,16 @@ error with its own details.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import two_level
+
+#: a plan: a generator that yields requests (Summaries, Candidates, Draw, Take, NewEpoch, Evict),
+#: is sent their answers, and returns its result
+Plan = Generator[object, object, object]
 
 
 class NothingToSample(Exception):
@@ -101,7 +106,7 @@ def offsets(part: dict, base: int = 0) -> dict:
 
 
 # -- sampling --------------------------------------------------------------------------------------------
-def sample(selection: str, batch_size: int, rng: np.random.Generator):
+def sample(selection: str, batch_size: int, rng: np.random.Generator) -> Plan:
     """Plan a batch of ``batch_size`` items; ``selection`` is ``weighted``, ``epoch`` or ``ordered``."""
     if selection == "ordered":
         return (yield from _ordered(batch_size))
@@ -175,7 +180,7 @@ def sources(rows_at: np.ndarray) -> np.ndarray:
 
 
 # -- eviction ---------------------------------------------------------------------------------------------
-def evict(excess: int, ordered: bool, rng: np.random.Generator):
+def evict(excess: int, ordered: bool, rng: np.random.Generator) -> Plan:
     """Remove ``excess`` items as the remover says, round after round until done.
 
     Ordered removers: the global best victims (a merge of every shard's).
@@ -212,7 +217,7 @@ def evict(excess: int, ordered: bool, rng: np.random.Generator):
 
 
 # -- drivers ------------------------------------------------------------------------------------------------
-def run(plan, answer):
+def run(plan: Plan, answer: Callable[[object], object]) -> object:
     """Drive ``plan`` with a synchronous ``answer(request)``; returns the plan's result."""
     try:
         req = next(plan)
@@ -222,7 +227,7 @@ def run(plan, answer):
         return stop.value
 
 
-async def run_async(plan, answer):
+async def run_async(plan: Plan, answer: Callable[[object], Awaitable[object]]) -> object:
     """Drive ``plan`` with an ``async answer(request)``; returns the plan's result."""
     try:
         req = next(plan)

@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..errors import InvalidDataError, InvalidPriorityError, SpecError
 from ..keys import decode
 from ..spec import BOUNDARIES, TableSpec
 
 
-def as_episode_list(episodes) -> list[Mapping]:
+def as_episode_list(episodes: Mapping | Sequence[Mapping]) -> list[Mapping]:
     """One mapping (one episode) or a sequence of mappings."""
     if isinstance(episodes, Mapping):
         return [episodes]
@@ -74,7 +75,7 @@ def _as_array(value, what: str) -> np.ndarray:
         raise InvalidDataError(f"{what}: cannot be read as an array ({e})") from None
 
 
-def check_priorities(priorities, n: int, what: str = "items") -> np.ndarray | None:
+def check_priorities(priorities: ArrayLike | float | None, n: int, what: str = "items") -> np.ndarray | None:
     """None, a scalar, or ``n`` values; all finite and >= 0."""
     if priorities is None:
         return None
@@ -93,7 +94,7 @@ def check_priorities(priorities, n: int, what: str = "items") -> np.ndarray | No
     return p
 
 
-def check_keys(keys, num_shards: int) -> np.ndarray:
+def check_keys(keys: ArrayLike, num_shards: int) -> np.ndarray:
     k = np.asarray(keys)
     if k.dtype.kind not in "iu":
         if hasattr(keys, "numpy"):  # a torch tensor
@@ -109,7 +110,7 @@ def check_keys(keys, num_shards: int) -> np.ndarray:
     return k
 
 
-def sample_columns(spec: TableSpec, columns) -> tuple[str, ...]:
+def sample_columns(spec: TableSpec, columns: str | Sequence[str] | None) -> tuple[str, ...]:
     """The columns a sample asks for: all when None, one name, or a sequence; each must exist."""
     if columns is None:
         return spec.names
@@ -119,7 +120,7 @@ def sample_columns(spec: TableSpec, columns) -> tuple[str, ...]:
     return columns
 
 
-def check_sample_args(batch_size, length, boundary) -> None:
+def check_sample_args(batch_size: int, length: int, boundary: str | None) -> None:
     for name, v in (("batch_size", batch_size), ("length", length)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise SpecError(f"{name} ({v!r}) must be a positive integer")

@@ -1,0 +1,201 @@
+"""Scheduler plugin of the gear_flow dashboard page.
+
+:class:`GearFlowDashboard` does three things on the scheduler:
+
+* registers a ``gear_flow_stats`` handler, by which learner handles report
+  which transport their bytes took (:func:`gear_flow.dashboard.report.report_stats`);
+* where the scheduler serves Dask's dashboard (Bokeh installed, a dashboard
+  address given), adds the page ``/gear-flow`` to the same HTTP server, with
+  the same prefix and template; elsewhere it adds no route and polls nothing;
+* while the page exists, polls every table once per ``interval``: the
+  coordinator's state in-process and each shard worker's counters over the
+  worker's ``gear_flow`` handler, keeping a bounded history of
+  :class:`~gear_flow.dashboard.model.Snapshot` objects that the page draws.
+
+Register it next to the coordinator (``DistributedTable.create``, the
+preload), or yourself::
+
+    client.register_plugin(GearFlowDashboard())
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from distributed.diagnostics.plugin import SchedulerPlugin
+
+from .model import TRANSPORT_KEYS, Snapshot, rates, snapshot
+
+if TYPE_CHECKING:
+    from bokeh.server.server import BokehTornado
+    from distributed import Scheduler
+
+logger = logging.getLogger(__name__)
+
+DASHBOARD_NAME = "gear-flow-dashboard"
+#: the page's route, under the dashboard's prefix
+ROUTE = "/gear-flow"
+COORDINATOR_NAME = "gear-flow-coordinator"  # gear_flow.distributed.coordinator.COORDINATOR_NAME
+
+
+class GearFlowDashboard(SchedulerPlugin):
+    """Adds the gear_flow page to the scheduler's dashboard.
+
+    Parameters
+    ----------
+    interval : float
+        Seconds between polls of the tables (and the page's refresh).
+    history : int
+        Polls kept for the time series.
+
+    Examples
+    --------
+    >>> client.register_plugin(GearFlowDashboard())  # doctest: +SKIP
+    >>> # then open http://<scheduler>:8787/gear-flow
+    """
+
+    name = DASHBOARD_NAME
+    idempotent = True
+
+    def __init__(self, interval: float = 1.0, history: int = 600):
+        self.interval = float(interval)
+        self.history_len = int(history)
+
+    async def start(self, scheduler: Scheduler) -> None:
+        """Register the stats handler; add the page and start polling where the dashboard is served."""
+        self.scheduler = scheduler
+        self.reports: dict = {}
+        self.history: deque[Snapshot] = deque(maxlen=self.history_len)
+        self.series: deque[dict] = deque(maxlen=self.history_len)
+        self._poll_task: asyncio.Task | None = None
+        scheduler.handlers["gear_flow_stats"] = self.handle_stats
+        self.served = add_page(scheduler, self)
+        if self.served:
+            self._poll_task = asyncio.ensure_future(self._poll_loop())
+
+    async def close(self) -> None:
+        """Stop polling."""
+        if self._poll_task is not None:
+            self._poll_task.cancel()
+
+    # -- learners' reports ------------------------------------------------------------------------
+    def handle_stats(
+        self, comm: object = None, table: str | None = None, learner: str | None = None, stats: dict | None = None
+    ) -> dict:
+        """Record a learner's transport counters (``DistributedTable.stats``)."""
+        if not isinstance(table, str) or not isinstance(learner, str) or not isinstance(stats, dict):
+            return {"status": "error", "error": "gear_flow_stats needs table, learner (str) and stats (dict)"}
+        row = {k: int(stats.get(k, 0)) for k in TRANSPORT_KEYS}
+        self.reports[(table, learner)] = {**row, "time": time.time()}
+        return {"status": "OK"}
+
+    # -- polling -------------------------------------------------------------------------------------
+    async def _poll_loop(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a poll that failed is shown as a gap, never takes the scheduler down
+                logger.exception("gear_flow dashboard: poll failed")
+            await asyncio.sleep(self.interval)
+
+    async def poll(self) -> Snapshot:
+        """Read every table once; append the snapshot and its rates to the history."""
+        coord = self.scheduler.plugins.get(COORDINATOR_NAME)
+        gates = dict(getattr(coord, "tables", {}) or {}) if coord is not None else {}
+        tables = {name: g.public() for name, g in gates.items() if not g.closed}
+        for name in list(self.reports):
+            if name[0] not in tables:
+                self.reports.pop(name)
+        infos: dict = {}
+        resident: dict = {}
+        calls = []
+        for name, pub in tables.items():
+            lost = {int(s) for s in pub["lost"]}
+            for addr in sorted({a for s, a in pub["placement"].items() if int(s) not in lost}):
+                calls.append((name, addr))
+        results = await asyncio.gather(*(self._worker_call(addr, name) for name, addr in calls), return_exceptions=True)
+        for (name, addr), r in zip(calls, results):
+            if isinstance(r, BaseException):
+                continue  # unreachable: its shards show as such
+            info, nbytes = r
+            infos.setdefault(name, []).extend({**i, "worker": addr} for i in info)
+            resident.setdefault(name, {})[addr] = nbytes
+        snap = snapshot(tables, infos, resident, self.reports)
+        prev = self.history[-1] if self.history else None
+        self.history.append(snap)
+        self.series.append({"time": snap.time, **rates(prev, snap)})
+        return snap
+
+    async def _worker_call(self, addr: str, name: str) -> tuple[list, dict]:
+        info = await _call(self.scheduler, addr, "info", name)
+        nbytes = await _call(self.scheduler, addr, "nbytes", name)
+        return info, nbytes
+
+
+def install(scheduler: Scheduler) -> None:
+    """Add the dashboard plugin to a scheduler being set up (a preload's ``dask_setup``); idempotent.
+
+    Parameters
+    ----------
+    scheduler : distributed.Scheduler
+
+    Returns
+    -------
+    None
+    """
+    if DASHBOARD_NAME not in scheduler.plugins:
+        # started by the scheduler with its other plugins, after the preloads
+        scheduler.add_plugin(GearFlowDashboard(), name=DASHBOARD_NAME, idempotent=True)
+
+
+async def _call(scheduler: Scheduler, addr: str, action: str, name: str) -> object:
+    from distributed.protocol import Serialized, deserialize, to_serialize
+
+    resp = await asyncio.wait_for(scheduler.rpc(addr).gear_flow(action=action, args=to_serialize({"name": name})), 10)
+    if not isinstance(resp, dict) or resp.get("status") != "OK":
+        raise RuntimeError(f"worker {addr}: {action} of table {name!r} failed")
+    r = resp["result"]
+    return deserialize(r.header, r.frames) if isinstance(r, Serialized) else r  # the scheduler keeps frames as is
+
+
+def dashboard_app(scheduler: Scheduler) -> BokehTornado | None:
+    """The Bokeh application of the scheduler's dashboard, or None where it serves none."""
+    app = getattr(scheduler, "http_application", None)
+    if app is None:
+        return None
+    try:
+        from bokeh.server.server import BokehTornado
+    except ImportError:
+        return None
+    return next((a for a in getattr(app, "applications", []) if isinstance(a, BokehTornado)), None)
+
+
+def add_page(scheduler: Scheduler, plugin: GearFlowDashboard) -> bool:
+    """Add the page to the scheduler's HTTP server when it serves the dashboard; True if added."""
+    dashboard = dashboard_app(scheduler)
+    if dashboard is None:
+        logger.info("gear_flow dashboard: the scheduler serves no dashboard, no page added")
+        return False
+    from functools import partial
+
+    from distributed.dashboard.core import BokehApplication
+    from distributed.dashboard.scheduler import template_variables
+    from tornado.ioloop import IOLoop
+
+    from .page import gear_flow_doc
+
+    prefix = getattr(dashboard, "_prefix", "") or ""  # the dashboard's own (Scheduler(http_prefix=...))
+    extra = template_variables(scheduler)
+    extra = {**extra, "pages": [*extra.get("pages", []), ROUTE.strip("/")]}
+    app = BokehApplication({ROUTE: partial(gear_flow_doc, plugin)}, scheduler, prefix=prefix, template_variables=extra)
+    scheduler.http_application.add_application(app)
+    app.initialize(IOLoop.current())
+    app.start()
+    logger.info("gear_flow dashboard: page %s added", ROUTE)
+    return True

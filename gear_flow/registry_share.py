@@ -1,0 +1,69 @@
+"""Sending custom selector and limiter registrations to a Dask cluster.
+
+See :mod:`gear_flow.registry`.  Kept apart from it so that registering a class
+imports no Dask.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING
+
+from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
+
+from .registry import custom, install
+
+if TYPE_CHECKING:
+    from distributed import Client, Scheduler, Worker
+
+
+def _name(entries: dict) -> str:
+    text = repr(sorted((f, k, c.__module__, c.__qualname__) for f, ks in entries.items() for k, c in ks.items()))
+    return "gear-flow-registry-" + hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+class RegistryWorkerPlugin(WorkerPlugin):
+    """Installs registrations on every worker (present and future)."""
+
+    idempotent = True
+
+    def __init__(self, entries: dict):
+        self.entries = entries
+        self.name = _name(entries)
+
+    def setup(self, worker: Worker) -> None:
+        install(self.entries)
+
+
+class RegistrySchedulerPlugin(SchedulerPlugin):
+    """Installs registrations on the scheduler (where the coordinator rebuilds limiters)."""
+
+    idempotent = True
+
+    def __init__(self, entries: dict):
+        self.entries = entries
+        self.name = _name(entries)
+
+    async def start(self, scheduler: Scheduler) -> None:
+        install(self.entries)
+
+
+def share(client: Client) -> bool:
+    """Send this process's custom registrations to the client's scheduler and workers.
+
+    Parameters
+    ----------
+    client : distributed.Client
+
+    Returns
+    -------
+    bool
+        Whether there was anything to send (nothing is sent without custom
+        registrations; sending the same set again is a no-op).
+    """
+    entries = {f: ks for f, ks in custom().items() if ks}
+    if not entries:
+        return False
+    client.register_plugin(RegistrySchedulerPlugin(entries))
+    client.register_plugin(RegistryWorkerPlugin(entries))
+    return True

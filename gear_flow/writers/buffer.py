@@ -1,0 +1,108 @@
+"""What every writer shares: checking a step against the spec, and a growing buffer of rows.
+
+:func:`check_step` validates one step (or, with ``lead=(N,)``, one step of N
+environments) before anything is buffered, so a bad step leaves a writer as
+it was.  :class:`StepBuffer` holds rows in growing NumPy arrays, one per
+column (doubling, so appending is amortised O(1)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..errors import InvalidDataError
+from ..spec import TableSpec
+
+
+def check_step(spec: TableSpec, step: Mapping, lead: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
+    """Every column of ``step`` as an array of shape ``lead + column.shape``, checked.
+
+    Parameters
+    ----------
+    spec : TableSpec
+        The table's columns.
+    step : mapping of str to array-like
+        Exactly the table's columns.
+    lead : tuple of int
+        Leading dimensions (``(N,)`` for one step of ``N`` environments).
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        The values, not yet cast to the columns' dtypes.
+
+    Raises
+    ------
+    InvalidDataError
+        Wrong columns, shape, a non-numeric value or a dtype that cannot be stored.
+    """
+    if not isinstance(step, Mapping):
+        raise InvalidDataError(
+            f"a step must be a mapping of column -> value, got {type(step).__name__}; nothing was appended"
+        )
+    names = set(spec.names)
+    if set(step) != names:
+        raise InvalidDataError(
+            f"step columns {sorted(step)} do not match the table's {sorted(names)}; nothing was appended"
+        )
+    vals = {}
+    for c in spec.columns:
+        try:
+            v = np.asarray(step[c.name])
+        except (TypeError, ValueError) as e:  # ragged nesting etc.: report as bad data
+            raise InvalidDataError(f"step column {c.name!r}: cannot be read as an array ({e})") from None
+        if v.dtype.kind not in "biufc":
+            raise InvalidDataError(f"step column {c.name!r}: dtype {v.dtype} is not numeric; nothing was appended")
+        if v.shape != (*lead, *c.shape):
+            raise InvalidDataError(
+                f"step column {c.name!r}: shape {v.shape} must be {(*lead, *c.shape)}; nothing was appended"
+            )
+        if not np.can_cast(v.dtype, c.dtype, "same_kind"):
+            raise InvalidDataError(f"step column {c.name!r}: dtype {v.dtype} cannot be stored as {c.dtype}")
+        vals[c.name] = v
+    return vals
+
+
+class StepBuffer:
+    """Rows of one episode (or chunk) in growing arrays, one per column.
+
+    Parameters
+    ----------
+    spec : TableSpec
+    initial : int
+        Rows allocated at first.
+    """
+
+    def __init__(self, spec: TableSpec, initial: int = 64):
+        self.arrays = {c.name: np.empty((initial, *c.shape), dtype=c.dtype) for c in spec.columns}
+        self.n = 0
+
+    def append(self, values: Mapping) -> None:
+        """Add one row of checked values (see :func:`check_step`)."""
+        first = next(iter(self.arrays.values()))
+        if self.n == len(first):
+            for k, a in self.arrays.items():
+                b = np.empty((2 * len(a), *a.shape[1:]), dtype=a.dtype)
+                b[: self.n] = a[: self.n]
+                self.arrays[k] = b
+        for k, v in values.items():
+            self.arrays[k][self.n] = v
+        self.n += 1
+
+    def rows(self, stop: int | None = None) -> dict[str, np.ndarray]:
+        """Views of the first ``stop`` rows (default: all), valid until the next change."""
+        stop = self.n if stop is None else stop
+        return {k: a[:stop] for k, a in self.arrays.items()}
+
+    def keep_last(self, k: int) -> None:
+        """Keep only the last ``k`` rows, moved to the front."""
+        k = min(k, self.n)
+        for a in self.arrays.values():
+            a[:k] = a[self.n - k : self.n].copy()
+        self.n = k
+
+    def clear(self) -> None:
+        """Drop every row."""
+        self.n = 0

@@ -1,0 +1,180 @@
+"""Priority write-back in the background, in order, without blocking the learner.
+
+A learner computes new priorities for the batch it just trained on and should
+go on with the next batch at once.  :class:`PriorityWriter` hands each update
+to one background thread, so updates reach the table in the order they were
+made (a later update of a key is never overwritten by an earlier one), and
+the learner waits only when more than ``backlog`` updates are pending: it
+then runs at most ``backlog`` updates ahead of its priorities.  Other calls
+that must keep that order (publishing weights after the updates they
+reflect) go through the same thread with :meth:`PriorityWriter.call`.
+
+A failed write is raised in the learner's thread at its next ``update``,
+``call``, ``collect`` or ``drain``, never lost.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from ..errors import SpecError, TableClosedError
+
+
+class PriorityWriter:
+    """Ordered background writes of priorities (and other calls) to a table.
+
+    Parameters
+    ----------
+    table : LocalTable or DistributedTable
+        Anything with ``update_priorities(keys, priorities)``.
+    backlog : int or None
+        Pending writes allowed before :meth:`update` waits for the oldest;
+        None: never wait (the queue grows while the table is slower).
+
+    Attributes
+    ----------
+    applied, stale : int
+        Items whose priority was set, and keys ignored because their item was
+        gone (evicted), over the writes collected so far.
+
+    Examples
+    --------
+    >>> with PriorityWriter(table, backlog=8) as pw:               # doctest: +SKIP
+    ...     for batch in stream:
+    ...         td = train(batch)
+    ...         pw.update(batch.keys, td.abs() + 1e-3)              # returns at once
+    """
+
+    def __init__(self, table, backlog: int | None = 8):
+        if backlog is not None and (isinstance(backlog, bool) or not isinstance(backlog, int) or backlog < 0):
+            raise SpecError(f"backlog ({backlog!r}) must be None or an integer >= 0")
+        self.table = table
+        self.backlog = backlog
+        self.applied = 0
+        self.stale = 0
+        self._pending: deque[Future] = deque()
+        self._lock = threading.Lock()
+        self._ex = ThreadPoolExecutor(1, thread_name_prefix="gear-flow-priorities")
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        """Writes submitted and not yet collected."""
+        return len(self._pending)
+
+    def update(self, keys: ArrayLike, priorities: ArrayLike) -> None:
+        """Queue ``table.update_priorities(keys, priorities)``; returns without waiting (see ``backlog``).
+
+        Parameters
+        ----------
+        keys : array-like of int64
+            Copied now: a batch's keys may alias buffers the next sample reuses.
+        priorities : array-like of float
+            Copied now, same length as ``keys``.
+
+        Returns
+        -------
+        None
+        """
+        k = _host_copy(keys, np.int64)
+        p = _host_copy(priorities, np.float64)
+        if k.shape != p.shape:
+            raise SpecError(f"{len(k)} keys but {len(p)} priorities; nothing was queued")
+        self._submit(self.table.update_priorities, k, p)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the background thread after every write queued before it.
+
+        Parameters
+        ----------
+        fn : callable
+        *args
+            Its arguments (not copied).
+
+        Returns
+        -------
+        None
+        """
+        self._submit(fn, *args)
+
+    def _submit(self, fn, *args) -> None:
+        if self._closed:
+            raise TableClosedError("the priority writer is closed")
+        with self._lock:
+            self._pending.append(self._ex.submit(fn, *args))
+        self.collect(wait=False)
+
+    def collect(self, wait: bool = False) -> int:
+        """Account for finished writes (oldest first); raise the first failed one.
+
+        Parameters
+        ----------
+        wait : bool
+            Wait for every pending write, else only until at most ``backlog`` are pending.
+
+        Returns
+        -------
+        int
+            Writes still pending.
+        """
+        while True:
+            with self._lock:
+                if not self._pending:
+                    return 0
+                head = self._pending[0]
+                over = self.backlog is not None and len(self._pending) > self.backlog
+                if not (head.done() or wait or over):
+                    return len(self._pending)
+                self._pending.popleft()
+            r = head.result()  # waits if needed; raises a failed write here
+            if hasattr(r, "applied") and hasattr(r, "stale"):
+                self.applied += int(r.applied)
+                self.stale += int(r.stale)
+
+    def drain(self) -> None:
+        """Wait for every pending write (raising the first failure).
+
+        Returns
+        -------
+        None
+        """
+        self.collect(wait=True)
+
+    def close(self, wait: bool = True) -> None:
+        """Stop the thread: after the pending writes (``wait``) or dropping those not started.
+
+        Parameters
+        ----------
+        wait : bool
+
+        Returns
+        -------
+        None
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if wait:
+                self.drain()
+        finally:
+            self._ex.shutdown(wait=True, cancel_futures=not wait)
+
+    def __enter__(self) -> PriorityWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(wait=exc_type is None)
+
+
+def _host_copy(x, dtype) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor (possibly on a device)
+        x = x.detach().cpu().numpy()
+    return np.array(x, dtype=dtype, copy=True).reshape(-1)

@@ -1,0 +1,266 @@
+"""Streaming an episode in overlapping chunks, with items created where the caller says (Reverb's TrajectoryWriter).
+
+An :class:`~gear_flow.EpisodeWriter` makes an episode sampleable only when it
+ends.  :class:`TrajectoryWriter` inserts it in chunks of ``chunk_length``
+rows as it is written; consecutive chunks share ``overlap`` rows (the last
+rows of one chunk are the first rows of the next), so a window of up to
+``overlap + 1`` steps that crosses a chunk boundary is still whole in the
+next chunk.  Each chunk is one insert (all or nothing, the limiter's unit of
+admission); the table stores it as an episode of its own.
+
+Items (the keys that carry priorities and that sampling draws) are either
+every step (``items="steps"``, the default) or only the starts the caller
+creates (``items="created"``): after appending a step, ``create_item(length,
+priority)`` makes the window of the last ``length`` steps an item, as Reverb's
+``TrajectoryWriter.create_item`` does, for n-step transitions
+(``length=n + 1`` after every step) or sequences every ``period`` steps.  The
+other starts are stored with priority 0, which a ``Prioritized`` sampler never
+draws; sample windows of the item's ``length``.  Each created item is inserted
+exactly once, in the chunk that holds its whole window.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..errors import InvalidPriorityError, SpecError, TableClosedError
+from .buffer import StepBuffer, check_step
+
+logger = logging.getLogger(__name__)
+
+ITEMS = ("steps", "created")
+
+
+def _table_config(table):
+    from ..table.config import TableConfig
+
+    cfg = getattr(table, "cfg", None)
+    return cfg if isinstance(cfg, TableConfig) else getattr(table, "config", None)
+
+
+class TrajectoryWriter:
+    """Writes episodes as overlapping chunks; see the module docstring.
+
+    Parameters
+    ----------
+    table : LocalTable or DistributedTable
+        A table of step items.
+    chunk_length : int
+        Rows per insert (the last chunk of an episode may be shorter).
+    overlap : int
+        Rows a chunk shares with the next one, ``0 <= overlap < chunk_length``.
+        With ``items="created"``, items may be at most ``overlap + 1`` steps long.
+    items : {"steps", "created"}
+        Every step is an item, or only the starts given to :meth:`create_item`
+        (needs a ``Prioritized`` sampler with ``alpha > 0``).
+    shard : int, optional
+        Insert into this shard.
+    timeout : float, optional
+        Rate-limiter wait of each insert.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gear_flow as gf
+    >>> spec = gf.TableSpec((gf.ColumnSpec("obs", (2,)),), capacity=256)
+    >>> table = gf.LocalTable(spec, sampler=gf.Prioritized(alpha=1.0))
+    >>> with TrajectoryWriter(table, chunk_length=16, overlap=2, items="created") as w:
+    ...     for t in range(40):
+    ...         w.append({"obs": np.full(2, t)})
+    ...         if w.episode_steps >= 3:
+    ...             w.create_item(3, priority=1.0)  # a 3-step (2-step return) transition
+    ...     w.end_episode()
+    >>> int(table.sample(4, 3).mask.all())
+    1
+    """
+
+    def __init__(
+        self,
+        table,
+        chunk_length: int,
+        overlap: int = 0,
+        *,
+        items: str = "steps",
+        shard: int | None = None,
+        timeout: float | None = None,
+    ):
+        for name, v, lo in (("chunk_length", chunk_length, 1), ("overlap", overlap, 0)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+                raise SpecError(f"{name} ({v!r}) must be an integer >= {lo}")
+        if overlap >= chunk_length:
+            raise SpecError(f"overlap ({overlap}) must be smaller than chunk_length ({chunk_length})")
+        if items not in ITEMS:
+            raise SpecError(f"items {items!r} must be one of {ITEMS}")
+        if table.spec.item_unit != "step":
+            raise SpecError(f"a TrajectoryWriter needs a table of step items, not {table.spec.item_unit!r} items")
+        if items == "created":
+            from ..selectors import Prioritized
+
+            sampler = getattr(_table_config(table), "sampler", None)
+            if not (isinstance(sampler, Prioritized) and sampler.alpha > 0):
+                raise SpecError(
+                    f"items='created' needs a Prioritized sampler with alpha > 0 (got {sampler!r}): "
+                    "the starts that are no item are stored with priority 0"
+                )
+        self.table = table
+        self.spec = table.spec
+        self.chunk_length = chunk_length
+        self.overlap = overlap
+        self.items = items
+        self.timeout = timeout
+        self.shard = shard
+        self._rows = StepBuffer(self.spec)
+        self._prio: list[float | None] = []
+        self._head = 0  # rows at the buffer's start that the previous chunk already inserted
+        self._steps = 0
+        self._closed = False
+        #: (episode id in the table, rows) of every chunk inserted
+        self.chunks: list[tuple[int, int]] = []
+
+    # -- writing ----------------------------------------------------------------------------------
+    @property
+    def episode_steps(self) -> int:
+        """Steps appended to the current episode (over all its chunks)."""
+        return self._steps
+
+    @property
+    def pending(self) -> int:
+        """Rows appended and not yet inserted."""
+        return self._rows.n - self._head
+
+    def append(self, step: Mapping, priority: float | None = None) -> None:
+        """Add one step; a full chunk is inserted first (before this step) when one is waiting.
+
+        Parameters
+        ----------
+        step : mapping of str to array-like
+            Every column, one step's value.
+        priority : float, optional
+            With ``items="steps"``: this step's item priority (default: the
+            table's, as for an insert without priorities).  Not allowed with
+            ``items="created"`` (use :meth:`create_item`).
+
+        Returns
+        -------
+        None
+            A failed chunk insert (e.g. :class:`~gear_flow.RateLimitTimeout`)
+            raises with nothing appended; the chunk stays buffered and the
+            next ``append`` or :meth:`flush` retries it.
+        """
+        if self._closed:
+            raise TableClosedError("the writer is closed")
+        if priority is not None and self.items == "created":
+            raise SpecError("with items='created' priorities are given to create_item, not append")
+        vals = check_step(self.spec, step)
+        if priority is not None:
+            p = float(priority)
+            if not np.isfinite(p) or p < 0:
+                raise InvalidPriorityError(self._rows.n, p)
+        if self._rows.n >= self.chunk_length:
+            self.flush()
+        self._rows.append(vals)
+        self._prio.append(priority if self.items == "steps" else 0.0)
+        self._steps += 1
+
+    def create_item(self, length: int, priority: float = 1.0) -> None:
+        """Make the window of the last ``length`` steps an item with ``priority``.
+
+        Parameters
+        ----------
+        length : int
+            ``1 <= length <= overlap + 1`` and at most :attr:`episode_steps`.
+        priority : float
+            Its priority, ``> 0`` (0 would make it unsampleable).
+
+        Returns
+        -------
+        None
+        """
+        if self.items != "created":
+            raise SpecError("create_item needs a writer made with items='created'")
+        if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= self.overlap + 1:
+            raise SpecError(f"item length ({length!r}) must be an integer in [1, overlap + 1 = {self.overlap + 1}]")
+        if length > self._steps:
+            raise SpecError(f"item length {length} exceeds the {self._steps} steps of the current episode")
+        p = float(priority)
+        if not np.isfinite(p) or p <= 0:
+            raise SpecError(f"item priority ({priority!r}) must be a finite number > 0")
+        self._prio[len(self._prio) - length] = p
+
+    def flush(self) -> None:
+        """Insert the buffered rows as one chunk and keep its last ``overlap`` rows for the next.
+
+        Returns
+        -------
+        None
+            Nothing happens when no row was appended since the last chunk.
+        """
+        if self.pending <= 0:
+            return
+        n = self._rows.n
+        self._insert(n)
+        keep = min(self.overlap, n)
+        self._rows.keep_last(keep)
+        # created items among the kept rows went in with this chunk: in the next one they start none (yet)
+        self._prio = [p if self.items == "steps" else 0.0 for p in self._prio[n - keep : n]]
+        self._head = keep
+
+    def _insert(self, n: int) -> None:
+        prio = self._prio[:n]
+        if all(p is None for p in prio):
+            priorities = None
+        elif any(p is None for p in prio):  # "steps" with some priorities given: the rest get the largest
+            default = max(p for p in prio if p is not None)
+            priorities = np.array([default if p is None else p for p in prio], dtype=np.float64)
+        else:
+            priorities = np.array(prio, dtype=np.float64)
+        res = self.table.insert(self._rows.rows(n), priorities, timeout=self.timeout, shard=self.shard)
+        self.chunks.append((int(res.episode_ids[0]), n))
+
+    def end_episode(self) -> None:
+        """Insert what is left of the episode (the last chunk); the next ``append`` starts a new one.
+
+        Returns
+        -------
+        None
+        """
+        if self.pending > 0:
+            self._insert(self._rows.n)
+        self._rows.clear()
+        self._prio, self._head, self._steps = [], 0, 0
+
+    def discard(self) -> int:
+        """Drop the rows not yet inserted and end the episode there.
+
+        Returns
+        -------
+        int
+            Rows dropped.
+        """
+        n = max(0, self.pending)
+        self._rows.clear()
+        self._prio, self._head, self._steps = [], 0, 0
+        return n
+
+    def close(self) -> None:
+        """End the episode (inserting its last chunk) and refuse further appends."""
+        if not self._closed:
+            try:
+                self.end_episode()
+            finally:
+                self._closed = True
+
+    def __enter__(self) -> TrajectoryWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            n = self.discard()
+            if n:
+                logger.warning("writer exited with %s; %d buffered rows were not inserted", exc_type.__name__, n)
+            self._closed = True
+        else:
+            self.close()

@@ -1,0 +1,224 @@
+"""Writing from a vectorised environment: one step of N environments per ``append``.
+
+Gymnasium's ``VectorEnv`` (and TorchRL's batched envs) step N environments at
+once and end their episodes independently.  :class:`VectorWriter` keeps one
+episode buffer per environment; ``append(steps, done)`` adds row ``i`` of
+every column to environment ``i``'s episode, then inserts the episodes of the
+environments whose ``done[i]`` is set, all in **one** insert (one
+transaction: all of them or none).  An environment's next step then starts
+its next episode.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from ..errors import InvalidDataError, InvalidPriorityError, SpecError, TableClosedError
+from ..table.results import InsertResult
+from .buffer import StepBuffer, check_step
+
+logger = logging.getLogger(__name__)
+
+
+class VectorWriter:
+    """One episode buffer per environment of a vectorised env; see the module docstring.
+
+    Parameters
+    ----------
+    table : LocalTable or DistributedTable
+    num_envs : int
+        ``N``, the environments stepped together.
+    max_episode_length : int, optional
+        End an environment's episode at this many steps (``truncated``).
+    shard : int, optional
+        Insert into this shard.
+    timeout : float, optional
+        Rate-limiter wait of each insert.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import gear_flow as gf
+    >>> table = gf.LocalTable(gf.TableSpec((gf.ColumnSpec("obs", (2,)),), capacity=100))
+    >>> w = VectorWriter(table, num_envs=3)
+    >>> _ = w.append({"obs": np.zeros((3, 2))}, done=[False, True, False])  # env 1 ends its episode
+    >>> _ = w.append({"obs": np.ones((3, 2))}, done=[True, False, True])  # envs 0 and 2 end theirs
+    >>> table.size, w.pending.tolist()
+    (5, [0, 1, 0])
+    """
+
+    def __init__(
+        self,
+        table,
+        num_envs: int,
+        *,
+        max_episode_length: int | None = None,
+        shard: int | None = None,
+        timeout: float | None = None,
+    ):
+        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
+            raise SpecError(f"num_envs ({num_envs!r}) must be a positive integer")
+        m = max_episode_length
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
+            raise SpecError(f"max_episode_length ({m!r}) must be a positive integer or None")
+        self.table = table
+        self.spec = table.spec
+        self.num_envs = num_envs
+        self.max_episode_length = m
+        self.shard = shard
+        self.timeout = timeout
+        self._rows = [StepBuffer(self.spec, 16) for _ in range(num_envs)]
+        self._prio: list[list[float | None]] = [[] for _ in range(num_envs)]
+        self._ending: list[tuple[int, bool]] = []  # (env, truncated): complete, insert failed, retried first
+        self._closed = False
+        #: (env, episode id in the table, length, truncated) of every episode inserted
+        self.ended: list[tuple[int, int, int, bool]] = []
+
+    @property
+    def pending(self) -> np.ndarray:
+        """Steps buffered per environment (int64 ``[N]``)."""
+        return np.array([b.n for b in self._rows], dtype=np.int64)
+
+    def append(
+        self, steps: Mapping, done: Sequence[bool] | None = None, priorities: ArrayLike | None = None
+    ) -> InsertResult | None:
+        """Add one step of every environment; insert the episodes that ``done`` ends.
+
+        Parameters
+        ----------
+        steps : mapping of str to array-like
+            Every column, shape ``[N, *column.shape]``: row ``i`` is environment ``i``'s step.
+        done : sequence of bool, optional
+            ``[N]``: the environments whose episode ends with this step
+            (terminated or truncated).
+        priorities : array-like of float, optional
+            ``[N]``: this step's item priority per environment.
+
+        Returns
+        -------
+        InsertResult or None
+            The insert of the episodes ended by this step (one per ended
+            environment, in environment order), or None when none ended.
+            If it fails (e.g. :class:`~gear_flow.RateLimitTimeout`) the step is
+            appended and the ended episodes stay buffered; the next ``append``
+            or :meth:`flush` inserts them first.
+        """
+        if self._closed:
+            raise TableClosedError("the writer is closed")
+        if self._ending:
+            self.flush()  # raises again, appending nothing
+        N = self.num_envs
+        vals = check_step(self.spec, steps, lead=(N,))
+        d = np.zeros(N, dtype=bool) if done is None else np.asarray(done)
+        if d.shape != (N,) or d.dtype.kind not in "biu":
+            raise InvalidDataError(f"done must be {N} booleans, got {d.dtype} of shape {d.shape}; nothing was appended")
+        p = None
+        if priorities is not None:
+            p = np.asarray(priorities, dtype=np.float64)
+            if p.shape != (N,):
+                raise InvalidDataError(f"priorities must have shape ({N},), got {p.shape}; nothing was appended")
+            bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
+            if len(bad):
+                raise InvalidPriorityError(int(bad[0]), float(p[bad[0]]))
+        for i in range(N):
+            self._rows[i].append({k: v[i] for k, v in vals.items()})
+            self._prio[i].append(None if p is None else float(p[i]))
+        full = self.max_episode_length
+        for i in range(N):
+            if d[i] or (full is not None and self._rows[i].n >= full):
+                self._ending.append((i, not bool(d[i])))
+        return self.flush() if self._ending else None
+
+    def end_episodes(self, envs: Sequence[int] | None = None, truncated: bool = True) -> InsertResult | None:
+        """End the episodes of ``envs`` (default: every environment with buffered steps) now.
+
+        Parameters
+        ----------
+        envs : sequence of int, optional
+        truncated : bool
+            Recorded in :attr:`ended`.
+
+        Returns
+        -------
+        InsertResult or None
+        """
+        envs = range(self.num_envs) if envs is None else envs
+        for i in envs:
+            if not 0 <= int(i) < self.num_envs:
+                raise SpecError(f"environment {i!r} is not in [0, {self.num_envs})")
+            if self._rows[int(i)].n and all(e != int(i) for e, _ in self._ending):
+                self._ending.append((int(i), truncated))
+        return self.flush() if self._ending else None
+
+    def flush(self) -> InsertResult | None:
+        """Insert the episodes that ended and are not inserted yet (one insert).
+
+        Returns
+        -------
+        InsertResult or None
+        """
+        if not self._ending:
+            return None
+        envs = [e for e, _ in self._ending]
+        episodes = [self._rows[e].rows() for e in envs]
+        res = self.table.insert(episodes, self._priorities(envs), timeout=self.timeout, shard=self.shard)
+        for (e, trunc), eid in zip(self._ending, res.episode_ids):
+            self.ended.append((e, int(eid), self._rows[e].n, trunc))
+            self._rows[e].clear()
+            self._prio[e] = []
+        self._ending = []
+        return res
+
+    def _priorities(self, envs: list[int]):
+        given = [[p for p in self._prio[e] if p is not None] for e in envs]
+        if not any(given):
+            return None
+        out = []
+        for e, g in zip(envs, given):
+            default = max(g, default=1.0)
+            if self.spec.item_unit == "episode":
+                out.append(default)
+            else:
+                out.append(np.array([default if p is None else p for p in self._prio[e]], dtype=np.float64))
+        return np.array(out) if self.spec.item_unit == "episode" else out
+
+    def discard(self, envs: Sequence[int] | None = None) -> int:
+        """Drop the buffered steps of ``envs`` (default: all).
+
+        Returns
+        -------
+        int
+            Steps dropped.
+        """
+        envs = range(self.num_envs) if envs is None else [int(e) for e in envs]
+        n = 0
+        for e in envs:
+            n += self._rows[e].n
+            self._rows[e].clear()
+            self._prio[e] = []
+        self._ending = [(e, t) for e, t in self._ending if e not in set(envs)]
+        return n
+
+    def close(self) -> None:
+        """End every pending episode (inserting them) and refuse further appends."""
+        if not self._closed:
+            try:
+                self.end_episodes()
+            finally:
+                self._closed = True
+
+    def __enter__(self) -> VectorWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            n = self.discard()
+            if n:
+                logger.warning("writer exited with %s; %d buffered steps were not inserted", exc_type.__name__, n)
+            self._closed = True
+        else:
+            self.close()

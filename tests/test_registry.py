@@ -1,0 +1,146 @@
+"""Selectors and rate limiters of one's own, registered once and usable everywhere; limiters per table.
+
+Also: ``gear_flow.DistributedTable`` is importable from the package, lazily.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from custom_parts import FlooredPrioritized, Late, WarmUp
+from helpers import episode, make_spec
+
+import gear_flow as gf
+from gear_flow.registry import custom, register_rate_limiter, register_selector
+
+
+@pytest.fixture(autouse=True, scope="module")
+def registered():
+    register_selector("floored_prioritized", FlooredPrioritized)
+    register_rate_limiter("warm_up", WarmUp)
+
+
+def test_distributed_table_from_the_package_lazily():
+    code = (
+        "import sys, gear_flow as gf\n"
+        "assert not [m for m in sys.modules if m.split('.')[0] in ('distributed', 'torch', 'bokeh')], 'eager'\n"
+        "from gear_flow.distributed import DistributedTable\n"
+        "assert gf.DistributedTable is DistributedTable and 'DistributedTable' in dir(gf)\n"
+        "assert gf.GearFlowDashboard.__name__ == 'GearFlowDashboard'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    doc = subprocess.run(
+        [sys.executable, "-m", "pydoc", "gear_flow.DistributedTable"], capture_output=True, text=True, timeout=120
+    ).stdout
+    assert "Help on class DistributedTable" in doc and "update_priorities(" in doc
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        gf.Nope  # noqa: B018
+
+
+def test_registration_errors():
+    register_selector("floored_prioritized", FlooredPrioritized)  # the same again: a no-op
+    with pytest.raises(gf.SpecError, match="already registered"):
+        register_selector("floored_prioritized", gf.Prioritized)
+    with pytest.raises(gf.SpecError, match="already registered"):
+        register_selector("uniform", Late)
+    with pytest.raises(gf.SpecError, match="not a concrete Selector subclass"):
+        register_selector("wrong_family", WarmUp)
+    with pytest.raises(gf.SpecError, match="lower-case"):
+        register_rate_limiter("Warm Up", WarmUp)
+
+    class Local(gf.Uniform):
+        pass
+
+    with pytest.raises(gf.SpecError, match="inside a function"):
+        register_selector("local_one", Local)
+    assert custom()["selector"] == {"floored_prioritized": FlooredPrioritized}
+
+
+def test_custom_parts_in_a_local_table_and_its_checkpoint(tmp_path):
+    t = gf.LocalTable(make_spec(capacity=64), sampler=FlooredPrioritized(floor=0.5), rate_limiter=WarmUp(10))
+    t.insert([episode(1, 8)], priorities=np.zeros(8))
+    with pytest.raises(gf.RateLimitTimeout):
+        t.sample(2, 1, timeout=0)  # 8 < 10: the custom limiter holds samples back
+    t.insert([episode(2, 8)], priorities=np.zeros(8))
+    b = t.sample(16, 1)  # every priority is 0: only the floor makes them drawable
+    assert np.allclose(b.probabilities.numpy(), 1 / 16)
+    t.checkpoint(tmp_path / "ck")
+    r = gf.LocalTable.restore(tmp_path / "ck")
+    assert type(r.sampler_proto) is FlooredPrioritized and r.sampler_proto.floor == 0.5
+    assert type(r.rate_limiter) is WarmUp and r.rate_limiter.min_size_to_sample == 10
+    assert np.allclose(r.sample(4, 1).probabilities.numpy(), 1 / 16)
+
+
+def test_custom_parts_in_a_distributed_table(dist_client, tmp_path):
+    from gear_flow.registry_share import share
+
+    assert share(dist_client)
+    t = gf.DistributedTable.create(
+        dist_client, make_spec(capacity=64, num_shards=2), sampler=FlooredPrioritized(floor=2.0), rate_limiter=WarmUp(6)
+    )
+    try:
+        t.insert([episode(1, 4)], priorities=np.zeros(4))
+        with pytest.raises(gf.RateLimitTimeout):
+            t.sample(2, 1, timeout=0)  # the coordinator's limiter is a WarmUp rebuilt on the scheduler
+        t.insert([episode(2, 4)], priorities=np.zeros(4))
+        b = t.sample(8, 1)  # drawn on the workers by FlooredPrioritized
+        assert np.allclose(b.probabilities.numpy(), 1 / 8)
+        assert t.info()["rate_limiter"]["kind"] == "WarmUp"
+        t.checkpoint(tmp_path / "ck")
+    finally:
+        t.close()
+    r = gf.DistributedTable.restore(dist_client, tmp_path / "ck")
+    try:
+        assert r.config.sampler.params() == {"alpha": 1.0, "beta": 0.0, "floor": 2.0}
+        assert np.allclose(r.sample(4, 1).probabilities.numpy(), 1 / 8)
+    finally:
+        r.close()
+
+
+@pytest.mark.xfail(
+    strict=True, reason="needs `share(client)` in DistributedTable.create (gear_flow/distributed/api.py, see issue 16)"
+)
+def test_distributed_create_shares_registrations_itself(dist_client):
+    register_selector("late", Late)  # after the cluster got the other registrations
+    t = gf.DistributedTable.create(dist_client, make_spec(capacity=32, num_shards=2), sampler=Late())
+    try:
+        t.insert([episode(1, 4)])
+        assert len(t.sample(4, 1)) == 4
+    finally:
+        t.close()
+
+
+@pytest.mark.xfail(
+    strict=True, reason="needs LocalTable to copy the limiter it is given (gear_flow/table/local.py, see issue 16)"
+)
+def test_a_limiter_given_to_two_tables_counts_for_each():
+    lim = gf.SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=2, error_buffer=4)
+    a = gf.LocalTable(make_spec(capacity=64), rate_limiter=lim)
+    b = gf.LocalTable(make_spec(capacity=64), rate_limiter=lim)
+    a.insert([episode(1, 6)])
+    assert b.rate_limiter.state.inserts == 0 and lim.state.inserts == 0
+    b.insert([episode(2, 2)])
+    b.sample(2, 1, timeout=0)
+    # a's own counters: 6 inserts, no samples, whatever b did
+    assert (a.rate_limiter.state.inserts, a.rate_limiter.state.samples) == (6, 0)
+    assert a.info()["rate_limiter"]["samples"] == 0
+
+
+def test_nbytes_of_a_distributed_table_matches_a_local_one(dist_client):
+    from gear_flow.distributed.sizes import SizesMixin
+
+    spec = make_spec(capacity=64, num_shards=2)
+    local = gf.LocalTable(spec)
+    t = gf.DistributedTable.create(dist_client, spec)
+    try:
+        for table in (local, t):
+            table.insert([episode(1, 5), episode(2, 7)])
+        assert t._ctx.sync(SizesMixin.nbytes_async, t) == local.nbytes() and local.nbytes()["data"] > 0
+        if not hasattr(t, "nbytes"):
+            pytest.xfail("needs SizesMixin among DistributedTable's bases (gear_flow/distributed/api.py, issue 16)")
+        assert t.nbytes() == local.nbytes()
+    finally:
+        t.close()

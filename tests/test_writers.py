@@ -1,0 +1,187 @@
+"""Writers beyond EpisodeWriter: overlapping chunks with created items, vectorised envs, priority write-back."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import gear_flow as gf
+
+COLS = (gf.ColumnSpec("obs", (3,), np.float32), gf.ColumnSpec("t", (), np.int64))
+
+
+def step(env: int, t: int, ep: int = 0) -> dict:
+    return {"obs": np.array([env, t, ep], np.float32), "t": np.int64(t)}
+
+
+def read_all(table) -> np.ndarray:
+    """Every stored row once, in insertion order (the table is a queue of step items)."""
+    b = table.sample(table.size, 1, timeout=0)
+    return b["obs"].numpy()[:, 0]
+
+
+# -- TrajectoryWriter -------------------------------------------------------------------------------
+def test_n_step_items_are_exactly_the_created_ones_across_chunks():
+    table = gf.LocalTable(gf.TableSpec(COLS, capacity=512), sampler=gf.Prioritized(alpha=1.0), seed=0)
+    n_steps, L = 30, 3
+    with gf.TrajectoryWriter(table, chunk_length=8, overlap=L - 1, items="created") as w:
+        for t in range(n_steps):
+            w.append(step(0, t))
+            if t == 9:
+                assert table.size > 0, "a chunk is sampleable before the episode ends"
+            if w.episode_steps >= L:
+                w.create_item(L, priority=1.0)
+        w.end_episode()
+    # every L-step window of the episode is one item, drawn with probability 1 / (n_steps - L + 1)
+    b = table.sample(4000, L, boundary="strict")
+    t = b["t"].numpy()
+    assert np.all(np.diff(t, axis=1) == 1), "every window is L consecutive steps"
+    assert sorted(set(t[:, 0].tolist())) == list(range(n_steps - L + 1))
+    assert np.allclose(b.probabilities.numpy(), 1 / (n_steps - L + 1))
+    assert [n for _, n in w.chunks] == [8, 8, 8, 8, 6]  # 2 rows shared by consecutive chunks
+
+
+def test_sequences_every_period_steps():
+    table = gf.LocalTable(gf.TableSpec(COLS, capacity=512), sampler=gf.Prioritized(alpha=1.0), seed=1)
+    w = gf.TrajectoryWriter(table, chunk_length=12, overlap=7, items="created")
+    for t in range(40):
+        w.append(step(0, t))
+        if w.episode_steps >= 8 and (w.episode_steps - 8) % 4 == 0:
+            w.create_item(8, priority=2.0)  # 8-step sequences starting every 4 steps
+    w.close()
+    starts = set(table.sample(2000, 8, boundary="strict")["t"].numpy()[:, 0].tolist())
+    assert starts == set(range(0, 33, 4))
+
+
+def test_chunk_insert_blocked_by_the_limiter_appends_nothing_and_retries():
+    table = gf.LocalTable.queue(gf.TableSpec(COLS, capacity=256), 6)
+    w = gf.TrajectoryWriter(table, chunk_length=4, overlap=1, timeout=0)
+    for t in range(7):
+        w.append(step(0, t))  # the 5th append inserts rows 0-3
+    with pytest.raises(gf.RateLimitTimeout):
+        w.append(step(0, 7))  # rows 3-6 would make 8 > 6 waiting items
+    assert w.pending == 3 and table.size == 4
+    assert read_all(table)[:, 1].tolist() == [0, 1, 2, 3]  # reading the queue empties it
+    w.append(step(0, 7))
+    w.end_episode()
+    rows = table.sample(table.size, 1, timeout=0)["t"].numpy()[:, 0].tolist()
+    assert rows == [3, 4, 5, 6, 6, 7]  # the chunk, then the last one sharing row 6
+
+
+def test_trajectory_writer_refuses_what_it_cannot_do():
+    uniform = gf.LocalTable(gf.TableSpec(COLS, capacity=64))
+    with pytest.raises(gf.SpecError, match="Prioritized"):
+        gf.TrajectoryWriter(uniform, 8, 2, items="created")
+    with pytest.raises(gf.SpecError, match="overlap"):
+        gf.TrajectoryWriter(uniform, 4, 4)
+    prio = gf.LocalTable(gf.TableSpec(COLS, capacity=64), sampler=gf.Prioritized())
+    w = gf.TrajectoryWriter(prio, 8, 2, items="created")
+    w.append(step(0, 0))
+    with pytest.raises(gf.SpecError, match="overlap \\+ 1"):
+        w.create_item(4)
+    with pytest.raises(gf.SpecError, match="exceeds the 1 steps"):
+        w.create_item(2)
+    with pytest.raises(gf.InvalidDataError):
+        w.append({"obs": np.zeros(2)})
+
+
+# -- VectorWriter ------------------------------------------------------------------------------------
+def test_vector_writer_episodes_end_independently():
+    rng = np.random.default_rng(0)
+    N, T = 4, 60
+    table = gf.LocalTable.queue(gf.TableSpec(COLS, capacity=1024), 1024)
+    w = gf.VectorWriter(table, N)
+    ep = np.zeros(N, int)
+    t = np.zeros(N, int)
+    expected = []  # (env, ep, t) of every step, in insertion order
+    buffered = [[] for _ in range(N)]
+    for _ in range(T):
+        done = rng.random(N) < 0.15
+        w.append(
+            {"obs": np.stack([np.array([i, t[i], ep[i]], np.float32) for i in range(N)]), "t": t.copy()},
+            done=done,
+        )
+        for i in range(N):
+            buffered[i].append((i, int(t[i]), int(ep[i])))
+        for i in np.flatnonzero(done):  # one insert per step, ended envs in env order
+            expected.extend(buffered[i])
+            buffered[i] = []
+            ep[i] += 1
+            t[i] = -1
+        t += 1
+    assert w.pending.tolist() == [len(b) for b in buffered]
+    w.close()
+    expected.extend(r for b in buffered for r in b)
+    b = table.sample(table.size, 1, timeout=0)["obs"].numpy()[:, 0]
+    assert [tuple(int(x) for x in r) for r in b] == expected
+    assert len(w.ended) == int(ep.sum()) + sum(1 for x in buffered if x)
+
+
+def test_vector_writer_bad_input_appends_nothing():
+    table = gf.LocalTable(gf.TableSpec(COLS, capacity=64))
+    w = gf.VectorWriter(table, 2)
+    good = {"obs": np.zeros((2, 3), np.float32), "t": np.zeros(2, np.int64)}
+    with pytest.raises(gf.InvalidDataError, match="shape"):
+        w.append({"obs": np.zeros((3, 3)), "t": np.zeros(3, np.int64)})
+    with pytest.raises(gf.InvalidDataError, match="done"):
+        w.append(good, done=[True])
+    with pytest.raises(gf.InvalidPriorityError):
+        w.append(good, priorities=[1.0, -1.0])
+    assert w.pending.tolist() == [0, 0]
+    w.append(good, done=[True, False], priorities=[1.0, 2.0])
+    assert table.size == 1 and w.pending.tolist() == [0, 1]
+
+
+# -- PriorityWriter ----------------------------------------------------------------------------------
+class SlowTable:
+    """Records update_priorities calls (in the writer's thread), each held until released."""
+
+    def __init__(self):
+        self.calls = []
+        self.release = threading.Semaphore(0)
+
+    def update_priorities(self, keys, priorities):
+        self.release.acquire()
+        self.calls.append((keys.tolist(), priorities.tolist()))
+        return gf.UpdateResult(len(keys), 0)
+
+
+def test_priority_writer_is_ordered_and_waits_only_past_the_backlog():
+    t = SlowTable()
+    pw = gf.PriorityWriter(t, backlog=3)
+    keys = np.array([1, 2])
+    for i in range(3):
+        pw.update(keys, [i, i])  # returns at once: the table has not applied anything yet
+        keys[:] = 99  # the caller reuses its buffer: the writer copied the keys
+        keys[:] = [1, 2]
+    assert pw.pending == 3 and t.calls == []
+    done = threading.Event()
+
+    def fourth():
+        pw.update([1, 2], [3, 3])  # 4 pending > backlog 3: waits for the oldest
+        done.set()
+
+    th = threading.Thread(target=fourth)
+    th.start()
+    assert not done.wait(0.2)
+    t.release.release()  # the oldest write goes through, the learner goes on
+    assert done.wait(10)
+    for _ in range(3):
+        t.release.release()
+    pw.close()
+    th.join()
+    assert t.calls == [([1, 2], [float(i)] * 2) for i in range(4)]
+    assert pw.applied == 8 and pw.stale == 0
+
+
+def test_priority_writer_raises_a_failed_write_on_the_learner():
+    table = gf.LocalTable(gf.TableSpec(COLS, capacity=64))
+    table.insert([{"obs": np.zeros((4, 3), np.float32), "t": np.arange(4)}])
+    pw = gf.PriorityWriter(table, backlog=4)
+    with pytest.raises(gf.UnknownKeyError):  # raised by this update if already done, else by the drain
+        pw.update(np.array([123456789]), [1.0])
+        pw.drain()
+    pw.update(np.array([0]), [2.0])  # the writer goes on after a failed write
+    pw.close()
