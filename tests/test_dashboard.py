@@ -17,6 +17,7 @@ import shutil
 import threading
 import urllib.request
 
+import dask
 import numpy as np
 import pytest
 from browser import Browser, find_chromium
@@ -27,6 +28,7 @@ from gear_flow.dashboard import DASHBOARD_NAME as DASHBOARD
 from gear_flow.dashboard import GearFlowDashboard, report_stats
 from gear_flow.dashboard.model import rates, snapshot
 from gear_flow.distributed import DistributedTable
+from gear_flow.resources import advertised
 
 
 def _public(size=5, lost=(), waiting=(0, 0), kind="SampleToInsertRatio", inserts=10, samples=20):
@@ -126,17 +128,19 @@ def test_dashboard_page_in_a_browser(tmp_path):
         Client(cluster) as client,
     ):
         client.register_plugin(GearFlowDashboard(interval=0.25))
-        workers = sorted(client.scheduler_info()["workers"])
+        workers = sorted(advertised(client))
         limiter = gf.SampleToInsertRatio(samples_per_insert=0.5, min_size_to_sample=8, error_buffer=400)
-        replay = DistributedTable.create(
-            client,
-            make_spec(capacity=96, num_shards=3),
-            name="replay",
-            sampler=gf.Prioritized(),
-            rate_limiter=limiter,
-            workers=workers,
-            degraded=True,
-        )
+        # the client's learner reads over the comm (as from another host): shared memory off for this table
+        with dask.config.set({"gear-flow.distributed.shared-memory": False}):
+            replay = DistributedTable.create(
+                client,
+                make_spec(capacity=96, num_shards=3),
+                name="replay",
+                sampler=gf.Prioritized(),
+                rate_limiter=limiter,
+                workers=workers,
+                degraded=True,
+            )
         queue = DistributedTable.queue(client, make_spec(capacity=64, num_shards=2), 16, name="handoff")
 
         # traffic while the page polls: inserts, samples, priority updates; some keys go stale

@@ -100,9 +100,6 @@ def test_custom_parts_in_a_distributed_table(dist_client, tmp_path):
         r.close()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="needs `share(client)` in DistributedTable.create (gear_flow/distributed/api.py, see issue 16)"
-)
 def test_distributed_create_shares_registrations_itself(dist_client):
     register_selector("late", Late)  # after the cluster got the other registrations
     t = gf.DistributedTable.create(dist_client, make_spec(capacity=32, num_shards=2), sampler=Late())
@@ -113,9 +110,6 @@ def test_distributed_create_shares_registrations_itself(dist_client):
         t.close()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="needs LocalTable to copy the limiter it is given (gear_flow/table/local.py, see issue 16)"
-)
 def test_a_limiter_given_to_two_tables_counts_for_each():
     lim = gf.SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=2, error_buffer=4)
     a = gf.LocalTable(make_spec(capacity=64), rate_limiter=lim)
@@ -139,8 +133,6 @@ def test_nbytes_of_a_distributed_table_matches_a_local_one(dist_client):
         for table in (local, t):
             table.insert([episode(1, 5), episode(2, 7)])
         assert t._ctx.sync(SizesMixin.nbytes_async, t) == local.nbytes() and local.nbytes()["data"] > 0
-        if not hasattr(t, "nbytes"):
-            pytest.xfail("needs SizesMixin among DistributedTable's bases (gear_flow/distributed/api.py, issue 16)")
         assert t.nbytes() == local.nbytes()
     finally:
         t.close()

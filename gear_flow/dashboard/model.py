@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 #: the learners' transport counters, as ``DistributedTable.stats`` names them
-TRANSPORT_KEYS = ("local_bytes", "remote_bytes", "batches")
+TRANSPORT_KEYS = ("local_bytes", "shared_bytes", "remote_bytes", "batches")
 
 
 @dataclass
@@ -198,7 +198,8 @@ def learner_rows(reports: dict, now: float | None = None) -> list[dict]:
     now = time.time() if now is None else now
     rows = []
     for (table, learner), st in sorted(reports.items()):
-        local, remote = int(st.get("local_bytes", 0)), int(st.get("remote_bytes", 0))
+        local = int(st.get("local_bytes", 0)) + int(st.get("shared_bytes", 0))  # in-process or shared memory
+        remote = int(st.get("remote_bytes", 0))
         rows.append(
             {
                 "table": table,

@@ -25,8 +25,10 @@ from collections import defaultdict
 import numpy as np
 
 from ..config import get as config_get
+from ..dashboard import GearFlowDashboard
 from ..errors import ShardLostError, SpecError
 from ..rate_limiters import RateLimiter
+from ..registry_share import share as share_registrations
 from ..resources import advertised, check_resources
 from ..selectors import Selector
 from ..spec import TableSpec
@@ -36,13 +38,14 @@ from .checkpoints import CheckpointMixin
 from .coordinator import GearFlowCoordinator
 from .plugin import GearFlowWorker
 from .sampling import SamplingMixin
+from .sizes import SizesMixin
 from .transport import Context, Retry, WorkerLost, call, coord
 from .writes import WritesMixin
 
 logger = logging.getLogger(__name__)
 
 
-class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, DatasetMethods):
+class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, DatasetMethods):
     """Replay table sharded over Dask workers.
 
     Create with :meth:`create` (from a client) or get a handle with
@@ -128,8 +131,10 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, DatasetMetho
             tier=tier,
             timeout=timeout,
         )
+        share_registrations(client)  # custom selectors/limiters, before the scheduler and workers rebuild them
         client.register_plugin(GearFlowCoordinator())
         client.register_plugin(GearFlowWorker())
+        client.register_plugin(GearFlowDashboard())  # the /gear-flow dashboard page (where there is a dashboard)
         if workers is None and resources is not None:
             workers = workers_with_resource(client, resources)
         addrs = list(workers) if workers is not None else sorted(advertised(client))

@@ -6,7 +6,9 @@ import asyncio
 import uuid
 from collections import defaultdict
 
+from ..dashboard import GearFlowDashboard
 from ..errors import ShardLostError, SpecError
+from ..registry_share import share as share_registrations
 from ..resources import advertised
 from .coordinator import GearFlowCoordinator
 from .plugin import GearFlowWorker
@@ -81,8 +83,10 @@ class CheckpointMixin:
 
             raise CheckpointError(f"{path} holds a {m.get('kind')!r} checkpoint; use LocalTable.restore")
         cfg = m["table"]
+        share_registrations(client)
         client.register_plugin(GearFlowCoordinator())
         client.register_plugin(GearFlowWorker())
+        client.register_plugin(GearFlowDashboard())
         addrs = list(workers) if workers is not None else sorted(advertised(client))
         shard_ids = sorted(int(k) for k in m["files"])
         placement = {s: addrs[j % len(addrs)] for j, s in enumerate(shard_ids)}

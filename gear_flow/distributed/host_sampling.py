@@ -157,7 +157,11 @@ class SamplingHost:
                 else:
                     buf, off = out, offsets[i]
                 before = s.counters.expired
+                prio = s.priority[sl].copy()  # Reverb's SampleInfo: the priority when sampled
+                times = None if s.times_sampled is None else s.times_sampled[sl].astype(np.int64) + (0 if record else 1)
                 win = s.take(sl, length, boundary, rng, buf, off, columns, record=record, gather=not geometry)
+                if times is not None and record:
+                    times = s.times_sampled[sl].astype(np.int64)
                 r = {
                     "seqs": win.seqs,
                     "p": p,
@@ -166,6 +170,8 @@ class SamplingHost:
                     "dst_offset": win.dst_offset,
                     "n_valid": win.n_valid,
                     "expired": s.counters.expired - before,
+                    "priorities": prio,
+                    "times_sampled": times,
                 }
                 if slots is None:  # the shard's mass now, for the sampler's next plan (no extra round trip)
                     r["mass"] = (
@@ -260,5 +266,7 @@ class SamplingHost:
                 mask=buf.mask,
                 episode_ids=buf.episode_ids,
                 timesteps=buf.timesteps,
+                priorities=buf.priorities,
+                times_sampled=buf.times_sampled,
             )
         return res

@@ -69,6 +69,9 @@ def setup_scheduler(scheduler) -> None:
         # started by the scheduler with its other plugins, after the preloads
         scheduler.add_plugin(GearFlowCoordinator(), name=COORDINATOR_NAME, idempotent=True)
     scheduler.worker_plugins.setdefault(PLUGIN_NAME, dumps(worker_plugin()))
+    from ..dashboard import install as install_dashboard
+
+    install_dashboard(scheduler)  # the /gear-flow page, where the scheduler serves a dashboard
     logger.info("gear_flow: coordinator added, worker plugin %r recorded for all workers", PLUGIN_NAME)
 
 

@@ -27,6 +27,7 @@ import time
 from collections import defaultdict
 
 from .. import config
+from ..dashboard.report import maybe_report
 from ..errors import EmptyTableError, SpecError, nothing_to_sample
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
@@ -149,6 +150,8 @@ class RemoteSample(SharedReads):
                     r["dst_offset"],
                     r["n_valid"],
                     self.L,
+                    r.get("priorities"),
+                    r.get("times_sampled"),
                 )
                 if r["expired"]:
                     self.expired[s] = self.expired.get(s, 0) + r["expired"]
@@ -262,6 +265,7 @@ class SamplingMixin:
         elif expired:
             await self._coord("removed", k=sum(expired.values()), per_shard=expired)
         self.stats["batches"] += 1
+        maybe_report(self)
         return out.batch(-1)
 
     async def _sample_plan(self, out, B, L, boundary, columns, rng, adm, exclusive) -> dict:
@@ -324,6 +328,7 @@ class SamplingMixin:
             raise
         self.stats["local_bytes"] += sum(a.nbytes for a in out.bytes.values())
         self.stats["batches"] += 1
+        maybe_report(self)
         if res["expired"]:
             ctx.sync(self._coord, "removed", k=sum(res["expired"].values()), per_shard=res["expired"])
         return out.batch(-1)
@@ -360,8 +365,18 @@ class SamplingMixin:
         else:
             for c in columns:
                 out.bytes[c][...] = res["data"][c]
-            for f in ("keys", "probabilities", "weights", "mask", "episode_ids", "timesteps"):
-                getattr(out, f)[...] = res[f]
+            for f in (
+                "keys",
+                "probabilities",
+                "weights",
+                "mask",
+                "episode_ids",
+                "timesteps",
+                "priorities",
+                "times_sampled",
+            ):
+                if f in res:
+                    getattr(out, f)[...] = res[f]
             self.stats["remote_bytes"] += nbytes
         return out, res["expired"]
 

@@ -43,13 +43,14 @@ class SharedReads:
             sub = type(self)(t, tmp, self.L, self.boundary, self.columns, self.rng, self.txn, True, None)
             again = sub._copy_shared(sh, r, 0)
             fill_rows(
-                tmp, 0, s, r["seqs"], r["p"], r["episode_ids"], r["timesteps"], r["dst_offset"], r["n_valid"], self.L
-            )
+                tmp, 0, s, r["seqs"], r["p"], r["episode_ids"], r["timesteps"], r["dst_offset"], r["n_valid"], self.L,
+                r.get("priorities"), r.get("times_sampled"),
+            )  # fmt: skip
             ok = np.setdiff1d(np.arange(k), again)
             rows = o + torn[ok]
             for c in self.columns:
                 out.bytes[c][rows] = tmp.bytes[c][ok]
-            for f in ("keys", "probabilities", "episode_ids", "timesteps", "mask"):
+            for f in ("keys", "probabilities", "episode_ids", "timesteps", "mask", "priorities", "times_sampled"):
                 getattr(out, f)[rows] = getattr(tmp, f)[ok]
             torn = torn[again]
             if not len(torn):

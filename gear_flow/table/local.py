@@ -10,6 +10,7 @@ the probabilities it reports are those of one consistent state.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -20,6 +21,7 @@ from .. import config
 from ..errors import CapacityError, SpecError
 from ..keys import decode
 from ..rate_limiters import RateLimiter
+from ..rate_limiters import to_config as limiter_to_config
 from ..sample import SampleBatch, SampleBuffers
 from ..selectors import Selector
 from ..shard import EpisodeBatch, Shard
@@ -108,7 +110,7 @@ class LocalTable(DatasetMethods):
         )
         self.cfg = cfg
         self.spec = spec
-        self.rate_limiter = cfg.rate_limiter
+        self.rate_limiter = copy.deepcopy(cfg.rate_limiter)  # a limiter given to two tables: counters each
         self.sampler_proto = cfg.sampler
         self.remover_proto = cfg.remover
         self.max_times_sampled = cfg.max_times_sampled
@@ -448,7 +450,7 @@ class LocalTable(DatasetMethods):
     # -- checkpoints ----------------------------------------------------------------------------
     def config(self) -> dict:
         """JSON-able configuration (what a checkpoint needs to rebuild the table)."""
-        return self.cfg.to_dict()
+        return {**self.cfg.to_dict(), "rate_limiter": limiter_to_config(self.rate_limiter)}
 
     def checkpoint(self, path) -> dict:
         """Write an atomic, checksummed checkpoint to directory ``path`` (no pickle).
