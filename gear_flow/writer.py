@@ -18,12 +18,12 @@ from numpy.typing import ArrayLike
 
 from .errors import InvalidDataError, SpecError, TableClosedError
 from .table.results import InsertResult
-from .writers.buffer import StepBuffer, check_step
+from .writers.buffer import BufferedWriter, StepBuffer, check_step
 
 logger = logging.getLogger(__name__)
 
 
-class EpisodeWriter:
+class EpisodeWriter(BufferedWriter):
     """Buffers one episode at a time and inserts it whole.
 
     Parameters
@@ -140,22 +140,5 @@ class EpisodeWriter:
         self._rows.clear()
         return n
 
-    def close(self) -> None:
-        """End the pending episode (if any) and refuse further appends."""
-        if not self._closed:
-            try:
-                self.end_episode()
-            finally:
-                self._closed = True
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
-            n = self.discard()
-            if n:
-                logger.warning("writer exited with %s; %d buffered steps were not inserted", exc_type.__name__, n)
-            self._closed = True
-        else:
-            self.close()
+    def _flush(self) -> None:
+        self.end_episode()

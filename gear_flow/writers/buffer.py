@@ -8,12 +8,15 @@ column (doubling, so appending is amortised O(1)).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 import numpy as np
 
 from ..errors import InvalidDataError
 from ..spec import TableSpec
+
+logger = logging.getLogger(__name__)
 
 
 def check_step(spec: TableSpec, step: Mapping, lead: tuple[int, ...] = ()) -> dict[str, np.ndarray]:
@@ -106,3 +109,43 @@ class StepBuffer:
     def clear(self) -> None:
         """Drop every row."""
         self.n = 0
+
+
+class BufferedWriter:
+    """Lifecycle shared by the writers: ``close`` flushes, a ``with`` block that raises discards.
+
+    Subclasses set ``self._closed = False`` and implement ``_flush()`` (insert what
+    is pending) and ``discard()`` (drop it; returns how much); ``_unit`` names what
+    ``discard`` counts in the warning.
+    """
+
+    _unit = "steps"
+    _closed: bool
+
+    def _flush(self) -> None:  # pragma: no cover - abstract by intent
+        raise NotImplementedError
+
+    def discard(self) -> int:  # pragma: no cover - abstract by intent
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Insert what is pending and refuse further appends."""
+        if not self._closed:
+            try:
+                self._flush()
+            finally:
+                self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            n = self.discard()
+            if n:
+                logger.warning(
+                    "writer exited with %s; %d buffered %s were not inserted", exc_type.__name__, n, self._unit
+                )
+            self._closed = True
+        else:
+            self.close()

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..errors import InvalidPriorityError, SpecError, TableClosedError
-from .buffer import StepBuffer, check_step
+from .buffer import BufferedWriter, StepBuffer, check_step
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def _table_config(table):
     return cfg if isinstance(cfg, TableConfig) else getattr(table, "config", None)
 
 
-class TrajectoryWriter:
+class TrajectoryWriter(BufferedWriter):
     """Writes episodes as overlapping chunks; see the module docstring.
 
     Parameters
@@ -76,6 +76,8 @@ class TrajectoryWriter:
     >>> int(table.sample(4, 3).mask.all())
     1
     """
+
+    _unit = "rows"
 
     def __init__(
         self,
@@ -245,22 +247,5 @@ class TrajectoryWriter:
         self._prio, self._head, self._steps = [], 0, 0
         return n
 
-    def close(self) -> None:
-        """End the episode (inserting its last chunk) and refuse further appends."""
-        if not self._closed:
-            try:
-                self.end_episode()
-            finally:
-                self._closed = True
-
-    def __enter__(self) -> TrajectoryWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            n = self.discard()
-            if n:
-                logger.warning("writer exited with %s; %d buffered rows were not inserted", exc_type.__name__, n)
-            self._closed = True
-        else:
-            self.close()
+    def _flush(self) -> None:
+        self.end_episode()

@@ -19,12 +19,12 @@ from numpy.typing import ArrayLike
 
 from ..errors import InvalidDataError, InvalidPriorityError, SpecError, TableClosedError
 from ..table.results import InsertResult
-from .buffer import StepBuffer, check_step
+from .buffer import BufferedWriter, StepBuffer, check_step
 
 logger = logging.getLogger(__name__)
 
 
-class VectorWriter:
+class VectorWriter(BufferedWriter):
     """One episode buffer per environment of a vectorised env; see the module docstring.
 
     Parameters
@@ -203,22 +203,5 @@ class VectorWriter:
         self._ending = [(e, t) for e, t in self._ending if e not in set(envs)]
         return n
 
-    def close(self) -> None:
-        """End every pending episode (inserting them) and refuse further appends."""
-        if not self._closed:
-            try:
-                self.end_episodes()
-            finally:
-                self._closed = True
-
-    def __enter__(self) -> VectorWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            n = self.discard()
-            if n:
-                logger.warning("writer exited with %s; %d buffered steps were not inserted", exc_type.__name__, n)
-            self._closed = True
-        else:
-            self.close()
+    def _flush(self) -> None:
+        self.end_episodes()
