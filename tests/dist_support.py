@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+from helpers import shard_state
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable
@@ -47,20 +48,7 @@ def _worker_shards(name, dask_worker=None):
     out = []
     for i, s in sorted(t.shards.items()):
         with s.lock:
-            out.append(
-                (
-                    i,
-                    s.ring.write_pos,
-                    {k: v.copy() for k, v in s.ring.columns.items()},
-                    s.active.copy(),
-                    s.priority.copy(),
-                    s.sampler.tree.copy() if hasattr(s.sampler, "tree") else None,
-                    s.remover.tree.copy() if hasattr(s.remover, "tree") else None,
-                    len(s.index),
-                    s.max_priority,
-                    s.counters.as_dict(),
-                )
-            )
+            out.append((i, *shard_state(s), s.counters.as_dict()))
     return out
 
 

@@ -154,3 +154,17 @@ def chi2_critical(df: int, p: float = 1e-4) -> float:
         else:
             hi = mid
     return hi
+
+
+def shard_state(s) -> tuple:
+    """Everything of one shard that an applied call could change (copies)."""
+    return (
+        s.ring.write_pos,
+        {k: v.copy() for k, v in s.ring.columns.items()},
+        s.active.copy(),
+        s.priority.copy(),
+        s.sampler.tree.copy() if hasattr(s.sampler, "tree") else None,
+        s.remover.tree.copy() if hasattr(s.remover, "tree") else None,
+        len(s.index),
+        s.max_priority,
+    )

@@ -6,7 +6,7 @@ import copy
 
 import numpy as np
 import pytest
-from helpers import episode, make_spec
+from helpers import episode, make_spec, shard_state
 
 from gear_flow import (
     CapacityError,
@@ -40,20 +40,7 @@ def _table(sampler=None):
 
 def snapshot(t: LocalTable):
     """Everything an applied call could change."""
-    shards = []
-    for s in t.shards:
-        shards.append(
-            (
-                s.ring.write_pos,
-                {k: v.copy() for k, v in s.ring.columns.items()},
-                s.active.copy(),
-                s.priority.copy(),
-                s.sampler.tree.copy() if hasattr(s.sampler, "tree") else None,
-                s.remover.tree.copy() if hasattr(s.remover, "tree") else None,
-                len(s.index),
-                s.max_priority,
-            )
-        )
+    shards = [shard_state(s) for s in t.shards]
     return copy.deepcopy(t.info()), shards, copy.deepcopy(t.rate_limiter.state), t._stamp
 
 
