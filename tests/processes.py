@@ -40,6 +40,17 @@ class Processes:
         self.procs.append((p, log))
         return p
 
+    def __enter__(self) -> Processes:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Print the logs if the block failed; stop every group; none may be left behind."""
+        if exc_type is not None:
+            print(self.logs())
+        self.stop()
+        if exc_type is None:
+            assert not self.group_members(), "processes left behind"
+
     def logs(self) -> str:
         return "\n".join(f"--- {log.name}\n{log.read_text()[-3000:]}" for _, log in self.procs if log.exists())
 
@@ -79,6 +90,18 @@ def cluster_env(**extra) -> dict:
     env["PYTHONUNBUFFERED"] = "1"
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+def launch_env(tmp: Path, protocol: str) -> tuple[dict, str]:
+    """Environment for the launch scripts of a one-machine cluster (a copy of the shipped config, no
+    GEAR_FLOW_HOST, dashboards on a free port since 8787 may be taken) and its scheduler address."""
+    port = free_port()
+    (tmp / "config").mkdir()
+    (tmp / "config" / "gear-flow.yaml").write_text((CLUSTER / "config" / "gear-flow.yaml").read_text())
+    env = cluster_env(DASK_CONFIG=tmp / "config", GEAR_FLOW_PROTOCOL=protocol, GEAR_FLOW_SCHEDULER_PORT=port,
+                      GEAR_FLOW_DASHBOARD=":0", GEAR_FLOW_MEMORY_LIMIT="1GB", GEAR_FLOW_NTHREADS=1,
+                      GEAR_FLOW_LOCAL_DIRECTORY=tmp / "scratch")  # fmt: skip
+    return env, f"{protocol}://127.0.0.1:{port}"
 
 
 def gear_flow_cli(*args, env, timeout=60) -> str:

@@ -88,7 +88,7 @@ def test_tls_cluster_from_launch_scripts(tmp_path):
     sec = Security(tls_ca_file=str(certs / "ca.pem"), tls_client_cert=str(certs / "client.pem"),
                    tls_client_key=str(certs / "client-key.pem"), require_encryption=True)  # fmt: skip
     t0 = time.monotonic()
-    try:
+    with procs:
         # the scheduler's preload installs the worker plugin with the scheduler's settings on every worker
         procs.start(
             "scheduler", ["bash", str(CLUSTER / "start-scheduler.sh")], {**env, "DASK_GEAR_FLOW__WORKER__THREADS": "3"}
@@ -158,12 +158,6 @@ def test_tls_cluster_from_launch_scripts(tmp_path):
             assert sorted(set(table.placement.values())) == sorted(workers)
             gear_flow_cli("drop", *tls, "--table", "replay", env=env)
             assert gear_flow_cli("list", *tls, env=env).split() == []
-    except BaseException:
-        print(procs.logs())
-        raise
-    finally:
-        procs.stop()
-    assert not procs.group_members(), "processes left behind"
     assert started < 60, f"cluster took {started:.0f} s to start"
 
 
@@ -171,7 +165,7 @@ def test_gear_flow_local_starts_serves_and_stops(tmp_path):
     """``gear-flow local`` prints a usable address, serves the CLI, and stops on SIGINT."""
     procs = Processes(tmp_path)
     env = cluster_env()
-    try:
+    with procs:
         p = procs.start("local", [sys.executable, "-m", "gear_flow", "local", "--workers", "1", "--threads", "1",
                                   "--port", "0", "--no-dashboard", "--memory-limit", "1GB"], env)  # fmt: skip
         log = tmp_path / "local.log"
@@ -209,9 +203,3 @@ def test_gear_flow_local_starts_serves_and_stops(tmp_path):
         os.killpg(p.pid, signal.SIGINT)
         assert p.wait(timeout=40) == 0
         assert "gear-flow local: stopped" in log.read_text()
-    except BaseException:
-        print(procs.logs())
-        raise
-    finally:
-        procs.stop()
-    assert not procs.group_members(), "processes left behind"

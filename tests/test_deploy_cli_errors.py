@@ -75,7 +75,7 @@ def test_gear_flow_local_listens_on_its_host_and_reports_a_busy_port(tmp_path):
     same port says so in one line."""
     port = free_port()
     procs = Processes(tmp_path)
-    try:
+    with procs:
         p = procs.start("local", [sys.executable, "-m", "gear_flow", "local", "--workers", "1", "--threads", "1",
                                   "--port", str(port), "--dashboard-address", ":0", "--memory-limit", "1GB"],
                         cluster_env())  # fmt: skip
@@ -87,9 +87,3 @@ def test_gear_flow_local_listens_on_its_host_and_reports_a_busy_port(tmp_path):
         line = one_line(run("local", "--port", port, "--workers", "1"), "local")
         assert line == (f"gear-flow local: scheduler port {port} on 127.0.0.1 is already in use (another gear-flow "
                         "local or Dask scheduler?): stop it, or pass --port 0 for any free port")  # fmt: skip
-    except BaseException:
-        print(procs.logs())
-        raise
-    finally:
-        procs.stop()
-    assert not procs.group_members(), "processes left behind"

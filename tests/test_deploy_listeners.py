@@ -10,7 +10,16 @@ import sys
 import urllib.request
 
 import pytest
-from processes import CLUSTER, Processes, cluster_env, free_port, gear_flow_cli, listening, port_of, wait_for_line
+from processes import (
+    CLUSTER,
+    Processes,
+    cluster_env,
+    gear_flow_cli,
+    launch_env,
+    listening,
+    port_of,
+    wait_for_line,
+)
 
 from gear_flow.errors import SpecError
 from gear_flow.resources import check_resources, submit
@@ -32,16 +41,9 @@ def cli_error(*args, env) -> str:
 def test_launch_scripts_listen_on_loopback_by_default_and_resources_fail_fast(tmp_path):
     from distributed import Client
 
-    port = free_port()
-    (tmp_path / "config").mkdir()
-    (tmp_path / "config" / "gear-flow.yaml").write_text((CLUSTER / "config" / "gear-flow.yaml").read_text())
-    # no GEAR_FLOW_HOST, dashboards on (a free port: 8787 may be taken on this machine)
-    env = cluster_env(DASK_CONFIG=tmp_path / "config", GEAR_FLOW_PROTOCOL="tcp", GEAR_FLOW_SCHEDULER_PORT=port,
-                      GEAR_FLOW_DASHBOARD=":0", GEAR_FLOW_MEMORY_LIMIT="1GB", GEAR_FLOW_NTHREADS=1,
-                      GEAR_FLOW_LOCAL_DIRECTORY=tmp_path / "scratch")  # fmt: skip
-    addr = f"tcp://127.0.0.1:{port}"
+    env, addr = launch_env(tmp_path, "tcp")
     procs = Processes(tmp_path)
-    try:
+    with procs:
         sched = procs.start("scheduler", ["bash", str(CLUSTER / "start-scheduler.sh")], env)
         wait_for_line(tmp_path / "scheduler.log", r"Scheduler at:\s+tcp://127\.0\.0\.1:", sched)
         # the default worker resources include `learner` (the README's co-located learner runs)
@@ -51,7 +53,7 @@ def test_launch_scripts_listen_on_loopback_by_default_and_resources_fail_fast(tm
             ws = client.scheduler_info(n_workers=-1)["workers"]
             socks = listening(procs.group_members())
             assert {ip for ip, _ in socks} == {"127.0.0.1"}, socks
-            comm = {port} | {port_of(a) for a in ws} | {port_of(w["nanny"]) for w in ws.values()}
+            comm = {port_of(addr)} | {port_of(a) for a in ws} | {port_of(w["nanny"]) for w in ws.values()}
             http = {p for _, p in socks} - comm
             assert len(http) == 2, socks  # the scheduler's and the worker's dashboards, on 127.0.0.1 too
             for p in http:
@@ -94,9 +96,3 @@ def test_launch_scripts_listen_on_loopback_by_default_and_resources_fail_fast(tm
             assert "has no file for shard 7" in line, line
             line = cli_error("restore-shard", "--table", "t", "--shard", "0", tmp_path / "nowhere", env=cenv)
             assert "is not a gear_flow checkpoint" in line, line
-    except BaseException:
-        print(procs.logs())
-        raise
-    finally:
-        procs.stop()
-    assert not procs.group_members(), "processes left behind"

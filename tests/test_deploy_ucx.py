@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from processes import CLUSTER, Processes, cluster_env, free_port, listening, port_of, wait_for_line
+from processes import CLUSTER, Processes, launch_env, listening, port_of, wait_for_line
 
 pytestmark = [
     pytest.mark.timeout(150),
@@ -39,15 +39,9 @@ with Client(timeout="30s") as c:  # address and settings from env.sh
 def test_ucx_on_a_cpu_node_from_the_launch_scripts(tmp_path):
     import json
 
-    port = free_port()
-    (tmp_path / "config").mkdir()
-    (tmp_path / "config" / "gear-flow.yaml").write_text((CLUSTER / "config" / "gear-flow.yaml").read_text())
-    env = cluster_env(DASK_CONFIG=tmp_path / "config", GEAR_FLOW_PROTOCOL="ucx", GEAR_FLOW_SCHEDULER_PORT=port,
-                      GEAR_FLOW_DASHBOARD=":0", GEAR_FLOW_MEMORY_LIMIT="1GB", GEAR_FLOW_NTHREADS=1,
-                      GEAR_FLOW_LOCAL_DIRECTORY=tmp_path / "scratch")  # fmt: skip
-    addr = f"ucx://127.0.0.1:{port}"
+    env, addr = launch_env(tmp_path, "ucx")
     procs = Processes(tmp_path)
-    try:
+    with procs:
         sched = procs.start("scheduler", ["bash", str(CLUSTER / "start-scheduler.sh")], env)
         wait_for_line(tmp_path / "scheduler.log", r"Scheduler at:\s+ucx://127\.0\.0\.1:", sched)
         worker = procs.start("worker", ["bash", str(CLUSTER / "start-worker.sh"), "--kind", "cpu", addr], env)
@@ -62,16 +56,10 @@ def test_ucx_on_a_cpu_node_from_the_launch_scripts(tmp_path):
         assert out["shape"] == [8, 4, 4] and out["size"] == 20
         assert all(a.startswith("ucx://127.0.0.1:") for a in out["workers"]), out
         socks = listening(procs.group_members())
-        ucx_listeners = {port} | {port_of(a) for a in out["workers"] + out["nannies"]}
+        ucx_listeners = {port_of(addr)} | {port_of(a) for a in out["workers"] + out["nannies"]}
         wide = {(ip, p) for ip, p in socks if ip != "127.0.0.1"}
         # everything else (dashboards, UCX's TCP transport on `lo`) is on 127.0.0.1; UCX's own
         # listener is on every interface, a known ucxx limitation (documented in cluster/README.md)
         assert wide == {("0.0.0.0", p) for p in ucx_listeners}, socks
         logs = procs.logs()
         assert "NVMLError" not in logs and "Traceback" not in logs
-    except BaseException:
-        print(procs.logs())
-        raise
-    finally:
-        procs.stop()
-    assert not procs.group_members(), "processes left behind"
