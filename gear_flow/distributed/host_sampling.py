@@ -158,10 +158,9 @@ class SamplingHost:
                     buf, off = out, offsets[i]
                 before = s.counters.expired
                 prio = s.priority[sl].copy()  # Reverb's SampleInfo: the priority when sampled
-                times = None if s.times_sampled is None else s.times_sampled[sl].astype(np.int64) + (0 if record else 1)
                 win = s.take(sl, length, boundary, rng, buf, off, columns, record=record, gather=not geometry)
-                if times is not None and record:
-                    times = s.times_sampled[sl].astype(np.int64)
+                # times sampled including this draw (a two-phase sample records it at the commit)
+                times = None if s.times_sampled is None else s.times_sampled[sl].astype(np.int64) + (not record)
                 r = {
                     "seqs": win.seqs,
                     "p": p,

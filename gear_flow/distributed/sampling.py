@@ -193,10 +193,6 @@ class SamplingMixin:
             self.sample_async, batch_size, length, columns=columns, boundary=boundary, timeout=timeout, out=out, rng=rng
         )
 
-    def _exclusive(self) -> bool:
-        # also on one worker: the next sample may only be admitted once this one's expiries are counted
-        return self._cfg.exclusive
-
     def _leases_ok(self) -> bool:
         return not self._cfg.exclusive and self._cfg.selection != "ordered"
 
@@ -213,13 +209,14 @@ class SamplingMixin:
         self._cfg.rate_limiter.check_sample_size(batch_size)
         self._check_not_lost()
         rng = self.rng if rng is None else rng
+        # samples that change the table run one at a time (also on one worker: the next sample may only
+        # be admitted once this one's expiries are counted); they never take leases
+        exclusive = self._cfg.exclusive
         leased = self._leases_ok() and self._take_lease(batch_size)
         adm = {"txn": None, "horizon": None}
-        exclusive = False
         if not leased:
             with self._lease_lock:
                 done, self._lease_done = self._lease_done, 0
-            exclusive = self._exclusive()
             adm = await self._coord(
                 "admit_sample",
                 n=batch_size,
