@@ -1,4 +1,5 @@
-"""Concurrent writers, samplers, priority updaters and deleters on one LocalTable (2 shards).
+"""Concurrent writers, samplers, priority updaters and deleters on one table of 2 shards
+(a LocalTable, and a DistributedTable over two worker processes).
 
 Every thread checks what it can on its own (sampled windows are checked from
 the self-describing data alone, since a window may come from an episode whose
@@ -60,9 +61,9 @@ CONFIGS = {  # factories: a rate limiter holds state
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
-def test_concurrent_use(config):
+def test_concurrent_use(config, make_table):
     kw = CONFIGS[config]()
-    t = LocalTable(make_spec(capacity=96, num_shards=2, max_size=150), seed=0, **kw)
+    t = make_table(make_spec(capacity=96, num_shards=2, max_size=150), seed=0, **kw)
     stop = threading.Event()
     errors: list[BaseException] = []
     recent: deque[int] = deque(maxlen=256)
@@ -186,8 +187,9 @@ def test_concurrent_use(config):
     tot = reconcile(t)
     assert tot["inserted"] == sum(inserted)
     assert tot["sampled"] == sum(sampled)
-    assert t.rate_limiter.state.inserts == tot["inserted"]
-    assert t.rate_limiter.state.samples == tot["sampled"]
+    limiter = t.info()["rate_limiter"]  # the table's global limiter (the coordinator's, when distributed)
+    assert limiter["inserts"] == tot["inserted"]
+    assert limiter["samples"] == tot["sampled"]
     assert t.size <= 150
     # every thread did real work
     assert min(inserted) > 0 and min(sampled) > 0
