@@ -2,7 +2,8 @@
 
 Importing gear_flow never imports CuPy, cuDF or torch and never touches CUDA,
 and imports Dask's distributed machinery only when a name that needs it is
-first used (``gear_flow.DistributedTable``, ``gear_flow.GearFlowDashboard``).
+first used (``gear_flow.DistributedTable``, ``gear_flow.GearFlowDashboard``,
+``gear_flow.local_cluster``, ``gear_flow.local_cuda_cluster``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from .errors import (
     CapacityError,
     CheckpointError,
     CoordinatorLostError,
+    DeployError,
     EmptyTableError,
     GearFlowError,
     InvalidDataError,
@@ -41,6 +43,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "DistributedTable": "gear_flow.distributed.api",
     "GearFlowDashboard": "gear_flow.dashboard.plugin",
+    "local_cluster": "gear_flow.deploy.local",
+    "local_cuda_cluster": "gear_flow.deploy.local",
 }
 
 
@@ -64,6 +68,7 @@ __all__ = [
     "CheckpointError",
     "CoordinatorLostError",
     "ColumnSpec",
+    "DeployError",
     "DistributedTable",
     "EmptyTableError",
     "EpisodeWriter",
@@ -102,6 +107,8 @@ __all__ = [
     "VectorWriter",
     "WindowTooLongError",
     "WithoutReplacement",
+    "local_cluster",
+    "local_cuda_cluster",
     "register_rate_limiter",
     "register_selector",
 ]

@@ -171,3 +171,23 @@ class CoordinatorLostError(GearFlowError, ConnectionError):
 
 class CheckpointError(GearFlowError, ValueError):
     """A checkpoint is corrupted, of another version, or does not match the table."""
+
+
+class DeployError(GearFlowError, RuntimeError):
+    """A cluster cannot be started on this machine: what was asked for and what is missing.
+
+    Attributes
+    ----------
+    what : str
+        What was asked for (``"a LocalCUDACluster"``).
+    missing : str
+        What this machine lacks, and what to do about it.
+    """
+
+    def __init__(self, what: str, missing: str):
+        self.what = what
+        self.missing = missing
+        super().__init__(f"cannot start {what} here: {missing}")
+
+    def __reduce__(self):
+        return (type(self), (self.what, self.missing))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import errno
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -38,39 +37,30 @@ def _check_port_free(host: str, port: int, what: str) -> None:
 
 
 def cmd_local(args: argparse.Namespace) -> int:
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    from ..dashboard import GearFlowDashboard
-    from ..deploy.net import http_address, join_host_port
-    from ..distributed.coordinator import GearFlowCoordinator
-    from ..distributed.preload import worker_plugin
+    from ..deploy.local import local_cluster, local_cuda_cluster
 
     sec = local_security(args.tls_dir)
     protocol = args.protocol or ("tls" if sec is not None else "tcp")
     if protocol == "tls" and sec is None:
         raise CLIError("--protocol tls needs --tls-dir (cluster/tls/make_certs.py makes one)")
-    if protocol == "ucx":
-        import dask.config
-
-        from ..deploy.ucx import CUDA_CONTEXT_VAR, ucx_environment
-
-        env = ucx_environment(args.host)  # no CUDA context without a GPU; UCX_NET_DEVICES=lo on loopback
-        if CUDA_CONTEXT_VAR in env:
-            dask.config.set({"distributed-ucxx.create-cuda-context": env.pop(CUDA_CONTEXT_VAR) == "True"})
-        os.environ.update(env)  # the worker processes inherit it
+    if args.rmm_pool_size is not None and not args.gpu:
+        raise CLIError("--rmm-pool-size is for GPU workers: add --gpu")
     if protocol != "ucx":  # UCX binds its own way; Dask reports that clearly enough
         _check_port_free(args.host, args.port, "scheduler")
     resources = dict(parse_kind("x:" + args.resources.replace(" ", ","))["params"]) if args.resources else None
-    # every listener on --host: scheduler, workers, nannies and their HTTP servers; "no dashboard"
-    # means no HTTP server at all (Dask starts one regardless: the no_http preload stops it)
-    dashboard = None if args.no_dashboard else http_address(args.dashboard_address, args.host, 8787)
-    no_http = ["gear_flow.deploy.no_http"] if args.no_dashboard else []
-    cluster = LocalCluster(
-        n_workers=args.workers, threads_per_worker=args.threads, processes=True, memory_limit=args.memory_limit,
-        host=args.host, scheduler_port=args.port, protocol=protocol, security=sec, resources=resources,
-        dashboard_address=dashboard, worker_dashboard_address=join_host_port(args.host, 0),
-        scheduler_kwargs={"dashboard": not args.no_dashboard, "preload": no_http}, preload=no_http,
-    )  # fmt: skip
+    common = {"memory_limit": args.memory_limit, "host": args.host, "port": args.port, "protocol": protocol,
+              "security": sec, "resources": resources, "dashboard_address": args.dashboard_address,
+              "no_dashboard": args.no_dashboard}  # fmt: skip
+    # both load gear_flow's preload on the scheduler and the workers: coordinator, worker plugin, /gear-flow page
+    if args.gpu:  # one worker per GPU unless --workers says otherwise; 1 thread each, as dask-cuda
+        threads = args.threads or 1
+        cluster = local_cuda_cluster(args.workers, threads_per_worker=threads, rmm_pool_size=args.rmm_pool_size,
+                                     **common)  # fmt: skip
+    else:
+        threads = args.threads or 2
+        cluster = local_cluster(args.workers or 2, threads, **common)
     stop = []
 
     def on_signal(signum, frame):
@@ -78,16 +68,13 @@ def cmd_local(args: argparse.Namespace) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        with Client(cluster, security=sec) as client:
-            client.register_plugin(GearFlowCoordinator())
-            client.register_plugin(worker_plugin())
-            client.register_plugin(GearFlowDashboard())  # the /gear-flow page (none without the dashboard)
+        with Client(cluster, security=sec):
             if args.scheduler_file:
                 Path(args.scheduler_file).write_text(json.dumps({"address": cluster.scheduler_address}))
             print(f"gear-flow local: scheduler at {cluster.scheduler_address}", flush=True)
             if cluster.dashboard_link and not args.no_dashboard:
                 print(f"gear-flow local: dashboard at {cluster.dashboard_link} (tables: /gear-flow)", flush=True)
-            print(f"gear-flow local: {args.workers} worker(s) x {args.threads} thread(s)"
+            print(f"gear-flow local: {len(cluster.workers)} {'GPU ' if args.gpu else ''}worker(s) x {threads} thread(s)"
                   + (f", resources {resources}" if resources else "") + "; Ctrl-C stops it", flush=True)  # fmt: skip
             while not stop:
                 time.sleep(0.2)

@@ -58,8 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("local", formatter_class=fmt, help="start a local Dask cluster with gear_flow; print its address",
                         description="Start a Dask cluster of worker processes on this machine with gear_flow set up, "
                         "print the scheduler's address and keep running until Ctrl-C (or SIGTERM).")  # fmt: skip
-    sp.add_argument("--workers", type=int, default=2, help="worker processes (default: %(default)s)")
-    sp.add_argument("--threads", type=int, default=2, help="threads per worker (default: %(default)s)")
+    sp.add_argument("--workers", type=int, help="worker processes (default: 2; with --gpu one per GPU)")
+    sp.add_argument("--threads", type=int, help="threads per worker (default: 2; with --gpu 1)")
+    sp.add_argument("--gpu", action="store_true",
+                    help="a dask-cuda LocalCUDACluster: one worker per GPU (needs dask-cuda and a GPU)")  # fmt: skip
+    sp.add_argument("--rmm-pool-size",
+                    help="with --gpu: RMM pool per worker, e.g. 0.8 (of device memory) or 40GB; CuPy allocates from "
+                    "it (default: gear-flow.gpu.rmm-pool-size, none)")  # fmt: skip
     sp.add_argument("--memory-limit", default="auto", help="memory per worker (default: %(default)s)")
     sp.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     sp.add_argument("--port", type=int, default=8786, help="scheduler port, 0 for any free port (default: %(default)s)")

@@ -29,6 +29,10 @@ Settings, through ``dask.config``:
     Threads that run a worker's shard operations.
 ``gear-flow.worker.tier`` (null)
     Default storage tier of the worker's shards (a table's own setting wins).
+``gear-flow.gpu.rmm-pool-size`` (null), ``gear-flow.gpu.rmm-for`` (cupy)
+    With a pool size, the scheduler also records
+    :class:`~gear_flow.distributed.gpu_memory.GpuMemory` for every worker: an RMM pool and
+    CuPy/torch allocating from it, where dask-cuda has not already made one.
 
 Without the preload nothing is lost: ``DistributedTable.create`` registers
 both plugins itself.  The preload makes the setup happen at start, with the
@@ -69,6 +73,13 @@ def setup_scheduler(scheduler) -> None:
         # started by the scheduler with its other plugins, after the preloads
         scheduler.add_plugin(GearFlowCoordinator(), name=COORDINATOR_NAME, idempotent=True)
     scheduler.worker_plugins.setdefault(PLUGIN_NAME, dumps(worker_plugin()))
+    if dask.config.get("gear-flow.gpu.rmm-pool-size", None) is not None:
+        # installed at registration, after a worker's own start-up plugins (dask-cuda's RMMSetup):
+        # it leaves a pool dask-cuda made alone and makes one where none was
+        from .gpu_memory import PLUGIN_NAME as GPU_MEMORY
+        from .gpu_memory import GpuMemory
+
+        scheduler.worker_plugins.setdefault(GPU_MEMORY, dumps(GpuMemory()))
     from ..dashboard import install as install_dashboard
 
     install_dashboard(scheduler)  # the /gear-flow page, where the scheduler serves a dashboard
