@@ -26,7 +26,9 @@
 #   GEAR_FLOW_LOCAL_DIRECTORY  fast local scratch (spill, logs), e.g. $TMPDIR or /scratch
 #   GEAR_FLOW_NAME             worker name (prefix with dask cuda worker)
 #   GPU only:
-#   GEAR_FLOW_RMM_POOL_SIZE    RMM pool per GPU, e.g. 0.8 (of device memory) or 100GB; default: no pool
+#   GEAR_FLOW_RMM_POOL_SIZE    RMM pool per GPU, e.g. 0.8 (of device memory) or 100GB, made by dask-cuda
+#                              as each worker starts; default: no pool (or gear-flow.gpu.rmm-pool-size in
+#                              the Dask config: the scheduler's preload then has every worker make it)
 #   GEAR_FLOW_RMM_LIBS         with a pool: libraries that allocate from it (default cupy; cupy,torch)
 #   GEAR_FLOW_DEVICE_MEMORY_LIMIT  device memory at which dask-cuda spills to host (default 0.8)
 #   GEAR_FLOW_UCX_TRANSPORTS   with GEAR_FLOW_PROTOCOL=ucx: "auto" (default: UCX picks what it finds)
@@ -87,7 +89,21 @@ if [ "$kind" = gpu ]; then
          --memory-limit "${GEAR_FLOW_MEMORY_LIMIT:-auto}"
          --device-memory-limit "${GEAR_FLOW_DEVICE_MEMORY_LIMIT:-0.8}"
          --resources "${GEAR_FLOW_RESOURCES:-replay=1,learner=1}")
-    if [ -n "${GEAR_FLOW_RMM_POOL_SIZE:-}" ]; then
+    if [ -n "${GEAR_FLOW_RMM_LIBS:-}" ]; then
+        IFS=, read -r -a rmm_libs <<< "$GEAR_FLOW_RMM_LIBS"
+        for lib in "${rmm_libs[@]}"; do
+            case "$lib" in
+                cupy | torch) ;;
+                *) echo "start-worker.sh: GEAR_FLOW_RMM_LIBS: unknown library '$lib' (cupy, torch)" >&2; exit 2 ;;
+            esac
+        done
+        if [ -z "${GEAR_FLOW_RMM_POOL_SIZE:-}" ]; then  # else silently ignored: say so
+            echo "start-worker.sh: GEAR_FLOW_RMM_LIBS needs GEAR_FLOW_RMM_POOL_SIZE (without a pool, CuPy's" \
+                 "own memory pool is faster than RMM's plain cudaMalloc)" >&2
+            exit 2
+        fi
+    fi
+    if [ -n "${GEAR_FLOW_RMM_POOL_SIZE:-}" ]; then  # the pool by dask-cuda's RMMSetup plugin, at worker start
         cmd+=(--rmm-pool-size "$GEAR_FLOW_RMM_POOL_SIZE" --set-rmm-allocator-for-libs "${GEAR_FLOW_RMM_LIBS:-cupy}")
     fi
     if [ "$GEAR_FLOW_PROTOCOL" = ucx ] && [ "${GEAR_FLOW_UCX_TRANSPORTS:-auto}" != auto ]; then
@@ -103,6 +119,10 @@ if [ "$kind" = gpu ]; then
         done
     fi
 else
+    if [ -n "${GEAR_FLOW_RMM_POOL_SIZE:-}${GEAR_FLOW_RMM_LIBS:-}" ]; then
+        echo "start-worker.sh: GEAR_FLOW_RMM_POOL_SIZE / GEAR_FLOW_RMM_LIBS are for --kind gpu (dask cuda worker):" \
+             "ignored by a CPU worker" >&2
+    fi
     cmd=("${dask_cmd[@]}" worker "${target[@]}"
          --nthreads "${GEAR_FLOW_NTHREADS:-2}"
          --nworkers "${GEAR_FLOW_NWORKERS:-1}"

@@ -456,3 +456,44 @@ def test_slurm_script_refuses_ucx_with_tls(certs):
     r = subprocess.run([sys.executable, str(CLUSTER / "slurm" / "slurm_cluster.py"), "--dry-run", "--ucx",
                         "--tls-dir", str(certs)], capture_output=True, text=True, timeout=60)  # fmt: skip
     assert r.returncode == 2 and "UCX does not encrypt" in r.stderr
+
+
+def test_gpu_worker_rmm_settings():
+    """GEAR_FLOW_RMM_POOL_SIZE / GEAR_FLOW_RMM_LIBS reach `dask cuda worker` as dask-cuda's own RMM options
+    (its RMMSetup makes the pool as the worker starts); a bad library, or libraries without a pool, is a
+    one-line error instead of being dropped; a CPU worker says it ignores them."""
+    from gear_flow.distributed.gpu_memory import check_libraries, check_pool_size
+
+    def libs(p):
+        v = p.get("rmm_allocator_external_lib_list", p.get("set_rmm_allocator_for_libs"))
+        return ",".join(v) if isinstance(v, (list, tuple)) else v
+
+    _, cmd = command(dry_run("start-worker.sh", "--kind", "gpu", "tcp://10.0.0.5:8786", GEAR_FLOW_RMM_POOL_SIZE="100GB",
+                             GEAR_FLOW_RMM_LIBS="cupy,torch"))  # fmt: skip
+    p = parse_cuda_worker(cmd[3:])
+    assert (p["rmm_pool_size"], libs(p)) == ("100GB", "cupy,torch")
+    p = parse_cuda_worker(command(dry_run("start-worker.sh", "--kind", "gpu", "tcp://10.0.0.5:8786",
+                                          GEAR_FLOW_RMM_POOL_SIZE="0.8"))[1][3:])  # fmt: skip
+    assert (p["rmm_pool_size"], libs(p)) == ("0.8", "cupy")
+    p = parse_cuda_worker(command(dry_run("start-worker.sh", "--kind", "gpu", "tcp://10.0.0.5:8786"))[1][3:])
+    assert p.get("rmm_pool_size") is None and not libs(p)
+    r = dry_run(
+        "start-worker.sh",
+        "--kind",
+        "gpu",
+        "tcp://127.0.0.1:1",
+        GEAR_FLOW_RMM_POOL_SIZE="0.8",
+        GEAR_FLOW_RMM_LIBS="numba",
+    )
+    assert (
+        r.returncode == 2
+        and r.stderr.strip() == "start-worker.sh: GEAR_FLOW_RMM_LIBS: unknown library 'numba' (cupy, torch)"
+    )
+    r = dry_run("start-worker.sh", "--kind", "gpu", "tcp://127.0.0.1:1", GEAR_FLOW_RMM_LIBS="torch")
+    assert r.returncode == 2 and "GEAR_FLOW_RMM_LIBS needs GEAR_FLOW_RMM_POOL_SIZE" in r.stderr
+    r = dry_run("start-worker.sh", "--kind", "cpu", "tcp://127.0.0.1:1", GEAR_FLOW_RMM_POOL_SIZE="0.8")
+    assert r.returncode == 0 and "ignored by a CPU worker" in r.stderr
+    assert "--rmm-pool-size" not in command(r)[1]
+    # the config file's GPU settings are ones the GpuMemory plugin accepts
+    gpu = yaml.safe_load((CLUSTER / "config" / "gear-flow.yaml").read_text())["gear-flow"]["gpu"]
+    check_pool_size(gpu["rmm-pool-size"]), check_libraries(gpu["rmm-for"])
