@@ -356,28 +356,208 @@ def bench_table(tier: str, reps: int) -> dict:
             "tensors_on_cuda": on_cuda, "cupy": cp.__version__}  # fmt: skip
 
 
-def check_dask_cuda() -> dict:
+#: dask_cuda section: seconds for the whole section (a child process, killed with its workers past it),
+#: for the cluster to start, and for any one call on it; and the RMM pool per worker
+DASK_CUDA_SECONDS, DASK_CUDA_START_SECONDS, DASK_CUDA_CALL_SECONDS, DASK_CUDA_POOL = 300, 150, 90, "8GB"
+_DASK_CUDA_MARK = "GPU_CHECK_DASK_CUDA "
+
+
+def check_dask_cuda(timeout: float = DASK_CUDA_SECONDS) -> dict:
+    """A ``LocalCUDACluster`` (one worker on this GPU, loopback, RMM pool when rmm imports) started by
+    :func:`gear_flow.deploy.local.local_cuda_cluster` with gear_flow's preload; on it a ``DistributedTable``
+    per GPU tier (``device``, ``pinned``): the reference episodes inserted, B windows of L sampled to this
+    client and checked exactly against what was inserted, with timings.
+
+    Runs in a child process of its own session, so that nothing can hang this run: past ``timeout``
+    the child and its worker processes are killed and the section fails saying how far it got.
+    """
+    import json
+    import os
+    import signal
+
     try:
         import dask_cuda  # noqa: F401
-        from distributed import Client
+        import distributed  # noqa: F401
     except ImportError as e:
-        return {"status": "skipped", "reason": f"no dask_cuda ({e})"}
-    from dask_cuda import LocalCUDACluster
+        return {"status": "skipped", "reason": f"dask_cuda is not importable ({e})"}
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT / 'pipelines')!r}); import gpu_check; gpu_check._dask_cuda_child()"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)  # fmt: skip
+    try:
+        out, err = p.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)  # the child, its nannies and workers: one session
+        out, err = p.communicate()
+        timed_out = True
+    finally:
+        try:  # whatever is left of the child's session (worker processes of a cluster that never closed)
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+    res = next((json.loads(ln[len(_DASK_CUDA_MARK) :]) for ln in reversed(out.splitlines())
+                if ln.startswith(_DASK_CUDA_MARK)), None)  # fmt: skip
+    steps = [ln for ln in err.splitlines() if ln.startswith("STEP ")]
+    if res is None:
+        why = f"timed out after {timeout:g} s" if timed_out else f"the child exited with {p.returncode}"
+        return {"status": "failed", "error": f"{why} during {steps[-1][5:] if steps else 'import'}",
+                "steps": steps, "stderr_tail": err[-3000:]}  # fmt: skip
+    res["steps"] = steps
+    if res.get("status") == "failed":
+        res["stderr_tail"] = err[-3000:]
+    return res
 
-    def on_worker():
-        import numpy as np
 
-        from gear_flow import ColumnSpec, LocalTable, TableSpec
+def _dask_cuda_child() -> None:
+    """The body of :func:`check_dask_cuda`, in its child process: prints one JSON line (``_DASK_CUDA_MARK``)."""
+    import json
+    import os
+    import threading
 
-        spec = TableSpec((ColumnSpec("obs", (8,), np.float32),), capacity=1000)
-        t = LocalTable(spec, tier="device", seed=0)
-        t.insert({"obs": np.ones((100, 8), np.float32)})
-        b = t.sample(16, 4)
-        return {"shape": list(b["obs"].shape), "is_cuda": bool(b["obs"].is_cuda), "sum": float(b["obs"].sum())}
+    def step(name: str) -> None:
+        print(f"STEP {name}", file=sys.stderr, flush=True)
 
-    with LocalCUDACluster(n_workers=1, threads_per_worker=1) as cluster, Client(cluster) as client:
-        res = client.submit(on_worker, pure=False).result(timeout=120)
-    return {"worker": res, "status": "ok" if res["is_cuda"] and res["sum"] == 16 * 4 * 8 else "failed"}
+    def bounded(what: str, fn, /, *args, seconds: float = DASK_CUDA_CALL_SECONDS, **kw):
+        """``fn(*args, **kw)`` in a thread of its own, or TimeoutError after ``seconds`` (the call is
+        abandoned, the run goes on: a later call never waits behind it)."""
+        step(what)
+        box: dict = {}
+
+        def run():
+            try:
+                box["value"] = fn(*args, **kw)
+            except BaseException as e:  # handed to the caller
+                box["error"] = e
+
+        th = threading.Thread(target=run, name=f"gpu-check {what}", daemon=True)
+        th.start()
+        th.join(seconds)
+        if th.is_alive():
+            raise TimeoutError(f"{what}: no answer in {seconds} s")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    res: dict = {"status": "ok"}
+    cluster = client = None
+    try:
+        from dask.utils import parse_bytes
+        from distributed import Client
+
+        from gear_flow.deploy.local import local_cuda_cluster
+        from gear_flow.distributed.gpu_memory import PLUGIN_NAME as GPU_MEMORY
+        from gear_flow.distributed.gpu_memory import GpuMemory, describe
+        from gear_flow.distributed.plugin import PLUGIN_NAME as PLUGIN_NAME_WORKER
+
+        try:
+            import rmm  # noqa: F401
+
+            rmm_pool = DASK_CUDA_POOL
+        except ImportError as e:
+            rmm_pool, res["rmm"] = None, f"no RMM pool: rmm is not importable ({e})"
+        t = time.perf_counter()
+        cluster = bounded("cluster start", local_cuda_cluster, n_workers=1, rmm_pool_size=rmm_pool, no_dashboard=True,
+                          seconds=DASK_CUDA_START_SECONDS)  # fmt: skip
+        client = bounded("client", Client, cluster, timeout="60s")
+        res["cluster_start_seconds"] = round(time.perf_counter() - t, 2)
+        res["rmm_pool_size"] = rmm_pool
+        res["worker_plugins"] = bounded("plugins", client.run, lambda dask_worker: sorted(dask_worker.plugins))
+        problems = [f"{w}: no gear_flow worker plugin (preload)" for w, names in res["worker_plugins"].items()
+                    if PLUGIN_NAME_WORKER not in names]  # fmt: skip
+        res["memory"] = bounded("memory", client.run, describe)
+        if rmm_pool is not None:  # dask-cuda made the pool; gear_flow's plugin must find it and leave it alone
+            want = int(parse_bytes(rmm_pool))
+            problems += [f"{w}: RMM pool {m.get('pool_bytes')} bytes, CuPy on RMM {m.get('cupy_on_rmm')} (expected "
+                         f"{want}, True)" for w, m in res["memory"].items()
+                         if m.get("pool_bytes") != want or m.get("cupy_on_rmm") is not True]  # fmt: skip
+            bounded("gpu memory plugin", client.register_plugin, GpuMemory(pool_size=rmm_pool))
+            res["gpu_memory_plugin"] = bounded(
+                "gpu memory status", client.run, lambda dask_worker: dask_worker.plugins[GPU_MEMORY].status
+            )
+            problems += [f"{w}: GpuMemory {st}, expected by='existing' and the same pool"
+                         for w, st in res["gpu_memory_plugin"].items()
+                         if st.get("by") != "existing" or st.get("pool_bytes") != want]  # fmt: skip
+        res["setup_problems"] = problems
+        res["tiers"] = {}
+        for tier in ("device", "pinned"):
+            try:
+                res["tiers"][tier] = _dask_cuda_table(client, tier, bounded)
+            except Exception as e:  # recorded; the other tier still runs
+                res["tiers"][tier] = {"status": "failed", "error": f"{type(e).__name__}: {e}",
+                                      "traceback": traceback.format_exc()[-2000:]}  # fmt: skip
+        bad = [f"{k}: {v.get('error')}" for k, v in res["tiers"].items() if v.get("status") != "ok"]
+        if bad or problems:
+            res["status"], res["error"] = "failed", "; ".join(bad + problems)
+    except Exception as e:
+        res.update(status="failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-3000:])
+    finally:
+        for name, closer in (("client close", client), ("cluster close", cluster)):
+            if closer is not None:
+                try:
+                    bounded(name, closer.close, seconds=30)
+                except Exception as e:
+                    res.setdefault("close_errors", []).append(f"{name}: {type(e).__name__}: {e}")
+    print(_DASK_CUDA_MARK + json.dumps(res, default=str), flush=True)
+    sys.stderr.flush()
+    os._exit(0)  # an abandoned call (or Dask's threads) must not keep this process alive; the parent reaps the rest
+
+
+def _dask_cuda_table(client, tier: str, bounded) -> dict:
+    """Insert the reference episodes into a DistributedTable on ``tier``, sample, check every value exactly."""
+    from common import make_episodes
+
+    from gear_flow import ColumnSpec, TableSpec
+    from gear_flow.distributed import DistributedTable
+
+    E, T, B, L = REFERENCE["episodes"], REFERENCE["episode_length"], REFERENCE["batch_size"], REFERENCE["length"]
+    spec = TableSpec(tuple(ColumnSpec(n, s, d) for n, s, d in COLUMNS), capacity=E * T, num_shards=1)
+    eps = make_episodes(E, T, seed=7)
+    for e, ep in enumerate(eps):  # obs[:, 0] says which step it is: every sampled window is checkable
+        ep["obs"][:, 0] = np.arange(e * T, (e + 1) * T, dtype=np.float32)  # exact in float32 (< 2**24)
+    step_bytes = sum(int(np.prod(s, dtype=np.int64)) * np.dtype(d).itemsize for _, s, d in COLUMNS)
+    out: dict = {"status": "ok"}
+    table = bounded(f"{tier}: create", DistributedTable.create, client, spec, name=f"gpu-check-{tier}", tier=tier,
+                    seed=0)  # fmt: skip
+    try:
+        t = time.perf_counter()
+        for i in range(0, E, 20):
+            bounded(f"{tier}: insert {i}", table.insert, eps[i : i + 20])
+        dt = time.perf_counter() - t
+        out.update(insert_seconds=round(dt, 3), insert_gbps=E * T * step_bytes / dt / 1e9)
+        batch = bounded(f"{tier}: sample", table.sample, B, L, timeout=DASK_CUDA_CALL_SECONDS)
+        out["devices"] = {k: str(v.device) for k, v in batch.data.items()}
+        out["devices"].update({k: str(getattr(batch, k).device) for k in ("keys", "probabilities", "mask")})
+        cols = {k: v.cpu().numpy() for k, v in batch.data.items()}
+        first = cols["obs"][:, 0, 0].astype(np.int64)
+        e, s0 = first // T, first % T
+        problems = []
+        if not (np.all((0 <= e) & (e < E)) and np.all(s0 <= T - L)):
+            problems.append("windows outside the inserted episodes")
+        else:
+            for name in cols:
+                want = np.stack([eps[ei][name][si : si + L] for ei, si in zip(e, s0)])
+                if not np.array_equal(cols[name], want):
+                    problems.append(
+                        f"{name}: {int((cols[name] != want).reshape(B, -1).any(1).sum())} of {B} windows differ"
+                    )
+        ts = batch.timesteps.cpu().numpy() if batch.timesteps is not None else None
+        out["timesteps_match"] = None if ts is None else bool(np.array_equal(ts, s0))
+        out["exact"] = not problems
+        if problems:
+            out.update(status="failed", error="sampled values differ from the inserted ones: " + "; ".join(problems))
+        times = []
+        for r in range(10):
+            t = time.perf_counter()
+            bounded(f"{tier}: sample {r}", table.sample, B, L, timeout=DASK_CUDA_CALL_SECONDS)
+            times.append(time.perf_counter() - t)
+        med = float(np.median(times))
+        out.update(sample_ms=med * 1e3, sample_gbps=B * L * step_bytes / med / 1e9, batch_bytes=B * L * step_bytes)
+    finally:
+        bounded(f"{tier}: close", table.close, seconds=30)
+    return out
 
 
 def device_info() -> dict:
