@@ -22,7 +22,10 @@ none able to stop the others:
 ``table_device`` / ``table_pinned``
     LocalTable on the GPU tiers, reference workload, batches as CUDA tensors.
 ``dask_cuda``
-    A LocalCUDACluster round trip, only when dask_cuda is importable.
+    Only when dask_cuda is importable (skipped, saying so, otherwise): a LocalCUDACluster (one
+    worker, RMM pool, gear_flow's preload) and a DistributedTable on each GPU tier: the reference
+    episodes in, B windows of L out to this process, every value compared exactly.  In a child
+    process, killed with its workers past 4 minutes.
 
 Timing uses CUDA events (median of repeats after warm-up); wall-clock times
 include the host overhead a learner would see.  Runs without Dask installed:
@@ -358,7 +361,7 @@ def bench_table(tier: str, reps: int) -> dict:
 
 #: dask_cuda section: seconds for the whole section (a child process, killed with its workers past it),
 #: for the cluster to start, and for any one call on it; and the RMM pool per worker
-DASK_CUDA_SECONDS, DASK_CUDA_START_SECONDS, DASK_CUDA_CALL_SECONDS, DASK_CUDA_POOL = 300, 150, 90, "8GB"
+DASK_CUDA_SECONDS, DASK_CUDA_START_SECONDS, DASK_CUDA_CALL_SECONDS, DASK_CUDA_POOL = 240, 120, 60, "8GB"
 _DASK_CUDA_MARK = "GPU_CHECK_DASK_CUDA "
 
 
