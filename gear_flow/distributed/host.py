@@ -41,6 +41,8 @@ class HostedTable:
         tier = tier or cfg.tier
         if shared and tier == "host":  # the shared-memory data plane: same arrays, in named segments
             tier = "shared"
+        #: where the shards' rings live, and so where their gathered windows land
+        self.tier = tier
         self.shards: dict[int, Shard] = {
             int(i): Shard(
                 cfg.spec,

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
-from .. import config
+from .. import backend, config
 from ..dashboard.report import maybe_report
 from ..errors import EmptyTableError, SpecError, nothing_to_sample
 from ..sample import SampleBatch, SampleBuffers
@@ -202,9 +202,11 @@ class SamplingMixin:
         boundary = self.boundary if boundary is None else boundary
         check_sample_args(batch_size, length, boundary)
         columns = sample_columns(self.spec, columns)
-        if out is not None and not out.matches(columns, batch_size, length):
+        if out is not None and not out.matches(columns, batch_size, length, self._cfg.tier):
             raise SpecError(
-                f"out buffers are for columns={out.columns}, batch_size={out.batch_size}, length={out.length}"
+                f"out buffers are for columns={out.columns}, batch_size={out.batch_size}, length={out.length}, "
+                f"tier={out.tier!r}; this call asks for columns={columns}, batch_size={batch_size}, length={length} "
+                f"from a {backend.tier_name(self._cfg.tier)!r} table"
             )
         self._cfg.rate_limiter.check_sample_size(batch_size)
         self._check_not_lost()
@@ -242,7 +244,7 @@ class SamplingMixin:
                         )
                     else:
                         if out is None:
-                            out = SampleBuffers(self.spec, columns, batch_size, length)
+                            out = SampleBuffers(self.spec, columns, batch_size, length, tier=self._cfg.tier)
                         expired = await self._sample_plan(
                             out, batch_size, length, boundary, columns, rng, adm, exclusive
                         )
@@ -309,8 +311,8 @@ class SamplingMixin:
         check_sample_args(B, L, boundary)
         columns = sample_columns(self.spec, columns)
         if out is None:
-            out = SampleBuffers(self.spec, columns, B, L)
-        elif not out.matches(columns, B, L):
+            out = SampleBuffers(self.spec, columns, B, L, tier=self._cfg.tier)
+        elif not out.matches(columns, B, L, self._cfg.tier):
             return None  # the slow path raises the clear error
         if not self._take_lease(B):
             return None
@@ -350,7 +352,7 @@ class SamplingMixin:
         local = addr == self._ctx.local_addr and self._ctx.local_plugin is not None
         if local:
             if out is None:
-                out = SampleBuffers(self.spec, columns, B, L)
+                out = SampleBuffers(self.spec, columns, B, L, tier=self._cfg.tier)
             args["out"] = out  # co-located: gathered straight into the learner's buffers
         res = (await self._on_workers({addr: ("sample_all", args)}))[addr]
         nbytes = B * L * sum(max(self.spec.column(c).nbytes, 1) for c in columns)

@@ -35,6 +35,11 @@ class StorageTier(ABC):
         Semantics: :func:`gear_flow.ops.gather.gather_windows`.
         """
 
+    def empty_output(self, shape: tuple[int, ...], dtype=np.uint8) -> np.ndarray:
+        """A buffer this tier's :meth:`gather_windows` can write: host memory here, device memory
+        for the GPU tiers (which gather into device buffers)."""
+        return np.empty(shape, dtype=dtype)
+
     def write_rows(self, dst: np.ndarray, pos: int, rows: np.ndarray) -> None:
         """Write host ``rows`` into ring ``dst`` at ``pos`` (wrapping)."""
         from ..ops.gather import scatter_rows
