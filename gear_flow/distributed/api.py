@@ -142,7 +142,11 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
             raise SpecError("the cluster has no workers to place shards on")
         placement = {i: addrs[i % len(addrs)] for i in range(spec.num_shards)}
         name = name or f"table-{uuid.uuid4().hex[:8]}"
-        shared = bool(config_get("distributed.shared-memory")) and cfg.tier == "host"
+        # host and pinned rings go to shared memory (pinned: page-locked there, read by the host's GPUs)
+        shared = bool(config_get("distributed.shared-memory")) and getattr(cfg.tier, "name", cfg.tier) in (
+            "host",
+            "pinned",
+        )
         config = {**cfg.to_dict(), "degraded": bool(degraded), "resources": resources, "shared_memory": shared}
         ctx = Context(client=client)
 

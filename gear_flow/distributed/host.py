@@ -31,6 +31,13 @@ from .host_sampling import SamplingHost
 _REMEMBER = 4096
 
 
+def shared_pinned():
+    """A ``pinned`` tier whose rings are page-locked shared-memory segments (:mod:`gear_flow.gpu.shared`)."""
+    from ..gpu.shared import SharedPinnedTier
+
+    return SharedPinnedTier()
+
+
 class HostedTable:
     """The shards of one table on one worker, plus its transactions in progress."""
 
@@ -50,7 +57,7 @@ class HostedTable:
                 cfg.sampler.clone(),
                 cfg.remover.clone(),
                 max_times_sampled=cfg.max_times_sampled,
-                tier=tier,
+                tier=shared_pinned() if shared and tier == "pinned" else tier,  # one page-locked segment set per shard
             )
             for i in shard_ids
         }
