@@ -23,6 +23,7 @@ one request does the whole sample there, atomically.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import defaultdict
 
@@ -56,12 +57,13 @@ class RemoteSample(SharedReads):
         self.counted = defaultdict(dict)  # worker -> {shard: rows} gathered (to undo on a retry)
         self.sent = set()  # workers asked for parts (pending parts to undo, record=False)
         self.expired = {}
+        self.stale = []  # shards planned with a mass older than the maximum age: refreshed with the draw
 
     async def __call__(self, req):
         t = self.t
         workers = t._workers()
         if isinstance(req, planner.Summaries):
-            cached = t._masses.fresh(req.kinds, self.L, self.boundary, t._live_shards())
+            cached, self.stale = t._masses.fresh(req.kinds, self.L, self.boundary, t._live_shards())
             if cached is not None:
                 return cached
             res = await t._on_workers(
@@ -118,7 +120,16 @@ class RemoteSample(SharedReads):
                 args["geometry"] = True  # same machine: the owner selects, we copy from its shared rings
             calls[a] = ("sample_part", args)
         self.sent.update(calls)
-        res, errors = await t._on_workers(calls, partial=True)
+        refresh = self._stale_masses_calls(counts)
+        if refresh:  # in the same round trip as the draw: the next plan has current masses again
+            (res, errors), (fresh, _) = await asyncio.gather(
+                t._on_workers(calls, partial=True), t._on_workers(refresh, partial=True)
+            )
+            for r in fresh.values():
+                for s, m in r["sampler"].items():
+                    t._masses.update(self.L, self.boundary, int(s), m)
+        else:
+            res, errors = await t._on_workers(calls, partial=True)
         repairs = []
         for a, parts in res.items():
             for s, r in parts.items():
@@ -165,6 +176,16 @@ class RemoteSample(SharedReads):
             e = errors[0]
             raise Retry() if isinstance(e, (StaleSelectionError, Retry)) else e
         return None
+
+    def _stale_masses_calls(self, counts) -> dict:
+        """``summaries`` requests for the stale shards this draw does not refresh (no count drawn there)."""
+        if counts is None or not self.stale:
+            return {}
+        t = self.t
+        left = [s for s in self.stale if int(counts.get(s, 0)) <= 0 and s in t.placement and s not in t.lost]
+        self.stale = []
+        args = dict(name=t.name, kinds=("sampler",), length=self.L, boundary=self.boundary)
+        return {a: ("summaries", args) for a in sorted({t.placement[s] for s in left})}
 
     async def undo(self) -> None:
         """Forget what this attempt gathered (a retry or a failure follows)."""
@@ -264,6 +285,7 @@ class SamplingMixin:
         elif expired:
             await self._coord("removed", k=sum(expired.values()), per_shard=expired)
         self.stats["batches"] += 1
+        self._issued.note(out.keys)
         maybe_report(self)
         return out.batch(-1)
 
@@ -327,6 +349,7 @@ class SamplingMixin:
             raise
         self.stats["local_bytes"] += sum(a.nbytes for a in out.bytes.values())
         self.stats["batches"] += 1
+        self._issued.note(out.keys)
         maybe_report(self)
         if res["expired"]:
             ctx.sync(self._coord, "removed", k=sum(res["expired"].values()), per_shard=res["expired"])
