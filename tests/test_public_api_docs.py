@@ -14,11 +14,12 @@ What each must have:
 - an annotation on every parameter but ``self``/``cls``, and a return annotation
   (``__init__`` is exempt from the latter, as PEP 484 allows);
 - a numpydoc ``Parameters`` section naming each parameter (``*args``/``**kwargs``
-  with or without their stars); a constructor's parameters may instead be documented
+  with or without their stars) but those whose name starts with ``_`` (by the
+  same convention as names, unused catch-alls such as ``**_`` are private); a constructor's parameters may instead be documented
   in the class docstring, and the fields of a dataclass or ``NamedTuple`` under its
   ``Parameters`` or ``Attributes``;
-- a ``Returns`` (or ``Yields``) section unless the return annotation is ``None`` or
-  ``NoReturn``. Properties are documented as attributes are in numpydoc (a
+- a ``Returns`` (or ``Yields``) section unless the return annotation is ``None``,
+  ``NoReturn`` or ``Iterator[None]`` (a ``@contextmanager``'s generator). Properties are documented as attributes are in numpydoc (a
   sentence saying what the value is), so they need a return annotation but no
   ``Returns`` section.
 
@@ -60,6 +61,8 @@ PENDING_PACKAGES = {
 
 _SECTION_RE = re.compile(r"^-{3,}\s*$")
 _NO_RETURN = {"None", "NoReturn", "typing.NoReturn", "Never", "typing.Never"}
+#: a context manager's generator (``@contextmanager def f() -> Iterator[None]``) gives nothing to document
+_YIELDS_NONE = re.compile(r"^(typing\.|collections\.abc\.)?(Async)?(Iterator|Generator)\[None\b")
 
 
 def public_modules() -> list[ModuleType]:
@@ -181,7 +184,7 @@ def check_function(
         gaps.append(f"{qualname}: no docstring")
         return gaps
 
-    wanted = {p.name for p in params}
+    wanted = {p.name for p in params if not p.name.startswith("_")}
     if wanted:
         best_missing = wanted
         for doc in docs:
@@ -199,6 +202,7 @@ def check_function(
         and kind != "property"
         and ret is not inspect.Signature.empty
         and str(ret).strip("'\"") not in _NO_RETURN
+        and not _YIELDS_NONE.match(str(ret).strip("'\""))
         and ret is not None
     )
     if needs_returns and not any({"Returns", "Yields"} & set(sections(doc)) for doc in docs):
@@ -218,7 +222,9 @@ def check_class(modname: str, cls: type) -> list[str]:
         documented = documented_names(secs.get("Parameters", []) + secs.get("Attributes", []))
         missing = [f for f in fields if f not in documented]
         if missing:
-            gaps.append(f"{qual}: fields missing from the class docstring 'Parameters'/'Attributes': {', '.join(missing)}")
+            gaps.append(
+                f"{qual}: fields missing from the class docstring 'Parameters'/'Attributes': {', '.join(missing)}"
+            )
     for name, member in vars(cls).items():
         if name.startswith("_") and name != "__init__":
             continue
