@@ -73,11 +73,13 @@ class Stream:
     num_batches : int, optional
         Stop after this many (default: endless).
     seed : int, optional
-        Base seed; rank ``r`` uses ``seed + r`` (random when None).
+        Base seed; rank ``r`` draws from ``SeedSequence([seed, r])``, one
+        generator per request in flight (fresh entropy when None).
     rank, world_size : int, optional
         Default: from ``torch.distributed`` when initialised, else 0 / 1.
     timeout : float, optional
-        Per-request rate-limiter timeout.
+        Seconds each request may wait for the rate limiter (None: the
+        table's own timeout, config ``table.timeout``).
     copy : bool, default False
         Yield batches that own their memory (otherwise a local table's
         batches view ``prefetch + 2`` buffers used in turn: keep a batch past

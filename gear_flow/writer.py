@@ -40,7 +40,7 @@ class EpisodeWriter(BufferedWriter):
     shard : int, optional
         Insert into this shard (writer affinity).
     timeout : float, optional
-        Rate-limiter wait of each insert.
+        Seconds each insert may wait for the rate limiter (None: the table's own timeout).
 
     Examples
     --------
