@@ -42,21 +42,62 @@ from types import ModuleType
 
 import gear_flow
 
-#: Modules being rewritten by other work in flight; each will leave this set once it
-#: passes. The test still runs over them and reports their gaps (see
-#: ``test_pending_modules_still_listed``), it just does not fail on them.
+#: Modules with gaps left that belong to work in flight elsewhere (gear_flow/distributed/,
+#: gpu/, ops/, selectors/, table/, backend.py, sample.py, shard.py are being rewritten by other
+#: engineers; editing their docstrings here would only conflict).  The number after each is its
+#: count of gaps when the list was made.  The test reports them but does not fail on them, and
+#: ``test_pending_list_only_shrinks`` fails once one of them has no gap left, so that it is
+#: taken out and the list only shrinks.  A module not listed here must pass, including new ones.
 PENDING = {
-    "gear_flow.backend",
-    "gear_flow.sample",
-    "gear_flow.shard",
-}
-#: Packages whose every module is pending, for the same reason.
-PENDING_PACKAGES = {
-    "gear_flow.distributed",
-    "gear_flow.gpu",
-    "gear_flow.ops",
-    "gear_flow.selectors",
-    "gear_flow.table",
+    # gear_flow/distributed/
+    "gear_flow.distributed.api",  # 21
+    "gear_flow.distributed.checkpoints",  # 13
+    "gear_flow.distributed.coordinator",  # 14
+    "gear_flow.distributed.gate",  # 25
+    "gear_flow.distributed.host",  # 55
+    "gear_flow.distributed.host_sampling",  # 24
+    "gear_flow.distributed.masses",  # 11
+    "gear_flow.distributed.plugin",  # 12
+    "gear_flow.distributed.preload",  # 7
+    "gear_flow.distributed.protocol",  # 76
+    "gear_flow.distributed.sampling",  # 8
+    "gear_flow.distributed.sizes",  # 1
+    "gear_flow.distributed.transport",  # 16
+    "gear_flow.distributed.writes",  # 28
+    # gear_flow/gpu/
+    "gear_flow.gpu.launch",  # 14
+    "gear_flow.gpu.loader",  # 13
+    "gear_flow.gpu.ops.gather",  # 12
+    "gear_flow.gpu.ops.maxtree",  # 12
+    "gear_flow.gpu.ops.sumtree",  # 28
+    "gear_flow.gpu.streams",  # 1
+    "gear_flow.gpu.tiers",  # 8
+    # gear_flow/ops/
+    "gear_flow.ops.gather",  # 7
+    "gear_flow.ops.maxtree",  # 1
+    "gear_flow.ops.sumtree",  # 4
+    # gear_flow/selectors/
+    "gear_flow.selectors",  # 4
+    "gear_flow.selectors.base",  # 21
+    "gear_flow.selectors.prioritized",  # 4
+    "gear_flow.selectors.uniform",  # 2
+    "gear_flow.selectors.without_replacement",  # 5
+    # gear_flow/table/
+    "gear_flow.table.admission",  # 8
+    "gear_flow.table.config",  # 9
+    "gear_flow.table.executor",  # 11
+    "gear_flow.table.local",  # 30
+    "gear_flow.table.planner",  # 18
+    "gear_flow.table.results",  # 1
+    "gear_flow.table.routing",  # 2
+    "gear_flow.table.two_level",  # 9
+    "gear_flow.table.validate",  # 10
+    # gear_flow/backend.py
+    "gear_flow.backend",  # 18
+    # gear_flow/sample.py
+    "gear_flow.sample",  # 12
+    # gear_flow/shard.py
+    "gear_flow.shard",  # 50
 }
 
 _SECTION_RE = re.compile(r"^-{3,}\s*$")
@@ -76,7 +117,7 @@ def public_modules() -> list[ModuleType]:
 
 
 def is_pending(modname: str) -> bool:
-    return modname in PENDING or any(modname == p or modname.startswith(p + ".") for p in PENDING_PACKAGES)
+    return modname in PENDING
 
 
 def sections(doc: str | None) -> dict[str, list[str]]:
@@ -270,17 +311,12 @@ def test_public_api_has_hints_and_numpydoc() -> None:
     assert not gaps, f"{total} gaps in the public API:\n{_report(gaps)}"
 
 
-def test_pending_modules_still_listed() -> None:
+def test_pending_list_only_shrinks() -> None:
     """A pending module that has no gaps left should leave PENDING (so the list shrinks)."""
     gaps = all_gaps()
-    names = set(gaps)
-    unknown = sorted(p for p in PENDING if p not in names)
-    unknown += sorted(p for p in PENDING_PACKAGES if p not in names)
-    assert not unknown, f"PENDING names no module: {unknown}"
+    unknown = sorted(p for p in PENDING if p not in gaps)
+    assert not unknown, f"PENDING names no public module: {unknown}"
     done = sorted(p for p in PENDING if not gaps[p])
-    done += sorted(
-        p for p in PENDING_PACKAGES if not any(g for m, g in gaps.items() if m == p or m.startswith(p + "."))
-    )
     assert not done, f"these pending modules have no gaps left; take them out of PENDING: {done}"
 
 
