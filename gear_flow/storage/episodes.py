@@ -30,6 +30,7 @@ class EpisodeIndex:
     --------
     >>> idx = EpisodeIndex()
     >>> idx.append(np.array([0]), np.array([5]), np.array([0]), np.array([7]))
+    array([0])
     >>> idx.lengths().tolist()
     [5]
     """
