@@ -417,7 +417,8 @@ def to_config(limiter: RateLimiter) -> dict[str, object]:
     Parameters
     ----------
     limiter : RateLimiter
-        An instance of a registered class (exactly: subclasses register on their own).
+        An instance of a registered class (its own class: a subclass of a
+        registered class must be registered itself).
 
     Returns
     -------
