@@ -216,12 +216,12 @@ class CheckpointError(GearFlowError, ValueError):
 class DeployError(GearFlowError, RuntimeError):
     """A cluster cannot be started on this machine: what was asked for and what is missing.
 
-    Attributes
+    Parameters
     ----------
     what : str
-        What was asked for (``"a LocalCUDACluster"``).
+        What was asked for (``"a LocalCUDACluster"``); kept as ``.what``.
     missing : str
-        What this machine lacks, and what to do about it.
+        What this machine lacks, and what to do about it (one line); kept as ``.missing``.
     """
 
     def __init__(self, what: str, missing: str):

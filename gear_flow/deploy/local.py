@@ -22,11 +22,17 @@ cluster is what ``cluster/start-*.sh`` add to a deployed one:
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
 from ..config import get as config_get
 from ..errors import DeployError
 from .gpu import has_gpu
 from .net import http_address, join_host_port
+
+if TYPE_CHECKING:
+    from dask_cuda import LocalCUDACluster
+    from distributed import LocalCluster
+    from distributed.security import Security
 
 PRELOAD = "gear_flow.distributed.preload"
 NO_HTTP = "gear_flow.deploy.no_http"
@@ -62,16 +68,16 @@ def local_cluster(
     n_workers: int = 2,
     threads_per_worker: int = 2,
     *,
-    memory_limit="auto",
+    memory_limit: int | float | str | None = "auto",
     host: str = "127.0.0.1",
     port: int = 0,
     protocol: str | None = None,
-    security=None,
+    security: Security | None = None,
     resources: dict | None = None,
     dashboard_address: str | None = ":8787",
     no_dashboard: bool = False,
-    **kwargs,
-):
+    **kwargs: Any,
+) -> LocalCluster:
     """A ``distributed.LocalCluster`` of worker processes with gear_flow set up.
 
     Parameters
@@ -90,6 +96,11 @@ def local_cluster(
         No HTTP server at all in the scheduler and the workers.
     **kwargs
         More ``LocalCluster`` arguments.
+
+    Returns
+    -------
+    distributed.LocalCluster
+        Started, its workers joined; close it (or use it as a context manager).
 
     Examples
     --------
@@ -110,7 +121,18 @@ def local_cluster(
 
 
 def gpu_cluster_missing(rmm_pool: bool = False) -> str | None:
-    """What this machine lacks for a ``LocalCUDACluster`` (one line), or None when nothing is missing."""
+    """What this machine lacks for a ``LocalCUDACluster`` (one line), or None when nothing is missing.
+
+    Parameters
+    ----------
+    rmm_pool : bool
+        Whether an RMM pool is wanted (then ``rmm`` must import too).
+
+    Returns
+    -------
+    str or None
+        Each missing piece with what to do about it, ``; ``-separated, or None.
+    """
     missing = []
     try:
         import dask_cuda  # noqa: F401
@@ -133,24 +155,42 @@ def gpu_cluster_missing(rmm_pool: bool = False) -> str | None:
 def cuda_cluster_kwargs(
     n_workers: int | None = None,
     *,
-    CUDA_VISIBLE_DEVICES=None,
+    CUDA_VISIBLE_DEVICES: str | list[int] | None = None,
     threads_per_worker: int = 1,
-    memory_limit="auto",
+    memory_limit: int | float | str | None = "auto",
     host: str = "127.0.0.1",
     port: int = 0,
     protocol: str | None = None,
-    security=None,
+    security: Security | None = None,
     resources: dict | None = None,
     dashboard_address: str | None = ":8787",
     no_dashboard: bool = False,
-    rmm_pool_size=None,
-    rmm_for=None,
-    **kwargs,
+    rmm_pool_size: int | float | str | None = None,
+    rmm_for: str | list[str] | None = None,
+    **kwargs: Any,
 ) -> dict:
-    """The ``LocalCUDACluster`` keyword arguments :func:`local_cuda_cluster` passes; see it for the parameters.
+    """The ``LocalCUDACluster`` keyword arguments :func:`local_cuda_cluster` passes.
 
     Needs neither dask-cuda nor a GPU (it only builds the dictionary).
 
+    Parameters
+    ----------
+    n_workers, CUDA_VISIBLE_DEVICES, threads_per_worker, memory_limit, host, port, protocol, security, resources, dashboard_address, no_dashboard, rmm_pool_size, rmm_for, **kwargs
+        As for :func:`local_cuda_cluster`.
+
+    Returns
+    -------
+    dict
+        Keyword arguments of ``dask_cuda.LocalCUDACluster`` (RMM settings validated, the
+        config's defaults filled in, listeners and preloads as the module docstring says).
+
+    Raises
+    ------
+    SpecError
+        A bad ``rmm_pool_size`` or ``rmm_for`` (or configured default).
+
+    Examples
+    --------
     >>> kw = cuda_cluster_kwargs(rmm_pool_size=0.8)
     >>> kw["rmm_pool_size"], kw["rmm_allocator_external_lib_list"], kw["host"], kw["protocol"]
     (0.8, ['cupy'], '127.0.0.1', 'tcp')
@@ -180,20 +220,20 @@ def cuda_cluster_kwargs(
 def local_cuda_cluster(
     n_workers: int | None = None,
     *,
-    CUDA_VISIBLE_DEVICES=None,
+    CUDA_VISIBLE_DEVICES: str | list[int] | None = None,
     threads_per_worker: int = 1,
-    memory_limit="auto",
+    memory_limit: int | float | str | None = "auto",
     host: str = "127.0.0.1",
     port: int = 0,
     protocol: str | None = None,
-    security=None,
+    security: Security | None = None,
     resources: dict | None = None,
     dashboard_address: str | None = ":8787",
     no_dashboard: bool = False,
-    rmm_pool_size=None,
-    rmm_for=None,
-    **kwargs,
-):
+    rmm_pool_size: int | float | str | None = None,
+    rmm_for: str | list[str] | None = None,
+    **kwargs: Any,
+) -> LocalCUDACluster:
     """A dask-cuda ``LocalCUDACluster`` (one worker per GPU) with gear_flow set up.
 
     Parameters
@@ -214,6 +254,11 @@ def local_cuda_cluster(
         As for :func:`local_cluster`.
     **kwargs
         More ``LocalCUDACluster`` arguments (``device_memory_limit``, ``enable_nvlink``, ...).
+
+    Returns
+    -------
+    dask_cuda.LocalCUDACluster
+        Started, its workers joined; close it (or use it as a context manager).
 
     Raises
     ------

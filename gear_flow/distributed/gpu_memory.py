@@ -30,11 +30,15 @@ set it up during start-up.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from ..config import get as config_get
 from ..errors import SpecError
+
+if TYPE_CHECKING:
+    from distributed import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +51,24 @@ LIBRARIES = ("cupy", "torch")
 ALIGNMENT = 256
 
 
-def check_pool_size(value) -> int | float | None:
+def check_pool_size(value: int | float | str | None) -> int | float | None:
     """A pool size as given (bytes, ``"40GB"``, a fraction of device memory) -> int bytes or float fraction.
+
+    Parameters
+    ----------
+    value : int, float, str or None
+        Bytes (an integer, ``"40GB"``, ``"4e9"``) or a fraction of device memory in (0, 1]
+        (``0.8``, ``"0.8"``); None for no pool.  An integer is always bytes (``1`` is one byte).
+
+    Returns
+    -------
+    int, float or None
+        Bytes (at least :data:`ALIGNMENT`), the fraction, or None.
+
+    Raises
+    ------
+    SpecError
+        Anything else, naming the value and what is allowed.
 
     Examples
     --------
@@ -84,6 +104,20 @@ def check_pool_size(value) -> int | float | None:
 def pool_bytes(size: int | float, device_bytes: int) -> int:
     """Bytes of a pool of ``size`` (from :func:`check_pool_size`) on a device of ``device_bytes``, aligned down.
 
+    Parameters
+    ----------
+    size : int or float
+        Bytes, or a fraction of the device's memory.
+    device_bytes : int
+        The device's total memory.
+
+    Returns
+    -------
+    int
+        The pool's size in bytes, a multiple of :data:`ALIGNMENT`.
+
+    Examples
+    --------
     >>> pool_bytes(0.5, 1000), pool_bytes(1000, 10**9)
     (256, 768)
     """
@@ -93,8 +127,24 @@ def pool_bytes(size: int | float, device_bytes: int) -> int:
     return n // ALIGNMENT * ALIGNMENT
 
 
-def check_libraries(value) -> tuple[str, ...]:
-    """``"cupy,torch"`` or a list -> a tuple of names from :data:`LIBRARIES`."""
+def check_libraries(value: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """``"cupy,torch"`` or a list -> a tuple of names from :data:`LIBRARIES`.
+
+    Parameters
+    ----------
+    value : str, list of str or None
+        Comma-separated names or a sequence of them; None or ``""`` for none.
+
+    Returns
+    -------
+    tuple of str
+        The names, each once, in the order given.
+
+    Raises
+    ------
+    SpecError
+        A name not in :data:`LIBRARIES`.
+    """
     names = value.split(",") if isinstance(value, str) else list(value or ())
     out = tuple(dict.fromkeys(n.strip() for n in names if n.strip()))
     bad = [n for n in out if n not in LIBRARIES]
@@ -195,7 +245,9 @@ class GpuMemory(WorkerPlugin):
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(self, pool_size=None, libraries=None):
+    def __init__(
+        self, pool_size: int | float | str | None = None, libraries: str | list[str] | tuple[str, ...] | None = None
+    ):
         self.pool_size = check_pool_size(config_get("gpu.rmm-pool-size", pool_size))
         self.libraries = check_libraries(config_get("gpu.rmm-for", libraries))
         self.status: dict = {}
@@ -204,7 +256,14 @@ class GpuMemory(WorkerPlugin):
         self.status = {"pool_bytes": None, "by": None, "libraries": [], "reason": reason}
         logger.info("gear_flow GPU memory: nothing done: %s", reason)
 
-    def setup(self, worker=None):
+    def setup(self, worker: Worker | None = None) -> None:
+        """Make the pool and point the libraries at RMM, or record why not (never raises for a missing piece).
+
+        Parameters
+        ----------
+        worker : distributed.Worker, optional
+            The worker being set up (handed to dask-cuda's ``RMMSetup``).
+        """
         if self.pool_size is None:
             return self._skip("no RMM pool configured (gear-flow.gpu.rmm-pool-size is null)")
         try:
