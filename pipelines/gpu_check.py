@@ -391,8 +391,10 @@ def check_dask_cuda(timeout: float = DASK_CUDA_SECONDS) -> dict:
     code = (
         f"import sys; sys.path.insert(0, {str(ROOT / 'pipelines')!r}); import gpu_check; gpu_check._dask_cuda_child()"
     )
-    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, start_new_session=True)  # fmt: skip
+    # gear_flow from this checkout in the child and in the worker processes it starts (it need not be installed)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     try:
         out, err = p.communicate(timeout=timeout)
         timed_out = False
