@@ -18,7 +18,6 @@ from pathlib import Path
 
 import dask.config
 import pytest
-from distributed.utils_test import gen_cluster
 
 from gear_flow import config as gf_config
 from gear_flow.deploy.gpu import has_gpu
@@ -30,9 +29,13 @@ from gear_flow.errors import DeployError, SpecError
 ROOT = Path(__file__).resolve().parents[1]
 HAVE_DASK_CUDA = importlib.util.find_spec("dask_cuda") is not None
 HAVE_RMM = importlib.util.find_spec("rmm") is not None
-#: gen_cluster resets dask.config to what it was when distributed.utils_test was imported: keep ours
+#: gear_flow's defaults inside each gen_cluster test (it sets the config it is given)
 CONFIG = {"gear-flow": gf_config.defaults["gear-flow"]}
 
+# After gear_flow on purpose: after each test gen_cluster resets dask.config to what it was when
+# distributed.utils_test was first imported, which must include gear_flow's defaults (else every later
+# test of the session that reads a gear-flow key fails)
+from distributed.utils_test import gen_cluster  # noqa: E402
 
 # -- the arguments ---------------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ def _call(what, fn, /, *args, seconds=60, **kw):
 
 @pytest.fixture(scope="module")
 def client():
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as cluster:
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address="127.0.0.1:0") as cluster:
         with Client(cluster) as c:
             yield c
 
