@@ -1,0 +1,69 @@
+"""pytest fixtures of the CUDA emulation; import them into a test module by name.
+
+Examples
+--------
+In ``tests/test_something.py``::
+
+    from cuda_emu.fixtures import emulated, emu_cluster  # noqa: F401  (fixtures)
+
+    def test_device_tier(emulated):      # this process: cupy is the fake
+        ...
+
+    def test_on_workers(emu_cluster):    # a Client; its 2 worker processes are emulated
+        emu_cluster.run(...)
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from . import compiler, install
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    """The emulation installed in this process for one test; yields the fake ``cupy`` module.
+
+    ``import cupy`` returns it, kernel launches run the host build of
+    ``kernels/*.cu``, torch's stream is the host (see :mod:`cuda_emu.streams`).
+    Undone after the test.
+    """
+    if compiler() is None:
+        pytest.skip("no C++ compiler for the CUDA emulation")
+    install(monkeypatch)
+    from . import fake_cupy
+
+    return fake_cupy
+
+
+@pytest.fixture(scope="module")
+def emu_cluster():
+    """A :class:`distributed.Client` of a 2-worker ``LocalCluster(processes=True)`` on 127.0.0.1 whose
+    workers run under the CUDA emulation.
+
+    Each worker process loads :mod:`cuda_emu.preload` (``--preload``) before any task: in that
+    process ``import cupy`` returns the fake, gear_flow's kernel loader runs the host build of the
+    kernels, and ``gear_flow.storage.get_tier("device")`` / ``"pinned"`` work, so a test (or a
+    ``DistributedTable``) can put GPU-tier shards on the workers::
+
+        def test_distributed_on_device_tier(emu_cluster):
+            table = DistributedTable.create(emu_cluster, spec, tier="device")
+            ...
+
+        def on_worker():  # runs in a worker: the emulation is there
+            import cupy
+            return cupy.__version__        # "emulated"
+
+        assert set(emu_cluster.run(on_worker).values()) == {"emulated"}
+
+    The client process itself is *not* emulated (use the ``emulated`` fixture in the test as
+    well if it needs CuPy locally).  The workers find ``cuda_emu`` and this checkout's gear_flow
+    through ``PYTHONPATH`` (set here to the tests folder and the repository root, ahead of the
+    inherited value).  One cluster per test module (``scope="module"``); 1 thread per worker.
+    """
+    if compiler() is None:
+        pytest.skip("no C++ compiler for the CUDA emulation")
+    from .preload import emulated_local_cluster
+
+    with emulated_local_cluster(n_workers=2) as client:
+        yield client
