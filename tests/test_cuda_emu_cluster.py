@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda_emu.fixtures import emu_cluster  # noqa: F401  (fixture)
+from cuda_emu import fixtures
 
 pytestmark = pytest.mark.slow
+emu_cluster = fixtures.emu_cluster  # the fixture: a Client of 2 emulated workers
 
 SEED = 4
 
@@ -61,7 +62,7 @@ def _sample_twice(tier: str) -> dict:
     return out
 
 
-def test_workers_are_emulated(emu_cluster):  # noqa: F811
+def test_workers_are_emulated(emu_cluster):
     def probe():
         import os
         import sys
@@ -82,7 +83,7 @@ def test_workers_are_emulated(emu_cluster):  # noqa: F811
 
 
 @pytest.mark.parametrize("tier", ["device", "pinned"])
-def test_worker_builds_gpu_tier_table_and_samples(emu_cluster, tier):  # noqa: F811
+def test_worker_builds_gpu_tier_table_and_samples(emu_cluster, tier):
     """A task on a worker: a GPU-tier LocalTable inserts and samples there, equal to the host tier here."""
     import os
 
@@ -97,7 +98,7 @@ def test_worker_builds_gpu_tier_table_and_samples(emu_cluster, tier):  # noqa: F
             np.testing.assert_array_equal(got[i][name], ref[i][name], err_msg=f"sample {i}, {name}")
 
 
-def test_every_worker_runs_the_gpu_tier(emu_cluster):  # noqa: F811
+def test_every_worker_runs_the_gpu_tier(emu_cluster):
     """``client.run`` on both workers: each builds its own device-tier table (the kernels load there)."""
     res = emu_cluster.run(_sample_twice, "device")
     assert len(res) == 2 and len({r["pid"] for r in res.values()}) == 2

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda_emu.fixtures import emulated  # noqa: F401  (fixture)
+from cuda_emu import fixtures
+
+emulated = fixtures.emulated  # the fixture: cupy is the emulation's in these tests
 
 
 def _no_stream_fence(monkeypatch):

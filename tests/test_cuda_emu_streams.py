@@ -13,7 +13,9 @@ import ctypes
 
 import numpy as np
 import pytest
-from cuda_emu.fixtures import emulated  # noqa: F401  (fixture)
+from cuda_emu import fixtures
+
+emulated = fixtures.emulated  # the fixture: cupy is the emulation's in these tests
 
 
 def _raw(a, n: int) -> bytes:
