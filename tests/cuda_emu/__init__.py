@@ -153,7 +153,7 @@ class EmuKernel:
         EmuKernel.log.append((self.module, self.expression, gx, bx))
         s = streams.get_current_stream() if stream is None else stream
 
-        def run(args=args):  # args: the arrays stay alive until the launch has run
+        def run(args=args, vals=vals):  # the arrays and the packed values live until the launch has run
             rc = self.lib.emu_launch(self.expression.encode(), min(gx, MAX_EMULATED_BLOCKS), bx, ptrs)
             if rc:
                 raise KeyError(f"{self.expression!r} has no trampoline in module {self.module!r}")
