@@ -1,10 +1,13 @@
 """The CUDA kernels, compiled as host C++ and run through the real Python wrappers, against the twins.
 
 No GPU needed: tests/cuda_emu maps the CUDA subset the kernels use onto host
-threads, barriers and atomics, and stands in for CuPy with NumPy arrays.  The
-same cases as tests/test_gpu_parity.py (tests/parity_cases.py), at the sizes an
-emulation can afford.  What this proves: the kernels' logic equals the twins',
-and the wrappers launch them with the right arguments in the right order.
+threads, barriers and atomics, and stands in for CuPy with device arrays that
+are not NumPy arrays (implicit host conversion raises, as in CuPy) and streams
+that queue the work until the host waits for it (a missing fence shows as
+wrong data).  The same cases as tests/test_gpu_parity.py (tests/parity_cases.py),
+at the sizes an emulation can afford.  What this proves: the kernels' logic
+equals the twins', the wrappers launch them with the right arguments in the
+right order, and the host never reads device data it did not wait for.
 What it cannot: speed, and behaviour that depends on the GPU memory model.
 """
 
