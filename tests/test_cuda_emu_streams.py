@@ -142,3 +142,21 @@ def test_events_time_the_work_between_them(emulated):
         cp.cuda.get_elapsed_time(a, b)
     b.synchronize()
     assert cp.cuda.get_elapsed_time(a, b) >= 0.0 and float(x.sum()) == 1000.0
+
+
+def test_dlpack_stream_handshake(emulated):
+    """``stream=-1``: the consumer asked for no ordering and reads what is there; a host stream's
+    handle (torch's stream here) or ``None``: the current stream runs first."""
+    import torch
+
+    from cuda_emu import streams
+
+    cp = emulated
+    s, host = cp.cuda.Stream(non_blocking=True), streams.HostStream()
+    a = cp.zeros(2, dtype=np.int32)
+    with s:
+        b = a + 3
+        unordered = torch.from_dlpack(b.__dlpack__(stream=-1))
+        assert unordered.tolist() == [-1515870811] * 2  # 0xA5A5A5A5: the add has not run
+        ordered = torch.from_dlpack(b.__dlpack__(stream=host.ptr))
+    assert ordered.tolist() == [3, 3] and s.pending == 0

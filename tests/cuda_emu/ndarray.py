@@ -187,11 +187,19 @@ class ndarray(DeviceArray):  # noqa: N801  (CuPy's name)
         return (1, 0)  # kDLCPU: torch here is CPU-only; the memory is host memory
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
-        """Export to a consumer on the host: CuPy makes the consumer wait for the current stream,
-        here the host runs the current stream first."""
-        _current().synchronize()
-        kw = {k: v for k, v in (("max_version", max_version), ("dl_device", dl_device), ("copy", copy)) if v}
-        return self._a.__dlpack__(**kw)
+        """Export to a consumer on the host (``__dlpack_device__`` says CPU: torch is CPU-only here).
+
+        The handshake as CuPy does it: the consumer's ``stream`` is made to wait for CuPy's
+        current stream (``-1``: no ordering).  The consumer here is the host, so ``None`` (and
+        torch's stream, a :class:`~cuda_emu.streams.HostStream`) means: run the current stream now.
+        """
+        cur = _current()
+        if stream is None:
+            cur.synchronize()
+        elif stream != -1:
+            streams.external_stream(stream).wait_event(cur.record())
+        kw = {"max_version": max_version, "dl_device": dl_device, "copy": copy}
+        return self._a.__dlpack__(**{k: v for k, v in kw.items() if v is not None})
 
     def __float__(self) -> float:
         return float(self.get())
