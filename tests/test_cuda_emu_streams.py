@@ -148,7 +148,6 @@ def test_dlpack_stream_handshake(emulated):
     """``stream=-1``: the consumer asked for no ordering and reads what is there; a host stream's
     handle (torch's stream here) or ``None``: the current stream runs first."""
     import torch
-
     from cuda_emu import streams
 
     cp = emulated
