@@ -1,15 +1,19 @@
-"""pytest fixtures of the CUDA emulation; import them into a test module by name.
+"""pytest fixtures of the CUDA emulation; bind them in a test module by name.
 
 Examples
 --------
-In ``tests/test_something.py``::
+In ``tests/test_something.py`` (an assignment rather than an import, so that the
+test parameters of the same name do not shadow an import)::
 
-    from cuda_emu.fixtures import emulated, emu_cluster  # noqa: F401  (fixtures)
+    from cuda_emu import fixtures
 
-    def test_device_tier(emulated):      # this process: cupy is the fake
+    emulated = fixtures.emulated        # cupy is the fake in this process
+    emu_cluster = fixtures.emu_cluster  # a Client of 2 emulated worker processes
+
+    def test_device_tier(emulated):
         ...
 
-    def test_on_workers(emu_cluster):    # a Client; its 2 worker processes are emulated
+    def test_on_workers(emu_cluster):
         emu_cluster.run(...)
 """
 
@@ -57,7 +61,10 @@ def emu_cluster():
         assert set(emu_cluster.run(on_worker).values()) == {"emulated"}
 
     The client process itself is *not* emulated (use the ``emulated`` fixture in the test as
-    well if it needs CuPy locally).  The workers find ``cuda_emu`` and this checkout's gear_flow
+    well if it needs CuPy locally).  Fake device arrays that cross the comm travel pickled, as
+    host copies (``ndarray.__reduce__`` calls ``get()``): distributed's CuPy serializers
+    (``distributed.protocol.cupy``, device frames over UCX) are registered for ``cupy.ndarray``
+    and never see the fake, so this checks what reaches the other side, not how it travels.  The workers find ``cuda_emu`` and this checkout's gear_flow
     through ``PYTHONPATH`` (set here to the tests folder and the repository root, ahead of the
     inherited value).  One cluster per test module (``scope="module"``); 1 thread per worker.
     """
