@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import cuda_emu
 import pytest
+from cuda_emu import fixtures
 from parity_cases import (  # noqa: F401  collected by pytest from this module
     Dev,
     test_gather_windows,
@@ -41,12 +42,12 @@ from parity_cases import (  # noqa: F401  collected by pytest from this module
 pytestmark = pytest.mark.skipif(cuda_emu.compiler() is None, reason="no C++ compiler for the CUDA emulation")
 
 
-@pytest.fixture
-def dev(monkeypatch):
-    cuda_emu.install(monkeypatch)
-    from cuda_emu import fake_cupy
+emulated = fixtures.emulated  # the fixture: cupy is the emulation's in these tests
 
-    return Dev(fake_cupy, max_n=200_000, cuda_tensors=False)
+
+@pytest.fixture
+def dev(emulated):
+    return Dev(emulated, max_n=200_000, cuda_tensors=False)
 
 
 def test_emulated_launches_are_logged(dev):

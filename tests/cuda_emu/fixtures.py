@@ -30,14 +30,17 @@ def emulated(monkeypatch):
 
     ``import cupy`` returns it, kernel launches run the host build of
     ``kernels/*.cu``, torch's stream is the host (see :mod:`cuda_emu.streams`).
-    Undone after the test.
+    After the test, every stream's queued work runs (its errors fail this test's teardown), then
+    the installation is undone.
     """
     if compiler() is None:
         pytest.skip("no C++ compiler for the CUDA emulation")
     install(monkeypatch)
-    from . import fake_cupy
+    from . import fake_cupy, streams
 
-    return fake_cupy
+    yield fake_cupy
+    # work the test left queued runs now: an error in it belongs to this test, not to the next one
+    streams.synchronize_device()
 
 
 @pytest.fixture(scope="module")
