@@ -29,11 +29,11 @@ def _raw(a, n: int) -> bytes:
 def test_work_runs_only_when_the_host_waits(emulated):
     cp = emulated
     s = cp.cuda.Stream(non_blocking=True)
-    a = cp.zeros(4, dtype=np.int64)
     with s:
+        a = cp.zeros(4, dtype=np.int64)  # a memset on s
         b = a + 7
-    assert s.pending == 1 and not s.query()
-    assert _raw(b, 8) == b"\xa5" * 8  # still the allocation's poison
+    assert s.pending == 2 and not s.query()
+    assert _raw(a, 8) == _raw(b, 8) == b"\xa5" * 8  # still the allocations' poison
     s.synchronize()
     assert s.pending == 0 and _raw(b, 8) == np.int64(7).tobytes()
 
@@ -41,8 +41,8 @@ def test_work_runs_only_when_the_host_waits(emulated):
 def test_event_synchronize_runs_its_stream_up_to_the_record_only(emulated):
     cp = emulated
     s = cp.cuda.Stream(non_blocking=True)
-    a = cp.zeros(2, dtype=np.int64)
     with s:
+        a = cp.zeros(2, dtype=np.int64)
         a += 1
         ev = s.record()
         a += 10
@@ -56,7 +56,11 @@ def test_event_synchronize_runs_its_stream_up_to_the_record_only(emulated):
 def test_wait_event_orders_two_streams_and_nothing_else_does(emulated):
     cp = emulated
     producer, consumer = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
-    src = cp.zeros(3, dtype=np.float32)
+    src = cp.zeros(3, dtype=np.float32)  # a memset on the legacy default stream...
+    with consumer:
+        early = src * 1  # ...which a non-blocking stream does not wait for
+    assert (early.get(stream=consumer) != 0).all()  # the allocation's poison
+    cp.cuda.Stream.null.synchronize()
     with producer:
         src[...] = 5.0
     with consumer:
@@ -118,9 +122,10 @@ def test_pageable_uploads_are_snapshots_pinned_ones_are_read_when_the_copy_runs(
 def test_memcpy_async_and_graphs_are_queued(emulated):
     cp = emulated
     s = cp.cuda.Stream(non_blocking=True)
-    src, dst = cp.arange(8, dtype=np.uint8), cp.zeros(8, dtype=np.uint8)
     calls = []
     with s:
+        src, dst = cp.arange(8, dtype=np.uint8), cp.zeros(8, dtype=np.uint8)
+        s.synchronize()
         s.begin_capture()
         cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, 8, cp.cuda.runtime.memcpyDefault, s.ptr)
         g = s.end_capture()
@@ -152,8 +157,9 @@ def test_dlpack_stream_handshake(emulated):
 
     cp = emulated
     s, host = cp.cuda.Stream(non_blocking=True), streams.HostStream()
-    a = cp.zeros(2, dtype=np.int32)
     with s:
+        a = cp.zeros(2, dtype=np.int32)
+        s.synchronize()
         b = a + 3
         unordered = torch.from_dlpack(b.__dlpack__(stream=-1))
         assert unordered.tolist() == [-1515870811] * 2  # 0xA5A5A5A5: the add has not run

@@ -5,7 +5,10 @@ conversion raises, as with CuPy); streams and events are
 :mod:`.streams` (device work is queued and runs when the host waits for it).
 Module-level constructors follow CuPy: host data given to ``asarray``/``array``
 is uploaded on the current stream (pageable memory is read at the call, pinned
-memory when the copy runs); ``stack``/``concatenate`` take device arrays only.
+memory when the copy runs), ``zeros``/``full``/``cupy.random`` fill on the
+current stream: the new array holds the allocation's poison for any other
+stream until that one has waited for it.  ``stack``/``concatenate`` take
+device arrays only.
 Any NumPy ufunc is available by name (``cupy.maximum``...), as device work.
 """
 
@@ -29,13 +32,15 @@ bool_, int32, int64, uint8, uint32, uint64, float32, float64 = (
 
 
 def _upload(host: np.ndarray) -> ndarray:
-    """A new device array holding ``host``, copied on the current stream."""
+    """A new device array holding ``host``, copied on the current stream (poison until the copy runs).
+
+    Pinned host memory is read when the copy runs; any other host data is read
+    now (CuPy stages pageable memory through a buffer of its own).
+    """
     out = ndarray(host.shape, host.dtype)
-    if host.size and streams.is_pinned(int(host.ctypes.data)) and host.flags.c_contiguous:
-        dst = out._a
-        streams.get_current_stream()._enqueue(lambda: np.copyto(dst, host), "copy from pinned host memory")
-    else:
-        out._a[...] = host  # staged: the host may reuse its buffer at once, the new array is not in use yet
+    pinned = host.size and streams.is_pinned(int(host.ctypes.data)) and host.flags.c_contiguous
+    src, dst = (host if pinned else host.copy()), out._a
+    streams.get_current_stream()._enqueue(lambda: np.copyto(dst, src), "copy from host")
     return out
 
 
@@ -74,9 +79,9 @@ def empty(shape, dtype=float, order="C") -> ndarray:
 
 
 def _filled(shape, value, dtype) -> ndarray:
-    # a new allocation is not yet visible to queued work: filling it now equals a memset on the stream
+    """A new array set to ``value`` by a memset/fill on the current stream (poison until it runs)."""
     out = ndarray(shape, dtype)
-    out._a[...] = value
+    out.fill(value)
     return out
 
 
