@@ -1,7 +1,7 @@
 """The emulation's ``cupy.ndarray``: device memory that the host cannot touch implicitly.
 
 Not a NumPy subclass: it owns a host buffer (256-byte aligned, as CuPy's pool
-allocates, poisoned with 0xA5 when allocated with ``empty``) that the emulated
+allocates, poisoned with 0xA5 until device work writes it) that the emulated
 kernels reach through ``.data.ptr`` / ``__cuda_array_interface__``.  Every
 operation that CuPy runs as device work is queued on the current stream (see
 :mod:`.streams`) and reads its inputs when it runs; views (basic indexing,
@@ -42,7 +42,7 @@ from .indexing import (
     _res,
     _view_key,
     _zero_strided,
-)  # fmt: skip
+)
 
 #: set by fake_cupy: where ``__array_function__`` looks functions up
 module = None
