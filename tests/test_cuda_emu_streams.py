@@ -165,3 +165,18 @@ def test_dlpack_stream_handshake(emulated):
         assert unordered.tolist() == [-1515870811] * 2  # 0xA5A5A5A5: the add has not run
         ordered = torch.from_dlpack(b.__dlpack__(stream=host.ptr))
     assert ordered.tolist() == [3, 3] and s.pending == 0
+
+
+def test_asarray_of_pinned_memory_reads_it_when_the_copy_runs(emulated):
+    """As CuPy: a pinned source is copied asynchronously (the host must not change it until the copy ran)."""
+    cp = emulated
+    pinned = np.frombuffer(cp.cuda.alloc_pinned_memory(16), dtype=np.int64, count=2)
+    pinned[...] = 1
+    pageable = np.ones(2, np.int64)
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        from_pinned, from_pageable = cp.asarray(pinned), cp.asarray(pageable)
+    pinned[...] = 2
+    pageable[...] = 2
+    assert from_pinned.get(stream=s).tolist() == [2, 2]
+    assert from_pageable.get(stream=s).tolist() == [1, 1]

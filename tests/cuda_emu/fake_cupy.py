@@ -50,7 +50,7 @@ def array(obj, dtype=None, copy=True, order="K", subok=False, ndmin=0, *, blocki
         return a.reshape((1,) * (ndmin - a.ndim) + a.shape) if a.ndim < ndmin else a
     if isinstance(obj, (list, tuple)) and any(isinstance(x, ndarray) for x in obj):
         return stack([asarray(x, dtype) for x in obj])
-    return _upload(np.array(obj, dtype=dtype, ndmin=ndmin))
+    return _upload(np.array(obj, dtype=dtype, copy=None, ndmin=ndmin))  # a pinned source stays pinned
 
 
 def asarray(a, dtype=None, order=None, *, blocking=False) -> ndarray:
