@@ -231,13 +231,14 @@ class SampleBuffers:
 
     @classmethod
     def wrap(cls, spec: TableSpec, columns, length: int, parts: dict) -> SampleBuffers:
-        """Host buffers around arrays that arrived from a worker (no copy)."""
+        """Buffers around arrays that arrived from a worker (no copy): host arrays, or device
+        arrays from a table on a GPU tier (then the batch's column tensors are CUDA tensors)."""
         self = cls.__new__(cls)
         self.columns = tuple(columns)
         self.batch_size = len(parts["keys"])
         self.length = int(length)
-        self.tier = "host"
-        self.on_device = False
+        self.on_device = any(backend.is_device_array(a) for a in parts["data"].values())
+        self.tier = "device" if self.on_device else "host"
         self.bytes = dict(parts["data"])
         self.arrays = {}
         for name in self.columns:

@@ -194,12 +194,8 @@ class Shard:
             w = self.ring.write_pos
             self.ring.begin_write(w + n)  # readers of a shared ring: these slots are about to change
             self._evict_steps_before(w + n - self.capacity)
-            pos = w
-            for chunk in batch.chunks:
-                t = len(next(iter(chunk.values())))
-                for name, rows in chunk.items():
-                    self.ring.write(pos, name, rows)
-                pos += t
+            for name in self.ring.columns:  # one ring write per column: GPU tiers batch the episodes
+                self.ring.write_chunks(w, name, [chunk[name] for chunk in batch.chunks])
             self.ring.write_pos = w + n
             starts = w + np.concatenate(([0], np.cumsum(batch.lengths)[:-1])).astype(np.int64)
             ep_seqs = self.index.append(starts, batch.lengths, batch.stamps, batch.episode_ids)

@@ -15,6 +15,10 @@ none able to stop the others:
     L=64) from the ``device`` / ``pinned`` tier into device buffers, against a
     device-to-device / pinned host-to-device copy of the same bytes measured
     in the same run.  Target: ratio >= 0.7 (DESIGN.md).
+``pinned_shared`` / ``insert_device`` / ``insert_pinned``
+    The pinned tier's page-locked shared segment read by a reader's own GPU
+    (this process and a spawned one), and collection bandwidth at B=1024
+    trajectories; see pipelines/gpu_data_plane.py.
 ``sumtree``
     Prioritized sampling of B=1024 from N=10M priorities and the update of
     B=1024 priorities (latency, ms), top-k k=1024 of the 10M, and a parity
@@ -46,6 +50,7 @@ sys.path.insert(0, str(ROOT))  # gear_flow from this checkout, installed or not
 sys.path.insert(0, str(ROOT / "pipelines"))
 
 from common import REFERENCE, machine, print_table, write_json  # noqa: E402
+from gpu_data_plane import GEAR_COLLECTION_GBPS, bench_insert, check_pinned_shared  # noqa: E402
 
 COLUMNS = (("obs", (256,), np.float32), ("action", (), np.int64), ("reward", (), np.float32), ("done", (), np.bool_))
 TARGET_RATIO = 0.7
@@ -427,11 +432,15 @@ def main(argv=None) -> int:
     else:
         rep.run("tests", run_tests, args.test_timeout)
     if not have_gpu:
-        for name in ("gather_device", "gather_pinned", "sumtree", "table_device", "table_pinned", "dask_cuda"):
+        for name in ("gather_device", "gather_pinned", "pinned_shared", "insert_device", "insert_pinned", "sumtree",
+                     "table_device", "table_pinned", "dask_cuda"):  # fmt: skip
             rep.sections[name] = {"status": "skipped", "reason": "no usable CUDA device (or no CuPy)"}
     else:
         rep.run("gather_device", bench_gather, "device", reps)
         rep.run("gather_pinned", bench_gather, "pinned", reps)
+        rep.run("pinned_shared", check_pinned_shared, reps, event_ms, graph_ms, _reference_rings, _window_sets)
+        rep.run("insert_device", bench_insert, "device", max(5, reps // 5))
+        rep.run("insert_pinned", bench_insert, "pinned", max(5, reps // 5))
         rep.run("sumtree", bench_sumtree, 1_000_000 if args.quick else 10_000_000, 1024, reps)
         rep.run("table_device", bench_table, "device", max(5, reps // 2))
         rep.run("table_pinned", bench_table, "pinned", max(5, reps // 2))
@@ -443,6 +452,14 @@ def main(argv=None) -> int:
         rows.append({"check": name, "status": r.get("status"), "ms": (r.get("kernel") or {}).get("ms_per_take"),
                      "GB/s": r.get("gather_gbps"), "ref GB/s": r.get("copy_gbps"), "ratio": r.get("ratio"),
                      "target": f">= {TARGET_RATIO}"})  # fmt: skip
+    r = s.get("pinned_shared", {})
+    rows.append({"check": "pinned_shared (reader's mapping)", "status": r.get("status"), "GB/s": r.get("gather_gbps"),
+                 "ref GB/s": r.get("copy_gbps"), "ratio": r.get("ratio"), "target": f">= {TARGET_RATIO}"})  # fmt: skip
+    for name in ("insert_device", "insert_pinned"):
+        r = s.get(name, {})
+        rows.append({"check": f"{name} B=1024", "status": r.get("status"), "ms": r.get("insert_ms"),
+                     "GB/s": r.get("gbps"), "ref GB/s": r.get("h2d_copy_gbps"), "ratio": r.get("ratio_to_h2d_copy"),
+                     "target": f">= {GEAR_COLLECTION_GBPS} GB/s"})  # fmt: skip
     st = s.get("sumtree", {})
     for key, label in (("sample", "sample B=1024"), ("update", "update B=1024"), ("topk", "top-k k=1024")):
         rows.append({"check": f"{label} of N={st.get('N', '?')}", "status": st.get("status"),

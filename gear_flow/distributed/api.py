@@ -82,10 +82,13 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
         self._lease_done = 0  # leased samples served, reported with the next admission
         #: bytes of windows gathered in-process (co-located), from shared memory, or received over the comm
         self.stats = {"local_bytes": 0, "shared_bytes": 0, "remote_bytes": 0, "batches": 0, "shared_conflicts": 0}
+        #: requests this handle sent to shard workers, by operation (the control plane's cost)
+        self.requests: dict[str, int] = defaultdict(int)
         self._shared: dict = {}  # worker -> {shard: Attached} (or None: not readable from here)
-        from .masses import MassCache
+        from .masses import IssuedKeys, MassCache
 
         self._masses = MassCache()
+        self._issued = IssuedKeys()
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -142,7 +145,11 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
             raise SpecError("the cluster has no workers to place shards on")
         placement = {i: addrs[i % len(addrs)] for i in range(spec.num_shards)}
         name = name or f"table-{uuid.uuid4().hex[:8]}"
-        shared = bool(config_get("distributed.shared-memory")) and cfg.tier == "host"
+        # host and pinned rings go to shared memory (pinned: page-locked there, read by the host's GPUs)
+        shared = bool(config_get("distributed.shared-memory")) and getattr(cfg.tier, "name", cfg.tier) in (
+            "host",
+            "pinned",
+        )
         config = {**cfg.to_dict(), "degraded": bool(degraded), "resources": resources, "shared_memory": shared}
         ctx = Context(client=client)
 
@@ -231,6 +238,7 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
         self._version = st["version"]
         self._shared.clear()  # shards may have moved: map again
         self._masses.clear()
+        self._issued.clear()
 
     async def _shared_for(self, addr: str) -> dict | None:
         """``{shard: Attached}`` when ``addr``'s shards can be read from shared memory here, else None."""
@@ -258,6 +266,8 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
         errors)`` instead of raising, so a caller can undo what succeeded.
         """
         addrs = list(calls)
+        for a in addrs:
+            self.requests[calls[a][0]] += 1
         results = await asyncio.gather(
             *(call(self._ctx, a, calls[a][0], table=self.name, **calls[a][1]) for a in addrs), return_exceptions=True
         )

@@ -24,11 +24,18 @@ import numpy as np
 from ..errors import CapacityError, SpecError
 from ..shard import EpisodeBatch, Shard
 from ..table.config import TableConfig
-from ..table.executor import evict_on
+from ..table.executor import evict_on, summary
 from .host_sampling import SamplingHost
 
 #: transactions whose outcome a worker remembers (for the coordinator's recovery)
 _REMEMBER = 4096
+
+
+def shared_pinned():
+    """A ``pinned`` tier whose rings are page-locked shared-memory segments (:mod:`gear_flow.gpu.shared`)."""
+    from ..gpu.shared import SharedPinnedTier
+
+    return SharedPinnedTier()
 
 
 class HostedTable:
@@ -41,6 +48,8 @@ class HostedTable:
         tier = tier or cfg.tier
         if shared and tier == "host":  # the shared-memory data plane: same arrays, in named segments
             tier = "shared"
+        #: where the shards' rings live, and so where their gathered windows land
+        self.tier = tier
         self.shards: dict[int, Shard] = {
             int(i): Shard(
                 cfg.spec,
@@ -48,7 +57,7 @@ class HostedTable:
                 cfg.sampler.clone(),
                 cfg.remover.clone(),
                 max_times_sampled=cfg.max_times_sampled,
-                tier=tier,
+                tier=shared_pinned() if shared and tier == "pinned" else tier,  # one page-locked segment set per shard
             )
             for i in shard_ids
         }
@@ -250,7 +259,17 @@ class ShardHost(SamplingHost):
         for i, seqs in seqs_by_shard.items():
             t.shard(i).resolve(np.asarray(seqs, dtype=np.int64))
 
-    def update(self, name, seqs_by_shard: dict, prios_by_shard: dict, stamps_by_shard: dict | None = None) -> int:
+    def update(
+        self,
+        name,
+        seqs_by_shard: dict,
+        prios_by_shard: dict,
+        stamps_by_shard: dict | None = None,
+        masses: list | None = None,
+    ) -> int | dict:
+        """Apply priorities; returns the stale count, or with ``masses`` (``[{length, boundary}]``: the
+        plans the caller keeps masses for) ``{"stale": n, "masses": [{shard: sampler mass}]}`` of the
+        updated shards after the update, so the caller's next plan needs no masses round trip."""
         if set(seqs_by_shard) != set(prios_by_shard) or any(
             len(np.asarray(seqs_by_shard[i])) != len(np.asarray(prios_by_shard[i])) for i in seqs_by_shard
         ):
@@ -260,12 +279,21 @@ class ShardHost(SamplingHost):
         for i in seqs_by_shard:
             t.cfg.check_priorities(np.asarray(prios_by_shard[i], np.float64))
         st = stamps_by_shard or {}
-        return sum(
+        stale = sum(
             t.shard(i).update_priorities(
                 np.asarray(seqs, np.int64), np.asarray(prios_by_shard[i], np.float64), st.get(i)
             )
             for i, seqs in seqs_by_shard.items()
         )
+        if masses is None or t.cfg.selection != "weighted":
+            return stale if masses is None else {"stale": stale, "masses": []}
+        return {
+            "stale": stale,
+            "masses": [
+                {int(i): summary(t.shard(i), "sampler", m["length"], m["boundary"]) for i in seqs_by_shard}
+                for m in masses
+            ],
+        }
 
     def delete(self, name, seqs_by_shard: dict) -> tuple[dict, int]:
         """Returns ({shard: deleted}, stale)."""

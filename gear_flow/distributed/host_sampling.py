@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import backend
 from ..errors import GearFlowError, ProtocolError
 from ..sample import SampleBuffers
 from ..table import planner
@@ -35,17 +36,22 @@ def check_columns(spec, columns, op: str) -> tuple:
     return tuple(columns)
 
 
-def check_out(spec, out, offsets, sizes: dict, columns, length: int, op: str) -> None:
-    """``out[c]`` must hold every part's rows at its offset: ``uint8[rows, length, row bytes]``."""
+def check_out(spec, out, offsets, sizes: dict, columns, length: int, op: str, tier: str = "host") -> None:
+    """``out[c]`` must hold every part's rows at its offset: ``uint8[rows, length, row bytes]``,
+    in the memory the ``tier``'s gathers write (device memory for the GPU tiers)."""
     if offsets is None or not set(sizes) <= set(offsets):
         raise ProtocolError(f"worker {op!r}: out needs an offset for every part (shards {sorted(sizes)})")
     for c in columns:
         a = out.get(c) if hasattr(out, "get") else None
         nb = max(spec.column(c).nbytes, 1)
-        if not isinstance(a, np.ndarray) or a.dtype != np.uint8 or a.ndim != 3 or a.shape[1:] != (length, nb):
+        dev = backend.is_device_array(a)  # a co-located learner's device batch (GPU tiers)
+        if not (isinstance(a, np.ndarray) or dev) or a.dtype != np.uint8 or a.ndim != 3 or a.shape[1:] != (length, nb):
             raise ProtocolError(f"worker {op!r}: out[{c!r}] must be uint8[rows, {length}, {nb}]")
-        if not a.flags.c_contiguous or not a.flags.writeable:
+        if not a.flags.c_contiguous or not (dev or a.flags.writeable):
             raise ProtocolError(f"worker {op!r}: out[{c!r}] must be a writeable C-contiguous array")
+        if dev != backend.output_on_device(tier):
+            where = "device" if backend.output_on_device(tier) else "host"
+            raise ProtocolError(f"worker {op!r}: out[{c!r}] must be in {where} memory for a {tier!r} table")
         for i, n in sizes.items():
             if not 0 <= int(offsets[i]) <= a.shape[0] - n:
                 raise ProtocolError(
@@ -126,7 +132,7 @@ class SamplingHost:
             t.shard(i)
         if out is not None:
             sizes = {i: int(counts[i]) if slots is None else len(slots[i]) for i in ids}
-            check_out(t.spec, out, offsets, sizes, columns, length, "sample_part")
+            check_out(t.spec, out, offsets, sizes, columns, length, "sample_part", t.tier)
         res = {}
         drawn = []
         locks = t.locked(ids)
@@ -151,8 +157,8 @@ class SamplingHost:
                 n = len(sl)
                 if geometry:
                     buf, off = None, 0
-                elif out is None:
-                    buf = {c: np.empty((n, length, max(t.spec.column(c).nbytes, 1)), dtype=np.uint8) for c in columns}
+                elif out is None:  # device buffers on the GPU tiers: they travel as CUDA frames (UCX) or via host (TCP)
+                    buf = {c: s.tier.empty_output((n, length, max(t.spec.column(c).nbytes, 1))) for c in columns}
                     off = 0
                 else:
                     buf, off = out, offsets[i]
@@ -235,9 +241,12 @@ class SamplingHost:
         t = self.table(name)
         check_sample_args(n, length, boundary)
         columns = check_columns(t.spec, columns, "sample_all")
-        if out is not None and not (isinstance(out, SampleBuffers) and out.matches(columns, n, length)):
-            raise ProtocolError("worker 'sample_all': out must be SampleBuffers for these columns, n and length")
-        buf = SampleBuffers(t.spec, columns, n, length) if out is None else out
+        if out is not None and not (isinstance(out, SampleBuffers) and out.matches(columns, n, length, t.tier)):
+            raise ProtocolError(
+                f"worker 'sample_all': out must be SampleBuffers for these columns, n and length, in "
+                f"{'device' if backend.output_on_device(t.tier) else 'host'} memory for a {t.tier!r} table"
+            )
+        buf = SampleBuffers(t.spec, columns, n, length, tier=t.tier) if out is None else out
         locks = t.locked()
         try:
             expired = sample_shards(

@@ -242,6 +242,7 @@ WORKER = {
         "seqs_by_shard": mapping(SHARD, SEQS, 127),
         "prios_by_shard": mapping(SHARD, float_array, 127),
         "stamps_by_shard": optional(mapping(SHARD, int_array(0), 127)),
+        "masses": optional(sequence(record(length=LENGTH, boundary=BOUNDARY), 16)),
     },
     "delete": {"name": NAME, "seqs_by_shard": mapping(SHARD, SEQS, 127)},
     "remove": {

@@ -23,10 +23,11 @@ one request does the whole sample there, atomically.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import defaultdict
 
-from .. import config
+from .. import backend, config
 from ..dashboard.report import maybe_report
 from ..errors import EmptyTableError, SpecError, nothing_to_sample
 from ..sample import SampleBatch, SampleBuffers
@@ -56,12 +57,13 @@ class RemoteSample(SharedReads):
         self.counted = defaultdict(dict)  # worker -> {shard: rows} gathered (to undo on a retry)
         self.sent = set()  # workers asked for parts (pending parts to undo, record=False)
         self.expired = {}
+        self.stale = []  # shards planned with a mass older than the maximum age: refreshed with the draw
 
     async def __call__(self, req):
         t = self.t
         workers = t._workers()
         if isinstance(req, planner.Summaries):
-            cached = t._masses.fresh(req.kinds, self.L, self.boundary, t._live_shards())
+            cached, self.stale = t._masses.fresh(req.kinds, self.L, self.boundary, t._live_shards())
             if cached is not None:
                 return cached
             res = await t._on_workers(
@@ -118,7 +120,16 @@ class RemoteSample(SharedReads):
                 args["geometry"] = True  # same machine: the owner selects, we copy from its shared rings
             calls[a] = ("sample_part", args)
         self.sent.update(calls)
-        res, errors = await t._on_workers(calls, partial=True)
+        refresh = self._stale_masses_calls(counts)
+        if refresh:  # in the same round trip as the draw: the next plan has current masses again
+            (res, errors), (fresh, _) = await asyncio.gather(
+                t._on_workers(calls, partial=True), t._on_workers(refresh, partial=True)
+            )
+            for r in fresh.values():
+                for s, m in r["sampler"].items():
+                    t._masses.update(self.L, self.boundary, int(s), m)
+        else:
+            res, errors = await t._on_workers(calls, partial=True)
         repairs = []
         for a, parts in res.items():
             for s, r in parts.items():
@@ -166,6 +177,16 @@ class RemoteSample(SharedReads):
             raise Retry() if isinstance(e, (StaleSelectionError, Retry)) else e
         return None
 
+    def _stale_masses_calls(self, counts) -> dict:
+        """``summaries`` requests for the stale shards this draw does not refresh (no count drawn there)."""
+        if counts is None or not self.stale:
+            return {}
+        t = self.t
+        left = [s for s in self.stale if int(counts.get(s, 0)) <= 0 and s in t.placement and s not in t.lost]
+        self.stale = []
+        args = dict(name=t.name, kinds=("sampler",), length=self.L, boundary=self.boundary)
+        return {a: ("summaries", args) for a in sorted({t.placement[s] for s in left})}
+
     async def undo(self) -> None:
         """Forget what this attempt gathered (a retry or a failure follows)."""
         t = self.t
@@ -202,9 +223,11 @@ class SamplingMixin:
         boundary = self.boundary if boundary is None else boundary
         check_sample_args(batch_size, length, boundary)
         columns = sample_columns(self.spec, columns)
-        if out is not None and not out.matches(columns, batch_size, length):
+        if out is not None and not out.matches(columns, batch_size, length, self._cfg.tier):
             raise SpecError(
-                f"out buffers are for columns={out.columns}, batch_size={out.batch_size}, length={out.length}"
+                f"out buffers are for columns={out.columns}, batch_size={out.batch_size}, length={out.length}, "
+                f"tier={out.tier!r}; this call asks for columns={columns}, batch_size={batch_size}, length={length} "
+                f"from a {backend.tier_name(self._cfg.tier)!r} table"
             )
         self._cfg.rate_limiter.check_sample_size(batch_size)
         self._check_not_lost()
@@ -242,7 +265,7 @@ class SamplingMixin:
                         )
                     else:
                         if out is None:
-                            out = SampleBuffers(self.spec, columns, batch_size, length)
+                            out = SampleBuffers(self.spec, columns, batch_size, length, tier=self._cfg.tier)
                         expired = await self._sample_plan(
                             out, batch_size, length, boundary, columns, rng, adm, exclusive
                         )
@@ -262,6 +285,7 @@ class SamplingMixin:
         elif expired:
             await self._coord("removed", k=sum(expired.values()), per_shard=expired)
         self.stats["batches"] += 1
+        self._issued.note(out.keys)
         maybe_report(self)
         return out.batch(-1)
 
@@ -309,8 +333,8 @@ class SamplingMixin:
         check_sample_args(B, L, boundary)
         columns = sample_columns(self.spec, columns)
         if out is None:
-            out = SampleBuffers(self.spec, columns, B, L)
-        elif not out.matches(columns, B, L):
+            out = SampleBuffers(self.spec, columns, B, L, tier=self._cfg.tier)
+        elif not out.matches(columns, B, L, self._cfg.tier):
             return None  # the slow path raises the clear error
         if not self._take_lease(B):
             return None
@@ -325,6 +349,7 @@ class SamplingMixin:
             raise
         self.stats["local_bytes"] += sum(a.nbytes for a in out.bytes.values())
         self.stats["batches"] += 1
+        self._issued.note(out.keys)
         maybe_report(self)
         if res["expired"]:
             ctx.sync(self._coord, "removed", k=sum(res["expired"].values()), per_shard=res["expired"])
@@ -350,7 +375,7 @@ class SamplingMixin:
         local = addr == self._ctx.local_addr and self._ctx.local_plugin is not None
         if local:
             if out is None:
-                out = SampleBuffers(self.spec, columns, B, L)
+                out = SampleBuffers(self.spec, columns, B, L, tier=self._cfg.tier)
             args["out"] = out  # co-located: gathered straight into the learner's buffers
         res = (await self._on_workers({addr: ("sample_all", args)}))[addr]
         nbytes = B * L * sum(max(self.spec.column(c).nbytes, 1) for c in columns)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import backend
 from ..ops.gather import gather_windows
 from ..sample import SampleBuffers
 from ..table.executor import fill_rows
@@ -18,6 +19,13 @@ class SharedReads:
         """Copy a part's windows from a mapped shared ring into rows ``o:``; returns the torn rows (seqlock)."""
         n = len(r["seqs"])
         src = np.asarray(r["src_abs"], dtype=np.int64)
+        if self.out.on_device:  # a pinned table: this process's GPU reads the page-locked segments
+            from ..gpu.shared import gather_shared
+
+            gather_shared(
+                sh, self.columns, src, np.asarray(r["dst_offset"]), np.asarray(r["n_valid"]), self.out.bytes, o
+            )
+            return np.flatnonzero(~sh.intact(src))
         for c in self.columns:
             gather_windows(sh.bytes[c], src % sh.capacity, np.asarray(r["dst_offset"]), np.asarray(r["n_valid"]),
                            self.out.bytes[c][o : o + n])  # fmt: skip
@@ -39,7 +47,7 @@ class SharedReads:
             r = (await t._on_workers({a: ("sample_part", args)}))[a][s]
             self.counted[a][s] = self.counted[a].get(s, 0) + k
             given += k
-            tmp = SampleBuffers(t.spec, self.columns, k, self.L)
+            tmp = SampleBuffers(t.spec, self.columns, k, self.L, tier=out.tier)
             sub = type(self)(t, tmp, self.L, self.boundary, self.columns, self.rng, self.txn, True, None)
             again = sub._copy_shared(sh, r, 0)
             fill_rows(
@@ -48,8 +56,9 @@ class SharedReads:
             )  # fmt: skip
             ok = np.setdiff1d(np.arange(k), again)
             rows = o + torn[ok]
+            xp = backend.output_module(out.tier)  # indices go where the data is
             for c in self.columns:
-                out.bytes[c][rows] = tmp.bytes[c][ok]
+                out.bytes[c][xp.asarray(rows)] = tmp.bytes[c][xp.asarray(ok)]
             for f in ("keys", "probabilities", "episode_ids", "timesteps", "mask", "priorities", "times_sampled"):
                 getattr(out, f)[rows] = getattr(tmp, f)[ok]
             torn = torn[again]

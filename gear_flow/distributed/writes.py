@@ -285,17 +285,19 @@ class WritesMixin:
         return self._ctx.sync(self.update_priorities_async, keys, priorities)
 
     async def update_priorities_async(self, keys, priorities) -> UpdateResult:
-        self._masses.clear()  # this handle's own writes show in its next sample's plan
         k, by, idx, on_lost = self._group(keys)
         pr = check_priorities(priorities, len(k), "keys")
         if pr is None:
             raise SpecError("priorities must not be None")
         self._cfg.check_priorities(pr)
-        if len(by) > 1:  # unknown keys anywhere must stop the whole call before any worker applies it
+        if len(by) > 1 and not self._issued.covers(k):
+            # unknown keys anywhere must stop the whole call before any worker applies it (skipped when
+            # every key is one this handle has seen issued: then no worker can find it unknown)
             await self._on_workers({a: ("check_keys", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()})
         stamps = None
         if self._heap_ties and len(k):  # heap ties across shards follow the table-wide insert/update clock
             stamps = (await self._coord("stamps", n=len(k))) + np.arange(len(k), dtype=np.int64)
+        plans = self._masses.plans()
         calls = {
             a: (
                 "update",
@@ -304,12 +306,19 @@ class WritesMixin:
                     seqs_by_shard=s,
                     prios_by_shard={i: pr[idx[a][i]] for i in s},
                     stamps_by_shard=None if stamps is None else {i: stamps[idx[a][i]] for i in s},
+                    masses=plans,  # the updated shards' masses come back: the next plan stays one round trip
                 ),
             )
             for a, s in by.items()
         }
-        res = await self._on_workers(calls)
-        stale = sum(res.values()) + on_lost
+        try:
+            res = await self._on_workers(calls)
+        except BaseException:
+            self._masses.clear()
+            raise
+        for r in res.values():
+            self._masses.update_many(plans, r["masses"])
+        stale = sum(r["stale"] for r in res.values()) + on_lost
         return UpdateResult(len(k) - stale, stale)
 
     def delete(self, keys) -> UpdateResult:

@@ -35,11 +35,29 @@ class StorageTier(ABC):
         Semantics: :func:`gear_flow.ops.gather.gather_windows`.
         """
 
+    def empty_output(self, shape: tuple[int, ...], dtype=np.uint8) -> np.ndarray:
+        """A buffer this tier's :meth:`gather_windows` can write: host memory here, device memory
+        for the GPU tiers (which gather into device buffers)."""
+        return np.empty(shape, dtype=dtype)
+
     def write_rows(self, dst: np.ndarray, pos: int, rows: np.ndarray) -> None:
-        """Write host ``rows`` into ring ``dst`` at ``pos`` (wrapping)."""
+        """Write ``rows`` into ring ``dst`` at ``pos`` (wrapping); device rows are copied to the host first."""
         from ..ops.gather import scatter_rows
 
+        if hasattr(rows, "__cuda_array_interface__"):
+            rows = rows.get()
         scatter_rows(dst, pos, rows)
+
+    def write_chunks(self, dst: np.ndarray, pos: int, parts: list) -> None:
+        """Write ``parts`` (arrays ``[T_k, *row]``) back to back into ring ``dst`` from ``pos`` (wrapping).
+
+        One call per column of an insert; tiers for which a call costs more
+        than the bytes (a device copy per episode) batch them.
+        """
+        cap = dst.shape[0]
+        for rows in parts:
+            self.write_rows(dst, pos, rows)
+            pos = (pos + rows.shape[0]) % cap
 
     def read_rows(self, src: np.ndarray, pos: int, n: int) -> np.ndarray:
         """Copy ``n`` rows starting at ring ``pos`` (wrapping) to host memory."""

@@ -66,6 +66,10 @@ class ColumnRing:
     def write(self, pos: int, name: str, rows: np.ndarray) -> None:
         self.tier.write_rows(self.columns[name], pos % self.capacity, rows)
 
+    def write_chunks(self, pos: int, name: str, parts: list) -> None:
+        """Write ``parts`` back to back from absolute ``pos``: one tier call per column per insert."""
+        self.tier.write_chunks(self.columns[name], pos % self.capacity, parts)
+
     def read(self, name: str, start: int, n: int) -> np.ndarray:
         return self.tier.read_rows(self.columns[name], start % self.capacity, n)
 

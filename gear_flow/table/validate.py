@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
+from ..backend import is_device_array
 from ..errors import InvalidDataError, InvalidPriorityError, SpecError
 from ..keys import decode
 from ..spec import BOUNDARIES, TableSpec
@@ -61,14 +62,26 @@ def check_episode(spec: TableSpec, ep: Mapping, i: int) -> tuple[dict, int]:
                 f"episode {i}: columns have different lengths ({c.name!r} has {a.shape[0]} steps, "
                 f"{spec.columns[0].name!r} has {T})"
             )
-        out[c.name] = np.ascontiguousarray(a, dtype=c.dtype)
+        out[c.name] = _contiguous(a, c.dtype)
     if not T:
         raise InvalidDataError(f"episode {i} has no steps; an episode needs at least one")
     return out, int(T)
 
 
+def _contiguous(a, dtype):
+    """``a`` as a C-contiguous array of ``dtype``, where it lives (device arrays stay on the device)."""
+    if is_device_array(a):
+        import cupy
+
+        return cupy.ascontiguousarray(a, dtype=dtype)
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
 def _as_array(value, what: str) -> np.ndarray:
-    """``np.asarray(value)``, with NumPy's own errors (ragged nesting, ...) translated."""
+    """``np.asarray(value)``, with NumPy's own errors (ragged nesting, ...) translated; device
+    arrays (CuPy, trajectories an actor produced on a GPU) are kept as they are."""
+    if is_device_array(value):
+        return value
     try:
         return np.asarray(value)
     except (TypeError, ValueError) as e:

@@ -1,0 +1,118 @@
+"""The ``pinned`` tier on the shared-memory data plane: one page-locked copy of a host's trajectories.
+
+GEAR keeps a node's trajectories once, in host memory every GPU of the node
+reads directly.  On a distributed table with ``distributed.shared-memory`` on,
+a ``pinned`` shard's rings are the named POSIX segments of
+:class:`~gear_flow.storage.shared.SharedTier` (same layout, same seqlock
+header), page-locked in place with ``cudaHostRegister`` (portable and mapped,
+so every device's kernels address them over UVA).  A learner on the same
+machine maps the segments read-only (:class:`~gear_flow.storage.shared.Attached`),
+registers its mapping read-only (``cudaHostRegisterReadOnly``), and its GPU
+gathers the windows straight from them into its device batch — no staging
+copy, nothing through the comm.  The seqlock check runs after the gather has
+finished (the stream is synchronised first), as on the host.
+
+Registration is undone before a segment is unlinked (owner) or unmapped
+(reader), so the driver never keeps pages of a mapping that is gone.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from ..backend import require_gpu
+from ..storage.shared import Attached, SharedTier
+from .tiers import PinnedTier
+
+#: cudaHostRegister flags (CUDA runtime API)
+PORTABLE, MAPPED, READ_ONLY = 0x01, 0x02, 0x08
+
+
+def register(a: np.ndarray, read_only: bool = False) -> int:
+    """Page-lock the memory of host array ``a`` for every device; returns its address."""
+    cp = require_gpu("page-locking a shared segment")
+    ptr = int(a.ctypes.data)
+    cp.cuda.runtime.hostRegister(ptr, max(int(a.nbytes), 1), PORTABLE | MAPPED | (READ_ONLY if read_only else 0))
+    return ptr
+
+
+def unregister(ptrs) -> None:
+    """Undo :func:`register` for each address (ignoring ones already undone)."""
+    import cupy
+
+    for p in ptrs:
+        try:
+            cupy.cuda.runtime.hostUnregister(p)
+        except cupy.cuda.runtime.CUDARuntimeError:
+            pass
+
+
+class SharedPinnedTier(PinnedTier):
+    """``pinned`` rings in named shared-memory segments, page-locked in place (see the module docstring).
+
+    One instance per shard: :meth:`release` unregisters and unlinks that shard's segments.
+    """
+
+    name = "pinned"
+    shared = True
+
+    def __init__(self):
+        super().__init__()
+        self._shm = SharedTier()
+        self._ptrs: list[int] = []
+
+    def empty(self, shape, dtype):
+        a = self._shm.empty(shape, dtype)
+        with self._cp.cuda.Device(self.device_id):
+            self._ptrs.append(register(a))
+        return a
+
+    def describe(self, a) -> dict:
+        """What a reader needs to map array ``a``: segment name, shape, dtype."""
+        return self._shm.describe(a)
+
+    def release(self) -> None:
+        """Wait for the gathers issued on the rings, unregister them, unlink the segments."""
+        self.synchronize()
+        unregister(self._ptrs)
+        self._ptrs.clear()
+        self._shm.release()
+
+
+_registered: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def registered(sh: Attached) -> Attached:
+    """Page-lock a reader's mapping of a shard's rings (read-only, once per mapping).
+
+    Unregistered when the mapping is dropped, before its pages are unmapped.
+    """
+    if sh not in _registered:
+        ptrs = [register(a, read_only=True) for a in sh.bytes.values()]
+        _registered[sh] = ptrs
+        weakref.finalize(sh, unregister, list(ptrs))
+    return sh
+
+
+def gather_shared(sh: Attached, columns, src_start, dst_offset, n_valid, out: dict, o: int) -> None:
+    """Gather windows of mapped shard ``sh`` into device buffers ``out[c][o:o + B]`` and wait for them.
+
+    The wait makes the seqlock check that follows (:meth:`Attached.intact`) see
+    every byte the kernel read.
+    """
+    import cupy
+
+    from .ops.gather import gather_windows, upload_windows
+
+    registered(sh)
+    n = len(src_start)
+    if not n:
+        return
+    cap = sh.capacity
+    L = int(next(iter(out.values())).shape[1])
+    win = upload_windows(np.asarray(src_start) % cap, dst_offset, n_valid, L, cap)
+    for c in columns:
+        gather_windows(sh.bytes[c], None, None, None, out[c][o : o + n], windows=win)
+    cupy.cuda.get_current_stream().synchronize()

@@ -1,0 +1,91 @@
+"""Control-plane benchmark: the cost of a small batch as the number of workers grows.
+
+    python pipelines/bench_control_plane.py [--workers 1,2,4,8] [--repeat 200] [--out PATH]
+
+A learner's small step: sample B=32 single-step items from a Prioritized
+table with one shard per worker, then update their priorities.  Worker
+processes share this host's cores, so the numbers measure the fan-out of
+messages per batch, not a real cluster's network.  Reported per worker count:
+median ms of the sample, of the update, and of the pair, and the ratio of the
+pair to its cost with one worker.  Target (issue 11): 8 workers <= 3x one.
+The sample goes over the comm (shared memory off): the batch bytes are
+negligible here, the messages are what is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import print_table, write_json  # noqa: E402
+
+import gear_flow as gf  # noqa: E402
+
+TARGET = 3.0
+
+
+def run(workers: int, B: int, repeat: int, items: int) -> dict:
+    import dask
+    from distributed import Client, LocalCluster
+
+    from gear_flow.distributed import DistributedTable
+
+    spec = gf.TableSpec((gf.ColumnSpec("obs", (8,), np.float32),), capacity=items // workers + 64, num_shards=workers)
+    with (
+        LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+        dask.config.set({"gear-flow.distributed.shared-memory": False}),
+    ):
+        table = DistributedTable.create(client, spec, sampler=gf.Prioritized(0.6, 0.4), seed=0, name="cp")
+        rng = np.random.default_rng(0)
+        eps = [{"obs": rng.standard_normal((50, 8)).astype(np.float32)} for _ in range(items // 50)]
+        table.insert(eps, priorities=list(rng.random((len(eps), 50)) + 0.1))
+        ts, tu = [], []
+        for i in range(repeat + 10):
+            t0 = time.perf_counter()
+            b = table.sample(B, 1)
+            t1 = time.perf_counter()
+            table.update_priorities(b.keys.numpy(), rng.random(B) + 0.1)
+            t2 = time.perf_counter()
+            if i >= 10:
+                ts.append(t1 - t0)
+                tu.append(t2 - t1)
+        ts, tu = np.array(ts), np.array(tu)
+        return {
+            "workers": workers,
+            "sample_ms": 1e3 * float(np.median(ts)),
+            "update_ms": 1e3 * float(np.median(tu)),
+            "pair_ms": 1e3 * float(np.median(ts + tu)),
+            "stats": {k: v for k, v in table.stats.items() if isinstance(v, (int, float))},
+        }
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", default="1,2,4,8")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--repeat", type=int, default=200)
+    p.add_argument("--items", type=int, default=20_000)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    res = [run(int(w), args.batch_size, args.repeat, args.items) for w in args.workers.split(",")]
+    base = res[0]["pair_ms"]
+    rows = []
+    for r in res:
+        r["ratio_to_first"] = r["pair_ms"] / base
+        rows.append({"workers": r["workers"], "sample ms": r["sample_ms"], "update ms": r["update_ms"],
+                     "pair ms": r["pair_ms"], "ratio": r["ratio_to_first"],
+                     "target": f"<= {TARGET}" if r["workers"] == 8 else ""})  # fmt: skip
+    print_table(rows, ["workers", "sample ms", "update ms", "pair ms", "ratio", "target"])
+    out = {"args": vars(args), "results": res, "target_8_workers": TARGET}
+    print(f"\nwrote {write_json('bench_control_plane', out, args.out)}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

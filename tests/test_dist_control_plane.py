@@ -1,0 +1,86 @@
+"""The control plane of a distributed table: what a learner's step costs in requests, and that the
+shortcuts taken to save them keep the answers exact and all-or-nothing.
+
+A steady prioritized step (sample, then update the sampled priorities) on two
+workers sends one ``sample_part`` per worker drawn from and one ``update`` per
+worker updated: no masses request (the plan reuses masses kept from earlier
+replies, the update's reply included) and no key check (every key was seen
+issued).  ``pipelines/bench_control_plane.py`` measures the same with up to 8
+workers.
+"""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+
+import gear_flow as gf
+from gear_flow.distributed import DistributedTable
+from gear_flow.keys import decode, encode
+
+
+@pytest.fixture
+def table(dist_client):
+    with dask.config.set(
+        {"gear-flow.distributed.mass-max-age": 600, "gear-flow.distributed.shared-memory": False}
+    ):  # masses kept for the whole test: only the code under test refreshes them
+        spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=2)
+        t = DistributedTable.create(dist_client, spec, sampler=gf.Prioritized(1.0, 0.4), seed=0)
+        try:
+            t.insert([{"x": np.arange(20, dtype=np.float32) + 100 * i} for i in range(2)], priorities=1.0)
+            assert sorted(t.info()["shards"][i]["size"] for i in range(2)) == [20, 20]
+            yield t
+        finally:
+            t.close()
+
+
+def _step(t, rng, B=16):
+    b = t.sample(B, 1)
+    t.update_priorities(b.keys.numpy(), rng.random(B) + 0.5)
+    return b
+
+
+def test_a_steady_step_is_one_request_per_worker_and_phase(table):
+    rng = np.random.default_rng(0)
+    for _ in range(3):  # warm: masses fetched once, keys seen
+        _step(table, rng)
+    table.requests.clear()
+    for _ in range(5):
+        _step(table, rng)
+    got = dict(table.requests)
+    assert set(got) <= {"sample_part", "update"}, got  # no summaries, no check_keys
+    assert got["sample_part"] <= 10 and got["update"] <= 10, got
+
+
+def test_an_update_shows_in_the_next_plan_without_asking_for_masses(table):
+    rng = np.random.default_rng(1)
+    seen = set()
+    while len(seen) < 40:  # every key, from samples (so they count as seen issued)
+        seen.update(table.sample(64, 1).keys.numpy().tolist())
+    keys = np.array(sorted(seen))
+    shard, _ = decode(keys)
+    table.update_priorities(keys, np.where(shard == 0, 0.0, 1.0))  # shard 0 keeps no weight
+    table.requests.clear()
+    for _ in range(5):
+        b = table.sample(32, 1)
+        assert set(decode(b.keys.numpy())[0].tolist()) == {1}  # with the masses before the update: shard 0 drawn
+        assert np.allclose(b.probabilities.numpy(), 1 / 20)
+    assert "summaries" not in table.requests
+    _step(table, rng)
+
+
+def test_a_key_never_seen_issued_is_checked_everywhere_first(table):
+    seen = table.sample(64, 1).keys.numpy()
+    ok = seen[decode(seen)[0] == 0][:4]
+    bogus = encode(1, np.array([10_000]))  # shard 1 never issued seq 10000
+    before = table.info()["totals"]["stale_updates"]
+    prio_before = table.sample(64, 1)
+    with pytest.raises(gf.UnknownKeyError):
+        table.update_priorities(np.concatenate([ok, bogus]), np.full(5, 50.0))
+    assert table.info()["totals"]["stale_updates"] == before
+    # nothing applied on shard 0 either: no item there carries priority 50
+    for _ in range(5):
+        b = table.sample(64, 1)
+        assert not np.any(b.priorities.numpy() == 50.0)
+    assert prio_before.priorities.numpy().max() < 50
