@@ -146,7 +146,16 @@ def __getattr__(name: str):
 # -- cupy.cuda ------------------------------------------------------------------------------------------
 
 
+class CUDARuntimeError(RuntimeError):
+    """``cupy.cuda.runtime.CUDARuntimeError``: a failed CUDA runtime call, with its status."""
+
+    def __init__(self, status: int, name: str):
+        self.status = status
+        super().__init__(f"{name}: see the CUDA runtime API")
+
+
 class _Runtime:
+    CUDARuntimeError = CUDARuntimeError
     memoryTypeUnregistered, memoryTypeHost, memoryTypeDevice, memoryTypeManaged = 0, 1, 2, 3
     memcpyHostToHost, memcpyHostToDevice, memcpyDeviceToHost, memcpyDeviceToDevice, memcpyDefault = 0, 1, 2, 3, 4
     streamLegacy, streamPerThread = 1, 2
@@ -176,6 +185,18 @@ class _Runtime:
     def memcpy(dst: int, src: int, size: int, kind: int) -> None:
         streams.synchronize_device()
         ctypes.memmove(dst, src, size)
+
+    @staticmethod
+    def hostRegister(ptr: int, size: int, flags: int) -> None:
+        """Page-lock host memory in place: it counts as pinned (kernels may read it) until unregistered."""
+        if streams.PINNED.overlaps(ptr, size):
+            raise CUDARuntimeError(712, "cudaErrorHostMemoryAlreadyRegistered")
+        streams.PINNED.add(None, ptr, size)
+
+    @staticmethod
+    def hostUnregister(ptr: int) -> None:
+        if not streams.PINNED.remove(ptr):
+            raise CUDARuntimeError(713, "cudaErrorHostMemoryNotRegistered")
 
     @staticmethod
     def getDeviceProperties(device):

@@ -298,8 +298,16 @@ class _Ranges:
         self._r: dict[int, int] = {}
 
     def add(self, owner, start: int, nbytes: int) -> None:
+        """A range that lives as long as ``owner`` (None: until :meth:`remove`)."""
         self._r[start] = start + nbytes
-        weakref.finalize(owner, self._r.pop, start, None)
+        if owner is not None:
+            weakref.finalize(owner, self._r.pop, start, None)
+
+    def remove(self, start: int) -> bool:
+        return self._r.pop(start, None) is not None
+
+    def overlaps(self, start: int, nbytes: int) -> bool:
+        return any(a < start + nbytes and start < b for a, b in list(self._r.items()))
 
     def __contains__(self, ptr: int) -> bool:
         return any(a <= ptr < b for a, b in list(self._r.items()))
