@@ -9,6 +9,8 @@ host waits for it, so a missing ordering shows as wrong data, every time:
   overwrites the pinned ring they read;
 * ``_GpuTier._windows``: the host waits for the previous upload from the
   pinned staging buffer before refilling it;
+* ``DeviceTier._insert_stage``: the same for the staging buffer of batched
+  host inserts;
 * ``gpu.streams.publish``: torch's stream (the host here) waits for batches
   gathered on another CuPy stream.
 """
@@ -168,3 +170,28 @@ def test_batch_published_to_torch_after_a_gather_on_another_stream(emulated, mon
         tier.gather_windows(src, *_windows(2, 4, first=32), buf.bytes["x"])
         again = buf.batch(64)["x"]  # the same tensors, published after the side stream's gather
     assert (again.tolist() == [[32, 33, 34, 35], [36, 37, 38, 39]]) == fence
+
+
+@pytest.mark.parametrize("fence", [True, False])
+def test_insert_staging_buffer_is_refilled_only_after_its_copy(emulated, monkeypatch, fence):
+    """Batched host inserts into a device ring go through one reused page-locked buffer, copied
+    asynchronously: the next insert may refill it only after that copy ran (``_insert_done``)."""
+    from gear_flow import ColumnSpec, LocalTable, TableSpec
+    from gear_flow.gpu import tiers
+
+    if not fence:
+        stage = tiers.DeviceTier._insert_stage
+
+        def no_fence(self, nbytes):
+            self._insert_done = None
+            return stage(self, nbytes)
+
+        monkeypatch.setattr(tiers.DeviceTier, "_insert_stage", no_fence)
+    spec = TableSpec((ColumnSpec("x", (), np.int64),), capacity=64)
+    ref, dev = LocalTable(spec, seed=1), LocalTable(spec, tier="device", seed=1)
+    for k in range(3):  # three inserts of three episodes each: host parts, one staged copy per insert
+        batch = [{"x": np.arange(5) + 100 * k + 10 * e} for e in range(3)]
+        ref.insert(batch)
+        dev.insert(batch)
+    same = np.array_equal(dev.shards[0].ring.read("x", 0, 45), ref.shards[0].ring.read("x", 0, 45))
+    assert same == fence
