@@ -75,11 +75,16 @@ def test_workers_are_emulated(emu_cluster):
             refused = False
         except TypeError:
             refused = True
-        return cupy.__version__, refused, os.environ.get("GEAR_FLOW_CUDA_EMULATION"), "cuda_emu" in sys.modules
+        import gear_flow
+
+        emulated = os.environ.get("GEAR_FLOW_CUDA_EMULATION")
+        return cupy.__version__, refused, emulated, "cuda_emu" in sys.modules, gear_flow.__file__
+
+    import gear_flow
 
     res = emu_cluster.run(probe)
     assert len(res) == 2
-    assert set(res.values()) == {("emulated", True, "1", True)}
+    assert set(res.values()) == {("emulated", True, "1", True, gear_flow.__file__)}  # this checkout's code
 
 
 @pytest.mark.parametrize("tier", ["device", "pinned"])
