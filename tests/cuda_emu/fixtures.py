@@ -67,11 +67,13 @@ def emu_cluster():
     well if it needs CuPy locally).  Fake device arrays that cross the comm travel pickled, as
     host copies (``ndarray.__reduce__`` calls ``get()``): distributed's CuPy serializers
     (``distributed.protocol.cupy``, device frames over UCX) are registered for ``cupy.ndarray``
-    and never see the fake, so this checks what reaches the other side, not how it travels.  The workers find ``cuda_emu`` and this checkout's gear_flow
-    through ``PYTHONPATH`` (set here to the tests folder and the repository root, ahead of the
-    inherited value).  One cluster per test module (``scope="module"``); 1 thread per worker.  For
-    another shape, ``with cuda_emu.preload.emulated_local_cluster(n_workers=3, threads_per_worker=2)
-    as client:`` (extra keywords go to ``LocalCluster``).
+    and never see the fake, so this checks what reaches the other side, not how it travels.
+
+    The workers find ``cuda_emu`` and this checkout's gear_flow through ``PYTHONPATH`` (set here
+    to the tests folder and the repository root, ahead of the inherited value).  One cluster per
+    test module (``scope="module"``), 1 thread per worker; for another shape,
+    ``with cuda_emu.preload.emulated_local_cluster(n_workers=3, threads_per_worker=2) as client:``
+    (extra keywords go to ``LocalCluster``).
     """
     if compiler() is None:
         pytest.skip("no C++ compiler for the CUDA emulation")
