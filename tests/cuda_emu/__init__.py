@@ -177,7 +177,14 @@ def function(module: str, expression: str) -> EmuKernel:
 
 
 def _torch_stream(device_id: int):
-    """torch's current CUDA stream, as the emulation sees it: the host (torch is CPU-only here)."""
+    """torch's current CUDA stream, as the emulation sees it (``gear_flow.gpu.streams._torch_stream``).
+
+    torch is CPU-only here, so the learner's reads of a batch are host reads: its stream is a
+    :class:`~cuda_emu.streams.HostStream` (work queued on it runs at once, after what it waits
+    for).  It is non-blocking, like the streams of torch's pool: the legacy default stream, on
+    which inserts are issued, is ordered before the gathers issued on it by gear_flow's fences
+    only, never implicitly.
+    """
     from . import streams
 
     global _TORCH_STREAM
