@@ -31,10 +31,14 @@ import shutil
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import CheckpointError
+
+if TYPE_CHECKING:
+    from .shard import Shard
 
 FORMAT = "gear-flow-checkpoint"
 VERSION = 1
@@ -63,12 +67,36 @@ def _mode(key: str) -> int:
 
 
 def file_mode() -> int:
-    """Permissions of checkpoint files (``gear-flow.checkpoint.file-mode``, default 0600)."""
+    """Permissions of checkpoint files (``gear-flow.checkpoint.file-mode``, default 0600).
+
+    Returns
+    -------
+    int
+        The mode, e.g. ``0o600``.
+
+    Raises
+    ------
+    CheckpointError
+        The configured value is not an octal mode up to 0777, or does not
+        keep the owner's read and write bits.
+    """
     return _mode("file-mode")
 
 
 def dir_mode() -> int:
-    """Permissions of checkpoint directories (``gear-flow.checkpoint.dir-mode``, default 0700)."""
+    """Permissions of checkpoint directories (``gear-flow.checkpoint.dir-mode``, default 0700).
+
+    Returns
+    -------
+    int
+        The mode, e.g. ``0o700``.
+
+    Raises
+    ------
+    CheckpointError
+        The configured value is not an octal mode up to 0777, or does not
+        keep the owner's rwx bits.
+    """
     return _mode("dir-mode")
 
 
@@ -87,11 +115,27 @@ def _host(a):
     return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
 
 
-def snapshot_shard(shard) -> tuple[dict, dict]:
-    """Copy a shard's state (arrays, metadata) under its lock; returns host arrays.
+def snapshot_shard(shard: Shard) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Copy a shard's state (arrays, metadata) under its lock.
 
     The copy is what blocks the shard; measure it with :func:`time.perf_counter`
     around this call (``LocalTable.checkpoint`` reports it as ``pause_s``).
+
+    Parameters
+    ----------
+    shard : Shard
+        An in-process shard, on any storage tier.
+
+    Returns
+    -------
+    arrays : dict of str to numpy.ndarray
+        Host copies: ``col_<name>`` per column, ``active``, ``priority``,
+        ``touched``, ``episode_<field>`` of the live episodes, and where the
+        shard has them ``step_episode``, ``times_sampled``,
+        ``sampler_tree``/``remover_tree``.
+    meta : dict
+        JSON-able scalars: ``shard``, ``write_pos``, ``episodes_first``,
+        ``episodes_next``, ``size``, ``max_priority``, ``counters``, ``epoch``.
     """
     with shard.lock:
         idx = shard.index
@@ -124,8 +168,25 @@ def snapshot_shard(shard) -> tuple[dict, dict]:
     return arrays, meta
 
 
-def restore_shard(shard, arrays: dict, meta: dict) -> None:
-    """Load a snapshot into a freshly built, empty shard of the same spec."""
+def restore_shard(shard: Shard, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> None:
+    """Load a snapshot into a freshly built, empty shard of the same spec.
+
+    Parameters
+    ----------
+    shard : Shard
+        The shard to fill, built with the checkpoint's spec, capacity,
+        selectors; changed in place under its lock.
+    arrays : dict of str to numpy.ndarray
+        As :func:`snapshot_shard` returned them (or :func:`read_shard_file` read them).
+    meta : dict
+        As :func:`snapshot_shard` returned it.
+
+    Raises
+    ------
+    CheckpointError
+        A column's dtype or shape, the capacity, or a selector's state does
+        not match the shard.
+    """
     from .shard import Counters
 
     with shard.lock:
@@ -188,8 +249,27 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def write_shard_file(directory: Path, shard_id: int, arrays: dict) -> tuple[str, str]:
-    """Write one shard's arrays; returns (file name, sha256)."""
+def write_shard_file(
+    directory: str | os.PathLike[str], shard_id: int, arrays: dict[str, np.ndarray]
+) -> tuple[str, str]:
+    """Write one shard's arrays as ``shard-<id>.npz`` (mode :func:`file_mode`, fsync'ed).
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        The checkpoint's temporary directory (:func:`temp_dir`).
+    shard_id : int
+        The shard's id in the table; names the file.
+    arrays : dict of str to numpy.ndarray
+        Host arrays, as :func:`snapshot_shard` returned them.
+
+    Returns
+    -------
+    name : str
+        The file's name, relative to ``directory``.
+    sha256 : str
+        Hex SHA-256 of the file, for the manifest.
+    """
     name = f"shard-{shard_id}.npz"
     path = Path(directory) / name
     with _create(path, file_mode()) as f:
@@ -199,7 +279,28 @@ def write_shard_file(directory: Path, shard_id: int, arrays: dict) -> tuple[str,
     return name, _sha256(path)
 
 
-def read_shard_file(directory: Path, name: str, sha256: str | None) -> dict:
+def read_shard_file(directory: str | os.PathLike[str], name: str, sha256: str | None) -> dict[str, np.ndarray]:
+    """Read one shard file back, after checking its checksum (no pickle).
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        The checkpoint directory.
+    name : str
+        The file's name, as the manifest lists it.
+    sha256 : str or None
+        The checksum the manifest recorded (None: not checked).
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        The shard's arrays, as written.
+
+    Raises
+    ------
+    CheckpointError
+        The file is missing, corrupted (checksum) or not a readable ``.npz``.
+    """
     path = Path(directory) / name
     if not path.exists():
         raise CheckpointError(f"checkpoint file {path} is missing")
@@ -212,8 +313,26 @@ def read_shard_file(directory: Path, name: str, sha256: str | None) -> dict:
         raise CheckpointError(f"checkpoint file {path} cannot be read: {e}") from None
 
 
-def commit(tmp: Path, final: Path, manifest: dict) -> Path:
-    """Write the manifest into ``tmp``, fsync, and atomically rename ``tmp`` to ``final``."""
+def commit(tmp: Path, final: Path, manifest: dict[str, Any]) -> Path:
+    """Write the manifest into ``tmp``, fsync, and atomically rename ``tmp`` to ``final``.
+
+    An older checkpoint at ``final`` is moved aside first and removed once the
+    new one is in place.
+
+    Parameters
+    ----------
+    tmp : pathlib.Path
+        The directory the shard files were written into (:func:`temp_dir`).
+    final : pathlib.Path
+        Where the checkpoint goes.
+    manifest : dict
+        JSON-able, from :func:`new_manifest`.
+
+    Returns
+    -------
+    pathlib.Path
+        ``final``.
+    """
     mpath = tmp / "manifest.json"
     with _create(mpath, file_mode()) as f:
         f.write(json.dumps(manifest, indent=1).encode())
@@ -231,9 +350,20 @@ def commit(tmp: Path, final: Path, manifest: dict) -> Path:
     return final
 
 
-def temp_dir(final: Path) -> Path:
-    """A new private directory beside ``final`` to write a checkpoint into (missing parents are
-    created with the same mode)."""
+def temp_dir(final: str | os.PathLike[str]) -> Path:
+    """A new private directory beside ``final`` to write a checkpoint into.
+
+    Parameters
+    ----------
+    final : str or os.PathLike
+        Where the checkpoint will go; missing parents are created with
+        :func:`dir_mode`.
+
+    Returns
+    -------
+    pathlib.Path
+        ``.<name>.tmp-<random>`` beside ``final``, mode exactly :func:`dir_mode`.
+    """
     final = Path(final)
     mode = dir_mode()
     missing = [p for p in reversed(final.parents) if not p.exists()]
@@ -246,7 +376,24 @@ def temp_dir(final: Path) -> Path:
     return tmp
 
 
-def read_manifest(path: Path) -> dict:
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A checkpoint's ``manifest.json``, after checking its format and version.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The checkpoint directory.
+
+    Returns
+    -------
+    dict
+        The manifest, as :func:`new_manifest` made it.
+
+    Raises
+    ------
+    CheckpointError
+        No manifest, not JSON, or another format or version.
+    """
     mpath = Path(path) / "manifest.json"
     if not mpath.exists():
         raise CheckpointError(f"{path} is not a gear_flow checkpoint (no manifest.json)")
@@ -261,7 +408,29 @@ def read_manifest(path: Path) -> dict:
     return m
 
 
-def new_manifest(kind: str, table_config: dict, state: dict, files: dict) -> dict:
+def new_manifest(
+    kind: str, table_config: dict[str, Any], state: dict[str, Any], files: dict[str, Any]
+) -> dict[str, Any]:
+    """A manifest for :func:`commit`, stamped with :data:`FORMAT`, :data:`VERSION` and the time.
+
+    Parameters
+    ----------
+    kind : str
+        ``"local"`` or ``"distributed"``: the kind of table checkpointed.
+    table_config : dict
+        The table's configuration (spec, selectors, limiter), JSON-able.
+    state : dict
+        Table-wide state: limiter counts, counters.
+    files : dict
+        Per shard id (a string), ``{"file", "sha256", "meta"}``: its file
+        name, checksum and :func:`snapshot_shard` metadata.
+
+    Returns
+    -------
+    dict
+        ``format``, ``version``, ``kind``, ``created`` (local time,
+        ISO 8601), ``table``, ``state`` and ``files``.
+    """
     return {
         "format": FORMAT,
         "version": VERSION,

@@ -71,7 +71,20 @@ else:
 
 
 def get(key: str, value: object = None) -> object:
-    """``value`` if not None, else ``gear-flow.<key>`` from dask.config (or the YAML defaults without Dask)."""
+    """``value`` if not None, else ``gear-flow.<key>`` from dask.config (or the YAML defaults without Dask).
+
+    Parameters
+    ----------
+    key : str
+        Dotted key under ``gear-flow`` (``"table.boundary"``, ``"ingest.gamma"``).
+    value : object, optional
+        The caller's keyword argument; anything but None wins over the configuration.
+
+    Returns
+    -------
+    object
+        ``value``, or the configured value (as YAML/dask.config typed it).
+    """
     if value is not None:
         return value
     if _dask_config is not None:

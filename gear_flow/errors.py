@@ -8,6 +8,8 @@ value and what is allowed.
 
 from __future__ import annotations
 
+import os
+
 
 class GearFlowError(Exception):
     """Root of all gear_flow errors."""
@@ -32,18 +34,20 @@ class ProtocolError(SpecError):
 class DatasetError(InvalidDataError):
     """An offline dataset file is malformed (raised by :mod:`gear_flow.ingest`).
 
-    Attributes
+    Parameters
     ----------
-    path : str
-        The file (or dataset directory) at fault.
+    path : str or os.PathLike
+        The file (or dataset directory) at fault; kept as ``str`` in ``.path``.
     episode : int, str or None
         The episode at fault (its index or id in the file), None when the
         problem is with the whole file.
     problem : str
         What is wrong and what is allowed.
+
+    Each parameter is kept as the attribute of the same name.
     """
 
-    def __init__(self, path, episode, problem: str):
+    def __init__(self, path: str | os.PathLike[str], episode: int | str | None, problem: str):
         self.path = str(path)
         self.episode = episode
         self.problem = problem
@@ -62,12 +66,15 @@ class CapacityError(GearFlowError, ValueError):
 class InvalidPriorityError(GearFlowError, ValueError):
     """A priority is NaN, infinite or negative, or its weight ``priority ** alpha`` is too large.
 
-    Attributes
+    Parameters
     ----------
     index : int
-        Position of the first bad priority in the call's input.
+        Position of the first bad priority in the call's input; kept as ``.index``.
     value : float
-        The bad value.
+        The bad value; kept as ``.value``.
+    message : str, optional
+        The whole message, when the default one ("must be finite and >= 0")
+        does not say what is wrong (a weight that overflows, say).
     """
 
     def __init__(self, index: int, value: float, message: str | None = None):
@@ -89,6 +96,13 @@ class UnknownKeyError(GearFlowError, KeyError):
 
     Keys of items that existed but were evicted are *stale*, not unknown: they are
     ignored and counted instead.
+
+    Parameters
+    ----------
+    key : int
+        The 64-bit key; kept as ``.key``.
+    reason : str
+        Why it is unknown (which check failed); kept as ``.reason``.
     """
 
     def __init__(self, key: int, reason: str):
@@ -110,12 +124,12 @@ class EmptyTableError(GearFlowError, ValueError):
 class WindowTooLongError(EmptyTableError):
     """The requested window length fits in no stored episode (strict mode).
 
-    Attributes
+    Parameters
     ----------
     length : int
-        The requested window length.
+        The requested window length, in steps; kept as ``.length``.
     longest : int
-        The longest stored episode.
+        The longest stored episode, in steps; kept as ``.longest``.
     """
 
     def __init__(self, length: int, longest: int):
@@ -134,7 +148,25 @@ class WindowTooLongError(EmptyTableError):
 def nothing_to_sample(who: str, size: int, longest: int, length: int, boundary: str) -> EmptyTableError:
     """The error for a sample that finds nothing: empty, window too long, or no weight left.
 
-    ``who`` names the table or shard ("the table", "table 'replay'", "shard 3").
+    Parameters
+    ----------
+    who : str
+        Names the table or shard in the message ("the table", "table 'replay'", "shard 3").
+    size : int
+        Items stored.
+    longest : int
+        The longest stored episode, in steps.
+    length : int
+        The requested window length, in steps.
+    boundary : str
+        The sample's boundary mode (``"strict"``, ``"pad_tail"``, ``"pad_head"``).
+
+    Returns
+    -------
+    EmptyTableError
+        The error to raise: :class:`WindowTooLongError` when ``boundary`` is
+        ``"strict"`` and no episode is ``length`` steps long, a plain
+        :class:`EmptyTableError` otherwise.
     """
     if size == 0:
         return EmptyTableError(f"{who} holds no items")
@@ -154,7 +186,15 @@ class TableClosedError(GearFlowError, RuntimeError):
 
 
 class ShardLostError(GearFlowError, RuntimeError):
-    """A shard's worker is gone; the operation needed it."""
+    """A shard's worker is gone; the operation needed it.
+
+    Parameters
+    ----------
+    shard : int
+        The lost shard's id; kept as ``.shard``.
+    detail : str, default ""
+        What was being done, appended to the message; kept as ``.detail``.
+    """
 
     def __init__(self, shard: int, detail: str = ""):
         self.shard = int(shard)

@@ -11,15 +11,44 @@ to the new item.
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 SHARD_SHIFT = 56
 SEQ_MASK = (1 << SHARD_SHIFT) - 1
 
 
-def encode(shard: int, seqs: np.ndarray) -> np.ndarray:
+def encode(shard: int, seqs: ArrayLike) -> np.ndarray:
+    """Keys of items of one shard.
+
+    Parameters
+    ----------
+    shard : int
+        The owning shard, ``0 <= shard < 128``.
+    seqs : array_like of int
+        Sequence numbers in that shard, ``0 <= seq < 2**56``.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 keys ``shard << 56 | seq``, shaped as ``seqs``.
+    """
     return (np.int64(shard) << np.int64(SHARD_SHIFT)) | np.asarray(seqs, dtype=np.int64)
 
 
-def decode(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def decode(keys: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """Split keys into their shard and sequence number (the inverse of :func:`encode`).
+
+    Parameters
+    ----------
+    keys : array_like of int
+        Keys as the table issued them.
+
+    Returns
+    -------
+    shards : numpy.ndarray
+        int64, the owning shard of each key.
+    seqs : numpy.ndarray
+        int64, the sequence number of each key in its shard.
+    """
     keys = np.asarray(keys, dtype=np.int64)
     return keys >> np.int64(SHARD_SHIFT), keys & np.int64(SEQ_MASK)

@@ -74,11 +74,25 @@ def parse_kind(text: str) -> dict:
 
 
 def parse_selector(text: str) -> Selector:
-    """A selector from ``"KIND:KEY=VALUE,..."`` (see :func:`parse_kind`); unknown kinds raise SpecError.
+    """A selector from ``"KIND:KEY=VALUE,..."`` (see :func:`parse_kind`).
+
+    Parameters
+    ----------
+    text : str
+        A registered selector kind and its constructor arguments, e.g.
+        ``"uniform"`` or ``"prioritized:alpha=0.6"``.
 
     Returns
     -------
     Selector
+        A new instance.
+
+    Raises
+    ------
+    SpecError
+        Unknown kind, or arguments the class rejects.
+    ValueError
+        An item is not ``KEY=VALUE``.
     """
     from .selectors import from_config
 
@@ -86,11 +100,26 @@ def parse_selector(text: str) -> Selector:
 
 
 def parse_rate_limiter(text: str) -> RateLimiter:
-    """A rate limiter from ``"KIND:KEY=VALUE,..."``, e.g. ``"sample_to_insert_ratio:samples_per_insert=4,..."``.
+    """A rate limiter from ``"KIND:KEY=VALUE,..."`` (see :func:`parse_kind`).
+
+    Parameters
+    ----------
+    text : str
+        A registered limiter kind and its constructor arguments, e.g.
+        ``"min_size:min_size_to_sample=1000"`` or
+        ``"sample_to_insert_ratio:samples_per_insert=4,min_size_to_sample=100,error_buffer=50"``.
 
     Returns
     -------
     RateLimiter
+        A new instance, with zero counters.
+
+    Raises
+    ------
+    SpecError
+        Unknown kind, or arguments the class rejects.
+    ValueError
+        An item is not ``KEY=VALUE``.
     """
     from .rate_limiters import from_config
 
@@ -109,6 +138,7 @@ def default_num_shards(client: Client, workers: list[str] | None = None, resourc
     Parameters
     ----------
     client : distributed.Client
+        A client of the cluster (to count its workers).
     workers : list of str, optional
         The workers the table is placed on (then: one shard each).
     resources : str, optional

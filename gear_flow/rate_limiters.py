@@ -20,7 +20,9 @@ from __future__ import annotations
 import math
 import sys
 from abc import ABC
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import SpecError
 
@@ -58,7 +60,32 @@ def _check_rate(samples_per_insert, min_size_to_sample) -> None:
 
 
 class RateLimiter(ABC):  # noqa: B024  (abstract by intent: use a subclass)
-    """Base of every limiter; see the module docstring."""
+    """Base of every limiter; see the module docstring.
+
+    Subclass it for a custom limiter: call ``super().__init__`` with the four
+    numbers below, implement :meth:`params`, and register the class
+    (:func:`gear_flow.register_rate_limiter`) so that distributed tables and
+    checkpoints can rebuild it.
+
+    Parameters
+    ----------
+    samples_per_insert : float
+        Weight of one inserted item in ``diff``; positive and finite.
+    min_size_to_sample : int
+        Items the table must hold before any sample is admitted; positive.
+    min_diff : float
+        A sample of ``n`` is admitted only if ``diff - n >= min_diff``
+        (``-sys.float_info.max``: no lower bound).
+    max_diff : float
+        Past ``min_size_to_sample``, an insert of ``k`` is admitted only if
+        ``diff + k * samples_per_insert <= max_diff`` (``sys.float_info.max``:
+        no upper bound).
+
+    Raises
+    ------
+    SpecError
+        ``samples_per_insert`` or ``min_size_to_sample`` out of range.
+    """
 
     def __init__(self, samples_per_insert: float, min_size_to_sample: int, min_diff: float, max_diff: float):
         _check_rate(samples_per_insert, min_size_to_sample)
@@ -71,14 +98,45 @@ class RateLimiter(ABC):  # noqa: B024  (abstract by intent: use a subclass)
     # -- decisions -------------------------------------------------------------
     @property
     def diff(self) -> float:
+        """``inserts * samples_per_insert - samples``: what admission compares with ``min_diff``/``max_diff``."""
         return self.state.inserts * self.samples_per_insert - self.state.samples
 
     def can_insert(self, k: int, size: int) -> bool:
+        """May an insert of ``k`` items go ahead now?
+
+        Parameters
+        ----------
+        k : int
+            Items the insert adds (steps or episodes, the table's item unit).
+        size : int
+            Items the table holds now, counting inserts already admitted but
+            not yet applied (Reverb's count).
+
+        Returns
+        -------
+        bool
+            True while the table is below ``min_size_to_sample`` counting the
+            new items, else whether ``diff + k * samples_per_insert <= max_diff``.
+        """
         if size + k <= self.min_size_to_sample:
             return True
         return self.diff + k * self.samples_per_insert <= self.max_diff
 
     def can_sample(self, n: int, size: int) -> bool:
+        """May a sample of ``n`` items go ahead now?
+
+        Parameters
+        ----------
+        n : int
+            Items the sample hands out (its batch size).
+        size : int
+            Items the table holds now.
+
+        Returns
+        -------
+        bool
+            ``size >= min_size_to_sample`` and ``diff - n >= min_diff``.
+        """
         if size < self.min_size_to_sample:
             return False
         return self.diff - n >= self.min_diff
@@ -89,6 +147,16 @@ class RateLimiter(ABC):  # noqa: B024  (abstract by intent: use a subclass)
         Samples lower ``diff`` to ``min_diff`` at most, but before sampling starts
         ``diff`` may still be below ``min_diff`` (0 for a new table), where a
         larger insert is admissible; the bound uses the lower of the two.
+
+        Parameters
+        ----------
+        k : int
+            Items in the insert.
+
+        Raises
+        ------
+        SpecError
+            The insert can never be admitted (it would wait forever).
         """
         low = min(self.diff, self.min_diff)
         span = self.max_diff - low
@@ -100,7 +168,18 @@ class RateLimiter(ABC):  # noqa: B024  (abstract by intent: use a subclass)
             )
 
     def check_sample_size(self, n: int) -> None:
-        """Reject a sample of ``n`` items that this limiter could never admit."""
+        """Reject a sample of ``n`` items that this limiter could never admit.
+
+        Parameters
+        ----------
+        n : int
+            Items in the sample.
+
+        Raises
+        ------
+        SpecError
+            ``n > max_diff - min_diff``: the sample would wait forever.
+        """
         span = self.max_diff - self.min_diff
         if n > span:
             raise SpecError(
@@ -109,7 +188,18 @@ class RateLimiter(ABC):  # noqa: B024  (abstract by intent: use a subclass)
             )
 
     def check_table(self, max_size: int) -> None:
-        """Reject configurations that deadlock with a table of ``max_size`` items."""
+        """Reject configurations that deadlock with a table of ``max_size`` items.
+
+        Parameters
+        ----------
+        max_size : int
+            Most items the table can hold (all shards).
+
+        Raises
+        ------
+        SpecError
+            ``min_size_to_sample > max_size``: sampling could never start.
+        """
         if self.min_size_to_sample > max_size:
             raise SpecError(
                 f"min_size_to_sample ({self.min_size_to_sample}) is larger than the table's "
@@ -118,15 +208,45 @@ class RateLimiter(ABC):  # noqa: B024  (abstract by intent: use a subclass)
 
     # -- bookkeeping -------------------------------------------------------------
     def on_insert(self, k: int) -> None:
+        """Count an admitted insert.
+
+        Parameters
+        ----------
+        k : int
+            Items it added.
+        """
         self.state.inserts += int(k)
 
     def on_sample(self, n: int) -> None:
+        """Count an admitted sample.
+
+        Parameters
+        ----------
+        n : int
+            Items it handed out.
+        """
         self.state.samples += int(n)
 
     def on_delete(self, k: int) -> None:
+        """Count removed items (evicted, deleted, expired); ``diff`` does not change.
+
+        Parameters
+        ----------
+        k : int
+            Items removed.
+        """
         self.state.deletes += int(k)
 
-    def info(self) -> dict:
+    def info(self) -> dict[str, object]:
+        """The limiter's configuration and counters, for ``table.info()`` and the dashboard.
+
+        Returns
+        -------
+        dict
+            ``kind`` (class name), ``samples_per_insert``,
+            ``min_size_to_sample``, ``min_diff`` and ``max_diff`` (None when
+            unbounded), ``inserts``, ``samples``, ``deletes``.
+        """
         return {
             "kind": type(self).__name__,
             "samples_per_insert": self.samples_per_insert,
@@ -138,7 +258,17 @@ class RateLimiter(ABC):  # noqa: B024  (abstract by intent: use a subclass)
             "deletes": self.state.deletes,
         }
 
-    def params(self) -> dict:
+    def params(self) -> dict[str, object]:
+        """The constructor's keyword arguments that rebuild this limiter (without its counters).
+
+        Every subclass implements it; :func:`to_config` stores it and
+        :func:`from_config` calls ``cls(**params)``.
+
+        Returns
+        -------
+        dict
+            Keyword argument name to value, JSON-able but for tuples.
+        """
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -147,6 +277,11 @@ class RateLimiter(ABC):  # noqa: B024  (abstract by intent: use a subclass)
 
 class MinSize(RateLimiter):
     """Block sampling until the table holds ``min_size_to_sample`` items.
+
+    Parameters
+    ----------
+    min_size_to_sample : int, default 1
+        Items the table must hold before sampling starts; inserts never block.
 
     Examples
     --------
@@ -181,7 +316,7 @@ class SampleToInsertRatio(RateLimiter):
     SampleToInsertRatio(samples_per_insert=4.0, min_size_to_sample=100, error_buffer=(350.0, 450.0))
     """
 
-    def __init__(self, samples_per_insert: float, min_size_to_sample: int, error_buffer):
+    def __init__(self, samples_per_insert: float, min_size_to_sample: int, error_buffer: float | tuple[float, float]):
         # validated before the offset below is computed from them (a str would raise TypeError)
         _check_rate(samples_per_insert, min_size_to_sample)
         if isinstance(error_buffer, (int, float)) and not isinstance(error_buffer, bool):
@@ -236,6 +371,11 @@ class Queue(RateLimiter):
     :class:`~gear_flow.errors.CapacityError` instead of dropping it (give the
     shards a capacity of at least ``size`` plus the longest episode).
 
+    Parameters
+    ----------
+    size : int
+        Most items waiting to be sampled; positive.
+
     Examples
     --------
     >>> Queue(100)
@@ -271,8 +411,25 @@ REGISTRY: dict[str, type[RateLimiter]] = {
 }
 
 
-def to_config(limiter: RateLimiter) -> dict:
-    """A JSON-able description ``{"kind": ..., "params": {...}, "state": {...}}``."""
+def to_config(limiter: RateLimiter) -> dict[str, object]:
+    """A JSON-able description of a limiter, counters included.
+
+    Parameters
+    ----------
+    limiter : RateLimiter
+        An instance of a registered class (its own class: a subclass of a
+        registered class must be registered itself).
+
+    Returns
+    -------
+    dict
+        ``{"kind": registered name, "params": params(), "state": counters}``.
+
+    Raises
+    ------
+    TypeError
+        The limiter's class is not registered.
+    """
     for kind, cls in REGISTRY.items():
         if type(limiter) is cls:
             params = limiter.params()
@@ -282,8 +439,24 @@ def to_config(limiter: RateLimiter) -> dict:
     raise TypeError(f"{limiter!r} is not a registered rate limiter; registered: {sorted(REGISTRY)}")
 
 
-def from_config(cfg: dict) -> RateLimiter:
-    """Inverse of :func:`to_config` (restores the counters too)."""
+def from_config(cfg: Mapping[str, Any]) -> RateLimiter:
+    """Inverse of :func:`to_config` (restores the counters too).
+
+    Parameters
+    ----------
+    cfg : mapping
+        As :func:`to_config` made it (``params`` and ``state`` optional).
+
+    Returns
+    -------
+    RateLimiter
+        A new limiter of the registered class, with those counters.
+
+    Raises
+    ------
+    SpecError
+        ``kind`` is not registered, or the parameters are invalid.
+    """
     try:
         cls = REGISTRY[cfg["kind"]]
     except KeyError:

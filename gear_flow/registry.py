@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Mapping
 
 from .errors import SpecError
 from .rate_limiters import REGISTRY as LIMITERS
@@ -110,8 +111,23 @@ def custom() -> dict[str, dict[str, type]]:
     return {f: {k: c for k, c in reg.items() if k not in BUILTIN[f]} for f, (reg, _) in _FAMILIES.items()}
 
 
-def install(entries: dict) -> None:
-    """Register ``{"selector": {kind: cls}, "rate_limiter": {kind: cls}}`` in this process."""
+def install(entries: Mapping[str, Mapping[str, type]]) -> None:
+    """Register classes in this process (a worker or the scheduler receiving the client's :func:`custom`).
+
+    Parameters
+    ----------
+    entries : mapping of str to mapping of str to type
+        ``{"selector": {kind: cls}, "rate_limiter": {kind: cls}}``, as
+        :func:`custom` returns it.
+
+    Raises
+    ------
+    SpecError
+        A kind is malformed or already registered to another class, or a
+        class is not a concrete subclass of its family's base.
+    KeyError
+        A family other than ``"selector"`` and ``"rate_limiter"``.
+    """
     for family, kinds in entries.items():
         for kind, cls in kinds.items():
             _register(family, kind, cls)

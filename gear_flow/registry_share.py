@@ -23,28 +23,56 @@ def _name(entries: dict) -> str:
 
 
 class RegistryWorkerPlugin(WorkerPlugin):
-    """Installs registrations on every worker (present and future)."""
+    """Installs registrations on every worker (present and future).
+
+    Parameters
+    ----------
+    entries : dict of str to dict of str to type
+        ``{"selector": {kind: cls}, "rate_limiter": {kind: cls}}``, as
+        :func:`~gear_flow.registry.custom` returns it; the classes travel by
+        reference (module and name), so the workers must be able to import them.
+    """
 
     idempotent = True
 
-    def __init__(self, entries: dict):
+    def __init__(self, entries: dict[str, dict[str, type]]):
         self.entries = entries
         self.name = _name(entries)
 
     def setup(self, worker: Worker) -> None:
+        """Install the registrations in the worker's process.
+
+        Parameters
+        ----------
+        worker : distributed.Worker
+            The worker the plugin is attached to (unused: the registries are per process).
+        """
         install(self.entries)
 
 
 class RegistrySchedulerPlugin(SchedulerPlugin):
-    """Installs registrations on the scheduler (where the coordinator rebuilds limiters)."""
+    """Installs registrations on the scheduler (where the coordinator rebuilds limiters).
+
+    Parameters
+    ----------
+    entries : dict of str to dict of str to type
+        As for :class:`RegistryWorkerPlugin`.
+    """
 
     idempotent = True
 
-    def __init__(self, entries: dict):
+    def __init__(self, entries: dict[str, dict[str, type]]):
         self.entries = entries
         self.name = _name(entries)
 
     async def start(self, scheduler: Scheduler) -> None:
+        """Install the registrations in the scheduler's process.
+
+        Parameters
+        ----------
+        scheduler : distributed.Scheduler
+            The scheduler (unused: the registries are per process).
+        """
         install(self.entries)
 
 
@@ -54,6 +82,7 @@ def share(client: Client) -> bool:
     Parameters
     ----------
     client : distributed.Client
+        A client of the cluster the tables live on.
 
     Returns
     -------

@@ -49,12 +49,34 @@ def advertised(client: Client) -> dict[str, dict[str, float]]:
 
     Asked of the scheduler itself: ``client.scheduler_info()`` reads a cache that the
     client's periodic refresh may have just replaced by cluster totals without workers.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A client of the cluster.
+
+    Returns
+    -------
+    dict of str to dict of str to float
+        Per worker address, its advertised resources (empty for a worker with none).
     """
     return client.run_on_scheduler(_on_scheduler)
 
 
 def describe(adv: Mapping[str, Mapping[str, float]]) -> str:
-    """What workers advertise, grouped: ``"2 workers with replay=1, 1 with none"``."""
+    """What workers advertise, grouped, for messages.
+
+    Parameters
+    ----------
+    adv : mapping of str to mapping of str to float
+        As :func:`advertised` returns it.
+
+    Returns
+    -------
+    str
+        E.g. ``"1 worker with none; 2 workers with replay=1"``, or
+        ``"no worker is connected"``.
+    """
     if not adv:
         return "no worker is connected"
     groups = Counter(",".join(f"{k}={v:g}" for k, v in sorted(r.items())) or "none" for r in adv.values())
@@ -68,9 +90,15 @@ def check_resources(client: Client, resources: str | Mapping[str, float]) -> lis
     Parameters
     ----------
     client : distributed.Client
+        A client of the cluster.
     resources : str or mapping
         ``"learner"`` (one unit) or ``{"learner": 1, "replay": 1}``: every resource on one worker,
         as Dask requires for one task.
+
+    Returns
+    -------
+    list of str
+        Sorted addresses of the workers advertising at least those amounts.
 
     Raises
     ------
@@ -99,6 +127,30 @@ def submit(client: Client, fn: Callable, *args: Any, resources: str | Mapping[st
 
     The check is made once, when submitting: a worker that leaves afterwards can still leave the
     task waiting (as with any Dask task).
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The client to submit with.
+    fn : callable
+        The task's function.
+    *args
+        Its positional arguments.
+    resources : str or mapping
+        As for :func:`check_resources`.
+    **kwargs
+        Passed to ``client.submit`` (``key``, ``pure``, ``workers``...; keyword
+        arguments of ``fn`` too, as ``client.submit`` takes them).
+
+    Returns
+    -------
+    distributed.Future
+        The task's future.
+
+    Raises
+    ------
+    SpecError
+        As :func:`check_resources`, before anything is submitted.
     """
     check_resources(client, resources)
     if isinstance(resources, str):

@@ -15,9 +15,9 @@ Examples
 from __future__ import annotations
 
 import keyword
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -146,9 +146,27 @@ class TableSpec:
 
     @property
     def names(self) -> tuple[str, ...]:
+        """The column names, in the spec's order."""
         return tuple(c.name for c in self.columns)
 
     def column(self, name: str) -> ColumnSpec:
+        """The column called ``name``.
+
+        Parameters
+        ----------
+        name : str
+            A column name.
+
+        Returns
+        -------
+        ColumnSpec
+            Its spec.
+
+        Raises
+        ------
+        SpecError
+            There is no such column (the message lists those there are).
+        """
         for c in self.columns:
             if c.name == name:
                 return c
@@ -159,8 +177,16 @@ class TableSpec:
         """Raw bytes of one step over all columns."""
         return sum(c.nbytes for c in self.columns)
 
-    def to_dict(self) -> dict:
-        """A JSON-able description (used by checkpoints and the distributed table)."""
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-able description (used by checkpoints and the distributed table).
+
+        Returns
+        -------
+        dict
+            ``columns`` (a list of ``{"name", "shape", "dtype"}``, dtype as its
+            ``str`` such as ``"<f4"``), ``capacity``, ``num_shards``,
+            ``item_unit`` and ``max_size``.
+        """
         return {
             "columns": [{"name": c.name, "shape": list(c.shape), "dtype": c.dtype.str} for c in self.columns],
             "capacity": self.capacity,
@@ -170,8 +196,24 @@ class TableSpec:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> TableSpec:
-        """The inverse of :meth:`to_dict`; a missing key or a bad value raises :class:`SpecError`."""
+    def from_dict(cls, d: Mapping[str, Any]) -> TableSpec:
+        """The inverse of :meth:`to_dict`.
+
+        Parameters
+        ----------
+        d : mapping
+            As :meth:`to_dict` made it (a column's ``shape`` may be left out: scalar).
+
+        Returns
+        -------
+        TableSpec
+            The spec, validated as the constructor validates it.
+
+        Raises
+        ------
+        SpecError
+            A missing key or a bad value.
+        """
         try:
             cols = tuple(ColumnSpec(c["name"], tuple(c.get("shape", ())), c["dtype"]) for c in d["columns"])
             return cls(cols, d["capacity"], d["num_shards"], d["item_unit"], d["max_size"])
@@ -186,7 +228,25 @@ DTYPE_KINDS = "biufc"
 
 
 def column_dtype(value: DTypeLike, who: str = "column") -> np.dtype:
-    """``value`` as a numpy dtype a column may have, or :class:`SpecError` naming it and what is allowed.
+    """``value`` as a numpy dtype a column may have.
+
+    Parameters
+    ----------
+    value : numpy dtype-like
+        What the user gave (``"float32"``, ``np.int64``, ``bool``...).
+    who : str, default "column"
+        Names the column in the message (``"column 'obs'"``).
+
+    Returns
+    -------
+    numpy.dtype
+        The dtype; its kind is one of :data:`DTYPE_KINDS`.
+
+    Raises
+    ------
+    SpecError
+        Naming ``who``, ``value`` and what is allowed: not a dtype, or not a
+        bool/integer/float/complex one.
 
     Examples
     --------

@@ -36,7 +36,11 @@ from .errors import SpecError
 from .sample import SampleBatch, SampleBuffers
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .distributed.api import DistributedTable
     from .stream_loader import StreamDataset
+    from .table.local import LocalTable
 
 
 def _dist_rank() -> tuple[int, int]:
@@ -56,23 +60,31 @@ class Stream:
     Parameters
     ----------
     table : LocalTable or DistributedTable
+        The table to sample from.
     batch_size, length : int
-        ``B`` windows of ``L`` steps per batch.
-    columns : sequence of str, optional
-    boundary : str, optional
-    prefetch : int
-        Requests in flight.
+        ``B`` windows of ``L`` steps per batch (``length`` default 1).
+    columns : str or sequence of str, optional
+        Columns each batch carries (default: all of the table's).
+    boundary : {"strict", "pad_tail", "pad_head"}, optional
+        How windows meet episode ends (config ``table.boundary``, default
+        ``"strict"``: only windows that fit in their episode).
+    prefetch : int, default 2
+        Requests in flight (positive).
     num_batches : int, optional
         Stop after this many (default: endless).
     seed : int, optional
-        Base seed; rank ``r`` uses ``seed + r`` (random when None).
+        Base seed; rank ``r`` draws from ``SeedSequence([seed, r])``, one
+        generator per request in flight (fresh entropy when None).
     rank, world_size : int, optional
         Default: from ``torch.distributed`` when initialised, else 0 / 1.
     timeout : float, optional
-        Per-request rate-limiter timeout.
-    copy : bool
-        Yield batches that own their memory.
-    as_tensordict : bool
+        Seconds each request may wait for the rate limiter (None: the
+        table's own timeout, config ``table.timeout``).
+    copy : bool, default False
+        Yield batches that own their memory (otherwise a local table's
+        batches view ``prefetch + 2`` buffers used in turn: keep a batch past
+        the next ``prefetch + 1`` only as a copy).
+    as_tensordict : bool, default False
         Yield ``tensordict.TensorDict`` objects (:meth:`SampleBatch.to_tensordict
         <gear_flow.SampleBatch.to_tensordict>`, TorchRL's key names) instead of
         :class:`~gear_flow.SampleBatch` (needs the ``tensordict`` extra).
@@ -88,11 +100,11 @@ class Stream:
 
     def __init__(
         self,
-        table,
+        table: LocalTable | DistributedTable,
         batch_size: int,
         length: int = 1,
         *,
-        columns=None,
+        columns: str | Sequence[str] | None = None,
         boundary: str | None = None,
         prefetch: int = 2,
         num_batches: int | None = None,

@@ -20,10 +20,15 @@ with threads).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch.utils.data
 
 from .errors import GearFlowError
+
+if TYPE_CHECKING:
+    from .stream import Stream
 
 #: Stream constructor arguments a loader worker copies from the learner's stream
 _ARGS = ("batch_size", "length", "columns", "boundary", "prefetch", "timeout", "rank", "world_size", "as_tensordict")
@@ -38,7 +43,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         The learner's stream (used as is when ``num_workers == 0``).
     """
 
-    def __init__(self, stream):
+    def __init__(self, stream: Stream):
         super().__init__()
         self.stream = stream
         table = stream.table

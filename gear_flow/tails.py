@@ -50,6 +50,19 @@ class TailMass:
         self.entries: OrderedDict[int, list] = OrderedDict()  # L -> [mass, changes]
 
     def get(self, length: int) -> float:
+        """The tail mass for window length ``length``, cached (computed on a miss or when due).
+
+        Parameters
+        ----------
+        length : int
+            Window length ``L``, in steps.
+
+        Returns
+        -------
+        float
+            ``sum(w_i for reach_i < L)`` over live items, exact up to the
+            drift of at most ``refresh_every`` incremental updates.
+        """
         e = self.entries.get(length)
         if e is None or e[1] >= self.refresh_every:
             e = [self.compute(length), 0]
@@ -60,7 +73,18 @@ class TailMass:
         return e[0]
 
     def change(self, slots: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
-        """Weights at ``slots`` went from ``old`` to ``new`` (slots must still be resolvable)."""
+        """Weights at ``slots`` went from ``old`` to ``new``: update every cached entry.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            Item slots whose weight changed; they must still be resolvable by
+            ``reach`` (call before an item's episode is dropped).
+        old : numpy.ndarray
+            Their weights before, aligned with ``slots`` (0 for new items).
+        new : numpy.ndarray
+            Their weights after (0 for removed items).
+        """
         if not self.entries or len(slots) == 0:
             return
         delta = np.asarray(new, dtype=np.float64) - np.asarray(old, dtype=np.float64)
@@ -72,4 +96,5 @@ class TailMass:
             e[1] += len(slots)
 
     def clear(self) -> None:
+        """Forget every cached entry (after a restore or any change not reported to :meth:`change`)."""
         self.entries.clear()

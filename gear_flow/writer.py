@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -19,6 +20,10 @@ from numpy.typing import ArrayLike
 from .errors import InvalidDataError, SpecError, TableClosedError
 from .table.results import InsertResult
 from .writers.buffer import BufferedWriter, StepBuffer, check_step
+
+if TYPE_CHECKING:
+    from .distributed.api import DistributedTable
+    from .table.local import LocalTable
 
 logger = logging.getLogger(__name__)
 
@@ -35,7 +40,7 @@ class EpisodeWriter(BufferedWriter):
     shard : int, optional
         Insert into this shard (writer affinity).
     timeout : float, optional
-        Rate-limiter wait of each insert.
+        Seconds each insert may wait for the rate limiter (None: the table's own timeout).
 
     Examples
     --------
@@ -50,7 +55,13 @@ class EpisodeWriter(BufferedWriter):
     3
     """
 
-    def __init__(self, table, max_episode_length: int | None = None, shard: int | None = None, timeout=None):
+    def __init__(
+        self,
+        table: LocalTable | DistributedTable,
+        max_episode_length: int | None = None,
+        shard: int | None = None,
+        timeout: float | None = None,
+    ):
         if max_episode_length is not None and (
             isinstance(max_episode_length, bool) or not isinstance(max_episode_length, int) or max_episode_length < 1
         ):
@@ -76,13 +87,33 @@ class EpisodeWriter(BufferedWriter):
         return self._n
 
     def append(self, step: Mapping, priority: float | None = None) -> None:
-        """Add one step (a mapping of every column to one step's array).
+        """Add one step to the current episode.
 
         When the step completes ``max_episode_length`` and the automatic
         ``end_episode`` fails (e.g. :class:`~gear_flow.RateLimitTimeout`), the
         error propagates but the step *was* appended; the full episode stays
         buffered and is inserted by the next ``append`` (before it takes its
         step) or ``end_episode``.
+
+        Parameters
+        ----------
+        step : mapping of str to array_like
+            Every column of the table to one step's value (shape and dtype of
+            the column's per-step spec).
+        priority : float, optional
+            This step's priority (finite, >= 0).  Steps without one get the
+            largest given in the episode (step items) and an episode item
+            gets the largest of its steps'; none at all: the table's default.
+
+        Raises
+        ------
+        InvalidDataError
+            ``step`` is not a mapping, misses a column or does not fit it, or
+            ``priority`` is not a number; nothing was appended.
+        InvalidPriorityError
+            ``priority`` is negative or not finite; nothing was appended.
+        TableClosedError
+            The writer is closed.
         """
         if self._closed:
             raise TableClosedError("the writer is closed")
@@ -113,11 +144,25 @@ class EpisodeWriter(BufferedWriter):
             self.end_episode(truncated=True)
 
     def end_episode(self, priorities: ArrayLike | float | None = None, truncated: bool = False) -> InsertResult | None:
-        """Insert the buffered steps as one episode; returns the table's InsertResult.
+        """Insert the buffered steps as one episode.
 
-        ``priorities`` (per item) overrides those given to ``append``.  On
-        failure (e.g. a rate-limiter timeout) the steps stay buffered, so the
-        call can be retried.
+        On failure (e.g. a rate-limiter timeout) the steps stay buffered, so
+        the call can be retried.
+
+        Parameters
+        ----------
+        priorities : array_like or float, optional
+            Per item (one per step for step items, one for an episode item),
+            or one for all; overrides those given to :meth:`append`.
+        truncated : bool, default False
+            The episode was cut (time limit) rather than terminated; recorded
+            in :attr:`ended`.
+
+        Returns
+        -------
+        InsertResult or None
+            The table's result for the insert (keys, episode id, shard); None
+            when no step was buffered.
         """
         if self._n == 0:
             return None
@@ -135,7 +180,13 @@ class EpisodeWriter(BufferedWriter):
         return res
 
     def discard(self) -> int:
-        """Drop the buffered steps; returns how many were dropped."""
+        """Drop the buffered steps of the current episode.
+
+        Returns
+        -------
+        int
+            How many steps were dropped.
+        """
         n, self._prio = self._n, None
         self._rows.clear()
         return n

@@ -36,6 +36,20 @@ __all__ = [
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``gear-flow`` command (the console script's entry point).
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments after the program name (default: ``sys.argv[1:]``).
+
+    Returns
+    -------
+    int
+        The exit status: the command's own, 2 for a failure (one line on
+        stderr, or the traceback with ``--debug`` / ``GEAR_FLOW_DEBUG=1``),
+        130 when interrupted.
+    """
     args = build_parser().parse_args(argv)
     debug = args.debug or os.environ.get("GEAR_FLOW_DEBUG", "") not in ("", "0")
     if not debug and args.cmd != "local":

@@ -38,6 +38,18 @@ def _check_port_free(host: str, port: int, what: str) -> None:
 
 
 def cmd_local(args: argparse.Namespace) -> int:
+    """Start a one-machine cluster with gear_flow installed and serve until Ctrl-C or SIGTERM.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The options of ``gear-flow local --help``, as :func:`~gear_flow.cli.parser.build_parser` parses them.
+
+    Returns
+    -------
+    int
+        Exit status: 0 once the cluster has stopped.
+    """
     from distributed import Client, LocalCluster
 
     from ..dashboard import GearFlowDashboard
@@ -100,6 +112,18 @@ def cmd_local(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    """Print the names of the cluster's tables, one a line.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The options of ``gear-flow list --help``, as :func:`~gear_flow.cli.parser.build_parser` parses them.
+
+    Returns
+    -------
+    int
+        Exit status: 0 (an empty cluster says so on stderr, stdout stays empty).
+    """
     with connect(args) as client:
         names = table_names(client)
         for n in names:
@@ -111,6 +135,18 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    """Print a table's ``info()``: a summary table, or JSON with ``--json``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The options of ``gear-flow info --help``, as :func:`~gear_flow.cli.parser.build_parser` parses them.
+
+    Returns
+    -------
+    int
+        Exit status: 0.
+    """
     with connect(args) as client:
         info = attach(client, args.table).info()
         print(json.dumps(info, indent=2, default=str) if args.json else format_info(info))
@@ -118,6 +154,18 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
+    """Create a distributed table from ``--columns``, ``--obs-dim`` or a ``--spec`` file, and print its info.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The options of ``gear-flow create --help``, as :func:`~gear_flow.cli.parser.build_parser` parses them. Command-line values win over the ``--spec`` file's; without ``--shards``, one shard per eligible worker.
+
+    Returns
+    -------
+    int
+        Exit status: 0.
+    """
     from .. import rate_limiters, selectors
     from ..distributed import DistributedTable
     from ..parsing import default_num_shards
@@ -180,6 +228,18 @@ def _check_sources(sources: list[str], fmt: str | None) -> None:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
+    """Ingest an offline dataset into a table (:func:`gear_flow.ingest.ingest`) and print the report.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The options of ``gear-flow ingest --help``, as :func:`~gear_flow.cli.parser.build_parser` parses them.
+
+    Returns
+    -------
+    int
+        Exit status: 0 when the checksums of what was read and what is stored match, else 1.
+    """
     from ..ingest import ingest
     from ..ingest.columns import parse_columns
 
@@ -201,6 +261,18 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
+    """Sample one batch and print its columns' shapes and dtypes, the time taken and the probabilities' range.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The options of ``gear-flow sample --help``, as :func:`~gear_flow.cli.parser.build_parser` parses them.
+
+    Returns
+    -------
+    int
+        Exit status: 0.
+    """
     with connect(args) as client:
         table = attach(client, args.table)
         t0 = time.perf_counter()
@@ -216,6 +288,18 @@ def cmd_sample(args: argparse.Namespace) -> int:
 
 
 def cmd_drop(args: argparse.Namespace) -> int:
+    """Close a table and free its shards on every worker.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The options of ``gear-flow drop --help``, as :func:`~gear_flow.cli.parser.build_parser` parses them.
+
+    Returns
+    -------
+    int
+        Exit status: 0.
+    """
     with connect(args) as client:
         attach(client, args.table).close(drop=True)
         print(f"dropped table {args.table!r}")
@@ -223,6 +307,18 @@ def cmd_drop(args: argparse.Namespace) -> int:
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
+    """Checkpoint a table to a directory the workers can write, and print size, time and the longest shard pause.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The options of ``gear-flow checkpoint --help``, as :func:`~gear_flow.cli.parser.build_parser` parses them.
+
+    Returns
+    -------
+    int
+        Exit status: 0.
+    """
     with connect(args) as client:
         r = attach(client, args.table).checkpoint(args.path)
         print(f"checkpoint of {args.table!r} written to {r['path']}: {r.get('bytes', 0) / 1e6:.1f} MB in "
@@ -231,6 +327,18 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 
 
 def cmd_restore_shard(args: argparse.Namespace) -> int:
+    """Restore one shard of a table from a checkpoint (after a lost worker).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The options of ``gear-flow restore-shard --help``, as :func:`~gear_flow.cli.parser.build_parser` parses them.
+
+    Returns
+    -------
+    int
+        Exit status: 0.
+    """
     with connect(args) as client:
         table = attach(client, args.table)
         report = table.restore_shard(args.shard, args.path, worker=args.worker, replace=args.replace)
@@ -241,6 +349,18 @@ def cmd_restore_shard(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    """Run a benchmark: ``table`` times batches of an existing table here; the others run ``pipelines/bench_<which>.py``.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The options of ``gear-flow bench --help``, as :func:`~gear_flow.cli.parser.build_parser` parses them.
+
+    Returns
+    -------
+    int
+        Exit status: The script's exit status, or 0 for ``table``.
+    """
     if args.which == "table":
         return _bench_table(args)
     script = Path(__file__).resolve().parents[2] / "pipelines" / f"bench_{args.which}.py"

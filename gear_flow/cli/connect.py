@@ -17,7 +17,28 @@ if TYPE_CHECKING:
 
 
 def security_from_args(args: argparse.Namespace, role: str = "client") -> Security | None:
-    """A ``distributed.Security`` from --tls-dir / --tls-* flags, or None (Dask's configuration decides)."""
+    """A ``distributed.Security`` from --tls-dir / --tls-* flags.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        With ``tls_dir``, ``tls_ca_file``, ``tls_cert`` and ``tls_key``; the
+        single-file flags override the folder's files.
+    role : str, default "client"
+        Whose certificate to use from ``--tls-dir`` (``<role>.pem``,
+        ``<role>-key.pem``): ``"client"``, ``"scheduler"`` or ``"worker"``.
+
+    Returns
+    -------
+    distributed.Security or None
+        Requiring encryption; None when no TLS flag is given (Dask's
+        configuration decides).
+
+    Raises
+    ------
+    CLIError
+        One of the three files is missing or unreadable.
+    """
     from distributed import Security
 
     ca, cert, key = args.tls_ca_file, args.tls_cert, args.tls_key
@@ -36,7 +57,24 @@ def security_from_args(args: argparse.Namespace, role: str = "client") -> Securi
 
 
 def local_security(tls_dir: str | Path | None) -> Security | None:
-    """Security for all three roles of a local cluster from a make_certs.py folder (None without one)."""
+    """Security for all three roles of a local cluster from a make_certs.py folder.
+
+    Parameters
+    ----------
+    tls_dir : str, pathlib.Path or None
+        ``--tls-dir``: ``ca.pem`` and ``<role>.pem``/``<role>-key.pem`` for
+        scheduler, worker and client.
+
+    Returns
+    -------
+    distributed.Security or None
+        Requiring encryption; None without a folder.
+
+    Raises
+    ------
+    CLIError
+        A file is missing from the folder.
+    """
     from distributed import Security
 
     if not tls_dir:
@@ -56,6 +94,23 @@ def connect(args: argparse.Namespace) -> Client:
 
     Every way this fails (no address, TLS on one side only, nothing listening, a refused
     certificate) is a :class:`CLIError` saying what to do.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The connection options: ``scheduler``, ``scheduler_file``, the TLS
+        flags (:func:`security_from_args`) and ``timeout`` (a Dask duration
+        such as ``"10s"``).
+
+    Returns
+    -------
+    distributed.Client
+        Connected; use it as a context manager to close it.
+
+    Raises
+    ------
+    CLIError
+        As above.
     """
     import dask.config
     from distributed import Client
@@ -103,7 +158,23 @@ def connect(args: argparse.Namespace) -> Client:
 
 
 def table_names(client: Client) -> list[str]:
-    """Names of the tables registered with the scheduler ([] when gear_flow is not set up there yet)."""
+    """Names of the tables registered with the scheduler.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A client of the cluster.
+
+    Returns
+    -------
+    list of str
+        Sorted; empty when gear_flow's coordinator is not set up there yet.
+
+    Raises
+    ------
+    ProtocolError
+        The scheduler runs another gear_flow protocol version.
+    """
 
     from ..distributed.transport import Context, coord
     from ..errors import ProtocolError
@@ -117,7 +188,25 @@ def table_names(client: Client) -> list[str]:
 
 
 def attach(client: Client, name: str) -> DistributedTable:
-    """The table ``name``, or a :class:`CLIError` listing the tables there are."""
+    """Attach to the table ``name``.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A client of the cluster.
+    name : str
+        The table's name.
+
+    Returns
+    -------
+    DistributedTable
+        A handle on the table, using ``client``.
+
+    Raises
+    ------
+    CLIError
+        No such table; the message lists the tables there are.
+    """
     from ..distributed import DistributedTable
 
     names = table_names(client)

@@ -12,7 +12,18 @@ class CLIError(GearFlowError):
 
 
 def first_line(e: BaseException) -> str:
-    """An exception's message on one line (Dask's remote errors can carry several)."""
+    """An exception's message on one line (Dask's remote errors can carry several).
+
+    Parameters
+    ----------
+    e : BaseException
+        Any exception.
+
+    Returns
+    -------
+    str
+        ``str(e)`` with every run of whitespace, newlines included, made one space.
+    """
     return " ".join(str(e).split())
 
 
@@ -25,7 +36,19 @@ def _chain(e: BaseException):
 
 
 def explain(e: BaseException) -> str:
-    """One line for a failed command: what, why, and what to do where we know it."""
+    """One line for a failed command: what, why, and what to do where we know it.
+
+    Parameters
+    ----------
+    e : BaseException
+        What the command raised (its cause chain is searched for known
+        failures: a busy address, TLS required by configuration).
+
+    Returns
+    -------
+    str
+        The message :func:`~gear_flow.cli.main` prints after ``gear-flow COMMAND:``.
+    """
     if isinstance(e, CLIError):  # ours already says all that
         return first_line(e)
     for x in _chain(e):

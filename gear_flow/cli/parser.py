@@ -37,6 +37,14 @@ With TLS (cluster/tls/make_certs.py), add --tls-dir DIR to every command, or
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``gear-flow`` parser: one subcommand per ``cmd_*`` function, each with the connection options.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        Parsing sets ``args.cmd`` (the command's name) and ``args.func`` (its
+        ``cmd_*`` function, called with the parsed arguments).
+    """
     fmt = argparse.RawDescriptionHelpFormatter
     p = argparse.ArgumentParser(
         prog="gear-flow", formatter_class=fmt, epilog=QUICKSTART,

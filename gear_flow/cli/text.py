@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..parsing import parse_columns, parse_kind  # noqa: F401  (part of this module's API)
 from .errors import CLIError
 
 
 # -- output -------------------------------------------------------------------------------------
-def format_info(info: dict) -> str:
-    """A table's ``info()`` as text: totals, limiter, one line per shard."""
+def format_info(info: Mapping[str, Any]) -> str:
+    """A table's ``info()`` as text: totals, limiter, one line per shard.
+
+    Parameters
+    ----------
+    info : mapping
+        What ``DistributedTable.info()`` (or ``LocalTable.info()``) returns:
+        ``size``, ``max_size`` and ``num_shards`` are required; ``name``,
+        ``sampler``, ``remover``, ``rate_limiter``, ``totals``, ``shards`` and
+        ``lost`` are shown when present.
+
+    Returns
+    -------
+    str
+        Several lines, no trailing newline.
+    """
     lines = []
     title = info.get("name", "table")
     lines.append(f"{title}: {info['size']} items (max {info['max_size']}), {info['num_shards']} shard(s)")
@@ -43,8 +59,22 @@ def format_info(info: dict) -> str:
     return "\n".join(lines)
 
 
-def format_rows(rows: list[dict], cols: list[str]) -> list[str]:
-    """Rows as aligned text lines under a header."""
+def format_rows(rows: Sequence[Mapping[str, Any]], cols: Sequence[str]) -> list[str]:
+    """Rows as aligned text lines under a header.
+
+    Parameters
+    ----------
+    rows : sequence of mapping
+        One mapping per row; a missing key shows as an empty cell.
+    cols : sequence of str
+        The columns to show, in order; also the header.
+
+    Returns
+    -------
+    list of str
+        The header line, then one line per row; columns left-aligned, two
+        spaces apart, trailing spaces stripped.
+    """
     cells = [[str(r.get(c, "")) for c in cols] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(cols)]
     out = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)).rstrip()]
@@ -55,8 +85,28 @@ def format_rows(rows: list[dict], cols: list[str]) -> list[str]:
 # -- parsing: the library's (gear_flow.parsing), re-exported for the CLI's users
 
 
-def load_table_file(path: str) -> dict:
-    """A table file (JSON or YAML): ``spec`` (TableSpec.to_dict layout) plus table options."""
+def load_table_file(path: str) -> dict[str, Any]:
+    """A table file (JSON or YAML): ``spec`` (TableSpec.to_dict layout) plus table options.
+
+    Parameters
+    ----------
+    path : str
+        The file; ``.json`` is read as JSON, anything else as YAML.
+
+    Returns
+    -------
+    dict
+        ``spec`` and any of the options ``name``, ``sampler``, ``remover``,
+        ``rate_limiter``, ``max_times_sampled``, ``boundary``, ``tier``,
+        ``routing``, ``timeout``, ``degraded``, ``resources``, ``workers``.
+
+    Raises
+    ------
+    CLIError
+        The file does not exist or does not parse.
+    ValueError
+        It is not a mapping with ``spec``, or has unknown keys.
+    """
     import yaml
 
     if not Path(path).is_file():

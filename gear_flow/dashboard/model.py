@@ -12,7 +12,9 @@ everything it shows is tested here without a browser.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 #: the learners' transport counters, as ``DistributedTable.stats`` names them
 TRANSPORT_KEYS = ("local_bytes", "shared_bytes", "remote_bytes", "batches")
@@ -40,8 +42,20 @@ class Snapshot:
     learners: list = field(default_factory=list)
 
 
-def step_bytes(config: dict) -> int:
-    """Bytes of one stored step of a table, from its configuration's spec."""
+def step_bytes(config: Mapping[str, Any]) -> int:
+    """Bytes of one stored step of a table, from its configuration's spec.
+
+    Parameters
+    ----------
+    config : mapping
+        The table's configuration as the coordinator keeps it: ``spec`` in
+        :meth:`TableSpec.to_dict <gear_flow.TableSpec.to_dict>` layout.
+
+    Returns
+    -------
+    int
+        Sum over columns of ``prod(shape) * itemsize``.
+    """
     return sum(int(_prod(c["shape"])) * _itemsize(c["dtype"]) for c in config["spec"]["columns"])
 
 

@@ -82,8 +82,22 @@ def _empty(spec) -> dict:
     return {f: [] for f, _ in spec}
 
 
-def table_data(snap: Snapshot, rate: dict) -> dict:
-    """Columns of the tables' DataTable from a snapshot and its rates."""
+def table_data(snap: Snapshot, rate: dict[str, dict]) -> dict[str, list]:
+    """Columns of the tables' DataTable from a snapshot and its rates.
+
+    Parameters
+    ----------
+    snap : Snapshot
+        The newest poll.
+    rate : dict
+        :func:`~gear_flow.dashboard.model.rates` of ``snap`` against the poll before.
+
+    Returns
+    -------
+    dict of str to list
+        One list per field of :data:`TABLE_COLUMNS`, one entry per table;
+        byte counts formatted (``"1.2 GiB"``), rates in items/s to 0.1.
+    """
     out = _empty(TABLE_COLUMNS)
     for name, r in snap.tables.items():
         ins, smp = rate["tables"].get(name, (0.0, 0.0))
@@ -102,8 +116,21 @@ def table_data(snap: Snapshot, rate: dict) -> dict:
     return out
 
 
-def shard_data(snap: Snapshot, rate: dict) -> dict:
-    """Columns of the shards' DataTable."""
+def shard_data(snap: Snapshot, rate: dict[str, dict]) -> dict[str, list]:
+    """Columns of the shards' DataTable.
+
+    Parameters
+    ----------
+    snap : Snapshot
+        The newest poll.
+    rate : dict
+        :func:`~gear_flow.dashboard.model.rates` of ``snap`` against the poll before.
+
+    Returns
+    -------
+    dict of str to list
+        One list per field of :data:`SHARD_COLUMNS`, one entry per shard of every table.
+    """
     out = _empty(SHARD_COLUMNS)
     for r in snap.shards:
         ins, smp = rate["shards"].get((r["table"], r["shard"]), (0.0, 0.0))
@@ -113,8 +140,20 @@ def shard_data(snap: Snapshot, rate: dict) -> dict:
     return out
 
 
-def learner_data(snap: Snapshot) -> dict:
-    """Columns of the learners' DataTable."""
+def learner_data(snap: Snapshot) -> dict[str, list]:
+    """Columns of the learners' DataTable.
+
+    Parameters
+    ----------
+    snap : Snapshot
+        The newest poll.
+
+    Returns
+    -------
+    dict of str to list
+        One list per field of :data:`LEARNER_COLUMNS`, one entry per
+        reporting learner; bytes formatted, the local share as a percentage.
+    """
     out = _empty(LEARNER_COLUMNS)
     for r in snap.learners:
         vals = {
@@ -128,8 +167,25 @@ def learner_data(snap: Snapshot) -> dict:
     return out
 
 
-def series_data(history: Sequence[Snapshot], series: Sequence[dict], name: str | None) -> dict:
-    """Time series of one table: rates, size, samples per insert (ms since the epoch on x)."""
+def series_data(history: Sequence[Snapshot], series: Sequence[dict], name: str | None) -> dict[str, list]:
+    """Time series of one table: rates, size, samples per insert (ms since the epoch on x).
+
+    Parameters
+    ----------
+    history : sequence of Snapshot
+        The plugin's polls, oldest first.
+    series : sequence of dict
+        Their rates, aligned with ``history``.
+    name : str or None
+        The table to plot; None gives empty series.
+
+    Returns
+    -------
+    dict of str to list
+        ``time`` (ms since the epoch), ``inserts`` and ``samples`` (items/s),
+        ``size``, ``max_size``, ``spi`` and ``target`` (NaN without a target);
+        polls in which the table did not exist are skipped.
+    """
     out = {k: [] for k in ("time", "inserts", "samples", "size", "max_size", "spi", "target")}
     if name is None:
         return out
@@ -162,7 +218,13 @@ def _figure(title: str, y: str, src, lines) -> figure:
 
 
 class GearFlowPage:
-    """The widgets of one browser session and their refresh."""
+    """The widgets of one browser session and their refresh.
+
+    Parameters
+    ----------
+    plugin : GearFlowDashboard
+        The scheduler plugin whose ``history`` and ``series`` the page shows.
+    """
 
     def __init__(self, plugin: GearFlowDashboard):
         self.plugin = plugin
@@ -226,7 +288,20 @@ class GearFlowPage:
 
 
 def gear_flow_doc(plugin: GearFlowDashboard, scheduler: Scheduler, extra: dict, doc: Document) -> None:
-    """Build the page for one browser session (Dask's ``BokehApplication`` calls this)."""
+    """Build the page for one browser session (Dask's ``BokehApplication`` calls this).
+
+    Parameters
+    ----------
+    plugin : GearFlowDashboard
+        The scheduler plugin holding the polls.
+    scheduler : distributed.Scheduler
+        The scheduler (part of the signature Dask's dashboard applications get; unused).
+    extra : dict
+        Template variables of the Dask dashboard (its navigation bar).
+    doc : bokeh.document.Document
+        The session's document; the page is added as its root and refreshed
+        every ``plugin.interval`` seconds (at least 0.1 s).
+    """
     from distributed.dashboard.components.scheduler import BOKEH_THEME, env
 
     page = GearFlowPage(plugin)

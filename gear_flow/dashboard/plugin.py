@@ -47,10 +47,10 @@ class GearFlowDashboard(SchedulerPlugin):
 
     Parameters
     ----------
-    interval : float
+    interval : float, default 1.0
         Seconds between polls of the tables (and the page's refresh).
-    history : int
-        Polls kept for the time series.
+    history : int, default 600
+        Polls kept for the time series (600 at 1 s: ten minutes).
 
     Examples
     --------
@@ -66,7 +66,13 @@ class GearFlowDashboard(SchedulerPlugin):
         self.history_len = int(history)
 
     async def start(self, scheduler: Scheduler) -> None:
-        """Register the stats handler; add the page and start polling where the dashboard is served."""
+        """Register the stats handler; add the page and start polling where the dashboard is served.
+
+        Parameters
+        ----------
+        scheduler : distributed.Scheduler
+            The scheduler the plugin was added to.
+        """
         self.scheduler = scheduler
         self.reports: dict = {}
         self.history: deque[Snapshot] = deque(maxlen=self.history_len)
@@ -86,7 +92,26 @@ class GearFlowDashboard(SchedulerPlugin):
     def handle_stats(
         self, comm: object = None, table: str | None = None, learner: str | None = None, stats: dict | None = None
     ) -> dict:
-        """Record a learner's transport counters (``DistributedTable.stats``)."""
+        """Record a learner's transport counters (``DistributedTable.stats``); the ``gear_flow_stats`` handler.
+
+        Parameters
+        ----------
+        comm : object, optional
+            The comm the message came on (passed by Dask's handler machinery; unused).
+        table : str
+            The table's name.
+        learner : str
+            Identifies the learner's handle (:func:`~gear_flow.dashboard.report.learner_id`).
+        stats : dict
+            Cumulative counters; the keys of
+            :data:`~gear_flow.dashboard.model.TRANSPORT_KEYS` are kept (missing: 0).
+
+        Returns
+        -------
+        dict
+            ``{"status": "OK"}``, or ``{"status": "error", "error": message}``
+            when an argument has the wrong type.
+        """
         if not isinstance(table, str) or not isinstance(learner, str) or not isinstance(stats, dict):
             return {"status": "error", "error": "gear_flow_stats needs table, learner (str) and stats (dict)"}
         row = {k: int(stats.get(k, 0)) for k in TRANSPORT_KEYS}
@@ -105,7 +130,16 @@ class GearFlowDashboard(SchedulerPlugin):
             await asyncio.sleep(self.interval)
 
     async def poll(self) -> Snapshot:
-        """Read every table once; append the snapshot and its rates to the history."""
+        """Read every table once; append the snapshot and its rates to the history.
+
+        Asks each live shard's worker for its counters and resident bytes; an
+        unreachable worker is skipped (its shards show as such).
+
+        Returns
+        -------
+        Snapshot
+            The new poll (also appended to :attr:`history`, its rates to :attr:`series`).
+        """
         coord = self.scheduler.plugins.get(COORDINATOR_NAME)
         gates = dict(getattr(coord, "tables", {}) or {}) if coord is not None else {}
         tables = {name: g.public() for name, g in gates.items() if not g.closed}
@@ -144,10 +178,7 @@ def install(scheduler: Scheduler) -> None:
     Parameters
     ----------
     scheduler : distributed.Scheduler
-
-    Returns
-    -------
-    None
+        The scheduler being set up.
     """
     if DASHBOARD_NAME not in scheduler.plugins:
         # started by the scheduler with its other plugins, after the preloads
@@ -165,7 +196,18 @@ async def _call(scheduler: Scheduler, addr: str, action: str, name: str) -> obje
 
 
 def dashboard_app(scheduler: Scheduler) -> BokehTornado | None:
-    """The Bokeh application of the scheduler's dashboard, or None where it serves none."""
+    """The Bokeh application of the scheduler's dashboard.
+
+    Parameters
+    ----------
+    scheduler : distributed.Scheduler
+        A started scheduler.
+
+    Returns
+    -------
+    bokeh.server.server.BokehTornado or None
+        None where the scheduler serves no dashboard (no HTTP server, or no Bokeh).
+    """
     app = getattr(scheduler, "http_application", None)
     if app is None:
         return None
@@ -177,7 +219,23 @@ def dashboard_app(scheduler: Scheduler) -> BokehTornado | None:
 
 
 def add_page(scheduler: Scheduler, plugin: GearFlowDashboard) -> bool:
-    """Add the page to the scheduler's HTTP server when it serves the dashboard; True if added."""
+    """Add the page to the scheduler's HTTP server when it serves the dashboard.
+
+    The page goes at ``/gear-flow`` under the dashboard's own prefix, in its
+    navigation bar.
+
+    Parameters
+    ----------
+    scheduler : distributed.Scheduler
+        A started scheduler.
+    plugin : GearFlowDashboard
+        The plugin whose polls the page shows.
+
+    Returns
+    -------
+    bool
+        True if the page was added, False where there is no dashboard.
+    """
     dashboard = dashboard_app(scheduler)
     if dashboard is None:
         logger.info("gear_flow dashboard: the scheduler serves no dashboard, no page added")

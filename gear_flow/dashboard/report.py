@@ -26,7 +26,18 @@ logger = logging.getLogger(__name__)
 
 
 def learner_id(table: DistributedTable) -> str:
-    """A name for this handle: its owner (client id or worker address) and a short handle id."""
+    """A name for this handle, stable for its lifetime.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        A handle (a short random id is stored on it at the first call).
+
+    Returns
+    -------
+    str
+        ``"<owner>/<handle id>"``, the owner being the client id or worker address.
+    """
     hid = getattr(table, "_dashboard_id", None)
     if hid is None:
         hid = uuid.uuid4().hex[:6]
@@ -35,7 +46,18 @@ def learner_id(table: DistributedTable) -> str:
 
 
 async def report_stats_async(table: DistributedTable) -> None:
-    """Send ``table.stats`` to the scheduler (see :func:`report_stats`)."""
+    """Send ``table.stats`` to the scheduler (see :func:`report_stats`).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle whose ``stats`` to send; awaited on its event loop.
+
+    Raises
+    ------
+    GearFlowError
+        The scheduler did not answer OK (no dashboard plugin, bad counters).
+    """
     stats = {k: int(v) for k, v in table.stats.items()}
     resp = await table._ctx.scheduler.gear_flow_stats(table=table.name, learner=learner_id(table), stats=stats)
     if not isinstance(resp, dict) or resp.get("status") != "OK":
@@ -64,7 +86,8 @@ def maybe_report(table: DistributedTable, interval: float = 1.0) -> bool:
     Parameters
     ----------
     table : DistributedTable
-    interval : float
+        The handle whose ``stats`` to send (in the background, on its event loop).
+    interval : float, default 1.0
         Seconds between two reports of the same handle.
 
     Returns

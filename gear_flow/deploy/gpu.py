@@ -11,6 +11,11 @@ def has_gpu() -> bool:
 
     NVML is initialised and shut down here; no CUDA context is created.  Any failure (no driver,
     ``NVMLError_Uninitialized``, no ``pynvml``) means no GPU.
+
+    Returns
+    -------
+    bool
+        Whether this node has at least one NVIDIA GPU.
     """
     if shutil.which("nvidia-smi"):
         try:

@@ -22,7 +22,18 @@ ALL_INTERFACES = ("0.0.0.0", "::", "*")
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an address or ``localhost``) is a loopback address."""
+    """Whether ``host`` is a loopback address.
+
+    Parameters
+    ----------
+    host : str
+        An IPv4/IPv6 address (brackets allowed) or ``localhost``; other names are not resolved.
+
+    Returns
+    -------
+    bool
+        True for ``localhost``, ``127.0.0.0/8`` and ``::1``.
+    """
     if host == "localhost":
         return True
     try:
@@ -32,7 +43,23 @@ def is_loopback(host: str) -> bool:
 
 
 def interface_ip(name: str) -> str:
-    """The IPv4 address of network interface ``name`` (e.g. ``eth0``, ``ib0``, ``lo``)."""
+    """The IPv4 address of a network interface.
+
+    Parameters
+    ----------
+    name : str
+        The interface (e.g. ``eth0``, ``ib0``, ``lo``).
+
+    Returns
+    -------
+    str
+        Its first IPv4 address.
+
+    Raises
+    ------
+    SpecError
+        No such interface here, or it has no IPv4 address.
+    """
     import psutil
 
     addrs = psutil.net_if_addrs()
@@ -45,7 +72,24 @@ def interface_ip(name: str) -> str:
 
 
 def route_ip(host: str) -> str:
-    """The local address this node uses to reach ``host`` (no packet is sent)."""
+    """The local address this node uses to reach ``host`` (no packet is sent).
+
+    Parameters
+    ----------
+    host : str
+        A remote IPv4 address or name.
+
+    Returns
+    -------
+    str
+        ``127.0.0.1`` for a loopback ``host``, else the source address of the
+        route the kernel picks.
+
+    Raises
+    ------
+    SpecError
+        The kernel knows no route (set ``GEAR_FLOW_HOST``).
+    """
     if is_loopback(host):
         return "127.0.0.1"
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -57,7 +101,20 @@ def route_ip(host: str) -> str:
 
 
 def scheduler_host(address: str | None = None, scheduler_file: str | None = None) -> str | None:
-    """The host of a scheduler address (``tls://10.0.0.5:8786``) or of an existing scheduler file."""
+    """The host of a scheduler address or of an existing scheduler file.
+
+    Parameters
+    ----------
+    address : str, optional
+        ``tls://10.0.0.5:8786``, or without a scheme (``10.0.0.5:8786``).
+    scheduler_file : str, optional
+        Read only when ``address`` is not given and the file exists.
+
+    Returns
+    -------
+    str or None
+        The host part; None when neither gives an address.
+    """
     if not address and scheduler_file and Path(scheduler_file).is_file():
         address = json.loads(Path(scheduler_file).read_text()).get("address")
     if not address:
@@ -72,6 +129,29 @@ def listen_host(role: str, host: str | None = None, interface: str | None = None
     ``host`` wins (``0.0.0.0`` only when asked for), then ``interface``'s address; without either,
     a scheduler binds loopback (nothing beyond this machine unless asked) and a worker binds the
     address it reaches its scheduler from.
+
+    Parameters
+    ----------
+    role : str
+        ``"scheduler"`` or ``"worker"``.
+    host : str, optional
+        ``GEAR_FLOW_HOST``: an address of this node, or ``*`` for every interface.
+    interface : str, optional
+        ``GEAR_FLOW_INTERFACE``: a network interface whose address to bind.
+    scheduler : str, optional
+        A worker's scheduler address.
+    scheduler_file : str, optional
+        A worker's scheduler file (when no address is given).
+
+    Returns
+    -------
+    str
+        The address to bind.
+
+    Raises
+    ------
+    SpecError
+        A worker whose scheduler's address is not known yet, or an unusable interface.
     """
     if host:
         return "0.0.0.0" if host == "*" else host
@@ -89,6 +169,20 @@ def listen_host(role: str, host: str | None = None, interface: str | None = None
 
 
 def join_host_port(host: str, port: int | str) -> str:
+    """``host:port``, with an IPv6 host in brackets.
+
+    Parameters
+    ----------
+    host : str
+        An address or name (IPv6 with or without brackets).
+    port : int or str
+        The port.
+
+    Returns
+    -------
+    str
+        E.g. ``"10.0.0.5:8787"``, ``"[::1]:8787"``.
+    """
     return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
@@ -96,6 +190,21 @@ def http_address(value: str | None, host: str, default_port: int) -> str | None:
     """A dashboard address bound to ``host``: ``:8787`` or ``8787`` → ``HOST:8787``; ``none`` → None.
 
     An address with its own host (``10.0.0.5:8787``, ``0.0.0.0:8787``) is kept as given.
+
+    Parameters
+    ----------
+    value : str or None
+        The configured address (``GEAR_FLOW_DASHBOARD``, ``--dashboard-address``);
+        None or empty: ``default_port`` on ``host``.
+    host : str
+        The address the process binds (:func:`listen_host`).
+    default_port : int
+        Port used when ``value`` gives none (8787 for a scheduler).
+
+    Returns
+    -------
+    str or None
+        The address to serve HTTP on; None for ``none``/``off``/``false``/``no``.
     """
     if value is None or value == "":
         return join_host_port(host, default_port)
@@ -110,4 +219,16 @@ def http_address(value: str | None, host: str, default_port: int) -> str | None:
 
 
 def environ(name: str) -> str | None:
+    """An environment variable, an empty value counting as unset.
+
+    Parameters
+    ----------
+    name : str
+        The variable.
+
+    Returns
+    -------
+    str or None
+        Its value, or None when unset or empty.
+    """
     return os.environ.get(name) or None

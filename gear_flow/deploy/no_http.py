@@ -10,11 +10,22 @@ process's start), so the process keeps only its comm port.  Kubernetes probes an
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from distributed.core import Server
 
 logger = logging.getLogger(__name__)
 
 
-def dask_setup(server) -> None:
+def dask_setup(server: Server) -> None:
+    """Stop the server's HTTP server, if it has one (Dask calls this when the preload is loaded).
+
+    Parameters
+    ----------
+    server : distributed.Scheduler or distributed.Worker
+        The process's server, being set up.
+    """
     http = getattr(server, "http_server", None)
     if http is not None:
         http.stop()

@@ -10,6 +10,7 @@ opens its transports on every network device.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from .gpu import has_gpu
 from .net import is_loopback
@@ -18,7 +19,9 @@ from .net import is_loopback
 CUDA_CONTEXT_VAR = "DASK_DISTRIBUTED_UCXX__CREATE_CUDA_CONTEXT"
 
 
-def ucx_environment(host: str | None, gpu: bool | None = None, environ=None) -> dict[str, str]:
+def ucx_environment(
+    host: str | None, gpu: bool | None = None, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """Variables to export for UCX on this node; values the caller already set are kept.
 
     Parameters
@@ -27,6 +30,14 @@ def ucx_environment(host: str | None, gpu: bool | None = None, environ=None) -> 
         The address the process listens on (loopback → ``UCX_NET_DEVICES=lo``).
     gpu : bool, optional
         Whether this node has a GPU (default: :func:`~gear_flow.deploy.gpu.has_gpu`).
+    environ : mapping of str to str, optional
+        The environment already set (default: ``os.environ``); its variables are not overridden.
+
+    Returns
+    -------
+    dict of str to str
+        The variables to add: :data:`CUDA_CONTEXT_VAR` (``"True"`` only with a
+        GPU) and ``UCX_NET_DEVICES=lo`` on loopback, each only where not set.
     """
     environ = os.environ if environ is None else environ
     out = {}

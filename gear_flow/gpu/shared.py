@@ -19,6 +19,7 @@ Registration is undone before a segment is unlinked (owner) or unmapped
 from __future__ import annotations
 
 import weakref
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -31,15 +32,34 @@ PORTABLE, MAPPED, READ_ONLY = 0x01, 0x02, 0x08
 
 
 def register(a: np.ndarray, read_only: bool = False) -> int:
-    """Page-lock the memory of host array ``a`` for every device; returns its address."""
+    """Page-lock the memory of host array ``a`` for every device (portable, mapped).
+
+    Parameters
+    ----------
+    a : numpy.ndarray
+        Host memory, e.g. a mapped shared-memory segment (page-aligned there).
+    read_only : bool
+        The mapping is read-only (a reader's): ``cudaHostRegisterReadOnly``.
+
+    Returns
+    -------
+    int
+        The registered address (what :func:`unregister` takes).
+    """
     cp = require_gpu("page-locking a shared segment")
     ptr = int(a.ctypes.data)
     cp.cuda.runtime.hostRegister(ptr, max(int(a.nbytes), 1), PORTABLE | MAPPED | (READ_ONLY if read_only else 0))
     return ptr
 
 
-def unregister(ptrs) -> None:
-    """Undo :func:`register` for each address (ignoring ones already undone)."""
+def unregister(ptrs: Iterable[int]) -> None:
+    """Undo :func:`register` for each address (ignoring ones already undone).
+
+    Parameters
+    ----------
+    ptrs : iterable of int
+        Addresses :func:`register` returned.
+    """
     import cupy
 
     for p in ptrs:
@@ -63,14 +83,39 @@ class SharedPinnedTier(PinnedTier):
         self._shm = SharedTier()
         self._ptrs: list[int] = []
 
-    def empty(self, shape, dtype):
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
+        """An array in a new named segment, page-locked for every device.
+
+        Parameters
+        ----------
+        shape : tuple of int
+            Array shape.
+        dtype : numpy.dtype
+            Element type.
+
+        Returns
+        -------
+        numpy.ndarray
+            Uninitialised, in shared memory that GPU kernels read over UVA.
+        """
         a = self._shm.empty(shape, dtype)
         with self._cp.cuda.Device(self.device_id):
             self._ptrs.append(register(a))
         return a
 
-    def describe(self, a) -> dict:
-        """What a reader needs to map array ``a``: segment name, shape, dtype."""
+    def describe(self, a: np.ndarray) -> dict:
+        """What a reader needs to map array ``a``.
+
+        Parameters
+        ----------
+        a : numpy.ndarray
+            An array :meth:`empty` returned.
+
+        Returns
+        -------
+        dict
+            ``segment`` name, ``shape`` and ``dtype`` (see :class:`~gear_flow.storage.shared.Attached`).
+        """
         return self._shm.describe(a)
 
     def release(self) -> None:
@@ -88,6 +133,16 @@ def registered(sh: Attached) -> Attached:
     """Page-lock a reader's mapping of a shard's rings (read-only, once per mapping).
 
     Unregistered when the mapping is dropped, before its pages are unmapped.
+
+    Parameters
+    ----------
+    sh : Attached
+        This process's mapping of one shard's segments.
+
+    Returns
+    -------
+    Attached
+        ``sh``, now readable by this process's GPU kernels.
     """
     if sh not in _registered:
         ptrs = [register(a, read_only=True) for a in sh.bytes.values()]
@@ -96,11 +151,34 @@ def registered(sh: Attached) -> Attached:
     return sh
 
 
-def gather_shared(sh: Attached, columns, src_start, dst_offset, n_valid, out: dict, o: int) -> None:
+def gather_shared(
+    sh: Attached,
+    columns: Sequence[str],
+    src_start: np.ndarray,
+    dst_offset: np.ndarray,
+    n_valid: np.ndarray,
+    out: dict,
+    o: int,
+) -> None:
     """Gather windows of mapped shard ``sh`` into device buffers ``out[c][o:o + B]`` and wait for them.
 
     The wait makes the seqlock check that follows (:meth:`Attached.intact`) see
     every byte the kernel read.
+
+    Parameters
+    ----------
+    sh : Attached
+        This process's mapping of the shard (registered here on first use).
+    columns : sequence of str
+        Columns to gather.
+    src_start : numpy.ndarray
+        int64 ``[B]``: absolute ring position of each window's first stored step.
+    dst_offset, n_valid : numpy.ndarray
+        int64 ``[B]``: as :func:`gear_flow.ops.gather.gather_windows` takes them.
+    out : dict of str to device array
+        uint8 ``[rows, L, step_nbytes]`` device buffers per column.
+    o : int
+        First row of ``out`` to write.
     """
     import cupy
 

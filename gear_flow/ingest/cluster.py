@@ -32,6 +32,8 @@ import math
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -40,6 +42,12 @@ from .common import Plan, parse_partition
 from .dataflow import check_totals, nothing_inserted, part_info
 from .formats import FORMATS
 from .report import IngestReport, build_report, stored_summary
+
+if TYPE_CHECKING:
+    from distributed import Client, Future
+
+    from ..distributed.api import DistributedTable
+    from .common import Partition
 
 logger = logging.getLogger(__name__)
 
@@ -125,8 +133,22 @@ def _stored_task(name: str, ids_by_shard: dict, names) -> dict:
 # -- distributed: the client side ------------------------------------------------------------------
 
 
-def assign_partitions(parts, shards_per_worker: dict[str, int]) -> list[str]:
-    """A worker for each partition: largest first, to the worker with the fewest steps per hosted shard."""
+def assign_partitions(parts: Sequence[Partition], shards_per_worker: dict[str, int]) -> list[str]:
+    """A worker for each partition: largest first, to the worker with the fewest steps per hosted shard.
+
+    Parameters
+    ----------
+    parts : sequence of Partition
+        The plan's partitions (their ``steps`` are the load).
+    shards_per_worker : dict of str to int
+        Live shards each worker hosts (all positive).
+
+    Returns
+    -------
+    list of str
+        The worker address of each partition, aligned with ``parts``; ties go
+        to the lowest address, so the assignment is deterministic.
+    """
     load = {a: 0 for a in sorted(shards_per_worker)}
     out = [""] * len(parts)
     for i in sorted(range(len(parts)), key=lambda i: (-parts[i].steps, i)):
@@ -159,7 +181,56 @@ def _gather_or_raise(client, futures, table_name: str) -> list:
     return client.gather(futures)
 
 
-def ingest_distributed(table, fmt, source, gamma, strict, chunk, options, timeout, client, t0) -> IngestReport:
+def ingest_distributed(
+    table: DistributedTable,
+    fmt: str,
+    source: str | Sequence[str],
+    gamma: float,
+    strict: bool,
+    chunk: int,
+    options: dict[str, Any],
+    timeout: float | None,
+    client: Client | None,
+    t0: float,
+) -> IngestReport:
+    """:func:`~gear_flow.ingest.ingest` into a distributed table (steps 1-4 of this module's docstring).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The table; its columns already checked against the readers'.
+    fmt : str
+        A name in :data:`~gear_flow.ingest.FORMATS`.
+    source : str or sequence of str
+        Absolute path(s), opened by the workers.
+    gamma : float
+        Discount of the derived ``rtg`` column.
+    strict : bool
+        Reject bad values and totals that disagree with the metadata.
+    chunk : int
+        Most episodes per partition (made smaller to get
+        :data:`PARTITIONS_PER_WORKER` partitions per worker).
+    options : dict
+        Format-specific options (``frame_backend``, ``columns``, ``max_episode_steps``).
+    timeout : float or None
+        Seconds each insert may wait for the rate limiter.
+    client : distributed.Client or None
+        Default: the table's client (else the current one).
+    t0 : float
+        ``time.perf_counter()`` when the ingestion started (for ``elapsed_s``).
+
+    Returns
+    -------
+    IngestReport
+        What was read and what the shards hold afterwards.
+
+    Raises
+    ------
+    DatasetError
+        A malformed file; nothing was inserted.
+    ShardLostError
+        The table has no live shard.
+    """
     client = _client_of(table, client)
     spec = table.spec
     by_worker = defaultdict(list)
@@ -279,15 +350,44 @@ def ingest_distributed(table, fmt, source, gamma, strict, chunk, options, timeou
     return report
 
 
-def insert_partitions(client, table, parts, where, counts, timeout, token) -> dict:
+def insert_partitions(
+    client: Client,
+    table: DistributedTable,
+    parts: Sequence[Future],
+    where: Sequence[str],
+    counts: Sequence[tuple[int, int]],
+    timeout: float | None,
+    token: str,
+) -> dict[str, dict[str, Any]]:
     """Insert partitions held on workers as one transaction.
 
-    ``parts[i]`` is a future (a parsed partition or a list of episodes) on
-    worker ``where[i]``, with ``counts[i] = (episodes, items)``.  Admitted once,
-    staged by the workers that hold the partitions (data never through the
-    client), applied and committed only if every worker staged its part;
-    otherwise aborted everywhere, with nothing stored and the limiter's counts
-    as before.  Returns per worker ``{"worker", "local_shards", "done"}``.
+    Admitted once, staged by the workers that hold the partitions (data never
+    through the client), applied and committed only if every worker staged
+    its part; otherwise aborted everywhere, with nothing stored and the
+    limiter's counts as before.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        The client that runs the tasks.
+    table : DistributedTable
+        The table to insert into.
+    parts : sequence of distributed.Future
+        ``parts[i]``: a parsed partition or a list of episodes, held on ``where[i]``.
+    where : sequence of str
+        The worker address holding each of ``parts``.
+    counts : sequence of (int, int)
+        ``(episodes, items)`` of each of ``parts``.
+    timeout : float or None
+        Seconds the admission may wait for the rate limiter.
+    token : str
+        Unique per call; names the transaction and the task keys.
+
+    Returns
+    -------
+    dict of str to dict
+        Per worker address, ``{"worker", "local_shards", "done"}`` as its
+        staging task reported.
     """
     from distributed import wait
 

@@ -19,6 +19,8 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +28,15 @@ from ..errors import DatasetError
 from .common import fit_to_table, resolve, wants_next
 from .episode import make_episode
 from .shards import META, episode_table, is_local, live_shards_by_worker, read_episodes
+
+if TYPE_CHECKING:
+    import dask.bag
+    import dask.dataframe
+
+    from ..distributed.api import DistributedTable
+    from ..table.local import LocalTable
+    from .columns import ColumnMap
+    from .report import IngestReport
 
 
 def _meta():
@@ -49,12 +60,15 @@ def _frame_task(name: str, shard_id: int, sources):
     return _frame(get_worker().plugins[PLUGIN_NAME].host.shard(name, shard_id), shard_id, sources)
 
 
-def episodes(table, sources=None):
+def episodes(
+    table: LocalTable | DistributedTable, sources: Mapping[int, Any] | IngestReport | None = None
+) -> dask.dataframe.DataFrame:
     """The table's episodes as a :class:`dask.dataframe.DataFrame`, one partition per live shard.
 
     Parameters
     ----------
     table : LocalTable or DistributedTable
+        The table to describe (an item-unit ``"episode"`` or ``"step"`` table).
     sources : dict or IngestReport, optional
         ``{table episode id: source episode id}`` for the ``source_id``
         column (an :class:`~gear_flow.ingest.IngestReport` gives its
@@ -135,12 +149,19 @@ def _insert_held(client, table, futs: list, where: list, timeout, token) -> int:
     return sum(c[0] for c in counts)
 
 
-def select(table, episodes_frame, *, timeout: float | None = None, **table_kwargs):
+def select(
+    table: LocalTable | DistributedTable,
+    episodes_frame: Any,
+    *,
+    timeout: float | None = None,
+    **table_kwargs: Any,
+) -> LocalTable | DistributedTable:
     """A new table of the same kind and spec holding the chosen episodes (in insertion order).
 
     Parameters
     ----------
     table : LocalTable or DistributedTable
+        The table to copy from; it is not changed.
     episodes_frame : dask or pandas DataFrame, or array of episode ids
         Typically :func:`episodes` filtered; only ``episode_id`` is computed.
     timeout : float, optional
@@ -153,6 +174,13 @@ def select(table, episodes_frame, *, timeout: float | None = None, **table_kwarg
     Returns
     -------
     LocalTable or DistributedTable
+        The new table, of ``table``'s kind; the caller owns (and closes) it.
+
+    Raises
+    ------
+    SpecError
+        Some chosen episodes are no longer in a distributed ``table`` (the new
+        table is closed).
     """
     from ..errors import SpecError
 
@@ -212,15 +240,46 @@ def _parse(part, spec, gamma: float, strict: bool, kind: str, cmap, label: str) 
     return [fit_to_table(spec, label, sid, ep, gamma) for sid, ep in pairs]
 
 
-def insert_collection(table, collection, *, columns=None, gamma=None, strict=None, timeout=None) -> int:
+def insert_collection(
+    table: LocalTable | DistributedTable,
+    collection: dask.bag.Bag | dask.dataframe.DataFrame,
+    *,
+    columns: ColumnMap | None = None,
+    gamma: float | None = None,
+    strict: bool | None = None,
+    timeout: float | None = None,
+) -> int:
     """Insert a ``dask.bag`` of episodes or a ``dask.dataframe`` step table, validated like ingestion.
 
-    Bag elements are dicts with ``obs`` (or ``obs__<key>``), ``action``,
-    ``reward``, ``done``, optional ``truncated``/``next_obs``; a dataframe has
-    the Parquet layout (or ``columns``, a ColumnMap) and no episode spans two
-    partitions.  Every partition is parsed and checked before anything is
-    inserted (a DatasetError names the partition and episode; nothing was
-    inserted).  Returns the number of episodes inserted.
+    Every partition is parsed and checked before anything is inserted, on a
+    worker hosting shards, and the inserts are one transaction.
+
+    Parameters
+    ----------
+    table : LocalTable or DistributedTable
+        The table to insert into.
+    collection : dask.bag.Bag or dask.dataframe.DataFrame
+        Bag elements are dicts with ``obs`` (or ``obs__<key>``), ``action``,
+        ``reward``, ``done``, optional ``truncated``/``next_obs``; a dataframe
+        has the Parquet step-table layout and no episode spans two partitions.
+    columns : ColumnMap, optional
+        The dataframe's layout, when it is not the Parquet reader's default.
+    gamma : float, optional
+        Discount of the derived ``rtg`` column (config ``ingest.gamma``).
+    strict : bool, optional
+        Reject non-finite values and early end flags (config ``ingest.strict``).
+    timeout : float, optional
+        Seconds each insert may wait for the table's rate limiter (None: no limit).
+
+    Returns
+    -------
+    int
+        The number of episodes inserted.
+
+    Raises
+    ------
+    DatasetError
+        Naming the partition and episode; nothing was inserted.
     """
     gamma, strict, _ = resolve(gamma, strict, None)
     kind = "frame" if hasattr(collection, "columns") else "bag"

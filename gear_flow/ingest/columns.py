@@ -65,7 +65,19 @@ class ColumnMap:
             raise SpecError(f"role(s) {dup} are mapped from more than one column")
 
     def source(self, role: str) -> str | None:
-        """The file column of a role (None: ``truncated`` when the layout has none)."""
+        """The file column of a role.
+
+        Parameters
+        ----------
+        role : str
+            One of :data:`ROLES` (or ``obs.<key>``).
+
+        Returns
+        -------
+        str or None
+            The mapped column, else the role's default column (its own name);
+            None for ``truncated`` when the layout has no truncation column.
+        """
         for col, r in self.columns.items():
             if r == role:
                 return col
@@ -74,7 +86,18 @@ class ColumnMap:
         return role
 
     def leaves(self, role: str) -> dict[str, str]:
-        """``{key: column}`` of the ``role.<key>`` mappings (a Dict observation); empty if none."""
+        """The leaves of a Dict observation mapped from separate columns.
+
+        Parameters
+        ----------
+        role : str
+            ``"obs"`` or ``"next_obs"``.
+
+        Returns
+        -------
+        dict of str to str
+            ``{key: column}`` of the ``role.<key>`` mappings; empty if none.
+        """
         return {r.split(".", 1)[1]: c for c, r in self.columns.items() if r.startswith(role + ".")}
 
 
@@ -99,7 +122,33 @@ def parse_columns(
     step: str | None = None,
     no_truncation: bool = False,
 ) -> ColumnMap | None:
-    """A ColumnMap from CLI text (``"observation.state=obs,next.reward=reward"``) and options; None if nothing set."""
+    """A ColumnMap from the ``gear-flow ingest`` options.
+
+    Parameters
+    ----------
+    text : str, optional
+        ``--columns``: comma-separated ``COLUMN=ROLE`` items
+        (``"observation.state=obs,next.reward=reward"``), added to (and for the
+        same role replacing) the layout's mappings.
+    layout : str, optional
+        ``--layout``: a name in :data:`LAYOUTS` to start from (default ``"gear-flow"``).
+    episode : str, optional
+        ``--episode-column``: overrides the layout's episode column.
+    step : str, optional
+        ``--step-column``: overrides the layout's step column.
+    no_truncation : bool, default False
+        ``--no-truncation-column``: the layout has no truncation column.
+
+    Returns
+    -------
+    ColumnMap or None
+        None when no option is set (the reader's default layout applies).
+
+    Raises
+    ------
+    SpecError
+        An unknown layout, a malformed item, or a mapping :class:`ColumnMap` rejects.
+    """
     if text is None and layout is None and episode is None and step is None and not no_truncation:
         return None
     if layout is not None and layout not in LAYOUTS:

@@ -36,8 +36,10 @@ rows, episodes of one Parquet file); every episode lies in exactly one partition
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -81,6 +83,13 @@ def episode_columns(
     float_dtype : numpy dtype-like, default float32
         dtype of the observation, reward and ``rtg`` columns (float64 keeps a
         float64 file's values exactly).
+
+    Returns
+    -------
+    tuple of ColumnSpec
+        ``obs`` column(s), then ``next_obs`` column(s) if asked for, ``action``,
+        ``reward``, ``done``, ``truncated``, and ``rtg``, ``timestep`` if
+        ``derived``.
 
     Examples
     --------
@@ -147,7 +156,22 @@ class Partition:
 
 @dataclass
 class Plan:
-    """The partitions of a dataset and the totals its metadata promises (if any)."""
+    """The partitions of a dataset and the totals its metadata promises (if any).
+
+    Attributes
+    ----------
+    fmt : str
+        The format's name (``minari``, ``d4rl``, ``parquet``).
+    source : str
+        The dataset as given (a file, directory, glob or dataset id).
+    partitions : list of Partition
+        Every episode of the dataset lies in exactly one of them.
+    expected_episodes : int or None
+        Episodes the dataset's metadata says it holds (None: it does not say);
+        ingestion checks the count it read against it.
+    expected_steps : int or None
+        Steps the metadata says it holds, likewise.
+    """
 
     fmt: str
     source: str
@@ -160,9 +184,18 @@ class Plan:
 class Format:
     """A dataset format: how to find its partitions and how to read one.
 
-    ``plan(source, chunk_episodes, **options) -> Plan``;
-    ``read(partition, strict, **options) -> list of (source id, episode)``, the
-    episodes at native precision (:func:`~gear_flow.ingest.episode.make_episode`).
+    Attributes
+    ----------
+    name : str
+        The name ``ingest(fmt=...)`` takes.
+    plan : callable
+        ``plan(source, chunk_episodes, **options) -> Plan``: the dataset's
+        partitions, at most ``chunk_episodes`` episodes each where the format
+        can split a file.
+    read : callable
+        ``read(partition, strict, **options) -> list of (source id, episode)``,
+        the episodes at native precision
+        (:func:`~gear_flow.ingest.episode.make_episode`).
     """
 
     name: str
@@ -170,8 +203,34 @@ class Format:
     read: Callable[..., list]
 
 
-def resolve(gamma=None, strict=None, chunk_episodes=None) -> tuple[float, bool, int]:
-    """Keyword arguments, falling back to the ``gear-flow.ingest`` configuration."""
+def resolve(
+    gamma: float | None = None, strict: bool | None = None, chunk_episodes: int | None = None
+) -> tuple[float, bool, int]:
+    """Keyword arguments, falling back to the ``gear-flow.ingest`` configuration.
+
+    Parameters
+    ----------
+    gamma : float, optional
+        Discount of the derived ``rtg`` column, in ``[0, 1]``
+        (default: ``gear-flow.ingest.gamma``).
+    strict : bool, optional
+        Reject non-finite rewards/observations and end flags before an
+        episode's last step, instead of repairing or cutting the episode
+        (default: ``gear-flow.ingest.strict``).
+    chunk_episodes : int, optional
+        Most episodes per partition (read by one task), a positive integer
+        (default: ``gear-flow.ingest.chunk_episodes``).
+
+    Returns
+    -------
+    tuple of (float, bool, int)
+        ``(gamma, strict, chunk_episodes)``, validated.
+
+    Raises
+    ------
+    InvalidDataError
+        ``gamma`` is outside ``[0, 1]`` or ``chunk_episodes`` is not a positive integer.
+    """
     gamma = float(config.get("ingest.gamma", gamma))
     strict = bool(config.get("ingest.strict", strict))
     chunk = config.get("ingest.chunk_episodes", chunk_episodes)
@@ -182,8 +241,34 @@ def resolve(gamma=None, strict=None, chunk_episodes=None) -> tuple[float, bool, 
     return gamma, strict, int(chunk)
 
 
-def iter_episodes(fmt: Format, source, *, gamma=None, strict=None, chunk_episodes=None, **options) -> Iterator[dict]:
-    """Read a whole dataset in this process, partition by partition (the public readers): canonical episodes."""
+def iter_episodes(
+    fmt: Format,
+    source: str | os.PathLike[str],
+    *,
+    gamma: float | None = None,
+    strict: bool | None = None,
+    chunk_episodes: int | None = None,
+    **options: Any,
+) -> Iterator[dict[str, np.ndarray]]:
+    """Read a whole dataset in this process, partition by partition (the public readers).
+
+    Parameters
+    ----------
+    fmt : Format
+        The dataset's format.
+    source : str or os.PathLike
+        The dataset (file, directory or glob, as the format takes it).
+    gamma, strict, chunk_episodes : optional
+        As in :func:`resolve`; None falls back to the configuration.
+    **options
+        Format-specific options, passed to its ``plan`` and ``read``.
+
+    Yields
+    ------
+    dict of str to numpy.ndarray
+        Canonical episodes (float32 floats, derived ``rtg``/``timestep``), in
+        the dataset's order.
+    """
     gamma, strict, chunk = resolve(gamma, strict, chunk_episodes)
     for part in fmt.plan(source, chunk, **options).partitions:
         for _, ep in fmt.read(part, strict, **options):
@@ -198,16 +283,38 @@ class ParsedPartition:
     """A read, validated partition: episodes cast to the table's columns, plus what the client needs.
 
     Kept where it was read (as a Dask future's result) until it is inserted.
+
+    Attributes
+    ----------
+    partition : Partition
+        What was read.
+    episodes : list of dict of str to numpy.ndarray
+        Its episodes, cast to the table's columns and dtypes.
+    ids : list of int or str
+        Each episode's id in the source (Minari episode index, Parquet
+        ``episode_id``, D4RL episode number).
+    sums : numpy.ndarray or None
+        float64 ``[episodes, columns]``: per-episode column sums (checksums).
+    worker : str or None
+        Address of the worker that read it (None: read in-process).
     """
 
     partition: Partition
     episodes: list[dict] = field(default_factory=list)
     ids: list = field(default_factory=list)
-    sums: np.ndarray | None = None  # float64 [episodes, columns]: per-episode column sums
-    worker: str | None = None  # address of the worker that read it (None: in-process)
+    sums: np.ndarray | None = None
+    worker: str | None = None
 
-    def summary(self) -> dict:
-        """Small enough to send to the client: counts, lengths, source ids, per-episode sums."""
+    def summary(self) -> dict[str, Any]:
+        """Small enough to send to the client: counts, lengths, source ids, per-episode sums.
+
+        Returns
+        -------
+        dict
+            ``index`` and ``path`` of the partition, ``episodes`` and ``steps``
+            (counts), ``lengths`` (steps per episode), ``ids`` (source ids),
+            ``sums`` (as the attribute) and ``worker``.
+        """
         lengths = [len(next(iter(e.values()))) for e in self.episodes]
         return {
             "index": self.partition.index,
@@ -221,17 +328,43 @@ class ParsedPartition:
         }
 
 
-def episode_sums(ep: dict, names) -> np.ndarray:
-    """float64 sum of every column of one episode (bool columns: count of True)."""
+def episode_sums(ep: Mapping[str, np.ndarray], names: Sequence[str]) -> np.ndarray:
+    """float64 sum of every column of one episode (bool columns: count of True).
+
+    Parameters
+    ----------
+    ep : mapping of str to numpy.ndarray
+        One episode, a column per name.
+    names : sequence of str
+        The columns to sum, in order.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 ``[len(names)]``.
+    """
     return np.array([np.sum(ep[n], dtype=np.float64) for n in names], dtype=np.float64)
 
 
-def combine_sums(per_episode: list[np.ndarray], names) -> dict[str, float]:
+def combine_sums(per_episode: Sequence[np.ndarray | None], names: Sequence[str]) -> dict[str, float]:
     """Per-column checksums: ``math.fsum`` over per-episode sums.
 
     ``fsum`` is exactly rounded, so the result does not depend on the order
     (or the shard) in which episodes are combined: the same episodes give
     bit-identical checksums whether summed at reading or read back from a table.
+
+    Parameters
+    ----------
+    per_episode : sequence of numpy.ndarray or None
+        Per-episode sums as :func:`episode_sums` returns them, or stacks of
+        them ``[episodes, columns]``; None and empty arrays are skipped.
+    names : sequence of str
+        The columns, in the order of the sums.
+
+    Returns
+    -------
+    dict of str to float
+        Column name to its checksum (0.0 for every column when there is nothing).
     """
     rows = [np.atleast_2d(s) for s in per_episode if s is not None and np.size(s)]
     if not rows:
@@ -241,7 +374,19 @@ def combine_sums(per_episode: list[np.ndarray], names) -> dict[str, float]:
 
 
 def check_table_columns(spec: TableSpec) -> None:
-    """Every column of the table must be one the readers can produce."""
+    """Every column of the table must be one the readers can produce.
+
+    Parameters
+    ----------
+    spec : TableSpec
+        The table ingestion writes into.
+
+    Raises
+    ------
+    SpecError
+        A column is none of the canonical ones (:data:`COLUMNS`, ``next_obs``,
+        ``obs__<key>``/``next_obs__<key>``).
+    """
     unknown = [n for n in spec.names if n not in COLUMNS and not is_obs_column(n)]
     if unknown:
         raise SpecError(
@@ -252,7 +397,18 @@ def check_table_columns(spec: TableSpec) -> None:
 
 
 def wants_next(spec: TableSpec) -> bool:
-    """Does the table keep next observations (a ``next_obs`` or ``next_obs__<key>`` column)?"""
+    """Does the table keep next observations (a ``next_obs`` or ``next_obs__<key>`` column)?
+
+    Parameters
+    ----------
+    spec : TableSpec
+        The table.
+
+    Returns
+    -------
+    bool
+        True when the readers must keep each step's next observation.
+    """
     return any(n == "next_obs" or n.startswith("next_obs" + SEP) for n in spec.names)
 
 
@@ -268,10 +424,38 @@ def _integral(path, episode, name, a: np.ndarray, dtype) -> np.ndarray:
     return a.astype(dtype)
 
 
-def fit_to_table(spec: TableSpec, path, episode, ep: dict, gamma: float = 1.0) -> dict:
+def fit_to_table(
+    spec: TableSpec,
+    path: str | os.PathLike[str],
+    episode: int | str | None,
+    ep: Mapping[str, np.ndarray],
+    gamma: float = 1.0,
+) -> dict[str, np.ndarray]:
     """The table's columns, cast to its dtypes, derived columns computed after the cast.
 
-    DatasetError naming the episode when a column is missing or does not fit.
+    Parameters
+    ----------
+    spec : TableSpec
+        The table the episode goes into.
+    path : str or os.PathLike
+        The file it was read from (for messages).
+    episode : int, str or None
+        Its id in the file (for messages).
+    ep : mapping of str to numpy.ndarray
+        The episode at the file's precision (a reader's output).
+    gamma : float, default 1.0
+        Discount of the derived ``rtg`` column.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        Exactly the table's columns, in its dtypes.
+
+    Raises
+    ------
+    DatasetError
+        Naming the episode, when a column is missing or does not fit (shape,
+        non-integral values for an integer column, longer than a shard).
     """
     from ..table.validate import check_episode
 
@@ -309,7 +493,29 @@ def fit_to_table(spec: TableSpec, path, episode, ep: dict, gamma: float = 1.0) -
 def parse_partition(
     fmt: Format, part: Partition, spec: TableSpec, gamma: float, strict: bool, options: dict
 ) -> ParsedPartition:
-    """Read and validate one partition against the table (runs on the worker that will insert it)."""
+    """Read and validate one partition against the table (runs on the worker that will insert it).
+
+    Parameters
+    ----------
+    fmt : Format
+        The dataset's format.
+    part : Partition
+        The partition to read.
+    spec : TableSpec
+        The table its episodes go into.
+    gamma : float
+        Discount of the derived ``rtg`` column.
+    strict : bool
+        Reject non-finite values and early end flags (see :func:`resolve`).
+    options : dict
+        Format-specific options for ``fmt.read``.
+
+    Returns
+    -------
+    ParsedPartition
+        Its episodes fitted to the table, their source ids and checksums
+        (``worker`` left None for the caller to fill in).
+    """
     pairs = fmt.read(part, strict, **{**options, "next_obs": wants_next(spec)})
     eps = [fit_to_table(spec, part.path, sid, ep, gamma) for sid, ep in pairs]
     names = spec.names

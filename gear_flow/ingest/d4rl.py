@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..errors import DatasetError
 from .common import Format, Partition, Plan, iter_episodes, make_episode
@@ -35,12 +36,27 @@ KEYS = {
 }
 
 
-def split_points(terminals: np.ndarray, timeouts: np.ndarray, max_episode_steps: int | None = None) -> np.ndarray:
+def split_points(terminals: ArrayLike, timeouts: ArrayLike, max_episode_steps: int | None = None) -> np.ndarray:
     """``[0, e_1, ..., N]``: episode ``k`` is rows ``[b[k], b[k+1])``.
 
     An episode ends *after* each row flagged terminal or timeout (the flagged
     row is its last step); trailing unflagged rows form a last episode.  With
     ``max_episode_steps``, an episode also ends after that many steps.
+
+    Parameters
+    ----------
+    terminals : array_like of bool
+        ``[N]`` terminated flags, one per row.
+    timeouts : array_like of bool
+        ``[N]`` time-limit flags, one per row.
+    max_episode_steps : int, optional
+        Also end an episode after this many steps since the last end (None or
+        0: only at flags).
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 episode boundaries, starting with 0 and ending with ``N``.
 
     Examples
     --------
@@ -116,8 +132,28 @@ def _ends(path, ds, sl=slice(None)) -> tuple[np.ndarray, np.ndarray]:
     return term, tout
 
 
-def plan(source, chunk_episodes: int, *, max_episode_steps: int | None = None, **_) -> Plan:
-    """Row ranges of ``chunk_episodes`` episodes, from the end flags only."""
+def plan(
+    source: str | os.PathLike[str], chunk_episodes: int, *, max_episode_steps: int | None = None, **_: object
+) -> Plan:
+    """Row ranges of ``chunk_episodes`` episodes, from the end flags only.
+
+    Parameters
+    ----------
+    source : str or os.PathLike
+        The HDF5 file.
+    chunk_episodes : int
+        Episodes per partition.
+    max_episode_steps : int, optional
+        As in :func:`split_points`.
+    **_
+        Other formats' options, ignored.
+
+    Returns
+    -------
+    Plan
+        Partitions whose ``selector`` is a ``(start, stop)`` row range; the
+        expected totals are the episodes found and the file's rows.
+    """
     with _open(source) as f, guard(source, None):
         ds, n = _datasets(f, source)
         b = split_points(*_ends(source, ds), max_episode_steps)
@@ -129,9 +165,30 @@ def plan(source, chunk_episodes: int, *, max_episode_steps: int | None = None, *
 
 
 def read(
-    part: Partition, strict: bool, *, next_obs: bool = False, max_episode_steps: int | None = None, **_
-) -> list[tuple[int, dict]]:
-    """The episodes of one row range, as ``(dataset-wide episode index, episode)``."""
+    part: Partition, strict: bool, *, next_obs: bool = False, max_episode_steps: int | None = None, **_: object
+) -> list[tuple[int, dict[str, np.ndarray]]]:
+    """The episodes of one row range, as ``(dataset-wide episode index, episode)``.
+
+    Parameters
+    ----------
+    part : Partition
+        A partition from :func:`plan`.
+    strict : bool
+        Reject non-finite values and early end flags.
+    next_obs : bool, default False
+        Keep next observations (``next_observations`` must be in the file for
+        episodes cut by a timeout).
+    max_episode_steps : int, optional
+        As in :func:`split_points`; must match the value :func:`plan` used.
+    **_
+        Other formats' options, ignored.
+
+    Returns
+    -------
+    list of (int, dict of str to numpy.ndarray)
+        Episodes at native precision (:func:`~gear_flow.ingest.episode.make_episode`);
+        the last step of an episode not ended by ``terminals`` is marked truncated.
+    """
     lo, hi = part.selector
     with _open(part.path) as f, guard(part.path, f"{part.first_episode}.. (rows {lo}..{hi - 1})"):
         ds, _ = _datasets(f, part.path)
@@ -165,14 +222,14 @@ FORMAT = Format("d4rl", plan, read)
 
 
 def read_d4rl(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     *,
     gamma: float | None = None,
     strict: bool | None = None,
     chunk_episodes: int | None = None,
     next_obs: bool = False,
     max_episode_steps: int | None = None,
-) -> Iterator[dict]:
+) -> Iterator[dict[str, np.ndarray]]:
     """Yield the canonical episodes of a D4RL-style flat HDF5 file, in file order.
 
     Parameters

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 def ingest(
     table: LocalTable | DistributedTable,
-    source: str | os.PathLike | Sequence[str | os.PathLike],
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     fmt: str | None = None,
     *,
     gamma: float | None = None,
@@ -90,6 +90,8 @@ def ingest(
     Returns
     -------
     IngestReport
+        What was read and what the table holds afterwards (counts, checksums,
+        per-partition placement); ``report.ok`` when they agree exactly.
 
     Raises
     ------
@@ -142,8 +144,23 @@ def _absolute(source):
     return os.path.abspath(os.fspath(source))
 
 
-def check_totals(plan: Plan, summaries: list[dict], strict: bool) -> None:
-    """Cross-partition checks: unique source episode ids; totals agreeing with the metadata (strict)."""
+def check_totals(plan: Plan, summaries: Sequence[Mapping[str, Any]], strict: bool) -> None:
+    """Cross-partition checks: unique source episode ids; totals agreeing with the metadata (strict).
+
+    Parameters
+    ----------
+    plan : Plan
+        The dataset's plan (its expected totals).
+    summaries : sequence of mapping
+        :meth:`~gear_flow.ingest.common.ParsedPartition.summary` of every partition.
+    strict : bool
+        Also require the step and episode counts to match the metadata's.
+
+    Raises
+    ------
+    DatasetError
+        An episode id in two partitions, or (``strict``) totals that disagree.
+    """
     seen = {}
     for s in summaries:
         for eid in s["ids"]:
@@ -163,7 +180,20 @@ def check_totals(plan: Plan, summaries: list[dict], strict: bool) -> None:
 
 
 def nothing_inserted(err: BaseException, table_name: str | None) -> BaseException:
-    """``err`` with "nothing was inserted" added, for DatasetErrors (others unchanged)."""
+    """``err`` with "nothing was inserted" added, for DatasetErrors (others unchanged).
+
+    Parameters
+    ----------
+    err : BaseException
+        The failure that stopped an ingestion.
+    table_name : str or None
+        The distributed table's name for the message (None: a local table).
+
+    Returns
+    -------
+    BaseException
+        A new :class:`DatasetError` (no cause chained) or ``err`` itself.
+    """
     if isinstance(err, DatasetError):
         into = "" if table_name is None else f" into table {table_name!r}"
         new = DatasetError(err.path, err.episode, f"{err.problem}; nothing was inserted{into}")
@@ -202,5 +232,18 @@ def _ingest_local(table, fmt: Format, source, gamma, strict, chunk, options, tim
     return build_report(plan.fmt, source, spec.names, summaries, parts_info, stored, ids, time.perf_counter() - t0)
 
 
-def part_info(s: dict) -> dict:
+def part_info(s: Mapping[str, Any]) -> dict[str, Any]:
+    """The report's row for a partition, from its summary.
+
+    Parameters
+    ----------
+    s : mapping
+        :meth:`~gear_flow.ingest.common.ParsedPartition.summary` of the partition.
+
+    Returns
+    -------
+    dict
+        ``index``, ``path``, ``episodes`` and ``steps``; callers add
+        ``read_on``, ``worker`` and ``shards``.
+    """
     return {"index": s["index"], "path": s["path"], "episodes": s["episodes"], "steps": s["steps"]}

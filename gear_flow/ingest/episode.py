@@ -12,9 +12,13 @@ the file and the episode or rows.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Collection, Iterator, Mapping
 from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from ..errors import DatasetError, GearFlowError
 
@@ -23,8 +27,23 @@ OBS_ROLES = ("obs", "next_obs")
 SEP = "__"
 
 
-def return_to_go(reward: np.ndarray, gamma: float = 1.0, dtype=np.float32) -> np.ndarray:
-    """``rtg[t] = sum_{k >= t} gamma**(k - t) * reward[k]``, accumulated in float64, returned as ``dtype``."""
+def return_to_go(reward: ArrayLike, gamma: float = 1.0, dtype: DTypeLike = np.float32) -> np.ndarray:
+    """``rtg[t] = sum_{k >= t} gamma**(k - t) * reward[k]``, accumulated in float64, returned as ``dtype``.
+
+    Parameters
+    ----------
+    reward : array_like
+        One episode's rewards, ``[T]``.
+    gamma : float, default 1.0
+        Discount; 1.0 (undiscounted, as Decision Transformer uses) is a reversed cumulative sum.
+    dtype : numpy dtype-like, default float32
+        dtype of the result.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``[T]`` return-to-go, in ``dtype``.
+    """
     r = np.asarray(reward, dtype=np.float64)
     if gamma == 1.0:
         return np.cumsum(r[::-1])[::-1].astype(dtype)
@@ -37,8 +56,20 @@ def return_to_go(reward: np.ndarray, gamma: float = 1.0, dtype=np.float32) -> np
 
 
 @contextmanager
-def guard(path, episode=None, what: str = "read"):
-    """Translate h5py/pyarrow/OS errors raised inside into a DatasetError naming ``path`` and ``episode``."""
+def guard(path: str | os.PathLike[str], episode: int | str | None = None, what: str = "read") -> Iterator[None]:
+    """Translate h5py/pyarrow/OS errors raised inside into a DatasetError naming ``path`` and ``episode``.
+
+    A context manager; :class:`~gear_flow.errors.GearFlowError` passes through unchanged.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file being read or written.
+    episode : int, str or None, optional
+        The episode (or rows) at stake; None for the whole file.
+    what : str, default "read"
+        Past participle for the message: the file "cannot be {what}".
+    """
     try:
         yield
     except GearFlowError:  # already clear (and a DatasetError already names the file)
@@ -49,8 +80,22 @@ def guard(path, episode=None, what: str = "read"):
         raise DatasetError(path, episode, f"cannot be {what} ({type(e).__name__}: {e})") from None
 
 
-def leaves(role: str, value) -> dict[str, object]:
-    """``{column: array}`` for an observation: itself, or one column per Dict/Tuple leaf (``obs__key__0``)."""
+def leaves(role: str, value: Any) -> dict[str, object]:
+    """``{column: array}`` for an observation: itself, or one column per Dict/Tuple leaf (``obs__key__0``).
+
+    Parameters
+    ----------
+    role : str
+        Column prefix, ``"obs"`` or ``"next_obs"``.
+    value : array_like, dict or tuple
+        An observation array, or a Dict space's dict / Tuple space's tuple of
+        them, nested to any depth.
+
+    Returns
+    -------
+    dict of str to object
+        Column name (``role``, or ``role__key__i`` for leaves) to the leaf as given.
+    """
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
@@ -65,11 +110,45 @@ def leaves(role: str, value) -> dict[str, object]:
 
 
 def is_obs_column(name: str) -> bool:
+    """Is ``name`` an observation column (``obs``, ``next_obs`` or a leaf ``obs__<key>``)?
+
+    Parameters
+    ----------
+    name : str
+        A column name.
+
+    Returns
+    -------
+    bool
+        True for observation-like columns.
+    """
     return any(name == r or name.startswith(r + SEP) for r in OBS_ROLES)
 
 
-def flags(path, episode, label, a: np.ndarray) -> np.ndarray:
-    """End flags: bool, or integers/floats holding only 0 and 1 (old D4RL files store floats)."""
+def flags(path: str | os.PathLike[str], episode: int | str | None, label: str, a: np.ndarray) -> np.ndarray:
+    """End flags: bool, or integers/floats holding only 0 and 1 (old D4RL files store floats).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file (for messages).
+    episode : int, str or None
+        The episode (for messages).
+    label : str
+        The flag's name in the file (``terminals``, ``truncations``...).
+    a : numpy.ndarray
+        The flags as stored.
+
+    Returns
+    -------
+    numpy.ndarray
+        bool, same shape as ``a``.
+
+    Raises
+    ------
+    DatasetError
+        ``a`` is not bool/numeric, or holds a value other than 0 and 1.
+    """
     if a.dtype.kind == "b":
         return a.astype(np.bool_, copy=False)
     _kind_ok(path, episode, label, a, "iuf", "bool (or 0/1 numbers)")
@@ -92,30 +171,68 @@ def _array(path, episode, label, v) -> np.ndarray:
 
 
 def make_episode(
-    path,
-    episode,
+    path: str | os.PathLike[str],
+    episode: int | str | None,
     *,
-    obs,
-    action,
-    reward,
-    terminal,
-    truncated,
-    next_obs=None,
-    labels: dict[str, str] | None = None,
+    obs: Any,
+    action: ArrayLike,
+    reward: ArrayLike,
+    terminal: ArrayLike,
+    truncated: ArrayLike,
+    next_obs: Any = None,
+    labels: Mapping[str, str] | None = None,
     final_obs: bool = False,
     want_next: bool = False,
     strict: bool = True,
 ) -> dict[str, np.ndarray]:
     """Validate one episode's raw arrays; return its columns at native precision.
 
-    ``obs`` (and ``next_obs``) is an array or a Dict/Tuple tree of arrays,
-    flattened to ``obs__<key>`` columns.  ``final_obs``: ``obs`` holds ``T + 1``
-    rows (Minari stores the final observation).  ``want_next``: add
-    ``next_obs`` — from ``next_obs`` when the file has it, else the row after
-    (the final observation for the last step when ``final_obs``); a
-    terminated episode's last next observation is zeros (never bootstrapped
-    from); a truncated one without it is an error.  ``strict``: reject
-    non-finite observations or rewards and end flags before the last step.
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file (for messages).
+    episode : int, str or None
+        The episode's id in the file (for messages).
+    obs : array_like, or dict/tuple tree of array_like
+        Observations, ``[T, ...]`` (``[T + 1, ...]`` with ``final_obs``); a
+        Dict/Tuple tree is flattened to ``obs__<key>`` columns; 1-d
+        observations become ``[T, 1]``.
+    action : array_like
+        ``[T]`` integer (discrete) or ``[T, a]`` float (continuous) actions.
+    reward : array_like
+        ``[T]`` (or ``[T, 1]``) rewards; its length defines ``T``.
+    terminal : array_like
+        ``[T]`` terminated flags: bool or 0/1 numbers.
+    truncated : array_like
+        ``[T]`` truncated flags: bool or 0/1 numbers.
+    next_obs : array_like or tree, optional
+        The file's next observations, ``[T, ...]``, shaped as ``obs``; used
+        only with ``want_next``.
+    labels : mapping of str to str, optional
+        The file's names for the roles ``obs``, ``action``, ``reward``,
+        ``terminal``, ``truncated``, so that messages name what the user sees.
+    final_obs : bool, default False
+        ``obs`` holds ``T + 1`` rows (Minari stores the final observation).
+    want_next : bool, default False
+        Add ``next_obs`` column(s): from ``next_obs`` when given, else the row
+        after (the final observation for the last step when ``final_obs``); a
+        terminated episode's last next observation is zeros (never
+        bootstrapped from); a truncated one without it is an error.
+    strict : bool, default True
+        Reject non-finite observations or rewards and end flags before the last step.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        ``obs`` column(s), ``action`` (integers as int64), ``reward``,
+        ``done``, ``truncated`` (bool), and ``next_obs`` column(s) with
+        ``want_next``; each contiguous, ``T`` rows, floats at the file's precision.
+
+    Raises
+    ------
+    DatasetError
+        Naming ``path`` and ``episode``: ragged or mis-shaped columns, wrong
+        dtypes, an empty episode, or (``strict``) a non-finite value or early end flag.
     """
     lab = {"obs": "obs", "action": "action", "reward": "reward", "terminal": "terminal", "truncated": "truncated"}
     lab.update(labels or {})
@@ -221,8 +338,22 @@ def _next_obs(path, episode, obs_cols, next_obs, final_obs, T, terminated, lab) 
     return out
 
 
-def canonical(ep: dict, gamma: float) -> dict:
-    """The public readers' layout: floats as float32, plus ``rtg`` and ``timestep``."""
+def canonical(ep: Mapping[str, np.ndarray], gamma: float) -> dict[str, np.ndarray]:
+    """The public readers' layout: floats as float32, plus ``rtg`` and ``timestep``.
+
+    Parameters
+    ----------
+    ep : mapping of str to numpy.ndarray
+        An episode from :func:`make_episode`.
+    gamma : float
+        Discount of ``rtg``.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        A new dict: observation columns and float columns as float32, the
+        others as they are, plus ``rtg`` (float32) and ``timestep`` (int64).
+    """
     out = {}
     for k, a in ep.items():
         if is_obs_column(k):
@@ -234,8 +365,28 @@ def canonical(ep: dict, gamma: float) -> dict:
     return derive(out, gamma, {"rtg", "timestep"})
 
 
-def derive(ep: dict, gamma: float, names, rtg_dtype=np.float32) -> dict:
-    """Add the derived columns among ``names`` (``rtg`` from ``ep["reward"]`` as it is, ``timestep``)."""
+def derive(
+    ep: dict[str, np.ndarray], gamma: float, names: Collection[str], rtg_dtype: DTypeLike = np.float32
+) -> dict[str, np.ndarray]:
+    """Add the derived columns among ``names`` (``rtg`` from ``ep["reward"]`` as it is, ``timestep``).
+
+    Parameters
+    ----------
+    ep : dict of str to numpy.ndarray
+        An episode; updated in place.
+    gamma : float
+        Discount of ``rtg``.
+    names : collection of str
+        Which derived columns to add (``"rtg"``, ``"timestep"``; others are ignored).
+    rtg_dtype : numpy dtype-like, default float32
+        dtype of ``rtg``.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        ``ep`` itself, with ``rtg`` (``[T]`` in ``rtg_dtype``) and/or
+        ``timestep`` (``[T]`` int64, ``0 .. T-1``) added.
+    """
     T = len(ep["reward"]) if "reward" in ep else len(next(iter(ep.values())))
     if "rtg" in names:
         ep["rtg"] = return_to_go(ep["reward"], gamma, rtg_dtype)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..errors import SpecError
@@ -12,8 +14,26 @@ from .common import Format
 FORMATS: dict[str, Format] = {f.name: f for f in (minari.FORMAT, d4rl.FORMAT, parquet.FORMAT)}
 
 
-def detect_format(source) -> str:
-    """``minari``, ``d4rl`` or ``parquet`` from the shape of ``source`` (paths are not opened)."""
+def detect_format(source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> str:
+    """``minari``, ``d4rl`` or ``parquet`` from the shape of ``source`` (paths are not opened).
+
+    Parameters
+    ----------
+    source : str, os.PathLike, or sequence of them
+        A dataset path, glob, or list of Parquet files.
+
+    Returns
+    -------
+    str
+        ``"parquet"`` for lists, globs, ``.parquet`` files and directories of
+        them; ``"minari"`` for a Minari dataset directory or its ``main_data.hdf5``;
+        ``"d4rl"`` for any other ``.hdf5``/``.h5`` file.
+
+    Raises
+    ------
+    SpecError
+        Nothing tells the format.
+    """
     if isinstance(source, (list, tuple)):
         return "parquet"
     s = str(source)

@@ -27,6 +27,9 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from ..errors import DatasetError
 from . import minari_arrow
@@ -45,8 +48,25 @@ KEYS = {
 _EPISODE_RE = re.compile(r"episode_(\d+)$")
 
 
-def locate(source) -> tuple[Path, Path | None]:
-    """``(main_data.hdf5 or the data directory, metadata.json or None)`` for a dataset dir, its ``data`` dir or the HDF5 file."""
+def locate(source: str | os.PathLike[str]) -> tuple[Path, Path | None]:
+    """Find a Minari dataset's data and metadata.
+
+    Parameters
+    ----------
+    source : str or os.PathLike
+        The dataset directory, its ``data`` directory, or ``main_data.hdf5``.
+
+    Returns
+    -------
+    tuple of (Path, Path or None)
+        ``main_data.hdf5`` (or, for the arrow/parquet formats, the data
+        directory), and ``metadata.json`` or None where there is none.
+
+    Raises
+    ------
+    DatasetError
+        Neither is there.
+    """
     p = Path(source)
     for cand in (p / "data" / MAIN_FILE, p / MAIN_FILE, p):
         if cand.is_file():
@@ -60,7 +80,25 @@ def locate(source) -> tuple[Path, Path | None]:
     )
 
 
-def read_metadata(meta_path) -> dict:
+def read_metadata(meta_path: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """A dataset's ``metadata.json``.
+
+    Parameters
+    ----------
+    meta_path : str, os.PathLike or None
+        The file, as :func:`locate` found it.
+
+    Returns
+    -------
+    dict
+        Its contents (``total_episodes``, ``total_steps``, ``data_format``...);
+        empty when ``meta_path`` is None.
+
+    Raises
+    ------
+    DatasetError
+        The file cannot be read or is not JSON.
+    """
     if meta_path is None:
         return {}
     try:
@@ -78,8 +116,30 @@ def _h5(path):
         raise DatasetError(path, None, f"cannot be opened as HDF5 ({e})") from None
 
 
-def plan(source, chunk_episodes: int, **_) -> Plan:
-    """Chunks of ``chunk_episodes`` consecutive episodes; checks the episodes against metadata.json."""
+def plan(source: str | os.PathLike[str], chunk_episodes: int, **_: object) -> Plan:
+    """Chunks of ``chunk_episodes`` consecutive episodes; checks the episodes against metadata.json.
+
+    Parameters
+    ----------
+    source : str or os.PathLike
+        As for :func:`locate`.
+    chunk_episodes : int
+        Episodes per partition.
+    **_
+        Other formats' options, ignored.
+
+    Returns
+    -------
+    Plan
+        Partitions whose ``selector`` is a tuple of episode indices; expected
+        totals from ``metadata.json`` (steps None where it does not say).
+
+    Raises
+    ------
+    DatasetError
+        Episodes are not numbered ``0 .. n-1``, their count disagrees with
+        ``total_episodes``, or the data format is unknown.
+    """
     main, meta_path = locate(source)
     meta = read_metadata(meta_path)
     if main.is_dir():
@@ -140,8 +200,27 @@ def _tree(path, i, node, label):
     return out
 
 
-def read(part: Partition, strict: bool, *, next_obs: bool = False, **_) -> list[tuple[int, dict]]:
-    """The episodes of a chunk, as ``(episode index, episode)``."""
+def read(
+    part: Partition, strict: bool, *, next_obs: bool = False, **_: object
+) -> list[tuple[int, dict[str, np.ndarray]]]:
+    """The episodes of a chunk, as ``(episode index, episode)``.
+
+    Parameters
+    ----------
+    part : Partition
+        A partition from :func:`plan`.
+    strict : bool
+        Reject non-finite values and early end flags.
+    next_obs : bool, default False
+        Keep next observations (from the stored final observation).
+    **_
+        Other formats' options, ignored.
+
+    Returns
+    -------
+    list of (int, dict of str to numpy.ndarray)
+        Episodes at native precision (:func:`~gear_flow.ingest.episode.make_episode`).
+    """
     if Path(part.path).is_dir():
         return minari_arrow.read(part, strict, next_obs=next_obs)
     out = []
@@ -168,13 +247,13 @@ FORMAT = Format("minari", plan, read)
 
 
 def read_minari(
-    path: str | os.PathLike,
+    path: str | os.PathLike[str],
     *,
     gamma: float | None = None,
     strict: bool | None = None,
     chunk_episodes: int | None = None,
     next_obs: bool = False,
-) -> Iterator[dict]:
+) -> Iterator[dict[str, np.ndarray]]:
     """Yield the canonical episodes of a Minari dataset, in episode order.
 
     Parameters

@@ -19,6 +19,7 @@ from ``metadata.json``), Discrete spaces integers, Dict/Tuple spaces structs
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -38,8 +39,25 @@ KEYS = {
 }
 
 
-def episodes(data: Path) -> tuple[list[int], list[int]]:
-    """Episode indices (directory names) and their steps (from each episode's metadata.json)."""
+def episodes(data: str | os.PathLike[str]) -> tuple[list[int], list[int]]:
+    """Episode indices (directory names) and their steps (from each episode's metadata.json).
+
+    Parameters
+    ----------
+    data : str or os.PathLike
+        The dataset's ``data`` directory.
+
+    Returns
+    -------
+    tuple of (list of int, list of int)
+        Episode indices in ascending order, and each one's ``total_steps``
+        (0 where its metadata does not say).
+
+    Raises
+    ------
+    DatasetError
+        An episode's ``metadata.json`` is not JSON.
+    """
     idx, steps = [], []
     for d in sorted((p for p in Path(data).iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)):
         meta = d / "metadata.json"
@@ -89,8 +107,29 @@ def _decode(path, i, arr, space, label):
     return arr.to_numpy(zero_copy_only=False)
 
 
-def read(part: Partition, strict: bool, *, next_obs: bool = False) -> list[tuple[int, dict]]:
-    """The episodes of one chunk of episode directories, as ``(episode index, episode)``."""
+def read(part: Partition, strict: bool, *, next_obs: bool = False) -> list[tuple[int, dict[str, np.ndarray]]]:
+    """The episodes of one chunk of episode directories, as ``(episode index, episode)``.
+
+    Parameters
+    ----------
+    part : Partition
+        A Minari partition whose ``path`` is the ``data`` directory.
+    strict : bool
+        Reject non-finite values and early end flags.
+    next_obs : bool, default False
+        Keep next observations (from the stored final observation).
+
+    Returns
+    -------
+    list of (int, dict of str to numpy.ndarray)
+        Episodes at native precision (the padding row of actions, rewards and
+        flags dropped).
+
+    Raises
+    ------
+    DatasetError
+        A missing episode directory or column, or JPEG-encoded observations.
+    """
     import pyarrow.dataset as pads
 
     data = Path(part.path)

@@ -37,6 +37,7 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -48,8 +49,24 @@ from .episode import guard
 DEFAULT = ColumnMap()
 
 
-def files_of(paths) -> list[str]:
-    """The Parquet files named by a file, a directory (searched recursively), a glob, or a list of those."""
+def files_of(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
+    """The Parquet files named by a file, a directory (searched recursively), a glob, or a list of those.
+
+    Parameters
+    ----------
+    paths : str, os.PathLike, or sequence of them
+        Files, directories (every ``*.parquet`` below) or globs (``**`` recursive).
+
+    Returns
+    -------
+    list of str
+        The files, each item's sorted, in the order of the items.
+
+    Raises
+    ------
+    DatasetError
+        An item names no Parquet file.
+    """
     items = [paths] if isinstance(paths, (str, Path)) else list(paths)
     out: list[str] = []
     for it in items:
@@ -95,11 +112,40 @@ def _column(frame, name: str) -> np.ndarray:
     return np.asarray(col)
 
 
-def plan(source, chunk_episodes: int, *, columns: ColumnMap | None = None, **_) -> Plan:
+def plan(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    chunk_episodes: int,
+    *,
+    columns: ColumnMap | None = None,
+    **_: object,
+) -> Plan:
     """Chunks of ``chunk_episodes`` episodes per file.
 
-    Reads only the ``episode_id`` column (to count, and to check that no
-    episode spans two files).
+    Reads only the episode column (to count, and to check that no episode
+    spans two files).
+
+    Parameters
+    ----------
+    source : str, os.PathLike, or sequence of them
+        As for :func:`files_of`.
+    chunk_episodes : int
+        Most episodes per partition.
+    columns : ColumnMap, optional
+        The layout (for the name of the episode column; default ``episode_id``).
+    **_
+        Other formats' options, ignored.
+
+    Returns
+    -------
+    Plan
+        Partitions whose ``selector`` holds the episode ids to read (empty:
+        the whole file, when it fits in one partition).
+
+    Raises
+    ------
+    DatasetError
+        A file is not Parquet, lacks an integer episode column, or shares an
+        episode with another file.
     """
     import pyarrow.parquet as pq
 
@@ -195,9 +241,35 @@ def read(
     frame_backend: str | None = None,
     columns: ColumnMap | None = None,
     next_obs: bool = False,
-    **_,
-) -> list[tuple[int, dict]]:
-    """The episodes of one partition, in order of first appearance, as ``(episode id, episode)``."""
+    **_: object,
+) -> list[tuple[int, dict[str, np.ndarray]]]:
+    """The episodes of one partition, in order of first appearance, as ``(episode id, episode)``.
+
+    Parameters
+    ----------
+    part : Partition
+        A partition from :func:`plan`.
+    strict : bool
+        Reject non-finite values and early end flags.
+    frame_backend : {"pandas", "cudf"}, optional
+        Frame library that reads the file (default pandas).
+    columns : ColumnMap, optional
+        The layout (default: this module's own, :data:`DEFAULT`).
+    next_obs : bool, default False
+        Keep next observations.
+    **_
+        Other formats' options, ignored.
+
+    Returns
+    -------
+    list of (int, dict of str to numpy.ndarray)
+        As :func:`frame_episodes` returns them.
+
+    Raises
+    ------
+    SpecError
+        ``frame_backend`` is unknown.
+    """
     backend_name = frame_backend or "pandas"
     if backend_name not in FRAME_READERS:
         raise SpecError(f"frame_backend {backend_name!r} must be one of {sorted(FRAME_READERS)}")
@@ -210,11 +282,43 @@ def read(
     return frame_episodes(frame, part.path, strict, cmap, next_obs)
 
 
-def frame_episodes(frame, path, strict: bool, cmap: ColumnMap | None = None, next_obs: bool = False) -> list:
+def frame_episodes(
+    frame: Any,
+    path: str | os.PathLike[str],
+    strict: bool,
+    cmap: ColumnMap | None = None,
+    next_obs: bool = False,
+) -> list[tuple[int, dict[str, np.ndarray]]]:
     """The episodes of a step-table frame (pandas or cuDF), as ``(episode id, episode)`` in order of first row.
 
     Also what inserting a ``dask.dataframe`` of steps runs on each partition
     (:func:`gear_flow.ingest.collection.insert_collection`).
+
+    Parameters
+    ----------
+    frame : pandas.DataFrame or cudf.DataFrame
+        One row per step; every episode complete.
+    path : str or os.PathLike
+        Where the frame came from (for messages).
+    strict : bool
+        Reject non-finite values and early end flags.
+    cmap : ColumnMap, optional
+        The layout (default :data:`DEFAULT`).
+    next_obs : bool, default False
+        Keep next observations (a mapped ``next_obs`` column, else the next row).
+
+    Returns
+    -------
+    list of (int, dict of str to numpy.ndarray)
+        Episodes at native precision, rows ordered by the step column where
+        there is one; without a truncation column, an episode whose last step
+        is not terminal is marked truncated.
+
+    Raises
+    ------
+    DatasetError
+        Naming the episode: missing columns, steps with gaps or repeats, or
+        what :func:`~gear_flow.ingest.episode.make_episode` rejects.
     """
     cmap = cmap or DEFAULT
     epc = cmap.episode
@@ -274,7 +378,7 @@ FORMAT = Format("parquet", plan, read)
 
 
 def read_parquet(
-    paths: str | os.PathLike | Sequence[str | os.PathLike],
+    paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     gamma: float | None = None,
     strict: bool | None = None,
@@ -282,7 +386,7 @@ def read_parquet(
     frame_backend: str | None = None,
     columns: ColumnMap | None = None,
     next_obs: bool = False,
-) -> Iterator[dict]:
+) -> Iterator[dict[str, np.ndarray]]:
     """Yield the canonical episodes of Parquet step tables, file by file.
 
     Parameters

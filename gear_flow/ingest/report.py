@@ -8,11 +8,18 @@ comparison.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .common import combine_sums, episode_sums
+
+if TYPE_CHECKING:
+    from ..shard import Shard
 
 
 @dataclass
@@ -80,12 +87,24 @@ class IngestReport:
     elapsed_s: float = 0.0
     source_ids: list = field(default_factory=list)
 
-    def source_map(self) -> dict:
-        """``{table episode id: source episode id}`` (e.g. for :func:`~gear_flow.ingest.episodes`)."""
+    def source_map(self) -> dict[int, int | str]:
+        """The source's id of every inserted episode (e.g. for :func:`~gear_flow.ingest.episodes`).
+
+        Returns
+        -------
+        dict of int to int or str
+            ``{table episode id: source episode id}``.
+        """
         return dict(zip(self.episode_ids.tolist(), self.source_ids))
 
     def mismatches(self) -> list[str]:
-        """What differs between what was read and what the table holds (empty when :attr:`ok`)."""
+        """What differs between what was read and what the table holds.
+
+        Returns
+        -------
+        list of str
+            One line per differing count or column checksum; empty when :attr:`ok`.
+        """
         out = []
         if self.episodes_stored != self.episodes_read:
             out.append(f"episodes: read {self.episodes_read}, stored {self.episodes_stored}")
@@ -102,14 +121,19 @@ class IngestReport:
         return not self.mismatches()
 
 
-def stored_summary(shards: dict, ids_by_shard: dict, names) -> dict:
+def stored_summary(
+    shards: Mapping[int, Shard], ids_by_shard: Mapping[int, ArrayLike], names: Sequence[str]
+) -> dict[int, dict[str, Any]]:
     """Read back the given episodes from in-process shards.
 
     Parameters
     ----------
-    shards : dict of int to Shard
-    ids_by_shard : dict of int to array of episode ids
-    names : column names to sum
+    shards : mapping of int to Shard
+        Shard id to shard (those of ``ids_by_shard`` must be there).
+    ids_by_shard : mapping of int to array_like of int
+        Shard id to the table episode ids to read back from it.
+    names : sequence of str
+        Columns to sum, in order.
 
     Returns
     -------
@@ -141,8 +165,43 @@ def stored_summary(shards: dict, ids_by_shard: dict, names) -> dict:
     return out
 
 
-def build_report(fmt, source, names, summaries, parts_info, stored, episode_ids, elapsed) -> IngestReport:
-    """Assemble the report from partition summaries and per-shard read-backs."""
+def build_report(
+    fmt: str,
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    names: Sequence[str],
+    summaries: Sequence[Mapping[str, Any]],
+    parts_info: list[dict[str, Any]],
+    stored: Mapping[int, Mapping[str, Any]],
+    episode_ids: ArrayLike,
+    elapsed: float,
+) -> IngestReport:
+    """Assemble the report from partition summaries and per-shard read-backs.
+
+    Parameters
+    ----------
+    fmt : str
+        The format read.
+    source : str, os.PathLike or sequence of them
+        What was read (kept as ``str``).
+    names : sequence of str
+        The table's columns, in the order of the sums.
+    summaries : sequence of mapping
+        :meth:`ParsedPartition.summary <gear_flow.ingest.common.ParsedPartition.summary>`
+        of every partition, in partition order.
+    parts_info : list of dict
+        Per-partition rows for :attr:`IngestReport.partitions`.
+    stored : mapping of int to mapping
+        :func:`stored_summary`'s result, for every shard written.
+    episode_ids : array_like of int
+        Table-wide ids of the inserted episodes, in partition order.
+    elapsed : float
+        Wall time of the ingestion, seconds.
+
+    Returns
+    -------
+    IngestReport
+        Counts and checksums of both sides.
+    """
     shards = {s: {"episodes": v["episodes"], "steps": v["steps"]} for s, v in sorted(stored.items())}
     return IngestReport(
         fmt=fmt,

@@ -13,11 +13,26 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .. import keys as keymod
 from ..errors import ShardLostError
+
+if TYPE_CHECKING:
+    from distributed import Future
+
+    from ..distributed.api import DistributedTable
+    from ..shard import Shard
+    from ..table.local import LocalTable
+
+#: what :func:`submit_per_worker` and :func:`run_on_shards` run: ``fn({shard id: Shard}, *args)``
+ShardFn = Callable[..., Any]
+#: ``args_of(worker address or None, shard ids) -> args`` for one call of a :data:`ShardFn`
+ArgsOf = Callable[[str | None, list[int]], Sequence[Any]]
 
 #: per-episode metadata columns of :func:`episode_table` (and of ``episodes(table)``)
 META = {
@@ -33,8 +48,25 @@ META = {
 }
 
 
-def read_episodes(shard, ids=None, names=None) -> list[tuple[int, dict]]:
-    """``[(episode_id, {column: array copy})]`` of the shard's live episodes (those in ``ids``), oldest first."""
+def read_episodes(
+    shard: Shard, ids: ArrayLike | None = None, names: Sequence[str] | None = None
+) -> list[tuple[int, dict[str, np.ndarray]]]:
+    """A shard's live episodes, copied out under its lock, oldest first.
+
+    Parameters
+    ----------
+    shard : Shard
+        An in-process shard.
+    ids : array_like of int, optional
+        Table episode ids to read (those not in the shard are skipped); None: all.
+    names : sequence of str, optional
+        Columns to read (default: every column of the table).
+
+    Returns
+    -------
+    list of (int, dict of str to numpy.ndarray)
+        ``(episode_id, {column: array copy})``.
+    """
     names = shard.spec.names if names is None else names
     with shard.lock:
         seqs = shard.index.live()
@@ -51,14 +83,27 @@ def read_episodes(shard, ids=None, names=None) -> list[tuple[int, dict]]:
     return out
 
 
-def episode_table(shard, shard_id: int, sources: dict | None = None) -> dict[str, np.ndarray]:
+def episode_table(shard: Shard, shard_id: int, sources: Mapping[int, Any] | None = None) -> dict[str, np.ndarray]:
     """Per-episode metadata of one shard, as NumPy columns (see :data:`META`).
 
-    ``return`` is the float64 sum of the ``reward`` column (NaN without one);
-    ``times_sampled`` is -1 unless the table counts samples
-    (``max_times_sampled``); ``mean_priority`` averages the episode's active
-    items (NaN when none is active any more); ``source_id`` comes from
-    ``sources`` (``{episode_id: source id}``, e.g. ``IngestReport.source_map()``), -1 otherwise.
+    Parameters
+    ----------
+    shard : Shard
+        An in-process shard.
+    shard_id : int
+        Its id in the table (for ``shard`` and ``first_key``).
+    sources : mapping of int to int, optional
+        ``{episode_id: source id}`` (e.g. ``IngestReport.source_map()``) for
+        the ``source_id`` column; -1 for episodes not in it.
+
+    Returns
+    -------
+    dict of str to numpy.ndarray
+        The :data:`META` columns, one row per live episode: ``return`` is the
+        float64 sum of the ``reward`` column (NaN without one);
+        ``times_sampled`` is -1 unless the table counts samples
+        (``max_times_sampled``); ``mean_priority`` averages the episode's
+        active items (NaN when none is active any more).
     """
     with shard.lock:
         seqs = shard.index.live()
@@ -97,14 +142,42 @@ def episode_table(shard, shard_id: int, sources: dict | None = None) -> dict[str
 # -- one executor: a function over {shard id: Shard}, in-process or on each shard's worker -------------
 
 
-def is_local(table) -> bool:
+def is_local(table: LocalTable | DistributedTable) -> bool:
+    """Is ``table`` an in-process :class:`~gear_flow.LocalTable` (rather than a distributed one)?
+
+    Parameters
+    ----------
+    table : LocalTable or DistributedTable
+        The table.
+
+    Returns
+    -------
+    bool
+        True for a local table.
+    """
     from ..table.local import LocalTable
 
     return isinstance(table, LocalTable)
 
 
-def live_shards_by_worker(table) -> dict[str, list[int]]:
-    """``{worker address: [shard ids]}`` of a distributed table's live shards."""
+def live_shards_by_worker(table: DistributedTable) -> dict[str, list[int]]:
+    """Where a distributed table's live shards are.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The table (its ``placement`` and ``lost`` as this handle knows them).
+
+    Returns
+    -------
+    dict of str to list of int
+        ``{worker address: [shard ids]}``, lost shards left out.
+
+    Raises
+    ------
+    ShardLostError
+        Every shard is lost.
+    """
     by = defaultdict(list)
     for s, a in sorted(table.placement.items()):
         if s not in table.lost:
@@ -123,8 +196,28 @@ def _on_worker(name: str, shard_ids: list, fn, args: tuple):
     return fn({int(s): host.shard(name, s) for s in shard_ids}, *args)
 
 
-def submit_per_worker(table, fn, args_of=None, tag: str = "task") -> dict:
-    """``{address: future of fn({shard id: Shard}, *args_of(address))}``, one task pinned to each worker."""
+def submit_per_worker(
+    table: DistributedTable, fn: ShardFn, args_of: ArgsOf | None = None, tag: str = "task"
+) -> dict[str, Future]:
+    """Run ``fn`` once on each worker hosting live shards, over that worker's shards.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The table.
+    fn : callable
+        ``fn({shard id: Shard}, *args)``, run in a task pinned to the worker
+        (it must be picklable; its result stays there as the future's).
+    args_of : callable, optional
+        ``args_of(address, shard ids) -> args`` for each worker (default: no args).
+    tag : str, default "task"
+        Part of the task keys (``gear-flow-<tag>-<token>-<address>``), for the dashboard.
+
+    Returns
+    -------
+    dict of str to distributed.Future
+        ``{worker address: future of fn's result}``.
+    """
     token = uuid.uuid4().hex[:8]
     out = {}
     for a, shard_ids in live_shards_by_worker(table).items():
@@ -143,8 +236,27 @@ def submit_per_worker(table, fn, args_of=None, tag: str = "task") -> dict:
     return out
 
 
-def run_on_shards(table, fn, args_of=None, tag: str = "task") -> dict:
-    """``{address or None: fn(...)}``: in-process for a local table, else gathered from one task per worker."""
+def run_on_shards(
+    table: LocalTable | DistributedTable, fn: ShardFn, args_of: ArgsOf | None = None, tag: str = "task"
+) -> dict[str | None, Any]:
+    """Run ``fn`` where the shards are and gather the results.
+
+    Parameters
+    ----------
+    table : LocalTable or DistributedTable
+        The table: a local one's shards are passed to one in-process call.
+    fn : callable
+        ``fn({shard id: Shard}, *args)``.
+    args_of : callable, optional
+        ``args_of(address, shard ids) -> args`` (address None for a local table).
+    tag : str, default "task"
+        As for :func:`submit_per_worker`.
+
+    Returns
+    -------
+    dict of (str or None) to object
+        ``{worker address: fn's result}``, or ``{None: result}`` for a local table.
+    """
     if is_local(table):
         shards = dict(enumerate(table.shards))
         args = () if args_of is None else tuple(args_of(None, list(shards)))

@@ -17,14 +17,31 @@ from ..errors import SpecError
 
 
 class StorageTier(ABC):
-    """Allocates the arrays of one shard and knows how to gather from them."""
+    """Allocates the arrays of one shard and knows how to gather from them.
+
+    Subclass it for a new tier (implement :meth:`empty` and
+    :meth:`gather_windows`) and make it available with :func:`register_tier`.
+    """
 
     #: tier name used in specs and configuration
     name: str = ""
 
     @abstractmethod
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """An uninitialised array of the tier (NumPy or CuPy)."""
+        """An uninitialised array of the tier.
+
+        Parameters
+        ----------
+        shape : tuple of int
+            Its shape (``(capacity, *column.shape)`` for a ring).
+        dtype : numpy.dtype
+            Its dtype.
+
+        Returns
+        -------
+        numpy.ndarray
+            A NumPy array (host tiers) or a CuPy array (``device``).
+        """
 
     @abstractmethod
     def gather_windows(
@@ -33,15 +50,51 @@ class StorageTier(ABC):
         """Copy windows of ``src`` (``[cap, nbytes]`` uint8) into ``out`` (``[B, L, nbytes]`` uint8).
 
         Semantics: :func:`gear_flow.ops.gather.gather_windows`.
+
+        Parameters
+        ----------
+        src : numpy.ndarray
+            A column ring viewed as bytes, C-contiguous uint8 ``[capacity, step_nbytes]``.
+        src_start : numpy.ndarray
+            int64 ``[B]``: ring position of each window's first stored step.
+        dst_offset : numpy.ndarray
+            int64 ``[B]``: where in its output row that step lands (head padding before it).
+        n_valid : numpy.ndarray
+            int64 ``[B]``: stored steps copied per window (wrapping at the
+            ring's end); the rest of ``out[b]`` is zeroed.
+        out : numpy.ndarray
+            C-contiguous uint8 ``[B, L, step_nbytes]`` (host memory for host tiers).
         """
 
-    def empty_output(self, shape: tuple[int, ...], dtype=np.uint8) -> np.ndarray:
-        """A buffer this tier's :meth:`gather_windows` can write: host memory here, device memory
-        for the GPU tiers (which gather into device buffers)."""
+    def empty_output(self, shape: tuple[int, ...], dtype: np.dtype | type = np.uint8) -> np.ndarray:
+        """A buffer this tier's :meth:`gather_windows` can write.
+
+        Parameters
+        ----------
+        shape : tuple of int
+            ``[B, L, step_nbytes]`` for a gather.
+        dtype : numpy.dtype, optional
+            Element type (uint8 for gathers).
+
+        Returns
+        -------
+        numpy.ndarray or device array
+            Uninitialised; host memory here, device memory for the GPU tiers.
+        """
         return np.empty(shape, dtype=dtype)
 
     def write_rows(self, dst: np.ndarray, pos: int, rows: np.ndarray) -> None:
-        """Write ``rows`` into ring ``dst`` at ``pos`` (wrapping); device rows are copied to the host first."""
+        """Write ``rows`` into ring ``dst`` at ``pos`` (wrapping).
+
+        Parameters
+        ----------
+        dst : numpy.ndarray
+            A column ring of this tier, ``[capacity, *row]``.
+        pos : int
+            Ring position of the first row, ``0 <= pos < capacity``.
+        rows : numpy.ndarray or device array
+            Rows ``[T, *row]``, ``T <= capacity``; device rows (CuPy) are copied to the host first.
+        """
         from ..ops.gather import scatter_rows
 
         if hasattr(rows, "__cuda_array_interface__"):
@@ -49,10 +102,19 @@ class StorageTier(ABC):
         scatter_rows(dst, pos, rows)
 
     def write_chunks(self, dst: np.ndarray, pos: int, parts: list) -> None:
-        """Write ``parts`` (arrays ``[T_k, *row]``) back to back into ring ``dst`` from ``pos`` (wrapping).
+        """Write ``parts`` back to back into ring ``dst`` from ``pos`` (wrapping).
 
         One call per column of an insert; tiers for which a call costs more
         than the bytes (a device copy per episode) batch them.
+
+        Parameters
+        ----------
+        dst : numpy.ndarray
+            A column ring of this tier, ``[capacity, *row]``.
+        pos : int
+            Ring position of the first row, ``0 <= pos < capacity``.
+        parts : list of arrays
+            Rows ``[T_k, *row]`` (host or device), ``sum(T_k) <= capacity``.
         """
         cap = dst.shape[0]
         for rows in parts:
@@ -60,7 +122,22 @@ class StorageTier(ABC):
             pos = (pos + rows.shape[0]) % cap
 
     def read_rows(self, src: np.ndarray, pos: int, n: int) -> np.ndarray:
-        """Copy ``n`` rows starting at ring ``pos`` (wrapping) to host memory."""
+        """Copy ``n`` rows starting at ring ``pos`` (wrapping) to host memory.
+
+        Parameters
+        ----------
+        src : numpy.ndarray
+            A column ring of this tier, ``[capacity, *row]``.
+        pos : int
+            Ring position of the first row.
+        n : int
+            Rows to read, ``n <= capacity``.
+
+        Returns
+        -------
+        numpy.ndarray
+            A new host array ``[n, *row]``.
+        """
         cap = src.shape[0]
         idx = (pos + np.arange(n)) % cap
         return np.asarray(src[idx])
@@ -86,12 +163,38 @@ _TIERS: dict[str, Callable[[], StorageTier]] = {"host": HostTier}
 
 
 def register_tier(name: str, factory: Callable[[], StorageTier]) -> None:
-    """Make a tier available by name (the GPU module registers ``pinned`` and ``device``)."""
+    """Make a tier available by name (the GPU module registers ``pinned`` and ``device``).
+
+    Parameters
+    ----------
+    name : str
+        The name specs and configuration use (``table.tier``); an existing
+        registration under it is replaced.
+    factory : callable
+        Returns a new tier object; called once per shard.
+    """
     _TIERS[name] = factory
 
 
 def get_tier(tier: str | StorageTier) -> StorageTier:
-    """The tier object for a name (importing the GPU tiers on first use)."""
+    """The tier object for a name (importing the GPU tiers on first use).
+
+    Parameters
+    ----------
+    tier : str or StorageTier
+        ``"host"``, ``"pinned"``, ``"device"``, ``"shared"`` or a registered
+        name; a tier object is returned as is.
+
+    Returns
+    -------
+    StorageTier
+        A new tier object (from the registered factory).
+
+    Raises
+    ------
+    SpecError
+        The name is not registered.
+    """
     if isinstance(tier, StorageTier):
         return tier
     if tier not in _TIERS and tier in ("pinned", "device"):

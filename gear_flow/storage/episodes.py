@@ -9,6 +9,7 @@ the index costs a few dozen bytes per *episode*, not per step.
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 FIELDS = ("start", "length", "stamp", "episode_id")
 
@@ -20,10 +21,16 @@ class EpisodeIndex:
     ``length`` (steps), ``stamp`` (table-wide insertion order of its first
     item), ``episode_id`` (the table-wide episode id returned to users).
 
+    Parameters
+    ----------
+    initial : int, default 64
+        Records allocated at first (at least 1); the arrays double when full.
+
     Examples
     --------
     >>> idx = EpisodeIndex()
     >>> idx.append(np.array([0]), np.array([5]), np.array([0]), np.array([7]))
+    array([0])
     >>> idx.lengths().tolist()
     [5]
     """
@@ -50,8 +57,25 @@ class EpisodeIndex:
             self.arrays[f] = b
         self.size = size
 
-    def append(self, start, length, stamp, episode_id) -> np.ndarray:
-        """Add episodes; returns their sequence numbers."""
+    def append(self, start: ArrayLike, length: ArrayLike, stamp: ArrayLike, episode_id: ArrayLike) -> np.ndarray:
+        """Add episodes after the newest.
+
+        Parameters
+        ----------
+        start : array_like of int
+            ``[n]`` absolute step position of each episode's first step.
+        length : array_like of int
+            ``[n]`` steps of each.
+        stamp : array_like of int
+            ``[n]`` table-wide insertion order of each one's first item.
+        episode_id : array_like of int
+            ``[n]`` table-wide episode ids.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 ``[n]``: their sequence numbers, ``next .. next + n - 1``.
+        """
         n = len(start)
         self._grow(len(self) + n)
         seqs = np.arange(self.next, self.next + n)
@@ -62,23 +86,71 @@ class EpisodeIndex:
         return seqs
 
     def pop_front(self, n: int) -> np.ndarray:
-        """Drop the ``n`` oldest episodes; returns their sequence numbers."""
+        """Drop the ``n`` oldest episodes.
+
+        Parameters
+        ----------
+        n : int
+            How many, ``n <= len(self)``.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 ``[n]``: their sequence numbers (their records stay readable
+            with :meth:`get` until overwritten).
+        """
         seqs = np.arange(self.first, self.first + n)
         self.first += n
         return seqs
 
-    def get(self, field: str, seqs: np.ndarray) -> np.ndarray:
+    def get(self, field: str, seqs: ArrayLike) -> np.ndarray:
+        """One field of the given episodes.
+
+        Parameters
+        ----------
+        field : str
+            One of :data:`FIELDS`.
+        seqs : array_like of int
+            Sequence numbers of live episodes (others read whatever reuses their slot).
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 values, shaped as ``seqs``.
+        """
         return self.arrays[field][np.asarray(seqs) % self.size]
 
     def live(self) -> np.ndarray:
+        """Sequence numbers of the live episodes, oldest first.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``arange(first, next)``.
+        """
         return np.arange(self.first, self.next)
 
     def lengths(self) -> np.ndarray:
+        """Steps of every live episode, oldest first.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 ``[len(self)]``.
+        """
         return self.get("length", self.live())
 
     def starts(self) -> np.ndarray:
+        """Absolute step position of every live episode's first step, oldest first.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 ``[len(self)]``.
+        """
         return self.get("start", self.live())
 
     @property
     def nbytes(self) -> int:
+        """Bytes held by the record arrays (allocated, not just live)."""
         return sum(int(a.nbytes) for a in self.arrays.values())

@@ -59,20 +59,67 @@ class ColumnRing:
             self.header[1] = max(int(self.header[1]), self._wp)
 
     def begin_write(self, upto: int) -> None:
-        """Announce that steps up to ``upto`` (absolute) are about to be written (before any slot changes)."""
+        """Announce that steps up to ``upto`` (absolute) are about to be written (before any slot changes).
+
+        Shared rings publish it in their seqlock header, so that a reader in
+        another process detects a window being overwritten; a no-op otherwise.
+
+        Parameters
+        ----------
+        upto : int
+            Absolute position one past the last step about to be written.
+        """
         if self.header is not None:
             self.header[1] = int(upto)
 
     def write(self, pos: int, name: str, rows: np.ndarray) -> None:
+        """Write rows of one column from an absolute position (wrapping).
+
+        Parameters
+        ----------
+        pos : int
+            Absolute step position of the first row.
+        name : str
+            The column.
+        rows : numpy.ndarray
+            ``[T, *column.shape]``, ``T <= capacity``.
+        """
         self.tier.write_rows(self.columns[name], pos % self.capacity, rows)
 
     def write_chunks(self, pos: int, name: str, parts: list) -> None:
-        """Write ``parts`` back to back from absolute ``pos``: one tier call per column per insert."""
+        """Write ``parts`` back to back from absolute ``pos``: one tier call per column per insert.
+
+        Parameters
+        ----------
+        pos : int
+            Absolute step position of the first row.
+        name : str
+            The column.
+        parts : list of arrays
+            Rows ``[T_k, *shape]`` of that column (host or device), one per episode.
+        """
         self.tier.write_chunks(self.columns[name], pos % self.capacity, parts)
 
     def read(self, name: str, start: int, n: int) -> np.ndarray:
+        """Copy ``n`` steps of one column, from an absolute position, to host memory.
+
+        Parameters
+        ----------
+        name : str
+            The column.
+        start : int
+            Absolute step position of the first step.
+        n : int
+            Steps to read, ``n <= capacity``.
+
+        Returns
+        -------
+        numpy.ndarray
+            A new host array ``[n, *column.shape]``.
+        """
         return self.tier.read_rows(self.columns[name], start % self.capacity, n)
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the column rings (the tier's memory, whatever is stored)."""
         return sum(int(a.nbytes) for a in self.columns.values())

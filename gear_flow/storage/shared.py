@@ -29,8 +29,10 @@ import math
 import mmap
 import os
 import uuid
+from typing import Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from ..errors import ShardLostError
 from .base import HostTier, register_tier
@@ -41,7 +43,13 @@ WRITE_POS, WRITING_UNTIL = 0, 1
 
 
 def machine_id() -> str:
-    """Identifies this machine's shared memory (boot id, hostname fallback)."""
+    """Identifies this machine's shared memory (boot id, hostname fallback).
+
+    Returns
+    -------
+    str
+        Equal in two processes exactly when they can map the same segments.
+    """
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
@@ -61,7 +69,22 @@ class SharedTier(HostTier):
         self.segments = {}  # id(array) -> SharedMemory
         self.names = {}  # id(array) -> segment name
 
-    def empty(self, shape, dtype):
+    def empty(self, shape: tuple[int, ...], dtype: DTypeLike) -> np.ndarray:
+        """A new array in its own shared-memory segment, owned by this tier (see :meth:`release`).
+
+        Parameters
+        ----------
+        shape : tuple of int
+            Its shape.
+        dtype : numpy dtype-like
+            Its dtype.
+
+        Returns
+        -------
+        numpy.ndarray
+            Zero-filled (a new segment) and backed by a segment named
+            ``gf_<pid>_<token>``.
+        """
         from multiprocessing import shared_memory
 
         dtype = np.dtype(dtype)
@@ -72,8 +95,19 @@ class SharedTier(HostTier):
         self.names[id(a)] = seg.name
         return a
 
-    def describe(self, a) -> dict:
-        """What a reader needs to map array ``a``: segment name, shape, dtype."""
+    def describe(self, a: np.ndarray) -> dict[str, object]:
+        """What a reader needs to map array ``a``.
+
+        Parameters
+        ----------
+        a : numpy.ndarray
+            An array this tier allocated with :meth:`empty`.
+
+        Returns
+        -------
+        dict
+            ``segment`` (its name), ``shape`` (list of int) and ``dtype`` (its ``str``).
+        """
         return {"segment": self.names[id(a)], "shape": list(a.shape), "dtype": a.dtype.str}
 
     def release(self) -> None:
@@ -90,9 +124,23 @@ register_tier("shared", SharedTier)
 
 
 class Attached:
-    """A reader's mapping of one shard's shared rings: ``bytes[column]`` (uint8 ``[cap, nb]``) and ``header``."""
+    """A reader's mapping of one shard's shared rings: ``bytes[column]`` (uint8 ``[cap, nb]``) and ``header``.
 
-    def __init__(self, info: dict, shard: int):
+    Parameters
+    ----------
+    info : dict
+        What the owner published: ``capacity``, ``header`` and ``columns``
+        (per column), each segment as :meth:`SharedTier.describe` gives it.
+    shard : int
+        The shard's id (for the error when a segment is gone).
+
+    Raises
+    ------
+    ShardLostError
+        A segment no longer exists (its worker exited).
+    """
+
+    def __init__(self, info: dict[str, Any], shard: int):
         self._maps = []
         self.capacity = int(info["capacity"])
 
@@ -118,12 +166,30 @@ class Attached:
         self.bytes = {c: attach(d).reshape(self.capacity, -1).view(np.uint8) for c, d in info["columns"].items()}
 
     def intact(self, src_abs: np.ndarray) -> np.ndarray:
-        """Mask of windows (by absolute start) not overwritten up to now (call after copying)."""
+        """Which windows were not overwritten while they were copied (call after copying).
+
+        Parameters
+        ----------
+        src_abs : numpy.ndarray
+            int64 absolute start position of each window copied.
+
+        Returns
+        -------
+        numpy.ndarray
+            bool mask, True where the window is intact; redo the others.
+        """
         return src_abs >= int(self.header[WRITING_UNTIL]) - self.capacity
 
 
 def leftover_segments() -> list[str]:
-    """gear_flow segments in /dev/shm whose owner process is gone."""
+    """gear_flow segments in /dev/shm whose owner process is gone.
+
+    Returns
+    -------
+    list of str
+        Segment names (``gf_<pid>_<token>``) whose ``pid`` no longer runs;
+        empty where /dev/shm cannot be listed.
+    """
     out = []
     try:
         names = os.listdir("/dev/shm")
@@ -146,7 +212,13 @@ def leftover_segments() -> list[str]:
 
 
 def sweep() -> list[str]:
-    """Unlink the segments of dead owners on this machine; returns their names."""
+    """Unlink the segments of dead owners on this machine.
+
+    Returns
+    -------
+    list of str
+        Names of the segments unlinked.
+    """
     gone = []
     for n in leftover_segments():
         try:

@@ -74,16 +74,24 @@ class StepBuffer:
     Parameters
     ----------
     spec : TableSpec
-    initial : int
-        Rows allocated at first.
+        The table's columns (one array each, of the column's dtype).
+    initial : int, default 64
+        Rows allocated at first; capacity doubles when full.
     """
 
     def __init__(self, spec: TableSpec, initial: int = 64):
         self.arrays = {c.name: np.empty((initial, *c.shape), dtype=c.dtype) for c in spec.columns}
         self.n = 0
 
-    def append(self, values: Mapping) -> None:
-        """Add one row of checked values (see :func:`check_step`)."""
+    def append(self, values: Mapping[str, np.ndarray]) -> None:
+        """Add one row of checked values.
+
+        Parameters
+        ----------
+        values : mapping of str to numpy.ndarray
+            Every column to one row, as :func:`check_step` returned it (cast
+            to the column's dtype on assignment).
+        """
         first = next(iter(self.arrays.values()))
         if self.n == len(first):
             for k, a in self.arrays.items():
@@ -95,12 +103,30 @@ class StepBuffer:
         self.n += 1
 
     def rows(self, stop: int | None = None) -> dict[str, np.ndarray]:
-        """Views of the first ``stop`` rows (default: all), valid until the next change."""
+        """Views of the first ``stop`` rows.
+
+        Parameters
+        ----------
+        stop : int, optional
+            Rows to view (default: all).
+
+        Returns
+        -------
+        dict of str to numpy.ndarray
+            Column to a view of its first ``stop`` rows, valid until the next
+            change to the buffer (copy to keep).
+        """
         stop = self.n if stop is None else stop
         return {k: a[:stop] for k, a in self.arrays.items()}
 
     def keep_last(self, k: int) -> None:
-        """Keep only the last ``k`` rows, moved to the front."""
+        """Keep only the last ``k`` rows, moved to the front (overlapping windows carry them over).
+
+        Parameters
+        ----------
+        k : int
+            Rows to keep (all of them when ``k`` exceeds the count).
+        """
         k = min(k, self.n)
         for a in self.arrays.values():
             a[:k] = a[self.n - k : self.n].copy()
@@ -126,6 +152,13 @@ class BufferedWriter:
         raise NotImplementedError
 
     def discard(self) -> int:  # pragma: no cover - abstract by intent
+        """Drop what is pending without inserting it.
+
+        Returns
+        -------
+        int
+            How much was dropped, in :attr:`_unit`.
+        """
         raise NotImplementedError
 
     def close(self) -> None:

@@ -19,12 +19,16 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from ..errors import SpecError, TableClosedError
+
+if TYPE_CHECKING:
+    from ..distributed.api import DistributedTable
+    from ..table.local import LocalTable
 
 
 class PriorityWriter:
@@ -52,7 +56,7 @@ class PriorityWriter:
     ...         pw.update(batch.keys, td.abs() + 1e-3)              # returns at once
     """
 
-    def __init__(self, table, backlog: int | None = 8):
+    def __init__(self, table: LocalTable | DistributedTable, backlog: int | None = 8):
         if backlog is not None and (isinstance(backlog, bool) or not isinstance(backlog, int) or backlog < 0):
             raise SpecError(f"backlog ({backlog!r}) must be None or an integer >= 0")
         self.table = table

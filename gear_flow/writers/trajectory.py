@@ -23,11 +23,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import InvalidPriorityError, SpecError, TableClosedError
 from .buffer import BufferedWriter, StepBuffer, check_step
+
+if TYPE_CHECKING:
+    from ..distributed.api import DistributedTable
+    from ..table.local import LocalTable
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +86,7 @@ class TrajectoryWriter(BufferedWriter):
 
     def __init__(
         self,
-        table,
+        table: LocalTable | DistributedTable,
         chunk_length: int,
         overlap: int = 0,
         *,

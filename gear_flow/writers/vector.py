@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -20,6 +21,10 @@ from numpy.typing import ArrayLike
 from ..errors import InvalidDataError, InvalidPriorityError, SpecError, TableClosedError
 from ..table.results import InsertResult
 from .buffer import BufferedWriter, StepBuffer, check_step
+
+if TYPE_CHECKING:
+    from ..distributed.api import DistributedTable
+    from ..table.local import LocalTable
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +35,7 @@ class VectorWriter(BufferedWriter):
     Parameters
     ----------
     table : LocalTable or DistributedTable
+        A table of the same columns (its spec checks every step).
     num_envs : int
         ``N``, the environments stepped together.
     max_episode_length : int, optional
@@ -53,7 +59,7 @@ class VectorWriter(BufferedWriter):
 
     def __init__(
         self,
-        table,
+        table: LocalTable | DistributedTable,
         num_envs: int,
         *,
         max_episode_length: int | None = None,
@@ -188,6 +194,11 @@ class VectorWriter(BufferedWriter):
 
     def discard(self, envs: Sequence[int] | None = None) -> int:
         """Drop the buffered steps of ``envs`` (default: all).
+
+        Parameters
+        ----------
+        envs : sequence of int, optional
+            Environment indices, ``0 <= e < num_envs`` (default: every one).
 
         Returns
         -------

@@ -18,15 +18,25 @@ what was read back from the written files (exactly: ``math.fsum``).
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...errors import SpecError
 from ..shards import read_episodes, run_on_shards
 from .writers import WRITERS, check_exportable
+
+if TYPE_CHECKING:
+    import dask.dataframe
+    import pandas
+    from numpy.typing import ArrayLike
+
+    from ...distributed.api import DistributedTable
+    from ...table.local import LocalTable
 
 
 @dataclass
@@ -51,6 +61,7 @@ class ExportReport:
     workers : dict
         Per worker address (None: in-process), the part file it wrote.
     elapsed_s : float
+        Wall time of the whole export, seconds.
     """
 
     fmt: str
@@ -65,6 +76,13 @@ class ExportReport:
     elapsed_s: float = 0.0
 
     def mismatches(self) -> list[str]:
+        """Columns whose checksums differ between the table and the written files.
+
+        Returns
+        -------
+        list of str
+            One line per differing column; empty when :attr:`ok`.
+        """
         return [
             f"checksum of {n!r}: table {v!r}, written {self.written_checksums.get(n)!r}"
             for n, v in self.table_checksums.items()
@@ -116,7 +134,14 @@ def _ids_of(episodes) -> np.ndarray | None:
     return np.asarray(episodes, dtype=np.int64).reshape(-1)
 
 
-def export(table, path, fmt: str, episodes=None, *, dataset_id: str | None = None) -> ExportReport:
+def export(
+    table: LocalTable | DistributedTable,
+    path: str | os.PathLike[str],
+    fmt: str,
+    episodes: ArrayLike | pandas.DataFrame | dask.dataframe.DataFrame | None = None,
+    *,
+    dataset_id: str | None = None,
+) -> ExportReport:
     """Write a table's episodes (or those chosen) to a Minari, D4RL or Parquet dataset.
 
     Parameters
@@ -132,6 +157,7 @@ def export(table, path, fmt: str, episodes=None, *, dataset_id: str | None = Non
         (parts go to ``parts/`` beside it); Parquet: a directory.  Paths are
         written *by the workers*: use a filesystem they share.
     fmt : {"minari", "d4rl", "parquet"}
+        The dataset format to write.
     episodes : array of int, pandas or dask DataFrame, optional
         Table episode ids to export (a frame from :func:`~gear_flow.ingest.episodes`,
         filtered; only its ``episode_id`` column is computed).  Default: all.
@@ -141,6 +167,14 @@ def export(table, path, fmt: str, episodes=None, *, dataset_id: str | None = Non
     Returns
     -------
     ExportReport
+        Files written and checksums of the table's side and of what was read
+        back from the files; ``report.ok`` when they agree exactly.
+
+    Raises
+    ------
+    SpecError
+        ``fmt`` is unknown, the table lacks a column the format needs, or a
+        chosen episode is not in the table.
 
     Examples
     --------

@@ -25,22 +25,55 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...errors import SpecError
 from ..episode import SEP
 
+if TYPE_CHECKING:
+    from ...spec import TableSpec
+
 EXPORTED = ("action", "reward", "done", "truncated")
 
 
-def obs_columns(names, role: str = "obs") -> list[str]:
+def obs_columns(names: Iterable[str], role: str = "obs") -> list[str]:
+    """The observation columns among ``names``: ``role`` itself or its ``role__<key>`` leaves.
+
+    Parameters
+    ----------
+    names : iterable of str
+        Column names.
+    role : str, default "obs"
+        ``"obs"`` or ``"next_obs"``.
+
+    Returns
+    -------
+    list of str
+        The matching names, in their order.
+    """
     return [n for n in names if n == role or n.startswith(role + SEP)]
 
 
-def check_exportable(spec, fmt: str) -> None:
-    """The table has what ``fmt`` needs (obs, action, reward, done, truncated); D4RL needs a single obs."""
+def check_exportable(spec: TableSpec, fmt: str) -> None:
+    """The table has what ``fmt`` needs (obs, action, reward, done, truncated); D4RL needs a single obs.
+
+    Parameters
+    ----------
+    spec : TableSpec
+        The table's spec.
+    fmt : str
+        ``"minari"``, ``"d4rl"`` or ``"parquet"``.
+
+    Raises
+    ------
+    SpecError
+        A needed column is missing, D4RL with a Dict observation, or Parquet
+        with observations of more than one dimension.
+    """
     names = spec.names
     missing = [n for n in EXPORTED if n not in names] + ([] if obs_columns(names) else ["obs"])
     if missing:
@@ -65,7 +98,28 @@ def _flat_cols(name: str, a: np.ndarray) -> dict[str, np.ndarray]:
     return {name: a} if a.ndim == 1 else {f"{name}_{j}": a[:, j] for j in range(a.shape[1])}
 
 
-def write_parquet(out: Path, part: int, episodes: list, names) -> dict:
+def write_parquet(
+    out: Path, part: int, episodes: list[tuple[int, dict[str, np.ndarray]]], names: Sequence[str]
+) -> dict:
+    """Write one part as a Parquet step table, ``part-<part>.parquet``, and read it back.
+
+    Parameters
+    ----------
+    out : pathlib.Path
+        The export's output directory (it exists).
+    part : int
+        This part's number, unique per worker; names the file (``part-<part:05d>``).
+    episodes : list of (int, dict of str to numpy.ndarray)
+        ``(export index, episode)`` pairs, in export order.
+    names : sequence of str
+        The table columns to write (derived ``rtg``/``timestep`` excluded).
+
+    Returns
+    -------
+    dict
+        ``file`` (its name), ``rows`` (steps written) and ``sums`` (per
+        column, the float64 sum of what was read back).
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -91,7 +145,23 @@ def write_parquet(out: Path, part: int, episodes: list, names) -> dict:
     return {"file": path.name, "rows": back.num_rows, "sums": sums}
 
 
-def finish_parquet(out: Path, parts: list, info: dict) -> list[str]:
+def finish_parquet(out: Path, parts: list[dict], info: dict) -> list[str]:
+    """Nothing ties Parquet parts together: the dataset is the directory of them.
+
+    Parameters
+    ----------
+    out : pathlib.Path
+        The export's output directory.
+    parts : list of dict
+        Every part writer's report.
+    info : dict
+        The export's settings (unused here).
+
+    Returns
+    -------
+    list of str
+        The dataset's files, relative to ``out``.
+    """
     return [p["file"] for p in parts]
 
 
@@ -102,7 +172,27 @@ D4RL_KEYS = {"obs": "observations", "next_obs": "next_observations", "action": "
              "done": "terminals", "truncated": "timeouts"}  # fmt: skip
 
 
-def write_d4rl(out: Path, part: int, episodes: list, names) -> dict:
+def write_d4rl(out: Path, part: int, episodes: list[tuple[int, dict[str, np.ndarray]]], names: Sequence[str]) -> dict:
+    """Write one part as flat D4RL arrays, ``parts/part-<part>.hdf5``, and read it back.
+
+    Parameters
+    ----------
+    out : pathlib.Path
+        The export's output directory (it exists).
+    part : int
+        This part's number, unique per worker; names the file (``part-<part:05d>``).
+    episodes : list of (int, dict of str to numpy.ndarray)
+        ``(export index, episode)`` pairs, in export order.
+    names : sequence of str
+        The table columns to write (derived ``rtg``/``timestep`` excluded).
+
+    Returns
+    -------
+    dict
+        ``file``, ``rows`` and ``sums`` (as :func:`write_parquet`), ``spans``
+        (``(export index, first row, steps)`` per episode) and ``meta`` (per
+        column, its per-step shape and dtype string).
+    """
     import h5py
 
     (out / "parts").mkdir(exist_ok=True)
@@ -123,7 +213,23 @@ def write_d4rl(out: Path, part: int, episodes: list, names) -> dict:
     return {"file": f"parts/{path.name}", "rows": rows, "sums": sums, "spans": spans, "meta": meta}
 
 
-def finish_d4rl(out: Path, parts: list, info: dict) -> list[str]:
+def finish_d4rl(out: Path, parts: list[dict], info: dict) -> list[str]:
+    """Write the D4RL file: virtual datasets mapping each episode's rows from its part, in export order.
+
+    Parameters
+    ----------
+    out : pathlib.Path
+        The export's output directory.
+    parts : list of dict
+        Every part writer's report.
+    info : dict
+        The export's settings (``file``: the ``.hdf5`` file's name).
+
+    Returns
+    -------
+    list of str
+        The dataset's files, relative to ``out``.
+    """
     import h5py
 
     spans = sorted((k, p["file"], o, T) for p in parts for k, o, T in p["spans"])
@@ -165,7 +271,28 @@ def _obs_tree(g, cols: dict[str, np.ndarray]) -> None:
         node.create_dataset(f"_index_{last}" if last.isdigit() else last, data=a)
 
 
-def write_minari(out: Path, part: int, episodes: list, names) -> dict:
+def write_minari(out: Path, part: int, episodes: list[tuple[int, dict[str, np.ndarray]]], names: Sequence[str]) -> dict:
+    """Write one part of ``episode_<k>`` groups, ``data/parts/part-<part>.hdf5``, and read it back.
+
+    Parameters
+    ----------
+    out : pathlib.Path
+        The export's output directory (it exists).
+    part : int
+        This part's number, unique per worker; names the file (``part-<part:05d>``).
+    episodes : list of (int, dict of str to numpy.ndarray)
+        ``(export index, episode)`` pairs, in export order.
+    names : sequence of str
+        The table columns to write (derived ``rtg``/``timestep`` excluded).
+
+    Returns
+    -------
+    dict
+        ``file``, ``sums`` (as :func:`write_parquet`), ``episodes``
+        (``(export index, steps)`` pairs), ``leaves`` (per observation
+        column, its shape and dtype string) and ``action`` (shape, dtype
+        string, largest value for integer actions; None without episodes).
+    """
     import h5py
 
     parts_dir = out / "data" / "parts"
@@ -243,7 +370,23 @@ def _space_of(leaves: dict) -> dict:
     return build(tree)
 
 
-def finish_minari(out: Path, parts: list, info: dict) -> list[str]:
+def finish_minari(out: Path, parts: list[dict], info: dict) -> list[str]:
+    """Write ``data/main_data.hdf5`` (external links to the parts' episodes) and ``data/metadata.json``.
+
+    Parameters
+    ----------
+    out : pathlib.Path
+        The export's output directory.
+    parts : list of dict
+        Every part writer's report.
+    info : dict
+        The export's settings (``dataset_id``, ``table``, optional ``minari_version``).
+
+    Returns
+    -------
+    list of str
+        The dataset's files, relative to ``out``.
+    """
     import h5py
 
     data = out / "data"
