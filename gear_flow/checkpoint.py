@@ -111,10 +111,6 @@ def _create(path: Path, mode: int):
         raise
 
 
-def _host(a):
-    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
-
-
 def snapshot_shard(shard: Shard) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     """Copy a shard's state (arrays, metadata) under its lock.
 
@@ -140,7 +136,9 @@ def snapshot_shard(shard: Shard) -> tuple[dict[str, np.ndarray], dict[str, Any]]
     with shard.lock:
         idx = shard.index
         live = idx.live()
-        arrays = {f"col_{n}": _host(a).copy() for n, a in shard.ring.columns.items()}
+        # through the tier: a device ring is read after the fence of its last write (inserts may
+        # have been issued on another stream), not with a bare copy on this thread's stream
+        arrays = {f"col_{n}": shard.ring.read(n, 0, shard.capacity) for n in shard.ring.columns}
         arrays.update(
             active=shard.active.copy(),
             priority=shard.priority.copy(),

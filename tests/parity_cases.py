@@ -347,6 +347,23 @@ def test_gather_windows_into_batch_slices_with_device_window_arrays(dev):
     np.testing.assert_array_equal(dev.host(out), ref)
 
 
+def test_gather_windows_with_host_and_device_window_arrays_mixed(dev):
+    """Some window arrays already on the device, others on the host: the host ones are uploaded
+    (never converted implicitly to NumPy, which CuPy refuses)."""
+    _, _, ga = _gpu_ops()
+    rng = np.random.default_rng(6)
+    cap, nb, B, L = 40, 8, 9, 5
+    src_h = rng.integers(0, 256, (cap, nb), dtype=np.uint8)
+    s, d, n = _windows(rng, B, L, cap)
+    ref = np.full((B, L, nb), 0xA5, np.uint8)
+    gather_cpu.gather_windows(src_h, s, d, n, ref)
+    for on_device in ((True, False, False), (False, True, True), (True, True, False)):
+        args = [dev.to(a) if here else a for a, here in zip((s, d, n), on_device)]
+        out = dev.to(np.full((B, L, nb), 0xA5, np.uint8))
+        ga.gather_windows(dev.to(src_h), *args, out)
+        np.testing.assert_array_equal(dev.host(out), ref, err_msg=str(on_device))
+
+
 def test_gather_windows_rejects_what_the_twin_rejects(dev):
     _, _, ga = _gpu_ops()
     src = dev.to(np.zeros((8, 4), np.uint8))

@@ -147,7 +147,9 @@ def test_dashboard_page_in_a_browser(tmp_path):
         old = None
         start = client.run_on_scheduler(_polls)
         tag = 1
-        while client.run_on_scheduler(_polls) < start + 8:
+        # at least 30 rounds (720 steps, 2.5 laps of the 3 shards of 96 steps: the first keys are gone
+        # whatever the machine's speed), and until the page has polled 8 times meanwhile
+        while tag < 61 or client.run_on_scheduler(_polls) < start + 8:
             replay.insert([episode(tag, 12), episode(tag + 1, 12)])
             tag += 2
             b = replay.sample(12, 2)  # 24 items in at 0.5 samples per insert, 12 out: the limiter never blocks

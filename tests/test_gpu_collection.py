@@ -13,7 +13,7 @@ import cuda_emu
 import numpy as np
 import pytest
 
-from gear_flow import ColumnSpec, LocalTable, TableSpec
+from gear_flow import ColumnSpec, LocalTable, Prioritized, TableSpec
 from gear_flow.errors import InvalidDataError
 
 
@@ -68,3 +68,18 @@ def test_a_bad_device_episode_applies_nothing(cp):
     with pytest.raises(InvalidDataError, match=r"episode 1, column 'obs': shape \(4, 2\)"):
         t.insert([good, bad])
     assert t.size == 0 and t.shards[0].ring.write_pos == 0
+
+
+def test_priorities_and_keys_from_the_learners_device(cp):
+    """A learner computes new priorities (and holds the keys) on its GPU: accepted as they are."""
+    t = LocalTable(SPEC, tier="device", seed=0, sampler=Prioritized(1.0, 0.4))
+    t.insert(_rounds()[0])
+    b = t.sample(8, 1)
+    keys = cp.asarray(b.keys.numpy())
+    res = t.update_priorities(keys, cp.asarray(np.full(8, 3.0)))
+    assert res.applied == len(np.unique(b.keys.numpy()))
+    after = t.sample(64, 1)
+    got = dict(zip(after.keys.numpy().tolist(), after.priorities.numpy().tolist()))
+    assert all(got[k] == 3.0 for k in b.keys.numpy().tolist() if k in got)
+    with pytest.raises(InvalidDataError, match="keys must be integers"):
+        t.update_priorities(cp.asarray(np.ones(2)), [1.0, 1.0])

@@ -18,6 +18,7 @@ from parity_cases import (  # noqa: E402, F401  collected by pytest from this mo
     test_gather_windows,
     test_gather_windows_into_batch_slices_with_device_window_arrays,
     test_gather_windows_rejects_what_the_twin_rejects,
+    test_gather_windows_with_host_and_device_window_arrays_mixed,
     test_local_table_on_gpu_tier_into_device_buffers,
     test_local_table_on_gpu_tier_matches_host_tier,
     test_maxtree_set_leaves,

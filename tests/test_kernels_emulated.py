@@ -1,10 +1,13 @@
 """The CUDA kernels, compiled as host C++ and run through the real Python wrappers, against the twins.
 
 No GPU needed: tests/cuda_emu maps the CUDA subset the kernels use onto host
-threads, barriers and atomics, and stands in for CuPy with NumPy arrays.  The
-same cases as tests/test_gpu_parity.py (tests/parity_cases.py), at the sizes an
-emulation can afford.  What this proves: the kernels' logic equals the twins',
-and the wrappers launch them with the right arguments in the right order.
+threads, barriers and atomics, and stands in for CuPy with device arrays that
+are not NumPy arrays (implicit host conversion raises, as in CuPy) and streams
+that queue the work until the host waits for it (a missing fence shows as
+wrong data).  The same cases as tests/test_gpu_parity.py (tests/parity_cases.py),
+at the sizes an emulation can afford.  What this proves: the kernels' logic
+equals the twins', the wrappers launch them with the right arguments in the
+right order, and the host never reads device data it did not wait for.
 What it cannot: speed, and behaviour that depends on the GPU memory model.
 """
 
@@ -12,11 +15,13 @@ from __future__ import annotations
 
 import cuda_emu
 import pytest
+from cuda_emu import fixtures
 from parity_cases import (  # noqa: F401  collected by pytest from this module
     Dev,
     test_gather_windows,
     test_gather_windows_into_batch_slices_with_device_window_arrays,
     test_gather_windows_rejects_what_the_twin_rejects,
+    test_gather_windows_with_host_and_device_window_arrays_mixed,
     test_local_table_on_gpu_tier_into_device_buffers,
     test_local_table_on_gpu_tier_matches_host_tier,
     test_maxtree_set_leaves,
@@ -37,12 +42,12 @@ from parity_cases import (  # noqa: F401  collected by pytest from this module
 pytestmark = pytest.mark.skipif(cuda_emu.compiler() is None, reason="no C++ compiler for the CUDA emulation")
 
 
-@pytest.fixture
-def dev(monkeypatch):
-    cuda_emu.install(monkeypatch)
-    from cuda_emu import fake_cupy
+emulated = fixtures.emulated  # the fixture: cupy is the emulation's in these tests
 
-    return Dev(fake_cupy, max_n=200_000, cuda_tensors=False)
+
+@pytest.fixture
+def dev(emulated):
+    return Dev(emulated, max_n=200_000, cuda_tensors=False)
 
 
 def test_emulated_launches_are_logged(dev):

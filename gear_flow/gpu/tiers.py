@@ -241,9 +241,12 @@ class PinnedTier(_GpuTier):
         return np.frombuffer(mem, dtype=dtype, count=count).reshape(shape)
 
     def write_rows(self, dst, pos: int, rows: np.ndarray) -> None:
-        """Host write into the pinned ring, after the gathers already issued on it."""
+        """Host write into the pinned ring, after the gathers already issued on it (device rows are
+        copied to the host first)."""
         from ..ops.gather import scatter_rows
 
+        if isinstance(rows, self._cp.ndarray):  # a CuPy array is no host array: scatter_rows refuses it
+            rows = rows.get()
         self.synchronize()
         scatter_rows(dst, pos, rows)
 

@@ -92,6 +92,7 @@ def check_priorities(priorities: ArrayLike | float | None, n: int, what: str = "
     """None, a scalar, or ``n`` values; all finite and >= 0."""
     if priorities is None:
         return None
+    priorities = to_host(priorities)
     try:
         p = np.asarray(priorities, dtype=np.float64)
     except (TypeError, ValueError) as e:
@@ -107,11 +108,20 @@ def check_priorities(priorities: ArrayLike | float | None, n: int, what: str = "
     return p
 
 
+def to_host(x):
+    """``x`` in host memory: a CUDA torch tensor or a CuPy array (a learner's keys or new priorities,
+    computed on its GPU) copied explicitly; anything else as it is."""
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, on any device
+        return x.detach().cpu().numpy()
+    if is_device_array(x) and hasattr(x, "get"):  # CuPy
+        return x.get()
+    return x
+
+
 def check_keys(keys: ArrayLike, num_shards: int) -> np.ndarray:
+    keys = to_host(keys)
     k = np.asarray(keys)
     if k.dtype.kind not in "iu":
-        if hasattr(keys, "numpy"):  # a torch tensor
-            return check_keys(keys.cpu().numpy(), num_shards)
         raise InvalidDataError(f"keys must be integers, got dtype {k.dtype}")
     k = k.astype(np.int64).reshape(-1)
     shard, _ = decode(k)

@@ -8,13 +8,19 @@ The build checks alignment at run time (UBSan, with the handler in emu.h): a
 vector load or store at an address a GPU would fault on fails the launch with
 the source line, rather than passing on a CPU that tolerates it.
 
-:func:`install` then replaces ``cupy`` by :mod:`.fake_cupy` (NumPy arrays
-standing in for device arrays) and ``gear_flow.gpu.loader.function`` by
-:class:`EmuKernel`, whose call signature is RawKernel's ``(grid, block, args)``.
+:func:`install` then replaces ``cupy`` by :mod:`.fake_cupy` (device arrays that
+are not NumPy arrays, streams that queue work) and
+``gear_flow.gpu.loader.function`` by :class:`EmuKernel`, whose call signature
+is RawKernel's ``(grid, block, args)``.  A launch is queued on the current
+stream and runs when the host waits for that stream (see :mod:`.streams`).
 Arguments are packed like CuPy packs them: arrays as pointers, NumPy scalars
-by their dtype — a Python int or float is refused, since its C type would be
-a guess.  A wrapper passing an argument of the wrong type or in the wrong
-position therefore fails here as it would on a GPU.
+(and size-1 NumPy arrays) by their dtype — a Python int or float is refused,
+since its C type would be a guess, and a larger NumPy array is refused as
+CuPy refuses it.  A wrapper passing an argument of the wrong type or in the
+wrong position therefore fails here as it would on a GPU.
+
+:func:`install_in_process` does the same without pytest's monkeypatch, for a
+process that stays emulated (a Dask worker, see :mod:`.preload`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -100,8 +107,18 @@ def build(name: str) -> ctypes.CDLL:
 
 
 def _pack(a):
+    from .ndarray import ndarray
+
+    if isinstance(a, ndarray):
+        return ctypes.c_void_p(a.data.ptr)
     if isinstance(a, np.ndarray):
-        return ctypes.c_void_p(a.ctypes.data)
+        if a.size != 1:  # CuPy's message: a host array where a device pointer was meant
+            raise TypeError(
+                f"You are trying to pass a numpy.ndarray of shape {a.shape} as a kernel parameter. Only "
+                "numpy.ndarrays of size one can be passed by value. If you meant to pass a pointer to __global__ "
+                "memory, you need to pass a cupy.ndarray instead."
+            )
+        a = a.reshape(())[()]
     if isinstance(a, np.generic):
         return _CTYPES[a.dtype](a.item())
     raise TypeError(f"kernel argument {a!r} of type {type(a).__name__}: pass arrays or NumPy scalars")
@@ -125,22 +142,30 @@ class EmuKernel:
         self.expression = expression
         self.lib = build(module)
 
-    def __call__(self, grid, block, args, shared_mem=0):
+    def __call__(self, grid, block, args, shared_mem=0, stream=None):
+        from . import streams
+
         gx, bx = int(grid[0]), int(block[0])
         assert all(int(g) == 1 for g in grid[1:]) and all(int(b) == 1 for b in block[1:]), "1-D launches only"
         assert 1 <= bx <= 1024 and gx >= 1, (grid, block)
         vals = [_pack(a) for a in args]
         ptrs = (ctypes.c_void_p * len(vals))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in vals])
         EmuKernel.log.append((self.module, self.expression, gx, bx))
-        rc = self.lib.emu_launch(self.expression.encode(), min(gx, MAX_EMULATED_BLOCKS), bx, ptrs)
-        if rc:
-            raise KeyError(f"{self.expression!r} has no trampoline in module {self.module!r}")
-        first = ctypes.create_string_buffer(256)
-        faults = self.lib.emu_faults(first, 256)
-        if faults:
-            raise AssertionError(
-                f"{self.expression}: {faults} misaligned accesses, which fault on a GPU; first: {first.value.decode()}"
-            )
+        s = streams.get_current_stream() if stream is None else stream
+
+        def run(args=args, vals=vals):  # the arrays and the packed values live until the launch has run
+            rc = self.lib.emu_launch(self.expression.encode(), min(gx, MAX_EMULATED_BLOCKS), bx, ptrs)
+            if rc:
+                raise KeyError(f"{self.expression!r} has no trampoline in module {self.module!r}")
+            first = ctypes.create_string_buffer(256)
+            faults = self.lib.emu_faults(first, 256)
+            if faults:
+                raise AssertionError(
+                    f"{self.expression}: {faults} misaligned accesses, which fault on a GPU; first: "
+                    f"{first.value.decode()}"
+                )
+
+        s._enqueue(run, self.expression)
 
 
 def function(module: str, expression: str) -> EmuKernel:
@@ -151,10 +176,30 @@ def function(module: str, expression: str) -> EmuKernel:
     return EmuKernel(module, expression)
 
 
-def install(monkeypatch) -> None:
-    """Route ``import cupy`` to the fake and kernel launches to the emulator (undone by monkeypatch)."""
+def _torch_stream(device_id: int):
+    """torch's current CUDA stream, as the emulation sees it (``gear_flow.gpu.streams._torch_stream``).
+
+    torch is CPU-only here, so the learner's reads of a batch are host reads: its stream is a
+    :class:`~cuda_emu.streams.HostStream` (work queued on it runs at once, after what it waits
+    for).  It is non-blocking, like the streams of torch's pool: the legacy default stream, on
+    which inserts are issued, is ordered before the gathers issued on it by gear_flow's fences
+    only, never implicitly.
+    """
+    from . import streams
+
+    global _TORCH_STREAM
+    if _TORCH_STREAM is None:
+        _TORCH_STREAM = streams.HostStream()
+    return SimpleNamespace(cuda_stream=_TORCH_STREAM.ptr)
+
+
+_TORCH_STREAM = None
+
+
+def _patches():
+    """(object, attribute, value) for every replacement :func:`install` makes."""
     from gear_flow import backend
-    from gear_flow.gpu import loader
+    from gear_flow.gpu import loader, streams
 
     from . import fake_cupy
 
@@ -162,7 +207,35 @@ def install(monkeypatch) -> None:
         import torch  # noqa: F401
     except ImportError:
         pass
-    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
-    monkeypatch.setattr(loader, "function", function)
+    return [
+        (sys.modules, "cupy", fake_cupy),
+        (loader, "function", function),
+        (backend, "_cupy_status", lambda: None),
+        # torch has no CUDA here: its "current stream" is the host, a stream whose work runs at once
+        (streams, "_torch_stream", _torch_stream),
+    ]
+
+
+def install(monkeypatch) -> None:
+    """Route ``import cupy`` to the fake, kernel launches to the emulator, torch's stream to the host
+    (undone by monkeypatch)."""
+    from gear_flow import backend
+
+    for obj, name, value in _patches():
+        if obj is sys.modules:
+            monkeypatch.setitem(sys.modules, name, value)
+        else:
+            monkeypatch.setattr(obj, name, value)
     backend.gpu_available.cache_clear()
-    monkeypatch.setattr(backend, "_cupy_status", lambda: None)
+
+
+def install_in_process() -> None:
+    """:func:`install` for good, in a process that runs only emulated GPU code (a Dask worker)."""
+    from gear_flow import backend
+
+    for obj, name, value in _patches():
+        if obj is sys.modules:
+            sys.modules[name] = value
+        else:
+            setattr(obj, name, value)
+    backend.gpu_available.cache_clear()

@@ -83,12 +83,13 @@ def upload_windows(src_start, dst_offset, n_valid, L: int | None = None, cap: in
     Host inputs are validated by :func:`check_windows` when ``L`` and ``cap``
     are given.  Device inputs are not checked (that would cost a
     synchronisation); the kernel clamps them so that it never reads or writes
-    out of bounds.
+    out of bounds.  When some are on the device and some on the host, the
+    host ones are uploaded (CuPy refuses to convert a device array to NumPy).
     """
     import cupy
 
-    if all(isinstance(x, cupy.ndarray) for x in (src_start, dst_offset, n_valid)):
-        return cupy.stack([cupy.asarray(x, dtype=np.int64) for x in (src_start, dst_offset, n_valid)])
+    if any(isinstance(x, cupy.ndarray) for x in (src_start, dst_offset, n_valid)):
+        return cupy.stack([cupy.asarray(x, dtype=np.int64).reshape(-1) for x in (src_start, dst_offset, n_valid)])
     w = np.stack([np.asarray(x, dtype=np.int64).reshape(-1) for x in (src_start, dst_offset, n_valid)])
     if L is not None and cap is not None:
         check_windows(w, L, cap)
