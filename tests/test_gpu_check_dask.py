@@ -14,7 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+from cuda_emu import fixtures
 from distributed import Client, LocalCluster
+
+emulated = fixtures.emulated
+emu_cluster = fixtures.emu_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"episodes": 12, "episode_length": 90, "batch_size": 16, "length": 7}
@@ -62,6 +66,15 @@ def test_round_trip_check_catches_a_wrong_value(gpu_check, client, monkeypatch):
     assert res["status"] == "failed" and not res["exact"]
     assert res["error"].startswith("sampled values differ from the inserted ones: reward: ")
     assert "obs" not in res["error"] and "action" not in res["error"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tier", ["device", "pinned"])
+def test_round_trip_check_on_the_gpu_tiers_under_emulation(gpu_check, emulated, emu_cluster, tier):
+    """What the H200 run does with each GPU tier, on emulated workers: the values come back exact (the
+    tensors are CPU ones here: the emulation runs with CPU torch)."""
+    res = gpu_check._dask_cuda_table(emu_cluster, tier, _call)
+    assert res["status"] == "ok" and res["exact"] and res["timesteps_match"], res
 
 
 def test_section_skips_without_dask_cuda():
