@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -145,6 +146,59 @@ def frame_module(tier: str | StorageTier = "host") -> ModuleType:
     """Frame library of a tier: ``pandas`` (host, pinned) or ``cudf`` (device)."""
     name = tier_name(tier)
     return _load(_TIERS[name][2], f"frames of tier {name!r}")
+
+
+@dataclass(frozen=True)
+class SelectionOps:
+    """The tree operations a tier's selectors run with (see :func:`selection_ops`).
+
+    Attributes
+    ----------
+    sumtree : module
+        :mod:`gear_flow.ops.sumtree` (numba) or :mod:`gear_flow.gpu.ops.sumtree` (kernels).
+    maxtree : module
+        :mod:`gear_flow.ops.maxtree` (numba) or :mod:`gear_flow.gpu.ops.maxtree` (kernels).
+    on_device : bool
+        Are the trees CuPy arrays (inputs uploaded, results copied back explicitly)?
+    """
+
+    sumtree: ModuleType
+    maxtree: ModuleType
+    on_device: bool
+
+
+#: tier -> (sum-tree ops, max-tree ops) of its selectors.  Two algorithms because the trees
+#: belong next to the rings: on the host-memory tiers (pinned rings are host memory too) a
+#: batch walks the trees in the CPU's caches with the numba twins, and moving them to a GPU
+#: would add a round trip per draw; on ``device`` the kernels walk trees that never leave
+#: device memory, so a batch moves only its uniforms up and its slots down.
+_SELECTION: dict[str, tuple[str, str]] = {
+    "host": ("gear_flow.ops.sumtree", "gear_flow.ops.maxtree"),
+    "shared": ("gear_flow.ops.sumtree", "gear_flow.ops.maxtree"),
+    "pinned": ("gear_flow.ops.sumtree", "gear_flow.ops.maxtree"),
+    "device": ("gear_flow.gpu.ops.sumtree", "gear_flow.gpu.ops.maxtree"),
+}
+
+
+def selection_ops(tier: str | StorageTier = "host") -> SelectionOps:
+    """The sum-tree and max-tree operations of a tier's selectors (the one dispatch point).
+
+    Imports lazily: the numba twins for ``host``, ``shared`` and ``pinned``, the
+    CUDA kernels' wrappers for ``device`` (which needs CuPy and a usable device,
+    else :class:`BackendUnavailableError`).  Creates no CUDA context itself.
+
+    Examples
+    --------
+    >>> from gear_flow import backend
+    >>> backend.selection_ops("host").sumtree.__name__
+    'gear_flow.ops.sumtree'
+    """
+    name = tier_name(tier)
+    sum_mod, max_mod = _SELECTION[name]
+    on_device = sum_mod.startswith("gear_flow.gpu.")
+    if on_device:
+        require_gpu(f"selection on storage tier {name!r}")
+    return SelectionOps(importlib.import_module(sum_mod), importlib.import_module(max_mod), on_device)
 
 
 def output_on_device(tier: str | StorageTier = "host") -> bool:

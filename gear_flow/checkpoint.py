@@ -150,9 +150,9 @@ def snapshot_shard(shard: Shard) -> tuple[dict[str, np.ndarray], dict[str, Any]]
         if shard.times_sampled is not None:
             arrays["times_sampled"] = shard.times_sampled.copy()
         for role in ("sampler", "remover"):
-            tree = getattr(getattr(shard, role), "tree", None)
-            if tree is not None:
-                arrays[f"{role}_tree"] = tree.copy()
+            sel = getattr(shard, role)
+            if getattr(sel, "tree", None) is not None:
+                arrays[f"{role}_tree"] = sel.tree_state()  # a host copy, wherever the tree lives
         meta = {
             "shard": shard.shard_id,
             "write_pos": int(shard.ring.write_pos),
@@ -210,7 +210,7 @@ def restore_shard(shard: Shard, arrays: dict[str, np.ndarray], meta: dict[str, A
                 t = arrays.get(f"{role}_tree")
                 if t is None or t.shape != sel.tree.shape:
                     raise CheckpointError(f"the checkpoint's {role} state does not match {sel!r}")
-                sel.tree[:] = t
+                sel.load_tree(t)
         if hasattr(shard.sampler, "epoch"):
             shard.sampler.epoch = meta.get("epoch", 0)
         idx = shard.index

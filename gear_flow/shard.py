@@ -23,7 +23,6 @@ import numpy as np
 
 from . import keys as keymod
 from .errors import EmptyTableError, nothing_to_sample
-from .ops import sumtree
 from .selectors.base import OrderedSelector, Selector, WeightedSelector
 from .spec import TableSpec
 from .storage import ColumnRing, EpisodeIndex, get_tier
@@ -413,10 +412,8 @@ class Shard:
     def _tail_mass_exact(self, length: int) -> float:
         sel = self.sampler
         if self.step_items:
-            return float(
-                sumtree.ring_tail_mass(
-                    sel.tree, self.capacity, self.index.starts() % self.capacity, self.index.lengths(), length - 1
-                )
+            return sel.sums.ring_tail_mass(
+                self.capacity, self.index.starts() % self.capacity, self.index.lengths(), length - 1
             )
         live = self.index.live()
         short = live[self.index.get("length", live) < length]
@@ -456,9 +453,7 @@ class Shard:
             rounds = 0
             while got < n:
                 m = n - got
-                u = rng.random(m) * sel.mass
-                s = np.empty(m, dtype=np.int64)
-                sumtree.find(sel.tree, u, s)
+                s = sel.draw(rng.random(m))  # on the device: uniforms up, slots down
                 if sel.without_replacement:
                     s = np.unique(s)
                     self._consume(s)  # invalid ones are skipped for this epoch
@@ -620,8 +615,7 @@ class Shard:
                     want = min(n, self.size)
                     chosen = []
                     while len(chosen) < want and self.remover.mass > 0:  # one at a time: distinct, by current weights
-                        s = np.empty(1, dtype=np.int64)
-                        sumtree.find(self.remover.tree, rng.random(1) * self.remover.mass, s)
+                        s = self.remover.draw(rng.random(1))
                         chosen.append(int(s[0]))
                         self.remover.remove(s)
                     if len(chosen) < want:
@@ -667,7 +661,7 @@ class Shard:
         if self.times_sampled is not None:
             over += self.times_sampled.nbytes
         for sel in {id(self.sampler): self.sampler, id(self.remover): self.remover}.values():
-            tree = getattr(sel, "tree", None)
-            if tree is not None:
-                over += tree.nbytes
+            trees = getattr(sel, "sums", None) or getattr(sel, "maxes", None)
+            if trees is not None:
+                over += trees.nbytes  # a device tree's bytes and its host mirror's
         return {"data": self.ring.nbytes, "overhead": over}

@@ -31,7 +31,8 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from ..ops import sumtree
+from .. import backend
+from .trees import SumTree
 
 
 class ShardState(Protocol):
@@ -59,9 +60,14 @@ class Selector(ABC):
     can_remove: ClassVar[bool] = True
 
     def bind(self, shard: ShardState) -> None:
-        """Allocate per-slot state for ``shard``.  Called once by the shard."""
+        """Allocate per-slot state for ``shard``.  Called once by the shard.
+
+        Trees are allocated with the operations of the shard's storage tier
+        (:func:`gear_flow.backend.selection_ops`: on the GPU for ``device``).
+        """
         self.shard = shard
         self.capacity = shard.capacity
+        self.ops = backend.selection_ops(getattr(shard, "tier", "host"))
 
     def clone(self) -> Selector:
         """A fresh, unbound selector with the same parameters (one per shard)."""
@@ -105,19 +111,49 @@ class WeightedSelector(Selector):
 
     def bind(self, shard: ShardState) -> None:
         super().bind(shard)
-        self.tree = sumtree.new_tree(shard.capacity)
+        self.sums = SumTree(self.ops, shard.capacity)
+
+    @property
+    def tree(self):
+        """The sum tree's array (NumPy on the host tiers, CuPy on ``device``; see :mod:`.trees`).
+
+        Subclasses set weights with :meth:`set_weights` / :meth:`set_weight`, which
+        work on every tier; calling :mod:`gear_flow.ops.sumtree` on this array
+        works on the host tiers only.
+        """
+        return self.sums.tree
 
     @property
     def mass(self) -> float:
         """Total sampling weight of all items."""
-        return float(self.tree[1])
+        return self.sums.mass
 
     def leaf_weights(self, slots: np.ndarray) -> np.ndarray:
-        P = self.tree.shape[0] // 2
-        return self.tree[P + slots]
+        """Sampling weights of ``slots`` (host float64; a device tree answers from its host mirror)."""
+        return self.sums.leaves[slots]
+
+    def set_weights(self, slots: np.ndarray, weights: np.ndarray) -> None:
+        """Sampling weight of ``slots[k]`` becomes ``weights[k]`` (duplicates: the last wins)."""
+        self.sums.set(slots, weights)
+
+    def set_weight(self, slots: np.ndarray, weight: float) -> None:
+        """Sampling weight of every slot in ``slots`` becomes ``weight``."""
+        self.sums.set_const(slots, weight)
+
+    def draw(self, uniforms: np.ndarray) -> np.ndarray:
+        """Slots drawn by inverse CDF at ``uniforms * mass`` (``uniforms`` in ``[0, 1)``; mass > 0)."""
+        return self.sums.draw(uniforms)
 
     def remove(self, slots: np.ndarray) -> None:
-        sumtree.set_leaves_const(self.tree, slots, 0.0)
+        self.set_weight(slots, 0.0)
+
+    def tree_state(self) -> np.ndarray:
+        """A host copy of the tree (checkpoints)."""
+        return self.sums.state()
+
+    def load_tree(self, tree: np.ndarray) -> None:
+        """Restore the tree from :meth:`tree_state` (checkpoints)."""
+        self.sums.load(tree)
 
     def consume(self, slots: np.ndarray) -> None:
         """Called with the slots just sampled (before any removal)."""

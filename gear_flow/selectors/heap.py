@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..ops import maxtree
+from .trees import MaxTree
 from .base import OrderedSelector
 
 
@@ -23,25 +23,36 @@ class _Heap(OrderedSelector):
 
     def bind(self, shard) -> None:
         super().bind(shard)
-        self.tree = maxtree.new_tree(shard.capacity)
+        self.maxes = MaxTree(self.ops, shard.capacity)
+
+    @property
+    def tree(self):
+        """The max tree's array (NumPy on the host tiers, CuPy on ``device``)."""
+        return self.maxes.tree
+
+    def tree_state(self) -> np.ndarray:
+        """A host copy of the tree (checkpoints)."""
+        return self.maxes.state()
+
+    def load_tree(self, tree: np.ndarray) -> None:
+        """Restore the tree from :meth:`tree_state` (checkpoints)."""
+        self.maxes.load(tree)
 
     def insert(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        maxtree.set_leaves(self.tree, slots, self._sign * np.asarray(priorities, dtype=np.float64))
+        self.maxes.set(slots, self._sign * np.asarray(priorities, dtype=np.float64))
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         self.insert(slots, priorities)
 
     def remove(self, slots: np.ndarray) -> None:
-        maxtree.set_leaves(self.tree, slots, np.full(len(slots), -np.inf))
+        self.maxes.set(slots, np.full(len(slots), -np.inf))
 
     def _top(self, n: int, valid) -> tuple[np.ndarray, np.ndarray]:
         """Up to ``n`` valid slots of the highest values (ties in any order), and their values."""
         want = max(n, 1)
         while True:
-            idx = np.empty(want, dtype=np.int64)
-            val = np.empty(want, dtype=np.float64)
-            k = maxtree.topk(self.tree, want, idx, val)
-            idx, val = idx[:k], val[:k]
+            idx, val = self.maxes.topk(want)
+            k = len(idx)
             if valid is not None:
                 keep = valid(idx)
                 idx, val = idx[keep], val[keep]
@@ -57,8 +68,7 @@ class _Heap(OrderedSelector):
             # items tied with the worst one kept compete on their stamps: take them all
             # (a vectorised scan of the leaves, only the ties' cost is a sort)
             worst = val[-1]
-            P = self.tree.shape[0] // 2
-            tied = np.flatnonzero(self.tree[P : P + self.capacity] == worst)
+            tied = np.flatnonzero(self.maxes.leaves == worst)  # host leaves (a device tree's mirror)
             if valid is not None and len(tied):
                 tied = tied[valid(tied)]
             better = idx[val > worst]

@@ -7,7 +7,6 @@ import math
 import numpy as np
 
 from ..errors import InvalidPriorityError, SpecError
-from ..ops import sumtree
 from .base import WeightedSelector
 
 #: largest sampling weight ``priority ** alpha`` accepted: a table's total weight (at most
@@ -86,7 +85,7 @@ class Prioritized(WeightedSelector):
             )
 
     def insert(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        sumtree.set_leaves(self.tree, slots, self._w(priorities))
+        self.set_weights(slots, self._w(priorities))
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        sumtree.set_leaves(self.tree, slots, self._w(priorities))
+        self.set_weights(slots, self._w(priorities))

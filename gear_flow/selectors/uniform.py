@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops import sumtree
 from .base import WeightedSelector
 
 
@@ -20,7 +19,7 @@ class Uniform(WeightedSelector):
     """
 
     def insert(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        sumtree.set_leaves_const(self.tree, slots, 1.0)
+        self.set_weight(slots, 1.0)
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         pass

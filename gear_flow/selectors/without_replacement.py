@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops import sumtree
 from .base import WeightedSelector
 
 
@@ -34,17 +33,16 @@ class WithoutReplacement(WeightedSelector):
         self.epoch = 0
 
     def insert(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        sumtree.set_leaves_const(self.tree, slots, 1.0)
+        self.set_weight(slots, 1.0)
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         pass
 
     def consume(self, slots: np.ndarray) -> None:
-        sumtree.set_leaves_const(self.tree, slots, 0.0)
+        self.set_weight(slots, 0.0)
 
     def new_epoch(self) -> None:
         """Make every live item drawable again."""
         live = np.flatnonzero(self.shard.active)
-        self.tree[:] = 0.0
-        sumtree.set_leaves_const(self.tree, live.astype(np.int64), 1.0)
+        self.sums.reset(live.astype(np.int64), 1.0)
         self.epoch += 1

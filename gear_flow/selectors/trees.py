@@ -1,0 +1,201 @@
+"""The selectors' trees, on whichever ops their shard's tier selects with.
+
+:func:`gear_flow.backend.selection_ops` picks the operations (numba twins on the
+host tiers, CUDA kernels on ``device``); the classes here hold one tree and
+move data to and from it, so that a selector never needs to know where its tree
+lives.  Arguments and results are host NumPy arrays either way.
+
+On the device the trees are CuPy arrays and every call moves as little as it
+can, explicitly (``cupy.asarray`` up, ``.get()`` down, nothing implicit):
+
+* an update of ``n`` leaves packs ``(slots, values)`` into one host buffer,
+  uploads it once and launches the update kernel; no host synchronisation;
+* a draw uploads its uniforms, runs ``tree_sample`` (which scales them by the
+  root on the device) and copies the ``n`` drawn slots back;
+* ``mass`` copies the root back once per change of the tree (cached on the host);
+* top-k copies back the winners, indices and values in one buffer.
+
+Host logic also needs single leaves (a drawn item's probability, the
+tail-mass deltas of strict windows, heap ties): for that a device tree keeps a
+host mirror of its leaves, written with the very values uploaded, so it equals
+the device leaves bit for bit and is never copied back.  On the host tiers
+``leaves`` is a view of the tree's leaf level, not a copy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import SelectionOps
+
+
+class _Tree:
+    def __init__(self, ops: SelectionOps, module, capacity: int):
+        self.ops = module
+        self.on_device = ops.on_device
+        self.capacity = int(capacity)
+        self._scratch = None
+        self._alloc()
+
+    def _alloc(self) -> None:
+        self.tree = self.ops.new_tree(self.capacity)
+        P = self.tree.shape[0] // 2
+        if self.on_device:
+            self.leaves = np.full(self.capacity, self._empty, dtype=np.float64)  # host mirror
+            if self._scratch is None:
+                self._scratch = self.ops.new_scratch(self.tree)
+        else:
+            self.leaves = self.tree[P : P + self.capacity]  # a view of the leaf level
+
+    def set(self, slots: np.ndarray, values: np.ndarray) -> None:
+        """``leaf[slots[k]] = values[k]`` (duplicates: the last wins), parents repaired."""
+        slots = np.asarray(slots, dtype=np.int64)
+        values = np.asarray(values, dtype=np.float64)
+        if not self.on_device:
+            self.ops.set_leaves(self.tree, slots, values)
+            return
+        n = len(slots)
+        if not n:
+            return
+        import cupy
+
+        buf = np.empty(2 * n, dtype=np.float64)
+        buf[:n] = slots.view(np.float64)
+        buf[n:] = values
+        dev = cupy.asarray(buf)  # one upload for both
+        self.ops.set_leaves(self.tree, dev[:n].view(np.int64), dev[n:], scratch=self._scratch)
+        self.leaves[slots] = values
+        self._changed()
+
+    def _changed(self) -> None:
+        pass
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tree plus, on the device, of the host mirror."""
+        return int(self.tree.nbytes) + (self.leaves.nbytes if self.on_device else 0)
+
+    def state(self) -> np.ndarray:
+        """A host copy of the whole tree (checkpoints)."""
+        return self.tree.get() if self.on_device else self.tree.copy()
+
+    def load(self, tree: np.ndarray) -> None:
+        """Replace the tree by a host array of the same shape (checkpoints)."""
+        tree = np.asarray(tree, dtype=np.float64)
+        if tree.shape != self.tree.shape:
+            raise ValueError(f"tree of shape {tree.shape} for one of shape {self.tree.shape}")
+        if not self.on_device:
+            self.tree[:] = tree
+            return
+        import cupy
+
+        P = tree.shape[0] // 2
+        self.tree = cupy.asarray(tree)
+        self.leaves = tree[P : P + self.capacity].copy()
+        self._changed()
+
+
+class SumTree(_Tree):
+    """Per-slot sampling weights in a sum tree (see the module docstring).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gear_flow import backend
+    >>> t = SumTree(backend.selection_ops("host"), 4)
+    >>> t.set(np.array([0, 2]), np.array([1.0, 3.0]))
+    >>> t.mass, t.draw(np.array([0.5])).tolist()
+    (4.0, [2])
+    """
+
+    _empty = 0.0
+
+    def __init__(self, ops: SelectionOps, capacity: int):
+        self._mass = None
+        super().__init__(ops, ops.sumtree, capacity)
+
+    def _changed(self) -> None:
+        self._mass = None
+
+    @property
+    def mass(self) -> float:
+        """Total weight (the root); on the device copied back once per change."""
+        if not self.on_device:
+            return float(self.tree[1])
+        if self._mass is None:
+            self._mass = float(self.tree[1])
+        return self._mass
+
+    def set_const(self, slots: np.ndarray, value: float) -> None:
+        """Every ``leaf[slots[k]] = value``."""
+        slots = np.asarray(slots, dtype=np.int64)
+        if not self.on_device:
+            self.ops.set_leaves_const(self.tree, slots, float(value))
+            return
+        if not len(slots):
+            return
+        import cupy
+
+        self.ops.set_leaves_const(self.tree, cupy.asarray(slots), float(value), scratch=self._scratch)
+        self.leaves[slots] = value
+        self._changed()
+
+    def reset(self, slots: np.ndarray, value: float) -> None:
+        """Every leaf 0, then ``leaf[slots] = value`` (a new epoch)."""
+        if self.on_device:
+            self._alloc()  # a zeroed tree: cheaper than clearing the old one leaf by leaf
+            self._changed()
+        else:
+            self.tree[:] = 0.0
+        self.set_const(slots, value)
+
+    def draw(self, uniforms: np.ndarray) -> np.ndarray:
+        """The leaves holding ``uniforms * mass`` (``uniforms`` in ``[0, 1)``), as host int64.
+
+        Host: ``find(tree, uniforms * mass)``.  Device: ``sample``, which does the
+        same multiplication on the device, so both return the same leaves.
+        """
+        uniforms = np.asarray(uniforms, dtype=np.float64)
+        n = len(uniforms)
+        if not self.on_device:
+            out = np.empty(n, dtype=np.int64)
+            self.ops.find(self.tree, uniforms * self.mass, out)
+            return out
+        if not n:
+            return np.zeros(0, dtype=np.int64)
+        import cupy
+
+        out = cupy.empty(n, dtype=np.int64)
+        self.ops.sample(self.tree, cupy.asarray(uniforms), out)
+        return out.get()
+
+    def ring_tail_mass(self, capacity: int, starts: np.ndarray, lengths: np.ndarray, k: int) -> float:
+        """See :func:`gear_flow.ops.sumtree.ring_tail_mass` (both twins sum in the same order)."""
+        return float(self.ops.ring_tail_mass(self.tree, capacity, starts, lengths, k))
+
+
+class MaxTree(_Tree):
+    """Per-slot order values in a max tree; empty leaves hold ``-inf`` (see the module docstring)."""
+
+    _empty = -np.inf
+
+    def __init__(self, ops: SelectionOps, capacity: int):
+        super().__init__(ops, ops.maxtree, capacity)
+
+    def topk(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` largest leaves that are not ``-inf``, descending (ties: lower index first), on the host."""
+        k = max(int(k), 0)
+        if not self.on_device:
+            idx = np.empty(k, dtype=np.int64)
+            val = np.empty(k, dtype=np.float64)
+            found = self.ops.topk(self.tree, k, idx, val)
+            return idx[:found], val[:found]
+        want = min(k, self.tree.shape[0] // 2)
+        if not want:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+        import cupy
+
+        buf = cupy.empty(2 * want, dtype=np.float64)
+        found = self.ops.topk(self.tree, k, buf[:want].view(np.int64), buf[want:])
+        host = buf.get()  # indices and values in one copy
+        return host[:found].view(np.int64).copy(), host[want : want + found].copy()
