@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .trees import MaxTree
 from .base import OrderedSelector
+from .trees import MaxTree
 
 
 class _Heap(OrderedSelector):

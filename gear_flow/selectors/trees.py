@@ -123,7 +123,7 @@ class SumTree(_Tree):
         if not self.on_device:
             return float(self.tree[1])
         if self._mass is None:
-            self._mass = float(self.tree[1])
+            self._mass = float(self.tree[1:2].get()[0])
         return self._mass
 
     def set_const(self, slots: np.ndarray, value: float) -> None:
