@@ -151,3 +151,39 @@ def test_device_selectors_launch_the_kernels(dev):
         seen |= {e[1].split("<")[0] for e in cuda_emu.EmuKernel.log}
     for k in ("tree_sample", "tree_update_block", "tree_ring_tail_parts", "topk_histogram", "gather_windows"):
         assert any(s.startswith(k) for s in seen), (k, sorted(seen))
+
+
+def test_device_tree_orders_its_operations_across_streams(dev, monkeypatch):
+    """An update issued on one stream and a draw on another: the draw's stream waits for the event the
+    update recorded (a learner samples on its torch stream and may update on another)."""
+    from cuda_emu import fake_cupy
+
+    from gear_flow import backend
+    from gear_flow.selectors.trees import SumTree
+
+    log = []
+
+    class Stream(fake_cupy._Stream):
+        def __init__(self, name):
+            self.name = name
+
+        def wait_event(self, event):
+            log.append((self.name, "wait", event.n))
+
+    class Event(fake_cupy._Event):
+        count = 0
+
+        def record(self, stream=None):
+            Event.count += 1
+            self.n = Event.count
+            log.append((stream.name, "record", self.n))
+
+    current = [Stream("a")]
+    monkeypatch.setattr(fake_cupy.cuda, "get_current_stream", lambda: current[0])
+    monkeypatch.setattr(fake_cupy.cuda, "Event", Event)
+    t = SumTree(backend.selection_ops("device"), 64)
+    t.set(np.arange(10), np.arange(10) + 1.0)
+    current[0] = Stream("b")
+    log.clear()
+    assert t.draw(np.array([0.0, 0.999])).tolist() == [0, 9]
+    assert log[0] == ("b", "wait", Event.count - 1) and log[-1] == ("b", "record", Event.count), log

@@ -15,6 +15,14 @@ can, explicitly (``cupy.asarray`` up, ``.get()`` down, nothing implicit):
 * ``mass`` copies the root back once per change of the tree (cached on the host);
 * top-k copies back the winners, indices and values in one buffer.
 
+Ordering.  Device operations run on CuPy's current stream: a sample's on the
+learner's stream (the table samples inside ``SampleBuffers.gather_stream``),
+an update's on the caller's.  Those may differ and need not synchronise with
+each other (PyTorch's streams are non-blocking), so each device tree keeps a
+fence, as the GPU storage tiers do: the event recorded after its last
+operation, which the next operation's stream waits for.  Every call that
+returns host values ends with a copy back that waits for its own stream.
+
 Host logic also needs single leaves (a drawn item's probability, the
 tail-mass deltas of strict windows, heap ties): for that a device tree keeps a
 host mirror of its leaves, written with the very values uploaded, so it equals
@@ -23,6 +31,8 @@ the device leaves bit for bit and is never copied back.  On the host tiers
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -35,7 +45,16 @@ class _Tree:
         self.on_device = ops.on_device
         self.capacity = int(capacity)
         self._scratch = None
-        self._alloc()
+        self._fence = None  # device: the event after the last operation on this tree
+        if self.on_device:
+            import cupy
+
+            self._cp = cupy
+            self.device_id = int(cupy.cuda.runtime.getDevice())  # as the storage tiers: bound at construction
+            with self._device():
+                self._alloc()
+        else:
+            self._alloc()
 
     def _alloc(self) -> None:
         self.tree = self.ops.new_tree(self.capacity)
@@ -47,6 +66,19 @@ class _Tree:
         else:
             self.leaves = self.tree[P : P + self.capacity]  # a view of the leaf level
 
+    @contextmanager
+    def _device(self):
+        """On this tree's device and current stream, after the fence; records the new fence on exit."""
+        cp = self._cp
+        with cp.cuda.Device(self.device_id):
+            s = cp.cuda.get_current_stream()
+            if self._fence is not None:
+                s.wait_event(self._fence)
+            yield s
+            ev = cp.cuda.Event(disable_timing=True)
+            ev.record(s)
+            self._fence = ev
+
     def set(self, slots: np.ndarray, values: np.ndarray) -> None:
         """``leaf[slots[k]] = values[k]`` (duplicates: the last wins), parents repaired."""
         slots = np.asarray(slots, dtype=np.int64)
@@ -57,13 +89,12 @@ class _Tree:
         n = len(slots)
         if not n:
             return
-        import cupy
-
         buf = np.empty(2 * n, dtype=np.float64)
         buf[:n] = slots.view(np.float64)
         buf[n:] = values
-        dev = cupy.asarray(buf)  # one upload for both
-        self.ops.set_leaves(self.tree, dev[:n].view(np.int64), dev[n:], scratch=self._scratch)
+        with self._device():
+            dev = self._cp.asarray(buf)  # one upload for both
+            self.ops.set_leaves(self.tree, dev[:n].view(np.int64), dev[n:], scratch=self._scratch)
         self.leaves[slots] = values
         self._changed()
 
@@ -77,7 +108,10 @@ class _Tree:
 
     def state(self) -> np.ndarray:
         """A host copy of the whole tree (checkpoints)."""
-        return self.tree.get() if self.on_device else self.tree.copy()
+        if not self.on_device:
+            return self.tree.copy()
+        with self._device():
+            return self.tree.get()
 
     def load(self, tree: np.ndarray) -> None:
         """Replace the tree by a host array of the same shape (checkpoints)."""
@@ -87,10 +121,9 @@ class _Tree:
         if not self.on_device:
             self.tree[:] = tree
             return
-        import cupy
-
         P = tree.shape[0] // 2
-        self.tree = cupy.asarray(tree)
+        with self._device():
+            self.tree = self._cp.asarray(tree)
         self.leaves = tree[P : P + self.capacity].copy()
         self._changed()
 
@@ -123,7 +156,8 @@ class SumTree(_Tree):
         if not self.on_device:
             return float(self.tree[1])
         if self._mass is None:
-            self._mass = float(self.tree[1:2].get()[0])
+            with self._device():
+                self._mass = float(self.tree[1:2].get()[0])
         return self._mass
 
     def set_const(self, slots: np.ndarray, value: float) -> None:
@@ -134,16 +168,16 @@ class SumTree(_Tree):
             return
         if not len(slots):
             return
-        import cupy
-
-        self.ops.set_leaves_const(self.tree, cupy.asarray(slots), float(value), scratch=self._scratch)
+        with self._device():
+            self.ops.set_leaves_const(self.tree, self._cp.asarray(slots), float(value), scratch=self._scratch)
         self.leaves[slots] = value
         self._changed()
 
     def reset(self, slots: np.ndarray, value: float) -> None:
         """Every leaf 0, then ``leaf[slots] = value`` (a new epoch)."""
         if self.on_device:
-            self._alloc()  # a zeroed tree: cheaper than clearing the old one leaf by leaf
+            with self._device():
+                self._alloc()  # a zeroed tree, ordered after the old one's last use
             self._changed()
         else:
             self.tree[:] = 0.0
@@ -163,15 +197,17 @@ class SumTree(_Tree):
             return out
         if not n:
             return np.zeros(0, dtype=np.int64)
-        import cupy
-
-        out = cupy.empty(n, dtype=np.int64)
-        self.ops.sample(self.tree, cupy.asarray(uniforms), out)
-        return out.get()
+        with self._device():
+            out = self._cp.empty(n, dtype=np.int64)
+            self.ops.sample(self.tree, self._cp.asarray(uniforms), out)
+            return out.get()
 
     def ring_tail_mass(self, capacity: int, starts: np.ndarray, lengths: np.ndarray, k: int) -> float:
         """See :func:`gear_flow.ops.sumtree.ring_tail_mass` (both twins sum in the same order)."""
-        return float(self.ops.ring_tail_mass(self.tree, capacity, starts, lengths, k))
+        if not self.on_device:
+            return float(self.ops.ring_tail_mass(self.tree, capacity, starts, lengths, k))
+        with self._device():
+            return float(self.ops.ring_tail_mass(self.tree, capacity, starts, lengths, k))
 
 
 class MaxTree(_Tree):
@@ -193,9 +229,8 @@ class MaxTree(_Tree):
         want = min(k, self.tree.shape[0] // 2)
         if not want:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
-        import cupy
-
-        buf = cupy.empty(2 * want, dtype=np.float64)
-        found = self.ops.topk(self.tree, k, buf[:want].view(np.int64), buf[want:])
-        host = buf.get()  # indices and values in one copy
+        with self._device():
+            buf = self._cp.empty(2 * want, dtype=np.float64)
+            found = self.ops.topk(self.tree, k, buf[:want].view(np.int64), buf[want:])
+            host = buf.get()  # indices and values in one copy
         return host[:found].view(np.int64).copy(), host[want : want + found].copy()
