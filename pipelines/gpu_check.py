@@ -364,6 +364,84 @@ def bench_table(tier: str, reps: int) -> dict:
             "tensors_on_cuda": on_cuda, "cupy": cp.__version__}  # fmt: skip
 
 
+def bench_table_selection(reps: int) -> dict:
+    """Prioritized sample + priority update of B=1024 through a table, device tier vs host tier.
+
+    What ``bench_sumtree`` measures on the bare kernels, through
+    :class:`~gear_flow.LocalTable` (one shard, Prioritized(0.6), one float32
+    column): ``sample(B, 1)`` of single-step windows then ``update_priorities``
+    of the sampled keys, median wall ms per iteration (the device synchronised
+    at the end of each, so the update's kernel is included).  N = 50 x the
+    reference steps (10M at 200 x 1000; smaller when REFERENCE is shrunk, as
+    the emulated test does), B = 1024.  Target on the device: <= 1 ms.  Both
+    tables get the same seed and inserts, so their first batch must have the
+    same keys and probabilities (``parity_with_host``).
+    """
+    import cupy as cp
+
+    from gear_flow import ColumnSpec, LocalTable, Prioritized, TableSpec
+    from gear_flow.sample import SampleBuffers
+
+    N = 50 * REFERENCE["episodes"] * REFERENCE["episode_length"]
+    B = 1024
+    T = max(1, N // 1000)  # 1000 episodes
+    N = T * (N // T)
+    spec = TableSpec((ColumnSpec("x", (), np.float32),), capacity=N, num_shards=1)
+    rng = np.random.default_rng(0)
+    sync_device = getattr(cp.cuda.runtime, "deviceSynchronize", lambda: None)  # the emulation runs synchronously
+    tables, insert_s = {}, {}
+    for tier in ("device", "host"):
+        table = LocalTable(spec, sampler=Prioritized(0.6, 0.4), tier=tier, seed=0, boundary="pad_tail")
+        t0 = time.perf_counter()
+        per_call = max(1, (1 << 20) // T)  # about 1M steps per insert call
+        for e0 in range(0, N // T, per_call):
+            n_ep = min(per_call, N // T - e0)
+            x = np.arange(e0 * T, (e0 + n_ep) * T, dtype=np.float32)
+            eps = [{"x": x[i * T : (i + 1) * T]} for i in range(n_ep)]
+            table.insert(eps, priorities=np.random.default_rng(e0).random(n_ep * T) + 0.01)
+        sync_device()
+        insert_s[tier] = time.perf_counter() - t0
+        tables[tier] = table
+    res = {"N": N, "B": B, "insert_seconds": insert_s}
+    first = {}
+    for tier, table in tables.items():
+        buf = SampleBuffers(spec, ["x"], B, 1, tier=tier)
+        upd = rng.random(B) + 0.01
+
+        def one(table=table, buf=buf, upd=upd):
+            b = table.sample(B, 1, out=buf)
+            table.update_priorities(b.keys.numpy(), upd)
+            return b
+
+        b = one()
+        first[tier] = (b.keys.numpy().copy(), b.probabilities.numpy().copy())
+        for _ in range(3):
+            one()
+        sync_device()
+        ts, ts_sample = [], []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            b = table.sample(B, 1, out=buf)
+            t1 = time.perf_counter()
+            table.update_priorities(b.keys.numpy(), upd)
+            sync_device()
+            t2 = time.perf_counter()
+            ts.append(t2 - t0)
+            ts_sample.append(t1 - t0)
+        res[tier] = {"sample_and_update_ms": float(np.median(ts)) * 1e3, "sample_ms": float(np.median(ts_sample)) * 1e3}
+    res["parity_with_host"] = bool(
+        np.array_equal(first["device"][0], first["host"][0]) and np.array_equal(first["device"][1], first["host"][1])
+    )
+    dev_ms = res["device"]["sample_and_update_ms"]
+    res["host_over_device"] = res["host"]["sample_and_update_ms"] / dev_ms if dev_ms > 0 else None
+    res["target_ms"] = 1.0
+    res["meets_target"] = dev_ms <= 1.0
+    if not res["parity_with_host"]:
+        res["status"] = "failed"
+        res["error"] = "the device-tier table drew other keys than the host-tier table with the same seed"
+    return res
+
+
 #: dask_cuda section: seconds for the whole section (a child process, killed with its workers past it),
 #: for the cluster to start, and for any one call on it; and the RMM pool per worker
 DASK_CUDA_SECONDS, DASK_CUDA_START_SECONDS, DASK_CUDA_CALL_SECONDS, DASK_CUDA_POOL = 240, 120, 60, "8GB"
@@ -629,6 +707,7 @@ def main(argv=None) -> int:
         rep.run("sumtree", bench_sumtree, 1_000_000 if args.quick else 10_000_000, 1024, reps)
         rep.run("table_device", bench_table, "device", max(5, reps // 2))
         rep.run("table_pinned", bench_table, "pinned", max(5, reps // 2))
+        rep.run("table_selection", bench_table_selection, reps)
         rep.run("dask_cuda", check_dask_cuda)
     s = rep.sections
     rows = []
