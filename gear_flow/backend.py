@@ -2,15 +2,15 @@
 
 Everything here is lazy: importing this module imports neither CuPy nor cuDF
 nor torch, and no function creates a CUDA context except when a GPU tier is
-actually asked for.  A storage tier decides two things:
+actually asked for.  A storage tier decides these things:
 
-============  ==================  =====================  ===================
-tier          ring arrays         sample output buffers  frames
-============  ==================  =====================  ===================
-``host``      NumPy               NumPy (CPU tensors)    pandas
-``pinned``    NumPy, page-locked  CuPy (CUDA tensors)    pandas
-``device``    CuPy                CuPy (CUDA tensors)    cuDF
-============  ==================  =====================  ===================
+============  ==================  =====================  ===================  =====================
+tier          ring arrays         sample output buffers  frames               selection trees
+============  ==================  =====================  ===================  =====================
+``host``      NumPy               NumPy (CPU tensors)    pandas               NumPy, numba twins
+``pinned``    NumPy, page-locked  CuPy (CUDA tensors)    pandas               NumPy, numba twins
+``device``    CuPy                CuPy (CUDA tensors)    cuDF                 CuPy, CUDA kernels
+============  ==================  =====================  ===================  =====================
 
 Pinned rings are NumPy arrays to the host (inserts are plain host writes) and
 device-addressable memory to the kernels, which gather from them straight
