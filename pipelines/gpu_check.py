@@ -410,11 +410,11 @@ def bench_table_selection(reps: int) -> dict:
 
         def one(table=table, buf=buf, upd=upd):
             b = table.sample(B, 1, out=buf)
-            table.update_priorities(b.keys.numpy(), upd)
+            table.update_priorities(b.keys, upd)
             return b
 
         b = one()
-        first[tier] = (b.keys.numpy().copy(), b.probabilities.numpy().copy())
+        first[tier] = (b.keys.cpu().numpy().copy(), b.probabilities.cpu().numpy().copy())
         for _ in range(3):
             one()
         sync_device()
@@ -423,7 +423,7 @@ def bench_table_selection(reps: int) -> dict:
             t0 = time.perf_counter()
             b = table.sample(B, 1, out=buf)
             t1 = time.perf_counter()
-            table.update_priorities(b.keys.numpy(), upd)
+            table.update_priorities(b.keys, upd)
             sync_device()
             t2 = time.perf_counter()
             ts.append(t2 - t0)

@@ -208,7 +208,7 @@ def test_device_tier_checkpoint_round_trip_keeps_the_samples(dev, tmp_path):
     rng = np.random.default_rng(4)
     a.insert(_episodes(rng, 8))
     b0 = a.sample(8, 3)
-    a.update_priorities(b0.keys.numpy(), np.arange(8) + 0.5)
+    a.update_priorities(b0.keys.cpu().numpy(), np.arange(8) + 0.5)
     a.checkpoint(tmp_path / "ck")
     b = LocalTable.restore(tmp_path / "ck", tier="device", seed=2)
     a.rng = np.random.default_rng(2)

@@ -108,7 +108,7 @@ def test_device_batch_moves_uniforms_up_and_slots_down_only(dev, monkeypatch):
         assert sorted(traffic.up) == [B, 3 * B], traffic.up  # uniforms, window geometry
         assert max(traffic.up) < P
         traffic.clear()
-        t.update_priorities(b.keys.numpy(), rng.random(B) + 0.1)
+        t.update_priorities(b.keys.cpu().numpy(), rng.random(B) + 0.1)
         assert traffic.down == [] and traffic.up == [2 * B], (traffic.up, traffic.down)
 
 
@@ -127,7 +127,7 @@ def test_device_heap_candidates_copy_back_only_the_winners(dev, monkeypatch):
     traffic = _Traffic(monkeypatch, fake_cupy)
     b = t.sample(16, 1, columns=["obs"])
     assert max(traffic.down) <= 2 * 16 < P, traffic.down  # k indices and k values, one buffer
-    pr = b.priorities.numpy()
+    pr = b.priorities.cpu().numpy()
     assert np.all(np.diff(pr) <= 0)  # best first
 
 
@@ -147,7 +147,7 @@ def test_device_selectors_launch_the_kernels(dev):
         t.insert(eps)
         cuda_emu.EmuKernel.log.clear()
         b = t.sample(8, L)
-        t.update_priorities(b.keys.numpy(), np.arange(8) + 1.0)
+        t.update_priorities(b.keys.cpu().numpy(), np.arange(8) + 1.0)
         seen |= {e[1].split("<")[0] for e in cuda_emu.EmuKernel.log}
     for k in ("tree_sample", "tree_update_block", "tree_ring_tail_parts", "topk_histogram", "gather_windows"):
         assert any(s.startswith(k) for s in seen), (k, sorted(seen))
