@@ -62,6 +62,7 @@ class _Traffic:
     def __init__(self, monkeypatch, fake):
         self.up: list[int] = []
         self.down: list[int] = []
+        self.root: list[int] = []  # bytes of asynchronous copies (the root's, queued after a change)
         real_asarray, real_get, real_set = fake.asarray, fake.ndarray.get, fake.ndarray.set
 
         def asarray(a, *args, **kw):
@@ -77,6 +78,13 @@ class _Traffic:
             self.up.append(int(np.asarray(host).size))
             return real_set(arr, host, *a, **k)
 
+        real_memcpy = fake.cuda.runtime.memcpyAsync
+
+        def memcpy(dst, src, size, kind, stream):
+            self.root.append(int(size))
+            return real_memcpy(dst, src, size, kind, stream)
+
+        monkeypatch.setattr(fake.cuda.runtime, "memcpyAsync", memcpy)
         monkeypatch.setattr(fake, "asarray", asarray)
         monkeypatch.setattr(fake.ndarray, "set", set_)
         monkeypatch.setattr(fake.ndarray, "get", get)
@@ -84,12 +92,14 @@ class _Traffic:
     def clear(self):
         self.up.clear()
         self.down.clear()
+        self.root.clear()
 
 
 def test_device_batch_moves_uniforms_up_and_slots_down_only(dev, monkeypatch):
     """A prioritized batch of B from one device shard: B uniforms up, B slots down, the window geometry up
-    once (the tier's one upload of 3 x B), the root once; an update of B priorities is one upload of 2 x B
-    and no download.  Never the tree (2 x P entries) either way."""
+    once (the tier's one upload of 3 x B); an update of B priorities is one upload of 2 x B, no download,
+    and queues the new root's 8-byte copy (which the next batch's mass then reads without a round trip).
+    Never the tree (2 x P entries) either way."""
     from cuda_emu import fake_cupy
 
     from gear_flow import LocalTable, Prioritized
@@ -104,12 +114,13 @@ def test_device_batch_moves_uniforms_up_and_slots_down_only(dev, monkeypatch):
     for _ in range(3):
         traffic.clear()
         b = t.sample(B, 1, columns=["obs"])
-        assert sorted(traffic.down) == [1, B], traffic.down  # the root (mass), the drawn slots
+        assert traffic.down == [B], traffic.down  # the drawn slots; the root came with the last change
         assert sorted(traffic.up) == [B, 3 * B], traffic.up  # uniforms, window geometry
-        assert max(traffic.up) < P
+        assert max(traffic.up) < P and traffic.root == []
         traffic.clear()
         t.update_priorities(b.keys.cpu().numpy(), rng.random(B) + 0.1)
         assert traffic.down == [] and traffic.up == [2 * B], (traffic.up, traffic.down)
+        assert traffic.root == [8]  # the new root's copy, queued behind the update
 
 
 def test_device_heap_candidates_copy_back_only_the_winners(dev, monkeypatch):
@@ -169,6 +180,8 @@ def test_device_tree_orders_its_operations_across_streams(dev):
     log = []
 
     class Stream:
+        ptr = 0
+
         def __init__(self, name):
             self.name = name
 
@@ -193,8 +206,8 @@ def test_device_tree_orders_its_operations_across_streams(dev):
     t._cp = SimpleNamespace(cuda=cuda, asarray=fake_cupy.asarray, empty=fake_cupy.empty)
     t._fence = None  # the allocation's, recorded with the emulation's event
     t.set(np.arange(10), np.arange(10) + 1.0)
-    assert log == [("a", "record", 1)], log
+    assert log == [("a", "record", 1), ("a", "record", 2)], log  # the root's copy, then the fence
     current[0] = Stream("b")
     log.clear()
     assert t.draw(np.array([0.0, 0.999])).tolist() == [0, 9]
-    assert log == [("b", "wait", 1), ("b", "record", 2)], log
+    assert log == [("b", "wait", 2), ("b", "record", 3)], log

@@ -12,7 +12,10 @@ can, explicitly (``cupy.asarray`` up, ``.get()`` down, nothing implicit):
   uploads it once and launches the update kernel; no host synchronisation;
 * a draw uploads its uniforms, runs ``tree_sample`` (which scales them by the
   root on the device) and copies the ``n`` drawn slots back;
-* ``mass`` copies the root back once per change of the tree (cached on the host);
+* every change queues an 8-byte copy of the new root into pinned host memory
+  right behind it, so ``mass`` waits for a copy already in flight (done long
+  before, when a learner works between its update and its next sample) instead
+  of starting a round trip;
 * top-k copies back the winners, indices and values in one buffer.
 
 Ordering.  Device operations run on CuPy's current stream: a sample's on the
@@ -92,14 +95,14 @@ class _Tree:
         buf = np.empty(2 * n, dtype=np.float64)
         buf[:n] = slots.view(np.float64)
         buf[n:] = values
-        with self._device():
+        with self._device() as stream:
             dev = self._cp.asarray(buf)  # one upload for both
             self.ops.set_leaves(self.tree, dev[:n].view(np.int64), dev[n:], scratch=self._scratch)
+            self._changed(stream)
         self.leaves[slots] = values
-        self._changed()
 
-    def _changed(self) -> None:
-        pass
+    def _changed(self, stream) -> None:
+        """Device: the tree was just changed on ``stream`` (called inside :meth:`_device`)."""
 
     @property
     def nbytes(self) -> int:
@@ -122,10 +125,10 @@ class _Tree:
             self.tree[:] = tree
             return
         P = tree.shape[0] // 2
-        with self._device():
+        with self._device() as stream:
             self.tree = self._cp.asarray(tree)
+            self._changed(stream)
         self.leaves = tree[P : P + self.capacity].copy()
-        self._changed()
 
 
 class SumTree(_Tree):
@@ -144,20 +147,32 @@ class SumTree(_Tree):
     _empty = 0.0
 
     def __init__(self, ops: SelectionOps, capacity: int):
-        self._mass = None
+        self._mass = 0.0  # device: the root on the host, None while its copy is in flight
+        self._root = None  # device: pinned float64[1] the root is copied into after each change
+        self._root_copied = None  # device: the event after that copy
         super().__init__(ops, ops.sumtree, capacity)
 
-    def _changed(self) -> None:
+    def _changed(self, stream) -> None:
+        cp = self._cp
+        if self._root is None:
+            self._root_mem = cp.cuda.alloc_pinned_memory(8)
+            self._root = np.frombuffer(self._root_mem, dtype=np.float64, count=1)
+        cp.cuda.runtime.memcpyAsync(
+            self._root.ctypes.data, self.tree[1:2].data.ptr, 8, cp.cuda.runtime.memcpyDefault, stream.ptr
+        )
+        ev = cp.cuda.Event(disable_timing=True)
+        ev.record(stream)
+        self._root_copied = ev
         self._mass = None
 
     @property
     def mass(self) -> float:
-        """Total weight (the root); on the device copied back once per change."""
+        """Total weight (the root); on the device the copy queued by the last change."""
         if not self.on_device:
             return float(self.tree[1])
         if self._mass is None:
-            with self._device():
-                self._mass = float(self.tree[1:2].get()[0])
+            self._root_copied.synchronize()
+            self._mass = float(self._root[0])
         return self._mass
 
     def set_const(self, slots: np.ndarray, value: float) -> None:
@@ -168,17 +183,17 @@ class SumTree(_Tree):
             return
         if not len(slots):
             return
-        with self._device():
+        with self._device() as stream:
             self.ops.set_leaves_const(self.tree, self._cp.asarray(slots), float(value), scratch=self._scratch)
+            self._changed(stream)
         self.leaves[slots] = value
-        self._changed()
 
     def reset(self, slots: np.ndarray, value: float) -> None:
         """Every leaf 0, then ``leaf[slots] = value`` (a new epoch)."""
         if self.on_device:
             with self._device():
                 self._alloc()  # a zeroed tree, ordered after the old one's last use
-            self._changed()
+            self._mass = 0.0  # until set_const below changes it
         else:
             self.tree[:] = 0.0
         self.set_const(slots, value)
