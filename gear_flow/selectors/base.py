@@ -40,6 +40,7 @@ class ShardState(Protocol):
 
     capacity: int
     active: np.ndarray  # uint8[capacity], 1 where the slot holds a live item
+    tier: object  # the StorageTier (or its name): where the trees live, see backend.selection_ops
 
     def live_seq_range(self) -> tuple[int, int]:
         """``[lo, hi)``: item sequence numbers that may be live (slot = seq % capacity)."""
