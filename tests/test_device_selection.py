@@ -12,6 +12,7 @@ from __future__ import annotations
 import cuda_emu
 import numpy as np
 import pytest
+from cuda_emu import fixtures
 from parity_cases import Dev
 from selection_cases import (  # noqa: F401  collected by pytest from this module
     _episodes,
@@ -25,12 +26,12 @@ from selection_cases import (  # noqa: F401  collected by pytest from this modul
 pytestmark = pytest.mark.skipif(cuda_emu.compiler() is None, reason="no C++ compiler for the CUDA emulation")
 
 
-@pytest.fixture
-def dev(monkeypatch):
-    cuda_emu.install(monkeypatch)
-    from cuda_emu import fake_cupy
+emulated = fixtures.emulated  # the fixture: cupy is the emulation's in these tests
 
-    return Dev(fake_cupy, max_n=200_000, cuda_tensors=False)
+
+@pytest.fixture
+def dev(emulated):
+    return Dev(emulated, max_n=200_000, cuda_tensors=False)
 
 
 def test_selection_ops_dispatch(dev):

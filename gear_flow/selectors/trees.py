@@ -134,6 +134,13 @@ class _Tree:
 class SumTree(_Tree):
     """Per-slot sampling weights in a sum tree (see the module docstring).
 
+    Parameters
+    ----------
+    ops : SelectionOps
+        The tier's operations (:func:`gear_flow.backend.selection_ops`).
+    capacity : int
+        Slots (leaves) the tree holds.
+
     Examples
     --------
     >>> import numpy as np
@@ -176,7 +183,15 @@ class SumTree(_Tree):
         return self._mass
 
     def set_const(self, slots: np.ndarray, value: float) -> None:
-        """Every ``leaf[slots[k]] = value``."""
+        """Every ``leaf[slots[k]] = value``.
+
+        Parameters
+        ----------
+        slots : int64 array
+            Leaves to set (duplicates harmless).
+        value : float
+            The weight they all get.
+        """
         slots = np.asarray(slots, dtype=np.int64)
         if not self.on_device:
             self.ops.set_leaves_const(self.tree, slots, float(value))
@@ -189,7 +204,15 @@ class SumTree(_Tree):
         self.leaves[slots] = value
 
     def reset(self, slots: np.ndarray, value: float) -> None:
-        """Every leaf 0, then ``leaf[slots] = value`` (a new epoch)."""
+        """Every leaf 0, then ``leaf[slots] = value`` (a new epoch).
+
+        Parameters
+        ----------
+        slots : int64 array
+            Leaves that get ``value``.
+        value : float
+            Their weight.
+        """
         if self.on_device:
             with self._device():
                 self._alloc()  # a zeroed tree, ordered after the old one's last use
@@ -199,10 +222,20 @@ class SumTree(_Tree):
         self.set_const(slots, value)
 
     def draw(self, uniforms: np.ndarray) -> np.ndarray:
-        """The leaves holding ``uniforms * mass`` (``uniforms`` in ``[0, 1)``), as host int64.
+        """The leaves holding ``uniforms * mass`` by inverse CDF (the mass must be positive).
 
         Host: ``find(tree, uniforms * mass)``.  Device: ``sample``, which does the
         same multiplication on the device, so both return the same leaves.
+
+        Parameters
+        ----------
+        uniforms : float64 array
+            Values in ``[0, 1)``, one per draw.
+
+        Returns
+        -------
+        int64 array
+            The drawn leaves (slots), on the host, in the order of ``uniforms``.
         """
         uniforms = np.asarray(uniforms, dtype=np.float64)
         n = len(uniforms)
@@ -218,7 +251,24 @@ class SumTree(_Tree):
             return out.get()
 
     def ring_tail_mass(self, capacity: int, starts: np.ndarray, lengths: np.ndarray, k: int) -> float:
-        """See :func:`gear_flow.ops.sumtree.ring_tail_mass` (both twins sum in the same order)."""
+        """Mass of the last ``min(k, length)`` leaves of each ring segment, summed in order.
+
+        See :func:`gear_flow.ops.sumtree.ring_tail_mass`; both twins sum in the same order.
+
+        Parameters
+        ----------
+        capacity : int
+            Ring length (positions wrap modulo it).
+        starts, lengths : int64 arrays
+            First ring position and length of each segment (episode).
+        k : int
+            Tail length per segment.
+
+        Returns
+        -------
+        float
+            The summed tail mass.
+        """
         if not self.on_device:
             return float(self.ops.ring_tail_mass(self.tree, capacity, starts, lengths, k))
         with self._device():
@@ -226,7 +276,24 @@ class SumTree(_Tree):
 
 
 class MaxTree(_Tree):
-    """Per-slot order values in a max tree; empty leaves hold ``-inf`` (see the module docstring)."""
+    """Per-slot order values in a max tree; empty leaves hold ``-inf`` (see the module docstring).
+
+    Parameters
+    ----------
+    ops : SelectionOps
+        The tier's operations (:func:`gear_flow.backend.selection_ops`).
+    capacity : int
+        Slots (leaves) the tree holds.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gear_flow import backend
+    >>> t = MaxTree(backend.selection_ops("host"), 4)
+    >>> t.set(np.array([0, 1, 3]), np.array([2.0, 5.0, 2.0]))
+    >>> [a.tolist() for a in t.topk(2)]
+    [[1, 0], [5.0, 2.0]]
+    """
 
     _empty = -np.inf
 
@@ -234,7 +301,20 @@ class MaxTree(_Tree):
         super().__init__(ops, ops.maxtree, capacity)
 
     def topk(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ``k`` largest leaves that are not ``-inf``, descending (ties: lower index first), on the host."""
+        """The ``k`` largest leaves that are not ``-inf``, descending (ties: lower index first).
+
+        Parameters
+        ----------
+        k : int
+            How many (fewer come back when fewer leaves are set).
+
+        Returns
+        -------
+        idx : int64 array
+            Their slots, on the host.
+        val : float64 array
+            Their values, on the host.
+        """
         k = max(int(k), 0)
         if not self.on_device:
             idx = np.empty(k, dtype=np.int64)
