@@ -62,8 +62,9 @@ TARGET_RATIO = 0.7
 class Report:
     """Sections of the run; a failing section records its error and the run goes on."""
 
-    def __init__(self):
+    def __init__(self, partial: str | None = None):
         self.sections: dict[str, dict] = {}
+        self.partial = partial  # written after every section: a run cut short keeps what it measured
 
     def run(self, name: str, fn, *args, **kw) -> None:
         t = time.perf_counter()
@@ -74,6 +75,8 @@ class Report:
             res = {"status": "failed", "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
         res["seconds"] = round(time.perf_counter() - t, 2)
         self.sections[name] = res
+        if self.partial:
+            write_json("gpu_check", {"partial": True, "sections": self.sections, "host": machine()}, self.partial)
         why = res.get("error") or res.get("reason") or ""
         print(
             f"[{name}] {res['status']} ({res['seconds']} s)" + (f": {why}" if res["status"] != "ok" else ""), flush=True
@@ -680,7 +683,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     reps = 10 if args.quick else 50
     t0 = time.perf_counter()
-    rep = Report()
+    rep = Report(partial=str(args.out) + ".partial")
     try:
         from gear_flow import backend
 
@@ -696,19 +699,19 @@ def main(argv=None) -> int:
         rep.run("tests", run_tests, args.test_timeout)
     if not have_gpu:
         for name in ("gather_device", "gather_pinned", "pinned_shared", "insert_device", "insert_pinned", "sumtree",
-                     "table_device", "table_pinned", "dask_cuda"):  # fmt: skip
+                     "table_device", "table_pinned", "dask_cuda", "table_selection"):  # fmt: skip
             rep.sections[name] = {"status": "skipped", "reason": "no usable CUDA device (or no CuPy)"}
     else:
         rep.run("gather_device", bench_gather, "device", reps)
         rep.run("gather_pinned", bench_gather, "pinned", reps)
         rep.run("pinned_shared", check_pinned_shared, reps, event_ms, graph_ms, _reference_rings, _window_sets)
-        rep.run("insert_device", bench_insert, "device", max(5, reps // 5))
-        rep.run("insert_pinned", bench_insert, "pinned", max(5, reps // 5))
         rep.run("sumtree", bench_sumtree, 1_000_000 if args.quick else 10_000_000, 1024, reps)
         rep.run("table_device", bench_table, "device", max(5, reps // 2))
         rep.run("table_pinned", bench_table, "pinned", max(5, reps // 2))
-        rep.run("table_selection", bench_table_selection, reps)
+        rep.run("insert_device", bench_insert, "device", max(5, reps // 5))
+        rep.run("insert_pinned", bench_insert, "pinned", max(5, reps // 5))
         rep.run("dask_cuda", check_dask_cuda)
+        rep.run("table_selection", bench_table_selection, reps)
     s = rep.sections
     rows = []
     for name in ("gather_device", "gather_pinned"):

@@ -72,11 +72,11 @@ def test_handshake_reset_filter_keeps_everything_else():
         "a\n[1] [vm:1] UCXPY  ERROR Unexpected error in listener handler coroutine\nTraceback (most recent call last):\n"
         '  File "x/listener.py", line 197, in _listener_handler_coroutine\n    peer_info = await exchange_peer_info(\n'
         "ucxx.UCXXMessageTruncatedError: length mismatch\n\nDuring handling of the above exception, another exception"
-        " occurred:\n\nTraceback (most recent call last):\n  File \"y\", line 2\n"
+        ' occurred:\n\nTraceback (most recent call last):\n  File "y", line 2\n'
         "ucxx.UCXXConnectionResetError: Endpoint error: Connection reset by remote peer\nb"
     )
     assert without_handshake_resets(known) == "a\nb"
-    other = "a\nTraceback (most recent call last):\n  File \"z\"\nValueError: boom\nb"
+    other = 'a\nTraceback (most recent call last):\n  File "z"\nValueError: boom\nb'
     assert without_handshake_resets(other) == other
     unknown = known.replace("exchange_peer_info", "something_else")
     assert "Traceback" in without_handshake_resets(unknown)
