@@ -84,3 +84,22 @@ def test_a_key_never_seen_issued_is_checked_everywhere_first(table):
         b = table.sample(64, 1)
         assert not np.any(b.priorities.numpy() == 50.0)
     assert prio_before.priorities.numpy().max() < 50
+
+
+def test_insert_batch_on_a_distributed_table_is_insert_of_its_rows(dist_client):
+    spec = gf.TableSpec((gf.ColumnSpec("x", (2,), np.float32),), capacity=64, num_shards=2)
+    x = np.arange(4 * 5 * 2, dtype=np.float32).reshape(4, 5, 2)
+    a = DistributedTable.create(dist_client, spec, seed=2)
+    b = DistributedTable.create(dist_client, spec, seed=2)
+    try:
+        r1 = a.insert([{"x": x[i]} for i in range(4)])
+        r2 = b.insert_batch({"x": x})
+        assert r1.first_keys.tolist() == r2.first_keys.tolist()
+        s1, s2 = a.sample(8, 2), b.sample(8, 2)
+        assert s1.keys.tolist() == s2.keys.tolist() and np.array_equal(s1["x"].numpy(), s2["x"].numpy())
+        with pytest.raises(gf.InvalidDataError, match=r"shape \(4, 5\) must be \(B, T, 2\)"):
+            b.insert_batch({"x": x[..., 0]})
+        assert b.info()["size"] == 20
+    finally:
+        a.close()
+        b.close()

@@ -83,3 +83,51 @@ def test_priorities_and_keys_from_the_learners_device(cp):
     assert all(got[k] == 3.0 for k in b.keys.numpy().tolist() if k in got)
     with pytest.raises(InvalidDataError, match="keys must be integers"):
         t.update_priorities(cp.asarray(np.ones(2)), [1.0, 1.0])
+
+
+SPEC2 = TableSpec((ColumnSpec("obs", (3,), np.float32), ColumnSpec("a", (), np.int64)), capacity=40, num_shards=2)
+
+
+@pytest.mark.parametrize("tier", ["host", "device", "pinned"])
+@pytest.mark.parametrize("source", ["host", "device"])
+@pytest.mark.parametrize("unit", ["step", "episode"])
+def test_insert_batch_is_insert_of_its_rows(cp, tier, source, unit):
+    """``insert_batch`` of [B, T] arrays stores and samples exactly what ``insert`` of the B rows does
+    (two shards: each gets every other row, so its rows are not one contiguous run)."""
+    spec = TableSpec(SPEC2.columns, SPEC2.capacity, SPEC2.num_shards, unit)
+    rng = np.random.default_rng(4)
+    ref, t = LocalTable(spec, seed=9, tier=tier), LocalTable(spec, seed=9, tier=tier)
+    for B, T in ((5, 6), (3, 9), (6, 4)):  # 3 batches: both rings wrap
+        obs = rng.standard_normal((B, T, 3)).astype(np.float32)
+        a = rng.integers(0, 1000, (B, T))
+        n = B * T if unit == "step" else B
+        pr = rng.random(n) + 0.1
+        r1 = ref.insert([{"obs": obs[b], "a": a[b]} for b in range(B)], priorities=pr)
+        cols = {"obs": cp.asarray(obs), "a": cp.asarray(a)} if source == "device" else {"obs": obs, "a": a}
+        r2 = t.insert_batch(cols, priorities=pr)
+        assert r1.first_keys.tolist() == r2.first_keys.tolist() and r1.shards.tolist() == r2.shards.tolist()
+    for s1, s2 in zip(ref.shards, t.shards):
+        assert s1.ring.write_pos == s2.ring.write_pos
+        w = min(s1.ring.write_pos, s1.capacity)  # the slots written so far
+        for name in spec.names:
+            assert np.array_equal(_host(cp, s1.ring.columns[name])[:w], _host(cp, s2.ring.columns[name])[:w]), name
+    x, y = ref.sample(10, 3), t.sample(10, 3)
+    assert x.keys.tolist() == y.keys.tolist() and x.probabilities.tolist() == y.probabilities.tolist()
+    for name in spec.names:
+        assert np.array_equal(x[name].cpu().numpy(), y[name].cpu().numpy()), name
+
+
+def test_insert_batch_refuses_bad_input_whole(cp):
+    t = LocalTable(SPEC2, tier="device", seed=0)
+    ok = {"obs": np.zeros((2, 5, 3), np.float32), "a": np.zeros((2, 5), np.int64)}
+    for bad, msg in (
+        ({**ok, "a": np.zeros((2, 4), np.int64)}, r"columns have different \(B, T\)"),
+        ({**ok, "obs": np.zeros((2, 5, 4), np.float32)}, r"batch column 'obs': shape \(2, 5, 4\) must be \(B, T, 3\)"),
+        ({"obs": ok["obs"]}, r"missing \['a'\]"),
+        ({**ok, "obs": np.zeros((0, 5, 3), np.float32), "a": np.zeros((0, 5), np.int64)}, "at least one trajectory"),
+    ):
+        with pytest.raises(InvalidDataError, match=msg):
+            t.insert_batch(bad)
+    with pytest.raises(InvalidDataError, match="got 3 priorities for 10 items"):
+        t.insert_batch(ok, priorities=np.ones(3))
+    assert t.size == 0 and all(s.ring.write_pos == 0 for s in t.shards)

@@ -23,7 +23,7 @@ from ..keys import decode
 from ..table import planner
 from ..table.results import InsertResult, UpdateResult
 from ..table.routing import route
-from ..table.validate import as_episode_list, check_episode, check_keys, check_priorities
+from ..table.validate import as_episode_list, check_batch, check_episode, check_keys, check_priorities, to_host
 from .transport import Retry, WorkerLost, call
 
 
@@ -60,6 +60,13 @@ class WritesMixin:
         frames straight to the shard workers.
         """
         return self._ctx.sync(self.insert_async, episodes, priorities, timeout=timeout, shard=shard)
+
+    def insert_batch(self, columns, priorities=None, *, timeout=None, shard=None) -> InsertResult:
+        """Insert ``B`` trajectories of ``T`` steps given as ``[B, T, *shape]`` arrays; see
+        :meth:`LocalTable.insert_batch`.  Validated whole first; each row travels as one episode."""
+        arrays, B, _ = check_batch(self.spec, columns)
+        rows = [{c: to_host(a[b]) for c, a in arrays.items()} for b in range(B)]  # they cross the comm from host memory
+        return self.insert(rows, priorities, timeout=timeout, shard=shard)
 
     def _route(self, lengths, shard):
         alive = [s for s in sorted(self.placement) if s not in self.lost]

@@ -14,6 +14,7 @@ import copy
 import logging
 import threading
 import time
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -34,6 +35,7 @@ from .results import InsertResult, UpdateResult
 from .routing import route
 from .validate import (
     as_episode_list,
+    check_batch,
     check_episode,
     check_keys,
     check_priorities,
@@ -208,6 +210,55 @@ class LocalTable(DatasetMethods):
         eps = as_episode_list(episodes)
         checked = [check_episode(self.spec, e, i) for i, e in enumerate(eps)]
         lengths = np.array([t for _, t in checked], dtype=np.int64)
+        return self._insert(lengths, lambda sel: [checked[i][0] for i in sel], priorities, timeout, shard)
+
+    def insert_batch(
+        self, columns: Mapping, priorities=None, *, timeout: float | None = None, shard: int | None = None
+    ) -> InsertResult:
+        """Insert ``B`` trajectories of ``T`` steps given as ``[B, T, *shape]`` arrays, all or nothing.
+
+        What a vectorised collector produces (``B`` environments, ``T`` steps
+        each; TorchRL's ``extend`` of a ``[B, T]`` batch).  Each column is
+        validated once and written with one copy per shard it lands on, so on
+        the GPU tiers collection runs at copy bandwidth: device arrays (CuPy,
+        trajectories an actor made on its GPU) stay on the device, host arrays
+        cross once.  Episode ``b`` is row ``b``; each becomes one episode as
+        with :meth:`insert`.
+
+        Parameters
+        ----------
+        columns : mapping of str to array
+            Every column, ``[B, T, *shape]`` (NumPy or CuPy), ``B, T >= 1``.
+        priorities : None, float or array
+            As :meth:`insert`: None, one value, or one per item (``B * T`` for
+            step items, ``B`` for episode items), in row order.
+        timeout : float, optional
+            Seconds to wait for the rate limiter.
+        shard : int, optional
+            Put every trajectory on this shard.
+
+        Returns
+        -------
+        InsertResult
+            As :meth:`insert`, one episode per row.
+        """
+        self._check_open()
+        arrays, B, T = check_batch(self.spec, columns)
+        lengths = np.full(B, T, dtype=np.int64)
+
+        def chunks(sel: np.ndarray) -> list[dict]:
+            # runs of consecutive rows are contiguous [n * T, *shape] views: one copy per run and column
+            cuts = np.flatnonzero(np.diff(sel) != 1) + 1
+            return [
+                {c: a[int(run[0]) : int(run[-1]) + 1].reshape(-1, *a.shape[2:]) for c, a in arrays.items()}
+                for run in np.split(sel, cuts)
+            ]
+
+        return self._insert(lengths, chunks, priorities, timeout, shard)
+
+    def _insert(self, lengths: np.ndarray, chunks, priorities, timeout, shard) -> InsertResult:
+        """Admit, route and store validated episodes of ``lengths``; ``chunks(sel)`` gives the row
+        chunks of episodes ``sel`` (in order) for one shard."""
         step_items = self.spec.item_unit == "step"
         n_items = int(lengths.sum()) if step_items else len(lengths)
         if isinstance(priorities, (list, tuple)) and priorities and np.ndim(priorities[0]) >= 1:
@@ -235,11 +286,11 @@ class LocalTable(DatasetMethods):
                 except BaseException:
                     adm.done("insert")
                     raise
-            ids = self._next_episode_id + np.arange(len(eps), dtype=np.int64)
-            self._next_episode_id += len(eps)
+            ids = self._next_episode_id + np.arange(len(lengths), dtype=np.int64)
+            self._next_episode_id += len(lengths)
             stamps = self._stamp + item_off[:-1]
             self._stamp += n_items
-            self._rr = (self._rr + len(eps)) % len(self.shards)
+            self._rr = (self._rr + len(lengths)) % len(self.shards)
             self.rate_limiter.on_insert(n_items)
             adm.in_flight += n_items
             adm.done("insert")
@@ -250,12 +301,12 @@ class LocalTable(DatasetMethods):
             held = [self.shards[int(s)].lock for s in np.unique(dest)]
             for lk in held:
                 lk.acquire()
-        first_keys = np.empty(len(eps), dtype=np.int64)
+        first_keys = np.empty(len(lengths), dtype=np.int64)
         try:
             for s in np.unique(dest):
                 sel = np.flatnonzero(dest == s)
                 p = None if pr is None else np.concatenate([pr[item_off[i] : item_off[i + 1]] for i in sel])
-                batch = EpisodeBatch([checked[i][0] for i in sel], lengths[sel], ids[sel], stamps[sel], p)
+                batch = EpisodeBatch(chunks(sel), lengths[sel], ids[sel], stamps[sel], p)
                 fk, _ = self.shards[s].insert(batch)
                 first_keys[sel] = fk
         finally:

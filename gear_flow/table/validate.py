@@ -68,6 +68,51 @@ def check_episode(spec: TableSpec, ep: Mapping, i: int) -> tuple[dict, int]:
     return out, int(T)
 
 
+def check_batch(spec: TableSpec, columns: Mapping) -> tuple[dict, int, int]:
+    """Return ``({name: [B, T, *shape] array cast to the column dtype}, B, T)`` or raise, naming what is wrong.
+
+    The batched form of :func:`check_episode` (``[B, T, *shape]`` per column,
+    rows are trajectories); device arrays stay on the device.
+    """
+    if not isinstance(columns, Mapping):
+        raise InvalidDataError(f"a batch must map every column to a [B, T, ...] array, got {type(columns).__name__}")
+    names, got = set(spec.names), set(columns)
+    if got != names:
+        missing, extra = sorted(names - got), sorted(got - names)
+        raise InvalidDataError(
+            "batch: columns do not match the table"
+            + (f"; missing {missing}" if missing else "")
+            + (f"; unknown {extra}" if extra else "")
+            + f" (table columns: {list(spec.names)})"
+        )
+    out, BT = {}, None
+    for c in spec.columns:
+        a = _as_array(columns[c.name], f"batch column {c.name!r}")
+        if a.dtype.kind not in "biufc":
+            raise InvalidDataError(f"batch column {c.name!r}: dtype {a.dtype} is not numeric")
+        if a.ndim != 2 + len(c.shape) or tuple(a.shape[2:]) != c.shape:
+            raise InvalidDataError(
+                f"batch column {c.name!r}: shape {tuple(a.shape)} must be (B, T"
+                f"{''.join(', ' + str(s) for s in c.shape)})"
+            )
+        if not np.can_cast(a.dtype, c.dtype, "same_kind"):
+            raise InvalidDataError(
+                f"batch column {c.name!r}: dtype {a.dtype} cannot be stored as {c.dtype} "
+                "(allowed: dtypes that cast safely or within the same kind)"
+            )
+        if BT is None:
+            BT = tuple(a.shape[:2])
+        elif tuple(a.shape[:2]) != BT:
+            raise InvalidDataError(
+                f"batch: columns have different (B, T) ({c.name!r} has {tuple(a.shape[:2])}, "
+                f"{spec.columns[0].name!r} has {BT})"
+            )
+        out[c.name] = _contiguous(a, c.dtype)
+    if not BT[0] or not BT[1]:
+        raise InvalidDataError(f"batch of shape (B, T) = {BT}: needs at least one trajectory of at least one step")
+    return out, int(BT[0]), int(BT[1])
+
+
 def _contiguous(a, dtype):
     """``a`` as a C-contiguous array of ``dtype``, where it lives (device arrays stay on the device)."""
     if is_device_array(a):
