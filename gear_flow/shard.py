@@ -376,7 +376,7 @@ class Shard:
 
     def valid_fn(self, length: int, boundary: str):
         """Predicate over slots: does the item's window fit (None when all do)."""
-        if boundary != "strict":
+        if boundary != "strict" or length <= 1:  # a one-step window always fits its item
             return None
         if self.step_items:
 

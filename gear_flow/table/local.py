@@ -453,13 +453,14 @@ class LocalTable(DatasetMethods):
         if pr is None:
             raise SpecError("priorities must not be None")
         self.cfg.check_priorities(pr)
-        for s in np.unique(shard):  # unknown keys raise before any shard is touched
+        shards = np.unique(shard)
+        for s in shards:  # unknown keys raise before any shard (or the stamp clock) is touched
             self.shards[s].resolve(seq[shard == s])
         with self._cond:  # one clock for inserts and updates: heap ties go to the least recently touched
             stamps = self._stamp + np.arange(len(k), dtype=np.int64)
             self._stamp += len(k)
         stale = 0
-        for s in np.unique(shard):
+        for s in shards:
             m = shard == s
             stale += self.shards[s].update_priorities(seq[m], pr[m], stamps[m])
         return UpdateResult(len(k) - stale, stale)
