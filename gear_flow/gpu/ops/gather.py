@@ -263,6 +263,12 @@ def column_table(srcs: Sequence, outs: Sequence) -> ColumnTable:
 def launch_columns(table: ColumnTable, desc, windows) -> None:
     """Launch the fused gather of ``table`` (one launch per 32 columns) on the current stream.
 
+    The kernel reaches the columns through addresses in ``desc``: the caller
+    keeps the source and output arrays alive until the launch has run (for
+    device arrays freed earlier, CuPy's stream-ordered memory pool reuses them
+    only behind the launch on the same stream; pinned host memory has no such
+    guard).
+
     Parameters
     ----------
     table : ColumnTable
