@@ -243,7 +243,7 @@ def test_pinned_tier_write_after_gather_columns_keeps_gathered_values(dev):
     s = np.arange(B, dtype=np.int64) * L
     outs = {n: tier.empty_output((B, L, r.shape[1])) for n, r in rings.items()}
     tier.gather_columns(rings, s, np.zeros(B, np.int64), np.full(B, L, np.int64), outs)
-    for n, r in rings.items():
+    for r in rings.values():
         tier.write_rows(r, 0, np.full((cap, r.shape[1]), 9, np.uint8))  # must not race the gather
     for o in outs.values():
         assert (dev.host(o) == 7).all()

@@ -21,6 +21,8 @@ as with dask-cuda).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from ..backend import require_gpu
@@ -112,7 +114,14 @@ class _GpuTier(StorageTier):
             gather_windows(src, None, None, None, out, windows=win)
             self._record(s)
 
-    def gather_columns(self, srcs, src_start, dst_offset, n_valid, outs) -> None:
+    def gather_columns(
+        self,
+        srcs: Mapping[str, np.ndarray],
+        src_start: np.ndarray,
+        dst_offset: np.ndarray,
+        n_valid: np.ndarray,
+        outs: Mapping[str, np.ndarray],
+    ) -> None:
         """Gather every column of ``outs`` (``[B, L, nbytes]`` uint8 CuPy arrays) in one kernel launch.
 
         Semantics: :meth:`gather_windows` per column.  One host-to-device copy

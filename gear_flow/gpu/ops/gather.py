@@ -36,12 +36,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...errors import InvalidDataError
 from .. import loader
 from ..launch import i64
+
+if TYPE_CHECKING:
+    import cupy
 
 __all__ = [
     "ColumnTable",
@@ -260,7 +264,7 @@ def column_table(srcs: Sequence, outs: Sequence) -> ColumnTable:
     return ColumnTable(desc, B, L, 0 if cap is None else cap, tuple(launches))
 
 
-def launch_columns(table: ColumnTable, desc, windows) -> None:
+def launch_columns(table: ColumnTable, desc: cupy.ndarray, windows: cupy.ndarray) -> None:
     """Launch the fused gather of ``table`` (one launch per 32 columns) on the current stream.
 
     The kernel reaches the columns through addresses in ``desc``: the caller
@@ -287,7 +291,7 @@ def launch_columns(table: ColumnTable, desc, windows) -> None:
         f((grid,), (_THREADS,), (desc[c0:c1], i64(c1 - c0), windows, i64(table.B), i64(table.L)))
 
 
-def columns_launcher(srcs: Sequence, outs: Sequence, windows) -> Callable[[], None]:
+def columns_launcher(srcs: Sequence, outs: Sequence, windows: cupy.ndarray) -> Callable[[], None]:
     """A function that launches the fused gather of ``windows`` (int64 ``[3, B]`` on the device).
 
     Everything is checked and uploaded once (the descriptors), so the returned
@@ -337,7 +341,7 @@ def pack_params(table: ColumnTable, w: np.ndarray) -> np.ndarray:
     return np.concatenate([table.desc.reshape(-1), w.reshape(-1)])
 
 
-def split_params(table: ColumnTable, params):
+def split_params(table: ColumnTable, params: cupy.ndarray) -> tuple[cupy.ndarray, cupy.ndarray]:
     """``(desc, windows)`` views of a device copy of :func:`pack_params`'s array.
 
     Parameters
@@ -356,7 +360,13 @@ def split_params(table: ColumnTable, params):
     return params[:k].reshape(table.desc.shape), params[k:].reshape(3, table.B)
 
 
-def gather_columns(srcs: Sequence, src_start, dst_offset, n_valid, outs: Sequence) -> None:
+def gather_columns(
+    srcs: Sequence,
+    src_start: np.ndarray | cupy.ndarray,
+    dst_offset: np.ndarray | cupy.ndarray,
+    n_valid: np.ndarray | cupy.ndarray,
+    outs: Sequence,
+) -> None:
     """Gather the same windows of every column ``srcs[i]`` into ``outs[i]``, in one launch.
 
     Semantics: :func:`gear_flow.ops.gather.gather_columns` (the per-column
