@@ -111,7 +111,9 @@ def gather_columns(
     Twin of the fused kernel ``gather_columns`` (``kernels/gather.cu``), which
     gathers every column of a take in one launch; its semantics are defined as
     this loop's.  Columns are independent (each writes only its own output),
-    so their order does not matter.
+    so their order does not matter, as long as the outputs do not overlap
+    (where they do, the last column's bytes stay here; the kernel leaves an
+    unspecified mix).  Windows may repeat: each fills its own output row.
 
     Parameters
     ----------

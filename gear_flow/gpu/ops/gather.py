@@ -375,6 +375,11 @@ def gather_columns(
     column descriptors in one host-to-device copy; device windows are not
     checked (the kernel clamps them).
 
+    Duplicates: windows may repeat (each fills its own output row) and
+    columns may share a source.  Outputs must not overlap one another: where
+    they do, the twin leaves the last column's bytes, the kernel an
+    unspecified mix of the columns'.
+
     Parameters
     ----------
     srcs : sequence of arrays
