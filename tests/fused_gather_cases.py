@@ -124,6 +124,22 @@ def test_gather_columns_into_batch_slices(dev):
         np.testing.assert_array_equal(dev.host(o), r)
 
 
+def test_gather_columns_duplicate_windows_and_a_shared_source(dev):
+    """Repeated windows fill their own rows; two columns may read the same ring."""
+    ga = _ops()
+    rng = np.random.default_rng(13)
+    cap, B, L = 19, 12, 7
+    h = rng.integers(0, 256, (cap, 24), dtype=np.uint8)
+    s, d, n = _windows(rng, B, L, cap)
+    s[B // 2 :], d[B // 2 :], n[B // 2 :] = s[: B // 2], d[: B // 2], n[: B // 2]
+    refs = _reference([h, h], (s, d, n), B, L)
+    src = dev.to(h)
+    outs = _outs(dev, rng, [h, h], B, L)
+    ga.gather_columns([src, src], s, d, n, outs)
+    for o, r in zip(outs, refs):
+        np.testing.assert_array_equal(dev.host(o), r)
+
+
 def test_gather_columns_more_columns_than_one_launch_takes(dev):
     """Over 32 columns: split into several launches, every column still gathered."""
     ga = _ops()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from cuda_emu import fixtures
 from fused_gather_cases import (  # noqa: F401  collected by pytest from this module
+    test_gather_columns_duplicate_windows_and_a_shared_source,
     test_gather_columns_empty_cases,
     test_gather_columns_from_pinned_and_device_sources_in_one_launch,
     test_gather_columns_into_batch_slices,
