@@ -555,9 +555,14 @@ class Shard:
         with self.lock:
             win = self.windows(slots, length, boundary, rng)
             b = len(slots)
-            for name in columns if gather else ():  # gather=False: a shared-ring reader copies them itself
-                self.tier.gather_windows(
-                    self.ring.bytes[name], win.src_start, win.dst_offset, win.n_valid, out[name][offset : offset + b]
+            if gather:  # gather=False: a shared-ring reader copies them itself
+                # every column in one call: the GPU tiers gather them all in one launch
+                self.tier.gather_columns(
+                    self.ring.bytes,
+                    win.src_start,
+                    win.dst_offset,
+                    win.n_valid,
+                    {name: out[name][offset : offset + b] for name in columns},
                 )
             if record:
                 self._record(slots)

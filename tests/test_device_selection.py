@@ -98,7 +98,7 @@ class _Traffic:
 
 def test_device_batch_moves_uniforms_up_and_slots_down_only(dev, monkeypatch):
     """A prioritized batch of B from one device shard: B uniforms up, B slots down, the window geometry up
-    once (the tier's one upload of 3 x B); an update of B priorities is one upload of 2 x B, no download,
+    once (the tier's one upload of 3 x B, with the column descriptors); an update of B priorities is one upload of 2 x B, no download,
     and queues the new root's 8-byte copy (which the next batch's mass then reads without a round trip).
     Never the tree (2 x P entries) either way."""
     from cuda_emu import fake_cupy
@@ -116,7 +116,8 @@ def test_device_batch_moves_uniforms_up_and_slots_down_only(dev, monkeypatch):
         traffic.clear()
         b = t.sample(B, 1, columns=["obs"])
         assert traffic.down == [B], traffic.down  # the drawn slots; the root came with the last change
-        assert sorted(traffic.up) == [B, 3 * B], traffic.up  # uniforms, window geometry
+        # uniforms; window geometry with the fused gather's descriptors (6 int64 per column), one upload
+        assert sorted(traffic.up) == [B, 3 * B + 6], traffic.up
         assert max(traffic.up) < P and traffic.root == []
         traffic.clear()
         t.update_priorities(b.keys.cpu().numpy(), rng.random(B) + 0.1)
@@ -161,7 +162,7 @@ def test_device_selectors_launch_the_kernels(dev):
         b = t.sample(8, L)
         t.update_priorities(b.keys.cpu().numpy(), np.arange(8) + 1.0)
         seen |= {e[1].split("<")[0] for e in cuda_emu.EmuKernel.log}
-    for k in ("tree_sample", "tree_update_block", "tree_ring_tail_parts", "topk_histogram", "gather_windows"):
+    for k in ("tree_sample", "tree_update_block", "tree_ring_tail_parts", "topk_histogram", "gather_columns"):
         assert any(s.startswith(k) for s in seen), (k, sorted(seen))
 
 

@@ -81,6 +81,11 @@ def test_gpu_check_runs_under_emulation(dev, monkeypatch, tmp_path):
     for name in ("device", "gather_device", "gather_pinned", "sumtree"):
         assert s[name]["status"] == "ok", (name, s[name].get("error"), s[name].get("traceback"))
     assert s["gather_device"]["parity_with_twin"] and s["gather_pinned"]["parity_with_twin"]
+    for name in ("gather_device", "gather_pinned"):  # per column and fused, each measured
+        g = s[name]
+        assert g["parity_per_column"] and g["parity_fused"], name
+        assert g["kernel_fused"]["launches_per_take"] == 1 and g["ratio_fused"] > 0 and g["ratio"] > 0, name
+        assert g["meets_target"] == (g["ratio_fused"] >= gpu_check.TARGET_RATIO), name
     assert s["sumtree"]["parity_with_twin"] and s["sumtree"]["topk_parity"]
     assert s["table_device"]["status"] == "failed"  # CPU torch: no CUDA tensors here
     assert s["dask_cuda"]["status"] in ("skipped", "failed")

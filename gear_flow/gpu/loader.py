@@ -109,7 +109,7 @@ SOURCES: dict[str, KernelSource] = {
             + ["topk_select", "topk_bitonic_step", "topk_sort_block"]
         ),
     ),
-    "gather": KernelSource("gather.cu", ("gather_windows",)),
+    "gather": KernelSource("gather.cu", ("gather_windows", "gather_columns")),
 }
 
 

@@ -182,15 +182,19 @@ def gather_shared(
     """
     import cupy
 
-    from .ops.gather import gather_windows, upload_windows
+    from .ops.gather import gather_columns
 
     registered(sh)
     n = len(src_start)
     if not n:
         return
-    cap = sh.capacity
-    L = int(next(iter(out.values())).shape[1])
-    win = upload_windows(np.asarray(src_start) % cap, dst_offset, n_valid, L, cap)
-    for c in columns:
-        gather_windows(sh.bytes[c], None, None, None, out[c][o : o + n], windows=win)
+    columns = list(columns)
+    # every column in one launch, descriptors and windows in one upload
+    gather_columns(
+        [sh.bytes[c] for c in columns],
+        np.asarray(src_start) % sh.capacity,
+        dst_offset,
+        n_valid,
+        [out[c][o : o + n] for c in columns],
+    )
     cupy.cuda.get_current_stream().synchronize()

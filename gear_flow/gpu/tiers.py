@@ -21,9 +21,12 @@ as with dask-cuda).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 
 from ..backend import require_gpu
+from ..errors import InvalidDataError
 from ..storage.base import StorageTier
 
 
@@ -33,7 +36,7 @@ class _GpuTier(StorageTier):
         self._cp = cp
         self.device_id = int(cp.cuda.runtime.getDevice())
         self._fence = None  # event after the last device operation on this tier's arrays
-        self._win_key = None  # ((L, cap), host copy) of the last uploaded windows
+        self._win_key = None  # host copy of the last uploaded int64 parameters (windows, descriptors)
         self._win = None  # their device copy, a view of _win_dev
         self._stage = self._win_dev = self._stage_done = None  # pinned staging, device buffer, copy event
 
@@ -55,22 +58,22 @@ class _GpuTier(StorageTier):
             self._fence.synchronize()
 
     # -- gather --------------------------------------------------------------------------
-    def _windows(self, src_start, dst_offset, n_valid, L: int, cap: int):
-        # A shard gathers every column of one take with the same three arrays:
-        # upload them once and reuse the device copy while they are unchanged
-        # (compared by value on the host: B int64 triples, microseconds).  The
-        # upload goes through a reused pinned staging buffer, asynchronously.
-        from .ops.gather import check_windows, upload_windows
+    def _upload(self, a: np.ndarray):
+        """A device copy of host int64 array ``a`` (windows, or descriptors and windows).
 
+        A shard gathers with the same arrays while a take lasts, and often
+        again (the same output buffers): the device copy is reused while the
+        values are unchanged (compared on the host: a few hundred int64,
+        microseconds).  The upload goes through a reused pinned staging
+        buffer, asynchronously, on the current stream, which the caller's
+        :meth:`_stream` has ordered after this tier's last gather (the one
+        that may still read the previous copy).
+        """
         cp = self._cp
-        if any(isinstance(x, cp.ndarray) for x in (src_start, dst_offset, n_valid)):
-            return upload_windows(src_start, dst_offset, n_valid)
-        w = np.stack([np.asarray(x, dtype=np.int64).reshape(-1) for x in (src_start, dst_offset, n_valid)])
         key = self._win_key
-        if key is not None and key[0] == (L, cap) and key[1].shape == w.shape and np.array_equal(key[1], w):
+        if key is not None and key.shape == a.shape and np.array_equal(key, a):
             return self._win
-        check_windows(w, L, cap)
-        n = w.size
+        n = a.size
         if self._stage is None or self._stage.size < n:
             size = max(n, 3 * 1024)
             mem = cp.cuda.alloc_pinned_memory(size * 8)
@@ -78,15 +81,25 @@ class _GpuTier(StorageTier):
             self._win_dev = cp.empty(size, dtype=np.int64)
         elif self._stage_done is not None:
             self._stage_done.synchronize()  # the previous upload has left the staging buffer
-        stage = self._stage[:n].reshape(w.shape)
-        stage[...] = w
-        dev = self._win_dev[:n].reshape(w.shape)
-        s = cp.cuda.get_current_stream()  # ordered after this tier's last gather by the caller's _stream()
+        stage = self._stage[:n].reshape(a.shape)
+        stage[...] = a
+        dev = self._win_dev[:n].reshape(a.shape)
+        s = cp.cuda.get_current_stream()
         dev.set(stage, stream=s)
         self._stage_done = cp.cuda.Event(disable_timing=True)
         self._stage_done.record(s)
-        self._win, self._win_key = dev, ((L, cap), w)
+        self._win, self._win_key = dev, a.copy()
         return dev
+
+    def _windows(self, src_start, dst_offset, n_valid, L: int, cap: int):
+        from .ops.gather import check_windows, upload_windows
+
+        cp = self._cp
+        if any(isinstance(x, cp.ndarray) for x in (src_start, dst_offset, n_valid)):
+            return upload_windows(src_start, dst_offset, n_valid)
+        w = np.stack([np.asarray(x, dtype=np.int64).reshape(-1) for x in (src_start, dst_offset, n_valid)])
+        check_windows(w, L, cap)
+        return self._upload(w)
 
     def gather_windows(self, src, src_start, dst_offset, n_valid, out) -> None:
         """Gather into ``out``, a ``[B, L, nbytes]`` uint8 CuPy array.
@@ -99,6 +112,43 @@ class _GpuTier(StorageTier):
             s = self._stream()
             win = self._windows(src_start, dst_offset, n_valid, int(out.shape[1]), int(src.shape[0]))
             gather_windows(src, None, None, None, out, windows=win)
+            self._record(s)
+
+    def gather_columns(
+        self,
+        srcs: Mapping[str, np.ndarray],
+        src_start: np.ndarray,
+        dst_offset: np.ndarray,
+        n_valid: np.ndarray,
+        outs: Mapping[str, np.ndarray],
+    ) -> None:
+        """Gather every column of ``outs`` (``[B, L, nbytes]`` uint8 CuPy arrays) in one kernel launch.
+
+        Semantics: :meth:`gather_windows` per column.  One host-to-device copy
+        (the column descriptors and the windows, skipped while unchanged), one
+        launch of the fused kernel, ordered by this tier's fence as
+        :meth:`gather_windows` is.  Host windows are checked before anything
+        is launched.
+        """
+        from .ops.gather import check_windows, column_table, launch_columns, pack_params, split_params, upload_windows
+
+        names = list(outs)
+        if not names:
+            return
+        cp = self._cp
+        table = column_table([srcs[n] for n in names], [outs[n] for n in names])
+        with cp.cuda.Device(self.device_id):
+            s = self._stream()
+            if any(isinstance(x, cp.ndarray) for x in (src_start, dst_offset, n_valid)):
+                win = upload_windows(src_start, dst_offset, n_valid)  # on the device already: not checked
+                desc = self._upload(table.desc)
+            else:
+                w = np.stack([np.asarray(x, dtype=np.int64).reshape(-1) for x in (src_start, dst_offset, n_valid)])
+                if w.shape[1] != table.B:
+                    raise InvalidDataError(f"{w.shape[1]} windows for an output of {table.B}")
+                check_windows(w, table.L, table.cap)
+                desc, win = split_params(table, self._upload(pack_params(table, w)))
+            launch_columns(table, desc, win)
             self._record(s)
 
     def empty_output(self, shape, dtype=np.uint8):

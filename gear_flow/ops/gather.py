@@ -8,10 +8,13 @@ land at ``out[b, dst_offset[b] + j]``; every other step of ``out[b]`` is zeroed
 copies.  Rows are copied as contiguous byte runs (memcpy-like), windows in
 parallel over the available cores.
 
-Twin of ``kernels/gather.cu`` (``gather_windows``).
+Twin of ``kernels/gather.cu`` (``gather_windows``; :func:`gather_columns`, the
+same for several columns, is the twin of its fused ``gather_columns``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 from numba import njit, prange
@@ -94,6 +97,37 @@ def _gather_serial(src, src_start, dst_offset, n_valid, out):
     sf, of = src.reshape(-1), out.reshape(-1)
     for b in range(out.shape[0]):
         _copy_window(sf, of, cap, nb, L, b, src_start[b], dst_offset[b], n_valid[b])
+
+
+def gather_columns(
+    srcs: Sequence[np.ndarray],
+    src_start: np.ndarray,
+    dst_offset: np.ndarray,
+    n_valid: np.ndarray,
+    outs: Sequence[np.ndarray],
+) -> None:
+    """:func:`gather_windows` of the same windows for each column: ``srcs[i]`` into ``outs[i]``.
+
+    Twin of the fused kernel ``gather_columns`` (``kernels/gather.cu``), which
+    gathers every column of a take in one launch; its semantics are defined as
+    this loop's.  Columns are independent (each writes only its own output),
+    so their order does not matter, as long as the outputs do not overlap
+    (where they do, the last column's bytes stay here; the kernel leaves an
+    unspecified mix).  Windows may repeat: each fills its own output row.
+
+    Parameters
+    ----------
+    srcs : sequence of numpy.ndarray
+        Per column a C-contiguous uint8 ``[cap, nbytes]`` ring view.
+    src_start, dst_offset, n_valid : numpy.ndarray
+        int64 ``[B]``: the windows, as :func:`gather_windows` takes them.
+    outs : sequence of numpy.ndarray
+        Per column a C-contiguous uint8 ``[B, L, nbytes]`` output.
+    """
+    if len(srcs) != len(outs):
+        raise IndexError(f"gather_columns: {len(srcs)} sources for {len(outs)} outputs")
+    for src, out in zip(srcs, outs):
+        gather_windows(src, src_start, dst_offset, n_valid, out)
 
 
 def window_mask(dst_offset: np.ndarray, n_valid: np.ndarray, length: int, out: np.ndarray | None = None) -> np.ndarray:

@@ -9,7 +9,7 @@ gear_flow never imports CuPy or touches CUDA.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -65,6 +65,37 @@ class StorageTier(ABC):
         out : numpy.ndarray
             C-contiguous uint8 ``[B, L, step_nbytes]`` (host memory for host tiers).
         """
+
+    def gather_columns(
+        self,
+        srcs: Mapping[str, np.ndarray],
+        src_start: np.ndarray,
+        dst_offset: np.ndarray,
+        n_valid: np.ndarray,
+        outs: Mapping[str, np.ndarray],
+    ) -> None:
+        """Gather the same windows of every column of a take: ``srcs[name]`` into ``outs[name]``.
+
+        Semantics: :meth:`gather_windows` applied to each column (this default
+        does exactly that).  Tiers for which a call costs more than its bytes
+        override it: the GPU tiers gather every column in one kernel launch.
+
+        Parameters
+        ----------
+        srcs : mapping of str to numpy.ndarray
+            Column rings viewed as bytes, C-contiguous uint8 ``[capacity, step_nbytes]``;
+            one for every name of ``outs`` (others are ignored).
+        src_start : numpy.ndarray
+            int64 ``[B]``: ring position of each window's first stored step.
+        dst_offset : numpy.ndarray
+            int64 ``[B]``: where in its output row that step lands (head padding before it).
+        n_valid : numpy.ndarray
+            int64 ``[B]``: stored steps copied per window; the rest of each row is zeroed.
+        outs : mapping of str to numpy.ndarray
+            The columns to gather: C-contiguous uint8 ``[B, L, step_nbytes]`` each.
+        """
+        for name, out in outs.items():
+            self.gather_windows(srcs[name], src_start, dst_offset, n_valid, out)
 
     def empty_output(self, shape: tuple[int, ...], dtype: np.dtype | type = np.uint8) -> np.ndarray:
         """A buffer this tier's :meth:`gather_windows` can write.
