@@ -551,8 +551,9 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
             ``shards`` (one dict per reachable shard, by shard id, with its
             ``worker``); ``lost`` (``{shard: record}``);
             ``unreachable_workers`` (addresses that did not answer);
-            ``placement`` (``{shard: address}``); ``inserts_in_flight`` and
-            ``waiting`` (callers blocked by the limiter).
+            ``placement`` (``{shard: address}``); ``inserts_in_flight``
+            (count) and ``waiting`` (``{"inserts": n, "samples": n}``
+            blocked by the limiter).
         """
         self.flush()
         return self._ctx.sync(self.info_async)
