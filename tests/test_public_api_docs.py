@@ -67,16 +67,6 @@ PENDING = {
     "gear_flow.selectors.prioritized",  # 4
     "gear_flow.selectors.uniform",  # 2
     "gear_flow.selectors.without_replacement",  # 5
-    # gear_flow/table/
-    "gear_flow.table.admission",  # 8
-    "gear_flow.table.config",  # 9
-    "gear_flow.table.executor",  # 11
-    "gear_flow.table.local",  # 30
-    "gear_flow.table.planner",  # 18
-    "gear_flow.table.results",  # 1
-    "gear_flow.table.routing",  # 2
-    "gear_flow.table.two_level",  # 9
-    "gear_flow.table.validate",  # 10
     # gear_flow/backend.py
     "gear_flow.backend",  # 18
     # gear_flow/sample.py

@@ -71,7 +71,9 @@ def prepare_insert(
     ------
     InvalidDataError
         A missing or extra column, a wrong shape or dtype, an empty episode,
-        or priorities that are not finite, >= 0 and one per item.
+        or not one priority per item.
+    InvalidPriorityError
+        A priority that is NaN, infinite or negative.
     """
     eps = as_episode_list(episodes)
     checked = [check_episode(spec, e, i) for i, e in enumerate(eps)]
@@ -134,9 +136,11 @@ class WritesMixin:
         Raises
         ------
         InvalidDataError
-            Episodes or priorities that do not match the spec.
+            Episodes that do not match the spec, or not one priority per
+            item.
         InvalidPriorityError
-            Priorities the sampler or remover cannot represent.
+            A priority that is NaN, infinite or negative, or one the sampler
+            or remover cannot represent.
         CapacityError
             An episode longer than a shard's capacity.
         SpecError
@@ -538,14 +542,15 @@ class WritesMixin:
         Raises
         ------
         InvalidDataError
-            Non-integer keys, keys naming no shard of the table, or
-            priorities that are not finite, >= 0 and one per key.
+            Non-integer keys, or not one priority per key.
         SpecError
             ``priorities`` is None.
         InvalidPriorityError
-            Priorities the sampler or remover cannot represent.
+            A priority that is NaN, infinite or negative, or one the sampler
+            or remover cannot represent.
         UnknownKeyError
-            A key that was never issued by this table; nothing was applied.
+            A key naming no shard of the table, or never issued by it;
+            nothing was applied.
         ShardLostError
             A key names a lost shard and the table is not ``degraded``.
         """
@@ -623,9 +628,10 @@ class WritesMixin:
         Raises
         ------
         InvalidDataError
-            Non-integer keys, or keys naming no shard of the table.
+            Non-integer keys.
         UnknownKeyError
-            A key never issued by this table; nothing was removed.
+            A key naming no shard of the table, or never issued by it;
+            nothing was removed.
         ShardLostError
             A key names a lost shard and the table is not ``degraded``.
         """
