@@ -61,12 +61,6 @@ PENDING = {
     "gear_flow.ops.gather",  # 7
     "gear_flow.ops.maxtree",  # 1
     "gear_flow.ops.sumtree",  # 4
-    # gear_flow/selectors/
-    "gear_flow.selectors",  # 4
-    "gear_flow.selectors.base",  # 21
-    "gear_flow.selectors.prioritized",  # 4
-    "gear_flow.selectors.uniform",  # 2
-    "gear_flow.selectors.without_replacement",  # 5
     # gear_flow/backend.py
     "gear_flow.backend",  # 18
     # gear_flow/sample.py
