@@ -55,16 +55,11 @@ PENDING = {
     "gear_flow.gpu.ops.gather",  # 12
     "gear_flow.gpu.ops.maxtree",  # 12
     "gear_flow.gpu.ops.sumtree",  # 28
-    "gear_flow.gpu.streams",  # 1
     "gear_flow.gpu.tiers",  # 8
     # gear_flow/ops/
     "gear_flow.ops.gather",  # 7
     "gear_flow.ops.maxtree",  # 1
     "gear_flow.ops.sumtree",  # 4
-    # gear_flow/backend.py
-    "gear_flow.backend",  # 18
-    # gear_flow/sample.py
-    "gear_flow.sample",  # 12
     # gear_flow/shard.py
     "gear_flow.shard",  # 50
 }
