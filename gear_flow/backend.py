@@ -47,6 +47,15 @@ if TYPE_CHECKING:
 class BackendUnavailableError(GearFlowError, RuntimeError):
     """A GPU tier or GPU library was asked for where there is none.
 
+    Parameters
+    ----------
+    what : str
+        What was asked for (a tier, a module).
+    reason : str
+        Why it is unavailable; a reason mentioning ``import`` gets the hint to
+        install the GPU extra, any other the hint to run where there is a
+        device.
+
     Attributes
     ----------
     what : str
@@ -55,7 +64,7 @@ class BackendUnavailableError(GearFlowError, RuntimeError):
         Why it is unavailable (package missing, no usable device).
     """
 
-    def __init__(self, what: str, reason: str):
+    def __init__(self, what: str, reason: str) -> None:
         self.what = what
         self.reason = reason
         hint = (
@@ -76,7 +85,23 @@ _TIERS: dict[str, tuple[str, str, str]] = {
 
 
 def tier_name(tier: str | StorageTier) -> str:
-    """The name of a tier given as a name or as a :class:`~gear_flow.storage.StorageTier`."""
+    """The name of a tier given as a name or as a :class:`~gear_flow.storage.StorageTier`.
+
+    Parameters
+    ----------
+    tier : str or StorageTier
+        A tier name, or an object with a ``name`` attribute.
+
+    Returns
+    -------
+    str
+        ``host``, ``shared``, ``pinned`` or ``device``.
+
+    Raises
+    ------
+    SpecError
+        Not a tier the backend knows.
+    """
     name = tier if isinstance(tier, str) else getattr(tier, "name", None)
     if name not in _TIERS:
         raise SpecError(f"storage tier {tier!r} is unknown to the backend; available: {sorted(_TIERS)}")
@@ -101,7 +126,13 @@ def _cupy_status() -> str | None:
 def gpu_available() -> bool:
     """True when CuPy is importable and a CUDA device is usable; never raises.
 
-    Memoised; ``gpu_available.cache_clear()`` forgets the answer.
+    Memoised; ``gpu_available.cache_clear()`` forgets the answer.  Creates no
+    CUDA context (``cupy.cuda.is_available`` only queries the driver).
+
+    Returns
+    -------
+    bool
+        Whether the GPU tiers can be used here.
     """
     return _cupy_status() is None
 
@@ -110,7 +141,23 @@ gpu_available.cache_clear = _cupy_status.cache_clear  # type: ignore[attr-define
 
 
 def require_gpu(what: str) -> ModuleType:
-    """The ``cupy`` module, or :class:`BackendUnavailableError` naming ``what`` needed it."""
+    """The ``cupy`` module, or :class:`BackendUnavailableError` naming ``what`` needed it.
+
+    Parameters
+    ----------
+    what : str
+        What needs the GPU, for the message (``"storage tier 'device'"``).
+
+    Returns
+    -------
+    module
+        ``cupy``.
+
+    Raises
+    ------
+    BackendUnavailableError
+        CuPy cannot be imported or sees no usable device.
+    """
     reason = _cupy_status()
     if reason is not None:
         raise BackendUnavailableError(what, reason)
@@ -131,19 +178,73 @@ def _load(modname: str, what: str):
 
 
 def array_module(tier: str | StorageTier = "host") -> ModuleType:
-    """Module of a tier's ring arrays: ``numpy`` (host, pinned) or ``cupy`` (device)."""
+    """Module of a tier's ring arrays: ``numpy`` (host, shared, pinned) or ``cupy`` (device).
+
+    Parameters
+    ----------
+    tier : str or StorageTier, default "host"
+        ``host``, ``shared``, ``pinned`` or ``device``, or a tier instance.
+
+    Returns
+    -------
+    module
+        ``numpy`` or ``cupy``.
+
+    Raises
+    ------
+    SpecError
+        An unknown tier.
+    BackendUnavailableError
+        ``device`` where there is no usable GPU.
+    """
     name = tier_name(tier)
     return _load(_TIERS[name][0], f"storage tier {name!r}")
 
 
 def output_module(tier: str | StorageTier = "host") -> ModuleType:
-    """Module of the sample output buffers of a tier: ``numpy`` (host) or ``cupy`` (pinned, device)."""
+    """Module of the sample output buffers of a tier: ``numpy`` (host, shared) or ``cupy`` (pinned, device).
+
+    Parameters
+    ----------
+    tier : str or StorageTier, default "host"
+        ``host``, ``shared``, ``pinned`` or ``device``, or a tier instance.
+
+    Returns
+    -------
+    module
+        ``numpy`` or ``cupy``.
+
+    Raises
+    ------
+    SpecError
+        An unknown tier.
+    BackendUnavailableError
+        ``pinned`` or ``device`` where there is no usable GPU.
+    """
     name = tier_name(tier)
     return _load(_TIERS[name][1], f"sample output of tier {name!r}")
 
 
 def frame_module(tier: str | StorageTier = "host") -> ModuleType:
-    """Frame library of a tier: ``pandas`` (host, pinned) or ``cudf`` (device)."""
+    """Frame library of a tier: ``pandas`` (host, shared, pinned) or ``cudf`` (device).
+
+    Parameters
+    ----------
+    tier : str or StorageTier, default "host"
+        ``host``, ``shared``, ``pinned`` or ``device``, or a tier instance.
+
+    Returns
+    -------
+    module
+        ``pandas`` or ``cudf``.
+
+    Raises
+    ------
+    SpecError
+        An unknown tier.
+    BackendUnavailableError
+        The library cannot be imported.
+    """
     name = tier_name(tier)
     return _load(_TIERS[name][2], f"frames of tier {name!r}")
 
@@ -187,6 +288,23 @@ def selection_ops(tier: str | StorageTier = "host") -> SelectionOps:
     CUDA kernels' wrappers for ``device`` (which needs CuPy and a usable device,
     else :class:`BackendUnavailableError`).  Creates no CUDA context itself.
 
+    Parameters
+    ----------
+    tier : str or StorageTier, default "host"
+        ``host``, ``shared``, ``pinned`` or ``device``, or a tier instance.
+
+    Returns
+    -------
+    SelectionOps
+        The tier's ``sumtree`` and ``maxtree`` modules and ``on_device``.
+
+    Raises
+    ------
+    SpecError
+        An unknown tier.
+    BackendUnavailableError
+        ``device`` where there is no usable GPU.
+
     Examples
     --------
     >>> from gear_flow import backend
@@ -202,12 +320,45 @@ def selection_ops(tier: str | StorageTier = "host") -> SelectionOps:
 
 
 def output_on_device(tier: str | StorageTier = "host") -> bool:
-    """Do samples of this tier come out in device memory (as CUDA tensors)?"""
+    """Do samples of this tier come out in device memory (as CUDA tensors)?
+
+    Parameters
+    ----------
+    tier : str or StorageTier, default "host"
+        ``host``, ``shared``, ``pinned`` or ``device``, or a tier instance.
+
+    Returns
+    -------
+    bool
+        True for ``pinned`` and ``device``.
+
+    Raises
+    ------
+    SpecError
+        An unknown tier.
+    """
     return _TIERS[tier_name(tier)][1] == "cupy"
 
 
 def is_device_array(a: object) -> bool:
-    """Is ``a`` a CUDA array (CuPy, or anything exposing ``__cuda_array_interface__``)?"""
+    """Is ``a`` a CUDA array (CuPy, or anything exposing ``__cuda_array_interface__``)?
+
+    Parameters
+    ----------
+    a : object
+        Anything; nothing is imported to answer.
+
+    Returns
+    -------
+    bool
+        True when ``a`` has ``__cuda_array_interface__``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> is_device_array(np.zeros(3))
+    False
+    """
     return hasattr(a, "__cuda_array_interface__")
 
 
@@ -216,6 +367,18 @@ def to_torch(a: object) -> torch.Tensor:
 
     For a device array, torch's current stream is made to wait for CuPy's
     current stream (the DLPack protocol's ``stream`` handshake).
+
+    Parameters
+    ----------
+    a : array_like
+        A NumPy array (or anything ``np.asarray`` reads) or a device array
+        supporting DLPack.
+
+    Returns
+    -------
+    torch.Tensor
+        Shares ``a``'s memory (no copy), same shape and dtype, on the CPU or
+        on ``a``'s device.
     """
     import torch
 

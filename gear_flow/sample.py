@@ -13,6 +13,7 @@ episode ids and timesteps are computed on the host and stay there.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,8 @@ from .spec import TableSpec
 if TYPE_CHECKING:
     import torch
     from tensordict import TensorDict
+
+    from .storage.base import StorageTier
 
 
 def _torch():
@@ -88,14 +91,31 @@ class SampleBatch:
     priorities: object = None
     times_sampled: object = None
 
-    def __getitem__(self, name: str):
+    def __getitem__(self, name: str) -> torch.Tensor:
+        """The tensor of column ``name`` (``self.data[name]``)."""
         return self.data[name]
 
     def __len__(self) -> int:
+        """``B``, the number of windows."""
         return int(self.keys.shape[0])
 
     def to(self, device: str | torch.device, non_blocking: bool = True) -> SampleBatch:
-        """A copy of the batch on ``device`` (torch semantics)."""
+        """A copy of the batch on ``device`` (torch semantics).
+
+        Parameters
+        ----------
+        device : str or torch.device
+            Target device, e.g. ``"cuda:0"`` or ``"cpu"``.
+        non_blocking : bool, default True
+            Passed to every ``Tensor.to``: copies from pinned host memory
+            overlap with the caller.
+
+        Returns
+        -------
+        SampleBatch
+            Every tensor moved (tensors already on ``device`` are shared, as
+            ``Tensor.to`` does); ``table_size`` and ``length`` as they are.
+        """
         mv = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
         return SampleBatch(
             {k: mv(v) for k, v in self.data.items()},
@@ -193,6 +213,35 @@ class SampleBuffers:
         For ``pinned`` and ``device`` the column buffers are CuPy arrays on the
         current device and the batch's column tensors are CUDA tensors.
 
+    Attributes
+    ----------
+    bytes : dict of str to array
+        Per column, ``uint8 [B, L, row bytes]``: what gathers write.
+    arrays : dict of str to array
+        Per column, the same memory viewed as ``[B, L, *shape]`` in the
+        column's dtype.
+    keys, episode_ids, timesteps : numpy.ndarray
+        int64 ``[B]``.
+    probabilities : numpy.ndarray
+        float64 ``[B]``.
+    weights : numpy.ndarray
+        float32 ``[B]``.
+    mask : numpy.ndarray
+        bool ``[B, L]``.
+    priorities : numpy.ndarray
+        float64 ``[B]``, NaN where not reported.
+    times_sampled : numpy.ndarray
+        int64 ``[B]``, -1 where not counted.
+    on_device : bool
+        Whether the column buffers are device (CuPy) arrays.
+
+    Raises
+    ------
+    SpecError
+        A column not in ``spec``, or an unknown tier.
+    BackendUnavailableError
+        A GPU tier where there is no usable GPU.
+
     Examples
     --------
     >>> import numpy as np
@@ -203,7 +252,14 @@ class SampleBuffers:
     (4, 2, 3)
     """
 
-    def __init__(self, spec: TableSpec, columns, batch_size: int, length: int, tier="host"):
+    def __init__(
+        self,
+        spec: TableSpec,
+        columns: Sequence[str],
+        batch_size: int,
+        length: int,
+        tier: str | StorageTier = "host",
+    ) -> None:
         self.columns = tuple(columns)
         self.batch_size = int(batch_size)
         self.length = int(length)
@@ -230,9 +286,31 @@ class SampleBuffers:
         self._tensors = None
 
     @classmethod
-    def wrap(cls, spec: TableSpec, columns, length: int, parts: dict) -> SampleBuffers:
-        """Buffers around arrays that arrived from a worker (no copy): host arrays, or device
-        arrays from a table on a GPU tier (then the batch's column tensors are CUDA tensors)."""
+    def wrap(cls, spec: TableSpec, columns: Sequence[str], length: int, parts: dict) -> SampleBuffers:
+        """Buffers around arrays that arrived from a worker (no copy).
+
+        Host arrays, or device arrays from a table on a GPU tier (then the
+        batch's column tensors are CUDA tensors and ``tier`` is ``device``).
+
+        Parameters
+        ----------
+        spec : TableSpec
+            The table's columns.
+        columns : sequence of str
+            Columns in ``parts["data"]``.
+        length : int
+            ``L``.
+        parts : dict
+            A worker's ``sample_all`` reply: ``data`` (``{column: uint8 [B,
+            L, row bytes]}``), ``keys``, ``probabilities``, ``weights``,
+            ``mask``, ``episode_ids``, ``timesteps``, and optionally
+            ``priorities`` and ``times_sampled``.
+
+        Returns
+        -------
+        SampleBuffers
+            Aliasing the arrays of ``parts``.
+        """
         self = cls.__new__(cls)
         self.columns = tuple(columns)
         self.batch_size = len(parts["keys"])
@@ -254,18 +332,43 @@ class SampleBuffers:
         self._tensors = None
         return self
 
-    def matches(self, columns, batch_size: int, length: int, tier=None) -> bool:
-        """Can these buffers hold a sample of ``(columns, batch_size, length)`` from a table of ``tier``?"""
+    def matches(
+        self, columns: Sequence[str], batch_size: int, length: int, tier: str | StorageTier | None = None
+    ) -> bool:
+        """Can these buffers hold a sample of ``(columns, batch_size, length)`` from a table of ``tier``?
+
+        Parameters
+        ----------
+        columns : sequence of str
+            Columns of the sample, in order.
+        batch_size : int
+            ``B`` of the sample.
+        length : int
+            ``L`` of the sample.
+        tier : str or StorageTier, optional
+            The table's tier; None: memory kind not checked.
+
+        Returns
+        -------
+        bool
+            Same columns (in order), ``B`` and ``L``, and (with ``tier``)
+            the same memory kind (host or device) as the tier's output.
+        """
         same = tuple(columns) == self.columns and batch_size == self.batch_size and length == self.length
         return same and (tier is None or backend.output_on_device(tier) == self.on_device)
 
-    def gather_stream(self):
+    def gather_stream(self) -> contextlib.AbstractContextManager:
         """Context in which a table gathers into these buffers.
 
         For device buffers: the learner's current torch stream (as a CuPy
         stream), so that the gather runs after the learner's work on the
         previous batch in these buffers and before its work on this one.  For
         host buffers: nothing.
+
+        Returns
+        -------
+        contextlib.AbstractContextManager
+            A ``cupy.cuda.Stream`` (device buffers) or a null context.
         """
         if not self.on_device:
             return contextlib.nullcontext()
@@ -278,6 +381,11 @@ class SampleBuffers:
 
         ``src`` is a host int array; for device buffers a device copy of it
         does the indexing (the index lives where the data does).
+
+        Parameters
+        ----------
+        src : numpy.ndarray
+            int ``[B]``, a permutation of ``0 .. B-1``.
         """
         src = np.asarray(src, dtype=np.int64)
         dsrc = backend.output_module(self.tier).asarray(src) if self.on_device else src
@@ -299,6 +407,25 @@ class SampleBuffers:
         )
 
     def batch(self, table_size: int) -> SampleBatch:
+        """The buffers as a :class:`SampleBatch` of torch tensors aliasing them (no copy).
+
+        The tensors are made once and reused, so successive batches from the
+        same buffers share memory.  For device buffers gathered outside
+        :meth:`gather_stream`, torch's current stream is first ordered after
+        CuPy's.
+
+        Parameters
+        ----------
+        table_size : int
+            Items in the table when the batch was drawn (-1: not known, as
+            distributed tables report).
+
+        Returns
+        -------
+        SampleBatch
+            Columns ``[B, L, *shape]``, keys, probabilities, weights, mask,
+            episode ids, timesteps, priorities and times sampled.
+        """
         if self._tensors is None:
             t = _torch().from_numpy
             self._tensors = (

@@ -21,6 +21,8 @@ import logging
 import threading
 import uuid
 from collections import defaultdict
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -42,6 +44,9 @@ from .sizes import SizesMixin
 from .transport import Context, Retry, WorkerLost, call, coord
 from .writes import WritesMixin
 
+if TYPE_CHECKING:
+    from distributed import Client
+
 logger = logging.getLogger(__name__)
 
 
@@ -50,19 +55,87 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
 
     Create with :meth:`create` (from a client) or get a handle with
     :meth:`attach` (from another client, or inside a task on a worker).
-    The API mirrors :class:`~gear_flow.LocalTable`: ``insert``, ``writer``,
-    ``sample``, ``update_priorities``, ``delete``, ``info``, ``close``.
+    The API mirrors :class:`~gear_flow.LocalTable`: ``insert``,
+    ``insert_batch``, ``writer``, ``sample``, ``update_priorities``,
+    ``delete``, ``info``, ``checkpoint``/``restore``, ``close``.  A handle
+    pickles by name: sent to a task, it attaches there to the same table.
+    Each blocking method has an ``*_async`` twin for use inside a running
+    event loop.
+
+    The constructor is internal: it wraps a table the coordinator already
+    knows.  Use :meth:`create`, :meth:`attach`, :meth:`queue`, :meth:`stack`
+    or :meth:`restore`.
+
+    Parameters
+    ----------
+    ctx : Context
+        How this handle reaches the scheduler and workers (a client, or the
+        worker running the current task).
+    name : str
+        The table's name, unique on the cluster.
+    state : dict
+        The coordinator's ``lookup`` answer: ``config`` (a
+        :meth:`TableConfig.to_dict`), ``placement`` (``{shard: worker
+        address}``), and optionally ``lost`` and ``version``.
+    seed : int, optional
+        Seeds this handle's random generator (shard draws of ``sample``);
+        None: fresh entropy.
+    timeout : float, optional
+        Default seconds a blocking call of this handle waits; None: the
+        table's configured ``timeout`` (None there: forever).
+
+    Attributes
+    ----------
+    name : str
+        The table's name on the cluster.
+    spec : TableSpec
+        Columns, per-shard capacity, number of shards, item unit, max_size.
+    placement : dict of int to str
+        Worker address of each shard, as this handle last saw it.
+    lost : dict of int to dict
+        Shards whose worker was lost, with the coordinator's record of the
+        loss (``size_at_loss``, ``inserted_at_loss``, ``detail``); empty while
+        the table is whole.
+    boundary : {"strict", "pad_tail", "pad_head"}
+        Default window boundary mode of :meth:`sample`.
+    routing : {"balanced", "round_robin"}
+        How inserted episodes are spread over shards.
+    degraded : bool
+        Whether the table keeps serving from the remaining shards after a
+        shard's worker is lost.
+    timeout : float or None
+        Default seconds a blocking call waits (None: forever).
+    rng : numpy.random.Generator
+        This handle's random generator.
+    stats : dict of str to int
+        Bytes of sampled windows this handle gathered in-process
+        (``local_bytes``), from shared memory (``shared_bytes``) or over the
+        comm (``remote_bytes``), the number of ``batches``, and
+        ``shared_conflicts`` (shared-memory reads retried over the comm
+        because a writer overwrote the window meanwhile).
+    requests : dict of str to int
+        Requests this handle sent to shard workers, by operation name.
 
     Examples
     --------
-    >>> from distributed import Client, LocalCluster            # doctest: +SKIP
-    >>> client = Client(LocalCluster(n_workers=2))                # doctest: +SKIP
-    >>> table = DistributedTable.create(client, spec, sampler=gf.Prioritized())  # doctest: +SKIP
-    >>> table.insert(episodes)                                    # doctest: +SKIP
-    >>> batch = table.sample(256, 64)                             # doctest: +SKIP
+    >>> import numpy as np
+    >>> import gear_flow as gf
+    >>> from distributed import Client, LocalCluster                          # doctest: +SKIP
+    >>> client = Client(LocalCluster(n_workers=2))                              # doctest: +SKIP
+    >>> spec = gf.TableSpec((gf.ColumnSpec("obs", (3,), np.float32),), capacity=10_000, num_shards=2)
+    >>> table = gf.DistributedTable.create(client, spec, sampler=gf.Prioritized(), name="replay")  # doctest: +SKIP
+    >>> _ = table.insert({"obs": np.zeros((100, 3), np.float32)})             # doctest: +SKIP
+    >>> batch = table.sample(batch_size=32, length=8)                         # doctest: +SKIP
+    >>> tuple(batch["obs"].shape), tuple(batch.mask.shape)                    # doctest: +SKIP
+    ((32, 8, 3), (32, 8))
+    >>> _ = table.update_priorities(batch.keys, np.ones(32))                  # doctest: +SKIP
+    >>> same = gf.DistributedTable.attach("replay", client=client)            # doctest: +SKIP
+    >>> table.close()                                                         # doctest: +SKIP
     """
 
-    def __init__(self, ctx: Context, name: str, state: dict, seed=None, timeout=None):
+    def __init__(
+        self, ctx: Context, name: str, state: dict, seed: int | None = None, timeout: float | None = None
+    ) -> None:
         self._ctx = ctx
         self.name = name
         self._config = state["config"]
@@ -94,7 +167,7 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
     @classmethod
     def create(
         cls,
-        client,
+        client: Client,
         spec: TableSpec,
         *,
         name: str | None = None,
@@ -107,21 +180,74 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
         routing: str | None = None,
         timeout: float | None = None,
         seed: int | None = None,
-        workers=None,
+        workers: Iterable[str] | None = None,
         degraded: bool = False,
         resources: str | None = None,
     ) -> DistributedTable:
         """Create the table's shards on workers and register it with the scheduler.
 
-        ``workers``: addresses to place shards on (default: all), shards spread
-        over them round-robin; ``spec.num_shards`` may exceed the number of
-        workers (several shards per worker).  ``degraded=True``: when a shard's
-        worker is lost, the table keeps serving from the other shards and
-        reports the loss in ``info()["lost"]``; otherwise every operation that
-        needs the lost shard raises :class:`ShardLostError`.  ``resources``:
-        place shards only on the workers that advertise this Dask resource
-        (``dask worker --resources "replay=1"``, see ``cluster/``); ignored
-        when ``workers`` is given.
+        Registers gear_flow's scheduler, worker and dashboard plugins on the
+        cluster (idempotent) and shares custom selector/limiter registrations
+        with it before the shards are built.
+
+        Parameters
+        ----------
+        client : distributed.Client
+            Client of the cluster that will hold the table.
+        spec : TableSpec
+            Columns, capacity per shard (steps), number of shards, item unit,
+            max_size.
+        name : str, optional
+            Name of the table on the cluster (what :meth:`attach` takes);
+            default a fresh ``"table-<8 hex digits>"``.
+        sampler : Selector, default Uniform()
+            How items are sampled; each shard gets a ``clone()``.
+        remover : Selector, default Fifo()
+            Which items are evicted when the table exceeds ``max_size``; only
+            ``Fifo`` (or a queue/stack) can be honoured by the ring storage.
+        rate_limiter : RateLimiter, default MinSize(1)
+            Global limiter, held by the scheduler's coordinator.
+        max_times_sampled : int, default 0
+            Remove an item after this many samples (0: never).
+        boundary : {"strict", "pad_tail", "pad_head"}, optional
+            Default window boundary mode for :meth:`sample` (config
+            ``table.boundary``).
+        tier : {"host", "shared", "pinned", "device"}, optional
+            Storage tier of the shards (config ``table.tier``).  Host and
+            pinned rings go to shared memory when config
+            ``distributed.shared-memory`` is set, so handles on the same
+            machine read them without the comm.
+        routing : {"balanced", "round_robin"}, optional
+            How episodes are spread over shards (config ``table.routing``).
+        timeout : float, optional
+            Default seconds a blocking call waits (config ``table.timeout``;
+            None: forever).
+        seed : int, optional
+            Seeds the returned handle's random generator.
+        workers : iterable of str, optional
+            Worker addresses to place shards on (default: every worker),
+            shards spread over them round-robin; ``spec.num_shards`` may
+            exceed the number of workers (several shards per worker).
+        degraded : bool, default False
+            When a shard's worker is lost, keep serving from the other shards
+            and report the loss in ``info()["lost"]``; otherwise every
+            operation that needs the lost shard raises
+            :class:`~gear_flow.errors.ShardLostError`.
+        resources : str, optional
+            Place shards only on the workers advertising this Dask resource
+            (``dask worker --resources "replay=1"``, see ``cluster/``);
+            ignored when ``workers`` is given.
+
+        Returns
+        -------
+        DistributedTable
+            A handle on the new table, from ``client``.
+
+        Raises
+        ------
+        SpecError
+            An invalid argument (named in the message), or a cluster with no
+            worker to place shards on.
         """
         cfg = TableConfig.build(
             spec,
@@ -167,20 +293,104 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
         return cls(ctx, name, state, seed=seed)
 
     @classmethod
-    def queue(cls, client, spec: TableSpec, size: int, **kw) -> DistributedTable:
-        """A FIFO queue of ``size`` items over the workers: each handed out once, in insertion order."""
+    def queue(cls, client: Client, spec: TableSpec, size: int, **kw: Any) -> DistributedTable:
+        """A FIFO queue of ``size`` items over the workers: each handed out once, in insertion order.
+
+        Sets ``sampler`` and ``remover`` to ``Fifo()``, ``max_times_sampled``
+        to 1 and the rate limiter to ``Queue(size)``: samples block while the
+        queue is empty, inserts while it is full.
+
+        Parameters
+        ----------
+        client : distributed.Client
+            Client of the cluster that will hold the queue.
+        spec : TableSpec
+            Columns and shards; its ``max_size`` is set to ``size``.
+        size : int
+            Items the queue holds at most.
+        **kw
+            Other keyword arguments of :meth:`create` (``name``, ``timeout``,
+            ``workers`` ...); not ``sampler``, ``remover``,
+            ``rate_limiter`` or ``max_times_sampled``.
+
+        Returns
+        -------
+        DistributedTable
+            A handle on the new queue.
+
+        Raises
+        ------
+        SpecError
+            ``size`` or another argument is invalid.
+        """
         spec, args = queue_setup(spec, size)
         return cls.create(client, spec, **args, **kw)
 
     @classmethod
-    def stack(cls, client, spec: TableSpec, size: int, **kw) -> DistributedTable:
-        """A LIFO stack of ``size`` items over the workers."""
+    def stack(cls, client: Client, spec: TableSpec, size: int, **kw: Any) -> DistributedTable:
+        """A LIFO stack of ``size`` items over the workers: each handed out once, newest first.
+
+        As :meth:`queue`, with ``Lifo()`` selectors and a ``Stack(size)``
+        limiter.
+
+        Parameters
+        ----------
+        client : distributed.Client
+            Client of the cluster that will hold the stack.
+        spec : TableSpec
+            Columns and shards; its ``max_size`` is set to ``size``.
+        size : int
+            Items the stack holds at most.
+        **kw
+            Other keyword arguments of :meth:`create`.
+
+        Returns
+        -------
+        DistributedTable
+            A handle on the new stack.
+
+        Raises
+        ------
+        SpecError
+            ``size`` or another argument is invalid.
+        """
         spec, args = queue_setup(spec, size, lifo=True)
         return cls.create(client, spec, **args, **kw)
 
     @classmethod
-    def attach(cls, name: str, client=None, seed: int | None = None, timeout: float | None = None) -> DistributedTable:
-        """A handle on an existing table: from ``client``, or (default) from the worker running this task."""
+    def attach(
+        cls, name: str, client: Client | None = None, seed: int | None = None, timeout: float | None = None
+    ) -> DistributedTable:
+        """A handle on an existing table: from ``client``, or (default) from the worker running this task.
+
+        Inside a task, the handle reads the shards of its own worker
+        in-process (no copy) and only remote shards' windows cross the comm.
+
+        Parameters
+        ----------
+        name : str
+            The table's name, as given to (or chosen by) :meth:`create`.
+        client : distributed.Client, optional
+            Client to reach the cluster through; None: the worker running the
+            current task (``distributed.get_worker()``).
+        seed : int, optional
+            Seeds the handle's random generator; None: fresh entropy.
+        timeout : float, optional
+            Default seconds a blocking call waits; None: the table's own.
+
+        Returns
+        -------
+        DistributedTable
+            A new handle; other handles on the table are unaffected.
+
+        Raises
+        ------
+        ValueError
+            ``client`` is None outside a worker task (from
+            ``distributed.get_worker``).
+        SpecError
+            No table of that name is registered with the coordinator.
+        """
         if client is None:
             from distributed import get_worker
 
@@ -194,7 +404,7 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
         return cls(ctx, name, ctx.sync(look), seed=seed, timeout=timeout)
 
     @property
-    def client(self):
+    def client(self) -> Client | None:
         """The ``distributed.Client`` of this handle (None inside a worker task)."""
         return self._ctx.client
 
@@ -320,14 +530,42 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
         return int(self._ctx.sync(self._coord, "lookup")["size"])
 
     def __len__(self) -> int:
+        """Items in the table (:attr:`size`)."""
         return self.size
 
     def info(self) -> dict:
-        """Global and per-shard sizes and counters, limiter state, lost shards (leased samples reported first)."""
+        """Global and per-shard sizes and counters, limiter state, lost shards.
+
+        Samples served from this handle's lease are reported to the
+        coordinator first, so the limiter state is current.
+
+        Returns
+        -------
+        dict
+            ``name``; ``size`` (items, summed over the reachable shards);
+            ``coordinator_size`` (items of committed inserts, as the
+            coordinator counts them); ``max_size``, ``num_shards``,
+            ``item_unit`` (from the spec); ``sampler``, ``remover``
+            (their configs); ``rate_limiter`` (the limiter's state);
+            ``totals`` (each per-shard counter summed over shards);
+            ``shards`` (one dict per reachable shard, by shard id, with its
+            ``worker``); ``lost`` (``{shard: record}``);
+            ``unreachable_workers`` (addresses that did not answer);
+            ``placement`` (``{shard: address}``); ``inserts_in_flight``
+            (count) and ``waiting`` (``{"inserts": n, "samples": n}``
+            blocked by the limiter).
+        """
         self.flush()
         return self._ctx.sync(self.info_async)
 
     async def info_async(self) -> dict:
+        """:meth:`info` for a caller inside the event loop (leased samples are not reported first).
+
+        Returns
+        -------
+        dict
+            As :meth:`info`.
+        """
         state = await self._coord("lookup")
         for s, v in state["lost"].items():
             self.lost[int(s)] = v
@@ -364,7 +602,16 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
         }
 
     def close(self, drop: bool = True) -> None:
-        """Close the table (blocked callers get TableClosedError) and free its shards."""
+        """Close the table (blocked callers get TableClosedError) and free its shards.
+
+        Parameters
+        ----------
+        drop : bool, default True
+            Also drop the shards from their workers and forget the table on
+            the coordinator; False only closes it (handles see
+            :class:`~gear_flow.errors.TableClosedError`), leaving the data in
+            place.
+        """
 
         async def _close():
             await self._coord("close")
@@ -376,10 +623,12 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
 
         self._ctx.sync(_close)
 
-    def __enter__(self):
+    def __enter__(self) -> DistributedTable:
+        """The handle itself; the table is closed and dropped on exit."""
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
+        """Close the table and drop its shards (:meth:`close`)."""
         self.close()
 
     def __reduce__(self):
@@ -387,8 +636,26 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
         return (_attach_here, (self.name,))
 
 
-def workers_with_resource(client, resource: str) -> list[str]:
-    """Sorted addresses of the workers advertising ``resource`` (``dask worker --resources "replay=1"``)."""
+def workers_with_resource(client: Client, resource: str) -> list[str]:
+    """Sorted addresses of the workers advertising ``resource`` (``dask worker --resources "replay=1"``).
+
+    Parameters
+    ----------
+    client : distributed.Client
+        Client of the cluster to look at.
+    resource : str
+        Name of a Dask worker resource, e.g. ``"replay"``.
+
+    Returns
+    -------
+    list of str
+        Worker addresses, sorted.
+
+    Raises
+    ------
+    SpecError
+        No worker advertises ``resource``.
+    """
     return sorted(check_resources(client, resource))
 
 

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections import defaultdict
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from ..dashboard import GearFlowDashboard
 from ..errors import ShardLostError, SpecError
@@ -14,24 +17,67 @@ from .coordinator import GearFlowCoordinator
 from .plugin import GearFlowWorker
 from .transport import Context, call, coord
 
+if TYPE_CHECKING:
+    from distributed import Client
+
+    from .api import DistributedTable
+
 
 class CheckpointMixin:
     """Checkpoint and restore methods of :class:`~gear_flow.distributed.DistributedTable`."""
 
     # -- checkpoints -----------------------------------------------------------------------------
-    def checkpoint(self, path) -> dict:
+    def checkpoint(self, path: str | os.PathLike[str]) -> dict:
         """Atomic, checksummed checkpoint of every live shard into directory ``path``.
 
-        ``path`` must be visible to the workers (a shared filesystem; any local
-        path for a LocalCluster).  Each worker snapshots its shards under their
-        locks (the only pause: a memory copy) and writes them while sampling and
-        inserting continue; the coordinator's counters are recorded after the
-        snapshots so that restored tables never reuse episode ids.  Returns
-        ``{"path", "pause_s" (longest shard pause), "seconds", "shards"}``.
+        Each worker snapshots its shards under their locks (the only pause: a
+        memory copy) and writes them while sampling and inserting continue;
+        the coordinator's counters are recorded after the snapshots so that
+        restored tables never reuse episode ids.  The directory appears only
+        once complete (written to a temporary sibling, then renamed); on
+        failure nothing is left behind.  Lost shards are not in it.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            Directory to create; must be visible to the workers (a shared
+            filesystem; any local path for a ``LocalCluster``).
+
+        Returns
+        -------
+        dict
+            ``path`` (str, absolute), ``pause_s`` (float, the longest time
+            one shard was held for its snapshot, seconds), ``seconds`` (float,
+            wall time of the whole checkpoint) and ``shards`` (sorted list of
+            the shard ids written).
+
+        Raises
+        ------
+        CheckpointError
+            ``path`` cannot be written.
+        ShardLostError
+            A worker was lost while writing and the table is not ``degraded``.
         """
         return self._ctx.sync(self.checkpoint_async, path)
 
-    async def checkpoint_async(self, path) -> dict:
+    async def checkpoint_async(self, path: str | os.PathLike[str]) -> dict:
+        """:meth:`checkpoint` for a caller inside the event loop.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            Directory to create, visible to the workers.
+
+        Returns
+        -------
+        dict
+            As :meth:`checkpoint`.
+
+        Raises
+        ------
+        CheckpointError, ShardLostError
+            As :meth:`checkpoint`.
+        """
         import time
         from pathlib import Path
 
@@ -66,11 +112,50 @@ class CheckpointMixin:
         }
 
     @classmethod
-    def restore(cls, client, path, *, name: str | None = None, workers=None, seed=None, timeout=None):
+    def restore(
+        cls,
+        client: Client,
+        path: str | os.PathLike[str],
+        *,
+        name: str | None = None,
+        workers: Iterable[str] | None = None,
+        seed: int | None = None,
+        timeout: float | None = None,
+    ) -> DistributedTable:
         """A table rebuilt from a checkpoint onto ``workers`` (default: all; any number, any addresses).
 
         Every shard file is verified (SHA-256, format version, spec) by the worker
-        that loads it before anything is built.
+        that loads it before anything is built.  The configuration, limiter
+        state and counters are those of the checkpoint, so episode ids and
+        keys are never reused.
+
+        Parameters
+        ----------
+        client : distributed.Client
+            Client of the cluster to restore onto.
+        path : str or os.PathLike
+            A directory written by :meth:`checkpoint`, visible to the workers.
+        name : str, optional
+            Name of the restored table; default a fresh ``"table-<hex>"``.
+        workers : iterable of str, optional
+            Worker addresses to place the shards on, round-robin; default
+            every worker.
+        seed : int, optional
+            Seeds the returned handle's random generator.
+        timeout : float, optional
+            Default seconds a blocking call of the handle waits; None: the
+            checkpointed table's.
+
+        Returns
+        -------
+        DistributedTable
+            A handle on the restored table.
+
+        Raises
+        ------
+        CheckpointError
+            ``path`` holds no checkpoint, a local table's checkpoint, or a
+            file that fails verification.
         """
         from pathlib import Path
 
@@ -109,19 +194,48 @@ class CheckpointMixin:
 
         return cls(ctx, name, ctx.sync(go), seed=seed, timeout=timeout)
 
-    def restore_shard(self, shard: int, path, worker: str | None = None, replace: bool = False) -> dict:
+    def restore_shard(
+        self, shard: int, path: str | os.PathLike[str], worker: str | None = None, replace: bool = False
+    ) -> dict:
         """Rebuild shard ``shard`` from checkpoint ``path`` on ``worker``.
 
         A lost shard is restored; a live one is refused unless ``replace=True``
         (its items since the checkpoint would be dropped), and then replaced
-        without leaving its old copy behind.  The default ``worker`` is the
-        least loaded live worker that may hold the table (its resource, if it
-        was created with one), empty workers included.
+        without leaving its old copy behind.
 
-        Returns ``items_restored``, ``inserted_at_checkpoint``; for a lost shard
-        ``inserted_at_loss`` and ``lost_items`` (inserted after the checkpoint,
-        gone); for a replaced one ``dropped_items`` (what it held) and
-        ``inserted_since_checkpoint``.
+        Parameters
+        ----------
+        shard : int
+            Id of the shard to rebuild.
+        path : str or os.PathLike
+            A checkpoint of this table (from :meth:`checkpoint`), visible to
+            the workers.
+        worker : str, optional
+            Address of the worker to rebuild it on; default the least loaded
+            live worker that may hold the table (its resource, if it was
+            created with one), empty workers included.
+        replace : bool, default False
+            Allow replacing a shard that is alive.
+
+        Returns
+        -------
+        dict
+            ``shard``, ``worker`` (where it now lives), ``items_restored``,
+            ``inserted_at_checkpoint``; for a lost shard also
+            ``inserted_at_loss`` and ``lost_items`` (inserted after the
+            checkpoint, gone); for a replaced one ``dropped_items`` (what it
+            held) and ``inserted_since_checkpoint``.
+
+        Raises
+        ------
+        CheckpointError
+            ``path`` holds no checkpoint or its file fails verification.
+        ShardLostError
+            The checkpoint has no file for ``shard``, or no live worker can
+            take it.
+        SpecError
+            The table has no shard ``shard``, or it is alive and ``replace``
+            is False.
         """
         return self._ctx.sync(self.restore_shard_async, shard, path, worker, replace)
 
@@ -139,7 +253,32 @@ class CheckpointMixin:
                 load[a] += 1
         return min(load, key=lambda a: (load[a], a))
 
-    async def restore_shard_async(self, shard: int, path, worker=None, replace: bool = False) -> dict:
+    async def restore_shard_async(
+        self, shard: int, path: str | os.PathLike[str], worker: str | None = None, replace: bool = False
+    ) -> dict:
+        """:meth:`restore_shard` for a caller inside the event loop.
+
+        Parameters
+        ----------
+        shard : int
+            Id of the shard to rebuild.
+        path : str or os.PathLike
+            A checkpoint of this table.
+        worker : str, optional
+            Where to rebuild it; default the least loaded eligible worker.
+        replace : bool, default False
+            Allow replacing a live shard.
+
+        Returns
+        -------
+        dict
+            As :meth:`restore_shard`.
+
+        Raises
+        ------
+        CheckpointError, ShardLostError, SpecError
+            As :meth:`restore_shard`.
+        """
         from pathlib import Path
 
         from .. import checkpoint as ck

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.protocol import to_serialize
@@ -28,6 +29,9 @@ from ..errors import GearFlowError, ProtocolError, RateLimitTimeout, SpecError
 from . import protocol
 from .gate import OwnerGone, TableGate
 
+if TYPE_CHECKING:
+    from distributed import Scheduler
+
 logger = logging.getLogger(__name__)
 
 COORDINATOR_NAME = "gear-flow-coordinator"
@@ -35,6 +39,16 @@ COORDINATOR_NAME = "gear-flow-coordinator"
 
 class GearFlowCoordinator(SchedulerPlugin):
     """Registers the ``gear_flow_coord`` handler on the scheduler.
+
+    Holds one :class:`~gear_flow.distributed.gate.TableGate` per table, by
+    name, and releases what departed clients and workers held.  Requests are
+    checked against :data:`gear_flow.distributed.protocol.COORDINATOR`;
+    errors are answered, never raised into the scheduler.
+
+    Attributes
+    ----------
+    tables : dict of str to TableGate
+        The registered tables, by name (set up in :meth:`start`).
 
     Examples
     --------
@@ -44,13 +58,55 @@ class GearFlowCoordinator(SchedulerPlugin):
     name = COORDINATOR_NAME
     idempotent = True
 
-    async def start(self, scheduler):
+    async def start(self, scheduler: Scheduler) -> None:
+        """Start with an empty table registry and add the ``gear_flow_coord`` handler.
+
+        Parameters
+        ----------
+        scheduler : distributed.Scheduler
+            The scheduler this plugin runs on.
+        """
         self.scheduler = scheduler
         self.tables: dict[str, TableGate] = {}
         self._tasks: set = set()
         scheduler.handlers["gear_flow_coord"] = self.handle
 
-    async def handle(self, comm=None, action=None, name=None, v=None, **kw):
+    async def handle(
+        self,
+        comm: object | None = None,
+        action: str | None = None,
+        name: str | None = None,
+        v: int | None = None,
+        **kw: Any,
+    ) -> dict[str, Any]:
+        """The ``gear_flow_coord`` comm handler: version, schema, then the operation.
+
+        Parameters
+        ----------
+        comm : distributed.comm.Comm, optional
+            The connection (passed by Dask; unused).
+        action : str, optional
+            The operation: ``register``, ``lookup``, ``admit_insert``,
+            ``commit_insert``, ``abort_insert``, ``admit_sample``,
+            ``admit_hold``, ``sample_finished``, ``count_samples``,
+            ``stamps``, ``removed``, ``mark_lost``, ``worker_alive``,
+            ``workers``, ``restore_state``, ``shard_restored``, ``close``,
+            ``drop`` or ``list``.
+        name : str, optional
+            The table (1 to 512 characters); ignored by ``list``.
+        v : int, optional
+            The caller's protocol version; must equal
+            :data:`gear_flow.distributed.protocol.VERSION`.
+        **kw
+            The operation's arguments, checked against its schema.
+
+        Returns
+        -------
+        dict
+            ``{"status": "OK", "result": ...}`` or ``{"status": "error",
+            "error": GearFlowError}`` (a malformed request becomes a
+            SpecError), serialized for the comm.
+        """
         ops = {
             "register": self._register,
             "lookup": self._lookup,
@@ -204,13 +260,37 @@ class GearFlowCoordinator(SchedulerPlugin):
         """Live workers and the resources they advertise."""
         return {a: dict(ws.resources or {}) for a, ws in self.scheduler.workers.items()}
 
-    def remove_worker(self, scheduler, worker, *, stimulus_id=None, **kwargs):
+    def remove_worker(
+        self, scheduler: Scheduler, worker: str, *, stimulus_id: str | None = None, **kwargs: Any
+    ) -> None:
+        """Mark every shard on ``worker`` lost and release what the worker held as an owner.
+
+        Parameters
+        ----------
+        scheduler : distributed.Scheduler
+            The scheduler.
+        worker : str
+            Address of the removed worker.
+        stimulus_id : str, optional
+            Dask's id of the event that removed it (unused).
+        **kwargs
+            Other arguments Dask passes (unused).
+        """
         for g in list(self.tables.values()):
             for s in sorted(s for s, a in g.placement.items() if a == worker):
                 g.mark_lost(s, f"worker {worker} left the cluster")
         self._release(worker)
 
-    def remove_client(self, scheduler, client):
+    def remove_client(self, scheduler: Scheduler, client: str) -> None:
+        """Release what a departed client held: its waiting requests, exclusive sample and inserts.
+
+        Parameters
+        ----------
+        scheduler : distributed.Scheduler
+            The scheduler.
+        client : str
+            Id of the client that left.
+        """
         self._release(client)
 
     def _release(self, owner: str) -> None:
@@ -327,5 +407,22 @@ class GearFlowCoordinator(SchedulerPlugin):
             g.close()
         return True
 
-    def state(self, name) -> dict:
+    def state(self, name: str) -> dict:
+        """The coordinator's public state of table ``name`` (what ``lookup`` answers).
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+
+        Returns
+        -------
+        dict
+            See :meth:`TableGate.public`.
+
+        Raises
+        ------
+        SpecError
+            No table of that name.
+        """
         return self._table(name).public()

@@ -33,6 +33,7 @@ import asyncio
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import ProtocolError, TableClosedError
 from ..rate_limiters import MinSize
@@ -45,7 +46,24 @@ class OwnerGone(Exception):
 
 @dataclass
 class Txn:
-    """An insert admitted and not yet committed or aborted (or committed but above the horizon)."""
+    """An insert admitted and not yet committed or aborted (or committed but above the horizon).
+
+    Attributes
+    ----------
+    txn : str
+        Transaction id (32 hex digits), what the client commits or aborts.
+    owner : str
+        Client id or worker address that made the insert.
+    n : int
+        Items admitted.
+    first_stamp : int
+        Stamp of its first item (items are stamped consecutively).
+    per_shard : dict of int to int
+        Items routed to each shard.
+    committed : bool
+        Stored and counted in ``size``; kept until every older insert is
+        settled, so the horizon stays below it.
+    """
 
     txn: str
     owner: str
@@ -57,6 +75,25 @@ class Txn:
 
 @dataclass
 class Waiter:
+    """A request waiting for the limiter (or for the table's exclusive hold).
+
+    Attributes
+    ----------
+    kind : {"insert", "sample", "hold"}
+        What it asks for; ``hold`` is an eviction of an exclusive table.
+    n : int
+        Items to insert or to sample (0 for a hold).
+    owner : str
+        Client id or worker address that asked.
+    fut : asyncio.Future
+        Resolved with the grant (a dict), or failed with
+        :class:`TableClosedError` or :class:`OwnerGone`.
+    extra : dict
+        Kind-specific arguments: ``episodes`` and ``per_shard`` of an insert;
+        ``exclusive``, ``done`` (leased samples to count) and ``lease`` of a
+        sample.
+    """
+
     kind: str  # "insert" | "sample"
     n: int
     owner: str
@@ -65,9 +102,55 @@ class Waiter:
 
 
 class TableGate:
-    """Global state of one table; see the module docstring."""
+    """Global state of one table; see the module docstring.
 
-    def __init__(self, name: str, config: dict, placement: dict):
+    Parameters
+    ----------
+    name : str
+        The table's name.
+    config : dict
+        Its configuration, as :meth:`TableConfig.to_dict` writes it (validated
+        here).
+    placement : dict
+        ``{shard: worker address}`` (keys may be strings, as JSON has them).
+
+    Attributes
+    ----------
+    size : int
+        Committed items (what samples may find).
+    shard_size : dict of int to int
+        Committed items per shard (0 for a lost shard).
+    shard_inserted : dict of int to int
+        Items ever inserted per shard.
+    lost : dict of int to dict
+        Lost shards: ``size_at_loss``, ``inserted_at_loss``, ``detail``.
+    version : int
+        Bumped whenever placement or lost shards change; handles refresh
+        when it differs from theirs.
+    limiter : RateLimiter
+        The table's global limiter (a fresh copy of the configured one).
+
+    Raises
+    ------
+    SpecError
+        An invalid ``config``.
+
+    Examples
+    --------
+    >>> import asyncio
+    >>> from gear_flow import ColumnSpec, TableSpec
+    >>> from gear_flow.table.config import TableConfig
+    >>> cfg = TableConfig.build(TableSpec((ColumnSpec("x", ()),), capacity=8)).to_dict()
+    >>> async def one_insert():
+    ...     g = TableGate("t", cfg, {0: "tcp://w:1"})
+    ...     grant = await g.request("insert", 3, "client-1", episodes=1, per_shard={0: 3}).fut
+    ...     g.commit_insert(grant["txn"], {0: 3}, {})
+    ...     return g.size
+    >>> asyncio.run(one_insert())
+    3
+    """
+
+    def __init__(self, name: str, config: dict, placement: dict) -> None:
         self.name = name
         self.config = config
         cfg = TableConfig.from_dict(config)
@@ -93,10 +176,12 @@ class TableGate:
     # -- derived sizes ----------------------------------------------------------------------------
     @property
     def admitted(self) -> int:
+        """Committed items plus those of inserts in flight (what the limiter's size bound sees)."""
         return self.size + sum(t.n for t in self.txns.values() if not t.committed)
 
     @property
     def horizon(self) -> int:
+        """Stamp of the oldest insert in flight (the next stamp when none): ordered samples see items below it."""
         for t in self.txns.values():
             if not t.committed:
                 return t.first_stamp
@@ -104,6 +189,7 @@ class TableGate:
 
     @property
     def visible(self) -> int:
+        """Committed items below the horizon (what an ordered sample may take)."""
         return max(0, self.size - sum(t.n for t in self.txns.values() if t.committed))
 
     # -- what a request may ask (refused at once, before anything is queued or counted) ----------------
@@ -113,6 +199,26 @@ class TableGate:
             raise ProtocolError(f"coordinator {op!r}: field {field!r} names shard(s) {unknown} of no table shard")
 
     def check_insert(self, n: int, episodes: int, per_shard: dict) -> None:
+        """Refuse an insert that can never be admitted, before it is queued.
+
+        Parameters
+        ----------
+        n : int
+            Items of the insert.
+        episodes : int
+            Episodes of the insert.
+        per_shard : dict
+            ``{shard: items}`` routed to each shard.
+
+        Raises
+        ------
+        ProtocolError
+            More items or episodes than the table can ever hold, ``n !=
+            episodes`` for episode items, an unknown shard, or per-shard
+            counts above ``n``.
+        SpecError
+            ``n`` exceeds what the limiter admits at once.
+        """
         room = self.spec.capacity * self.spec.num_shards
         if n > room or episodes > room or (self.spec.item_unit == "episode" and n != episodes):
             raise ProtocolError(
@@ -125,9 +231,38 @@ class TableGate:
         self.limiter.check_insert_size(n)
 
     def check_sample(self, n: int) -> None:
+        """Refuse a sample of ``n`` that the limiter can never admit, before it is queued.
+
+        Parameters
+        ----------
+        n : int
+            Items of the sample.
+
+        Raises
+        ------
+        SpecError
+            ``n`` exceeds what the limiter admits at once.
+        """
         self.limiter.check_sample_size(n)
 
     def check_commit(self, txn: str, items: dict, evicted: dict) -> None:
+        """Refuse a commit that does not match its admission.
+
+        Parameters
+        ----------
+        txn : str
+            Transaction id of the insert.
+        items : dict
+            ``{shard: items written}``.
+        evicted : dict
+            ``{shard: items the insert overwrote}``.
+
+        Raises
+        ------
+        ProtocolError
+            No such insert in flight, an unknown shard, or more items than
+            were admitted.
+        """
         t = self.txns.get(txn)
         if t is None:
             raise ProtocolError(f"coordinator 'commit_insert': no insert {txn!r} is in flight on table {self.name!r}")
@@ -137,6 +272,21 @@ class TableGate:
             raise ProtocolError(f"coordinator 'commit_insert': items add up to more than the {t.n} admitted")
 
     def check_removal(self, k: int, per_shard: dict) -> None:
+        """Refuse a removal report that cannot be true.
+
+        Parameters
+        ----------
+        k : int
+            Items removed in all.
+        per_shard : dict
+            ``{shard: items removed}``; empty when not known per shard.
+
+        Raises
+        ------
+        ProtocolError
+            An unknown shard, per-shard counts not adding up to ``k``, or more
+            items than a shard (or the table) holds.
+        """
         self._shards(per_shard, "removed", "per_shard")
         if per_shard and sum(int(j) for j in per_shard.values()) != k:
             raise ProtocolError(f"coordinator 'removed': per_shard adds up to {sum(per_shard.values())}, not k={k}")
@@ -148,8 +298,35 @@ class TableGate:
             )
 
     # -- admission ----------------------------------------------------------------------------------
-    def request(self, kind: str, n: int, owner: str, **extra) -> Waiter:
-        """Queue a request; its future resolves with the grant (call :meth:`pump` after)."""
+    def request(self, kind: str, n: int, owner: str, **extra: Any) -> Waiter:
+        """Queue a request and serve what can be served; its future resolves with the grant.
+
+        Parameters
+        ----------
+        kind : {"insert", "sample", "hold"}
+            What is asked for (a hold queues with the samples).
+        n : int
+            Items to insert or sample.
+        owner : str
+            Client id or worker address asking.
+        **extra
+            Kept in :attr:`Waiter.extra`: ``episodes``, ``per_shard`` of an
+            insert; ``exclusive``, ``done``, ``lease`` of a sample.
+
+        Returns
+        -------
+        Waiter
+            Its ``fut`` resolves with the grant: for an insert ``txn``,
+            ``first_episode_id``, ``first_stamp``, ``version``; for a sample
+            ``txn``, ``horizon`` (ordered tables, else None), ``version``,
+            ``lease`` (batches the client may serve without asking; MinSize
+            limiters only); for a hold ``txn`` and ``size``.
+
+        Raises
+        ------
+        TableClosedError
+            The table is closed.
+        """
         if self.closed:
             raise TableClosedError(f"table {self.name!r} is closed")
         w = Waiter(kind, int(n), owner, asyncio.get_running_loop().create_future(), extra)
@@ -158,7 +335,13 @@ class TableGate:
         return w
 
     def withdraw(self, w: Waiter) -> None:
-        """A waiter gave up (timeout); later waiters may now be served."""
+        """A waiter gave up (timeout); later waiters may now be served.
+
+        Parameters
+        ----------
+        w : Waiter
+            The waiter, granted or not (a grant is left as it is).
+        """
         for q in (self.inserts, self.samples):
             if w in q:
                 q.remove(w)
@@ -230,7 +413,20 @@ class TableGate:
 
     # -- insert transactions -----------------------------------------------------------------------------
     def commit_insert(self, txn: str, items: dict, evicted: dict) -> None:
-        """The insert is stored: ``items`` per shard written, ``evicted`` per shard overwritten by it."""
+        """The insert is stored: count it and serve waiters (a second commit is ignored).
+
+        Items routed to a shard but not written (lost before the apply) are
+        given back to the limiter.
+
+        Parameters
+        ----------
+        txn : str
+            Transaction id of the insert.
+        items : dict
+            ``{shard: items written}``.
+        evicted : dict
+            ``{shard: items overwritten by it}`` (the ring's eviction).
+        """
         t = self.txns.get(txn)
         if t is None or t.committed:
             return
@@ -253,7 +449,19 @@ class TableGate:
         self.pump()
 
     def abort_insert(self, txn: str) -> bool:
-        """Nothing of the insert was stored: give back its admission."""
+        """Nothing of the insert was stored: give back its admission.
+
+        Parameters
+        ----------
+        txn : str
+            Transaction id of the insert.
+
+        Returns
+        -------
+        bool
+            True when it was in flight and is now aborted; False when unknown
+            or already committed.
+        """
         t = self.txns.pop(txn, None)
         if t is None or t.committed:
             return False
@@ -271,7 +479,16 @@ class TableGate:
 
     # -- samples -----------------------------------------------------------------------------------------------
     def sample_finished(self, txn: str, rollback: int = 0) -> None:
-        """A granted sample is over; ``rollback`` samples were not handed out after all."""
+        """A granted sample is over: release the table's hold if it had it.
+
+        Parameters
+        ----------
+        txn : str
+            Transaction id of the grant.
+        rollback : int, default 0
+            Samples not handed out after all (a failed sample): the limiter
+            forgets them.
+        """
         if self.holder is not None and self.holder["txn"] == txn:
             self.holder = None
         if rollback:
@@ -279,11 +496,26 @@ class TableGate:
         self.pump()
 
     def count_samples(self, n: int) -> None:
+        """Count ``n`` samples served under a lease, then serve waiters.
+
+        Parameters
+        ----------
+        n : int
+            Items sampled.
+        """
         self.limiter.on_sample(int(n))
         self.pump()
 
     def removed(self, k: int, per_shard: dict) -> None:
-        """Items left the table (deletes, expiry, the remover)."""
+        """Items left the table (deletes, expiry, the remover).
+
+        Parameters
+        ----------
+        k : int
+            Items removed in all (the limiter's count).
+        per_shard : dict
+            ``{shard: items removed}``; lost shards' entries are ignored.
+        """
         live = {int(s): int(j) for s, j in per_shard.items() if int(s) not in self.lost}
         for s, j in live.items():
             self.shard_size[s] = self.shard_size.get(s, 0) - j
@@ -293,7 +525,20 @@ class TableGate:
 
     # -- owners, losses --------------------------------------------------------------------------------------
     def release_owner(self, owner: str) -> tuple[list[Txn], dict | None]:
-        """Drop ``owner``'s waiters; return its unfinished inserts and its exclusive hold (to recover)."""
+        """Drop ``owner``'s waiters (they fail with :class:`OwnerGone`); return what it left to recover.
+
+        Parameters
+        ----------
+        owner : str
+            Client id or worker address that went away.
+
+        Returns
+        -------
+        txns : list of Txn
+            Its inserts admitted and not committed.
+        hold : dict or None
+            Its exclusive hold (``txn``, ``owner``, ``n``), if it had it.
+        """
         for q in (self.inserts, self.samples):
             for w in [w for w in q if w.owner == owner]:
                 q.remove(w)
@@ -305,6 +550,15 @@ class TableGate:
         return txns, hold
 
     def mark_lost(self, shard: int, detail: str) -> None:
+        """Record ``shard`` as lost (once): its items leave ``size``, ``version`` is bumped.
+
+        Parameters
+        ----------
+        shard : int
+            Shard id.
+        detail : str
+            Why, for ``info()["lost"]``.
+        """
         shard = int(shard)
         if shard in self.lost:
             return
@@ -320,10 +574,23 @@ class TableGate:
         self.pump()
 
     def close(self) -> None:
+        """Close the table: every waiter fails with TableClosedError, and so does every later request."""
         self.closed = True
         self.pump()
 
     def public(self) -> dict:
+        """What ``lookup`` answers: the table's state as plain data.
+
+        Returns
+        -------
+        dict
+            ``name``, ``config``, ``placement``, ``size``, ``admitted``,
+            ``shard_size``, ``rate_limiter`` (its ``info()``),
+            ``rate_limiter_config`` (to rebuild it), ``lost``,
+            ``shard_inserted``, ``next_episode_id``, ``next_stamp``,
+            ``version``, ``closed``, ``inserts_in_flight`` (count) and
+            ``waiting`` (``{"inserts": n, "samples": n}`` blocked).
+        """
         from ..rate_limiters import to_config
 
         return {

@@ -16,8 +16,11 @@ Samples are answered by :class:`~gear_flow.distributed.host_sampling.SamplingHos
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,21 +30,69 @@ from ..table.config import TableConfig
 from ..table.executor import evict_on, summary
 from .host_sampling import SamplingHost
 
+if TYPE_CHECKING:
+    from ..gpu.shared import SharedPinnedTier
+    from ..storage.base import StorageTier
+
 #: transactions whose outcome a worker remembers (for the coordinator's recovery)
 _REMEMBER = 4096
 
 
-def shared_pinned():
-    """A ``pinned`` tier whose rings are page-locked shared-memory segments (:mod:`gear_flow.gpu.shared`)."""
+def shared_pinned() -> SharedPinnedTier:
+    """A ``pinned`` tier whose rings are page-locked shared-memory segments (:mod:`gear_flow.gpu.shared`).
+
+    Returns
+    -------
+    SharedPinnedTier
+        A fresh tier; each shard gets its own (one segment set per shard).
+    """
     from ..gpu.shared import SharedPinnedTier
 
     return SharedPinnedTier()
 
 
 class HostedTable:
-    """The shards of one table on one worker, plus its transactions in progress."""
+    """The shards of one table on one worker, plus its transactions in progress.
 
-    def __init__(self, name: str, cfg: TableConfig, shard_ids, tier=None, shared: bool = False):
+    Parameters
+    ----------
+    name : str
+        The table's name.
+    cfg : TableConfig
+        Its validated configuration; every shard gets clones of its selectors.
+    shard_ids : iterable of int
+        The shards of the table placed on this worker.
+    tier : str or StorageTier, optional
+        Storage tier of the shards; default ``cfg.tier``.
+    shared : bool, default False
+        Put host and pinned rings in shared-memory segments that readers on
+        this machine map (``host`` becomes ``shared``).
+
+    Attributes
+    ----------
+    tier : str or StorageTier
+        Where the shards' rings live, and so where gathered windows land.
+    shards : dict of int to Shard
+        The shards, by id.
+    staged : dict of str to list
+        Staged inserts by transaction: ``[(shard, EpisodeBatch), ...]``.
+    applied : OrderedDict of str to dict
+        Results of the last 4096 applied inserts, by transaction.
+    pending : dict of str to list
+        Parts of two-phase samples awaiting ``finish_sample``, by
+        transaction.
+    lock : threading.Lock
+        Guards ``staged``, ``applied`` and ``pending``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        cfg: TableConfig,
+        shard_ids: Iterable[int],
+        tier: str | StorageTier | None = None,
+        shared: bool = False,
+    ) -> None:
         self.name = name
         self.cfg = cfg
         self.spec = cfg.spec
@@ -66,14 +117,37 @@ class HostedTable:
         self.pending: dict[str, list] = {}  # sample txn -> [(shard, slots, seqs, drawn)]
         self.lock = threading.Lock()
 
-    def release(self, shards=None) -> None:
-        """Unlink the shared-memory segments of ``shards`` (default: all)."""
+    def release(self, shards: Iterable[int] | None = None) -> None:
+        """Unlink the shared-memory segments of ``shards`` (default: all).
+
+        Parameters
+        ----------
+        shards : iterable of int, optional
+            Shard ids; shards not hosted or not in shared memory are skipped.
+        """
         for i in sorted(self.shards if shards is None else shards):
             s = self.shards.get(i)
             if s is not None and hasattr(s.tier, "release"):
                 s.tier.release()
 
-    def shard(self, i) -> Shard:
+    def shard(self, i: int) -> Shard:
+        """Hosted shard ``i``.
+
+        Parameters
+        ----------
+        i : int
+            Shard id (anything ``int()`` accepts).
+
+        Returns
+        -------
+        Shard
+            The shard.
+
+        Raises
+        ------
+        SpecError
+            The shard is not on this worker.
+        """
         try:
             return self.shards[int(i)]
         except (KeyError, TypeError, ValueError):
@@ -81,8 +155,20 @@ class HostedTable:
                 f"shard {i!r} of table {self.name!r} is not on this worker (here: {sorted(self.shards)})"
             ) from None
 
-    def locked(self, ids=None):
-        """Acquire the locks of ``ids`` (default: all) in ascending order; returns them for release."""
+    def locked(self, ids: Iterable[int] | None = None) -> list[threading.RLock]:
+        """Acquire the locks of ``ids`` (default: all) in ascending order; returns them for release.
+
+        Parameters
+        ----------
+        ids : iterable of int, optional
+            Shard ids (default: every hosted shard).
+
+        Returns
+        -------
+        list of lock
+            The acquired locks, in acquisition order (release with
+            :func:`~gear_flow.distributed.host_sampling.release`).
+        """
         locks = [self.shards[i].lock for i in sorted(self.shards if ids is None else ids)]
         for lk in locks:
             lk.acquire()
@@ -90,14 +176,56 @@ class HostedTable:
 
 
 class ShardHost(SamplingHost):
-    """All hosted tables of one worker; see the module docstring."""
+    """All hosted tables of one worker; see the module docstring.
 
-    def __init__(self):
+    Attributes
+    ----------
+    tables : dict of str to HostedTable
+        The tables with shards here, by name.
+
+    Examples
+    --------
+    >>> from gear_flow import ColumnSpec, TableSpec
+    >>> from gear_flow.table.config import TableConfig
+    >>> host = ShardHost()
+    >>> cfg = TableConfig.build(TableSpec((ColumnSpec("x", ()),), capacity=8, num_shards=2)).to_dict()
+    >>> host.create("t", cfg, [0, 1])
+    [0, 1]
+    >>> host.drop("t")
+    True
+    """
+
+    def __init__(self) -> None:
         self.tables: dict[str, HostedTable] = {}
         self.lock = threading.Lock()
 
     # -- lifecycle --------------------------------------------------------------------
-    def create(self, name: str, config: dict, shard_ids, tier: str | None = None) -> list[int]:
+    def create(self, name: str, config: dict, shard_ids: Iterable[int], tier: str | None = None) -> list[int]:
+        """Host shards ``shard_ids`` of table ``name`` (idempotent for the same shards).
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        config : dict
+            Its configuration (:meth:`TableConfig.to_dict`, plus
+            ``shared_memory``).
+        shard_ids : iterable of int
+            Shards placed on this worker.
+        tier : str, optional
+            Storage tier; default the configuration's.
+
+        Returns
+        -------
+        list of int
+            The sorted shard ids hosted.
+
+        Raises
+        ------
+        SpecError
+            An invalid configuration, or the table is already here with other
+            shards.
+        """
         cfg = TableConfig.from_dict(config)
         with self.lock:
             if name in self.tables:
@@ -109,6 +237,18 @@ class ShardHost(SamplingHost):
             return sorted(self.tables[name].shards)
 
     def drop(self, name: str) -> bool:
+        """Forget table ``name`` here and release its shared memory.
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+
+        Returns
+        -------
+        bool
+            Whether the table was here.
+        """
         with self.lock:
             t = self.tables.pop(name, None)
         if t is not None:
@@ -122,26 +262,104 @@ class ShardHost(SamplingHost):
         for t in tables:
             t.release()
 
-    def shared_layout(self, name) -> dict:
-        """For readers on this machine: ``{"machine", "shards": {shard: layout or None}}``."""
+    def shared_layout(self, name: str) -> dict:
+        """How readers on this machine map the table's shared rings.
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+
+        Returns
+        -------
+        dict
+            ``{"machine": id of this machine, "shards": {shard: layout or
+            None}}``; a layout names the shard's segments (header, one per
+            column) and capacity; None where the shard is not in shared
+            memory.
+
+        Raises
+        ------
+        SpecError
+            No table ``name`` here.
+        """
         from ..storage.shared import machine_id
 
         return {"machine": machine_id(), "shards": {i: s.shared_layout() for i, s in self.table(name).shards.items()}}
 
     def table(self, name: str) -> HostedTable:
+        """The hosted table ``name``.
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+
+        Returns
+        -------
+        HostedTable
+            Its shards here.
+
+        Raises
+        ------
+        SpecError
+            No table ``name`` here.
+        """
         try:
             return self.tables[name]
         except (KeyError, TypeError):
             raise SpecError(f"no table {name!r} on this worker; tables here: {sorted(self.tables)}") from None
 
     def shard(self, name: str, shard_id: int) -> Shard:
+        """Shard ``shard_id`` of table ``name``.
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        shard_id : int
+            The shard's id.
+
+        Returns
+        -------
+        Shard
+            The hosted shard.
+
+        Raises
+        ------
+        SpecError
+            No such table or shard here.
+        """
         return self.table(name).shard(shard_id)
 
     # -- inserts: stage, apply, abort -----------------------------------------------------
-    def stage(self, name, txn: str, parts: list) -> int:
-        """Validate and keep ``parts`` of insert ``txn`` (nothing visible yet); returns items staged.
+    def stage(self, name: str, txn: str, parts: list[dict]) -> int:
+        """Validate and keep ``parts`` of insert ``txn`` (nothing visible yet, no copy).
 
-        Each part: ``{"shard", "chunks", "lengths", "episode_ids", "stamps", "priorities"}``.
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        txn : str
+            The insert's transaction id.
+        parts : list of dict
+            Each ``{"shard", "chunks", "lengths", "episode_ids", "stamps",
+            "priorities"}``: one chunk (``{column: [T, *shape] array}``), one
+            length, episode id and first stamp per episode, and None or one
+            float64 priority per item.
+
+        Returns
+        -------
+        int
+            Items staged.
+
+        Raises
+        ------
+        SpecError
+            A malformed part (wrong dtype or shape, more steps than the
+            shard's capacity, bad priorities) or a transaction staged twice.
+        CapacityError
+            A queue or stack would overwrite items never handed out.
         """
         t = self.table(name)
         batches = [self._batch(t, p) for p in parts]
@@ -197,11 +415,30 @@ class ShardHost(SamplingHost):
         )
         return s.shard_id, batch
 
-    def apply(self, name, txn: str) -> dict:
-        """Write the staged insert ``txn``; returns ``{"first_keys": {shard: keys}, "evicted": {shard: n}}``.
+    def apply(self, name: str, txn: str) -> dict:
+        """Write the staged insert ``txn``.
 
         Applying a transaction twice returns the first result (the coordinator's
         recovery and the client may both ask).
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        txn : str
+            The insert's transaction id.
+
+        Returns
+        -------
+        dict
+            ``{"first_keys": {shard: int64 key of each episode's first item},
+            "items": {shard: items written}, "evicted": {shard: items
+            overwritten}}``.
+
+        Raises
+        ------
+        SpecError
+            ``txn`` is neither staged nor applied here.
         """
         t = self.table(name)
         with t.lock:
@@ -228,13 +465,46 @@ class ShardHost(SamplingHost):
                 t.applied.popitem(last=False)
         return res
 
-    def write(self, name, txn: str, parts: list) -> dict:
-        """Stage and apply at once (an insert that touches only this worker)."""
+    def write(self, name: str, txn: str, parts: list[dict]) -> dict:
+        """Stage and apply at once (an insert that touches only this worker).
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        txn : str
+            The insert's transaction id.
+        parts : list of dict
+            As :meth:`stage`.
+
+        Returns
+        -------
+        dict
+            As :meth:`apply`.
+
+        Raises
+        ------
+        SpecError, CapacityError
+            As :meth:`stage`.
+        """
         self.stage(name, txn, parts)
         return self.apply(name, txn)
 
-    def abort(self, name, txn: str) -> bool:
-        """Forget a staged insert, or undo a pending sample; True if there was something to undo."""
+    def abort(self, name: str, txn: str) -> bool:
+        """Forget a staged insert, or undo a pending sample.
+
+        Parameters
+        ----------
+        name : str
+            The table's name (an unknown one: nothing to do).
+        txn : str
+            The insert's or sample's transaction id.
+
+        Returns
+        -------
+        bool
+            True if there was something to undo.
+        """
         t = self.tables.get(name)
         if t is None:
             return False
@@ -242,8 +512,22 @@ class ShardHost(SamplingHost):
             staged = t.staged.pop(txn, None) is not None
         return staged or bool(self.finish_sample(name, txn, commit=False))
 
-    def status(self, name, txn: str) -> dict:
-        """What became of ``txn`` here: ``staged``, ``applied`` (with its result) or ``unknown``."""
+    def status(self, name: str, txn: str) -> dict:
+        """What became of ``txn`` here (for the coordinator's recovery of a departed client's insert).
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        txn : str
+            The insert's transaction id.
+
+        Returns
+        -------
+        dict
+            ``{"state": "staged" | "applied" | "unknown"}``, with ``result``
+            (as :meth:`apply` returned it) when applied.
+        """
         t = self.tables.get(name)
         if t is None:
             return {"state": "unknown"}
@@ -253,23 +537,70 @@ class ShardHost(SamplingHost):
             return {"state": "staged" if txn in t.staged else "unknown"}
 
     # -- priorities, deletes, removal ------------------------------------------------------
-    def check_keys(self, name, seqs_by_shard: dict) -> None:
-        """Raise UnknownKeyError if any seq was never issued (nothing applied)."""
+    def check_keys(self, name: str, seqs_by_shard: dict) -> None:
+        """Raise UnknownKeyError if any seq was never issued (nothing applied).
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        seqs_by_shard : dict
+            ``{shard: int64 item seqs}`` (keys decoded).
+
+        Raises
+        ------
+        UnknownKeyError
+            A seq at or above its shard's next one.
+        SpecError
+            No such table or shard here.
+        """
         t = self.table(name)
         for i, seqs in seqs_by_shard.items():
             t.shard(i).resolve(np.asarray(seqs, dtype=np.int64))
 
     def update(
         self,
-        name,
+        name: str,
         seqs_by_shard: dict,
         prios_by_shard: dict,
         stamps_by_shard: dict | None = None,
         masses: list | None = None,
     ) -> int | dict:
-        """Apply priorities; returns the stale count, or with ``masses`` (``[{length, boundary}]``: the
-        plans the caller keeps masses for) ``{"stale": n, "masses": [{shard: sampler mass}]}`` of the
-        updated shards after the update, so the caller's next plan needs no masses round trip."""
+        """Set priorities by item seq; all or nothing for invalid input or unknown keys.
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        seqs_by_shard : dict
+            ``{shard: int64 item seqs}``.
+        prios_by_shard : dict
+            ``{shard: float64 priorities}``, one per seq, same shards.
+        stamps_by_shard : dict, optional
+            ``{shard: int64 stamps}`` from the table-wide clock, to order heap
+            ties across shards.
+        masses : list of dict, optional
+            ``[{"length", "boundary"}]``: the plans the caller keeps masses
+            for.
+
+        Returns
+        -------
+        int or dict
+            Without ``masses``: the number of stale seqs (items gone).  With
+            it: ``{"stale": n, "masses": [{shard: sampler mass}]}``, the
+            updated shards' masses after the update for each plan (empty for
+            unweighted selection), so the caller's next plan needs no masses
+            round trip.
+
+        Raises
+        ------
+        SpecError
+            Seqs and priorities that do not pair up.
+        InvalidPriorityError
+            Priorities the sampler or remover cannot represent.
+        UnknownKeyError
+            A seq never issued.
+        """
         if set(seqs_by_shard) != set(prios_by_shard) or any(
             len(np.asarray(seqs_by_shard[i])) != len(np.asarray(prios_by_shard[i])) for i in seqs_by_shard
         ):
@@ -295,8 +626,28 @@ class ShardHost(SamplingHost):
             ],
         }
 
-    def delete(self, name, seqs_by_shard: dict) -> tuple[dict, int]:
-        """Returns ({shard: deleted}, stale)."""
+    def delete(self, name: str, seqs_by_shard: dict) -> tuple[dict, int]:
+        """Remove items by seq (all or nothing for unknown keys).
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        seqs_by_shard : dict
+            ``{shard: int64 item seqs}``.
+
+        Returns
+        -------
+        deleted : dict of int to int
+            Items removed per shard.
+        stale : int
+            Seqs whose item was already gone.
+
+        Raises
+        ------
+        UnknownKeyError
+            A seq never issued.
+        """
         self.check_keys(name, seqs_by_shard)
         t = self.table(name)
         d, st = {}, 0
@@ -306,8 +657,32 @@ class ShardHost(SamplingHost):
             st += b
         return d, st
 
-    def remove(self, name, counts: dict | None = None, slots: dict | None = None, seed=None) -> dict:
-        """Evict by the remover (an :class:`planner.Evict` part); returns {shard: removed}."""
+    def remove(self, name: str, counts: dict | None = None, slots: dict | None = None, seed: int | None = None) -> dict:
+        """Evict by the remover (an :class:`planner.Evict` part).
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        counts : dict, optional
+            ``{shard: items}`` for the remover to choose (random removers).
+        slots : dict, optional
+            ``{shard: slots}`` chosen by a global merge (ordered removers).
+            Give exactly one of ``counts`` and ``slots``.
+        seed : int, optional
+            Seeds the removers' generator.
+
+        Returns
+        -------
+        dict of int to int
+            Items removed, per shard that removed any.
+
+        Raises
+        ------
+        SpecError
+            Both or neither of ``counts`` and ``slots``, slots beyond a
+            shard's capacity, or a shard not here.
+        """
         rng = np.random.default_rng(seed)
         t = self.table(name)
         if (counts is None) == (slots is None):
@@ -325,10 +700,21 @@ class ShardHost(SamplingHost):
         return out
 
     # -- checkpoints --------------------------------------------------------------------------
-    def checkpoint(self, name, directory) -> dict:
+    def checkpoint(self, name: str, directory: str | os.PathLike[str]) -> dict:
         """Snapshot every hosted shard (under its lock) and write it to ``directory``.
 
-        Returns ``{shard: {"file", "sha256", "meta", "pause_s"}}``.
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        directory : str or os.PathLike
+            An existing directory (the checkpoint's temporary one).
+
+        Returns
+        -------
+        dict
+            ``{shard: {"file": name, "sha256": hex digest, "meta": counters
+            and state, "pause_s": seconds the shard was held}}``.
         """
         import time
         from pathlib import Path
@@ -344,10 +730,36 @@ class ShardHost(SamplingHost):
             out[i] = {"file": f, "sha256": digest, "meta": meta, "pause_s": pause}
         return out
 
-    def restore(self, name, config: dict, directory, files: dict, tier: str | None = None) -> dict:
-        """Create the table's shards ``files`` (``{shard: entry}``) here from a checkpoint directory.
+    def restore(
+        self, name: str, config: dict, directory: str | os.PathLike[str], files: dict, tier: str | None = None
+    ) -> dict:
+        """Create the table's shards ``files`` here from a checkpoint directory.
 
-        Shards already hosted are replaced.  Every file is verified before any shard is built.
+        Shards already hosted are replaced; other hosted shards of the table
+        are kept.  Every file is verified before any shard is built.
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        config : dict
+            Its configuration (:meth:`TableConfig.to_dict`).
+        directory : str or os.PathLike
+            The checkpoint directory.
+        files : dict
+            ``{shard: manifest entry}`` (``file``, ``sha256``, ``meta``).
+        tier : str, optional
+            Storage tier; default the configuration's.
+
+        Returns
+        -------
+        dict of int to int
+            Items restored per shard.
+
+        Raises
+        ------
+        CheckpointError
+            A file is missing or fails verification.
         """
         from pathlib import Path
 
@@ -366,8 +778,21 @@ class ShardHost(SamplingHost):
             self.tables[name] = t
         return {i: t.shards[i].size for i in loaded}
 
-    def drop_shard(self, name, shard: int) -> bool:
-        """Forget one shard of a table here (it was restored on another worker)."""
+    def drop_shard(self, name: str, shard: int) -> bool:
+        """Forget one shard of a table here (it was restored on another worker).
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        shard : int
+            The shard's id.
+
+        Returns
+        -------
+        bool
+            Whether the shard was here.
+        """
         with self.lock:
             t = self.tables.get(name)
             if t is None or int(shard) not in t.shards:
@@ -375,11 +800,39 @@ class ShardHost(SamplingHost):
             t.release([int(shard)])
             return t.shards.pop(int(shard)) is not None
 
-    def info(self, name) -> list[dict]:
+    def info(self, name: str) -> list[dict]:
+        """Sizes and counters of every hosted shard of ``name``.
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+
+        Returns
+        -------
+        list of dict
+            Per shard, by id: ``shard``, ``size``, ``episodes``,
+            ``steps_stored``, ``capacity``, ``write_pos``, its counters
+            (``inserted``, ``evicted``, ``removed``, ``deleted``, ``expired``,
+            ``sampled``, ``stale_updates`` ...) and ``longest_episode``.
+        """
         return [
             {**s.info(), "longest_episode": s.longest_episode()} for _, s in sorted(self.table(name).shards.items())
         ]
 
-    def nbytes(self, name) -> dict:
+    def nbytes(self, name: str) -> dict:
+        """Bytes the hosted shards of ``name`` hold.
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+
+        Returns
+        -------
+        dict
+            ``{"data": bytes of the rings, "overhead": index, priorities,
+            selector trees}``.
+        """
         parts = [s.nbytes() for s in self.table(name).shards.values()]
         return {k: sum(p[k] for p in parts) for k in ("data", "overhead")}

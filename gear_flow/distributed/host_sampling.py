@@ -10,6 +10,10 @@ A sample over several workers of a table whose samples change the table
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from .. import backend
@@ -19,26 +23,95 @@ from ..table import planner
 from ..table.executor import InProcess, sample_shards, summary
 from ..table.validate import check_sample_args
 
+if TYPE_CHECKING:
+    from ..spec import TableSpec
+
 
 class StaleSelectionError(GearFlowError):
     """Items chosen in an earlier phase of a sample were removed before the gather (retry)."""
 
 
-def release(locks):
+def release(locks: Sequence[threading.Lock | threading.RLock]) -> None:
+    """Release ``locks`` in reverse order (they were taken in shard order).
+
+    Parameters
+    ----------
+    locks : sequence of locks
+        What :meth:`HostedTable.locked` returned.
+    """
     for lk in reversed(locks):
         lk.release()
 
 
-def check_columns(spec, columns, op: str) -> tuple:
+def check_columns(spec: TableSpec, columns: Sequence[str], op: str) -> tuple[str, ...]:
+    """The requested columns as a tuple, or a ProtocolError.
+
+    Parameters
+    ----------
+    spec : TableSpec
+        The table's spec.
+    columns : sequence of str
+        Requested column names.
+    op : str
+        The worker operation, for the message.
+
+    Returns
+    -------
+    tuple of str
+        ``columns``, in the order given.
+
+    Raises
+    ------
+    ProtocolError
+        Empty, duplicated, or naming a column the spec lacks.
+    """
     unknown = [c for c in columns if c not in spec.names]
     if unknown or not columns or len(set(columns)) != len(columns):
         raise ProtocolError(f"worker {op!r}: columns {list(columns)} must be distinct columns of {list(spec.names)}")
     return tuple(columns)
 
 
-def check_out(spec, out, offsets, sizes: dict, columns, length: int, op: str, tier: str = "host") -> None:
-    """``out[c]`` must hold every part's rows at its offset: ``uint8[rows, length, row bytes]``,
-    in the memory the ``tier``'s gathers write (device memory for the GPU tiers)."""
+def check_out(
+    spec: TableSpec,
+    out: Mapping[str, Any],
+    offsets: Mapping[int, int] | None,
+    sizes: dict[int, int],
+    columns: Sequence[str],
+    length: int,
+    op: str,
+    tier: str = "host",
+) -> None:
+    """Check a co-located caller's output buffers before anything is gathered into them.
+
+    ``out[c]`` must hold every part's rows at its offset: ``uint8[rows,
+    length, row bytes]``, in the memory the ``tier``'s gathers write (device
+    memory for the GPU tiers).
+
+    Parameters
+    ----------
+    spec : TableSpec
+        The table's spec (row bytes of each column).
+    out : mapping of str to array
+        ``{column: uint8 [rows, length, row bytes]}``, NumPy or CuPy.
+    offsets : mapping of int to int or None
+        First row of each shard's part in ``out``.
+    sizes : dict of int to int
+        Rows of each shard's part.
+    columns : sequence of str
+        Columns gathered.
+    length : int
+        Window length, in steps.
+    op : str
+        The worker operation, for the message.
+    tier : str, default "host"
+        The table's storage tier (decides host or device memory).
+
+    Raises
+    ------
+    ProtocolError
+        A missing offset, a buffer of the wrong dtype, shape, contiguity or
+        memory, or a part that does not fit at its offset.
+    """
     if offsets is None or not set(sizes) <= set(offsets):
         raise ProtocolError(f"worker {op!r}: out needs an offset for every part (shards {sorted(sizes)})")
     for c in columns:
@@ -64,7 +137,37 @@ class SamplingHost:
     """Sampling methods of :class:`~gear_flow.distributed.host.ShardHost` (needs ``self.table(name)``)."""
 
     # -- selection ----------------------------------------------------------------------
-    def summaries(self, name, kinds, length=None, boundary=None) -> dict:
+    def summaries(
+        self, name: str, kinds: Sequence[str], length: int | None = None, boundary: str | None = None
+    ) -> dict[str, dict[int, float]]:
+        """One number per shard and kind, as a plan asks (:class:`planner.Summaries`).
+
+        Parameters
+        ----------
+        name : str
+            The table.
+        kinds : sequence of str
+            ``sampler`` (sampling mass of the windows that fit), ``unseen``
+            (epoch items left), ``remover`` (remover mass), ``size``, ``valid``
+            (items whose window fits).
+        length : int, optional
+            Window length (default 1).
+        boundary : str, optional
+            Boundary mode (default ``pad_tail``).
+
+        Returns
+        -------
+        dict
+            ``{kind: {shard: value}}`` over this worker's shards of the table.
+
+        Raises
+        ------
+        ProtocolError
+            ``sampler``/``unseen`` of an ordered table, or ``unseen`` of a
+            table without epochs.
+        SpecError
+            No table ``name`` on this worker.
+        """
         t = self.table(name)
         if ("sampler" in kinds or "unseen" in kinds) and t.cfg.selection == "ordered":
             raise ProtocolError(f"worker 'summaries': table {name!r} has an ordered sampler, no sampling mass")
@@ -73,11 +176,53 @@ class SamplingHost:
         length, boundary = length or 1, boundary or "pad_tail"
         return {k: {i: summary(s, k, length, boundary) for i, s in t.shards.items()} for k in kinds}
 
-    def new_epoch(self, name) -> None:
+    def new_epoch(self, name: str) -> None:
+        """Start a new epoch on every shard of ``name`` here (WithoutReplacement: all items unseen again).
+
+        Parameters
+        ----------
+        name : str
+            The table.
+        """
         for s in self.table(name).shards.values():
             s.new_epoch()
 
-    def candidates(self, name, n, role=None, length=None, boundary=None, horizon=None) -> dict:
+    def candidates(
+        self,
+        name: str,
+        n: int,
+        role: str | None = None,
+        length: int | None = None,
+        boundary: str | None = None,
+        horizon: int | None = None,
+    ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """The best ``n`` items of each shard for an ordered selector, for a global merge.
+
+        Parameters
+        ----------
+        name : str
+            The table.
+        n : int
+            Candidates per shard at most.
+        role : {"sampler", "remover"}, optional
+            Whose order (default ``sampler``).
+        length : int, optional
+            Window length; sampler candidates must fit it (default 1).
+        boundary : str, optional
+            Boundary mode (default ``pad_tail``).
+        horizon : int, optional
+            Only items stamped before it (the oldest insert in flight).
+
+        Returns
+        -------
+        dict
+            ``{shard: (slots, order_keys)}``, best first.
+
+        Raises
+        ------
+        ProtocolError
+            The selector of ``role`` is not ordered.
+        """
         t = self.table(name)
         role = role or "sampler"
         sel = t.cfg.sampler if role == "sampler" else t.cfg.remover
@@ -88,11 +233,11 @@ class SamplingHost:
 
     def sample_part(
         self,
-        name,
-        length,
-        boundary,
-        columns,
-        seed,
+        name: str,
+        length: int,
+        boundary: str,
+        columns: Sequence[str],
+        seed: int,
         counts: dict | None = None,
         scale: dict | None = None,
         slots: dict | None = None,
@@ -102,15 +247,65 @@ class SamplingHost:
         offsets: dict | None = None,
         geometry: bool | None = None,
     ) -> dict:
-        """Draw ``counts[shard]`` items (mass at the draw; probability ``scale[shard] * w / m'``)
-        or take exactly ``slots[shard]``, and gather their windows.
+        """Draw ``counts[shard]`` items or take exactly ``slots[shard]``, and gather their windows.
 
-        Returns per shard: ``data`` (unless ``out`` receives the rows at
-        ``offsets[shard]``), ``seqs``, ``p``, ``episode_ids``, ``timesteps``,
-        ``dst_offset``, ``n_valid`` and ``expired``.  ``record=False``: nothing
-        changes until :meth:`finish_sample` commits (``txn`` names the sample).
-        ``geometry=True``: no data; ``src_abs`` (absolute ring position of each
-        window's first step) instead, for a reader that maps the shared rings.
+        A draw uses the shard's mass at the draw: the probability reported is
+        ``scale[shard] * w / m'``.  Taken slots report probability 1.
+
+        Parameters
+        ----------
+        name : str
+            The table.
+        length : int
+            Window length, in steps.
+        boundary : str
+            Boundary mode.
+        columns : sequence of str
+            Columns to gather.
+        seed : int
+            Seeds the draw's generator.
+        counts : dict of int to int, optional
+            Items to draw per shard (weighted and epoch selection).
+        scale : dict of int to float, optional
+            First-level probability of each counted shard; required with
+            ``counts``.
+        slots : dict of int to array, optional
+            Exact slots per shard (ordered selection).  Give exactly one of
+            ``counts`` and ``slots``.
+        txn : str, optional
+            The sample's transaction; required when ``record`` is False.
+        record : bool, default True
+            Count samples (and expire) now; False: nothing changes until
+            :meth:`finish_sample` commits ``txn``.
+        out : dict of str to array, optional
+            A co-located caller's ``uint8`` batch buffers: rows go there at
+            ``offsets[shard]`` (see :func:`check_out`).
+        offsets : dict of int to int, optional
+            First row of each shard's part in ``out``.
+        geometry : bool, optional
+            Gather nothing; return ``src_abs`` (absolute ring position of
+            each window's first step) for a reader that maps the shared rings.
+
+        Returns
+        -------
+        dict
+            Per shard: ``seqs``, ``p`` (float64 probabilities), ``episode_ids``,
+            ``timesteps``, ``dst_offset``, ``n_valid``, ``expired`` (items
+            expired by this part), ``priorities`` (at the draw),
+            ``times_sampled`` (this draw included; None when not counted);
+            ``mass`` (the shard's mass after a draw); ``data`` (``{column:
+            uint8 [n, length, row bytes]}``) unless ``out`` or ``geometry``;
+            ``src_abs`` with ``geometry``.
+
+        Raises
+        ------
+        ProtocolError
+            Inconsistent arguments (both or neither of counts and slots,
+            counts on an ordered table, ``scale`` missing a shard,
+            ``record=False`` without ``txn``, bad columns or ``out``).
+        StaleSelectionError
+            A shard emptied since the plan, or a chosen slot was removed:
+            the caller retries.
         """
         t = self.table(name)
         rng = np.random.default_rng(seed)
@@ -201,11 +396,24 @@ class SamplingHost:
             release(locks)
         return res
 
-    def finish_sample(self, name, txn: str, commit: bool) -> dict:
+    def finish_sample(self, name: str, txn: str, commit: bool) -> dict[int, int]:
         """Commit (count, expire) or undo (epoch bookkeeping) a sample gathered with ``record=False``.
 
-        Returns ``{shard: items expired}`` on commit, ``{shard: items undone}``
-        otherwise; empty when ``txn`` is unknown here.
+        Parameters
+        ----------
+        name : str
+            The table (an unknown one: nothing to do).
+        txn : str
+            The sample's transaction id.
+        commit : bool
+            True: count the samples and expire what reached
+            ``max_times_sampled``; False: give the draws back.
+
+        Returns
+        -------
+        dict of int to int
+            ``{shard: items expired}`` on commit, ``{shard: items undone}``
+            otherwise; empty when ``txn`` is unknown here.
         """
         t = self.tables.get(name)
         if t is None:
@@ -225,8 +433,21 @@ class SamplingHost:
                 out[i] = out.get(i, 0) + len(sl)
         return out
 
-    def uncount(self, name, counts: dict) -> None:
-        """Forget samples counted by parts of a sample that was retried (tables without expiry)."""
+    def uncount(self, name: str, counts: dict[int, int]) -> None:
+        """Forget samples counted by parts of a sample that was retried (tables without expiry).
+
+        Parameters
+        ----------
+        name : str
+            The table.
+        counts : dict of int to int
+            ``{shard: samples to forget}``.
+
+        Raises
+        ------
+        ProtocolError
+            A shard has counted fewer samples than that (nothing changed).
+        """
         t = self.table(name)
         for i, n in counts.items():
             if int(n) > t.shard(i).counters.sampled:
@@ -235,9 +456,55 @@ class SamplingHost:
             t.shard(i).uncount(int(n))
 
     def sample_all(
-        self, name, n, length, boundary, columns, seed, horizon=None, out: SampleBuffers | None = None
+        self,
+        name: str,
+        n: int,
+        length: int,
+        boundary: str,
+        columns: Sequence[str],
+        seed: int,
+        horizon: int | None = None,
+        out: SampleBuffers | None = None,
     ) -> dict:
-        """The whole two-level sample over this worker's shards (when they are all the live ones)."""
+        """The whole two-level sample over this worker's shards (when they are all the live ones).
+
+        Parameters
+        ----------
+        name : str
+            The table.
+        n : int
+            Batch size.
+        length : int
+            Window length, in steps.
+        boundary : str
+            Boundary mode.
+        columns : sequence of str
+            Columns to gather.
+        seed : int
+            Seeds the sample's generator.
+        horizon : int, optional
+            Ordered selection: only items stamped before it.
+        out : SampleBuffers, optional
+            A co-located caller's buffers, filled in place.
+
+        Returns
+        -------
+        dict
+            ``expired`` (``{shard: items expired}``); without ``out`` also
+            the batch's ``data`` (``{column: uint8 [n, length, row bytes]}``),
+            ``keys``, ``probabilities``, ``weights``, ``mask``,
+            ``episode_ids``, ``timesteps``, ``priorities``,
+            ``times_sampled``.
+
+        Raises
+        ------
+        SpecError
+            Invalid ``n``, ``length`` or ``boundary``.
+        ProtocolError
+            Bad ``columns`` or ``out``.
+        EmptyTableError
+            Nothing can be sampled.
+        """
         t = self.table(name)
         check_sample_args(n, length, boundary)
         columns = check_columns(t.spec, columns, "sample_all")

@@ -7,6 +7,7 @@ keys the all-or-nothing key check before a priority update.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -29,21 +30,44 @@ class MassCache:
     while it has some to plan with.
     """
 
-    def __init__(self):
-        self.values = {}  # (kind, L, boundary) -> {shard: (mass, time)}
+    def __init__(self) -> None:
+        self.values: dict[tuple[str, int, str], dict[int, tuple[float, float]]] = {}  # -> {shard: (mass, time)}
 
-    def clear(self):
+    def clear(self) -> None:
+        """Forget every mass (placement changed, or this handle wrote: the next plan asks)."""
         self.values.clear()
 
-    def fresh(self, kinds, L, boundary, shards) -> tuple[dict | None, list[int]]:
+    def fresh(
+        self, kinds: Sequence[str], L: int, boundary: str, shards: Iterable[int]
+    ) -> tuple[dict | None, list[int]]:
         """``(masses to plan with, shards whose mass is older than the maximum age)``.
 
-        ``(None, [])`` when the plan must ask every shard first: nothing kept
-        for this plan, a shard missing, or no mass anywhere (a shard that filled
-        since must not make the sample fail).  Stale shards are still planned
-        with (the reported probabilities stay those of the draw made); the
-        caller refreshes them in the same round trip as the draw, for the next
-        plan.
+        Stale shards are still planned with (the reported probabilities stay
+        those of the draw made); the caller refreshes them in the same round
+        trip as the draw, for the next plan.
+
+        Parameters
+        ----------
+        kinds : sequence of str
+            Summaries the plan asks for; only ``("sampler",)`` is ever cached.
+        L : int
+            Window length of the sample, in steps.
+        boundary : str
+            Its boundary mode (masses depend on which windows fit).
+        shards : iterable of int
+            The live shards the plan covers.
+
+        Returns
+        -------
+        masses : dict or None
+            ``{"sampler": {shard: mass}}`` to plan with; None when the plan
+            must ask every shard first: caching off
+            (``distributed.mass-max-age`` <= 0), nothing kept for this plan, a
+            shard missing, or no mass anywhere (a shard that filled since must
+            not make the sample fail).
+        stale : list of int
+            Sorted shards whose mass is older than the maximum age (empty
+            when ``masses`` is None).
         """
         age = config.get("distributed.mass-max-age") or 0.0
         if age <= 0 or len(kinds) != 1 or kinds[0] not in ("sampler",):
@@ -55,23 +79,65 @@ class MassCache:
         stale = sorted(s for s, (_, ts) in got.items() if now - ts > age)
         return {kinds[0]: {s: m for s, (m, _) in got.items()}}, stale
 
-    def store(self, kinds, L, boundary, got: dict):
+    def store(self, kinds: Sequence[str], L: int, boundary: str, got: dict[str, dict[int, float]]) -> None:
+        """Keep the masses the workers just reported, stamped now.
+
+        Parameters
+        ----------
+        kinds : sequence of str
+            Summary kinds in ``got`` to keep.
+        L : int
+            Window length they were computed for.
+        boundary : str
+            Boundary mode they were computed for.
+        got : dict
+            ``{kind: {shard: mass}}``, as the ``summaries`` request returns.
+        """
         now = time.monotonic()
         for k in kinds:
             self.values[(k, L, boundary)] = {s: (float(m), now) for s, m in got[k].items()}
 
     def plans(self) -> list[dict]:
-        """The ``(length, boundary)`` of every sampler plan kept here, as a worker's ``update`` takes them."""
+        """The ``(length, boundary)`` of every sampler plan kept here, as a worker's ``update`` takes them.
+
+        Returns
+        -------
+        list of dict
+            ``[{"length": int, "boundary": str}, ...]``, one per cached plan.
+        """
         return [{"length": int(L), "boundary": b} for (k, L, b) in self.values if k == "sampler"]
 
     def update_many(self, plans: list[dict], got: list[dict]) -> None:
-        """Masses an ``update`` reply gave for ``plans`` (same order): this handle's own priority
-        updates show in its next plan without a masses round trip."""
+        """Masses an ``update`` reply gave for ``plans`` (same order).
+
+        This handle's own priority updates show in its next plan without a
+        masses round trip.
+
+        Parameters
+        ----------
+        plans : list of dict
+            What :meth:`plans` returned when the update was sent.
+        got : list of dict
+            Per plan, ``{shard: mass}`` of the updated shards.
+        """
         for m, shards in zip(plans, got):
             for s, mass in shards.items():
                 self.update(m["length"], m["boundary"], int(s), mass)
 
-    def update(self, L, boundary, shard, mass):
+    def update(self, L: int, boundary: str, shard: int, mass: float) -> None:
+        """Set one shard's cached mass for a plan, stamped now (ignored when not cached).
+
+        Parameters
+        ----------
+        L : int
+            Window length of the plan.
+        boundary : str
+            Boundary mode of the plan.
+        shard : int
+            Shard id.
+        mass : float
+            Its sampling mass now.
+        """
         d = self.values.get(("sampler", L, boundary))
         if d is not None and shard in d:
             d[shard] = (float(mass), time.monotonic())
@@ -87,14 +153,21 @@ class IssuedKeys:
     have issued fewer).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.hi: dict[int, int] = {}
 
     def clear(self) -> None:
+        """Forget every seq seen (the placement changed)."""
         self.hi.clear()
 
     def note(self, keys: np.ndarray) -> None:
-        """Record the keys of a sample this handle received."""
+        """Record the keys of a sample this handle received.
+
+        Parameters
+        ----------
+        keys : numpy.ndarray
+            int64 item keys, any shape.
+        """
         if not len(keys):
             return
         shard, seq = decode(np.asarray(keys, dtype=np.int64))
@@ -104,7 +177,20 @@ class IssuedKeys:
                 self.hi[s] = m
 
     def covers(self, keys: np.ndarray) -> bool:
-        """Were all ``keys`` issued, as far as this handle has seen?"""
+        """Were all ``keys`` issued, as far as this handle has seen?
+
+        Parameters
+        ----------
+        keys : numpy.ndarray
+            int64 item keys.
+
+        Returns
+        -------
+        bool
+            True when every key's seq is at or below the highest this handle
+            has seen its shard issue (also for no keys); False means the
+            workers must check them.
+        """
         if not len(keys):
             return True
         shard, seq = decode(np.asarray(keys, dtype=np.int64))

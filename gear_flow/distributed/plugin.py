@@ -19,6 +19,7 @@ import asyncio
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
@@ -26,6 +27,9 @@ from distributed.protocol import to_serialize
 from ..errors import GearFlowError
 from . import protocol
 from .host import ShardHost
+
+if TYPE_CHECKING:
+    from distributed import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -83,7 +87,17 @@ class GearFlowWorker(WorkerPlugin):
         self.threads = threads
         self.tier = tier
 
-    def setup(self, worker):
+    def setup(self, worker: Worker) -> None:
+        """Create the worker's shard host and thread pool; register the ``gear_flow`` comm handler.
+
+        Also removes shared-memory segments left on this machine by workers
+        that died.
+
+        Parameters
+        ----------
+        worker : distributed.Worker
+            The worker this plugin is set up on.
+        """
         from ..storage.shared import sweep
 
         self.worker = worker
@@ -92,19 +106,76 @@ class GearFlowWorker(WorkerPlugin):
         self.executor = ThreadPoolExecutor(self.threads, thread_name_prefix="gear-flow")
         worker.handlers["gear_flow"] = self.handle
 
-    def teardown(self, worker):
+    def teardown(self, worker: Worker) -> None:
+        """Stop the thread pool, unregister the handler, free every shard (shared segments included).
+
+        Parameters
+        ----------
+        worker : distributed.Worker
+            The worker this plugin was set up on.
+        """
         self.executor.shutdown(wait=False)
         worker.handlers.pop("gear_flow", None)
         self.host.close()  # shared-memory segments leave with the worker
 
-    async def run(self, op: str, **kwargs):
-        """Run a host operation in the plugin's threads (in-process callers use this)."""
+    async def run(self, op: str, **kwargs: Any) -> Any:
+        """Run a host operation in the plugin's threads (in-process callers use this).
+
+        No version or schema check: in-process callers are trusted.
+
+        Parameters
+        ----------
+        op : str
+            A key of :data:`OPS`.
+        **kwargs
+            The :class:`ShardHost` method's keyword arguments.
+
+        Returns
+        -------
+        object
+            What the method returned.
+
+        Raises
+        ------
+        KeyError
+            ``op`` is not an operation.
+        GearFlowError
+            The operation's own errors.
+        """
         fn = OPS[op]
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, partial(fn, self.host, **kwargs))
 
-    async def handle(self, comm=None, action=None, args=None, v=None):
-        """The comm handler: version, then schema, then the operation (errors are returned, never raised)."""
+    async def handle(
+        self,
+        comm: object | None = None,
+        action: str | None = None,
+        args: dict[str, Any] | None = None,
+        v: int | None = None,
+    ) -> dict[str, Any]:
+        """The comm handler: version, then schema, then the operation (errors are returned, never raised).
+
+        Parameters
+        ----------
+        comm : distributed.comm.Comm, optional
+            The connection (passed by Dask; unused).
+        action : str, optional
+            The operation, a key of :data:`OPS`.
+        args : dict, optional
+            Its keyword arguments, checked against
+            :data:`gear_flow.distributed.protocol.WORKER`.
+        v : int, optional
+            The caller's protocol version; must equal
+            :data:`gear_flow.distributed.protocol.VERSION`.
+
+        Returns
+        -------
+        dict
+            ``{"status": "OK", "result": ...}``, or ``{"status": "error",
+            "error": GearFlowError}`` (a version or schema mismatch, the
+            operation's own error, or an unexpected exception wrapped in a
+            GearFlowError), both serialized for the comm.
+        """
         try:
             protocol.check_version(v, f"worker {self.worker.address}")
             protocol.check(protocol.WORKER, action, args if args is not None else {}, f"worker {self.worker.address}")

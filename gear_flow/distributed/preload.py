@@ -42,11 +42,15 @@ deployment's settings.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import dask.config
 
 from .coordinator import COORDINATOR_NAME, GearFlowCoordinator
 from .plugin import PLUGIN_NAME, GearFlowWorker
+
+if TYPE_CHECKING:
+    from distributed import Nanny, Scheduler, Worker
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +59,21 @@ SETTINGS = {"gear-flow.worker.threads": 2, "gear-flow.worker.tier": None}
 
 
 def worker_plugin() -> GearFlowWorker:
-    """The worker plugin with the settings of ``dask.config`` (see the module docstring)."""
+    """The worker plugin with the settings of ``dask.config`` (see the module docstring).
+
+    Returns
+    -------
+    GearFlowWorker
+        With ``threads`` from ``gear-flow.worker.threads`` and ``tier`` from
+        ``gear-flow.worker.tier``.
+
+    Raises
+    ------
+    ValueError
+        ``gear-flow.worker.threads`` is not a positive integer, or
+        ``gear-flow.worker.tier`` is not None, ``host``, ``pinned`` or
+        ``device``.
+    """
     threads = dask.config.get("gear-flow.worker.threads", SETTINGS["gear-flow.worker.threads"])
     tier = dask.config.get("gear-flow.worker.tier", SETTINGS["gear-flow.worker.tier"])
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -65,8 +83,23 @@ def worker_plugin() -> GearFlowWorker:
     return GearFlowWorker(threads=threads, tier=tier)
 
 
-def setup_scheduler(scheduler) -> None:
-    """Add the coordinator and record the worker plugin for every worker that joins."""
+def setup_scheduler(scheduler: Scheduler) -> None:
+    """Add the coordinator and record the worker plugin for every worker that joins.
+
+    Also records the GPU-memory plugin when ``gear-flow.gpu.rmm-pool-size`` is
+    set, and installs the ``/gear-flow`` dashboard page where the scheduler
+    serves a dashboard.  Idempotent.
+
+    Parameters
+    ----------
+    scheduler : distributed.Scheduler
+        The scheduler being set up.
+
+    Raises
+    ------
+    ValueError
+        Invalid ``gear-flow.worker.*`` settings (see :func:`worker_plugin`).
+    """
     from distributed.protocol.pickle import dumps
 
     if COORDINATOR_NAME not in scheduler.plugins:
@@ -86,16 +119,37 @@ def setup_scheduler(scheduler) -> None:
     logger.info("gear_flow: coordinator added, worker plugin %r recorded for all workers", PLUGIN_NAME)
 
 
-async def setup_worker(worker) -> None:
-    """Set up the worker plugin now (replaced by the scheduler's copy if it has one)."""
+async def setup_worker(worker: Worker) -> None:
+    """Set up the worker plugin now (replaced by the scheduler's copy if it has one).
+
+    Does nothing when the worker already has the plugin.
+
+    Parameters
+    ----------
+    worker : distributed.Worker
+        The worker being started.
+
+    Raises
+    ------
+    ValueError
+        Invalid ``gear-flow.worker.*`` settings (see :func:`worker_plugin`).
+    """
     if PLUGIN_NAME in worker.plugins:
         return
     res = await worker.plugin_add(worker_plugin(), name=PLUGIN_NAME, catch_errors=False)
     logger.info("gear_flow: worker plugin %r set up on %s (%s)", PLUGIN_NAME, worker.address, res.get("status"))
 
 
-async def dask_setup(server) -> None:
-    """Entry point of Dask's preload mechanism (``--preload gear_flow.distributed.preload``)."""
+async def dask_setup(server: Scheduler | Worker | Nanny) -> None:
+    """Entry point of Dask's preload mechanism (``--preload gear_flow.distributed.preload``).
+
+    Parameters
+    ----------
+    server : distributed.Scheduler or distributed.Worker
+        The server whose start runs the preload: a scheduler gets
+        :func:`setup_scheduler`, a worker :func:`setup_worker`; anything else
+        (a Nanny under ``--preload-nanny``) is logged and ignored.
+    """
     from distributed import Scheduler, Worker
 
     if isinstance(server, Scheduler):

@@ -26,6 +26,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from .. import backend, config
 from ..dashboard.report import maybe_report
@@ -38,13 +42,56 @@ from .host_sampling import StaleSelectionError
 from .shared_reads import SharedReads
 from .transport import Retry
 
+if TYPE_CHECKING:
+    from .api import DistributedTable
+
 _ATTEMPTS = 8
 
 
 class RemoteSample(SharedReads):
-    """Answers one sample's plan requests with the shard workers (see the module docstring)."""
+    """Answers one sample's plan requests with the shard workers (see the module docstring).
 
-    def __init__(self, table, out, L, boundary, columns, rng, txn, record, horizon):
+    An executor for :func:`gear_flow.table.planner.run_async`: called with each
+    plan request, it answers it from the workers and writes gathered rows into
+    ``out``.  One instance serves one attempt of one sample.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle sampling.
+    out : SampleBuffers
+        Buffers of the batch, ``batch_size`` rows of ``L`` steps.
+    L : int
+        Window length, in steps.
+    boundary : {"strict", "pad_tail", "pad_head"}
+        Window boundary mode.
+    columns : tuple of str
+        Columns gathered.
+    rng : numpy.random.Generator
+        Draws the per-worker seeds.
+    txn : str or None
+        The admission's transaction id (exclusive samples: parts are pending
+        on the workers until committed with it); None under a lease.
+    record : bool
+        Whether workers count the samples as they draw (False for exclusive
+        samples, committed only once every part arrived).
+    horizon : int or None
+        Stamp of the admission: ordered selectors only consider items stamped
+        before it; None: no horizon.
+    """
+
+    def __init__(
+        self,
+        table: DistributedTable,
+        out: SampleBuffers,
+        L: int,
+        boundary: str,
+        columns: tuple[str, ...],
+        rng: np.random.Generator,
+        txn: str | None,
+        record: bool,
+        horizon: int | None,
+    ) -> None:
         self.t = table
         self.out = out
         self.L = L
@@ -204,9 +251,71 @@ class SamplingMixin:
     """Sampling methods of :class:`~gear_flow.distributed.DistributedTable`."""
 
     def sample(
-        self, batch_size: int, length: int = 1, *, columns=None, boundary=None, timeout=None, out=None, rng=None
+        self,
+        batch_size: int,
+        length: int = 1,
+        *,
+        columns: str | Sequence[str] | None = None,
+        boundary: str | None = None,
+        timeout: float | None = None,
+        out: SampleBuffers | None = None,
+        rng: np.random.Generator | None = None,
     ) -> SampleBatch:
-        """Sample ``batch_size`` windows of ``length`` steps from all shards; see :class:`SampleBatch`."""
+        """Sample ``batch_size`` windows of ``length`` steps from all shards.
+
+        Blocks until the table's rate limiter admits the whole batch (or
+        ``timeout``).  Items are drawn two-level (shard, then item) and each
+        row reports the true probability of its draw.  Windows of shards on
+        this worker (co-located learner) are gathered in-process, those on the
+        same machine from shared memory when available, the rest over the
+        comm.
+
+        Parameters
+        ----------
+        batch_size : int
+            ``B``, windows in the batch (>= 1).
+        length : int, default 1
+            ``L``, steps per window (>= 1).
+        columns : str or sequence of str, optional
+            Columns to gather (default: all of the spec).
+        boundary : {"strict", "pad_tail", "pad_head"}, optional
+            Windows crossing an episode's end: excluded (``strict``) or
+            zero-padded with ``mask`` False; default the table's ``boundary``.
+        timeout : float, optional
+            Seconds to wait for admission; default the handle's ``timeout``
+            (None: wait; the coordinator still ends a wait after config
+            ``distributed.admission-timeout``).
+        out : SampleBuffers, optional
+            Buffers to gather into (reused between calls); must match
+            ``columns``, ``batch_size``, ``length`` and the table's tier.
+        rng : numpy.random.Generator, optional
+            Replaces the handle's generator for this call (streams give each
+            rank its own).
+
+        Returns
+        -------
+        SampleBatch
+            ``data`` ``[B, L, *column.shape]`` per column, ``keys``,
+            ``probabilities``, importance ``weights``, ``mask`` ``[B, L]``,
+            ``episode_ids``, ``timesteps``, ``priorities``,
+            ``times_sampled``; see :class:`~gear_flow.sample.SampleBatch`.
+
+        Raises
+        ------
+        SpecError
+            Invalid ``batch_size``, ``length``, ``boundary``, ``columns`` or
+            ``out``, or a batch larger than the limiter allows.
+        EmptyTableError
+            Nothing can be sampled: the table is empty, or no stored episode
+            fits a ``strict`` window of ``length`` steps
+            (:class:`~gear_flow.errors.WindowTooLongError`).
+        RateLimitTimeout
+            The limiter did not admit the batch within ``timeout``.
+        ShardLostError
+            A shard's worker is lost and the table is not ``degraded``.
+        TableClosedError
+            The table was closed.
+        """
         fast = self._colocated_fast_path(batch_size, length, columns, boundary, out, rng)
         if fast is not None:
             return fast
@@ -218,8 +327,45 @@ class SamplingMixin:
         return not self._cfg.exclusive and self._cfg.selection != "ordered"
 
     async def sample_async(
-        self, batch_size, length=1, *, columns=None, boundary=None, timeout=None, out=None, rng=None
-    ):
+        self,
+        batch_size: int,
+        length: int = 1,
+        *,
+        columns: str | Sequence[str] | None = None,
+        boundary: str | None = None,
+        timeout: float | None = None,
+        out: SampleBuffers | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> SampleBatch:
+        """:meth:`sample` for a caller inside the event loop (no co-located fast path).
+
+        Parameters
+        ----------
+        batch_size : int
+            ``B``, windows in the batch (>= 1).
+        length : int, default 1
+            ``L``, steps per window (>= 1).
+        columns : str or sequence of str, optional
+            Columns to gather (default: all).
+        boundary : {"strict", "pad_tail", "pad_head"}, optional
+            Window boundary mode; default the table's.
+        timeout : float, optional
+            Seconds to wait for admission; default the handle's.
+        out : SampleBuffers, optional
+            Buffers to gather into.
+        rng : numpy.random.Generator, optional
+            Replaces the handle's generator for this call.
+
+        Returns
+        -------
+        SampleBatch
+            As :meth:`sample`.
+
+        Raises
+        ------
+        SpecError, EmptyTableError, RateLimitTimeout, ShardLostError, TableClosedError
+            As :meth:`sample`.
+        """
         boundary = self.boundary if boundary is None else boundary
         check_sample_args(batch_size, length, boundary)
         columns = sample_columns(self.spec, columns)

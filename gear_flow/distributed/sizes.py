@@ -27,7 +27,13 @@ class SizesMixin:
         return self._ctx.sync(self.nbytes_async)
 
     async def nbytes_async(self) -> dict:
-        """:meth:`nbytes` from async code."""
+        """:meth:`nbytes` from async code.
+
+        Returns
+        -------
+        dict
+            As :meth:`nbytes`: ``{"data": int, "overhead": int}``, bytes.
+        """
         addrs = list(self._workers())
         parts = await asyncio.gather(*(call(self._ctx, a, "nbytes", table=self.name, name=self.name) for a in addrs))
         return {k: sum(int(p[k]) for p in parts) for k in ("data", "overhead")}

@@ -11,19 +11,33 @@ worker, then reported as a timeout, never silently as a loss.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import config
 from ..errors import CoordinatorLostError, GearFlowError
 from . import protocol
 from .plugin import PLUGIN_NAME
 
+if TYPE_CHECKING:
+    from distributed import Client, Worker
+
 COMM_ERRORS = (OSError, asyncio.TimeoutError)
+T = TypeVar("T")
 
 
 class WorkerLost(Exception):
-    """Internal: a shard worker cannot be reached (or the scheduler removed it)."""
+    """Internal: a shard worker cannot be reached (or the scheduler removed it).
 
-    def __init__(self, addr, cause):
+    Parameters
+    ----------
+    addr : str
+        Address of the worker.
+    cause : BaseException or str
+        The comm error, or why the worker counts as lost.
+    """
+
+    def __init__(self, addr: str, cause: BaseException | str) -> None:
         super().__init__(f"{addr}: {cause}")
         self.addr = addr
         self.cause = cause
@@ -34,9 +48,36 @@ class Retry(Exception):
 
 
 class Context:
-    """How this handle reaches the cluster: from a client, or from inside a worker."""
+    """How this handle reaches the cluster: from a client, or from inside a worker.
 
-    def __init__(self, client=None, worker=None):
+    Give exactly one of ``client`` and ``worker``.
+
+    Parameters
+    ----------
+    client : distributed.Client, optional
+        Reach the scheduler and workers through this client.
+    worker : distributed.Worker, optional
+        The worker running the current task: requests to its own shards run
+        in-process through its :class:`GearFlowWorker` plugin.
+
+    Attributes
+    ----------
+    loop : tornado.ioloop.IOLoop
+        The event loop requests run on.
+    scheduler : distributed.core.rpc
+        The scheduler's RPC (the coordinator's ``gear_flow_coord`` handler).
+    rpc : distributed.core.ConnectionPool
+        Connections to workers.
+    local_addr : str or None
+        Address of the worker running this handle (None from a client).
+    local_plugin : GearFlowWorker or None
+        That worker's plugin, when it has one.
+    owner : str
+        Who holds admissions (the client id or the worker address): the
+        coordinator releases them when the owner goes away.
+    """
+
+    def __init__(self, client: Client | None = None, worker: Worker | None = None) -> None:
         self.client = client
         self.worker = worker
         if worker is not None:
@@ -54,7 +95,21 @@ class Context:
             self.local_plugin = None
             self.owner = client.id
 
-    def sync(self, fn, *args, **kwargs):
+    def sync(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Run coroutine function ``fn`` on this context's event loop and wait for its result.
+
+        Parameters
+        ----------
+        fn : callable
+            A coroutine function.
+        *args, **kwargs
+            Passed to ``fn``.
+
+        Returns
+        -------
+        object
+            What ``fn`` returned; its exception is raised here.
+        """
         if self.worker is not None:
             from distributed.utils import sync
 
@@ -62,8 +117,28 @@ class Context:
         return self.client.sync(fn, *args, **kwargs)
 
 
-def unwrap(resp):
-    """The result of a handler reply, or its error raised with its own type."""
+def unwrap(resp: Any) -> Any:
+    """The result of a handler reply, or its error raised with its own type.
+
+    Parameters
+    ----------
+    resp : dict
+        A ``gear_flow`` handler's reply: ``{"status": "OK", "result": ...}``
+        or ``{"status": "error", "error": exception or message}``.
+
+    Returns
+    -------
+    object
+        ``resp["result"]``.
+
+    Raises
+    ------
+    CoordinatorLostError
+        ``resp`` is not a dict (no reply: the scheduler may be gone).
+    GearFlowError
+        The handler failed: its own exception, or a GearFlowError with its
+        message.
+    """
     if not isinstance(resp, dict):
         raise CoordinatorLostError(f"no reply (got {type(resp).__name__}); the scheduler may have gone away")
     if resp.get("status") != "OK":
@@ -72,8 +147,34 @@ def unwrap(resp):
     return resp["result"]
 
 
-async def coord(ctx: Context, op: str, name: str | None, **kw):
-    """One request to the coordinator on the scheduler."""
+async def coord(ctx: Context, op: str, name: str | None, **kw: Any) -> Any:
+    """One request to the coordinator on the scheduler.
+
+    Parameters
+    ----------
+    ctx : Context
+        How to reach the scheduler.
+    op : str
+        The coordinator operation (``"lookup"``, ``"admit_insert"`` ...; see
+        :class:`GearFlowCoordinator`).
+    name : str or None
+        The table's name (None for operations on no table).
+    **kw
+        The operation's arguments, checked against its schema on the
+        scheduler.
+
+    Returns
+    -------
+    object
+        The operation's result.
+
+    Raises
+    ------
+    CoordinatorLostError
+        The scheduler cannot be reached.
+    GearFlowError
+        The operation failed on the coordinator (its own error type).
+    """
     try:
         resp = await ctx.scheduler.gear_flow_coord(action=op, name=name, v=protocol.VERSION, **kw)
     except COMM_ERRORS as e:
@@ -83,8 +184,40 @@ async def coord(ctx: Context, op: str, name: str | None, **kw):
     return unwrap(resp)
 
 
-async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **args):
-    """One request to a shard worker (in-process when it is this worker)."""
+async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **args: Any) -> Any:
+    """One request to a shard worker (in-process when it is this worker).
+
+    A slow reply is awaited ``distributed.rpc-retries + 1`` times
+    ``distributed.rpc-timeout`` seconds as long as the scheduler still has the
+    worker.
+
+    Parameters
+    ----------
+    ctx : Context
+        How to reach the worker.
+    addr : str
+        The worker's address.
+    op : str
+        The worker operation (see :data:`GearFlowWorker.OPS`).
+    table : str, optional
+        Name of the table, to ask the coordinator whether ``addr`` is still
+        alive when it is slow; None: a slow worker is always waited for.
+    **args
+        The operation's arguments (NumPy arrays travel as frames).
+
+    Returns
+    -------
+    object
+        The operation's result.
+
+    Raises
+    ------
+    WorkerLost
+        The connection failed, or the scheduler removed the worker.
+    GearFlowError
+        The worker did not answer in time although alive, or the operation
+        failed there (its own error type).
+    """
     if addr == ctx.local_addr and ctx.local_plugin is not None:
         return await ctx.local_plugin.run(op, **args)
     from distributed.protocol import to_serialize

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..errors import GearFlowError, ShardLostError, SpecError
 from ..keys import decode
@@ -26,9 +29,52 @@ from ..table.routing import route
 from ..table.validate import as_episode_list, check_batch, check_episode, check_keys, check_priorities, to_host
 from .transport import Retry, WorkerLost, call
 
+if TYPE_CHECKING:
+    from ..spec import TableSpec
+    from ..writer import EpisodeWriter
 
-def prepare_insert(spec, episodes, priorities):
-    """Validated episodes: ``(chunks, lengths, n_items, item offsets, priorities)``; raises before anything is sent."""
+#: what ``priorities`` of an insert may be: None, one value, a flat array over all items, or one array per episode
+Priorities = ArrayLike | Sequence[ArrayLike] | float | None
+
+
+def prepare_insert(
+    spec: TableSpec, episodes: Mapping | Sequence[Mapping], priorities: Priorities
+) -> tuple[list[dict], np.ndarray, int, np.ndarray, np.ndarray | None]:
+    """Validate an insert before anything is sent.
+
+    Parameters
+    ----------
+    spec : TableSpec
+        The table's spec; every episode must carry each of its columns.
+    episodes : mapping or sequence of mappings
+        Each maps every column to an array ``[T, *shape]`` (T >= 1).
+    priorities : None, float, array or list of arrays
+        Per item: None (each shard's running max), one value for all, a flat
+        array over all items of all episodes, or one array per episode.
+
+    Returns
+    -------
+    chunks : list of dict
+        Per episode, its columns cast to the spec's dtypes.
+    lengths : numpy.ndarray
+        int64 ``[E]``, steps of each episode.
+    n_items : int
+        Items the insert creates (total steps for step items, ``E`` for
+        episode items).
+    item_offsets : numpy.ndarray
+        int64 ``[E + 1]``, first item of each episode (and the total).
+    priorities : numpy.ndarray or None
+        float64 ``[n_items]`` (or a scalar array), validated finite and >= 0;
+        None when none were given.
+
+    Raises
+    ------
+    InvalidDataError
+        A missing or extra column, a wrong shape or dtype, an empty episode,
+        or not one priority per item.
+    InvalidPriorityError
+        A priority that is NaN, infinite or negative.
+    """
     eps = as_episode_list(episodes)
     checked = [check_episode(spec, e, i) for i, e in enumerate(eps)]
     lengths = np.array([t for _, t in checked], dtype=np.int64)
@@ -51,19 +97,99 @@ class WritesMixin:
         return any(isinstance(x, (MaxHeap, MinHeap)) for x in (self._cfg.sampler, self._cfg.remover))
 
     # -- inserts ------------------------------------------------------------------------------------
-    def insert(self, episodes, priorities=None, *, timeout=None, shard=None) -> InsertResult:
-        """Insert whole episodes, all or nothing across workers; see :meth:`LocalTable.insert`.
+    def insert(
+        self,
+        episodes: Mapping | Sequence[Mapping],
+        priorities: Priorities = None,
+        *,
+        timeout: float | None = None,
+        shard: int | None = None,
+    ) -> InsertResult:
+        """Insert whole episodes, all or nothing across workers.
 
         Input is validated before anything is sent.  Episodes are routed to
         shards (never split), preferring the calling worker's own shards when
         called from a task on a worker (writer affinity), and travel as raw
-        frames straight to the shard workers.
+        frames straight to the shard workers.  Blocks until the rate limiter
+        admits every item.  When the table then exceeds ``max_size``, the
+        remover evicts the excess.
+
+        Parameters
+        ----------
+        episodes : mapping or sequence of mappings
+            Each maps every column to an array ``[T, *shape]`` (T >= 1).
+        priorities : None, float, array or list of arrays
+            Per item: None (the shard's running max priority, as in PER), one
+            value for all, a flat array over all items of all episodes, or one
+            array per episode.
+        timeout : float, optional
+            Seconds to wait for the rate limiter; default the handle's.
+        shard : int, optional
+            Put every episode on this shard.
+
+        Returns
+        -------
+        InsertResult
+            Episode ids, the key of each episode's first item, each episode's
+            shard and the number of items created.
+
+        Raises
+        ------
+        InvalidDataError
+            Episodes that do not match the spec, or not one priority per
+            item.
+        InvalidPriorityError
+            A priority that is NaN, infinite or negative, or one the sampler
+            or remover cannot represent.
+        CapacityError
+            An episode longer than a shard's capacity.
+        SpecError
+            ``shard`` out of range, or more items than the limiter admits at once.
+        RateLimitTimeout
+            Not admitted within ``timeout``.
+        ShardLostError
+            A shard's worker is lost (not ``degraded``), or a worker was lost
+            while the insert was applied (its episodes there are gone).
+        GearFlowError
+            Staging failed on a worker; nothing of the insert was stored.
         """
         return self._ctx.sync(self.insert_async, episodes, priorities, timeout=timeout, shard=shard)
 
-    def insert_batch(self, columns, priorities=None, *, timeout=None, shard=None) -> InsertResult:
-        """Insert ``B`` trajectories of ``T`` steps given as ``[B, T, *shape]`` arrays; see
-        :meth:`LocalTable.insert_batch`.  Validated whole first; each row travels as one episode."""
+    def insert_batch(
+        self,
+        columns: Mapping[str, ArrayLike],
+        priorities: ArrayLike | float | None = None,
+        *,
+        timeout: float | None = None,
+        shard: int | None = None,
+    ) -> InsertResult:
+        """Insert ``B`` trajectories of ``T`` steps given as ``[B, T, *shape]`` arrays, all or nothing.
+
+        Validated whole first; each row then travels as one episode, from
+        host memory (device arrays are copied to the host), as :meth:`insert`.
+
+        Parameters
+        ----------
+        columns : mapping of str to array
+            Every column, ``[B, T, *shape]`` (NumPy or CuPy), ``B, T >= 1``.
+        priorities : None, float or array
+            None, one value, or one per item (``B * T`` for step items, ``B``
+            for episode items), in row order.
+        timeout : float, optional
+            Seconds to wait for the rate limiter; default the handle's.
+        shard : int, optional
+            Put every trajectory on this shard.
+
+        Returns
+        -------
+        InsertResult
+            As :meth:`insert`, one episode per row.
+
+        Raises
+        ------
+        InvalidDataError, InvalidPriorityError, CapacityError, SpecError, RateLimitTimeout, ShardLostError
+            As :meth:`insert`.
+        """
         arrays, B, _ = check_batch(self.spec, columns)
         rows = [{c: to_host(a[b]) for c, a in arrays.items()} for b in range(B)]  # they cross the comm from host memory
         return self.insert(rows, priorities, timeout=timeout, shard=shard)
@@ -83,7 +209,37 @@ class WritesMixin:
         )
         return np.array(pool, dtype=np.int64)[idx]
 
-    async def insert_async(self, episodes, priorities=None, *, timeout=None, shard=None) -> InsertResult:
+    async def insert_async(
+        self,
+        episodes: Mapping | Sequence[Mapping],
+        priorities: Priorities = None,
+        *,
+        timeout: float | None = None,
+        shard: int | None = None,
+    ) -> InsertResult:
+        """:meth:`insert` for a caller inside the event loop.
+
+        Parameters
+        ----------
+        episodes : mapping or sequence of mappings
+            Each maps every column to an array ``[T, *shape]``.
+        priorities : None, float, array or list of arrays
+            As :meth:`insert`.
+        timeout : float, optional
+            Seconds to wait for the rate limiter; default the handle's.
+        shard : int, optional
+            Put every episode on this shard.
+
+        Returns
+        -------
+        InsertResult
+            As :meth:`insert`.
+
+        Raises
+        ------
+        InvalidDataError, InvalidPriorityError, CapacityError, SpecError, RateLimitTimeout, ShardLostError
+            As :meth:`insert`.
+        """
         self._masses.clear()  # this handle's own writes show in its next sample's plan
         self._check_not_lost()
         chunks, lengths, n_items, item_off, pr = prepare_insert(self.spec, episodes, priorities)
@@ -130,12 +286,36 @@ class WritesMixin:
             await self._evict_excess(size)
         return InsertResult(ids, first_keys, dest, n_items)
 
-    async def run_insert(self, txn: str, parts: dict) -> dict:
-        """Stage ``parts`` (``{worker: [part, ...]}``) of admitted insert ``txn`` everywhere, apply, commit.
+    async def run_insert(self, txn: str, parts: dict[str, list[dict]]) -> tuple[dict, int]:
+        """Stage ``parts`` of admitted insert ``txn`` everywhere, apply, commit.
 
         All or nothing: a failure before every worker has staged aborts the
-        insert everywhere (and at the coordinator) and raises.  Returns the
-        apply result of each worker and the table's size after the commit.
+        insert everywhere (and at the coordinator) and raises.
+
+        Parameters
+        ----------
+        txn : str
+            Transaction id the coordinator gave the insert at admission.
+        parts : dict of str to list of dict
+            ``{worker address: [part, ...]}``; a part has ``shard``,
+            ``chunks``, ``lengths``, ``episode_ids``, ``stamps`` and
+            ``priorities`` (None or float64 per item).
+
+        Returns
+        -------
+        applied : dict
+            ``{worker address: apply result}`` (its ``first_keys``, ``items``
+            and ``evicted`` by shard).
+        size : int
+            The table's size, in items, after the commit.
+
+        Raises
+        ------
+        ShardLostError
+            A worker could not be reached (nothing stored), or was lost while
+            the decided insert was applied (the rest stored).
+        GearFlowError
+            Staging failed on a worker; nothing of the insert was stored.
         """
         addrs = sorted(parts)
         if len(addrs) == 1:  # one worker: staged and applied in one request
@@ -160,10 +340,28 @@ class WritesMixin:
             return await self.apply_staged(txn, addrs)
         return res, await self._commit(txn, res)
 
-    async def apply_staged(self, txn: str, addrs) -> tuple[dict, int]:
+    async def apply_staged(self, txn: str, addrs: Iterable[str]) -> tuple[dict, int]:
         """Every part of ``txn`` is staged on ``addrs``: the insert is decided; apply it everywhere, commit.
 
-        Returns the apply result of each worker and the table's size after the commit.
+        Parameters
+        ----------
+        txn : str
+            Transaction id of the admitted insert.
+        addrs : iterable of str
+            Addresses of every worker holding a staged part.
+
+        Returns
+        -------
+        applied : dict
+            ``{worker address: apply result}`` of the workers that applied.
+        size : int
+            The table's size, in items, after the commit.
+
+        Raises
+        ------
+        ShardLostError
+            A worker was lost before applying: its episodes are gone, the
+            rest of the insert was stored and committed.
         """
         addrs = sorted(addrs)
         got = await asyncio.gather(
@@ -185,8 +383,19 @@ class WritesMixin:
             )
         return res, size
 
-    async def abort_staged(self, txn: str, addrs, cause=None) -> None:
-        """Forget ``txn`` on ``addrs`` and give back its admission (nothing of it is stored anywhere)."""
+    async def abort_staged(self, txn: str, addrs: Iterable[str], cause: BaseException | None = None) -> None:
+        """Forget ``txn`` on ``addrs`` and give back its admission (nothing of it is stored anywhere).
+
+        Parameters
+        ----------
+        txn : str
+            Transaction id of the admitted insert.
+        addrs : iterable of str
+            Addresses of the workers that may hold a staged part.
+        cause : BaseException, optional
+            Why the insert is aborted; a lost worker (``WorkerLost``) gets its
+            shards marked lost.
+        """
         await self._abort_insert(txn, sorted(addrs), cause)
 
     async def _commit(self, txn, res: dict) -> int:
@@ -264,8 +473,32 @@ class WritesMixin:
             await self._coord("removed", k=sum(per.values()), per_shard=per)
         return sum(per.values())
 
-    def writer(self, max_episode_length: int | None = None, shard: int | None = None, timeout=None):
-        """A streaming writer (``append``/``end_episode``) inserting into this table."""
+    def writer(
+        self, max_episode_length: int | None = None, shard: int | None = None, timeout: float | None = None
+    ) -> EpisodeWriter:
+        """A streaming writer (``append``/``end_episode``) inserting into this table.
+
+        Parameters
+        ----------
+        max_episode_length : int, optional
+            End an episode automatically (``truncated``) when it reaches this
+            many steps; None: episodes end only at ``end_episode``.
+        shard : int, optional
+            Insert every episode on this shard.
+        timeout : float, optional
+            Seconds each insert waits for the rate limiter; default the
+            handle's.
+
+        Returns
+        -------
+        EpisodeWriter
+            Buffers steps and inserts each episode whole when it ends.
+
+        Raises
+        ------
+        SpecError
+            ``max_episode_length`` is not a positive integer or None.
+        """
         from ..writer import EpisodeWriter
 
         return EpisodeWriter(self, max_episode_length=max_episode_length, shard=shard, timeout=timeout)
@@ -287,11 +520,62 @@ class WritesMixin:
             idx[self.placement[int(s)]][int(s)] = m
         return k, by, idx, int(np.isin(shard, list(self.lost)).sum())
 
-    def update_priorities(self, keys, priorities) -> UpdateResult:
-        """Set priorities by key: one message per worker, all or nothing for invalid input."""
+    def update_priorities(self, keys: ArrayLike, priorities: ArrayLike | float) -> UpdateResult:
+        """Set priorities by key: one message per worker, all or nothing for invalid input.
+
+        Keys of items removed meanwhile (evicted, expired, deleted, or on a
+        lost shard in a degraded table) are skipped and counted as stale.
+
+        Parameters
+        ----------
+        keys : array_like of int
+            Keys from :attr:`SampleBatch.keys` or :class:`InsertResult`,
+            any shape (flattened).
+        priorities : float or array_like of float
+            One value for all keys, or one per key; finite and >= 0.
+
+        Returns
+        -------
+        UpdateResult
+            ``applied`` items updated, ``stale`` keys ignored.
+
+        Raises
+        ------
+        InvalidDataError
+            Non-integer keys, or not one priority per key.
+        SpecError
+            ``priorities`` is None.
+        InvalidPriorityError
+            A priority that is NaN, infinite or negative, or one the sampler
+            or remover cannot represent.
+        UnknownKeyError
+            A key naming no shard of the table, or never issued by it;
+            nothing was applied.
+        ShardLostError
+            A key names a lost shard and the table is not ``degraded``.
+        """
         return self._ctx.sync(self.update_priorities_async, keys, priorities)
 
-    async def update_priorities_async(self, keys, priorities) -> UpdateResult:
+    async def update_priorities_async(self, keys: ArrayLike, priorities: ArrayLike | float) -> UpdateResult:
+        """:meth:`update_priorities` for a caller inside the event loop.
+
+        Parameters
+        ----------
+        keys : array_like of int
+            Item keys.
+        priorities : float or array_like of float
+            One value, or one per key.
+
+        Returns
+        -------
+        UpdateResult
+            ``applied`` items updated, ``stale`` keys ignored.
+
+        Raises
+        ------
+        InvalidDataError, SpecError, InvalidPriorityError, UnknownKeyError, ShardLostError
+            As :meth:`update_priorities`.
+        """
         k, by, idx, on_lost = self._group(keys)
         pr = check_priorities(priorities, len(k), "keys")
         if pr is None:
@@ -328,11 +612,49 @@ class WritesMixin:
         stale = sum(r["stale"] for r in res.values()) + on_lost
         return UpdateResult(len(k) - stale, stale)
 
-    def delete(self, keys) -> UpdateResult:
-        """Remove items by key (stale keys ignored and counted)."""
+    def delete(self, keys: ArrayLike) -> UpdateResult:
+        """Remove items by key (stale keys ignored and counted).
+
+        Parameters
+        ----------
+        keys : array_like of int
+            Keys of the items to remove, any shape (flattened).
+
+        Returns
+        -------
+        UpdateResult
+            ``applied`` items removed, ``stale`` keys already gone.
+
+        Raises
+        ------
+        InvalidDataError
+            Non-integer keys.
+        UnknownKeyError
+            A key naming no shard of the table, or never issued by it;
+            nothing was removed.
+        ShardLostError
+            A key names a lost shard and the table is not ``degraded``.
+        """
         return self._ctx.sync(self.delete_async, keys)
 
-    async def delete_async(self, keys) -> UpdateResult:
+    async def delete_async(self, keys: ArrayLike) -> UpdateResult:
+        """:meth:`delete` for a caller inside the event loop.
+
+        Parameters
+        ----------
+        keys : array_like of int
+            Keys of the items to remove.
+
+        Returns
+        -------
+        UpdateResult
+            ``applied`` items removed, ``stale`` keys already gone.
+
+        Raises
+        ------
+        InvalidDataError, UnknownKeyError, ShardLostError
+            As :meth:`delete`.
+        """
         self._masses.clear()  # this handle's own writes show in its next sample's plan
         k, by, idx, on_lost = self._group(keys)
         if len(by) > 1:

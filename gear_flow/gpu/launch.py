@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from ..errors import InvalidDataError
+
+if TYPE_CHECKING:
+    import cupy
 
 #: threads per block for the grid-stride kernels
 THREADS = 256
@@ -13,20 +20,70 @@ MAX_BLOCKS = 4096
 
 
 def blocks(n: int, threads: int = THREADS, cap: int = MAX_BLOCKS) -> int:
-    """Blocks for ``n`` grid-stride work items."""
+    """Blocks for ``n`` grid-stride work items.
+
+    Parameters
+    ----------
+    n : int
+        Work items.
+    threads : int, default THREADS
+        Threads per block.
+    cap : int, default MAX_BLOCKS
+        Most blocks (the kernels stride over the rest).
+
+    Returns
+    -------
+    int
+        ``ceil(n / threads)`` clipped to ``[1, cap]``.
+
+    Examples
+    --------
+    >>> blocks(1000), blocks(0), blocks(10**9)
+    (4, 1, 4096)
+    """
     return int(max(1, min(cap, -(-int(n) // threads))))
 
 
-def i64(x) -> np.int64:
-    """Scalars are passed to kernels as NumPy scalars so that their C type is explicit."""
+def i64(x: int | np.integer) -> np.int64:
+    """Scalars are passed to kernels as NumPy scalars so that their C type is explicit.
+
+    Parameters
+    ----------
+    x : int
+        A Python or NumPy integer.
+
+    Returns
+    -------
+    numpy.int64
+        ``x`` as a ``long long`` kernel argument.
+    """
     return np.int64(x)
 
 
-def device_array(x, dtypes, name: str):
+def device_array(x: ArrayLike | cupy.ndarray, dtypes: Sequence[DTypeLike], name: str) -> cupy.ndarray:
     """``x`` as a C-contiguous 1-D CuPy array with a dtype in ``dtypes``.
 
-    Host arrays are copied to the device (on the current stream); device arrays
-    of another dtype are cast to ``dtypes[0]``.
+    Host arrays are copied to the device (on the current stream); arrays of
+    another dtype are cast to ``dtypes[0]``.
+
+    Parameters
+    ----------
+    x : array_like or cupy.ndarray
+        The kernel input.
+    dtypes : sequence of dtype-like
+        Dtypes the kernel accepts; the first is the one to cast to.
+    name : str
+        The argument's name, for the message.
+
+    Returns
+    -------
+    cupy.ndarray
+        ``x`` itself when already fit, else a copy.
+
+    Raises
+    ------
+    InvalidDataError
+        ``x`` is not 1-D.
     """
     import cupy
 
@@ -40,9 +97,36 @@ def device_array(x, dtypes, name: str):
     return cupy.asarray(np.ascontiguousarray(a, dtype=dt))
 
 
-def check_out(out, dtype, name: str, ndim: int = 1, at_least: int | None = None, of: str = "inputs"):
-    """``out`` must be a C-contiguous CuPy array of ``dtype`` (outputs are written in place),
-    with at least ``at_least`` entries (one per ``of``) when given."""
+def check_out(
+    out: cupy.ndarray, dtype: DTypeLike, name: str, ndim: int = 1, at_least: int | None = None, of: str = "inputs"
+) -> cupy.ndarray:
+    """Check a kernel output: outputs are written in place, so no copy can stand in for them.
+
+    Parameters
+    ----------
+    out : cupy.ndarray
+        Must be C-contiguous, of ``dtype`` and ``ndim`` dimensions.
+    dtype : dtype-like
+        Its required dtype.
+    name : str
+        The argument's name, for the message.
+    ndim : int, default 1
+        Its required number of dimensions.
+    at_least : int, optional
+        Entries (first axis) it needs at least.
+    of : str, default "inputs"
+        What ``at_least`` counts, for the message.
+
+    Returns
+    -------
+    cupy.ndarray
+        ``out``.
+
+    Raises
+    ------
+    InvalidDataError
+        Not a CuPy array, a wrong dtype, ``ndim`` or layout, or too short.
+    """
     import cupy
 
     if not isinstance(out, cupy.ndarray):
@@ -57,8 +141,26 @@ def check_out(out, dtype, name: str, ndim: int = 1, at_least: int | None = None,
     return out
 
 
-def check_tree(tree, name: str = "tree"):
-    """A tree is a C-contiguous 1-D float64 CuPy array of length ``2 * P``, ``P`` a power of two."""
+def check_tree(tree: cupy.ndarray, name: str = "tree") -> int:
+    """Check a device tree: a C-contiguous 1-D float64 CuPy array of length ``2 * P``, ``P`` a power of two.
+
+    Parameters
+    ----------
+    tree : cupy.ndarray
+        The tree.
+    name : str, default "tree"
+        The argument's name, for the message.
+
+    Returns
+    -------
+    int
+        ``P``, its number of leaves.
+
+    Raises
+    ------
+    InvalidDataError
+        Anything else.
+    """
     check_out(tree, np.float64, name)
     n = tree.shape[0]
     if n < 2 or n & (n - 1):

@@ -21,8 +21,13 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import DTypeLike
+
+if TYPE_CHECKING:
+    import cupy
 
 #: NumPy dtype -> the C++ spelling used in template arguments.
 CTYPES = {
@@ -33,8 +38,29 @@ CTYPES = {
 }
 
 
-def ctype(dtype) -> str:
-    """C++ type name for a NumPy dtype (only those the kernels are instantiated for)."""
+def ctype(dtype: DTypeLike) -> str:
+    """C++ type name for a NumPy dtype (only those the kernels are instantiated for).
+
+    Parameters
+    ----------
+    dtype : dtype-like
+        int32, int64, float32 or float64.
+
+    Returns
+    -------
+    str
+        ``"int"``, ``"long long"``, ``"float"`` or ``"double"``.
+
+    Raises
+    ------
+    TypeError
+        A dtype no kernel is instantiated for.
+
+    Examples
+    --------
+    >>> ctype(np.int64)
+    'long long'
+    """
     try:
         return CTYPES[np.dtype(dtype)]
     except KeyError:
@@ -44,7 +70,25 @@ def ctype(dtype) -> str:
 
 
 def expr(name: str, *targs: str) -> str:
-    """A name expression, spelled exactly as registered: ``expr("f", "int", "double") == "f<int, double>"``."""
+    """A name expression, spelled exactly as registered in :data:`SOURCES`.
+
+    Parameters
+    ----------
+    name : str
+        The kernel (a C++ template's name).
+    *targs : str
+        Its template arguments, C++ spellings (see :func:`ctype`).
+
+    Returns
+    -------
+    str
+        ``name<targ, ...>``, or ``name`` without template arguments.
+
+    Examples
+    --------
+    >>> expr("f", "int", "double")
+    'f<int, double>'
+    """
     return f"{name}<{', '.join(targs)}>" if targs else name
 
 
@@ -114,7 +158,20 @@ SOURCES: dict[str, KernelSource] = {
 
 
 def kernel_dir() -> Path:
-    """Folder holding the ``.cu`` sources (see the module docstring for the search order)."""
+    """Folder holding the ``.cu`` sources (see the module docstring for the search order).
+
+    Returns
+    -------
+    pathlib.Path
+        ``$GEAR_FLOW_KERNEL_DIR`` as given, or the first of
+        ``gear_flow/_kernels`` and the repository's ``kernels/`` that holds
+        ``gather.cu``.
+
+    Raises
+    ------
+    FileNotFoundError
+        No such folder (the message names where it looked).
+    """
     env = os.environ.get("GEAR_FLOW_KERNEL_DIR")
     if env:
         return Path(env)
@@ -129,7 +186,25 @@ def kernel_dir() -> Path:
 
 
 def source(name: str) -> str:
-    """The text handed to NVRTC for module ``name``: ``#line 1 "<file>"`` + the file."""
+    """The text handed to NVRTC for module ``name``: ``#line 1 "<file>"`` + the file.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`SOURCES` (``sumtree``, ``topk``, ``gather``).
+
+    Returns
+    -------
+    str
+        The source with its ``#line`` directive.
+
+    Raises
+    ------
+    KeyError
+        An unknown module.
+    FileNotFoundError
+        The kernel folder or file is missing.
+    """
     try:
         src = SOURCES[name]
     except KeyError:
@@ -139,6 +214,23 @@ def source(name: str) -> str:
 
 
 def options(name: str) -> tuple[str, ...]:
+    """NVRTC options of module ``name``: :data:`COMMON_OPTIONS` plus its own.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`SOURCES`.
+
+    Returns
+    -------
+    tuple of str
+        The options, e.g. ``("--std=c++17", "--fmad=false")`` for sumtree.
+
+    Raises
+    ------
+    KeyError
+        An unknown module.
+    """
     return COMMON_OPTIONS + SOURCES[name].options
 
 
@@ -153,8 +245,26 @@ def _module(name: str):
     return cupy.RawModule(code=source(name), options=options(name), name_expressions=list(src.name_expressions))
 
 
-def module(name: str):
-    """The memoised :class:`cupy.RawModule` of ``kernels/<name>.cu`` (compiled on first launch)."""
+def module(name: str) -> cupy.RawModule:
+    """The memoised :class:`cupy.RawModule` of ``kernels/<name>.cu`` (compiled on first launch).
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`SOURCES`.
+
+    Returns
+    -------
+    cupy.RawModule
+        Built once per process with every name expression of the source.
+
+    Raises
+    ------
+    KeyError
+        An unknown module.
+    ImportError
+        CuPy is not installed.
+    """
     with _lock:
         return _module(name)
 
@@ -167,9 +277,27 @@ def _function(name: str, expression: str, device_id: int):
     return module(name).get_function(expression)
 
 
-def function(name: str, expression: str):
-    """The kernel ``expression`` (a name expression of :data:`SOURCES`) of module ``name``,
-    for the current device."""
+def function(name: str, expression: str) -> cupy.RawKernel:
+    """The kernel ``expression`` of module ``name``, for the current device.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`SOURCES`.
+    expression : str
+        One of its name expressions (build it with :func:`expr`).
+
+    Returns
+    -------
+    cupy.RawKernel
+        Memoised per (module, expression, device).
+
+    Raises
+    ------
+    KeyError
+        ``expression`` is not instantiated in the source (add it to
+        :data:`SOURCES`).
+    """
     import cupy
 
     return _function(name, expression, cupy.cuda.runtime.getDevice())

@@ -17,7 +17,12 @@ their stream handles are interchangeable.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..backend import require_gpu
+
+if TYPE_CHECKING:
+    import cupy
 
 
 def _torch_stream(device_id: int):
@@ -42,10 +47,22 @@ def _as_cupy(cp, ts, device_id: int):
     return cp.cuda.ExternalStream(ptr, device_id)
 
 
-def learner_stream():
+def learner_stream() -> cupy.cuda.Stream:
     """CuPy stream for torch's current CUDA stream (CuPy's current one when torch has no CUDA).
 
     Use as ``with learner_stream(): ...``: kernels launched inside run on it.
+
+    Returns
+    -------
+    cupy.cuda.Stream
+        An external stream wrapping torch's current stream on CuPy's current
+        device (the null stream when torch uses the legacy default stream),
+        or CuPy's current stream.
+
+    Raises
+    ------
+    BackendUnavailableError
+        No CuPy or no usable device.
     """
     cp = require_gpu("the learner stream")
     dev = int(cp.cuda.runtime.getDevice())

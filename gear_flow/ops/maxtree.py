@@ -23,6 +23,18 @@ from .sumtree import leaf_count
 
 
 def new_tree(n: int) -> np.ndarray:
+    """An empty max tree able to hold ``n`` leaves (every node ``-inf``).
+
+    Parameters
+    ----------
+    n : int
+        Items the tree must hold.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 ``[2 * leaf_count(n)]``, laid out as a sum tree, all ``-inf``.
+    """
     return np.full(2 * leaf_count(n), -np.inf, dtype=np.float64)
 
 

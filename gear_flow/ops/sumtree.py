@@ -16,7 +16,23 @@ from numba import njit
 
 
 def leaf_count(n: int) -> int:
-    """Smallest power of two >= n (and >= 1)."""
+    """Smallest power of two >= n (and >= 1): the leaves of a tree over ``n`` items.
+
+    Parameters
+    ----------
+    n : int
+        Items the tree must hold.
+
+    Returns
+    -------
+    int
+        A power of two, at least 1.
+
+    Examples
+    --------
+    >>> leaf_count(5), leaf_count(8), leaf_count(0)
+    (8, 8, 1)
+    """
     p = 1
     while p < n:
         p *= 2
@@ -24,7 +40,20 @@ def leaf_count(n: int) -> int:
 
 
 def new_tree(n: int) -> np.ndarray:
-    """An all-zero tree able to hold ``n`` leaves."""
+    """An all-zero tree able to hold ``n`` leaves.
+
+    Parameters
+    ----------
+    n : int
+        Items the tree must hold.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 ``[2 * P]`` with ``P = leaf_count(n)``: node 1 is the root,
+        node ``i`` has children ``2i`` and ``2i + 1``, leaf ``j`` is node
+        ``P + j``; node 0 is unused.
+    """
     return np.zeros(2 * leaf_count(n), dtype=np.float64)
 
 

@@ -34,7 +34,24 @@ __all__ = [
 
 
 def to_config(selector: Selector) -> dict:
-    """A JSON-able description ``{"kind": ..., "params": {...}}``."""
+    """A JSON-able description ``{"kind": ..., "params": {...}}``.
+
+    Parameters
+    ----------
+    selector : Selector
+        An instance of a registered selector class (exactly that class, not
+        a subclass of it).
+
+    Returns
+    -------
+    dict
+        ``{"kind": registry name, "params": selector.params()}``.
+
+    Raises
+    ------
+    TypeError
+        The selector's class is not registered.
+    """
     for kind, cls in REGISTRY.items():
         if type(selector) is cls:
             return {"kind": kind, "params": selector.params()}
@@ -42,7 +59,24 @@ def to_config(selector: Selector) -> dict:
 
 
 def from_config(cfg: dict) -> Selector:
-    """Inverse of :func:`to_config`."""
+    """Inverse of :func:`to_config`: a new, unbound selector.
+
+    Parameters
+    ----------
+    cfg : dict
+        ``{"kind": registry name, "params": constructor arguments}``
+        (``params`` may be absent).
+
+    Returns
+    -------
+    Selector
+        ``REGISTRY[cfg["kind"]](**cfg["params"])``.
+
+    Raises
+    ------
+    SpecError
+        An unknown kind, or parameters the selector refuses.
+    """
     from ..errors import SpecError
 
     try:

@@ -43,17 +43,70 @@ class ShardState(Protocol):
     tier: object  # the StorageTier (or its name): where the trees live, see backend.selection_ops
 
     def live_seq_range(self) -> tuple[int, int]:
-        """``[lo, hi)``: item sequence numbers that may be live (slot = seq % capacity)."""
+        """Item sequence numbers that may be live (slot = seq % capacity).
+
+        Returns
+        -------
+        lo, hi : int
+            The half-open range ``[lo, hi)``.
+        """
 
     def item_stamps(self, slots: np.ndarray) -> np.ndarray:
-        """Table-wide insertion order of the items in ``slots`` (int64)."""
+        """Table-wide insertion order of the items in ``slots``.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots of live items.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64, one stamp per slot (smaller: inserted earlier).
+        """
 
     def item_touched(self, slots: np.ndarray) -> np.ndarray:
-        """Table-wide stamp of each item's insert or latest priority update (int64)."""
+        """Table-wide stamp of each item's insert or latest priority update.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots of live items.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64, one stamp per slot (heaps break ties by it).
+        """
 
 
 class Selector(ABC):
-    """Common interface of every selector; see the module docstring."""
+    """Common interface of every selector; see the module docstring.
+
+    Subclass :class:`WeightedSelector` or :class:`OrderedSelector` and register
+    the class (:func:`gear_flow.registry.register_selector`) so that distributed tables
+    and checkpoints can rebuild it from :meth:`params`.
+
+    Attributes
+    ----------
+    deterministic : bool
+        Class attribute: True for ordered selectors (candidates), False for
+        stochastic ones (draws).
+    can_remove : bool
+        Class attribute: whether the selector may be a table's remover.
+    shard : ShardState
+        The bound shard (after :meth:`bind`).
+    capacity : int
+        Slots of the bound shard.
+
+    Examples
+    --------
+    >>> from gear_flow.selectors import Fifo, Prioritized
+    >>> Prioritized(alpha=0.6).clone()
+    Prioritized(alpha=0.6, beta=0.4)
+    >>> Fifo().deterministic
+    True
+    """
 
     #: deterministic selectors return candidates, stochastic ones draw
     deterministic: ClassVar[bool] = False
@@ -65,36 +118,89 @@ class Selector(ABC):
 
         Trees are allocated with the operations of the shard's storage tier
         (:func:`gear_flow.backend.selection_ops`: on the GPU for ``device``).
+
+        Parameters
+        ----------
+        shard : ShardState
+            The shard that owns this selector.
         """
         self.shard = shard
         self.capacity = shard.capacity
         self.ops = backend.selection_ops(getattr(shard, "tier", "host"))
 
     def clone(self) -> Selector:
-        """A fresh, unbound selector with the same parameters (one per shard)."""
+        """A fresh, unbound selector with the same parameters (one per shard).
+
+        Returns
+        -------
+        Selector
+            ``type(self)(**self.params())``.
+        """
         return type(self)(**self.params())
 
     def params(self) -> dict:
-        """Constructor arguments (JSON-able)."""
+        """Constructor arguments (JSON-able).
+
+        Returns
+        -------
+        dict
+            Keyword arguments that rebuild an equal selector; empty by
+            default.
+        """
         return {}
 
     @abstractmethod
     def insert(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        """New live items at ``slots``."""
+        """New live items at ``slots``.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots of the new items, distinct.
+        priorities : numpy.ndarray
+            float64 priority of each, validated finite and >= 0.
+        """
 
     @abstractmethod
     def remove(self, slots: np.ndarray) -> None:
-        """Items at ``slots`` are gone."""
+        """Items at ``slots`` are gone.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots of the removed items.
+        """
 
     @abstractmethod
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        """Priorities of live items changed (duplicates: last wins)."""
+        """Priorities of live items changed (duplicates: last wins).
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots of live items; may repeat.
+        priorities : numpy.ndarray
+            float64 new priority of each, validated finite and >= 0.
+        """
 
     def check_priorities(self, priorities: np.ndarray, role: str = "sampler") -> None:  # noqa: B027
-        """Raise :class:`~gear_flow.errors.SpecError` for priorities this selector cannot represent.
+        """Raise for priorities this selector cannot represent.
 
         Called by the tables before an insert or update is applied anywhere
         (``priorities`` are already finite and ``>= 0``).  Default: all fine.
+
+        Parameters
+        ----------
+        priorities : numpy.ndarray
+            float64 priorities of one insert or update.
+        role : {"sampler", "remover"}, default "sampler"
+            The selector's role in the table, for the message.
+
+        Raises
+        ------
+        InvalidPriorityError
+            A priority it cannot represent (e.g. Prioritized: one whose
+            weight ``p ** alpha`` would overflow the table's total).
         """
 
     def __repr__(self) -> str:
@@ -103,7 +209,23 @@ class Selector(ABC):
 
 
 class WeightedSelector(Selector):
-    """Stochastic selection by inverse CDF over a sum tree of weights."""
+    """Stochastic selection by inverse CDF over a sum tree of weights.
+
+    Subclasses implement :meth:`insert` and :meth:`update` by setting weights
+    (:meth:`set_weights`, :meth:`set_weight`); the shard draws with
+    :meth:`draw` and reports ``weight / mass`` as the probability.
+
+    Attributes
+    ----------
+    importance_weighted : bool
+        Class attribute: whether importance-sampling weights apply
+        (Prioritized).
+    without_replacement : bool
+        Class attribute: whether drawn items leave the epoch
+        (WithoutReplacement).
+    sums : SumTree
+        The weights (after :meth:`bind`), on the shard's tier.
+    """
 
     #: whether importance-sampling weights are meaningful for this selector
     importance_weighted: ClassVar[bool] = False
@@ -111,11 +233,18 @@ class WeightedSelector(Selector):
     without_replacement: ClassVar[bool] = False
 
     def bind(self, shard: ShardState) -> None:
+        """Allocate a zeroed sum tree of ``shard.capacity`` leaves on the shard's tier.
+
+        Parameters
+        ----------
+        shard : ShardState
+            The shard that owns this selector.
+        """
         super().bind(shard)
         self.sums = SumTree(self.ops, shard.capacity)
 
     @property
-    def tree(self):
+    def tree(self) -> np.ndarray:
         """The sum tree's array (NumPy on the host tiers, CuPy on ``device``; see :mod:`.trees`).
 
         Subclasses set weights with :meth:`set_weights` / :meth:`set_weight`, which
@@ -130,38 +259,107 @@ class WeightedSelector(Selector):
         return self.sums.mass
 
     def leaf_weights(self, slots: np.ndarray) -> np.ndarray:
-        """Sampling weights of ``slots`` (host float64; a device tree answers from its host mirror)."""
+        """Sampling weights of ``slots`` (host float64; a device tree answers from its host mirror).
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots.
+
+        Returns
+        -------
+        numpy.ndarray
+            float64, one weight per slot.
+        """
         return self.sums.leaves[slots]
 
     def set_weights(self, slots: np.ndarray, weights: np.ndarray) -> None:
-        """Sampling weight of ``slots[k]`` becomes ``weights[k]`` (duplicates: the last wins)."""
+        """Sampling weight of ``slots[k]`` becomes ``weights[k]`` (duplicates: the last wins).
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots; may repeat.
+        weights : numpy.ndarray
+            float64 weights >= 0, one per slot.
+        """
         self.sums.set(slots, weights)
 
     def set_weight(self, slots: np.ndarray, weight: float) -> None:
-        """Sampling weight of every slot in ``slots`` becomes ``weight``."""
+        """Sampling weight of every slot in ``slots`` becomes ``weight``.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots.
+        weight : float
+            The weight, >= 0.
+        """
         self.sums.set_const(slots, weight)
 
     def draw(self, uniforms: np.ndarray) -> np.ndarray:
-        """Slots drawn by inverse CDF at ``uniforms * mass`` (``uniforms`` in ``[0, 1)``; mass > 0)."""
+        """Slots drawn by inverse CDF at ``uniforms * mass``.
+
+        Parameters
+        ----------
+        uniforms : numpy.ndarray
+            float64 ``[n]`` in ``[0, 1)``; the tree's mass must be > 0.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 ``[n]`` slots, each drawn with probability ``weight /
+            mass`` (zero-weight slots never).
+        """
         return self.sums.draw(uniforms)
 
     def remove(self, slots: np.ndarray) -> None:
+        """Items at ``slots`` are gone: their weight becomes 0.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots of the removed items.
+        """
         self.set_weight(slots, 0.0)
 
     def tree_state(self) -> np.ndarray:
-        """A host copy of the tree (checkpoints)."""
+        """A host copy of the tree (checkpoints).
+
+        Returns
+        -------
+        numpy.ndarray
+            float64, the tree's array (internal nodes and leaves).
+        """
         return self.sums.state()
 
     def load_tree(self, tree: np.ndarray) -> None:
-        """Restore the tree from :meth:`tree_state` (checkpoints)."""
+        """Restore the tree from :meth:`tree_state` (checkpoints).
+
+        Parameters
+        ----------
+        tree : numpy.ndarray
+            What :meth:`tree_state` returned for a shard of the same capacity.
+        """
         self.sums.load(tree)
 
     def consume(self, slots: np.ndarray) -> None:
-        """Called with the slots just sampled (before any removal)."""
+        """Called with the slots just sampled (before any removal); nothing by default.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots of the sampled items.
+        """
 
 
 class OrderedSelector(Selector):
-    """Deterministic selection: the ``n`` best candidates by an order key."""
+    """Deterministic selection: the ``n`` best candidates by an order key.
+
+    The table merges every shard's candidates into the exact global best
+    (:func:`gear_flow.table.two_level.merge_candidates`).  Priorities are
+    ignored unless a subclass (the heaps) keeps them.
+    """
 
     deterministic = True
 
@@ -169,17 +367,52 @@ class OrderedSelector(Selector):
     def candidates(
         self, n: int, valid: Callable[[np.ndarray], np.ndarray] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Up to ``n`` best live slots (best first) and their order keys (float64, larger is better:
-        ``[n]``, or ``[n, c]`` compared column by column).
+        """Up to ``n`` best live slots, best first, with their order keys.
 
-        ``valid`` filters slots (strict windows); only valid slots are returned.
+        Parameters
+        ----------
+        n : int
+            Candidates wanted.
+        valid : callable, optional
+            ``valid(slots) -> bool array``: filters slots (strict windows,
+            a horizon); only valid slots are returned.
+
+        Returns
+        -------
+        slots : numpy.ndarray
+            int64 ``[m]``, ``m <= n``, best first.
+        keys : numpy.ndarray
+            float64 order keys, larger is better: ``[m]``, or ``[m, c]``
+            compared column by column.
         """
 
     def insert(self, slots: np.ndarray, priorities: np.ndarray) -> None:  # noqa: B027
-        pass
+        """Nothing to do: the order comes from the shard's stamps.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots of the new items.
+        priorities : numpy.ndarray
+            float64 priorities (ignored).
+        """
 
     def remove(self, slots: np.ndarray) -> None:  # noqa: B027
-        pass
+        """Nothing to do: removed slots are no longer active in the shard.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots of the removed items.
+        """
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:  # noqa: B027
-        pass
+        """Nothing to do: priorities do not order these selectors.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots.
+        priorities : numpy.ndarray
+            float64 priorities (ignored).
+        """

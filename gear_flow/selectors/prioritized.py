@@ -58,6 +58,13 @@ class Prioritized(WeightedSelector):
         self.beta = float(beta)
 
     def params(self) -> dict:
+        """Constructor arguments.
+
+        Returns
+        -------
+        dict
+            ``{"alpha": float, "beta": float}``.
+        """
         return {"alpha": self.alpha, "beta": self.beta}
 
     def _w(self, priorities: np.ndarray) -> np.ndarray:
@@ -68,6 +75,20 @@ class Prioritized(WeightedSelector):
         return np.power(np.asarray(priorities, dtype=np.float64), self.alpha)
 
     def check_priorities(self, priorities: np.ndarray, role: str = "sampler") -> None:
+        """Refuse priorities whose weight ``p ** alpha`` exceeds ``MAX_WEIGHT`` (1e280).
+
+        Parameters
+        ----------
+        priorities : numpy.ndarray
+            float64 priorities, finite and >= 0.
+        role : {"sampler", "remover"}, default "sampler"
+            This selector's role, for the message.
+
+        Raises
+        ------
+        InvalidPriorityError
+            The first such priority, with its index and the largest allowed.
+        """
         if not len(priorities):
             return
         with np.errstate(over="ignore"):
@@ -85,7 +106,25 @@ class Prioritized(WeightedSelector):
             )
 
     def insert(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        """New items get weight ``priority ** alpha``.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots of the new items.
+        priorities : numpy.ndarray
+            float64 priorities.
+        """
         self.set_weights(slots, self._w(priorities))
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        """Weights become ``priority ** alpha`` (duplicates: the last wins).
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots; may repeat.
+        priorities : numpy.ndarray
+            float64 new priorities.
+        """
         self.set_weights(slots, self._w(priorities))

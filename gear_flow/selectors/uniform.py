@@ -19,7 +19,24 @@ class Uniform(WeightedSelector):
     """
 
     def insert(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        """New items get weight 1 (priorities are ignored).
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots of the new items.
+        priorities : numpy.ndarray
+            float64 priorities (ignored).
+        """
         self.set_weight(slots, 1.0)
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        pass
+        """Nothing to do: priorities do not change uniform weights.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots.
+        priorities : numpy.ndarray
+            float64 priorities (ignored).
+        """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import WeightedSelector
+from .base import ShardState, WeightedSelector
 
 
 class WithoutReplacement(WeightedSelector):
@@ -28,17 +28,48 @@ class WithoutReplacement(WeightedSelector):
     without_replacement = True
     can_remove = False
 
-    def bind(self, shard) -> None:
+    def bind(self, shard: ShardState) -> None:
+        """Allocate the tree for ``shard`` and start at epoch 0.
+
+        Parameters
+        ----------
+        shard : ShardState
+            The shard that owns this selector.
+        """
         super().bind(shard)
         self.epoch = 0
 
     def insert(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        """New items join the current epoch (weight 1; priorities are ignored).
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots of the new items.
+        priorities : numpy.ndarray
+            float64 priorities (ignored).
+        """
         self.set_weight(slots, 1.0)
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        pass
+        """Nothing to do: priorities do not change the epoch.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots.
+        priorities : numpy.ndarray
+            float64 priorities (ignored).
+        """
 
     def consume(self, slots: np.ndarray) -> None:
+        """Sampled items leave the epoch (weight 0) until :meth:`new_epoch`.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots just sampled.
+        """
         self.set_weight(slots, 0.0)
 
     def new_epoch(self) -> None:

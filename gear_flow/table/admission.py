@@ -26,14 +26,28 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..errors import RateLimitTimeout, TableClosedError
+
+if TYPE_CHECKING:
+    from ..rate_limiters import RateLimiter
 
 KINDS = ("insert", "sample")
 
 
 class Admission:
     """Condition variable, per-kind FIFO lines of waiters, and the count of inserts in flight.
+
+    Attributes
+    ----------
+    cond : threading.Condition
+        The table's condition; every method but :meth:`check_open` and
+        :meth:`waiting` is called holding it.
+    closed : bool
+        Set by :meth:`close`; every wait then raises TableClosedError.
+    in_flight : int
+        Items of admitted inserts not yet stored in the shards.
 
     Examples
     --------
@@ -43,7 +57,7 @@ class Admission:
     ...     adm.done("insert")
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.cond = threading.Condition(threading.Lock())
         self.closed = False
         #: items of admitted inserts not yet stored in the shards
@@ -57,6 +71,13 @@ class Admission:
         self.cond.notify_all()
 
     def check_open(self) -> None:
+        """Raise :class:`TableClosedError` once the table is closed.
+
+        Raises
+        ------
+        TableClosedError
+            :meth:`close` was called.
+        """
         if self.closed:
             raise TableClosedError("the table is closed")
 
@@ -71,9 +92,28 @@ class Admission:
 
         On return the call still heads its line: the caller applies its
         admission (limiter counts) and then calls :meth:`done`, both while
-        holding ``cond``.  On timeout the exception ``timed_out(timeout)``
-        raises; on close, :class:`TableClosedError`; either way the call
-        leaves its line and the next in line is woken.
+        holding ``cond``.  On timeout or close the call leaves its line and
+        the next in line is woken.
+
+        Parameters
+        ----------
+        kind : {"insert", "sample"}
+            Which line to join.
+        pred : callable
+            ``pred() -> bool``: whether the limiter admits the call now;
+            evaluated holding ``cond``, each time the call is woken.
+        timeout : float or None
+            Seconds to wait at most; None: forever.
+        timed_out : callable
+            ``timed_out(timeout) -> Exception``: the exception raised on
+            timeout (see :func:`timeout_error`).
+
+        Raises
+        ------
+        Exception
+            ``timed_out(timeout)`` when the time ran out.
+        TableClosedError
+            The table was closed while waiting (or before).
         """
         line = self._lines[kind]
         ticket = next(self._tickets)
@@ -94,17 +134,50 @@ class Admission:
             raise
 
     def done(self, kind: str) -> None:
-        """The head of ``kind``'s line was admitted: the next one may go (call holding ``cond``)."""
+        """The head of ``kind``'s line was admitted: the next one may go (call holding ``cond``).
+
+        Parameters
+        ----------
+        kind : {"insert", "sample"}
+            The line whose head leaves.
+        """
         self._lines[kind].popleft()
         self.cond.notify_all()
 
     def waiting(self, kind: str) -> int:
-        """Calls of ``kind`` waiting now (including one being admitted)."""
+        """Calls of ``kind`` waiting now (including one being admitted).
+
+        Parameters
+        ----------
+        kind : {"insert", "sample"}
+            The line.
+
+        Returns
+        -------
+        int
+            Its length.
+        """
         return len(self._lines[kind])
 
 
-def timeout_error(what: str, limiter, size: Callable[[], int]) -> Callable[[float], Exception]:
-    """The :class:`RateLimitTimeout` a call raises when ``limiter`` did not admit it in time."""
+def timeout_error(what: str, limiter: RateLimiter, size: Callable[[], int]) -> Callable[[float], Exception]:
+    """The :class:`RateLimitTimeout` a call raises when ``limiter`` did not admit it in time.
+
+    Parameters
+    ----------
+    what : str
+        The call, for the message (``"a sample of 32"``).
+    limiter : RateLimiter
+        The table's limiter; its repr and counts go in the message.
+    size : callable
+        ``size() -> int``: the table's size when the time ran out.
+
+    Returns
+    -------
+    callable
+        ``make(timeout) -> RateLimitTimeout``, as :meth:`Admission.wait`
+        takes it; the message is built when the time runs out.
+    """
 
     def make(timeout: float) -> Exception:
         return RateLimitTimeout(

@@ -8,6 +8,7 @@ validated values; nobody builds a throw-away table to validate its arguments.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .. import config
 from ..errors import SpecError
@@ -19,6 +20,9 @@ from ..selectors import from_config as selector_from_config
 from ..selectors import to_config as selector_to_config
 from ..spec import BOUNDARIES, TableSpec
 from .routing import ROUTINGS
+
+if TYPE_CHECKING:
+    import numpy as np
 
 #: what a sample's selection needs from the shards (see :mod:`gear_flow.table.planner`)
 SELECTION_KINDS = ("weighted", "epoch", "ordered")
@@ -32,6 +36,7 @@ class TableConfig:
     Parameters
     ----------
     spec : TableSpec
+        Columns, capacity per shard, number of shards, item unit, max_size.
     sampler, remover : Selector
         Prototypes (each shard gets ``clone()`` of them).
     rate_limiter : RateLimiter
@@ -39,9 +44,18 @@ class TableConfig:
     max_times_sampled : int
         Remove an item after this many samples (0: never).
     boundary, routing, tier : str
-        Defaults, after the ``dask.config`` fallbacks.
+        Defaults, after the ``dask.config`` fallbacks (``tier`` may also be a
+        StorageTier instance).
     timeout : float or None
         Default seconds a blocking call waits.
+
+    Raises
+    ------
+    SpecError
+        Any invalid field, or a combination the storage cannot honour (a
+        remover other than Fifo outside a queue/stack; a Queue/Stack limiter
+        without matching selectors and ``max_times_sampled=1``); the message
+        names the value and what is allowed.
 
     Examples
     --------
@@ -76,7 +90,39 @@ class TableConfig:
         tier: str | None = None,
         timeout: float | None = None,
     ) -> TableConfig:
-        """Apply defaults (``None`` → ``dask.config``) and validate."""
+        """Apply defaults (``None`` → ``dask.config``) and validate.
+
+        Parameters
+        ----------
+        spec : TableSpec
+            What the table stores.
+        sampler : Selector, default Uniform()
+            How items are sampled.
+        remover : Selector, default Fifo()
+            Which items are evicted beyond ``max_size``.
+        rate_limiter : RateLimiter, default MinSize(1)
+            The table's limiter (a prototype).
+        max_times_sampled : int, default 0
+            Remove an item after this many samples (0: never).
+        boundary : {"strict", "pad_tail", "pad_head"}, optional
+            Config ``table.boundary`` when None.
+        routing : {"balanced", "round_robin"}, optional
+            Config ``table.routing`` when None.
+        tier : {"host", "shared", "pinned", "device"}, optional
+            Config ``table.tier`` when None.
+        timeout : float, optional
+            Config ``table.timeout`` when None.
+
+        Returns
+        -------
+        TableConfig
+            The validated configuration.
+
+        Raises
+        ------
+        SpecError
+            An invalid value or combination (see the class docstring).
+        """
         return cls(
             spec,
             Uniform() if sampler is None else sampler,
@@ -158,8 +204,20 @@ class TableConfig:
         """Every item must be handed out (Queue, Stack): storage may never overwrite a waiting item."""
         return isinstance(self.rate_limiter, Queue)
 
-    def check_priorities(self, priorities) -> None:
-        """Reject (validated, finite, >= 0) priorities that the sampler or remover cannot represent."""
+    def check_priorities(self, priorities: np.ndarray) -> None:
+        """Reject (validated, finite, >= 0) priorities that the sampler or remover cannot represent.
+
+        Parameters
+        ----------
+        priorities : numpy.ndarray
+            float64 priorities, already checked finite and >= 0.
+
+        Raises
+        ------
+        InvalidPriorityError
+            A priority the sampler or remover cannot represent (e.g. one that
+            overflows ``p ** alpha`` of a Prioritized sampler).
+        """
         self.sampler.check_priorities(priorities, "sampler")
         self.remover.check_priorities(priorities, "remover")
 
@@ -179,6 +237,16 @@ class TableConfig:
 
     # -- JSON form (checkpoints, the wire) ---------------------------------------------------------
     def to_dict(self) -> dict:
+        """The JSON form (checkpoints, the wire); :meth:`from_dict` reads it back.
+
+        Returns
+        -------
+        dict
+            ``spec`` (:meth:`TableSpec.to_dict`), ``sampler`` and ``remover``
+            (selector configs), ``rate_limiter`` (limiter config, counts
+            included), ``max_times_sampled``, ``boundary``, ``routing``,
+            ``tier`` (its name) and ``timeout``.
+        """
         return {
             "spec": self.spec.to_dict(),
             "sampler": selector_to_config(self.sampler),
@@ -193,6 +261,26 @@ class TableConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> TableConfig:
+        """Rebuild and validate a configuration from :meth:`to_dict`'s form.
+
+        Missing optional keys take their defaults (``strict``, ``balanced``,
+        ``host``, no timeout, ``max_times_sampled`` 0).
+
+        Parameters
+        ----------
+        d : dict
+            As :meth:`to_dict` writes it.
+
+        Returns
+        -------
+        TableConfig
+            The validated configuration.
+
+        Raises
+        ------
+        SpecError
+            ``d`` is not a table configuration, or describes an invalid one.
+        """
         try:
             return cls(
                 TableSpec.from_dict(d["spec"]),
@@ -209,7 +297,14 @@ class TableConfig:
             raise SpecError(f"not a table configuration ({type(e).__name__}: {e})") from None
 
     def fresh_limiter(self) -> RateLimiter:
-        """A new limiter with this configuration's parameters and zero counts."""
+        """A new limiter with this configuration's parameters and zero counts.
+
+        Returns
+        -------
+        RateLimiter
+            Shares no state with :attr:`rate_limiter` (a limiter given to two
+            tables counts for each separately).
+        """
         return limiter_from_config(limiter_to_config(self.rate_limiter))
 
 
@@ -218,6 +313,28 @@ def queue_setup(spec: TableSpec, size: int, lifo: bool = False) -> tuple[TableSp
 
     Each item is sampled once (``max_times_sampled=1``), in order; inserts block
     when ``size`` items wait.  Every table kind builds its queues from this.
+
+    Parameters
+    ----------
+    spec : TableSpec
+        Columns and shards of the queue.
+    size : int
+        Items the queue holds at most.
+    lifo : bool, default False
+        A stack (newest first) instead of a queue.
+
+    Returns
+    -------
+    spec : TableSpec
+        ``spec`` with ``max_size=size``.
+    args : dict
+        ``sampler``, ``remover`` (``Fifo()`` or ``Lifo()``), ``rate_limiter``
+        (``Queue(size)`` or ``Stack(size)``) and ``max_times_sampled=1``.
+
+    Raises
+    ------
+    SpecError
+        ``size`` is not a positive integer.
     """
     sel, lim = (Lifo, Stack) if lifo else (Fifo, Queue)
     spec = TableSpec(spec.columns, spec.capacity, spec.num_shards, spec.item_unit, size)

@@ -9,6 +9,7 @@ comm (:mod:`gear_flow.distributed.sampling`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,7 +41,33 @@ def fill_rows(
 ) -> None:
     """Everything of rows ``off:off+n`` of a batch except the window bytes (gathered separately).
 
-    ``priorities`` / ``times_sampled`` not reported: NaN / -1 (see :class:`~gear_flow.SampleBatch`).
+    Parameters
+    ----------
+    out : SampleBuffers
+        The batch's buffers, written in place.
+    off : int
+        First row to fill.
+    shard_id : int
+        Shard the ``n`` rows come from (encoded into their keys).
+    seqs : array_like of int
+        ``[n]`` item seqs within the shard.
+    probabilities : array_like of float
+        ``[n]`` probability of each draw.
+    episode_ids : array_like of int
+        ``[n]`` table-wide episode id of each window.
+    timesteps : array_like of int
+        ``[n]`` index in its episode of each window's first valid step.
+    dst_offset : array_like of int
+        ``[n]`` first row of the window that holds data (padding before it).
+    n_valid : array_like of int
+        ``[n]`` steps of the window that hold data.
+    L : int
+        Window length.
+    priorities : array_like of float, optional
+        ``[n]`` priorities when drawn; NaN when not reported.
+    times_sampled : array_like of int, optional
+        ``[n]`` times sampled, this sample included; -1 when not reported
+        (see :class:`~gear_flow.SampleBatch`).
     """
     n = len(seqs)
     out.priorities[off : off + n] = np.nan if priorities is None else priorities
@@ -53,7 +80,31 @@ def fill_rows(
 
 
 def summary(shard: Shard, kind: str, L: int = 1, boundary: str = "pad_tail") -> float:
-    """One number a plan asks of a shard (see :class:`planner.Summaries`)."""
+    """One number a plan asks of a shard (see :class:`planner.Summaries`).
+
+    Parameters
+    ----------
+    shard : Shard
+        The shard (its lock held by the caller).
+    kind : {"sampler", "unseen", "remover", "size", "valid"}
+        Sampling mass of the windows that fit; epoch items not yet seen;
+        remover mass (0 for a remover without one); items stored; items
+        whose window fits.
+    L : int, default 1
+        Window length, in steps.
+    boundary : str, default "pad_tail"
+        Boundary mode (which windows fit).
+
+    Returns
+    -------
+    float
+        The number.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``kind``.
+    """
     if kind == "sampler":
         return shard.valid_mass(L, boundary)
     if kind == "unseen":
@@ -70,7 +121,25 @@ def summary(shard: Shard, kind: str, L: int = 1, boundary: str = "pad_tail") -> 
 def evict_on(
     shard: Shard, counts: int | None = None, slots: ArrayLike | None = None, rng: np.random.Generator | None = None
 ) -> int:
-    """Carry out an :class:`planner.Evict` part on one shard."""
+    """Carry out an :class:`planner.Evict` part on one shard.
+
+    Parameters
+    ----------
+    shard : Shard
+        The shard.
+    counts : int, optional
+        Items for the shard's remover to choose (random removers).
+    slots : array_like of int, optional
+        Exact slots to remove (ordered removers, after a global merge);
+        duplicates count once.  Wins over ``counts``.
+    rng : numpy.random.Generator, optional
+        For random removers.
+
+    Returns
+    -------
+    int
+        Items removed.
+    """
     if slots is not None:
         sl = np.unique(np.asarray(slots, dtype=np.int64))
         return shard.remove_by_remover(len(sl), rng, slots=sl) if len(sl) else 0
@@ -80,15 +149,42 @@ def evict_on(
 class InProcess:
     """Answers plan requests with in-process shards, gathering into ``out`` (a SampleBuffers).
 
+    Called with each request of a plan (:func:`planner.run`); the caller holds
+    the shards' locks.
+
     Parameters
     ----------
     shards : dict
         shard id -> Shard.
+    rng : numpy.random.Generator or None
+        Draws items and random evictions.
+    out : SampleBuffers, optional
+        The batch to gather into (None for eviction plans).
+    L : int, default 1
+        Window length, in steps.
+    boundary : str, default "pad_tail"
+        Boundary mode.
+    columns : iterable of str, default ()
+        Columns to gather.
     horizon : int, optional
         Ordered samples see only items stamped before it (see ``Shard.candidates``).
+
+    Attributes
+    ----------
+    expired : dict of int to int
+        Items expired per shard by the gathers so far (``max_times_sampled``).
     """
 
-    def __init__(self, shards: dict, rng, out=None, L: int = 1, boundary: str = "pad_tail", columns=(), horizon=None):
+    def __init__(
+        self,
+        shards: dict,
+        rng: np.random.Generator | None,
+        out: SampleBuffers | None = None,
+        L: int = 1,
+        boundary: str = "pad_tail",
+        columns: Iterable[str] = (),
+        horizon: int | None = None,
+    ) -> None:
         self.shards = shards
         self.rng = rng
         self.out = out
@@ -161,8 +257,42 @@ def sample_shards(
 ) -> dict:
     """A whole two-level sample of ``B`` windows over in-process ``shards`` (their locks held by the caller).
 
-    Fills ``out`` in the batch's final order, with importance weights; returns
-    ``{shard: items expired}``.
+    Fills ``out`` in the batch's final order, with importance weights.
+
+    Parameters
+    ----------
+    shards : dict
+        shard id -> Shard.
+    selection : {"weighted", "epoch", "ordered"}
+        What the sampler needs (:attr:`TableConfig.selection`).
+    out : SampleBuffers
+        The batch, ``B`` rows of ``L`` steps.
+    B : int
+        Batch size.
+    L : int
+        Window length, in steps.
+    boundary : str
+        Boundary mode.
+    columns : tuple of str
+        Columns to gather.
+    rng : numpy.random.Generator
+        Draws shards and items.
+    beta : float
+        Importance-weight exponent (0: all weights 1).
+    who : str
+        Names the table in an error message.
+    horizon : int, optional
+        Ordered samples see only items stamped before it.
+
+    Returns
+    -------
+    dict of int to int
+        Items expired per shard by this sample.
+
+    Raises
+    ------
+    EmptyTableError
+        Nothing can be sampled (empty, or no window fits).
     """
     ex = InProcess(shards, rng, out, L, boundary, columns, horizon)
     try:
@@ -178,5 +308,23 @@ def sample_shards(
 
 
 def evict_shards(shards: dict, excess: int, ordered: bool, rng: np.random.Generator) -> int:
-    """Remove ``excess`` items from in-process ``shards`` as the remover says; returns how many."""
+    """Remove ``excess`` items from in-process ``shards`` as the remover says.
+
+    Parameters
+    ----------
+    shards : dict
+        shard id -> Shard (their locks not held: each shard locks itself).
+    excess : int
+        Items to remove.
+    ordered : bool
+        Whether the remover is deterministic (Fifo, Lifo, heaps: a global
+        merge of candidates) or random (counts split by remover mass).
+    rng : numpy.random.Generator
+        For random removers.
+
+    Returns
+    -------
+    int
+        Items removed (fewer than ``excess`` only when the shards ran out).
+    """
     return planner.run(planner.evict(excess, ordered, rng), InProcess(shards, rng))

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .. import config
 from ..errors import CapacityError, SpecError
@@ -42,6 +45,9 @@ from .validate import (
     check_sample_args,
     sample_columns,
 )
+
+if TYPE_CHECKING:
+    from ..writer import EpisodeWriter
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +75,16 @@ class LocalTable(DatasetMethods):
     timeout : float, optional
         Default seconds a blocking call waits (None: forever).
     seed : int, optional
-        Seeds the table's random generator (sampling, routing ties).
+        Seeds the table's random generator (sampling, routing ties); config
+        ``table.seed`` when None.
+    shard_ids : iterable of int, optional
+        Ids of the shards to build (default ``0 .. num_shards - 1``); a
+        restore passes the checkpoint's.  Item keys encode the shard id.
+
+    Raises
+    ------
+    SpecError
+        An invalid argument (named in the message, with what is allowed).
 
     Examples
     --------
@@ -97,8 +112,8 @@ class LocalTable(DatasetMethods):
         routing: str | None = None,
         timeout: float | None = None,
         seed: int | None = None,
-        shard_ids=None,
-    ):
+        shard_ids: Iterable[int] | None = None,
+    ) -> None:
         cfg = TableConfig.build(
             spec,
             sampler=sampler,
@@ -142,14 +157,63 @@ class LocalTable(DatasetMethods):
 
     # -- construction helpers ------------------------------------------------------
     @classmethod
-    def queue(cls, spec: TableSpec, size: int, **kw) -> LocalTable:
-        """A FIFO queue of ``size`` items: each sampled once, inserts block when full."""
+    def queue(cls, spec: TableSpec, size: int, **kw: Any) -> LocalTable:
+        """A FIFO queue of ``size`` items: each sampled once, inserts block when full.
+
+        Sets ``sampler`` and ``remover`` to ``Fifo()``, ``max_times_sampled``
+        to 1 and the rate limiter to ``Queue(size)``: samples block while the
+        queue is empty.
+
+        Parameters
+        ----------
+        spec : TableSpec
+            Columns and shards; its ``max_size`` is set to ``size``.
+        size : int
+            Items the queue holds at most.
+        **kw
+            Other keyword arguments of :class:`LocalTable` (``timeout``,
+            ``seed`` ...); not the selectors, limiter or
+            ``max_times_sampled``.
+
+        Returns
+        -------
+        LocalTable
+            The queue.
+
+        Raises
+        ------
+        SpecError
+            ``size`` or another argument is invalid.
+        """
         spec, args = queue_setup(spec, size)
         return cls(spec, **args, **kw)
 
     @classmethod
-    def stack(cls, spec: TableSpec, size: int, **kw) -> LocalTable:
-        """A LIFO stack of ``size`` items."""
+    def stack(cls, spec: TableSpec, size: int, **kw: Any) -> LocalTable:
+        """A LIFO stack of ``size`` items: each sampled once, newest first.
+
+        As :meth:`queue`, with ``Lifo()`` selectors and a ``Stack(size)``
+        limiter.
+
+        Parameters
+        ----------
+        spec : TableSpec
+            Columns and shards; its ``max_size`` is set to ``size``.
+        size : int
+            Items the stack holds at most.
+        **kw
+            Other keyword arguments of :class:`LocalTable`.
+
+        Returns
+        -------
+        LocalTable
+            The stack.
+
+        Raises
+        ------
+        SpecError
+            ``size`` or another argument is invalid.
+        """
         spec, args = queue_setup(spec, size, lifo=True)
         return cls(spec, **args, **kw)
 
@@ -160,6 +224,7 @@ class LocalTable(DatasetMethods):
         return sum(s.size for s in self.shards)
 
     def __len__(self) -> int:
+        """Items in the table (:attr:`size`)."""
         return self.size
 
     def close(self) -> None:
@@ -167,10 +232,12 @@ class LocalTable(DatasetMethods):
         with self._cond:
             self._admission.close()
 
-    def __enter__(self):
+    def __enter__(self) -> LocalTable:
+        """The table itself; it is closed on exit."""
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
+        """Close the table (:meth:`close`)."""
         self.close()
 
     def _check_open(self):
@@ -189,9 +256,18 @@ class LocalTable(DatasetMethods):
 
     # -- writing --------------------------------------------------------------------------
     def insert(
-        self, episodes, priorities=None, *, timeout: float | None = None, shard: int | None = None
+        self,
+        episodes: Mapping | Sequence[Mapping],
+        priorities: ArrayLike | Sequence[ArrayLike] | float | None = None,
+        *,
+        timeout: float | None = None,
+        shard: int | None = None,
     ) -> InsertResult:
         """Insert whole episodes, all or nothing.
+
+        Blocks until the rate limiter admits every item (or ``timeout``);
+        episodes are routed to shards (never split).  When the table then
+        exceeds ``max_size``, the remover evicts the excess.
 
         Parameters
         ----------
@@ -205,6 +281,31 @@ class LocalTable(DatasetMethods):
             Seconds to wait for the rate limiter.
         shard : int, optional
             Put every episode on this shard (writer affinity).
+
+        Returns
+        -------
+        InsertResult
+            Episode ids, the key of each episode's first item, each
+            episode's shard and the number of items created.
+
+        Raises
+        ------
+        InvalidDataError
+            Episodes that do not match the spec, or not one priority per
+            item.
+        InvalidPriorityError
+            A priority that is NaN, infinite or negative, or one the sampler
+            or remover cannot represent.
+        CapacityError
+            An episode longer than a shard's capacity, or (queue, stack) an
+            insert that would overwrite items not yet handed out.
+        SpecError
+            ``shard`` out of range, or more items than the limiter admits at
+            once.
+        RateLimitTimeout
+            Not admitted within ``timeout``.
+        TableClosedError
+            The table is closed.
         """
         self._check_open()
         eps = as_episode_list(episodes)
@@ -213,7 +314,12 @@ class LocalTable(DatasetMethods):
         return self._insert(lengths, lambda sel: [checked[i][0] for i in sel], priorities, timeout, shard)
 
     def insert_batch(
-        self, columns: Mapping, priorities=None, *, timeout: float | None = None, shard: int | None = None
+        self,
+        columns: Mapping[str, ArrayLike],
+        priorities: ArrayLike | float | None = None,
+        *,
+        timeout: float | None = None,
+        shard: int | None = None,
     ) -> InsertResult:
         """Insert ``B`` trajectories of ``T`` steps given as ``[B, T, *shape]`` arrays, all or nothing.
 
@@ -241,6 +347,11 @@ class LocalTable(DatasetMethods):
         -------
         InsertResult
             As :meth:`insert`, one episode per row.
+
+        Raises
+        ------
+        InvalidDataError, InvalidPriorityError, CapacityError, SpecError, RateLimitTimeout, TableClosedError
+            As :meth:`insert`.
         """
         self._check_open()
         arrays, B, T = check_batch(self.spec, columns)
@@ -331,8 +442,32 @@ class LocalTable(DatasetMethods):
                 f"build the table with a larger capacity (at least max_size plus the longest episode) or sample first"
             )
 
-    def writer(self, max_episode_length: int | None = None, shard: int | None = None, timeout: float | None = None):
-        """A streaming writer: ``append(step)`` … ``end_episode()``; see :class:`EpisodeWriter`."""
+    def writer(
+        self, max_episode_length: int | None = None, shard: int | None = None, timeout: float | None = None
+    ) -> EpisodeWriter:
+        """A streaming writer: ``append(step)`` … ``end_episode()``; see :class:`EpisodeWriter`.
+
+        Parameters
+        ----------
+        max_episode_length : int, optional
+            End an episode automatically (``truncated``) when it reaches this
+            many steps; None: episodes end only at ``end_episode``.
+        shard : int, optional
+            Insert every episode on this shard.
+        timeout : float, optional
+            Seconds each insert waits for the rate limiter; default the
+            table's.
+
+        Returns
+        -------
+        EpisodeWriter
+            Buffers steps and inserts each episode whole when it ends.
+
+        Raises
+        ------
+        SpecError
+            ``max_episode_length`` is not a positive integer or None.
+        """
         from ..writer import EpisodeWriter
 
         return EpisodeWriter(self, max_episode_length=max_episode_length, shard=shard, timeout=timeout)
@@ -355,19 +490,60 @@ class LocalTable(DatasetMethods):
         batch_size: int,
         length: int = 1,
         *,
-        columns=None,
+        columns: str | Sequence[str] | None = None,
         boundary: str | None = None,
         timeout: float | None = None,
         out: SampleBuffers | None = None,
         rng: np.random.Generator | None = None,
     ) -> SampleBatch:
-        """Sample ``batch_size`` windows of ``length`` steps; see :class:`SampleBatch`.
-
-        ``rng`` replaces the table's generator for this call (streams give each
-        rank its own, so that ranks draw independent batches).
+        """Sample ``batch_size`` windows of ``length`` steps.
 
         Blocks until the rate limiter admits the whole batch (or ``timeout``).
-        ``columns`` selects columns (default: all); ``out`` reuses buffers.
+        Items are drawn two-level (shard, then item) under every shard's lock,
+        and each row reports the true probability of its draw.
+
+        Parameters
+        ----------
+        batch_size : int
+            ``B``, windows in the batch (>= 1).
+        length : int, default 1
+            ``L``, steps per window (>= 1).
+        columns : str or sequence of str, optional
+            Columns to gather (default: all of the spec).
+        boundary : {"strict", "pad_tail", "pad_head"}, optional
+            Windows crossing an episode's end: excluded (``strict``) or
+            zero-padded with ``mask`` False; default the table's ``boundary``.
+        timeout : float, optional
+            Seconds to wait for admission; default the table's ``timeout``
+            (None: forever).
+        out : SampleBuffers, optional
+            Buffers to gather into (reused between calls); must match
+            ``columns``, ``batch_size``, ``length`` and the table's tier.
+        rng : numpy.random.Generator, optional
+            Replaces the table's generator for this call (streams give each
+            rank its own, so that ranks draw independent batches).
+
+        Returns
+        -------
+        SampleBatch
+            ``data`` ``[B, L, *column.shape]`` per column, ``keys``,
+            ``probabilities``, importance ``weights``, ``mask`` ``[B, L]``,
+            ``episode_ids``, ``timesteps``, ``priorities``,
+            ``times_sampled``; see :class:`~gear_flow.sample.SampleBatch`.
+
+        Raises
+        ------
+        SpecError
+            Invalid ``batch_size``, ``length``, ``boundary``, ``columns`` or
+            ``out``, or a batch larger than the limiter allows.
+        EmptyTableError
+            Nothing can be sampled: the table is empty, or no stored episode
+            fits a ``strict`` window of ``length`` steps
+            (:class:`~gear_flow.errors.WindowTooLongError`).
+        RateLimitTimeout
+            The limiter did not admit the batch within ``timeout``.
+        TableClosedError
+            The table is closed.
         """
         self._check_open()
         boundary = self.boundary if boundary is None else boundary
@@ -440,12 +616,40 @@ class LocalTable(DatasetMethods):
         shard, seq = decode(k)
         return k, shard, seq
 
-    def update_priorities(self, keys, priorities) -> UpdateResult:
+    def update_priorities(self, keys: ArrayLike, priorities: ArrayLike | float) -> UpdateResult:
         """Set priorities by key, all or nothing for invalid input.
 
         Keys of evicted items are ignored and counted (``stale``); unknown keys
         and NaN/inf/negative priorities raise before anything is applied.
         Duplicate keys: the last value wins.
+
+        Parameters
+        ----------
+        keys : array_like of int
+            Keys from :attr:`SampleBatch.keys` or :class:`InsertResult`,
+            any shape (flattened).
+        priorities : float or array_like of float
+            One value for all keys, or one per key; finite and >= 0.
+
+        Returns
+        -------
+        UpdateResult
+            ``applied`` items updated, ``stale`` keys ignored.
+
+        Raises
+        ------
+        InvalidDataError
+            Non-integer keys, or not one priority per key.
+        SpecError
+            ``priorities`` is None.
+        InvalidPriorityError
+            A priority that is NaN, infinite or negative, or one the sampler
+            or remover cannot represent.
+        UnknownKeyError
+            A key naming no shard of the table, or never issued by it;
+            nothing was applied.
+        TableClosedError
+            The table is closed.
         """
         self._check_open()
         k, shard, seq = self._by_shard(keys)
@@ -465,8 +669,29 @@ class LocalTable(DatasetMethods):
             stale += self.shards[s].update_priorities(seq[m], pr[m], stamps[m])
         return UpdateResult(len(k) - stale, stale)
 
-    def delete(self, keys) -> UpdateResult:
-        """Remove items by key (stale keys ignored and counted, unknown keys raise)."""
+    def delete(self, keys: ArrayLike) -> UpdateResult:
+        """Remove items by key (stale keys ignored and counted, unknown keys raise).
+
+        Parameters
+        ----------
+        keys : array_like of int
+            Keys of the items to remove, any shape (flattened).
+
+        Returns
+        -------
+        UpdateResult
+            ``applied`` items removed, ``stale`` keys already gone.
+
+        Raises
+        ------
+        InvalidDataError
+            Non-integer keys.
+        UnknownKeyError
+            A key naming no shard of the table, or never issued by it;
+            nothing was removed.
+        TableClosedError
+            The table is closed.
+        """
         self._check_open()
         k, shard, seq = self._by_shard(keys)
         for s in np.unique(shard):
@@ -483,7 +708,18 @@ class LocalTable(DatasetMethods):
 
     # -- info ----------------------------------------------------------------------------------
     def info(self) -> dict:
-        """Sizes, counters per shard and in total, limiter state, selectors, calls waiting per kind."""
+        """Sizes, counters per shard and in total, limiter state, selectors, calls waiting per kind.
+
+        Returns
+        -------
+        dict
+            ``size``, ``max_size``, ``num_shards``, ``item_unit``;
+            ``sampler`` and ``remover`` (their reprs); ``rate_limiter`` (its
+            state); ``waiting`` (``{"insert": n, "sample": n}`` blocked
+            calls); ``totals`` (each per-shard counter summed); ``shards``
+            (per shard: ``shard``, ``size``, ``episodes``, ``steps_stored``,
+            ``capacity``, ``write_pos`` and its counters).
+        """
         shards = [s.info() for s in self.shards]
         totals = {k: sum(si[k] for si in shards) for k in shards[0] if k not in ("shard", "capacity", "write_pos")}
         return {
@@ -501,15 +737,39 @@ class LocalTable(DatasetMethods):
 
     # -- checkpoints ----------------------------------------------------------------------------
     def config(self) -> dict:
-        """JSON-able configuration (what a checkpoint needs to rebuild the table)."""
+        """JSON-able configuration (what a checkpoint needs to rebuild the table).
+
+        Returns
+        -------
+        dict
+            :meth:`TableConfig.to_dict` with the limiter's current state
+            (its counters) as ``rate_limiter``.
+        """
         return {**self.cfg.to_dict(), "rate_limiter": limiter_to_config(self.rate_limiter)}
 
-    def checkpoint(self, path) -> dict:
+    def checkpoint(self, path: str | os.PathLike[str]) -> dict:
         """Write an atomic, checksummed checkpoint to directory ``path`` (no pickle).
 
         Shards are snapshotted one at a time under their own lock (a memory
-        copy), then written while inserts and samples continue.  Returns
-        ``{"path", "pause_s" (longest time a shard was blocked), "seconds", "bytes"}``.
+        copy), then written while inserts and samples continue.  The
+        directory appears only once complete; on failure nothing is left.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            Directory to create.
+
+        Returns
+        -------
+        dict
+            ``path`` (str), ``pause_s`` (float, the longest time one shard
+            was blocked, seconds), ``seconds`` (float, wall time) and
+            ``bytes`` (int, array bytes written).
+
+        Raises
+        ------
+        CheckpointError
+            ``path`` cannot be written.
         """
         from pathlib import Path
 
@@ -540,9 +800,41 @@ class LocalTable(DatasetMethods):
 
     @classmethod
     def restore(
-        cls, path, *, tier: str | None = None, seed: int | None = None, timeout: float | None = None
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        tier: str | None = None,
+        seed: int | None = None,
+        timeout: float | None = None,
     ) -> LocalTable:
-        """A table rebuilt from a checkpoint directory (verified before anything is built)."""
+        """A table rebuilt from a checkpoint directory (verified before anything is built).
+
+        Configuration, limiter state, ids and stamps are those of the
+        checkpoint, so keys and episode ids are never reused.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            A directory written by :meth:`checkpoint`.
+        tier : {"host", "pinned", "device"}, optional
+            Storage tier of the rebuilt shards (config ``table.tier``; the
+            checkpoint does not choose it).
+        seed : int, optional
+            Seeds the table's random generator.
+        timeout : float, optional
+            Default seconds a blocking call waits (config ``table.timeout``).
+
+        Returns
+        -------
+        LocalTable
+            The restored table.
+
+        Raises
+        ------
+        CheckpointError
+            No checkpoint at ``path``, a manifest that does not describe a
+            table, or a file that fails verification.
+        """
         from .. import checkpoint as ck
         from ..errors import CheckpointError
         from ..rate_limiters import from_config as limiter_from
@@ -582,5 +874,13 @@ class LocalTable(DatasetMethods):
         return table
 
     def nbytes(self) -> dict:
+        """Bytes the table's shards hold, by part.
+
+        Returns
+        -------
+        dict
+            ``{"data": bytes of the column rings, "overhead": index,
+            priorities, selector trees}``, summed over the shards.
+        """
         parts = [s.nbytes() for s in self.shards]
         return {k: sum(p[k] for p in parts) for k in parts[0]}

@@ -50,17 +50,53 @@ class NothingToSample(Exception):
 
 @dataclass(frozen=True)
 class Summaries:
+    """Ask every shard for one number per kind; answered with ``{kind: {shard: float}}``.
+
+    Attributes
+    ----------
+    kinds : tuple of str
+        Each of ``sampler`` (mass of the items whose window fits),
+        ``unseen`` (epoch items not yet handed out), ``remover`` (remover
+        mass), ``size`` (items), ``valid`` (items whose window fits).
+    """
+
     kinds: tuple[str, ...]  # "sampler" | "unseen" | "remover" | "size" | "valid"
 
 
 @dataclass(frozen=True)
 class Candidates:
+    """Ask every shard for its best ``n`` items in a selector's order; answered with
+    ``{shard: (slots, order_keys)}``, best first.
+
+    Attributes
+    ----------
+    n : int
+        Candidates per shard at most (the global best ``n`` are among them).
+    role : {"sampler", "remover"}
+        Whose order.
+    """
+
     n: int
     role: str  # "sampler" | "remover"
 
 
 @dataclass(frozen=True)
 class Draw:
+    """Draw ``counts[s]`` items from each shard ``s`` with its mass at the draw and gather them; answered with None.
+
+    Rows go to the batch at :func:`offsets` ``(counts, base)``; the probability
+    reported for item ``i`` of shard ``s`` is ``scale[s] * w_i / m'_s``.
+
+    Attributes
+    ----------
+    counts : dict of int to int
+        Items to draw per shard (shards with none are left out).
+    scale : dict of int to float
+        First-level probability of each shard (its share of the planned mass).
+    base : int
+        Batch row of this round's first item.
+    """
+
     counts: dict  # shard -> items to draw
     scale: dict  # shard -> first-level probability (planned mass share)
     base: int  # batch row of this round's first item
@@ -68,24 +104,54 @@ class Draw:
 
 @dataclass(frozen=True)
 class Take:
+    """Gather exactly these slots (probability 1) at the rows :func:`offsets` gives; answered with None.
+
+    A slot removed since the candidates were listed makes the executor retry
+    the whole plan.
+
+    Attributes
+    ----------
+    slots : dict of int to numpy.ndarray
+        int64 slots per shard, in the shard's order.
+    """
+
     slots: dict  # shard -> slots, in the shard's order
 
 
 @dataclass(frozen=True)
 class NewEpoch:
-    pass
+    """Start a new epoch on every shard (WithoutReplacement ran out); answered with None."""
 
 
 @dataclass(frozen=True)
 class Evict:
+    """Remove items by the remover; answered with the number removed.
+
+    Exactly one field is set.
+
+    Attributes
+    ----------
+    counts : dict of int to int or None
+        Items each shard's remover picks (random removers).
+    slots : dict of int to numpy.ndarray or None
+        Exactly these slots per shard (ordered removers, after a global merge).
+    """
+
     counts: dict | None = None  # shard -> items the remover picks
     slots: dict | None = None  # shard -> exactly these slots (ordered removers)
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Where gathered rows go: ``rows_at[r]`` is the batch position of gathered row ``r``
-    (rows are gathered round by round, shards in ascending order); None: in place."""
+    """Where gathered rows go (what a sample plan returns).
+
+    Attributes
+    ----------
+    rows_at : numpy.ndarray or None
+        int64 ``[B]``: ``rows_at[r]`` is the batch position of gathered row
+        ``r`` (rows are gathered round by round, shards in ascending order);
+        None: every row is already in place.
+    """
 
     rows_at: np.ndarray | None = None
 
@@ -93,7 +159,22 @@ class Layout:
 def offsets(part: dict, base: int = 0) -> dict:
     """Batch row of each shard's first item: shards in ascending order from ``base``.
 
-    ``part`` maps shard → count, or shard → slots.
+    Parameters
+    ----------
+    part : dict
+        shard → count, or shard → slots.
+    base : int, default 0
+        Batch row of the first shard's first item.
+
+    Returns
+    -------
+    dict of int to int
+        ``{shard: first row}`` for the shards with at least one item.
+
+    Examples
+    --------
+    >>> offsets({2: 3, 0: 1, 1: 0}, base=4)
+    {0: 4, 2: 5}
     """
     out, off = {}, base
     for s in sorted(part):
@@ -107,7 +188,38 @@ def offsets(part: dict, base: int = 0) -> dict:
 
 # -- sampling --------------------------------------------------------------------------------------------
 def sample(selection: str, batch_size: int, rng: np.random.Generator) -> Plan:
-    """Plan a batch of ``batch_size`` items; ``selection`` is ``weighted``, ``epoch`` or ``ordered``."""
+    """Plan a batch of ``batch_size`` items.
+
+    Weighted: shards by valid mass (by valid count when every priority is 0),
+    counts ~ Multinomial, one :class:`Draw`.  Epoch: hypergeometric counts
+    over unseen items, a :class:`NewEpoch` when they run out.  Ordered: the
+    global best of every shard's :class:`Candidates`, one :class:`Take`.
+
+    Parameters
+    ----------
+    selection : {"weighted", "epoch", "ordered"}
+        What the sampler needs (:attr:`TableConfig.selection`); anything but
+        ``epoch`` and ``ordered`` plans as ``weighted``.
+    batch_size : int
+        Items in the batch.
+    rng : numpy.random.Generator
+        Draws the per-shard counts.
+
+    Yields
+    ------
+    Summaries, Candidates, Draw, Take or NewEpoch
+        Requests, each sent its answer.
+
+    Returns
+    -------
+    Layout
+        Where the gathered rows go (the generator's return value).
+
+    Raises
+    ------
+    NothingToSample
+        No shard can supply a window.
+    """
     if selection == "ordered":
         return (yield from _ordered(batch_size))
     if selection == "epoch":
@@ -173,7 +285,18 @@ def _ordered(B: int):
 
 
 def sources(rows_at: np.ndarray) -> np.ndarray:
-    """Inverse of ``Layout.rows_at``: the gathered row that goes to each batch position."""
+    """Inverse of ``Layout.rows_at``: the gathered row that goes to each batch position.
+
+    Parameters
+    ----------
+    rows_at : numpy.ndarray
+        int64 ``[B]``, a permutation of ``0 .. B-1``.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 ``[B]``: ``src[rows_at[r]] == r``.
+    """
     src = np.empty_like(rows_at)
     src[rows_at] = np.arange(len(rows_at))
     return src
@@ -188,7 +311,25 @@ def evict(excess: int, ordered: bool, rng: np.random.Generator) -> Plan:
     drawn again for the shortfall; when no remover weight is left anywhere
     (every priority 0) by size, i.e. uniformly.  Stops early only when the
     table is empty or a round removes nothing (concurrent removals did it).
-    Returns the number of items removed.
+
+    Parameters
+    ----------
+    excess : int
+        Items to remove.
+    ordered : bool
+        Whether the remover is deterministic (Fifo, Lifo, heaps).
+    rng : numpy.random.Generator
+        Draws the per-shard counts of a random remover.
+
+    Yields
+    ------
+    Candidates, Summaries or Evict
+        Requests, each sent its answer.
+
+    Returns
+    -------
+    int
+        Items removed (the generator's return value).
     """
     removed = 0
     while removed < excess:
@@ -218,7 +359,22 @@ def evict(excess: int, ordered: bool, rng: np.random.Generator) -> Plan:
 
 # -- drivers ------------------------------------------------------------------------------------------------
 def run(plan: Plan, answer: Callable[[object], object]) -> object:
-    """Drive ``plan`` with a synchronous ``answer(request)``; returns the plan's result."""
+    """Drive ``plan`` with a synchronous ``answer(request)``.
+
+    Parameters
+    ----------
+    plan : Plan
+        A plan from :func:`sample` or :func:`evict`.
+    answer : callable
+        ``answer(request)`` returns the request's answer (an executor such
+        as :class:`~gear_flow.table.executor.InProcess`); its exceptions
+        propagate.
+
+    Returns
+    -------
+    object
+        The plan's result (:class:`Layout`, or the count removed).
+    """
     try:
         req = next(plan)
         while True:
@@ -228,7 +384,21 @@ def run(plan: Plan, answer: Callable[[object], object]) -> object:
 
 
 async def run_async(plan: Plan, answer: Callable[[object], Awaitable[object]]) -> object:
-    """Drive ``plan`` with an ``async answer(request)``; returns the plan's result."""
+    """Drive ``plan`` with an ``async answer(request)``.
+
+    Parameters
+    ----------
+    plan : Plan
+        A plan from :func:`sample` or :func:`evict`.
+    answer : callable
+        ``await answer(request)`` gives the request's answer (the
+        distributed sampler); its exceptions propagate.
+
+    Returns
+    -------
+    object
+        The plan's result (:class:`Layout`, or the count removed).
+    """
     try:
         req = next(plan)
         while True:

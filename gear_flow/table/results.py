@@ -33,7 +33,16 @@ class InsertResult:
 
 @dataclass(frozen=True)
 class UpdateResult:
-    """Outcome of a priority update or delete: ``applied`` items, ``stale`` keys ignored."""
+    """Outcome of a priority update or delete.
+
+    Attributes
+    ----------
+    applied : int
+        Items updated (or deleted).
+    stale : int
+        Keys ignored because their item was already gone (evicted, expired,
+        deleted, or on a lost shard).
+    """
 
     applied: int
     stale: int

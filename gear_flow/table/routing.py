@@ -9,12 +9,48 @@ from ..errors import CapacityError, SpecError
 ROUTINGS = ("balanced", "round_robin")
 
 
-def route(lengths: np.ndarray, num_shards: int, capacity: int, policy: str, start: int, shard: int | None = None):
+def route(
+    lengths: np.ndarray, num_shards: int, capacity: int, policy: str, start: int, shard: int | None = None
+) -> np.ndarray:
     """Shard of each episode, so that no shard receives more than ``capacity`` steps.
 
     ``balanced`` gives each episode to the shard that received the fewest steps
     so far in this call (ties: the next in round-robin order from ``start``);
     ``round_robin`` cycles from ``start``.  ``shard`` pins all episodes.
+
+    Parameters
+    ----------
+    lengths : numpy.ndarray
+        int64 ``[E]``, steps of each episode of the call.
+    num_shards : int
+        Shards to route over (indices ``0 .. num_shards - 1``).
+    capacity : int
+        Steps a shard's ring holds.
+    policy : {"balanced", "round_robin"}
+        The routing policy.
+    start : int
+        Round-robin position to start from (the table advances it per call).
+    shard : int, optional
+        Put every episode on this shard.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 ``[E]``, the shard of each episode.
+
+    Raises
+    ------
+    SpecError
+        An unknown ``policy``, or ``shard`` outside ``[0, num_shards)``.
+    CapacityError
+        An episode longer than ``capacity``, or a call putting more than
+        ``capacity`` steps on one shard; nothing is inserted.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> route(np.array([5, 1, 1, 1]), 2, 10, "balanced", 0).tolist()
+    [0, 1, 1, 1]
     """
     if policy not in ROUTINGS:
         raise SpecError(f"routing {policy!r} must be one of {ROUTINGS}")

@@ -19,12 +19,43 @@ import numpy as np
 
 
 def multinomial_counts(masses: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Counts of ``n`` draws over shards with replacement: Multinomial(n, masses / sum(masses)).
+
+    Parameters
+    ----------
+    masses : numpy.ndarray
+        float64 ``[S]``, >= 0 with a positive sum.
+    n : int
+        Draws.
+    rng : numpy.random.Generator
+        The generator.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 ``[S]`` summing to ``n``.
+    """
     total = masses.sum()
     return rng.multinomial(n, masses / total)
 
 
 def epoch_counts(unseen: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Counts for ``n`` draws without replacement (``n <= unseen.sum()``)."""
+    """Counts for ``n`` draws without replacement: multivariate hypergeometric over ``unseen``.
+
+    Parameters
+    ----------
+    unseen : numpy.ndarray
+        ``[S]`` items left in each shard's epoch (integers).
+    n : int
+        Draws, ``n <= unseen.sum()``.
+    rng : numpy.random.Generator
+        The generator.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 ``[S]`` summing to ``n``, each at most ``unseen``.
+    """
     return rng.multivariate_hypergeometric(unseen.astype(np.int64), n)
 
 
@@ -37,6 +68,28 @@ def merge_candidates(per_shard: list[tuple[np.ndarray, np.ndarray]], n: int) -> 
     order, then by the shard's own order.  If fewer
     than ``n`` candidates exist, the chosen ones are repeated in order until the
     batch is full (a Fifo over 3 items sampled with B=5 gives 1,2,3,1,2).
+
+    Parameters
+    ----------
+    per_shard : list of (numpy.ndarray, numpy.ndarray)
+        Per shard, in shard order: its candidate slots ``[c]`` (best first)
+        and their order keys ``[c]`` or ``[c, 2]``.
+    n : int
+        Items to choose.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        Per shard, the chosen slots in the shard's order (empty where none;
+        repeats when fewer than ``n`` candidates exist).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> a = (np.array([10, 11]), np.array([5.0, 3.0]))
+    >>> b = (np.array([20]), np.array([4.0]))
+    >>> [c.tolist() for c in merge_candidates([a, b], 2)]
+    [[10], [20]]
     """
     return merge_candidates_with_positions(per_shard, n)[0]
 
@@ -44,9 +97,27 @@ def merge_candidates(per_shard: list[tuple[np.ndarray, np.ndarray]], n: int) -> 
 def merge_candidates_with_positions(
     per_shard: list[tuple[np.ndarray, np.ndarray]], n: int
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Like :func:`merge_candidates`, plus the batch position (0..n-1, best first) of
-    every chosen slot, so that a caller gathering shard by shard can restore the
-    global order (a queue over two shards must still come out oldest first)."""
+    """Like :func:`merge_candidates`, plus the batch position of every chosen slot.
+
+    A caller gathering shard by shard can then restore the global order (a
+    queue over two shards must still come out oldest first).
+
+    Parameters
+    ----------
+    per_shard : list of (numpy.ndarray, numpy.ndarray)
+        Per shard: candidate slots and their order keys, as for
+        :func:`merge_candidates`.
+    n : int
+        Items to choose.
+
+    Returns
+    -------
+    chosen : list of numpy.ndarray
+        Per shard, the chosen slots (as :func:`merge_candidates`).
+    where : list of numpy.ndarray
+        Per shard, the batch position (0..n-1, best first) of each chosen
+        slot.
+    """
     shard_of = np.concatenate([np.full(len(s), i) for i, (s, _) in enumerate(per_shard)] or [np.zeros(0, int)])
     pos = np.concatenate([np.arange(len(s)) for s, _ in per_shard] or [np.zeros(0, int)])
     cols = max((np.shape(k)[1] for _, k in per_shard if np.ndim(k) == 2), default=1)
@@ -64,7 +135,22 @@ def merge_candidates_with_positions(
 
 
 def importance_weights(probabilities: np.ndarray, beta: float, out: np.ndarray) -> np.ndarray:
-    """``(P_i)^-beta`` normalised by the batch maximum (the ``N`` factor cancels)."""
+    """``(P_i)^-beta`` normalised by the batch maximum (the ``N`` factor cancels).
+
+    Parameters
+    ----------
+    probabilities : numpy.ndarray
+        float64 ``[B]``, each > 0 when ``beta`` is not 0.
+    beta : float
+        Importance-sampling exponent; 0 gives all ones.
+    out : numpy.ndarray
+        ``[B]`` (float32 in a SampleBuffers), written in place.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``out``, with values in ``(0, 1]`` (the maximum is 1).
+    """
     if beta == 0.0 or len(probabilities) == 0:
         out[...] = 1.0
         return out

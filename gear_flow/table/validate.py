@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -14,7 +15,23 @@ from ..spec import BOUNDARIES, TableSpec
 
 
 def as_episode_list(episodes: Mapping | Sequence[Mapping]) -> list[Mapping]:
-    """One mapping (one episode) or a sequence of mappings."""
+    """One mapping (one episode) or a sequence of mappings, as a list of episodes.
+
+    Parameters
+    ----------
+    episodes : mapping or sequence of mappings
+        One episode (``{column: array}``) or several.
+
+    Returns
+    -------
+    list of mapping
+        The episodes (a single one wrapped in a list).
+
+    Raises
+    ------
+    InvalidDataError
+        Neither, or a sequence with an item that is not a mapping.
+    """
     if isinstance(episodes, Mapping):
         return [episodes]
     if isinstance(episodes, Sequence) and not isinstance(episodes, (str, bytes)):
@@ -29,7 +46,33 @@ def as_episode_list(episodes: Mapping | Sequence[Mapping]) -> list[Mapping]:
 
 
 def check_episode(spec: TableSpec, ep: Mapping, i: int) -> tuple[dict, int]:
-    """Return ``({name: array cast to the column dtype}, T)`` or raise, naming what is wrong."""
+    """Validate one episode and cast it to the spec's dtypes, or raise, naming what is wrong.
+
+    Parameters
+    ----------
+    spec : TableSpec
+        The table's spec.
+    ep : mapping
+        ``{column: array [T, *column.shape]}`` with exactly the spec's
+        columns; NumPy arrays, anything ``np.asarray`` reads, or CuPy arrays.
+    i : int
+        The episode's index in the call, for messages.
+
+    Returns
+    -------
+    columns : dict of str to array
+        Each column C-contiguous in its column's dtype (device arrays stay on
+        the device).
+    T : int
+        Steps of the episode (>= 1).
+
+    Raises
+    ------
+    InvalidDataError
+        Missing or unknown columns, a non-numeric dtype, a wrong shape, a
+        dtype that cannot be cast within its kind, columns of different
+        lengths, or no steps.
+    """
     names = set(spec.names)
     got = set(ep)
     if got != names:
@@ -69,10 +112,34 @@ def check_episode(spec: TableSpec, ep: Mapping, i: int) -> tuple[dict, int]:
 
 
 def check_batch(spec: TableSpec, columns: Mapping) -> tuple[dict, int, int]:
-    """Return ``({name: [B, T, *shape] array cast to the column dtype}, B, T)`` or raise, naming what is wrong.
+    """Validate a batch of trajectories and cast it to the spec's dtypes, or raise, naming what is wrong.
 
     The batched form of :func:`check_episode` (``[B, T, *shape]`` per column,
     rows are trajectories); device arrays stay on the device.
+
+    Parameters
+    ----------
+    spec : TableSpec
+        The table's spec.
+    columns : mapping
+        ``{column: array [B, T, *column.shape]}`` with exactly the spec's
+        columns.
+
+    Returns
+    -------
+    arrays : dict of str to array
+        Each column C-contiguous in its column's dtype.
+    B : int
+        Trajectories (>= 1).
+    T : int
+        Steps per trajectory (>= 1).
+
+    Raises
+    ------
+    InvalidDataError
+        Not a mapping, missing or unknown columns, a non-numeric dtype, a
+        wrong shape, a dtype that cannot be cast within its kind, columns of
+        different ``(B, T)``, or ``B`` or ``T`` of 0.
     """
     if not isinstance(columns, Mapping):
         raise InvalidDataError(f"a batch must map every column to a [B, T, ...] array, got {type(columns).__name__}")
@@ -134,7 +201,31 @@ def _as_array(value, what: str) -> np.ndarray:
 
 
 def check_priorities(priorities: ArrayLike | float | None, n: int, what: str = "items") -> np.ndarray | None:
-    """None, a scalar, or ``n`` values; all finite and >= 0."""
+    """Validate priorities: None, a scalar, or ``n`` values; all finite and >= 0.
+
+    Parameters
+    ----------
+    priorities : array_like, float or None
+        Host or device (CuPy, torch) values, any shape with ``n`` elements,
+        or one value for all.
+    n : int
+        Items (or keys) they are for.
+    what : str, default "items"
+        What ``n`` counts, for the message.
+
+    Returns
+    -------
+    numpy.ndarray or None
+        float64 ``[n]`` (a scalar repeated), or None when ``priorities`` is
+        None.
+
+    Raises
+    ------
+    InvalidDataError
+        Not numbers, or not ``n`` of them.
+    InvalidPriorityError
+        A value that is NaN, infinite or negative (the first one is named).
+    """
     if priorities is None:
         return None
     priorities = to_host(priorities)
@@ -153,9 +244,23 @@ def check_priorities(priorities: ArrayLike | float | None, n: int, what: str = "
     return p
 
 
-def to_host(x):
-    """``x`` in host memory: a CUDA torch tensor or a CuPy array (a learner's keys or new priorities,
-    computed on its GPU) copied explicitly; anything else as it is."""
+def to_host(x: Any) -> Any:
+    """``x`` in host memory.
+
+    A torch tensor (on any device) or a CuPy array (a learner's keys or new
+    priorities, computed on its GPU) is copied explicitly to a NumPy array;
+    anything else is returned as it is.
+
+    Parameters
+    ----------
+    x : object
+        A torch tensor, a CuPy array, or anything else.
+
+    Returns
+    -------
+    object
+        A NumPy array for a tensor or CuPy array, else ``x`` itself.
+    """
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, on any device
         return x.detach().cpu().numpy()
     if is_device_array(x) and hasattr(x, "get"):  # CuPy
@@ -164,6 +269,27 @@ def to_host(x):
 
 
 def check_keys(keys: ArrayLike, num_shards: int) -> np.ndarray:
+    """Validate item keys: integers whose encoded shard exists.
+
+    Parameters
+    ----------
+    keys : array_like of int
+        Host or device keys, any shape.
+    num_shards : int
+        Shards of the table.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 ``[n]``, the keys flattened.
+
+    Raises
+    ------
+    InvalidDataError
+        Keys that are not integers.
+    UnknownKeyError
+        A key naming a shard outside ``[0, num_shards)``.
+    """
     keys = to_host(keys)
     k = np.asarray(keys)
     if k.dtype.kind not in "iu":
@@ -179,7 +305,25 @@ def check_keys(keys: ArrayLike, num_shards: int) -> np.ndarray:
 
 
 def sample_columns(spec: TableSpec, columns: str | Sequence[str] | None) -> tuple[str, ...]:
-    """The columns a sample asks for: all when None, one name, or a sequence; each must exist."""
+    """The columns a sample asks for: all when None, one name, or a sequence; each must exist.
+
+    Parameters
+    ----------
+    spec : TableSpec
+        The table's spec.
+    columns : str, sequence of str or None
+        One column, several, or None for all.
+
+    Returns
+    -------
+    tuple of str
+        The columns, in the order given (the spec's order for None).
+
+    Raises
+    ------
+    SpecError
+        A name that is not a column of the spec.
+    """
     if columns is None:
         return spec.names
     columns = (columns,) if isinstance(columns, str) else tuple(columns)
@@ -189,6 +333,22 @@ def sample_columns(spec: TableSpec, columns: str | Sequence[str] | None) -> tupl
 
 
 def check_sample_args(batch_size: int, length: int, boundary: str | None) -> None:
+    """Validate the scalar arguments of a sample.
+
+    Parameters
+    ----------
+    batch_size : int
+        Must be a positive integer (not a bool).
+    length : int
+        Must be a positive integer (not a bool).
+    boundary : str or None
+        Must be one of ``strict``, ``pad_tail``, ``pad_head``.
+
+    Raises
+    ------
+    SpecError
+        The first bad argument, named with what is allowed.
+    """
     for name, v in (("batch_size", batch_size), ("length", length)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise SpecError(f"{name} ({v!r}) must be a positive integer")

@@ -22,6 +22,8 @@ Examples
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ...errors import InvalidDataError
@@ -31,6 +33,10 @@ from ..launch import THREADS, blocks, check_out, check_tree, i64
 from ..loader import ctype, expr
 from .sumtree import new_scratch, rebuild, update
 
+if TYPE_CHECKING:
+    import cupy
+    from numpy.typing import ArrayLike
+
 __all__ = ["new_scratch", "new_tree", "rebuild_max", "set_leaves", "topk", "topk_flat"]
 
 _MOD = "topk"
@@ -38,37 +44,116 @@ _PASSES = 12  # 8-bit digits of the 96-bit key
 _SORT_BLOCK_MAX = 2048  # TOPK_SORT_BLOCK_MAX in topk.cu
 
 
-def new_tree(n: int):
-    """An empty device max tree (all ``-inf``) able to hold ``n`` leaves."""
+def new_tree(n: int) -> cupy.ndarray:
+    """An empty device max tree (all ``-inf``) able to hold ``n`` leaves.
+
+    Parameters
+    ----------
+    n : int
+        Items the tree must hold.
+
+    Returns
+    -------
+    cupy.ndarray
+        float64 ``[2 * leaf_count(n)]`` on the current device, all ``-inf``.
+    """
     import cupy
 
     return cupy.full(2 * leaf_count(n), -np.inf, dtype=np.float64)
 
 
-def set_leaves(tree, idx, values, *, scratch=None) -> None:
-    """``leaf[idx[k]] = values[k]`` (last wins on duplicates), parents repaired."""
+def set_leaves(
+    tree: cupy.ndarray,
+    idx: ArrayLike | cupy.ndarray,
+    values: ArrayLike | cupy.ndarray,
+    *,
+    scratch: cupy.ndarray | None = None,
+) -> None:
+    """``leaf[idx[k]] = values[k]`` (last wins on duplicates), parents repaired.
+
+    Parameters
+    ----------
+    tree : cupy.ndarray
+        float64 ``[2 * P]`` device max tree.
+    idx : array_like or cupy.ndarray
+        int64 or int32 ``[n]`` leaf indices; outside ``[0, P)`` ignored.
+    values : array_like or cupy.ndarray
+        float64 or float32 ``[n]`` keys (``-inf``: empty).
+    scratch : cupy.ndarray, optional
+        From :func:`new_scratch`; saves an allocation.
+
+    Raises
+    ------
+    InvalidDataError
+        As :func:`gear_flow.gpu.ops.sumtree.update`.
+    """
     update("MaxOp", tree, idx, values, 0.0, scratch)
 
 
-def rebuild_max(tree) -> None:
-    """Recompute every internal node of a max tree from its leaves."""
+def rebuild_max(tree: cupy.ndarray) -> None:
+    """Recompute every internal node of a max tree from its leaves.
+
+    Parameters
+    ----------
+    tree : cupy.ndarray
+        float64 ``[2 * P]`` device max tree.
+    """
     rebuild(tree, "MaxOp")
 
 
-def topk(tree, k: int, out_idx, out_val) -> int:
+def topk(tree: cupy.ndarray, k: int, out_idx: cupy.ndarray, out_val: cupy.ndarray) -> int:
     """The ``k`` largest leaves that are not ``-inf``, descending (ties: lower index first).
 
-    ``out_idx`` int64 and ``out_val`` float64 device arrays of at least
-    ``min(k, P)`` entries.  Returns how many were found (copied to the host).
+    Parameters
+    ----------
+    tree : cupy.ndarray
+        float64 ``[2 * P]`` device max tree (only its leaves are read).
+    k : int
+        Leaves wanted.
+    out_idx : cupy.ndarray
+        int64 ``[>= min(k, P)]``: leaf indices, written in place.
+    out_val : cupy.ndarray
+        float64 ``[>= min(k, P)]``: their values, written in place.
+
+    Returns
+    -------
+    int
+        How many were found (at most ``k``; fewer when fewer leaves are not
+        ``-inf``), copied to the host.
+
+    Raises
+    ------
+    InvalidDataError
+        A bad tree or output array.
     """
     P = check_tree(tree)
     return topk_flat(tree[P:], k, out_idx, out_val)
 
 
-def topk_flat(values, k: int, out_idx, out_val) -> int:
+def topk_flat(values: cupy.ndarray, k: int, out_idx: cupy.ndarray, out_val: cupy.ndarray) -> int:
     """:func:`topk` over a flat float32/float64 device array; ``-inf`` entries are empty.
 
-    ``out_val`` has the dtype of ``values``.  At most ``2**32 - 1`` entries.
+    Parameters
+    ----------
+    values : cupy.ndarray
+        float32 or float64 ``[n]``, ``n < 2**32``.
+    k : int
+        Entries wanted (negative: none).
+    out_idx : cupy.ndarray
+        int64 ``[>= min(k, n)]``: indices, written in place.
+    out_val : cupy.ndarray
+        ``[>= min(k, n)]`` of ``values``' dtype: the values, written in place.
+
+    Returns
+    -------
+    int
+        How many were found, copied to the host.
+
+    Raises
+    ------
+    InvalidDataError
+        ``values`` not a 1-D float CuPy array, ``2**32`` or more entries, or
+        output arrays of the wrong dtype or too short.
     """
     import cupy
 

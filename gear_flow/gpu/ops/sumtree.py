@@ -23,6 +23,8 @@ Examples
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ...errors import InvalidDataError
@@ -30,6 +32,10 @@ from ...ops.sumtree import leaf_count
 from .. import loader
 from ..launch import THREADS, blocks, check_out, check_tree, device_array, i64
 from ..loader import ctype, expr
+
+if TYPE_CHECKING:
+    import cupy
+    from numpy.typing import ArrayLike
 
 __all__ = [
     "find",
@@ -54,28 +60,80 @@ _VAL = (np.float64, np.float32)
 _MOD = "sumtree"
 
 
-def new_tree(n: int):
-    """An all-zero device tree able to hold ``n`` leaves."""
+def new_tree(n: int) -> cupy.ndarray:
+    """An all-zero device tree able to hold ``n`` leaves.
+
+    Parameters
+    ----------
+    n : int
+        Items the tree must hold.
+
+    Returns
+    -------
+    cupy.ndarray
+        float64 ``[2 * leaf_count(n)]`` on the current device, zeros.
+    """
     import cupy
 
     return cupy.zeros(2 * leaf_count(n), dtype=np.float64)
 
 
-def new_scratch(tree):
+def new_scratch(tree: cupy.ndarray) -> cupy.ndarray:
     """Reusable scratch for :func:`set_leaves`: int32 ``[P]``, all ``-1`` (kept so by every update).
 
     Without it each update allocates and fills one (``4 * P`` bytes).
+
+    Parameters
+    ----------
+    tree : cupy.ndarray
+        float64 ``[2 * P]`` device tree.
+
+    Returns
+    -------
+    cupy.ndarray
+        int32 ``[P]``, all ``-1``.
     """
     import cupy
 
     return cupy.full(tree.shape[0] // 2, -1, dtype=np.int32)
 
 
-def update(op: str, tree, idx, values, cval: float = 0.0, scratch=None) -> None:
+def update(
+    op: str,
+    tree: cupy.ndarray,
+    idx: ArrayLike | cupy.ndarray,
+    values: ArrayLike | cupy.ndarray | None,
+    cval: float = 0.0,
+    scratch: cupy.ndarray | None = None,
+) -> None:
     """Set leaves and repair the parents with ``op`` (``"SumOp"`` or ``"MaxOp"``).
 
-    ``values`` None: every leaf in ``idx`` gets ``cval``.  Duplicates: last wins.
-    Indices outside ``[0, P)`` are ignored.
+    Duplicates: the last value wins.  Indices outside ``[0, P)`` are ignored.
+    Up to :data:`BLOCK_UPDATE_MAX` indices run in one single-block launch;
+    larger batches mark, set and repair level by level (or rebuild every
+    level when they touch most of the tree).
+
+    Parameters
+    ----------
+    op : {"SumOp", "MaxOp"}
+        How a parent combines its children.
+    tree : cupy.ndarray
+        float64 ``[2 * P]`` device tree.
+    idx : array_like or cupy.ndarray
+        int64 or int32 ``[n]`` leaf indices (host arrays are uploaded).
+    values : array_like or cupy.ndarray or None
+        float64 or float32 ``[n]``; None: every leaf in ``idx`` gets
+        ``cval``.
+    cval : float, default 0.0
+        The value when ``values`` is None.
+    scratch : cupy.ndarray, optional
+        From :func:`new_scratch`; saves an allocation per call.
+
+    Raises
+    ------
+    InvalidDataError
+        A bad tree, ``idx`` or ``values`` not 1-D or of different lengths,
+        ``2**31`` or more indices, or a scratch of the wrong dtype or shape.
     """
     P = check_tree(tree)
     idx = device_array(idx, _IDX, "idx")
@@ -115,8 +173,16 @@ def update(op: str, tree, idx, values, cval: float = 0.0, scratch=None) -> None:
         f(g, (THREADS,), (tree, i64(P), idx, i64(n), np.int32(level)))
 
 
-def rebuild(tree, op: str = "SumOp") -> None:
-    """Recompute every internal node from the leaves (bulk load, or after editing leaves directly)."""
+def rebuild(tree: cupy.ndarray, op: str = "SumOp") -> None:
+    """Recompute every internal node from the leaves (bulk load, or after editing leaves directly).
+
+    Parameters
+    ----------
+    tree : cupy.ndarray
+        float64 ``[2 * P]`` device tree.
+    op : {"SumOp", "MaxOp"}, default "SumOp"
+        How a parent combines its children.
+    """
     P = check_tree(tree)
     f = loader.function(_MOD, expr("tree_rebuild_level", op))
     hi = P
@@ -126,25 +192,78 @@ def rebuild(tree, op: str = "SumOp") -> None:
         hi = lo
 
 
-def set_leaves(tree, idx, values, *, scratch=None) -> None:
+def set_leaves(
+    tree: cupy.ndarray,
+    idx: ArrayLike | cupy.ndarray,
+    values: ArrayLike | cupy.ndarray,
+    *,
+    scratch: cupy.ndarray | None = None,
+) -> None:
     """Set ``leaf[idx[k]] = values[k]`` for every k and repair the parents.
 
     Duplicate indices: the last value wins (as the twin's sequential loop).
-    ``scratch``: optional :func:`new_scratch` array, saves an allocation.
+
+    Parameters
+    ----------
+    tree : cupy.ndarray
+        float64 ``[2 * P]`` device tree.
+    idx : array_like or cupy.ndarray
+        int64 or int32 ``[n]`` leaf indices.
+    values : array_like or cupy.ndarray
+        float64 or float32 ``[n]`` weights, >= 0.
+    scratch : cupy.ndarray, optional
+        From :func:`new_scratch`; saves an allocation.
+
+    Raises
+    ------
+    InvalidDataError
+        As :func:`update`.
     """
     update("SumOp", tree, idx, values, 0.0, scratch)
 
 
-def set_leaves_const(tree, idx, value, *, scratch=None) -> None:
-    """Set every ``leaf[idx[k]] = value`` (insert with one weight, removal with 0)."""
+def set_leaves_const(
+    tree: cupy.ndarray, idx: ArrayLike | cupy.ndarray, value: float, *, scratch: cupy.ndarray | None = None
+) -> None:
+    """Set every ``leaf[idx[k]] = value`` (insert with one weight, removal with 0).
+
+    Parameters
+    ----------
+    tree : cupy.ndarray
+        float64 ``[2 * P]`` device tree.
+    idx : array_like or cupy.ndarray
+        int64 or int32 ``[n]`` leaf indices.
+    value : float
+        The weight, >= 0.
+    scratch : cupy.ndarray, optional
+        From :func:`new_scratch`.
+
+    Raises
+    ------
+    InvalidDataError
+        As :func:`update`.
+    """
     update("SumOp", tree, idx, None, float(value), scratch)
 
 
-def find(tree, targets, out) -> None:
+def find(tree: cupy.ndarray, targets: ArrayLike | cupy.ndarray, out: cupy.ndarray) -> None:
     """Inverse CDF: ``out[k]`` is the leaf whose cumulative range holds ``targets[k]``.
 
-    ``targets`` must lie in ``[0, tree[1])``; a zero-weight leaf is never
-    returned while the root is positive.  ``out``: int64 device array.
+    A zero-weight leaf is never returned while the root is positive.
+
+    Parameters
+    ----------
+    tree : cupy.ndarray
+        float64 ``[2 * P]`` device tree.
+    targets : array_like or cupy.ndarray
+        float64 or float32 ``[n]`` in ``[0, tree[1])``.
+    out : cupy.ndarray
+        int64 ``[>= n]`` device array, written in place.
+
+    Raises
+    ------
+    InvalidDataError
+        A bad tree, ``targets`` or ``out``.
     """
     P = check_tree(tree)
     t = device_array(targets, _VAL, "targets")
@@ -155,13 +274,34 @@ def find(tree, targets, out) -> None:
         f((blocks(n),), (THREADS,), (tree, i64(P), t, i64(n), out))
 
 
-def sample(tree, uniforms, out, weights=None) -> None:
+def sample(
+    tree: cupy.ndarray,
+    uniforms: ArrayLike | cupy.ndarray,
+    out: cupy.ndarray,
+    weights: cupy.ndarray | None = None,
+) -> None:
     """Draw ``len(uniforms)`` leaves with probability ``weight / total``.
 
-    ``uniforms`` in ``[0, 1)`` (e.g. ``cupy.random.random(B)``); leaf ``k`` is
-    ``find(tree, uniforms * tree[1])``, so the CPU twin reproduces the draw
-    exactly from the same uniforms.  ``weights`` (float64, optional) receives
-    each drawn leaf's weight.  The caller checks the mass is positive.
+    Leaf ``k`` is ``find(tree, uniforms * tree[1])``, so the CPU twin
+    reproduces the draw exactly from the same uniforms.  The caller checks
+    the mass is positive.
+
+    Parameters
+    ----------
+    tree : cupy.ndarray
+        float64 ``[2 * P]`` device tree.
+    uniforms : array_like or cupy.ndarray
+        float64 or float32 ``[n]`` in ``[0, 1)`` (e.g.
+        ``cupy.random.random(B)``).
+    out : cupy.ndarray
+        int64 ``[>= n]``: the drawn leaves, written in place.
+    weights : cupy.ndarray, optional
+        float64 ``[>= n]``: receives each drawn leaf's weight.
+
+    Raises
+    ------
+    InvalidDataError
+        A bad tree, ``uniforms``, ``out`` or ``weights``.
     """
     P = check_tree(tree)
     u = device_array(uniforms, _VAL, "uniforms")
@@ -175,14 +315,42 @@ def sample(tree, uniforms, out, weights=None) -> None:
         f((blocks(n),), (THREADS,), (tree, i64(P), u, i64(n), out, np.int32(want), weights if want else tree))
 
 
-def mass(tree) -> float:
-    """Total weight (the root), copied to the host."""
+def mass(tree: cupy.ndarray) -> float:
+    """Total weight (the root), copied to the host (synchronises the stream).
+
+    Parameters
+    ----------
+    tree : cupy.ndarray
+        float64 ``[2 * P]`` device tree.
+
+    Returns
+    -------
+    float
+        ``tree[1]``.
+    """
     check_tree(tree)
     return float(tree[1])
 
 
-def range_sums(tree, lo, hi, out) -> None:
-    """``out[k]`` = sum of leaves ``lo[k] <= i < hi[k]`` (the twin's ``range_sum``, batched)."""
+def range_sums(
+    tree: cupy.ndarray, lo: ArrayLike | cupy.ndarray, hi: ArrayLike | cupy.ndarray, out: cupy.ndarray
+) -> None:
+    """``out[k]`` = sum of leaves ``lo[k] <= i < hi[k]`` (the twin's ``range_sum``, batched).
+
+    Parameters
+    ----------
+    tree : cupy.ndarray
+        float64 ``[2 * P]`` device tree.
+    lo, hi : array_like or cupy.ndarray
+        int64 ``[n]`` half-open leaf ranges.
+    out : cupy.ndarray
+        float64 ``[>= n]``, written in place.
+
+    Raises
+    ------
+    InvalidDataError
+        A bad tree or ``out``, or ``lo`` and ``hi`` of different lengths.
+    """
     P = check_tree(tree)
     lo = device_array(lo, (np.int64,), "lo")
     hi = device_array(hi, (np.int64,), "hi")
@@ -194,8 +362,21 @@ def range_sums(tree, lo, hi, out) -> None:
         loader.function(_MOD, "tree_range_sums")((blocks(n),), (THREADS,), (tree, i64(P), lo, hi, i64(n), out))
 
 
-def range_sum(tree, lo: int, hi: int) -> float:
-    """Sum of leaves ``lo <= i < hi``."""
+def range_sum(tree: cupy.ndarray, lo: int, hi: int) -> float:
+    """Sum of leaves ``lo <= i < hi``, copied to the host.
+
+    Parameters
+    ----------
+    tree : cupy.ndarray
+        float64 ``[2 * P]`` device tree.
+    lo, hi : int
+        The half-open leaf range.
+
+    Returns
+    -------
+    float
+        The sum (0 for an empty range), as the twin computes it.
+    """
     import cupy
 
     out = cupy.empty(1, dtype=np.float64)
@@ -203,11 +384,40 @@ def range_sum(tree, lo: int, hi: int) -> float:
     return float(out[0])
 
 
-def ring_tail_mass(tree, capacity: int, starts, lengths, k: int) -> float:
+def ring_tail_mass(
+    tree: cupy.ndarray,
+    capacity: int,
+    starts: ArrayLike | cupy.ndarray,
+    lengths: ArrayLike | cupy.ndarray,
+    k: int,
+) -> float:
     """Mass of the last ``min(k, length)`` leaves of each ring segment, summed in order.
 
     Same semantics and same summation order as the twin: one thread per
     segment computes its term, one thread adds the terms in order.
+
+    Parameters
+    ----------
+    tree : cupy.ndarray
+        float64 ``[2 * P]`` device tree.
+    capacity : int
+        Leaves of the ring (positions wrap modulo it).
+    starts : array_like or cupy.ndarray
+        int64 ``[E]``, first ring position of each segment (episode).
+    lengths : array_like or cupy.ndarray
+        int64 ``[E]``, leaves of each segment.
+    k : int
+        Tail length (``L - 1`` for strict windows of ``L`` steps).
+
+    Returns
+    -------
+    float
+        The summed tail mass (0 for no segments).
+
+    Raises
+    ------
+    InvalidDataError
+        A bad tree, or ``starts`` and ``lengths`` of different lengths.
     """
     import cupy
 
