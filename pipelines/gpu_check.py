@@ -620,11 +620,15 @@ def _dask_cuda_child() -> None:
                          if st.get("by") != "existing" or st.get("pool_bytes") != want]  # fmt: skip
         res["setup_problems"] = problems
         res["tiers"] = {}
-        for tier in ("device", "pinned"):
+        import dask
+
+        for tier, shared in (("device", True), ("pinned", True), ("pinned", False)):
+            key = tier if shared else f"{tier} (shared memory off: the comm path)"
             try:
-                res["tiers"][tier] = _dask_cuda_table(client, tier, bounded)
+                with dask.config.set({"gear-flow.distributed.shared-memory": shared}):
+                    res["tiers"][key] = _dask_cuda_table(client, tier, bounded)
             except Exception as e:  # recorded; the other tier still runs
-                res["tiers"][tier] = {"status": "failed", "error": f"{type(e).__name__}: {e}",
+                res["tiers"][key] = {"status": "failed", "error": f"{type(e).__name__}: {e}",
                                       "traceback": traceback.format_exc()[-2000:]}  # fmt: skip
         bad = [f"{k}: {v.get('error')}" for k, v in res["tiers"].items() if v.get("status") != "ok"]
         if bad or problems:
@@ -693,9 +697,45 @@ def _dask_cuda_table(client, tier: str, bounded) -> dict:
             times.append(time.perf_counter() - t)
         med = float(np.median(times))
         out.update(sample_ms=med * 1e3, sample_gbps=B * L * step_bytes / med / 1e9, batch_bytes=B * L * step_bytes)
+        out["client_stats"] = {k: v for k, v in table.stats.items() if isinstance(v, (int, float))}
+        # a co-located learner: a task on the worker samples into (device) buffers of its own
+        fut = client.submit(_colocated_learner(), table.name, B, L, tier, pure=False)
+        co = bounded(f"{tier}: co-located learner", fut.result, timeout=DASK_CUDA_CALL_SECONDS)
+        out["colocated"] = co
+        # its batch is where this client's is (CUDA tensors on a GPU; the emulation's are host tensors)
+        # (its bytes: its own worker's shard in-process, "local_bytes", when the shard is there)
+        moved = sum(co.get(k, 0) for k in ("local_bytes", "shared_bytes", "remote_bytes"))
+        if co.get("on_cuda") != out["devices"]["obs"].startswith("cuda") or moved <= 0:
+            out.update(status="failed", error=f"co-located learner: {co}")
     finally:
         bounded(f"{tier}: close", table.close, seconds=30)
     return out
+
+
+def _colocated_learner():
+    """The learner task (a closure, so that it travels by value: workers cannot import this script)."""
+
+    def learner(name: str, B: int, L: int, tier: str) -> dict:
+        import time
+
+        import numpy as np
+
+        from gear_flow.distributed import DistributedTable
+        from gear_flow.sample import SampleBuffers
+
+        t = DistributedTable.attach(name, seed=3)
+        out = SampleBuffers(t.spec, t.spec.names, B, L, tier=tier)
+        b = t.sample(B, L, out=out)
+        on_cuda = all(v.is_cuda for v in b.data.values())
+        ts = []
+        for _ in range(10):
+            a = time.perf_counter()
+            b = t.sample(B, L, out=out)
+            float(b["obs"].sum())  # the learner reads the batch (waits for the gather)
+            ts.append(time.perf_counter() - a)
+        return {"on_cuda": on_cuda, "sample_ms": 1e3 * float(np.median(ts)), **dict(t.stats)}
+
+    return learner
 
 
 def device_info() -> dict:
