@@ -597,7 +597,9 @@ class WritesMixin:
                     seqs_by_shard=s,
                     prios_by_shard={i: pr[idx[a][i]] for i in s},
                     stamps_by_shard=None if stamps is None else {i: stamps[idx[a][i]] for i in s},
-                    masses=plans,  # the updated shards' masses come back: the next plan stays one round trip
+                    # the updated shards' masses come back (when this handle plans with kept masses):
+                    # the next plan stays one round trip
+                    masses=plans or None,
                 ),
             )
             for a, s in by.items()
@@ -608,8 +610,9 @@ class WritesMixin:
             self._masses.clear()
             raise
         for r in res.values():
-            self._masses.update_many(plans, r["masses"])
-        stale = sum(r["stale"] for r in res.values()) + on_lost
+            if isinstance(r, dict):
+                self._masses.update_many(plans, r["masses"])
+        stale = sum(r["stale"] if isinstance(r, dict) else int(r) for r in res.values()) + on_lost
         return UpdateResult(len(k) - stale, stale)
 
     def delete(self, keys: ArrayLike) -> UpdateResult:
