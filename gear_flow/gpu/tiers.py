@@ -22,12 +22,16 @@ as with dask-cuda).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..backend import require_gpu
 from ..errors import InvalidDataError
 from ..storage.base import StorageTier
+
+if TYPE_CHECKING:
+    import cupy
 
 
 class _GpuTier(StorageTier):
@@ -169,13 +173,44 @@ class DeviceTier(_GpuTier):
 
     name = "device"
 
-    def empty(self, shape, dtype):
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype | str) -> cupy.ndarray:
+        """An uninitialised CuPy array on the tier's device.
+
+        Parameters
+        ----------
+        shape : tuple of int
+            Its shape (``(capacity, *column.shape)`` for a ring).
+        dtype : numpy.dtype or str
+            Its dtype.
+
+        Returns
+        -------
+        cupy.ndarray
+            Allocated from CuPy's memory pool on ``device_id``.
+        """
         with self._cp.cuda.Device(self.device_id):
             return self._cp.empty(shape, dtype=dtype)
 
-    def write_rows(self, dst, pos: int, rows: np.ndarray) -> None:
-        """Copy ``rows`` (host, or device: an actor's trajectories on the GPU) into device ring ``dst``
-        at ``pos``, wrapping at the end."""
+    def write_rows(self, dst: cupy.ndarray, pos: int, rows: np.ndarray | cupy.ndarray) -> None:
+        """Copy ``rows`` into device ring ``dst`` at ``pos``, wrapping at the end.
+
+        Asynchronous on the current stream, ordered after the tier's fence.
+
+        Parameters
+        ----------
+        dst : cupy.ndarray
+            A column ring of this tier, ``[capacity, *row]``.
+        pos : int
+            Ring position of the first row, ``0 <= pos < capacity``.
+        rows : numpy.ndarray or cupy.ndarray
+            Rows ``[T, *row]`` of ``dst.dtype``, ``T <= capacity``: host, or
+            device (an actor's trajectories on the GPU).
+
+        Raises
+        ------
+        IndexError
+            If the rows do not match the ring's row shape and dtype or do not fit.
+        """
         from ..ops.gather import check_rows
 
         if isinstance(rows, self._cp.ndarray):
@@ -210,7 +245,7 @@ class DeviceTier(_GpuTier):
                     dst[: n - first] = rows[first:]
             self._record(s)
 
-    def write_chunks(self, dst, pos: int, parts: list) -> None:
+    def write_chunks(self, dst: cupy.ndarray, pos: int, parts: list) -> None:
         """One copy into the ring per column of an insert, however many episodes it holds.
 
         Device parts are concatenated on the device (one kernel); host parts
@@ -219,6 +254,16 @@ class DeviceTier(_GpuTier):
         copy per episode would cost a launch or a synchronous pageable copy
         each: at 1024 episodes per insert that, not the bytes, would bound
         collection.
+
+        Parameters
+        ----------
+        dst : cupy.ndarray
+            A column ring of this tier, ``[capacity, *row]``.
+        pos : int
+            Ring position of the first row, ``0 <= pos < capacity``.
+        parts : list of arrays
+            Rows ``[T_k, *row]``, all on the host or all on the device (a mix
+            falls back to one copy per part), ``sum(T_k) <= capacity``.
         """
         cp = self._cp
         if len(parts) == 1:
@@ -250,8 +295,25 @@ class DeviceTier(_GpuTier):
             st = self._insert_buf = np.frombuffer(mem, dtype=np.uint8)
         return st[:nbytes]
 
-    def read_rows(self, src, pos: int, n: int) -> np.ndarray:
-        """Copy ``n`` rows from ring ``pos`` (wrapping) to a host array."""
+    def read_rows(self, src: cupy.ndarray, pos: int, n: int) -> np.ndarray:
+        """Copy ``n`` rows from ring ``pos`` (wrapping) to a host array.
+
+        Synchronous: waits for the copies (and the operations before them).
+
+        Parameters
+        ----------
+        src : cupy.ndarray
+            A column ring of this tier, ``[capacity, *row]``.
+        pos : int
+            Ring position of the first row, ``0 <= pos < capacity``.
+        n : int
+            Rows to read, ``n <= capacity``.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[n, *row]`` of ``src.dtype``.
+        """
         cap = src.shape[0]
         first = min(n, cap - pos)
         with self._cp.cuda.Device(self.device_id):
@@ -282,7 +344,22 @@ class PinnedTier(_GpuTier):
 
     name = "pinned"
 
-    def empty(self, shape, dtype):
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype | str) -> np.ndarray:
+        """An uninitialised NumPy array over page-locked host memory.
+
+        Parameters
+        ----------
+        shape : tuple of int
+            Its shape (``(capacity, *column.shape)`` for a ring).
+        dtype : numpy.dtype or str
+            Its dtype.
+
+        Returns
+        -------
+        numpy.ndarray
+            Backed by :func:`cupy.cuda.alloc_pinned_memory`, kept alive through
+            the array's ``.base``.
+        """
         dtype = np.dtype(dtype)
         count = int(np.prod(shape, dtype=np.int64))
         with self._cp.cuda.Device(self.device_id):
@@ -290,9 +367,27 @@ class PinnedTier(_GpuTier):
         # the NumPy array keeps `mem` (and so the pinned allocation) alive through .base
         return np.frombuffer(mem, dtype=dtype, count=count).reshape(shape)
 
-    def write_rows(self, dst, pos: int, rows: np.ndarray) -> None:
-        """Host write into the pinned ring, after the gathers already issued on it (device rows are
-        copied to the host first)."""
+    def write_rows(self, dst: np.ndarray, pos: int, rows: np.ndarray | cupy.ndarray) -> None:
+        """Host write into the pinned ring, after the gathers already issued on it.
+
+        Blocks until every device operation on the tier's arrays is done, so
+        that no launched gather reads overwritten steps.
+
+        Parameters
+        ----------
+        dst : numpy.ndarray
+            A pinned column ring, ``[capacity, *row]``.
+        pos : int
+            Ring position of the first row, ``0 <= pos < capacity``.
+        rows : numpy.ndarray or cupy.ndarray
+            Rows ``[T, *row]`` of ``dst.dtype``, ``T <= capacity``; device rows
+            are copied to the host first.
+
+        Raises
+        ------
+        IndexError
+            If the rows do not match the ring's row shape and dtype or do not fit.
+        """
         from ..ops.gather import scatter_rows
 
         if isinstance(rows, self._cp.ndarray):  # a CuPy array is no host array: scatter_rows refuses it
@@ -300,7 +395,23 @@ class PinnedTier(_GpuTier):
         self.synchronize()
         scatter_rows(dst, pos, rows)
 
-    def read_rows(self, src, pos: int, n: int) -> np.ndarray:
+    def read_rows(self, src: np.ndarray, pos: int, n: int) -> np.ndarray:
+        """Copy ``n`` rows from ring ``pos`` (wrapping) to a new host array.
+
+        Parameters
+        ----------
+        src : numpy.ndarray
+            A pinned column ring, ``[capacity, *row]``.
+        pos : int
+            Ring position of the first row, ``0 <= pos < capacity``.
+        n : int
+            Rows to read.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``[n, *row]`` of ``src.dtype``, in ordinary host memory.
+        """
         cap = src.shape[0]
         idx = (pos + np.arange(n)) % cap
         return np.asarray(src[idx])

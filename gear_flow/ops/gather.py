@@ -27,11 +27,38 @@ from ._mem import copy_bytes, zero_bytes
 PARALLEL_MIN_BYTES = 1 << 20
 
 
-def gather_windows(src, src_start, dst_offset, n_valid, out) -> None:
-    """See the module docstring.  ``src``: uint8[cap, nb]; ``out``: uint8[B, L, nb].
+def gather_windows(
+    src: np.ndarray, src_start: np.ndarray, dst_offset: np.ndarray, n_valid: np.ndarray, out: np.ndarray
+) -> None:
+    """Copy ``B`` windows of ring steps out of ``src`` into ``out``, zero-padding each window.
 
-    Every extent is checked once before the copies (which check nothing): no
-    caller can make them read or write outside ``src`` and ``out``.
+    Semantics in the module docstring: window ``b`` copies ``n_valid[b]``
+    steps from ring position ``src_start[b]`` on (wrapping at ``cap``) to
+    ``out[b, dst_offset[b]:dst_offset[b] + n_valid[b]]`` and zeroes the rest of
+    ``out[b]``.  Windows may repeat or overlap in ``src``: each fills its own
+    output row.  Every extent is checked once before the copies (which check
+    nothing): no caller can make them read or write outside ``src`` and ``out``.
+
+    Parameters
+    ----------
+    src : numpy.ndarray
+        C-contiguous uint8 ``[cap, nbytes]``: a column ring viewed as bytes.
+    src_start : numpy.ndarray
+        int64 ``[B]``: ring position of each window's first valid step, in ``[0, cap)``.
+    dst_offset : numpy.ndarray
+        int64 ``[B]``: steps of head padding before each window's data (``>= 0``).
+    n_valid : numpy.ndarray
+        int64 ``[B]``: steps of data per window, ``0 <= n_valid <= cap`` and
+        ``dst_offset + n_valid <= L``.
+    out : numpy.ndarray
+        C-contiguous, writeable uint8 ``[B, L, nbytes]``, written in place.
+
+    Raises
+    ------
+    IndexError
+        If ``src`` or ``out`` has the wrong dtype, rank, layout or row size,
+        the window arrays do not hold ``B`` entries each, or a window does not
+        fit the ring or the output (the first such window is named).
     """
     if not (isinstance(src, np.ndarray) and src.ndim == 2 and src.dtype == np.uint8 and src.flags.c_contiguous):
         raise IndexError(f"gather_windows: src must be a C-contiguous uint8[cap, nbytes] array, got {_desc(src)}")
@@ -131,7 +158,25 @@ def gather_columns(
 
 
 def window_mask(dst_offset: np.ndarray, n_valid: np.ndarray, length: int, out: np.ndarray | None = None) -> np.ndarray:
-    """Boolean ``[B, L]``: True where a window step holds data, False on padding."""
+    """Boolean ``[B, L]``: True where a window step holds data, False on padding.
+
+    Parameters
+    ----------
+    dst_offset : numpy.ndarray
+        int ``[B]``: steps of head padding per window.
+    n_valid : numpy.ndarray
+        int ``[B]``: steps of data per window.
+    length : int
+        ``L``, steps per window.
+    out : numpy.ndarray, optional
+        bool ``[B, L]`` to fill in place instead of allocating.
+
+    Returns
+    -------
+    numpy.ndarray
+        bool ``[B, L]``: ``dst_offset[b] <= j < dst_offset[b] + n_valid[b]``
+        (``out`` when given).
+    """
     j = np.arange(length)
     res = (j >= dst_offset[:, None]) & (j < (dst_offset + n_valid)[:, None])
     if out is None:
@@ -144,8 +189,26 @@ def _desc(a) -> str:
     return f"{a.dtype}{list(a.shape)}" if isinstance(a, np.ndarray) else type(a).__name__
 
 
-def check_rows(dst, pos: int, src) -> None:
-    """``src`` must be rows of exactly ``dst``'s row shape and dtype, no more than the ring holds, at a ring position."""
+def check_rows(dst: np.ndarray, pos: int, src: np.ndarray) -> None:
+    """Check that ``src`` rows can be written into ring ``dst`` at ``pos``.
+
+    ``src`` must have exactly ``dst``'s row shape and dtype, no more rows than
+    the ring holds, and ``pos`` must be a ring position.
+
+    Parameters
+    ----------
+    dst : numpy.ndarray
+        The ring, ``[cap, *row_shape]``.
+    pos : int
+        Ring position of the first row, in ``[0, cap)``.
+    src : numpy.ndarray
+        The rows, ``[n, *row_shape]`` of ``dst.dtype``, ``n <= cap``.
+
+    Raises
+    ------
+    IndexError
+        If ``src`` is not such an array, or the rows do not fit.
+    """
     if not isinstance(src, np.ndarray) or src.shape[1:] != tuple(dst.shape[1:]) or src.dtype != dst.dtype:
         raise IndexError(f"scatter_rows: rows must be {dst.dtype}[n, *{tuple(dst.shape[1:])}], got {_desc(src)}")
     if not 0 <= pos < dst.shape[0] or src.shape[0] > dst.shape[0]:
@@ -153,7 +216,26 @@ def check_rows(dst, pos: int, src) -> None:
 
 
 def scatter_rows(dst: np.ndarray, pos: int, src: np.ndarray) -> None:
-    """Write ``src`` rows into ring ``dst`` starting at ``pos``, wrapping at the end (extents checked first)."""
+    """Write ``src`` rows into ring ``dst`` starting at ``pos``, wrapping at the end.
+
+    Extents are checked first (:func:`check_rows`).  Large contiguous copies
+    run in parallel over the available cores.
+
+    Parameters
+    ----------
+    dst : numpy.ndarray
+        The ring, ``[cap, *row_shape]``, written in place.
+    pos : int
+        Ring position of the first row, in ``[0, cap)``.
+    src : numpy.ndarray
+        The rows, ``[n, *row_shape]`` of ``dst.dtype``, ``n <= cap``; row
+        ``i`` lands at ``(pos + i) % cap``.
+
+    Raises
+    ------
+    IndexError
+        If the rows do not match the ring or do not fit it.
+    """
     check_rows(dst, pos, src)
     cap = dst.shape[0]
     n = src.shape[0]

@@ -69,8 +69,25 @@ _DESC = 6  # GATHER_DESC in gather.cu: int64 fields per column descriptor
 _MAX_COLUMNS = 32  # GATHER_MAX_COLUMNS in gather.cu: columns per fused launch
 
 
-def device_pointer(a) -> int:
-    """Address at which kernels read ``a``: a CuPy array's, or a pinned NumPy array's mapped address."""
+def device_pointer(a: np.ndarray | cupy.ndarray) -> int:
+    """Address at which kernels read ``a``: a CuPy array's, or a pinned NumPy array's mapped address.
+
+    Parameters
+    ----------
+    a : numpy.ndarray or cupy.ndarray
+        A device array, or a NumPy array over page-locked (pinned) host memory.
+
+    Returns
+    -------
+    int
+        The device-visible address of ``a``'s first byte (with UVA, the host
+        address itself for pinned memory).
+
+    Raises
+    ------
+    InvalidDataError
+        If ``a`` is neither array type, or is ordinary (pageable) host memory.
+    """
     import cupy
 
     if isinstance(a, cupy.ndarray):
@@ -96,9 +113,25 @@ def device_pointer(a) -> int:
 
 
 def check_windows(w: np.ndarray, L: int, cap: int) -> None:
-    """Validate host windows ``w`` (int64 ``[3, B]``) as the twin does (``IndexError`` naming the first bad one):
-    ``0 <= src_start < cap``, ``dst_offset >= 0``, ``n_valid >= 0``, ``dst_offset + n_valid <= L``,
-    ``n_valid <= cap``."""
+    """Validate host windows as the twin does.
+
+    Each window must satisfy ``0 <= src_start < cap``, ``dst_offset >= 0``,
+    ``n_valid >= 0``, ``dst_offset + n_valid <= L`` and ``n_valid <= cap``.
+
+    Parameters
+    ----------
+    w : numpy.ndarray
+        int64 ``[3, B]``: rows ``src_start``, ``dst_offset``, ``n_valid``.
+    L : int
+        Steps per output window.
+    cap : int
+        Ring capacity in steps.
+
+    Raises
+    ------
+    IndexError
+        Naming the first window that does not fit.
+    """
     if not w.shape[1]:
         return
     s, d, n = w
@@ -111,7 +144,13 @@ def check_windows(w: np.ndarray, L: int, cap: int) -> None:
         )
 
 
-def upload_windows(src_start, dst_offset, n_valid, L: int | None = None, cap: int | None = None):
+def upload_windows(
+    src_start: np.ndarray | cupy.ndarray,
+    dst_offset: np.ndarray | cupy.ndarray,
+    n_valid: np.ndarray | cupy.ndarray,
+    L: int | None = None,
+    cap: int | None = None,
+) -> cupy.ndarray:
     """The three window arrays as one int64 ``[3, B]`` device array (one host-to-device copy).
 
     Host inputs are validated by :func:`check_windows` when ``L`` and ``cap``
@@ -119,6 +158,26 @@ def upload_windows(src_start, dst_offset, n_valid, L: int | None = None, cap: in
     synchronisation); the kernel clamps them so that it never reads or writes
     out of bounds.  When some are on the device and some on the host, the
     host ones are uploaded (CuPy refuses to convert a device array to NumPy).
+
+    Parameters
+    ----------
+    src_start, dst_offset, n_valid : numpy.ndarray or cupy.ndarray
+        Integer ``[B]`` each (cast to int64), host or device.
+    L : int, optional
+        Steps per output window, for validating host windows.
+    cap : int, optional
+        Ring capacity in steps, for validating host windows.
+
+    Returns
+    -------
+    cupy.ndarray
+        int64 ``[3, B]`` on the current device: rows ``src_start``,
+        ``dst_offset``, ``n_valid``.
+
+    Raises
+    ------
+    IndexError
+        If host windows are given with ``L`` and ``cap`` and one does not fit.
     """
     import cupy
 
@@ -130,12 +189,34 @@ def upload_windows(src_start, dst_offset, n_valid, L: int | None = None, cap: in
     return cupy.asarray(w)
 
 
-def launcher(src, out, windows):
+def launcher(src: np.ndarray | cupy.ndarray, out: cupy.ndarray, windows: cupy.ndarray) -> Callable[[], None]:
     """A function that launches the gather of ``windows`` (int64 ``[3, B]`` on the device) into ``out``.
 
     Everything is checked and resolved once, so the returned function only
     launches (used for CUDA-graph capture and timing).  Semantics:
     :func:`gather_windows`.
+
+    Parameters
+    ----------
+    src : numpy.ndarray or cupy.ndarray
+        C-contiguous uint8 ``[cap, nb]`` ring view, in device or pinned memory.
+    out : cupy.ndarray
+        C-contiguous uint8 ``[B, L, nb]`` on the device.
+    windows : cupy.ndarray
+        int64 ``[3, B]`` on the device (:func:`upload_windows`); not checked
+        against ``cap`` and ``L`` (the kernel clamps).
+
+    Returns
+    -------
+    callable
+        No arguments; launches on the current stream (does nothing when
+        ``B``, ``L`` or ``nb`` is 0).
+
+    Raises
+    ------
+    InvalidDataError
+        If an array has the wrong dtype, rank, layout or type, the row sizes
+        differ, ``windows`` is not ``[3, B]``, or ``src`` is pageable host memory.
     """
     import cupy
 
@@ -163,12 +244,40 @@ def launcher(src, out, windows):
     return launch
 
 
-def gather_windows(src, src_start, dst_offset, n_valid, out, *, windows=None) -> None:
+def gather_windows(
+    src: np.ndarray | cupy.ndarray,
+    src_start: np.ndarray | cupy.ndarray | None,
+    dst_offset: np.ndarray | cupy.ndarray | None,
+    n_valid: np.ndarray | cupy.ndarray | None,
+    out: cupy.ndarray,
+    *,
+    windows: cupy.ndarray | None = None,
+) -> None:
     """Copy windows of ``src`` (``[cap, nb]`` uint8) into ``out`` (``[B, L, nb]`` uint8, device).
 
-    Semantics: :func:`gear_flow.ops.gather.gather_windows`.  ``windows``: an
-    :func:`upload_windows` result to reuse (several columns, one upload);
-    then the three window arguments are ignored.
+    Semantics: :func:`gear_flow.ops.gather.gather_windows` (ring wrap, head
+    and tail zero padding; repeated windows each fill their own output row).
+    Launched on the current stream; host windows are validated first, device
+    windows are clamped by the kernel.
+
+    Parameters
+    ----------
+    src : numpy.ndarray or cupy.ndarray
+        C-contiguous uint8 ``[cap, nb]`` ring view, in device or pinned memory.
+    src_start, dst_offset, n_valid : numpy.ndarray or cupy.ndarray
+        Integer ``[B]`` each, host or device: first ring position, head
+        padding and valid steps of each window.  Ignored when ``windows`` is given.
+    out : cupy.ndarray
+        C-contiguous uint8 ``[B, L, nb]`` on the device, written in place.
+    windows : cupy.ndarray, optional
+        An :func:`upload_windows` result to reuse (several columns, one upload).
+
+    Raises
+    ------
+    IndexError
+        If a host window does not fit the ring or the output.
+    InvalidDataError
+        If ``src`` or ``out`` is malformed (see :func:`launcher`).
     """
     if windows is None:
         if src.ndim != 2 or out.ndim != 3:
