@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +29,9 @@ from .selectors.base import OrderedSelector, Selector, WeightedSelector
 from .spec import TableSpec
 from .storage import ColumnRing, EpisodeIndex, get_tier
 from .tails import TailMass
+
+if TYPE_CHECKING:
+    from .storage.base import StorageTier
 
 logger = logging.getLogger(__name__)
 
@@ -59,12 +64,39 @@ class EpisodeBatch:
 
     @property
     def num_steps(self) -> int:
+        """Total steps of the batch (sum of ``lengths``)."""
         return int(self.lengths.sum())
 
 
 @dataclass
 class Counters:
-    """Item accounting of a shard: ``inserted == size + evicted + removed + deleted + expired``."""
+    """Item accounting of a shard: ``inserted == size + evicted + removed + deleted + expired``.
+
+    All counts are cumulative since the shard was made.
+
+    Attributes
+    ----------
+    inserted : int
+        Items inserted (steps or episodes, per the table's item unit).
+    inserted_steps : int
+        Steps written to the rings.
+    inserted_episodes : int
+        Episodes inserted.
+    evicted : int
+        Live items dropped because the ring overwrote their episode.
+    removed : int
+        Items evicted by the remover (``max_size``).
+    deleted : int
+        Items removed by an explicit delete.
+    expired : int
+        Items removed on reaching ``max_times_sampled``.
+    sampled : int
+        Items handed out by samples (repeats counted each time).
+    stale_updates : int
+        Priority updates ignored because the key no longer named a live item.
+    stale_deletes : int
+        Deletes ignored because the key no longer named a live item.
+    """
 
     inserted: int = 0
     inserted_steps: int = 0
@@ -78,12 +110,44 @@ class Counters:
     stale_deletes: int = 0
 
     def as_dict(self) -> dict:
+        """The counters as a new dict.
+
+        Returns
+        -------
+        dict
+            ``{field name: int}`` for every field.
+        """
         return dict(self.__dict__)
 
 
 @dataclass
 class Windows:
-    """Where the windows of selected items are (internal to shard and tables)."""
+    """Where the windows of selected items are (internal to shard and tables).
+
+    Every field is an int64 ``[B]`` array, one entry per selected item, in
+    the order of ``slots``.  The three gather fields are the arguments of
+    :func:`gear_flow.ops.gather.gather_windows`.
+
+    Attributes
+    ----------
+    slots : numpy.ndarray
+        Item slots (``seq % capacity``) as selected.
+    src_start : numpy.ndarray
+        Ring slot of the window's first valid step.
+    dst_offset : numpy.ndarray
+        Position of that step in the window (head padding, ``pad_head`` only).
+    n_valid : numpy.ndarray
+        Valid steps in the window; the rest is zero padding.
+    episode_ids : numpy.ndarray
+        Table-wide id of the item's episode.
+    timesteps : numpy.ndarray
+        Index within the episode of the first valid step.
+    seqs : numpy.ndarray
+        Item sequence numbers (the low bits of the keys).
+    src_abs : numpy.ndarray or None
+        Absolute (unwrapped) step position of the first valid step, for
+        shared-ring readers that check it was not overwritten meanwhile.
+    """
 
     slots: np.ndarray
     src_start: np.ndarray  # ring slot of the first valid step
@@ -132,7 +196,7 @@ class Shard:
         remover: Selector,
         *,
         max_times_sampled: int = 0,
-        tier="host",
+        tier: str | StorageTier = "host",
     ):
         self.spec = spec
         self.shard_id = int(shard_id)
@@ -162,11 +226,35 @@ class Shard:
 
     # -- ShardState protocol (for selectors) ----------------------------------
     def live_seq_range(self) -> tuple[int, int]:
+        """Half-open range ``[lo, hi)`` of the sequence numbers that may be live.
+
+        Steps: the absolute positions still in the ring; episodes: those in
+        the episode index.  ``hi`` is the next sequence number to be issued.
+
+        Returns
+        -------
+        tuple of int
+            ``(lo, hi)``.
+        """
         if self.step_items:
             return max(0, self.ring.write_pos - self.capacity), self.ring.write_pos
         return self.index.first, self.index.next
 
     def item_stamps(self, slots: np.ndarray) -> np.ndarray:
+        """Table-wide insertion stamp of the live item at each slot.
+
+        A step's stamp is its episode's stamp plus its index in the episode.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 ``[n]`` slots of live items.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 ``[n]``.
+        """
         seqs = self.slot_seqs(slots)
         if self.step_items:
             ep = self.step_episode[slots]
@@ -174,19 +262,55 @@ class Shard:
         return self.index.get("stamp", seqs)
 
     def item_touched(self, slots: np.ndarray) -> np.ndarray:
-        """Table-wide stamp of each item's insert or latest priority update (int64)."""
+        """Table-wide stamp of each item's insert or latest priority update.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 ``[n]`` item slots.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 ``[n]``; heap ties go to the smallest.
+        """
         return self.touched[slots]
 
     def slot_seqs(self, slots: np.ndarray) -> np.ndarray:
-        """Sequence number of the live occupant of each slot."""
+        """Sequence number of the newest occupant of each slot.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 ``[n]`` slots in ``[0, capacity)``.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 ``[n]``: the largest seq below ``live_seq_range()[1]`` that
+            maps to the slot (it may be negative or no longer live).
+        """
         hi = self.live_seq_range()[1]
         return hi - 1 - ((hi - 1 - slots) % self.capacity)
 
     # -- writing ----------------------------------------------------------------
     def insert(self, batch: EpisodeBatch) -> tuple[np.ndarray, int]:
-        """Store whole episodes (validated; ``num_steps <= capacity``).
+        """Store whole episodes, evicting the oldest episodes they overwrite.
 
-        Returns the key of each episode's first item and the number of items.
+        Items get ``batch.priorities`` or, when None, the shard's running
+        maximum priority.
+
+        Parameters
+        ----------
+        batch : EpisodeBatch
+            Validated episodes, ``batch.num_steps <= capacity``.
+
+        Returns
+        -------
+        keys : numpy.ndarray
+            int64 ``[n_episodes]``: the key of each episode's first item.
+        n_items : int
+            Items inserted (steps or episodes).
         """
         with self.lock:
             n = batch.num_steps
@@ -272,7 +396,18 @@ class Shard:
         return k, seqs % self.capacity
 
     def live_overwritten(self, n_steps: int) -> int:
-        """Live items the ring would overwrite to store ``n_steps`` more steps (nothing changes)."""
+        """Live items the ring would overwrite to store ``n_steps`` more steps (nothing changes).
+
+        Parameters
+        ----------
+        n_steps : int
+            Steps of a prospective insert.
+
+        Returns
+        -------
+        int
+            Live items of the episodes that insert would evict.
+        """
         with self.lock:
             _, slots = self._front(self.ring.write_pos + n_steps - self.capacity)
             return int(self.active[slots].sum())
@@ -291,7 +426,26 @@ class Shard:
 
     # -- keys ------------------------------------------------------------------
     def resolve(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Split seqs into (slots of live items, mask of live) — unknown seqs raise."""
+        """Map item sequence numbers to slots and tell which are still live.
+
+        Parameters
+        ----------
+        seqs : numpy.ndarray
+            int64 ``[n]`` item sequence numbers (decoded from keys).
+
+        Returns
+        -------
+        slots : numpy.ndarray
+            int64 ``[n]``: ``seqs % capacity``.
+        live : numpy.ndarray
+            bool ``[n]``: the item is still stored and active (False for
+            evicted, removed, deleted or expired items: stale keys).
+
+        Raises
+        ------
+        UnknownKeyError
+            If a seq was never issued by this shard (naming the first such key).
+        """
         lo, hi = self.live_seq_range()
         bad = np.flatnonzero(seqs >= hi)
         if len(bad):
@@ -304,12 +458,29 @@ class Shard:
         return slots, live
 
     def update_priorities(self, seqs: np.ndarray, priorities: np.ndarray, stamps: np.ndarray | None = None) -> int:
-        """Apply validated priorities; returns the number of stale keys ignored.
+        """Apply validated priorities to the live items among ``seqs``.
 
-        ``stamps``: the table-wide stamp of each update (from the clock that
-        stamps inserts), so heap ties go to the least recently inserted or
-        updated item across shards; None stamps them from this shard's clock
-        (exact within the shard only).
+        Parameters
+        ----------
+        seqs : numpy.ndarray
+            int64 ``[n]`` item sequence numbers.
+        priorities : numpy.ndarray
+            float64 ``[n]``, validated (finite, non-negative).
+        stamps : numpy.ndarray, optional
+            int64 ``[n]``: the table-wide stamp of each update (from the clock
+            that stamps inserts), so heap ties go to the least recently
+            inserted or updated item across shards; None stamps them from
+            this shard's clock (exact within the shard only).
+
+        Returns
+        -------
+        int
+            Stale keys ignored (items no longer live).
+
+        Raises
+        ------
+        UnknownKeyError
+            If a seq was never issued by this shard.
         """
         with self.lock:
             slots, live = self.resolve(seqs)
@@ -330,7 +501,25 @@ class Shard:
             return stale
 
     def delete(self, seqs: np.ndarray) -> tuple[int, int]:
-        """Remove items; returns (deleted, stale)."""
+        """Remove the live items among ``seqs``.
+
+        Parameters
+        ----------
+        seqs : numpy.ndarray
+            int64 ``[n]`` item sequence numbers; repeats are removed once.
+
+        Returns
+        -------
+        deleted : int
+            Items removed.
+        stale : int
+            Entries of ``seqs`` that named no live item (ignored).
+
+        Raises
+        ------
+        UnknownKeyError
+            If a seq was never issued by this shard.
+        """
         with self.lock:
             slots, live = self.resolve(seqs)
             n = self._drop_items(np.unique(slots[live]))
@@ -341,7 +530,28 @@ class Shard:
 
     # -- window geometry ----------------------------------------------------------
     def windows(self, slots: np.ndarray, length: int, boundary: str, rng: np.random.Generator) -> Windows:
-        """Window placement for the items at ``slots``."""
+        """Window placement for the items at ``slots`` (nothing changes).
+
+        A step item starts its window (ends it in ``pad_head`` mode); an
+        episode item's window position is drawn uniformly among the valid ones.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 ``[B]`` slots of live items; repeats allowed.
+        length : int
+            Steps per window (``L``).
+        boundary : {"strict", "pad_tail", "pad_head"}
+            Window boundary mode: windows crossing an episode's end are
+            excluded (``strict``) or zero-padded.
+        rng : numpy.random.Generator
+            Draws window positions within episode items.
+
+        Returns
+        -------
+        Windows
+            One window per entry of ``slots``.
+        """
         seqs = self.slot_seqs(slots)
         if self.step_items:
             ep = self.step_episode[slots]
@@ -376,8 +586,23 @@ class Shard:
             src_abs=first,
         )
 
-    def valid_fn(self, length: int, boundary: str):
-        """Predicate over slots: does the item's window fit (None when all do)."""
+    def valid_fn(self, length: int, boundary: str) -> Callable[[np.ndarray], np.ndarray] | None:
+        """Predicate over slots: does the item's window fit.
+
+        Parameters
+        ----------
+        length : int
+            Steps per window (``L``).
+        boundary : {"strict", "pad_tail", "pad_head"}
+            Window boundary mode: windows crossing an episode's end are
+            excluded (``strict``) or zero-padded.
+
+        Returns
+        -------
+        callable or None
+            Maps int64 slots ``[n]`` of live items to a bool ``[n]`` mask;
+            None when every window fits (padded modes, or ``length <= 1``).
+        """
         if boundary != "strict" or length <= 1:  # a one-step window always fits its item
             return None
         if self.step_items:
@@ -395,12 +620,36 @@ class Shard:
         return valid
 
     def longest_episode(self) -> int:
+        """Length of the longest stored episode.
+
+        Returns
+        -------
+        int
+            Steps (0 when the shard is empty).
+        """
         ln = self.index.lengths()
         return int(ln.max()) if len(ln) else 0
 
     # -- stochastic selection --------------------------------------------------------
     def valid_mass(self, length: int, boundary: str) -> float:
-        """Sampling mass of items whose window fits (exact; strict mode subtracts tails)."""
+        """Sampling mass of items whose window fits (exact; strict mode subtracts tails).
+
+        Needs a weighted sampler.
+
+        Parameters
+        ----------
+        length : int
+            Steps per window (``L``).
+        boundary : {"strict", "pad_tail", "pad_head"}
+            Window boundary mode: windows crossing an episode's end are
+            excluded (``strict``) or zero-padded.
+
+        Returns
+        -------
+        float
+            Sum of the sampler's weights over the valid items (0.0 when a
+            remainder is within rounding of zero).
+        """
         sel = self.sampler
         assert isinstance(sel, WeightedSelector)
         with self.lock:
@@ -439,6 +688,33 @@ class Shard:
         item has any weight (every priority 0) the draw is uniform over the
         valid items, as in Reverb (the planner then weighs shards by
         :meth:`valid_count`).
+
+        Parameters
+        ----------
+        n : int
+            Items to draw; with replacement they may repeat.
+        length : int
+            Steps per window (``L``).
+        boundary : {"strict", "pad_tail", "pad_head"}
+            Window boundary mode: windows crossing an episode's end are
+            excluded (``strict``) or zero-padded.
+        rng : numpy.random.Generator
+            Source of the uniforms.
+        mass : float, optional
+            :meth:`valid_mass` if the caller has it already.
+
+        Returns
+        -------
+        slots : numpy.ndarray
+            int64 ``[n]`` drawn slots.
+        probs : numpy.ndarray
+            float64 ``[n]``: probability of each draw within this shard.
+
+        Raises
+        ------
+        EmptyTableError
+            If no valid item can be drawn (for without-replacement samplers,
+            none is left in the epoch).
         """
         sel = self.sampler
         assert isinstance(sel, WeightedSelector)
@@ -483,7 +759,21 @@ class Shard:
         return slots if valid is None or not len(slots) else slots[valid(slots)]
 
     def valid_count(self, length: int, boundary: str) -> int:
-        """Live items whose window fits (O(capacity): asked only when no item has weight)."""
+        """Live items whose window fits (O(capacity): asked only when no item has weight).
+
+        Parameters
+        ----------
+        length : int
+            Steps per window (``L``).
+        boundary : {"strict", "pad_tail", "pad_head"}
+            Window boundary mode: windows crossing an episode's end are
+            excluded (``strict``) or zero-padded.
+
+        Returns
+        -------
+        int
+            Live items whose window fits.
+        """
         with self.lock:
             return len(self._valid_slots(length, boundary))
 
@@ -505,7 +795,21 @@ class Shard:
             self.tails.clear()
 
     def unseen(self, length: int, boundary: str) -> int:
-        """WithoutReplacement: items still drawable in this epoch (valid for the window)."""
+        """WithoutReplacement: items still drawable in this epoch (valid for the window).
+
+        Parameters
+        ----------
+        length : int
+            Steps per window (``L``).
+        boundary : {"strict", "pad_tail", "pad_head"}
+            Window boundary mode: windows crossing an episode's end are
+            excluded (``strict``) or zero-padded.
+
+        Returns
+        -------
+        int
+            The valid mass rounded (each undrawn item weighs 1).
+        """
         return int(round(self.valid_mass(length, boundary)))
 
     def _raise_empty(self, length: int, boundary: str):
@@ -520,6 +824,27 @@ class Shard:
         A distributed table passes the stamp of its oldest insert still being
         written, so that an ordered sample sees a prefix of the insertion order
         (a Queue never hands out an item before an older one that is in flight).
+
+        Parameters
+        ----------
+        n : int
+            Most items wanted.
+        length : int
+            Steps per window (``L``).
+        boundary : {"strict", "pad_tail", "pad_head"}
+            Window boundary mode: windows crossing an episode's end are
+            excluded (``strict``) or zero-padded.
+        horizon : int, optional
+            Table-wide stamp; only items stamped before it qualify.
+
+        Returns
+        -------
+        slots : numpy.ndarray
+            int64 ``[k]``, ``k <= n``: best first.
+        keys : numpy.ndarray
+            float64 order keys, larger is better: ``[k]``, or ``[k, c]``
+            compared column by column (the sampler's, see
+            :meth:`~gear_flow.selectors.base.OrderedSelector.candidates`).
         """
         sel = self.sampler
         assert isinstance(sel, OrderedSelector)
@@ -543,16 +868,44 @@ class Shard:
         rng: np.random.Generator,
         out: dict,
         offset: int,
-        columns,
+        columns: Iterable[str],
         record: bool = True,
         gather: bool = True,
     ) -> Windows:
-        """Gather the windows of ``slots`` into ``out[name][offset:offset+len(slots)]``,
-        and (``record``) count the samples and expire items that reached ``max_times_sampled``.
+        """Gather the windows of ``slots`` into ``out`` and optionally record the sample.
 
-        ``out`` maps column names to uint8 byte buffers ``[B, L, nbytes]``.
         ``record=False`` leaves the shard unchanged; :meth:`record_samples`
         then commits the sample (two-phase samples over several workers).
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 ``[b]`` slots of live items (from :meth:`draw` or
+            :meth:`candidates`); repeats allowed.
+        length : int
+            Steps per window (``L``).
+        boundary : {"strict", "pad_tail", "pad_head"}
+            Window boundary mode: windows crossing an episode's end are
+            excluded (``strict``) or zero-padded.
+        rng : numpy.random.Generator
+            Draws window positions within episode items.
+        out : dict
+            Column name to a uint8 byte buffer ``[B, L, nbytes]`` of the
+            shard's tier (host or device).
+        offset : int
+            Row of ``out`` for the first window; rows
+            ``offset:offset + b`` are written.
+        columns : iterable of str
+            Columns to gather.
+        record : bool, default True
+            Count the samples and expire items that reached ``max_times_sampled``.
+        gather : bool, default True
+            False: only place the windows (a shared-ring reader copies them itself).
+
+        Returns
+        -------
+        Windows
+            Placement of each window.
         """
         with self.lock:
             win = self.windows(slots, length, boundary, rng)
@@ -582,9 +935,25 @@ class Shard:
         return (self.active[slots] == 1) & (self.slot_seqs(slots) == seqs)
 
     def record_samples(self, slots: np.ndarray, seqs: np.ndarray) -> int:
-        """Commit a sample gathered with ``record=False``: count it, expire what reached
-        ``max_times_sampled``.  Items removed meanwhile were still handed out once;
-        they are counted as sampled and not touched.  Returns the number expired."""
+        """Commit a sample gathered with ``record=False``.
+
+        Counts it and expires what reached ``max_times_sampled``.  Items
+        removed meanwhile were still handed out once; they are counted as
+        sampled and not touched.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 ``[b]`` slots sampled.
+        seqs : numpy.ndarray
+            int64 ``[b]`` their sequence numbers at sampling time
+            (``Windows.seqs``), to detect slots reused since.
+
+        Returns
+        -------
+        int
+            Items expired by this commit.
+        """
         with self.lock:
             before = self.counters.expired
             here = self._still_there(slots, seqs)
@@ -593,7 +962,18 @@ class Shard:
             return self.counters.expired - before
 
     def unconsume(self, slots: np.ndarray, seqs: np.ndarray) -> None:
-        """Undo the epoch bookkeeping of a draw that was not handed out (WithoutReplacement)."""
+        """Undo the epoch bookkeeping of a draw that was not handed out (WithoutReplacement).
+
+        Items that are no longer the live occupant of their slot are skipped;
+        other samplers are left alone.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 ``[b]`` slots drawn.
+        seqs : numpy.ndarray
+            int64 ``[b]`` their sequence numbers at draw time.
+        """
         with self.lock:
             slots = np.unique(slots[self._still_there(slots, seqs)])
             if len(slots) and getattr(self.sampler, "without_replacement", False):
@@ -602,18 +982,57 @@ class Shard:
                 self.tails.change(slots, old, self.sampler.leaf_weights(slots))
 
     def uncount(self, n: int) -> None:
-        """Forget ``n`` samples counted by a sample that was then abandoned (no expiry involved)."""
+        """Forget ``n`` samples counted by a sample that was then abandoned (no expiry involved).
+
+        Parameters
+        ----------
+        n : int
+            Samples to subtract from ``counters.sampled``.
+        """
         with self.lock:
             self.counters.sampled -= int(n)
 
     # -- removal by the remover -------------------------------------------------------
     def remover_candidates(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Best victims for an ordered remover (order key: larger = evict first)."""
+        """Best victims for an ordered remover (nothing changes).
+
+        Parameters
+        ----------
+        n : int
+            Most items wanted.
+
+        Returns
+        -------
+        slots : numpy.ndarray
+            int64 ``[k]``, ``k <= n``.
+        keys : numpy.ndarray
+            float64 order keys, larger evicts first: ``[k]``, or ``[k, c]``
+            compared column by column.
+        """
         with self.lock:
             return self.remover.candidates(n)
 
     def remove_by_remover(self, n: int, rng: np.random.Generator, slots: np.ndarray | None = None) -> int:
-        """Evict ``n`` items chosen by the remover (or exactly ``slots`` if given)."""
+        """Evict ``n`` items chosen by the remover (or exactly ``slots`` if given).
+
+        A weighted remover draws distinct items by their current weights;
+        when only zero-weight items are left, the rest are picked uniformly.
+
+        Parameters
+        ----------
+        n : int
+            Items to evict (at most the shard's size are).
+        rng : numpy.random.Generator
+            Source of the remover's draws.
+        slots : numpy.ndarray, optional
+            int64 slots to evict instead (chosen by a table across shards);
+            inactive ones are skipped.
+
+        Returns
+        -------
+        int
+            Items evicted.
+        """
         with self.lock:
             if slots is None:
                 if isinstance(self.remover, OrderedSelector):
@@ -637,7 +1056,15 @@ class Shard:
             return k
 
     def shared_layout(self) -> dict | None:
-        """How another process on this machine maps this shard's rings (None unless the tier is shared)."""
+        """How another process on this machine maps this shard's rings.
+
+        Returns
+        -------
+        dict or None
+            ``capacity`` (int), ``header`` and ``columns`` (column name to
+            descriptor), the descriptors from the tier's ``describe``; None
+            unless the tier is shared.
+        """
         if self.ring.header is None:
             return None
         d = self.tier.describe
@@ -649,6 +1076,15 @@ class Shard:
 
     # -- info ---------------------------------------------------------------------------
     def info(self) -> dict:
+        """A snapshot of the shard's state and counters.
+
+        Returns
+        -------
+        dict
+            ``shard``, ``size`` (live items), ``episodes``, ``steps_stored``,
+            ``capacity``, ``write_pos`` (absolute steps written) and every
+            :class:`Counters` field; all int.
+        """
         with self.lock:
             return {
                 "shard": self.shard_id,
@@ -661,7 +1097,15 @@ class Shard:
             }
 
     def nbytes(self) -> dict:
-        """Resident bytes by part (data vs overhead)."""
+        """Resident bytes by part (data vs overhead).
+
+        Returns
+        -------
+        dict
+            ``data``: bytes of the column rings; ``overhead``: per-item
+            state, episode index and selector trees (a device tree counts its
+            host mirror too).  Both int.
+        """
         over = self.active.nbytes + self.priority.nbytes + self.index.nbytes
         if self.step_episode is not None:
             over += self.step_episode.nbytes
