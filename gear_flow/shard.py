@@ -184,6 +184,7 @@ class Shard:
     >>> shard = Shard(spec, 0, Uniform(), Fifo())
     >>> shard.insert(EpisodeBatch([{"x": np.arange(5.0, dtype=np.float32)}], np.array([5]),
     ...                           np.array([0]), np.array([0])))
+    (array([0]), 5)
     >>> shard.size
     5
     """
