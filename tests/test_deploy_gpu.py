@@ -8,6 +8,7 @@ trip) is proved by ``pipelines/gpu_check.py`` (section ``dask_cuda``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import json
@@ -19,7 +20,6 @@ from pathlib import Path
 import dask.config
 import pytest
 
-from gear_flow import config as gf_config
 from gear_flow.deploy.gpu import has_gpu
 from gear_flow.deploy.local import NO_HTTP, PRELOAD, cuda_cluster_kwargs
 from gear_flow.distributed import gpu_memory
@@ -29,13 +29,21 @@ from gear_flow.errors import DeployError, SpecError
 ROOT = Path(__file__).resolve().parents[1]
 HAVE_DASK_CUDA = importlib.util.find_spec("dask_cuda") is not None
 HAVE_RMM = importlib.util.find_spec("rmm") is not None
-#: gear_flow's defaults inside each gen_cluster test (it sets the config it is given)
-CONFIG = {"gear-flow": gf_config.defaults["gear-flow"]}
 
-# After gear_flow on purpose: after each test gen_cluster resets dask.config to what it was when
-# distributed.utils_test was first imported, which must include gear_flow's defaults (else every later
-# test of the session that reads a gear-flow key fails)
-from distributed.utils_test import gen_cluster  # noqa: E402
+
+@contextlib.contextmanager
+def one_worker(preload: bool = False, config: dict | None = None):
+    """``(client, scheduler, worker)`` of a one-worker LocalCluster in this process (the plugin's state is
+    read off the real Worker object).  Not ``gen_cluster``: that kills every child process of the test
+    session at its start (the session's shared clusters with them)."""
+    from distributed import Client, LocalCluster
+
+    kw = {"scheduler_kwargs": {"preload": ["gear_flow.distributed.preload"]}} if preload else {}
+    with dask.config.set(config or {}):
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp", host="127.0.0.1",
+                          dashboard_address=None, **kw) as cluster, Client(cluster) as client:  # fmt: skip
+            yield client, cluster.scheduler, next(iter(cluster.workers.values()))
+
 
 # -- the arguments ---------------------------------------------------------------------------------
 
@@ -161,22 +169,22 @@ def _env() -> dict:
 # -- the worker plugin on real workers -----------------------------------------------------------------
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], config=CONFIG)
-async def test_gpu_memory_without_a_pool_does_nothing_and_says_why(c, s, a):
-    await c.register_plugin(GpuMemory())
-    st = a.plugins[PLUGIN_NAME].status
+def test_gpu_memory_without_a_pool_does_nothing_and_says_why():
+    with one_worker() as (c, s, a):
+        c.register_plugin(GpuMemory())
+        st = a.plugins[PLUGIN_NAME].status
     assert st == {"pool_bytes": None, "by": None, "libraries": [],
                   "reason": "no RMM pool configured (gear-flow.gpu.rmm-pool-size is null)"}  # fmt: skip
 
 
 @pytest.mark.skipif(has_gpu(), reason="on a GPU machine the pool is made (gpu_check proves that)")
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], config=CONFIG)
-async def test_gpu_memory_with_a_pool_but_no_gpu_or_rmm(c, s, a):
+def test_gpu_memory_with_a_pool_but_no_gpu_or_rmm():
     with dask.config.set({"gear-flow.gpu.rmm-pool-size": "1GB"}):
         plugin = GpuMemory()  # the client's config travels inside the plugin
     assert (plugin.pool_size, plugin.libraries) == (10**9, ("cupy",))
-    await c.register_plugin(plugin)
-    st = a.plugins[PLUGIN_NAME].status
+    with one_worker() as (c, s, a):
+        c.register_plugin(plugin)
+        st = a.plugins[PLUGIN_NAME].status
     assert st["pool_bytes"] is None and st["by"] is None and st["libraries"] == []
     if HAVE_RMM:
         assert st["reason"] == "no NVIDIA GPU on this node (nvidia-smi -L / NVML list none)"
@@ -184,38 +192,35 @@ async def test_gpu_memory_with_a_pool_but_no_gpu_or_rmm(c, s, a):
         assert st["reason"].startswith("rmm is not importable")
 
 
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], config=CONFIG)
-async def test_gpu_memory_without_rmm(c, s, a):
+def test_gpu_memory_without_rmm():
     saved = sys.modules.get("rmm", False)
     sys.modules["rmm"] = None  # this process's `import rmm` fails, as where it is not installed
     try:
-        await c.register_plugin(GpuMemory(pool_size=0.5))
+        with one_worker() as (c, s, a):
+            c.register_plugin(GpuMemory(pool_size=0.5))
+            st = a.plugins[PLUGIN_NAME].status
     finally:
         if saved is False:
             del sys.modules["rmm"]
         else:
             sys.modules["rmm"] = saved
-    st = a.plugins[PLUGIN_NAME].status
     assert st["pool_bytes"] is None and st["reason"].startswith("rmm is not importable (")
     assert st["reason"].endswith("install rmm-cu13 (the gpu-cu13 extra)")
 
 
-PRELOADED = {"scheduler_kwargs": {"preload": ["gear_flow.distributed.preload"]}}
-
-
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], config=CONFIG, **PRELOADED)
-async def test_scheduler_preload_without_a_pool_records_no_gpu_memory(c, s, a):
-    assert "gear-flow" in s.worker_plugins and "gear-flow" in a.plugins
-    assert PLUGIN_NAME not in s.worker_plugins and PLUGIN_NAME not in a.plugins
+def test_scheduler_preload_without_a_pool_records_no_gpu_memory():
+    with one_worker(preload=True) as (c, s, a):
+        assert "gear-flow" in s.worker_plugins and "gear-flow" in a.plugins
+        assert PLUGIN_NAME not in s.worker_plugins and PLUGIN_NAME not in a.plugins
 
 
 @pytest.mark.skipif(has_gpu(), reason="on a GPU machine the pool is made (gpu_check proves that)")
-@gen_cluster(client=True, nthreads=[("127.0.0.1", 1)], **PRELOADED,
-             config={"gear-flow": {**CONFIG["gear-flow"], "gpu": {"rmm-pool-size": 0.8, "rmm-for": "cupy"}}})  # fmt: skip
-async def test_scheduler_preload_with_a_pool_sets_up_gpu_memory_on_every_worker(c, s, a):
-    plugin = a.plugins[PLUGIN_NAME]  # installed at registration, after the worker's own start-up plugins
-    assert isinstance(plugin, GpuMemory) and plugin.pool_size == 0.8
-    assert plugin.status["by"] is None and plugin.status["reason"].startswith(("no NVIDIA GPU", "rmm is not"))
+def test_scheduler_preload_with_a_pool_sets_up_gpu_memory_on_every_worker():
+    pool = {"gear-flow.gpu.rmm-pool-size": 0.8, "gear-flow.gpu.rmm-for": "cupy"}
+    with one_worker(preload=True, config=pool) as (c, s, a):
+        plugin = a.plugins[PLUGIN_NAME]  # installed at registration, after the worker's own start-up plugins
+        assert isinstance(plugin, GpuMemory) and plugin.pool_size == 0.8
+        assert plugin.status["by"] is None and plugin.status["reason"].startswith(("no NVIDIA GPU", "rmm is not"))
 
 
 def test_describe_without_a_device():
