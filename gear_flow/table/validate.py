@@ -73,31 +73,12 @@ def check_episode(spec: TableSpec, ep: Mapping, i: int) -> tuple[dict, int]:
         dtype that cannot be cast within its kind, columns of different
         lengths, or no steps.
     """
-    names = set(spec.names)
-    got = set(ep)
-    if got != names:
-        missing, extra = sorted(names - got), sorted(got - names)
-        raise InvalidDataError(
-            f"episode {i}: columns do not match the table"
-            + (f"; missing {missing}" if missing else "")
-            + (f"; unknown {extra}" if extra else "")
-            + f" (table columns: {list(spec.names)})"
-        )
+    _check_names(spec, ep, f"episode {i}")
     out = {}
     T = None
     for c in spec.columns:
-        a = _as_array(ep[c.name], f"episode {i}, column {c.name!r}")
-        if a.dtype.kind not in "biufc":
-            raise InvalidDataError(f"episode {i}, column {c.name!r}: dtype {a.dtype} is not numeric")
-        if a.ndim != 1 + len(c.shape) or a.shape[1:] != c.shape:
-            raise InvalidDataError(
-                f"episode {i}, column {c.name!r}: shape {a.shape} must be (T, *{c.shape}) = (T{''.join(', ' + str(s) for s in c.shape)})"
-            )
-        if not np.can_cast(a.dtype, c.dtype, "same_kind"):
-            raise InvalidDataError(
-                f"episode {i}, column {c.name!r}: dtype {a.dtype} cannot be stored as {c.dtype} "
-                "(allowed: dtypes that cast safely or within the same kind)"
-            )
+        dims = "".join(", " + str(s) for s in c.shape)
+        a = _column(ep[c.name], c, f"episode {i}, column {c.name!r}", 1, f"(T, *{c.shape}) = (T{dims})")
         if T is None:
             T = a.shape[0]
         elif a.shape[0] != T:
@@ -143,30 +124,11 @@ def check_batch(spec: TableSpec, columns: Mapping) -> tuple[dict, int, int]:
     """
     if not isinstance(columns, Mapping):
         raise InvalidDataError(f"a batch must map every column to a [B, T, ...] array, got {type(columns).__name__}")
-    names, got = set(spec.names), set(columns)
-    if got != names:
-        missing, extra = sorted(names - got), sorted(got - names)
-        raise InvalidDataError(
-            "batch: columns do not match the table"
-            + (f"; missing {missing}" if missing else "")
-            + (f"; unknown {extra}" if extra else "")
-            + f" (table columns: {list(spec.names)})"
-        )
+    _check_names(spec, columns, "batch")
     out, BT = {}, None
     for c in spec.columns:
-        a = _as_array(columns[c.name], f"batch column {c.name!r}")
-        if a.dtype.kind not in "biufc":
-            raise InvalidDataError(f"batch column {c.name!r}: dtype {a.dtype} is not numeric")
-        if a.ndim != 2 + len(c.shape) or tuple(a.shape[2:]) != c.shape:
-            raise InvalidDataError(
-                f"batch column {c.name!r}: shape {tuple(a.shape)} must be (B, T"
-                f"{''.join(', ' + str(s) for s in c.shape)})"
-            )
-        if not np.can_cast(a.dtype, c.dtype, "same_kind"):
-            raise InvalidDataError(
-                f"batch column {c.name!r}: dtype {a.dtype} cannot be stored as {c.dtype} "
-                "(allowed: dtypes that cast safely or within the same kind)"
-            )
+        dims = "".join(", " + str(s) for s in c.shape)
+        a = _column(columns[c.name], c, f"batch column {c.name!r}", 2, f"(B, T{dims})")
         if BT is None:
             BT = tuple(a.shape[:2])
         elif tuple(a.shape[:2]) != BT:
@@ -178,6 +140,35 @@ def check_batch(spec: TableSpec, columns: Mapping) -> tuple[dict, int, int]:
     if not BT[0] or not BT[1]:
         raise InvalidDataError(f"batch of shape (B, T) = {BT}: needs at least one trajectory of at least one step")
     return out, int(BT[0]), int(BT[1])
+
+
+def _check_names(spec: TableSpec, given: Mapping, where: str) -> None:
+    """Exactly the spec's columns, or an error naming the missing and unknown ones."""
+    names, got = set(spec.names), set(given)
+    if got != names:
+        missing, extra = sorted(names - got), sorted(got - names)
+        raise InvalidDataError(
+            f"{where}: columns do not match the table"
+            + (f"; missing {missing}" if missing else "")
+            + (f"; unknown {extra}" if extra else "")
+            + f" (table columns: {list(spec.names)})"
+        )
+
+
+def _column(value, c, where: str, lead: int, shape_text: str):
+    """``value`` read as an array of ``lead`` leading dimensions then ``c.shape``, numeric and castable to
+    ``c.dtype`` (not yet cast), or an error naming ``where`` and, for the shape, ``shape_text``."""
+    a = _as_array(value, where)
+    if a.dtype.kind not in "biufc":
+        raise InvalidDataError(f"{where}: dtype {a.dtype} is not numeric")
+    if a.ndim != lead + len(c.shape) or tuple(a.shape[lead:]) != c.shape:
+        raise InvalidDataError(f"{where}: shape {tuple(a.shape)} must be {shape_text}")
+    if not np.can_cast(a.dtype, c.dtype, "same_kind"):
+        raise InvalidDataError(
+            f"{where}: dtype {a.dtype} cannot be stored as {c.dtype} "
+            "(allowed: dtypes that cast safely or within the same kind)"
+        )
+    return a
 
 
 def _contiguous(a, dtype):
