@@ -191,7 +191,8 @@ class WritesMixin:
             As :meth:`insert`.
         """
         arrays, B, _ = check_batch(self.spec, columns)
-        rows = [{c: to_host(a[b]) for c, a in arrays.items()} for b in range(B)]  # they cross the comm from host memory
+        host = {c: to_host(a) for c, a in arrays.items()}  # one copy per column: they cross the comm from host memory
+        rows = [{c: a[b] for c, a in host.items()} for b in range(B)]
         return self.insert(rows, priorities, timeout=timeout, shard=shard)
 
     def _route(self, lengths, shard):
