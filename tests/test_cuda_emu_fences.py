@@ -7,10 +7,9 @@ host waits for it, so a missing ordering shows as wrong data, every time:
   after its previous operation, on whatever stream it is issued;
 * ``PinnedTier.write_rows``: the host waits for issued gathers before it
   overwrites the pinned ring they read;
-* ``_GpuTier._windows``: the host waits for the previous upload from the
-  pinned staging buffer before refilling it;
-* ``DeviceTier._insert_stage``: the same for the staging buffer of batched
-  host inserts;
+* ``_Staging`` (tiers.py): the host waits for the previous copy out of a
+  page-locked staging buffer before refilling it (the gathers' parameter
+  uploads, and batched host inserts into a device ring);
 * ``gpu.streams.publish``: torch's stream (the host here) waits for batches
   gathered on another CuPy stream.
 """
@@ -121,13 +120,7 @@ def test_staging_buffer_is_refilled_only_after_its_upload(emulated, monkeypatch,
     from gear_flow.storage import get_tier
 
     if not fence:
-        windows = tiers._GpuTier._windows
-
-        def no_fence(self, *a):
-            self._stage_done = None
-            return windows(self, *a)
-
-        monkeypatch.setattr(tiers._GpuTier, "_windows", no_fence)
+        monkeypatch.setattr(tiers._Staging, "sent", lambda self, event: None)
     cp = emulated
     tier = get_tier("pinned")
     cap, nb, B, L = 64, 4, 3, 4
@@ -175,18 +168,12 @@ def test_batch_published_to_torch_after_a_gather_on_another_stream(emulated, mon
 @pytest.mark.parametrize("fence", [True, False])
 def test_insert_staging_buffer_is_refilled_only_after_its_copy(emulated, monkeypatch, fence):
     """Batched host inserts into a device ring go through one reused page-locked buffer, copied
-    asynchronously: the next insert may refill it only after that copy ran (``_insert_done``)."""
+    asynchronously: the next insert may refill it only after that copy ran (``_Staging.sent``)."""
     from gear_flow import ColumnSpec, LocalTable, TableSpec
     from gear_flow.gpu import tiers
 
     if not fence:
-        stage = tiers.DeviceTier._insert_stage
-
-        def no_fence(self, nbytes):
-            self._insert_done = None
-            return stage(self, nbytes)
-
-        monkeypatch.setattr(tiers.DeviceTier, "_insert_stage", no_fence)
+        monkeypatch.setattr(tiers._Staging, "sent", lambda self, event: None)
     spec = TableSpec((ColumnSpec("x", (), np.int64),), capacity=64)
     ref, dev = LocalTable(spec, seed=1), LocalTable(spec, tier="device", seed=1)
     for k in range(3):  # three inserts of three episodes each: host parts, one staged copy per insert

@@ -34,6 +34,33 @@ if TYPE_CHECKING:
     import cupy
 
 
+class _Staging:
+    """A reused page-locked host buffer that asynchronous host-to-device copies read from.
+
+    :meth:`take` hands it out again only once the copy that last read it (recorded
+    with :meth:`sent`) has finished, growing it on demand: refilling it earlier would
+    change bytes a queued copy has not read yet.
+    """
+
+    def __init__(self, cp, min_bytes: int):
+        self._cp = cp
+        self._min = int(min_bytes)
+        self._buf = None
+        self._done = None  # event after the copy that last read the buffer
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """``nbytes`` of the buffer (uint8), free to overwrite."""
+        if self._done is not None:
+            self._done.synchronize()
+        if self._buf is None or self._buf.nbytes < nbytes:
+            self._buf = np.frombuffer(self._cp.cuda.alloc_pinned_memory(max(nbytes, self._min)), dtype=np.uint8)
+        return self._buf[:nbytes]
+
+    def sent(self, event) -> None:
+        """The copy reading what :meth:`take` returned is queued; ``event`` follows it."""
+        self._done = event
+
+
 class _GpuTier(StorageTier):
     def __init__(self):
         cp = require_gpu(f"storage tier {self.name!r}")
@@ -42,7 +69,8 @@ class _GpuTier(StorageTier):
         self._fence = None  # event after the last device operation on this tier's arrays
         self._win_key = None  # host copy of the last uploaded int64 parameters (windows, descriptors)
         self._win = None  # their device copy, a view of _win_dev
-        self._stage = self._win_dev = self._stage_done = None  # pinned staging, device buffer, copy event
+        self._win_dev = None  # device buffer the parameters are uploaded into
+        self._params_stage = _Staging(cp, 3 * 1024 * 8)  # page-locked source of those uploads
 
     # -- ordering ---------------------------------------------------------------------
     def _stream(self):
@@ -78,20 +106,16 @@ class _GpuTier(StorageTier):
         if key is not None and key.shape == a.shape and np.array_equal(key, a):
             return self._win
         n = a.size
-        if self._stage is None or self._stage.size < n:
-            size = max(n, 3 * 1024)
-            mem = cp.cuda.alloc_pinned_memory(size * 8)
-            self._stage = np.frombuffer(mem, dtype=np.int64, count=size)
-            self._win_dev = cp.empty(size, dtype=np.int64)
-        elif self._stage_done is not None:
-            self._stage_done.synchronize()  # the previous upload has left the staging buffer
-        stage = self._stage[:n].reshape(a.shape)
+        stage = self._params_stage.take(n * 8).view(np.int64).reshape(a.shape)
+        if self._win_dev is None or self._win_dev.size < n:
+            self._win_dev = cp.empty(max(n, 3 * 1024), dtype=np.int64)
         stage[...] = a
         dev = self._win_dev[:n].reshape(a.shape)
         s = cp.cuda.get_current_stream()
         dev.set(stage, stream=s)
-        self._stage_done = cp.cuda.Event(disable_timing=True)
-        self._stage_done.record(s)
+        done = cp.cuda.Event(disable_timing=True)
+        done.record(s)
+        self._params_stage.sent(done)
         self._win, self._win_key = dev, a.copy()
         return dev
 
@@ -172,6 +196,10 @@ class DeviceTier(_GpuTier):
     """
 
     name = "device"
+
+    def __init__(self):
+        super().__init__()
+        self._insert_stage = _Staging(self._cp, 1 << 20)  # page-locked source of batched host inserts
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype | str) -> cupy.ndarray:
         """An uninitialised CuPy array on the tier's device.
@@ -278,22 +306,11 @@ class DeviceTier(_GpuTier):
                     rows = cp.concatenate(parts)
                 return self._write_device(dst, pos, rows)
             n = sum(int(p.shape[0]) for p in parts)
-            stage = self._insert_stage(n * int(np.prod(dst.shape[1:], dtype=np.int64)) * dst.dtype.itemsize)
+            stage = self._insert_stage.take(n * int(np.prod(dst.shape[1:], dtype=np.int64)) * dst.dtype.itemsize)
             rows = stage.view(dst.dtype).reshape((n, *dst.shape[1:]))
             np.concatenate([np.asarray(p, dtype=dst.dtype).reshape((-1, *dst.shape[1:])) for p in parts], out=rows)
             self.write_rows(dst, pos, rows)  # from page-locked memory: asynchronous, ordered by the fence
-            self._insert_done = self._fence
-
-    def _insert_stage(self, nbytes: int) -> np.ndarray:
-        """A page-locked host buffer of at least ``nbytes``, free to overwrite (its last copy has finished)."""
-        done = getattr(self, "_insert_done", None)
-        if done is not None:
-            done.synchronize()
-        st = getattr(self, "_insert_buf", None)
-        if st is None or st.nbytes < nbytes:
-            mem = self._cp.cuda.alloc_pinned_memory(max(nbytes, 1 << 20))
-            st = self._insert_buf = np.frombuffer(mem, dtype=np.uint8)
-        return st[:nbytes]
+            self._insert_stage.sent(self._fence)
 
     def read_rows(self, src: cupy.ndarray, pos: int, n: int) -> np.ndarray:
         """Copy ``n`` rows from ring ``pos`` (wrapping) to a host array.
