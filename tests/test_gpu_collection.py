@@ -9,23 +9,21 @@ a GPU when there is one.
 
 from __future__ import annotations
 
-import cuda_emu
 import numpy as np
 import pytest
+from cuda_emu import fixtures
 
 from gear_flow import ColumnSpec, LocalTable, Prioritized, TableSpec
 from gear_flow.errors import InvalidDataError
 
+emulated = fixtures.emulated
+
 
 @pytest.fixture(params=["emulated", pytest.param("cuda", marks=pytest.mark.gpu)])
-def cp(request, monkeypatch):
+def cp(request):
+    """The emulation's fake CuPy (``cuda_emu.fixtures.emulated``), or CuPy on a GPU."""
     if request.param == "emulated":
-        if cuda_emu.compiler() is None:
-            pytest.skip("no C++ compiler for the CUDA emulation")
-        cuda_emu.install(monkeypatch)
-        from cuda_emu import fake_cupy
-
-        return fake_cupy
+        return request.getfixturevalue("emulated")
     return pytest.importorskip("cupy")
 
 
