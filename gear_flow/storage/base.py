@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from ..backend import is_device_array
 from ..errors import SpecError
 
 
@@ -128,7 +129,7 @@ class StorageTier(ABC):
         """
         from ..ops.gather import scatter_rows
 
-        if hasattr(rows, "__cuda_array_interface__"):
+        if is_device_array(rows):
             rows = rows.get()
         scatter_rows(dst, pos, rows)
 
