@@ -103,3 +103,65 @@ def test_insert_batch_on_a_distributed_table_is_insert_of_its_rows(dist_client):
     finally:
         a.close()
         b.close()
+
+
+# -- small requests skip the worker's thread pool -----------------------------------------------------------------
+def _ran(dask_worker):
+    return dict(dask_worker.plugins["gear-flow"].ran)
+
+
+def _hold_locks(name, dask_worker):
+    """Take every shard lock of ``name`` in another thread of the worker (as a long write would)."""
+    import threading
+
+    t = dask_worker.plugins["gear-flow"].host.table(name)
+    held, done = threading.Event(), threading.Event()
+
+    def hold():
+        locks = t.locked()
+        held.set()
+        done.wait(60)
+        for lk in reversed(locks):
+            lk.release()
+
+    threading.Thread(target=hold, daemon=True).start()
+    held.wait(10)
+    dask_worker._gear_flow_test_release = done
+
+
+def _let_go(dask_worker):
+    dask_worker._gear_flow_test_release.set()
+
+
+def test_small_requests_run_on_the_event_loop_unless_a_lock_is_held(dist_client):
+    """A draw with free shard locks runs right on the worker's event loop (no thread hop); with a lock
+    held by another thread it goes to the pool and waits there, never blocking the loop."""
+    import threading
+    import time
+
+    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=1)
+    t = DistributedTable.create(dist_client, spec, sampler=gf.Uniform(), seed=0)
+    try:
+        t.insert([{"x": np.arange(20, dtype=np.float32)}])
+        addr = t.placement[0]
+        t.sample(4, 1)  # first contact (maps the shared segments, if any)
+        before = dist_client.run(_ran, workers=[addr])[addr]
+        for _ in range(5):
+            b = t.sample(4, 1)
+            assert np.array_equal(b["x"].numpy()[:, 0], b.timesteps.numpy())  # x[i] = i
+        mid = dist_client.run(_ran, workers=[addr])[addr]
+        assert mid["loop"] - before["loop"] >= 5 and mid["pool"] == before["pool"], (before, mid)
+
+        dist_client.run(_hold_locks, t.name, workers=[addr])
+        got = []
+        th = threading.Thread(target=lambda: got.append(t.sample(4, 1)))
+        th.start()
+        deadline = time.monotonic() + 30
+        while dist_client.run(_ran, workers=[addr])[addr]["pool"] == mid["pool"]:  # the loop still answers
+            assert time.monotonic() < deadline, "the draw never reached the pool"
+        assert not got  # waiting for the lock, in the pool
+        dist_client.run(_let_go, workers=[addr])
+        th.join(30)
+        assert len(got) == 1 and np.array_equal(got[0]["x"].numpy()[:, 0], got[0].timesteps.numpy())
+    finally:
+        t.close()

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gear_flow as gf
-from gear_flow.distributed import DistributedTable, protocol
+from gear_flow.distributed import DistributedTable, protocol, wire
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,9 +52,21 @@ def pids(client):
     return client.run(os.getpid)
 
 
-def raw_worker(t, op, args, v=protocol.VERSION, shard=0):
+def raw_worker(t, op, args, v=protocol.VERSION, shard=0, packed=False):
+    """Send ``args`` as a plain ``args`` dict, or (``packed``) as the handles do (:mod:`gear_flow.distributed.wire`)."""
+
     async def go():
-        return await t._ctx.rpc(t.placement[shard]).gear_flow(action=op, args=to_serialize(args), v=v)
+        body = wire.encode(args) if packed else {"args": to_serialize(args)}
+        return await t._ctx.rpc(t.placement[shard]).gear_flow(action=op, v=v, **body)
+
+    return t._ctx.sync(go)
+
+
+def raw_packed(t, op, fields, shard=0):
+    """Send the message fields as given (a hand-made ``packed``/``frames``)."""
+
+    async def go():
+        return await t._ctx.rpc(t.placement[shard]).gear_flow(action=op, v=protocol.VERSION, **fields)
 
     return t._ctx.sync(go)
 
@@ -159,6 +171,19 @@ def test_updates_and_selections_are_checked_by_the_worker(dist_client, tables):
                                                   counts={0: 2}, scale={0: 1.0})), "give slots")  # fmt: skip
 
 
+def test_unreadable_packed_arguments_are_refused(dist_client, tables):
+    t = tables["prio"]
+    good = wire.encode(dict(name=t.name))
+    big = wire.encode({"name": t.name, "x": np.zeros(wire.INLINE_MAX, np.uint8)})  # one frame
+    with Unchanged(dist_client, t):
+        refused(raw_packed(t, "info", {"packed": b"not a pickle"}), "'info'", "unreadable packed arguments")
+        refused(raw_packed(t, "info", {"packed": 12}), "unreadable packed arguments")
+        refused(raw_packed(t, "info", {"packed": big["packed"]}), "frame reference 0 out of range")
+        refused(raw_packed(t, "info", {**good, "args": to_serialize(dict(name=t.name))}), "not both")
+        refused(raw_packed(t, "info", {"packed": wire.encode([1, 2])["packed"]}), "'info'")  # not a dict of fields
+        assert raw_packed(t, "info", good)["status"] == "OK"
+
+
 def test_another_protocol_version_is_refused_naming_both(dist_client, tables):
     t = tables["prio"]
     with Unchanged(dist_client, t):
@@ -247,8 +272,9 @@ def test_fuzz_every_operation_with_junk(dist_client, tables, data):
             if _accepts(schema[field], value):
                 msg["no_such_field"] = 1
             msg[field] = value
+    packed = data.draw(st.booleans())  # as the handles send it, or as a plain dict
     with Unchanged(dist_client, t):
-        resp = raw_worker(t, op, msg) if to_worker else raw_coord(t, op, name=t.name, **msg)
+        resp = raw_worker(t, op, msg, packed=packed) if to_worker else raw_coord(t, op, name=t.name, **msg)
         refused(resp)
 
 

@@ -186,13 +186,14 @@ def install(scheduler: Scheduler) -> None:
 
 
 async def _call(scheduler: Scheduler, addr: str, action: str, name: str) -> object:
-    from distributed.protocol import Serialized, deserialize, to_serialize
+    from ..distributed import protocol, wire
 
-    resp = await asyncio.wait_for(scheduler.rpc(addr).gear_flow(action=action, args=to_serialize({"name": name})), 10)
+    resp = await asyncio.wait_for(
+        scheduler.rpc(addr).gear_flow(action=action, v=protocol.VERSION, **wire.encode({"name": name})), 10
+    )
     if not isinstance(resp, dict) or resp.get("status") != "OK":
         raise RuntimeError(f"worker {addr}: {action} of table {name!r} failed")
-    r = resp["result"]
-    return deserialize(r.header, r.frames) if isinstance(r, Serialized) else r  # the scheduler keeps frames as is
+    return wire.result(resp)  # the scheduler keeps frames as they came: decoded there
 
 
 def dashboard_app(scheduler: Scheduler) -> BokehTornado | None:

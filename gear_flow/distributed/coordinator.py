@@ -26,7 +26,7 @@ from distributed.protocol import to_serialize
 
 from .. import config
 from ..errors import GearFlowError, ProtocolError, RateLimitTimeout, SpecError
-from . import protocol
+from . import protocol, wire
 from .gate import OwnerGone, TableGate
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ class GearFlowCoordinator(SchedulerPlugin):
             protocol.check(protocol.COORDINATOR, action, kw, "coordinator")
             if action != "list" and not (isinstance(name, str) and 0 < len(name) <= 512):
                 raise ProtocolError(f"coordinator {action!r}: field 'name' must be a non-empty string, got {name!r}")
-            return {"status": "OK", "result": to_serialize(await ops[action](name, **kw))}
+            return wire.ok(await ops[action](name, **kw))
         except GearFlowError as e:
             return {"status": "error", "error": to_serialize(e)}
         except Exception as e:  # a malformed request: answered, never raised into the scheduler
@@ -302,15 +302,12 @@ class GearFlowCoordinator(SchedulerPlugin):
                 task.add_done_callback(self._tasks.discard)
 
     async def _worker_call(self, addr, action, **args):
-        from distributed.protocol import Serialized, deserialize
-
         resp = await asyncio.wait_for(
-            self.scheduler.rpc(addr).gear_flow(action=action, args=to_serialize(args), v=protocol.VERSION), 30
+            self.scheduler.rpc(addr).gear_flow(action=action, v=protocol.VERSION, **wire.encode(args)), 30
         )
         if resp.get("status") != "OK":
             raise GearFlowError(f"worker {addr}: {action} failed")
-        r = resp["result"]
-        return deserialize(r.header, r.frames) if isinstance(r, Serialized) else r  # the scheduler keeps frames as is
+        return wire.result(resp)  # the scheduler keeps frames as they came: decoded there
 
     async def _recover(self, g: TableGate, txns, hold) -> None:
         """Finish what a departed owner left: its inserts (2PC recovery) and its exclusive sample."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import config
 from ..errors import CoordinatorLostError, GearFlowError
-from . import protocol
+from . import protocol, wire
 from .plugin import PLUGIN_NAME
 
 if TYPE_CHECKING:
@@ -123,13 +123,15 @@ def unwrap(resp: Any) -> Any:
     Parameters
     ----------
     resp : dict
-        A ``gear_flow`` handler's reply: ``{"status": "OK", "result": ...}``
-        or ``{"status": "error", "error": exception or message}``.
+        A ``gear_flow`` handler's reply: ``{"status": "OK", "packed": ...,
+        "frames": ...}`` (:func:`gear_flow.distributed.wire.ok`; or a plain
+        ``"result"``) or ``{"status": "error", "error": exception or
+        message}``.
 
     Returns
     -------
     object
-        ``resp["result"]``.
+        The result.
 
     Raises
     ------
@@ -144,7 +146,7 @@ def unwrap(resp: Any) -> Any:
     if resp.get("status") != "OK":
         err = resp.get("error")
         raise err if isinstance(err, BaseException) else GearFlowError(str(err))
-    return resp["result"]
+    return wire.result(resp)
 
 
 async def coord(ctx: Context, op: str, name: str | None, **kw: Any) -> Any:
@@ -220,12 +222,10 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
     """
     if addr == ctx.local_addr and ctx.local_plugin is not None:
         return await ctx.local_plugin.run(op, **args)
-    from distributed.protocol import to_serialize
-
     timeout = config.get("distributed.rpc-timeout")
     retries = int(config.get("distributed.rpc-retries") or 0)
     try:
-        reply = asyncio.ensure_future(ctx.rpc(addr).gear_flow(action=op, args=to_serialize(args), v=protocol.VERSION))
+        reply = asyncio.ensure_future(ctx.rpc(addr).gear_flow(action=op, v=protocol.VERSION, **wire.encode(args)))
     except COMM_ERRORS as e:
         raise WorkerLost(addr, e) from e
     for attempt in range(retries + 1):
