@@ -165,3 +165,83 @@ def test_small_requests_run_on_the_event_loop_unless_a_lock_is_held(dist_client)
         assert len(got) == 1 and np.array_equal(got[0]["x"].numpy()[:, 0], got[0].timesteps.numpy())
     finally:
         t.close()
+
+
+# -- priority updates riding on the next sample -------------------------------------------------------------------
+def _deferred_step(t, rng, B=64):
+    b = t.sample(B, 1)
+    assert t.update_priorities(b.keys.numpy(), rng.random(B) + 0.5, wait=False) is None
+    return b
+
+
+def test_a_deferred_update_rides_on_the_next_sample(table):
+    """wait=False: a steady step is one phase: the sample's requests carry the previous step's updates."""
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        _deferred_step(table, rng)
+    table.requests.clear()
+    for _ in range(5):
+        _deferred_step(table, rng)  # B=64 over two equal shards: both drawn from every time
+    got = dict(table.requests)
+    assert got == {"sample_part": 10}, got  # no update, no summaries, no check_keys request
+    table.flush()
+    assert dict(table.requests) == {"sample_part": 10, "update": 2}  # what was left: sent by flush
+    table.flush()
+    assert table.requests["update"] == 2  # nothing left
+
+
+def test_the_next_sample_draws_with_the_deferred_priorities(table):
+    """All priorities but one set to 0 without waiting: the very next sample, planned with masses
+    from before the update, draws only that item and reports probability 1."""
+    seen = set()
+    while len(seen) < 40:
+        seen.update(table.sample(64, 1).keys.numpy().tolist())
+    keys = np.array(sorted(seen), dtype=np.int64)
+    pr = np.zeros(len(keys))
+    pr[7] = 3.0
+    table.requests.clear()
+    assert table.update_priorities(keys, pr, wait=False) is None
+    assert not table.requests  # nothing sent yet
+    b = table.sample(8, 1)
+    assert b.keys.numpy().tolist() == [int(keys[7])] * 8
+    assert np.allclose(b.probabilities.numpy(), 1.0)
+    assert np.allclose(b.priorities.numpy(), 3.0)
+
+
+def test_another_handle_sees_deferred_updates_once_flushed(table, dist_client):
+    seen = set()
+    while len(seen) < 40:
+        seen.update(table.sample(64, 1).keys.numpy().tolist())
+    keys = np.array(sorted(seen), dtype=np.int64)
+    other = DistributedTable.attach(table.name, dist_client)
+    pr = np.full(len(keys), 1.0)
+    pr[:39] = 0.0  # only the last key keeps weight
+    table.update_priorities(keys, pr, wait=False)
+    assert len(set(other.sample(32, 1).keys.numpy().tolist())) > 1  # not sent yet: old priorities
+    table.flush()
+    assert set(other.sample(32, 1).keys.numpy().tolist()) == {int(keys[-1])}
+
+
+def test_deferred_updates_go_into_a_checkpoint(table, tmp_path, dist_client):
+    seen = set()
+    while len(seen) < 40:
+        seen.update(table.sample(64, 1).keys.numpy().tolist())
+    keys = np.array(sorted(seen), dtype=np.int64)
+    pr = np.zeros(len(keys))
+    pr[3] = 2.0
+    table.update_priorities(keys, pr, wait=False)
+    table.checkpoint(tmp_path / "ck")
+    other = DistributedTable.attach(table.name, dist_client)
+    assert set(other.sample(16, 1).keys.numpy().tolist()) == {int(keys[3])}
+
+
+def test_a_deferred_update_with_an_unknown_key_waits_and_is_refused(table):
+    """Keys never seen issued cannot ride along: the call checks them everywhere first (nothing applied)."""
+    b = table.sample(8, 1)
+    k = b.keys.numpy()
+    shard, seq = decode(k)
+    bad = np.concatenate([k, encode(np.array([1 - shard[0]]), np.array([10**6]))])
+    with pytest.raises(gf.UnknownKeyError):
+        table.update_priorities(bad, 5.0, wait=False)
+    assert len(table._pending) == 0
+    assert not np.allclose(table.sample(64, 1).priorities.numpy(), 5.0)  # nothing applied anywhere

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..config import get as config_get
 from ..dashboard import GearFlowDashboard
-from ..errors import ShardLostError, SpecError
+from ..errors import GearFlowError, ShardLostError, SpecError
 from ..rate_limiters import RateLimiter
 from ..registry_share import share as share_registrations
 from ..resources import advertised, check_resources
@@ -154,14 +154,18 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
         self._lease_lock = threading.Lock()
         self._lease_done = 0  # leased samples served, reported with the next admission
         #: bytes of windows gathered in-process (co-located), from shared memory, or received over the comm
-        self.stats = {"local_bytes": 0, "shared_bytes": 0, "remote_bytes": 0, "batches": 0, "shared_conflicts": 0}
+        self.stats = {"local_bytes": 0, "shared_bytes": 0, "remote_bytes": 0, "batches": 0, "shared_conflicts": 0,
+                      "deferred_stale": 0}  # fmt: skip
         #: requests this handle sent to shard workers, by operation (the control plane's cost)
         self.requests: dict[str, int] = defaultdict(int)
         self._shared: dict = {}  # worker -> {shard: Attached} (or None: not readable from here)
         from .masses import IssuedKeys, MassCache
+        from .pending import PendingUpdates
 
         self._masses = MassCache()
         self._issued = IssuedKeys()
+        #: priority updates riding on this handle's next sample (``update_priorities(wait=False)``)
+        self._pending = PendingUpdates()
 
     # -- construction -----------------------------------------------------------------------
     @classmethod
@@ -443,7 +447,13 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
         if version is not None and version == self._version:
             return
         st = await self._coord("lookup")
-        self.placement = {int(k): v for k, v in st["placement"].items()}
+        placement = {int(k): v for k, v in st["placement"].items()}
+        lost = {int(k) for k in st["lost"]}
+        moved = {s for s in self._pending.shards() if placement.get(s) != self.placement.get(s) or s in lost}
+        if moved:  # lost, or restored from a checkpoint elsewhere: the stored seqs belong to what was there
+            self._pending.take(moved)
+            logger.info("table %r: priority updates for shards %s dropped (shard lost or restored)", self.name, moved)
+        self.placement = placement
         self.lost = {int(k): v for k, v in st["lost"].items()}
         self._version = st["version"]
         self._shared.clear()  # shards may have moved: map again
@@ -614,6 +624,10 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
         """
 
         async def _close():
+            try:
+                await self._send_pending()
+            except GearFlowError as e:  # closing anyway
+                logger.warning("table %r: priority updates not sent before closing: %s", self.name, e)
             await self._coord("close")
             if drop:
                 await asyncio.gather(

@@ -84,6 +84,7 @@ class CheckpointMixin:
         from .. import checkpoint as ck
 
         t0 = time.perf_counter()
+        await self._send_pending()  # this handle's stored priority updates belong in the checkpoint
         final = Path(path).absolute()
         tmp = ck.temp_dir(final)
         try:

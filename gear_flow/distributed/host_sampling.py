@@ -246,6 +246,8 @@ class SamplingHost:
         out: dict | None = None,
         offsets: dict | None = None,
         geometry: bool | None = None,
+        updates: dict | None = None,
+        by_count: bool | None = None,
     ) -> dict:
         """Draw ``counts[shard]`` items or take exactly ``slots[shard]``, and gather their windows.
 
@@ -285,6 +287,14 @@ class SamplingHost:
         geometry : bool, optional
             Gather nothing; return ``src_abs`` (absolute ring position of
             each window's first step) for a reader that maps the shared rings.
+        updates : dict, optional
+            Priority updates riding on this request (the fields of
+            :meth:`ShardHost.update`): applied before the draw, their result
+            returned under ``"updated"``.
+        by_count : bool, optional
+            The plan weighed shards by valid count (no item had weight):
+            shards draw uniformly.  Otherwise a weighted shard without
+            weight at the draw (zeroed since the plan) is a stale selection.
 
         Returns
         -------
@@ -328,7 +338,8 @@ class SamplingHost:
         if out is not None:
             sizes = {i: int(counts[i]) if slots is None else len(slots[i]) for i in ids}
             check_out(t.spec, out, offsets, sizes, columns, length, "sample_part", t.tier)
-        res = {}
+        updated = self._ride_along(name, updates)
+        res = {} if updated is None else {"updated": updated}
         drawn = []
         locks = t.locked(ids)
         try:
@@ -338,8 +349,11 @@ class SamplingHost:
                     c = int(counts[i])
                     if c <= 0:
                         continue
+                    mass = s.valid_mass(length, boundary) if t.cfg.selection == "weighted" else None
+                    if mass is not None and not mass > 0 and not by_count:
+                        raise StaleSelectionError(f"shard {i}: no weight left since the plan")
                     try:
-                        sl, q = s.draw(c, length, boundary, rng)
+                        sl, q = s.draw(c, length, boundary, rng, mass=mass)
                     except GearFlowError as e:  # emptied since the plan was made
                         raise StaleSelectionError(f"shard {i}: {e}") from None
                     p = q * float(scale[i])
@@ -395,6 +409,15 @@ class SamplingHost:
         finally:
             release(locks)
         return res
+
+    def _ride_along(self, name: str, updates: dict | None) -> dict | None:
+        """Apply priority updates that came with a sample request (``update_priorities(wait=False)``):
+        before the draw, all or nothing; returns ``update``'s result (stale count, masses)."""
+        if not updates:
+            return None
+        return self.update(
+            name, updates["seqs_by_shard"], updates["prios_by_shard"], masses=updates.get("masses") or []
+        )
 
     def finish_sample(self, name: str, txn: str, commit: bool) -> dict[int, int]:
         """Commit (count, expire) or undo (epoch bookkeeping) a sample gathered with ``record=False``.
@@ -465,6 +488,7 @@ class SamplingHost:
         seed: int,
         horizon: int | None = None,
         out: SampleBuffers | None = None,
+        updates: dict | None = None,
     ) -> dict:
         """The whole two-level sample over this worker's shards (when they are all the live ones).
 
@@ -486,11 +510,15 @@ class SamplingHost:
             Ordered selection: only items stamped before it.
         out : SampleBuffers, optional
             A co-located caller's buffers, filled in place.
+        updates : dict, optional
+            Priority updates riding on this request, applied before the
+            draw (as in :meth:`sample_part`).
 
         Returns
         -------
         dict
-            ``expired`` (``{shard: items expired}``); without ``out`` also
+            ``expired`` (``{shard: items expired}``); ``updated`` with
+            ``updates``; without ``out`` also
             the batch's ``data`` (``{column: uint8 [n, length, row bytes]}``),
             ``keys``, ``probabilities``, ``weights``, ``mask``,
             ``episode_ids``, ``timesteps``, ``priorities``,
@@ -514,6 +542,7 @@ class SamplingHost:
                 f"{'device' if backend.output_on_device(t.tier) else 'host'} memory for a {t.tier!r} table"
             )
         buf = SampleBuffers(t.spec, columns, n, length, tier=t.tier) if out is None else out
+        updated = self._ride_along(name, updates)
         locks = t.locked()
         try:
             expired = sample_shards(
@@ -532,6 +561,8 @@ class SamplingHost:
         finally:
             release(locks)
         res = {"expired": expired}
+        if updated is not None:
+            res["updated"] = updated
         if out is None:
             res.update(
                 data=buf.bytes,

@@ -406,6 +406,13 @@ PART = record(
 BUFFERS = mapping(text(256), anything)
 
 #: worker operation -> {field: checker}; a field absent from a message is passed as None to its checker
+#: the plans a caller keeps masses for (an update's reply carries the updated shards' masses for each)
+MASS_PLANS = optional(sequence(record(length=LENGTH, boundary=BOUNDARY), 16))
+#: priority updates riding on a sample request, applied before the draw (the ``update`` operation's fields)
+UPDATES = optional(
+    record(seqs_by_shard=mapping(SHARD, SEQS, 127), prios_by_shard=mapping(SHARD, float_array, 127), masses=MASS_PLANS)
+)
+
 WORKER = {
     "create": {
         "name": NAME,
@@ -450,6 +457,8 @@ WORKER = {
         "out": optional(BUFFERS),
         "offsets": optional(mapping(SHARD, integer(0, 1 << 31), 127)),
         "geometry": optional(boolean),
+        "updates": UPDATES,
+        "by_count": optional(boolean),
     },
     "finish_sample": {"name": NAME, "txn": TXN, "commit": boolean},
     "uncount": {"name": NAME, "counts": mapping(SHARD, integer(0, 1 << 40), 127)},
@@ -462,6 +471,7 @@ WORKER = {
         "seed": SEED,
         "horizon": optional(integer(0, 1 << 62)),
         "out": anything,
+        "updates": UPDATES,
     },
     "check_keys": {"name": NAME, "seqs_by_shard": mapping(SHARD, SEQS, 127)},
     "update": {
@@ -469,7 +479,7 @@ WORKER = {
         "seqs_by_shard": mapping(SHARD, SEQS, 127),
         "prios_by_shard": mapping(SHARD, float_array, 127),
         "stamps_by_shard": optional(mapping(SHARD, int_array(0), 127)),
-        "masses": optional(sequence(record(length=LENGTH, boundary=BOUNDARY), 16)),
+        "masses": MASS_PLANS,
     },
     "delete": {"name": NAME, "seqs_by_shard": mapping(SHARD, SEQS, 127)},
     "remove": {

@@ -133,13 +133,14 @@ class RemoteSample(SharedReads):
             return None
         if isinstance(req, planner.Draw):
             return await self._parts(
-                req.counts, planner.offsets(req.counts, req.base), counts=req.counts, scale=req.scale
-            )
+                req.counts, planner.offsets(req.counts, req.base), counts=req.counts, scale=req.scale,
+                by_count=req.by_count,
+            )  # fmt: skip
         if isinstance(req, planner.Take):
             return await self._parts(req.slots, planner.offsets(req.slots), slots=req.slots)
         raise TypeError(f"unknown plan request {req!r}")
 
-    async def _parts(self, part, offs, counts=None, scale=None, slots=None):
+    async def _parts(self, part, offs, counts=None, scale=None, slots=None, by_count=False):
         t, out = self.t, self.out
         by = defaultdict(list)
         for s in offs:
@@ -161,6 +162,11 @@ class RemoteSample(SharedReads):
                 txn=self.txn,
                 record=self.record,
             )
+            if by_count:
+                args["by_count"] = True
+            upd = t._ride_along(a)  # this handle's stored priority updates for a's shards: applied before the draw
+            if upd is not None:
+                args["updates"] = upd
             if a == t._ctx.local_addr and t._ctx.local_plugin is not None:
                 args.update(out=out.bytes, offsets={s: offs[s] for s in shards})  # co-located: straight into the batch
             elif a in mapped:
@@ -168,17 +174,31 @@ class RemoteSample(SharedReads):
             calls[a] = ("sample_part", args)
         self.sent.update(calls)
         refresh = self._stale_masses_calls(counts)
-        if refresh:  # in the same round trip as the draw: the next plan has current masses again
-            (res, errors), (fresh, _) = await asyncio.gather(
-                t._on_workers(calls, partial=True), t._on_workers(refresh, partial=True)
+        pending = t._pending_calls(exclude=set(calls))  # stored updates of workers not drawn from: same round trip
+        if refresh or pending:  # in the same round trip as the draw: the next plan has current masses again
+            (res, errors), (fresh, _), (upd, upd_errors) = await asyncio.gather(
+                t._on_workers(calls, partial=True),
+                t._on_workers(refresh, partial=True),
+                t._on_workers(pending, partial=True),
             )
             for r in fresh.values():
                 for s, m in r["sampler"].items():
                     t._masses.update(self.L, self.boundary, int(s), m)
+            for a, (_, args) in pending.items():
+                if a in upd:
+                    t._updated(args["masses"] or [], upd[a])
+                else:  # not known applied: sent again with the next request (setting a priority twice is harmless)
+                    t._pending.put_back(args)
+            errors += upd_errors
         else:
             res, errors = await t._on_workers(calls, partial=True)
+        for a, (_, args) in calls.items():
+            if "updates" in args and a not in res:
+                t._pending.put_back(args["updates"])
         repairs = []
         for a, parts in res.items():
+            if "updated" in parts:
+                t._updated(calls[a][1]["updates"]["masses"] or [], parts.pop("updated"))
             for s, r in parts.items():
                 o, n = offs[s], len(r["seqs"])
                 self.counted[a][s] = self.counted[a].get(s, 0) + n
@@ -485,14 +505,18 @@ class SamplingMixin:
         if not self._take_lease(B):
             return None
         rng = self.rng if rng is None else rng
+        upd = self._ride_along(ctx.local_addr)
         try:
             res = ctx.local_plugin.host.sample_all(
-                self.name, B, L, boundary, columns, int(rng.integers(2**63)), out=out
+                self.name, B, L, boundary, columns, int(rng.integers(2**63)), out=out, updates=upd
             )
         except BaseException:
+            self._pending.put_back(upd)
             with self._lease_lock:
                 self._lease_done -= B
             raise
+        if "updated" in res:
+            self._updated(upd["masses"] or [], res["updated"])
         self.stats["local_bytes"] += sum(a.nbytes for a in out.bytes.values())
         self.stats["batches"] += 1
         self._issued.note(out.keys)
@@ -502,7 +526,9 @@ class SamplingMixin:
         return out.batch(-1)
 
     def flush(self) -> None:
-        """Report samples served under a lease to the coordinator now (``info()`` then counts them)."""
+        """Send stored priority updates (``update_priorities(wait=False)``) and report samples served
+        under a lease to the coordinator now (``info()`` then counts them)."""
+        self._ctx.sync(self._send_pending)
         with self._lease_lock:
             done, self._lease_done = self._lease_done, 0
         if done:
@@ -518,12 +544,21 @@ class SamplingMixin:
             seed=int(rng.integers(2**63)),
             horizon=horizon,
         )
+        upd = self._ride_along(addr)
+        if upd is not None:
+            args["updates"] = upd
         local = addr == self._ctx.local_addr and self._ctx.local_plugin is not None
         if local:
             if out is None:
                 out = SampleBuffers(self.spec, columns, B, L, tier=self._cfg.tier)
             args["out"] = out  # co-located: gathered straight into the learner's buffers
-        res = (await self._on_workers({addr: ("sample_all", args)}))[addr]
+        try:
+            res = (await self._on_workers({addr: ("sample_all", args)}))[addr]
+        except BaseException:
+            self._pending.put_back(upd)
+            raise
+        if "updated" in res:
+            self._updated(upd["masses"] or [], res["updated"])
         nbytes = B * L * sum(max(self.spec.column(c).nbytes, 1) for c in columns)
         if local:
             self.stats["local_bytes"] += nbytes

@@ -43,7 +43,8 @@ class SharedReads:
         given = 0
         for _ in range(16):
             k = len(torn)
-            args = {**args, "counts": {s: k}, "scale": {s: args["scale"][s]}, "seed": int(self.rng.integers(2**63))}
+            args = {**args, "counts": {s: k}, "scale": {s: args["scale"][s]}, "seed": int(self.rng.integers(2**63)),
+                    "updates": None}  # fmt: skip
             r = (await t._on_workers({a: ("sample_part", args)}))[a][s]
             self.counted[a][s] = self.counted[a].get(s, 0) + k
             given += k

@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from ..spec import TableSpec
     from ..writer import EpisodeWriter
 
+#: stored ride-along updates (items) above which ``update_priorities(wait=False)`` sends them at once
+PENDING_MAX = 1 << 16
+
 #: what ``priorities`` of an insert may be: None, one value, a flat array over all items, or one array per episode
 Priorities = ArrayLike | Sequence[ArrayLike] | float | None
 
@@ -521,11 +524,23 @@ class WritesMixin:
             idx[self.placement[int(s)]][int(s)] = m
         return k, by, idx, int(np.isin(shard, list(self.lost)).sum())
 
-    def update_priorities(self, keys: ArrayLike, priorities: ArrayLike | float) -> UpdateResult:
+    def update_priorities(
+        self, keys: ArrayLike, priorities: ArrayLike | float, *, wait: bool = True
+    ) -> UpdateResult | None:
         """Set priorities by key: one message per worker, all or nothing for invalid input.
 
         Keys of items removed meanwhile (evicted, expired, deleted, or on a
         lost shard in a degraded table) are skipped and counted as stale.
+
+        With ``wait=False`` the update rides on this handle's next sample
+        instead (a learner's step is then one phase of requests, not two):
+        it is checked here, stored, and applied on each worker before that
+        sample's draw; workers the sample does not draw from get it in the
+        same round trip.  This handle's next sample therefore sees it; other
+        handles see it once that sample (or :meth:`flush`, :meth:`checkpoint`,
+        :meth:`close`) has sent it.  Only for weighted samplers without heap
+        ties (``Prioritized``, ``Uniform``) and keys this handle has seen
+        issued; otherwise the call waits as with ``wait=True``.
 
         Parameters
         ----------
@@ -534,11 +549,15 @@ class WritesMixin:
             any shape (flattened).
         priorities : float or array_like of float
             One value for all keys, or one per key; finite and >= 0.
+        wait : bool, default True
+            False: let the update ride on the next sample (see above).
 
         Returns
         -------
-        UpdateResult
-            ``applied`` items updated, ``stale`` keys ignored.
+        UpdateResult or None
+            ``applied`` items updated, ``stale`` keys ignored; None when the
+            update was stored to ride on the next sample (its stale keys are
+            counted in ``stats["deferred_stale"]``).
 
         Raises
         ------
@@ -555,9 +574,11 @@ class WritesMixin:
         ShardLostError
             A key names a lost shard and the table is not ``degraded``.
         """
-        return self._ctx.sync(self.update_priorities_async, keys, priorities)
+        return self._ctx.sync(self.update_priorities_async, keys, priorities, wait=wait)
 
-    async def update_priorities_async(self, keys: ArrayLike, priorities: ArrayLike | float) -> UpdateResult:
+    async def update_priorities_async(
+        self, keys: ArrayLike, priorities: ArrayLike | float, *, wait: bool = True
+    ) -> UpdateResult | None:
         """:meth:`update_priorities` for a caller inside the event loop.
 
         Parameters
@@ -566,11 +587,14 @@ class WritesMixin:
             Item keys.
         priorities : float or array_like of float
             One value, or one per key.
+        wait : bool, default True
+            False: ride on the next sample when allowed.
 
         Returns
         -------
-        UpdateResult
-            ``applied`` items updated, ``stale`` keys ignored.
+        UpdateResult or None
+            ``applied`` items updated, ``stale`` keys ignored; None when
+            stored to ride on the next sample.
 
         Raises
         ------
@@ -582,6 +606,15 @@ class WritesMixin:
         if pr is None:
             raise SpecError("priorities must not be None")
         self._cfg.check_priorities(pr)
+        if not wait and self._cfg.selection == "weighted" and not self._heap_ties and self._issued.covers(k):
+            # every key seen issued (none can be unknown anywhere), priorities checked: nothing can refuse it
+            for a, s in by.items():
+                self._pending.add(s, {i: pr[idx[a][i]] for i in s})
+            self.stats["deferred_stale"] += on_lost
+            if len(self._pending) > PENDING_MAX:
+                await self._send_pending()
+            return None
+        await self._send_pending()  # keep this handle's updates in call order
         if len(by) > 1 and not self._issued.covers(k):
             # unknown keys anywhere must stop the whole call before any worker applies it (skipped when
             # every key is one this handle has seen issued: then no worker can find it unknown)
@@ -615,6 +648,47 @@ class WritesMixin:
                 self._masses.update_many(plans, r["masses"])
         stale = sum(r["stale"] if isinstance(r, dict) else int(r) for r in res.values()) + on_lost
         return UpdateResult(len(k) - stale, stale)
+
+    def _pending_calls(self, exclude: set | frozenset = frozenset()) -> dict:
+        """``update`` requests for the stored updates of shards on workers not in ``exclude`` (taken from the store)."""
+        plans = self._masses.plans()
+        calls = {}
+        for a in sorted({self.placement[s] for s in self._pending.shards() if s in self.placement} - set(exclude)):
+            u = self._pending.take(s for s, w in self.placement.items() if w == a)
+            if u is not None:
+                calls[a] = ("update", dict(name=self.name, **u, masses=plans or None))
+        return calls
+
+    def _ride_along(self, addr: str) -> dict | None:
+        """The stored updates of ``addr``'s shards, taken from the store, as a sample request's ``updates``."""
+        if not len(self._pending):
+            return None
+        u = self._pending.take(s for s, w in self.placement.items() if w == addr)
+        if u is not None:
+            u["masses"] = self._masses.plans() or None
+        return u
+
+    def _updated(self, plans: list[dict], r: dict) -> None:
+        """Book an applied ride-along or pending update's reply: masses kept, stale keys counted."""
+        if isinstance(r, dict):
+            self._masses.update_many(plans, r.get("masses") or [])
+            r = r.get("stale", 0)
+        self.stats["deferred_stale"] += int(r)
+
+    async def _send_pending(self, exclude: set | frozenset = frozenset()) -> None:
+        """Send the stored updates now (those of workers in ``exclude`` stay), one request per worker."""
+        calls = self._pending_calls(exclude)
+        if not calls:
+            return
+        try:
+            res = await self._on_workers(calls)
+        except BaseException:
+            for _, (_, args) in calls.items():  # nothing is known applied: sent again next time (idempotent)
+                self._pending.put_back(args)
+            self._masses.clear()
+            raise
+        for a, r in res.items():
+            self._updated(calls[a][1]["masses"] or [], r)
 
     def delete(self, keys: ArrayLike) -> UpdateResult:
         """Remove items by key (stale keys ignored and counted).

@@ -95,11 +95,17 @@ class Draw:
         First-level probability of each shard (its share of the planned mass).
     base : int
         Batch row of this round's first item.
+    by_count : bool
+        The shards were weighed by valid count because no valid item had
+        any weight (each draws uniformly); otherwise a weighted shard found
+        without weight at the draw (its priorities zeroed since the plan)
+        makes the executor retry.
     """
 
     counts: dict  # shard -> items to draw
     scale: dict  # shard -> first-level probability (planned mass share)
     base: int  # batch row of this round's first item
+    by_count: bool = False  # planned by valid count (every weight 0): uniform draws
 
 
 @dataclass(frozen=True)
@@ -234,7 +240,8 @@ def _weighted(B: int, rng):
     shards = sorted(masses)
     m = np.array([masses[s] for s in shards], dtype=np.float64)
     total = m.sum()
-    if not total > 0:
+    by_count = not total > 0
+    if by_count:
         valid = (yield Summaries(("valid",)))["valid"]
         m = np.array([valid.get(s, 0.0) for s in shards], dtype=np.float64)
         total = m.sum()
@@ -245,6 +252,7 @@ def _weighted(B: int, rng):
         {s: int(c) for s, c in zip(shards, counts) if c},
         {s: float(ms / total) for s, ms in zip(shards, m)},
         0,
+        by_count,
     )
     return Layout()
 
