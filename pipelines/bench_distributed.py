@@ -30,19 +30,25 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.util
-import os
 import sys
 import time
-import uuid
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REFERENCE, make_episodes, memcpy_gbps, print_table, reference_columns, timeit, write_json  # noqa: E402
+from common import (  # noqa: E402
+    REFERENCE,
+    make_episodes,
+    memcpy_gbps,
+    print_table,
+    raw_dask_gbps,
+    reference_columns,
+    timeit,
+    write_json,
+)
+from learner_scaling import learners_rows, learners_scaling  # noqa: E402
+from ucx_plane import run_ucx  # noqa: E402
 
 import gear_flow as gf  # noqa: E402
 
@@ -76,25 +82,6 @@ def _colocated(name, B, L, repeat):
         "remote_bytes": t.stats["remote_bytes"],
         "shared_bytes": t.stats["shared_bytes"],
     }
-
-
-def _make(n, i):
-    return np.full(n, i % 251, dtype=np.uint8)
-
-
-def _raw_dask_gbps(client, worker, nbytes, repeat):
-    """GB/s of a raw Dask transfer of ``nbytes``: a NumPy array held by ``worker``, fetched by the client."""
-    from distributed import wait
-
-    raw = []
-    for i in range(repeat):
-        f = client.submit(_make, nbytes, i, workers=[worker], pure=False)
-        wait(f)
-        t = time.perf_counter()
-        f.result()
-        raw.append(time.perf_counter() - t)
-        del f
-    return nbytes / float(np.median(raw)) / 1e9
 
 
 class _Echo:
@@ -132,7 +119,7 @@ def run(workers: int, plane: str, args, eps, rows, results):
         res["insert_gbps"] = steps * step_bytes / (time.perf_counter() - t0) / 1e9
 
         w0 = sorted(client.scheduler_info()["workers"])[0]
-        res["raw_dask_gbps"] = _raw_dask_gbps(client, w0, batch_bytes, args.repeat)
+        res["raw_dask_gbps"] = raw_dask_gbps(client, w0, batch_bytes, args.repeat)
 
         out = gf.SampleBuffers(spec, spec.names, B, L)
         ts = timeit(lambda: table.sample(B, L, out=out), args.repeat)
@@ -225,206 +212,6 @@ def run(workers: int, plane: str, args, eps, rows, results):
         learners_rows(tag, res["learners"], rows)
     rows.append({"path": f"per-batch overhead (B=1, L=1), {tag}", "ms": res["batch_overhead_ms"]})
     rows.append({"path": f"insert, {tag}", "GB/s": res["insert_gbps"]})
-
-
-def _learner(name, B, L, batches, seed, ready, go):
-    """Runs on a worker: one learner of :func:`learners_scaling`.
-
-    Warms up, sets the ``ready`` event, waits for ``go``, then samples ``batches`` batches into its
-    own buffers. Times are wall (``perf_counter``), this task's thread CPU, and the whole worker
-    process's CPU (its event loop and the plugin threads serving the other learner's requests too).
-    """
-    import time
-
-    from distributed import Event, get_worker
-
-    import gear_flow as gf
-    from gear_flow.distributed import DistributedTable
-
-    t = DistributedTable.attach(name, seed=seed)
-    out = gf.SampleBuffers(t.spec, t.spec.names, B, L)
-    for _ in range(2):
-        t.sample(B, L, out=out)
-    Event(ready).set()
-    Event(go).wait()
-    start, cpu0, thread0 = time.time(), time.process_time(), time.thread_time()
-    t0 = time.perf_counter()
-    for _ in range(batches):
-        t.sample(B, L, out=out)
-    wall = time.perf_counter() - t0
-    return {
-        "worker": get_worker().address,
-        "start": start,
-        "wall_s": wall,
-        "bytes": batches * sum(a.nbytes for a in out.arrays.values()),
-        "thread_cpu_s": time.thread_time() - thread0,
-        "process_cpu_s": time.process_time() - cpu0,
-        "local_bytes": t.stats["local_bytes"],
-        "remote_bytes": t.stats["remote_bytes"],
-        "shared_bytes": t.stats["shared_bytes"],
-    }
-
-
-def _learners_at_once(client, name, workers, B, L, batches):
-    """One :func:`_learner` per worker of ``workers``, released together; their aggregate GB/s.
-
-    Each learner sets its own ``ready`` event once warmed up; the client waits for all of them and
-    then sets the one ``go`` event, so no learner starts while another still attaches or warms up.
-    """
-    from distributed import Event
-
-    tag = uuid.uuid4().hex
-    ready = [Event(f"bench-ready-{tag}-{i}", client=client) for i in range(len(workers))]
-    go = Event(f"bench-go-{tag}", client=client)
-    futs = [
-        client.submit(_learner, name, B, L, batches, i, ready[i].name, go.name, workers=[w], pure=False)
-        for i, w in enumerate(workers)
-    ]
-    for e in ready:
-        while not e.wait(timeout=1):
-            if any(f.status == "error" for f in futs):
-                client.gather(futs)  # raises the learner's error
-    go.set()
-    each = client.gather(futs)
-    wall = max(r["wall_s"] for r in each)
-    return {
-        "gbps": sum(r["bytes"] for r in each) / wall / 1e9,
-        "wall_s": wall,
-        "start_skew_s": max(r["start"] for r in each) - min(r["start"] for r in each),
-        # CPU of the learners' worker processes during the run, in cores (2 on this machine's budget)
-        "worker_cores_busy": sum(r["process_cpu_s"] for r in each) / wall,
-        "learners": each,
-    }
-
-
-def learners_scaling(client, name, B, L, batch_bytes, batches, rounds):
-    """Two co-located learners, one per worker, sampling table ``name`` at once, vs one alone.
-
-    Both runs sample the same number of batches per learner on the same cluster and table, so the
-    ratio is the scaling issue #11 asks for (target >= 1.6). A first untimed round of both learners
-    opens the connections and touches every buffer (otherwise the first timed run, the lone
-    learner, pays for it); then ``rounds`` alternating rounds, each side reported by its median.
-    """
-    workers = sorted(client.scheduler_info()["workers"])[:2]
-    _learners_at_once(client, name, workers, B, L, max(2, batches // 4))
-    ones, twos = [], []
-    for _ in range(rounds):
-        ones.append(_learners_at_once(client, name, workers[:1], B, L, batches))
-        twos.append(_learners_at_once(client, name, workers, B, L, batches))
-    one, two = (sorted(r, key=lambda x: x["gbps"])[len(r) // 2] for r in (ones, twos))
-    return {
-        "batch_bytes": batch_bytes,
-        "batches": batches,
-        "rounds": rounds,
-        "loadavg_1min": os.getloadavg()[0],  # other processes on this machine compete for its cores
-        "one": one,
-        "two": two,
-        "ratio": two["gbps"] / one["gbps"],
-        "one_gbps_rounds": [r["gbps"] for r in ones],
-        "two_gbps_rounds": [r["gbps"] for r in twos],
-    }
-
-
-def learners_rows(tag, res, rows):
-    one, two = res["one"], res["two"]
-    rows.append(
-        {
-            "path": f"one co-located learner alone, {tag}",
-            "GB/s": one["gbps"],
-            "ref": f"worker cores busy {one['worker_cores_busy']:.2g}",
-        }
-    )
-    rows.append(
-        {
-            "path": f"two co-located learners at once, {tag}",
-            "GB/s": two["gbps"],
-            "ratio": res["ratio"],
-            "ref": f"one {one['gbps']:.3g} GB/s; worker cores busy {two['worker_cores_busy']:.2g}",
-            "target": ">= 1.6",
-        }
-    )
-
-
-@contextlib.contextmanager
-def _ucx_cluster(workers):
-    """A UCX LocalCluster started the project's way (``gear_flow.local_cluster(protocol="ucx")``).
-
-    ``local_cluster`` sets what UCX needs in this process (no CUDA context without a GPU,
-    ``UCX_NET_DEVICES=lo``; distributed-ucxx adds its own ``UCX_*`` variables); both the
-    environment and that config key are restored afterwards, so later clusters of this process
-    (and tests calling :func:`main`) see what they saw before.
-    """
-    import dask
-
-    key = "distributed-ucxx.create-cuda-context"
-    with (
-        mock.patch.dict(os.environ),
-        dask.config.set({key: dask.config.get(key, None)}),  # its exit restores what local_cluster sets
-        gf.local_cluster(workers, 2, protocol="ucx", no_dashboard=True) as cluster,
-    ):
-        yield cluster
-
-
-def run_ucx(workers, args, eps, rows, results):
-    """The external learner on the comm plane over UCX, against raw Dask over the same UCX cluster."""
-    import dask
-    from distributed import Client
-
-    from gear_flow.distributed import DistributedTable
-
-    tag = f"{workers}w, comm over UCX"
-    key = f"workers_{workers}_comm_ucx"
-    if args.no_ucx:
-        results[key] = {"skipped": "--no-ucx"}
-        rows.append({"path": f"external learner, {tag}", "ref": "not run: --no-ucx"})
-        return
-    if importlib.util.find_spec("distributed_ucxx") is None:
-        results[key] = {"skipped": "distributed-ucxx is not installed (the ucx extra)"}
-        rows.append({"path": f"external learner, {tag}", "ref": "not run: no distributed-ucxx"})
-        return
-    B, L = args.batch_size, args.length
-    cols = reference_columns()
-    step_bytes = sum(c.nbytes for c in cols)
-    steps = sum(len(e["reward"]) for e in eps)
-    batch_bytes = B * L * step_bytes
-    res = {}
-    with contextlib.ExitStack() as stack:
-        try:
-            cluster = stack.enter_context(_ucx_cluster(workers))
-            client = stack.enter_context(Client(cluster))
-        except Exception as e:  # UCX cannot start here: say why in the table, measure the rest
-            reason = f"{type(e).__name__}: {e}".splitlines()[0][:120]
-            results[key] = {"skipped": f"UCX did not start: {reason}"}
-            rows.append({"path": f"external learner, {tag}", "ref": f"not run: UCX did not start ({reason})"})
-            return
-        res["scheduler"] = cluster.scheduler_address
-        spec = gf.TableSpec(cols, capacity=steps // workers + args.episode_length, num_shards=workers)
-        with dask.config.set({"gear-flow.distributed.shared-memory": False}):
-            table = DistributedTable.create(client, spec, sampler=gf.Uniform(), seed=0, name=f"bench{workers}ucx")
-        for i in range(0, len(eps), args.insert_batch):
-            table.insert(eps[i : i + args.insert_batch])
-        w0 = sorted(client.scheduler_info()["workers"])[0]
-        res["raw_dask_gbps"] = _raw_dask_gbps(client, w0, batch_bytes, args.repeat)
-        out = gf.SampleBuffers(spec, spec.names, B, L)
-        ts = timeit(lambda: table.sample(B, L, out=out), args.repeat)
-        res["external_gbps"] = batch_bytes / float(np.median(ts)) / 1e9
-        res["external_ratio"] = res["external_gbps"] / res["raw_dask_gbps"]
-        res["stats"] = dict(table.stats)
-        table.close()
-    tcp = results.get(f"workers_{workers}_comm", {})
-    if "external_gbps" in tcp:
-        res["vs_tcp"] = res["external_gbps"] / tcp["external_gbps"]
-        res["raw_dask_vs_tcp"] = res["raw_dask_gbps"] / tcp["raw_dask_gbps"]
-    results[key] = res
-    rows.append(
-        {
-            "path": f"external learner, {tag}",
-            "GB/s": res["external_gbps"],
-            "ratio": res["external_ratio"],
-            "ref": f"raw Dask over UCX {res['raw_dask_gbps']:.3g} GB/s",
-            "target": ">= 0.9",
-        }
-    )
 
 
 def main(argv=None):
