@@ -14,12 +14,17 @@ Reports, in one run:
   same bytes measured in that worker — target >= 0.8x;
 * per-batch overhead of the Dask path (a 1-window batch) vs the local table;
 * scaling with 1 and 2 workers;
+* two co-located learners, one per worker, sampling the same table at once,
+  against one learner alone on the same cluster — target >= 1.6x;
+* the comm plane over UCX (distributed-ucxx) beside TCP: the external learner
+  with 1 and 2 workers against a raw Dask transfer over the same UCX cluster —
+  target >= 0.9x (``--no-ucx`` skips it; a row says why when UCX cannot start);
 * the transport choice: a comm-handler round trip (what the shards use) vs a
   Dask actor method call, for a tiny and a 17 MB reply.
 
 Usage::
 
-    python pipelines/bench_distributed.py [--quick] [--out PATH]
+    python pipelines/bench_distributed.py [--quick] [--no-ucx] [--out PATH]
 """
 
 from __future__ import annotations
@@ -32,7 +37,18 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REFERENCE, make_episodes, memcpy_gbps, print_table, reference_columns, timeit, write_json  # noqa: E402
+from common import (  # noqa: E402
+    REFERENCE,
+    make_episodes,
+    memcpy_gbps,
+    print_table,
+    raw_dask_gbps,
+    reference_columns,
+    timeit,
+    write_json,
+)
+from learner_scaling import learners_rows, learners_scaling  # noqa: E402
+from ucx_plane import run_ucx  # noqa: E402
 
 import gear_flow as gf  # noqa: E402
 
@@ -68,10 +84,6 @@ def _colocated(name, B, L, repeat):
     }
 
 
-def _make(n, i):
-    return np.full(n, i % 251, dtype=np.uint8)
-
-
 class _Echo:
     """Actor used to compare transports."""
 
@@ -84,7 +96,7 @@ class _Echo:
 
 def run(workers: int, plane: str, args, eps, rows, results):
     import dask
-    from distributed import Client, LocalCluster, wait
+    from distributed import Client, LocalCluster
 
     from gear_flow.distributed import DistributedTable
 
@@ -106,17 +118,8 @@ def run(workers: int, plane: str, args, eps, rows, results):
             table.insert(eps[i : i + args.insert_batch])
         res["insert_gbps"] = steps * step_bytes / (time.perf_counter() - t0) / 1e9
 
-        # raw Dask transfer of the same bytes, worker -> client
         w0 = sorted(client.scheduler_info()["workers"])[0]
-        raw = []
-        for i in range(args.repeat):
-            f = client.submit(_make, batch_bytes, i, workers=[w0], pure=False)
-            wait(f)
-            t = time.perf_counter()
-            f.result()
-            raw.append(time.perf_counter() - t)
-            del f
-        res["raw_dask_gbps"] = batch_bytes / float(np.median(raw)) / 1e9
+        res["raw_dask_gbps"] = raw_dask_gbps(client, w0, batch_bytes, args.repeat)
 
         out = gf.SampleBuffers(spec, spec.names, B, L)
         ts = timeit(lambda: table.sample(B, L, out=out), args.repeat)
@@ -135,6 +138,10 @@ def run(workers: int, plane: str, args, eps, rows, results):
         res["colocated"] = co
         res["colocated_ratio"] = co["gbps"] / co["memcpy_gbps"]
         res["colocated_stream_ratio"] = co["stream_gbps"] / co["memcpy_gbps"]
+        if workers == 2:
+            res["learners"] = learners_scaling(
+                client, table.name, B, L, batch_bytes, 2 * args.repeat, args.learner_rounds
+            )
 
         small = gf.SampleBuffers(spec, spec.names, 1, 1)
         ts = timeit(lambda: table.sample(1, 1, out=small), args.repeat * 3)
@@ -201,6 +208,8 @@ def run(workers: int, plane: str, args, eps, rows, results):
             "ref": "same memcpy",
         }
     )
+    if "learners" in res:
+        learners_rows(tag, res["learners"], rows)
     rows.append({"path": f"per-batch overhead (B=1, L=1), {tag}", "ms": res["batch_overhead_ms"]})
     rows.append({"path": f"insert, {tag}", "GB/s": res["insert_gbps"]})
 
@@ -214,11 +223,14 @@ def main(argv=None):
     p.add_argument("--insert-batch", type=int, default=10)
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--learner-rounds", type=int, default=3, help="rounds of the one-vs-two learners measurement")
+    p.add_argument("--no-ucx", action="store_true", help="skip the comm plane over UCX")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.quick:
         args.episodes, args.episode_length, args.repeat, args.insert_batch = 10, 200, 4, 5
         args.batch_size, args.length = 32, 16
+        args.learner_rounds = 1
     eps = make_episodes(args.episodes, args.episode_length)
     rows, results = [], {"args": vars(args)}
     local = gf.LocalTable(gf.TableSpec(reference_columns(), capacity=args.episodes * args.episode_length), seed=0)
@@ -235,6 +247,11 @@ def main(argv=None):
     for w in (1, 2):
         for plane in ("shared", "comm"):
             run(w, plane, args, eps, rows, results)
+    for w in (1, 2):
+        if args.quick and w == 1:  # a UCX cluster costs ~15 s here; --quick runs the 2-worker one only
+            results["workers_1_comm_ucx"] = {"skipped": "--quick"}
+            continue
+        run_ucx(w, args, eps, rows, results)
     tr = results["workers_1_comm"].get("transport")
     if tr:
         rows.append({"path": "transport: actor call, tiny reply", "ms": tr["actor_ping_ms"]})

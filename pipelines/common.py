@@ -97,6 +97,25 @@ def memcpy_gbps(nbytes: int, repeat: int = 30, pool_bytes: int = 256 << 20, cold
     return nbytes / float(np.median(ts)) / 1e9
 
 
+def _filled(nbytes: int, i: int) -> np.ndarray:
+    return np.full(nbytes, i % 251, dtype=np.uint8)
+
+
+def raw_dask_gbps(client, worker: str, nbytes: int, repeat: int) -> float:
+    """GB/s (median) of a raw Dask transfer: a NumPy array of ``nbytes`` held by ``worker``, fetched by the client."""
+    from distributed import wait
+
+    ts = []
+    for i in range(repeat):
+        f = client.submit(_filled, nbytes, i, workers=[worker], pure=False)
+        wait(f)
+        t = time.perf_counter()
+        f.result()
+        ts.append(time.perf_counter() - t)
+        del f
+    return nbytes / float(np.median(ts)) / 1e9
+
+
 def rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

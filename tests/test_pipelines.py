@@ -47,6 +47,25 @@ def test_bench_distributed_quick(tmp_path):
     two = data["workers_2_shared"]
     assert two["colocated"]["shared_bytes"] > 0 and two["colocated"]["remote_bytes"] == 0  # ... or shared memory
     assert two["stats"]["shared_bytes"] > 0 and two["stats"]["remote_bytes"] == 0
+    for plane in ("shared", "comm"):  # one learner per worker at once, vs one alone
+        sc = data[f"workers_2_{plane}"]["learners"]
+        assert sc["one"]["gbps"] > 0 and sc["two"]["gbps"] > 0 and sc["ratio"] > 0
+        assert len({r["worker"] for r in sc["two"]["learners"]}) == 2
+        assert all(r["local_bytes"] > 0 for r in sc["two"]["learners"])
+    ucx = data["workers_2_comm_ucx"]  # measured, or a reason why not
+    assert "skipped" in ucx or (ucx["external_gbps"] > 0 and ucx["stats"]["remote_bytes"] > 0)
+    assert data["workers_1_comm_ucx"] == {"skipped": "--quick"}
+
+
+def test_bench_distributed_no_ucx_says_so():
+    import argparse
+
+    import bench_distributed
+
+    rows, results = [], {}
+    bench_distributed.run_ucx(1, argparse.Namespace(no_ucx=True), [], rows, results)
+    assert results == {"workers_1_comm_ucx": {"skipped": "--no-ucx"}}
+    assert rows == [{"path": "external learner, 1w, comm over UCX", "ref": "not run: --no-ucx"}]
 
 
 @pytest.mark.slow
