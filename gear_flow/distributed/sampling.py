@@ -203,11 +203,10 @@ class RemoteSample(SharedReads):
                 o, n = offs[s], len(r["seqs"])
                 self.counted[a][s] = self.counted[a].get(s, 0) + n
                 if "data" in r:
-                    for c in self.columns:
-                        out.bytes[c][o : o + n] = r["data"][c]
+                    await self._off_loop(self._copy_received, r["data"], o, n)
                     t.stats["remote_bytes"] += sum(out.bytes[c][o : o + n].nbytes for c in self.columns)
                 elif "src_abs" in r:
-                    torn = self._copy_shared(mapped[a][s], r, o)
+                    torn = await self._off_loop(self._copy_shared, mapped[a][s], r, o)
                     if len(torn):
                         t.stats["shared_conflicts"] += len(torn)
                         if self.record and counts is not None:  # a weighted draw: redraw just those rows
@@ -243,6 +242,18 @@ class RemoteSample(SharedReads):
             e = errors[0]
             raise Retry() if isinstance(e, (StaleSelectionError, Retry)) else e
         return None
+
+    def _copy_received(self, data: dict, o: int, n: int) -> None:
+        for c in self.columns:
+            self.out.bytes[c][o : o + n] = data[c]
+
+    async def _off_loop(self, fn, *args):
+        """Run a batch copy; inside a worker, in the plugin's threads: a co-located learner's copies
+        would otherwise hold up the worker's event loop, which serves every other caller's requests."""
+        plugin = self.t._ctx.local_plugin
+        if plugin is None:  # a client: its loop thread waits for this sample anyway
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(plugin.executor, fn, *args)
 
     def _stale_masses_calls(self, counts) -> dict:
         """``summaries`` requests for the stale shards this draw does not refresh (no count drawn there)."""

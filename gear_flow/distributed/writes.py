@@ -574,6 +574,10 @@ class WritesMixin:
         ShardLostError
             A key names a lost shard and the table is not ``degraded``.
         """
+        if not wait and self._defer(keys, priorities):  # stored in this thread: no trip to the event loop
+            if len(self._pending) > PENDING_MAX:
+                self._ctx.sync(self._send_pending)
+            return None
         return self._ctx.sync(self.update_priorities_async, keys, priorities, wait=wait)
 
     async def update_priorities_async(
@@ -601,19 +605,15 @@ class WritesMixin:
         InvalidDataError, SpecError, InvalidPriorityError, UnknownKeyError, ShardLostError
             As :meth:`update_priorities`.
         """
+        if not wait and self._defer(keys, priorities):
+            if len(self._pending) > PENDING_MAX:
+                await self._send_pending()
+            return None
         k, by, idx, on_lost = self._group(keys)
         pr = check_priorities(priorities, len(k), "keys")
         if pr is None:
             raise SpecError("priorities must not be None")
         self._cfg.check_priorities(pr)
-        if not wait and self._cfg.selection == "weighted" and not self._heap_ties and self._issued.covers(k):
-            # every key seen issued (none can be unknown anywhere), priorities checked: nothing can refuse it
-            for a, s in by.items():
-                self._pending.add(s, {i: pr[idx[a][i]] for i in s})
-            self.stats["deferred_stale"] += on_lost
-            if len(self._pending) > PENDING_MAX:
-                await self._send_pending()
-            return None
         await self._send_pending()  # keep this handle's updates in call order
         if len(by) > 1 and not self._issued.covers(k):
             # unknown keys anywhere must stop the whole call before any worker applies it (skipped when
@@ -648,6 +648,25 @@ class WritesMixin:
                 self._masses.update_many(plans, r["masses"])
         stale = sum(r["stale"] if isinstance(r, dict) else int(r) for r in res.values()) + on_lost
         return UpdateResult(len(k) - stale, stale)
+
+    def _defer(self, keys: ArrayLike, priorities: ArrayLike | float) -> bool:
+        """Check an update and store it to ride on the next sample; False when it may not (it must wait).
+
+        It may when the sampler is weighted without heap ties and every key
+        was seen issued: then no worker can refuse it.  Invalid input raises
+        here, before anything is stored.
+        """
+        k, by, idx, on_lost = self._group(keys)
+        pr = check_priorities(priorities, len(k), "keys")
+        if pr is None:
+            raise SpecError("priorities must not be None")
+        self._cfg.check_priorities(pr)
+        if self._cfg.selection != "weighted" or self._heap_ties or not self._issued.covers(k):
+            return False
+        for a, s in by.items():
+            self._pending.add(s, {i: pr[idx[a][i]] for i in s})
+        self.stats["deferred_stale"] += on_lost
+        return True
 
     def _pending_calls(self, exclude: set | frozenset = frozenset()) -> dict:
         """``update`` requests for the stored updates of shards on workers not in ``exclude`` (taken from the store)."""
