@@ -245,3 +245,40 @@ def test_a_deferred_update_with_an_unknown_key_waits_and_is_refused(table):
         table.update_priorities(bad, 5.0, wait=False)
     assert len(table._pending) == 0
     assert not np.allclose(table.sample(64, 1).priorities.numpy(), 5.0)  # nothing applied anywhere
+
+
+# -- a slow worker is waited for, a silent one reported -----------------------------------------------------------
+def test_a_slow_reply_is_waited_for_and_a_silent_worker_is_reported(dist_client):
+    """A request stuck behind a lock is not a lost worker: the handle asks the scheduler, waits again while
+    the worker is alive, and reports a timeout (not a loss) once ``rpc-retries`` waits have passed."""
+    import threading
+    import time
+
+    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=1)
+    t = DistributedTable.create(dist_client, spec, sampler=gf.Uniform(), seed=0)
+    try:
+        t.insert([{"x": np.arange(20, dtype=np.float32)}])
+        t.sample(2, 1)
+        addr = t.placement[0]
+        with dask.config.set({"gear-flow.distributed.rpc-timeout": 0.2, "gear-flow.distributed.rpc-retries": 1}):
+            dist_client.run(_hold_locks, t.name, workers=[addr])
+            t0 = time.monotonic()
+            with pytest.raises(gf.GearFlowError, match="did not answer .* within 0.4 s although the scheduler"):
+                t.sample(2, 1)
+            assert time.monotonic() - t0 >= 0.4
+            assert not t.lost  # slow is not lost
+            dist_client.run(_let_go, workers=[addr])
+            assert len(t.sample(2, 1)) == 2  # the worker still answers
+        with dask.config.set({"gear-flow.distributed.rpc-timeout": 0.2, "gear-flow.distributed.rpc-retries": 100}):
+            dist_client.run(_hold_locks, t.name, workers=[addr])
+            got = []
+            th = threading.Thread(target=lambda: got.append(t.sample(2, 1)))
+            t0 = time.monotonic()
+            th.start()
+            while time.monotonic() - t0 < 0.7:  # several timeouts pass while the request waits for the lock
+                assert th.is_alive()
+            dist_client.run(_let_go, workers=[addr])
+            th.join(30)
+            assert len(got) == 1 and len(got[0]) == 2 and not t.lost
+    finally:
+        t.close()
