@@ -24,9 +24,11 @@ one request does the whole sample there, atomically.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import defaultdict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -46,6 +48,14 @@ if TYPE_CHECKING:
     from .api import DistributedTable
 
 _ATTEMPTS = 8
+#: copies of gathered windows at least this large run off the event loop
+OFF_LOOP_BYTES = 1 << 20
+
+
+@functools.cache
+def _copy_pool() -> ThreadPoolExecutor:
+    """This process's threads for copying windows out of shared memory or received frames (clients)."""
+    return ThreadPoolExecutor(2, thread_name_prefix="gear-flow-copy")
 
 
 class RemoteSample(SharedReads):
@@ -105,6 +115,7 @@ class RemoteSample(SharedReads):
         self.sent = set()  # workers asked for parts (pending parts to undo, record=False)
         self.expired = {}
         self.stale = []  # shards planned with a mass older than the maximum age: refreshed with the draw
+        self.row_bytes = sum(max(table.spec.column(c).nbytes, 1) for c in columns)
 
     async def __call__(self, req):
         t = self.t
@@ -203,10 +214,10 @@ class RemoteSample(SharedReads):
                 o, n = offs[s], len(r["seqs"])
                 self.counted[a][s] = self.counted[a].get(s, 0) + n
                 if "data" in r:
-                    await self._off_loop(self._copy_received, r["data"], o, n)
+                    await self._off_loop(self._copy_received, n, r["data"], o, n)
                     t.stats["remote_bytes"] += sum(out.bytes[c][o : o + n].nbytes for c in self.columns)
                 elif "src_abs" in r:
-                    torn = await self._off_loop(self._copy_shared, mapped[a][s], r, o)
+                    torn = await self._off_loop(self._copy_shared, n, mapped[a][s], r, o)
                     if len(torn):
                         t.stats["shared_conflicts"] += len(torn)
                         if self.record and counts is not None:  # a weighted draw: redraw just those rows
@@ -247,13 +258,15 @@ class RemoteSample(SharedReads):
         for c in self.columns:
             self.out.bytes[c][o : o + n] = data[c]
 
-    async def _off_loop(self, fn, *args):
-        """Run a batch copy; inside a worker, in the plugin's threads: a co-located learner's copies
-        would otherwise hold up the worker's event loop, which serves every other caller's requests."""
+    async def _off_loop(self, fn, rows: int, *args):
+        """Run a copy of ``rows`` windows off the event loop when it is large: inside a worker in the
+        plugin's threads (the worker's loop serves every other caller's requests), in a client in a small
+        pool of its own (so a Stream's requests in flight keep moving while one batch is copied)."""
+        if rows * self.L * self.row_bytes < OFF_LOOP_BYTES:
+            return fn(*args)  # a hop to a thread costs more than this copy
         plugin = self.t._ctx.local_plugin
-        if plugin is None:  # a client: its loop thread waits for this sample anyway
-            return fn(*args)
-        return await asyncio.get_running_loop().run_in_executor(plugin.executor, fn, *args)
+        pool = plugin.executor if plugin is not None else _copy_pool()
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
     def _stale_masses_calls(self, counts) -> dict:
         """``summaries`` requests for the stale shards this draw does not refresh (no count drawn there)."""
