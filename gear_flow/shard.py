@@ -262,6 +262,53 @@ class Shard:
             return self.index.get("stamp", ep) + (seqs - self.index.get("start", ep))
         return self.index.get("stamp", seqs)
 
+    def _episode_of(self, seq: int) -> int:
+        return int(self.step_episode[seq % self.capacity]) if self.step_items else int(seq)
+
+    def stamp_floor(self, seq: int) -> int:
+        """A lower bound on the stamps of the live items at ``seq`` and after.
+
+        Parameters
+        ----------
+        seq : int
+            An item sequence number in ``live_seq_range()``.
+
+        Returns
+        -------
+        int
+            The stamp of the item at ``seq`` or the smallest first stamp of
+            the later episodes, whichever is smaller (the int64 maximum when
+            none is live).
+        """
+        idx, ep = self.index, self._episode_of(seq)
+        if ep < idx.first:  # its episode is gone (nothing of it is live): the oldest one left bounds the rest
+            return int(idx.get("stamp_floor", idx.first)) if idx.first < idx.next else int(np.iinfo(np.int64).max)
+        own = int(idx.get("stamp", ep)) + (seq - int(idx.get("start", ep)) if self.step_items else 0)
+        return min(own, int(idx.get("stamp_floor", ep + 1))) if ep + 1 < idx.next else own
+
+    def stamp_ceiling(self, seq: int) -> int:
+        """The largest first stamp of the episodes holding items at ``seq`` and before.
+
+        Stamps of different episodes are disjoint ranges, so an item stamped
+        above this value is newer than every item at ``seq`` and before, unless
+        it shares an episode with them (then it is newer than those before it
+        in that episode).
+
+        Parameters
+        ----------
+        seq : int
+            An item sequence number in ``live_seq_range()``.
+
+        Returns
+        -------
+        int
+            That stamp (the int64 minimum when none of those items is live).
+        """
+        ep = self._episode_of(seq)
+        if ep < self.index.first:
+            return int(np.iinfo(np.int64).min)
+        return int(self.index.get("stamp_ceiling", ep))
+
     def item_touched(self, slots: np.ndarray) -> np.ndarray:
         """Table-wide stamp of each item's insert or latest priority update.
 

@@ -281,6 +281,48 @@ def test_queue_and_stack_hand_out_every_item_once(dist_client, kind):
         t.close()
 
 
+@pytest.mark.parametrize("kind", ["queue", "stack"])
+def test_inserts_written_out_of_admission_order_are_handed_out_in_stamp_order(dist_client, kind):
+    """Two inserts admitted 10 then 11, both for shard 0, reach the shard 11 first (two producers racing
+    between admission and the write): the ring holds them out of stamp order.  A Queue still hands out
+    10 before 11 (a Stack 11 before 10): the order is the table-wide stamp, never the ring position."""
+    from gear_flow.distributed.transport import call
+
+    make = DistributedTable.queue if kind == "queue" else DistributedTable.stack
+    t = make(dist_client, gf.TableSpec(TAG, capacity=64, num_shards=2), 8, timeout=10, seed=0)
+    try:
+
+        async def admit(tag):
+            adm = await t._coord("admit_insert", n=1, episodes=1, per_shard={0: 1}, owner=t._ctx.owner, timeout=5)
+            part = {
+                "shard": 0,
+                "chunks": tagged([tag]),
+                "lengths": np.ones(1, np.int64),
+                "episode_ids": np.array([adm["first_episode_id"]]),
+                "stamps": np.array([adm["first_stamp"]]),
+                "priorities": None,
+            }
+            return adm["txn"], part
+
+        async def write(txn, part):
+            a = t.placement[0]
+            res = await call(t._ctx, a, "write", table=t.name, name=t.name, txn=txn, parts=[part])
+            await t._commit(txn, {a: res})
+
+        async def race():
+            older, newer = await admit(10), await admit(11)
+            await write(*newer)  # the later admission is written first
+            await write(*older)
+
+        t._ctx.sync(race)
+        t.insert(tagged([12]), shard=1)  # and one on the other shard: the merge across shards too
+        got = [int(t.sample(1)["tag"].numpy()[0, 0]) for _ in range(3)]
+        assert got == ([10, 11, 12] if kind == "queue" else [12, 11, 10])
+        assert t.info()["size"] == 0
+    finally:
+        t.close()
+
+
 def test_a_stale_selection_is_retried_without_losing_items(dist_client):
     """An item chosen by the merge is deleted before the take: the attempt is undone on every
     worker (nothing counted, nothing expired) and the queue still hands out the rest in order."""

@@ -190,6 +190,42 @@ def test_fifo_lifo_order_is_insertion_order_not_slot_order():
     assert _keys_values(t2.sample(6))[1] == [9, 8, 7, 6, 5, 4]
 
 
+@pytest.mark.parametrize("item_unit", ["step", "episode"])
+@pytest.mark.parametrize("sampler", [Fifo(), Lifo()], ids=repr)
+def test_fifo_lifo_order_is_stamp_order_when_inserts_land_out_of_order(sampler, item_unit):
+    """A distributed shard stores inserts as they arrive, not as they were stamped (admitted): the
+    candidates are still the n oldest (newest) by stamp, with deletions, ring wrap and a horizon."""
+    rng = np.random.default_rng(0)
+    sh = _shard(type(sampler)(), capacity=64, item_unit=item_unit)
+    fifo = isinstance(sampler, Fifo)
+    next_stamp = 0
+    for _ in range(40):
+        inserts = []  # a few admitted together, then written in a shuffled order
+        for _ in range(int(rng.integers(1, 5))):
+            lengths = rng.integers(1, 4, size=int(rng.integers(1, 3)))
+            items = lengths if item_unit == "step" else np.ones_like(lengths)
+            offs = np.concatenate(([0], np.cumsum(items)[:-1]))
+            inserts.append((lengths, next_stamp + offs))
+            next_stamp += int(items.sum())
+        for i in rng.permutation(len(inserts)):
+            lengths, stamps = inserts[i]
+            chunks = [scalar_episode(int(n)) for n in lengths]
+            sh.insert(EpisodeBatch(chunks, lengths.astype(np.int64), stamps.astype(np.int64), stamps.astype(np.int64)))
+        live = np.flatnonzero(sh.active)
+        sh.delete(sh.slot_seqs(rng.choice(live, size=len(live) // 8, replace=False)))
+        live = np.flatnonzero(sh.active)
+        stamps = sh.item_stamps(live)
+        for horizon in (None, next_stamp - int(rng.integers(0, 6))):
+            ok = live if horizon is None else live[stamps < horizon]
+            ok_stamps = sh.item_stamps(ok)
+            expect = ok[np.argsort(ok_stamps if fifo else -ok_stamps)]
+            for n in (1, 3, 10, 200):
+                slots, keys = sh.candidates(n, 1, "pad_tail", horizon)
+                assert slots.tolist() == expect[:n].tolist()
+                got = sh.item_stamps(slots)
+                assert keys.tolist() == (-got if fifo else got).astype(np.float64).tolist()
+
+
 @pytest.mark.parametrize("num_shards", [1, 2])
 def test_max_heap_sampler(num_shards):
     t = LocalTable(x_spec(capacity=20, num_shards=num_shards), sampler=MaxHeap(), seed=0)

@@ -79,6 +79,35 @@ class ShardState(Protocol):
             int64, one stamp per slot (heaps break ties by it).
         """
 
+    def stamp_floor(self, seq: int) -> int:
+        """A lower bound on the stamps of the live items at ``seq`` and after.
+
+        Parameters
+        ----------
+        seq : int
+            An item sequence number in ``live_seq_range()``.
+
+        Returns
+        -------
+        int
+            No live item at ``seq`` or after is stamped below it.
+        """
+
+    def stamp_ceiling(self, seq: int) -> int:
+        """The largest first stamp of the episodes holding items at ``seq`` and before.
+
+        Parameters
+        ----------
+        seq : int
+            An item sequence number in ``live_seq_range()``.
+
+        Returns
+        -------
+        int
+            An item stamped above it is newer than every item at ``seq`` and
+            before outside its own episode.
+        """
+
 
 class Selector(ABC):
     """Common interface of every selector; see the module docstring.

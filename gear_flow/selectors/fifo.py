@@ -39,22 +39,34 @@ class _Scan(OrderedSelector):
     def candidates(
         self, n: int, valid: Callable[[np.ndarray], np.ndarray] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        lo, hi = self.shard.live_seq_range()
+        # Scans by sequence number (ring order), but the order is the table-wide stamp: a distributed
+        # shard may hold inserts in another order than they were admitted (stamped), so the best n of
+        # the scan are final only once the shard's stamp bounds say nothing unscanned comes first
+        sh = self.shard
+        lo, hi = sh.live_seq_range()
+        fifo = self._direction > 0
         want = n
         while True:
             buf = np.empty(min(want, max(hi - lo, 0)), dtype=np.int64)
-            k = _scan(self.shard.active, self.capacity, lo, hi, self._direction, len(buf), buf)
-            slots = buf[:k]
-            if valid is not None:
-                slots = slots[valid(slots)]
+            k = _scan(sh.active, self.capacity, lo, hi, self._direction, len(buf), buf)
+            scanned = buf[:k]
+            slots = scanned if valid is None else scanned[valid(scanned)]
+            stamps = sh.item_stamps(slots)
+            best = np.argsort(stamps if fifo else -stamps, kind="stable")[:n]
+            slots, stamps = slots[best], stamps[best]
             # stop once every seq in [lo, hi) was scanned: growing ``want`` cannot
             # find more (fewer live or valid items than ``n``)
-            if len(slots) >= n or k < len(buf) or len(buf) >= hi - lo:
+            if k < len(buf) or len(buf) >= hi - lo:
                 break
+            if len(slots) >= n:
+                last = int(sh.slot_seqs(scanned[-1:])[0])
+                if fifo and (last + 1 >= hi or sh.stamp_floor(last + 1) > stamps[-1]):
+                    break
+                if not fifo and (last - 1 < lo or sh.stamp_ceiling(last - 1) < stamps[-1]):
+                    break
             want *= 2
-        slots = slots[:n]
-        stamps = self.shard.item_stamps(slots).astype(np.float64)
-        return slots, (-stamps if self._direction > 0 else stamps)
+        stamps = stamps.astype(np.float64)
+        return slots, (-stamps if fifo else stamps)
 
 
 class Fifo(_Scan):

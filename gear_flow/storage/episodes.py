@@ -4,6 +4,14 @@ Episodes get consecutive sequence numbers per shard; the live ones always form
 one range ``[first, next)`` because storage evicts the oldest episodes first.
 Entries are kept in arrays indexed by ``seq % size`` that double when full, so
 the index costs a few dozen bytes per *episode*, not per step.
+
+Sequence order is not always stamp order: a distributed table stamps an insert
+when the coordinator admits it and the worker writes it later, so two inserts
+racing onto one shard may land in the other order.  Each record therefore also
+keeps two bounds, derived at :meth:`EpisodeIndex.append`, that tell an ordered
+selector scanning by sequence number when nothing unscanned can come first:
+``stamp_floor`` (the smallest stamp of this episode and every later one) and
+``stamp_ceiling`` (the largest stamp of this episode and every earlier one).
 """
 
 from __future__ import annotations
@@ -12,6 +20,8 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 FIELDS = ("start", "length", "stamp", "episode_id")
+#: derived from ``stamp`` at append (so never checkpointed): see the module docstring
+BOUNDS = ("stamp_floor", "stamp_ceiling")
 
 
 class EpisodeIndex:
@@ -37,9 +47,10 @@ class EpisodeIndex:
 
     def __init__(self, initial: int = 64):
         self.size = max(1, int(initial))
-        self.arrays = {f: np.zeros(self.size, dtype=np.int64) for f in FIELDS}
+        self.arrays = {f: np.zeros(self.size, dtype=np.int64) for f in FIELDS + BOUNDS}
         self.first = 0
         self.next = 0
+        self._ceiling = np.iinfo(np.int64).min  # largest stamp appended so far
 
     def __len__(self) -> int:
         return self.next - self.first
@@ -82,6 +93,24 @@ class EpisodeIndex:
         pos = seqs % self.size
         for f, v in zip(FIELDS, (start, length, stamp, episode_id)):
             self.arrays[f][pos] = v
+        if n:
+            st = np.asarray(stamp, dtype=np.int64).reshape(n)
+            floor = np.minimum.accumulate(st[::-1])[::-1]
+            # earlier records whose floor is above the new episodes' smallest stamp: lowered to it.  Floors
+            # never decrease with seq, so they are a suffix of the live records, found by bisection; it is
+            # empty unless episodes arrive out of stamp order, and then as long as the disorder
+            lo, hi = self.first, self.next
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if self.arrays["stamp_floor"][mid % self.size] > floor[0]:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            self.arrays["stamp_floor"][np.arange(lo, self.next) % self.size] = floor[0]
+            self.arrays["stamp_floor"][pos] = floor
+            ceiling = np.maximum.accumulate(np.concatenate(([self._ceiling], st)))[1:]
+            self.arrays["stamp_ceiling"][pos] = ceiling
+            self._ceiling = int(ceiling[-1])
         self.next += n
         return seqs
 
@@ -109,7 +138,7 @@ class EpisodeIndex:
         Parameters
         ----------
         field : str
-            One of :data:`FIELDS`.
+            One of :data:`FIELDS` or :data:`BOUNDS`.
         seqs : array_like of int
             Sequence numbers of live episodes (others read whatever reuses their slot).
 
