@@ -13,6 +13,14 @@ Reports, in one run:
   in-process without copies), against a single-thread ``np.copyto`` of the
   same bytes measured in that worker — target >= 0.8x;
 * per-batch overhead of the Dask path (a 1-window batch) vs the local table;
+* insert from the client: GB/s of episodes inserted (``insert_batch``
+  episodes per call, warm rings), against ``client.scatter(direct=True)`` of
+  the same episodes to the same workers, timed alternately in the same loop —
+  target >= 0.8x;
+* actor insert: a task on a worker inserting episodes it made into that
+  worker's own shards (in-process, no comm for the data), against a
+  single-thread ``np.copyto`` of the same bytes into a cold destination in
+  that worker — target >= 0.5x;
 * scaling with 1 and 2 workers;
 * two co-located learners, one per worker, sampling the same table at once,
   against one learner alone on the same cluster — target >= 1.6x;
@@ -82,6 +90,124 @@ def _colocated(name, B, L, repeat):
         "remote_bytes": t.stats["remote_bytes"],
         "shared_bytes": t.stats["shared_bytes"],
     }
+
+
+def _actor_insert(name, n_episodes, episode_length, insert_batch, repeat):
+    """Runs on a worker: insert episodes made here into this worker's own shards (no comm for the data).
+
+    Timed alternately with a single-thread copy of the same bytes into a cold
+    destination (the ring an insert writes is one), so that the machine's
+    load weighs on both alike.
+    """
+    import time
+
+    import numpy as np
+
+    from gear_flow.distributed import DistributedTable
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from common import make_episodes, memcpy_step
+
+    t = DistributedTable.attach(name, seed=0)
+    eps = make_episodes(n_episodes, episode_length, seed=1)
+    groups = [eps[i : i + insert_batch] for i in range(0, len(eps), insert_batch)]
+    nbytes = sum(a.nbytes for e in groups[0] for a in e.values())
+    copy = memcpy_step(nbytes, cold_dst=True)
+    shards = set()
+    ti, tc = [], []
+    for i in range(repeat + 2):
+        t0 = time.perf_counter()
+        shards.update(t.insert(groups[i % len(groups)]).shards.tolist())
+        t1 = time.perf_counter()
+        copy()
+        if i >= 2:
+            ti.append(t1 - t0)
+            tc.append(time.perf_counter() - t1)
+    return {
+        "gbps": nbytes / float(np.median(ti)) / 1e9,
+        "memcpy_gbps": nbytes / float(np.median(tc)) / 1e9,
+        # the fastest call of each: how far the medians are from what the machine allows when quiet
+        "gbps_best": nbytes / min(ti) / 1e9,
+        "memcpy_gbps_best": nbytes / min(tc) / 1e9,
+        "bytes_per_call": nbytes,
+        "local_shards": t.local_shards,
+        "shards": sorted(shards),
+        "insert_local_bytes": t.stats["insert_local_bytes"],
+        "insert_remote_bytes": t.stats["insert_remote_bytes"],
+    }
+
+
+def insert_throughput(client, table, eps, args, workers):
+    """Insert from the client (vs a direct scatter of the same bytes) and from an actor task (vs memcpy).
+
+    Runs on a filled table, so rings are warm and every insert evicts as much
+    as it adds (the steady state of a replay buffer).
+    """
+    from distributed import wait
+
+    groups = [eps[i : i + args.insert_batch] for i in range(0, len(eps), args.insert_batch)]
+    nbytes = sum(a.nbytes for e in groups[0] for a in e.values())
+    addrs = sorted(client.scheduler_info()["workers"])
+    k = iter(range(1 << 62))
+
+    def insert():
+        table.insert(groups[next(k) % len(groups)])
+
+    def scatter():  # the same episodes, one piece per worker as the insert spreads them, client -> worker
+        g = groups[next(k) % len(groups)]
+        pieces = [g[i :: len(addrs)] for i in range(len(addrs))]
+        fs = client.scatter(pieces, workers=addrs, direct=True, hash=False)
+        wait(fs)
+
+    ti, tr = [], []
+    for i in range(args.repeat + 2):  # alternately, so that the machine's load weighs on both alike
+        for fn, out in ((insert, ti), (scatter, tr)):
+            t = time.perf_counter()
+            fn()
+            if i >= 2:
+                out.append(time.perf_counter() - t)
+    res = {
+        "insert_client_gbps": nbytes / float(np.median(ti)) / 1e9,
+        "scatter_gbps": nbytes / float(np.median(tr)) / 1e9,
+        "insert_client_gbps_best": nbytes / min(ti) / 1e9,
+        "scatter_gbps_best": nbytes / min(tr) / 1e9,
+        "insert_bytes_per_call": nbytes,
+    }
+    res["insert_client_ratio"] = res["insert_client_gbps"] / res["scatter_gbps"]
+    a = client.submit(
+        _actor_insert,
+        table.name,
+        max(2 * args.insert_batch, len(eps) // 4),
+        args.episode_length,
+        args.insert_batch,
+        args.repeat,
+        workers=[addrs[0]],
+        pure=False,
+    ).result()
+    res["actor_insert"] = a
+    res["actor_insert_ratio"] = a["gbps"] / a["memcpy_gbps"]
+    return res
+
+
+def insert_rows(res, tag):
+    """Table rows of :func:`insert_throughput`."""
+    a = res["actor_insert"]
+    return [
+        {
+            "path": f"insert from client, {tag}",
+            "GB/s": res["insert_client_gbps"],
+            "ratio": res["insert_client_ratio"],
+            "ref": f"scatter(direct) {res['scatter_gbps']:.3g} GB/s",
+            "target": ">= 0.8",
+        },
+        {
+            "path": f"actor insert (own shards), {tag}",
+            "GB/s": a["gbps"],
+            "ratio": res["actor_insert_ratio"],
+            "ref": f"memcpy {a['memcpy_gbps']:.3g} GB/s",
+            "target": ">= 0.5",
+        },
+    ]
 
 
 class _Echo:
@@ -162,6 +288,7 @@ def run(workers: int, plane: str, args, eps, rows, results):
                 * float(np.median(ts if False else timeit(lambda: table.sample(B, L, out=out), args.repeat))),
                 "handler_info_ms": 1e3 * float(np.median(hp)),
             }
+        res.update(insert_throughput(client, table, eps, args, workers))
         table.close()
     results[f"workers_{workers}_{plane}"] = res
     tag = f"{workers}w, {plane}"
@@ -211,7 +338,8 @@ def run(workers: int, plane: str, args, eps, rows, results):
     if "learners" in res:
         learners_rows(tag, res["learners"], rows)
     rows.append({"path": f"per-batch overhead (B=1, L=1), {tag}", "ms": res["batch_overhead_ms"]})
-    rows.append({"path": f"insert, {tag}", "GB/s": res["insert_gbps"]})
+    rows.append({"path": f"insert, first fill (cold rings), {tag}", "GB/s": res["insert_gbps"]})
+    rows.extend(insert_rows(res, tag))
 
 
 def main(argv=None):

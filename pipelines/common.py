@@ -76,6 +76,12 @@ def memcpy_gbps(nbytes: int, repeat: int = 30, pool_bytes: int = 256 << 20, cold
     reuses), or with ``cold_dst`` random offsets of a second large pool (like
     the ring an insert writes into).
     """
+    ts = timeit(memcpy_step(nbytes, pool_bytes, cold_dst), repeat)
+    return nbytes / float(np.median(ts)) / 1e9
+
+
+def memcpy_step(nbytes: int, pool_bytes: int = 256 << 20, cold_dst: bool = False):
+    """One copy of :func:`memcpy_gbps` per call, to time alternately with what it is the reference of."""
     rng = np.random.default_rng(1)
     pool = np.random.default_rng(0).integers(0, 255, pool_bytes, dtype=np.uint8)
     if cold_dst:
@@ -93,8 +99,7 @@ def memcpy_gbps(nbytes: int, repeat: int = 30, pool_bytes: int = 256 << 20, cold
             o = int(rng.integers(0, pool_bytes - nbytes))
             np.copyto(dst, pool[o : o + nbytes])
 
-    ts = timeit(one, repeat)
-    return nbytes / float(np.median(ts)) / 1e9
+    return one
 
 
 def _filled(nbytes: int, i: int) -> np.ndarray:

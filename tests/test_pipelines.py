@@ -56,6 +56,12 @@ def test_bench_distributed_quick(tmp_path):
     assert "skipped" in ucx or (ucx["external_gbps"] > 0 and ucx["stats"]["remote_bytes"] > 0)
     assert data["workers_1_comm_ucx"] == {"skipped": "--quick"}
 
+    for run in (data[f"{w}_{p}"] for w in ("workers_1", "workers_2") for p in ("shared", "comm")):
+        assert run["insert_client_gbps"] > 0 and run["scatter_gbps"] > 0
+        actor = run["actor_insert"]  # into its own shard: every inserted byte written in-process
+        assert set(actor["shards"]) <= set(actor["local_shards"]) and actor["insert_remote_bytes"] == 0
+        assert actor["insert_local_bytes"] > 0 and actor["gbps"] > 0 and actor["memcpy_gbps"] > 0
+
 
 def test_bench_distributed_no_ucx_says_so():
     import argparse

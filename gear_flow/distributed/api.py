@@ -112,7 +112,10 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
         (``local_bytes``), from shared memory (``shared_bytes``) or over the
         comm (``remote_bytes``), the number of ``batches``, and
         ``shared_conflicts`` (shared-memory reads retried over the comm
-        because a writer overwrote the window meanwhile).
+        because a writer overwrote the window meanwhile); bytes of inserted
+        episodes handed to this process's own worker in-process
+        (``insert_local_bytes``) or sent over the comm
+        (``insert_remote_bytes``).
     requests : dict of str to int
         Requests this handle sent to shard workers, by operation name.
 
@@ -153,9 +156,18 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
         self._lease = (0, 0, 0.0)  # (batch size, batches left, granted at)
         self._lease_lock = threading.Lock()
         self._lease_done = 0  # leased samples served, reported with the next admission
-        #: bytes of windows gathered in-process (co-located), from shared memory, or received over the comm
-        self.stats = {"local_bytes": 0, "shared_bytes": 0, "remote_bytes": 0, "batches": 0, "shared_conflicts": 0,
-                      "deferred_stale": 0}  # fmt: skip
+        #: bytes of windows gathered in-process (co-located), from shared memory, or received over the comm;
+        #: bytes of inserted episodes written in-process or sent over the comm
+        self.stats = {
+            "local_bytes": 0,
+            "shared_bytes": 0,
+            "remote_bytes": 0,
+            "batches": 0,
+            "shared_conflicts": 0,
+            "insert_local_bytes": 0,
+            "insert_remote_bytes": 0,
+            "deferred_stale": 0,
+        }
         #: requests this handle sent to shard workers, by operation (the control plane's cost)
         self.requests: dict[str, int] = defaultdict(int)
         self._shared: dict = {}  # worker -> {shard: Attached} (or None: not readable from here)

@@ -281,6 +281,10 @@ class WritesMixin:
                     "priorities": p,
                 }
             )
+        local = self._ctx.local_addr if self._ctx.local_plugin is not None else None  # its parts go in-process
+        for a, ps in parts.items():
+            n = sum(v.nbytes for p in ps for c in p["chunks"] for v in c.values())
+            self.stats["insert_local_bytes" if a == local else "insert_remote_bytes"] += n
         applied, size = await self.run_insert(adm["txn"], dict(parts))
         first_keys = np.empty(len(lengths), dtype=np.int64)
         for res in applied.values():

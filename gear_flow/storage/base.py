@@ -15,6 +15,7 @@ import numpy as np
 
 from ..backend import is_device_array
 from ..errors import SpecError
+from ..ops.gather import scatter_rows  # module level: an insert calls write_rows once per episode and column
 
 
 class StorageTier(ABC):
@@ -127,8 +128,6 @@ class StorageTier(ABC):
         rows : numpy.ndarray or device array
             Rows ``[T, *row]``, ``T <= capacity``; device rows (CuPy) are copied to the host first.
         """
-        from ..ops.gather import scatter_rows
-
         if is_device_array(rows):
             rows = rows.get()
         scatter_rows(dst, pos, rows)
