@@ -431,8 +431,14 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
 
     @property
     def returns_fresh_batches(self) -> bool:
-        """True when batches arrive in fresh frames from one remote worker (no buffer reuse needed)."""
-        return len(self._workers()) == 1 and not self.local_shards
+        """True when batches arrive in fresh frames from one remote worker read over the comm (no buffer
+        reuse needed); False where windows are copied into buffers (shared memory, several workers,
+        co-located), so that streams reuse theirs instead of faulting in new pages every batch."""
+        workers = self._workers()
+        if len(workers) != 1 or self.local_shards:
+            return False
+        shared = self._config.get("shared_memory") and config_get("distributed.shared-memory")
+        return not shared or self._shared.get(next(iter(workers)), "unknown") is None
 
     @property
     def local_shards(self) -> list[int]:

@@ -170,9 +170,10 @@ class IssuedKeys:
         """
         if not len(keys):
             return
-        shard, seq = decode(np.asarray(keys, dtype=np.int64))
-        for s in np.unique(shard).tolist():
-            m = int(seq[shard == s].max())
+        k = np.sort(np.asarray(keys, dtype=np.int64).ravel())
+        shard, seq = decode(k)
+        last = np.flatnonzero(np.diff(shard, append=-1))  # the largest key of each shard: its last in order
+        for s, m in zip(shard[last].tolist(), seq[last].tolist()):
             if m > self.hi.get(s, -1):
                 self.hi[s] = m
 

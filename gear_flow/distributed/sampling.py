@@ -115,7 +115,6 @@ class RemoteSample(SharedReads):
         self.sent = set()  # workers asked for parts (pending parts to undo, record=False)
         self.expired = {}
         self.stale = []  # shards planned with a mass older than the maximum age: refreshed with the draw
-        self.row_bytes = sum(max(table.spec.column(c).nbytes, 1) for c in columns)
 
     async def __call__(self, req):
         t = self.t
@@ -262,7 +261,7 @@ class RemoteSample(SharedReads):
         """Run a copy of ``rows`` windows off the event loop when it is large: inside a worker in the
         plugin's threads (the worker's loop serves every other caller's requests), in a client in a small
         pool of its own (so a Stream's requests in flight keep moving while one batch is copied)."""
-        if rows * self.L * self.row_bytes < OFF_LOOP_BYTES:
+        if rows * self.L * sum(self.out.bytes[c].shape[-1] for c in self.columns) < OFF_LOOP_BYTES:
             return fn(*args)  # a hop to a thread costs more than this copy
         plugin = self.t._ctx.local_plugin
         pool = plugin.executor if plugin is not None else _copy_pool()
