@@ -1,9 +1,10 @@
-"""Where inserted episodes travel: over the comm from a client, in-process from a task on a shard's worker.
+"""Where inserted episodes travel: from a client over the comm (another machine, or shared memory off) or
+through a staging segment (same machine), in-process from a task on a shard's worker.
 
 Checked on the workers themselves: a counting wrapper around each worker's
 ``gear_flow`` comm handler sees every insert request that arrives over the
-comm, so "nothing crossed the comm" is what the workers saw, not what the
-handle believes.
+comm and the bytes it carried, so "nothing crossed the comm" is what the
+workers saw, not what the handle believes.
 """
 
 from __future__ import annotations
@@ -36,12 +37,14 @@ def _count_comm_requests(dask_worker=None):
     """Wrap this worker's ``gear_flow`` handler: count the requests with episodes that arrive over the comm."""
     plugin = dask_worker.plugins[PLUGIN_NAME]
     counts = {op: 0 for op in DATA_OPS}
+    counts["bytes"] = 0
     plugin.comm_counts = counts
 
-    async def counting(comm=None, action=None, args=None, v=None):
-        if action in counts:
+    async def counting(comm=None, action=None, args=None, v=None, packed=None, frames=None):
+        if action in DATA_OPS:
             counts[action] += 1
-        return await plugin.handle(comm=comm, action=action, args=args, v=v)
+            counts["bytes"] += len(packed or b"") + sum(getattr(f, "nbytes", 0) for f in frames or [])
+        return await plugin.handle(comm=comm, action=action, args=args, v=v, packed=packed, frames=frames)
 
     dask_worker.handlers["gear_flow"] = counting
 
@@ -114,7 +117,7 @@ def test_actor_insert_into_own_shards_goes_in_process(client, comm_counts):
         nbytes = _nbytes([episode(k, length) for k in tags])
         assert stats["insert_local_bytes"] == nbytes and stats["insert_remote_bytes"] == 0, stats
         seen = comm_counts.seen()
-        assert all(c == {op: 0 for op in DATA_OPS} for c in seen.values()), seen  # no episode crossed the comm
+        assert all(c == {"bytes": 0, **{op: 0 for op in DATA_OPS}} for c in seen.values()), seen  # none at all
         info = t.info()
         assert info["size"] == info["coordinator_size"] == len(tags) * length
         _check_rows(t, 64)
@@ -122,17 +125,66 @@ def test_actor_insert_into_own_shards_goes_in_process(client, comm_counts):
         t.close()
 
 
-def test_client_insert_sends_episodes_over_the_comm(client, comm_counts):
+def test_client_insert_sends_episodes_over_the_comm_or_through_staging(client, comm_counts, data_plane):
     t = DistributedTable.create(client, gf.TableSpec(COLUMNS, capacity=500, num_shards=2), seed=0, name="remote")
     try:
         comm_counts.start()
-        eps = [episode(k, 30) for k in (4, 5)]
+        eps = [episode(k, 200) for k in (4, 5)]
         res = t.insert(eps)
         assert sorted(res.shards.tolist()) == [0, 1]  # balanced: one episode per shard, so one per worker
-        assert t.stats["insert_remote_bytes"] == _nbytes(eps) and t.stats["insert_local_bytes"] == 0, t.stats
+        n = _nbytes(eps)
         seen = comm_counts.seen()
-        # two workers: each staged its part over the comm (then applied it), nothing written in one step
+        # two workers: each staged its part (then applied it), nothing written in one step
         assert {a: c["stage"] for a, c in seen.items()} == {a: 1 for a in seen}, seen
+        if data_plane == "shared-memory":  # same machine: the episodes went through the staging segment
+            assert t.stats["insert_shared_bytes"] == n and t.stats["insert_remote_bytes"] == 0, t.stats
+            assert all(c["bytes"] < n // 4 for c in seen.values()), seen  # only where the columns lie
+        else:
+            assert t.stats["insert_remote_bytes"] == n and t.stats["insert_shared_bytes"] == 0, t.stats
+            assert sum(c["bytes"] for c in seen.values()) >= n, seen
+        assert t.stats["insert_local_bytes"] == 0
         _check_rows(t, 32)
+    finally:
+        t.close()
+
+
+def test_staging_segments_are_reused_and_bad_places_are_refused(client, data_plane):
+    """Calls reuse the process's staging segment; a stage naming a missing segment or a place past its
+    end is refused with one line, and nothing of that insert is stored anywhere."""
+    import os
+
+    from gear_flow.distributed import protocol, wire
+
+    if data_plane != "shared-memory":
+        pytest.skip("staging is the shared-memory data plane's")
+    t = DistributedTable.create(client, gf.TableSpec(COLUMNS, capacity=500, num_shards=2), seed=0, name="staging")
+    try:
+        mine = lambda: sorted(n for n in os.listdir("/dev/shm") if n.startswith(f"gf_{os.getpid()}_"))  # noqa: E731
+        t.insert([episode(k, 20) for k in (1, 2)])
+        before = mine()
+        for k in range(5):
+            t.insert([episode(10 + k, 20), episode(20 + k, 20)])
+        assert mine() == before  # the same segment, call after call
+        size = t.info()["size"]
+
+        def raw(part):
+            async def go():
+                msg = {"name": t.name, "txn": "x" * 16, "parts": [part]}
+                return await t._ctx.rpc(t.placement[0]).gear_flow(action="stage", v=protocol.VERSION,
+                                                                  **wire.encode(msg))  # fmt: skip
+
+            return t._ctx.sync(go)
+
+        obs = COLUMNS[0]
+        good = {"shard": 0, "lengths": [2], "episode_ids": [999], "stamps": [999], "priorities": None}
+        for seg, place, match in [
+            ("gf_1_nosuchsegment", [0, [2, *obs.shape], np.dtype(obs.dtype).str], "does not exist"),
+            ("../etc/passwd", [0, [2, *obs.shape], "<f4"], "not a gear_flow segment"),
+            (before[0], [1 << 40, [2, *obs.shape], np.dtype(obs.dtype).str], "inside the segment"),
+            (before[0], [0, [2, *obs.shape], "|O"], "inside the segment"),
+        ]:
+            resp = raw({**good, "chunks": [{c.name: place for c in COLUMNS}], "staged": {"segment": seg}})
+            assert resp["status"] == "error" and match in str(resp["error"]), resp
+        assert t.info()["size"] == size and t.info()["inserts_in_flight"] == 0
     finally:
         t.close()

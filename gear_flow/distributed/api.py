@@ -114,8 +114,10 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
         ``shared_conflicts`` (shared-memory reads retried over the comm
         because a writer overwrote the window meanwhile); bytes of inserted
         episodes handed to this process's own worker in-process
-        (``insert_local_bytes``) or sent over the comm
-        (``insert_remote_bytes``).
+        (``insert_local_bytes``), through a staging segment to a worker on
+        this machine (``insert_shared_bytes``) or sent over the comm
+        (``insert_remote_bytes``); ``deferred_stale``: keys of ride-along
+        priority updates found gone when applied.
     requests : dict of str to int
         Requests this handle sent to shard workers, by operation name.
 
@@ -157,7 +159,7 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
         self._lease_lock = threading.Lock()
         self._lease_done = 0  # leased samples served, reported with the next admission
         #: bytes of windows gathered in-process (co-located), from shared memory, or received over the comm;
-        #: bytes of inserted episodes written in-process or sent over the comm
+        #: bytes of inserted episodes written in-process, sent over the comm, or handed over in shared memory
         self.stats = {
             "local_bytes": 0,
             "shared_bytes": 0,
@@ -166,6 +168,7 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
             "shared_conflicts": 0,
             "insert_local_bytes": 0,
             "insert_remote_bytes": 0,
+            "insert_shared_bytes": 0,
             "deferred_stale": 0,
         }
         #: requests this handle sent to shard workers, by operation (the control plane's cost)

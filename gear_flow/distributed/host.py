@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import CapacityError, SpecError
 from ..shard import EpisodeBatch, Shard
+from ..storage.staging import read_staged
 from ..table.config import TableConfig
 from ..table.executor import evict_on, summary
 from .host_sampling import SamplingHost
@@ -346,7 +347,9 @@ class ShardHost(SamplingHost):
             Each ``{"shard", "chunks", "lengths", "episode_ids", "stamps",
             "priorities"}``: one chunk (``{column: [T, *shape] array}``), one
             length, episode id and first stamp per episode, and None or one
-            float64 priority per item.
+            float64 priority per item; with ``staged`` (``{"segment"}``) the
+            chunks are places in a client's staging segment on this machine
+            (:mod:`gear_flow.storage.staging`).
 
         Returns
         -------
@@ -386,6 +389,8 @@ class ShardHost(SamplingHost):
         s = t.shard(p["shard"])
         lengths = np.asarray(p["lengths"], dtype=np.int64)
         chunks = list(p["chunks"])
+        if p.get("staged") is not None:  # the client's staging segment on this machine: views into it
+            chunks = read_staged(p["staged"]["segment"], chunks, f"shard {s.shard_id}")
         if len(chunks) != len(lengths) or np.any(lengths < 1):
             raise SpecError(f"shard {s.shard_id}: {len(chunks)} chunks for {len(lengths)} episode lengths")
         if not len(np.asarray(p["episode_ids"])) == len(np.asarray(p["stamps"])) == len(lengths):

@@ -402,16 +402,18 @@ PART = record(
     episode_ids=int_array(0),
     stamps=int_array(0),
     priorities=optional(float_array),
+    staged=optional(record(segment=text(255))),  # chunks are places in the client's staging segment
 )
 BUFFERS = mapping(text(256), anything)
 
-#: worker operation -> {field: checker}; a field absent from a message is passed as None to its checker
 #: the plans a caller keeps masses for (an update's reply carries the updated shards' masses for each)
 MASS_PLANS = optional(sequence(record(length=LENGTH, boundary=BOUNDARY), 16))
 #: priority updates riding on a sample request, applied before the draw (the ``update`` operation's fields)
 UPDATES = optional(
     record(seqs_by_shard=mapping(SHARD, SEQS, 127), prios_by_shard=mapping(SHARD, float_array, 127), masses=MASS_PLANS)
 )
+
+#: worker operation -> {field: checker}; a field absent from a message is passed as None to its checker
 
 WORKER = {
     "create": {

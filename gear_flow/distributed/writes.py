@@ -23,6 +23,7 @@ from numpy.typing import ArrayLike
 
 from ..errors import GearFlowError, ShardLostError, SpecError
 from ..keys import decode
+from ..storage.staging import stage_chunks, staged_bytes, staging_area
 from ..table import planner
 from ..table.results import InsertResult, UpdateResult
 from ..table.routing import route
@@ -282,10 +283,22 @@ class WritesMixin:
                 }
             )
         local = self._ctx.local_addr if self._ctx.local_plugin is not None else None  # its parts go in-process
-        for a, ps in parts.items():
-            n = sum(v.nbytes for p in ps for c in p["chunks"] for v in c.values())
-            self.stats["insert_local_bytes" if a == local else "insert_remote_bytes"] += n
-        applied, size = await self.run_insert(adm["txn"], dict(parts))
+        segs = []
+        try:
+            for a, ps in parts.items():
+                n = sum(v.nbytes for p in ps for c in p["chunks"] for v in c.values())
+                if a != local and await self._shared_for(a) is not None:
+                    # a worker on this machine: the episodes go through a staging segment, not the socket
+                    seg = staging_area().acquire(staged_bytes(ps))
+                    segs.append(seg)
+                    stage_chunks(seg, ps)
+                    self.stats["insert_shared_bytes"] += n
+                else:
+                    self.stats["insert_local_bytes" if a == local else "insert_remote_bytes"] += n
+            applied, size = await self.run_insert(adm["txn"], dict(parts))
+        finally:  # applied or aborted everywhere: the segments may be reused
+            for seg in segs:
+                staging_area().release(seg)
         first_keys = np.empty(len(lengths), dtype=np.int64)
         for res in applied.values():
             for s, fk in res["first_keys"].items():
