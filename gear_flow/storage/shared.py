@@ -38,6 +38,9 @@ from ..errors import ShardLostError
 from .base import HostTier, register_tier
 
 PREFIX = "gf_"
+#: readers map segments with their page tables filled at once (Linux ``MAP_POPULATE``): otherwise the first
+#: batches pay a page fault per 4 KB of every window they copy, until the whole ring has been touched once
+MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 #: header fields (int64): absolute write position, and the end of the write in progress
 WRITE_POS, WRITING_UNTIL = 0, 1
 
@@ -156,7 +159,7 @@ class Attached:
             try:
                 dtype = np.dtype(d["dtype"])
                 size = max(1, math.prod(d["shape"]) * dtype.itemsize)
-                m = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+                m = mmap.mmap(fd, size, flags=MAP_FLAGS, prot=mmap.PROT_READ)
             finally:
                 os.close(fd)
             self._maps.append(m)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SpecError
-from .shared import PREFIX
+from .shared import MAP_FLAGS, PREFIX
 
 #: arrays start at multiples of this many bytes in a staging segment
 ALIGN = 64
@@ -240,7 +240,7 @@ def _map(segment: str, where: str) -> mmap.mmap:
     except FileNotFoundError:
         raise SpecError(f"{where}: staged segment {segment} does not exist (on this machine)") from None
     try:
-        m = mmap.mmap(fd, os.fstat(fd).st_size, prot=mmap.PROT_READ)
+        m = mmap.mmap(fd, os.fstat(fd).st_size, flags=MAP_FLAGS, prot=mmap.PROT_READ)
     finally:
         os.close(fd)
     with _maps_lock:
