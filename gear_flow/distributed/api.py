@@ -499,19 +499,27 @@ class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, 
         self._shared[addr] = got
         return got
 
-    async def _on_workers(self, calls: dict, partial: bool = False):
+    async def _on_workers(self, calls: dict, partial: bool = False, arrived=None):
         """Run ``{addr: (op, kwargs)}`` in parallel.
 
         Lost workers → ShardLostError, or in degraded mode a :class:`Retry` once
         their shards are marked lost.  ``partial=True``: return ``(results,
         errors)`` instead of raising, so a caller can undo what succeeded.
+        ``arrived``: a coroutine function awaited with ``(addr, result)`` as
+        each reply arrives (a batch's parts are copied while others are still
+        on their way).
         """
         addrs = list(calls)
         for a in addrs:
             self.requests[calls[a][0]] += 1
-        results = await asyncio.gather(
-            *(call(self._ctx, a, calls[a][0], table=self.name, **calls[a][1]) for a in addrs), return_exceptions=True
-        )
+
+        async def one(a):
+            r = await call(self._ctx, a, calls[a][0], table=self.name, **calls[a][1])
+            if arrived is not None:
+                await arrived(a, r)
+            return r
+
+        results = await asyncio.gather(*(one(a) for a in addrs), return_exceptions=True)
         out, errors, lost = {}, [], []
         for a, r in zip(addrs, results):
             if isinstance(r, WorkerLost):

@@ -183,11 +183,23 @@ class RemoteSample(SharedReads):
                 args["geometry"] = True  # same machine: the owner selects, we copy from its shared rings
             calls[a] = ("sample_part", args)
         self.sent.update(calls)
+        copied = {}  # (worker, shard) -> rows torn while copying from shared memory (None: received frames)
+
+        async def arrived(a, parts):  # each part is copied as soon as its reply is here
+            for s, r in parts.items():
+                if s == "updated":
+                    continue
+                n = len(r["seqs"])
+                if "data" in r:
+                    copied[a, s] = await self._off_loop(self._copy_received, n, r["data"], offs[s], n)
+                elif "src_abs" in r:
+                    copied[a, s] = await self._off_loop(self._copy_shared, n, mapped[a][s], r, offs[s])
+
         refresh = self._stale_masses_calls(counts)
         pending = t._pending_calls(exclude=set(calls))  # stored updates of workers not drawn from: same round trip
         if refresh or pending:  # in the same round trip as the draw: the next plan has current masses again
             (res, errors), (fresh, _), (upd, upd_errors) = await asyncio.gather(
-                t._on_workers(calls, partial=True),
+                t._on_workers(calls, partial=True, arrived=arrived),
                 t._on_workers(refresh, partial=True),
                 t._on_workers(pending, partial=True),
             )
@@ -201,7 +213,7 @@ class RemoteSample(SharedReads):
                     t._pending.put_back(args)
             errors += upd_errors
         else:
-            res, errors = await t._on_workers(calls, partial=True)
+            res, errors = await t._on_workers(calls, partial=True, arrived=arrived)
         for a, (_, args) in calls.items():
             if "updates" in args and a not in res:
                 t._pending.put_back(args["updates"])
@@ -213,10 +225,9 @@ class RemoteSample(SharedReads):
                 o, n = offs[s], len(r["seqs"])
                 self.counted[a][s] = self.counted[a].get(s, 0) + n
                 if "data" in r:
-                    await self._off_loop(self._copy_received, n, r["data"], o, n)
                     t.stats["remote_bytes"] += sum(out.bytes[c][o : o + n].nbytes for c in self.columns)
                 elif "src_abs" in r:
-                    torn = await self._off_loop(self._copy_shared, n, mapped[a][s], r, o)
+                    torn = copied[a, s]
                     if len(torn):
                         t.stats["shared_conflicts"] += len(torn)
                         if self.record and counts is not None:  # a weighted draw: redraw just those rows
