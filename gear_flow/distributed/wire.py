@@ -11,7 +11,10 @@ frames (zero-copy for NumPy; CuPy through Dask's ``cuda`` serializer, so UCX
 moves them device to device), referenced from the pickle by position.
 
 A message is ``{"packed": bytes, "frames": [array, ...] or None}``.  Handlers
-still accept a plain ``args`` dict (older tools and tests send those).
+still accept a plain ``args`` dict (older tools and tests send those).  The
+pickle is trusted exactly as far as Dask trusts its peers (it unpickles what
+clients send too); its content is then checked against the operation's schema
+like any other message.
 """
 
 from __future__ import annotations
