@@ -38,6 +38,7 @@ from ..table.config import TableConfig, queue_setup
 from ..table.datasets import DatasetMethods
 from .checkpoints import CheckpointMixin
 from .coordinator import GearFlowCoordinator
+from .pending import RideAlongMixin
 from .plugin import GearFlowWorker
 from .sampling import SamplingMixin
 from .sizes import SizesMixin
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class DistributedTable(WritesMixin, SamplingMixin, CheckpointMixin, SizesMixin, DatasetMethods):
+class DistributedTable(WritesMixin, RideAlongMixin, SamplingMixin, CheckpointMixin, SizesMixin, DatasetMethods):
     """Replay table sharded over Dask workers.
 
     Create with :meth:`create` (from a client) or get a handle with

@@ -28,14 +28,12 @@ from ..table import planner
 from ..table.results import InsertResult, UpdateResult
 from ..table.routing import route
 from ..table.validate import as_episode_list, check_batch, check_episode, check_keys, check_priorities, to_host
+from .pending import PENDING_MAX
 from .transport import Retry, WorkerLost, call
 
 if TYPE_CHECKING:
     from ..spec import TableSpec
     from ..writer import EpisodeWriter
-
-#: stored ride-along updates (items) above which ``update_priorities(wait=False)`` sends them at once
-PENDING_MAX = 1 << 16
 
 #: what ``priorities`` of an insert may be: None, one value, a flat array over all items, or one array per episode
 Priorities = ArrayLike | Sequence[ArrayLike] | float | None
@@ -665,66 +663,6 @@ class WritesMixin:
                 self._masses.update_many(plans, r["masses"])
         stale = sum(r["stale"] if isinstance(r, dict) else int(r) for r in res.values()) + on_lost
         return UpdateResult(len(k) - stale, stale)
-
-    def _defer(self, keys: ArrayLike, priorities: ArrayLike | float) -> bool:
-        """Check an update and store it to ride on the next sample; False when it may not (it must wait).
-
-        It may when the sampler is weighted without heap ties and every key
-        was seen issued: then no worker can refuse it.  Invalid input raises
-        here, before anything is stored.
-        """
-        k, by, idx, on_lost = self._group(keys)
-        pr = check_priorities(priorities, len(k), "keys")
-        if pr is None:
-            raise SpecError("priorities must not be None")
-        self._cfg.check_priorities(pr)
-        if self._cfg.selection != "weighted" or self._heap_ties or not self._issued.covers(k):
-            return False
-        for a, s in by.items():
-            self._pending.add(s, {i: pr[idx[a][i]] for i in s})
-        self.stats["deferred_stale"] += on_lost
-        return True
-
-    def _pending_calls(self, exclude: set | frozenset = frozenset()) -> dict:
-        """``update`` requests for the stored updates of shards on workers not in ``exclude`` (taken from the store)."""
-        plans = self._masses.plans()
-        calls = {}
-        for a in sorted({self.placement[s] for s in self._pending.shards() if s in self.placement} - set(exclude)):
-            u = self._pending.take(s for s, w in self.placement.items() if w == a)
-            if u is not None:
-                calls[a] = ("update", dict(name=self.name, **u, masses=plans or None))
-        return calls
-
-    def _ride_along(self, addr: str) -> dict | None:
-        """The stored updates of ``addr``'s shards, taken from the store, as a sample request's ``updates``."""
-        if not len(self._pending):
-            return None
-        u = self._pending.take(s for s, w in self.placement.items() if w == addr)
-        if u is not None:
-            u["masses"] = self._masses.plans() or None
-        return u
-
-    def _updated(self, plans: list[dict], r: dict) -> None:
-        """Book an applied ride-along or pending update's reply: masses kept, stale keys counted."""
-        if isinstance(r, dict):
-            self._masses.update_many(plans, r.get("masses") or [])
-            r = r.get("stale", 0)
-        self.stats["deferred_stale"] += int(r)
-
-    async def _send_pending(self, exclude: set | frozenset = frozenset()) -> None:
-        """Send the stored updates now (those of workers in ``exclude`` stay), one request per worker."""
-        calls = self._pending_calls(exclude)
-        if not calls:
-            return
-        try:
-            res = await self._on_workers(calls)
-        except BaseException:
-            for _, (_, args) in calls.items():  # nothing is known applied: sent again next time (idempotent)
-                self._pending.put_back(args)
-            self._masses.clear()
-            raise
-        for a, r in res.items():
-            self._updated(calls[a][1]["masses"] or [], r)
 
     def delete(self, keys: ArrayLike) -> UpdateResult:
         """Remove items by key (stale keys ignored and counted).
