@@ -282,3 +282,40 @@ def test_a_slow_reply_is_waited_for_and_a_silent_worker_is_reported(dist_client)
             assert len(got) == 1 and len(got[0]) == 2 and not t.lost
     finally:
         t.close()
+
+
+def test_deferred_updates_sample_the_same_distribution_as_waited_ones(table):
+    """Chi-square: priorities set with wait=False are drawn in proportion (alpha=1 here: p_i = w_i / sum w)
+    and every reported probability is that p_i, over many steps.  The one sample that carries an update
+    splits its rows over the shards with the masses planned before it (its rows report the probability
+    of the draw made: shard share planned x w_i / shard mass at the draw), so the check starts after it."""
+    from helpers import chi2_critical
+
+    t = table  # Prioritized(1.0, 0.4), 40 items on 2 shards
+    seen = set()
+    while len(seen) < 40:
+        seen.update(t.sample(64, 1).keys.numpy().tolist())
+    keys = np.array(sorted(seen), dtype=np.int64)
+    where = {int(k): i for i, k in enumerate(keys)}
+    shard_of = decode(keys)[0]
+    rng = np.random.default_rng(7)
+    for _ in range(3):  # new priorities, all without waiting
+        w = rng.random(40) * 4 + 0.25
+        t.update_priorities(keys, w, wait=False)
+        carrier = t.sample(64, 1)  # applies the update before its draws
+        idx = np.array([where[int(k)] for k in carrier.keys.numpy()])
+        p = carrier.probabilities.numpy()
+        for s in (0, 1):  # within a shard: w_i over the shard's new mass, times one planned share
+            m = shard_of[idx] == s
+            if m.any():
+                share = p[m] / (w[idx[m]] / w[shard_of == s].sum())
+                assert np.allclose(share, share[0])
+        counts = np.zeros(40)
+        for _ in range(60):
+            b = t.sample(64, 1)
+            i = np.array([where[int(k)] for k in b.keys.numpy()])
+            assert np.allclose(b.probabilities.numpy(), w[i] / w.sum())  # exact again: masses came back
+            counts += np.bincount(i, minlength=40)
+        expected = counts.sum() * w / w.sum()
+        stat = float(((counts - expected) ** 2 / expected).sum())
+        assert stat < chi2_critical(39), stat

@@ -551,9 +551,12 @@ class WritesMixin:
         instead (a learner's step is then one phase of requests, not two):
         it is checked here, stored, and applied on each worker before that
         sample's draw; workers the sample does not draw from get it in the
-        same round trip.  This handle's next sample therefore sees it; other
-        handles see it once that sample (or :meth:`flush`, :meth:`checkpoint`,
-        :meth:`close`) has sent it.  Only for weighted samplers without heap
+        same round trip.  That sample draws items with the new priorities
+        within each shard, but splits its rows over the shards by the masses
+        planned before it (each row reports the probability of the draw
+        made); its replies carry the new masses, so the sample after it is
+        planned with them.  Other handles see the update once that sample (or
+        :meth:`flush`, :meth:`checkpoint`, :meth:`close`) has sent it.  Only for weighted samplers without heap
         ties (``Prioritized``, ``Uniform``) and keys this handle has seen
         issued; otherwise the call waits as with ``wait=True``.
 
