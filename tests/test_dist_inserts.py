@@ -175,11 +175,15 @@ def test_staging_segments_are_reused_and_bad_places_are_refused(client, data_pla
 
             return t._ctx.sync(go)
 
+        rings = sorted(n for n in os.listdir("/dev/shm") if n.startswith("gf_") and "_st" not in n)
+        assert rings  # this table's shards (shared-memory data plane)
         obs = COLUMNS[0]
         good = {"shard": 0, "lengths": [2], "episode_ids": [999], "stamps": [999], "priorities": None}
         for seg, place, match in [
-            ("gf_1_nosuchsegment", [0, [2, *obs.shape], np.dtype(obs.dtype).str], "does not exist"),
-            ("../etc/passwd", [0, [2, *obs.shape], "<f4"], "not a gear_flow segment"),
+            ("gf_1_st" + "0" * 16, [0, [2, *obs.shape], np.dtype(obs.dtype).str], "does not exist"),
+            ("../etc/passwd", [0, [2, *obs.shape], "<f4"], "not a gear_flow staging segment"),
+            (rings[0], [0, [2, *obs.shape], np.dtype(obs.dtype).str], "not a gear_flow staging segment"),
+            (before[0], [len(b"x") << 30, [0], "<f4"], "inside the segment"),
             (before[0], [1 << 40, [2, *obs.shape], np.dtype(obs.dtype).str], "inside the segment"),
             (before[0], [0, [2, *obs.shape], "|O"], "inside the segment"),
         ]:

@@ -17,6 +17,7 @@ import sys
 import textwrap
 import time
 
+import dask
 import numpy as np
 import pytest
 from distributed import Client, LocalCluster
@@ -168,3 +169,31 @@ def test_the_coordinator_marks_a_killed_workers_shards_lost_without_a_table_call
         assert set(gf.keys.decode(b.keys.numpy())[0].tolist()) == {0}
         info = t.info()
         assert info["size"] == info["coordinator_size"] and 1 in info["lost"]
+
+
+def test_ride_along_updates_of_a_killed_workers_shard_are_dropped_not_retried_forever():
+    """Updates stored with wait=False for a shard whose worker then dies (degraded table): the samples
+    that follow serve from the live shard, the lost shard's updates are dropped (never put back after
+    the loss was noticed), and flush, a waited update and close all work."""
+    with (
+        dask.config.set({"gear-flow.distributed.shared-memory": False}),
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as c,
+        Client(c) as client,
+    ):
+        spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=2)
+        t = DistributedTable.create(client, spec, sampler=gf.Prioritized(1.0, 0.4), seed=0, degraded=True)
+        t.insert([{"x": np.arange(20, dtype=np.float32) + 100 * i} for i in range(2)], priorities=1.0)
+        keys = t.sample(64, 1).keys.numpy()
+        assert set(gf.keys.decode(keys)[0].tolist()) == {0, 1}
+        assert t.update_priorities(keys, np.full(len(keys), 2.0), wait=False) is None
+        client.run(_kill_self, workers=[t.placement[1]], wait=False)
+        for _ in range(4):
+            b = t.sample(8, 1)
+            assert set(gf.keys.decode(b.keys.numpy())[0].tolist()) == {0}
+        assert 1 not in t._pending.stored() and not t._pending.inflight
+        t.flush()
+        b = t.sample(8, 1)
+        assert np.allclose(b.priorities.numpy(), 2.0)  # the live shard's updates were applied
+        r = t.update_priorities(b.keys.numpy(), np.ones(8))
+        assert r.applied == 8
+        t.close()

@@ -471,9 +471,9 @@ class DistributedTable(WritesMixin, RideAlongMixin, SamplingMixin, CheckpointMix
         st = await self._coord("lookup")
         placement = {int(k): v for k, v in st["placement"].items()}
         lost = {int(k) for k in st["lost"]}
-        moved = {s for s in self._pending.shards() if placement.get(s) != self.placement.get(s) or s in lost}
+        moved = {s for s in self._pending.stored() if placement.get(s) != self.placement.get(s) or s in lost}
         if moved:  # lost, or restored from a checkpoint elsewhere: the stored seqs belong to what was there
-            self._pending.take(moved)
+            self._pending.drop(moved)
             logger.info("table %r: priority updates for shards %s dropped (shard lost or restored)", self.name, moved)
         self.placement = placement
         self.lost = {int(k): v for k, v in st["lost"].items()}
@@ -656,7 +656,7 @@ class DistributedTable(WritesMixin, RideAlongMixin, SamplingMixin, CheckpointMix
         async def _close():
             try:
                 await self._send_pending()
-            except GearFlowError as e:  # closing anyway
+            except (GearFlowError, Retry) as e:  # closing anyway
                 logger.warning("table %r: priority updates not sent before closing: %s", self.name, e)
             await self._coord("close")
             if drop:

@@ -18,6 +18,7 @@ from numpy.typing import ArrayLike
 
 from ..errors import SpecError
 from ..table.validate import check_priorities
+from .transport import Retry
 
 #: stored ride-along updates (items) above which ``update_priorities(wait=False)`` sends them at once
 PENDING_MAX = 1 << 16
@@ -27,7 +28,13 @@ class PendingUpdates:
     """Per shard, the item seqs and priorities of updates not sent yet (later updates of a seq win).
 
     Thread-safe: a learner thread sampling in-process and the event loop
-    may both take from it.
+    may both take from it.  A shard whose updates are in a request in flight
+    is not taken again until that request is settled (:meth:`done` or
+    :meth:`put_back`), so two requests never carry updates of one shard at
+    once and a worker applies them in the order they were made.  What a
+    failed request carried is stored again, minus the seqs updated since
+    (stored or sent with ``wait=True``: :meth:`note_sent`), so an older
+    priority never overrides a newer one.
 
     Examples
     --------
@@ -37,21 +44,29 @@ class PendingUpdates:
     >>> u = p.take([0])
     >>> u["seqs_by_shard"][0].tolist(), u["prios_by_shard"][0].tolist()
     ([3, 4], [5.0, 2.0])
-    >>> len(p)
-    0
+    >>> p.add({0: np.array([4])}, {0: np.array([9.0])})
+    >>> p.take([0]) is None  # shard 0's updates are in flight
+    True
+    >>> p.put_back(u, live={0})  # that request failed: seq 4 was updated since, seq 3 was not
+    >>> v = p.take([0])
+    >>> v["seqs_by_shard"][0].tolist(), v["prios_by_shard"][0].tolist()
+    ([3, 4], [5.0, 9.0])
     """
 
     def __init__(self) -> None:
         self.by_shard: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}
         self.count = 0
         self.lock = threading.Lock()
+        self.gen = 0  # bumped by every update stored or sent
+        self.inflight: dict[int, int] = {}  # shard -> gen when its updates were taken
+        self.log: list[tuple[int, int, np.ndarray]] = []  # (gen, shard, seqs) updated while shards were in flight
 
     def __len__(self) -> int:
         """Updates stored (before de-duplication)."""
         return self.count
 
     def shards(self) -> set[int]:
-        """Shards with updates waiting.
+        """Shards with updates waiting (and none in flight).
 
         Returns
         -------
@@ -59,7 +74,7 @@ class PendingUpdates:
             Their ids.
         """
         with self.lock:
-            return set(self.by_shard)
+            return set(self.by_shard) - set(self.inflight)
 
     def add(self, seqs_by_shard: dict, prios_by_shard: dict) -> None:
         """Store an update (after anything stored before).
@@ -72,19 +87,40 @@ class PendingUpdates:
             float64 priorities, one per seq, same shards.
         """
         with self.lock:
+            self.gen += 1
             for s, seqs in seqs_by_shard.items():
                 q, p = self.by_shard.setdefault(int(s), ([], []))
                 q.append(np.asarray(seqs, np.int64))
                 p.append(np.asarray(prios_by_shard[s], np.float64))
                 self.count += len(seqs)
+            self._log(seqs_by_shard)
+
+    def note_sent(self, seqs_by_shard: dict) -> None:
+        """Record an update sent directly (``wait=True``): a failed ride-along must not override it.
+
+        Parameters
+        ----------
+        seqs_by_shard : dict of int to numpy.ndarray
+            int64 item seqs per shard.
+        """
+        with self.lock:
+            self.gen += 1
+            self._log(seqs_by_shard)
+
+    def _log(self, seqs_by_shard: dict) -> None:
+        for s, seqs in seqs_by_shard.items():
+            if int(s) in self.inflight:
+                self.log.append((self.gen, int(s), np.asarray(seqs, np.int64)))
 
     def take(self, shards: Iterable[int]) -> dict | None:
-        """Remove and return the updates of ``shards``, one priority per seq (the latest).
+        """Remove and return the updates of ``shards`` (those not in flight), one priority per seq (the latest).
+
+        Settle what is returned with :meth:`done` or :meth:`put_back`.
 
         Parameters
         ----------
         shards : iterable of int
-            Shard ids (those without updates are skipped).
+            Shard ids (those without updates, or in flight, are skipped).
 
         Returns
         -------
@@ -94,8 +130,11 @@ class PendingUpdates:
         """
         seqs, prios = {}, {}
         with self.lock:
-            taken = {s: self.by_shard.pop(s) for s in sorted(set(shards) & set(self.by_shard))}
+            ids = sorted((set(shards) & set(self.by_shard)) - set(self.inflight))
+            taken = {s: self.by_shard.pop(s) for s in ids}
             self.count -= sum(len(a) for q, _ in taken.values() for a in q)
+            for s in ids:
+                self.inflight[s] = self.gen
         for s, (q, p) in taken.items():
             q, p = np.concatenate(q), np.concatenate(p)
             # the last update of each seq: unique over the reversed order
@@ -103,9 +142,8 @@ class PendingUpdates:
             seqs[s], prios[s] = u, p[::-1][first]
         return {"seqs_by_shard": seqs, "prios_by_shard": prios} if seqs else None
 
-    def put_back(self, updates: dict | None) -> None:
-        """Store again what :meth:`take` returned, before anything stored since (a request that
-        carried it failed; an update applied twice sets the same priorities).
+    def done(self, updates: dict | None) -> None:
+        """The request carrying ``updates`` (from :meth:`take`) was applied.
 
         Parameters
         ----------
@@ -115,11 +153,69 @@ class PendingUpdates:
         if not updates:
             return
         with self.lock:
+            for s in updates["seqs_by_shard"]:
+                self.inflight.pop(int(s), None)
+            self._trim()
+
+    def put_back(self, updates: dict | None, live: set[int]) -> None:
+        """Store again what :meth:`take` returned, before anything stored since (the request that carried
+        it failed): only for ``live`` shards, and without the seqs updated since it was taken.
+
+        Parameters
+        ----------
+        updates : dict or None
+            What :meth:`take` returned.
+        live : set of int
+            Shards still placed and not lost (the others' updates are dropped).
+        """
+        if not updates:
+            return
+        with self.lock:
             for s, seqs in updates["seqs_by_shard"].items():
-                q, p = self.by_shard.setdefault(int(s), ([], []))
-                q.insert(0, np.asarray(seqs, np.int64))
-                p.insert(0, np.asarray(updates["prios_by_shard"][s], np.float64))
-                self.count += len(seqs)
+                s = int(s)
+                since = self.inflight.pop(s, self.gen)
+                if s not in live:
+                    continue
+                seqs = np.asarray(seqs, np.int64)
+                keep = np.ones(len(seqs), dtype=bool)
+                for g, ls, later in self.log:
+                    if g > since and ls == s:
+                        keep &= ~np.isin(seqs, later)
+                if not keep.any():
+                    continue
+                q, p = self.by_shard.setdefault(s, ([], []))
+                q.insert(0, seqs[keep])
+                p.insert(0, np.asarray(updates["prios_by_shard"][s], np.float64)[keep])
+                self.count += int(keep.sum())
+            self._trim()
+
+    def _trim(self) -> None:
+        oldest = min(self.inflight.values(), default=None)
+        self.log = [] if oldest is None else [e for e in self.log if e[0] > oldest]
+
+    def stored(self) -> set[int]:
+        """Shards with stored updates (in flight or not).
+
+        Returns
+        -------
+        set of int
+            Their ids.
+        """
+        with self.lock:
+            return set(self.by_shard)
+
+    def drop(self, shards: Iterable[int]) -> None:
+        """Forget the stored updates of ``shards`` (lost, or restored elsewhere).
+
+        Parameters
+        ----------
+        shards : iterable of int
+            Shard ids.
+        """
+        with self.lock:
+            for s in set(shards):
+                q, _ = self.by_shard.pop(int(s), ([], []))
+                self.count -= sum(len(a) for a in q)
 
     def clear(self) -> None:
         """Forget every stored update."""
@@ -170,6 +266,16 @@ class RideAlongMixin:
             u["masses"] = self._masses.plans() or None
         return u
 
+    def _live_shards_set(self) -> set[int]:
+        return {s for s in self.placement if s not in self.lost}
+
+    def _settle(self, updates: dict | None, applied: bool) -> None:
+        """A request that carried stored ``updates`` has finished: applied, or stored again to retry."""
+        if applied:
+            self._pending.done(updates)
+        else:
+            self._pending.put_back(updates, self._live_shards_set())
+
     def _updated(self, plans: list[dict], r: dict) -> None:
         """Book an applied ride-along or pending update's reply: masses kept, stale keys counted."""
         if isinstance(r, dict):
@@ -183,11 +289,17 @@ class RideAlongMixin:
         if not calls:
             return
         try:
-            res = await self._on_workers(calls)
+            res, errors = await self._on_workers(calls, partial=True)
         except BaseException:
-            for _, (_, args) in calls.items():  # nothing is known applied: sent again next time (idempotent)
-                self._pending.put_back(args)
+            for _, (_, args) in calls.items():  # nothing is known applied: sent again next time
+                self._settle(args, False)
             self._masses.clear()
             raise
-        for a, r in res.items():
-            self._updated(calls[a][1]["masses"] or [], r)
+        for a, (_, args) in calls.items():
+            if a in res:
+                self._updated(args["masses"] or [], res[a])
+            self._settle(args, a in res)  # a lost shard's updates are dropped, the others kept
+        errors = [e for e in errors if not isinstance(e, Retry)]  # degraded: the lost shards are marked
+        if errors:
+            self._masses.clear()
+            raise errors[0]

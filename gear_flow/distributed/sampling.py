@@ -209,14 +209,13 @@ class RemoteSample(SharedReads):
             for a, (_, args) in pending.items():
                 if a in upd:
                     t._updated(args["masses"] or [], upd[a])
-                else:  # not known applied: sent again with the next request (setting a priority twice is harmless)
-                    t._pending.put_back(args)
+                t._settle(args, a in upd)  # not known applied: stored again, minus what was updated since
             errors += upd_errors
         else:
             res, errors = await t._on_workers(calls, partial=True, arrived=arrived)
         for a, (_, args) in calls.items():
-            if "updates" in args and a not in res:
-                t._pending.put_back(args["updates"])
+            if "updates" in args:
+                t._settle(args["updates"], a in res)
         repairs = []
         for a, parts in res.items():
             if "updated" in parts:
@@ -545,10 +544,11 @@ class SamplingMixin:
                 self.name, B, L, boundary, columns, int(rng.integers(2**63)), out=out, updates=upd
             )
         except BaseException:
-            self._pending.put_back(upd)
+            self._settle(upd, False)
             with self._lease_lock:
                 self._lease_done -= B
             raise
+        self._settle(upd, True)
         if "updated" in res:
             self._updated(upd["masses"] or [], res["updated"])
         self.stats["local_bytes"] += sum(a.nbytes for a in out.bytes.values())
@@ -589,8 +589,9 @@ class SamplingMixin:
         try:
             res = (await self._on_workers({addr: ("sample_all", args)}))[addr]
         except BaseException:
-            self._pending.put_back(upd)
+            self._settle(upd, False)
             raise
+        self._settle(upd, True)
         if "updated" in res:
             self._updated(upd["masses"] or [], res["updated"])
         nbytes = B * L * sum(max(self.spec.column(c).nbytes, 1) for c in columns)

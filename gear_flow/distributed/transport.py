@@ -251,6 +251,8 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
     try:
         resp = await ctx.rpc(addr).gear_flow(action=op, v=protocol.VERSION, **wire.encode(args))
     except asyncio.CancelledError:
+        if watch["why"] is not None:
+            task.uncancel()  # our own cancellation: the task goes on (its cancel count back to zero)
         if watch["why"] == "lost":
             raise WorkerLost(addr, "the scheduler removed it") from None
         if watch["why"] == "timeout":

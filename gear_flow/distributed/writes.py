@@ -294,9 +294,12 @@ class WritesMixin:
                 else:
                     self.stats["insert_local_bytes" if a == local else "insert_remote_bytes"] += n
             applied, size = await self.run_insert(adm["txn"], dict(parts))
-        finally:  # applied or aborted everywhere: the segments may be reused
+        except BaseException:  # a worker may still read them (a request given up on): never reused
             for seg in segs:
-                staging_area().release(seg)
+                staging_area().discard(seg)
+            raise
+        for seg in segs:  # applied everywhere: the segments may be reused
+            staging_area().release(seg)
         first_keys = np.empty(len(lengths), dtype=np.int64)
         for res in applied.values():
             for s, fk in res["first_keys"].items():
@@ -633,6 +636,7 @@ class WritesMixin:
             raise SpecError("priorities must not be None")
         self._cfg.check_priorities(pr)
         await self._send_pending()  # keep this handle's updates in call order
+        self._pending.note_sent({i: q for s in by.values() for i, q in s.items()})
         if len(by) > 1 and not self._issued.covers(k):
             # unknown keys anywhere must stop the whole call before any worker applies it (skipped when
             # every key is one this handle has seen issued: then no worker can find it unknown)

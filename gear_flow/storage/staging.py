@@ -19,6 +19,7 @@ import atexit
 import math
 import mmap
 import os
+import re
 import threading
 import uuid
 from collections import OrderedDict
@@ -32,6 +33,9 @@ from .shared import MAP_FLAGS, PREFIX
 
 #: arrays start at multiples of this many bytes in a staging segment
 ALIGN = 64
+#: staging segments are ``gf_<pid>_st<hex>``: a worker maps only those (never another table's rings)
+MARK = "st"
+_NAME = re.compile(rf"^{PREFIX}[0-9]+_{MARK}[0-9a-f]{{16}}$")
 
 
 class StagingArea:
@@ -62,7 +66,9 @@ class StagingArea:
                 if seg.size >= nbytes:
                     return self.free.pop(i)
         size = max(1 << 20, 1 << max(0, int(nbytes) - 1).bit_length())  # powers of two: few sizes, reused
-        seg = shared_memory.SharedMemory(create=True, size=size, name=f"{PREFIX}{os.getpid()}_{uuid.uuid4().hex[:16]}")
+        seg = shared_memory.SharedMemory(
+            create=True, size=size, name=f"{PREFIX}{os.getpid()}_{MARK}{uuid.uuid4().hex[:16]}"
+        )
         with self.lock:
             self.owned[seg.name] = seg
         return seg
@@ -83,6 +89,19 @@ class StagingArea:
                 self.owned.pop(s.name, None)
         for s in drop:
             _unlink(s)
+
+    def discard(self, seg: Any) -> None:
+        """Unlink a segment that must not be reused (its call failed: a worker may still read it; the
+        worker's mapping stays valid after the unlink).
+
+        Parameters
+        ----------
+        seg : multiprocessing.shared_memory.SharedMemory
+            What :meth:`acquire` returned.
+        """
+        with self.lock:
+            self.owned.pop(seg.name, None)
+        _unlink(seg)
 
     def close(self) -> None:
         """Unlink every segment (interpreter exit)."""
@@ -204,8 +223,8 @@ def read_staged(segment: Any, chunks: Sequence[Any], where: str) -> list[dict]:
         The segment does not exist or is not a gear_flow segment, or a place
         is malformed or reaches past its end.
     """
-    if not isinstance(segment, str) or not segment.startswith(PREFIX) or "/" in segment or len(segment) > 255:
-        raise SpecError(f"{where}: staged segment {segment!r} is not a gear_flow segment name")
+    if not isinstance(segment, str) or not _NAME.match(segment):
+        raise SpecError(f"{where}: staged segment {segment!r} is not a gear_flow staging segment name")
     m = _map(segment, where)
     out = []
     for c in chunks:
@@ -217,14 +236,14 @@ def read_staged(segment: Any, chunks: Sequence[Any], where: str) -> list[dict]:
                 off, shape, dtype = place
                 off, shape, dtype = int(off), tuple(int(x) for x in shape), np.dtype(dtype)
                 n = math.prod(shape) * dtype.itemsize
-                if off < 0 or min(shape, default=0) < 0 or dtype.hasobject or off + n > len(m):
+                if off < 0 or min(shape, default=0) < 0 or dtype.hasobject or dtype.itemsize < 1 or off + n > len(m):
                     raise ValueError
+                got[col] = np.frombuffer(m, dtype=dtype, count=math.prod(shape), offset=off).reshape(shape)
             except (TypeError, ValueError):
                 raise SpecError(
                     f"{where}: column {col!r}: staged place {place!r} is not [offset, shape, dtype] inside the "
                     f"segment ({len(m)} bytes)"
                 ) from None
-            got[col] = np.frombuffer(m, dtype=dtype, count=math.prod(shape), offset=off).reshape(shape)
         out.append(got)
     return out
 
