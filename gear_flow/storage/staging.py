@@ -1,15 +1,16 @@
 """Insert staging through shared memory: a client hands episodes to a worker on its machine without the comm.
 
 A client inserting into shards whose worker runs on its machine copies the
-episodes once into a segment of its own (``gf_<pid>_<token>``, reused from
-call to call) and sends the worker only where each column lies in it; the
-worker maps the segment read-only and writes its rings straight from it.  The
-bytes then move at memory speed instead of through a loopback socket.  The
-segment stays untouched until the insert has been applied or aborted
-everywhere (the caller holds it for the whole call), and a staged part keeps
-its mapping alive on the worker, so a transaction settled later by the
-coordinator still reads what was sent.  Segments are unlinked at interpreter
-exit, or swept with the other segments of a process that died.
+episodes once into a segment of its own (``gf_<pid>_st<token>``) and sends
+the worker only where each column lies in it; the worker maps the segment
+read-only and writes its rings straight from it.  The bytes then move at
+memory speed instead of through a loopback socket.  A segment is reused by
+the next call only after an insert that was applied everywhere; after a
+failed one (a request given up on may still be read by its worker) it is
+unlinked and never written again.  A staged part keeps its mapping alive on
+the worker, so a transaction settled later by the coordinator still reads
+what was sent.  Segments are unlinked at interpreter exit, or swept with the
+other segments of a process that died.
 """
 
 from __future__ import annotations
