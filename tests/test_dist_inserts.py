@@ -9,10 +9,8 @@ workers saw, not what the handle believes.
 
 from __future__ import annotations
 
-import dask
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
 from helpers import COLUMNS, episode
 
 import gear_flow as gf
@@ -25,12 +23,10 @@ pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("data_plane")]
 DATA_OPS = ("stage", "write")
 
 
-@pytest.fixture(scope="module")
-def client():
-    with dask.config.set({"distributed.comm.timeouts.connect": "5s"}):
-        with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None) as cluster:
-            with Client(cluster) as c:
-                yield c
+@pytest.fixture
+def client(dist_client):
+    """The session's 2-worker cluster (tests/conftest.py); the handler wrappers are undone after each test."""
+    return dist_client
 
 
 def _count_comm_requests(dask_worker=None):

@@ -175,6 +175,24 @@ class HostedTable:
             lk.acquire()
         return locks
 
+    def try_locked(self) -> list[threading.RLock] | None:
+        """:meth:`locked` of every shard without waiting: None (nothing held) when one is taken.
+
+        Returns
+        -------
+        list of lock or None
+            The acquired locks, in acquisition order, or None.
+        """
+        locks = []
+        for i in sorted(self.shards):
+            lk = self.shards[i].lock
+            if not lk.acquire(blocking=False):
+                for held in reversed(locks):
+                    held.release()
+                return None
+            locks.append(lk)
+        return locks
+
 
 class ShardHost(SamplingHost):
     """All hosted tables of one worker; see the module docstring.

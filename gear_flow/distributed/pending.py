@@ -249,12 +249,11 @@ class RideAlongMixin:
 
     def _pending_calls(self, exclude: set | frozenset = frozenset()) -> dict:
         """``update`` requests for the stored updates of shards on workers not in ``exclude`` (taken from the store)."""
-        plans = self._masses.plans()
         calls = {}
         for a in sorted({self.placement[s] for s in self._pending.shards() if s in self.placement} - set(exclude)):
-            u = self._pending.take(s for s, w in self.placement.items() if w == a)
+            u = self._ride_along(a)
             if u is not None:
-                calls[a] = ("update", dict(name=self.name, **u, masses=plans or None))
+                calls[a] = ("update", dict(name=self.name, **u))
         return calls
 
     def _ride_along(self, addr: str) -> dict | None:

@@ -204,14 +204,7 @@ class GearFlowWorker(WorkerPlugin):
         t = self.host.tables.get(name) if isinstance(name, str) else None
         if t is None or backend.tier_name(t.tier) not in ("host", "shared"):
             return None
-        locks = []
-        for i in sorted(t.shards):
-            lk = t.shards[i].lock
-            if not lk.acquire(blocking=False):
-                release(locks)
-                return None
-            locks.append(lk)
-        return locks
+        return t.try_locked()
 
     async def handle(
         self,

@@ -148,20 +148,13 @@ class Attached:
         self.capacity = int(info["capacity"])
 
         def attach(d):
-            # mapped read-only, outside multiprocessing's resource tracker: the segment is the
-            # owner's, and a tracker shared with the owner must keep tracking it for crash cleanup
+            dtype = np.dtype(d["dtype"])
             try:
-                fd = _posixshmem.shm_open("/" + d["segment"], os.O_RDONLY, mode=0o600)
+                m = map_readonly(d["segment"], max(1, math.prod(d["shape"]) * dtype.itemsize))
             except FileNotFoundError:
                 raise ShardLostError(
                     shard, f"shared-memory segment {d['segment']} of shard {shard} is gone (its worker exited)"
                 ) from None
-            try:
-                dtype = np.dtype(d["dtype"])
-                size = max(1, math.prod(d["shape"]) * dtype.itemsize)
-                m = mmap.mmap(fd, size, flags=MAP_FLAGS, prot=mmap.PROT_READ)
-            finally:
-                os.close(fd)
             self._maps.append(m)
             return np.frombuffer(m, dtype=dtype, count=math.prod(d["shape"])).reshape(tuple(d["shape"]))
 
@@ -182,6 +175,37 @@ class Attached:
             bool mask, True where the window is intact; redo the others.
         """
         return src_abs >= int(self.header[WRITING_UNTIL]) - self.capacity
+
+
+def map_readonly(name: str, size: int | None = None) -> mmap.mmap:
+    """Map another process's segment ``name`` read-only (page tables filled: :data:`MAP_FLAGS`).
+
+    Mapped outside multiprocessing's resource tracker: the segment is its
+    owner's, and a tracker shared with the owner must keep tracking it for
+    crash cleanup.
+
+    Parameters
+    ----------
+    name : str
+        The segment's name (no leading ``/``).
+    size : int, optional
+        Bytes to map; default the whole segment.
+
+    Returns
+    -------
+    mmap.mmap
+        The read-only mapping (valid after the segment is unlinked).
+
+    Raises
+    ------
+    FileNotFoundError
+        No such segment on this machine.
+    """
+    fd = _posixshmem.shm_open("/" + name, os.O_RDONLY, mode=0o600)
+    try:
+        return mmap.mmap(fd, os.fstat(fd).st_size if size is None else size, flags=MAP_FLAGS, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
 
 
 def leftover_segments() -> list[str]:

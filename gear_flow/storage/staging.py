@@ -15,7 +15,6 @@ other segments of a process that died.
 
 from __future__ import annotations
 
-import _posixshmem
 import atexit
 import math
 import mmap
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SpecError
-from .shared import MAP_FLAGS, PREFIX
+from .shared import PREFIX, map_readonly
 
 #: arrays start at multiples of this many bytes in a staging segment
 ALIGN = 64
@@ -255,14 +254,10 @@ def _map(segment: str, where: str) -> mmap.mmap:
         if m is not None:
             _maps.move_to_end(segment)
             return m
-    try:  # read-only, outside the resource tracker: the segment is the client's
-        fd = _posixshmem.shm_open("/" + segment, os.O_RDONLY, mode=0o600)
+    try:
+        m = map_readonly(segment)
     except FileNotFoundError:
         raise SpecError(f"{where}: staged segment {segment} does not exist (on this machine)") from None
-    try:
-        m = mmap.mmap(fd, os.fstat(fd).st_size, flags=MAP_FLAGS, prot=mmap.PROT_READ)
-    finally:
-        os.close(fd)
     with _maps_lock:
         _maps[segment] = m
         while len(_maps) > MAPS_KEPT:
