@@ -197,3 +197,25 @@ def test_ride_along_updates_of_a_killed_workers_shard_are_dropped_not_retried_fo
         r = t.update_priorities(b.keys.numpy(), np.ones(8))
         assert r.applied == 8
         t.close()
+
+
+def test_an_insert_to_a_killed_worker_on_this_machine_is_refused_and_given_back():
+    """Same machine, shared memory on: the insert first asks the shard's worker where its segments are;
+    that worker was killed, so the insert fails as a ShardLostError (never an internal WorkerLost) and its
+    admission is given back (nothing in flight blocks later inserts)."""
+    with (
+        dask.config.set({"gear-flow.distributed.shared-memory": True}),
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as c,
+        Client(c) as client,
+    ):
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), degraded=True, seed=0)
+        t.insert(tagged(range(4)))
+        client.run(_kill_self, workers=[t.placement[1]], wait=False)
+        wait_for(lambda: 1 in {int(k) for k in t._ctx.sync(t._coord, "lookup")["lost"]}, "shard 1 to be marked lost")
+        t._shared.clear()  # as after a placement change: the next insert there probes the worker again
+        with pytest.raises(gf.ShardLostError):
+            t.insert(tagged([99]), shard=1)
+        info = t.info()
+        assert info["inserts_in_flight"] == 0 and 1 in info["lost"]
+        t.insert(tagged([7]), shard=0)  # the live shard still takes inserts
+        t.close()

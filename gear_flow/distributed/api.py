@@ -491,7 +491,10 @@ class DistributedTable(WritesMixin, RideAlongMixin, SamplingMixin, CheckpointMix
         if self._config.get("shared_memory") and config_get("distributed.shared-memory") and not local:
             from ..storage.shared import Attached, machine_id
 
-            lay = await call(self._ctx, addr, "shared_layout", table=self.name, name=self.name)
+            try:
+                lay = await call(self._ctx, addr, "shared_layout", table=self.name, name=self.name)
+            except WorkerLost:  # only a probe: the request that follows finds (and reports) the loss
+                return None
             if lay["machine"] == machine_id() and all(v is not None for v in lay["shards"].values()):
                 try:
                     got = {int(i): Attached(v, int(i)) for i, v in lay["shards"].items()}

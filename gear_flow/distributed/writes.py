@@ -293,6 +293,12 @@ class WritesMixin:
                     self.stats["insert_shared_bytes"] += n
                 else:
                     self.stats["insert_local_bytes" if a == local else "insert_remote_bytes"] += n
+        except BaseException as e:  # nothing sent yet: give the admission back
+            for seg in segs:
+                staging_area().discard(seg)
+            await self._abort_insert(adm["txn"], [], e)
+            raise self._insert_error(e, sorted(parts)) from None
+        try:
             applied, size = await self.run_insert(adm["txn"], dict(parts))
         except BaseException:  # a worker may still read them (a request given up on): never reused
             for seg in segs:
