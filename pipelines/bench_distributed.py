@@ -52,6 +52,7 @@ from common import (  # noqa: E402
     print_table,
     raw_dask_gbps,
     reference_columns,
+    stream_gbps,
     timeit,
     write_json,
 )
@@ -69,20 +70,14 @@ def _colocated(name, B, L, repeat):
     from gear_flow.distributed import DistributedTable
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import memcpy_gbps, timeit
+    from common import memcpy_gbps, stream_gbps, timeit
 
     t = DistributedTable.attach(name, seed=0)
     out = gf.SampleBuffers(t.spec, t.spec.names, B, L)
     ts = timeit(lambda: t.sample(B, L, out=out), repeat)
     nbytes = sum(a.nbytes for a in out.arrays.values())
-    import time
-
-    n, t0 = 0, time.perf_counter()
-    for _ in gf.Stream(t, B, L, prefetch=2, num_batches=repeat * 2, seed=0):  # admission hidden behind the gather
-        n += 1
-    stream_gbps = n * nbytes / (time.perf_counter() - t0) / 1e9
     return {
-        "stream_gbps": stream_gbps,
+        "stream_gbps": stream_gbps(t, B, L, repeat * 2),  # admission hidden behind the gather
         "gbps": nbytes / float(np.median(ts)) / 1e9,
         "memcpy_gbps": memcpy_gbps(nbytes, repeat=repeat),
         "local_shards": t.local_shards,
@@ -254,11 +249,7 @@ def run(workers: int, plane: str, args, eps, rows, results):
         res["memcpy_gbps"] = memcpy_gbps(batch_bytes, repeat=args.repeat)  # in this (the learner's) process
         res["external_memcpy_ratio"] = res["external_gbps"] / res["memcpy_gbps"]
         res["stats"] = dict(table.stats)
-        n = 0
-        t = time.perf_counter()
-        for _ in gf.Stream(table, B, L, prefetch=2, num_batches=args.repeat, seed=0):
-            n += 1
-        res["stream_gbps"] = n * batch_bytes / (time.perf_counter() - t) / 1e9
+        res["stream_gbps"] = stream_gbps(table, B, L, 2 * args.repeat)
 
         co = client.submit(_colocated, table.name, B, L, args.repeat, workers=[w0], pure=False).result()
         res["colocated"] = co

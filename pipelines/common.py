@@ -102,6 +102,26 @@ def memcpy_step(nbytes: int, pool_bytes: int = 256 << 20, cold_dst: bool = False
     return one
 
 
+def stream_gbps(table, B: int, L: int, batches: int, prefetch: int = 2, warmup: int = 5) -> float:
+    """GB/s of a ``gear_flow.Stream`` in its steady state: ``batches`` batches timed after ``warmup``.
+
+    The first batches pay what a stream pays once (its threads, its buffer pool faulted in,
+    the pipeline filling), which a learner's thousands of steps amortise; timing them would
+    measure the start-up, not the rate (``timeit`` leaves the first calls of ``sample`` out
+    the same way).
+    """
+    import gear_flow as gf
+
+    n, nbytes, t0 = 0, 0, None
+    for b in gf.Stream(table, B, L, prefetch=prefetch, num_batches=warmup + batches, seed=0):
+        n += 1
+        if n == warmup:
+            t0 = time.perf_counter()
+        elif n > warmup:
+            nbytes += sum(a.nbytes for a in b.data.values())
+    return nbytes / (time.perf_counter() - t0) / 1e9
+
+
 def _filled(nbytes: int, i: int) -> np.ndarray:
     return np.full(nbytes, i % 251, dtype=np.uint8)
 
