@@ -247,6 +247,52 @@ def test_a_deferred_update_with_an_unknown_key_waits_and_is_refused(table):
     assert not np.allclose(table.sample(64, 1).priorities.numpy(), 5.0)  # nothing applied anywhere
 
 
+def test_a_waited_update_goes_after_one_riding_on_a_sample_in_flight(dist_client):
+    """Thread A's sample carries a stored update (key x to 5.0) and is held at the worker by a lock;
+    thread B then sets x to 2.0 with wait=True.  B must not send before A's update is applied (both
+    would wait for the same lock, in no defined order): B waits, then x ends at 2.0."""
+    import threading
+    import time
+
+    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=1)
+    with dask.config.set({"gear-flow.distributed.shared-memory": False}):
+        t = DistributedTable.create(dist_client, spec, sampler=gf.Prioritized(1.0, 0.4), seed=0)
+    try:
+        t.insert([{"x": np.arange(20, dtype=np.float32)}], priorities=1.0)
+        seen = set()
+        while len(seen) < 20:
+            seen.update(t.sample(16, 1).keys.numpy().tolist())
+        keys = np.array(sorted(seen), dtype=np.int64)
+        old = np.zeros(20)
+        old[0] = 5.0  # only x = keys[0] keeps weight
+        assert t.update_priorities(keys, old, wait=False) is None
+        addr = t.placement[0]
+        before = dist_client.run(_ran, workers=[addr])[addr]
+        dist_client.run(_hold_locks, t.name, workers=[addr])
+        got = {}
+        a = threading.Thread(target=lambda: got.update(a=t.sample(4, 1)))
+        a.start()
+        deadline = time.monotonic() + 30
+        while dist_client.run(_ran, workers=[addr])[addr]["pool"] == before["pool"]:  # A waits at the worker
+            assert time.monotonic() < deadline, "the sample never reached the worker's pool"
+        t.requests.clear()
+        b = threading.Thread(target=lambda: got.update(b=t.update_priorities(keys[:1], 2.0)))
+        b.start()
+        while not getattr(t._pending, "waiters", None):  # B waits for A's update to settle, nothing sent
+            assert time.monotonic() < deadline, "the waited update did not wait for the one in flight"
+        assert not t.requests
+        dist_client.run(_let_go, workers=[addr])
+        a.join(30)
+        b.join(30)
+        assert got["b"].applied == 1 and dict(t.requests) == {"update": 1}
+        assert set(got["a"].keys.numpy().tolist()) == {int(keys[0])}  # drawn with A's update applied
+        last = t.sample(8, 1)
+        assert last.keys.numpy().tolist() == [int(keys[0])] * 8
+        assert np.allclose(last.priorities.numpy(), 2.0)  # B's value, applied after A's
+    finally:
+        t.close()
+
+
 # -- a slow worker is waited for, a silent one reported -----------------------------------------------------------
 def test_a_slow_reply_is_waited_for_and_a_silent_worker_is_reported(dist_client):
     """A request stuck behind a lock is not a lost worker: the handle asks the scheduler, waits again while

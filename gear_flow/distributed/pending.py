@@ -10,6 +10,7 @@ it sampled) is then one phase of requests instead of two.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterable
 
@@ -31,9 +32,11 @@ class PendingUpdates:
     may both take from it.  A shard whose updates are in a request in flight
     is not taken again until that request is settled (:meth:`done` or
     :meth:`put_back`), so two requests never carry updates of one shard at
-    once and a worker applies them in the order they were made.  What a
-    failed request carried is stored again, minus the seqs updated since
-    (stored or sent with ``wait=True``: :meth:`note_sent`), so an older
+    once and a worker applies them in the order they were made.  An update
+    sent directly (``wait=True``) holds its shards the same way
+    (:meth:`hold`, after :meth:`settled`), so it never overtakes nor is
+    overtaken by a ride-along of the same shard.  What a failed request
+    carried is stored again, minus the seqs stored since, so an older
     priority never overrides a newer one.
 
     Examples
@@ -60,6 +63,7 @@ class PendingUpdates:
         self.gen = 0  # bumped by every update stored or sent
         self.inflight: dict[int, int] = {}  # shard -> gen when its updates were taken
         self.log: list[tuple[int, int, np.ndarray]] = []  # (gen, shard, seqs) updated while shards were in flight
+        self.waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []  # settled() calls waiting
 
     def __len__(self) -> int:
         """Updates stored (before de-duplication)."""
@@ -95,17 +99,55 @@ class PendingUpdates:
                 self.count += len(seqs)
             self._log(seqs_by_shard)
 
-    def note_sent(self, seqs_by_shard: dict) -> None:
-        """Record an update sent directly (``wait=True``): a failed ride-along must not override it.
+    def hold(self, shards: Iterable[int]) -> bool:
+        """Mark ``shards`` in flight for an update sent directly, if none of them is in flight now.
+
+        Stored updates of held shards are not taken (:meth:`take`) until
+        :meth:`release`.
 
         Parameters
         ----------
-        seqs_by_shard : dict of int to numpy.ndarray
-            int64 item seqs per shard.
+        shards : iterable of int
+            Shard ids.
+
+        Returns
+        -------
+        bool
+            True: all held; False: one is in flight (nothing held; wait with
+            :meth:`settled` and try again).
+        """
+        shards = {int(s) for s in shards}
+        with self.lock:
+            if shards & set(self.inflight):
+                return False
+            for s in shards:
+                self.inflight[s] = self.gen
+            return True
+
+    def release(self, shards: Iterable[int]) -> None:
+        """End a :meth:`hold` (the direct update was answered, or failed).
+
+        Parameters
+        ----------
+        shards : iterable of int
+            The shards held.
         """
         with self.lock:
-            self.gen += 1
-            self._log(seqs_by_shard)
+            for s in shards:
+                self.inflight.pop(int(s), None)
+            self._trim()
+
+    async def settled(self, shards: Iterable[int]) -> None:
+        """Return once none of ``shards`` is in flight (its requests applied or failed)."""
+        shards = {int(s) for s in shards}
+        loop = asyncio.get_running_loop()
+        while True:
+            with self.lock:
+                if not shards & set(self.inflight):
+                    return
+                fut = loop.create_future()
+                self.waiters.append((loop, fut))
+            await fut
 
     def _log(self, seqs_by_shard: dict) -> None:
         for s, seqs in seqs_by_shard.items():
@@ -190,8 +232,12 @@ class PendingUpdates:
             self._trim()
 
     def _trim(self) -> None:
+        """After shards left flight (lock held): forget the log no request in flight needs, wake :meth:`settled`."""
         oldest = min(self.inflight.values(), default=None)
         self.log = [] if oldest is None else [e for e in self.log if e[0] > oldest]
+        waiters, self.waiters = self.waiters, []
+        for loop, fut in waiters:
+            loop.call_soon_threadsafe(_wake, fut)
 
     def stored(self) -> set[int]:
         """Shards with stored updates (in flight or not).
@@ -222,6 +268,11 @@ class PendingUpdates:
         with self.lock:
             self.by_shard.clear()
             self.count = 0
+
+
+def _wake(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class RideAlongMixin:
@@ -281,6 +332,16 @@ class RideAlongMixin:
             self._masses.update_many(plans, r.get("masses") or [])
             r = r.get("stale", 0)
         self.stats["deferred_stale"] += int(r)
+
+    async def _hold_pending(self, shards: set[int]) -> None:
+        """Before an update of ``shards`` is sent directly: send what is stored, wait for what is in flight,
+        then hold the shards (:meth:`PendingUpdates.hold`) so that no ride-along of them overtakes it.
+        Release with ``self._pending.release(shards)``."""
+        while True:
+            await self._send_pending()  # stored before this call: sent first, keeping call order
+            if self._pending.hold(shards):
+                return
+            await self._pending.settled(shards)  # in a sample in flight: applied, or stored again and sent next
 
     async def _send_pending(self, exclude: set | frozenset = frozenset()) -> None:
         """Send the stored updates now (those of workers in ``exclude`` stay), one request per worker."""

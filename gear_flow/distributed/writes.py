@@ -569,6 +569,12 @@ class WritesMixin:
         ties (``Prioritized``, ``Uniform``) and keys this handle has seen
         issued; otherwise the call waits as with ``wait=True``.
 
+        A handle's updates reach each worker in the order they were made,
+        whichever thread makes them: an update with ``wait=True`` first sends
+        the updates stored before it and waits for those riding on a sample
+        in flight (another thread's), and no later ride-along of its shards
+        leaves before it is answered.
+
         Parameters
         ----------
         keys : array_like of int
@@ -641,8 +647,15 @@ class WritesMixin:
         if pr is None:
             raise SpecError("priorities must not be None")
         self._cfg.check_priorities(pr)
-        await self._send_pending()  # keep this handle's updates in call order
-        self._pending.note_sent({i: q for s in by.values() for i, q in s.items()})
+        held = {i for s in by.values() for i in s}
+        await self._hold_pending(held)  # keep this handle's updates in call order
+        try:
+            return await self._update_now(k, by, idx, pr, on_lost)
+        finally:
+            self._pending.release(held)
+
+    async def _update_now(self, k, by, idx, pr, on_lost) -> UpdateResult:
+        """Send an update to the workers of its shards (held from ride-alongs by the caller)."""
         if len(by) > 1 and not self._issued.covers(k):
             # unknown keys anywhere must stop the whole call before any worker applies it (skipped when
             # every key is one this handle has seen issued: then no worker can find it unknown)
