@@ -17,8 +17,13 @@ so ranks see independent batches of the same table.
 
 A stream is a context manager: leaving the ``with`` block stops its requests
 in flight and writes back the priorities given to
-:meth:`Stream.update_priorities`, which queues them in the background, in
-order, without blocking the learner (a :class:`~gear_flow.PriorityWriter`).
+:meth:`Stream.update_priorities`, which never blocks the learner: on a
+distributed table with a weighted sampler it stores the update to ride on the
+stream's next sample (no request of its own, see
+:meth:`DistributedTable.update_priorities
+<gear_flow.distributed.DistributedTable.update_priorities>` with
+``wait=False``); otherwise it queues it for a background thread that writes
+updates in order (a :class:`~gear_flow.PriorityWriter`).
 """
 
 from __future__ import annotations
@@ -141,6 +146,7 @@ class Stream:
         self._iters: weakref.WeakSet = weakref.WeakSet()  # generators running, closed by close()
         self._writer = None
         self._writer_lock = threading.Lock()
+        self._deferred = 0  # updates stored to ride on the next sample
 
     def _rngs(self):
         base = np.random.SeedSequence(None if self.seed is None else [self.seed, self.rank])
@@ -204,11 +210,15 @@ class Stream:
                 flush()
 
     def update_priorities(self, keys: ArrayLike, priorities: ArrayLike) -> None:
-        """Queue a priority update of the table; returns at once (see ``priority_backlog``).
+        """Update priorities of the table without blocking (see ``priority_backlog``).
 
-        Updates reach the table in the order they were made, from one
-        background thread; a failed one is raised by a later call or by
-        :meth:`close`.
+        On a distributed table whose sampler lets updates ride along
+        (weighted, no heap ties, keys this stream sampled), the update is
+        checked and stored here and the stream's next sample carries it: no
+        request of its own.  Otherwise, or while updates queued earlier are
+        still pending, it is queued for one background thread.  Either way
+        updates reach the table in the order they were made; a failed one is
+        raised by a later call or by :meth:`close`.
 
         Parameters
         ----------
@@ -220,20 +230,29 @@ class Stream:
         -------
         None
         """
-        with self._writer_lock:
-            if self._writer is None:
-                from .writers import PriorityWriter
+        from .writers.priorities import PriorityWriter, host_copy
 
+        with self._writer_lock:
+            w = self._writer
+            defer = getattr(self.table, "defer_priorities", None)
+            if defer is not None and (w is None or w.collect(wait=False) == 0):  # nothing queued before it
+                k, p = host_copy(keys, np.int64), host_copy(priorities, np.float64)
+                if k.shape == p.shape and defer(k, p):
+                    self._deferred += 1
+                    return
+            if w is None:
                 self._writer = PriorityWriter(self.table, backlog=self.priority_backlog)
         self._writer.update(keys, priorities)
 
     @property
     def priority_writes(self) -> dict:
-        """``{"applied", "stale", "pending"}`` of the priority updates so far."""
+        """The priority updates so far: ``applied`` and ``stale`` items of those written by the background
+        thread, ``pending`` ones queued there, ``deferred`` updates stored to ride on a sample (their stale
+        keys are counted in the table's ``stats["deferred_stale"]``)."""
         w = self._writer
         if w is None:
-            return {"applied": 0, "stale": 0, "pending": 0}
-        return {"applied": w.applied, "stale": w.stale, "pending": w.pending}
+            return {"applied": 0, "stale": 0, "pending": 0, "deferred": self._deferred}
+        return {"applied": w.applied, "stale": w.stale, "pending": w.pending, "deferred": self._deferred}
 
     def close(self) -> None:
         """Stop: requests in flight are cancelled or awaited, queued priority updates written.
@@ -249,6 +268,8 @@ class Stream:
             gen.close()  # runs the generator's cleanup: cancel what has not started, wait for the rest
         if self._writer is not None:
             self._writer.close(wait=True)
+        if self._deferred:  # updates stored after the last batch: no sample will carry them
+            self.table.flush()
 
     def __enter__(self) -> Stream:
         return self

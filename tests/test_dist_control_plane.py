@@ -293,6 +293,44 @@ def test_a_waited_update_goes_after_one_riding_on_a_sample_in_flight(dist_client
         t.close()
 
 
+def test_a_stream_s_priority_updates_ride_on_its_samples(table, dist_client):
+    """Stream.update_priorities on a weighted distributed table sends no request of its own: the
+    stream's next sample carries the update; closing the stream sends what no sample carried."""
+    import torch
+
+    seen = set()
+    with gf.Stream(table, 64, 1, prefetch=1, num_batches=10, seed=0) as st:
+        for i, b in enumerate(st):
+            if i == 3:
+                table.requests.clear()
+            if i == 9:  # the last batch: 6 steps since, all carried by samples (5 or 6 sampled since the clear)
+                assert set(table.requests) == {"sample_part"} and table.requests["sample_part"] >= 10, table.requests
+            seen.update(b.keys.numpy().tolist())
+            st.update_priorities(b.keys, torch.rand(64, dtype=torch.float64) + 0.5)
+        keys = torch.tensor(sorted(seen))
+        pr = torch.zeros(len(keys), dtype=torch.float64)
+        pr[5] = 1.0
+        st.update_priorities(keys, pr)  # after the last batch: sent when the stream closes
+        assert st.priority_writes == {"applied": 0, "stale": 0, "pending": 0, "deferred": 11}
+    other = DistributedTable.attach(table.name, dist_client)
+    assert set(other.sample(16, 1).keys.numpy().tolist()) == {int(keys[5])}
+
+
+def test_a_stream_queues_updates_that_may_not_ride_along(table):
+    """Keys the stream never sampled (a new insert's) go to its background writer, and later updates
+    queue behind them (call order), until the writer has caught up."""
+    new = table.insert([{"x": np.arange(4, dtype=np.float32)}], priorities=1.0).first_keys[0] + np.arange(4)
+    with gf.Stream(table, 8, 1, prefetch=1, num_batches=2, seed=0) as st:
+        b = next(iter(st)).keys.numpy().copy()
+        st.update_priorities(new, np.full(len(new), 2.0))  # never seen issued: the writer checks them
+        st.update_priorities(b, np.full(8, 3.0))  # queued behind it, unless the writer is done already
+    w = st.priority_writes
+    assert w["pending"] == 0 and (w["applied"], w["deferred"]) in ((4, 1), (12, 0)), w
+    got = table.sample(256, 1)
+    p = dict(zip(got.keys.numpy().tolist(), got.priorities.numpy().tolist()))
+    assert {p[k] for k in new.tolist() if k in p} == {2.0} and {p[k] for k in b.tolist() if k in p} == {3.0}, p
+
+
 # -- a slow worker is waited for, a silent one reported -----------------------------------------------------------
 def test_a_slow_reply_is_waited_for_and_a_silent_worker_is_reported(dist_client):
     """A request stuck behind a lock is not a lost worker: the handle asks the scheduler, waits again while

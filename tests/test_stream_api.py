@@ -57,7 +57,7 @@ def test_update_priorities_never_blocks_and_applies_in_order():
         assert stream.priority_writes["pending"] == 20 and table.order == []
         table.gate.set()
     assert table.order == [float(i + 1) for i in range(20)]
-    assert stream.priority_writes == {"applied": 80, "stale": 0, "pending": 0}
+    assert stream.priority_writes == {"applied": 80, "stale": 0, "pending": 0, "deferred": 0}  # a local table: none
     shard, seq = decode(key.numpy())
     s = table.shards[int(shard[0])]
     assert s.priority[int(seq[0]) % s.capacity] == 20.0  # the last update won

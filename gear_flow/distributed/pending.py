@@ -138,7 +138,13 @@ class PendingUpdates:
             self._trim()
 
     async def settled(self, shards: Iterable[int]) -> None:
-        """Return once none of ``shards`` is in flight (its requests applied or failed)."""
+        """Return once none of ``shards`` is in flight (its requests applied or failed).
+
+        Parameters
+        ----------
+        shards : iterable of int
+            Shard ids.
+        """
         shards = {int(s) for s in shards}
         loop = asyncio.get_running_loop()
         while True:
@@ -296,6 +302,41 @@ class RideAlongMixin:
         for a, s in by.items():
             self._pending.add(s, {i: pr[idx[a][i]] for i in s})
         self.stats["deferred_stale"] += on_lost
+        return True
+
+    def defer_priorities(self, keys: ArrayLike, priorities: ArrayLike | float) -> bool:
+        """Store a priority update to ride on this handle's next sample, if it may; never waits for it.
+
+        What :meth:`update_priorities` does with ``wait=False``, except that
+        an update that may not ride along is not sent either: the caller
+        decides (a :class:`~gear_flow.Stream` queues it on its background
+        writer, so the learner never waits).
+
+        Parameters
+        ----------
+        keys : array_like of int
+            Item keys, any shape (flattened).
+        priorities : float or array_like of float
+            One value for all keys, or one per key; finite and >= 0.
+
+        Returns
+        -------
+        bool
+            True: stored (sent with the next sample, :meth:`flush`,
+            :meth:`checkpoint` or :meth:`close`); False: nothing stored, the
+            update must be sent (the sampler is not weighted, has heap ties,
+            or a key was never seen issued by this handle).
+
+        Raises
+        ------
+        InvalidDataError, SpecError, InvalidPriorityError
+            Invalid keys or priorities, as :meth:`update_priorities`; nothing
+            stored.
+        """
+        if not self._defer(keys, priorities):
+            return False
+        if len(self._pending) > PENDING_MAX:
+            self._ctx.sync(self._send_pending)
         return True
 
     def _pending_calls(self, exclude: set | frozenset = frozenset()) -> dict:

@@ -607,9 +607,7 @@ class WritesMixin:
         ShardLostError
             A key names a lost shard and the table is not ``degraded``.
         """
-        if not wait and self._defer(keys, priorities):  # stored in this thread: no trip to the event loop
-            if len(self._pending) > PENDING_MAX:
-                self._ctx.sync(self._send_pending)
+        if not wait and self.defer_priorities(keys, priorities):  # stored in this thread: no trip to the event loop
             return None
         return self._ctx.sync(self.update_priorities_async, keys, priorities, wait=wait)
 

@@ -87,8 +87,8 @@ class PriorityWriter:
         -------
         None
         """
-        k = _host_copy(keys, np.int64)
-        p = _host_copy(priorities, np.float64)
+        k = host_copy(keys, np.int64)
+        p = host_copy(priorities, np.float64)
         if k.shape != p.shape:
             raise SpecError(f"{len(k)} keys but {len(p)} priorities; nothing was queued")
         self._submit(self.table.update_priorities, k, p)
@@ -178,7 +178,21 @@ class PriorityWriter:
         self.close(wait=exc_type is None)
 
 
-def _host_copy(x, dtype) -> np.ndarray:
+def host_copy(x: ArrayLike, dtype: type) -> np.ndarray:
+    """A flat host copy of ``x`` as ``dtype``.
+
+    Parameters
+    ----------
+    x : array_like or torch.Tensor
+        Any shape; a tensor may be on a device.
+    dtype : type
+        NumPy dtype of the copy.
+
+    Returns
+    -------
+    numpy.ndarray
+        1-D, owning its memory.
+    """
     if hasattr(x, "detach"):  # a torch tensor (possibly on a device)
         x = x.detach().cpu().numpy()
     return np.array(x, dtype=dtype, copy=True).reshape(-1)
