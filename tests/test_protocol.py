@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gear_flow as gf
-from gear_flow.distributed import DistributedTable, protocol, wire
+from gear_flow.distributed import DistributedTable, checkers, protocol, wire
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -282,7 +282,7 @@ def _accepts(checker, value) -> bool:
     try:
         checker(value)
         return True
-    except protocol._Bad:
+    except checkers._Bad:
         return False
 
 

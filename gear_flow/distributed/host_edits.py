@@ -1,0 +1,186 @@
+"""Item edits of a worker's host: priority updates, deletes and removal over local shards.
+
+``update`` sets priorities by item seq, ``delete`` removes items by seq (both
+all or nothing for unknown keys, which ``check_keys`` finds), and ``remove``
+evicts what the table's remover chose (a planner's ``Evict`` part).
+
+:class:`EditingHost` is a mixin of :class:`~gear_flow.distributed.host.ShardHost`
+rather than a class of its own because these methods work on the host's
+tables, a sample's ride-along updates call ``update`` on the same host, and
+the worker plugin calls them as ``ShardHost.<method>``; keeping them here
+keeps each path readable on its own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import SpecError
+from ..table.executor import evict_on, summary
+
+
+class EditingHost:
+    """Priority, delete and removal methods of :class:`~gear_flow.distributed.host.ShardHost` (needs ``table``)."""
+
+    # -- priorities, deletes, removal ------------------------------------------------------
+    def check_keys(self, name: str, seqs_by_shard: dict) -> None:
+        """Raise UnknownKeyError if any seq was never issued (nothing applied).
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        seqs_by_shard : dict
+            ``{shard: int64 item seqs}`` (keys decoded).
+
+        Raises
+        ------
+        UnknownKeyError
+            A seq at or above its shard's next one.
+        SpecError
+            No such table or shard here.
+        """
+        t = self.table(name)
+        for i, seqs in seqs_by_shard.items():
+            t.shard(i).resolve(np.asarray(seqs, dtype=np.int64))
+
+    def update(
+        self,
+        name: str,
+        seqs_by_shard: dict,
+        prios_by_shard: dict,
+        stamps_by_shard: dict | None = None,
+        masses: list | None = None,
+    ) -> int | dict:
+        """Set priorities by item seq; all or nothing for invalid input or unknown keys.
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        seqs_by_shard : dict
+            ``{shard: int64 item seqs}``.
+        prios_by_shard : dict
+            ``{shard: float64 priorities}``, one per seq, same shards.
+        stamps_by_shard : dict, optional
+            ``{shard: int64 stamps}`` from the table-wide clock, to order heap
+            ties across shards.
+        masses : list of dict, optional
+            ``[{"length", "boundary"}]``: the plans the caller keeps masses
+            for.
+
+        Returns
+        -------
+        int or dict
+            Without ``masses``: the number of stale seqs (items gone).  With
+            it: ``{"stale": n, "masses": [{shard: sampler mass}]}``, the
+            updated shards' masses after the update for each plan (empty for
+            unweighted selection), so the caller's next plan needs no masses
+            round trip.
+
+        Raises
+        ------
+        SpecError
+            Seqs and priorities that do not pair up.
+        InvalidPriorityError
+            Priorities the sampler or remover cannot represent.
+        UnknownKeyError
+            A seq never issued.
+        """
+        if set(seqs_by_shard) != set(prios_by_shard) or any(
+            len(np.asarray(seqs_by_shard[i])) != len(np.asarray(prios_by_shard[i])) for i in seqs_by_shard
+        ):
+            raise SpecError("worker 'update': one priority per key, for the same shards")
+        self.check_keys(name, seqs_by_shard)
+        t = self.table(name)
+        for i in seqs_by_shard:
+            t.cfg.check_priorities(np.asarray(prios_by_shard[i], np.float64))
+        st = stamps_by_shard or {}
+        stale = sum(
+            t.shard(i).update_priorities(
+                np.asarray(seqs, np.int64), np.asarray(prios_by_shard[i], np.float64), st.get(i)
+            )
+            for i, seqs in seqs_by_shard.items()
+        )
+        if masses is None or t.cfg.selection != "weighted":
+            return stale if masses is None else {"stale": stale, "masses": []}
+        return {
+            "stale": stale,
+            "masses": [
+                {int(i): summary(t.shard(i), "sampler", m["length"], m["boundary"]) for i in seqs_by_shard}
+                for m in masses
+            ],
+        }
+
+    def delete(self, name: str, seqs_by_shard: dict) -> tuple[dict, int]:
+        """Remove items by seq (all or nothing for unknown keys).
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        seqs_by_shard : dict
+            ``{shard: int64 item seqs}``.
+
+        Returns
+        -------
+        deleted : dict of int to int
+            Items removed per shard.
+        stale : int
+            Seqs whose item was already gone.
+
+        Raises
+        ------
+        UnknownKeyError
+            A seq never issued.
+        """
+        self.check_keys(name, seqs_by_shard)
+        t = self.table(name)
+        d, st = {}, 0
+        for i, seqs in seqs_by_shard.items():
+            a, b = t.shard(i).delete(np.asarray(seqs, np.int64))
+            d[int(i)] = a
+            st += b
+        return d, st
+
+    def remove(self, name: str, counts: dict | None = None, slots: dict | None = None, seed: int | None = None) -> dict:
+        """Evict by the remover (an :class:`planner.Evict` part).
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        counts : dict, optional
+            ``{shard: items}`` for the remover to choose (random removers).
+        slots : dict, optional
+            ``{shard: slots}`` chosen by a global merge (ordered removers).
+            Give exactly one of ``counts`` and ``slots``.
+        seed : int, optional
+            Seeds the removers' generator.
+
+        Returns
+        -------
+        dict of int to int
+            Items removed, per shard that removed any.
+
+        Raises
+        ------
+        SpecError
+            Both or neither of ``counts`` and ``slots``, slots beyond a
+            shard's capacity, or a shard not here.
+        """
+        rng = np.random.default_rng(seed)
+        t = self.table(name)
+        if (counts is None) == (slots is None):
+            raise SpecError("worker 'remove': give exactly one of counts and slots")
+        for i, v in (slots or {}).items():
+            if len(v) and int(np.max(v)) >= t.shard(i).capacity:
+                raise SpecError(f"worker 'remove': slots of shard {i} must be below its capacity")
+        for i in counts or {}:
+            t.shard(i)
+        out = {}
+        for i, v in (slots if slots is not None else counts or {}).items():
+            k = evict_on(t.shard(i), slots=v, rng=rng) if slots is not None else evict_on(t.shard(i), counts=v, rng=rng)
+            if k:
+                out[int(i)] = k
+        return out

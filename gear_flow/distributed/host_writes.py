@@ -1,0 +1,241 @@
+"""The write path of a worker's host: inserts as transactions over local shards.
+
+Inserts are transactions: ``stage`` validates and keeps the episodes (no copy,
+nothing visible), ``apply`` writes them, ``abort`` forgets them; ``write`` is
+both at once for an insert that touches only this worker.  ``status`` tells
+the coordinator what became of a transaction whose client went away.
+
+:class:`WritingHost` is a mixin of :class:`~gear_flow.distributed.host.ShardHost`
+rather than a class of its own because these methods share the host's tables
+and their locks with sampling and checkpoints, and the worker plugin calls
+them as ``ShardHost.<method>``; keeping them here keeps the write path
+readable on its own.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import CapacityError, SpecError
+from ..shard import EpisodeBatch
+from ..storage.staging import read_staged
+
+if TYPE_CHECKING:
+    from .host import HostedTable
+
+#: transactions whose outcome a worker remembers (for the coordinator's recovery)
+_REMEMBER = 4096
+
+
+class WritingHost:
+    """Insert methods of :class:`~gear_flow.distributed.host.ShardHost` (needs ``table``, ``tables``, ``finish_sample``)."""
+
+    # -- inserts: stage, apply, abort -----------------------------------------------------
+    def stage(self, name: str, txn: str, parts: list[dict]) -> int:
+        """Validate and keep ``parts`` of insert ``txn`` (nothing visible yet, no copy).
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        txn : str
+            The insert's transaction id.
+        parts : list of dict
+            Each ``{"shard", "chunks", "lengths", "episode_ids", "stamps",
+            "priorities"}``: one chunk (``{column: [T, *shape] array}``), one
+            length, episode id and first stamp per episode, and None or one
+            float64 priority per item; with ``staged`` (``{"segment"}``) the
+            chunks are places in a client's staging segment on this machine
+            (:mod:`gear_flow.storage.staging`).
+
+        Returns
+        -------
+        int
+            Items staged.
+
+        Raises
+        ------
+        SpecError
+            A malformed part (wrong dtype or shape, more steps than the
+            shard's capacity, bad priorities) or a transaction staged twice.
+        CapacityError
+            A queue or stack would overwrite items never handed out.
+        """
+        t = self.table(name)
+        batches = [self._batch(t, p) for p in parts]
+        if t.cfg.lossless:  # a Queue/Stack: the ring may never overwrite an item still waiting
+            steps = {}
+            for sid, b in batches:
+                steps[sid] = steps.get(sid, 0) + int(b.lengths.sum())
+            for sid, n in steps.items():
+                lost = t.shards[sid].live_overwritten(n)
+                if lost:
+                    raise CapacityError(
+                        f"shard {sid} of table {name!r}: storing {n} more steps would overwrite {lost} items that "
+                        f"were never handed out (capacity {t.spec.capacity}); give the table more capacity; "
+                        "nothing was inserted"
+                    )
+        with t.lock:
+            if txn in t.staged or txn in t.applied:
+                raise SpecError(f"insert {txn!r} of table {name!r} was already staged on this worker")
+            t.staged[txn] = batches
+        step = t.spec.item_unit == "step"
+        return int(sum(int(b.lengths.sum()) if step else len(b.lengths) for _, b in batches))
+
+    def _batch(self, t: HostedTable, p: dict):
+        s = t.shard(p["shard"])
+        lengths = np.asarray(p["lengths"], dtype=np.int64)
+        chunks = list(p["chunks"])
+        if p.get("staged") is not None:  # the client's staging segment on this machine: views into it
+            chunks = read_staged(p["staged"]["segment"], chunks, f"shard {s.shard_id}")
+        if len(chunks) != len(lengths) or np.any(lengths < 1):
+            raise SpecError(f"shard {s.shard_id}: {len(chunks)} chunks for {len(lengths)} episode lengths")
+        if not len(np.asarray(p["episode_ids"])) == len(np.asarray(p["stamps"])) == len(lengths):
+            raise SpecError(f"shard {s.shard_id}: one episode id and one stamp per episode are needed")
+        if lengths.sum() > s.capacity:
+            raise SpecError(f"shard {s.shard_id}: {int(lengths.sum())} steps exceed its capacity ({s.capacity})")
+        for c, n in zip(chunks, lengths):
+            for col in t.spec.columns:
+                a = c.get(col.name) if hasattr(c, "get") else None
+                if not isinstance(a, np.ndarray) or a.dtype != col.dtype or a.shape != (int(n), *col.shape):
+                    raise SpecError(
+                        f"shard {s.shard_id}: column {col.name!r} must be {col.dtype}[{int(n)}, *{col.shape}], got "
+                        f"{getattr(a, 'dtype', type(a).__name__)}{list(getattr(a, 'shape', ()))}"
+                    )
+        n_items = int(lengths.sum()) if t.spec.item_unit == "step" else len(lengths)
+        pr = p.get("priorities")
+        if pr is not None:
+            pr = np.asarray(pr, dtype=np.float64)
+            if pr.shape != (n_items,) or not np.all(np.isfinite(pr) & (pr >= 0)):
+                raise SpecError(f"shard {s.shard_id}: priorities must be {n_items} finite values >= 0")
+        batch = EpisodeBatch(
+            chunks,
+            lengths,
+            np.asarray(p["episode_ids"], dtype=np.int64),
+            np.asarray(p["stamps"], dtype=np.int64),
+            pr,
+        )
+        return s.shard_id, batch
+
+    def apply(self, name: str, txn: str) -> dict:
+        """Write the staged insert ``txn``.
+
+        Applying a transaction twice returns the first result (the coordinator's
+        recovery and the client may both ask).
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        txn : str
+            The insert's transaction id.
+
+        Returns
+        -------
+        dict
+            ``{"first_keys": {shard: int64 key of each episode's first item},
+            "items": {shard: items written}, "evicted": {shard: items
+            overwritten}}``.
+
+        Raises
+        ------
+        SpecError
+            ``txn`` is neither staged nor applied here.
+        """
+        t = self.table(name)
+        with t.lock:
+            if txn in t.applied:
+                return t.applied[txn]
+            try:
+                batches = t.staged.pop(txn)
+            except KeyError:
+                raise SpecError(f"insert {txn!r} of table {name!r} is not staged on this worker") from None
+        res = {"first_keys": {}, "evicted": {}, "items": {}}
+        for sid, batch in batches:
+            s = t.shards[sid]
+            with s.lock:  # count only this insert's evictions
+                before = s.counters.evicted
+                fk, n = s.insert(batch)
+                ev = s.counters.evicted - before
+            res["first_keys"][sid] = np.concatenate([res["first_keys"][sid], fk]) if sid in res["first_keys"] else fk
+            res["items"][sid] = res["items"].get(sid, 0) + int(n)
+            if ev:
+                res["evicted"][sid] = res["evicted"].get(sid, 0) + int(ev)
+        with t.lock:
+            t.applied[txn] = res
+            while len(t.applied) > _REMEMBER:
+                t.applied.popitem(last=False)
+        return res
+
+    def write(self, name: str, txn: str, parts: list[dict]) -> dict:
+        """Stage and apply at once (an insert that touches only this worker).
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        txn : str
+            The insert's transaction id.
+        parts : list of dict
+            As :meth:`stage`.
+
+        Returns
+        -------
+        dict
+            As :meth:`apply`.
+
+        Raises
+        ------
+        SpecError, CapacityError
+            As :meth:`stage`.
+        """
+        self.stage(name, txn, parts)
+        return self.apply(name, txn)
+
+    def abort(self, name: str, txn: str) -> bool:
+        """Forget a staged insert, or undo a pending sample.
+
+        Parameters
+        ----------
+        name : str
+            The table's name (an unknown one: nothing to do).
+        txn : str
+            The insert's or sample's transaction id.
+
+        Returns
+        -------
+        bool
+            True if there was something to undo.
+        """
+        t = self.tables.get(name)
+        if t is None:
+            return False
+        with t.lock:
+            staged = t.staged.pop(txn, None) is not None
+        return staged or bool(self.finish_sample(name, txn, commit=False))
+
+    def status(self, name: str, txn: str) -> dict:
+        """What became of ``txn`` here (for the coordinator's recovery of a departed client's insert).
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        txn : str
+            The insert's transaction id.
+
+        Returns
+        -------
+        dict
+            ``{"state": "staged" | "applied" | "unknown"}``, with ``result``
+            (as :meth:`apply` returned it) when applied.
+        """
+        t = self.tables.get(name)
+        if t is None:
+            return {"state": "unknown"}
+        with t.lock:
+            if txn in t.applied:
+                return {"state": "applied", "result": t.applied[txn]}
+            return {"state": "staged" if txn in t.staged else "unknown"}
