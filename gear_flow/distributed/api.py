@@ -479,6 +479,7 @@ class DistributedTable(WritesMixin, RideAlongMixin, SamplingMixin, CheckpointMix
         self.lost = {int(k): v for k, v in st["lost"].items()}
         self._version = st["version"]
         self._shared.clear()  # shards may have moved: map again
+        self._ctx.lanes.clear()
         self._masses.clear()
         self._issued.clear()
 
@@ -500,6 +501,8 @@ class DistributedTable(WritesMixin, RideAlongMixin, SamplingMixin, CheckpointMix
                     got = {int(i): Attached(v, int(i)) for i, v in lay["shards"].items()}
                 except (ShardLostError, OSError, ValueError) as e:  # not this machine's /dev/shm after all
                     logger.info("table %r: shards of %s not mapped (%s); using the comm", self.name, addr, e)
+                if got is not None and isinstance(lay.get("lane"), str) and config_get("distributed.fast-lane"):
+                    self._ctx.lanes.paths[addr] = lay["lane"]  # its control requests: over a Unix socket
         self._shared[addr] = got
         return got
 
@@ -661,6 +664,7 @@ class DistributedTable(WritesMixin, RideAlongMixin, SamplingMixin, CheckpointMix
                 await self._send_pending()
             except (GearFlowError, Retry) as e:  # closing anyway
                 logger.warning("table %r: priority updates not sent before closing: %s", self.name, e)
+            self._ctx.lanes.clear()  # its connections (here on the loop: asyncio transports are not thread-safe)
             await self._coord("close")
             if drop:
                 await asyncio.gather(

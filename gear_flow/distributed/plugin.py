@@ -25,10 +25,12 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
 from .. import backend
+from ..config import get as config_get
 from ..errors import GearFlowError, ProtocolError
 from . import protocol, wire
 from .host import ShardHost
 from .host_sampling import release
+from .lane import LaneServer
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -142,6 +144,7 @@ class GearFlowWorker(WorkerPlugin):
         self.executor = ThreadPoolExecutor(self.threads, thread_name_prefix="gear-flow")
         #: operations run on the event loop and in the thread pool
         self.ran = {"loop": 0, "pool": 0}
+        self.lane = LaneServer(self.serve)  # listens once a same-machine handle asks (shared_layout)
         worker.handlers["gear_flow"] = self.handle
 
     def teardown(self, worker: Worker) -> None:
@@ -154,6 +157,7 @@ class GearFlowWorker(WorkerPlugin):
         """
         self.executor.shutdown(wait=False)
         worker.handlers.pop("gear_flow", None)
+        self.lane.close()
         self.host.close()  # shared-memory segments leave with the worker
 
     async def run(self, op: str, **kwargs: Any) -> Any:
@@ -244,6 +248,36 @@ class GearFlowWorker(WorkerPlugin):
             operation's own error, or an unexpected exception wrapped in a
             GearFlowError), both serialized for the comm.
         """
+        ok, value = await self.serve(action, args, v, packed, frames)
+        return wire.ok(value) if ok else {"status": "error", "error": to_serialize(value)}
+
+    async def serve(
+        self, action: Any, args: Any, v: Any, packed: bytes | None = None, frames: Any = None
+    ) -> tuple[bool, Any]:
+        """Check and run one request, from the comm (:meth:`handle`) or the fast lane (:mod:`.lane`).
+
+        Parameters
+        ----------
+        action : str
+            The operation, a key of :data:`OPS`.
+        args : dict or None
+            Its keyword arguments (checked against
+            :data:`gear_flow.distributed.protocol.WORKER`).
+        v : int
+            The caller's protocol version.
+        packed : bytes, optional
+            The arguments packed by :func:`gear_flow.distributed.wire.encode`
+            (instead of ``args``).
+        frames : list, optional
+            The packed arguments' large arrays.
+
+        Returns
+        -------
+        tuple
+            ``(True, result)``, or ``(False, GearFlowError)`` for a version or
+            schema mismatch, the operation's own error, or an unexpected
+            exception (logged, wrapped).
+        """
         try:
             protocol.check_version(v, f"worker {self.worker.address}")
             if packed is not None:
@@ -258,12 +292,11 @@ class GearFlowWorker(WorkerPlugin):
                     ) from None
             protocol.check(protocol.WORKER, action, args if args is not None else {}, f"worker {self.worker.address}")
             result = await self.run(action, **(args or {}))
+            if action == "shared_layout" and config_get("distributed.fast-lane"):  # where same-machine handles ask
+                result = {**result, "lane": await self.lane.start()}
         except GearFlowError as e:  # returned, re-raised with its own type by the caller
-            return {"status": "error", "error": to_serialize(e)}
+            return False, e
         except Exception as e:  # a bug or a message the schema let through: answered, the worker survives
             logger.exception("gear_flow %r failed", action)
-            return {
-                "status": "error",
-                "error": to_serialize(GearFlowError(f"worker operation {action!r}: {type(e).__name__}: {e}")),
-            }
-        return wire.ok(result)
+            return False, GearFlowError(f"worker operation {action!r}: {type(e).__name__}: {e}")
+        return True, result

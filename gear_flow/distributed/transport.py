@@ -11,17 +11,20 @@ worker, then reported as a timeout, never silently as a loss.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import config
 from ..errors import CoordinatorLostError, GearFlowError
 from . import protocol, wire
+from .lane import LANE_ERRORS, Lanes
 from .plugin import PLUGIN_NAME
 
 if TYPE_CHECKING:
     from distributed import Client, Worker
 
+logger = logging.getLogger(__name__)
 COMM_ERRORS = (OSError, asyncio.TimeoutError)
 T = TypeVar("T")
 
@@ -94,6 +97,8 @@ class Context:
             self.local_addr = None
             self.local_plugin = None
             self.owner = client.id
+        #: fast lanes to workers on this machine (:mod:`gear_flow.distributed.lane`), learnt with their shared rings
+        self.lanes = Lanes()
 
     def sync(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Run coroutine function ``fn`` on this context's event loop and wait for its result.
@@ -249,6 +254,17 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
 
     watch["timer"] = loop.call_later(timeout, slow)
     try:
+        lane = ctx.lanes.route(addr, op)
+        if lane is not None:
+            try:
+                ok, value = await ctx.lanes.call(lane, op, args, protocol.VERSION)
+            except LANE_ERRORS as e:  # the request goes over the comm, and later ones to this worker too
+                logger.info("fast lane to %s failed (%s: %s); using the comm", addr, type(e).__name__, e)
+                ctx.lanes.drop(addr)
+            else:
+                if ok:
+                    return value
+                raise value if isinstance(value, BaseException) else GearFlowError(str(value))
         resp = await ctx.rpc(addr).gear_flow(action=op, v=protocol.VERSION, **wire.encode(args))
     except asyncio.CancelledError:
         if watch["why"] is not None:

@@ -28,6 +28,7 @@ import _posixshmem
 import math
 import mmap
 import os
+import shutil
 import uuid
 from typing import Any
 
@@ -249,7 +250,10 @@ def sweep() -> list[str]:
     gone = []
     for n in leftover_segments():
         try:
-            _posixshmem.shm_unlink("/" + n)
+            if os.path.isdir(os.path.join("/dev/shm", n)):  # a fast lane's socket directory (distributed.lane)
+                shutil.rmtree(os.path.join("/dev/shm", n))
+            else:
+                _posixshmem.shm_unlink("/" + n)
             gone.append(n)
         except FileNotFoundError:
             pass

@@ -1,0 +1,158 @@
+"""The fast lane: control requests to same-machine workers over a Unix socket
+(:mod:`gear_flow.distributed.lane`).
+
+A handle that maps a worker's shared rings sends that worker's draws, masses
+and updates over the worker's lane: checked like the comm's messages, answered
+the same way, falling back to the comm when the lane fails, and its socket
+directory is private and leaves with the worker (or with :func:`sweep` after a
+crash).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import subprocess
+import sys
+
+import dask
+import numpy as np
+import pytest
+
+import gear_flow as gf
+from gear_flow.distributed import DistributedTable, protocol
+from gear_flow.distributed.lane import MAGIC, Lanes, LaneServer, pack, read
+from gear_flow.errors import ProtocolError
+from gear_flow.storage.shared import leftover_segments, sweep
+
+
+def _served(dask_worker):
+    return dask_worker.plugins["gear-flow"].lane.served
+
+
+@pytest.fixture
+def table(dist_client):
+    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=256, num_shards=2)
+    with dask.config.set({"gear-flow.distributed.shared-memory": True, "gear-flow.distributed.fast-lane": True}):
+        t = DistributedTable.create(dist_client, spec, sampler=gf.Prioritized(1.0, 0.4), seed=0)
+    try:
+        t.insert([{"x": np.arange(50, dtype=np.float32)} for _ in range(4)], priorities=1.0)
+        yield t
+    finally:
+        t.close()
+
+
+def _check(b):
+    assert np.array_equal(b["x"].numpy()[:, 0], b.timesteps.numpy())  # x[i] = i: the row is the item drawn
+
+
+def test_control_requests_take_the_lane(table, dist_client):
+    _check(table.sample(16, 1))  # first contact: the shared rings mapped, the lanes learnt
+    assert set(table._ctx.lanes.paths) == set(table.placement.values())
+    before = dist_client.run(_served)
+    table.requests.clear()
+    for _ in range(5):
+        b = table.sample(64, 1)
+        _check(b)
+        table.update_priorities(b.keys.numpy(), np.full(64, 2.0))
+    after = dist_client.run(_served)
+    sent = table.requests["sample_part"] + table.requests["update"]
+    assert sum(after[a] - before[a] for a in after) == sent > 0, (dict(table.requests), before, after)
+    assert table.stats["shared_bytes"] > 0
+
+
+def test_without_the_lane_requests_take_the_comm(dist_client):
+    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=2)
+    with dask.config.set({"gear-flow.distributed.fast-lane": False}):
+        t = DistributedTable.create(dist_client, spec, sampler=gf.Uniform(), seed=0)
+        try:
+            t.insert([{"x": np.arange(20, dtype=np.float32)} for _ in range(2)])
+            before = dist_client.run(_served)
+            for _ in range(3):
+                _check(t.sample(8, 1))
+            assert not t._ctx.lanes.paths and dist_client.run(_served) == before
+        finally:
+            t.close()
+
+
+def test_a_failed_lane_falls_back_to_the_comm(table):
+    _check(table.sample(16, 1))
+    addr = next(iter(table._ctx.lanes.paths))
+    table._ctx.lanes.paths[addr] = "/nonexistent/gear-flow-lane"  # as if the worker's socket vanished
+    for _ in range(3):
+        _check(table.sample(64, 1))
+    assert addr not in table._ctx.lanes.paths  # that worker: over the comm from now on
+
+
+async def _raw(path: str, data: bytes) -> bytes:
+    r, w = await asyncio.open_unix_connection(path)
+    w.write(data)
+    await w.drain()
+    try:
+        return await r.read()  # until the worker closes the connection
+    finally:
+        w.close()
+
+
+def test_the_lane_checks_every_request_like_the_comm(table):
+    _check(table.sample(16, 1))
+    path = next(iter(table._ctx.lanes.paths.values()))
+    info = table.info()
+
+    async def ask(op, args, v=protocol.VERSION):
+        return await Lanes().call(path, op, args, v)
+
+    for op, args, v, words in [
+        ("sample_part", {"name": table.name}, protocol.VERSION - 1, "version"),
+        ("no_such_op", {"name": table.name}, protocol.VERSION, "no_such_op"),
+        ("uncount", {"name": table.name, "counts": {0: -5}}, protocol.VERSION, "counts"),
+        ("update", {"name": table.name, "seqs_by_shard": "x"}, protocol.VERSION, "seqs_by_shard"),
+    ]:
+        ok, err = asyncio.run(ask(op, args, v))
+        assert not ok and isinstance(err, ProtocolError) and words in str(err), (op, err)
+    ok, err = asyncio.run(Lanes().call(path, "uncount", "not a dict", protocol.VERSION))
+    assert not ok and isinstance(err, ProtocolError)
+    # not a lane message, or a pickle that cannot be read: the connection is closed, nothing answered
+    assert asyncio.run(_raw(path, b"GET / HTTP/1.1\r\n\r\n")) == b""
+    bad = pack({"action": "info"})
+    bad[1] = b"\x80\x05not a pickle"
+    bad[0] = bad[0][:4] + len(bad[1]).to_bytes(4, "little") + bad[0][8:]
+    assert asyncio.run(_raw(path, b"".join(bad))) == b""
+    huge = MAGIC + (1 << 30).to_bytes(4, "little") + (0).to_bytes(4, "little")
+    assert asyncio.run(_raw(path, huge)) == b""  # refused before reading it
+    assert table.info() == info  # nothing changed
+    _check(table.sample(64, 1))  # and the lane still serves
+
+
+def test_a_lane_directory_is_private_and_leaves_with_its_server(tmp_path):
+    async def run():
+        async def serve(action, args, v):
+            return True, (action, args, v)
+
+        srv = LaneServer(serve)
+        path = await srv.start()
+        assert await srv.start() == path  # started once
+        d = os.path.dirname(path)
+        assert stat.S_IMODE(os.stat(d).st_mode) == 0o700 and stat.S_ISSOCK(os.stat(path).st_mode)
+        assert await Lanes().call(path, "info", {"name": "t"}, 7) == (True, ("info", {"name": "t"}, 7))
+        r, w = await asyncio.open_unix_connection(path)
+        w.writelines(pack({"action": "x", "args": np.arange(100_000), "v": 1}))  # buffers out of band
+        ok, (_, got, _) = await read(r)
+        assert ok and np.array_equal(got, np.arange(100_000))
+        w.close()
+        srv.close()
+        assert not os.path.exists(d)
+
+    asyncio.run(run())
+
+
+def test_sweep_removes_the_lane_directory_of_a_dead_worker():
+    pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(pid.stdout)
+    d = f"/dev/shm/gf_{dead}_lanetest"
+    os.makedirs(d, mode=0o700)
+    open(os.path.join(d, "s"), "w").close()
+    assert os.path.basename(d) in leftover_segments()
+    assert os.path.basename(d) in sweep()
+    assert not os.path.exists(d)
