@@ -368,6 +368,56 @@ def test_a_slow_reply_is_waited_for_and_a_silent_worker_is_reported(dist_client)
         t.close()
 
 
+def test_a_scheduler_that_does_not_say_whether_a_worker_lives_does_not_stop_the_wait_from_ending(dist_client):
+    """The liveness question is bounded too: with the scheduler silent about it (its handler held here)
+    and the worker silent (a lock held), the request still ends after its retries, saying it is unknown."""
+    import threading
+
+    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=1)
+    t = DistributedTable.create(dist_client, spec, sampler=gf.Uniform(), seed=0)
+    sched = dist_client.cluster.scheduler
+    coord = sched.handlers["gear_flow_coord"]
+    release = []
+
+    async def silent_on_liveness(comm=None, **msg):
+        if msg.get("action") == "worker_alive":
+            import asyncio
+
+            ev = asyncio.Event()
+            release.append(ev)
+            await ev.wait()
+        return await coord(comm, **msg)
+
+    try:
+        t.insert([{"x": np.arange(20, dtype=np.float32)}])
+        t.sample(2, 1)
+        addr = t.placement[0]
+        got = []
+
+        def sample():
+            try:
+                got.append(t.sample(2, 1))
+            except gf.GearFlowError as e:
+                got.append(e)
+
+        with dask.config.set({"gear-flow.distributed.rpc-timeout": 0.2, "gear-flow.distributed.rpc-retries": 1}):
+            dist_client.run(_hold_locks, t.name, workers=[addr])
+            sched.handlers["gear_flow_coord"] = silent_on_liveness
+            th = threading.Thread(target=sample)
+            th.start()
+            th.join(20)
+            assert not th.is_alive(), "the request waited for the scheduler's answer for ever"
+        assert len(got) == 1 and isinstance(got[0], gf.GearFlowError), got
+        assert "did not answer 'sample_" in str(got[0]) and "within 0.4 s although the scheduler did not say" in str(got[0])
+        assert not t.lost
+    finally:
+        sched.handlers["gear_flow_coord"] = coord
+        for ev in release:
+            dist_client.loop.add_callback(ev.set)
+        dist_client.run(_let_go, workers=[addr])
+        t.close()
+
+
 def test_deferred_updates_sample_the_same_distribution_as_waited_ones(table):
     """Chi-square: priorities set with wait=False are drawn in proportion (alpha=1 here: p_i = w_i / sum w)
     and every reported probability is that p_i, over many steps.  The one sample that carries an update

@@ -233,7 +233,7 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
     # a timer checks a slow worker's liveness and cancels the wait only when it is lost or out of time
     task = asyncio.current_task()
     loop = asyncio.get_running_loop()
-    watch = {"why": None, "attempt": 0, "checker": None}
+    watch = {"why": None, "attempt": 0, "checker": None, "unknown": False}
 
     def slow() -> None:
         watch["checker"] = asyncio.ensure_future(check())
@@ -241,10 +241,10 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
     async def check() -> None:
         alive = True
         if table is not None:
-            try:
-                alive = await coord(ctx, "worker_alive", table, address=addr)
-            except GearFlowError:
-                alive = True
+            try:  # bounded: a scheduler that does not answer must not stop the waiting from ending
+                alive = await asyncio.wait_for(coord(ctx, "worker_alive", table, address=addr), timeout)
+            except (GearFlowError, asyncio.TimeoutError):
+                watch["unknown"] = True  # counted as alive: the wait goes on, up to its limit
         watch["attempt"] += 1
         if not alive or watch["attempt"] > retries:
             watch["why"] = "lost" if not alive else "timeout"
@@ -272,9 +272,14 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
         if watch["why"] == "lost":
             raise WorkerLost(addr, "the scheduler removed it") from None
         if watch["why"] == "timeout":
+            known = (
+                "the scheduler did not say whether it still has it"
+                if watch["unknown"]
+                else ("the scheduler still has it")
+            )
             raise GearFlowError(
-                f"worker {addr} did not answer {op!r} within {(retries + 1) * timeout:g} s although the "
-                "scheduler still has it (raise distributed.rpc-timeout for slow operations)"
+                f"worker {addr} did not answer {op!r} within {(retries + 1) * timeout:g} s although {known} "
+                "(raise distributed.rpc-timeout for slow operations)"
             ) from None
         raise
     except COMM_ERRORS as e:
