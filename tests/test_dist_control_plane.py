@@ -408,7 +408,8 @@ def test_a_scheduler_that_does_not_say_whether_a_worker_lives_does_not_stop_the_
             th.join(20)
             assert not th.is_alive(), "the request waited for the scheduler's answer for ever"
         assert len(got) == 1 and isinstance(got[0], gf.GearFlowError), got
-        assert "did not answer 'sample_" in str(got[0]) and "within 0.4 s although the scheduler did not say" in str(got[0])
+        msg = str(got[0])
+        assert "did not answer 'sample_" in msg and "within 0.4 s although the scheduler did not say" in msg, msg
         assert not t.lost
     finally:
         sched.handlers["gear_flow_coord"] = coord
