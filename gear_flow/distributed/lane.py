@@ -36,6 +36,7 @@ import shutil
 import struct
 import tempfile
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import GearFlowError, ProtocolError
@@ -124,7 +125,7 @@ class LaneServer:
         <gear_flow.distributed.plugin.GearFlowWorker.serve>`).
     """
 
-    def __init__(self, serve) -> None:
+    def __init__(self, serve: Callable[[Any, Any, Any], Awaitable[tuple[bool, Any]]]) -> None:
         self._serve = serve
         self.path: str | None = None
         #: requests answered (their errors included)
