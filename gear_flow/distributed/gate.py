@@ -2,7 +2,9 @@
 
 A :class:`TableGate` lives on the scheduler (one per table) and is driven by
 :class:`~gear_flow.distributed.coordinator.GearFlowCoordinator` on the
-scheduler's event loop; it does no I/O, so it is tested on its own.
+scheduler's event loop; it does no I/O, so it is tested on its own.  What
+a request may ask at all is checked first, by
+:class:`~gear_flow.distributed.gate_checks.GateChecks`.
 
 * **Inserts** are transactions.  Admission (Reverb semantics: the limiter
   counts an insert when it is admitted) issues episode ids, stamps and a
@@ -35,9 +37,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ProtocolError, TableClosedError
+from ..errors import TableClosedError
 from ..rate_limiters import MinSize
 from ..table.config import TableConfig
+from .gate_checks import GateChecks
 
 
 class OwnerGone(Exception):
@@ -101,7 +104,7 @@ class Waiter:
     extra: dict = field(default_factory=dict)
 
 
-class TableGate:
+class TableGate(GateChecks):
     """Global state of one table; see the module docstring.
 
     Parameters
@@ -191,111 +194,6 @@ class TableGate:
     def visible(self) -> int:
         """Committed items below the horizon (what an ordered sample may take)."""
         return max(0, self.size - sum(t.n for t in self.txns.values() if t.committed))
-
-    # -- what a request may ask (refused at once, before anything is queued or counted) ----------------
-    def _shards(self, per_shard: dict, op: str, field: str) -> None:
-        unknown = sorted(int(s) for s in per_shard if int(s) not in self.placement)
-        if unknown:
-            raise ProtocolError(f"coordinator {op!r}: field {field!r} names shard(s) {unknown} of no table shard")
-
-    def check_insert(self, n: int, episodes: int, per_shard: dict) -> None:
-        """Refuse an insert that can never be admitted, before it is queued.
-
-        Parameters
-        ----------
-        n : int
-            Items of the insert.
-        episodes : int
-            Episodes of the insert.
-        per_shard : dict
-            ``{shard: items}`` routed to each shard.
-
-        Raises
-        ------
-        ProtocolError
-            More items or episodes than the table can ever hold, ``n !=
-            episodes`` for episode items, an unknown shard, or per-shard
-            counts above ``n``.
-        SpecError
-            ``n`` exceeds what the limiter admits at once.
-        """
-        room = self.spec.capacity * self.spec.num_shards
-        if n > room or episodes > room or (self.spec.item_unit == "episode" and n != episodes):
-            raise ProtocolError(
-                f"coordinator 'admit_insert': {n} items in {episodes} episodes can never be stored by table "
-                f"{self.name!r} ({self.spec.num_shards} shards of {self.spec.capacity} steps)"
-            )
-        self._shards(per_shard, "admit_insert", "per_shard")
-        if sum(int(k) for k in per_shard.values()) > n:
-            raise ProtocolError(f"coordinator 'admit_insert': per_shard counts add up to more than n={n}")
-        self.limiter.check_insert_size(n)
-
-    def check_sample(self, n: int) -> None:
-        """Refuse a sample of ``n`` that the limiter can never admit, before it is queued.
-
-        Parameters
-        ----------
-        n : int
-            Items of the sample.
-
-        Raises
-        ------
-        SpecError
-            ``n`` exceeds what the limiter admits at once.
-        """
-        self.limiter.check_sample_size(n)
-
-    def check_commit(self, txn: str, items: dict, evicted: dict) -> None:
-        """Refuse a commit that does not match its admission.
-
-        Parameters
-        ----------
-        txn : str
-            Transaction id of the insert.
-        items : dict
-            ``{shard: items written}``.
-        evicted : dict
-            ``{shard: items the insert overwrote}``.
-
-        Raises
-        ------
-        ProtocolError
-            No such insert in flight, an unknown shard, or more items than
-            were admitted.
-        """
-        t = self.txns.get(txn)
-        if t is None:
-            raise ProtocolError(f"coordinator 'commit_insert': no insert {txn!r} is in flight on table {self.name!r}")
-        self._shards(items, "commit_insert", "items")
-        self._shards(evicted, "commit_insert", "evicted")
-        if sum(int(k) for k in items.values()) > t.n:
-            raise ProtocolError(f"coordinator 'commit_insert': items add up to more than the {t.n} admitted")
-
-    def check_removal(self, k: int, per_shard: dict) -> None:
-        """Refuse a removal report that cannot be true.
-
-        Parameters
-        ----------
-        k : int
-            Items removed in all.
-        per_shard : dict
-            ``{shard: items removed}``; empty when not known per shard.
-
-        Raises
-        ------
-        ProtocolError
-            An unknown shard, per-shard counts not adding up to ``k``, or more
-            items than a shard (or the table) holds.
-        """
-        self._shards(per_shard, "removed", "per_shard")
-        if per_shard and sum(int(j) for j in per_shard.values()) != k:
-            raise ProtocolError(f"coordinator 'removed': per_shard adds up to {sum(per_shard.values())}, not k={k}")
-        over = [s for s, j in per_shard.items() if int(s) not in self.lost and int(j) > self.shard_size.get(int(s), 0)]
-        if over or (not per_shard and k > self.size):
-            raise ProtocolError(
-                f"coordinator 'removed': {k} items cannot have left table {self.name!r} "
-                f"(shard sizes {self.shard_size}, size {self.size})"
-            )
 
     # -- admission ----------------------------------------------------------------------------------
     def request(self, kind: str, n: int, owner: str, **extra: Any) -> Waiter:

@@ -11,8 +11,10 @@ Inserts (transactions: ``stage``, ``apply``, ``abort``, ``write``,
 priority updates, deletes and removal (``check_keys``, ``update``, ``delete``,
 ``remove``) are :class:`~gear_flow.distributed.host_edits.EditingHost`'s,
 checkpoints (``checkpoint``, ``restore``, ``drop_shard``) are
-:class:`~gear_flow.distributed.host_checkpoints.CheckpointingHost`'s, and
-samples are answered by :class:`~gear_flow.distributed.host_sampling.SamplingHost`;
+:class:`~gear_flow.distributed.host_checkpoints.CheckpointingHost`'s, the
+planner's questions that gather nothing (``summaries``, ``candidates``,
+``new_epoch``) are :class:`~gear_flow.distributed.host_selection.SelectingHost`'s,
+and samples are answered by :class:`~gear_flow.distributed.host_sampling.SamplingHost`;
 :class:`ShardHost` mixes them in over the tables it keeps here.
 """
 
@@ -29,6 +31,7 @@ from ..table.config import TableConfig
 from .host_checkpoints import CheckpointingHost
 from .host_edits import EditingHost
 from .host_sampling import SamplingHost
+from .host_selection import SelectingHost
 from .host_writes import WritingHost
 
 if TYPE_CHECKING:
@@ -191,7 +194,7 @@ class HostedTable:
         return locks
 
 
-class ShardHost(WritingHost, EditingHost, CheckpointingHost, SamplingHost):
+class ShardHost(WritingHost, EditingHost, CheckpointingHost, SelectingHost, SamplingHost):
     """All hosted tables of one worker; see the module docstring.
 
     Attributes

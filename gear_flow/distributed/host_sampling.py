@@ -1,4 +1,4 @@
-"""The sampling side of a worker's host: answers to the planner's requests over local shards.
+"""The sampling side of a worker's host: answers to the planner's draws and takes over local shards.
 
 A ``Draw`` uses each shard's mass at the draw (the probability reported is the
 probability of the draw made); a ``Take`` checks that the chosen items are
@@ -6,6 +6,9 @@ still there (:class:`StaleSelectionError` otherwise, and the caller retries).
 A sample over several workers of a table whose samples change the table
 (expiry, epochs) gathers first (``record=False``) and is committed or undone by
 :meth:`SamplingHost.finish_sample`, so an abandoned attempt changes nothing.
+The planner's questions that gather nothing (``Summaries``, ``Candidates``,
+``NewEpoch``) are answered by
+:class:`~gear_flow.distributed.host_selection.SelectingHost`.
 """
 
 from __future__ import annotations
@@ -19,8 +22,7 @@ import numpy as np
 from .. import backend
 from ..errors import GearFlowError, ProtocolError
 from ..sample import SampleBuffers
-from ..table import planner
-from ..table.executor import InProcess, sample_shards, summary
+from ..table.executor import sample_shards
 from ..table.validate import check_sample_args
 
 if TYPE_CHECKING:
@@ -136,101 +138,7 @@ def check_out(
 class SamplingHost:
     """Sampling methods of :class:`~gear_flow.distributed.host.ShardHost` (needs ``self.table(name)``)."""
 
-    # -- selection ----------------------------------------------------------------------
-    def summaries(
-        self, name: str, kinds: Sequence[str], length: int | None = None, boundary: str | None = None
-    ) -> dict[str, dict[int, float]]:
-        """One number per shard and kind, as a plan asks (:class:`planner.Summaries`).
-
-        Parameters
-        ----------
-        name : str
-            The table.
-        kinds : sequence of str
-            ``sampler`` (sampling mass of the windows that fit), ``unseen``
-            (epoch items left), ``remover`` (remover mass), ``size``, ``valid``
-            (items whose window fits).
-        length : int, optional
-            Window length (default 1).
-        boundary : str, optional
-            Boundary mode (default ``pad_tail``).
-
-        Returns
-        -------
-        dict
-            ``{kind: {shard: value}}`` over this worker's shards of the table.
-
-        Raises
-        ------
-        ProtocolError
-            ``sampler``/``unseen`` of an ordered table, or ``unseen`` of a
-            table without epochs.
-        SpecError
-            No table ``name`` on this worker.
-        """
-        t = self.table(name)
-        if ("sampler" in kinds or "unseen" in kinds) and t.cfg.selection == "ordered":
-            raise ProtocolError(f"worker 'summaries': table {name!r} has an ordered sampler, no sampling mass")
-        if "unseen" in kinds and t.cfg.selection != "epoch":
-            raise ProtocolError(f"worker 'summaries': table {name!r} samples without epochs (no 'unseen')")
-        length, boundary = length or 1, boundary or "pad_tail"
-        return {k: {i: summary(s, k, length, boundary) for i, s in t.shards.items()} for k in kinds}
-
-    def new_epoch(self, name: str) -> None:
-        """Start a new epoch on every shard of ``name`` here (WithoutReplacement: all items unseen again).
-
-        Parameters
-        ----------
-        name : str
-            The table.
-        """
-        for s in self.table(name).shards.values():
-            s.new_epoch()
-
-    def candidates(
-        self,
-        name: str,
-        n: int,
-        role: str | None = None,
-        length: int | None = None,
-        boundary: str | None = None,
-        horizon: int | None = None,
-    ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """The best ``n`` items of each shard for an ordered selector, for a global merge.
-
-        Parameters
-        ----------
-        name : str
-            The table.
-        n : int
-            Candidates per shard at most.
-        role : {"sampler", "remover"}, optional
-            Whose order (default ``sampler``).
-        length : int, optional
-            Window length; sampler candidates must fit it (default 1).
-        boundary : str, optional
-            Boundary mode (default ``pad_tail``).
-        horizon : int, optional
-            Only items stamped before it (the oldest insert in flight).
-
-        Returns
-        -------
-        dict
-            ``{shard: (slots, order_keys)}``, best first.
-
-        Raises
-        ------
-        ProtocolError
-            The selector of ``role`` is not ordered.
-        """
-        t = self.table(name)
-        role = role or "sampler"
-        sel = t.cfg.sampler if role == "sampler" else t.cfg.remover
-        if not sel.deterministic:
-            raise ProtocolError(f"worker 'candidates': the {role} of table {name!r} ({sel!r}) is not ordered")
-        ex = InProcess(t.shards, None, None, length or 1, boundary or "pad_tail", horizon=horizon)
-        return ex(planner.Candidates(int(n), role))
-
+    # -- samples ---------------------------------------------------------------------
     def sample_part(
         self,
         name: str,

@@ -1,4 +1,4 @@
-"""Writes of a distributed table: transactional inserts, eviction, priority updates, deletes.
+"""Inserts of a distributed table: validated, routed to shards, admitted, stored all or nothing.
 
 An insert is all or nothing across workers: admission at the coordinator
 (ids, stamps, a transaction id; waiters served in arrival order), then the
@@ -9,27 +9,29 @@ admission: nothing of the insert is sampleable anywhere and the limiter's
 counts are as before.  An insert that touches one worker stages and applies in
 one request.  Eviction to ``max_size`` runs the planner's eviction plan, the
 same rule as the local table's.
+
+This module validates, routes and admits an insert and hands its episodes to
+the workers (in-process, through a staging segment, or over the comm); the
+transaction's steps (stage, apply, commit, abort) are
+:class:`~gear_flow.distributed.transactions.TransactionsMixin`'s, and
+eviction is :class:`~gear_flow.distributed.edits.EditsMixin`'s, beside
+priority updates and deletes.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..errors import GearFlowError, ShardLostError, SpecError
-from ..keys import decode
+from ..errors import ShardLostError, SpecError
 from ..storage.staging import stage_chunks, staged_bytes, staging_area
-from ..table import planner
-from ..table.results import InsertResult, UpdateResult
+from ..table.results import InsertResult
 from ..table.routing import route
-from ..table.validate import as_episode_list, check_batch, check_episode, check_keys, check_priorities, to_host
-from .pending import PENDING_MAX
-from .transport import Retry, WorkerLost, call
+from ..table.validate import as_episode_list, check_batch, check_episode, check_priorities, to_host
 
 if TYPE_CHECKING:
     from ..spec import TableSpec
@@ -90,13 +92,8 @@ def prepare_insert(
 
 
 class WritesMixin:
-    """Inserts, eviction, updates and deletes of :class:`~gear_flow.distributed.DistributedTable`."""
-
-    @property
-    def _heap_ties(self) -> bool:
-        from ..selectors import MaxHeap, MinHeap
-
-        return any(isinstance(x, (MaxHeap, MinHeap)) for x in (self._cfg.sampler, self._cfg.remover))
+    """Inserts of :class:`~gear_flow.distributed.DistributedTable` (staged, applied and committed by
+    :class:`~gear_flow.distributed.transactions.TransactionsMixin`)."""
 
     # -- inserts ------------------------------------------------------------------------------------
     def insert(
@@ -314,193 +311,6 @@ class WritesMixin:
             await self._evict_excess(size)
         return InsertResult(ids, first_keys, dest, n_items)
 
-    async def run_insert(self, txn: str, parts: dict[str, list[dict]]) -> tuple[dict, int]:
-        """Stage ``parts`` of admitted insert ``txn`` everywhere, apply, commit.
-
-        All or nothing: a failure before every worker has staged aborts the
-        insert everywhere (and at the coordinator) and raises.
-
-        Parameters
-        ----------
-        txn : str
-            Transaction id the coordinator gave the insert at admission.
-        parts : dict of str to list of dict
-            ``{worker address: [part, ...]}``; a part has ``shard``,
-            ``chunks``, ``lengths``, ``episode_ids``, ``stamps`` and
-            ``priorities`` (None or float64 per item).
-
-        Returns
-        -------
-        applied : dict
-            ``{worker address: apply result}`` (its ``first_keys``, ``items``
-            and ``evicted`` by shard).
-        size : int
-            The table's size, in items, after the commit.
-
-        Raises
-        ------
-        ShardLostError
-            A worker could not be reached (nothing stored), or was lost while
-            the decided insert was applied (the rest stored).
-        GearFlowError
-            Staging failed on a worker; nothing of the insert was stored.
-        """
-        addrs = sorted(parts)
-        if len(addrs) == 1:  # one worker: staged and applied in one request
-            try:
-                res = {
-                    addrs[0]: await call(
-                        self._ctx, addrs[0], "write", table=self.name, name=self.name, txn=txn, parts=parts[addrs[0]]
-                    )
-                }
-            except BaseException as e:
-                await self._abort_insert(txn, addrs, e)
-                raise self._insert_error(e, addrs) from None
-        else:
-            staged = await asyncio.gather(
-                *(call(self._ctx, a, "stage", table=self.name, name=self.name, txn=txn, parts=parts[a]) for a in addrs),
-                return_exceptions=True,
-            )
-            bad = [e for e in staged if isinstance(e, BaseException)]
-            if bad:
-                await self._abort_insert(txn, addrs, bad[0])
-                raise self._insert_error(bad[0], addrs) from None
-            return await self.apply_staged(txn, addrs)
-        return res, await self._commit(txn, res)
-
-    async def apply_staged(self, txn: str, addrs: Iterable[str]) -> tuple[dict, int]:
-        """Every part of ``txn`` is staged on ``addrs``: the insert is decided; apply it everywhere, commit.
-
-        Parameters
-        ----------
-        txn : str
-            Transaction id of the admitted insert.
-        addrs : iterable of str
-            Addresses of every worker holding a staged part.
-
-        Returns
-        -------
-        applied : dict
-            ``{worker address: apply result}`` of the workers that applied.
-        size : int
-            The table's size, in items, after the commit.
-
-        Raises
-        ------
-        ShardLostError
-            A worker was lost before applying: its episodes are gone, the
-            rest of the insert was stored and committed.
-        """
-        addrs = sorted(addrs)
-        got = await asyncio.gather(
-            *(call(self._ctx, a, "apply", table=self.name, name=self.name, txn=txn) for a in addrs),
-            return_exceptions=True,
-        )
-        res = {a: r for a, r in zip(addrs, got) if not isinstance(r, BaseException)}
-        lost = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
-        size = await self._commit(txn, res)
-        if lost:
-            try:
-                await self._handle_lost(lost)
-            except Retry:
-                pass
-            raise ShardLostError(
-                -1,
-                f"worker(s) {lost} were lost while insert {txn[:8]} was applied; its episodes there are gone, "
-                "the rest of the insert was stored",
-            )
-        return res, size
-
-    async def abort_staged(self, txn: str, addrs: Iterable[str], cause: BaseException | None = None) -> None:
-        """Forget ``txn`` on ``addrs`` and give back its admission (nothing of it is stored anywhere).
-
-        Parameters
-        ----------
-        txn : str
-            Transaction id of the admitted insert.
-        addrs : iterable of str
-            Addresses of the workers that may hold a staged part.
-        cause : BaseException, optional
-            Why the insert is aborted; a lost worker (``WorkerLost``) gets its
-            shards marked lost.
-        """
-        await self._abort_insert(txn, sorted(addrs), cause)
-
-    async def _commit(self, txn, res: dict) -> int:
-        items, evicted = defaultdict(int), defaultdict(int)
-        for r in res.values():
-            for s, k in r["items"].items():
-                items[int(s)] += int(k)
-            for s, k in r["evicted"].items():
-                evicted[int(s)] += int(k)
-        return await self._coord("commit_insert", txn=txn, items=dict(items), evicted=dict(evicted))
-
-    async def _abort_insert(self, txn, addrs, cause) -> None:
-        await asyncio.gather(
-            *(call(self._ctx, a, "abort", table=self.name, name=self.name, txn=txn) for a in addrs),
-            return_exceptions=True,
-        )
-        await self._coord("abort_insert", txn=txn)
-        lost = [a for a in addrs if isinstance(cause, WorkerLost) and cause.addr == a]
-        if lost:
-            try:
-                await self._handle_lost(lost)
-            except (Retry, ShardLostError):
-                pass
-
-    def _insert_error(self, e, addrs):
-        if isinstance(e, WorkerLost):
-            return ShardLostError(
-                -1, f"worker {e.addr} could not be reached during an insert; nothing of the insert was stored"
-            )
-        if isinstance(e, GearFlowError):
-            return e
-        return GearFlowError(f"insert failed on {addrs} ({type(e).__name__}: {e}); nothing of the insert was stored")
-
-    async def _evict_excess(self, size: int) -> None:
-        """Back to ``max_size``.  Tables whose samples expire items evict under the table's hold,
-        after any sample in progress has expired what it hands out."""
-        if not self._cfg.exclusive:
-            await self._evict(size - self.spec.max_size)
-            return
-        hold = await self._coord("admit_hold", owner=self._ctx.owner, timeout=self.timeout)
-        try:
-            if hold["size"] > self.spec.max_size:
-                await self._evict(hold["size"] - self.spec.max_size)
-        finally:
-            await self._coord("sample_finished", txn=hold["txn"])
-
-    async def _evict(self, excess: int) -> int:
-        """Remove ``excess`` items as the remover says (the planner's eviction plan)."""
-        removed = await planner.run_async(
-            planner.evict(excess, self._cfg.remover.deterministic, self.rng), self._answer_evict
-        )
-        return removed
-
-    async def _answer_evict(self, req):
-        workers = self._workers()
-        if isinstance(req, planner.Summaries):
-            res = await self._on_workers({a: ("summaries", dict(name=self.name, kinds=req.kinds)) for a in workers})
-            return {k: {s: v for r in res.values() for s, v in r[k].items()} for k in req.kinds}
-        if isinstance(req, planner.Candidates):
-            res = await self._on_workers(
-                {a: ("candidates", dict(name=self.name, n=req.n, role=req.role)) for a in workers}
-            )
-            return {s: c for r in res.values() for s, c in r.items()}
-        assert isinstance(req, planner.Evict)
-        part = req.slots if req.slots is not None else req.counts
-        by = defaultdict(dict)
-        for s, v in part.items():
-            by[self.placement[s]][s] = v
-        key = "slots" if req.slots is not None else "counts"
-        res = await self._on_workers(
-            {a: ("remove", {"name": self.name, key: v, "seed": int(self.rng.integers(2**63))}) for a, v in by.items()}
-        )
-        per = {s: k for r in res.values() for s, k in r.items() if k}
-        if per:
-            await self._coord("removed", k=sum(per.values()), per_shard=per)
-        return sum(per.values())
-
     def writer(
         self, max_episode_length: int | None = None, shard: int | None = None, timeout: float | None = None
     ) -> EpisodeWriter:
@@ -530,215 +340,3 @@ class WritesMixin:
         from ..writer import EpisodeWriter
 
         return EpisodeWriter(self, max_episode_length=max_episode_length, shard=shard, timeout=timeout)
-
-    # -- priorities, deletes ----------------------------------------------------------------------
-    def _group(self, keys):
-        k = check_keys(keys, self.spec.num_shards)
-        shard, seq = decode(k)
-        lost = sorted(set(np.unique(shard).tolist()) & set(self.lost))
-        if lost and not self.degraded:
-            raise ShardLostError(lost[0], "keys name a lost shard")
-        by = defaultdict(dict)
-        idx = defaultdict(dict)
-        for s in np.unique(shard):
-            if int(s) in self.lost:
-                continue
-            m = np.flatnonzero(shard == s)
-            by[self.placement[int(s)]][int(s)] = seq[m]
-            idx[self.placement[int(s)]][int(s)] = m
-        return k, by, idx, int(np.isin(shard, list(self.lost)).sum())
-
-    def update_priorities(
-        self, keys: ArrayLike, priorities: ArrayLike | float, *, wait: bool = True
-    ) -> UpdateResult | None:
-        """Set priorities by key: one message per worker, all or nothing for invalid input.
-
-        Keys of items removed meanwhile (evicted, expired, deleted, or on a
-        lost shard in a degraded table) are skipped and counted as stale.
-
-        With ``wait=False`` the update rides on this handle's next sample
-        instead (a learner's step is then one phase of requests, not two):
-        it is checked here, stored, and applied on each worker before that
-        sample's draw; workers the sample does not draw from get it in the
-        same round trip.  That sample draws items with the new priorities
-        within each shard, but splits its rows over the shards by the masses
-        planned before it (each row reports the probability of the draw
-        made); its replies carry the new masses, so the sample after it is
-        planned with them.  Other handles see the update once that sample (or
-        :meth:`flush`, :meth:`checkpoint`, :meth:`close`) has sent it.  Only for weighted samplers without heap
-        ties (``Prioritized``, ``Uniform``) and keys this handle has seen
-        issued; otherwise the call waits as with ``wait=True``.
-
-        A handle's updates reach each worker in the order they were made,
-        whichever thread makes them: an update with ``wait=True`` first sends
-        the updates stored before it and waits for those riding on a sample
-        in flight (another thread's), and no later ride-along of its shards
-        leaves before it is answered.
-
-        Parameters
-        ----------
-        keys : array_like of int
-            Keys from :attr:`SampleBatch.keys` or :class:`InsertResult`,
-            any shape (flattened).
-        priorities : float or array_like of float
-            One value for all keys, or one per key; finite and >= 0.
-        wait : bool, default True
-            False: let the update ride on the next sample (see above).
-
-        Returns
-        -------
-        UpdateResult or None
-            ``applied`` items updated, ``stale`` keys ignored; None when the
-            update was stored to ride on the next sample (its stale keys are
-            counted in ``stats["deferred_stale"]``).
-
-        Raises
-        ------
-        InvalidDataError
-            Non-integer keys, or not one priority per key.
-        SpecError
-            ``priorities`` is None.
-        InvalidPriorityError
-            A priority that is NaN, infinite or negative, or one the sampler
-            or remover cannot represent.
-        UnknownKeyError
-            A key naming no shard of the table, or never issued by it;
-            nothing was applied.
-        ShardLostError
-            A key names a lost shard and the table is not ``degraded``.
-        """
-        if not wait and self.defer_priorities(keys, priorities):  # stored in this thread: no trip to the event loop
-            return None
-        return self._ctx.sync(self.update_priorities_async, keys, priorities, wait=wait)
-
-    async def update_priorities_async(
-        self, keys: ArrayLike, priorities: ArrayLike | float, *, wait: bool = True
-    ) -> UpdateResult | None:
-        """:meth:`update_priorities` for a caller inside the event loop.
-
-        Parameters
-        ----------
-        keys : array_like of int
-            Item keys.
-        priorities : float or array_like of float
-            One value, or one per key.
-        wait : bool, default True
-            False: ride on the next sample when allowed.
-
-        Returns
-        -------
-        UpdateResult or None
-            ``applied`` items updated, ``stale`` keys ignored; None when
-            stored to ride on the next sample.
-
-        Raises
-        ------
-        InvalidDataError, SpecError, InvalidPriorityError, UnknownKeyError, ShardLostError
-            As :meth:`update_priorities`.
-        """
-        if not wait and self._defer(keys, priorities):
-            if len(self._pending) > PENDING_MAX:
-                await self._send_pending()
-            return None
-        k, by, idx, on_lost = self._group(keys)
-        pr = check_priorities(priorities, len(k), "keys")
-        if pr is None:
-            raise SpecError("priorities must not be None")
-        self._cfg.check_priorities(pr)
-        held = {i for s in by.values() for i in s}
-        await self._hold_pending(held)  # keep this handle's updates in call order
-        try:
-            return await self._update_now(k, by, idx, pr, on_lost)
-        finally:
-            self._pending.release(held)
-
-    async def _update_now(self, k, by, idx, pr, on_lost) -> UpdateResult:
-        """Send an update to the workers of its shards (held from ride-alongs by the caller)."""
-        if len(by) > 1 and not self._issued.covers(k):
-            # unknown keys anywhere must stop the whole call before any worker applies it (skipped when
-            # every key is one this handle has seen issued: then no worker can find it unknown)
-            await self._on_workers({a: ("check_keys", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()})
-        stamps = None
-        if self._heap_ties and len(k):  # heap ties across shards follow the table-wide insert/update clock
-            stamps = (await self._coord("stamps", n=len(k))) + np.arange(len(k), dtype=np.int64)
-        plans = self._masses.plans()
-        calls = {
-            a: (
-                "update",
-                dict(
-                    name=self.name,
-                    seqs_by_shard=s,
-                    prios_by_shard={i: pr[idx[a][i]] for i in s},
-                    stamps_by_shard=None if stamps is None else {i: stamps[idx[a][i]] for i in s},
-                    # the updated shards' masses come back (when this handle plans with kept masses):
-                    # the next plan stays one round trip
-                    masses=plans or None,
-                ),
-            )
-            for a, s in by.items()
-        }
-        try:
-            res = await self._on_workers(calls)
-        except BaseException:
-            self._masses.clear()
-            raise
-        for r in res.values():
-            if isinstance(r, dict):
-                self._masses.update_many(plans, r["masses"])
-        stale = sum(r["stale"] if isinstance(r, dict) else int(r) for r in res.values()) + on_lost
-        return UpdateResult(len(k) - stale, stale)
-
-    def delete(self, keys: ArrayLike) -> UpdateResult:
-        """Remove items by key (stale keys ignored and counted).
-
-        Parameters
-        ----------
-        keys : array_like of int
-            Keys of the items to remove, any shape (flattened).
-
-        Returns
-        -------
-        UpdateResult
-            ``applied`` items removed, ``stale`` keys already gone.
-
-        Raises
-        ------
-        InvalidDataError
-            Non-integer keys.
-        UnknownKeyError
-            A key naming no shard of the table, or never issued by it;
-            nothing was removed.
-        ShardLostError
-            A key names a lost shard and the table is not ``degraded``.
-        """
-        return self._ctx.sync(self.delete_async, keys)
-
-    async def delete_async(self, keys: ArrayLike) -> UpdateResult:
-        """:meth:`delete` for a caller inside the event loop.
-
-        Parameters
-        ----------
-        keys : array_like of int
-            Keys of the items to remove.
-
-        Returns
-        -------
-        UpdateResult
-            ``applied`` items removed, ``stale`` keys already gone.
-
-        Raises
-        ------
-        InvalidDataError, UnknownKeyError, ShardLostError
-            As :meth:`delete`.
-        """
-        self._masses.clear()  # this handle's own writes show in its next sample's plan
-        k, by, idx, on_lost = self._group(keys)
-        if len(by) > 1:
-            await self._on_workers({a: ("check_keys", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()})
-        res = await self._on_workers({a: ("delete", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()})
-        per = {s: k for r in res.values() for s, k in r[0].items() if k}
-        d = sum(per.values())
-        st = sum(r[1] for r in res.values()) + on_lost
-        if d:
-            await self._coord("removed", k=d, per_shard=per)
-        return UpdateResult(d, st)

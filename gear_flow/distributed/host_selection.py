@@ -1,0 +1,124 @@
+"""Selection answers of a worker's host: what its shards hold, as the planner asks before it draws or evicts.
+
+``summaries`` gives one number per shard and kind (sampling or removal mass,
+size, valid windows, unseen items of an epoch), ``candidates`` the best items
+of each shard for an ordered selector (merged across shards by the client),
+and ``new_epoch`` starts a new epoch on every shard.  They gather nothing and
+change nothing but epochs, and serve samples and evictions alike (the
+planner's ``Summaries``, ``Candidates`` and ``NewEpoch`` requests).
+
+:class:`SelectingHost` is a mixin of :class:`~gear_flow.distributed.host.ShardHost`
+rather than a class of its own because these methods read the host's
+tables and the worker plugin calls them as ``ShardHost.<method>``; keeping
+them apart from :mod:`~gear_flow.distributed.host_sampling` keeps the draw
+and gather path readable on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import ProtocolError
+from ..table import planner
+from ..table.executor import InProcess, summary
+
+
+class SelectingHost:
+    """Selection methods of :class:`~gear_flow.distributed.host.ShardHost` (needs ``self.table(name)``)."""
+
+    # -- selection ----------------------------------------------------------------------
+    def summaries(
+        self, name: str, kinds: Sequence[str], length: int | None = None, boundary: str | None = None
+    ) -> dict[str, dict[int, float]]:
+        """One number per shard and kind, as a plan asks (:class:`planner.Summaries`).
+
+        Parameters
+        ----------
+        name : str
+            The table.
+        kinds : sequence of str
+            ``sampler`` (sampling mass of the windows that fit), ``unseen``
+            (epoch items left), ``remover`` (remover mass), ``size``, ``valid``
+            (items whose window fits).
+        length : int, optional
+            Window length (default 1).
+        boundary : str, optional
+            Boundary mode (default ``pad_tail``).
+
+        Returns
+        -------
+        dict
+            ``{kind: {shard: value}}`` over this worker's shards of the table.
+
+        Raises
+        ------
+        ProtocolError
+            ``sampler``/``unseen`` of an ordered table, or ``unseen`` of a
+            table without epochs.
+        SpecError
+            No table ``name`` on this worker.
+        """
+        t = self.table(name)
+        if ("sampler" in kinds or "unseen" in kinds) and t.cfg.selection == "ordered":
+            raise ProtocolError(f"worker 'summaries': table {name!r} has an ordered sampler, no sampling mass")
+        if "unseen" in kinds and t.cfg.selection != "epoch":
+            raise ProtocolError(f"worker 'summaries': table {name!r} samples without epochs (no 'unseen')")
+        length, boundary = length or 1, boundary or "pad_tail"
+        return {k: {i: summary(s, k, length, boundary) for i, s in t.shards.items()} for k in kinds}
+
+    def new_epoch(self, name: str) -> None:
+        """Start a new epoch on every shard of ``name`` here (WithoutReplacement: all items unseen again).
+
+        Parameters
+        ----------
+        name : str
+            The table.
+        """
+        for s in self.table(name).shards.values():
+            s.new_epoch()
+
+    def candidates(
+        self,
+        name: str,
+        n: int,
+        role: str | None = None,
+        length: int | None = None,
+        boundary: str | None = None,
+        horizon: int | None = None,
+    ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """The best ``n`` items of each shard for an ordered selector, for a global merge.
+
+        Parameters
+        ----------
+        name : str
+            The table.
+        n : int
+            Candidates per shard at most.
+        role : {"sampler", "remover"}, optional
+            Whose order (default ``sampler``).
+        length : int, optional
+            Window length; sampler candidates must fit it (default 1).
+        boundary : str, optional
+            Boundary mode (default ``pad_tail``).
+        horizon : int, optional
+            Only items stamped before it (the oldest insert in flight).
+
+        Returns
+        -------
+        dict
+            ``{shard: (slots, order_keys)}``, best first.
+
+        Raises
+        ------
+        ProtocolError
+            The selector of ``role`` is not ordered.
+        """
+        t = self.table(name)
+        role = role or "sampler"
+        sel = t.cfg.sampler if role == "sampler" else t.cfg.remover
+        if not sel.deterministic:
+            raise ProtocolError(f"worker 'candidates': the {role} of table {name!r} ({sel!r}) is not ordered")
+        ex = InProcess(t.shards, None, None, length or 1, boundary or "pad_tail", horizon=horizon)
+        return ex(planner.Candidates(int(n), role))

@@ -1,0 +1,154 @@
+"""Plumbing of a distributed table's handle: reaching its workers and coordinator, and reacting to a lost worker.
+
+``_workers`` groups the live shards by worker, ``_coord`` asks the scheduler's
+coordinator about this table, ``_on_workers`` sends requests to several
+workers at once and turns an unreachable one into a lost shard
+(``_handle_lost``: :class:`~gear_flow.errors.ShardLostError`, or in a
+``degraded`` table a retry without it), ``_refresh`` picks up placement
+changes made by other handles, and ``_shared_for`` maps a same-machine
+worker's shared-memory rings (and its fast lane) on first use.
+
+:class:`PlumbingMixin` is a mixin of
+:class:`~gear_flow.distributed.DistributedTable` rather than a class of its
+own because every other part of the handle (inserts, edits, sampling,
+checkpoints, ride-along updates) calls these as ``self._on_workers``,
+``self._coord``, ``self._shared_for`` ... over the handle's own state
+(placement, lost shards, kept masses, stored updates).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+
+from ..config import get as config_get
+from ..errors import ShardLostError
+from .transport import Retry, WorkerLost, call, coord
+
+logger = logging.getLogger(__name__)
+
+
+class PlumbingMixin:
+    """Requests to the workers and the coordinator, and loss handling, for
+    :class:`~gear_flow.distributed.DistributedTable`."""
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def _live_shards(self) -> list[int]:
+        return sorted(s for s in self.placement if s not in self.lost)
+
+    def _workers(self, shards=None) -> dict[str, list[int]]:
+        by = defaultdict(list)
+        for s, a in sorted(self.placement.items()):
+            if s in self.lost or (shards is not None and s not in shards):
+                continue
+            by[a].append(s)
+        return dict(by)
+
+    async def _coord(self, op, **kw):
+        return await coord(self._ctx, op, self.name, **kw)
+
+    async def _refresh(self, version=None):
+        """Pick up placement / lost-shard changes made by other handles (restores, losses)."""
+        if version is not None and version == self._version:
+            return
+        st = await self._coord("lookup")
+        placement = {int(k): v for k, v in st["placement"].items()}
+        lost = {int(k) for k in st["lost"]}
+        moved = {s for s in self._pending.stored() if placement.get(s) != self.placement.get(s) or s in lost}
+        if moved:  # lost, or restored from a checkpoint elsewhere: the stored seqs belong to what was there
+            self._pending.drop(moved)
+            logger.info("table %r: priority updates for shards %s dropped (shard lost or restored)", self.name, moved)
+        self.placement = placement
+        self.lost = {int(k): v for k, v in st["lost"].items()}
+        self._version = st["version"]
+        self._shared.clear()  # shards may have moved: map again
+        self._ctx.lanes.clear()
+        self._masses.clear()
+        self._issued.clear()
+
+    async def _shared_for(self, addr: str) -> dict | None:
+        """``{shard: Attached}`` when ``addr``'s shards can be read from shared memory here, else None."""
+        if addr in self._shared:
+            return self._shared[addr]
+        got = None
+        local = addr == self._ctx.local_addr and self._ctx.local_plugin is not None
+        if self._config.get("shared_memory") and config_get("distributed.shared-memory") and not local:
+            from ..storage.shared import Attached, machine_id
+
+            try:
+                lay = await call(self._ctx, addr, "shared_layout", table=self.name, name=self.name)
+            except WorkerLost:  # only a probe: the request that follows finds (and reports) the loss
+                return None
+            if lay["machine"] == machine_id() and all(v is not None for v in lay["shards"].values()):
+                try:
+                    got = {int(i): Attached(v, int(i)) for i, v in lay["shards"].items()}
+                except (ShardLostError, OSError, ValueError) as e:  # not this machine's /dev/shm after all
+                    logger.info("table %r: shards of %s not mapped (%s); using the comm", self.name, addr, e)
+                if got is not None and isinstance(lay.get("lane"), str) and config_get("distributed.fast-lane"):
+                    self._ctx.lanes.paths[addr] = lay["lane"]  # its control requests: over a Unix socket
+        self._shared[addr] = got
+        return got
+
+    async def _on_workers(self, calls: dict, partial: bool = False, arrived=None):
+        """Run ``{addr: (op, kwargs)}`` in parallel.
+
+        Lost workers → ShardLostError, or in degraded mode a :class:`Retry` once
+        their shards are marked lost.  ``partial=True``: return ``(results,
+        errors)`` instead of raising, so a caller can undo what succeeded.
+        ``arrived``: a coroutine function awaited with ``(addr, result)`` as
+        each reply arrives (a batch's parts are copied while others are still
+        on their way).
+        """
+        addrs = list(calls)
+        for a in addrs:
+            self.requests[calls[a][0]] += 1
+
+        async def one(a):
+            r = await call(self._ctx, a, calls[a][0], table=self.name, **calls[a][1])
+            if arrived is not None:
+                await arrived(a, r)
+            return r
+
+        results = await asyncio.gather(*(one(a) for a in addrs), return_exceptions=True)
+        out, errors, lost = {}, [], []
+        for a, r in zip(addrs, results):
+            if isinstance(r, WorkerLost):
+                lost.append(a)
+            elif isinstance(r, BaseException):
+                errors.append(r)
+            else:
+                out[a] = r
+        if lost:
+            try:
+                await self._handle_lost(lost)
+            except (Retry, ShardLostError) as e:
+                if not partial:
+                    raise
+                errors.append(e)
+        if partial:
+            return out, errors
+        if errors:
+            raise errors[0]
+        return out
+
+    async def _handle_lost(self, addrs):
+        shards = sorted(s for s, a in self.placement.items() if a in addrs and s not in self.lost)
+        for s in shards:
+            self.lost[s] = (await self._coord("mark_lost", shard=s, detail=f"worker {self.placement[s]} unreachable"))[
+                s
+            ]
+        await self._refresh()
+        if not self.degraded:
+            raise ShardLostError(
+                shards[0] if shards else -1,
+                f"worker(s) {sorted(addrs)} holding shard(s) {shards} of table {self.name!r} are unreachable; "
+                "create the table with degraded=True to keep serving from the other shards",
+            )
+        logger.warning("table %r: shards %s lost (worker(s) %s); serving from the rest", self.name, shards, addrs)
+        raise Retry()
+
+    def _check_not_lost(self):
+        if self.lost and not self.degraded:
+            s = min(self.lost)
+            raise ShardLostError(s, f"table {self.name!r} lost shard(s) {sorted(self.lost)}")

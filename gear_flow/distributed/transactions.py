@@ -1,0 +1,174 @@
+"""The transaction of a distributed table's insert across its workers: stage, apply, commit, or abort.
+
+Once the coordinator has admitted an insert (and given it a transaction id),
+its parts are *staged* on every shard worker (validated, nothing visible),
+then *applied*, then *committed* at the coordinator.  If staging fails
+anywhere, every worker forgets its staged part and the coordinator gives back
+the admission, so nothing of the insert is stored; a worker lost after every
+part was staged loses its episodes, and the rest of the insert is stored.  An
+insert that touches one worker stages and applies in one request (``write``).
+
+:class:`TransactionsMixin` is a mixin of
+:class:`~gear_flow.distributed.DistributedTable` rather than a class of its
+own because its steps use the handle's context, name and loss handling, and
+because they are public on the handle: besides
+:meth:`~gear_flow.distributed.DistributedTable.insert`, the Dask ingestion
+dataflow (:mod:`gear_flow.ingest.cluster`) stages parts from its own tasks and
+then calls ``apply_staged`` or ``abort_staged``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Iterable
+
+from ..errors import GearFlowError, ShardLostError
+from .transport import Retry, WorkerLost, call
+
+
+class TransactionsMixin:
+    """Stage, apply, commit and abort of an admitted insert, for :class:`~gear_flow.distributed.DistributedTable`."""
+
+    async def run_insert(self, txn: str, parts: dict[str, list[dict]]) -> tuple[dict, int]:
+        """Stage ``parts`` of admitted insert ``txn`` everywhere, apply, commit.
+
+        All or nothing: a failure before every worker has staged aborts the
+        insert everywhere (and at the coordinator) and raises.
+
+        Parameters
+        ----------
+        txn : str
+            Transaction id the coordinator gave the insert at admission.
+        parts : dict of str to list of dict
+            ``{worker address: [part, ...]}``; a part has ``shard``,
+            ``chunks``, ``lengths``, ``episode_ids``, ``stamps`` and
+            ``priorities`` (None or float64 per item).
+
+        Returns
+        -------
+        applied : dict
+            ``{worker address: apply result}`` (its ``first_keys``, ``items``
+            and ``evicted`` by shard).
+        size : int
+            The table's size, in items, after the commit.
+
+        Raises
+        ------
+        ShardLostError
+            A worker could not be reached (nothing stored), or was lost while
+            the decided insert was applied (the rest stored).
+        GearFlowError
+            Staging failed on a worker; nothing of the insert was stored.
+        """
+        addrs = sorted(parts)
+        if len(addrs) == 1:  # one worker: staged and applied in one request
+            try:
+                res = {
+                    addrs[0]: await call(
+                        self._ctx, addrs[0], "write", table=self.name, name=self.name, txn=txn, parts=parts[addrs[0]]
+                    )
+                }
+            except BaseException as e:
+                await self._abort_insert(txn, addrs, e)
+                raise self._insert_error(e, addrs) from None
+        else:
+            staged = await asyncio.gather(
+                *(call(self._ctx, a, "stage", table=self.name, name=self.name, txn=txn, parts=parts[a]) for a in addrs),
+                return_exceptions=True,
+            )
+            bad = [e for e in staged if isinstance(e, BaseException)]
+            if bad:
+                await self._abort_insert(txn, addrs, bad[0])
+                raise self._insert_error(bad[0], addrs) from None
+            return await self.apply_staged(txn, addrs)
+        return res, await self._commit(txn, res)
+
+    async def apply_staged(self, txn: str, addrs: Iterable[str]) -> tuple[dict, int]:
+        """Every part of ``txn`` is staged on ``addrs``: the insert is decided; apply it everywhere, commit.
+
+        Parameters
+        ----------
+        txn : str
+            Transaction id of the admitted insert.
+        addrs : iterable of str
+            Addresses of every worker holding a staged part.
+
+        Returns
+        -------
+        applied : dict
+            ``{worker address: apply result}`` of the workers that applied.
+        size : int
+            The table's size, in items, after the commit.
+
+        Raises
+        ------
+        ShardLostError
+            A worker was lost before applying: its episodes are gone, the
+            rest of the insert was stored and committed.
+        """
+        addrs = sorted(addrs)
+        got = await asyncio.gather(
+            *(call(self._ctx, a, "apply", table=self.name, name=self.name, txn=txn) for a in addrs),
+            return_exceptions=True,
+        )
+        res = {a: r for a, r in zip(addrs, got) if not isinstance(r, BaseException)}
+        lost = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
+        size = await self._commit(txn, res)
+        if lost:
+            try:
+                await self._handle_lost(lost)
+            except Retry:
+                pass
+            raise ShardLostError(
+                -1,
+                f"worker(s) {lost} were lost while insert {txn[:8]} was applied; its episodes there are gone, "
+                "the rest of the insert was stored",
+            )
+        return res, size
+
+    async def abort_staged(self, txn: str, addrs: Iterable[str], cause: BaseException | None = None) -> None:
+        """Forget ``txn`` on ``addrs`` and give back its admission (nothing of it is stored anywhere).
+
+        Parameters
+        ----------
+        txn : str
+            Transaction id of the admitted insert.
+        addrs : iterable of str
+            Addresses of the workers that may hold a staged part.
+        cause : BaseException, optional
+            Why the insert is aborted; a lost worker (``WorkerLost``) gets its
+            shards marked lost.
+        """
+        await self._abort_insert(txn, sorted(addrs), cause)
+
+    async def _commit(self, txn, res: dict) -> int:
+        items, evicted = defaultdict(int), defaultdict(int)
+        for r in res.values():
+            for s, k in r["items"].items():
+                items[int(s)] += int(k)
+            for s, k in r["evicted"].items():
+                evicted[int(s)] += int(k)
+        return await self._coord("commit_insert", txn=txn, items=dict(items), evicted=dict(evicted))
+
+    async def _abort_insert(self, txn, addrs, cause) -> None:
+        await asyncio.gather(
+            *(call(self._ctx, a, "abort", table=self.name, name=self.name, txn=txn) for a in addrs),
+            return_exceptions=True,
+        )
+        await self._coord("abort_insert", txn=txn)
+        lost = [a for a in addrs if isinstance(cause, WorkerLost) and cause.addr == a]
+        if lost:
+            try:
+                await self._handle_lost(lost)
+            except (Retry, ShardLostError):
+                pass
+
+    def _insert_error(self, e, addrs):
+        if isinstance(e, WorkerLost):
+            return ShardLostError(
+                -1, f"worker {e.addr} could not be reached during an insert; nothing of the insert was stored"
+            )
+        if isinstance(e, GearFlowError):
+            return e
+        return GearFlowError(f"insert failed on {addrs} ({type(e).__name__}: {e}); nothing of the insert was stored")
