@@ -357,29 +357,3 @@ def test_gather_windows_rejects_out_of_bounds_windows(start, offset, n):
             out.reshape(2, 4, -1).view(np.uint8),
         )
     assert np.all(out == -7)
-
-
-def test_a_copy_that_starts_while_another_runs_in_parallel_uses_one_thread():
-    """One parallel copy per process (two would put twice as many threads as cores on the copies): a
-    gather or ring write that starts while the slot is taken runs serially, with the same result."""
-    rng = np.random.default_rng(0)
-    src = rng.integers(0, 255, (4096, 1024), dtype=np.uint8)
-    start = rng.integers(0, 4096, 64)
-    z, n = np.zeros(64, np.int64), np.full(64, 32, np.int64)
-    want = np.empty((64, 32, 1024), np.uint8)
-    gather.gather_windows(src, start, z, n, want)  # 2 MB: parallel, the slot free
-    assert np.array_equal(want[5, 3], src[(start[5] + 3) % 4096])
-    before = gather.PARALLEL.serialized
-    assert gather.PARALLEL.claim()  # as if another thread's parallel copy were running
-    try:
-        got = np.empty_like(want)
-        gather.gather_windows(src, start, z, n, got)
-        ring = np.zeros((8192, 1024), np.uint8)
-        gather.scatter_rows(ring, 7700, src[:1000])  # wraps: two copies of >= 256 KB, each serial
-    finally:
-        gather.PARALLEL.release()
-    assert gather.PARALLEL.serialized - before == 3
-    assert np.array_equal(got, want)
-    assert np.array_equal(ring[7700:], src[:492]) and np.array_equal(ring[:508], src[492:1000])
-    assert gather.PARALLEL.claim()  # released again
-    gather.PARALLEL.release()

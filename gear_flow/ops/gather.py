@@ -6,8 +6,7 @@ ring positions ``src_start[b] + j`` (mod capacity), ``0 <= j < n_valid[b]``,
 land at ``out[b, dst_offset[b] + j]``; every other step of ``out[b]`` is zeroed
 (head and tail padding).  A window crosses the ring's end as two contiguous
 copies.  Rows are copied as contiguous byte runs (memcpy-like), windows in
-parallel over the available cores, one parallel copy at a time per process
-(:data:`PARALLEL`; a copy starting meanwhile runs on one thread).
+parallel over the available cores.
 
 Twin of ``kernels/gather.cu`` (``gather_windows``; :func:`gather_columns`, the
 same for several columns, is the twin of its fused ``gather_columns``).
@@ -15,7 +14,6 @@ same for several columns, is the twin of its fused ``gather_columns``).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -27,40 +25,6 @@ from ._mem import copy_bytes, zero_bytes
 #: microseconds, and much more when the cores are oversubscribed (Dask workers,
 #: learners and actors sharing a machine), which would dominate small batches.
 PARALLEL_MIN_BYTES = 1 << 20
-
-
-class _OneParallelCopy:
-    """At most one parallel copy at a time in this process; a copy that starts meanwhile runs on one thread.
-
-    A parallel region takes every core (numba's default thread count), so two at
-    once (a Stream's requests in flight, a co-located learner's own part and a
-    part read from shared memory) put twice as many threads as cores on memory
-    copies; with OpenMP's spinning barriers that is slower than one region plus
-    one single-thread copy beside it.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._busy = False
-        #: copies that ran on one thread because another parallel copy was running
-        self.serialized = 0
-
-    def claim(self) -> bool:
-        """Take the parallel slot if it is free (then :meth:`release` it)."""
-        with self._lock:
-            if self._busy:
-                self.serialized += 1
-                return False
-            self._busy = True
-            return True
-
-    def release(self) -> None:
-        """Give the parallel slot back."""
-        with self._lock:
-            self._busy = False
-
-
-PARALLEL = _OneParallelCopy()
 
 
 def gather_windows(
@@ -113,11 +77,8 @@ def gather_windows(
             f"gather_windows: window {bad} (src_start={src_start[bad]}, dst_offset={dst_offset[bad]}, "
             f"n_valid={n_valid[bad]}) does not fit a ring of {src.shape[0]} steps and windows of {out.shape[1]}"
         )
-    if out.nbytes >= PARALLEL_MIN_BYTES and PARALLEL.claim():
-        try:
-            _gather_parallel(src, src_start, dst_offset, n_valid, out)
-        finally:
-            PARALLEL.release()
+    if out.nbytes >= PARALLEL_MIN_BYTES:
+        _gather_parallel(src, src_start, dst_offset, n_valid, out)
     else:
         _gather_serial(src, src_start, dst_offset, n_valid, out)
 
@@ -285,11 +246,8 @@ def scatter_rows(dst: np.ndarray, pos: int, src: np.ndarray) -> None:
 
 
 def _copy(dst: np.ndarray, src: np.ndarray) -> None:
-    if dst.nbytes >= PARALLEL_MIN_BYTES // 4 and dst.flags.c_contiguous and src.flags.c_contiguous and PARALLEL.claim():
-        try:
-            _parallel_copy(dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8))
-        finally:
-            PARALLEL.release()
+    if dst.nbytes >= PARALLEL_MIN_BYTES // 4 and dst.flags.c_contiguous and src.flags.c_contiguous:
+        _parallel_copy(dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8))
     else:
         dst[...] = src
 
