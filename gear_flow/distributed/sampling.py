@@ -52,6 +52,15 @@ _ATTEMPTS = 8
 OFF_LOOP_BYTES = 1 << 20
 
 
+class _Sampling:
+    """Samples being planned in this process; a hint only (a miscount moves a copy between loop and pool)."""
+
+    n = 0
+
+
+_SAMPLING = _Sampling()
+
+
 @functools.cache
 def _copy_pool() -> ThreadPoolExecutor:
     """This process's threads for copying windows out of shared memory or received frames (clients)."""
@@ -115,6 +124,7 @@ class RemoteSample(SharedReads):
         self.sent = set()  # workers asked for parts (pending parts to undo, record=False)
         self.expired = {}
         self.stale = []  # shards planned with a mass older than the maximum age: refreshed with the draw
+        self.one_part = False  # the parts in flight come from one worker
 
     async def __call__(self, req):
         t = self.t
@@ -183,6 +193,7 @@ class RemoteSample(SharedReads):
                 args["geometry"] = True  # same machine: the owner selects, we copy from its shared rings
             calls[a] = ("sample_part", args)
         self.sent.update(calls)
+        self.one_part = len(calls) == 1
         copied = {}  # (worker, shard) -> rows torn while copying from shared memory (None: received frames)
 
         async def arrived(a, parts):  # each part is copied as soon as its reply is here
@@ -270,10 +281,14 @@ class RemoteSample(SharedReads):
     async def _off_loop(self, fn, rows: int, *args):
         """Run a copy of ``rows`` windows off the event loop when it is large: inside a worker in the
         plugin's threads (the worker's loop serves every other caller's requests), in a client in a small
-        pool of its own (so a Stream's requests in flight keep moving while one batch is copied)."""
+        pool of its own while other copies may run (a Stream's requests in flight, the other parts of this
+        batch): they overlap there; a client's only sample, from one worker, copies right here, sparing two
+        thread hops (1 worker, 256 x 64 windows: 4.3-4.6 -> 5.1-5.2 GB/s)."""
         if rows * self.L * sum(self.out.bytes[c].shape[-1] for c in self.columns) < OFF_LOOP_BYTES:
             return fn(*args)  # a hop to a thread costs more than this copy
         plugin = self.t._ctx.local_plugin
+        if plugin is None and _SAMPLING.n == 1 and self.one_part:
+            return fn(*args)
         pool = plugin.executor if plugin is not None else _copy_pool()
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
 
@@ -490,6 +505,7 @@ class SamplingMixin:
 
     async def _sample_plan(self, out, B, L, boundary, columns, rng, adm, exclusive) -> dict:
         ex = RemoteSample(self, out, L, boundary, columns, rng, adm["txn"], not exclusive, adm["horizon"])
+        _SAMPLING.n += 1
         try:
             layout = await planner.run_async(planner.sample(self._cfg.selection, B, rng), ex)
         except planner.NothingToSample:
@@ -498,6 +514,8 @@ class SamplingMixin:
         except BaseException:
             await ex.undo()
             raise
+        finally:
+            _SAMPLING.n -= 1
         if exclusive:  # every part arrived: commit the sample on the workers (count, expire)
             res = await self._on_workers(
                 {a: ("finish_sample", dict(name=self.name, txn=adm["txn"], commit=True)) for a in ex.sent}
