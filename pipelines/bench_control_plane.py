@@ -11,7 +11,11 @@ pair to its cost with one worker; then the same step with the update riding
 on the next sample (``update_priorities(wait=False)``: one phase of requests
 per step).  Target (issue 11): 8 workers <= 3x one.
 The sample goes over the comm (shared memory off): the batch bytes are
-negligible here, the messages are what is measured.
+negligible here, the messages are what is measured.  A last column runs the
+ride-along step with shared memory on, so that the messages to these
+same-machine workers take their fast lanes (``gear_flow.distributed.lane``):
+what a learner on the workers' machine pays; across machines the comm
+columns apply.
 """
 
 from __future__ import annotations
@@ -31,22 +35,43 @@ import gear_flow as gf  # noqa: E402
 TARGET = 3.0
 
 
-def run(workers: int, B: int, repeat: int, items: int) -> dict:
+def _table(client, workers: int, items: int, shared: bool, name: str):
     import dask
-    from distributed import Client, LocalCluster
 
     from gear_flow.distributed import DistributedTable
 
     spec = gf.TableSpec((gf.ColumnSpec("obs", (8,), np.float32),), capacity=items // workers + 64, num_shards=workers)
+    with dask.config.set({"gear-flow.distributed.shared-memory": shared}):
+        table = DistributedTable.create(client, spec, sampler=gf.Prioritized(0.6, 0.4), seed=0, name=name)
+    rng = np.random.default_rng(0)
+    eps = [{"obs": rng.standard_normal((50, 8)).astype(np.float32)} for _ in range(items // 50)]
+    table.insert(eps, priorities=list(rng.random((len(eps), 50)) + 0.1))
+    return table
+
+
+def _deferred_steps(table, B: int, repeat: int) -> list[float]:
+    """Wall seconds of ``repeat`` steps (after 10) whose update rides on the next sample."""
+    rng = np.random.default_rng(1)
+    td = []
+    for i in range(repeat + 10):
+        t0 = time.perf_counter()
+        b = table.sample(B, 1)
+        table.update_priorities(b.keys.numpy(), rng.random(B) + 0.1, wait=False)
+        if i >= 10:
+            td.append(time.perf_counter() - t0)
+    table.flush()
+    return td
+
+
+def run(workers: int, B: int, repeat: int, items: int) -> dict:
+    from distributed import Client, LocalCluster
+
     with (
         LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
         Client(cluster) as client,
-        dask.config.set({"gear-flow.distributed.shared-memory": False}),
     ):
-        table = DistributedTable.create(client, spec, sampler=gf.Prioritized(0.6, 0.4), seed=0, name="cp")
+        table = _table(client, workers, items, False, "cp")
         rng = np.random.default_rng(0)
-        eps = [{"obs": rng.standard_normal((50, 8)).astype(np.float32)} for _ in range(items // 50)]
-        table.insert(eps, priorities=list(rng.random((len(eps), 50)) + 0.1))
         ts, tu = [], []
         for i in range(repeat + 10):
             t0 = time.perf_counter()
@@ -58,21 +83,22 @@ def run(workers: int, B: int, repeat: int, items: int) -> dict:
                 ts.append(t1 - t0)
                 tu.append(t2 - t1)
         ts, tu = np.array(ts), np.array(tu)
-        td = []  # the update rides on the next sample
-        for i in range(repeat + 10):
-            t0 = time.perf_counter()
-            b = table.sample(B, 1)
-            table.update_priorities(b.keys.numpy(), rng.random(B) + 0.1, wait=False)
-            if i >= 10:
-                td.append(time.perf_counter() - t0)
-        table.flush()
+        td = _deferred_steps(table, B, repeat)  # the update rides on the next sample
+        stats = {k: v for k, v in table.stats.items() if isinstance(v, (int, float))}
+        table.close()
+        lane = _table(client, workers, items, True, "cp_lane")
+        tl = _deferred_steps(lane, B, repeat)
+        lanes = len(lane._ctx.lanes.paths)
+        lane.close()
         return {
             "workers": workers,
             "sample_ms": 1e3 * float(np.median(ts)),
             "update_ms": 1e3 * float(np.median(tu)),
             "pair_ms": 1e3 * float(np.median(ts + tu)),
             "deferred_pair_ms": 1e3 * float(np.median(td)),
-            "stats": {k: v for k, v in table.stats.items() if isinstance(v, (int, float))},
+            "lane_deferred_pair_ms": 1e3 * float(np.median(tl)),
+            "lanes": lanes,
+            "stats": stats,
         }
 
 
@@ -85,17 +111,20 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     res = [run(int(w), args.batch_size, args.repeat, args.items) for w in args.workers.split(",")]
-    base, dbase = res[0]["pair_ms"], res[0]["deferred_pair_ms"]
+    base, dbase, lbase = res[0]["pair_ms"], res[0]["deferred_pair_ms"], res[0]["lane_deferred_pair_ms"]
     rows = []
     for r in res:
         r["ratio_to_first"] = r["pair_ms"] / base
         r["deferred_ratio_to_first"] = r["deferred_pair_ms"] / dbase
+        r["lane_deferred_ratio_to_first"] = r["lane_deferred_pair_ms"] / lbase
         rows.append({"workers": r["workers"], "sample ms": r["sample_ms"], "update ms": r["update_ms"],
                      "pair ms": r["pair_ms"], "ratio": r["ratio_to_first"],
                      "ride-along pair ms": r["deferred_pair_ms"], "ride-along ratio": r["deferred_ratio_to_first"],
-                     "target": f"<= {TARGET}" if r["workers"] == 8 else ""})  # fmt: skip
+                     "target": f"<= {TARGET}" if r["workers"] == 8 else "",
+                     "same machine: lanes ms": r["lane_deferred_pair_ms"],
+                     "lanes ratio": r["lane_deferred_ratio_to_first"]})  # fmt: skip
     print_table(rows, ["workers", "sample ms", "update ms", "pair ms", "ratio", "ride-along pair ms",
-                       "ride-along ratio", "target"])  # fmt: skip
+                       "ride-along ratio", "target", "same machine: lanes ms", "lanes ratio"])  # fmt: skip
     out = {"args": vars(args), "results": res, "target_8_workers": TARGET}
     print(f"\nwrote {write_json('bench_control_plane', out, args.out)}")
     return out
