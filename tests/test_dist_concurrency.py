@@ -326,7 +326,7 @@ def test_inserts_written_out_of_admission_order_are_handed_out_in_stamp_order(di
 def test_a_stale_selection_is_retried_without_losing_items(dist_client):
     """An item chosen by the merge is deleted before the take: the attempt is undone on every
     worker (nothing counted, nothing expired) and the queue still hands out the rest in order."""
-    from gear_flow.distributed.sampling import RemoteSample
+    from gear_flow.distributed.remote_sample import RemoteSample
     from gear_flow.distributed.transport import Retry
 
     t = DistributedTable.queue(dist_client, gf.TableSpec(TAG, capacity=64, num_shards=2), 16, timeout=10, seed=0)

@@ -7,8 +7,8 @@ shard workers for data.  What each operation does lives in its own module:
 one), :mod:`~gear_flow.distributed.writes` and
 :mod:`~gear_flow.distributed.transactions` (transactional inserts),
 :mod:`~gear_flow.distributed.edits` (updates, deletes, eviction),
-:mod:`~gear_flow.distributed.sampling` (the planner's requests answered over
-the comm), :mod:`~gear_flow.distributed.checkpoints`,
+:mod:`~gear_flow.distributed.sampling` (sampling; the planner's requests are
+answered by :mod:`~gear_flow.distributed.remote_sample`), :mod:`~gear_flow.distributed.checkpoints`,
 :mod:`~gear_flow.distributed.info` and :mod:`~gear_flow.distributed.sizes`
 (what the table holds), :mod:`~gear_flow.distributed.plumbing` (reaching the
 workers and the coordinator, reacting to a lost worker) and

@@ -12,7 +12,7 @@ from .transport import Retry
 
 
 class SharedReads:
-    """Part of :class:`~gear_flow.distributed.sampling.RemoteSample` (needs ``t``, ``out``, ``columns``, ``L``,
+    """Part of :class:`~gear_flow.distributed.remote_sample.RemoteSample` (needs ``t``, ``out``, ``columns``, ``L``,
     ``boundary``, ``rng``, ``txn`` and ``counted``)."""
 
     def _copy_shared(self, sh, r, o: int) -> np.ndarray:
