@@ -147,6 +147,42 @@ def test_a_lane_directory_is_private_and_leaves_with_its_server(tmp_path):
     asyncio.run(run())
 
 
+def test_a_handle_that_gives_up_mid_request_is_no_error_on_the_worker():
+    """A handle that times out closes its connection; the reply written later finds it gone: the
+    connection ends quietly (no unhandled ConnectionResetError reaches the worker's event loop)."""
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        errors = []
+        loop.set_exception_handler(lambda _, ctx: errors.append(ctx))
+        arrived, answer = asyncio.Event(), asyncio.Event()
+
+        async def serve(action, args, v):
+            arrived.set()
+            await answer.wait()
+            return True, b"x" * (1 << 22)  # larger than the socket's buffers: the write must reach the peer
+
+        srv = LaneServer(serve)
+        path = await srv.start()
+        r, w = await asyncio.open_unix_connection(path)
+        w.writelines(pack({"action": "info", "args": {}, "v": 1}))
+        await w.drain()
+        await arrived.wait()
+        w.transport.abort()  # gave up
+        answer.set()
+        me = asyncio.current_task()
+        for _ in range(100_000):  # until the connection's handler has finished
+            if not [t for t in asyncio.all_tasks() if t is not me]:
+                break
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)  # its done-callbacks
+        srv.close()
+        return errors, srv.served
+
+    errors, served = asyncio.run(run())
+    assert served == 1 and errors == [], errors
+
+
 def test_sweep_removes_the_lane_directory_of_a_dead_worker():
     pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = int(pid.stdout)

@@ -172,8 +172,11 @@ class LaneServer:
                     parts = pack(reply)
                 except Exception as e:  # a result that cannot travel this way
                     parts = pack((False, GearFlowError(f"fast lane: reply not serializable ({type(e).__name__})")))
-                writer.writelines(parts)
-                await writer.drain()
+                try:
+                    writer.writelines(parts)
+                    await writer.drain()
+                except (ConnectionError, OSError):
+                    return  # the handle gave up on this request (timed out, cancelled) and closed the connection
         finally:
             writer.close()
 
