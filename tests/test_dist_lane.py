@@ -183,6 +183,26 @@ def test_a_handle_that_gives_up_mid_request_is_no_error_on_the_worker():
     assert served == 1 and errors == [], errors
 
 
+def test_closing_a_lane_drops_its_open_connections():
+    """A worker closing its lane (teardown) drops the connections handles keep open: their next request
+    fails at once with a lane error (then goes over the comm), it is never answered by a closing worker."""
+    from gear_flow.distributed.lane import LANE_ERRORS
+
+    async def run():
+        async def serve(action, args, v):
+            return True, action
+
+        srv = LaneServer(serve)
+        path = await srv.start()
+        lanes = Lanes()
+        assert await lanes.call(path, "info", {}, 1) == (True, "info")  # its connection now kept open
+        srv.close()
+        with pytest.raises(LANE_ERRORS):
+            await asyncio.wait_for(lanes.call(path, "info", {}, 1), 10)
+
+    asyncio.run(run())
+
+
 def test_sweep_removes_the_lane_directory_of_a_dead_worker():
     pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = int(pid.stdout)

@@ -133,6 +133,7 @@ class LaneServer:
         self._dir: str | None = None
         self._server: asyncio.AbstractServer | None = None
         self._starting: asyncio.Future | None = None
+        self._writers: set[asyncio.StreamWriter] = set()  # open connections: closed with the server
 
     async def start(self) -> str:
         """Start listening (once); the socket's path.
@@ -154,6 +155,7 @@ class LaneServer:
         return path
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
         try:
             while True:
                 try:
@@ -178,12 +180,19 @@ class LaneServer:
                 except (ConnectionError, OSError):
                     return  # the handle gave up on this request (timed out, cancelled) and closed the connection
         finally:
+            self._writers.discard(writer)
             writer.close()
 
     def close(self) -> None:
-        """Stop listening and remove the socket and its directory."""
+        """Stop listening, drop every open connection, remove the socket and its directory.
+
+        A handle's next request on a dropped connection fails at once and
+        goes over the comm, which reports a closing worker as lost.
+        """
         if self._server is not None:
             self._server.close()
+        for w in list(self._writers):
+            w.transport.abort()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
         self._server = self._dir = self.path = None

@@ -155,9 +155,9 @@ class GearFlowWorker(WorkerPlugin):
         worker : distributed.Worker
             The worker this plugin was set up on.
         """
+        self.lane.close()  # first: no lane request may reach the thread pool once it is shut down
         self.executor.shutdown(wait=False)
         worker.handlers.pop("gear_flow", None)
-        self.lane.close()
         self.host.close()  # shared-memory segments leave with the worker
 
     async def run(self, op: str, **kwargs: Any) -> Any:
