@@ -34,12 +34,12 @@ import os
 import pickle
 import shutil
 import struct
-import tempfile
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..errors import GearFlowError, ProtocolError
+from ..storage.shared import private_dir
 
 logger = logging.getLogger(__name__)
 
@@ -110,10 +110,6 @@ async def read(reader: asyncio.StreamReader) -> Any:
         raise ProtocolError(f"fast lane: unreadable message ({type(e).__name__}: {e})") from None
 
 
-def _socket_dir() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-
-
 class LaneServer:
     """A worker's end: a Unix-socket server on its event loop answering with ``serve``.
 
@@ -148,7 +144,7 @@ class LaneServer:
         return await asyncio.shield(self._starting)
 
     async def _start(self) -> str:
-        self._dir = tempfile.mkdtemp(prefix=f"gf_{os.getpid()}_lane", dir=_socket_dir())  # mode 0700
+        self._dir = private_dir("lane")  # mode 0700, swept after a crash
         path = os.path.join(self._dir, "s")
         self._server = await asyncio.start_unix_server(self._connection, path=path)
         self.path = path

@@ -39,6 +39,8 @@ from ..errors import ShardLostError
 from .base import HostTier, register_tier
 
 PREFIX = "gf_"
+#: where this machine's segments live (and the fast lanes' socket directories: :func:`private_dir`)
+SHM_DIR = "/dev/shm"
 #: readers map segments with their page tables filled at once (Linux ``MAP_POPULATE``): otherwise the first
 #: batches pay a page fault per 4 KB of every window they copy, until the whole ring has been touched once
 MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
@@ -209,6 +211,29 @@ def map_readonly(name: str, size: int | None = None) -> mmap.mmap:
         os.close(fd)
 
 
+def private_dir(mark: str) -> str:
+    """A new directory only this process's user may enter, named like this process's segments.
+
+    ``<SHM_DIR>/gf_<pid>_<mark><random>`` (mode 0700), so that :func:`sweep`
+    removes it once this process is gone; the system's temporary directory
+    where there is no ``/dev/shm``.
+
+    Parameters
+    ----------
+    mark : str
+        What the directory is for (letters), after the pid.
+
+    Returns
+    -------
+    str
+        Its path.
+    """
+    import tempfile
+
+    parent = SHM_DIR if os.path.isdir(SHM_DIR) else tempfile.gettempdir()
+    return tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}_{mark}", dir=parent)
+
+
 def leftover_segments() -> list[str]:
     """gear_flow segments in /dev/shm whose owner process is gone.
 
@@ -220,7 +245,7 @@ def leftover_segments() -> list[str]:
     """
     out = []
     try:
-        names = os.listdir("/dev/shm")
+        names = os.listdir(SHM_DIR)
     except OSError:
         return out
     for n in names:
@@ -249,9 +274,10 @@ def sweep() -> list[str]:
     """
     gone = []
     for n in leftover_segments():
+        path = os.path.join(SHM_DIR, n)
         try:
-            if os.path.isdir(os.path.join("/dev/shm", n)):  # a fast lane's socket directory (distributed.lane)
-                shutil.rmtree(os.path.join("/dev/shm", n))
+            if os.path.isdir(path):  # a private_dir (a fast lane's socket)
+                shutil.rmtree(path)
             else:
                 _posixshmem.shm_unlink("/" + n)
             gone.append(n)
