@@ -198,12 +198,8 @@ class PendingUpdates:
         updates : dict or None
             What :meth:`take` returned.
         """
-        if not updates:
-            return
-        with self.lock:
-            for s in updates["seqs_by_shard"]:
-                self.inflight.pop(int(s), None)
-            self._trim()
+        if updates:
+            self.release(updates["seqs_by_shard"])
 
     def put_back(self, updates: dict | None, live: set[int]) -> None:
         """Store again what :meth:`take` returned, before anything stored since (the request that carried
