@@ -272,13 +272,9 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
         if watch["why"] == "lost":
             raise WorkerLost(addr, "the scheduler removed it") from None
         if watch["why"] == "timeout":
-            known = (
-                "the scheduler did not say whether it still has it"
-                if watch["unknown"]
-                else ("the scheduler still has it")
-            )
+            known = "did not say whether it still has it" if watch["unknown"] else "still has it"
             raise GearFlowError(
-                f"worker {addr} did not answer {op!r} within {(retries + 1) * timeout:g} s although {known} "
+                f"worker {addr} did not answer {op!r} within {(retries + 1) * timeout:g} s although the scheduler {known} "
                 "(raise distributed.rpc-timeout for slow operations)"
             ) from None
         raise
