@@ -95,7 +95,7 @@ class SharedTier(HostTier):
 
         dtype = np.dtype(dtype)
         size = max(1, math.prod(shape) * dtype.itemsize)
-        seg = shared_memory.SharedMemory(create=True, size=size, name=f"{PREFIX}{os.getpid()}_{uuid.uuid4().hex[:16]}")
+        seg = shared_memory.SharedMemory(create=True, size=size, name=segment_name())
         a = np.ndarray(shape, dtype=dtype, buffer=seg.buf)
         self.segments[id(a)] = seg
         self.names[id(a)] = seg.name
@@ -209,6 +209,22 @@ def map_readonly(name: str, size: int | None = None) -> mmap.mmap:
         return mmap.mmap(fd, os.fstat(fd).st_size if size is None else size, flags=MAP_FLAGS, prot=mmap.PROT_READ)
     finally:
         os.close(fd)
+
+
+def segment_name(mark: str = "") -> str:
+    """A new name for a segment of this process: ``gf_<pid>_<mark><16 hex>`` (what :func:`sweep` parses).
+
+    Parameters
+    ----------
+    mark : str, optional
+        What the segment is for (letters), after the pid.
+
+    Returns
+    -------
+    str
+        The name (no leading ``/``).
+    """
+    return f"{PREFIX}{os.getpid()}_{mark}{uuid.uuid4().hex[:16]}"
 
 
 def private_dir(mark: str) -> str:

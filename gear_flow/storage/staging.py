@@ -18,10 +18,8 @@ from __future__ import annotations
 import atexit
 import math
 import mmap
-import os
 import re
 import threading
-import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -29,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SpecError
-from .shared import PREFIX, map_readonly
+from .shared import PREFIX, map_readonly, segment_name
 
 #: arrays start at multiples of this many bytes in a staging segment
 ALIGN = 64
@@ -66,9 +64,7 @@ class StagingArea:
                 if seg.size >= nbytes:
                     return self.free.pop(i)
         size = max(1 << 20, 1 << max(0, int(nbytes) - 1).bit_length())  # powers of two: few sizes, reused
-        seg = shared_memory.SharedMemory(
-            create=True, size=size, name=f"{PREFIX}{os.getpid()}_{MARK}{uuid.uuid4().hex[:16]}"
-        )
+        seg = shared_memory.SharedMemory(create=True, size=size, name=segment_name(MARK))
         with self.lock:
             self.owned[seg.name] = seg
         return seg
