@@ -127,7 +127,10 @@ class DistributedTable(
     stats : dict of str to int
         Bytes of sampled windows this handle gathered in-process
         (``local_bytes``), from shared memory (``shared_bytes``) or over the
-        comm (``remote_bytes``), the number of ``batches``, and
+        comm (``remote_bytes``), the number of ``batches``, of those served
+        in the caller's thread without the event loop (``in_thread``: every
+        shard this worker's own or on this machine, see
+        :mod:`~gear_flow.distributed.thread_sample`), and
         ``shared_conflicts`` (shared-memory reads retried over the comm
         because a writer overwrote the window meanwhile); bytes of inserted
         episodes handed to this process's own worker in-process
@@ -182,6 +185,7 @@ class DistributedTable(
             "shared_bytes": 0,
             "remote_bytes": 0,
             "batches": 0,
+            "in_thread": 0,
             "shared_conflicts": 0,
             "insert_local_bytes": 0,
             "insert_remote_bytes": 0,

@@ -24,6 +24,11 @@ it is removed with the worker, and :func:`gear_flow.storage.shared.sweep`
 removes those of workers that died.  Only :data:`LANE_OPS` (control
 operations with small replies) take the lane; a connection that fails sends
 that request, and later ones to that worker, over the comm.
+
+A handle's event loop keeps asyncio connections (:meth:`Lanes.call`); a
+learner sampling in its own thread (:mod:`.thread_sample`) uses blocking
+ones (:meth:`Lanes.send_all`, :meth:`Lanes.read_all`): every request sent,
+then every reply read, with no event loop in between.
 """
 
 from __future__ import annotations
@@ -33,9 +38,10 @@ import logging
 import os
 import pickle
 import shutil
+import socket
 import struct
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from ..errors import GearFlowError, ProtocolError
@@ -96,14 +102,46 @@ async def read(reader: asyncio.StreamReader) -> Any:
     ProtocolError
         Not a lane message, too large, or not readable.
     """
-    magic, n, k = _HEADER.unpack(await reader.readexactly(_HEADER.size))
+    n, k = _header(await reader.readexactly(_HEADER.size))
+    sizes = _sizes(n, await reader.readexactly(8 * k) if k else b"")
+    head = await reader.readexactly(n)
+    return _loads(head, [await reader.readexactly(s) for s in sizes])
+
+
+def _read_blocking(sock: socket.socket) -> Any:
+    """:func:`read` from a blocking socket (a caller thread's connection); EOFError when it was closed."""
+    n, k = _header(_recv_exactly(sock, _HEADER.size))
+    sizes = _sizes(n, _recv_exactly(sock, 8 * k) if k else b"")
+    head = _recv_exactly(sock, n)
+    return _loads(head, [_recv_exactly(sock, s) for s in sizes])
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            raise EOFError("fast lane: the worker closed the connection")
+        got += k
+    return buf
+
+
+def _header(raw: bytes) -> tuple[int, int]:
+    magic, n, k = _HEADER.unpack(raw)
     if magic != MAGIC or k > MAX_BUFFERS:
         raise ProtocolError(f"fast lane: not a gear_flow lane message (magic {magic!r}, {k} buffers)")
-    sizes = struct.unpack(f"<{k}Q", await reader.readexactly(8 * k)) if k else ()
+    return n, k
+
+
+def _sizes(n: int, raw: bytes) -> tuple[int, ...]:
+    sizes = struct.unpack(f"<{len(raw) // 8}Q", raw)
     if n + sum(sizes) > MAX_BYTES:
         raise ProtocolError(f"fast lane: a message of {n + sum(sizes)} bytes exceeds {MAX_BYTES}")
-    head = await reader.readexactly(n)
-    bufs = [await reader.readexactly(s) for s in sizes]
+    return sizes
+
+
+def _loads(head: bytes, bufs: list) -> Any:
     try:
         return pickle.loads(head, buffers=bufs)
     except Exception as e:
@@ -200,6 +238,7 @@ class Lanes:
     def __init__(self) -> None:
         self.paths: dict[str, str] = {}
         self._idle: dict[str, list] = defaultdict(list)
+        self._blocking: dict[str, list[socket.socket]] = defaultdict(list)  # idle connections of caller threads
 
     def route(self, addr: str, op: str) -> str | None:
         """The lane to ``addr`` for ``op``, or None (the comm).
@@ -229,6 +268,8 @@ class Lanes:
         path = self.paths.pop(addr, None)
         for _, w in self._idle.pop(path, []):
             w.close()
+        for sock in self._blocking.pop(path, []):
+            sock.close()
 
     def clear(self) -> None:
         """Forget every lane (the placement changed: they are learnt again)."""
@@ -272,3 +313,108 @@ class Lanes:
         if not (isinstance(reply, tuple) and len(reply) == 2):
             raise ProtocolError(f"fast lane: a reply is a pair, got {type(reply).__name__}")
         return reply
+
+    def send_all(self, requests: list[tuple[str, str, dict]], v: int, timeout: float) -> list:
+        """Send requests over lanes from a caller's thread (blocking), each on a connection of its own;
+        read the replies with :meth:`read_all` (the workers answer them in parallel meanwhile).
+
+        Parameters
+        ----------
+        requests : list of tuple
+            ``(socket path, operation, arguments)``; a path None (the lane
+            was dropped meanwhile) fails that request.
+        v : int
+            Protocol version.
+        timeout : float
+            Seconds a send, or later a reply, may take.
+
+        Returns
+        -------
+        list
+            Per request, its connection (with its path) for :meth:`read_all`,
+            or the exception (:data:`LANE_ERRORS`) that kept it from being
+            sent (the connection closed).
+        """
+        sent: list = []
+        try:
+            for path, op, args in requests:
+                sock = None
+                try:
+                    if path is None:
+                        raise ConnectionError("fast lane: dropped")
+                    sock = self._connect(path, timeout)
+                    sock.sendall(b"".join(pack({"action": op, "args": args, "v": v})))
+                except LANE_ERRORS as e:
+                    if sock is not None:
+                        sock.close()
+                    sent.append(e)
+                else:
+                    sent.append((path, sock))
+        except BaseException:  # interrupted: what was sent has replies nobody will read
+            self.abandon(sent)
+            raise
+        return sent
+
+    def read_all(self, sent: list) -> Iterator:
+        """The replies to :meth:`send_all`'s requests, in order, each as soon as it is read.
+
+        Parameters
+        ----------
+        sent : list
+            What :meth:`send_all` returned.
+
+        Yields
+        ------
+        tuple or Exception
+            Per request, ``(True, result)``, ``(False, error)``, or the
+            exception (:data:`LANE_ERRORS`) that broke its connection (closed;
+            whether the worker ran the request is unknown).  Connections
+            whose replies are left unread (the caller stopped) are closed.
+        """
+        settled = 0
+        try:
+            for item in sent:
+                if isinstance(item, BaseException):
+                    reply = item
+                else:
+                    path, sock = item
+                    try:
+                        reply = _read_blocking(sock)
+                        if not (isinstance(reply, tuple) and len(reply) == 2):
+                            raise ProtocolError(f"fast lane: a reply is a pair, got {type(reply).__name__}")
+                    except LANE_ERRORS as e:
+                        sock.close()
+                        reply = e
+                    else:
+                        self._blocking[path].append(sock)
+                settled += 1
+                yield reply
+        finally:
+            self.abandon(sent[settled:])
+
+    @staticmethod
+    def abandon(sent: list) -> None:
+        """Close the connections of requests whose replies will not be read.
+
+        Parameters
+        ----------
+        sent : list
+            Items of what :meth:`send_all` returned.
+        """
+        for item in sent:
+            if not isinstance(item, BaseException):
+                item[1].close()
+
+    def _connect(self, path: str, timeout: float) -> socket.socket:
+        try:
+            sock = self._blocking[path].pop()
+        except IndexError:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(timeout)
+                sock.connect(path)
+            except BaseException:
+                sock.close()
+                raise
+        sock.settimeout(timeout)
+        return sock

@@ -155,15 +155,52 @@ class RemoteSample(SharedReads):
         raise TypeError(f"unknown plan request {req!r}")
 
     async def _parts(self, part, offs, counts=None, scale=None, slots=None, by_count=False):
+        t = self.t
+        mapped = {}
+        for a in {t.placement[s] for s in offs}:
+            sh = await t._shared_for(a)
+            if sh is not None:
+                mapped[a] = sh
+        calls = self.part_calls(offs, mapped, counts, scale, slots, by_count)
+        copied = {}  # (worker, shard) -> rows torn while copying from shared memory (None: received frames)
+
+        async def arrived(a, parts):  # each part is copied as soon as its reply is here
+            for s, r in parts.items():
+                if s != "updated" and ("data" in r or "src_abs" in r):
+                    copied[a, s] = await self._off_loop(self.copy_part, len(r["seqs"]), mapped.get(a), s, r, offs[s])
+
+        refresh = self._stale_masses_calls(counts)
+        pending = t._pending_calls(exclude=set(calls))  # stored updates of workers not drawn from: same round trip
+        if refresh or pending:  # in the same round trip as the draw: the next plan has current masses again
+            (res, errors), (fresh, _), (upd, upd_errors) = await asyncio.gather(
+                t._on_workers(calls, partial=True, arrived=arrived),
+                t._on_workers(refresh, partial=True),
+                t._on_workers(pending, partial=True),
+            )
+            errors += upd_errors + self.book_extras(fresh, pending, upd)
+        else:
+            res, errors = await t._on_workers(calls, partial=True, arrived=arrived)
+        repairs = self.book(calls, res, copied, offs, counts, errors)
+        for a, s, o, torn, args in repairs:
+            if not errors:
+                await self._redraw(a, mapped[a][s], s, o, torn, args)
+        self.raise_errors(errors)
+        return None
+
+    def part_calls(self, offs, mapped, counts=None, scale=None, slots=None, by_count=False) -> dict:
+        """Each worker's ``sample_part`` request for the shards in ``offs`` (their first rows in the batch).
+
+        A co-located worker gathers straight into the batch; one whose rings
+        are ``mapped`` here only selects (``geometry``) and the windows are
+        copied from its shared memory; the others send the windows as frames.
+        Stored priority updates of a worker's shards ride along.
+        """
         t, out = self.t, self.out
         by = defaultdict(list)
         for s in offs:
             by[t.placement[s]].append(s)
-        calls, mapped = {}, {}
+        calls = {}
         for a, shards in by.items():
-            sh = await t._shared_for(a)
-            if sh is not None:
-                mapped[a] = sh
             args = dict(
                 name=t.name,
                 length=self.L,
@@ -188,36 +225,32 @@ class RemoteSample(SharedReads):
             calls[a] = ("sample_part", args)
         self.sent.update(calls)
         self.one_part = len(calls) == 1
-        copied = {}  # (worker, shard) -> rows torn while copying from shared memory (None: received frames)
+        return calls
 
-        async def arrived(a, parts):  # each part is copied as soon as its reply is here
-            for s, r in parts.items():
-                if s == "updated":
-                    continue
-                n = len(r["seqs"])
-                if "data" in r:
-                    copied[a, s] = await self._off_loop(self._copy_received, n, r["data"], offs[s], n)
-                elif "src_abs" in r:
-                    copied[a, s] = await self._off_loop(self._copy_shared, n, mapped[a][s], r, offs[s])
+    def copy_part(self, sh, s: int, r: dict, o: int) -> np.ndarray | None:
+        """Copy one part's windows into rows ``o:``: from received frames (None), or from shard ``s``'s
+        mapped shared rings ``sh[s]`` (the rows torn while copying)."""
+        if "data" in r:
+            return self._copy_received(r["data"], o, len(r["seqs"]))
+        return self._copy_shared(sh[s], r, o)
 
-        refresh = self._stale_masses_calls(counts)
-        pending = t._pending_calls(exclude=set(calls))  # stored updates of workers not drawn from: same round trip
-        if refresh or pending:  # in the same round trip as the draw: the next plan has current masses again
-            (res, errors), (fresh, _), (upd, upd_errors) = await asyncio.gather(
-                t._on_workers(calls, partial=True, arrived=arrived),
-                t._on_workers(refresh, partial=True),
-                t._on_workers(pending, partial=True),
-            )
-            for r in fresh.values():
-                for s, m in r["sampler"].items():
-                    t._masses.update(self.L, self.boundary, int(s), m)
-            for a, (_, args) in pending.items():
-                if a in upd:
-                    t._updated(args["masses"] or [], upd[a])
-                t._settle(args, a in upd)  # not known applied: stored again, minus what was updated since
-            errors += upd_errors
-        else:
-            res, errors = await t._on_workers(calls, partial=True, arrived=arrived)
+    def book_extras(self, fresh: dict, pending: dict, upd: dict) -> list:
+        """Book the replies of the requests riding with a draw: masses refreshed, stored updates sent."""
+        t = self.t
+        for r in fresh.values():
+            for s, m in r["sampler"].items():
+                t._masses.update(self.L, self.boundary, int(s), m)
+        for a, (_, args) in pending.items():
+            if a in upd:
+                t._updated(args["masses"] or [], upd[a])
+            t._settle(args, a in upd)  # not known applied: stored again, minus what was updated since
+        return []
+
+    def book(self, calls: dict, res: dict, copied: dict, offs: dict, counts, errors: list) -> list:
+        """Book the parts that arrived: rows filled, draws counted (to undo on a retry), bytes, expiries and
+        masses noted, ride-along updates settled; returns the torn rows to redraw ``(worker, shard, first
+        row, rows, request)``; a torn part of an ordered selection appends a :class:`Retry` to ``errors``."""
+        t, out = self.t, self.out
         for a, (_, args) in calls.items():
             if "updates" in args:
                 t._settle(args["updates"], a in res)
@@ -229,7 +262,7 @@ class RemoteSample(SharedReads):
                 o, n = offs[s], len(r["seqs"])
                 self.counted[a][s] = self.counted[a].get(s, 0) + n
                 if "data" in r:
-                    t.stats["remote_bytes"] += sum(out.bytes[c][o : o + n].nbytes for c in self.columns)
+                    t.stats["remote_bytes"] += n * self.L * self.row_bytes
                 elif "src_abs" in r:
                     torn = copied[a, s]
                     if len(torn):
@@ -238,9 +271,9 @@ class RemoteSample(SharedReads):
                             repairs.append((a, s, o, torn, calls[a][1]))
                         else:
                             errors.append(Retry())
-                    t.stats["shared_bytes"] += sum(out.bytes[c][o : o + n].nbytes for c in self.columns)
+                    t.stats["shared_bytes"] += n * self.L * self.row_bytes
                 else:
-                    t.stats["local_bytes"] += sum(out.bytes[c][o : o + n].nbytes for c in self.columns)
+                    t.stats["local_bytes"] += n * self.L * self.row_bytes
                 fill_rows(
                     out,
                     o,
@@ -259,14 +292,15 @@ class RemoteSample(SharedReads):
                     self.expired[s] = self.expired.get(s, 0) + r["expired"]
                 if "mass" in r:
                     t._masses.update(self.L, self.boundary, s, r["mass"])
-        for a, s, o, torn, args in repairs:
-            if not errors:
-                await self._redraw(a, mapped[a][s], s, o, torn, args)
-        if errors:  # the parts that arrived are recorded above, so undo() can give them back
-            t._masses.clear()
+        return repairs
+
+    def raise_errors(self, errors: list) -> None:
+        """The first error of a part as this sample's (stale selections and retries: :class:`Retry`);
+        the masses kept are forgotten (the next plan asks)."""
+        if errors:  # the parts that arrived are recorded in book(), so undo() can give them back
+            self.t._masses.clear()
             e = errors[0]
             raise Retry() if isinstance(e, (StaleSelectionError, Retry)) else e
-        return None
 
     def _copy_received(self, data: dict, o: int, n: int) -> None:
         for c in self.columns:

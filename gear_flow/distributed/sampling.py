@@ -5,7 +5,9 @@ then planned by the planner shared with the local table, whose requests a
 :class:`~gear_flow.distributed.remote_sample.RemoteSample` answers with the
 shard workers (see that module for the per-selector rules); a stale selection
 is retried up to a few times.  A co-located learner whose worker holds every
-live shard samples in its own thread, without the event loop.
+live shard, or a learner whose shards are all on its machine (shared memory, fast
+lanes), samples in its own thread, without the event loop
+(:mod:`~gear_flow.distributed.thread_sample`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..table import planner, two_level
 from ..table.validate import check_sample_args, sample_columns
 from .host_sampling import StaleSelectionError
 from .remote_sample import _SAMPLING, RemoteSample
+from .thread_sample import NotHere, ThreadSample, routes
 from .transport import Retry
 
 _ATTEMPTS = 8
@@ -97,7 +100,7 @@ class SamplingMixin:
         TableClosedError
             The table was closed.
         """
-        fast = self._colocated_fast_path(batch_size, length, columns, boundary, out, rng)
+        fast = self._sample_here(batch_size, length, columns, boundary, timeout, out, rng)
         if fast is not None:
             return fast
         return self._ctx.sync(
@@ -165,19 +168,7 @@ class SamplingMixin:
         leased = self._leases_ok() and self._take_lease(batch_size)
         adm = {"txn": None, "horizon": None}
         if not leased:
-            with self._lease_lock:
-                done, self._lease_done = self._lease_done, 0
-            adm = await self._coord(
-                "admit_sample",
-                n=batch_size,
-                timeout=self.timeout if timeout is None else timeout,
-                done=done,
-                lease=config.get("distributed.sample-lease") if self._leases_ok() else 0,
-                exclusive=exclusive,
-                owner=self._ctx.owner,
-            )
-            await self._refresh(adm["version"])
-            self._lease = (batch_size, adm.get("lease", 0), time.monotonic())
+            adm = await self._admit(batch_size, timeout)
         expired = {}
         try:
             for attempt in range(_ATTEMPTS):
@@ -202,8 +193,7 @@ class SamplingMixin:
                         raise
         except BaseException:
             if leased:
-                with self._lease_lock:
-                    self._lease_done -= batch_size
+                self._give_back(batch_size, None)
             else:
                 await self._coord("sample_finished", txn=adm["txn"], rollback=batch_size)
             raise
@@ -211,10 +201,25 @@ class SamplingMixin:
             await self._coord("sample_finished", txn=adm["txn"], expired=expired)
         elif expired:
             await self._coord("removed", k=sum(expired.values()), per_shard=expired)
-        self.stats["batches"] += 1
-        self._issued.note(out.keys)
-        maybe_report(self)
-        return out.batch(-1)
+        return self._served(out)
+
+    async def _admit(self, n: int, timeout: float | None) -> dict:
+        """The coordinator's admission of a batch of ``n`` (reporting the batches served under the lease
+        since), with a new lease when the limiter gives one; placement changes picked up."""
+        with self._lease_lock:
+            done, self._lease_done = self._lease_done, 0
+        adm = await self._coord(
+            "admit_sample",
+            n=n,
+            timeout=self.timeout if timeout is None else timeout,
+            done=done,
+            lease=config.get("distributed.sample-lease") if self._leases_ok() else 0,
+            exclusive=self._cfg.exclusive,
+            owner=self._ctx.owner,
+        )
+        await self._refresh(adm["version"])
+        self._lease = (n, adm.get("lease", 0), time.monotonic())
+        return adm
 
     async def _sample_plan(self, out, B, L, boundary, columns, rng, adm, exclusive) -> dict:
         ex = RemoteSample(self, out, L, boundary, columns, rng, adm["txn"], not exclusive, adm["horizon"])
@@ -251,13 +256,16 @@ class SamplingMixin:
             self._lease_done += n
             return True
 
-    def _colocated_fast_path(self, B, L, columns, boundary, out, rng):
-        """A co-located learner whose worker holds every live shard, under a lease: sample in
-        this thread, straight into the learner's buffers, without touching the event loop."""
+    def _sample_here(self, B, L, columns, boundary, timeout, out, rng):
+        """A weighted sample whose shards are all this worker's own or mapped from this machine's shared
+        memory with a fast lane: admitted (under a lease, or by the coordinator) and served in this thread,
+        without the event loop, straight into the learner's buffers; None when the event loop must serve
+        it (its admission given back then, nothing else changed)."""
         ctx = self._ctx
-        if ctx.local_plugin is None or (self.lost and not self.degraded) or not self._leases_ok():
+        if (self.lost and not self.degraded) or not self._leases_ok() or not routes(self):
             return None
-        if list(self._workers()) != [ctx.local_addr]:
+        workers = list(self._workers())
+        if not workers:
             return None
         boundary = self.boundary if boundary is None else boundary
         check_sample_args(B, L, boundary)
@@ -265,10 +273,50 @@ class SamplingMixin:
         if out is None:
             out = SampleBuffers(self.spec, columns, B, L, tier=self._cfg.tier)
         elif not out.matches(columns, B, L, self._cfg.tier):
-            return None  # the slow path raises the clear error
+            return None  # the event loop's path raises the clear error
+        self._cfg.rate_limiter.check_sample_size(B)
+        adm = None
         if not self._take_lease(B):
-            return None
+            adm = ctx.sync(self._admit, B, timeout)
+            workers = list(self._workers())
+            if not routes(self) or not workers:  # the placement changed meanwhile
+                self._give_back(B, adm)
+                return None
         rng = self.rng if rng is None else rng
+        try:
+            if workers == [ctx.local_addr]:  # every live shard here: one call does it all
+                expired = self._sample_all_here(B, L, boundary, columns, out, rng)
+            else:
+                ex = ThreadSample(self, out, L, boundary, columns, rng, None, True, None)
+                try:
+                    planner.run(planner.sample(self._cfg.selection, B, rng), ex)
+                except NotHere:
+                    self._give_back(B, adm)
+                    return None
+                except Exception:  # undone; the event loop's path retries it, or raises its error
+                    ctx.sync(ex.undo)
+                    self._give_back(B, adm)
+                    return None
+                two_level.importance_weights(out.probabilities, self._cfg.beta, out.weights)
+                expired = ex.expired
+        except BaseException:
+            self._give_back(B, adm)
+            raise
+        self.stats["in_thread"] += 1
+        if expired:
+            ctx.sync(self._coord, "removed", k=sum(expired.values()), per_shard=expired)
+        return self._served(out)
+
+    def _give_back(self, n: int, adm: dict | None) -> None:
+        """A batch of ``n`` admitted under the lease (``adm`` None) or by the coordinator was not served."""
+        if adm is None:
+            with self._lease_lock:
+                self._lease_done -= n
+        else:
+            self._ctx.sync(self._coord, "sample_finished", txn=adm["txn"], rollback=n)
+
+    def _sample_all_here(self, B, L, boundary, columns, out, rng) -> dict:
+        ctx = self._ctx
         upd = self._ride_along(ctx.local_addr)
         try:
             res = ctx.local_plugin.host.sample_all(
@@ -276,18 +324,18 @@ class SamplingMixin:
             )
         except BaseException:
             self._settle(upd, False)
-            with self._lease_lock:
-                self._lease_done -= B
             raise
         self._settle(upd, True)
         if "updated" in res:
             self._updated(upd["masses"] or [], res["updated"])
         self.stats["local_bytes"] += sum(a.nbytes for a in out.bytes.values())
+        return res["expired"]
+
+    def _served(self, out: SampleBuffers) -> SampleBatch:
+        """Count a batch served, note the keys it issued; the batch."""
         self.stats["batches"] += 1
         self._issued.note(out.keys)
         maybe_report(self)
-        if res["expired"]:
-            ctx.sync(self._coord, "removed", k=sum(res["expired"].values()), per_shard=res["expired"])
         return out.batch(-1)
 
     def flush(self) -> None:

@@ -1,0 +1,96 @@
+"""Samples served in the learner's thread (:mod:`gear_flow.distributed.thread_sample`).
+
+A handle whose shards are all its own worker's or on its machine (mapped
+shared rings, fast lanes) draws over blocking lane sockets and copies the
+windows in its own thread.  It must answer exactly as the event loop's path
+does (same plan, same draws, same rows, in order), count every draw once, and
+hand a sample it cannot finish to the event loop with nothing left behind.
+"""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+
+import gear_flow as gf
+from gear_flow.distributed import DistributedTable
+
+
+def _spec(num_shards=2):
+    return gf.TableSpec((gf.ColumnSpec("x", (2,), np.float32),), capacity=512, num_shards=num_shards)
+
+
+def _episode(tag: int, n: int) -> dict:
+    t = np.arange(n, dtype=np.float32)
+    return {"x": np.stack([np.full(n, tag, np.float32), t], axis=1)}
+
+
+def _check(b) -> None:
+    """Every valid step of every window: its episode's tag and consecutive timesteps from the row's own."""
+    x, mask, ts = b["x"].numpy(), b.mask.numpy(), b.timesteps.numpy()
+    for r in range(len(x)):
+        v = x[r][mask[r]]
+        assert np.all(v[:, 0] == v[0, 0]) and v[0, 0] >= 1, v
+        assert np.array_equal(v[:, 1], ts[r] + np.arange(len(v))), (v, ts[r])
+
+
+@pytest.fixture
+def table(dist_client):
+    with dask.config.set({"gear-flow.distributed.shared-memory": True, "gear-flow.distributed.fast-lane": True}):
+        t = DistributedTable.create(dist_client, _spec(), sampler=gf.Prioritized(0.8, 0.5), seed=0)
+    try:
+        t.insert([_episode(i + 1, 40 + 7 * i) for i in range(6)], priorities=np.linspace(0.5, 3.0, 345))  # one per step
+        yield t
+    finally:
+        t.close()
+
+
+def test_a_same_machine_learner_samples_in_its_thread_exactly_as_the_event_loop_does(table, dist_client):
+    with dask.config.set({"gear-flow.distributed.fast-lane": False}):  # this handle's control over the comm
+        loop = DistributedTable.attach(table.name, client=dist_client, seed=0)
+        loop.sample(8, 4, boundary="pad_tail")  # shared rings mapped, no lane learnt
+    table.sample(8, 4, boundary="pad_tail")  # the lanes learnt, the masses kept
+    assert not loop._ctx.lanes.paths and set(table._ctx.lanes.paths) == set(table.placement.values())
+    here0, loop0 = table.stats["in_thread"], loop.stats["in_thread"]
+    for step in range(12):
+        a = table.sample(32, 4, boundary="pad_tail", rng=np.random.default_rng(step))
+        b = loop.sample(32, 4, boundary="pad_tail", rng=np.random.default_rng(step))
+        _check(a)
+        for f in ("keys", "probabilities", "weights", "mask", "timesteps", "episode_ids"):
+            assert np.array_equal(getattr(a, f).numpy(), getattr(b, f).numpy()), (step, f)
+        assert np.array_equal(a["x"].numpy(), b["x"].numpy()), step
+    assert table.stats["in_thread"] - here0 == 12  # every one of them in the caller's thread ...
+    assert loop.stats["in_thread"] == loop0 == 0  # ... and none of the other handle's
+    assert table.stats["remote_bytes"] == 0 and table.stats["shared_bytes"] > 0
+
+
+def test_every_draw_is_counted_once_when_a_lane_fails_mid_sample(table):
+    table.sample(16, 1)
+    sampled = table.info()["totals"]["sampled"]
+    addr = sorted(table._ctx.lanes.paths)[0]
+    table._ctx.lanes.paths[addr] = "/nonexistent/gear-flow-lane"  # that worker's lane gone: the other's draw ran
+    here = table.stats["in_thread"]
+    b = table.sample(64, 1)  # undone in the thread, served by the event loop (over the comm for that worker)
+    _check(b)
+    assert table.stats["in_thread"] == here and addr not in table._ctx.lanes.paths
+    table.flush()
+    assert table.info()["totals"]["sampled"] == sampled + 64  # the abandoned draws were given back
+
+
+def _colocated(name: str, n: int) -> dict:
+    from gear_flow.distributed import DistributedTable as DT
+
+    t = DT.attach(name, seed=3)
+    t.sample(16, 4, boundary="pad_tail")  # the other worker's rings mapped, its lane learnt
+    here = t.stats["in_thread"]
+    for _ in range(n):
+        _check(t.sample(16, 4, boundary="pad_tail"))
+    return {**t.stats, "here": t.stats["in_thread"] - here}
+
+
+def test_a_colocated_learner_reads_its_own_shard_in_place_and_the_other_from_shared_memory(table, dist_client):
+    w0 = table.placement[0]
+    st = dist_client.submit(_colocated, table.name, 10, workers=[w0], pure=False).result(timeout=60)
+    assert st["here"] == 10, st
+    assert st["local_bytes"] > 0 and st["shared_bytes"] > 0 and st["remote_bytes"] == 0, st
