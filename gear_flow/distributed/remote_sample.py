@@ -187,13 +187,41 @@ class RemoteSample(SharedReads):
         self.raise_errors(errors)
         return None
 
-    def part_calls(self, offs, mapped, counts=None, scale=None, slots=None, by_count=False) -> dict:
-        """Each worker's ``sample_part`` request for the shards in ``offs`` (their first rows in the batch).
+    def part_calls(
+        self,
+        offs: dict,
+        mapped: dict,
+        counts: dict | None = None,
+        scale: dict | None = None,
+        slots: dict | None = None,
+        by_count: bool = False,
+    ) -> dict:
+        """Each worker's ``sample_part`` request for the shards in ``offs``.
 
         A co-located worker gathers straight into the batch; one whose rings
         are ``mapped`` here only selects (``geometry``) and the windows are
         copied from its shared memory; the others send the windows as frames.
         Stored priority updates of a worker's shards ride along.
+
+        Parameters
+        ----------
+        offs : dict of int to int
+            First row of each shard's part in the batch.
+        mapped : dict
+            ``{worker: {shard: Attached}}`` of the workers whose rings this
+            process maps.
+        counts, scale : dict, optional
+            A draw: items per shard and each shard's first-level probability.
+        slots : dict, optional
+            A take: exact slots per shard.
+        by_count : bool, default False
+            Shards were chosen by their numbers of valid items (no mass
+            anywhere): each draws uniformly.
+
+        Returns
+        -------
+        dict
+            ``{worker: ("sample_part", arguments)}``.
         """
         t, out = self.t, self.out
         by = defaultdict(list)
@@ -227,15 +255,50 @@ class RemoteSample(SharedReads):
         self.one_part = len(calls) == 1
         return calls
 
-    def copy_part(self, sh, s: int, r: dict, o: int) -> np.ndarray | None:
-        """Copy one part's windows into rows ``o:``: from received frames (None), or from shard ``s``'s
-        mapped shared rings ``sh[s]`` (the rows torn while copying)."""
+    def copy_part(self, sh: dict | None, s: int, r: dict, o: int) -> np.ndarray | None:
+        """Copy one part's windows into the batch.
+
+        Parameters
+        ----------
+        sh : dict or None
+            The part's worker's mapped rings, ``{shard: Attached}`` (None:
+            not mapped here; the windows came as frames).
+        s : int
+            The part's shard.
+        r : dict
+            The part, as ``sample_part`` returned it (``data`` frames, or
+            ``src_abs`` positions in the shared rings).
+        o : int
+            First row of the part in the batch.
+
+        Returns
+        -------
+        numpy.ndarray or None
+            Rows (relative to ``o``) torn while copying from shared memory;
+            None for received frames.
+        """
         if "data" in r:
             return self._copy_received(r["data"], o, len(r["seqs"]))
         return self._copy_shared(sh[s], r, o)
 
     def book_extras(self, fresh: dict, pending: dict, upd: dict) -> list:
-        """Book the replies of the requests riding with a draw: masses refreshed, stored updates sent."""
+        """Book the replies of the requests riding with a draw: masses refreshed, stored updates sent.
+
+        Parameters
+        ----------
+        fresh : dict
+            ``{worker: summaries reply}`` of the masses refreshed.
+        pending : dict
+            ``{worker: ("update", arguments)}`` sent with the draw.
+        upd : dict
+            ``{worker: update reply}`` of those applied.
+
+        Returns
+        -------
+        list
+            Errors to add to the draw's (none: an update not known applied
+            is stored again).
+        """
         t = self.t
         for r in fresh.values():
             for s, m in r["sampler"].items():
@@ -246,10 +309,31 @@ class RemoteSample(SharedReads):
             t._settle(args, a in upd)  # not known applied: stored again, minus what was updated since
         return []
 
-    def book(self, calls: dict, res: dict, copied: dict, offs: dict, counts, errors: list) -> list:
+    def book(self, calls: dict, res: dict, copied: dict, offs: dict, counts: dict | None, errors: list) -> list:
         """Book the parts that arrived: rows filled, draws counted (to undo on a retry), bytes, expiries and
-        masses noted, ride-along updates settled; returns the torn rows to redraw ``(worker, shard, first
-        row, rows, request)``; a torn part of an ordered selection appends a :class:`Retry` to ``errors``."""
+        masses noted, ride-along updates settled.
+
+        Parameters
+        ----------
+        calls : dict
+            What :meth:`part_calls` returned.
+        res : dict
+            ``{worker: reply}`` of the parts that arrived.
+        copied : dict
+            ``{(worker, shard): torn rows}`` of the parts copied from shared
+            memory.
+        offs : dict
+            First row of each shard's part.
+        counts : dict or None
+            The draw's counts (None: a take).
+        errors : list
+            The parts' errors; a torn part of a take appends a :class:`Retry`.
+
+        Returns
+        -------
+        list
+            Torn rows to redraw, ``(worker, shard, first row, rows, request)``.
+        """
         t, out = self.t, self.out
         for a, (_, args) in calls.items():
             if "updates" in args:
@@ -295,8 +379,20 @@ class RemoteSample(SharedReads):
         return repairs
 
     def raise_errors(self, errors: list) -> None:
-        """The first error of a part as this sample's (stale selections and retries: :class:`Retry`);
-        the masses kept are forgotten (the next plan asks)."""
+        """Raise the first error of a part as this sample's; the masses kept are forgotten (the next plan asks).
+
+        Parameters
+        ----------
+        errors : list
+            The parts' errors (none: nothing raised).
+
+        Raises
+        ------
+        Retry
+            A stale selection or a retry.
+        Exception
+            Any other error, as it came.
+        """
         if errors:  # the parts that arrived are recorded in book(), so undo() can give them back
             self.t._masses.clear()
             e = errors[0]

@@ -20,11 +20,16 @@ sent (:class:`NotHere`), or after undoing what was drawn.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .. import config
 from ..table import planner
 from .plugin import OPS
 from .protocol import VERSION
 from .remote_sample import RemoteSample
+
+if TYPE_CHECKING:
+    from .api import DistributedTable
 
 
 class NotHere(Exception):
@@ -119,9 +124,20 @@ class ThreadSample(RemoteSample):
         return None
 
 
-def routes(table) -> bool:
-    """Can ``table``'s handle sample in the caller's thread: every worker holding a live shard this
-    process's own, or on this machine with its rings mapped and a fast lane learnt."""
+def routes(table: DistributedTable) -> bool:
+    """Can ``table``'s handle sample in the caller's thread?
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+
+    Returns
+    -------
+    bool
+        Every worker holding a live shard is this process's own, or on this
+        machine with its rings mapped and a fast lane learnt.
+    """
     ctx = table._ctx
     try:
         for a in table._workers():
