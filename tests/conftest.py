@@ -52,12 +52,19 @@ def make_table(request):
     f.close()
 
 
-@pytest.fixture(params=["shared-memory", "comm"])
+@pytest.fixture(params=["shared-memory", "tcp-lane", "comm"])
 def data_plane(request):
-    """Tables created in the test read remote shards from shared memory (same machine) or over the comm."""
+    """Tables created in the test read remote shards from shared memory (same machine, control over the
+    fast lane), over the workers' TCP lanes (shared memory off, as from another machine), or through
+    Dask's comm only (shared memory and TCP lanes off)."""
     import dask
 
-    with dask.config.set({"gear-flow.distributed.shared-memory": request.param == "shared-memory"}):
+    with dask.config.set(
+        {
+            "gear-flow.distributed.shared-memory": request.param == "shared-memory",
+            "gear-flow.distributed.tcp-lane": request.param == "tcp-lane",
+        }
+    ):
         yield request.param
 
 

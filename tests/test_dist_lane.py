@@ -19,10 +19,11 @@ import sys
 import dask
 import numpy as np
 import pytest
+from distributed.comm.addressing import get_address_host, parse_host_port
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable, protocol
-from gear_flow.distributed.lane import MAGIC, Lanes, LaneServer, pack, read
+from gear_flow.distributed.lane import MAGIC, TCP, Lanes, LaneServer, pack, read
 from gear_flow.errors import ProtocolError
 from gear_flow.storage.shared import leftover_segments, sweep
 
@@ -31,11 +32,20 @@ def _served(dask_worker):
     return dask_worker.plugins["gear-flow"].lane.served
 
 
-@pytest.fixture
-def table(dist_client):
+@pytest.fixture(params=["unix", "tcp"])
+def table(dist_client, request):
+    """Shards in shared memory with draws over the workers' fast lanes (Unix sockets), or with shared memory
+    off (as from another machine) over their TCP lanes."""
     spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=256, num_shards=2)
-    with dask.config.set({"gear-flow.distributed.shared-memory": True, "gear-flow.distributed.fast-lane": True}):
+    with dask.config.set(
+        {
+            "gear-flow.distributed.shared-memory": request.param == "unix",
+            "gear-flow.distributed.fast-lane": True,
+            "gear-flow.distributed.tcp-lane": True,
+        }
+    ):
         t = DistributedTable.create(dist_client, spec, sampler=gf.Prioritized(1.0, 0.4), seed=0)
+    t.lane_kind = request.param
     try:
         t.insert([{"x": np.arange(50, dtype=np.float32)} for _ in range(4)], priorities=1.0)
         yield t
@@ -59,7 +69,38 @@ def test_control_requests_take_the_lane(table, dist_client):
     after = dist_client.run(_served)
     sent = table.requests["sample_part"] + table.requests["update"]
     assert sum(after[a] - before[a] for a in after) == sent > 0, (dict(table.requests), before, after)
-    assert table.stats["shared_bytes"] > 0
+    if table.lane_kind == "unix":
+        assert table.stats["shared_bytes"] > 0 and table.stats["remote_bytes"] == 0
+    else:  # the windows came with the draws' replies; each lane listens on its worker's own host only
+        assert table.stats["remote_bytes"] > 0 and table.stats["shared_bytes"] == 0
+        for addr, lane in table._ctx.lanes.paths.items():
+            assert lane.startswith(TCP) and get_address_host(lane) == get_address_host(addr) == "127.0.0.1"
+
+
+def test_a_lane_serves_only_lane_operations(table):
+    _check(table.sample(16, 1))
+    path = next(iter(table._ctx.lanes.paths.values()))
+    info = table.info()
+    for op in ("drop", "info", "write", "create", "checkpoint", "lane"):
+        ok, err = asyncio.run(Lanes().call(path, op, {"name": table.name}, protocol.VERSION))
+        assert not ok and isinstance(err, ProtocolError) and "does not take the lane" in str(err), (op, err)
+    assert table.info() == info
+    _check(table.sample(16, 1))
+
+
+def test_without_the_tcp_lane_requests_take_the_comm(dist_client):
+    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=2)
+    with dask.config.set({"gear-flow.distributed.shared-memory": False, "gear-flow.distributed.tcp-lane": False}):
+        t = DistributedTable.create(dist_client, spec, sampler=gf.Uniform(), seed=0)
+        try:
+            t.insert([{"x": np.arange(20, dtype=np.float32)} for _ in range(2)])
+            before = dist_client.run(_served)
+            for _ in range(3):
+                _check(t.sample(8, 1))
+            assert not t._ctx.lanes.paths and dist_client.run(_served) == before
+            assert t.stats["in_thread"] == 0 and t.stats["remote_bytes"] > 0
+        finally:
+            t.close()
 
 
 def test_without_the_lane_requests_take_the_comm(dist_client):
@@ -86,7 +127,10 @@ def test_a_failed_lane_falls_back_to_the_comm(table):
 
 
 async def _raw(path: str, data: bytes) -> bytes:
-    r, w = await asyncio.open_unix_connection(path)
+    if path.startswith(TCP):
+        r, w = await asyncio.open_connection(*parse_host_port(path[len(TCP) :]))
+    else:
+        r, w = await asyncio.open_unix_connection(path)
     w.write(data)
     await w.drain()
     try:
@@ -135,9 +179,9 @@ def test_a_lane_directory_is_private_and_leaves_with_its_server(tmp_path):
         assert await srv.start() == path  # started once
         d = os.path.dirname(path)
         assert stat.S_IMODE(os.stat(d).st_mode) == 0o700 and stat.S_ISSOCK(os.stat(path).st_mode)
-        assert await Lanes().call(path, "info", {"name": "t"}, 7) == (True, ("info", {"name": "t"}, 7))
+        assert await Lanes().call(path, "summaries", {"name": "t"}, 7) == (True, ("summaries", {"name": "t"}, 7))
         r, w = await asyncio.open_unix_connection(path)
-        w.writelines(pack({"action": "x", "args": np.arange(100_000), "v": 1}))  # buffers out of band
+        w.writelines(pack({"action": "update", "args": np.arange(100_000), "v": 1}))  # buffers out of band
         ok, (_, got, _) = await read(r)
         assert ok and np.array_equal(got, np.arange(100_000))
         w.close()
@@ -165,7 +209,7 @@ def test_a_handle_that_gives_up_mid_request_is_no_error_on_the_worker():
         srv = LaneServer(serve)
         path = await srv.start()
         r, w = await asyncio.open_unix_connection(path)
-        w.writelines(pack({"action": "info", "args": {}, "v": 1}))
+        w.writelines(pack({"action": "summaries", "args": {}, "v": 1}))
         await w.drain()
         await arrived.wait()
         w.transport.abort()  # gave up
@@ -195,10 +239,10 @@ def test_closing_a_lane_drops_its_open_connections():
         srv = LaneServer(serve)
         path = await srv.start()
         lanes = Lanes()
-        assert await lanes.call(path, "info", {}, 1) == (True, "info")  # its connection now kept open
+        assert await lanes.call(path, "uncount", {}, 1) == (True, "uncount")  # its connection now kept open
         srv.close()
         with pytest.raises(LANE_ERRORS):
-            await asyncio.wait_for(lanes.call(path, "info", {}, 1), 10)
+            await asyncio.wait_for(lanes.call(path, "uncount", {}, 1), 10)
 
     asyncio.run(run())
 

@@ -1,8 +1,8 @@
 """Samples served in the learner's thread (:mod:`gear_flow.distributed.thread_sample`).
 
-A handle whose shards are all its own worker's or on its machine (mapped
-shared rings, fast lanes) draws over blocking lane sockets and copies the
-windows in its own thread.  It must answer exactly as the event loop's path
+A handle whose shards are all its own worker's or behind a lane (on its
+machine: mapped shared rings and a fast lane; elsewhere: a TCP lane) draws
+over blocking lane sockets and copies the windows in its own thread.  It must answer exactly as the event loop's path
 does (same plan, same draws, same rows, in order), count every draw once, and
 hand a sample it cannot finish to the event loop with nothing left behind.
 """
@@ -35,10 +35,20 @@ def _check(b) -> None:
         assert np.array_equal(v[:, 1], ts[r] + np.arange(len(v))), (v, ts[r])
 
 
-@pytest.fixture
-def table(dist_client):
-    with dask.config.set({"gear-flow.distributed.shared-memory": True, "gear-flow.distributed.fast-lane": True}):
+@pytest.fixture(params=["shared-memory", "tcp-lane"])
+def table(dist_client, request):
+    """Shards on both workers, read from shared memory with draws over the fast lanes, or with shared memory
+    off (as from another machine) drawn over the workers' TCP lanes, their windows in the replies."""
+    shared = request.param == "shared-memory"
+    with dask.config.set(
+        {
+            "gear-flow.distributed.shared-memory": shared,
+            "gear-flow.distributed.fast-lane": True,
+            "gear-flow.distributed.tcp-lane": True,
+        }
+    ):
         t = DistributedTable.create(dist_client, _spec(), sampler=gf.Prioritized(0.8, 0.5), seed=0)
+    t.plane = request.param
     try:
         t.insert([_episode(i + 1, 40 + 7 * i) for i in range(6)], priorities=np.linspace(0.5, 3.0, 345))  # one per step
         yield t
@@ -46,8 +56,8 @@ def table(dist_client):
         t.close()
 
 
-def test_a_same_machine_learner_samples_in_its_thread_exactly_as_the_event_loop_does(table, dist_client):
-    with dask.config.set({"gear-flow.distributed.fast-lane": False}):  # this handle's control over the comm
+def test_a_learner_samples_in_its_thread_exactly_as_the_event_loop_does(table, dist_client):
+    with dask.config.set({"gear-flow.distributed.fast-lane": False}):  # this handle: Dask's comm only
         loop = DistributedTable.attach(table.name, client=dist_client, seed=0)
         loop.sample(8, 4, boundary="pad_tail")  # shared rings mapped, no lane learnt
     table.sample(8, 4, boundary="pad_tail")  # the lanes learnt, the masses kept
@@ -62,7 +72,11 @@ def test_a_same_machine_learner_samples_in_its_thread_exactly_as_the_event_loop_
         assert np.array_equal(a["x"].numpy(), b["x"].numpy()), step
     assert table.stats["in_thread"] - here0 == 12  # every one of them in the caller's thread ...
     assert loop.stats["in_thread"] == loop0 == 0  # ... and none of the other handle's
-    assert table.stats["remote_bytes"] == 0 and table.stats["shared_bytes"] > 0
+    if table.plane == "shared-memory":
+        assert table.stats["remote_bytes"] == 0 and table.stats["shared_bytes"] > 0
+    else:
+        assert table.stats["remote_bytes"] > 0 and table.stats["shared_bytes"] == 0
+        assert all(p.startswith("tcp://") for p in table._ctx.lanes.paths.values())
 
 
 def test_every_draw_is_counted_once_when_a_lane_fails_mid_sample(table):
@@ -89,8 +103,9 @@ def _colocated(name: str, n: int) -> dict:
     return {**t.stats, "here": t.stats["in_thread"] - here}
 
 
-def test_a_colocated_learner_reads_its_own_shard_in_place_and_the_other_from_shared_memory(table, dist_client):
+def test_a_colocated_learner_reads_its_own_shard_in_place_and_the_other_through_its_lane(table, dist_client):
     w0 = table.placement[0]
     st = dist_client.submit(_colocated, table.name, 10, workers=[w0], pure=False).result(timeout=60)
     assert st["here"] == 10, st
-    assert st["local_bytes"] > 0 and st["shared_bytes"] > 0 and st["remote_bytes"] == 0, st
+    other = ("shared_bytes", "remote_bytes") if table.plane == "shared-memory" else ("remote_bytes", "shared_bytes")
+    assert st["local_bytes"] > 0 and st[other[0]] > 0 and st[other[1]] == 0, st

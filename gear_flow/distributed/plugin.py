@@ -202,6 +202,15 @@ class GearFlowWorker(WorkerPlugin):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, partial(fn, self.host, **kwargs))
 
+    async def _tcp_lane(self) -> str | None:
+        """This worker's TCP lane (started on first ask), on the host its comm listens on; None when
+        ``distributed.tcp-lane`` is off or the comm is not plain TCP (TLS, UCX: those stay the comm's)."""
+        from distributed.comm.addressing import get_address_host, parse_address
+
+        if not config_get("distributed.tcp-lane") or parse_address(self.worker.address)[0] != "tcp":
+            return None
+        return await self.lane.start_tcp(get_address_host(self.worker.address))
+
     def _try_locks(self, name: Any) -> list | None:
         """Every shard lock of table ``name`` on this worker, taken without waiting; None if one is held
         (or the table is not here, or its shards are on a GPU tier): the operation then runs in the pool."""
@@ -291,6 +300,8 @@ class GearFlowWorker(WorkerPlugin):
                         f"({type(e).__name__}: {e})"
                     ) from None
             protocol.check(protocol.WORKER, action, args if args is not None else {}, f"worker {self.worker.address}")
+            if action == "lane":  # where handles on other machines (or without shared memory) ask
+                return True, {"tcp": await self._tcp_lane()}
             result = await self.run(action, **(args or {}))
             if action == "shared_layout" and config_get("distributed.fast-lane"):  # where same-machine handles ask
                 result = {**result, "lane": await self.lane.start()}

@@ -80,6 +80,7 @@ WORKER = {
     "drop": {"name": NAME},
     "drop_shard": {"name": NAME, "shard": SHARD},
     "shared_layout": {"name": NAME},
+    "lane": {"name": NAME},
     "stage": {"name": NAME, "txn": TXN, "parts": sequence(PART, 1 << 16)},
     "apply": {"name": NAME, "txn": TXN},
     "write": {"name": NAME, "txn": TXN, "parts": sequence(PART, 1 << 16)},

@@ -5,8 +5,8 @@ then planned by the planner shared with the local table, whose requests a
 :class:`~gear_flow.distributed.remote_sample.RemoteSample` answers with the
 shard workers (see that module for the per-selector rules); a stale selection
 is retried up to a few times.  A co-located learner whose worker holds every
-live shard, or a learner whose shards are all on its machine (shared memory, fast
-lanes), samples in its own thread, without the event loop
+live shard, or a learner whose shards are all behind lanes (fast lanes on its
+machine, TCP lanes elsewhere), samples in its own thread, without the event loop
 (:mod:`~gear_flow.distributed.thread_sample`).
 """
 
@@ -177,7 +177,9 @@ class SamplingMixin:
                     raise EmptyTableError(f"table {self.name!r} has no reachable shard")
                 try:
                     one = next(iter(workers)) if len(workers) == 1 else None
-                    if one is not None and await self._shared_for(one) is None:  # one call does it all
+                    if (  # one call does it all (with a lane, planned: the next samples go in the caller's thread)
+                        one is not None and await self._shared_for(one) is None and one not in self._ctx.lanes.paths
+                    ):
                         out, expired = await self._sample_one_worker(
                             one, out, batch_size, length, boundary, columns, rng, adm["horizon"]
                         )

@@ -1,12 +1,13 @@
 """A steady weighted sample in the caller's thread: no event loop between a learner and its shards.
 
 When every worker holding a live shard is this process's own (a co-located
-learner) or on this machine with its rings mapped and a fast lane open, a
-weighted sample needs no event loop: the masses are the handle's kept ones,
-the draws go to the lanes on blocking sockets (all sent, then all read: the
-workers draw in parallel), this worker's own parts are drawn and gathered
-in this thread meanwhile, and the windows are copied from shared memory
-here.  Each hop between the learner's thread and an event loop costs tens of
+learner) or has a lane (on this machine: its rings mapped and a fast lane;
+elsewhere, or with shared memory off: a TCP lane), a weighted sample needs
+no event loop: the masses are the handle's kept ones, the draws go to the
+lanes on blocking sockets (all sent, then all read: the workers draw in
+parallel), this worker's own parts are drawn and gathered in this thread
+meanwhile, and each part's windows are copied into the batch as its reply
+is read (from shared memory, or from the reply).  Each hop between the learner's thread and an event loop costs tens of
 microseconds on a 2-core host and a sample took six of them; here it takes
 none.
 
@@ -135,15 +136,16 @@ def routes(table: DistributedTable) -> bool:
     Returns
     -------
     bool
-        Every worker holding a live shard is this process's own, or on this
-        machine with its rings mapped and a fast lane learnt.
+        Every worker holding a live shard is this process's own, or has a
+        lane learnt: a fast lane (on this machine, its rings mapped) or a
+        TCP lane (its windows come with the replies).
     """
     ctx = table._ctx
     try:
         for a in table._workers():
             if a == ctx.local_addr and ctx.local_plugin is not None:
                 continue
-            if table._shared.get(a) is None or a not in ctx.lanes.paths:
+            if a not in table._shared or a not in ctx.lanes.paths:
                 return False
     except RuntimeError:  # the event loop is changing the placement right now (a restore, a loss)
         return False
