@@ -88,9 +88,16 @@ def test_a_lane_serves_only_lane_operations(table):
     _check(table.sample(16, 1))
 
 
-def test_without_the_tcp_lane_requests_take_the_comm(dist_client):
+@pytest.mark.parametrize(
+    "off",
+    [
+        {"gear-flow.distributed.fast-lane": False},  # no lane at all
+        {"gear-flow.distributed.shared-memory": False, "gear-flow.distributed.tcp-lane": False},  # no TCP lane
+    ],
+)
+def test_without_the_lane_requests_take_the_comm(dist_client, off):
     spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=2)
-    with dask.config.set({"gear-flow.distributed.shared-memory": False, "gear-flow.distributed.tcp-lane": False}):
+    with dask.config.set(off):
         t = DistributedTable.create(dist_client, spec, sampler=gf.Uniform(), seed=0)
         try:
             t.insert([{"x": np.arange(20, dtype=np.float32)} for _ in range(2)])
@@ -98,21 +105,7 @@ def test_without_the_tcp_lane_requests_take_the_comm(dist_client):
             for _ in range(3):
                 _check(t.sample(8, 1))
             assert not t._ctx.lanes.paths and dist_client.run(_served) == before
-            assert t.stats["in_thread"] == 0 and t.stats["remote_bytes"] > 0
-        finally:
-            t.close()
-
-
-def test_without_the_lane_requests_take_the_comm(dist_client):
-    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=2)
-    with dask.config.set({"gear-flow.distributed.fast-lane": False}):
-        t = DistributedTable.create(dist_client, spec, sampler=gf.Uniform(), seed=0)
-        try:
-            t.insert([{"x": np.arange(20, dtype=np.float32)} for _ in range(2)])
-            before = dist_client.run(_served)
-            for _ in range(3):
-                _check(t.sample(8, 1))
-            assert not t._ctx.lanes.paths and dist_client.run(_served) == before
+            assert t.stats["in_thread"] == 0
         finally:
             t.close()
 
