@@ -5,17 +5,16 @@
 A learner's small step: sample B=32 single-step items from a Prioritized
 table with one shard per worker, then update their priorities.  Worker
 processes share this host's cores, so the numbers measure the fan-out of
-messages per batch, not a real cluster's network.  Reported per worker count:
-median ms of the sample, of the update, and of the pair, and the ratio of the
-pair to its cost with one worker; then the same step with the update riding
-on the next sample (``update_priorities(wait=False)``: one phase of requests
-per step).  Target (issue 11): 8 workers <= 3x one.
-The sample goes over the comm (shared memory off): the batch bytes are
-negligible here, the messages are what is measured.  A last column runs the
-ride-along step with shared memory on, so that the messages to these
-same-machine workers take their fast lanes (``gear_flow.distributed.lane``):
-what a learner on the workers' machine pays; across machines the comm
-columns apply.
+messages per batch, not a real cluster's network.  Reported per worker count
+and per way the messages travel: median ms of the pair (sample, then a
+waiting update) and its ratio to the cost with one worker; then the same step
+with the update riding on the next sample (``update_priorities(wait=False)``:
+one phase of requests per step).  Target (issue 11): 8 workers <= 3x one.
+The ways: Dask's comm only (shared memory and TCP lanes off), the workers'
+TCP lanes (shared memory off: what a learner on another machine uses by
+default, ``gear_flow.distributed.lane``), and shared memory with the
+same-machine fast lanes (what a learner on the workers' machine uses).  The
+batch bytes are negligible here; the messages are what is measured.
 """
 
 from __future__ import annotations
@@ -33,6 +32,10 @@ from common import print_table, write_json  # noqa: E402
 import gear_flow as gf  # noqa: E402
 
 TARGET = 3.0
+
+
+#: the ways messages travel: name -> (shared memory, TCP lanes)
+PLANES = {"comm": (False, False), "tcp_lane": (False, True), "lane": (True, True)}
 
 
 def _table(client, workers: int, items: int, shared: bool, name: str):
@@ -64,42 +67,40 @@ def _deferred_steps(table, B: int, repeat: int) -> list[float]:
 
 
 def run(workers: int, B: int, repeat: int, items: int) -> dict:
+    import dask
     from distributed import Client, LocalCluster
 
+    out = {"workers": workers}
     with (
         LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
         Client(cluster) as client,
     ):
-        table = _table(client, workers, items, False, "cp")
-        rng = np.random.default_rng(0)
-        ts, tu = [], []
-        for i in range(repeat + 10):
-            t0 = time.perf_counter()
-            b = table.sample(B, 1)
-            t1 = time.perf_counter()
-            table.update_priorities(b.keys.numpy(), rng.random(B) + 0.1)
-            t2 = time.perf_counter()
-            if i >= 10:
-                ts.append(t1 - t0)
-                tu.append(t2 - t1)
-        ts, tu = np.array(ts), np.array(tu)
-        td = _deferred_steps(table, B, repeat)  # the update rides on the next sample
-        stats = {k: v for k, v in table.stats.items() if isinstance(v, (int, float))}
-        table.close()
-        lane = _table(client, workers, items, True, "cp_lane")
-        tl = _deferred_steps(lane, B, repeat)
-        lanes = len(lane._ctx.lanes.paths)
-        lane.close()
-        return {
-            "workers": workers,
-            "sample_ms": 1e3 * float(np.median(ts)),
-            "update_ms": 1e3 * float(np.median(tu)),
-            "pair_ms": 1e3 * float(np.median(ts + tu)),
-            "deferred_pair_ms": 1e3 * float(np.median(td)),
-            "lane_deferred_pair_ms": 1e3 * float(np.median(tl)),
-            "lanes": lanes,
-            "stats": stats,
-        }
+        for plane, (shared, tcp) in PLANES.items():
+            with dask.config.set({"gear-flow.distributed.tcp-lane": tcp}):
+                table = _table(client, workers, items, shared, f"cp_{plane}")
+                rng = np.random.default_rng(0)
+                ts, tu = [], []
+                for i in range(repeat + 10):
+                    t0 = time.perf_counter()
+                    b = table.sample(B, 1)
+                    t1 = time.perf_counter()
+                    table.update_priorities(b.keys.numpy(), rng.random(B) + 0.1)
+                    t2 = time.perf_counter()
+                    if i >= 10:
+                        ts.append(t1 - t0)
+                        tu.append(t2 - t1)
+                ts, tu = np.array(ts), np.array(tu)
+                td = _deferred_steps(table, B, repeat)  # the update rides on the next sample
+                out[plane] = {
+                    "sample_ms": 1e3 * float(np.median(ts)),
+                    "update_ms": 1e3 * float(np.median(tu)),
+                    "pair_ms": 1e3 * float(np.median(ts + tu)),
+                    "deferred_pair_ms": 1e3 * float(np.median(td)),
+                    "lanes": len(table._ctx.lanes.paths),
+                    "stats": {k: v for k, v in table.stats.items() if isinstance(v, (int, float))},
+                }
+                table.close()
+    return out
 
 
 def main(argv=None) -> dict:
@@ -111,20 +112,20 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     res = [run(int(w), args.batch_size, args.repeat, args.items) for w in args.workers.split(",")]
-    base, dbase, lbase = res[0]["pair_ms"], res[0]["deferred_pair_ms"], res[0]["lane_deferred_pair_ms"]
     rows = []
     for r in res:
-        r["ratio_to_first"] = r["pair_ms"] / base
-        r["deferred_ratio_to_first"] = r["deferred_pair_ms"] / dbase
-        r["lane_deferred_ratio_to_first"] = r["lane_deferred_pair_ms"] / lbase
-        rows.append({"workers": r["workers"], "sample ms": r["sample_ms"], "update ms": r["update_ms"],
-                     "pair ms": r["pair_ms"], "ratio": r["ratio_to_first"],
-                     "ride-along pair ms": r["deferred_pair_ms"], "ride-along ratio": r["deferred_ratio_to_first"],
-                     "target": f"<= {TARGET}" if r["workers"] == 8 else "",
-                     "same machine: lanes ms": r["lane_deferred_pair_ms"],
-                     "lanes ratio": r["lane_deferred_ratio_to_first"]})  # fmt: skip
-    print_table(rows, ["workers", "sample ms", "update ms", "pair ms", "ratio", "ride-along pair ms",
-                       "ride-along ratio", "target", "same machine: lanes ms", "lanes ratio"])  # fmt: skip
+        row = {"workers": r["workers"], "target": f"<= {TARGET}" if r["workers"] == 8 else ""}
+        for plane in PLANES:
+            x, first = r[plane], res[0][plane]
+            x["ratio_to_first"] = x["pair_ms"] / first["pair_ms"]
+            x["deferred_ratio_to_first"] = x["deferred_pair_ms"] / first["deferred_pair_ms"]
+            row[f"{plane} ms"] = x["pair_ms"]
+            row[f"{plane} ratio"] = x["ratio_to_first"]
+            row[f"{plane} ride-along ms"] = x["deferred_pair_ms"]
+            row[f"{plane} ride-along ratio"] = x["deferred_ratio_to_first"]
+        rows.append(row)
+    print_table(rows, ["workers", "target"] + [f"{p} {c}" for p in PLANES for c in ("ms", "ratio", "ride-along ms",
+                                                                                     "ride-along ratio")])  # fmt: skip
     out = {"args": vars(args), "results": res, "target_8_workers": TARGET}
     print(f"\nwrote {write_json('bench_control_plane', out, args.out)}")
     return out

@@ -2,17 +2,20 @@
 
 Reports, in one run:
 
-* each of the two data planes: ``shared`` (shards in shared memory, read by
-  every process on the machine) and ``comm`` (shared memory off: what another
-  host sees);
+* each of three data planes: ``shared`` (shards in shared memory, read by
+  every process on the machine, draws over the fast lanes), ``tcp`` (shared
+  memory off: what another host sees by default, draws and their windows over
+  the workers' TCP lanes) and ``comm`` (shared memory and TCP lanes off:
+  Dask's comm only);
 * external learner: GB/s of windows delivered to the client process, against
   a raw Dask transfer of the same number of bytes (a NumPy array held by a
   worker, fetched with ``Future.result()``) — targets: shared >= 5x (and
-  >= 0.8x a memcpy in the client), comm >= 0.9x;
+  >= 0.8x a memcpy in the client), tcp and comm >= 0.9x;
 * co-located learner: a task on a worker sampling the table (its shard read
   in-process without copies), against a single-thread ``np.copyto`` of the
   same bytes measured in that worker — target >= 0.8x;
-* per-batch overhead of the Dask path (a 1-window batch) vs the local table;
+* per-batch overhead (a 1-window batch) vs the local table and one Dask comm
+  round trip — target (tcp, comm) <= 1.2x;
 * insert from the client: GB/s of episodes inserted (``insert_batch``
   episodes per call, warm rings), against ``client.scatter(direct=True)`` of
   the same episodes to the same workers, timed alternately in the same loop —
@@ -84,6 +87,7 @@ def _colocated(name, B, L, repeat):
         "local_bytes": t.stats["local_bytes"],
         "remote_bytes": t.stats["remote_bytes"],
         "shared_bytes": t.stats["shared_bytes"],
+        "in_thread": t.stats["in_thread"],
     }
 
 
@@ -232,7 +236,9 @@ def run(workers: int, plane: str, args, eps, rows, results):
         Client(cluster) as client,
     ):
         spec = gf.TableSpec(cols, capacity=steps // workers + args.episode_length, num_shards=workers)
-        with dask.config.set({"gear-flow.distributed.shared-memory": plane == "shared"}):
+        with dask.config.set(
+            {"gear-flow.distributed.shared-memory": plane == "shared", "gear-flow.distributed.tcp-lane": plane != "comm"}
+        ):
             table = DistributedTable.create(client, spec, sampler=gf.Uniform(), seed=0, name=f"bench{workers}")
         t0 = time.perf_counter()
         for i in range(0, len(eps), args.insert_batch):
@@ -338,7 +344,7 @@ def run(workers: int, plane: str, args, eps, rows, results):
             "ms": res["batch_overhead_ms"],
             "ratio": res["batch_overhead_rtt_ratio"],
             "ref": f"one comm round trip {res['comm_rtt_ms']:.3g} ms",
-            "target": "<= 1.2" if plane == "comm" else "",
+            "target": "<= 1.2" if plane != "shared" else "",
         }
     )
     rows.append({"path": f"insert, first fill (cold rings), {tag}", "GB/s": res["insert_gbps"]})
@@ -376,7 +382,7 @@ def main(argv=None):
     )
     local = None
     for w in (1, 2):
-        for plane in ("shared", "comm"):
+        for plane in ("shared", "tcp", "comm"):
             run(w, plane, args, eps, rows, results)
     for w in (1, 2):
         if args.quick and w == 1:  # a UCX cluster costs ~15 s here; --quick runs the 2-worker one only

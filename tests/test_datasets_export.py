@@ -190,9 +190,10 @@ def test_query_select_export_on_a_cluster_never_moves_steps_through_the_client(c
         assert received < step_bytes / 4, (received, step_bytes)
         assert best.info()["size"] == 400
         # control: the counter does see step data when it is pulled to the client over the comm
-        # (with shared memory, a client on the workers' machine reads it without the comm)
+        # (with shared memory, a client on the workers' machine reads it without the comm; with a TCP lane,
+        # over the worker's lane)
         before = counter.n
-        with dask.config.set({"gear-flow.distributed.shared-memory": False}):
+        with dask.config.set({"gear-flow.distributed.shared-memory": False, "gear-flow.distributed.tcp-lane": False}):
             best.sample(8, 100)
         assert counter.n - before > 8 * 100 * OBS * 4
         # the export is the chosen episodes, bit for bit

@@ -56,16 +56,17 @@ def table(dist_client, request):
         t.close()
 
 
-def test_a_learner_samples_in_its_thread_exactly_as_the_event_loop_does(table, dist_client):
+@pytest.mark.parametrize(("B", "L"), [(32, 4), (1024, 128)])  # 1 KB; 1 MB of windows (read from both at once)
+def test_a_learner_samples_in_its_thread_exactly_as_the_event_loop_does(table, dist_client, B, L):
     with dask.config.set({"gear-flow.distributed.fast-lane": False}):  # this handle: Dask's comm only
         loop = DistributedTable.attach(table.name, client=dist_client, seed=0)
-        loop.sample(8, 4, boundary="pad_tail")  # shared rings mapped, no lane learnt
-    table.sample(8, 4, boundary="pad_tail")  # the lanes learnt, the masses kept
+        loop.sample(8, L, boundary="pad_tail")  # shared rings mapped (shared-memory plane), no lane learnt
+    table.sample(8, L, boundary="pad_tail")  # the lanes learnt, the masses of L-step windows kept
     assert not loop._ctx.lanes.paths and set(table._ctx.lanes.paths) == set(table.placement.values())
     here0, loop0 = table.stats["in_thread"], loop.stats["in_thread"]
     for step in range(12):
-        a = table.sample(32, 4, boundary="pad_tail", rng=np.random.default_rng(step))
-        b = loop.sample(32, 4, boundary="pad_tail", rng=np.random.default_rng(step))
+        a = table.sample(B, L, boundary="pad_tail", rng=np.random.default_rng(step))
+        b = loop.sample(B, L, boundary="pad_tail", rng=np.random.default_rng(step))
         _check(a)
         for f in ("keys", "probabilities", "weights", "mask", "timesteps", "episode_ids"):
             assert np.array_equal(getattr(a, f).numpy(), getattr(b, f).numpy()), (step, f)

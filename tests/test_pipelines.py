@@ -40,14 +40,17 @@ def test_bench_distributed_quick(tmp_path):
     bench_distributed.main(["--quick", "--out", str(out)])
     data = json.loads(out.read_text())
     for w in ("workers_1", "workers_2"):
-        for plane in ("shared", "comm"):
+        for plane in ("shared", "tcp", "comm"):
             assert data[f"{w}_{plane}"]["external_gbps"] > 0 and data[f"{w}_{plane}"]["colocated"]["gbps"] > 0
     assert data["workers_1_comm"]["colocated"]["remote_bytes"] == 0  # one worker: everything in-process
     assert data["workers_2_comm"]["colocated"]["remote_bytes"] > 0  # the other shard over the comm
+    tcp = data["workers_2_tcp"]  # ... or its TCP lane, in the learner's thread
+    assert tcp["colocated"]["remote_bytes"] > 0 and tcp["colocated"]["in_thread"] > 0
+    assert tcp["stats"]["in_thread"] > 0 and data["workers_2_comm"]["stats"]["in_thread"] == 0
     two = data["workers_2_shared"]
     assert two["colocated"]["shared_bytes"] > 0 and two["colocated"]["remote_bytes"] == 0  # ... or shared memory
     assert two["stats"]["shared_bytes"] > 0 and two["stats"]["remote_bytes"] == 0
-    for plane in ("shared", "comm"):  # one learner per worker at once, vs one alone
+    for plane in ("shared", "tcp", "comm"):  # one learner per worker at once, vs one alone
         sc = data[f"workers_2_{plane}"]["learners"]
         assert sc["one"]["gbps"] > 0 and sc["two"]["gbps"] > 0 and sc["ratio"] > 0
         assert len({r["worker"] for r in sc["two"]["learners"]}) == 2
@@ -56,7 +59,7 @@ def test_bench_distributed_quick(tmp_path):
     assert "skipped" in ucx or (ucx["external_gbps"] > 0 and ucx["stats"]["remote_bytes"] > 0)
     assert data["workers_1_comm_ucx"] == {"skipped": "--quick"}
 
-    for run in (data[f"{w}_{p}"] for w in ("workers_1", "workers_2") for p in ("shared", "comm")):
+    for run in (data[f"{w}_{p}"] for w in ("workers_1", "workers_2") for p in ("shared", "tcp", "comm")):
         assert run["insert_client_gbps"] > 0 and run["scatter_gbps"] > 0
         actor = run["actor_insert"]  # into its own shard: every inserted byte written in-process
         assert set(actor["shards"]) <= set(actor["local_shards"]) and actor["insert_remote_bytes"] == 0

@@ -98,7 +98,9 @@ class ConstructionMixin:
             Storage tier of the shards (config ``table.tier``).  Host and
             pinned rings go to shared memory when config
             ``distributed.shared-memory`` is set, so handles on the same
-            machine read them without the comm.
+            machine read them without the comm; with config
+            ``distributed.tcp-lane`` set when the table is made, handles that
+            do not map a worker's rings draw over its TCP lane.
         routing : {"balanced", "round_robin"}, optional
             How episodes are spread over shards (config ``table.routing``).
         timeout : float, optional
@@ -158,7 +160,13 @@ class ConstructionMixin:
             "host",
             "pinned",
         )
-        config = {**cfg.to_dict(), "degraded": bool(degraded), "resources": resources, "shared_memory": shared}
+        config = {
+            **cfg.to_dict(),
+            "degraded": bool(degraded),
+            "resources": resources,
+            "shared_memory": shared,
+            "tcp_lane": bool(config_get("distributed.tcp-lane")),
+        }
         ctx = Context(client=client)
 
         async def setup():

@@ -455,23 +455,39 @@ class Lanes:
         settled = 0
         try:
             for item in sent:
-                if isinstance(item, BaseException):
-                    reply = item
-                else:
-                    path, sock = item
-                    try:
-                        reply = _read_blocking(sock)
-                        if not (isinstance(reply, tuple) and len(reply) == 2):
-                            raise ProtocolError(f"fast lane: a reply is a pair, got {type(reply).__name__}")
-                    except LANE_ERRORS as e:
-                        sock.close()
-                        reply = e
-                    else:
-                        self._blocking[path].append(sock)
+                reply = self.read_one(item)
                 settled += 1
                 yield reply
         finally:
             self.abandon(sent[settled:])
+
+    def read_one(self, item: Any) -> Any:
+        """The reply to one of :meth:`send_all`'s requests (see :meth:`read_all`); threads may read several
+        at once.
+
+        Parameters
+        ----------
+        item : object
+            One item of what :meth:`send_all` returned.
+
+        Returns
+        -------
+        tuple or Exception
+            ``(True, result)``, ``(False, error)``, or the exception that
+            kept the request from being sent or broke its connection.
+        """
+        if isinstance(item, BaseException):
+            return item
+        path, sock = item
+        try:
+            reply = _read_blocking(sock)
+            if not (isinstance(reply, tuple) and len(reply) == 2):
+                raise ProtocolError(f"fast lane: a reply is a pair, got {type(reply).__name__}")
+        except LANE_ERRORS as e:
+            sock.close()
+            return e
+        self._blocking[path].append(sock)
+        return reply
 
     @staticmethod
     def abandon(sent: list) -> None:

@@ -87,7 +87,10 @@ class PlumbingMixin:
                     logger.info("table %r: shards of %s not mapped (%s); using the comm", self.name, addr, e)
                 if got is not None and isinstance(lay.get("lane"), str) and config_get("distributed.fast-lane"):
                     self._ctx.lanes.paths[addr] = lay["lane"]  # its control requests: over a Unix socket
-        if got is None and not local and config_get("distributed.fast-lane") and config_get("distributed.tcp-lane"):
+        tcp = (
+            self._config.get("tcp_lane") and config_get("distributed.tcp-lane") and config_get("distributed.fast-lane")
+        )
+        if got is None and not local and tcp:
             try:  # not mapped here: its draws (windows included) and control requests over its TCP lane
                 lane = await call(self._ctx, addr, "lane", table=self.name, name=self.name)
             except WorkerLost:

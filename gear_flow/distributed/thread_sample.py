@@ -27,7 +27,7 @@ from .. import config
 from ..table import planner
 from .plugin import OPS
 from .protocol import VERSION
-from .remote_sample import RemoteSample
+from .remote_sample import OFF_LOOP_BYTES, RemoteSample, _copy_pool
 
 if TYPE_CHECKING:
     from .api import DistributedTable
@@ -75,8 +75,25 @@ class ThreadSample(RemoteSample):
         except BaseException:
             ctx.lanes.abandon(sent)
             raise
+        heavy = [kind == "draw" and not args.get("geometry") for _, _, args, kind in far]
+        if sum(heavy) > 1 and self._reply_bytes(far) >= OFF_LOOP_BYTES:
+            # windows coming from several workers: read (and copy) them at once, so that no worker waits
+            # for this thread to finish reading another's before its own bytes can flow
+            def one(i):
+                arrived(far[i][3], far[i][0], ctx.lanes.read_one(sent[i]))
+
+            for f in [_copy_pool().submit(one, i) for i in range(len(far))]:
+                f.result()
+            return
         for (a, _, _, kind), r in zip(far, ctx.lanes.read_all(sent)):
             arrived(kind, a, r)
+
+    def _reply_bytes(self, far: list) -> int:
+        """Bytes of windows the draws in ``far`` bring back."""
+        rows = sum(
+            sum(int(c) for c in (args.get("counts") or {}).values()) for _, op, args, _ in far if op == "sample_part"
+        )
+        return rows * self.L * self.row_bytes
 
     def _parts_here(self, offs, counts, scale, by_count):
         t = self.t

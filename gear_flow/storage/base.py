@@ -16,6 +16,10 @@ import numpy as np
 from ..backend import is_device_array
 from ..errors import SpecError
 from ..ops.gather import scatter_rows  # module level: an insert calls write_rows once per episode and column
+from .reuse import Reuse
+
+#: large gather outputs of this process, handed out again once their replies are gone
+_OUTPUTS = Reuse()
 
 
 class StorageTier(ABC):
@@ -112,9 +116,11 @@ class StorageTier(ABC):
         Returns
         -------
         numpy.ndarray or device array
-            Uninitialised; host memory here, device memory for the GPU tiers.
+            Uninitialised; host memory here (a large one possibly used
+            before, see :mod:`gear_flow.storage.reuse`), device memory for
+            the GPU tiers.
         """
-        return np.empty(shape, dtype=dtype)
+        return _OUTPUTS.empty(shape, dtype)
 
     def write_rows(self, dst: np.ndarray, pos: int, rows: np.ndarray) -> None:
         """Write ``rows`` into ring ``dst`` at ``pos`` (wrapping).
