@@ -237,7 +237,10 @@ def run(workers: int, plane: str, args, eps, rows, results):
     ):
         spec = gf.TableSpec(cols, capacity=steps // workers + args.episode_length, num_shards=workers)
         with dask.config.set(
-            {"gear-flow.distributed.shared-memory": plane == "shared", "gear-flow.distributed.tcp-lane": plane != "comm"}
+            {
+                "gear-flow.distributed.shared-memory": plane == "shared",
+                "gear-flow.distributed.tcp-lane": plane != "comm",
+            }
         ):
             table = DistributedTable.create(client, spec, sampler=gf.Uniform(), seed=0, name=f"bench{workers}")
         t0 = time.perf_counter()
