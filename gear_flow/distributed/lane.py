@@ -106,8 +106,13 @@ def _host_port(addr: str) -> tuple[str, int]:
     return parse_host_port(addr[len(TCP) :])
 
 
+#: NumPy buffers at least this large travel out of band (not copied into the pickle); smaller ones inside it,
+#: so that a control message is one pickle: a read or write per buffer costs more than copying a few KB
+OUT_OF_BAND_BYTES = 1 << 16
+
+
 def pack(obj: Any) -> list:
-    """The parts of a message carrying ``obj`` (NumPy buffers out of band, not copied).
+    """The parts of a message carrying ``obj`` (NumPy buffers of 64 KB or more out of band, not copied).
 
     Parameters
     ----------
@@ -119,9 +124,16 @@ def pack(obj: Any) -> list:
     list of bytes-like
         Header, pickle and buffers, to write in order.
     """
-    bufs: list = []
-    head = pickle.dumps(obj, protocol=5, buffer_callback=bufs.append)
-    raw = [b.raw() for b in bufs]
+    raw: list = []
+
+    def out_of_band(b: pickle.PickleBuffer) -> bool:
+        m = b.raw()
+        if m.nbytes < OUT_OF_BAND_BYTES:
+            return True  # in the pickle
+        raw.append(m)
+        return False
+
+    head = pickle.dumps(obj, protocol=5, buffer_callback=out_of_band)
     sizes = struct.pack(f"<{len(raw)}Q", *(r.nbytes for r in raw))
     return [_HEADER.pack(MAGIC, len(head), len(raw)) + sizes, head, *raw]
 
