@@ -110,6 +110,36 @@ def test_without_the_lane_requests_take_the_comm(dist_client, off):
             t.close()
 
 
+def _advertise_unreachable_lane(dask_worker):
+    import asyncio
+
+    lane = dask_worker.plugins["gear-flow"].lane
+    lane.kept_tcp = lane._tcp_starting
+    f = asyncio.get_running_loop().create_future()
+    f.set_result("tcp://127.0.0.1:1")  # nothing listens there (as behind a firewall that drops the port)
+    lane._tcp_starting = f
+
+
+def test_an_unreachable_tcp_lane_is_not_used(dist_client):
+    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=2)
+    with dask.config.set({"gear-flow.distributed.shared-memory": False, "gear-flow.distributed.tcp-lane": True}):
+        t = DistributedTable.create(dist_client, spec, sampler=gf.Uniform(), seed=0)
+    try:
+        dist_client.run(_advertise_unreachable_lane)
+        t.insert([{"x": np.arange(20, dtype=np.float32)} for _ in range(2)])
+        for _ in range(3):
+            _check(t.sample(8, 1))
+        assert not t._ctx.lanes.paths and t.stats["in_thread"] == 0 and t.stats["remote_bytes"] > 0
+    finally:
+        t.close()
+        dist_client.run(_forget_tcp_lane)
+
+
+def _forget_tcp_lane(dask_worker):
+    lane = dask_worker.plugins["gear-flow"].lane
+    lane._tcp_starting = lane.kept_tcp  # the real one (or None: started when next asked)
+
+
 def test_a_failed_lane_falls_back_to_the_comm(table):
     _check(table.sample(16, 1))
     addr = next(iter(table._ctx.lanes.paths))

@@ -66,6 +66,8 @@ TCP = "tcp://"
 _HEADER = struct.Struct("<4sII")
 #: largest message a lane accepts (control messages are kilobytes; a larger one is refused, not read)
 MAX_BYTES = 1 << 28
+#: largest reply a handle reads (a batch's windows come in draws' replies over a TCP lane)
+MAX_REPLY_BYTES = 1 << 36
 MAX_BUFFERS = 1024
 #: errors of a lane connection (the request then goes over the comm)
 LANE_ERRORS = (OSError, EOFError, asyncio.IncompleteReadError, ProtocolError)
@@ -98,6 +100,10 @@ async def _write(writer: asyncio.StreamWriter, parts: list) -> None:
     if small:
         writer.writelines(small)
     await writer.drain()
+
+
+class NotSent(ConnectionError):
+    """A request that never left: its connection could not be opened or written (:meth:`Lanes.send_all`)."""
 
 
 def _host_port(addr: str) -> tuple[str, int]:
@@ -138,13 +144,16 @@ def pack(obj: Any) -> list:
     return [_HEADER.pack(MAGIC, len(head), len(raw)) + sizes, head, *raw]
 
 
-async def read(reader: asyncio.StreamReader) -> Any:
+async def read(reader: asyncio.StreamReader, limit: int = MAX_BYTES) -> Any:
     """Read one message.
 
     Parameters
     ----------
     reader : asyncio.StreamReader
         The connection.
+    limit : int, default MAX_BYTES
+        Largest message accepted (a handle reads replies with
+        :data:`MAX_REPLY_BYTES`).
 
     Returns
     -------
@@ -159,7 +168,7 @@ async def read(reader: asyncio.StreamReader) -> Any:
         Not a lane message, too large, or not readable.
     """
     n, k = _header(await reader.readexactly(_HEADER.size))
-    sizes = _sizes(n, await reader.readexactly(8 * k) if k else b"")
+    sizes = _sizes(n, await reader.readexactly(8 * k) if k else b"", limit)
     head = await reader.readexactly(n)
     return _loads(head, [await reader.readexactly(s) for s in sizes])
 
@@ -167,7 +176,7 @@ async def read(reader: asyncio.StreamReader) -> Any:
 def _read_blocking(sock: socket.socket) -> Any:
     """:func:`read` from a blocking socket (a caller thread's connection); EOFError when it was closed."""
     n, k = _header(_recv_exactly(sock, _HEADER.size))
-    sizes = _sizes(n, _recv_exactly(sock, 8 * k) if k else b"")
+    sizes = _sizes(n, _recv_exactly(sock, 8 * k) if k else b"", MAX_REPLY_BYTES)
     head = _recv_exactly(sock, n)
     return _loads(head, [_recv_exactly(sock, s) for s in sizes])
 
@@ -190,10 +199,10 @@ def _header(raw: bytes) -> tuple[int, int]:
     return n, k
 
 
-def _sizes(n: int, raw: bytes) -> tuple[int, ...]:
+def _sizes(n: int, raw: bytes, limit: int) -> tuple[int, ...]:
     sizes = struct.unpack(f"<{len(raw) // 8}Q", raw)
-    if n + sum(sizes) > MAX_BYTES:
-        raise ProtocolError(f"fast lane: a message of {n + sum(sizes)} bytes exceeds {MAX_BYTES}")
+    if n + sum(sizes) > limit:
+        raise ProtocolError(f"fast lane: a message of {n + sum(sizes)} bytes exceeds {limit}")
     return sizes
 
 
@@ -241,29 +250,38 @@ class LaneServer:
             self._starting = asyncio.ensure_future(self._start())
         return await asyncio.shield(self._starting)
 
-    async def start_tcp(self, host: str) -> str:
-        """Start listening on TCP at ``host`` (once), an ephemeral port; the listener's address.
+    async def start_tcp(self, host: str, contact: str) -> str:
+        """Start listening on TCP at ``host`` (once), an ephemeral port; the address handles connect to.
 
         Parameters
         ----------
         host : str
-            The host the worker itself listens on (nothing listens beyond it).
+            The host the worker's comm listens on (nothing listens beyond
+            it; ``0.0.0.0`` only when the comm itself listens there).
+        contact : str
+            The host handles reach the worker at (its address's).
 
         Returns
         -------
         str
-            ``tcp://host:port``.
+            ``tcp://contact:port``.
+
+        Raises
+        ------
+        OSError
+            The lane cannot listen there (also on later calls).
         """
         if self._tcp_starting is None:
-            self._tcp_starting = asyncio.ensure_future(self._start_tcp(host))
+            self._tcp_starting = asyncio.ensure_future(self._start_tcp(host, contact))
         return await asyncio.shield(self._tcp_starting)
 
-    async def _start_tcp(self, host: str) -> str:
+    async def _start_tcp(self, host: str, contact: str) -> str:
         from distributed.comm.addressing import unparse_host_port
 
-        self._tcp_server = await asyncio.start_server(self._connection, host=host, port=0)
-        port = self._tcp_server.sockets[0].getsockname()[1]
-        self.tcp = "tcp://" + unparse_host_port(host, port)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.create_server((host, 0), family=family)  # one socket, one address
+        self._tcp_server = await asyncio.start_server(self._connection, sock=sock)
+        self.tcp = "tcp://" + unparse_host_port(contact, sock.getsockname()[1])
         return self.tcp
 
     async def _start(self) -> str:
@@ -287,7 +305,7 @@ class LaneServer:
                     return
                 if not isinstance(msg, dict):
                     reply = (False, ProtocolError(f"fast lane: a request is a dict, got {type(msg).__name__}"))
-                elif msg.get("action") not in LANE_OPS:
+                elif not (isinstance(msg.get("action"), str) and msg["action"] in LANE_OPS):
                     reply = (False, ProtocolError(f"fast lane: {msg.get('action')!r} does not take the lane"))
                 else:
                     reply = await self._serve(msg.get("action"), msg.get("args"), msg.get("v"))
@@ -300,6 +318,7 @@ class LaneServer:
                     await _write(writer, parts)
                 except (ConnectionError, OSError):
                     return  # the handle gave up on this request (timed out, cancelled) and closed the connection
+                del msg, reply, parts  # an idle connection keeps no reply (windows) alive
         finally:
             self._writers.discard(writer)
             writer.close()
@@ -344,6 +363,32 @@ class Lanes:
             Socket path.
         """
         return self.paths.get(addr) if op in LANE_OPS else None
+
+    async def probe(self, path: str, timeout: float) -> bool:
+        """Can a connection to the lane at ``path`` be opened within ``timeout`` seconds (a firewall may
+        drop the lane's port while letting the comm's through)?  The connection is kept for use.
+
+        Parameters
+        ----------
+        path : str
+            Socket path or ``tcp://host:port``.
+        timeout : float
+            Seconds.
+
+        Returns
+        -------
+        bool
+            Whether it opened.
+        """
+        try:
+            if path.startswith(TCP):
+                rw = await asyncio.wait_for(asyncio.open_connection(*_host_port(path)), timeout)
+            else:
+                rw = await asyncio.wait_for(asyncio.open_unix_connection(path), timeout)
+        except (OSError, asyncio.TimeoutError, ValueError):
+            return False
+        self._idle[path].append(rw)
+        return True
 
     def drop(self, addr: str) -> None:
         """Stop using ``addr``'s lane (it failed): its requests go over the comm.
@@ -398,7 +443,7 @@ class Lanes:
         try:
             w.writelines(pack({"action": op, "args": args, "v": v}))
             await w.drain()
-            reply = await read(r)
+            reply = await read(r, MAX_REPLY_BYTES)
         except BaseException:  # failed or cancelled mid-request: the connection's state is unknown
             w.close()
             raise
@@ -425,22 +470,23 @@ class Lanes:
         -------
         list
             Per request, its connection (with its path) for :meth:`read_all`,
-            or the exception (:data:`LANE_ERRORS`) that kept it from being
-            sent (the connection closed).
+            or a :class:`NotSent` saying why it could not be sent (the
+            connection closed).
         """
         sent: list = []
         try:
             for path, op, args in requests:
                 sock = None
+                data = b"".join(pack({"action": op, "args": args, "v": v}))
                 try:
                     if path is None:
                         raise ConnectionError("fast lane: dropped")
                     sock = self._connect(path, timeout)
-                    sock.sendall(b"".join(pack({"action": op, "args": args, "v": v})))
+                    sock.sendall(data)
                 except LANE_ERRORS as e:
                     if sock is not None:
                         sock.close()
-                    sent.append(e)
+                    sent.append(NotSent(f"fast lane {path}: {type(e).__name__}: {e}"))
                 else:
                     sent.append((path, sock))
         except BaseException:  # interrupted: what was sent has replies nobody will read
@@ -498,7 +544,10 @@ class Lanes:
         except LANE_ERRORS as e:
             sock.close()
             return e
-        self._blocking[path].append(sock)
+        if path in self.paths.values():
+            self._blocking[path].append(sock)
+        else:  # the lane was dropped meanwhile
+            sock.close()
         return reply
 
     @staticmethod

@@ -22,8 +22,11 @@ import asyncio
 import logging
 from collections import defaultdict
 
+import dask.config as dask_config
+from dask.utils import parse_timedelta
+
 from ..config import get as config_get
-from ..errors import ShardLostError
+from ..errors import GearFlowError, ShardLostError
 from .transport import Retry, WorkerLost, call, coord
 
 logger = logging.getLogger(__name__)
@@ -95,8 +98,15 @@ class PlumbingMixin:
                 lane = await call(self._ctx, addr, "lane", table=self.name, name=self.name)
             except WorkerLost:
                 return None
-            if isinstance(lane.get("tcp"), str):
-                self._ctx.lanes.paths[addr] = lane["tcp"]
+            except GearFlowError as e:  # e.g. a worker of an older gear_flow: the comm
+                logger.info("table %r: no TCP lane to %s (%s); using the comm", self.name, addr, e)
+                lane = {}
+            tcp_lane = lane.get("tcp")
+            connect = parse_timedelta(dask_config.get("distributed.comm.timeouts.connect"), "s")
+            if isinstance(tcp_lane, str) and await self._ctx.lanes.probe(tcp_lane, min(float(connect), 5.0)):
+                self._ctx.lanes.paths[addr] = tcp_lane
+            elif isinstance(tcp_lane, str):
+                logger.info("table %r: TCP lane %s of %s not reachable; using the comm", self.name, tcp_lane, addr)
         self._shared[addr] = got
         return got
 

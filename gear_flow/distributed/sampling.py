@@ -12,6 +12,8 @@ machine, TCP lanes elsewhere), samples in its own thread, without the event loop
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Sequence
 
@@ -19,16 +21,17 @@ import numpy as np
 
 from .. import backend, config
 from ..dashboard.report import maybe_report
-from ..errors import EmptyTableError, SpecError, nothing_to_sample
+from ..errors import EmptyTableError, GearFlowError, SpecError, nothing_to_sample
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
 from ..table.validate import check_sample_args, sample_columns
 from .host_sampling import StaleSelectionError
 from .remote_sample import _SAMPLING, RemoteSample
 from .thread_sample import NotHere, ThreadSample, routes
-from .transport import Retry
+from .transport import Retry, not_answered
 
 _ATTEMPTS = 8
+logger = logging.getLogger(__name__)
 
 
 class SamplingMixin:
@@ -271,6 +274,11 @@ class SamplingMixin:
             return None
         boundary = self.boundary if boundary is None else boundary
         check_sample_args(B, L, boundary)
+        if workers != [ctx.local_addr] and (
+            self._cfg.selection != "weighted"
+            or self._masses.fresh(("sampler",), L, boundary, self._live_shards())[0] is None
+        ):
+            return None  # its plan needs the workers first: the event loop's path asks them
         columns = sample_columns(self.spec, columns)
         if out is None:
             out = SampleBuffers(self.spec, columns, B, L, tier=self._cfg.tier)
@@ -285,29 +293,56 @@ class SamplingMixin:
                 self._give_back(B, adm)
                 return None
         rng = self.rng if rng is None else rng
+        ex = None
         try:
             if workers == [ctx.local_addr]:  # every live shard here: one call does it all
                 expired = self._sample_all_here(B, L, boundary, columns, out, rng)
             else:
                 ex = ThreadSample(self, out, L, boundary, columns, rng, None, True, None)
-                try:
-                    planner.run(planner.sample(self._cfg.selection, B, rng), ex)
-                except NotHere:
-                    self._give_back(B, adm)
-                    return None
-                except Exception:  # undone; the event loop's path retries it, or raises its error
-                    ctx.sync(ex.undo)
-                    self._give_back(B, adm)
-                    return None
+                planner.run(planner.sample(self._cfg.selection, B, rng), ex)
                 two_level.importance_weights(out.probabilities, self._cfg.beta, out.weights)
                 expired = ex.expired
-        except BaseException:
+        except NotHere:  # nothing was sent
             self._give_back(B, adm)
-            raise
+            return None
+        except BaseException as e:  # what was drawn is given back, as on the event loop's path
+            if ex is not None:
+                try:
+                    ctx.sync(ex.undo)
+                except Exception as u:  # noqa: BLE001 - e.g. a worker gone: its counts leave with it
+                    logger.info("table %r: a sample's draws not given back (%s)", self.name, u)
+            self._give_back(B, adm)
+            if not isinstance(e, Exception) or ex is None:
+                raise
+            if ex.lost_reply is not None:  # the worker may have drawn: never drawn again silently
+                self._raise_lost_reply(*ex.lost_reply)
+            return None  # the event loop's path retries it, or raises its error
         self.stats["in_thread"] += 1
         if expired:
             ctx.sync(self._coord, "removed", k=sum(expired.values()), per_shard=expired)
         return self._served(out)
+
+    def _raise_lost_reply(self, addr: str, op: str, err: BaseException) -> None:
+        """A lane request was sent and its reply lost: the worker may have run it, so the sample fails
+        instead of being drawn again; a worker the scheduler removed makes its shards lost (the next call
+        says so, or serves from the rest in a degraded table)."""
+        ctx = self._ctx
+        if isinstance(err, TimeoutError):
+            limit = ThreadSample.timeout()
+            try:
+                alive = ctx.sync(self._alive, addr, float(config.get("distributed.rpc-timeout")))
+            except Exception:  # noqa: BLE001 - the scheduler did not answer either
+                alive = None
+            if alive is False:
+                try:
+                    ctx.sync(self._handle_lost, [addr])  # raises ShardLostError ...
+                except Retry:  # ... or, in a degraded table, the rest serve it (the event loop's path)
+                    return
+            raise not_answered(addr, op, limit, known=alive is not None) from None
+        raise GearFlowError(f"worker {addr}: the reply to {op!r} could not be read ({err})") from err
+
+    async def _alive(self, addr: str, timeout: float) -> bool:
+        return await asyncio.wait_for(self._coord("worker_alive", address=addr), timeout)
 
     def _give_back(self, n: int, adm: dict | None) -> None:
         """A batch of ``n`` admitted under the lease (``adm`` None) or by the coordinator was not served."""

@@ -21,9 +21,11 @@ sent (:class:`NotHere`), or after undoing what was drawn.
 
 from __future__ import annotations
 
+from concurrent.futures import wait
 from typing import TYPE_CHECKING
 
 from .. import config
+from ..errors import ProtocolError
 from ..table import planner
 from .plugin import OPS
 from .protocol import VERSION
@@ -44,6 +46,10 @@ class ThreadSample(RemoteSample):
     all pass :func:`routes` (checked by the caller before planning).
     """
 
+    #: ``(worker, operation, error)`` of a request sent whose reply was lost (timed out, unreadable): the
+    #: worker may have run it, so the sample is not sent again; None
+    lost_reply = None
+
     def __call__(self, req):
         t = self.t
         if isinstance(req, planner.Summaries):
@@ -62,7 +68,7 @@ class ThreadSample(RemoteSample):
         being ``(ok, value)`` or the error that broke its lane."""
         ctx = self.t._ctx
         far = [b for b in batch if b[0] != ctx.local_addr]
-        timeout = float(config.get("distributed.rpc-timeout"))
+        timeout = self.timeout()
         sent = ctx.lanes.send_all([(ctx.lanes.paths.get(a), op, args) for a, op, args, _ in far], VERSION, timeout)
         try:
             for a, op, args, kind in batch:
@@ -82,11 +88,27 @@ class ThreadSample(RemoteSample):
             def one(i):
                 arrived(far[i][3], far[i][0], ctx.lanes.read_one(sent[i]))
 
-            for f in [_copy_pool().submit(one, i) for i in range(len(far))]:
-                f.result()
+            futures = [_copy_pool().submit(one, i) for i in range(len(far))]
+            try:
+                for f in futures:
+                    f.result()
+            finally:  # nothing is read or copied into the batch once this returns
+                wait(futures)
             return
         for (a, _, _, kind), r in zip(far, ctx.lanes.read_all(sent)):
             arrived(kind, a, r)
+
+    @staticmethod
+    def timeout() -> float:
+        """Seconds a lane's reply is waited for.
+
+        Returns
+        -------
+        float
+            As long as the event loop's path waits for a live worker
+            (``distributed.rpc-timeout`` times ``rpc-retries + 1``).
+        """
+        return float(config.get("distributed.rpc-timeout")) * (int(config.get("distributed.rpc-retries") or 0) + 1)
 
     def _reply_bytes(self, far: list) -> int:
         """Bytes of windows the draws in ``far`` bring back."""
@@ -98,20 +120,17 @@ class ThreadSample(RemoteSample):
     def _parts_here(self, offs, counts, scale, by_count):
         t = self.t
         ctx = t._ctx
-        mapped = {a: sh for a, sh in t._shared.items() if sh is not None}
-        calls = self.part_calls(offs, mapped, counts, scale, None, by_count)
-        refresh = self._stale_masses_calls(counts)
-        pending = t._pending_calls(exclude=set(calls))
-        batch = [(a, op, args, kind) for kind, d in (("draw", calls), ("fresh", refresh), ("upd", pending))
-                 for a, (op, args) in d.items()]  # fmt: skip
-        for _, op, _, _ in batch:
-            t.requests[op] += 1
+        mapped = {a: sh for a, sh in list(t._shared.items()) if sh is not None}
+        calls, pending = {}, {}
         results = {"draw": {}, "fresh": {}, "upd": {}}
         errors, copied = [], {}
 
         def arrived(kind, a, r):  # a draw's windows are copied while the other workers' replies are on their way
             if isinstance(r, BaseException) or not r[0]:  # the sample is undone and goes to the event loop
-                errors.append(r if isinstance(r, BaseException) else r[1])
+                e = r if isinstance(r, BaseException) else r[1]
+                if isinstance(r, (TimeoutError, ProtocolError)):  # sent, and the reply lost: it may have run
+                    self.lost_reply = (a, calls.get(a, pending.get(a, ("?",)))[0], e)
+                errors.append(e)
                 return
             if kind == "draw":
                 try:
@@ -124,8 +143,15 @@ class ThreadSample(RemoteSample):
             results[kind][a] = r[1]
 
         try:
+            calls = self.part_calls(offs, mapped, counts, scale, None, by_count)
+            refresh = self._stale_masses_calls(counts)
+            pending = t._pending_calls(exclude=set(calls))
+            batch = [(a, op, args, kind) for kind, d in (("draw", calls), ("fresh", refresh), ("upd", pending))
+                     for a, (op, args) in d.items()]  # fmt: skip
+            for _, op, _, _ in batch:
+                t.requests[op] += 1
             self._exchange(batch, arrived)
-        except BaseException:  # interrupted: nothing known applied, the updates that were to ride along stored again
+        except BaseException:  # nothing booked: the updates that were to ride along are stored again
             for _, (_, args) in calls.items():
                 if "updates" in args:
                     t._settle(args["updates"], False)

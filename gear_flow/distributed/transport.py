@@ -191,6 +191,33 @@ async def coord(ctx: Context, op: str, name: str | None, **kw: Any) -> Any:
     return unwrap(resp)
 
 
+def not_answered(addr: str, op: str, seconds: float, known: bool) -> GearFlowError:
+    """The error of a request a live worker did not answer in time.
+
+    Parameters
+    ----------
+    addr : str
+        The worker.
+    op : str
+        The operation.
+    seconds : float
+        How long it was waited for.
+    known : bool
+        Whether the scheduler said it still has the worker (False: it did
+        not answer that question either).
+
+    Returns
+    -------
+    GearFlowError
+        To raise.
+    """
+    phrase = "still has it" if known else "did not say whether it still has it"
+    return GearFlowError(
+        f"worker {addr} did not answer {op!r} within {seconds:g} s although the scheduler {phrase} "
+        "(raise distributed.rpc-timeout for slow operations)"
+    )
+
+
 async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **args: Any) -> Any:
     """One request to a shard worker (in-process when it is this worker).
 
@@ -272,11 +299,7 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
         if watch["why"] == "lost":
             raise WorkerLost(addr, "the scheduler removed it") from None
         if watch["why"] == "timeout":
-            known = "did not say whether it still has it" if watch["unknown"] else "still has it"
-            raise GearFlowError(
-                f"worker {addr} did not answer {op!r} within {(retries + 1) * timeout:g} s although the scheduler {known} "
-                "(raise distributed.rpc-timeout for slow operations)"
-            ) from None
+            raise not_answered(addr, op, (retries + 1) * timeout, known=not watch["unknown"]) from None
         raise
     except COMM_ERRORS as e:
         raise WorkerLost(addr, e) from e

@@ -5,10 +5,13 @@ leaves with the reply.  Buffers of megabytes are fresh pages to the kernel
 every time (Dask's workers run with ``MALLOC_TRIM_THRESHOLD_`` set, so glibc
 maps and unmaps them): the page faults cost more than the gather itself
 (256 windows of 64 steps, 16.8 MB: ~4 ms against ~1.5 ms into warm pages).
-This pool keeps a few of them per shape and hands one out again only when
-its reference count shows that nothing else holds it (the reply was sent,
-every view of it is gone).  The count that means "free" is measured at
-import, the same way it is read, so the rule holds on any interpreter.
+This pool keeps a few of them per size class (a power of two: a part's
+rows follow the multinomial draw, so its exact shape rarely repeats) and
+hands one out again, viewed as the shape asked for, only when its reference
+count shows that nothing else holds it (the reply was sent, every view of
+it is gone).  The count that means "free" is measured at import, the same
+way it is read; an interpreter without exact reference counts (no
+``sys.getrefcount``, or free-threaded) gets fresh buffers every time.
 """
 
 from __future__ import annotations
@@ -20,20 +23,23 @@ import numpy as np
 
 #: buffers smaller than this are simply allocated
 MIN_BYTES = 1 << 20
-#: at most this many buffers kept per shape and dtype ...
+#: at most this many buffers kept per size class ...
 PER_SHAPE = 4
-#: ... and at most this many bytes in all
+#: ... and at most this many bytes in all (kept for the life of the process)
 MAX_BYTES = 256 << 20
 
 
-def _free_count() -> int:
+def _free_count() -> int | None:
+    if not hasattr(sys, "getrefcount") or not getattr(sys, "_is_gil_enabled", lambda: True)():
+        return None
     probe = [np.empty(1)]
     for a in probe:
         return sys.getrefcount(a)
-    raise AssertionError("unreachable")
+    return None
 
 
 #: ``sys.getrefcount`` of a kept buffer that nothing else references, read as :meth:`Reuse.empty` reads it
+#: (None: counts not exact here, nothing is reused)
 FREE = _free_count()
 
 
@@ -54,11 +60,12 @@ class Reuse:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._kept: dict[tuple, list[np.ndarray]] = {}
+        self._kept: dict[int, list[np.ndarray]] = {}  # size class -> flat uint8 buffers
         self._bytes = 0
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
-        """An uninitialised buffer: a kept one nothing references, else a new one (kept when there is room).
+        """An uninitialised buffer: part of a kept one nothing references, else of a new one (kept when there
+        is room).
 
         Parameters
         ----------
@@ -74,16 +81,16 @@ class Reuse:
         """
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if nbytes < MIN_BYTES:
+        if nbytes < MIN_BYTES or FREE is None:
             return np.empty(shape, dtype=dtype)
-        key = (tuple(int(n) for n in shape), dtype.str)
+        size = 1 << (nbytes - 1).bit_length()
         with self._lock:
-            kept = self._kept.setdefault(key, [])
-            for a in kept:
-                if sys.getrefcount(a) == FREE:
-                    return a
-            a = np.empty(shape, dtype=dtype)
-            if len(kept) < PER_SHAPE and self._bytes + nbytes <= MAX_BYTES:
-                kept.append(a)
-                self._bytes += nbytes
-            return a
+            kept = self._kept.setdefault(size, [])
+            for base in kept:
+                if sys.getrefcount(base) == FREE:
+                    return base[:nbytes].view(dtype).reshape(shape)
+            base = np.empty(size, dtype=np.uint8)
+            if len(kept) < PER_SHAPE and self._bytes + size <= MAX_BYTES:
+                kept.append(base)
+                self._bytes += size
+            return base[:nbytes].view(dtype).reshape(shape)
