@@ -9,6 +9,8 @@ import subprocess
 import sys
 import urllib.request
 
+import dask
+import numpy as np
 import pytest
 from processes import (
     CLUSTER,
@@ -21,6 +23,8 @@ from processes import (
     wait_for_line,
 )
 
+import gear_flow as gf
+from gear_flow.distributed import DistributedTable
 from gear_flow.errors import SpecError
 from gear_flow.resources import check_resources, submit
 
@@ -96,3 +100,17 @@ def test_launch_scripts_listen_on_loopback_by_default_and_resources_fail_fast(tm
             assert "has no file for shard 7" in line, line
             line = cli_error("restore-shard", "--table", "t", "--shard", "0", tmp_path / "nowhere", env=cenv)
             assert "is not a gear_flow checkpoint" in line, line
+
+            # a handle that does not map the worker's rings (shared memory off) draws over the worker's TCP
+            # lane: one more socket, on the same address as everything else
+            with dask.config.set({"gear-flow.distributed.shared-memory": False}):
+                spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64)
+                lt = DistributedTable.create(client, spec, seed=0, name="lane")
+                lt.insert([{"x": np.arange(10, dtype=np.float32)}])
+                lt.sample(4, 1)
+                lt.sample(4, 1)
+            (lane,) = lt._ctx.lanes.paths.values()
+            assert lane.startswith("tcp://127.0.0.1:") and lt.stats["in_thread"] >= 1, (lane, lt.stats)
+            after = listening(procs.group_members())
+            assert {ip for ip, _ in after} == {"127.0.0.1"} and after - socks == {("127.0.0.1", port_of(lane))}
+            lt.close()
