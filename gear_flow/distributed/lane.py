@@ -112,6 +112,20 @@ def _host_port(addr: str) -> tuple[str, int]:
     return parse_host_port(addr[len(TCP) :])
 
 
+async def _open(path: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """An asyncio connection to the lane at ``path`` (a Unix socket's path, or ``tcp://host:port``)."""
+    if path.startswith(TCP):
+        return await asyncio.open_connection(*_host_port(path))
+    return await asyncio.open_unix_connection(path)
+
+
+def _pair(reply: Any) -> tuple[bool, Any]:
+    """``reply`` if it is a lane reply, ``(ok, value)``; else ProtocolError."""
+    if not (isinstance(reply, tuple) and len(reply) == 2):
+        raise ProtocolError(f"fast lane: a reply is a pair, got {type(reply).__name__}")
+    return reply
+
+
 #: NumPy buffers at least this large travel out of band (not copied into the pickle); smaller ones inside it,
 #: so that a control message is one pickle: a read or write per buffer costs more than copying a few KB
 OUT_OF_BAND_BYTES = 1 << 16
@@ -281,7 +295,7 @@ class LaneServer:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.create_server((host, 0), family=family)  # one socket, one address
         self._tcp_server = await asyncio.start_server(self._connection, sock=sock)
-        self.tcp = "tcp://" + unparse_host_port(contact, sock.getsockname()[1])
+        self.tcp = TCP + unparse_host_port(contact, sock.getsockname()[1])
         return self.tcp
 
     async def _start(self) -> str:
@@ -381,10 +395,7 @@ class Lanes:
             Whether it opened.
         """
         try:
-            if path.startswith(TCP):
-                rw = await asyncio.wait_for(asyncio.open_connection(*_host_port(path)), timeout)
-            else:
-                rw = await asyncio.wait_for(asyncio.open_unix_connection(path), timeout)
+            rw = await asyncio.wait_for(_open(path), timeout)
         except (OSError, asyncio.TimeoutError, ValueError):
             return False
         self._idle[path].append(rw)
@@ -434,12 +445,7 @@ class Lanes:
             The connection failed (:data:`LANE_ERRORS`); it is closed.
         """
         idle = self._idle[path]
-        if idle:
-            r, w = idle.pop()
-        elif path.startswith(TCP):
-            r, w = await asyncio.open_connection(*_host_port(path))
-        else:
-            r, w = await asyncio.open_unix_connection(path)
+        r, w = idle.pop() if idle else await _open(path)
         try:
             w.writelines(pack({"action": op, "args": args, "v": v}))
             await w.drain()
@@ -448,9 +454,7 @@ class Lanes:
             w.close()
             raise
         idle.append((r, w))
-        if not (isinstance(reply, tuple) and len(reply) == 2):
-            raise ProtocolError(f"fast lane: a reply is a pair, got {type(reply).__name__}")
-        return reply
+        return _pair(reply)
 
     def send_all(self, requests: list[tuple[str, str, dict]], v: int, timeout: float) -> list:
         """Send requests over lanes from a caller's thread (blocking), each on a connection of its own;
@@ -538,9 +542,7 @@ class Lanes:
             return item
         path, sock = item
         try:
-            reply = _read_blocking(sock)
-            if not (isinstance(reply, tuple) and len(reply) == 2):
-                raise ProtocolError(f"fast lane: a reply is a pair, got {type(reply).__name__}")
+            reply = _pair(_read_blocking(sock))
         except LANE_ERRORS as e:
             sock.close()
             return e

@@ -165,9 +165,8 @@ class RemoteSample(SharedReads):
         copied = {}  # (worker, shard) -> rows torn while copying from shared memory (None: received frames)
 
         async def arrived(a, parts):  # each part is copied as soon as its reply is here
-            for s, r in parts.items():
-                if s != "updated" and ("data" in r or "src_abs" in r):
-                    copied[a, s] = await self._off_loop(self.copy_part, len(r["seqs"]), mapped.get(a), s, r, offs[s])
+            for s, r in self._to_copy(parts):
+                copied[a, s] = await self._off_loop(self.copy_part, len(r["seqs"]), mapped.get(a), s, r, offs[s])
 
         refresh = self._stale_masses_calls(counts)
         pending = t._pending_calls(exclude=set(calls))  # stored updates of workers not drawn from: same round trip
@@ -177,7 +176,8 @@ class RemoteSample(SharedReads):
                 t._on_workers(refresh, partial=True),
                 t._on_workers(pending, partial=True),
             )
-            errors += upd_errors + self.book_extras(fresh, pending, upd)
+            self.book_extras(fresh, pending, upd)
+            errors += upd_errors
         else:
             res, errors = await t._on_workers(calls, partial=True, arrived=arrived)
         repairs = self.book(calls, res, copied, offs, counts, errors)
@@ -255,6 +255,12 @@ class RemoteSample(SharedReads):
         self.one_part = len(calls) == 1
         return calls
 
+    @staticmethod
+    def _to_copy(parts: dict) -> list:
+        """``(shard, part)`` of a worker's reply whose windows this process copies (from its frames or from
+        shared memory; a co-located part is in the batch already)."""
+        return [(s, r) for s, r in parts.items() if s != "updated" and ("data" in r or "src_abs" in r)]
+
     def copy_part(self, sh: dict | None, s: int, r: dict, o: int) -> np.ndarray | None:
         """Copy one part's windows into the batch.
 
@@ -281,8 +287,9 @@ class RemoteSample(SharedReads):
             return self._copy_received(r["data"], o, len(r["seqs"]))
         return self._copy_shared(sh[s], r, o)
 
-    def book_extras(self, fresh: dict, pending: dict, upd: dict) -> list:
-        """Book the replies of the requests riding with a draw: masses refreshed, stored updates sent.
+    def book_extras(self, fresh: dict, pending: dict, upd: dict) -> None:
+        """Book the replies of the requests riding with a draw: masses refreshed, stored updates sent (an
+        update not known applied is stored again, not an error of the draw).
 
         Parameters
         ----------
@@ -292,12 +299,6 @@ class RemoteSample(SharedReads):
             ``{worker: ("update", arguments)}`` sent with the draw.
         upd : dict
             ``{worker: update reply}`` of those applied.
-
-        Returns
-        -------
-        list
-            Errors to add to the draw's (none: an update not known applied
-            is stored again).
         """
         t = self.t
         for r in fresh.values():
@@ -307,7 +308,6 @@ class RemoteSample(SharedReads):
             if a in upd:
                 t._updated(args["masses"] or [], upd[a])
             t._settle(args, a in upd)  # not known applied: stored again, minus what was updated since
-        return []
 
     def book(self, calls: dict, res: dict, copied: dict, offs: dict, counts: dict | None, errors: list) -> list:
         """Book the parts that arrived: rows filled, draws counted (to undo on a retry), bytes, expiries and

@@ -12,7 +12,6 @@ machine, TCP lanes elsewhere), samples in its own thread, without the event loop
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -28,7 +27,7 @@ from ..table.validate import check_sample_args, sample_columns
 from .host_sampling import StaleSelectionError
 from .remote_sample import _SAMPLING, RemoteSample
 from .thread_sample import NotHere, ThreadSample, routes
-from .transport import Retry, not_answered
+from .transport import Retry, not_answered, worker_alive
 
 _ATTEMPTS = 8
 logger = logging.getLogger(__name__)
@@ -262,10 +261,10 @@ class SamplingMixin:
             return True
 
     def _sample_here(self, B, L, columns, boundary, timeout, out, rng):
-        """A weighted sample whose shards are all this worker's own or mapped from this machine's shared
-        memory with a fast lane: admitted (under a lease, or by the coordinator) and served in this thread,
-        without the event loop, straight into the learner's buffers; None when the event loop must serve
-        it (its admission given back then, nothing else changed)."""
+        """A weighted sample whose shards are all this worker's own or behind lanes (:func:`routes`):
+        admitted (under a lease, or by the coordinator) and served in this thread, without the event loop,
+        straight into the learner's buffers; None when the event loop must serve it (its admission and
+        draws given back then)."""
         ctx = self._ctx
         if (self.lost and not self.degraded) or not self._leases_ok() or not routes(self):
             return None
@@ -329,10 +328,7 @@ class SamplingMixin:
         ctx = self._ctx
         if isinstance(err, TimeoutError):
             limit = ThreadSample.timeout()
-            try:
-                alive = ctx.sync(self._alive, addr, float(config.get("distributed.rpc-timeout")))
-            except Exception:  # noqa: BLE001 - the scheduler did not answer either
-                alive = None
+            alive = ctx.sync(worker_alive, ctx, self.name, addr, float(config.get("distributed.rpc-timeout")))
             if alive is False:
                 try:
                     ctx.sync(self._handle_lost, [addr])  # raises ShardLostError ...
@@ -340,9 +336,6 @@ class SamplingMixin:
                     return
             raise not_answered(addr, op, limit, known=alive is not None) from None
         raise GearFlowError(f"worker {addr}: the reply to {op!r} could not be read ({err})") from err
-
-    async def _alive(self, addr: str, timeout: float) -> bool:
-        return await asyncio.wait_for(self._coord("worker_alive", address=addr), timeout)
 
     def _give_back(self, n: int, adm: dict | None) -> None:
         """A batch of ``n`` admitted under the lease (``adm`` None) or by the coordinator was not served."""

@@ -7,16 +7,19 @@ no event loop: the masses are the handle's kept ones, the draws go to the
 lanes on blocking sockets (all sent, then all read: the workers draw in
 parallel), this worker's own parts are drawn and gathered in this thread
 meanwhile, and each part's windows are copied into the batch as its reply
-is read (from shared memory, or from the reply).  Each hop between the learner's thread and an event loop costs tens of
-microseconds on a 2-core host and a sample took six of them; here it takes
-none.
+is read (from shared memory, or from the reply).  Each hop between the
+learner's thread and an event loop costs tens of microseconds on a 2-core
+host and a sample took six of them; here it takes none.
 
 The requests, their booking and the shared-memory copy are
 :class:`~gear_flow.distributed.remote_sample.RemoteSample`'s own, so the two
 paths answer a plan the same way.  Whatever this path cannot do by itself
-(masses not kept, a plan asking for anything but a draw, a lane that fails,
-a worker's error) hands the sample to the event loop: before anything was
-sent (:class:`NotHere`), or after undoing what was drawn.
+(masses not kept, a plan asking for anything but a draw, a lane that cannot
+be reached or closes, a worker's error) hands the sample to the event loop:
+before anything was sent (:class:`NotHere`), or after undoing what was
+drawn.  A reply lost after its request was sent (timed out, unreadable)
+fails the sample instead: the worker may have drawn, and drawing again
+would count twice.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ class NotHere(Exception):
 
 
 class ThreadSample(RemoteSample):
-    """A synchronous executor for :func:`gear_flow.table.planner.run` over local shards and fast lanes.
+    """A synchronous executor for :func:`gear_flow.table.planner.run` over local shards and lanes.
 
     Parameters are :class:`RemoteSample`'s.  Only for handles whose workers
     all pass :func:`routes` (checked by the caller before planning).
@@ -64,8 +67,8 @@ class ThreadSample(RemoteSample):
 
     def _exchange(self, batch: list, arrived) -> None:
         """Run ``batch``'s requests: the lanes' sent first (their workers run them while this thread runs its
-        own worker's), then read; ``arrived(kind, worker, reply)`` is called as each reply is here, a reply
-        being ``(ok, value)`` or the error that broke its lane."""
+        own worker's), then read; ``arrived(kind, worker, op, reply)`` is called as each reply is here, a
+        reply being ``(ok, value)`` or the error that broke its lane."""
         ctx = self.t._ctx
         far = [b for b in batch if b[0] != ctx.local_addr]
         timeout = self.timeout()
@@ -77,7 +80,7 @@ class ThreadSample(RemoteSample):
                         r = (True, OPS[op](ctx.local_plugin.host, **args))
                     except Exception as e:  # noqa: BLE001 - answered as the worker would
                         r = (False, e)
-                    arrived(kind, a, r)
+                    arrived(kind, a, op, r)
         except BaseException:
             ctx.lanes.abandon(sent)
             raise
@@ -86,7 +89,8 @@ class ThreadSample(RemoteSample):
             # windows coming from several workers: read (and copy) them at once, so that no worker waits
             # for this thread to finish reading another's before its own bytes can flow
             def one(i):
-                arrived(far[i][3], far[i][0], ctx.lanes.read_one(sent[i]))
+                a, op, _, kind = far[i]
+                arrived(kind, a, op, ctx.lanes.read_one(sent[i]))
 
             futures = [_copy_pool().submit(one, i) for i in range(len(far))]
             try:
@@ -95,8 +99,8 @@ class ThreadSample(RemoteSample):
             finally:  # nothing is read or copied into the batch once this returns
                 wait(futures)
             return
-        for (a, _, _, kind), r in zip(far, ctx.lanes.read_all(sent)):
-            arrived(kind, a, r)
+        for (a, op, _, kind), r in zip(far, ctx.lanes.read_all(sent)):
+            arrived(kind, a, op, r)
 
     @staticmethod
     def timeout() -> float:
@@ -125,18 +129,17 @@ class ThreadSample(RemoteSample):
         results = {"draw": {}, "fresh": {}, "upd": {}}
         errors, copied = [], {}
 
-        def arrived(kind, a, r):  # a draw's windows are copied while the other workers' replies are on their way
+        def arrived(kind, a, op, r):  # a draw's windows are copied while the other workers' replies come
             if isinstance(r, BaseException) or not r[0]:  # the sample is undone and goes to the event loop
                 e = r if isinstance(r, BaseException) else r[1]
                 if isinstance(r, (TimeoutError, ProtocolError)):  # sent, and the reply lost: it may have run
-                    self.lost_reply = (a, calls.get(a, pending.get(a, ("?",)))[0], e)
+                    self.lost_reply = (a, op, e)
                 errors.append(e)
                 return
             if kind == "draw":
                 try:
-                    for s, part in r[1].items():
-                        if s != "updated" and ("data" in part or "src_abs" in part):
-                            copied[a, s] = self.copy_part(mapped.get(a), s, part, offs[s])
+                    for s, part in self._to_copy(r[1]):
+                        copied[a, s] = self.copy_part(mapped.get(a), s, part, offs[s])
                 except Exception as e:  # noqa: BLE001 - a segment gone (its worker died): as a part that never came
                     errors.append(e)
                     return
@@ -158,7 +161,7 @@ class ThreadSample(RemoteSample):
             for _, (_, args) in pending.items():
                 t._settle(args, False)
             raise
-        errors += self.book_extras(results["fresh"], pending, results["upd"])
+        self.book_extras(results["fresh"], pending, results["upd"])
         repairs = self.book(calls, results["draw"], copied, offs, counts, errors)
         for a, s, o, torn, args in repairs:
             if not errors:

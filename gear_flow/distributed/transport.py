@@ -191,6 +191,32 @@ async def coord(ctx: Context, op: str, name: str | None, **kw: Any) -> Any:
     return unwrap(resp)
 
 
+async def worker_alive(ctx: Context, table: str, addr: str, timeout: float) -> bool | None:
+    """Does the scheduler still have worker ``addr``?  Asked about a slow worker, bounded in time.
+
+    Parameters
+    ----------
+    ctx : Context
+        How to reach the scheduler.
+    table : str
+        The table asking.
+    addr : str
+        The worker.
+    timeout : float
+        Seconds the answer is waited for: a scheduler that does not answer
+        must not stop a wait from ending.
+
+    Returns
+    -------
+    bool or None
+        The scheduler's answer; None when it did not give one.
+    """
+    try:
+        return bool(await asyncio.wait_for(coord(ctx, "worker_alive", table, address=addr), timeout))
+    except (GearFlowError, asyncio.TimeoutError):
+        return None
+
+
 def not_answered(addr: str, op: str, seconds: float, known: bool) -> GearFlowError:
     """The error of a request a live worker did not answer in time.
 
@@ -268,10 +294,10 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
     async def check() -> None:
         alive = True
         if table is not None:
-            try:  # bounded: a scheduler that does not answer must not stop the waiting from ending
-                alive = await asyncio.wait_for(coord(ctx, "worker_alive", table, address=addr), timeout)
-            except (GearFlowError, asyncio.TimeoutError):
+            alive = await worker_alive(ctx, table, addr, timeout)
+            if alive is None:
                 watch["unknown"] = True  # counted as alive: the wait goes on, up to its limit
+                alive = True
         watch["attempt"] += 1
         if not alive or watch["attempt"] > retries:
             watch["why"] = "lost" if not alive else "timeout"
