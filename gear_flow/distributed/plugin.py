@@ -31,6 +31,7 @@ from . import protocol, wire
 from .host import ShardHost
 from .host_sampling import release
 from .lane import LaneServer
+from .openmp import short_spin
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -129,15 +130,23 @@ class GearFlowWorker(WorkerPlugin):
         """Create the worker's shard host and thread pool; register the ``gear_flow`` comm handler.
 
         Also removes shared-memory segments left on this machine by workers
-        that died.
+        that died, and gives this process's OpenMP threads a short spin
+        (:func:`~gear_flow.distributed.openmp.short_spin`).
 
         Parameters
         ----------
         worker : distributed.Worker
             The worker this plugin is set up on.
+
+        Raises
+        ------
+        ValueError
+            ``gear-flow.distributed.omp-spin-count`` is not an integer >= 0
+            or null.
         """
         from ..storage.shared import sweep
 
+        short_spin()  # before numba's first parallel gather loads OpenMP here
         self.worker = worker
         self.host = ShardHost()
         sweep()  # segments of workers that died on this machine (e.g. the one this worker replaces)
