@@ -19,11 +19,11 @@ import sys
 import dask
 import numpy as np
 import pytest
-from distributed.comm.addressing import get_address_host, parse_host_port
+from distributed.comm.addressing import get_address_host
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable, protocol
-from gear_flow.distributed.lane import MAGIC, TCP, Lanes, LaneServer, pack, read
+from gear_flow.distributed.lane import MAGIC, TCP, Lanes, LaneServer, _open, pack, read
 from gear_flow.errors import ProtocolError
 from gear_flow.storage.shared import leftover_segments, sweep
 
@@ -150,10 +150,7 @@ def test_a_failed_lane_falls_back_to_the_comm(table):
 
 
 async def _raw(path: str, data: bytes) -> bytes:
-    if path.startswith(TCP):
-        r, w = await asyncio.open_connection(*parse_host_port(path[len(TCP) :]))
-    else:
-        r, w = await asyncio.open_unix_connection(path)
+    r, w = await _open(path)
     w.write(data)
     await w.drain()
     try:

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 import gear_flow as gf
-from gear_flow.distributed.openmp import short_spin
+from gear_flow.distributed.openmp import CHOSEN, short_spin
 
-_ENV = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+_ENV = {k: v for k, v in os.environ.items() if k not in CHOSEN}
 
 #: runs gathers big enough for numba's parallel loop, each followed by 10 ms of sleep; prints the status of
 #: short_spin (when asked first), the process CPU spent while asleep (OpenMP threads spinning), and the env
@@ -115,7 +115,7 @@ def test_dask_workers_get_the_short_spin():
         return os.environ.get("GOMP_SPINCOUNT"), gomp_loaded()
 
     def clear():
-        for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        for k in CHOSEN:
             os.environ.pop(k, None)
 
     with LocalCluster(
