@@ -231,18 +231,19 @@ def run(workers: int, plane: str, args, eps, rows, results):
     steps = sum(len(e["reward"]) for e in eps)
     batch_bytes = B * L * step_bytes
     res = {}
+    # set for the whole run, workers included (they inherit it): with shared memory off every process acts as if
+    # on another machine, reaching workers and the coordinator over their TCP lanes ("tcp") or the comm ("comm")
+    plane_config = {
+        "gear-flow.distributed.shared-memory": plane == "shared",
+        "gear-flow.distributed.tcp-lane": plane != "comm",
+    }
     with (
+        dask.config.set(plane_config),
         LocalCluster(n_workers=workers, threads_per_worker=2, processes=True, dashboard_address=None) as cluster,
         Client(cluster) as client,
     ):
         spec = gf.TableSpec(cols, capacity=steps // workers + args.episode_length, num_shards=workers)
-        with dask.config.set(
-            {
-                "gear-flow.distributed.shared-memory": plane == "shared",
-                "gear-flow.distributed.tcp-lane": plane != "comm",
-            }
-        ):
-            table = DistributedTable.create(client, spec, sampler=gf.Uniform(), seed=0, name=f"bench{workers}")
+        table = DistributedTable.create(client, spec, sampler=gf.Uniform(), seed=0, name=f"bench{workers}")
         t0 = time.perf_counter()
         for i in range(0, len(eps), args.insert_batch):
             table.insert(eps[i : i + args.insert_batch])

@@ -62,6 +62,8 @@ def run_ucx(workers, args, eps, rows, results):
     batch_bytes = B * L * step_bytes
     res = {}
     with contextlib.ExitStack() as stack:
+        # another machine stands in: no shared memory, and the coordinator, like the workers, over the comm
+        stack.enter_context(dask.config.set({"gear-flow.distributed.shared-memory": False}))
         try:
             cluster = stack.enter_context(_ucx_cluster(workers))
             client = stack.enter_context(Client(cluster))
@@ -72,8 +74,7 @@ def run_ucx(workers, args, eps, rows, results):
             return
         res["scheduler"] = cluster.scheduler_address
         spec = gf.TableSpec(cols, capacity=steps // workers + args.episode_length, num_shards=workers)
-        with dask.config.set({"gear-flow.distributed.shared-memory": False}):
-            table = DistributedTable.create(client, spec, sampler=gf.Uniform(), seed=0, name=f"bench{workers}ucx")
+        table = DistributedTable.create(client, spec, sampler=gf.Uniform(), seed=0, name=f"bench{workers}ucx")
         for i in range(0, len(eps), args.insert_batch):
             table.insert(eps[i : i + args.insert_batch])
         w0 = sorted(client.scheduler_info()["workers"])[0]

@@ -102,7 +102,8 @@ def test_launch_scripts_listen_on_loopback_by_default_and_resources_fail_fast(tm
             assert "is not a gear_flow checkpoint" in line, line
 
             # a handle that does not map the worker's rings (shared memory off) draws over the worker's TCP
-            # lane: one more socket, on the same address as everything else
+            # lane and reaches the coordinator over the scheduler's: two more sockets, on the same address as
+            # everything else
             with dask.config.set({"gear-flow.distributed.shared-memory": False}):
                 spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64)
                 lt = DistributedTable.create(client, spec, seed=0, name="lane")
@@ -111,6 +112,9 @@ def test_launch_scripts_listen_on_loopback_by_default_and_resources_fail_fast(tm
                 lt.sample(4, 1)
             (lane,) = lt._ctx.lanes.paths.values()
             assert lane.startswith("tcp://127.0.0.1:") and lt.stats["in_thread"] >= 1, (lane, lt.stats)
+            coord_lane = lt._ctx.sync(lt._ctx.coord_lane)
+            assert coord_lane.startswith("tcp://127.0.0.1:"), coord_lane
             after = listening(procs.group_members())
-            assert {ip for ip, _ in after} == {"127.0.0.1"} and after - socks == {("127.0.0.1", port_of(lane))}
+            assert {ip for ip, _ in after} == {"127.0.0.1"}
+            assert after - socks == {("127.0.0.1", port_of(lane)), ("127.0.0.1", port_of(coord_lane))}
             lt.close()

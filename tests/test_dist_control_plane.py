@@ -17,6 +17,7 @@ import pytest
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable
+from gear_flow.distributed.coordinator import COORDINATOR_NAME
 from gear_flow.keys import decode, encode
 
 
@@ -375,18 +376,16 @@ def test_a_scheduler_that_does_not_say_whether_a_worker_lives_does_not_stop_the_
 
     spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=1)
     t = DistributedTable.create(dist_client, spec, sampler=gf.Uniform(), seed=0)
-    sched = dist_client.cluster.scheduler
-    coord = sched.handlers["gear_flow_coord"]
+    plugin = dist_client.cluster.scheduler.plugins[COORDINATOR_NAME]
     release = []
 
-    async def silent_on_liveness(comm=None, **msg):
-        if msg.get("action") == "worker_alive":
-            import asyncio
+    async def silent_on_liveness(name, address):  # the operation itself, whichever way the question came
+        import asyncio
 
-            ev = asyncio.Event()
-            release.append(ev)
-            await ev.wait()
-        return await coord(comm, **msg)
+        ev = asyncio.Event()
+        release.append(ev)
+        await ev.wait()
+        return True
 
     try:
         t.insert([{"x": np.arange(20, dtype=np.float32)}])
@@ -402,7 +401,7 @@ def test_a_scheduler_that_does_not_say_whether_a_worker_lives_does_not_stop_the_
 
         with dask.config.set({"gear-flow.distributed.rpc-timeout": 0.2, "gear-flow.distributed.rpc-retries": 1}):
             dist_client.run(_hold_locks, t.name, workers=[addr])
-            sched.handlers["gear_flow_coord"] = silent_on_liveness
+            plugin._worker_alive = silent_on_liveness
             th = threading.Thread(target=sample)
             th.start()
             th.join(20)
@@ -412,7 +411,7 @@ def test_a_scheduler_that_does_not_say_whether_a_worker_lives_does_not_stop_the_
         assert "did not answer 'sample_" in msg and "within 0.4 s although the scheduler did not say" in msg, msg
         assert not t.lost
     finally:
-        sched.handlers["gear_flow_coord"] = coord
+        del plugin._worker_alive
         for ev in release:
             dist_client.loop.add_callback(ev.set)
         dist_client.run(_let_go, workers=[addr])

@@ -26,8 +26,10 @@ from distributed.protocol import to_serialize
 
 from .. import config
 from ..errors import GearFlowError, ProtocolError, RateLimitTimeout, SpecError
+from ..storage.shared import machine_id
 from . import protocol, wire
 from .gate import OwnerGone, TableGate
+from .lane import LaneServer
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -35,6 +37,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 COORDINATOR_NAME = "gear-flow-coordinator"
+#: operations that need no table (their ``name`` is ignored)
+NO_TABLE = frozenset({"list", "lane"})
+#: operations a handle sends over the coordinator's lane once it has one: all but ``lane`` (how it finds it)
+COORD_LANE_OPS = frozenset(protocol.COORDINATOR) - {"lane"}
 
 
 class GearFlowCoordinator(SchedulerPlugin):
@@ -69,7 +75,15 @@ class GearFlowCoordinator(SchedulerPlugin):
         self.scheduler = scheduler
         self.tables: dict[str, TableGate] = {}
         self._tasks: set = set()
+        #: the coordinator's own lane (listens once a handle asks, ``lane``)
+        self.lane = LaneServer(self.serve, COORD_LANE_OPS)
         scheduler.handlers["gear_flow_coord"] = self.handle
+
+    async def close(self) -> None:
+        """Stop the coordinator's lane (its socket and directory are removed)."""
+        lane = getattr(self, "lane", None)
+        if lane is not None:
+            lane.close()
 
     async def handle(
         self,
@@ -91,9 +105,9 @@ class GearFlowCoordinator(SchedulerPlugin):
             ``admit_hold``, ``sample_finished``, ``count_samples``,
             ``stamps``, ``removed``, ``mark_lost``, ``worker_alive``,
             ``workers``, ``restore_state``, ``shard_restored``, ``close``,
-            ``drop`` or ``list``.
+            ``drop``, ``list`` or ``lane``.
         name : str, optional
-            The table (1 to 512 characters); ignored by ``list``.
+            The table (1 to 512 characters); ignored by ``list`` and ``lane``.
         v : int, optional
             The caller's protocol version; must equal
             :data:`gear_flow.distributed.protocol.VERSION`.
@@ -107,6 +121,34 @@ class GearFlowCoordinator(SchedulerPlugin):
             "error": GearFlowError}`` (a malformed request becomes a
             SpecError), serialized for the comm.
         """
+        ok, value = await self._answer(action, name, v, kw)
+        return wire.ok(value) if ok else {"status": "error", "error": to_serialize(value)}
+
+    async def serve(self, action: Any, args: Any, v: Any) -> tuple[bool, Any]:
+        """Answer one request from the coordinator's lane (the same checks and operations as :meth:`handle`).
+
+        Parameters
+        ----------
+        action : str
+            The operation (one of :data:`COORD_LANE_OPS`).
+        args : dict
+            ``name`` and the operation's arguments.
+        v : int
+            The caller's protocol version.
+
+        Returns
+        -------
+        tuple
+            ``(True, result)`` or ``(False, GearFlowError)``.
+        """
+        if not isinstance(args, dict):
+            return False, ProtocolError(
+                f"coordinator {action!r}: the arguments must be a dict, got {type(args).__name__}"
+            )
+        kw = dict(args)
+        return await self._answer(action, kw.pop("name", None), v, kw)
+
+    async def _answer(self, action: Any, name: Any, v: Any, kw: dict) -> tuple[bool, Any]:
         ops = {
             "register": self._register,
             "lookup": self._lookup,
@@ -127,20 +169,18 @@ class GearFlowCoordinator(SchedulerPlugin):
             "close": self._close,
             "drop": self._drop,
             "list": self._list,
+            "lane": self._lane,
         }
         try:
             protocol.check_version(v, "the scheduler's coordinator")
             protocol.check(protocol.COORDINATOR, action, kw, "coordinator")
-            if action != "list" and not (isinstance(name, str) and 0 < len(name) <= 512):
+            if action not in NO_TABLE and not (isinstance(name, str) and 0 < len(name) <= 512):
                 raise ProtocolError(f"coordinator {action!r}: field 'name' must be a non-empty string, got {name!r}")
-            return wire.ok(await ops[action](name, **kw))
+            return True, await ops[action](name, **kw)
         except GearFlowError as e:
-            return {"status": "error", "error": to_serialize(e)}
+            return False, e
         except Exception as e:  # a malformed request: answered, never raised into the scheduler
-            return {
-                "status": "error",
-                "error": to_serialize(SpecError(f"coordinator {action!r}: {type(e).__name__}: {e}")),
-            }
+            return False, SpecError(f"coordinator {action!r}: {type(e).__name__}: {e}")
 
     def _table(self, name) -> TableGate:
         try:
@@ -252,6 +292,29 @@ class GearFlowCoordinator(SchedulerPlugin):
             raise SpecError(f"table {name!r} has no shard {shard!r}")
         g.mark_lost(int(shard), detail)
         return g.lost
+
+    async def _lane(self, name=None):
+        """Where handles reach this coordinator without the comm: its Unix socket (for handles on this
+        machine, ``machine``) and, on a plain TCP scheduler, a TCP socket on the host its comm listens on."""
+        from distributed.comm.addressing import get_address_host, parse_address
+
+        out = {"machine": machine_id(), "unix": None, "tcp": None}
+        if not config.get("distributed.fast-lane"):
+            return out
+        try:
+            out["unix"] = await self.lane.start()
+        except OSError as e:
+            logger.info("no Unix lane for the coordinator (%s); handles use the comm", e)
+        if config.get("distributed.tcp-lane") and parse_address(self.scheduler.address)[0] == "tcp":
+            listener = getattr(self.scheduler, "listener", None)
+            listen = getattr(listener, "listen_address", None) or self.scheduler.address
+            try:
+                out["tcp"] = await self.lane.start_tcp(
+                    get_address_host(listen), get_address_host(self.scheduler.address)
+                )
+            except OSError as e:  # e.g. a contact address that is not this machine's (NAT)
+                logger.info("no TCP lane for the coordinator on %s (%s); handles use the comm", listen, e)
+        return out
 
     async def _worker_alive(self, name, address):
         return address in self.scheduler.workers

@@ -228,18 +228,25 @@ def _loads(head: bytes, bufs: list) -> Any:
 
 
 class LaneServer:
-    """A worker's end: a Unix-socket server on its event loop answering with ``serve``.
+    """A worker's (or the coordinator's) end: a Unix-socket server on its event loop answering with ``serve``.
 
     Parameters
     ----------
     serve : callable
         ``await serve(action, args, v)`` returns ``(True, result)`` or
         ``(False, GearFlowError)`` (:meth:`GearFlowWorker.serve
-        <gear_flow.distributed.plugin.GearFlowWorker.serve>`).
+        <gear_flow.distributed.plugin.GearFlowWorker.serve>`, or the
+        coordinator's :meth:`~gear_flow.distributed.coordinator.GearFlowCoordinator.serve`).
+    ops : frozenset of str, default LANE_OPS
+        The operations it takes; any other is answered with a
+        ProtocolError (it goes over the comm).
     """
 
-    def __init__(self, serve: Callable[[Any, Any, Any], Awaitable[tuple[bool, Any]]]) -> None:
+    def __init__(
+        self, serve: Callable[[Any, Any, Any], Awaitable[tuple[bool, Any]]], ops: frozenset[str] = LANE_OPS
+    ) -> None:
         self._serve = serve
+        self.ops = ops
         self.path: str | None = None
         #: requests answered (their errors included)
         self.served = 0
@@ -319,7 +326,7 @@ class LaneServer:
                     return
                 if not isinstance(msg, dict):
                     reply = (False, ProtocolError(f"fast lane: a request is a dict, got {type(msg).__name__}"))
-                elif not (isinstance(msg.get("action"), str) and msg["action"] in LANE_OPS):
+                elif not (isinstance(msg.get("action"), str) and msg["action"] in self.ops):
                     reply = (False, ProtocolError(f"fast lane: {msg.get('action')!r} does not take the lane"))
                 else:
                     reply = await self._serve(msg.get("action"), msg.get("args"), msg.get("v"))
@@ -409,7 +416,16 @@ class Lanes:
         addr : str
             Worker address.
         """
-        path = self.paths.pop(addr, None)
+        self.close_path(self.paths.pop(addr, None))
+
+    def close_path(self, path: str | None) -> None:
+        """Close the idle connections to the lane at ``path``.
+
+        Parameters
+        ----------
+        path : str or None
+            Socket path or ``tcp://host:port`` (None: nothing to do).
+        """
         for _, w in self._idle.pop(path, []):
             w.close()
         for sock in self._blocking.pop(path, []):
@@ -441,11 +457,19 @@ class Lanes:
 
         Raises
         ------
+        NotSent
+            No connection could be opened: the request never left.
         OSError, EOFError, asyncio.IncompleteReadError, ProtocolError
             The connection failed (:data:`LANE_ERRORS`); it is closed.
         """
         idle = self._idle[path]
-        r, w = idle.pop() if idle else await _open(path)
+        if idle:
+            r, w = idle.pop()
+        else:
+            try:
+                r, w = await _open(path)
+            except (OSError, ValueError) as e:
+                raise NotSent(f"fast lane {path}: cannot connect ({type(e).__name__}: {e})") from e
         try:
             w.writelines(pack({"action": op, "args": args, "v": v}))
             await w.drain()

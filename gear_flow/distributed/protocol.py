@@ -160,7 +160,7 @@ WORKER = {
 
 PER_SHARD = optional(mapping(SHARD, integer(0, MAX_COUNT), 127))
 
-#: coordinator operation -> {field: checker} (``name`` is checked for every operation but ``list``)
+#: coordinator operation -> {field: checker} (``name`` is checked for every operation but ``list`` and ``lane``)
 COORDINATOR = {
     "register": {"config": mapping(text(), anything), "placement": mapping(anything, text(), 127)},
     "lookup": {},
@@ -199,6 +199,7 @@ COORDINATOR = {
     },
     "close": {},
     "drop": {},
+    "lane": {},
 }
 
 

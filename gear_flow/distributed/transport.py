@@ -15,10 +15,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import dask.config as dask_config
+from dask.utils import parse_timedelta
+
 from .. import config
 from ..errors import CoordinatorLostError, GearFlowError
 from . import protocol, wire
-from .lane import LANE_ERRORS, Lanes
+from .coordinator import COORD_LANE_OPS
+from .lane import LANE_ERRORS, Lanes, NotSent
 from .plugin import PLUGIN_NAME
 
 if TYPE_CHECKING:
@@ -99,6 +103,58 @@ class Context:
             self.owner = client.id
         #: fast lanes to workers on this machine (:mod:`gear_flow.distributed.lane`), learnt with their shared rings
         self.lanes = Lanes()
+        self._coord_lane: asyncio.Future | None = None  # the coordinator's lane, once looked for
+
+    async def coord_lane(self) -> str | None:
+        """The coordinator's lane this context uses (looked for on first use), or None: the comm.
+
+        Returns
+        -------
+        str or None
+            Its Unix socket's path (scheduler on this machine) or
+            ``tcp://host:port``; None when the lanes are off, the scheduler
+            has none, or none can be connected to.
+        """
+        if self._coord_lane is None:
+            self._coord_lane = asyncio.ensure_future(self._find_coord_lane())
+        try:
+            return await asyncio.shield(self._coord_lane)
+        except COMM_ERRORS:  # the scheduler is not reachable now: the request finds out over the comm
+            self._coord_lane = None
+            return None
+
+    async def _find_coord_lane(self) -> str | None:
+        from ..storage.shared import machine_id
+
+        if not config.get("distributed.fast-lane"):
+            return None
+        try:
+            info = unwrap(await self.scheduler.gear_flow_coord(action="lane", name=None, v=protocol.VERSION))
+        except GearFlowError as e:  # e.g. a scheduler of an older gear_flow: the comm
+            logger.info("no lane to the coordinator (%s); using the comm", e)
+            return None
+        if not isinstance(info, dict):
+            return None
+        paths = []
+        same = info.get("machine") == machine_id() and config.get("distributed.shared-memory")
+        if isinstance(info.get("unix"), str) and same:  # with shared memory off, as if on another machine
+            paths.append(info["unix"])
+        if isinstance(info.get("tcp"), str) and config.get("distributed.tcp-lane"):
+            paths.append(info["tcp"])
+        connect = parse_timedelta(dask_config.get("distributed.comm.timeouts.connect"), "s")
+        for path in paths:
+            if await self.lanes.probe(path, min(float(connect), 5.0)):
+                return path
+            logger.info("the coordinator's lane %s is not reachable", path)
+        return None
+
+    def drop_coord_lane(self) -> None:
+        """Stop using the coordinator's lane (it failed): requests go over the comm."""
+        fut = self._coord_lane
+        if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None and fut.result():
+            self.lanes.close_path(fut.result())
+        self._coord_lane = asyncio.get_running_loop().create_future()
+        self._coord_lane.set_result(None)
 
     def sync(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Run coroutine function ``fn`` on this context's event loop and wait for its result.
@@ -182,6 +238,23 @@ async def coord(ctx: Context, op: str, name: str | None, **kw: Any) -> Any:
     GearFlowError
         The operation failed on the coordinator (its own error type).
     """
+    lane = await ctx.coord_lane() if op in COORD_LANE_OPS else None
+    if lane is not None:
+        try:
+            ok, value = await ctx.lanes.call(lane, op, {"name": name, **kw}, protocol.VERSION)
+        except NotSent as e:  # nothing left: this request and later ones go over the comm
+            logger.info("the coordinator's lane %s failed (%s); using the comm", lane, e)
+            ctx.drop_coord_lane()
+        except LANE_ERRORS as e:  # sent, reply lost: the coordinator may have acted on it; never sent twice
+            ctx.drop_coord_lane()
+            raise CoordinatorLostError(
+                f"table {name!r}: the connection to the coordinator on the scheduler broke during {op!r} "
+                f"({type(e).__name__}: {e}); the scheduler may have gone away"
+            ) from e
+        else:
+            if ok:
+                return value
+            raise value if isinstance(value, BaseException) else GearFlowError(str(value))
     try:
         resp = await ctx.scheduler.gear_flow_coord(action=op, name=name, v=protocol.VERSION, **kw)
     except COMM_ERRORS as e:
