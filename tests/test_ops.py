@@ -341,6 +341,53 @@ def test_scatter_rows_wraps(pos, n):
 
 
 @pytest.mark.parametrize(
+    "cap, lengths, pos, row",
+    [
+        (10, [3, 4], 8, 2),  # small: copied part by part
+        (3000, [1000, 1000, 500], 2200, 256),  # 10 MB of float32 rows: one parallel region, a part wraps
+        (5000, [4999], 1, 300),  # one part ending just before its own start
+        (4000, [1000, 1, 1999, 1000], 0, 256),  # filling the ring exactly, a one-row part among large ones
+        (4000, [700, 900], 3700, 256),  # the first part wraps, the second starts at the ring's head
+    ],
+)
+def test_scatter_chunks_writes_what_part_by_part_writes_would(cap, lengths, pos, row):
+    rng = np.random.default_rng(cap)
+    parts = [rng.standard_normal((n, row)).astype(np.float32) for n in lengths]
+    dst = np.full((cap, row), -1.0, dtype=np.float32)
+    gather.scatter_chunks(dst, pos, parts)
+    expect = np.full((cap, row), -1.0, dtype=np.float32)
+    at = pos
+    for rows in parts:
+        for j in range(len(rows)):
+            expect[(at + j) % cap] = rows[j]
+        at = (at + len(rows)) % cap
+    assert np.array_equal(dst, expect)
+
+
+def test_scatter_chunks_copies_parts_that_are_not_contiguous():
+    src = np.arange(2000 * 512, dtype=np.float32).reshape(2000, 512)
+    parts = [src[:, ::2], src[:500, 1::2]]  # strided views: no byte copy, rows one by one
+    dst = np.zeros((3000, 256), dtype=np.float32)
+    gather.scatter_chunks(dst, 100, parts)
+    assert np.array_equal(dst[100:2100], parts[0]) and np.array_equal(dst[2100:2600], parts[1])
+
+
+@pytest.mark.parametrize(
+    "parts, words",
+    [
+        ([np.ones((600, 256), np.float32), np.ones((2, 256), np.float64)], "float32"),  # a bad part after a good one
+        ([np.ones((600, 256), np.float32), np.ones((600, 128), np.float32)], "float32"),
+        ([np.ones((600, 256), np.float32)] * 2, "do not fit"),  # together more rows than the ring holds
+    ],
+)
+def test_scatter_chunks_checks_every_part_before_writing(parts, words):
+    dst = np.full((1000, 256), -1.0, dtype=np.float32)
+    with pytest.raises(IndexError, match=words):
+        gather.scatter_chunks(dst, 10, parts)
+    assert np.all(dst == -1.0)  # nothing written, not even the good part
+
+
+@pytest.mark.parametrize(
     "start, offset, n",
     [(10, 0, 1), (-1, 0, 1), (0, -1, 1), (0, 0, -1), (0, 3, 2), (0, 0, 5), (0, 0, 11)],
 )

@@ -45,3 +45,16 @@ def zero_bytes(typingctx, dst, dst_off, n):
         cgutils.memset(builder, _ptr(context, builder, sig.args[0], d, doff), cnt, 0)
 
     return types.void(dst, dst_off, n), codegen
+
+
+@intrinsic
+def copy_from_address(typingctx, dst, dst_off, addr, n):
+    """Copy ``n`` bytes from address ``addr`` (an int: a live buffer's first byte plus an offset) to ``dst``
+    (byte offset ``dst_off``); no bounds checks, and the caller keeps the buffer alive."""
+
+    def codegen(context, builder, sig, args):
+        d, doff, a, cnt = args
+        src = builder.inttoptr(a, ir.IntType(8).as_pointer())
+        cgutils.raw_memcpy(builder, _ptr(context, builder, sig.args[0], d, doff), src, cnt, 1)
+
+    return types.void(dst, dst_off, addr, n), codegen

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit, prange
 
-from ._mem import copy_bytes, zero_bytes
+from ._mem import copy_bytes, copy_from_address, zero_bytes
 
 #: below this many output bytes one thread copies: a parallel region costs tens of
 #: microseconds, and much more when the cores are oversubscribed (Dask workers,
@@ -250,6 +250,76 @@ def _copy(dst: np.ndarray, src: np.ndarray) -> None:
         _parallel_copy(dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8))
     else:
         dst[...] = src
+
+
+def scatter_chunks(dst: np.ndarray, pos: int, parts: Sequence[np.ndarray]) -> None:
+    """Write ``parts`` back to back into ring ``dst`` from ``pos`` (wrapping): one column of an insert.
+
+    Every part is checked first (:func:`check_rows`), and all of them must
+    fit the ring together.  Large copies run in *one* parallel region for all
+    parts rather than one per part: a region's start and end barrier cost tens
+    of microseconds on a quiet machine and far more when workers share its
+    cores (each thread then waits at the barrier for one that has no core).
+
+    Parameters
+    ----------
+    dst : numpy.ndarray
+        The ring, ``[cap, *row_shape]``, written in place.
+    pos : int
+        Ring position of the first row of the first part, in ``[0, cap)``.
+    parts : sequence of numpy.ndarray
+        Rows ``[n_k, *row_shape]`` of ``dst.dtype``, ``sum(n_k) <= cap``.
+
+    Raises
+    ------
+    IndexError
+        If a part is not such an array, or the parts do not fit the ring.
+    """
+    for rows in parts:
+        check_rows(dst, pos, rows)
+    cap = dst.shape[0]
+    if sum(rows.shape[0] for rows in parts) > cap:
+        raise IndexError(f"scatter_rows: {sum(r.shape[0] for r in parts)} rows do not fit a ring of {cap}")
+    total = sum(rows.nbytes for rows in parts)
+    if total < PARALLEL_MIN_BYTES // 4 or not dst.flags.c_contiguous or not all(r.flags.c_contiguous for r in parts):
+        for rows in parts:
+            scatter_rows(dst, pos, rows)
+            pos = (pos + rows.shape[0]) % cap
+        return
+    row = dst.nbytes // cap
+    dst_off, addr, size = [], [], []
+    for rows in parts:  # a part that crosses the ring's end is two copies
+        n = rows.shape[0]
+        first = min(n, cap - pos)
+        for at, skip, k in ((pos, 0, first), (0, first, n - first)):
+            if k:
+                dst_off.append(at * row)
+                addr.append(rows.ctypes.data + skip * row)
+                size.append(k * row)
+        pos = (pos + n) % cap
+    # the copies cut into chunks of at most COPY_CHUNK bytes, the unit of work of a thread
+    size = np.array(size, dtype=np.int64)
+    pieces = (size + COPY_CHUNK - 1) // COPY_CHUNK
+    which = np.repeat(np.arange(len(size)), pieces)
+    at = (np.arange(len(which)) - np.repeat(np.cumsum(pieces) - pieces, pieces)) * COPY_CHUNK
+    _parallel_copy_many(
+        dst.reshape(-1).view(np.uint8),
+        np.array(dst_off, dtype=np.int64)[which] + at,
+        np.array(addr, dtype=np.uint64)[which] + at.astype(np.uint64),
+        np.minimum(size[which] - at, COPY_CHUNK),
+    )
+
+
+#: bytes a thread copies at a time in a parallel copy
+COPY_CHUNK = 1 << 18
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _parallel_copy_many(dst, dst_off, addr, size):
+    """Copy ``k``: ``size[k]`` bytes from address ``addr[k]`` to ``dst[dst_off[k]:]``, over the available
+    cores in one parallel region."""
+    for k in prange(size.shape[0]):
+        copy_from_address(dst, dst_off[k], addr[k], size[k])
 
 
 @njit(parallel=True, nogil=True, cache=True)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..backend import is_device_array
 from ..errors import SpecError
-from ..ops.gather import scatter_rows  # module level: an insert calls write_rows once per episode and column
+from ..ops.gather import scatter_chunks, scatter_rows  # module level: an insert writes every column
 from .reuse import Reuse
 
 #: large gather outputs of this process, handed out again once their replies are gone
@@ -194,6 +194,22 @@ class HostTier(StorageTier):
         from ..ops.gather import gather_windows
 
         gather_windows(src, src_start, dst_offset, n_valid, out)
+
+    def write_chunks(self, dst: np.ndarray, pos: int, parts: list) -> None:
+        """:meth:`StorageTier.write_chunks` with the large copies of all parts in one parallel region
+        (:func:`gear_flow.ops.gather.scatter_chunks`): one region per episode cost more than the copies when
+        workers share the machine's cores.
+
+        Parameters
+        ----------
+        dst : numpy.ndarray
+            A column ring, ``[capacity, *row]``.
+        pos : int
+            Ring position of the first row.
+        parts : list of arrays
+            Rows ``[T_k, *row]`` (host or device), ``sum(T_k) <= capacity``.
+        """
+        scatter_chunks(dst, pos, [rows.get() if is_device_array(rows) else rows for rows in parts])
 
 
 _TIERS: dict[str, Callable[[], StorageTier]] = {"host": HostTier}
