@@ -19,11 +19,12 @@ import dask
 import numpy as np
 import pytest
 from distributed.comm.addressing import get_address_host
+from lane_support import check_garbage_is_refused
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable, protocol
 from gear_flow.distributed.coordinator import COORDINATOR_NAME
-from gear_flow.distributed.lane import MAGIC, TCP, Lanes, _open, pack
+from gear_flow.distributed.lane import TCP, Lanes
 from gear_flow.distributed.transport import coord
 from gear_flow.errors import CoordinatorLostError, ProtocolError
 
@@ -157,16 +158,6 @@ def test_a_reply_lost_on_the_coordinators_lane_is_not_sent_again(table, dist_cli
     assert len(table) == 40
 
 
-async def _raw(path: str, data: bytes) -> bytes:
-    r, w = await _open(path)
-    w.write(data)
-    await w.drain()
-    try:
-        return await r.read()  # until the coordinator closes the connection
-    finally:
-        w.close()
-
-
 def test_the_coordinators_lane_checks_every_request_like_the_comm(table):
     table.insert([_episode()])
     path = _lane(table)
@@ -190,14 +181,7 @@ def test_the_coordinators_lane_checks_every_request_like_the_comm(table):
     assert not ok and isinstance(err, ProtocolError) and "must be a dict" in str(err)
     ok, err = asyncio.run(ask("lookup", {"name": "no-such-table"}))
     assert not ok and isinstance(err, gf.GearFlowError) and "no-such-table" in str(err)
-    # not a lane message, a pickle that cannot be read, or too large: the connection is closed, nothing answered
-    assert asyncio.run(_raw(path, b"GET / HTTP/1.1\r\n\r\n")) == b""
-    bad = pack({"action": "lookup"})
-    bad[1] = b"\x80\x05not a pickle"
-    bad[0] = bad[0][:4] + len(bad[1]).to_bytes(4, "little") + bad[0][8:]
-    assert asyncio.run(_raw(path, b"".join(bad))) == b""
-    huge = MAGIC + (1 << 30).to_bytes(4, "little") + (0).to_bytes(4, "little")
-    assert asyncio.run(_raw(path, huge)) == b""
+    check_garbage_is_refused(path)
     assert table.info() == info  # nothing changed
     table.insert([_episode()])  # and the lane still serves
     assert len(table) == 40

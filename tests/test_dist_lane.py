@@ -20,10 +20,11 @@ import dask
 import numpy as np
 import pytest
 from distributed.comm.addressing import get_address_host
+from lane_support import check_garbage_is_refused
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable, protocol
-from gear_flow.distributed.lane import MAGIC, TCP, Lanes, LaneServer, _open, pack, read
+from gear_flow.distributed.lane import TCP, Lanes, LaneServer, pack, read
 from gear_flow.errors import ProtocolError
 from gear_flow.storage.shared import leftover_segments, sweep
 
@@ -149,16 +150,6 @@ def test_a_failed_lane_falls_back_to_the_comm(table):
     assert addr not in table._ctx.lanes.paths  # that worker: over the comm from now on
 
 
-async def _raw(path: str, data: bytes) -> bytes:
-    r, w = await _open(path)
-    w.write(data)
-    await w.drain()
-    try:
-        return await r.read()  # until the worker closes the connection
-    finally:
-        w.close()
-
-
 def test_the_lane_checks_every_request_like_the_comm(table):
     _check(table.sample(16, 1))
     path = next(iter(table._ctx.lanes.paths.values()))
@@ -177,14 +168,7 @@ def test_the_lane_checks_every_request_like_the_comm(table):
         assert not ok and isinstance(err, ProtocolError) and words in str(err), (op, err)
     ok, err = asyncio.run(Lanes().call(path, "uncount", "not a dict", protocol.VERSION))
     assert not ok and isinstance(err, ProtocolError)
-    # not a lane message, or a pickle that cannot be read: the connection is closed, nothing answered
-    assert asyncio.run(_raw(path, b"GET / HTTP/1.1\r\n\r\n")) == b""
-    bad = pack({"action": "info"})
-    bad[1] = b"\x80\x05not a pickle"
-    bad[0] = bad[0][:4] + len(bad[1]).to_bytes(4, "little") + bad[0][8:]
-    assert asyncio.run(_raw(path, b"".join(bad))) == b""
-    huge = MAGIC + (1 << 30).to_bytes(4, "little") + (0).to_bytes(4, "little")
-    assert asyncio.run(_raw(path, huge)) == b""  # refused before reading it
+    check_garbage_is_refused(path)
     assert table.info() == info  # nothing changed
     _check(table.sample(64, 1))  # and the lane still serves
 
