@@ -296,8 +296,6 @@ class GearFlowCoordinator(SchedulerPlugin):
     async def _lane(self, name=None):
         """Where handles reach this coordinator without the comm: its Unix socket (for handles on this
         machine, ``machine``) and, on a plain TCP scheduler, a TCP socket on the host its comm listens on."""
-        from distributed.comm.addressing import get_address_host, parse_address
-
         out = {"machine": machine_id(), "unix": None, "tcp": None}
         if not config.get("distributed.fast-lane"):
             return out
@@ -305,15 +303,7 @@ class GearFlowCoordinator(SchedulerPlugin):
             out["unix"] = await self.lane.start()
         except OSError as e:
             logger.info("no Unix lane for the coordinator (%s); handles use the comm", e)
-        if config.get("distributed.tcp-lane") and parse_address(self.scheduler.address)[0] == "tcp":
-            listener = getattr(self.scheduler, "listener", None)
-            listen = getattr(listener, "listen_address", None) or self.scheduler.address
-            try:
-                out["tcp"] = await self.lane.start_tcp(
-                    get_address_host(listen), get_address_host(self.scheduler.address)
-                )
-            except OSError as e:  # e.g. a contact address that is not this machine's (NAT)
-                logger.info("no TCP lane for the coordinator on %s (%s); handles use the comm", listen, e)
+        out["tcp"] = await self.lane.start_tcp_beside(self.scheduler)
         return out
 
     async def _worker_alive(self, name, address):

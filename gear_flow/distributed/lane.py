@@ -51,6 +51,10 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+import dask.config
+from dask.utils import parse_timedelta
+
+from ..config import get as config_get
 from ..errors import GearFlowError, ProtocolError
 from ..storage.shared import private_dir
 
@@ -296,6 +300,34 @@ class LaneServer:
             self._tcp_starting = asyncio.ensure_future(self._start_tcp(host, contact))
         return await asyncio.shield(self._tcp_starting)
 
+    async def start_tcp_beside(self, node: Any) -> str | None:
+        """:meth:`start_tcp` on the host the comm of Dask server ``node`` (a worker or the scheduler)
+        listens on, advertised with the host its address names.
+
+        Parameters
+        ----------
+        node : distributed.core.Server
+            The worker or scheduler this lane serves beside.
+
+        Returns
+        -------
+        str or None
+            ``tcp://contact:port``; None when ``distributed.tcp-lane`` is
+            off, the comm is not plain TCP (TLS, UCX: those stay the comm's),
+            or the lane cannot listen there (logged).
+        """
+        from distributed.comm.addressing import get_address_host, parse_address
+
+        if not config_get("distributed.tcp-lane") or parse_address(node.address)[0] != "tcp":
+            return None
+        listener = getattr(node, "listener", None)
+        listen = getattr(listener, "listen_address", None) or node.address
+        try:
+            return await self.start_tcp(get_address_host(listen), get_address_host(node.address))
+        except OSError as e:  # e.g. a contact address that is not this machine's (NAT): the comm it is
+            logger.info("no TCP lane on %s (%s); handles use the comm", listen, e)
+            return None
+
     async def _start_tcp(self, host: str, contact: str) -> str:
         from distributed.comm.addressing import unparse_host_port
 
@@ -385,7 +417,7 @@ class Lanes:
         """
         return self.paths.get(addr) if op in LANE_OPS else None
 
-    async def probe(self, path: str, timeout: float) -> bool:
+    async def probe(self, path: str, timeout: float | None = None) -> bool:
         """Can a connection to the lane at ``path`` be opened within ``timeout`` seconds (a firewall may
         drop the lane's port while letting the comm's through)?  The connection is kept for use.
 
@@ -393,14 +425,17 @@ class Lanes:
         ----------
         path : str
             Socket path or ``tcp://host:port``.
-        timeout : float
-            Seconds.
+        timeout : float, optional
+            Seconds; default Dask's ``distributed.comm.timeouts.connect``,
+            at most 5.
 
         Returns
         -------
         bool
             Whether it opened.
         """
+        if timeout is None:
+            timeout = min(float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s")), 5.0)
         try:
             rw = await asyncio.wait_for(_open(path), timeout)
         except (OSError, asyncio.TimeoutError, ValueError):

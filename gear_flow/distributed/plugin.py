@@ -211,22 +211,6 @@ class GearFlowWorker(WorkerPlugin):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, partial(fn, self.host, **kwargs))
 
-    async def _tcp_lane(self) -> str | None:
-        """This worker's TCP lane (started on first ask), on the host its comm listens on (advertised with
-        the host handles contact it at); None when ``distributed.tcp-lane`` is off, the comm is not plain
-        TCP (TLS, UCX: those stay the comm's), or the lane cannot listen there."""
-        from distributed.comm.addressing import get_address_host, parse_address
-
-        if not config_get("distributed.tcp-lane") or parse_address(self.worker.address)[0] != "tcp":
-            return None
-        listener = getattr(self.worker, "listener", None)
-        listen = getattr(listener, "listen_address", None) or self.worker.address
-        try:
-            return await self.lane.start_tcp(get_address_host(listen), get_address_host(self.worker.address))
-        except OSError as e:  # e.g. a contact address that is not this machine's (NAT): the comm it is
-            logger.info("no TCP lane on %s (%s); handles use the comm", listen, e)
-            return None
-
     def _try_locks(self, name: Any) -> list | None:
         """Every shard lock of table ``name`` on this worker, taken without waiting; None if one is held
         (or the table is not here, or its shards are on a GPU tier): the operation then runs in the pool."""
@@ -317,7 +301,7 @@ class GearFlowWorker(WorkerPlugin):
                     ) from None
             protocol.check(protocol.WORKER, action, args if args is not None else {}, f"worker {self.worker.address}")
             if action == "lane":  # where handles on other machines (or without shared memory) ask
-                return True, {"tcp": await self._tcp_lane()}
+                return True, {"tcp": await self.lane.start_tcp_beside(self.worker)}
             result = await self.run(action, **(args or {}))
             if action == "shared_layout" and config_get("distributed.fast-lane"):  # where same-machine handles ask
                 result = {**result, "lane": await self.lane.start()}

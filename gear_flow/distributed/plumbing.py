@@ -22,9 +22,6 @@ import asyncio
 import logging
 from collections import defaultdict
 
-import dask.config as dask_config
-from dask.utils import parse_timedelta
-
 from ..config import get as config_get
 from ..errors import GearFlowError, ShardLostError
 from .transport import Retry, WorkerLost, call, coord
@@ -102,8 +99,7 @@ class PlumbingMixin:
                 logger.info("table %r: no TCP lane to %s (%s); using the comm", self.name, addr, e)
                 lane = {}
             tcp_lane = lane.get("tcp")
-            connect = parse_timedelta(dask_config.get("distributed.comm.timeouts.connect"), "s")
-            if isinstance(tcp_lane, str) and await self._ctx.lanes.probe(tcp_lane, min(float(connect), 5.0)):
+            if isinstance(tcp_lane, str) and await self._ctx.lanes.probe(tcp_lane):
                 self._ctx.lanes.paths[addr] = tcp_lane
             elif isinstance(tcp_lane, str):
                 logger.info("table %r: TCP lane %s of %s not reachable; using the comm", self.name, tcp_lane, addr)

@@ -15,9 +15,6 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import dask.config as dask_config
-from dask.utils import parse_timedelta
-
 from .. import config
 from ..errors import CoordinatorLostError, GearFlowError
 from . import protocol, wire
@@ -141,18 +138,21 @@ class Context:
             paths.append(info["unix"])
         if isinstance(info.get("tcp"), str) and config.get("distributed.tcp-lane"):
             paths.append(info["tcp"])
-        connect = parse_timedelta(dask_config.get("distributed.comm.timeouts.connect"), "s")
         for path in paths:
-            if await self.lanes.probe(path, min(float(connect), 5.0)):
+            if await self.lanes.probe(path):
                 return path
             logger.info("the coordinator's lane %s is not reachable", path)
         return None
 
-    def drop_coord_lane(self) -> None:
-        """Stop using the coordinator's lane (it failed): requests go over the comm."""
-        fut = self._coord_lane
-        if fut is not None and fut.done() and not fut.cancelled() and fut.exception() is None and fut.result():
-            self.lanes.close_path(fut.result())
+    def drop_coord_lane(self, path: str) -> None:
+        """Stop using the coordinator's lane at ``path`` (it failed): requests go over the comm.
+
+        Parameters
+        ----------
+        path : str
+            The lane (:meth:`coord_lane`'s answer); its idle connections are closed.
+        """
+        self.lanes.close_path(path)
         self._coord_lane = asyncio.get_running_loop().create_future()
         self._coord_lane.set_result(None)
 
@@ -244,9 +244,9 @@ async def coord(ctx: Context, op: str, name: str | None, **kw: Any) -> Any:
             ok, value = await ctx.lanes.call(lane, op, {"name": name, **kw}, protocol.VERSION)
         except NotSent as e:  # nothing left: this request and later ones go over the comm
             logger.info("the coordinator's lane %s failed (%s); using the comm", lane, e)
-            ctx.drop_coord_lane()
+            ctx.drop_coord_lane(lane)
         except LANE_ERRORS as e:  # sent, reply lost: the coordinator may have acted on it; never sent twice
-            ctx.drop_coord_lane()
+            ctx.drop_coord_lane(lane)
             raise CoordinatorLostError(
                 f"table {name!r}: the connection to the coordinator on the scheduler broke during {op!r} "
                 f"({type(e).__name__}: {e}); the scheduler may have gone away"
