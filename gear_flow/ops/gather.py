@@ -237,6 +237,11 @@ def scatter_rows(dst: np.ndarray, pos: int, src: np.ndarray) -> None:
         If the rows do not match the ring or do not fit it.
     """
     check_rows(dst, pos, src)
+    _scatter(dst, pos, src)
+
+
+def _scatter(dst: np.ndarray, pos: int, src: np.ndarray) -> None:
+    """:func:`scatter_rows` without its checks (made by the caller)."""
     cap = dst.shape[0]
     n = src.shape[0]
     first = min(n, cap - pos)
@@ -282,8 +287,8 @@ def scatter_chunks(dst: np.ndarray, pos: int, parts: Sequence[np.ndarray]) -> No
         raise IndexError(f"scatter_rows: {sum(r.shape[0] for r in parts)} rows do not fit a ring of {cap}")
     total = sum(rows.nbytes for rows in parts)
     if total < PARALLEL_MIN_BYTES // 4 or not dst.flags.c_contiguous or not all(r.flags.c_contiguous for r in parts):
-        for rows in parts:
-            scatter_rows(dst, pos, rows)
+        for rows in parts:  # checked above
+            _scatter(dst, pos, rows)
             pos = (pos + rows.shape[0]) % cap
         return
     row = dst.nbytes // cap
