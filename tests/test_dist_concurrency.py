@@ -223,10 +223,11 @@ def test_a_rejected_insert_changes_nothing_anywhere(dist_client):
 
 # -- queues and stacks --------------------------------------------------------------------------------------
 def _produce(name, pid, n, client=None):
+    """Insert ``n`` tagged items; how many were inserted in this thread (a task's, into its worker's shards)."""
     t = DistributedTable.attach(name, client)  # in a task: the worker's own handle (its shards first)
     for i in range(n):
         t.insert(tagged([pid * 10_000 + i]))
-    return n
+    return n, t.stats["insert_in_thread"]
 
 
 @pytest.mark.parametrize("kind", ["queue", "stack"])
@@ -264,7 +265,8 @@ def test_queue_and_stack_hand_out_every_item_once(dist_client, kind):
         _produce(t.name, 3, n, dist_client)
         for th in consumers:
             th.join()
-        assert [f.result() for f in tasks] == [n, n]
+        # the tasks' inserts waited for the limiter in their own threads (none went through the event loop)
+        assert [f.result() for f in tasks] == [(n, n), (n, n)]
         assert not errors, errors
         every = got[0] + got[1]
         assert sorted(every) == sorted(pid * 10_000 + i for pid in (1, 2, 3) for i in range(n))  # each exactly once

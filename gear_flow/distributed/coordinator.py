@@ -212,6 +212,8 @@ class GearFlowCoordinator(SchedulerPlugin):
         if timeout is None:  # no waiter without an end: a client that never comes back must not pin it
             timeout = config.get("distributed.admission-timeout")
         try:
+            if w.fut.done():  # admitted at once (the usual case): no timer, no task
+                return w.fut.result()
             return await asyncio.wait_for(asyncio.shield(w.fut), timeout)
         except asyncio.TimeoutError:
             if w.fut.done() and not w.fut.cancelled():  # granted as the time ran out: keep the grant

@@ -397,6 +397,8 @@ class Lanes:
 
     def __init__(self) -> None:
         self.paths: dict[str, str] = {}
+        #: other lanes in use whose connections are kept for reuse (the coordinator's)
+        self.kept: set[str] = set()
         self._idle: dict[str, list] = defaultdict(list)
         self._blocking: dict[str, list[socket.socket]] = defaultdict(list)  # idle connections of caller threads
 
@@ -461,6 +463,7 @@ class Lanes:
         path : str or None
             Socket path or ``tcp://host:port`` (None: nothing to do).
         """
+        self.kept.discard(path)
         for _, w in self._idle.pop(path, []):
             w.close()
         for sock in self._blocking.pop(path, []):
@@ -605,7 +608,7 @@ class Lanes:
         except LANE_ERRORS as e:
             sock.close()
             return e
-        if path in self.paths.values():
+        if path in self.kept or path in self.paths.values():
             self._blocking[path].append(sock)
         else:  # the lane was dropped meanwhile
             sock.close()

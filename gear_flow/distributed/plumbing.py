@@ -24,7 +24,7 @@ from collections import defaultdict
 
 from ..config import get as config_get
 from ..errors import GearFlowError, ShardLostError
-from .transport import Retry, WorkerLost, call, coord
+from .transport import Retry, WorkerLost, call, coord, coord_here
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,17 @@ class PlumbingMixin:
 
     async def _coord(self, op, **kw):
         return await coord(self._ctx, op, self.name, **kw)
+
+    def _coord_here(self, op, wait=0.0, **kw):
+        """:meth:`_coord` from the caller's thread (:func:`~gear_flow.distributed.transport.coord_here`);
+        ``wait``: seconds the coordinator may hold the request (None: for ever)."""
+        return coord_here(self._ctx, op, self.name, wait, **kw)
+
+    def _admission_wait(self, timeout):
+        """Seconds the coordinator holds an admission asked for with ``timeout`` (None: for ever)."""
+        if timeout is None:
+            timeout = config_get("distributed.admission-timeout")
+        return None if timeout is None else float(timeout)
 
     async def _refresh(self, version=None):
         """Pick up placement / lost-shard changes made by other handles (restores, losses)."""

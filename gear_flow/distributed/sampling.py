@@ -27,7 +27,7 @@ from ..table.validate import check_sample_args, sample_columns
 from .host_sampling import StaleSelectionError
 from .remote_sample import _SAMPLING, RemoteSample
 from .thread_sample import NotHere, ThreadSample, routes
-from .transport import Retry, not_answered, worker_alive
+from .transport import Retry, not_answered, reply_timeout, worker_alive
 
 _ATTEMPTS = 8
 logger = logging.getLogger(__name__)
@@ -210,10 +210,22 @@ class SamplingMixin:
     async def _admit(self, n: int, timeout: float | None) -> dict:
         """The coordinator's admission of a batch of ``n`` (reporting the batches served under the lease
         since), with a new lease when the limiter gives one; placement changes picked up."""
+        adm = await self._coord("admit_sample", **self._admission_args(n, timeout))
+        await self._refresh(adm["version"])
+        return self._admitted(n, adm)
+
+    def _admit_here(self, n: int, timeout: float | None) -> dict:
+        """:meth:`_admit` from the caller's thread (over the coordinator's lane when found)."""
+        args = self._admission_args(n, timeout)
+        adm = self._coord_here("admit_sample", wait=self._admission_wait(args["timeout"]), **args)
+        if adm["version"] != self._version:
+            self._ctx.sync(self._refresh, adm["version"])
+        return self._admitted(n, adm)
+
+    def _admission_args(self, n: int, timeout: float | None) -> dict:
         with self._lease_lock:
             done, self._lease_done = self._lease_done, 0
-        adm = await self._coord(
-            "admit_sample",
+        return dict(
             n=n,
             timeout=self.timeout if timeout is None else timeout,
             done=done,
@@ -221,7 +233,8 @@ class SamplingMixin:
             exclusive=self._cfg.exclusive,
             owner=self._ctx.owner,
         )
-        await self._refresh(adm["version"])
+
+    def _admitted(self, n: int, adm: dict) -> dict:
         self._lease = (n, adm.get("lease", 0), time.monotonic())
         return adm
 
@@ -286,7 +299,7 @@ class SamplingMixin:
         self._cfg.rate_limiter.check_sample_size(B)
         adm = None
         if not self._take_lease(B):
-            adm = ctx.sync(self._admit, B, timeout)
+            adm = self._admit_here(B, timeout)
             workers = list(self._workers())
             if not routes(self) or not workers:  # the placement changed meanwhile
                 self._give_back(B, adm)
@@ -318,7 +331,7 @@ class SamplingMixin:
             return None  # the event loop's path retries it, or raises its error
         self.stats["in_thread"] += 1
         if expired:
-            ctx.sync(self._coord, "removed", k=sum(expired.values()), per_shard=expired)
+            self._coord_here("removed", k=sum(expired.values()), per_shard=expired)
         return self._served(out)
 
     def _raise_lost_reply(self, addr: str, op: str, err: BaseException) -> None:
@@ -327,7 +340,7 @@ class SamplingMixin:
         says so, or serves from the rest in a degraded table)."""
         ctx = self._ctx
         if isinstance(err, TimeoutError):
-            limit = ThreadSample.timeout()
+            limit = reply_timeout()
             alive = ctx.sync(worker_alive, ctx, self.name, addr, float(config.get("distributed.rpc-timeout")))
             if alive is False:
                 try:
@@ -343,7 +356,7 @@ class SamplingMixin:
             with self._lease_lock:
                 self._lease_done -= n
         else:
-            self._ctx.sync(self._coord, "sample_finished", txn=adm["txn"], rollback=n)
+            self._coord_here("sample_finished", txn=adm["txn"], rollback=n)
 
     def _sample_all_here(self, B, L, boundary, columns, out, rng) -> dict:
         ctx = self._ctx
@@ -375,7 +388,7 @@ class SamplingMixin:
         with self._lease_lock:
             done, self._lease_done = self._lease_done, 0
         if done:
-            self._ctx.sync(self._coord, "count_samples", n=done)
+            self._coord_here("count_samples", n=done)
 
     async def _sample_one_worker(self, addr, out, B, L, boundary, columns, rng, horizon):
         args = dict(

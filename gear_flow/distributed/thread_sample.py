@@ -27,12 +27,12 @@ from __future__ import annotations
 from concurrent.futures import wait
 from typing import TYPE_CHECKING
 
-from .. import config
 from ..errors import ProtocolError
 from ..table import planner
 from .plugin import OPS
 from .protocol import VERSION
 from .remote_sample import OFF_LOOP_BYTES, RemoteSample, _copy_pool
+from .transport import reply_timeout
 
 if TYPE_CHECKING:
     from .api import DistributedTable
@@ -71,7 +71,7 @@ class ThreadSample(RemoteSample):
         reply being ``(ok, value)`` or the error that broke its lane."""
         ctx = self.t._ctx
         far = [b for b in batch if b[0] != ctx.local_addr]
-        timeout = self.timeout()
+        timeout = reply_timeout()
         sent = ctx.lanes.send_all([(ctx.lanes.paths.get(a), op, args) for a, op, args, _ in far], VERSION, timeout)
         try:
             for a, op, args, kind in batch:
@@ -101,18 +101,6 @@ class ThreadSample(RemoteSample):
             return
         for (a, op, _, kind), r in zip(far, ctx.lanes.read_all(sent)):
             arrived(kind, a, op, r)
-
-    @staticmethod
-    def timeout() -> float:
-        """Seconds a lane's reply is waited for.
-
-        Returns
-        -------
-        float
-            As long as the event loop's path waits for a live worker
-            (``distributed.rpc-timeout`` times ``rpc-retries + 1``).
-        """
-        return float(config.get("distributed.rpc-timeout")) * (int(config.get("distributed.rpc-retries") or 0) + 1)
 
     def _reply_bytes(self, far: list) -> int:
         """Bytes of windows the draws in ``far`` bring back."""

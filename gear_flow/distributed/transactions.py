@@ -27,6 +27,28 @@ from ..errors import GearFlowError, ShardLostError
 from .transport import Retry, WorkerLost, call
 
 
+def commit_counts(applied: dict) -> dict:
+    """``commit_insert``'s ``items`` and ``evicted`` (per shard) from the workers' apply results.
+
+    Parameters
+    ----------
+    applied : dict
+        ``{worker: apply result}``.
+
+    Returns
+    -------
+    dict
+        ``{"items": {shard: n}, "evicted": {shard: n}}``.
+    """
+    items, evicted = defaultdict(int), defaultdict(int)
+    for r in applied.values():
+        for s, k in r["items"].items():
+            items[int(s)] += int(k)
+        for s, k in r["evicted"].items():
+            evicted[int(s)] += int(k)
+    return {"items": dict(items), "evicted": dict(evicted)}
+
+
 class TransactionsMixin:
     """Stage, apply, commit and abort of an admitted insert, for :class:`~gear_flow.distributed.DistributedTable`."""
 
@@ -143,13 +165,7 @@ class TransactionsMixin:
         await self._abort_insert(txn, sorted(addrs), cause)
 
     async def _commit(self, txn, res: dict) -> int:
-        items, evicted = defaultdict(int), defaultdict(int)
-        for r in res.values():
-            for s, k in r["items"].items():
-                items[int(s)] += int(k)
-            for s, k in r["evicted"].items():
-                evicted[int(s)] += int(k)
-        return await self._coord("commit_insert", txn=txn, items=dict(items), evicted=dict(evicted))
+        return await self._coord("commit_insert", txn=txn, **commit_counts(res))
 
     async def _abort_insert(self, txn, addrs, cause) -> None:
         await asyncio.gather(

@@ -101,6 +101,7 @@ class Context:
         #: fast lanes to workers on this machine (:mod:`gear_flow.distributed.lane`), learnt with their shared rings
         self.lanes = Lanes()
         self._coord_lane: asyncio.Future | None = None  # the coordinator's lane, once looked for
+        self._coord_lane_dropped = False  # it failed: the comm from then on
 
     async def coord_lane(self) -> str | None:
         """The coordinator's lane this context uses (looked for on first use), or None: the comm.
@@ -112,6 +113,8 @@ class Context:
             ``tcp://host:port``; None when the lanes are off, the scheduler
             has none, or none can be connected to.
         """
+        if self._coord_lane_dropped:
+            return None
         if self._coord_lane is None:
             self._coord_lane = asyncio.ensure_future(self._find_coord_lane())
         try:
@@ -140,21 +143,52 @@ class Context:
             paths.append(info["tcp"])
         for path in paths:
             if await self.lanes.probe(path):
+                self.lanes.kept.add(path)
                 return path
             logger.info("the coordinator's lane %s is not reachable", path)
         return None
 
+    def in_loop(self) -> bool:
+        """Is the caller this context's event loop (where nothing may block)?
+
+        Returns
+        -------
+        bool
+            True in the event loop's own thread.
+        """
+        try:
+            return asyncio.get_running_loop() is self.loop.asyncio_loop
+        except RuntimeError:  # no loop running in this thread
+            return False
+
+    def found_coord_lane(self) -> str | None:
+        """The coordinator's lane if :meth:`coord_lane` has found it, else None; for a caller's thread,
+        which does not wait for the event loop to look.
+
+        Returns
+        -------
+        str or None
+            As :meth:`coord_lane`; None too while it is still being looked
+            for, or was never looked for.
+        """
+        f = self._coord_lane
+        if self._coord_lane_dropped or f is None or not f.done() or f.cancelled() or f.exception() is not None:
+            return None
+        return f.result()
+
     def drop_coord_lane(self, path: str) -> None:
         """Stop using the coordinator's lane at ``path`` (it failed): requests go over the comm.
+
+        Callable from the event loop or a caller's thread.
 
         Parameters
         ----------
         path : str
             The lane (:meth:`coord_lane`'s answer); its idle connections are closed.
         """
-        self.lanes.close_path(path)
-        self._coord_lane = asyncio.get_running_loop().create_future()
-        self._coord_lane.set_result(None)
+        self._coord_lane_dropped = True
+        self.lanes.kept.discard(path)
+        self.loop.add_callback(self.lanes.close_path, path)  # its asyncio connections belong to the loop
 
     def sync(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """Run coroutine function ``fn`` on this context's event loop and wait for its result.
@@ -241,20 +275,12 @@ async def coord(ctx: Context, op: str, name: str | None, **kw: Any) -> Any:
     lane = await ctx.coord_lane() if op in COORD_LANE_OPS else None
     if lane is not None:
         try:
-            ok, value = await ctx.lanes.call(lane, op, {"name": name, **kw}, protocol.VERSION)
-        except NotSent as e:  # nothing left: this request and later ones go over the comm
-            logger.info("the coordinator's lane %s failed (%s); using the comm", lane, e)
-            ctx.drop_coord_lane(lane)
-        except LANE_ERRORS as e:  # sent, reply lost: the coordinator may have acted on it; never sent twice
-            ctx.drop_coord_lane(lane)
-            raise CoordinatorLostError(
-                f"table {name!r}: the connection to the coordinator on the scheduler broke during {op!r} "
-                f"({type(e).__name__}: {e}); the scheduler may have gone away"
-            ) from e
-        else:
-            if ok:
-                return value
-            raise value if isinstance(value, BaseException) else GearFlowError(str(value))
+            reply = await ctx.lanes.call(lane, op, {"name": name, **kw}, protocol.VERSION)
+        except LANE_ERRORS as e:
+            reply = e
+        got = _coord_reply(ctx, lane, op, name, reply)
+        if got is not _BY_COMM:
+            return got
     try:
         resp = await ctx.scheduler.gear_flow_coord(action=op, name=name, v=protocol.VERSION, **kw)
     except COMM_ERRORS as e:
@@ -262,6 +288,83 @@ async def coord(ctx: Context, op: str, name: str | None, **kw: Any) -> Any:
             f"table {name!r}: the scheduler at {ctx.scheduler.address} cannot be reached ({type(e).__name__}: {e})"
         ) from e
     return unwrap(resp)
+
+
+def coord_here(ctx: Context, op: str, name: str | None, wait: float | None = 0.0, **kw: Any) -> Any:
+    """:func:`coord` from a caller's thread: over the coordinator's lane on a blocking socket when the context
+    has found it (no hop into the event loop and back), else :func:`coord` on the event loop.
+
+    Parameters
+    ----------
+    ctx : Context
+        How to reach the scheduler.
+    op : str
+        The coordinator operation.
+    name : str or None
+        The table's name.
+    wait : float or None
+        Seconds the coordinator may hold the request before it answers (an
+        admission waiting for the rate limiter), on top of
+        :func:`reply_timeout`; None: for ever.
+    **kw
+        The operation's arguments.
+
+    Returns
+    -------
+    object
+        The operation's result.
+
+    Raises
+    ------
+    CoordinatorLostError
+        The scheduler cannot be reached, or a reply was lost after the
+        request was sent (never sent twice: the coordinator may have acted).
+    GearFlowError
+        The operation failed on the coordinator (its own error type).
+    """
+    lane = ctx.found_coord_lane() if op in COORD_LANE_OPS and not ctx.in_loop() else None
+    if lane is not None:
+        timeout = None if wait is None else wait + reply_timeout()
+        [sent] = ctx.lanes.send_all([(lane, op, {"name": name, **kw})], protocol.VERSION, timeout)
+        got = _coord_reply(ctx, lane, op, name, ctx.lanes.read_one(sent))
+        if got is not _BY_COMM:
+            return got
+    return ctx.sync(coord, ctx, op, name, **kw)
+
+
+#: :func:`_coord_reply`'s answer for a request that never left: the comm serves it
+_BY_COMM = object()
+
+
+def _coord_reply(ctx: Context, lane: str, op: str, name: str | None, reply: Any) -> Any:
+    """What a request over the coordinator's lane came back with (a reply pair, or the error that kept it
+    from being sent or broke its connection): its result, its error raised, or :data:`_BY_COMM`."""
+    if isinstance(reply, NotSent):  # nothing left: this request and later ones go over the comm
+        logger.info("the coordinator's lane %s failed (%s); using the comm", lane, reply)
+        ctx.drop_coord_lane(lane)
+        return _BY_COMM
+    if isinstance(reply, BaseException):  # sent, reply lost: the coordinator may have acted on it
+        ctx.drop_coord_lane(lane)
+        raise CoordinatorLostError(
+            f"table {name!r}: the connection to the coordinator on the scheduler broke during {op!r} "
+            f"({type(reply).__name__}: {reply}); the scheduler may have gone away"
+        ) from reply
+    ok, value = reply
+    if ok:
+        return value
+    raise value if isinstance(value, BaseException) else GearFlowError(str(value))
+
+
+def reply_timeout() -> float:
+    """Seconds a live worker's or the coordinator's reply is waited for by a caller's thread.
+
+    Returns
+    -------
+    float
+        As long as the event loop's path waits for a live worker
+        (``distributed.rpc-timeout`` times ``rpc-retries + 1``).
+    """
+    return float(config.get("distributed.rpc-timeout")) * (int(config.get("distributed.rpc-retries") or 0) + 1)
 
 
 async def worker_alive(ctx: Context, table: str, addr: str, timeout: float) -> bool | None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -32,6 +32,8 @@ from ..storage.staging import stage_chunks, staged_bytes, staging_area
 from ..table.results import InsertResult
 from ..table.routing import route
 from ..table.validate import as_episode_list, check_batch, check_episode, check_priorities, to_host
+from .plugin import OPS
+from .transactions import commit_counts
 
 if TYPE_CHECKING:
     from ..spec import TableSpec
@@ -89,6 +91,30 @@ def prepare_insert(
     pr = check_priorities(priorities, n_items)
     item_off = np.concatenate(([0], np.cumsum(lengths if step_items else np.ones_like(lengths))))
     return [c for c, _ in checked], lengths, n_items, item_off, pr
+
+
+class _Insert(NamedTuple):
+    """An insert validated and routed (:func:`prepare_insert`), not yet admitted."""
+
+    chunks: list[dict]
+    lengths: np.ndarray
+    n_items: int
+    item_off: np.ndarray
+    priorities: np.ndarray | None
+    dest: np.ndarray  # shard of each episode
+    per_shard: dict[int, int]  # items per shard
+
+
+def _nbytes(parts: list[dict]) -> int:
+    return sum(v.nbytes for p in parts for c in p["chunks"] for v in c.values())
+
+
+def _result(ins: _Insert, ids: np.ndarray, sel_of: dict, applied: dict) -> InsertResult:
+    first_keys = np.empty(len(ins.lengths), dtype=np.int64)
+    for res in applied.values():
+        for s, fk in res["first_keys"].items():
+            first_keys[sel_of[int(s)]] = fk
+    return InsertResult(ids, first_keys, ins.dest, ins.n_items)
 
 
 class WritesMixin:
@@ -152,7 +178,11 @@ class WritesMixin:
         GearFlowError
             Staging failed on a worker; nothing of the insert was stored.
         """
-        return self._ctx.sync(self.insert_async, episodes, priorities, timeout=timeout, shard=shard)
+        ins = self._prepare(episodes, priorities, shard)
+        timeout = self.timeout if timeout is None else timeout
+        if self._inserts_here(ins):
+            return self._insert_here(ins, timeout)
+        return self._ctx.sync(self._insert_prepared, ins, timeout)
 
     def insert_batch(
         self,
@@ -240,6 +270,12 @@ class WritesMixin:
         InvalidDataError, InvalidPriorityError, CapacityError, SpecError, RateLimitTimeout, ShardLostError
             As :meth:`insert`.
         """
+        return await self._insert_prepared(
+            self._prepare(episodes, priorities, shard), self.timeout if timeout is None else timeout
+        )
+
+    def _prepare(self, episodes, priorities, shard) -> _Insert:
+        """Validate and route an insert (nothing sent yet)."""
         self._masses.clear()  # this handle's own writes show in its next sample's plan
         self._check_not_lost()
         chunks, lengths, n_items, item_off, pr = prepare_insert(self.spec, episodes, priorities)
@@ -250,38 +286,28 @@ class WritesMixin:
         self._cfg.rate_limiter.check_insert_size(n_items)
         items_of = item_off[1:] - item_off[:-1]
         per_shard = {int(s): int(items_of[dest == s].sum()) for s in np.unique(dest)}
-        adm = await self._coord(
-            "admit_insert",
-            n=n_items,
-            episodes=len(lengths),
-            per_shard=per_shard,
-            timeout=self.timeout if timeout is None else timeout,
-            owner=self._ctx.owner,
+        return _Insert(chunks, lengths, n_items, item_off, pr, dest, per_shard)
+
+    def _admission(self, ins: _Insert, timeout: float | None) -> dict:
+        """The coordinator's ``admit_insert`` arguments for ``ins``."""
+        return dict(
+            n=ins.n_items, episodes=len(ins.lengths), per_shard=ins.per_shard, timeout=timeout, owner=self._ctx.owner
         )
+
+    async def _insert_prepared(self, ins: _Insert, timeout: float | None) -> InsertResult:
+        adm = await self._coord("admit_insert", **self._admission(ins, timeout))
+        return await self._insert_admitted(ins, adm)
+
+    async def _insert_admitted(self, ins: _Insert, adm: dict) -> InsertResult:
+        """Hand an admitted insert's episodes to its workers (in-process, through staging segments, or over
+        the comm), apply, commit, evict to ``max_size``."""
         await self._refresh(adm["version"])
-        ids = adm["first_episode_id"] + np.arange(len(lengths), dtype=np.int64)
-        stamps = adm["first_stamp"] + item_off[:-1]
-        parts = defaultdict(list)
-        sel_of = {}
-        for s in np.unique(dest):
-            sel = np.flatnonzero(dest == s)
-            sel_of[int(s)] = sel
-            p = None if pr is None else np.concatenate([pr[item_off[i] : item_off[i + 1]] for i in sel])
-            parts[self.placement[int(s)]].append(
-                {
-                    "shard": int(s),
-                    "chunks": [chunks[i] for i in sel],
-                    "lengths": lengths[sel],
-                    "episode_ids": ids[sel],
-                    "stamps": stamps[sel],
-                    "priorities": p,
-                }
-            )
+        parts, sel_of, ids = self._parts(ins, adm)
         local = self._ctx.local_addr if self._ctx.local_plugin is not None else None  # its parts go in-process
         segs = []
         try:
             for a, ps in parts.items():
-                n = sum(v.nbytes for p in ps for c in p["chunks"] for v in c.values())
+                n = _nbytes(ps)
                 if a != local and await self._shared_for(a) is not None:
                     # a worker on this machine: the episodes go through a staging segment, not the socket
                     seg = staging_area().acquire(staged_bytes(ps))
@@ -303,13 +329,65 @@ class WritesMixin:
             raise
         for seg in segs:  # applied everywhere: the segments may be reused
             staging_area().release(seg)
-        first_keys = np.empty(len(lengths), dtype=np.int64)
-        for res in applied.values():
-            for s, fk in res["first_keys"].items():
-                first_keys[sel_of[int(s)]] = fk
         if size > self.spec.max_size:
             await self._evict_excess(size)
-        return InsertResult(ids, first_keys, dest, n_items)
+        return _result(ins, ids, sel_of, applied)
+
+    def _parts(self, ins: _Insert, adm: dict) -> tuple[dict[str, list[dict]], dict[int, np.ndarray], np.ndarray]:
+        """``({worker: [part, ...]}, {shard: episodes it gets}, episode ids)`` of an admitted insert."""
+        ids = adm["first_episode_id"] + np.arange(len(ins.lengths), dtype=np.int64)
+        stamps = adm["first_stamp"] + ins.item_off[:-1]
+        parts = defaultdict(list)
+        sel_of = {}
+        for s in np.unique(ins.dest):
+            sel = np.flatnonzero(ins.dest == s)
+            sel_of[int(s)] = sel
+            pr = ins.priorities
+            p = None if pr is None else np.concatenate([pr[ins.item_off[i] : ins.item_off[i + 1]] for i in sel])
+            parts[self.placement[int(s)]].append(
+                {
+                    "shard": int(s),
+                    "chunks": [ins.chunks[i] for i in sel],
+                    "lengths": ins.lengths[sel],
+                    "episode_ids": ids[sel],
+                    "stamps": stamps[sel],
+                    "priorities": p,
+                }
+            )
+        return dict(parts), sel_of, ids
+
+    def _inserts_here(self, ins: _Insert) -> bool:
+        """Can ``ins`` be inserted in the caller's thread: from a task on a worker, every episode for its
+        own shards, the coordinator's lane found?"""
+        ctx = self._ctx
+        if ctx.local_plugin is None or ctx.in_loop() or ctx.found_coord_lane() is None:
+            return False
+        placement = self.placement
+        return all(placement.get(int(s)) == ctx.local_addr for s in ins.per_shard)
+
+    def _insert_here(self, ins: _Insert, timeout: float | None) -> InsertResult:
+        """An insert into this worker's own shards, in the caller's thread: admitted and committed over the
+        coordinator's lane, written by this thread (no hop into the event loop, none into the plugin's
+        threads).  What needs the event loop (a placement that changed, an abort, an eviction) goes there."""
+        ctx = self._ctx
+        here = ctx.local_addr
+        adm = self._coord_here("admit_insert", wait=self._admission_wait(timeout), **self._admission(ins, timeout))
+        parts = None
+        if adm["version"] == self._version:
+            parts, sel_of, ids = self._parts(ins, adm)
+        if parts is None or list(parts) != [here]:  # the placement changed since: the event loop's path
+            return ctx.sync(self._insert_admitted, ins, adm)
+        self.stats["insert_local_bytes"] += _nbytes(parts[here])
+        try:
+            res = OPS["write"](ctx.local_plugin.host, name=self.name, txn=adm["txn"], parts=parts[here])
+        except BaseException as e:
+            ctx.sync(self._abort_insert, adm["txn"], [here], e)
+            raise self._insert_error(e, [here]) from None
+        size = self._coord_here("commit_insert", txn=adm["txn"], **commit_counts({here: res}))
+        self.stats["insert_in_thread"] += 1
+        if size > self.spec.max_size:
+            ctx.sync(self._evict_excess, size)
+        return _result(ins, ids, sel_of, {here: res})
 
     def writer(
         self, max_episode_length: int | None = None, shard: int | None = None, timeout: float | None = None
