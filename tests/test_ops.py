@@ -126,6 +126,42 @@ def test_set_leaves_const_and_overwrite():
     assert tree[1] == 8.0
 
 
+@pytest.mark.parametrize("order", ["ring", "sorted", "random"])
+def test_set_leaves_matches_a_tree_rebuilt_from_its_leaves(order):
+    """Parents repaired level by level, the ancestors shared by sorted neighbours visited once: the same tree
+    as one summed from scratch, for an insert's slots (a ring range that wraps), sorted and random ones."""
+    rng = np.random.default_rng(len(order))
+    for n in (1, 2, 7, 1000, 60_000):
+        tree = sumtree.new_tree(n)
+        P = len(tree) // 2
+        for _ in range(4):
+            k = int(rng.integers(1, n + 1))
+            if order == "ring":
+                idx = (int(rng.integers(0, n)) + np.arange(k, dtype=np.int64)) % n
+            else:
+                idx = rng.integers(0, n, k).astype(np.int64)
+                idx = np.sort(idx) if order == "sorted" else idx
+            if rng.random() < 0.5:
+                sumtree.set_leaves(tree, idx, rng.random(k))
+            else:
+                sumtree.set_leaves_const(tree, idx, float(rng.integers(0, 3)))
+            ref = np.zeros_like(tree)
+            ref[P:] = tree[P:]
+            for i in range(P - 1, 0, -1):
+                ref[i] = ref[2 * i] + ref[2 * i + 1]
+            assert np.array_equal(tree[1:], ref[1:]), (order, n, k)
+
+
+@pytest.mark.parametrize(
+    "first, n, cap", [(0, 0, 5), (8, 4, 10), (3, 10, 10), (123_456, 9_999, 10_000), (10, 3, 10), (7, 3, 10)]
+)
+def test_ring_slots_are_the_positions_modulo_the_capacity(first, n, cap):
+    from gear_flow.shard import ring_slots
+
+    got = ring_slots(first, n, cap)
+    assert got.dtype == np.int64 and got.tolist() == ((first + np.arange(n)) % cap).tolist()
+
+
 @pytest.mark.parametrize("n", SIZES)
 def test_range_sum(n):
     rng = np.random.default_rng(300 + n)
@@ -344,6 +380,8 @@ def test_scatter_rows_wraps(pos, n):
     "cap, lengths, pos, row",
     [
         (10, [3, 4], 8, 2),  # small: copied part by part
+        (10, [3, 4, 2], 1, 2),  # small, no wrap: every part in one call
+        (9, [3, 4, 2], 0, 1),  # ... filling the ring exactly
         (3000, [1000, 1000, 500], 2200, 256),  # 10 MB of float32 rows: one parallel region, a part wraps
         (5000, [4999], 1, 300),  # one part ending just before its own start
         (4000, [1000, 1, 1999, 1000], 0, 256),  # filling the ring exactly, a one-row part among large ones

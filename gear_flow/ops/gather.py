@@ -283,10 +283,14 @@ def scatter_chunks(dst: np.ndarray, pos: int, parts: Sequence[np.ndarray]) -> No
     for rows in parts:
         check_rows(dst, pos, rows)
     cap = dst.shape[0]
-    if sum(rows.shape[0] for rows in parts) > cap:
-        raise IndexError(f"scatter_rows: {sum(r.shape[0] for r in parts)} rows do not fit a ring of {cap}")
+    n = sum(rows.shape[0] for rows in parts)
+    if n > cap:
+        raise IndexError(f"scatter_rows: {n} rows do not fit a ring of {cap}")
     total = sum(rows.nbytes for rows in parts)
     if total < PARALLEL_MIN_BYTES // 4 or not dst.flags.c_contiguous or not all(r.flags.c_contiguous for r in parts):
+        if 1 < len(parts) and pos + n <= cap:  # no wrap: one call copies every part into place
+            np.concatenate(parts, axis=0, out=dst[pos : pos + n])
+            return
         for rows in parts:  # checked above
             _scatter(dst, pos, rows)
             pos = (pos + rows.shape[0]) % cap

@@ -67,19 +67,23 @@ def _repair(tree, idx):
     Recomputing a shared ancestor twice is harmless.
     """
     P = tree.shape[0] // 2
-    n = idx.shape[0]
-    node = np.empty(n, dtype=np.int64)
-    for k in range(n):
-        node[k] = (idx[k] + P) // 2
+    node = np.empty(idx.shape[0], dtype=np.int64)
+    m = 0  # ancestors at the current level; neighbours that share one (sorted idx: inserts) kept once
+    for k in range(idx.shape[0]):
+        i = (idx[k] + P) // 2
+        if m == 0 or node[m - 1] != i:
+            node[m] = i
+            m += 1
     level = P // 2
     while level >= 1:
-        prev = -1
-        for k in range(n):
+        j = 0
+        for k in range(m):  # node[j] with j <= k: written only once read
             i = node[k]
-            if i != prev:  # neighbours share parents when idx is sorted (inserts): skip repeats
-                tree[i] = tree[2 * i] + tree[2 * i + 1]
-                prev = i
-            node[k] = i // 2
+            tree[i] = tree[2 * i] + tree[2 * i + 1]
+            if j == 0 or node[j - 1] != i // 2:
+                node[j] = i // 2
+                j += 1
+        m = j  # sorted idx: the work halves level by level (2n nodes in all, not n per level)
         level //= 2
 
 

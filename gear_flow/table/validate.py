@@ -77,8 +77,10 @@ def check_episode(spec: TableSpec, ep: Mapping, i: int) -> tuple[dict, int]:
     out = {}
     T = None
     for c in spec.columns:
-        dims = "".join(", " + str(s) for s in c.shape)
-        a = _column(ep[c.name], c, f"episode {i}, column {c.name!r}", 1, f"(T, *{c.shape}) = (T{dims})")
+        a = _ready(ep[c.name], c, 1)
+        if a is None:
+            dims = "".join(", " + str(s) for s in c.shape)
+            a = _column(ep[c.name], c, f"episode {i}, column {c.name!r}", 1, f"(T, *{c.shape}) = (T{dims})")
         if T is None:
             T = a.shape[0]
         elif a.shape[0] != T:
@@ -127,8 +129,10 @@ def check_batch(spec: TableSpec, columns: Mapping) -> tuple[dict, int, int]:
     _check_names(spec, columns, "batch")
     out, BT = {}, None
     for c in spec.columns:
-        dims = "".join(", " + str(s) for s in c.shape)
-        a = _column(columns[c.name], c, f"batch column {c.name!r}", 2, f"(B, T{dims})")
+        a = _ready(columns[c.name], c, 2)
+        if a is None:
+            dims = "".join(", " + str(s) for s in c.shape)
+            a = _column(columns[c.name], c, f"batch column {c.name!r}", 2, f"(B, T{dims})")
         if BT is None:
             BT = tuple(a.shape[:2])
         elif tuple(a.shape[:2]) != BT:
@@ -153,6 +157,20 @@ def _check_names(spec: TableSpec, given: Mapping, where: str) -> None:
             + (f"; unknown {extra}" if extra else "")
             + f" (table columns: {list(spec.names)})"
         )
+
+
+def _ready(value, c, lead: int):
+    """``value`` when it is already a C-contiguous NumPy array of ``c.dtype`` and ``lead`` leading dimensions
+    then ``c.shape`` (the usual case: nothing to check further or cast), else None."""
+    if (
+        type(value) is np.ndarray
+        and value.dtype == c.dtype
+        and value.ndim == lead + len(c.shape)
+        and value.shape[lead:] == c.shape
+        and value.flags.c_contiguous
+    ):
+        return value
+    return None
 
 
 def _column(value, c, where: str, lead: int, shape_text: str):
