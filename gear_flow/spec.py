@@ -15,6 +15,7 @@ Examples
 from __future__ import annotations
 
 import keyword
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -84,7 +85,7 @@ class ColumnSpec:
     @property
     def nbytes(self) -> int:
         """Bytes of one step of this column."""
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 @dataclass(frozen=True)

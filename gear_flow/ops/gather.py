@@ -67,7 +67,8 @@ def gather_windows(
     if out.shape[2] != src.shape[1] or not out.flags.writeable:
         raise IndexError(f"gather_windows: out rows have {out.shape[2]} bytes, src rows {src.shape[1]}")
     B = out.shape[0]
-    if any(np.ndim(a) != 1 or len(a) != B for a in (src_start, dst_offset, n_valid)):
+    shapes = (getattr(src_start, "shape", None), getattr(dst_offset, "shape", None), getattr(n_valid, "shape", None))
+    if shapes != ((B,), (B,), (B,)):
         raise IndexError(
             f"gather_windows: src_start, dst_offset and n_valid must each hold one entry per row of out ({B})"
         )

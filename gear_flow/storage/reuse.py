@@ -16,6 +16,7 @@ way it is read; an interpreter without exact reference counts (no
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 
@@ -80,7 +81,7 @@ class Reuse:
             C-contiguous, writeable.
         """
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(int(n) for n in shape) * dtype.itemsize
         if nbytes < MIN_BYTES or FREE is None:
             return np.empty(shape, dtype=dtype)
         size = 1 << (nbytes - 1).bit_length()
