@@ -146,7 +146,7 @@ def insert_throughput(client, table, eps, args, workers):
 
     groups = [eps[i : i + args.insert_batch] for i in range(0, len(eps), args.insert_batch)]
     nbytes = sum(a.nbytes for e in groups[0] for a in e.values())
-    addrs = sorted(client.scheduler_info()["workers"])
+    addrs = sorted(client.nthreads())
     k = iter(range(1 << 62))
 
     def insert():
@@ -249,7 +249,7 @@ def run(workers: int, plane: str, args, eps, rows, results):
             table.insert(eps[i : i + args.insert_batch])
         res["insert_gbps"] = steps * step_bytes / (time.perf_counter() - t0) / 1e9
 
-        w0 = sorted(client.scheduler_info()["workers"])[0]
+        w0 = sorted(client.nthreads())[0]
         res["raw_dask_gbps"] = raw_dask_gbps(client, w0, batch_bytes, args.repeat)
 
         out = gf.SampleBuffers(spec, spec.names, B, L)

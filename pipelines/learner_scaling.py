@@ -109,7 +109,7 @@ def learners_scaling(client, name, B, L, batch_bytes, batches, rounds):
     opens the connections and touches every buffer (otherwise the first timed run, the lone
     learner, pays for it); then ``rounds`` alternating rounds, each side reported by its median.
     """
-    workers = sorted(client.scheduler_info()["workers"])[:2]
+    workers = sorted(client.nthreads())[:2]
     _learners_at_once(client, name, workers, B, L, max(2, batches // 4))
     ones, twos = [], []
     for _ in range(rounds):

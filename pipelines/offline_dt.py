@@ -91,7 +91,7 @@ def main(argv=None) -> dict:
         cluster = LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True, dashboard_address=None)
         client = Client(cluster)
     try:
-        n_workers = len(client.scheduler_info()["workers"])
+        n_workers = len(client.nthreads())
         cols = episode_columns(ds["obs_dim"], np.int64)
         per_shard = int(ds["steps"] / n_workers * 1.5) + 1000
         spec = gf.TableSpec(cols, capacity=per_shard, num_shards=n_workers)

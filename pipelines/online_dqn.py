@@ -282,7 +282,7 @@ def main(argv=None) -> dict:
     publisher = Publisher(client, f"{run_id}-weights")
     actors, table, learner = [], None, None
     try:
-        workers = sorted(client.scheduler_info()["workers"])
+        workers = sorted(client.nthreads())
         table = DistributedTable.create(
             client,
             gf.TableSpec(dqn.columns(obs_dim), capacity=args.capacity, num_shards=len(workers)),

@@ -141,7 +141,7 @@ def cluster3():
 
 def test_distributed_checkpoint_restore_elsewhere_and_after_a_kill(cluster3, tmp_path):
     c = cluster3
-    workers = sorted(c.scheduler_info()["workers"])
+    workers = sorted(c.nthreads())
     spec = gf.TableSpec(COLUMNS, capacity=400, num_shards=2)
     t = DistributedTable.create(
         c, spec, sampler=gf.Prioritized(0.6, 0.4), workers=workers[:2], degraded=True, seed=0, name="ck"
@@ -185,7 +185,7 @@ def test_kill_while_writers_and_samplers_run_then_restore(cluster3, tmp_path):
     """Writers and samplers keep running through the loss (degraded mode); the restore reports
     exactly the items that reached the lost shard after the checkpoint."""
     c = cluster3
-    workers = sorted(c.scheduler_info()["workers"])
+    workers = sorted(c.nthreads())
     spec = gf.TableSpec(COLUMNS, capacity=5000, num_shards=2)
     t = DistributedTable.create(c, spec, workers=workers[:2], degraded=True, seed=1, name="ck-live")
     t.insert([episode(i + 1, 10) for i in range(10)])

@@ -1,10 +1,11 @@
-"""Where inserted episodes travel: from a client over the comm (another machine, or shared memory off) or
-through a staging segment (same machine), in-process from a task on a shard's worker.
+"""Where inserted episodes travel: from a client over the worker's lane (the same machine: a staging
+segment's places; another, or shared memory off: the episodes themselves, over its TCP lane) or over the comm
+(no lane), in-process from a task on a shard's worker.
 
 Checked on the workers themselves: a counting wrapper around each worker's
-``gear_flow`` comm handler sees every insert request that arrives over the
-comm and the bytes it carried, so "nothing crossed the comm" is what the
-workers saw, not what the handle believes.
+``gear_flow`` comm handler and its lane's server sees every insert request
+that arrives and the bytes it carried, so "nothing crossed the comm" is what
+the workers saw, not what the handle believes.
 """
 
 from __future__ import annotations
@@ -25,58 +26,67 @@ DATA_OPS = ("stage", "write")
 
 @pytest.fixture
 def client(dist_client):
-    """The session's 2-worker cluster (tests/conftest.py); the handler wrappers are undone after each test."""
+    """The session's 2-worker cluster (tests/conftest.py); the wrappers are undone after each test."""
     return dist_client
 
 
-def _count_comm_requests(dask_worker=None):
-    """Wrap this worker's ``gear_flow`` handler: count the requests with episodes that arrive over the comm."""
+def _count_requests(dask_worker=None):
+    """Wrap this worker's ``gear_flow`` handler and its lane's server: count the requests with episodes."""
+    from gear_flow.distributed.wire import array_bytes
+
     plugin = dask_worker.plugins[PLUGIN_NAME]
-    counts = {op: 0 for op in DATA_OPS}
-    counts["bytes"] = 0
-    plugin.comm_counts = counts
+    counts = {path: {op: 0 for op in (*DATA_OPS, "bytes")} for path in ("comm", "lane")}
+    plugin.request_counts = counts
 
     async def counting(comm=None, action=None, args=None, v=None, packed=None, frames=None):
         if action in DATA_OPS:
-            counts[action] += 1
-            counts["bytes"] += len(packed or b"") + sum(getattr(f, "nbytes", 0) for f in frames or [])
+            counts["comm"][action] += 1
+            counts["comm"]["bytes"] += len(packed or b"") + sum(getattr(f, "nbytes", 0) for f in frames or [])
         return await plugin.handle(comm=comm, action=action, args=args, v=v, packed=packed, frames=frames)
 
+    async def lane_counting(action, args, v):
+        if action in DATA_OPS:
+            counts["lane"][action] += 1
+            counts["lane"]["bytes"] += array_bytes(args)
+        return await plugin.serve(action, args, v)
+
     dask_worker.handlers["gear_flow"] = counting
+    plugin.lane._serve = lane_counting
 
 
-def _comm_requests(dask_worker=None):
-    return dict(dask_worker.plugins[PLUGIN_NAME].comm_counts)
+def _requests(dask_worker=None):
+    return {k: dict(v) for k, v in dask_worker.plugins[PLUGIN_NAME].request_counts.items()}
 
 
-def _restore_handler(dask_worker=None):
+def _restore(dask_worker=None):
     plugin = dask_worker.plugins.get(PLUGIN_NAME)
-    if plugin is not None and hasattr(plugin, "comm_counts"):
+    if plugin is not None and hasattr(plugin, "request_counts"):
         dask_worker.handlers["gear_flow"] = plugin.handle
-        del plugin.comm_counts
+        plugin.lane._serve = plugin.serve
+        del plugin.request_counts
 
 
-class CommCounts:
-    """Counts, on every worker, the insert requests with episodes that arrive over the comm."""
+class RequestCounts:
+    """Counts, on every worker, the insert requests with episodes that arrive over the comm and the lane."""
 
     def __init__(self, client):
         self.client = client
 
     def start(self):
         """Install the counters (after a table exists: its creation sets up the workers' plugin)."""
-        self.client.run(_count_comm_requests)
+        self.client.run(_count_requests)
 
     def seen(self) -> dict:
-        """``{worker: {op: requests}}`` since :meth:`start`."""
-        return self.client.run(_comm_requests)
+        """``{worker: {"comm" | "lane": {op: requests, "bytes": n}}}`` since :meth:`start`."""
+        return self.client.run(_requests)
 
 
 @pytest.fixture
-def comm_counts(client):
+def requests_seen(client):
     try:
-        yield CommCounts(client)
+        yield RequestCounts(client)
     finally:
-        client.run(_restore_handler)
+        client.run(_restore)
 
 
 def _nbytes(eps):
@@ -102,18 +112,19 @@ def _check_rows(table, n_items):
     assert np.array_equal(b["ep"].numpy()[:, 0], tag)
 
 
-def test_actor_insert_into_own_shards_goes_in_process(client, comm_counts):
+def test_actor_insert_into_own_shards_goes_in_process(client, requests_seen):
     t = DistributedTable.create(client, gf.TableSpec(COLUMNS, capacity=500, num_shards=2), seed=0, name="own")
     try:
-        comm_counts.start()
+        requests_seen.start()
         worker = t.placement[0]
         tags, length = [1, 2, 3], 40
         local, dest, stats = client.submit(_actor, t.name, tags, length, workers=[worker], pure=False).result()
         assert local == [0] and dest == [0, 0, 0], (local, dest)  # writer affinity: the worker's own shard
         nbytes = _nbytes([episode(k, length) for k in tags])
         assert stats["insert_local_bytes"] == nbytes and stats["insert_remote_bytes"] == 0, stats
-        seen = comm_counts.seen()
-        assert all(c == {"bytes": 0, **{op: 0 for op in DATA_OPS}} for c in seen.values()), seen  # none at all
+        seen = requests_seen.seen()
+        none = {"bytes": 0, **{op: 0 for op in DATA_OPS}}
+        assert all(c == {"comm": none, "lane": none} for c in seen.values()), seen  # none at all
         info = t.info()
         assert info["size"] == info["coordinator_size"] == len(tags) * length
         _check_rows(t, 64)
@@ -121,23 +132,26 @@ def test_actor_insert_into_own_shards_goes_in_process(client, comm_counts):
         t.close()
 
 
-def test_client_insert_sends_episodes_over_the_comm_or_through_staging(client, comm_counts, data_plane):
+def test_client_insert_sends_episodes_over_a_lane_or_the_comm(client, requests_seen, data_plane):
     t = DistributedTable.create(client, gf.TableSpec(COLUMNS, capacity=500, num_shards=2), seed=0, name="remote")
     try:
-        comm_counts.start()
+        requests_seen.start()
         eps = [episode(k, 200) for k in (4, 5)]
         res = t.insert(eps)
         assert sorted(res.shards.tolist()) == [0, 1]  # balanced: one episode per shard, so one per worker
         n = _nbytes(eps)
-        seen = comm_counts.seen()
+        seen = requests_seen.seen()
+        took = "comm" if data_plane == "comm" else "lane"  # the lane when there is one: fast (Unix) or TCP
+        other = "lane" if took == "comm" else "comm"
         # two workers: each staged its part (then applied it), nothing written in one step
-        assert {a: c["stage"] for a, c in seen.items()} == {a: 1 for a in seen}, seen
+        assert {a: (c[took]["stage"], c[took]["write"]) for a, c in seen.items()} == {a: (1, 0) for a in seen}, seen
+        assert all(c[other] == {"bytes": 0, **{op: 0 for op in DATA_OPS}} for c in seen.values()), seen
         if data_plane == "shared-memory":  # same machine: the episodes went through the staging segment
             assert t.stats["insert_shared_bytes"] == n and t.stats["insert_remote_bytes"] == 0, t.stats
-            assert all(c["bytes"] < n // 4 for c in seen.values()), seen  # only where the columns lie
-        else:
+            assert all(c["lane"]["bytes"] < n // 4 for c in seen.values()), seen  # only where the columns lie
+        else:  # the episodes themselves: every byte arrived at the workers
             assert t.stats["insert_remote_bytes"] == n and t.stats["insert_shared_bytes"] == 0, t.stats
-            assert sum(c["bytes"] for c in seen.values()) >= n, seen
+            assert sum(c[took]["bytes"] for c in seen.values()) >= n, seen
         assert t.stats["insert_local_bytes"] == 0
         _check_rows(t, 32)
     finally:

@@ -82,7 +82,7 @@ def test_a_lane_serves_only_lane_operations(table):
     _check(table.sample(16, 1))
     path = next(iter(table._ctx.lanes.paths.values()))
     info = table.info()
-    for op in ("drop", "info", "write", "create", "checkpoint", "lane"):
+    for op in ("drop", "info", "status", "create", "checkpoint", "lane"):
         ok, err = asyncio.run(Lanes().call(path, op, {"name": table.name}, protocol.VERSION))
         assert not ok and isinstance(err, ProtocolError) and "does not take the lane" in str(err), (op, err)
     assert table.info() == info
@@ -193,6 +193,52 @@ def test_a_lane_directory_is_private_and_leaves_with_its_server(tmp_path):
         assert not os.path.exists(d)
 
     asyncio.run(run())
+
+
+def test_a_lane_reads_requests_however_the_socket_cuts_them():
+    """A server connection receives a request's buffers straight into their arrays: whatever pieces the
+    socket delivers (a byte at a time, a pickle larger than its read buffer, several buffers and an empty one,
+    two requests in one write), each request is served once, in order, with its arrays intact."""
+    rng = np.random.default_rng(5)
+    big = rng.integers(0, 2**31, 600_000)  # 4.8 MB out of band
+    mid = np.arange(70_000, dtype=np.float32)  # out of band, just over the limit for in-band
+    small = np.arange(10)  # in the pickle
+    long_name = "n" * 200_000  # a pickle larger than the connection's 64 KB read buffer
+    requests = [
+        {"action": "update", "args": {"a": big, "b": np.zeros(0), "c": mid, "d": small}, "v": 1},
+        {"action": "summaries", "args": {"name": long_name, "e": mid[:1000]}, "v": 2},
+        {"action": "uncount", "args": {}, "v": 3},
+    ]
+
+    async def run():
+        got = []
+
+        async def serve(action, args, v):
+            got.append((action, args, v))
+            return True, (action, v)
+
+        srv = LaneServer(serve)
+        path = await srv.start()
+        r, w = await asyncio.open_unix_connection(path)
+        data = b"".join(bytes(p) for q in requests for p in pack(q))
+        cuts = [0, 1, 2, 3, 5, 9, 13, 17, 40, 1000, 70_000, 300_000, 300_001, 2_000_000, 4_900_000]
+        cuts = [c for c in cuts if c < len(data)] + [len(data)]
+        for a, b in zip(cuts, cuts[1:]):  # every piece its own write, read by the server as it comes
+            w.write(data[a:b])
+            await w.drain()
+            await asyncio.sleep(0)  # one turn of the loop: the server reads this piece alone
+        replies = [await read(r) for _ in requests]
+        w.close()
+        srv.close()
+        return got, replies, srv.served
+
+    got, replies, served = asyncio.run(run())
+    assert served == 3 and replies == [(True, ("update", 1)), (True, ("summaries", 2)), (True, ("uncount", 3))]
+    (a0, args0, _), (a1, args1, _), (a2, args2, _) = got
+    assert (a0, a1, a2) == ("update", "summaries", "uncount") and args2 == {}
+    assert np.array_equal(args0["a"], big) and args0["b"].shape == (0,) and np.array_equal(args0["c"], mid)
+    assert np.array_equal(args0["d"], small) and args0["a"].flags.writeable  # an array of its own
+    assert args1["name"] == long_name and np.array_equal(args1["e"], mid[:1000])
 
 
 def test_a_handle_that_gives_up_mid_request_is_no_error_on_the_worker():

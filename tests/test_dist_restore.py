@@ -23,7 +23,7 @@ def _hosted(name, dask_worker=None):
 
 
 def test_restoring_a_live_shard_is_refused_unless_replaced(dist_client, tmp_path):
-    w0, w1 = sorted(dist_client.scheduler_info()["workers"])
+    w0, w1 = sorted(dist_client.nthreads())
     # both shards on one worker: the other worker is empty (and must still be a restore target)
     t = DistributedTable.create(dist_client, gf.TableSpec(X, capacity=256, num_shards=2), workers=[w0], seed=0)
     try:

@@ -342,7 +342,7 @@ def test_cli_info_and_list(client):
 
 
 def test_colocated_lease_counts_every_sample(client):
-    w0 = sorted(client.scheduler_info()["workers"])[0]
+    w0 = sorted(client.nthreads())[0]
     t = DistributedTable.create(client, spec(), workers=[w0], seed=11, name="lease")  # both shards on one worker
     try:
         t.insert([episode(i + 1, 30) for i in range(4)])

@@ -34,7 +34,7 @@ def test_selector_and_limiter_strings():
 
 
 def test_default_num_shards(dist_client):
-    workers = sorted(dist_client.scheduler_info()["workers"])
+    workers = sorted(dist_client.nthreads())
     assert default_num_shards(dist_client) == len(workers) == 2
     assert default_num_shards(dist_client, workers=workers[:1]) == 1
     with pytest.raises(gf.GearFlowError):

@@ -35,7 +35,10 @@ message.  It takes the same messages and checks, and only
 A handle's event loop keeps asyncio connections (:meth:`Lanes.call`); a
 learner sampling in its own thread (:mod:`.thread_sample`) uses blocking
 ones (:meth:`Lanes.send_all`, :meth:`Lanes.read_all`): every request sent,
-then every reply read, with no event loop in between.
+then every reply read, with no event loop in between.  A server reads each
+request straight into its buffers (:class:`_LaneConnection`), so inserts
+take the lanes too: their episodes land in the arrays the worker writes its
+rings from, with no copy through a stream's buffer.
 """
 
 from __future__ import annotations
@@ -60,9 +63,23 @@ from ..storage.shared import private_dir
 
 logger = logging.getLogger(__name__)
 
-#: operations a handle sends over the lane when it has one to the worker
+#: operations a handle sends over the lane when it has one to the worker (an insert's steps included: its
+#: episodes are received straight into the arrays they become)
 LANE_OPS = frozenset(
-    {"sample_part", "summaries", "update", "uncount", "candidates", "finish_sample", "new_epoch", "check_keys"}
+    {
+        "sample_part",
+        "summaries",
+        "update",
+        "uncount",
+        "candidates",
+        "finish_sample",
+        "new_epoch",
+        "check_keys",
+        "stage",
+        "write",
+        "apply",
+        "abort",
+    }
 )
 MAGIC = b"GFL1"
 #: prefix of a TCP lane's address (any other is a Unix socket's path)
@@ -81,13 +98,15 @@ LANE_ERRORS = (OSError, EOFError, asyncio.IncompleteReadError, ProtocolError)
 WRITE_CHUNK = 1 << 19
 
 
-async def _write(writer: asyncio.StreamWriter, parts: list) -> None:
-    """Write a message's parts; a large buffer in chunks, each drained before the next.
+async def _write(parts: list, write: Callable, writelines: Callable, drain: Callable[[], Awaitable]) -> None:
+    """Write a message's parts with ``write``/``writelines``; a large buffer in chunks, each drained before
+    the next.
 
     asyncio's transport keeps what the socket did not take at once in one
     buffer that it trims from the front after every send (Python 3.11):
     handing it megabytes at once costs a quadratic number of byte moves, so
-    windows in a reply go a chunk at a time, straight from their buffers.
+    windows in a reply (and episodes in a request) go a chunk at a time,
+    straight from their buffers.
     """
     small = []
     for p in parts:
@@ -96,14 +115,14 @@ async def _write(writer: asyncio.StreamWriter, parts: list) -> None:
             small.append(m)
             continue
         if small:
-            writer.writelines(small)
+            writelines(small)
             small = []
         for i in range(0, m.nbytes, WRITE_CHUNK):
-            writer.write(m[i : i + WRITE_CHUNK])
-            await writer.drain()
+            write(m[i : i + WRITE_CHUNK])
+            await drain()
     if small:
-        writer.writelines(small)
-    await writer.drain()
+        writelines(small)
+    await drain()
 
 
 class NotSent(ConnectionError):
@@ -231,6 +250,194 @@ def _loads(head: bytes, bufs: list) -> Any:
         raise ProtocolError(f"fast lane: unreadable message ({type(e).__name__}: {e})") from None
 
 
+#: bytes a server connection reads at once while it parses a message's header, sizes and pickle
+_SCRATCH = 1 << 16
+_HEADER_PHASE, _SIZES_PHASE, _HEAD_PHASE, _BUFFERS_PHASE = range(4)
+
+
+class _LaneConnection(asyncio.BufferedProtocol):
+    """One connection to a :class:`LaneServer`: each request received straight into its buffers.
+
+    A request's out-of-band buffers (an insert's episodes) are read by the
+    socket into the arrays they become, with no copy through a stream's
+    buffer: asyncio's ``StreamReader`` moves megabytes at a fraction of the
+    socket's speed.  Requests are served one at a time, in order (reading
+    pauses while one is served), and a reply is written as the socket takes
+    it.  Anything that is not a lane message, or is larger than the
+    server's limit, closes the connection without an answer.
+    """
+
+    def __init__(self, server: LaneServer) -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray(_SCRATCH)  # header, sizes and pickle land here: _buf[_start:_end] unparsed
+        self._start = self._end = 0
+        self._phase = _HEADER_PHASE
+        self._n = self._k = 0
+        self._sizes: tuple[int, ...] = ()
+        self._head = b""
+        self._bufs: list[bytearray] = []
+        self._into: memoryview | None = None  # the buffer the socket reads into directly, ...
+        self._got = 0  # ... and how much of it has arrived
+        self._busy = False  # a request is being served: nothing more is parsed until its reply is written
+        self._closed = False
+        self._write_paused = False
+        self._drained: asyncio.Future | None = None
+
+    # -- receiving ------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:  # noqa: D102 - asyncio's protocol
+        self.transport = transport
+        transport.set_write_buffer_limits(high=0)  # a write is drained once the socket took all of it
+        self.server._connections.add(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:  # noqa: D102 - asyncio's protocol
+        if self._into is not None:
+            return self._into[self._got :]
+        if self._end == len(self._buf):  # full: keep the unparsed bytes at the front of a buffer with room
+            self._reserve(len(self._buf) - self._start + _SCRATCH)
+        return memoryview(self._buf)[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:  # noqa: D102 - asyncio's protocol
+        if self._into is not None:
+            self._got += nbytes
+            if self._got < len(self._into):
+                return
+            self._into = None  # this buffer is complete
+        else:
+            self._end += nbytes
+        self._parse()
+
+    def eof_received(self) -> bool:  # noqa: D102 - asyncio's protocol
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102 - asyncio's protocol
+        self._closed = True
+        self.server._connections.discard(self)
+        self._wake(ConnectionResetError("fast lane: the connection closed"))
+
+    def _reserve(self, size: int) -> None:
+        """Move the unparsed bytes to the front of a buffer of at least ``size`` bytes (a new one: the
+        transport may still hold a view of the old one)."""
+        buf = bytearray(max(size, _SCRATCH))
+        n = self._end - self._start
+        buf[:n] = self._buf[self._start : self._end]
+        self._buf, self._start, self._end = buf, 0, n
+
+    def _parse(self) -> None:
+        """Take what the unparsed bytes complete: the next phase of the message, the message itself."""
+        limit = MAX_BYTES
+        while not (self._busy or self._closed or self._into is not None):
+            avail = self._end - self._start
+            try:
+                if self._phase == _HEADER_PHASE:
+                    if avail < _HEADER.size:
+                        break
+                    self._n, self._k = _header(bytes(self._buf[self._start : self._start + _HEADER.size]))
+                    self._start += _HEADER.size
+                    self._phase = _SIZES_PHASE
+                elif self._phase == _SIZES_PHASE:
+                    if avail < 8 * self._k:
+                        break
+                    raw = bytes(self._buf[self._start : self._start + 8 * self._k])
+                    self._sizes = _sizes(self._n, raw, limit)
+                    self._start += 8 * self._k
+                    self._phase = _HEAD_PHASE
+                elif self._phase == _HEAD_PHASE:
+                    if avail < self._n:
+                        if len(self._buf) - self._start < self._n:  # a pickle larger than the room left
+                            self._reserve(self._n)
+                        break
+                    self._head = bytes(self._buf[self._start : self._start + self._n])
+                    self._start += self._n
+                    self._bufs = []
+                    self._phase = _BUFFERS_PHASE
+                elif len(self._bufs) < self._k:  # the next out-of-band buffer: what is here, then the socket
+                    size = self._sizes[len(self._bufs)]
+                    b = bytearray(size)
+                    take = min(avail, size)
+                    b[:take] = self._buf[self._start : self._start + take]
+                    self._start += take
+                    self._bufs.append(b)
+                    if take < size:
+                        self._into, self._got = memoryview(b), take
+                else:  # complete
+                    msg = _loads(self._head, self._bufs)
+                    self._head, self._bufs, self._phase = b"", [], _HEADER_PHASE
+                    self._busy = True
+                    self.transport.pause_reading()
+                    asyncio.ensure_future(self._answer(msg))
+            except ProtocolError as e:
+                logger.warning("%s; connection closed", e)
+                self._closed = True
+                self.transport.close()
+                return
+        if self._start == self._end:
+            self._start = self._end = 0
+
+    # -- answering ------------------------------------------------------------------------------
+    async def _answer(self, msg: Any) -> None:
+        try:
+            await self._reply(msg)
+        except BaseException as e:  # the server's own failure (or cancellation): the handle sees the connection close
+            self._closed = True
+            self.transport.close()
+            if not isinstance(e, Exception):
+                raise
+            logger.warning("fast lane: a request failed in the server (%s: %s); connection closed", type(e).__name__, e)
+
+    async def _reply(self, msg: Any) -> None:
+        server = self.server
+        if not isinstance(msg, dict):
+            reply = (False, ProtocolError(f"fast lane: a request is a dict, got {type(msg).__name__}"))
+        elif not (isinstance(msg.get("action"), str) and msg["action"] in server.ops):
+            reply = (False, ProtocolError(f"fast lane: {msg.get('action')!r} does not take the lane"))
+        else:
+            reply = await server._serve(msg.get("action"), msg.get("args"), msg.get("v"))
+        server.served += 1
+        try:
+            parts = pack(reply)
+        except Exception as e:  # a result that cannot travel this way
+            parts = pack((False, GearFlowError(f"fast lane: reply not serializable ({type(e).__name__})")))
+        del msg, reply  # an idle connection keeps no request or reply (episodes, windows) alive
+        try:
+            await _write(parts, self.transport.write, self.transport.writelines, self._drain)
+        except (ConnectionError, OSError):  # the handle gave up on this request and closed the connection
+            self.transport.close()
+            return
+        del parts
+        self._busy = False
+        if not self._closed:
+            self.transport.resume_reading()
+            self._parse()  # a request that arrived meanwhile
+
+    async def _drain(self) -> None:
+        if self._closed:
+            raise ConnectionResetError("fast lane: the connection closed")
+        if self._write_paused:
+            self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
+
+    def pause_writing(self) -> None:  # noqa: D102 - asyncio's protocol
+        self._write_paused = True
+
+    def resume_writing(self) -> None:  # noqa: D102 - asyncio's protocol
+        self._write_paused = False
+        self._wake(None)
+
+    def _wake(self, exc: BaseException | None) -> None:
+        f, self._drained = self._drained, None
+        if f is not None and not f.done():
+            if exc is None:
+                f.set_result(None)
+            else:
+                f.set_exception(exc)
+
+    def abort(self) -> None:
+        """Drop the connection now (the server is closing)."""
+        if self.transport is not None:
+            self.transport.abort()
+
+
 class LaneServer:
     """A worker's (or the coordinator's) end: a Unix-socket server on its event loop answering with ``serve``.
 
@@ -261,7 +468,7 @@ class LaneServer:
         self.tcp: str | None = None
         self._tcp_server: asyncio.AbstractServer | None = None
         self._tcp_starting: asyncio.Future | None = None
-        self._writers: set[asyncio.StreamWriter] = set()  # open connections: closed with the server
+        self._connections: set[_LaneConnection] = set()  # open connections: dropped with the server
 
     async def start(self) -> str:
         """Start listening (once); the socket's path.
@@ -333,48 +540,16 @@ class LaneServer:
 
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.create_server((host, 0), family=family)  # one socket, one address
-        self._tcp_server = await asyncio.start_server(self._connection, sock=sock)
+        self._tcp_server = await asyncio.get_running_loop().create_server(lambda: _LaneConnection(self), sock=sock)
         self.tcp = TCP + unparse_host_port(contact, sock.getsockname()[1])
         return self.tcp
 
     async def _start(self) -> str:
         self._dir = private_dir("lane")  # mode 0700, swept after a crash
         path = os.path.join(self._dir, "s")
-        self._server = await asyncio.start_unix_server(self._connection, path=path)
+        self._server = await asyncio.get_running_loop().create_unix_server(lambda: _LaneConnection(self), path=path)
         self.path = path
         return path
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.add(writer)
-        writer.transport.set_write_buffer_limits(high=0)  # drain() returns once everything written is sent
-        try:
-            while True:
-                try:
-                    msg = await read(reader)
-                except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
-                    return  # the handle went away, or the worker is closing
-                except ProtocolError as e:
-                    logger.warning("%s; connection closed", e)
-                    return
-                if not isinstance(msg, dict):
-                    reply = (False, ProtocolError(f"fast lane: a request is a dict, got {type(msg).__name__}"))
-                elif not (isinstance(msg.get("action"), str) and msg["action"] in self.ops):
-                    reply = (False, ProtocolError(f"fast lane: {msg.get('action')!r} does not take the lane"))
-                else:
-                    reply = await self._serve(msg.get("action"), msg.get("args"), msg.get("v"))
-                self.served += 1
-                try:
-                    parts = pack(reply)
-                except Exception as e:  # a result that cannot travel this way
-                    parts = pack((False, GearFlowError(f"fast lane: reply not serializable ({type(e).__name__})")))
-                try:
-                    await _write(writer, parts)
-                except (ConnectionError, OSError):
-                    return  # the handle gave up on this request (timed out, cancelled) and closed the connection
-                del msg, reply, parts  # an idle connection keeps no reply (windows) alive
-        finally:
-            self._writers.discard(writer)
-            writer.close()
 
     def close(self) -> None:
         """Stop listening, drop every open connection, remove the socket and its directory.
@@ -385,8 +560,8 @@ class LaneServer:
         for server in (self._server, self._tcp_server):
             if server is not None:
                 server.close()
-        for w in list(self._writers):
-            w.transport.abort()
+        for c in list(self._connections):
+            c.abort()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
         self._server = self._tcp_server = self._dir = self.path = self.tcp = None
@@ -402,7 +577,7 @@ class Lanes:
         self._idle: dict[str, list] = defaultdict(list)
         self._blocking: dict[str, list[socket.socket]] = defaultdict(list)  # idle connections of caller threads
 
-    def route(self, addr: str, op: str) -> str | None:
+    def route(self, addr: str, op: str, nbytes: int = 0) -> str | None:
         """The lane to ``addr`` for ``op``, or None (the comm).
 
         Parameters
@@ -411,13 +586,16 @@ class Lanes:
             Worker address.
         op : str
             Operation.
+        nbytes : int, default 0
+            Bytes of arrays the request carries: one the lane would refuse
+            as too large (over half of :data:`MAX_BYTES`) takes the comm.
 
         Returns
         -------
         str or None
             Socket path.
         """
-        return self.paths.get(addr) if op in LANE_OPS else None
+        return self.paths.get(addr) if op in LANE_OPS and nbytes <= MAX_BYTES // 2 else None
 
     async def probe(self, path: str, timeout: float | None = None) -> bool:
         """Can a connection to the lane at ``path`` be opened within ``timeout`` seconds (a firewall may
@@ -509,8 +687,7 @@ class Lanes:
             except (OSError, ValueError) as e:
                 raise NotSent(f"fast lane {path}: cannot connect ({type(e).__name__}: {e})") from e
         try:
-            w.writelines(pack({"action": op, "args": args, "v": v}))
-            await w.drain()
+            await _write(pack({"action": op, "args": args, "v": v}), w.write, w.writelines, w.drain)
             reply = await read(r, MAX_REPLY_BYTES)
         except BaseException:  # failed or cancelled mid-request: the connection's state is unknown
             w.close()

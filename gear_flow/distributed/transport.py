@@ -483,7 +483,7 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
 
     watch["timer"] = loop.call_later(timeout, slow)
     try:
-        lane = ctx.lanes.route(addr, op)
+        lane = ctx.lanes.route(addr, op, wire.array_bytes(args) if op in ("stage", "write") else 0)
         if lane is not None:
             try:
                 ok, value = await ctx.lanes.call(lane, op, args, protocol.VERSION)

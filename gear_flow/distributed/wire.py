@@ -156,3 +156,31 @@ def result(resp: dict[str, Any]) -> Any:
     from distributed.protocol import Serialized, deserialize
 
     return deserialize(r.header, r.frames) if isinstance(r, Serialized) else r
+
+
+def array_bytes(body: Any) -> int:
+    """Bytes of the NumPy arrays in ``body`` (nested in dicts, lists and tuples).
+
+    Parameters
+    ----------
+    body : object
+        A request's arguments.
+
+    Returns
+    -------
+    int
+        Their total ``nbytes`` (what a message carrying ``body`` holds beyond
+        its small fields).
+
+    Examples
+    --------
+    >>> array_bytes({"parts": [{"chunks": [{"x": np.zeros(4, np.float32)}], "n": 3}]})
+    16
+    """
+    if isinstance(body, np.ndarray):
+        return body.nbytes
+    if isinstance(body, dict):
+        return sum(array_bytes(v) for v in body.values())
+    if isinstance(body, (list, tuple)):
+        return sum(array_bytes(v) for v in body)
+    return 0
