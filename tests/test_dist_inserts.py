@@ -206,3 +206,28 @@ def test_staging_segments_are_reused_and_bad_places_are_refused(client, data_pla
         assert t.info()["size"] == size and t.info()["inserts_in_flight"] == 0
     finally:
         t.close()
+
+
+def test_an_insert_too_large_for_the_lane_takes_the_comm(client, requests_seen, data_plane, monkeypatch):
+    """A request over half the lane's limit would be refused by the lane: it goes over the comm, and the lane
+    stays in use for the rest."""
+    from gear_flow.distributed import lane
+
+    if data_plane != "tcp-lane":
+        pytest.skip("the episodes themselves take the TCP lane")
+    t = DistributedTable.create(client, gf.TableSpec(COLUMNS, capacity=5000, num_shards=2), seed=0, name="large")
+    try:
+        t.insert([episode(1, 10), episode(2, 10)])  # the lanes are learnt
+        lanes = dict(t._ctx.lanes.paths)
+        assert len(lanes) == 2
+        eps = [episode(k, 1500) for k in (3, 4)]  # 37.5 KB of arrays per worker, over the 30 KB routed by lane
+        monkeypatch.setattr(lane, "MAX_BYTES", 2 * 30_000)  # in this process only: what the handle routes by
+        requests_seen.start()
+        t.insert(eps)
+        t.insert([episode(5, 10), episode(6, 10)])  # small: the lanes again
+        seen = requests_seen.seen()
+        assert {a: (c["comm"]["stage"], c["lane"]["stage"]) for a, c in seen.items()} == {a: (1, 1) for a in seen}
+        assert t._ctx.lanes.paths == lanes  # not dropped
+        assert len(t) == 2 * 10 + 2 * 1500 + 2 * 10
+    finally:
+        t.close()
