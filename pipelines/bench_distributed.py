@@ -133,6 +133,7 @@ def _actor_insert(name, n_episodes, episode_length, insert_batch, repeat):
         "shards": sorted(shards),
         "insert_local_bytes": t.stats["insert_local_bytes"],
         "insert_remote_bytes": t.stats["insert_remote_bytes"],
+        "insert_in_thread": t.stats["insert_in_thread"],  # calls written in this thread (a lane to the coordinator)
     }
 
 

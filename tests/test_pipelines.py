@@ -50,6 +50,10 @@ def test_bench_distributed_quick(tmp_path):
     two = data["workers_2_shared"]
     assert two["colocated"]["shared_bytes"] > 0 and two["colocated"]["remote_bytes"] == 0  # ... or shared memory
     assert two["stats"]["shared_bytes"] > 0 and two["stats"]["remote_bytes"] == 0
+    for w in ("workers_1", "workers_2"):  # an actor's inserts in its thread wherever it has the coordinator's lane
+        assert data[f"{w}_shared"]["actor_insert"]["insert_in_thread"] > 0
+        assert data[f"{w}_tcp"]["actor_insert"]["insert_in_thread"] > 0
+        assert data[f"{w}_comm"]["actor_insert"]["insert_in_thread"] == 0
     for plane in ("shared", "tcp", "comm"):  # one learner per worker at once, vs one alone
         sc = data[f"workers_2_{plane}"]["learners"]
         assert sc["one"]["gbps"] > 0 and sc["two"]["gbps"] > 0 and sc["ratio"] > 0
