@@ -65,6 +65,39 @@ def test_host_reports_the_probability_of_the_draw_made():
     assert p[np.unique(res[0]["seqs"], return_index=True)[1]].sum() == pytest.approx(1.0)
 
 
+def test_a_request_sent_again_after_its_reply_was_lost_is_applied_once():
+    """A handle that lost a reply sends the same stage or write again (over the comm): the worker stages and
+    writes it once and answers as the first time; the same transaction with other parts is refused."""
+    from gear_flow.errors import SpecError
+
+    cfg = TableConfig.build(gf.TableSpec(X, capacity=64), sampler=gf.Uniform())
+    host = ShardHost()
+    host.create("t", cfg.to_dict(), [0])
+
+    def part(n, first):
+        return {
+            "shard": 0,
+            "chunks": [{"x": np.full(1, first + i, np.float32)} for i in range(n)],
+            "lengths": np.ones(n, np.int64),
+            "episode_ids": np.arange(first, first + n),
+            "stamps": np.arange(first, first + n),
+            "priorities": None,
+        }
+
+    first = host.write("t", "w", [part(3, 0)])
+    again = host.write("t", "w", [part(3, 0)])
+    assert again is first and host.table("t").shards[0].size == 3
+    assert host.stage("t", "s", [part(2, 3)]) == 2
+    assert host.stage("t", "s", [part(2, 3)]) == 2  # staged once
+    with pytest.raises(SpecError, match="already staged"):
+        host.stage("t", "s", [part(4, 3)])  # other parts under the same transaction
+    res = host.apply("t", "s")
+    assert res["items"] == {0: 2} and host.table("t").shards[0].size == 5
+    with pytest.raises(SpecError, match="already staged"):
+        host.stage("t", "s", [part(2, 3)])  # applied: never staged again
+    host.close()
+
+
 def test_probabilities_stay_exact_while_writers_insert(dist_client):
     """Writers insert and delete heavy items on both shards while a learner samples.
 

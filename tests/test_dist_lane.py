@@ -24,7 +24,7 @@ from lane_support import check_garbage_is_refused
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable, protocol
-from gear_flow.distributed.lane import TCP, Lanes, LaneServer, pack, read
+from gear_flow.distributed.lane import _SCRATCH, TCP, Lanes, LaneServer, pack, read
 from gear_flow.errors import ProtocolError
 from gear_flow.storage.shared import leftover_segments, sweep
 
@@ -228,11 +228,13 @@ def test_a_lane_reads_requests_however_the_socket_cuts_them():
             await w.drain()
             await asyncio.sleep(0)  # one turn of the loop: the server reads this piece alone
         replies = [await read(r) for _ in requests]
+        kept = [len(c._buf) for c in srv._connections]  # the 200 KB pickle's room was given back
         w.close()
         srv.close()
-        return got, replies, srv.served
+        return got, replies, srv.served, kept
 
-    got, replies, served = asyncio.run(run())
+    got, replies, served, kept = asyncio.run(run())
+    assert kept == [_SCRATCH]
     assert served == 3 and replies == [(True, ("update", 1)), (True, ("summaries", 2)), (True, ("uncount", 3))]
     (a0, args0, _), (a1, args1, _), (a2, args2, _) = got
     assert (a0, a1, a2) == ("update", "summaries", "uncount") and args2 == {}

@@ -29,6 +29,14 @@ if TYPE_CHECKING:
 _REMEMBER = 4096
 
 
+def _items(batches: list, step: bool) -> dict[int, int]:
+    """Items per shard of staged ``(shard, EpisodeBatch)`` pairs."""
+    out: dict[int, int] = {}
+    for sid, b in batches:
+        out[sid] = out.get(sid, 0) + (int(b.lengths.sum()) if step else len(b.lengths))
+    return out
+
+
 class WritingHost:
     """Insert methods of :class:`~gear_flow.distributed.host.ShardHost` (needs ``table``, ``tables``, ``finish_sample``)."""
 
@@ -59,7 +67,10 @@ class WritingHost:
         ------
         SpecError
             A malformed part (wrong dtype or shape, more steps than the
-            shard's capacity, bad priorities) or a transaction staged twice.
+            shard's capacity, bad priorities), or a transaction staged
+            before with other parts or already applied.  The same parts
+            staged again (a request sent again after its reply was lost)
+            are staged once.
         CapacityError
             A queue or stack would overwrite items never handed out.
         """
@@ -77,12 +88,15 @@ class WritingHost:
                         f"were never handed out (capacity {t.spec.capacity}); give the table more capacity; "
                         "nothing was inserted"
                     )
+        step = t.spec.item_unit == "step"
         with t.lock:
-            if txn in t.staged or txn in t.applied:
+            prior = t.staged.get(txn)
+            if prior is not None and _items(prior, step) == _items(batches, step):
+                return sum(_items(batches, step).values())  # sent again (its reply was lost): staged once
+            if prior is not None or txn in t.applied:
                 raise SpecError(f"insert {txn!r} of table {name!r} was already staged on this worker")
             t.staged[txn] = batches
-        step = t.spec.item_unit == "step"
-        return int(sum(int(b.lengths.sum()) if step else len(b.lengths) for _, b in batches))
+        return sum(_items(batches, step).values())
 
     def _batch(self, t: HostedTable, p: dict):
         s = t.shard(p["shard"])
@@ -172,6 +186,9 @@ class WritingHost:
     def write(self, name: str, txn: str, parts: list[dict]) -> dict:
         """Stage and apply at once (an insert that touches only this worker).
 
+        Writing a transaction already applied returns the first result: a
+        request sent again after its reply was lost is written once.
+
         Parameters
         ----------
         name : str
@@ -191,6 +208,10 @@ class WritingHost:
         SpecError, CapacityError
             As :meth:`stage`.
         """
+        t = self.table(name)
+        with t.lock:
+            if txn in t.applied:  # sent again (its reply was lost): written once, the same answer
+                return t.applied[txn]
         self.stage(name, txn, parts)
         return self.apply(name, txn)
 

@@ -55,6 +55,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import dask.config
+import numpy as np
 from dask.utils import parse_timedelta
 
 from ..config import get as config_get
@@ -276,7 +277,7 @@ class _LaneConnection(asyncio.BufferedProtocol):
         self._n = self._k = 0
         self._sizes: tuple[int, ...] = ()
         self._head = b""
-        self._bufs: list[bytearray] = []
+        self._bufs: list[np.ndarray] = []
         self._into: memoryview | None = None  # the buffer the socket reads into directly, ...
         self._got = 0  # ... and how much of it has arrived
         self._busy = False  # a request is being served: nothing more is parsed until its reply is written
@@ -353,7 +354,7 @@ class _LaneConnection(asyncio.BufferedProtocol):
                     self._phase = _BUFFERS_PHASE
                 elif len(self._bufs) < self._k:  # the next out-of-band buffer: what is here, then the socket
                     size = self._sizes[len(self._bufs)]
-                    b = bytearray(size)
+                    b = np.empty(size, np.uint8)  # not zeroed: its pages are committed only as its bytes arrive
                     take = min(avail, size)
                     b[:take] = self._buf[self._start : self._start + take]
                     self._start += take
@@ -363,6 +364,8 @@ class _LaneConnection(asyncio.BufferedProtocol):
                 else:  # complete
                     msg = _loads(self._head, self._bufs)
                     self._head, self._bufs, self._phase = b"", [], _HEADER_PHASE
+                    if len(self._buf) > _SCRATCH and avail <= _SCRATCH:  # a large pickle's room: given back
+                        self._reserve(_SCRATCH)
                     self._busy = True
                     self.transport.pause_reading()
                     asyncio.ensure_future(self._answer(msg))
@@ -787,9 +790,18 @@ class Lanes:
             return e
         if path in self.kept or path in self.paths.values():
             self._blocking[path].append(sock)
+            if not (path in self.kept or path in self.paths.values()):  # dropped as it went back: not kept
+                self._forget(path, sock)
         else:  # the lane was dropped meanwhile
             sock.close()
         return reply
+
+    def _forget(self, path: str, sock: socket.socket) -> None:
+        try:
+            self._blocking[path].remove(sock)
+        except ValueError:  # taken meanwhile by close_path, which closes it
+            return
+        sock.close()
 
     @staticmethod
     def abandon(sent: list) -> None:

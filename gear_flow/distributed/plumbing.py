@@ -54,7 +54,9 @@ class PlumbingMixin:
         return coord_here(self._ctx, op, self.name, wait, **kw)
 
     def _admission_wait(self, timeout):
-        """Seconds the coordinator holds an admission asked for with ``timeout`` (None: for ever)."""
+        """Seconds an admission asked for with ``timeout`` may wait (None: for ever), as the coordinator would
+        count them; a caller's thread sends this as the request's timeout, so that its socket and the
+        coordinator give up together."""
         if timeout is None:
             timeout = config_get("distributed.admission-timeout")
         return None if timeout is None else float(timeout)

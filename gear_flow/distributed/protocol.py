@@ -39,7 +39,7 @@ from .checkers import (
 )
 
 #: bumped whenever a message's meaning changes; both sides must agree
-VERSION = 2
+VERSION = 3
 
 SHARD = integer(0, 126)
 SEQS = int_array(0, (1 << 56) - 1)

@@ -217,7 +217,8 @@ class SamplingMixin:
     def _admit_here(self, n: int, timeout: float | None) -> dict:
         """:meth:`_admit` from the caller's thread (over the coordinator's lane when found)."""
         args = self._admission_args(n, timeout)
-        adm = self._coord_here("admit_sample", wait=self._admission_wait(args["timeout"]), **args)
+        args["timeout"] = self._admission_wait(args["timeout"])  # the request's own: both ends give up together
+        adm = self._coord_here("admit_sample", wait=args["timeout"], **args)
         if adm["version"] != self._version:
             self._ctx.sync(self._refresh, adm["version"])
         return self._admitted(n, adm)

@@ -371,7 +371,8 @@ class WritesMixin:
         threads).  What needs the event loop (a placement that changed, an abort, an eviction) goes there."""
         ctx = self._ctx
         here = ctx.local_addr
-        adm = self._coord_here("admit_insert", wait=self._admission_wait(timeout), **self._admission(ins, timeout))
+        wait = self._admission_wait(timeout)  # sent as the request's own: both ends give up at the same time
+        adm = self._coord_here("admit_insert", wait=wait, **self._admission(ins, wait))
         parts = None
         if adm["version"] == self._version:
             parts, sel_of, ids = self._parts(ins, adm)
