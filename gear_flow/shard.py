@@ -28,42 +28,13 @@ from .errors import EmptyTableError, nothing_to_sample
 from .selectors.base import OrderedSelector, Selector, WeightedSelector
 from .spec import TableSpec
 from .storage import ColumnRing, EpisodeIndex, get_tier
+from .storage.base import ring_slots
 from .tails import TailMass
 
 if TYPE_CHECKING:
     from .storage.base import StorageTier
 
 logger = logging.getLogger(__name__)
-
-
-def ring_slots(first: int, n: int, capacity: int) -> np.ndarray:
-    """Slots of ``n <= capacity`` consecutive ring positions from absolute position ``first``.
-
-    Parameters
-    ----------
-    first : int
-        Absolute position of the first (>= 0).
-    n : int
-        How many, at most ``capacity``.
-    capacity : int
-        The ring's size.
-
-    Returns
-    -------
-    numpy.ndarray
-        int64 ``[n]``: ``(first + arange(n)) % capacity``, without a
-        division per element (a tenth of the time for 10k slots).
-
-    Examples
-    --------
-    >>> ring_slots(8, 4, 10).tolist()
-    [8, 9, 0, 1]
-    """
-    s = first % capacity
-    out = np.arange(s, s + n, dtype=np.int64)
-    if s + n > capacity:
-        out[capacity - s :] -= capacity
-    return out
 
 
 @dataclass

@@ -43,6 +43,24 @@ NO_TABLE = frozenset({"list", "lane"})
 COORD_LANE_OPS = frozenset(protocol.COORDINATOR) - {"lane"}
 
 
+def admission_wait(timeout: float | None) -> float | None:
+    """Seconds an admission asked for with ``timeout`` waits: the request's own, else
+    ``distributed.admission-timeout`` (no waiter without an end: a client that never comes back must not pin
+    it), None only when that is null (for ever).
+
+    Parameters
+    ----------
+    timeout : float or None
+        The request's timeout.
+
+    Returns
+    -------
+    float or None
+        Seconds.
+    """
+    return config.get("distributed.admission-timeout") if timeout is None else timeout
+
+
 class GearFlowCoordinator(SchedulerPlugin):
     """Registers the ``gear_flow_coord`` handler on the scheduler.
 
@@ -209,8 +227,7 @@ class GearFlowCoordinator(SchedulerPlugin):
 
     # -- admission ------------------------------------------------------------------------------------
     async def _wait(self, g: TableGate, w, timeout, what):
-        if timeout is None:  # no waiter without an end: a client that never comes back must not pin it
-            timeout = config.get("distributed.admission-timeout")
+        timeout = admission_wait(timeout)
         try:
             if w.fut.done():  # admitted at once (the usual case): no timer, no task
                 return w.fut.result()

@@ -24,6 +24,7 @@ from collections import defaultdict
 
 from ..config import get as config_get
 from ..errors import GearFlowError, ShardLostError
+from .coordinator import admission_wait
 from .transport import Retry, WorkerLost, call, coord, coord_here
 
 logger = logging.getLogger(__name__)
@@ -57,9 +58,7 @@ class PlumbingMixin:
         """Seconds an admission asked for with ``timeout`` may wait (None: for ever), as the coordinator would
         count them; a caller's thread sends this as the request's timeout, so that its socket and the
         coordinator give up together."""
-        if timeout is None:
-            timeout = config_get("distributed.admission-timeout")
-        return None if timeout is None else float(timeout)
+        return admission_wait(timeout)
 
     async def _refresh(self, version=None):
         """Pick up placement / lost-shard changes made by other handles (restores, losses)."""

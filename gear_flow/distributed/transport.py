@@ -349,7 +349,11 @@ def _coord_reply(ctx: Context, lane: str, op: str, name: str | None, reply: Any)
             f"table {name!r}: the connection to the coordinator on the scheduler broke during {op!r} "
             f"({type(reply).__name__}: {reply}); the scheduler may have gone away"
         ) from reply
-    ok, value = reply
+    return _result(*reply)
+
+
+def _result(ok: bool, value: Any) -> Any:
+    """A lane reply's ``value`` when ``ok``; else its error raised with its own type (a message: GearFlowError)."""
     if ok:
         return value
     raise value if isinstance(value, BaseException) else GearFlowError(str(value))
@@ -486,14 +490,12 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
         lane = ctx.lanes.route(addr, op, wire.array_bytes(args) if op in ("stage", "write") else 0)
         if lane is not None:
             try:
-                ok, value = await ctx.lanes.call(lane, op, args, protocol.VERSION)
+                reply = await ctx.lanes.call(lane, op, args, protocol.VERSION)
             except LANE_ERRORS as e:  # the request goes over the comm, and later ones to this worker too
                 logger.info("fast lane to %s failed (%s: %s); using the comm", addr, type(e).__name__, e)
                 ctx.lanes.drop(addr)
             else:
-                if ok:
-                    return value
-                raise value if isinstance(value, BaseException) else GearFlowError(str(value))
+                return _result(*reply)
         resp = await ctx.rpc(addr).gear_flow(action=op, v=protocol.VERSION, **wire.encode(args))
     except asyncio.CancelledError:
         if watch["why"] is not None:

@@ -34,6 +34,7 @@ from ..table.routing import route
 from ..table.validate import as_episode_list, check_batch, check_episode, check_priorities, to_host
 from .plugin import OPS
 from .transactions import commit_counts
+from .wire import array_bytes
 
 if TYPE_CHECKING:
     from ..spec import TableSpec
@@ -103,10 +104,6 @@ class _Insert(NamedTuple):
     priorities: np.ndarray | None
     dest: np.ndarray  # shard of each episode
     per_shard: dict[int, int]  # items per shard
-
-
-def _nbytes(parts: list[dict]) -> int:
-    return sum(v.nbytes for p in parts for c in p["chunks"] for v in c.values())
 
 
 def _result(ins: _Insert, ids: np.ndarray, sel_of: dict, applied: dict) -> InsertResult:
@@ -307,7 +304,7 @@ class WritesMixin:
         segs = []
         try:
             for a, ps in parts.items():
-                n = _nbytes(ps)
+                n = array_bytes([p["chunks"] for p in ps])
                 if a != local and await self._shared_for(a) is not None:
                     # a worker on this machine: the episodes go through a staging segment, not the socket
                     seg = staging_area().acquire(staged_bytes(ps))
@@ -378,7 +375,7 @@ class WritesMixin:
             parts, sel_of, ids = self._parts(ins, adm)
         if parts is None or list(parts) != [here]:  # the placement changed since: the event loop's path
             return ctx.sync(self._insert_admitted, ins, adm)
-        self.stats["insert_local_bytes"] += _nbytes(parts[here])
+        self.stats["insert_local_bytes"] += array_bytes([p["chunks"] for p in parts[here]])
         try:
             res = OPS["write"](ctx.local_plugin.host, name=self.name, txn=adm["txn"], parts=parts[here])
         except BaseException as e:
