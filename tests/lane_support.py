@@ -28,3 +28,22 @@ def check_garbage_is_refused(path: str) -> None:
     assert asyncio.run(raw_exchange(path, b"".join(bad))) == b""
     huge = MAGIC + (1 << 30).to_bytes(4, "little") + (0).to_bytes(4, "little")
     assert asyncio.run(raw_exchange(path, huge)) == b""
+
+
+def break_lane_after(op, dask_worker=None):
+    """This worker's lane serves the next ``op``, then breaks the connection before the reply (once)."""
+    from gear_flow.distributed.plugin import PLUGIN_NAME
+
+    plugin = dask_worker.plugins[PLUGIN_NAME]
+    real = plugin.lane._serve
+    plugin.broke = []
+
+    async def serve(action, args, v):
+        reply = await real(action, args, v)
+        if action != op:
+            return reply
+        plugin.broke.append((action, reply[0]))
+        plugin.lane._serve = real
+        raise ConnectionResetError("the connection broke before the reply")
+
+    plugin.lane._serve = serve

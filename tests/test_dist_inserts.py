@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import COLUMNS, episode
+from lane_support import break_lane_after
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable
@@ -233,23 +234,6 @@ def test_an_insert_too_large_for_the_lane_takes_the_comm(client, requests_seen, 
         t.close()
 
 
-def _break_lane_after(op, dask_worker=None):
-    """This worker's lane serves the next ``op``, then breaks the connection before the reply (once)."""
-    plugin = dask_worker.plugins[PLUGIN_NAME]
-    real = plugin.lane._serve
-    plugin.broke = []
-
-    async def serve(action, args, v):
-        reply = await real(action, args, v)
-        if action != op:
-            return reply
-        plugin.broke.append((action, reply[0]))
-        plugin.lane._serve = real
-        raise ConnectionResetError("the connection broke before the reply")
-
-    plugin.lane._serve = serve
-
-
 def test_an_insert_whose_lane_reply_is_lost_is_stored_once(client, requests_seen, data_plane):
     """The worker wrote the episodes and the reply never came: the handle sends the request again over the
     comm, the worker answers with what it did the first time, and the insert is counted and stored once."""
@@ -260,7 +244,7 @@ def test_an_insert_whose_lane_reply_is_lost_is_stored_once(client, requests_seen
         t.insert([episode(1, 10)], shard=0)  # the lanes are learnt
         w0 = t.placement[0]
         requests_seen.start()
-        client.run(_break_lane_after, "write", workers=[w0])
+        client.run(break_lane_after, "write", workers=[w0])
         res = t.insert([episode(2, 30), episode(3, 30)], shard=0)  # one worker: written in one request
         assert client.run(lambda dask_worker: dask_worker.plugins[PLUGIN_NAME].broke, workers=[w0])[w0] == [
             ("write", True)

@@ -23,7 +23,9 @@ machine and only the processes that may map the shared rings may connect;
 it is removed with the worker, and :func:`gear_flow.storage.shared.sweep`
 removes those of workers that died.  Only :data:`LANE_OPS` (control
 operations with small replies) take the lane; a connection that fails sends
-that request, and later ones to that worker, over the comm.
+later requests to that worker over the comm, and that request too when it
+never left or is one of :data:`RESENDABLE_OPS` (a draw whose reply was lost
+is not drawn again: the sample fails, or the worker is lost).
 
 Across machines (and with shared memory off) a worker whose comm is plain
 TCP also serves its lane on a TCP socket of its own, on the host its comm
@@ -81,6 +83,13 @@ LANE_OPS = frozenset(
         "apply",
         "abort",
     }
+)
+#: lane operations a worker answers alike when one comes twice, so a request whose lane reply was lost may
+#: go again over the comm: reads, priorities set to given values, a new epoch, an insert's steps (a
+#: transaction is staged and applied once).  A draw, an uncount or a sample's finish is never sent twice:
+#: the worker may have acted on it
+RESENDABLE_OPS = frozenset(
+    {"summaries", "candidates", "check_keys", "update", "new_epoch", "stage", "write", "apply", "abort"}
 )
 MAGIC = b"GFL1"
 #: prefix of a TCP lane's address (any other is a Unix socket's path)
@@ -682,6 +691,8 @@ class Lanes:
             The connection failed (:data:`LANE_ERRORS`); it is closed.
         """
         idle = self._idle[path]
+        while idle and (idle[-1][0].at_eof() or idle[-1][1].is_closing()):  # closed by the worker meanwhile
+            idle.pop()[1].close()
         if idle:
             r, w = idle.pop()
         else:

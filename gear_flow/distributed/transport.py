@@ -19,7 +19,7 @@ from .. import config
 from ..errors import CoordinatorLostError, GearFlowError
 from . import protocol, wire
 from .coordinator import COORD_LANE_OPS
-from .lane import LANE_ERRORS, Lanes, NotSent
+from .lane import LANE_ERRORS, RESENDABLE_OPS, Lanes, NotSent
 from .plugin import PLUGIN_NAME
 
 if TYPE_CHECKING:
@@ -424,6 +424,20 @@ def not_answered(addr: str, op: str, seconds: float, known: bool) -> GearFlowErr
     )
 
 
+async def _lost_reply(ctx: Context, addr: str, op: str, err: BaseException) -> None:
+    """A request sent over a lane whose reply was lost, and that the worker may have acted on: never sent
+    again.  Raises :class:`WorkerLost` when the worker's comm does not answer either (it died or is
+    closing), else a :class:`GearFlowError` saying so."""
+    try:
+        await ctx.rpc(addr).identity()
+    except COMM_ERRORS as e:
+        raise WorkerLost(addr, e) from err
+    raise GearFlowError(
+        f"worker {addr}: the reply to {op!r} over its fast lane was lost ({type(err).__name__}: {err}); "
+        "not sent again, as the worker may have acted on it"
+    ) from err
+
+
 async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **args: Any) -> Any:
     """One request to a shard worker (in-process when it is this worker).
 
@@ -494,6 +508,8 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
             except LANE_ERRORS as e:  # the request goes over the comm, and later ones to this worker too
                 logger.info("fast lane to %s failed (%s: %s); using the comm", addr, type(e).__name__, e)
                 ctx.lanes.drop(addr)
+                if not isinstance(e, NotSent) and op not in RESENDABLE_OPS:
+                    await _lost_reply(ctx, addr, op, e)
             else:
                 return _result(*reply)
         resp = await ctx.rpc(addr).gear_flow(action=op, v=protocol.VERSION, **wire.encode(args))
