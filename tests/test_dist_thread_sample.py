@@ -107,7 +107,7 @@ def test_a_draw_whose_lane_reply_is_lost_is_not_drawn_again(table, dist_client):
     sampled = table.info()["totals"]["sampled"]
     dist_client.run(break_lane_after, "sample_part", workers=[addr])
     table._masses.clear()  # the plan asks the workers first: the event loop's path
-    with pytest.raises(gf.GearFlowError, match=r"reply to 'sample_part' over its fast lane was lost.*not sent again"):
+    with pytest.raises(gf.GearFlowError, match=r"reply to 'sample_part' over its lane was lost.*not sent again"):
         table.sample(256, 1)
     [[(op, ok)]] = dist_client.run(lambda dask_worker: dask_worker.plugins[PLUGIN_NAME].broke, workers=[addr]).values()
     assert (op, ok) == ("sample_part", True) and addr not in table._ctx.lanes.paths

@@ -17,6 +17,7 @@ from helpers import COLUMNS, episode
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable
+from gear_flow.storage.shared import leftover_segments, sweep
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -96,3 +97,7 @@ def test_lost_scheduler_is_a_clear_error(tmp_path):
             except ProcessLookupError:
                 pass
             p.wait(timeout=10)
+    # what the killed processes left (the coordinator's lane, the shard's rings) goes with the next sweep,
+    # as when a worker starts on this machine after a crash
+    assert sweep([sched.pid, worker.pid])  # the coordinator's lane at least
+    assert not [n for n in leftover_segments() if n.startswith((f"gf_{sched.pid}_", f"gf_{worker.pid}_"))]

@@ -82,8 +82,11 @@ class HostedTable:
     pending : dict of str to list
         Parts of two-phase samples awaiting ``finish_sample``, by
         transaction.
+    finished : OrderedDict of str to tuple
+        ``(commit, result)`` of the last 4096 finished two-phase samples, by
+        transaction (a finish sent again answers as the first).
     lock : threading.Lock
-        Guards ``staged``, ``applied`` and ``pending``.
+        Guards ``staged``, ``applied``, ``pending`` and ``finished``.
     """
 
     def __init__(
@@ -116,6 +119,7 @@ class HostedTable:
         self.staged: dict[str, list] = {}
         self.applied: OrderedDict[str, dict] = OrderedDict()
         self.pending: dict[str, list] = {}  # sample txn -> [(shard, slots, seqs, drawn)]
+        self.finished: OrderedDict[str, tuple[bool, dict]] = OrderedDict()
         self.lock = threading.Lock()
 
     def release(self, shards: Iterable[int] | None = None) -> None:

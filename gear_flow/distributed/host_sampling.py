@@ -24,6 +24,7 @@ from ..errors import GearFlowError, ProtocolError
 from ..sample import SampleBuffers
 from ..table.executor import sample_shards
 from ..table.validate import check_sample_args
+from .host_writes import REMEMBER
 
 if TYPE_CHECKING:
     from ..spec import TableSpec
@@ -344,13 +345,18 @@ class SamplingHost:
         -------
         dict of int to int
             ``{shard: items expired}`` on commit, ``{shard: items undone}``
-            otherwise; empty when ``txn`` is unknown here.
+            otherwise; empty when ``txn`` is unknown here.  A finish sent
+            again (its reply lost) returns the first one's result and changes
+            nothing.
         """
         t = self.tables.get(name)
         if t is None:
             return {}
         with t.lock:
-            parts = t.pending.pop(txn, None) or []
+            parts = t.pending.pop(txn, None)
+            if parts is None:
+                done = t.finished.get(txn)
+                return dict(done[1]) if done is not None and done[0] == bool(commit) else {}
         out = {}
         for i, sl, seqs, drawn in parts:
             s = t.shards[i]
@@ -362,6 +368,10 @@ class SamplingHost:
                 if drawn:
                     s.unconsume(sl, seqs)
                 out[i] = out.get(i, 0) + len(sl)
+        with t.lock:
+            t.finished[txn] = (bool(commit), dict(out))
+            while len(t.finished) > REMEMBER:
+                t.finished.popitem(last=False)
         return out
 
     def uncount(self, name: str, counts: dict[int, int]) -> None:

@@ -25,8 +25,8 @@ from ..storage.staging import read_staged
 if TYPE_CHECKING:
     from .host import HostedTable
 
-#: transactions whose outcome a worker remembers (for the coordinator's recovery)
-_REMEMBER = 4096
+#: transactions whose outcome a worker remembers (for the coordinator's recovery, and a request sent again)
+REMEMBER = 4096
 
 
 def _items(batches: list, step: bool) -> dict[int, int]:
@@ -179,7 +179,7 @@ class WritingHost:
                 res["evicted"][sid] = res["evicted"].get(sid, 0) + int(ev)
         with t.lock:
             t.applied[txn] = res
-            while len(t.applied) > _REMEMBER:
+            while len(t.applied) > REMEMBER:
                 t.applied.popitem(last=False)
         return res
 

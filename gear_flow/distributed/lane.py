@@ -25,7 +25,7 @@ removes those of workers that died.  Only :data:`LANE_OPS` (control
 operations with small replies) take the lane; a connection that fails sends
 later requests to that worker over the comm, and that request too when it
 never left or is one of :data:`RESENDABLE_OPS` (a draw whose reply was lost
-is not drawn again: the sample fails, or the worker is lost).
+is not drawn again: the sample fails, or the worker counts as lost).
 
 Across machines (and with shared memory off) a worker whose comm is plain
 TCP also serves its lane on a TCP socket of its own, on the host its comm
@@ -84,12 +84,12 @@ LANE_OPS = frozenset(
         "abort",
     }
 )
-#: lane operations a worker answers alike when one comes twice, so a request whose lane reply was lost may
-#: go again over the comm: reads, priorities set to given values, a new epoch, an insert's steps (a
-#: transaction is staged and applied once).  A draw, an uncount or a sample's finish is never sent twice:
-#: the worker may have acted on it
+#: lane operations a worker acts on once however often they come, so a request whose lane reply was lost may
+#: go again over the comm: reads, priorities set to given values, an insert's steps (a transaction is staged
+#: and applied once, and a write or apply sent again answers as the first), an abort, a sample's finish (its
+#: first result remembered).  A draw, an uncount or a new epoch is never sent twice: the worker may have acted
 RESENDABLE_OPS = frozenset(
-    {"summaries", "candidates", "check_keys", "update", "new_epoch", "stage", "write", "apply", "abort"}
+    {"summaries", "candidates", "check_keys", "update", "stage", "write", "apply", "abort", "finish_sample"}
 )
 MAGIC = b"GFL1"
 #: prefix of a TCP lane's address (any other is a Unix socket's path)

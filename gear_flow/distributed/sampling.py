@@ -20,14 +20,14 @@ import numpy as np
 
 from .. import backend, config
 from ..dashboard.report import maybe_report
-from ..errors import EmptyTableError, GearFlowError, SpecError, nothing_to_sample
+from ..errors import EmptyTableError, SpecError, nothing_to_sample
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
 from ..table.validate import check_sample_args, sample_columns
 from .host_sampling import StaleSelectionError
 from .remote_sample import _SAMPLING, RemoteSample
 from .thread_sample import NotHere, ThreadSample, routes
-from .transport import Retry, not_answered, reply_timeout, worker_alive
+from .transport import Retry, lost_reply, not_answered, reply_timeout, worker_alive
 
 _ATTEMPTS = 8
 logger = logging.getLogger(__name__)
@@ -349,7 +349,7 @@ class SamplingMixin:
                 except Retry:  # ... or, in a degraded table, the rest serve it (the event loop's path)
                     return
             raise not_answered(addr, op, limit, known=alive is not None) from None
-        raise GearFlowError(f"worker {addr}: the reply to {op!r} could not be read ({err})") from err
+        raise lost_reply(addr, op, err) from err
 
     def _give_back(self, n: int, adm: dict | None) -> None:
         """A batch of ``n`` admitted under the lease (``adm`` None) or by the coordinator was not served."""

@@ -64,8 +64,8 @@ class SharedReads:
                 getattr(out, f)[rows] = getattr(tmp, f)[ok]
             torn = torn[again]
             if not len(torn):
+                self.counted[a][s] -= given  # before: a failed uncount must not be undone again
                 await t._on_workers({a: ("uncount", dict(name=t.name, counts={s: given}))})  # the torn draws
-                self.counted[a][s] -= given
                 return
             t.stats["shared_conflicts"] += len(torn)
         raise Retry()

@@ -424,18 +424,47 @@ def not_answered(addr: str, op: str, seconds: float, known: bool) -> GearFlowErr
     )
 
 
-async def _lost_reply(ctx: Context, addr: str, op: str, err: BaseException) -> None:
-    """A request sent over a lane whose reply was lost, and that the worker may have acted on: never sent
-    again.  Raises :class:`WorkerLost` when the worker's comm does not answer either (it died or is
-    closing), else a :class:`GearFlowError` saying so."""
+def lost_reply(addr: str, op: str, err: BaseException) -> GearFlowError:
+    """The error of a request sent over a worker's lane whose reply was lost, and that the worker may have
+    acted on (so it is not sent again).
+
+    Parameters
+    ----------
+    addr : str
+        The worker.
+    op : str
+        The operation.
+    err : BaseException
+        What broke the lane.
+
+    Returns
+    -------
+    GearFlowError
+        To raise.
+    """
+    return GearFlowError(
+        f"worker {addr}: the reply to {op!r} over its lane was lost ({type(err).__name__}: {err}); "
+        "not sent again, as the worker may have acted on it"
+    )
+
+
+#: why a worker whose ``gear_flow`` handler no longer answers counts as lost
+_CLOSING = "its gear_flow handler is gone (the worker is closing)"
+
+
+async def _lost_reply(ctx: Context, addr: str, op: str, name: str | None, err: BaseException) -> None:
+    """Raise for a request sent over a lane whose reply was lost: :class:`WorkerLost` when the worker's own
+    handler does not answer over the comm either (it died, or is closing: its lane closes first, then its
+    handler), else :func:`lost_reply`."""
     try:
-        await ctx.rpc(addr).identity()
+        resp = await ctx.rpc(addr).gear_flow(
+            action="status", v=protocol.VERSION, **wire.encode({"name": name or "", "txn": ""})
+        )
     except COMM_ERRORS as e:
         raise WorkerLost(addr, e) from err
-    raise GearFlowError(
-        f"worker {addr}: the reply to {op!r} over its fast lane was lost ({type(err).__name__}: {err}); "
-        "not sent again, as the worker may have acted on it"
-    ) from err
+    if not isinstance(resp, dict):
+        raise WorkerLost(addr, _CLOSING) from err
+    raise lost_reply(addr, op, err) from err
 
 
 async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **args: Any) -> Any:
@@ -467,10 +496,13 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
     Raises
     ------
     WorkerLost
-        The connection failed, or the scheduler removed the worker.
+        The connection failed, the scheduler removed the worker, or it is
+        closing (its handler gone).
     GearFlowError
-        The worker did not answer in time although alive, or the operation
-        failed there (its own error type).
+        The worker did not answer in time although alive, the reply to a
+        request sent over its lane was lost and the request is not one to
+        send twice (:data:`~gear_flow.distributed.lane.RESENDABLE_OPS`), or
+        the operation failed there (its own error type).
     """
     if addr == ctx.local_addr and ctx.local_plugin is not None:
         return await ctx.local_plugin.run(op, **args)
@@ -509,7 +541,7 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
                 logger.info("fast lane to %s failed (%s: %s); using the comm", addr, type(e).__name__, e)
                 ctx.lanes.drop(addr)
                 if not isinstance(e, NotSent) and op not in RESENDABLE_OPS:
-                    await _lost_reply(ctx, addr, op, e)
+                    await _lost_reply(ctx, addr, op, args.get("name"), e)
             else:
                 return _result(*reply)
         resp = await ctx.rpc(addr).gear_flow(action=op, v=protocol.VERSION, **wire.encode(args))
@@ -527,4 +559,6 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
         watch["timer"].cancel()
         if watch["checker"] is not None and not watch["checker"].done():
             watch["checker"].cancel()
+    if not isinstance(resp, dict):  # no reply: the handler was removed (the worker is closing)
+        raise WorkerLost(addr, _CLOSING)
     return unwrap(resp)

@@ -30,6 +30,7 @@ import mmap
 import os
 import shutil
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -280,8 +281,14 @@ def leftover_segments() -> list[str]:
     return out
 
 
-def sweep() -> list[str]:
+def sweep(pids: Iterable[int] | None = None) -> list[str]:
     """Unlink the segments of dead owners on this machine.
+
+    Parameters
+    ----------
+    pids : iterable of int, optional
+        Only the segments of these (dead) processes; default every dead
+        owner's.
 
     Returns
     -------
@@ -289,7 +296,10 @@ def sweep() -> list[str]:
         Names of the segments unlinked.
     """
     gone = []
+    only = None if pids is None else tuple(f"{PREFIX}{int(p)}_" for p in pids)
     for n in leftover_segments():
+        if only is not None and not n.startswith(only):
+            continue
         path = os.path.join(SHM_DIR, n)
         try:
             if os.path.isdir(path):  # a private_dir (a fast lane's socket)

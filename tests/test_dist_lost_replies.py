@@ -1,0 +1,112 @@
+"""A lane reply lost after the worker acted: what may be sent again, and what may not.
+
+A request goes to a worker over its lane (a Unix socket on the machine, a
+TCP socket of its own elsewhere); when the lane breaks after the request was
+sent, the worker may have acted on it.  Requests the worker acts on once
+however often they come (an insert's steps, a sample's finish) go again over
+the comm and count once; a draw does not (``test_dist_thread_sample``); a
+worker that closes while it answers counts as lost, so a degraded table
+serves the batch from the other shards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import dask
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+from lane_support import break_lane_after
+
+import gear_flow as gf
+from gear_flow.distributed import DistributedTable
+from gear_flow.distributed.plugin import PLUGIN_NAME
+
+pytestmark = pytest.mark.timeout(240)
+
+TAG = (gf.ColumnSpec("tag", (), np.int64),)
+
+
+def tagged(tags):
+    return [{"tag": np.array([t], np.int64)} for t in tags]
+
+
+def _broke(client, addr):
+    return client.run(lambda dask_worker: dask_worker.plugins[PLUGIN_NAME].broke, workers=[addr])[addr]
+
+
+@pytest.mark.parametrize("plane", ["shared-memory", "tcp-lane"])
+def test_a_finish_whose_lane_reply_is_lost_counts_its_expiries_once(dist_client, plane):
+    """A queue's sample is finished on each worker it drew from (the items expire there); the finish's
+    reply is lost: sent again over the comm, the worker answers with what it did the first time, so the
+    coordinator counts each expiry once and the queue goes on in order, nothing lost or handed out twice."""
+    with dask.config.set({"gear-flow.distributed.shared-memory": plane == "shared-memory"}):
+        t = DistributedTable.queue(dist_client, gf.TableSpec(TAG, capacity=64, num_shards=2), 16, timeout=30, seed=0)
+    try:
+        t.insert(tagged(range(1, 9)))
+        assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [1, 2]  # the lanes learnt
+        assert set(t._ctx.lanes.paths) == set(t.placement.values())
+        addr = t.placement[0]
+        dist_client.run(break_lane_after, "finish_sample", workers=[addr])
+        got = t.sample(4)["tag"].numpy()[:, 0].tolist()
+        assert got == [3, 4, 5, 6]
+        assert _broke(dist_client, addr) == [("finish_sample", True)]  # served, its reply lost, served again
+        info = t.info()
+        assert info["size"] == info["coordinator_size"] == 2, info
+        assert info["totals"]["sampled"] == 6 and info["rate_limiter"]["samples"] == 6
+        assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [7, 8]
+        info = t.info()
+        assert info["size"] == info["coordinator_size"] == 0, info
+    finally:
+        t.close()
+
+
+def _close_while_drawing(dask_worker=None):
+    """This worker draws the next ``sample_part`` from its lane, then closes before it can reply."""
+    plugin = dask_worker.plugins[PLUGIN_NAME]
+    real = plugin.lane._serve
+
+    async def serve(action, args, v):
+        reply = await real(action, args, v)
+        if action == "sample_part":
+            plugin.lane._serve = real
+            asyncio.ensure_future(dask_worker.close(reason="closing while it draws"))
+            while plugin.lane.path is not None or plugin.lane.tcp is not None:  # its lane closes first
+                await asyncio.sleep(0.01)
+        return reply
+
+    plugin.lane._serve = serve
+
+
+@pytest.mark.parametrize("plane", ["shared-memory", "tcp-lane"])
+def test_a_worker_closing_while_it_draws_counts_as_lost(plane):
+    """Its lane closes before the reply; its comm still answers, but no longer its gear_flow handler: the
+    worker is lost, not a live worker whose reply went missing, so a degraded table serves the batch from
+    the other shard."""
+    cfg = {
+        "distributed.comm.timeouts.connect": "5s",
+        "gear-flow.distributed.shared-memory": plane == "shared-memory",
+        "gear-flow.distributed.tcp-lane": True,
+    }
+    with (
+        dask.config.set(cfg),
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
+        t = DistributedTable.create(client, spec, degraded=True, seed=0)
+        try:
+            t.insert(tagged(range(1, 13)), shard=0)
+            t.insert(tagged(range(101, 113)), shard=1)
+            t.sample(8)  # the lanes learnt
+            assert set(t._ctx.lanes.paths) == set(t.placement.values())
+            client.run(_close_while_drawing, workers=[t.placement[1]])
+            t._masses.clear()  # the plan asks the workers first: the event loop's path
+            b = t.sample(64)
+            assert set(b["tag"].numpy()[:, 0].tolist()) <= set(range(1, 13))  # all from the shard left
+            assert set(t.lost) == {1}
+        finally:
+            t.close()
