@@ -8,8 +8,9 @@ Reports, in one run:
   the workers' TCP lanes) and ``comm`` (shared memory and TCP lanes off:
   Dask's comm only);
 * external learner: GB/s of windows delivered to the client process, against
-  a raw Dask transfer of the same number of bytes (a NumPy array held by a
-  worker, fetched with ``Future.result()``) — targets: shared >= 5x (and
+  a raw Dask transfer of the same bytes from the same workers (NumPy arrays
+  held by each worker, an equal share each as the batch draws them, fetched
+  together with ``client.gather``) — targets: shared >= 5x (and
   >= 0.8x a memcpy in the client), tcp and comm >= 0.9x;
 * co-located learner: a task on a worker sampling the table (its shard read
   in-process without copies), against a single-thread ``np.copyto`` of the
@@ -251,7 +252,7 @@ def run(workers: int, plane: str, args, eps, rows, results):
         res["insert_gbps"] = steps * step_bytes / (time.perf_counter() - t0) / 1e9
 
         w0 = sorted(client.nthreads())[0]
-        res["raw_dask_gbps"] = raw_dask_gbps(client, w0, batch_bytes, args.repeat)
+        res["raw_dask_gbps"] = raw_dask_gbps(client, sorted(client.nthreads()), batch_bytes, args.repeat)
 
         out = gf.SampleBuffers(spec, spec.names, B, L)
         ts = timeit(lambda: table.sample(B, L, out=out), args.repeat)

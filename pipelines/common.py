@@ -126,18 +126,25 @@ def _filled(nbytes: int, i: int) -> np.ndarray:
     return np.full(nbytes, i % 251, dtype=np.uint8)
 
 
-def raw_dask_gbps(client, worker: str, nbytes: int, repeat: int) -> float:
-    """GB/s (median) of a raw Dask transfer: a NumPy array of ``nbytes`` held by ``worker``, fetched by the client."""
+def raw_dask_gbps(client, workers: str | list[str], nbytes: int, repeat: int) -> float:
+    """GB/s (median) of a raw Dask transfer of ``nbytes`` from ``workers`` to the client.
+
+    The bytes are held as NumPy arrays split evenly over the workers (as a
+    batch sampled from their shards is) and fetched together with one
+    ``client.gather``: the same bytes from the same workers as the batch.
+    """
     from distributed import wait
 
+    workers = [workers] if isinstance(workers, str) else list(workers)
+    sizes = [nbytes // len(workers) + (i < nbytes % len(workers)) for i in range(len(workers))]
     ts = []
     for i in range(repeat):
-        f = client.submit(_filled, nbytes, i, workers=[worker], pure=False)
-        wait(f)
+        fs = [client.submit(_filled, n, i, workers=[w], pure=False) for w, n in zip(workers, sizes)]
+        wait(fs)
         t = time.perf_counter()
-        f.result()
+        client.gather(fs)
         ts.append(time.perf_counter() - t)
-        del f
+        del fs
     return nbytes / float(np.median(ts)) / 1e9
 
 

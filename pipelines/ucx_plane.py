@@ -77,8 +77,7 @@ def run_ucx(workers, args, eps, rows, results):
         table = DistributedTable.create(client, spec, sampler=gf.Uniform(), seed=0, name=f"bench{workers}ucx")
         for i in range(0, len(eps), args.insert_batch):
             table.insert(eps[i : i + args.insert_batch])
-        w0 = sorted(client.nthreads())[0]
-        res["raw_dask_gbps"] = raw_dask_gbps(client, w0, batch_bytes, args.repeat)
+        res["raw_dask_gbps"] = raw_dask_gbps(client, sorted(client.nthreads()), batch_bytes, args.repeat)
         out = gf.SampleBuffers(spec, spec.names, B, L)
         ts = timeit(lambda: table.sample(B, L, out=out), args.repeat)
         res["external_gbps"] = batch_bytes / float(np.median(ts)) / 1e9
