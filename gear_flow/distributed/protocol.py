@@ -39,7 +39,7 @@ from .checkers import (
 )
 
 #: bumped whenever a message's meaning changes; both sides must agree
-VERSION = 3
+VERSION = 4
 
 SHARD = integer(0, 126)
 SEQS = int_array(0, (1 << 56) - 1)
