@@ -251,8 +251,9 @@ def run(workers: int, plane: str, args, eps, rows, results):
             table.insert(eps[i : i + args.insert_batch])
         res["insert_gbps"] = steps * step_bytes / (time.perf_counter() - t0) / 1e9
 
-        w0 = sorted(client.nthreads())[0]
-        res["raw_dask_gbps"] = raw_dask_gbps(client, sorted(client.nthreads()), batch_bytes, args.repeat)
+        addrs = sorted(client.nthreads())
+        w0 = addrs[0]
+        res["raw_dask_gbps"] = raw_dask_gbps(client, addrs, batch_bytes, args.repeat)
 
         out = gf.SampleBuffers(spec, spec.names, B, L)
         ts = timeit(lambda: table.sample(B, L, out=out), args.repeat)

@@ -126,7 +126,7 @@ def _filled(nbytes: int, i: int) -> np.ndarray:
     return np.full(nbytes, i % 251, dtype=np.uint8)
 
 
-def raw_dask_gbps(client, workers: str | list[str], nbytes: int, repeat: int) -> float:
+def raw_dask_gbps(client, workers: list[str], nbytes: int, repeat: int) -> float:
     """GB/s (median) of a raw Dask transfer of ``nbytes`` from ``workers`` to the client.
 
     The bytes are held as NumPy arrays split evenly over the workers (as a
@@ -135,7 +135,6 @@ def raw_dask_gbps(client, workers: str | list[str], nbytes: int, repeat: int) ->
     """
     from distributed import wait
 
-    workers = [workers] if isinstance(workers, str) else list(workers)
     sizes = [nbytes // len(workers) + (i < nbytes % len(workers)) for i in range(len(workers))]
     ts = []
     for i in range(repeat):

@@ -24,7 +24,7 @@ from ..errors import GearFlowError, ProtocolError
 from ..sample import SampleBuffers
 from ..table.executor import sample_shards
 from ..table.validate import check_sample_args
-from .host_writes import REMEMBER
+from .host_writes import remember
 
 if TYPE_CHECKING:
     from ..spec import TableSpec
@@ -369,9 +369,7 @@ class SamplingHost:
                     s.unconsume(sl, seqs)
                 out[i] = out.get(i, 0) + len(sl)
         with t.lock:
-            t.finished[txn] = (bool(commit), dict(out))
-            while len(t.finished) > REMEMBER:
-                t.finished.popitem(last=False)
+            remember(t.finished, txn, (bool(commit), dict(out)))
         return out
 
     def uncount(self, name: str, counts: dict[int, int]) -> None:

@@ -14,6 +14,7 @@ readable on its own.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,6 +28,14 @@ if TYPE_CHECKING:
 
 #: transactions whose outcome a worker remembers (for the coordinator's recovery, and a request sent again)
 REMEMBER = 4096
+
+
+def remember(memo: OrderedDict, txn: str, outcome: object) -> None:
+    """Keep ``txn``'s outcome in ``memo`` (held under the table's lock), forgetting the oldest beyond
+    :data:`REMEMBER`."""
+    memo[txn] = outcome
+    while len(memo) > REMEMBER:
+        memo.popitem(last=False)
 
 
 def _items(batches: list, step: bool) -> dict[int, int]:
@@ -178,9 +187,7 @@ class WritingHost:
             if ev:
                 res["evicted"][sid] = res["evicted"].get(sid, 0) + int(ev)
         with t.lock:
-            t.applied[txn] = res
-            while len(t.applied) > REMEMBER:
-                t.applied.popitem(last=False)
+            remember(t.applied, txn, res)
         return res
 
     def write(self, name: str, txn: str, parts: list[dict]) -> dict:
