@@ -31,8 +31,17 @@ REMEMBER = 4096
 
 
 def remember(memo: OrderedDict, txn: str, outcome: object) -> None:
-    """Keep ``txn``'s outcome in ``memo`` (held under the table's lock), forgetting the oldest beyond
-    :data:`REMEMBER`."""
+    """Keep ``txn``'s outcome in ``memo``, forgetting the oldest beyond :data:`REMEMBER`.
+
+    Parameters
+    ----------
+    memo : OrderedDict
+        The table's ``applied`` or ``finished`` (the caller holds its lock).
+    txn : str
+        The transaction.
+    outcome : object
+        What a request sent again for ``txn`` is answered with.
+    """
     memo[txn] = outcome
     while len(memo) > REMEMBER:
         memo.popitem(last=False)
