@@ -42,6 +42,7 @@ from .pending import RideAlongMixin
 from .plumbing import PlumbingMixin
 from .sampling import SamplingMixin
 from .sizes import SizesMixin
+from .thread_insert import ThreadInsertsMixin
 from .transactions import TransactionsMixin
 from .transport import Context, Retry, call
 from .writes import WritesMixin
@@ -58,6 +59,7 @@ logger = logging.getLogger(__name__)
 class DistributedTable(
     ConstructionMixin,
     WritesMixin,
+    ThreadInsertsMixin,
     TransactionsMixin,
     EditsMixin,
     RideAlongMixin,

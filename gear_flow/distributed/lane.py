@@ -62,6 +62,7 @@ from dask.utils import parse_timedelta
 
 from ..config import get as config_get
 from ..errors import GearFlowError, ProtocolError
+from ..storage.reuse import Reuse
 from ..storage.shared import private_dir
 
 logger = logging.getLogger(__name__)
@@ -104,6 +105,9 @@ MAX_BUFFERS = 1024
 LANE_ERRORS = (OSError, EOFError, asyncio.IncompleteReadError, ProtocolError)
 
 
+#: a blocking sender joins a message this small into one write; a larger one's buffers (an insert's episodes)
+#: are written straight from their arrays, not copied into one
+JOIN_BYTES = 1 << 18
 #: a large reply is written this many bytes at a time, each sent before the next is handed over
 WRITE_CHUNK = 1 << 19
 
@@ -263,6 +267,22 @@ def _loads(head: bytes, bufs: list) -> Any:
 #: bytes a server connection reads at once while it parses a message's header, sizes and pickle
 _SCRATCH = 1 << 16
 _HEADER_PHASE, _SIZES_PHASE, _HEAD_PHASE, _BUFFERS_PHASE = range(4)
+#: a request's out-of-band buffers start at multiples of this in its arena (NumPy's alignment, and a cache line)
+_ALIGN = 64
+#: arenas of received requests, handed out again once nothing references them: a worker process runs with
+#: ``MALLOC_TRIM_THRESHOLD_`` set, so a fresh buffer of megabytes is fresh pages every time, and faulting them
+#: in as an insert's episodes arrive cost as much as the socket's copy (10 MB: ~1.5 ms)
+_ARENAS = Reuse()
+
+
+def _arena(sizes: tuple[int, ...]) -> list[np.ndarray]:
+    """Uninitialised uint8 buffers of ``sizes`` bytes, views of one arena (each start aligned)."""
+    offs, end = [], 0
+    for n in sizes:
+        offs.append(end)
+        end += -(-n // _ALIGN) * _ALIGN
+    arena = _ARENAS.empty((end,), np.uint8)
+    return [arena[o : o + n] for o, n in zip(offs, sizes)]
 
 
 class _LaneConnection(asyncio.BufferedProtocol):
@@ -287,6 +307,7 @@ class _LaneConnection(asyncio.BufferedProtocol):
         self._sizes: tuple[int, ...] = ()
         self._head = b""
         self._bufs: list[np.ndarray] = []
+        self._arena: list[np.ndarray] = []  # where the request's out-of-band buffers go (see _arena)
         self._into: memoryview | None = None  # the buffer the socket reads into directly, ...
         self._got = 0  # ... and how much of it has arrived
         self._busy = False  # a request is being served: nothing more is parsed until its reply is written
@@ -360,10 +381,11 @@ class _LaneConnection(asyncio.BufferedProtocol):
                     self._head = bytes(self._buf[self._start : self._start + self._n])
                     self._start += self._n
                     self._bufs = []
+                    self._arena = _arena(self._sizes) if self._k else []
                     self._phase = _BUFFERS_PHASE
                 elif len(self._bufs) < self._k:  # the next out-of-band buffer: what is here, then the socket
                     size = self._sizes[len(self._bufs)]
-                    b = np.empty(size, np.uint8)  # not zeroed: its pages are committed only as its bytes arrive
+                    b = self._arena[len(self._bufs)]
                     take = min(avail, size)
                     b[:take] = self._buf[self._start : self._start + take]
                     self._start += take
@@ -372,7 +394,7 @@ class _LaneConnection(asyncio.BufferedProtocol):
                         self._into, self._got = memoryview(b), take
                 else:  # complete
                     msg = _loads(self._head, self._bufs)
-                    self._head, self._bufs, self._phase = b"", [], _HEADER_PHASE
+                    self._head, self._bufs, self._arena, self._phase = b"", [], [], _HEADER_PHASE
                     if len(self._buf) > _SCRATCH and avail <= _SCRATCH:  # a large pickle's room: given back
                         self._reserve(_SCRATCH)
                     self._busy = True
@@ -734,12 +756,15 @@ class Lanes:
         try:
             for path, op, args in requests:
                 sock = None
-                data = b"".join(pack({"action": op, "args": args, "v": v}))
+                parts = pack({"action": op, "args": args, "v": v})
+                if sum(memoryview(p).nbytes for p in parts) <= JOIN_BYTES:
+                    parts = [b"".join(parts)]
                 try:
                     if path is None:
                         raise ConnectionError("fast lane: dropped")
                     sock = self._connect(path, timeout)
-                    sock.sendall(data)
+                    for p in parts:
+                        sock.sendall(p)
                 except LANE_ERRORS as e:
                     if sock is not None:
                         sock.close()

@@ -52,7 +52,7 @@ def commit_counts(applied: dict) -> dict:
 class TransactionsMixin:
     """Stage, apply, commit and abort of an admitted insert, for :class:`~gear_flow.distributed.DistributedTable`."""
 
-    async def run_insert(self, txn: str, parts: dict[str, list[dict]]) -> tuple[dict, int]:
+    async def run_insert(self, txn: str, parts: dict[str, list[dict]], staged: Iterable[str] = ()) -> tuple[dict, int]:
         """Stage ``parts`` of admitted insert ``txn`` everywhere, apply, commit.
 
         All or nothing: a failure before every worker has staged aborts the
@@ -66,6 +66,9 @@ class TransactionsMixin:
             ``{worker address: [part, ...]}``; a part has ``shard``,
             ``chunks``, ``lengths``, ``episode_ids``, ``stamps`` and
             ``priorities`` (None or float64 per item).
+        staged : iterable of str, optional
+            Workers (of several) that hold their part staged already (a
+            caller's thread staged it): only the others are sent theirs.
 
         Returns
         -------
@@ -95,11 +98,16 @@ class TransactionsMixin:
                 await self._abort_insert(txn, addrs, e)
                 raise self._insert_error(e, addrs) from None
         else:
-            staged = await asyncio.gather(
-                *(call(self._ctx, a, "stage", table=self.name, name=self.name, txn=txn, parts=parts[a]) for a in addrs),
+            done = set(staged)
+            got = await asyncio.gather(
+                *(
+                    call(self._ctx, a, "stage", table=self.name, name=self.name, txn=txn, parts=parts[a])
+                    for a in addrs
+                    if a not in done
+                ),
                 return_exceptions=True,
             )
-            bad = [e for e in staged if isinstance(e, BaseException)]
+            bad = [e for e in got if isinstance(e, BaseException)]
             if bad:
                 await self._abort_insert(txn, addrs, bad[0])
                 raise self._insert_error(bad[0], addrs) from None

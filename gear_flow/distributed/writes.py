@@ -32,8 +32,6 @@ from ..storage.staging import stage_chunks, staged_bytes, staging_area
 from ..table.results import InsertResult
 from ..table.routing import route
 from ..table.validate import as_episode_list, check_batch, check_episode, check_priorities, to_host
-from .plugin import OPS
-from .transactions import commit_counts
 from .wire import array_bytes
 
 if TYPE_CHECKING:
@@ -177,8 +175,11 @@ class WritesMixin:
         """
         ins = self._prepare(episodes, priorities, shard)
         timeout = self.timeout if timeout is None else timeout
-        if self._inserts_here(ins):
+        if self._inserts_here(ins):  # the caller's thread writes (an actor into its own worker's shards) ...
             return self._insert_here(ins, timeout)
+        lanes = self._insert_lanes(ins)
+        if lanes is not None:  # ... or sends them over the workers' lanes (see thread_insert)
+            return self._insert_over_lanes(ins, timeout, lanes)
         return self._ctx.sync(self._insert_prepared, ins, timeout)
 
     def insert_batch(
@@ -352,40 +353,6 @@ class WritesMixin:
                 }
             )
         return dict(parts), sel_of, ids
-
-    def _inserts_here(self, ins: _Insert) -> bool:
-        """Can ``ins`` be inserted in the caller's thread: from a task on a worker, every episode for its
-        own shards, the coordinator's lane found?"""
-        ctx = self._ctx
-        if ctx.local_plugin is None or ctx.in_loop() or ctx.found_coord_lane() is None:
-            return False
-        placement = self.placement
-        return all(placement.get(int(s)) == ctx.local_addr for s in ins.per_shard)
-
-    def _insert_here(self, ins: _Insert, timeout: float | None) -> InsertResult:
-        """An insert into this worker's own shards, in the caller's thread: admitted and committed over the
-        coordinator's lane, written by this thread (no hop into the event loop, none into the plugin's
-        threads).  What needs the event loop (a placement that changed, an abort, an eviction) goes there."""
-        ctx = self._ctx
-        here = ctx.local_addr
-        wait = self._admission_wait(timeout)  # sent as the request's own: both ends give up at the same time
-        adm = self._coord_here("admit_insert", wait=wait, **self._admission(ins, wait))
-        parts = None
-        if adm["version"] == self._version:
-            parts, sel_of, ids = self._parts(ins, adm)
-        if parts is None or list(parts) != [here]:  # the placement changed since: the event loop's path
-            return ctx.sync(self._insert_admitted, ins, adm)
-        self.stats["insert_local_bytes"] += array_bytes([p["chunks"] for p in parts[here]])
-        try:
-            res = OPS["write"](ctx.local_plugin.host, name=self.name, txn=adm["txn"], parts=parts[here])
-        except BaseException as e:
-            ctx.sync(self._abort_insert, adm["txn"], [here], e)
-            raise self._insert_error(e, [here]) from None
-        size = self._coord_here("commit_insert", txn=adm["txn"], **commit_counts({here: res}))
-        self.stats["insert_in_thread"] += 1
-        if size > self.spec.max_size:
-            ctx.sync(self._evict_excess, size)
-        return _result(ins, ids, sel_of, {here: res})
 
     def writer(
         self, max_episode_length: int | None = None, shard: int | None = None, timeout: float | None = None
