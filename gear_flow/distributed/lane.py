@@ -229,18 +229,25 @@ def _read_blocking(sock: socket.socket) -> Any:
     n, k = _header(_recv_exactly(sock, _HEADER.size))
     sizes = _sizes(n, _recv_exactly(sock, 8 * k) if k else b"", MAX_REPLY_BYTES)
     head = _recv_exactly(sock, n)
-    return _loads(head, [_recv_exactly(sock, s) for s in sizes])
+    bufs = _arena(sizes) if k else []  # not zeroed, and pages already faulted in when reused (a draw's windows)
+    for b in bufs:
+        _recv_into(sock, b)
+    return _loads(head, bufs)
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
     buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
+    _recv_into(sock, buf)
+    return buf
+
+
+def _recv_into(sock: socket.socket, buf: bytearray | np.ndarray) -> None:
+    view, got = memoryview(buf).cast("B"), 0
+    while got < view.nbytes:
         k = sock.recv_into(view[got:])
         if not k:
             raise EOFError("fast lane: the worker closed the connection")
         got += k
-    return buf
 
 
 def _header(raw: bytes) -> tuple[int, int]:
