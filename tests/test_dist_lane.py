@@ -243,6 +243,65 @@ def test_a_lane_reads_requests_however_the_socket_cuts_them():
     assert args1["name"] == long_name and np.array_equal(args1["e"], mid[:1000])
 
 
+def test_a_messages_buffers_land_aligned_in_an_arena_reused_only_when_free():
+    """Out-of-band buffers of odd sizes arrive intact and aligned, on the server (a request's) and in a caller
+    thread (a reply's); the memory they arrive in may be received into again once nothing holds them, never
+    while something does: a request the server keeps, a reply the caller keeps, stay as they came."""
+    import threading
+
+    def arrays(i):  # every message's own values: one landing in another's memory would show
+        return {
+            "a": (np.arange(1_000_001) + i).astype(np.uint8),  # with the rest over Reuse.MIN_BYTES: pooled
+            "b": np.arange(9_001, dtype=np.float64) + i,
+            "c": (np.arange(33_333) + i).astype(np.int16),
+        }
+
+    def intact(got, i):  # "b" follows 1,000,001 bytes of "a": misaligned without the padding
+        want = arrays(i)
+        return all(
+            np.array_equal(got[k], w) and got[k].dtype == w.dtype and got[k].flags.aligned for k, w in want.items()
+        )
+
+    kept_by_server = []
+
+    async def serve(action, args, v):
+        i = args.pop("i")
+        if action == "update":  # kept: later requests must not land in its memory
+            kept_by_server.append((i, args))
+        return True, (intact(args, i), {k: a.copy() for k, a in args.items()})
+
+    loop = asyncio.new_event_loop()
+    th = threading.Thread(target=loop.run_forever, daemon=True)
+    th.start()
+    srv = LaneServer(serve)
+    try:
+        path = asyncio.run_coroutine_threadsafe(srv.start(), loop).result(10)
+        lanes = Lanes()
+        lanes.kept.add(path)
+
+        def call(op, i):
+            [(ok, (same, back))] = lanes.read_all(lanes.send_all([(path, op, {"i": i, **arrays(i)})], 1, 10.0))
+            assert ok and same and intact(back, i)
+            return back
+
+        for i in range(6):  # nothing kept: their memory may be received into again
+            call("summaries", i)
+        call("update", 6)
+        kept_reply = call("summaries", 7)
+        later = [call("summaries", i) for i in range(8, 12)]
+        ((i_kept, kept_request),) = kept_by_server
+        assert intact(kept_request, i_kept) and intact(kept_reply, 7)  # never received into again
+        for back in later:
+            for k in back:
+                assert not np.shares_memory(back[k], kept_reply[k])
+                assert not np.shares_memory(back[k], kept_request[k])
+        lanes.close_path(path)
+    finally:
+        loop.call_soon_threadsafe(srv.close)
+        loop.call_soon_threadsafe(loop.stop)
+        th.join(10)
+
+
 def test_a_handle_that_gives_up_mid_request_is_no_error_on_the_worker():
     """A handle that times out closes its connection; the reply written later finds it gone: the
     connection ends quietly (no unhandled ConnectionResetError reaches the worker's event loop)."""

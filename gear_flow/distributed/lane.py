@@ -274,7 +274,7 @@ def _loads(head: bytes, bufs: list) -> Any:
 #: bytes a server connection reads at once while it parses a message's header, sizes and pickle
 _SCRATCH = 1 << 16
 _HEADER_PHASE, _SIZES_PHASE, _HEAD_PHASE, _BUFFERS_PHASE = range(4)
-#: a request's out-of-band buffers start at multiples of this in its arena (NumPy's alignment, and a cache line)
+#: a message's out-of-band buffers start at multiples of this from its arena's start (every dtype stays aligned)
 _ALIGN = 64
 #: arenas of received requests, handed out again once nothing references them: a worker process runs with
 #: ``MALLOC_TRIM_THRESHOLD_`` set, so a fresh buffer of megabytes is fresh pages every time, and faulting them
@@ -283,7 +283,8 @@ _ARENAS = Reuse()
 
 
 def _arena(sizes: tuple[int, ...]) -> list[np.ndarray]:
-    """Uninitialised uint8 buffers of ``sizes`` bytes, views of one arena (each start aligned)."""
+    """Uninitialised uint8 buffers of ``sizes`` bytes, views of one arena (each start a multiple of 64 bytes
+    from the arena's)."""
     offs, end = [], 0
     for n in sizes:
         offs.append(end)
