@@ -68,6 +68,18 @@ def data_plane(request):
         yield request.param
 
 
+@pytest.fixture
+def requests_seen(dist_client):
+    """Counts, on every worker of the session's cluster, the insert requests with episodes that arrive over
+    its comm and its lane (:class:`dist_support.RequestCounts`); the counters are removed after the test."""
+    from dist_support import RequestCounts, restore_requests
+
+    try:
+        yield RequestCounts(dist_client)
+    finally:
+        dist_client.run(restore_requests)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """No shared-memory segment may outlive its owner: a leak fails the run."""
     from gear_flow.storage.shared import leftover_segments

@@ -14,6 +14,7 @@ from helpers import shard_state
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable
+from gear_flow.distributed.plugin import PLUGIN_NAME
 
 
 class TableFactory:
@@ -124,3 +125,59 @@ def on_both_tables(local_settings, dist_settings, **strategies):
         return test_local, test_distributed
 
     return deco
+
+
+# -- what the workers received: insert requests counted on each worker's comm handler and lane ----------
+#: insert operations that carry episodes
+DATA_OPS = ("stage", "write")
+
+
+def _count_requests(dask_worker=None):
+    """Wrap this worker's ``gear_flow`` handler and its lane's server: count the requests with episodes."""
+    from gear_flow.distributed.wire import array_bytes
+
+    plugin = dask_worker.plugins[PLUGIN_NAME]
+    counts = {path: {op: 0 for op in (*DATA_OPS, "bytes")} for path in ("comm", "lane")}
+    plugin.request_counts = counts
+
+    async def counting(comm=None, action=None, args=None, v=None, packed=None, frames=None):
+        if action in DATA_OPS:
+            counts["comm"][action] += 1
+            counts["comm"]["bytes"] += len(packed or b"") + sum(getattr(f, "nbytes", 0) for f in frames or [])
+        return await plugin.handle(comm=comm, action=action, args=args, v=v, packed=packed, frames=frames)
+
+    async def lane_counting(action, args, v):
+        if action in DATA_OPS:
+            counts["lane"][action] += 1
+            counts["lane"]["bytes"] += array_bytes(args)
+        return await plugin.serve(action, args, v)
+
+    dask_worker.handlers["gear_flow"] = counting
+    plugin.lane._serve = lane_counting
+
+
+def _requests(dask_worker=None):
+    return {k: dict(v) for k, v in dask_worker.plugins[PLUGIN_NAME].request_counts.items()}
+
+
+def restore_requests(dask_worker=None):
+    plugin = dask_worker.plugins.get(PLUGIN_NAME)
+    if plugin is not None and hasattr(plugin, "request_counts"):
+        dask_worker.handlers["gear_flow"] = plugin.handle
+        plugin.lane._serve = plugin.serve
+        del plugin.request_counts
+
+
+class RequestCounts:
+    """Counts, on every worker, the insert requests with episodes that arrive over the comm and the lane."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def start(self):
+        """Install the counters (after a table exists: its creation sets up the workers' plugin)."""
+        self.client.run(_count_requests)
+
+    def seen(self) -> dict:
+        """``{worker: {"comm" | "lane": {op: requests, "bytes": n}}}`` since :meth:`start`."""
+        return self.client.run(_requests)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from dist_support import DATA_OPS
 from helpers import COLUMNS, episode
 from lane_support import break_lane_after
 
@@ -21,73 +22,11 @@ from gear_flow.distributed.plugin import PLUGIN_NAME
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("data_plane")]
 
-#: insert operations that carry episodes
-DATA_OPS = ("stage", "write")
-
 
 @pytest.fixture
 def client(dist_client):
     """The session's 2-worker cluster (tests/conftest.py); the wrappers are undone after each test."""
     return dist_client
-
-
-def _count_requests(dask_worker=None):
-    """Wrap this worker's ``gear_flow`` handler and its lane's server: count the requests with episodes."""
-    from gear_flow.distributed.wire import array_bytes
-
-    plugin = dask_worker.plugins[PLUGIN_NAME]
-    counts = {path: {op: 0 for op in (*DATA_OPS, "bytes")} for path in ("comm", "lane")}
-    plugin.request_counts = counts
-
-    async def counting(comm=None, action=None, args=None, v=None, packed=None, frames=None):
-        if action in DATA_OPS:
-            counts["comm"][action] += 1
-            counts["comm"]["bytes"] += len(packed or b"") + sum(getattr(f, "nbytes", 0) for f in frames or [])
-        return await plugin.handle(comm=comm, action=action, args=args, v=v, packed=packed, frames=frames)
-
-    async def lane_counting(action, args, v):
-        if action in DATA_OPS:
-            counts["lane"][action] += 1
-            counts["lane"]["bytes"] += array_bytes(args)
-        return await plugin.serve(action, args, v)
-
-    dask_worker.handlers["gear_flow"] = counting
-    plugin.lane._serve = lane_counting
-
-
-def _requests(dask_worker=None):
-    return {k: dict(v) for k, v in dask_worker.plugins[PLUGIN_NAME].request_counts.items()}
-
-
-def _restore(dask_worker=None):
-    plugin = dask_worker.plugins.get(PLUGIN_NAME)
-    if plugin is not None and hasattr(plugin, "request_counts"):
-        dask_worker.handlers["gear_flow"] = plugin.handle
-        plugin.lane._serve = plugin.serve
-        del plugin.request_counts
-
-
-class RequestCounts:
-    """Counts, on every worker, the insert requests with episodes that arrive over the comm and the lane."""
-
-    def __init__(self, client):
-        self.client = client
-
-    def start(self):
-        """Install the counters (after a table exists: its creation sets up the workers' plugin)."""
-        self.client.run(_count_requests)
-
-    def seen(self) -> dict:
-        """``{worker: {"comm" | "lane": {op: requests, "bytes": n}}}`` since :meth:`start`."""
-        return self.client.run(_requests)
-
-
-@pytest.fixture
-def requests_seen(client):
-    try:
-        yield RequestCounts(client)
-    finally:
-        client.run(_restore)
 
 
 def _nbytes(eps):

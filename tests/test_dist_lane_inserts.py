@@ -17,7 +17,7 @@ import pytest
 from dist_support import assert_same, snapshot
 from helpers import COLUMNS, episode
 from lane_support import break_lane_after
-from test_dist_inserts import RequestCounts, _check_rows, _nbytes
+from test_dist_inserts import _check_rows, _nbytes
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable
@@ -34,16 +34,6 @@ def tcp_lanes():
     """Tables made in the test are read and written over the workers' TCP lanes (shared memory off)."""
     with dask.config.set({"gear-flow.distributed.shared-memory": False, "gear-flow.distributed.tcp-lane": True}):
         yield
-
-
-@pytest.fixture
-def requests_seen(dist_client):
-    from test_dist_inserts import _restore
-
-    try:
-        yield RequestCounts(dist_client)
-    finally:
-        dist_client.run(_restore)
 
 
 def _served(dask_scheduler):
