@@ -157,6 +157,7 @@ class SamplingHost:
         geometry: bool | None = None,
         updates: dict | None = None,
         by_count: bool | None = None,
+        horizon: int | None = None,
     ) -> dict:
         """Draw ``counts[shard]`` items or take exactly ``slots[shard]``, and gather their windows.
 
@@ -204,6 +205,10 @@ class SamplingHost:
             The plan weighed shards by valid count (no item had weight):
             shards draw uniformly.  Otherwise a weighted shard without
             weight at the draw (zeroed since the plan) is a stale selection.
+        horizon : int, optional
+            A take's: the stamp its candidates were chosen below.  A taken
+            slot whose item is stamped at or above it holds an item inserted
+            since (the candidate was overwritten): a stale selection.
 
         Returns
         -------
@@ -270,6 +275,10 @@ class SamplingHost:
                     sl = np.asarray(slots[i], dtype=np.int64)
                     if np.any((sl < 0) | (sl >= s.capacity)) or not s.active[sl].all():
                         raise StaleSelectionError(f"shard {i}: a chosen item was removed before the gather")
+                    # every item stamped below the horizon was in place before the candidates were listed, and a
+                    # slot is taken over only by an insert (stamped at or above it): such an item is the candidate
+                    if horizon is not None and np.any(s.item_stamps(sl) >= horizon):
+                        raise StaleSelectionError(f"shard {i}: a chosen item was overwritten before the gather")
                     p = np.ones(len(sl))
                 drawn.append((i, sl))
                 n = len(sl)

@@ -38,8 +38,8 @@ from .checkers import (
     text,
 )
 
-#: bumped whenever a message's meaning changes; both sides must agree
-VERSION = 4
+#: bumped whenever a message's meaning changes; both sides must agree (5: a take carries its sample's horizon)
+VERSION = 5
 
 SHARD = integer(0, 126)
 SEQS = int_array(0, (1 << 56) - 1)
@@ -117,6 +117,7 @@ WORKER = {
         "geometry": optional(boolean),
         "updates": UPDATES,
         "by_count": optional(boolean),
+        "horizon": optional(integer(0, 1 << 62)),
     },
     "finish_sample": {"name": NAME, "txn": TXN, "commit": boolean},
     "uncount": {"name": NAME, "counts": mapping(SHARD, integer(0, 1 << 40), 127)},

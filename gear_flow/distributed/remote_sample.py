@@ -243,6 +243,8 @@ class RemoteSample(SharedReads):
             )
             if by_count:
                 args["by_count"] = True
+            if slots is not None and self.horizon is not None:  # the worker checks each slot holds its candidate
+                args["horizon"] = int(self.horizon)
             upd = t._ride_along(a)  # this handle's stored priority updates for a's shards: applied before the draw
             if upd is not None:
                 args["updates"] = upd
