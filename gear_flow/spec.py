@@ -144,11 +144,13 @@ class TableSpec:
         _positive_int("max_size", max_size)
         object.__setattr__(self, "columns", cols)
         object.__setattr__(self, "max_size", int(max_size))
+        # derived once (not fields: equality, hashing and to_dict see only the fields); every sample asks
+        object.__setattr__(self, "_by_name", {c.name: c for c in cols})
 
     @property
     def names(self) -> tuple[str, ...]:
         """The column names, in the spec's order."""
-        return tuple(c.name for c in self.columns)
+        return tuple(self._by_name)
 
     def column(self, name: str) -> ColumnSpec:
         """The column called ``name``.
@@ -168,10 +170,10 @@ class TableSpec:
         SpecError
             There is no such column (the message lists those there are).
         """
-        for c in self.columns:
-            if c.name == name:
-                return c
-        raise SpecError(f"no column {name!r}; columns: {list(self.names)}")
+        try:
+            return self._by_name[name]
+        except (KeyError, TypeError):  # TypeError: not a name at all (unhashable)
+            raise SpecError(f"no column {name!r}; columns: {list(self.names)}") from None
 
     @property
     def step_nbytes(self) -> int:

@@ -60,6 +60,13 @@ def gather_windows(
         the window arrays do not hold ``B`` entries each, or a window does not
         fit the ring or the output (the first such window is named).
     """
+    _check_pair(src, out, src_start, dst_offset, n_valid)
+    _check_windows(src.shape[0], out.shape[1], src_start, dst_offset, n_valid)
+    _copy_windows(src, src_start, dst_offset, n_valid, out)
+
+
+def _check_pair(src, out, src_start, dst_offset, n_valid) -> None:
+    """A ring and an output :func:`gather_windows` can copy between, and one window per output row."""
     if not (isinstance(src, np.ndarray) and src.ndim == 2 and src.dtype == np.uint8 and src.flags.c_contiguous):
         raise IndexError(f"gather_windows: src must be a C-contiguous uint8[cap, nbytes] array, got {_desc(src)}")
     if not (isinstance(out, np.ndarray) and out.ndim == 3 and out.dtype == np.uint8 and out.flags.c_contiguous):
@@ -72,12 +79,19 @@ def gather_windows(
         raise IndexError(
             f"gather_windows: src_start, dst_offset and n_valid must each hold one entry per row of out ({B})"
         )
-    bad = _first_bad(src.shape[0], out.shape[1], src_start, dst_offset, n_valid)
-    if bad >= 0:  # the byte copies do no bounds checks, so check every window first
+
+
+def _check_windows(cap: int, L: int, src_start, dst_offset, n_valid) -> None:
+    """Every window fits a ring of ``cap`` steps and an output of ``L``: the byte copies check nothing."""
+    bad = _first_bad(cap, L, src_start, dst_offset, n_valid)
+    if bad >= 0:
         raise IndexError(
             f"gather_windows: window {bad} (src_start={src_start[bad]}, dst_offset={dst_offset[bad]}, "
-            f"n_valid={n_valid[bad]}) does not fit a ring of {src.shape[0]} steps and windows of {out.shape[1]}"
+            f"n_valid={n_valid[bad]}) does not fit a ring of {cap} steps and windows of {L}"
         )
+
+
+def _copy_windows(src, src_start, dst_offset, n_valid, out) -> None:
     if out.nbytes >= PARALLEL_MIN_BYTES:
         _gather_parallel(src, src_start, dst_offset, n_valid, out)
     else:
@@ -151,11 +165,24 @@ def gather_columns(
         int64 ``[B]``: the windows, as :func:`gather_windows` takes them.
     outs : sequence of numpy.ndarray
         Per column a C-contiguous uint8 ``[B, L, nbytes]`` output.
+
+    Raises
+    ------
+    IndexError
+        As :func:`gather_windows`, for any column, or not one output per
+        source; nothing is copied then.
     """
     if len(srcs) != len(outs):
         raise IndexError(f"gather_columns: {len(srcs)} sources for {len(outs)} outputs")
+    checked = set()  # the windows, once per ring length and window length (every column of a take shares both)
     for src, out in zip(srcs, outs):
-        gather_windows(src, src_start, dst_offset, n_valid, out)
+        _check_pair(src, out, src_start, dst_offset, n_valid)
+        extents = (src.shape[0], out.shape[1])
+        if extents not in checked:
+            _check_windows(*extents, src_start, dst_offset, n_valid)
+            checked.add(extents)
+    for src, out in zip(srcs, outs):  # nothing is copied unless every column passed
+        _copy_windows(src, src_start, dst_offset, n_valid, out)
 
 
 def window_mask(dst_offset: np.ndarray, n_valid: np.ndarray, length: int, out: np.ndarray | None = None) -> np.ndarray:

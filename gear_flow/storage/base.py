@@ -15,7 +15,7 @@ import numpy as np
 
 from ..backend import is_device_array
 from ..errors import SpecError
-from ..ops.gather import scatter_chunks, scatter_rows  # module level: an insert writes every column
+from ..ops.gather import gather_columns, gather_windows, scatter_chunks, scatter_rows  # every take and insert
 from .reuse import Reuse
 
 #: large gather outputs of this process, handed out again once their replies are gone
@@ -221,9 +221,22 @@ class HostTier(StorageTier):
     def gather_windows(
         self, src: np.ndarray, src_start: np.ndarray, dst_offset: np.ndarray, n_valid: np.ndarray, out: np.ndarray
     ) -> None:
-        from ..ops.gather import gather_windows
-
         gather_windows(src, src_start, dst_offset, n_valid, out)
+
+    def gather_columns(
+        self,
+        srcs: Mapping[str, np.ndarray],
+        src_start: np.ndarray,
+        dst_offset: np.ndarray,
+        n_valid: np.ndarray,
+        outs: Mapping[str, np.ndarray],
+    ) -> None:
+        """:meth:`StorageTier.gather_columns` through :func:`gear_flow.ops.gather.gather_columns`, which checks
+        the windows once for all columns (not once per column) and copies only once all of them passed; a
+        subclass with a :meth:`gather_windows` of its own gets the default (its method per column)."""
+        if type(self).gather_windows is not HostTier.gather_windows:
+            return super().gather_columns(srcs, src_start, dst_offset, n_valid, outs)
+        gather_columns([srcs[name] for name in outs], src_start, dst_offset, n_valid, list(outs.values()))
 
     def write_chunks(self, dst: np.ndarray, pos: int, parts: list) -> None:
         """:meth:`StorageTier.write_chunks` with the large copies of all parts in one parallel region
