@@ -358,12 +358,26 @@ def test_inserts_written_out_of_admission_order_are_handed_out_in_stamp_order(di
         t.close()
 
 
+async def _planned_up_to_the_take(t, n):
+    """An ordered sample of ``n`` one-step ``tag`` rows, admitted and planned up to its take (not sent):
+    ``(admission, executor, take)``; the caller sends the take, undoes and finishes the sample."""
+    from gear_flow.distributed.remote_sample import RemoteSample
+
+    exclusive = t._cfg.exclusive
+    adm = await t._coord("admit_sample", n=n, exclusive=exclusive, owner=t._ctx.owner, timeout=5)
+    out = SampleBuffers(t.spec, ("tag",), n, 1)
+    ex = RemoteSample(t, out, 1, "pad_tail", ("tag",), t.rng, adm["txn"], not exclusive, adm["horizon"])
+    plan = planner.sample("ordered", n, t.rng)
+    take = plan.send(await ex(next(plan)))
+    assert isinstance(take, planner.Take)
+    return adm, ex, take
+
+
 def test_a_take_of_a_slot_overwritten_since_its_candidates_is_stale(dist_client):
     """The merge chose shard 1's oldest item; before the take, an insert wraps that shard's ring over it, so
     the slot is live again with an item inserted after the sample was admitted.  The take is refused as
     stale (it would hand out the newer item in the older one's place, its window unchecked), and the
     sample after it hands out the oldest items in order."""
-    from gear_flow.distributed.remote_sample import RemoteSample
     from gear_flow.distributed.transport import Retry
 
     t = DistributedTable.create(
@@ -374,20 +388,15 @@ def test_a_take_of_a_slot_overwritten_since_its_candidates_is_stale(dist_client)
             t.insert(tagged([i]), shard=i % 2)
 
         async def attempt():
-            adm = await t._coord("admit_sample", n=4, exclusive=False, owner=t._ctx.owner, timeout=5)
-            out = SampleBuffers(t.spec, ("tag",), 4, 1)
-            ex = RemoteSample(t, out, 1, "pad_tail", ("tag",), t.rng, adm["txn"], True, adm["horizon"])
+            adm, ex, take = await _planned_up_to_the_take(t, 4)
             try:
-                plan = planner.sample("ordered", 4, t.rng)
-                take = plan.send(await ex(next(plan)))
-                assert isinstance(take, planner.Take)
                 assert take.slots[1].tolist()[:1] == [0]  # shard 1's oldest (tag 1) chosen
                 await t.insert_async(tagged(range(100, 108)), shard=1)  # its 8 slots written over: slot 0 by tag 105
                 try:
                     await ex(take)
                 except Retry:
                     return "stale"
-                return out.arrays["tag"][:, 0].tolist()  # what the take served instead (pytest's failures hang here)
+                return ex.out.arrays["tag"][:, 0].tolist()  # what the take served instead (pytest's failures hang here)
             finally:
                 await ex.undo()
                 await t._coord("sample_finished", txn=adm["txn"], rollback=4)
@@ -402,7 +411,6 @@ def test_a_take_of_a_slot_overwritten_since_its_candidates_is_stale(dist_client)
 def test_a_stale_selection_is_retried_without_losing_items(dist_client):
     """An item chosen by the merge is deleted before the take: the attempt is undone on every
     worker (nothing counted, nothing expired) and the queue still hands out the rest in order."""
-    from gear_flow.distributed.remote_sample import RemoteSample
     from gear_flow.distributed.transport import Retry
 
     t = DistributedTable.queue(dist_client, gf.TableSpec(TAG, capacity=64, num_shards=2), 16, timeout=10, seed=0)
@@ -411,12 +419,7 @@ def test_a_stale_selection_is_retried_without_losing_items(dist_client):
             t.insert(tagged([i]), shard=i % 2)
 
         async def attempt():
-            adm = await t._coord("admit_sample", n=4, exclusive=True, owner=t._ctx.owner, timeout=5)
-            out = SampleBuffers(t.spec, ("tag",), 4, 1)
-            ex = RemoteSample(t, out, 1, "pad_tail", ("tag",), t.rng, adm["txn"], False, adm["horizon"])
-            plan = planner.sample("ordered", 4, t.rng)
-            take = plan.send(await ex(next(plan)))
-            assert isinstance(take, planner.Take)
+            adm, ex, take = await _planned_up_to_the_take(t, 4)
             victim = next(s for s in sorted(take.slots) if s == 1)  # shard 1's oldest, chosen
             seq = int(take.slots[victim][0])  # slot == seq before the ring wraps
             await t.delete_async([int(gf.keys.encode(victim, np.array([seq]))[0])])
