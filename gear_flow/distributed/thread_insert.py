@@ -73,8 +73,8 @@ class ThreadInsertsMixin:
             raise self._insert_error(e, [here]) from None
         return self._committed_here(ins, adm, sel_of, ids, {here: res})
 
-    def _insert_lanes(self, ins: _Insert) -> dict[str, str] | None:
-        """``{worker: lane}`` when ``ins`` can go over its workers' lanes from the caller's thread: every
+    def _insert_lanes(self, ins: _Insert) -> dict[str, tuple[str, int]] | None:
+        """``{worker: (lane, bytes of its episodes)}`` when ``ins`` can go over its workers' lanes from the caller's thread: every
         worker it goes to is another process this handle reaches by a lane without mapping its rings (a
         mapped one takes the episodes through a staging segment), the request fits the lane, and the
         coordinator's lane is found; else None."""
@@ -94,10 +94,12 @@ class ThreadInsertsMixin:
             path = ctx.lanes.route(a, op, n)
             if local or path is None or a not in self._shared or self._shared.get(a) is not None:
                 return None
-            paths[a] = path
+            paths[a] = (path, n)
         return paths
 
-    def _insert_over_lanes(self, ins: _Insert, timeout: float | None, paths: dict[str, str]) -> InsertResult:
+    def _insert_over_lanes(
+        self, ins: _Insert, timeout: float | None, paths: dict[str, tuple[str, int]]
+    ) -> InsertResult:
         """An insert sent over its workers' lanes from the caller's thread (see the module docstring)."""
         ctx = self._ctx
         adm, parts, sel_of, ids = self._admitted_here(ins, timeout)
@@ -106,9 +108,8 @@ class ThreadInsertsMixin:
         txn, addrs = adm["txn"], sorted(parts)
         op = "write" if len(addrs) == 1 else "stage"
         try:
-            for a in addrs:
-                self.stats["insert_remote_bytes"] += array_bytes([p["chunks"] for p in parts[a]])
-            got = self._over_lanes([(paths[a], op, dict(name=self.name, txn=txn, parts=parts[a])) for a in addrs])
+            self.stats["insert_remote_bytes"] += sum(n for _, n in paths.values())  # as routed: the same episodes
+            got = self._over_lanes([(paths[a][0], op, dict(name=self.name, txn=txn, parts=parts[a])) for a in addrs])
         except BaseException as e:  # interrupted before every part was taken: nothing is applied anywhere
             ctx.sync(self._abort_insert, txn, addrs, e)
             raise
@@ -122,7 +123,7 @@ class ThreadInsertsMixin:
             applied, size = ctx.sync(self._again, broken, self.run_insert, txn, parts, ok)
             return self._finished_here(ins, sel_of, ids, applied, size)
         if op == "stage":
-            got = self._over_lanes([(paths[a], "apply", dict(name=self.name, txn=txn)) for a in addrs])
+            got = self._over_lanes([(paths[a][0], "apply", dict(name=self.name, txn=txn)) for a in addrs])
             broken = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
             if broken or not all(r[0] for r in got):  # the event loop's path applies (again) and reports
                 applied, size = ctx.sync(self._again, broken, self.apply_staged, txn, addrs)
