@@ -1044,13 +1044,16 @@ class Shard:
             self.counters.sampled -= int(n)
 
     # -- removal by the remover -------------------------------------------------------
-    def remover_candidates(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def remover_candidates(self, n: int, seqs: bool = False) -> tuple[np.ndarray, ...]:
         """Best victims for an ordered remover (nothing changes).
 
         Parameters
         ----------
         n : int
             Most items wanted.
+        seqs : bool, default False
+            Also return each victim's seq (read under the same lock), for a
+            removal that must spare a slot written over meanwhile.
 
         Returns
         -------
@@ -1059,11 +1062,16 @@ class Shard:
         keys : numpy.ndarray
             float64 order keys, larger evicts first: ``[k]``, or ``[k, c]``
             compared column by column.
+        seqs : numpy.ndarray
+            int64 ``[k]`` (only with ``seqs=True``).
         """
         with self.lock:
-            return self.remover.candidates(n)
+            slots, keys = self.remover.candidates(n)
+            return (slots, keys, self.slot_seqs(slots)) if seqs else (slots, keys)
 
-    def remove_by_remover(self, n: int, rng: np.random.Generator, slots: np.ndarray | None = None) -> int:
+    def remove_by_remover(
+        self, n: int, rng: np.random.Generator, slots: np.ndarray | None = None, seqs: np.ndarray | None = None
+    ) -> int:
         """Evict ``n`` items chosen by the remover (or exactly ``slots`` if given).
 
         A weighted remover draws distinct items by their current weights;
@@ -1078,6 +1086,9 @@ class Shard:
         slots : numpy.ndarray, optional
             int64 slots to evict instead (chosen by a table across shards);
             inactive ones are skipped.
+        seqs : numpy.ndarray, optional
+            int64 seq of the item meant at each of ``slots``: a slot whose
+            live item is another (written over since) is skipped.
 
         Returns
         -------
@@ -1102,7 +1113,10 @@ class Shard:
                         left = np.setdiff1d(np.flatnonzero(self.active), chosen)
                         chosen.extend(rng.choice(left, want - len(chosen), replace=False).tolist())
                     slots = np.array(chosen, dtype=np.int64)
-            k = self._drop_items(np.asarray(slots, dtype=np.int64))
+            slots = np.asarray(slots, dtype=np.int64)
+            if seqs is not None:
+                slots = slots[self._still_there(slots, np.asarray(seqs, dtype=np.int64))]
+            k = self._drop_items(slots)
             self.counters.removed += k
             return k
 

@@ -7,6 +7,7 @@ as tasks on the workers.  No sleeps: threads meet on events and counters.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections import Counter
 
@@ -404,6 +405,56 @@ def test_a_take_of_a_slot_overwritten_since_its_candidates_is_stale(dist_client)
         assert t._ctx.sync(attempt) == "stale"
         assert t.info()["totals"]["sampled"] == 0
         assert t.sample(4)["tag"].numpy()[:, 0].tolist() == [0, 2, 4, 100]
+    finally:
+        t.close()
+
+
+def test_an_eviction_spares_a_slot_written_over_since_its_candidates(dist_client):
+    """The remover's merge chose shard 0's oldest item (tag 0, slot 0); before the removal, an insert
+    wraps that shard's ring over it (slot 0 now holds tag 105).  The removal spares the newer item
+    (before: it evicted tag 105, an item that was never the oldest, and nothing said so)."""
+    t = DistributedTable.create(
+        dist_client, gf.TableSpec(TAG, capacity=8, num_shards=2), sampler=gf.Fifo(), remover=gf.Fifo(), seed=0
+    )
+    try:
+        for i in range(6):
+            t.insert(tagged([i]), shard=i % 2)
+
+        async def attempt():
+            seqs = {}
+            cands = await t._answer_evict(planner.Candidates(1, "remover"), seqs)
+            chosen = cands[0][0].tolist()[:1]  # shard 0's oldest: slot 0 (tag 0)
+            await t.insert_async(tagged(range(100, 108)), shard=0)  # its 8 slots: 100 at slot 3, 105 over slot 0
+            removed = await t._answer_evict(planner.Evict(slots={0: np.array(chosen)}), seqs)
+            return chosen, removed
+
+        assert t._ctx.sync(attempt) == ([0], 0)
+        info = t.info()
+        assert info["size"] == info["coordinator_size"] == 11
+        assert info["totals"]["removed"] == 0
+        assert t.sample(11)["tag"].numpy()[:, 0].tolist() == [1, 3, 5, *range(100, 108)]
+    finally:
+        t.close()
+
+
+def test_concurrent_inserts_past_max_size_evict_the_excess_once(dist_client):
+    """Twenty one-item inserts into a full table (max_size 50), all in flight at once: each commit finds
+    the table past max_size, but evictions run one at a time by the size of the moment, so together they
+    remove 20 items, the 20 oldest (before: each evicted the excess it had seen, and the table emptied)."""
+    spec = gf.TableSpec(TAG, capacity=400, num_shards=2, max_size=50)
+    t = DistributedTable.create(dist_client, spec, sampler=gf.Fifo(), remover=gf.Fifo(), seed=0)
+    try:
+        t.insert(tagged(range(50)))
+
+        async def together():
+            return await asyncio.gather(*[t.insert_async(tagged([100 + i])) for i in range(20)])
+
+        res = t._ctx.sync(together)
+        info = t.info()
+        assert info["size"] == info["coordinator_size"] == 50
+        assert info["totals"]["removed"] == 20
+        by_admission = [100 + int(i) for i in np.argsort([int(r.episode_ids[0]) for r in res], kind="stable")]
+        assert t.sample(50)["tag"].numpy()[:, 0].tolist() == list(range(20, 50)) + by_admission
     finally:
         t.close()
 

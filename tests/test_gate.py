@@ -126,3 +126,28 @@ def test_exclusive_samples_run_one_at_a_time_and_owners_are_released():
             waiter.fut.result()
 
     run(go)
+
+
+def test_evictions_run_one_at_a_time_and_delay_no_sample_of_a_non_exclusive_table():
+    """Each hold is granted the size of its moment, after the eviction before it has reported what it
+    removed; samples queued behind a waiting hold are served at once (they do not take the hold)."""
+
+    async def go():
+        g = _gate(gf.MinSize(1), max_size=10)
+        r = g.request("insert", 12, "p").fut.result()
+        g.commit_insert(r["txn"], {0: 6, 1: 6}, {})
+        first, second = g.request("hold", 0, "a"), g.request("hold", 0, "b")
+        sample = g.request("sample", 1, "c")
+        assert granted([first, second, sample]) == [True, False, True]
+        assert first.fut.result()["size"] == 12
+        g.removed(2, {0: 2})
+        assert granted([second]) == [False]
+        g.sample_finished(first.fut.result()["txn"])
+        assert granted([second]) == [True] and second.fut.result()["size"] == 10
+        third = g.request("hold", 0, "d")
+        _, hold = g.release_owner("b")  # the holder goes away: its hold comes back for recovery
+        assert hold["txn"] == second.fut.result()["txn"]
+        g.sample_finished(hold["txn"], rollback=hold["n"])
+        assert granted([third]) == [True]
+
+    run(go)

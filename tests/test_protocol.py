@@ -169,6 +169,9 @@ def test_updates_and_selections_are_checked_by_the_worker(dist_client, tables):
         refused(raw_worker(f, "summaries", dict(name=f.name, kinds=["sampler"])), "ordered sampler")
         refused(raw_worker(f, "sample_part", dict(name=f.name, length=1, boundary="strict", columns=["obs"], seed=0,
                                                   counts={0: 2}, scale={0: 1.0})), "give slots")  # fmt: skip
+        refused(raw_worker(f, "remove", dict(name=f.name, counts={0: 1}, seqs={0: np.array([0])})), "seqs must name")
+        refused(raw_worker(f, "remove", dict(name=f.name, slots={0: np.array([0, 1])}, seqs={0: np.array([0])})),
+                "shard 0 has 2 slots and 1 seqs")  # fmt: skip
 
 
 def test_unreadable_packed_arguments_are_refused(dist_client, tables):

@@ -272,7 +272,8 @@ class GearFlowCoordinator(SchedulerPlugin):
         return await self._wait(g, w, timeout, f"a sample of {n}")
 
     async def _admit_hold(self, name, timeout=None, owner=""):
-        """Hold an exclusive table (no sample in progress) for an eviction; returns the size then."""
+        """Hold the table for an eviction (no other eviction, nor an exclusive sample, in progress); returns
+        the size then."""
         g = self._table(name)
         return await self._wait(g, g.request("hold", 0, owner or ""), timeout, "an eviction")
 

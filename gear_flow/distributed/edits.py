@@ -256,11 +256,10 @@ class EditsMixin:
 
     # -- eviction ---------------------------------------------------------------------------------
     async def _evict_excess(self, size: int) -> None:
-        """Back to ``max_size``.  Tables whose samples expire items evict under the table's hold,
-        after any sample in progress has expired what it hands out."""
-        if not self._cfg.exclusive:
-            await self._evict(size - self.spec.max_size)
-            return
+        """Back to ``max_size``, under the table's eviction hold and by the size the hold was granted at
+        (``size``, the table's at this insert's commit, may count items another insert's eviction removes
+        meanwhile).  Tables whose samples expire items evict after any sample in progress has expired what
+        it hands out."""
         hold = await self._coord("admit_hold", owner=self._ctx.owner, timeout=self.timeout)
         try:
             if hold["size"] > self.spec.max_size:
@@ -270,12 +269,14 @@ class EditsMixin:
 
     async def _evict(self, excess: int) -> int:
         """Remove ``excess`` items as the remover says (the planner's eviction plan)."""
-        removed = await planner.run_async(
-            planner.evict(excess, self._cfg.remover.deterministic, self.rng), self._answer_evict
-        )
-        return removed
+        seqs: dict = {}  # shard -> {slot: seq} of the last candidates, to remove only those very items
 
-    async def _answer_evict(self, req):
+        async def answer(req):
+            return await self._answer_evict(req, seqs)
+
+        return await planner.run_async(planner.evict(excess, self._cfg.remover.deterministic, self.rng), answer)
+
+    async def _answer_evict(self, req, seqs: dict):
         workers = self._workers()
         if isinstance(req, planner.Summaries):
             res = await self._on_workers({a: ("summaries", dict(name=self.name, kinds=req.kinds)) for a in workers})
@@ -284,15 +285,27 @@ class EditsMixin:
             res = await self._on_workers(
                 {a: ("candidates", dict(name=self.name, n=req.n, role=req.role)) for a in workers}
             )
-            return {s: c for r in res.values() for s, c in r.items()}
+            cands = {s: c for r in res.values() for s, c in r.items()}
+            # an ordered remover's victims come with the seq of each one: an insert may write its ring over
+            # a victim's slot before the removal, which must then spare the newer item there
+            seqs.clear()
+            seqs.update({s: dict(zip(c[0].tolist(), c[2].tolist())) for s, c in cands.items()})
+            return {s: (c[0], c[1]) for s, c in cands.items()}
         assert isinstance(req, planner.Evict)
-        part = req.slots if req.slots is not None else req.counts
         by = defaultdict(dict)
-        for s, v in part.items():
-            by[self.placement[s]][s] = v
-        key = "slots" if req.slots is not None else "counts"
+        if req.slots is not None:
+            for s, sl in req.slots.items():
+                by[self.placement[s]][s] = sl
+            msgs = {
+                a: {"slots": v, "seqs": {s: np.array([seqs[s][x] for x in sl.tolist()], np.int64) for s, sl in v.items()}}
+                for a, v in by.items()
+            }
+        else:
+            for s, k in req.counts.items():
+                by[self.placement[s]][s] = k
+            msgs = {a: {"counts": v} for a, v in by.items()}
         res = await self._on_workers(
-            {a: ("remove", {"name": self.name, key: v, "seed": int(self.rng.integers(2**63))}) for a, v in by.items()}
+            {a: ("remove", {"name": self.name, **m, "seed": int(self.rng.integers(2**63))}) for a, m in msgs.items()}
         )
         per = {s: k for r in res.values() for s, k in r.items() if k}
         if per:

@@ -24,6 +24,10 @@ a request may ask at all is checked first, by
   reports it finished (with the items it expired).  Evictions of such a table
   take the same hold, so an item a sample is about to hand out and expire is
   never also counted as excess (a Queue never evicts what it delivers).
+* **Evictions** run one at a time on every table, each granted the size of
+  the moment: concurrent inserts that each took the table past ``max_size``
+  evict its excess once, not once each.  On a table whose samples change
+  nothing, the hold queues apart from the samples and delays none of them.
 * **Owners**: every request names its owner (a client id, or a worker address
   for handles in tasks).  When an owner goes away its waiters are dropped, its
   exclusive hold is released and its unfinished inserts are recovered.
@@ -174,7 +178,9 @@ class TableGate(GateChecks):
         self.txns: dict[str, Txn] = {}  # in admission order
         self.inserts: deque[Waiter] = deque()
         self.samples: deque[Waiter] = deque()
-        self.holder: dict | None = None  # the exclusive sample in progress
+        #: evictions waiting, on a table whose samples do not take the hold (else they queue with the samples)
+        self.holds: deque[Waiter] = deque()
+        self.holder: dict | None = None  # the exclusive sample or the eviction in progress
 
     # -- derived sizes ----------------------------------------------------------------------------
     @property
@@ -202,7 +208,8 @@ class TableGate(GateChecks):
         Parameters
         ----------
         kind : {"insert", "sample", "hold"}
-            What is asked for (a hold queues with the samples).
+            What is asked for (the hold of an eviction queues with the samples
+            of a table whose samples are exclusive, else on its own).
         n : int
             Items to insert or sample.
         owner : str
@@ -228,9 +235,18 @@ class TableGate(GateChecks):
         if self.closed:
             raise TableClosedError(f"table {self.name!r} is closed")
         w = Waiter(kind, int(n), owner, asyncio.get_running_loop().create_future(), extra)
-        (self.inserts if kind == "insert" else self.samples).append(w)
+        self._queue(kind).append(w)
         self.pump()
         return w
+
+    def _queue(self, kind: str) -> deque:
+        if kind == "insert":
+            return self.inserts
+        return self.holds if kind == "hold" and not self.exclusive else self.samples
+
+    @property
+    def _queues(self) -> tuple[deque, deque, deque]:
+        return (self.inserts, self.samples, self.holds)
 
     def withdraw(self, w: Waiter) -> None:
         """A waiter gave up (timeout); later waiters may now be served.
@@ -240,7 +256,7 @@ class TableGate(GateChecks):
         w : Waiter
             The waiter, granted or not (a grant is left as it is).
         """
-        for q in (self.inserts, self.samples):
+        for q in self._queues:
             if w in q:
                 q.remove(w)
         if not w.fut.done():
@@ -259,7 +275,7 @@ class TableGate(GateChecks):
     def pump(self) -> None:
         """Grant waiters first come, first served, per kind, while the limiter allows."""
         if self.closed:
-            for q in (self.inserts, self.samples):
+            for q in self._queues:
                 while q:
                     w = q.popleft()
                     if not w.fut.done():
@@ -268,7 +284,7 @@ class TableGate(GateChecks):
         progress = True
         while progress:
             progress = False
-            for q in (self.inserts, self.samples):
+            for q in self._queues:
                 while q and (q[0].fut.done() or self._can(q[0])):
                     w = q.popleft()
                     if w.fut.done():
@@ -279,7 +295,7 @@ class TableGate(GateChecks):
     def _grant(self, w: Waiter) -> dict:
         if w.kind == "insert":
             return self._grant_insert(w)
-        if w.kind == "hold":  # an eviction of an exclusive table: serialised with its samples
+        if w.kind == "hold":  # an eviction: one at a time (and, exclusive tables, with their samples)
             txn = uuid.uuid4().hex
             self.holder = {"txn": txn, "owner": w.owner, "n": 0}
             return {"txn": txn, "size": self.size}
@@ -437,7 +453,7 @@ class TableGate(GateChecks):
         hold : dict or None
             Its exclusive hold (``txn``, ``owner``, ``n``), if it had it.
         """
-        for q in (self.inserts, self.samples):
+        for q in self._queues:
             for w in [w for w in q if w.owner == owner]:
                 q.remove(w)
                 if not w.fut.done():

@@ -143,7 +143,14 @@ class EditingHost:
             st += b
         return d, st
 
-    def remove(self, name: str, counts: dict | None = None, slots: dict | None = None, seed: int | None = None) -> dict:
+    def remove(
+        self,
+        name: str,
+        counts: dict | None = None,
+        slots: dict | None = None,
+        seed: int | None = None,
+        seqs: dict | None = None,
+    ) -> dict:
         """Evict by the remover (an :class:`planner.Evict` part).
 
         Parameters
@@ -157,6 +164,10 @@ class EditingHost:
             Give exactly one of ``counts`` and ``slots``.
         seed : int, optional
             Seeds the removers' generator.
+        seqs : dict, optional
+            ``{shard: seqs}``, one per slot of ``slots``: the items meant (as
+            the candidates listed them); a slot an insert has written over
+            since is spared.
 
         Returns
         -------
@@ -167,20 +178,28 @@ class EditingHost:
         ------
         SpecError
             Both or neither of ``counts`` and ``slots``, slots beyond a
-            shard's capacity, or a shard not here.
+            shard's capacity, seqs without slots or not one per slot, or a
+            shard not here.
         """
         rng = np.random.default_rng(seed)
         t = self.table(name)
         if (counts is None) == (slots is None):
             raise SpecError("worker 'remove': give exactly one of counts and slots")
+        if seqs is not None and (slots is None or set(seqs) != set(slots)):
+            raise SpecError("worker 'remove': seqs must name the shards of slots")
         for i, v in (slots or {}).items():
             if len(v) and int(np.max(v)) >= t.shard(i).capacity:
                 raise SpecError(f"worker 'remove': slots of shard {i} must be below its capacity")
+            if seqs is not None and len(seqs[i]) != len(v):
+                raise SpecError(f"worker 'remove': shard {i} has {len(v)} slots and {len(seqs[i])} seqs")
         for i in counts or {}:
             t.shard(i)
         out = {}
         for i, v in (slots if slots is not None else counts or {}).items():
-            k = evict_on(t.shard(i), slots=v, rng=rng) if slots is not None else evict_on(t.shard(i), counts=v, rng=rng)
+            if slots is not None:
+                k = evict_on(t.shard(i), slots=v, rng=rng, seqs=None if seqs is None else seqs[i])
+            else:
+                k = evict_on(t.shard(i), counts=v, rng=rng)
             if k:
                 out[int(i)] = k
         return out

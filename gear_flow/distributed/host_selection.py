@@ -108,7 +108,9 @@ class SelectingHost:
         Returns
         -------
         dict
-            ``{shard: (slots, order_keys)}``, best first.
+            ``{shard: (slots, order_keys)}``, best first; the remover's
+            ``{shard: (slots, order_keys, seqs)}``, with the seq of each
+            victim (a removal spares a slot written over since).
 
         Raises
         ------
@@ -120,5 +122,7 @@ class SelectingHost:
         sel = t.cfg.sampler if role == "sampler" else t.cfg.remover
         if not sel.deterministic:
             raise ProtocolError(f"worker 'candidates': the {role} of table {name!r} ({sel!r}) is not ordered")
+        if role == "remover":
+            return {i: s.remover_candidates(int(n), seqs=True) for i, s in t.shards.items()}
         ex = InProcess(t.shards, None, None, length or 1, boundary or "pad_tail", horizon=horizon)
         return ex(planner.Candidates(int(n), role))

@@ -38,8 +38,9 @@ from .checkers import (
     text,
 )
 
-#: bumped whenever a message's meaning changes; both sides must agree (5: a take carries its sample's horizon)
-VERSION = 5
+#: bumped whenever a message's meaning changes; both sides must agree (5: a take carries its sample's horizon;
+#: 6: a remover's candidates carry their seqs and a removal by slots spares slots written over since)
+VERSION = 6
 
 SHARD = integer(0, 126)
 SEQS = int_array(0, (1 << 56) - 1)
@@ -146,6 +147,7 @@ WORKER = {
         "counts": optional(mapping(SHARD, integer(0, 1 << 40), 127)),
         "slots": optional(mapping(SHARD, int_array(0, 1 << 40), 127)),
         "seed": optional(SEED),
+        "seqs": optional(mapping(SHARD, SEQS, 127)),
     },
     "info": {"name": NAME},
     "nbytes": {"name": NAME},

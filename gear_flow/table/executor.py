@@ -119,7 +119,11 @@ def summary(shard: Shard, kind: str, L: int = 1, boundary: str = "pad_tail") -> 
 
 
 def evict_on(
-    shard: Shard, counts: int | None = None, slots: ArrayLike | None = None, rng: np.random.Generator | None = None
+    shard: Shard,
+    counts: int | None = None,
+    slots: ArrayLike | None = None,
+    rng: np.random.Generator | None = None,
+    seqs: ArrayLike | None = None,
 ) -> int:
     """Carry out an :class:`planner.Evict` part on one shard.
 
@@ -134,6 +138,9 @@ def evict_on(
         duplicates count once.  Wins over ``counts``.
     rng : numpy.random.Generator, optional
         For random removers.
+    seqs : array_like of int, optional
+        The seq of the item meant at each of ``slots``: slots written over
+        since are spared.
 
     Returns
     -------
@@ -141,8 +148,9 @@ def evict_on(
         Items removed.
     """
     if slots is not None:
-        sl = np.unique(np.asarray(slots, dtype=np.int64))
-        return shard.remove_by_remover(len(sl), rng, slots=sl) if len(sl) else 0
+        sl, first = np.unique(np.asarray(slots, dtype=np.int64), return_index=True)
+        sq = None if seqs is None else np.asarray(seqs, dtype=np.int64)[first]
+        return shard.remove_by_remover(len(sl), rng, slots=sl, seqs=sq) if len(sl) else 0
     return shard.remove_by_remover(int(counts), rng) if counts else 0
 
 
