@@ -374,6 +374,16 @@ async def _planned_up_to_the_take(t, n):
     return adm, ex, take
 
 
+def _six_in_two_rings_of_8(client):
+    """A Fifo table over two shards of 8 slots, tags 0..5 inserted one by one, even tags on shard 0."""
+    t = DistributedTable.create(
+        client, gf.TableSpec(TAG, capacity=8, num_shards=2), sampler=gf.Fifo(), remover=gf.Fifo(), seed=0
+    )
+    for i in range(6):
+        t.insert(tagged([i]), shard=i % 2)
+    return t
+
+
 def test_a_take_of_a_slot_overwritten_since_its_candidates_is_stale(dist_client):
     """The merge chose shard 1's oldest item; before the take, an insert wraps that shard's ring over it, so
     the slot is live again with an item inserted after the sample was admitted.  The take is refused as
@@ -381,12 +391,8 @@ def test_a_take_of_a_slot_overwritten_since_its_candidates_is_stale(dist_client)
     sample after it hands out the oldest items in order."""
     from gear_flow.distributed.transport import Retry
 
-    t = DistributedTable.create(
-        dist_client, gf.TableSpec(TAG, capacity=8, num_shards=2), sampler=gf.Fifo(), remover=gf.Fifo(), seed=0
-    )
+    t = _six_in_two_rings_of_8(dist_client)
     try:
-        for i in range(6):
-            t.insert(tagged([i]), shard=i % 2)
 
         async def attempt():
             adm, ex, take = await _planned_up_to_the_take(t, 4)
@@ -413,12 +419,8 @@ def test_an_eviction_spares_a_slot_written_over_since_its_candidates(dist_client
     """The remover's merge chose shard 0's oldest item (tag 0, slot 0); before the removal, an insert
     wraps that shard's ring over it (slot 0 now holds tag 105).  The removal spares the newer item
     (before: it evicted tag 105, an item that was never the oldest, and nothing said so)."""
-    t = DistributedTable.create(
-        dist_client, gf.TableSpec(TAG, capacity=8, num_shards=2), sampler=gf.Fifo(), remover=gf.Fifo(), seed=0
-    )
+    t = _six_in_two_rings_of_8(dist_client)
     try:
-        for i in range(6):
-            t.insert(tagged([i]), shard=i % 2)
 
         async def attempt():
             seqs = {}
