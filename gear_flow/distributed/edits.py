@@ -297,7 +297,10 @@ class EditsMixin:
             for s, sl in req.slots.items():
                 by[self.placement[s]][s] = sl
             msgs = {
-                a: {"slots": v, "seqs": {s: np.array([seqs[s][x] for x in sl.tolist()], np.int64) for s, sl in v.items()}}
+                a: {
+                    "slots": v,
+                    "seqs": {s: np.array([seqs[s][x] for x in sl.tolist()], np.int64) for s, sl in v.items()},
+                }
                 for a, v in by.items()
             }
         else:
