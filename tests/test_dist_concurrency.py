@@ -442,9 +442,11 @@ def test_an_eviction_spares_a_slot_written_over_since_its_candidates(dist_client
 def test_concurrent_inserts_past_max_size_evict_the_excess_once(dist_client):
     """Twenty one-item inserts into a full table (max_size 50), all in flight at once: each commit finds
     the table past max_size, but evictions run one at a time by the size of the moment, so together they
-    remove 20 items, the 20 oldest (before: each evicted the excess it had seen, and the table emptied)."""
+    remove 20 items, the 20 oldest (before: each evicted the excess it had seen, and the table emptied).
+    The table's timeout of 0 is the rate limiter's: an insert waiting for another's eviction does not
+    time out after it has committed."""
     spec = gf.TableSpec(TAG, capacity=400, num_shards=2, max_size=50)
-    t = DistributedTable.create(dist_client, spec, sampler=gf.Fifo(), remover=gf.Fifo(), seed=0)
+    t = DistributedTable.create(dist_client, spec, sampler=gf.Fifo(), remover=gf.Fifo(), seed=0, timeout=0)
     try:
         t.insert(tagged(range(50)))
 

@@ -260,7 +260,9 @@ class EditsMixin:
         (``size``, the table's at this insert's commit, may count items another insert's eviction removes
         meanwhile).  Tables whose samples expire items evict after any sample in progress has expired what
         it hands out."""
-        hold = await self._coord("admit_hold", owner=self._ctx.owner, timeout=self.timeout)
+        # not the table's timeout (the rate limiter's wait): the insert is committed, and an eviction or
+        # exclusive sample in progress ends soon (or with its owner); failing here would report it lost
+        hold = await self._coord("admit_hold", owner=self._ctx.owner)
         try:
             if hold["size"] > self.spec.max_size:
                 await self._evict(hold["size"] - self.spec.max_size)
