@@ -135,3 +135,40 @@ def test_a_lane_that_breaks_mid_insert_hands_it_to_the_comm(dist_client, tcp_lan
         assert len(t) == 100
     finally:
         t.close()
+
+
+def _ran(dask_worker=None):
+    return dict(dask_worker.plugins[PLUGIN_NAME].ran)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_small_writes_run_on_the_workers_event_loop_large_ones_in_its_pool(dist_client, tcp_lanes, workers):
+    """A few steps are written (or staged, then applied) right on the worker's event loop, where the hop to its
+    thread pool and back would cost more than the write; a part over ``QUICK_BYTES`` goes to the pool."""
+    from gear_flow.distributed.plugin import QUICK_BYTES
+
+    t = DistributedTable.create(dist_client, gf.TableSpec(COLUMNS, capacity=30000, num_shards=2), seed=0)
+    try:
+        shard = 0 if workers == 1 else None
+        t.insert([episode(1, 10), episode(2, 10)], shard=shard)  # the event loop's path: the lanes are learnt
+
+        def ran_by(eps):
+            before = dist_client.run(_ran)
+            t.insert(eps, shard=shard)
+            after = dist_client.run(_ran)
+            return {a: (after[a]["loop"] - before[a]["loop"], after[a]["pool"] - before[a]["pool"]) for a in after}
+
+        small = ran_by([episode(3, 10), episode(4, 10)])
+        large = [episode(5, 12000), episode(6, 12000)]
+        assert all(_nbytes([e]) > QUICK_BYTES for e in large)
+        large = ran_by(large)
+        assert t.stats["insert_in_thread"] == 2
+        requests = 1 if workers == 1 else 2  # a write; or a stage and an apply
+        used = {t.placement[0]} if workers == 1 else set(t.placement.values())
+        assert small == {a: ((requests, 0) if a in used else (0, 0)) for a in small}
+        assert large == {a: ((0, requests) if a in used else (0, 0)) for a in large}
+        info = t.info()
+        assert info["size"] == info["coordinator_size"] == 40 + 24000
+        _check_rows(t, 256)
+    finally:
+        t.close()

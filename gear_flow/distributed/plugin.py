@@ -74,18 +74,23 @@ OPS = {
 QUICK_ITEMS = 1 << 16
 #: most window steps a ``sample_part`` may gather on the event loop (geometry-only parts gather nothing)
 QUICK_STEPS = 4096
+#: most bytes of episodes a ``write``, ``stage`` or ``apply`` may copy on the event loop (an actor's few
+#: steps: the shard's bookkeeping costs more than the copy, and the hop to the pool more than both)
+QUICK_BYTES = 1 << 18
+#: most items a weighted remover may pick on the event loop (it draws them one at a time)
+QUICK_PICKS = 64
 
 
-def _quick(op: str, args: dict[str, Any]) -> bool:
+def _quick(op: str, args: dict[str, Any], host: ShardHost | None = None) -> bool:
     """Whether ``op`` with ``args`` is small enough to run on the event loop (it never waits for a lock there)."""
     try:
-        return _small(op, args)
-    except (TypeError, ValueError, AttributeError):
+        return _small(op, args, host)
+    except (TypeError, ValueError, AttributeError, KeyError):
         return False
 
 
-def _small(op: str, args: dict[str, Any]) -> bool:
-    if op in ("summaries", "uncount", "info", "status", "finish_sample", "new_epoch", "nbytes"):
+def _small(op: str, args: dict[str, Any], host: ShardHost | None) -> bool:
+    if op in ("summaries", "uncount", "info", "status", "finish_sample", "new_epoch", "nbytes", "abort"):
         return True
     if op == "sample_all":
         return args.get("out") is None and int(args["n"]) * int(args.get("length") or 1) <= QUICK_STEPS
@@ -100,6 +105,19 @@ def _small(op: str, args: dict[str, Any]) -> bool:
     if op in ("update", "check_keys"):
         seqs = args.get("seqs_by_shard") or {}
         return sum(len(v) for v in seqs.values()) <= QUICK_ITEMS
+    if op == "candidates":
+        return int(args["n"]) <= QUICK_STEPS
+    if op == "remove":
+        if args.get("slots") is not None:
+            return sum(len(v) for v in args["slots"].values()) <= QUICK_ITEMS
+        return sum(int(v) for v in (args.get("counts") or {}).values()) <= QUICK_PICKS
+    if op in ("write", "stage"):  # episodes in a staging segment are counted when applied
+        parts = args["parts"]
+        return all(p.get("staged") is None for p in parts) and wire.array_bytes(parts) <= QUICK_BYTES
+    if op == "apply" and host is not None:
+        t = host.tables.get(args["name"])
+        batches = None if t is None else t.staged.get(args["txn"])
+        return batches is not None and sum(wire.array_bytes(b.chunks) for _, b in batches) <= QUICK_BYTES
     return False
 
 
@@ -199,7 +217,7 @@ class GearFlowWorker(WorkerPlugin):
             The operation's own errors.
         """
         fn = OPS[op]
-        if _quick(op, kwargs):
+        if _quick(op, kwargs, self.host):
             locks = self._try_locks(kwargs.get("name"))
             if locks is not None:
                 self.ran["loop"] += 1
