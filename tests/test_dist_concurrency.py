@@ -264,6 +264,71 @@ def _produce(name, pid, n, client=None):
     return n, t.stats["insert_in_thread"]
 
 
+OBS = (gf.ColumnSpec("obs", (2,), np.float32),)
+
+
+def steps(tag, n):
+    """An episode of ``n`` steps whose obs are ``(tag, step)``."""
+    return {"obs": np.stack([np.full(n, tag), np.arange(n)], axis=1).astype(np.float32)}
+
+
+def _produce_episodes(name, pid, n, client=None):
+    """Insert ``n`` episodes of 3..9 steps tagged ``pid * 10_000 + i``, one call each; calls made in this thread."""
+    t = DistributedTable.attach(name, client)
+    for i in range(n):
+        t.insert([steps(pid * 10_000 + i, 3 + i % 7)])
+    return t.stats["insert_in_thread"]
+
+
+def test_a_full_table_under_actor_and_client_writers_stays_at_max_size(dist_client):
+    """Two actor tasks (each into its own worker's shards) and a client thread insert episodes into a table
+    held at max_size 300 (every insert evicts), while a client thread samples strict windows of 4 steps:
+    every window holds consecutive steps of one episode, the table ends at exactly max_size on the workers
+    and the coordinator, and every item inserted is accounted for (evicted by a ring, removed, or there)."""
+    t = DistributedTable.create(dist_client, gf.TableSpec(OBS, capacity=250, num_shards=2, max_size=300), seed=0)
+    try:
+        for i in range(40):
+            t.insert([steps(i, 10)])
+        assert t.size == 300
+        stop, errors, windows = threading.Event(), [], Counter()
+
+        def read():
+            try:
+                while not stop.is_set():
+                    o = t.sample(32, 4, boundary="strict")["obs"].numpy()
+                    ok = (o[..., 0] == o[:, :1, 0]).all(1) & (np.diff(o[..., 1], axis=1) == 1).all(1)
+                    windows["ok"] += int(ok.sum())
+                    windows["bad"] += int((~ok).sum())
+            except Exception as e:  # noqa: BLE001 - reported by the main thread
+                errors.append(e)
+
+        def write():
+            try:
+                _produce_episodes(t.name, 3, 60, dist_client)
+            except Exception as e:  # noqa: BLE001 - reported by the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=read), threading.Thread(target=write)]
+        for th in threads:
+            th.start()
+        workers = sorted(set(t.placement.values()))
+        tasks = [dist_client.submit(_produce_episodes, t.name, pid, 60, workers=[w], pure=False) for pid, w in
+                 zip((1, 2), workers)]  # fmt: skip
+        dist_client.gather(tasks)
+        threads[1].join()
+        stop.set()
+        threads[0].join()
+        assert not errors, errors
+        assert windows["bad"] == 0 and windows["ok"] > 0, windows
+        info = t.info()
+        tot = info["totals"]
+        assert info["size"] == info["coordinator_size"] == sum(s["size"] for s in info["shards"]) == 300
+        assert tot["inserted"] == 400 + 3 * sum(3 + i % 7 for i in range(60))
+        assert tot["inserted"] == tot["evicted"] + tot["removed"] + info["size"]
+    finally:
+        t.close()
+
+
 @pytest.mark.parametrize("kind", ["queue", "stack"])
 def test_queue_and_stack_hand_out_every_item_once(dist_client, kind):
     """3 producers (2 worker tasks, 1 client thread), 2 consumer threads, a queue of 8 over 2 workers."""
