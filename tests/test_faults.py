@@ -59,6 +59,30 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def test_a_client_that_closed_its_connections_reports_the_coordinator_lost(dist_client):
+    """A client that gave up on its scheduler closes its connection pool; a coordinator request over the
+    comm then meets Dask's ``RuntimeError("ConnectionPool is closed")``, which is a lost coordinator (seen
+    as an untranslated RuntimeError after a scheduler was killed, when the client closed first); so is a
+    request to a worker."""
+    from gear_flow.distributed.transport import call
+
+    # coordinator and worker requests over the comm
+    with dask.config.set({"gear-flow.distributed.fast-lane": False, "gear-flow.distributed.tcp-lane": False}):
+        t = DistributedTable.create(dist_client, spec(), seed=0)
+        c2 = Client(dist_client.scheduler.address, set_as_default=False)
+        try:
+            t2 = DistributedTable.attach(t.name, c2)
+            assert t2._ctx.sync(t2._coord, "lookup")["name"] == t.name
+            c2.sync(c2.rpc.close)
+            with pytest.raises(gf.CoordinatorLostError, match="cannot be reached.*ConnectionPool is closed"):
+                t2._ctx.sync(t2._coord, "lookup")
+            with pytest.raises(gf.CoordinatorLostError, match="closed its connections"):
+                t2._ctx.sync(call, t2._ctx, t.placement[0], "info", table=t.name, name=t.name)
+        finally:
+            c2.close()
+            t.close()
+
+
 def test_lost_scheduler_is_a_clear_error(tmp_path):
     port = _free_port()
     addr = f"tcp://127.0.0.1:{port}"

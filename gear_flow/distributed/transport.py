@@ -15,6 +15,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from distributed.core import Status
+
 from .. import config
 from ..errors import CoordinatorLostError, GearFlowError
 from . import protocol, wire
@@ -27,6 +29,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 COMM_ERRORS = (OSError, asyncio.TimeoutError)
+
+
+def pool_closed(e: BaseException, rpc: Any) -> bool:
+    """Is ``e`` Dask's ``RuntimeError`` for a connection pool already closed (the client gave up on the
+    scheduler and closed its connections)?"""
+    pool = getattr(rpc, "pool", None)
+    return isinstance(e, RuntimeError) and pool is not None and getattr(pool, "status", None) != Status.running
+
+
 T = TypeVar("T")
 
 
@@ -283,7 +294,9 @@ async def coord(ctx: Context, op: str, name: str | None, **kw: Any) -> Any:
             return got
     try:
         resp = await ctx.scheduler.gear_flow_coord(action=op, name=name, v=protocol.VERSION, **kw)
-    except COMM_ERRORS as e:
+    except (*COMM_ERRORS, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and not pool_closed(e, ctx.scheduler):
+            raise
         raise CoordinatorLostError(
             f"table {name!r}: the scheduler at {ctx.scheduler.address} cannot be reached ({type(e).__name__}: {e})"
         ) from e
@@ -555,6 +568,10 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
         raise
     except COMM_ERRORS as e:
         raise WorkerLost(addr, e) from e
+    except RuntimeError as e:
+        if not pool_closed(e, ctx.rpc(addr)):
+            raise
+        raise CoordinatorLostError(f"worker {addr}: this client has closed its connections ({e})") from e
     finally:
         watch["timer"].cancel()
         if watch["checker"] is not None and not watch["checker"].done():
