@@ -33,7 +33,20 @@ COMM_ERRORS = (OSError, asyncio.TimeoutError)
 
 def pool_closed(e: BaseException, rpc: Any) -> bool:
     """Is ``e`` Dask's ``RuntimeError`` for a connection pool already closed (the client gave up on the
-    scheduler and closed its connections)?"""
+    scheduler and closed its connections)?
+
+    Parameters
+    ----------
+    e : BaseException
+        What a request over the comm raised.
+    rpc : object
+        What the request was made with (a ``PooledRPCCall``: its ``pool`` tells).
+
+    Returns
+    -------
+    bool
+        True when ``e`` is a ``RuntimeError`` and the pool is no longer running.
+    """
     pool = getattr(rpc, "pool", None)
     return isinstance(e, RuntimeError) and pool is not None and getattr(pool, "status", None) != Status.running
 
