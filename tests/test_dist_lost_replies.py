@@ -110,3 +110,112 @@ def test_a_worker_closing_while_it_draws_counts_as_lost(plane):
             assert set(t.lost) == {1}
         finally:
             t.close()
+
+
+def _close_while_serving(op, dask_worker=None):
+    """This worker serves the next ``op`` (from its lane or its comm), then closes before it can reply."""
+    plugin = dask_worker.plugins[PLUGIN_NAME]
+    lane, comm = plugin.lane._serve, plugin.serve
+
+    def closing(real):
+        async def serve(action, *args):
+            reply = await real(action, *args)
+            if action == op:
+                plugin.lane._serve, plugin.serve = lane, comm
+                asyncio.ensure_future(dask_worker.close(reason=f"closing while it serves {op}"))
+                while plugin.lane.path is not None or plugin.lane.tcp is not None:  # its lane closes first
+                    await asyncio.sleep(0.01)
+                raise ConnectionResetError(f"closed while serving {op}")  # no reply, by either way
+            return reply
+
+        return serve
+
+    plugin.lane._serve, plugin.serve = closing(lane), closing(comm)
+
+
+@pytest.mark.parametrize("degraded", [True, False])
+@pytest.mark.parametrize("op", ["candidates", "remove"])
+def test_a_worker_lost_while_an_insert_evicts_leaves_the_insert_stored_and_says_so(op, degraded):
+    """The insert is committed before it evicts to ``max_size``; the other shard's worker closes while it
+    lists its eviction candidates, or after removing its victim.  A degraded table marks that shard lost
+    and the insert returns (its items are stored: nothing to send again), with the live shard's removal
+    counted; otherwise the ShardLostError says the insert was stored.  Either way no internal error leaks
+    and the coordinator agrees with the shards."""
+    cfg = {"distributed.comm.timeouts.connect": "5s", "gear-flow.distributed.shared-memory": True}
+    with (
+        dask.config.set(cfg),
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        spec = gf.TableSpec(TAG, capacity=64, num_shards=2, max_size=20)
+        t = DistributedTable.create(client, spec, degraded=degraded, seed=0)
+        try:
+            for k in range(1, 11):  # the oldest two, 1 and 101, on different shards: the Fifo remover's victims
+                t.insert(tagged([k]), shard=0)
+                t.insert(tagged([100 + k]), shard=1)
+            t.sample(8)  # the lanes learnt
+            assert set(t._ctx.lanes.paths) == set(t.placement.values())
+            client.run(_close_while_serving, op, workers=[t.placement[1]])
+            if degraded:
+                r = t.insert(tagged([11, 12]), shard=0)
+                assert r.shards.tolist() == [0, 0]
+            else:
+                with pytest.raises(gf.ShardLostError, match="the insert was stored"):
+                    t.insert(tagged([11, 12]), shard=0)
+            assert set(t.lost) == {1}
+            if degraded:
+                kept = set(range(1 if op == "candidates" else 2, 13))  # tag 1 evicted when the removal ran
+                info = t.info()
+                assert info["size"] == info["coordinator_size"] == len(kept), info
+                assert set(t.sample(64)["tag"].numpy()[:, 0].tolist()) == kept
+        finally:
+            t.close()
+
+
+@pytest.mark.parametrize(
+    "op, edit", [("check_keys", "update"), ("update", "update"), ("check_keys", "delete"), ("delete", "delete")]
+)
+def test_a_worker_lost_during_a_key_edit_of_a_degraded_table_counts_its_keys_stale(op, edit):
+    """A priority update or a delete by key over two shards; one shard's worker closes while it checks the
+    keys or applies the edit.  The call returns (no internal error): the live shard's keys applied, the lost
+    one's counted stale, and the coordinator's size agrees with the shards' (the removals of the worker that
+    answered are counted)."""
+    cfg = {"distributed.comm.timeouts.connect": "5s", "gear-flow.distributed.shared-memory": True}
+    with (
+        dask.config.set(cfg),
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
+        t = DistributedTable.create(client, spec, sampler=gf.Prioritized(1.0), degraded=True, seed=0)
+        try:
+            t.insert(tagged(range(1, 11)), shard=0, priorities=1.0)
+            t.insert(tagged(range(101, 111)), shard=1, priorities=1.0)
+            b = t.sample(64)  # the lanes learnt; keys of both shards
+            shard = gf.keys.decode(b.keys.numpy())[0]
+            keys = np.concatenate([np.unique(b.keys.numpy()[shard == s])[:3] for s in (0, 1)])
+            # a second handle has seen no key issued: its edit checks the keys on both workers first
+            h = DistributedTable.attach(t.name, client=client) if op == "check_keys" else t
+            h.sample(2)
+            client.run(_close_while_serving, op, workers=[t.placement[1]])
+            if edit == "update":
+                r = h.update_priorities(keys, 5.0)
+            else:
+                r = h.delete(keys)
+            assert (r.applied, r.stale) == (3, 3)
+            assert set(h.lost) == {1}
+            info = h.info()
+            assert info["size"] == info["coordinator_size"] == (10 if edit == "update" else 7), info
+            got = h.sample(64)
+            if edit == "update":  # the live shard's three keys carry the new priority
+                new = np.isin(got.keys.numpy(), keys[:3])
+                assert new.any() and set(got.priorities.numpy()[new].tolist()) == {5.0}
+                assert set(got.priorities.numpy()[~new].tolist()) == {1.0}
+            else:
+                assert not np.isin(got.keys.numpy(), keys).any()
+        finally:
+            t.close()

@@ -20,6 +20,7 @@ own, as :mod:`~gear_flow.distributed.host_edits` does on the worker side.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 
 import numpy as np
@@ -31,6 +32,11 @@ from ..table import planner
 from ..table.results import UpdateResult
 from ..table.validate import check_keys, check_priorities
 from .pending import PENDING_MAX
+from .transport import Retry
+
+#: workers an eviction may lose (degraded table) before it leaves the rest to the next insert's eviction
+_LOSSES = 4
+logger = logging.getLogger(__name__)
 
 
 class EditsMixin:
@@ -168,7 +174,8 @@ class EditsMixin:
         if len(by) > 1 and not self._issued.covers(k):
             # unknown keys anywhere must stop the whole call before any worker applies it (skipped when
             # every key is one this handle has seen issued: then no worker can find it unknown)
-            await self._on_workers({a: ("check_keys", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()})
+            by, lost = await self._checked(by)
+            on_lost += lost
         stamps = None
         if self._heap_ties and len(k):  # heap ties across shards follow the table-wide insert/update clock
             stamps = (await self._coord("stamps", n=len(k))) + np.arange(len(k), dtype=np.int64)
@@ -189,7 +196,8 @@ class EditsMixin:
             for a, s in by.items()
         }
         try:
-            res = await self._on_workers(calls)
+            res, errors = await self._on_workers(calls, partial=True)
+            on_lost += self._lost_keys(by, res, errors)
         except BaseException:
             self._masses.clear()
             raise
@@ -245,14 +253,37 @@ class EditsMixin:
         self._masses.clear()  # this handle's own writes show in its next sample's plan
         k, by, idx, on_lost = self._group(keys)
         if len(by) > 1:
-            await self._on_workers({a: ("check_keys", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()})
-        res = await self._on_workers({a: ("delete", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()})
+            by, lost = await self._checked(by)
+            on_lost += lost
+        res, errors = await self._on_workers(
+            {a: ("delete", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()}, partial=True
+        )
         per = {s: k for r in res.values() for s, k in r[0].items() if k}
         d = sum(per.values())
-        st = sum(r[1] for r in res.values()) + on_lost
-        if d:
+        if d:  # what the workers that answered removed, even when another was lost: the sizes stay agreed
             await self._coord("removed", k=d, per_shard=per)
+        st = sum(r[1] for r in res.values()) + on_lost + self._lost_keys(by, res, errors)
         return UpdateResult(d, st)
+
+    async def _checked(self, by: dict) -> tuple[dict, int]:
+        """``check_keys`` on every worker of ``by`` (``{worker: {shard: seqs}}``): an unknown key anywhere
+        raises before any worker applies the call.  Returns ``by`` less the workers lost meanwhile (a
+        degraded table), and the number of keys they held (stale, as those of shards already lost)."""
+        res, errors = await self._on_workers(
+            {a: ("check_keys", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()}, partial=True
+        )
+        lost = self._lost_keys(by, res, errors)
+        return {a: s for a, s in by.items() if a in res}, lost
+
+    @staticmethod
+    def _lost_keys(by: dict, res: dict, errors: list) -> int:
+        """Keys of ``by`` sent to workers that did not answer: in a degraded table those were lost (their
+        shards are marked lost, a :class:`Retry` says so) and the keys count as stale.  Any other error
+        (a lost worker of a table that is not degraded, a worker's refusal) is raised."""
+        other = [e for e in errors if not isinstance(e, Retry)]
+        if other:
+            raise other[0]
+        return sum(len(v) for a, sh in by.items() if a not in res for v in sh.values())
 
     # -- eviction ---------------------------------------------------------------------------------
     async def _evict_excess(self, size: int) -> None:
@@ -264,8 +295,21 @@ class EditsMixin:
         # exclusive sample in progress ends soon (or with its owner); failing here would report it lost
         hold = await self._coord("admit_hold", owner=self._ctx.owner)
         try:
-            if hold["size"] > self.spec.max_size:
-                await self._evict(hold["size"] - self.spec.max_size)
+            excess = hold["size"] - self.spec.max_size
+            for _ in range(_LOSSES):
+                if excess <= 0:
+                    return
+                try:
+                    await self._evict(excess)
+                    return
+                except Retry:  # degraded: a worker was lost meanwhile (its shards are marked lost, their items
+                    # out of the size): what is still over max_size is evicted from the shards left
+                    excess = (await self._coord("lookup"))["size"] - self.spec.max_size
+            logger.warning("table %r: eviction to max_size given up after %d lost workers", self.name, _LOSSES)
+        except ShardLostError as e:  # the insert is stored: a caller must not take it as lost and send it again
+            raise ShardLostError(
+                e.shard, f"{e.detail}; the insert was stored (committed) before the eviction to max_size failed"
+            ) from None
         finally:
             await self._coord("sample_finished", txn=hold["txn"])
 
@@ -309,10 +353,13 @@ class EditsMixin:
             for s, k in req.counts.items():
                 by[self.placement[s]][s] = k
             msgs = {a: {"counts": v} for a, v in by.items()}
-        res = await self._on_workers(
-            {a: ("remove", {"name": self.name, **m, "seed": int(self.rng.integers(2**63))}) for a, m in msgs.items()}
+        res, errors = await self._on_workers(
+            {a: ("remove", {"name": self.name, **m, "seed": int(self.rng.integers(2**63))}) for a, m in msgs.items()},
+            partial=True,
         )
         per = {s: k for r in res.values() for s, k in r.items() if k}
-        if per:
+        if per:  # what the workers that answered removed, even when another was lost: the sizes stay agreed
             await self._coord("removed", k=sum(per.values()), per_shard=per)
+        if errors:
+            raise errors[0]
         return sum(per.values())

@@ -169,7 +169,10 @@ class WritesMixin:
             Not admitted within ``timeout``.
         ShardLostError
             A shard's worker is lost (not ``degraded``), or a worker was lost
-            while the insert was applied (its episodes there are gone).
+            while the insert was applied (its episodes there are gone), or
+            (not ``degraded``) while it evicted to ``max_size`` after its
+            commit: the insert is stored, the message says so.  A degraded
+            table marks the shard lost and the insert returns.
         GearFlowError
             Staging failed on a worker; nothing of the insert was stored.
         """
