@@ -232,3 +232,35 @@ def test_kill_while_writers_and_samplers_run_then_restore(cluster3, tmp_path):
     assert rep["lost_items"] == after[1]  # exactly what reached shard 1 after the checkpoint
     info = t.info()
     assert not info["lost"] and info["size"] == info["coordinator_size"]
+
+
+def _tables_here(dask_worker=None):
+    return sorted(dask_worker.plugins["gear-flow"].host.tables)
+
+
+@pytest.mark.parametrize("damage", ["flip", "missing-shard"])
+def test_a_distributed_restore_that_fails_leaves_nothing_behind(dist_client, tmp_path, damage):
+    """One shard's file fails verification on its worker (the other worker's shard loads), or the manifest
+    of a table that is not degraded names no file for a shard: the restore raises CheckpointError and no
+    worker nor the coordinator keeps anything of it."""
+    spec = gf.TableSpec(COLUMNS, capacity=200, num_shards=2)
+    t = DistributedTable.create(dist_client, spec, seed=0, name="ck-src")
+    try:
+        t.insert([episode(i, 10) for i in range(4)])
+        t.checkpoint(tmp_path / "ck")
+    finally:
+        t.close()
+    d = tmp_path / "ck"
+    if damage == "flip":
+        b = bytearray((d / "shard-1.npz").read_bytes())
+        b[len(b) // 2] ^= 0xFF
+        (d / "shard-1.npz").write_bytes(bytes(b))
+    else:
+        m = json.loads((d / "manifest.json").read_text())
+        del m["files"]["1"]
+        (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(CheckpointError, match="no file for shard" if damage == "missing-shard" else "shard-1"):
+        DistributedTable.restore(dist_client, d, name="ck-bad")
+    assert all("ck-bad" not in names for names in dist_client.run(_tables_here).values())
+    with pytest.raises(gf.SpecError):
+        DistributedTable.attach("ck-bad", client=dist_client)

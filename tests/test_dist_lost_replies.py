@@ -219,3 +219,38 @@ def test_a_worker_lost_during_a_key_edit_of_a_degraded_table_counts_its_keys_sta
                 assert not np.isin(got.keys.numpy(), keys).any()
         finally:
             t.close()
+
+
+def test_a_worker_lost_during_a_checkpoint_of_a_degraded_table_leaves_a_checkpoint_of_the_rest(tmp_path):
+    """One shard's worker closes while it writes its part of a checkpoint: the degraded table marks it
+    lost and writes the checkpoint again, of the live shard, into a fresh directory (no partial one left
+    behind).  The checkpoint restores as it was taken: that shard's items, the other shard lost."""
+    cfg = {"distributed.comm.timeouts.connect": "5s", "gear-flow.distributed.shared-memory": True}
+    with (
+        dask.config.set(cfg),
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
+        t = DistributedTable.create(client, spec, degraded=True, seed=0)
+        try:
+            t.insert(tagged(range(1, 11)), shard=0)
+            t.insert(tagged(range(101, 111)), shard=1)
+            client.run(_close_while_serving, "checkpoint", workers=[t.placement[1]])
+            r = t.checkpoint(tmp_path / "ck")
+            assert r["shards"] == [0] and set(t.lost) == {1}
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]  # the first attempt's directory removed
+        finally:
+            t.close()
+        u = DistributedTable.restore(client, tmp_path / "ck", seed=0)
+        try:  # restored as it was taken: shard 1 lost (restore_shard would rebuild it from an older checkpoint)
+            assert set(u.lost) == {1} and "before the checkpoint" in u.info()["lost"][1]["detail"]
+            info = u.info()
+            assert info["size"] == info["coordinator_size"] == 10, info
+            assert set(u.sample(64)["tag"].numpy()[:, 0].tolist()) == set(range(1, 11))
+            u.insert(tagged([11]))
+            assert u.insert(tagged([12])).shards.tolist() == [0]  # inserts go to the live shard
+        finally:
+            u.close()

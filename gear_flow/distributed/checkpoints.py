@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable
@@ -15,7 +16,10 @@ from ..registry_share import share as share_registrations
 from ..resources import advertised
 from .coordinator import GearFlowCoordinator
 from .plugin import GearFlowWorker
-from .transport import Context, call, coord
+from .transport import Context, Retry, call, coord
+
+#: workers a checkpoint may lose (degraded table) before it gives up
+_LOSSES = 8
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -56,7 +60,9 @@ class CheckpointMixin:
         CheckpointError
             ``path`` cannot be written.
         ShardLostError
-            A worker was lost while writing and the table is not ``degraded``.
+            A worker was lost while writing and the table is not ``degraded``
+            (a degraded table marks its shards lost and writes the checkpoint
+            again, of the shards left).
         """
         return self._ctx.sync(self.checkpoint_async, path)
 
@@ -88,9 +94,18 @@ class CheckpointMixin:
         final = Path(path).absolute()
         tmp = ck.temp_dir(final)
         try:
-            res = await self._on_workers(
-                {a: ("checkpoint", dict(name=self.name, directory=str(tmp))) for a in self._workers()}
-            )
+            for _ in range(_LOSSES):
+                try:
+                    res = await self._on_workers(
+                        {a: ("checkpoint", dict(name=self.name, directory=str(tmp))) for a in self._workers()}
+                    )
+                    break
+                except Retry:  # degraded: a worker was lost while writing (its shards now marked lost): the
+                    # checkpoint is written again, of the shards left, into a new directory
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    tmp = ck.temp_dir(final)
+            else:
+                raise ShardLostError(-1, f"{_LOSSES} workers of table {self.name!r} were lost during its checkpoint")
             files = {str(s): e for r in res.values() for s, e in r.items()}
             st = await self._coord("lookup")
             cfg = {**self._config, "rate_limiter": st["rate_limiter_config"]}
@@ -100,8 +115,6 @@ class CheckpointMixin:
             state["size"] = sum(state["shard_size"].values())
             ck.commit(tmp, final, ck.new_manifest("distributed", cfg, state, files))
         except BaseException:
-            import shutil
-
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         pause = max((e["pause_s"] for e in files.values()), default=0.0)
@@ -175,22 +188,42 @@ class CheckpointMixin:
         client.register_plugin(GearFlowDashboard())
         addrs = list(workers) if workers is not None else sorted(advertised(client))
         shard_ids = sorted(int(k) for k in m["files"])
-        placement = {s: addrs[j % len(addrs)] for j, s in enumerate(shard_ids)}
+        # shards lost when a degraded table was checkpointed: restored lost too (restore_shard rebuilds them)
+        missing = sorted(set(range(int(cfg["spec"]["num_shards"]))) - set(shard_ids))
+        if missing and not cfg.get("degraded"):
+            from ..errors import CheckpointError
+
+            raise CheckpointError(f"{path} has no file for shard(s) {missing} and its table is not degraded")
+        placement = {s: addrs[j % len(addrs)] for j, s in enumerate(shard_ids + missing)}
         name = name or f"table-{uuid.uuid4().hex[:8]}"
         ctx = Context(client=client)
 
         async def go():
             by_worker = defaultdict(dict)
-            for s, a in placement.items():
-                by_worker[a][s] = m["files"][str(s)]
-            await asyncio.gather(
+            for s in shard_ids:
+                by_worker[placement[s]][s] = m["files"][str(s)]
+            got = await asyncio.gather(
                 *(
                     call(ctx, a, "restore", name=name, config=cfg, directory=str(path), files=f)
                     for a, f in by_worker.items()
-                )
+                ),
+                return_exceptions=True,
             )
-            await coord(ctx, "register", name, config=cfg, placement={str(k): v for k, v in placement.items()})
-            await coord(ctx, "restore_state", name, state=m["state"])
+            registered = False
+            try:
+                for r in got:
+                    if isinstance(r, BaseException):
+                        raise r
+                await coord(ctx, "register", name, config=cfg, placement={str(k): v for k, v in placement.items()})
+                registered = True
+                await coord(ctx, "restore_state", name, state=m["state"])
+                for s in missing:
+                    await coord(ctx, "mark_lost", name, shard=s, detail="lost before the checkpoint was taken")
+            except BaseException:  # nothing of the restore is left behind, on the workers or the coordinator
+                await asyncio.gather(*(call(ctx, a, "drop", name=name) for a in by_worker), return_exceptions=True)
+                if registered:
+                    await asyncio.gather(coord(ctx, "drop", name), return_exceptions=True)
+                raise
             return await coord(ctx, "lookup", name)
 
         return cls(ctx, name, ctx.sync(go), seed=seed, timeout=timeout)
