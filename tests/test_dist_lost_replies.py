@@ -238,10 +238,11 @@ def test_a_worker_lost_during_a_checkpoint_of_a_degraded_table_leaves_a_checkpoi
         try:
             t.insert(tagged(range(1, 11)), shard=0)
             t.insert(tagged(range(101, 111)), shard=1)
+            t.checkpoint(tmp_path / "full")
             client.run(_close_while_serving, "checkpoint", workers=[t.placement[1]])
             r = t.checkpoint(tmp_path / "ck")
             assert r["shards"] == [0] and set(t.lost) == {1}
-            assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]  # the first attempt's directory removed
+            assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "full"]  # the first attempt's removed
         finally:
             t.close()
         u = DistributedTable.restore(client, tmp_path / "ck", seed=0)
@@ -250,7 +251,11 @@ def test_a_worker_lost_during_a_checkpoint_of_a_degraded_table_leaves_a_checkpoi
             info = u.info()
             assert info["size"] == info["coordinator_size"] == 10, info
             assert set(u.sample(64)["tag"].numpy()[:, 0].tolist()) == set(range(1, 11))
-            u.insert(tagged([11]))
-            assert u.insert(tagged([12])).shards.tolist() == [0]  # inserts go to the live shard
+            assert u.insert(tagged([11])).shards.tolist() == [0]  # inserts go to the live shard
+            rep = u.restore_shard(1, tmp_path / "full")  # the lost shard, from the earlier checkpoint
+            assert rep["items_restored"] == 10
+            info = u.info()
+            assert not info["lost"] and info["size"] == info["coordinator_size"] == 21, info
+            assert set(u.sample(256)["tag"].numpy()[:, 0].tolist()) == set(range(1, 12)) | set(range(101, 111))
         finally:
             u.close()
