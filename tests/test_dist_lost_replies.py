@@ -259,3 +259,32 @@ def test_a_worker_lost_during_a_checkpoint_of_a_degraded_table_leaves_a_checkpoi
             assert set(u.sample(256)["tag"].numpy()[:, 0].tolist()) == set(range(1, 12)) | set(range(101, 111))
         finally:
             u.close()
+
+
+def test_a_worker_lost_while_a_degraded_queue_finishes_a_sample_hands_the_batch_out():
+    """A queue's sample drew from both shards and is being finished (each worker expires what it handed
+    out); one worker closes while it finishes.  The batch is whole (every part arrived before the finish),
+    so it is returned: the live shard's items it expired are neither lost (drawn again into another batch
+    that nobody gets) nor left counted by the coordinator, and the queue goes on in order."""
+    cfg = {"distributed.comm.timeouts.connect": "5s", "gear-flow.distributed.shared-memory": True}
+    with (
+        dask.config.set(cfg),
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
+        t = DistributedTable.queue(client, spec, 32, timeout=30, seed=0, degraded=True)
+        try:
+            on = t.insert(tagged(range(1, 13))).shards.tolist()  # spread over both shards
+            assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [1, 2]  # the lanes learnt
+            client.run(_close_while_serving, "finish_sample", workers=[t.placement[1]])
+            assert t.sample(4)["tag"].numpy()[:, 0].tolist() == [3, 4, 5, 6]
+            assert set(t.lost) == {1}
+            info = t.info()
+            kept = [k for k, s in zip(range(1, 13), on) if s == 0 and k > 6]  # the live shard's, not handed out
+            assert info["size"] == info["coordinator_size"] == len(kept) > 0, info
+            assert t.sample(len(kept))["tag"].numpy()[:, 0].tolist() == kept
+        finally:
+            t.close()

@@ -253,12 +253,20 @@ class SamplingMixin:
         finally:
             _SAMPLING.n -= 1
         if exclusive:  # every part arrived: commit the sample on the workers (count, expire)
-            res = await self._on_workers(
-                {a: ("finish_sample", dict(name=self.name, txn=adm["txn"], commit=True)) for a in ex.sent}
+            res, errors = await self._on_workers(
+                {a: ("finish_sample", dict(name=self.name, txn=adm["txn"], commit=True)) for a in ex.sent},
+                partial=True,
             )
             for r in res.values():
                 for s, k in r.items():
                     ex.expired[s] = ex.expired.get(s, 0) + k
+            # a worker lost while finishing (degraded: a Retry; its shards are marked lost) does not undo the
+            # batch: every part is in it, and the other workers have expired what they handed out
+            errors = [e for e in errors if not isinstance(e, Retry)]
+            if errors:
+                if ex.expired:  # committed there: the coordinator's size follows before the error goes up
+                    await self._coord("removed", k=sum(ex.expired.values()), per_shard=ex.expired)
+                raise errors[0]
         if layout.rows_at is not None:
             out.permute(planner.sources(layout.rows_at))
         two_level.importance_weights(out.probabilities, self._cfg.beta, out.weights)
