@@ -7,6 +7,13 @@ however often they come (an insert's steps, a sample's finish) go again over
 the comm and count once; a draw does not (``test_dist_thread_sample``); a
 worker that closes while it answers counts as lost, so a degraded table
 serves the batch from the other shards.
+
+A worker lost in the middle of any other call of a degraded table leaves
+that call whole for the shards left and the coordinator agreeing with them:
+a priority update or a delete (the lost shard's keys stale), an insert's
+eviction to ``max_size`` (the insert is stored, so it returns), a checkpoint
+(written again, of the shards left), a queue's finish (the batch, whole, is
+handed out).
 """
 
 from __future__ import annotations
@@ -62,21 +69,25 @@ def test_a_finish_whose_lane_reply_is_lost_counts_its_expiries_once(dist_client,
         t.close()
 
 
-def _close_while_drawing(dask_worker=None):
-    """This worker draws the next ``sample_part`` from its lane, then closes before it can reply."""
+def _close_while_serving(op, dask_worker=None):
+    """This worker serves the next ``op`` (from its lane or its comm), then closes before it can reply."""
     plugin = dask_worker.plugins[PLUGIN_NAME]
-    real = plugin.lane._serve
+    lane, comm = plugin.lane._serve, plugin.serve
 
-    async def serve(action, args, v):
-        reply = await real(action, args, v)
-        if action == "sample_part":
-            plugin.lane._serve = real
-            asyncio.ensure_future(dask_worker.close(reason="closing while it draws"))
-            while plugin.lane.path is not None or plugin.lane.tcp is not None:  # its lane closes first
-                await asyncio.sleep(0.01)
-        return reply
+    def closing(real):
+        async def serve(action, *args):
+            reply = await real(action, *args)
+            if action == op:
+                plugin.lane._serve, plugin.serve = lane, comm
+                asyncio.ensure_future(dask_worker.close(reason=f"closing while it serves {op}"))
+                while plugin.lane.path is not None or plugin.lane.tcp is not None:  # its lane closes first
+                    await asyncio.sleep(0.01)
+                raise ConnectionResetError(f"closed while serving {op}")  # no reply, by either way
+            return reply
 
-    plugin.lane._serve = serve
+        return serve
+
+    plugin.lane._serve, plugin.serve = closing(lane), closing(comm)
 
 
 @pytest.mark.parametrize("plane", ["shared-memory", "tcp-lane"])
@@ -103,34 +114,13 @@ def test_a_worker_closing_while_it_draws_counts_as_lost(plane):
             t.insert(tagged(range(101, 113)), shard=1)
             t.sample(8)  # the lanes learnt
             assert set(t._ctx.lanes.paths) == set(t.placement.values())
-            client.run(_close_while_drawing, workers=[t.placement[1]])
+            client.run(_close_while_serving, "sample_part", workers=[t.placement[1]])
             t._masses.clear()  # the plan asks the workers first: the event loop's path
             b = t.sample(64)
             assert set(b["tag"].numpy()[:, 0].tolist()) <= set(range(1, 13))  # all from the shard left
             assert set(t.lost) == {1}
         finally:
             t.close()
-
-
-def _close_while_serving(op, dask_worker=None):
-    """This worker serves the next ``op`` (from its lane or its comm), then closes before it can reply."""
-    plugin = dask_worker.plugins[PLUGIN_NAME]
-    lane, comm = plugin.lane._serve, plugin.serve
-
-    def closing(real):
-        async def serve(action, *args):
-            reply = await real(action, *args)
-            if action == op:
-                plugin.lane._serve, plugin.serve = lane, comm
-                asyncio.ensure_future(dask_worker.close(reason=f"closing while it serves {op}"))
-                while plugin.lane.path is not None or plugin.lane.tcp is not None:  # its lane closes first
-                    await asyncio.sleep(0.01)
-                raise ConnectionResetError(f"closed while serving {op}")  # no reply, by either way
-            return reply
-
-        return serve
-
-    plugin.lane._serve, plugin.serve = closing(lane), closing(comm)
 
 
 @pytest.mark.parametrize("degraded", [True, False])
