@@ -19,6 +19,7 @@ handed out).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import dask
 import numpy as np
@@ -69,6 +70,19 @@ def test_a_finish_whose_lane_reply_is_lost_counts_its_expiries_once(dist_client,
         t.close()
 
 
+@contextlib.contextmanager
+def two_workers(cfg: dict):
+    """A cluster of its own (a test closes one of its workers), two worker processes, ``cfg`` set."""
+    with (
+        dask.config.set({"distributed.comm.timeouts.connect": "5s", **cfg}),
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        yield client
+
+
 def _close_while_serving(op, dask_worker=None):
     """This worker serves the next ``op`` (from its lane or its comm), then closes before it can reply."""
     plugin = dask_worker.plugins[PLUGIN_NAME]
@@ -95,18 +109,8 @@ def test_a_worker_closing_while_it_draws_counts_as_lost(plane):
     """Its lane closes before the reply; its comm still answers, but no longer its gear_flow handler: the
     worker is lost, not a live worker whose reply went missing, so a degraded table serves the batch from
     the other shard."""
-    cfg = {
-        "distributed.comm.timeouts.connect": "5s",
-        "gear-flow.distributed.shared-memory": plane == "shared-memory",
-        "gear-flow.distributed.tcp-lane": True,
-    }
-    with (
-        dask.config.set(cfg),
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    planes = {"gear-flow.distributed.shared-memory": plane == "shared-memory", "gear-flow.distributed.tcp-lane": True}
+    with two_workers(planes) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
         t = DistributedTable.create(client, spec, degraded=True, seed=0)
         try:
@@ -131,14 +135,7 @@ def test_a_worker_lost_while_an_insert_evicts_leaves_the_insert_stored_and_says_
     and the insert returns (its items are stored: nothing to send again), with the live shard's removal
     counted; otherwise the ShardLostError says the insert was stored.  Either way no internal error leaks
     and the coordinator agrees with the shards."""
-    cfg = {"distributed.comm.timeouts.connect": "5s", "gear-flow.distributed.shared-memory": True}
-    with (
-        dask.config.set(cfg),
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with two_workers({"gear-flow.distributed.shared-memory": True}) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2, max_size=20)
         t = DistributedTable.create(client, spec, degraded=degraded, seed=0)
         try:
@@ -172,14 +169,7 @@ def test_a_worker_lost_during_a_key_edit_of_a_degraded_table_counts_its_keys_sta
     keys or applies the edit.  The call returns (no internal error): the live shard's keys applied, the lost
     one's counted stale, and the coordinator's size agrees with the shards' (the removals of the worker that
     answered are counted)."""
-    cfg = {"distributed.comm.timeouts.connect": "5s", "gear-flow.distributed.shared-memory": True}
-    with (
-        dask.config.set(cfg),
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with two_workers({"gear-flow.distributed.shared-memory": True}) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
         t = DistributedTable.create(client, spec, sampler=gf.Prioritized(1.0), degraded=True, seed=0)
         try:
@@ -215,14 +205,7 @@ def test_a_worker_lost_during_a_checkpoint_of_a_degraded_table_leaves_a_checkpoi
     """One shard's worker closes while it writes its part of a checkpoint: the degraded table marks it
     lost and writes the checkpoint again, of the live shard, into a fresh directory (no partial one left
     behind).  The checkpoint restores as it was taken: that shard's items, the other shard lost."""
-    cfg = {"distributed.comm.timeouts.connect": "5s", "gear-flow.distributed.shared-memory": True}
-    with (
-        dask.config.set(cfg),
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with two_workers({"gear-flow.distributed.shared-memory": True}) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
         t = DistributedTable.create(client, spec, degraded=True, seed=0)
         try:
@@ -256,14 +239,7 @@ def test_a_worker_lost_while_a_degraded_queue_finishes_a_sample_hands_the_batch_
     out); one worker closes while it finishes.  The batch is whole (every part arrived before the finish),
     so it is returned: the live shard's items it expired are neither lost (drawn again into another batch
     that nobody gets) nor left counted by the coordinator, and the queue goes on in order."""
-    cfg = {"distributed.comm.timeouts.connect": "5s", "gear-flow.distributed.shared-memory": True}
-    with (
-        dask.config.set(cfg),
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
-        ) as cluster,
-        Client(cluster) as client,
-    ):
+    with two_workers({"gear-flow.distributed.shared-memory": True}) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
         t = DistributedTable.queue(client, spec, 32, timeout=30, seed=0, degraded=True)
         try:
