@@ -219,3 +219,36 @@ def test_an_insert_to_a_killed_worker_on_this_machine_is_refused_and_given_back(
         assert info["inserts_in_flight"] == 0 and 1 in info["lost"]
         t.insert(tagged([7]), shard=0)  # the live shard still takes inserts
         t.close()
+
+
+def test_a_degraded_queue_that_loses_a_shard_forgets_its_items_and_keeps_its_room():
+    """A queue of 8 over two shards loses one (its worker killed, no call in flight): the items left come
+    out once each, in order, and then a sample waits (never the last one again and again); the lost items'
+    room is free again (8 inserts admitted, not 8 minus the lost), and a restored shard's items wait again."""
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as c,
+        Client(c) as client,
+    ):
+        t = DistributedTable.queue(client, gf.TableSpec(TAG, capacity=64, num_shards=2), 8, seed=0, degraded=True)
+        on = t.insert(tagged(range(1, 9))).shards.tolist()
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as ck:
+            t.checkpoint(ck)
+            client.run(_kill_self, workers=[t.placement[1]], wait=False)
+            wait_for(lambda: 1 in {int(k) for k in t._ctx.sync(t._coord, "lookup")["lost"]}, "shard 1 marked lost")
+            live = [k for k, s in zip(range(1, 9), on) if s == 0]
+            assert 0 < len(live) < 8
+            with pytest.raises(gf.RateLimitTimeout):  # more than are left: waits (no item handed out twice)
+                t.sample(len(live) + 1, timeout=0.5)
+            assert t.sample(len(live), timeout=10)["tag"].numpy()[:, 0].tolist() == live
+            with pytest.raises(gf.RateLimitTimeout):
+                t.sample(1, timeout=0.5)
+            t.insert(tagged(range(11, 19)), shard=0, timeout=10)  # the whole room: nothing waits, nothing was lost
+            assert t.info()["rate_limiter"]["inserts"] - t.info()["rate_limiter"]["samples"] == 8
+            assert t.sample(8, timeout=10)["tag"].numpy()[:, 0].tolist() == list(range(11, 19))
+            rep = t.restore_shard(1, ck)
+            back = sorted(k for k, s in zip(range(1, 9), on) if s == 1)
+            assert rep["items_restored"] == len(back)
+            assert t.sample(len(back), timeout=10)["tag"].numpy()[:, 0].tolist() == back
+        t.close()

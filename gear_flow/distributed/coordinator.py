@@ -454,6 +454,7 @@ class GearFlowCoordinator(SchedulerPlugin):
             raise ProtocolError(f"coordinator 'shard_restored': {worker!r} is not a live worker")
         if int(shard) not in g.lost:  # a live shard replaced: its old items leave the count
             g.size -= g.shard_size.get(int(shard), 0)
+            g.forget_waiting(g.shard_size.get(int(shard), 0))
         lost = g.lost.pop(int(shard), None)
         if lost is not None:
             # inserts in flight when the shard was lost are settled after the loss was
@@ -462,6 +463,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         g.placement[int(shard)] = worker
         g.shard_size[int(shard)] = int(size)
         g.size += int(size)
+        g.forget_waiting(-int(size))  # a queue's restored items wait to be sampled again
         g.shard_inserted[int(shard)] = int(inserted)
         g.version += 1
         g.pump()

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import TableClosedError
-from ..rate_limiters import MinSize
+from ..rate_limiters import MinSize, Queue
 from ..table.config import TableConfig
 from .gate_checks import GateChecks
 
@@ -484,8 +484,24 @@ class TableGate(GateChecks):
         }
         self.size -= int(size)
         self.shard_size[shard] = 0
+        self.forget_waiting(int(size))
         self.version += 1
         self.pump()
+
+    def forget_waiting(self, k: int) -> None:
+        """``k`` items left a queue's (or stack's) shard unsampled (lost with it, or replaced by a restore):
+        its limiter no longer counts them as waiting.  Each item of a queue is sampled once, so its limiter's
+        ``inserts - samples`` is the items waiting; lost ones left counted would let samples through that
+        find nothing (Fifo cycling its last candidates) and keep their room from later inserts for good.
+        Other limiters count a lost item as deleted: their counts do not change (Reverb's deletes).
+
+        Parameters
+        ----------
+        k : int
+            Items; negative for items brought back (a lost shard restored).
+        """
+        if isinstance(self.limiter, Queue):
+            self.limiter.state.inserts -= int(k)
 
     def close(self) -> None:
         """Close the table: every waiter fails with TableClosedError, and so does every later request."""
