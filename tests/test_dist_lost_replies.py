@@ -254,3 +254,25 @@ def test_a_worker_lost_while_a_degraded_queue_finishes_a_sample_hands_the_batch_
             assert t.sample(len(kept))["tag"].numpy()[:, 0].tolist() == kept
         finally:
             t.close()
+
+
+@pytest.mark.parametrize("degraded", [True, False])
+def test_a_worker_lost_while_the_table_counts_its_bytes(degraded):
+    """``nbytes()`` while one shard's worker closes: a degraded table counts that shard 0 from then on (its
+    rings' bytes leave the sum), one that is not raises ShardLostError; never an internal error."""
+    with two_workers({"gear-flow.distributed.shared-memory": True}) as client:
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), degraded=degraded, seed=0)
+        try:
+            t.insert(tagged(range(1, 11)), shard=0)
+            t.insert(tagged(range(101, 111)), shard=1)
+            before = t.nbytes()
+            client.run(_close_while_serving, "nbytes", workers=[t.placement[1]])
+            if degraded:
+                got = t.nbytes()
+                assert got["data"] == before["data"] // 2 and set(t.lost) == {1}
+                assert t.nbytes() == got
+            else:
+                with pytest.raises(gf.ShardLostError):
+                    t.nbytes()
+        finally:
+            t.close()

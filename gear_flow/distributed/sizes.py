@@ -6,13 +6,11 @@ A mixin of :class:`~gear_flow.distributed.DistributedTable`, so that
 
 from __future__ import annotations
 
-import asyncio
-
-from .transport import call
+from .transport import Retry
 
 
 class SizesMixin:
-    """``nbytes()`` of a distributed table (needs ``_ctx``, ``name``, ``_workers()``)."""
+    """``nbytes()`` of a distributed table (needs ``_ctx``, ``name``, ``_workers()``, ``_on_workers()``)."""
 
     def nbytes(self) -> dict:
         """Bytes the table's shards hold on their workers, by part.
@@ -23,6 +21,12 @@ class SizesMixin:
             ``{"data": bytes of the column rings, "overhead": index, priorities,
             selector trees}`` summed over the reachable shards (lost shards
             count 0), as :meth:`LocalTable.nbytes <gear_flow.LocalTable.nbytes>`.
+
+        Raises
+        ------
+        ShardLostError
+            A shard's worker is lost and the table is not ``degraded`` (a
+            degraded table marks it lost and counts it 0).
         """
         return self._ctx.sync(self.nbytes_async)
 
@@ -34,6 +38,10 @@ class SizesMixin:
         dict
             As :meth:`nbytes`: ``{"data": int, "overhead": int}``, bytes.
         """
-        addrs = list(self._workers())
-        parts = await asyncio.gather(*(call(self._ctx, a, "nbytes", table=self.name, name=self.name) for a in addrs))
-        return {k: sum(int(p[k]) for p in parts) for k in ("data", "overhead")}
+        res, errors = await self._on_workers(
+            {a: ("nbytes", dict(name=self.name)) for a in self._workers()}, partial=True
+        )
+        errors = [e for e in errors if not isinstance(e, Retry)]  # degraded: a worker lost meanwhile counts 0
+        if errors:  # a lost worker of a table that is not degraded: ShardLostError
+            raise errors[0]
+        return {k: sum(int(p[k]) for p in res.values()) for k in ("data", "overhead")}
