@@ -276,3 +276,25 @@ def test_a_worker_lost_while_the_table_counts_its_bytes(degraded):
                     t.nbytes()
         finally:
             t.close()
+
+
+def _tables_here(dask_worker=None):
+    return sorted(dask_worker.plugins[PLUGIN_NAME].host.tables)
+
+
+def test_a_worker_lost_while_a_checkpoint_is_restored_leaves_nothing_behind(tmp_path):
+    """One of the two workers a checkpoint is restored onto closes while it loads its shard: the restore
+    raises ShardLostError (not the internal WorkerLost) and the other worker keeps nothing of it."""
+    with two_workers({"gear-flow.distributed.shared-memory": True}) as client:
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), seed=0)
+        t.insert(tagged(range(1, 11)), shard=0)
+        t.insert(tagged(range(101, 111)), shard=1)
+        t.checkpoint(tmp_path / "ck")
+        t.close()
+        addrs = sorted(client.nthreads())
+        client.run(_close_while_serving, "restore", workers=[addrs[1]])
+        with pytest.raises(gf.ShardLostError, match="nothing of it was built"):
+            DistributedTable.restore(client, tmp_path / "ck", name="again", workers=addrs)
+        assert "again" not in client.run(_tables_here, workers=[addrs[0]])[addrs[0]]
+        with pytest.raises(gf.SpecError):
+            DistributedTable.attach("again", client=client)

@@ -16,7 +16,7 @@ from ..registry_share import share as share_registrations
 from ..resources import advertised
 from .coordinator import GearFlowCoordinator
 from .plugin import GearFlowWorker
-from .transport import Context, Retry, call, coord
+from .transport import Context, Retry, WorkerLost, call, coord
 
 #: workers a checkpoint may lose (degraded table) before it gives up
 _LOSSES = 8
@@ -170,6 +170,9 @@ class CheckpointMixin:
         CheckpointError
             ``path`` holds no checkpoint, a local table's checkpoint, or a
             file that fails verification.
+        ShardLostError
+            A worker was lost while it loaded its shards.  Either way nothing
+            of the restore is left on any worker.
         """
         from pathlib import Path
 
@@ -212,6 +215,10 @@ class CheckpointMixin:
             registered = False
             try:
                 for r in got:
+                    if isinstance(r, WorkerLost):
+                        raise ShardLostError(
+                            -1, f"worker {r.addr} was lost while the checkpoint was restored; nothing of it was built"
+                        ) from None
                     if isinstance(r, BaseException):
                         raise r
                 await coord(ctx, "register", name, config=cfg, placement={str(k): v for k, v in placement.items()})
