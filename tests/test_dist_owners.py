@@ -252,3 +252,37 @@ def test_a_degraded_queue_that_loses_a_shard_forgets_its_items_and_keeps_its_roo
             assert rep["items_restored"] == len(back)
             assert t.sample(len(back), timeout=10)["tag"].numpy()[:, 0].tolist() == back
         t.close()
+
+
+@pytest.mark.parametrize("degraded", [True, False])
+def test_the_first_insert_after_a_loss_the_handle_has_not_seen_is_routed_over_the_shards_left(degraded):
+    """A worker is killed and its shard marked lost by the coordinator; this handle has not noticed yet, so
+    it routes its next insert over both shards.  Its admission tells it (the placement's version moved):
+    a degraded table gives the admission back and routes the insert again over the shard left, at once
+    (never waiting out the dead worker's connect timeout); one that is not raises ShardLostError, as does
+    an insert pinned to the lost shard, with nothing left in flight."""
+    with (
+        dask.config.set({"distributed.comm.timeouts.connect": "5s"}),
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as c,
+        Client(c) as client,
+    ):
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), degraded=degraded, seed=0)
+        t.insert(tagged(range(10)))
+        client.run(_kill_self, workers=[t.placement[1]], wait=False)
+        st = lambda: t._ctx.sync(t._coord, "lookup")  # noqa: E731
+        wait_for(lambda: 1 in {int(k) for k in st()["lost"]}, "shard 1 to be marked lost")
+        assert not t.lost  # the handle has not seen it
+        t0 = time.monotonic()
+        if degraded:
+            r = t.insert(tagged([20, 21, 22]))
+            assert r.shards.tolist() == [0, 0, 0] and time.monotonic() - t0 < 4
+            info = t.info()
+            assert info["size"] == info["coordinator_size"] == 8, info  # 5 of the first 10 were on shard 0
+        else:
+            with pytest.raises(gf.ShardLostError):
+                t.insert(tagged([20, 21, 22]))
+            assert time.monotonic() - t0 < 4
+        with pytest.raises(gf.ShardLostError):
+            t.insert(tagged([30]), shard=1)
+        assert st()["inserts_in_flight"] == 0
+        t.close()

@@ -64,7 +64,7 @@ class ThreadInsertsMixin:
         here = ctx.local_addr
         adm, parts, sel_of, ids = self._admitted_here(ins, timeout)
         if parts is None or list(parts) != [here]:  # the placement changed since: the event loop's path
-            return ctx.sync(self._insert_admitted, ins, adm)
+            return ctx.sync(self._insert_admitted, ins, adm, timeout)
         self.stats["insert_local_bytes"] += array_bytes([p["chunks"] for p in parts[here]])
         try:
             res = OPS["write"](ctx.local_plugin.host, name=self.name, txn=adm["txn"], parts=parts[here])
@@ -104,7 +104,7 @@ class ThreadInsertsMixin:
         ctx = self._ctx
         adm, parts, sel_of, ids = self._admitted_here(ins, timeout)
         if parts is None or set(parts) != set(paths):  # the placement changed since: the event loop's path
-            return ctx.sync(self._insert_admitted, ins, adm)
+            return ctx.sync(self._insert_admitted, ins, adm, timeout)
         txn, addrs = adm["txn"], sorted(parts)
         op = "write" if len(addrs) == 1 else "stage"
         try:

@@ -102,6 +102,7 @@ class _Insert(NamedTuple):
     priorities: np.ndarray | None
     dest: np.ndarray  # shard of each episode
     per_shard: dict[int, int]  # items per shard
+    shard: int | None = None  # the shard the caller put every episode on
 
 
 def _result(ins: _Insert, ids: np.ndarray, sel_of: dict, applied: dict) -> InsertResult:
@@ -282,12 +283,16 @@ class WritesMixin:
         chunks, lengths, n_items, item_off, pr = prepare_insert(self.spec, episodes, priorities)
         if pr is not None:
             self._cfg.check_priorities(pr)
-        dest = self._route(lengths, shard)
+        ins = self._routed(_Insert(chunks, lengths, n_items, item_off, pr, None, {}, shard))
         self._rr += len(lengths)
         self._cfg.rate_limiter.check_insert_size(n_items)
-        items_of = item_off[1:] - item_off[:-1]
-        per_shard = {int(s): int(items_of[dest == s].sum()) for s in np.unique(dest)}
-        return _Insert(chunks, lengths, n_items, item_off, pr, dest, per_shard)
+        return ins
+
+    def _routed(self, ins: _Insert) -> _Insert:
+        """``ins`` with each episode's shard chosen among the shards this handle knows alive."""
+        dest = self._route(ins.lengths, ins.shard)
+        items_of = ins.item_off[1:] - ins.item_off[:-1]
+        return ins._replace(dest=dest, per_shard={int(s): int(items_of[dest == s].sum()) for s in np.unique(dest)})
 
     def _admission(self, ins: _Insert, timeout: float | None) -> dict:
         """The coordinator's ``admit_insert`` arguments for ``ins``."""
@@ -297,12 +302,20 @@ class WritesMixin:
 
     async def _insert_prepared(self, ins: _Insert, timeout: float | None) -> InsertResult:
         adm = await self._coord("admit_insert", **self._admission(ins, timeout))
-        return await self._insert_admitted(ins, adm)
+        return await self._insert_admitted(ins, adm, timeout)
 
-    async def _insert_admitted(self, ins: _Insert, adm: dict) -> InsertResult:
+    async def _insert_admitted(self, ins: _Insert, adm: dict, timeout: float | None) -> InsertResult:
         """Hand an admitted insert's episodes to its workers (in-process, through staging segments, or over
         the comm), apply, commit, evict to ``max_size``."""
         await self._refresh(adm["version"])
+        if any(s in self.lost for s in ins.per_shard):
+            # routed to a shard the coordinator knew lost and this handle learns it only now: the admission is
+            # given back, and the insert routed again over the shards left (or refused, not degraded)
+            await self._abort_insert(adm["txn"], [], None)
+            self._check_not_lost()
+            ins = self._routed(ins)
+            adm = await self._coord("admit_insert", **self._admission(ins, timeout))
+            await self._refresh(adm["version"])
         parts, sel_of, ids = self._parts(ins, adm)
         local = self._ctx.local_addr if self._ctx.local_plugin is not None else None  # its parts go in-process
         segs = []
