@@ -71,12 +71,12 @@ def test_a_finish_whose_lane_reply_is_lost_counts_its_expiries_once(dist_client,
 
 
 @contextlib.contextmanager
-def two_workers(cfg: dict):
-    """A cluster of its own (a test closes one of its workers), two worker processes, ``cfg`` set."""
+def two_workers(cfg: dict, n: int = 2):
+    """A cluster of its own (a test closes one of its workers), ``n`` worker processes, ``cfg`` set."""
     with (
         dask.config.set({"distributed.comm.timeouts.connect": "5s", **cfg}),
         LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+            n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
         ) as cluster,
         Client(cluster) as client,
     ):
@@ -251,6 +251,8 @@ def test_a_worker_lost_while_a_degraded_queue_finishes_a_sample_hands_the_batch_
             info = t.info()
             kept = [k for k, s in zip(range(1, 13), on) if s == 0 and k > 6]  # the live shard's, not handed out
             assert info["size"] == info["coordinator_size"] == len(kept) > 0, info
+            limiter = info["rate_limiter"]
+            assert limiter["inserts"] - limiter["samples"] == len(kept), limiter  # the queue's count of waiting
             assert t.sample(len(kept))["tag"].numpy()[:, 0].tolist() == kept
         finally:
             t.close()
@@ -298,3 +300,37 @@ def test_a_worker_lost_while_a_checkpoint_is_restored_leaves_nothing_behind(tmp_
         assert "again" not in client.run(_tables_here, workers=[addrs[0]])[addrs[0]]
         with pytest.raises(gf.SpecError):
             DistributedTable.attach("again", client=client)
+
+
+@pytest.mark.parametrize("case", ["old-lost-in-info", "old-lost-in-drop", "target-lost-in-restore"])
+def test_a_worker_lost_while_a_live_shard_is_replaced_from_a_checkpoint(tmp_path, case):
+    """``restore_shard(1, ck, replace=True)`` on a degraded table over three workers (one spare), while a
+    worker closes: the shard's own worker as it is asked for the shard's size (the shard is then restored as
+    a lost one) or as it drops its replaced copy (the shard lives on the new worker: not marked lost), or the
+    new worker as it loads the shard (ShardLostError, and the live shard stays as it was).  No internal
+    error, and the coordinator agrees with the shards."""
+    with two_workers({"gear-flow.distributed.shared-memory": True}, n=3) as client:
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), degraded=True, seed=0)
+        try:
+            t.insert(tagged(range(1, 11)), shard=0)
+            t.insert(tagged(range(101, 111)), shard=1)
+            t.checkpoint(tmp_path / "ck")
+            old = t.placement[1]
+            spare = next(a for a in sorted(client.nthreads()) if a not in t.placement.values())
+            closing = {"old-lost-in-info": (old, "info"), "old-lost-in-drop": (old, "drop_shard")}
+            closing["target-lost-in-restore"] = (spare, "restore")
+            who, op = closing[case]
+            client.run(_close_while_serving, op, workers=[who])
+            if case == "target-lost-in-restore":
+                with pytest.raises(gf.ShardLostError, match="nothing was restored"):
+                    t.restore_shard(1, tmp_path / "ck", worker=spare, replace=True)
+                assert t.placement[1] == old
+            else:
+                rep = t.restore_shard(1, tmp_path / "ck", worker=spare, replace=True)
+                assert rep["items_restored"] == 10 and t.placement[1] == spare
+            assert not t.lost
+            info = t.info()
+            assert info["size"] == info["coordinator_size"] == 20, info
+            assert set(t.sample(256)["tag"].numpy()[:, 0].tolist()) == set(range(1, 11)) | set(range(101, 111))
+        finally:
+            t.close()

@@ -286,3 +286,29 @@ def test_the_first_insert_after_a_loss_the_handle_has_not_seen_is_routed_over_th
             t.insert(tagged([30]), shard=1)
         assert st()["inserts_in_flight"] == 0
         t.close()
+
+
+def test_a_handle_that_missed_a_shards_move_does_not_mark_it_lost_with_its_old_worker(tmp_path):
+    """Handle A moves shard 1 to a spare worker (``restore_shard(replace=True)``); handle B, which has not
+    heard of the move, then finds the shard's old worker dead.  B asks the coordinator where the shards are
+    before it reports losses: shard 1 lives on, for both handles."""
+    with (
+        dask.config.set({"distributed.comm.timeouts.connect": "5s"}),
+        LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as c,
+        Client(c) as client,
+    ):
+        a = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), degraded=True, seed=0)
+        a.insert(tagged(range(1, 11)), shard=0)
+        a.insert(tagged(range(101, 111)), shard=1)
+        b = DistributedTable.attach(a.name, client=client)
+        old = b.placement[1]
+        a.checkpoint(tmp_path / "ck")
+        spare = next(w for w in sorted(client.nthreads()) if w not in a.placement.values())
+        a.restore_shard(1, tmp_path / "ck", worker=spare, replace=True)
+        assert b.placement[1] == old  # b has not heard
+        client.run(_kill_self, workers=[old], wait=False)
+        wait_for(lambda: old not in client.nthreads(), "the old worker to be gone")
+        b.nbytes()  # b reaches the dead worker first
+        assert not b.lost and not a._ctx.sync(a._coord, "lookup")["lost"]
+        assert set(a.sample(256)["tag"].numpy()[:, 0].tolist()) == set(range(1, 11)) | set(range(101, 111))
+        a.close()

@@ -336,9 +336,15 @@ class CheckpointMixin:
         old = self.placement[shard]
         before = None
         if live:
-            before = next(
-                i for i in (await self._on_workers({old: ("info", dict(name=self.name))}))[old] if i["shard"] == shard
-            )
+            try:
+                before = next(
+                    i
+                    for i in (await self._on_workers({old: ("info", dict(name=self.name))}))[old]
+                    if i["shard"] == shard
+                )
+            except Retry:  # degraded: its worker was lost just now (the shard is marked lost): restored as lost
+                live, before = False, None
+        if live:
             if not replace:
                 raise SpecError(
                     f"shard {shard} of table {self.name!r} is alive on {old} with {before['size']} items; restoring it "
@@ -346,23 +352,23 @@ class CheckpointMixin:
                 )
         if worker is None:
             worker = await self._restore_target()
-        restored = (
-            await self._on_workers(
-                {
-                    worker: (
-                        "restore",
-                        dict(name=self.name, config=self._config, directory=str(path), files={shard: entry}),
-                    )
-                }
-            )
-        )[worker]
+        args = dict(name=self.name, config=self._config, directory=str(path), files={shard: entry})
+        try:
+            restored = (await self._on_workers({worker: ("restore", args)}))[worker]
+        except (Retry, ShardLostError):  # the target was lost before it could report the shard rebuilt
+            raise ShardLostError(
+                shard, f"worker {worker} was lost while it restored shard {shard}; nothing was restored"
+            ) from None
         meta = entry["meta"]
         lost = await self._coord(
             "shard_restored", shard=shard, worker=worker, size=restored[shard], inserted=meta["counters"]["inserted"]
         )
-        if live and worker != old:  # the replaced copy must not stay behind on its old worker
-            await self._on_workers({old: ("drop_shard", dict(name=self.name, shard=shard))})
-        await self._refresh()
+        await self._refresh()  # the shard is the new worker's now, whatever happens to the old one
+        if live and worker != old:  # the replaced copy must not stay behind on its old worker ...
+            _, errors = await self._on_workers({old: ("drop_shard", dict(name=self.name, shard=shard))}, partial=True)
+            errors = [e for e in errors if not isinstance(e, (Retry, ShardLostError))]  # ... unless gone with it
+            if errors:
+                raise errors[0]
         report = {
             "shard": shard,
             "worker": worker,

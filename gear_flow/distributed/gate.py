@@ -434,6 +434,8 @@ class TableGate(GateChecks):
         for s, j in live.items():
             self.shard_size[s] = self.shard_size.get(s, 0) - j
         self.size -= sum(live.values())
+        # items a sample handed out from a shard lost meanwhile (expired with it): sampled, not left waiting
+        self.forget_waiting(-sum(int(j) for s, j in per_shard.items() if int(s) in self.lost))
         self.limiter.on_delete(int(k))
         self.pump()
 

@@ -161,6 +161,9 @@ class PlumbingMixin:
         return out
 
     async def _handle_lost(self, addrs):
+        # the placement as the coordinator has it now: a shard restored elsewhere since this handle learnt
+        # it (by another handle, or this one's restore_shard) is not the lost worker's any more
+        await self._refresh()
         shards = sorted(s for s, a in self.placement.items() if a in addrs and s not in self.lost)
         for s in shards:
             self.lost[s] = (await self._coord("mark_lost", shard=s, detail=f"worker {self.placement[s]} unreachable"))[
