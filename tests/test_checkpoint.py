@@ -264,3 +264,23 @@ def test_a_distributed_restore_that_fails_leaves_nothing_behind(dist_client, tmp
     assert all("ck-bad" not in names for names in dist_client.run(_tables_here).values())
     with pytest.raises(gf.SpecError):
         DistributedTable.attach("ck-bad", client=dist_client)
+
+
+def test_a_restore_under_a_live_tables_name_is_refused_before_any_worker_loads(dist_client, tmp_path):
+    """Restoring a checkpoint under the name of a table that is live: SpecError before any worker loads a
+    shard (they would replace that table's shards), and the live table is as it was."""
+    spec = gf.TableSpec(COLUMNS, capacity=200, num_shards=2)
+    src = DistributedTable.create(dist_client, spec, seed=0, name="ck-other")
+    live = DistributedTable.create(dist_client, spec, seed=0, name="ck-live")
+    try:
+        src.insert([episode(i, 10) for i in range(4)])
+        src.checkpoint(tmp_path / "ck")
+        live.insert([episode(100 + i, 5) for i in range(2)])
+        with pytest.raises(gf.SpecError, match="already exists"):
+            DistributedTable.restore(dist_client, tmp_path / "ck", name="ck-live")
+        info = live.info()
+        assert info["size"] == info["coordinator_size"] == 10 and len(info["shards"]) == 2
+        assert set(live.sample(64, 1)["ep"].numpy().ravel().tolist()) == {100, 101}  # its own episodes
+    finally:
+        live.close()
+        src.close()

@@ -308,7 +308,25 @@ def test_a_handle_that_missed_a_shards_move_does_not_mark_it_lost_with_its_old_w
         assert b.placement[1] == old  # b has not heard
         client.run(_kill_self, workers=[old], wait=False)
         wait_for(lambda: old not in client.nthreads(), "the old worker to be gone")
-        b.nbytes()  # b reaches the dead worker first
+        assert b.nbytes() == a.nbytes()  # b reaches the dead worker first, then the shard where it is now
         assert not b.lost and not a._ctx.sync(a._coord, "lookup")["lost"]
         assert set(a.sample(256)["tag"].numpy()[:, 0].tolist()) == set(range(1, 11)) | set(range(101, 111))
         a.close()
+
+
+def test_a_loss_the_coordinator_marked_first_names_the_shard_to_a_table_that_is_not_degraded():
+    """The scheduler heard of the killed worker and the coordinator marked its shard lost before this handle
+    reached the worker: the ShardLostError still names that shard (what ``restore_shard`` needs)."""
+    with (
+        dask.config.set({"distributed.comm.timeouts.connect": "5s"}),
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as c,
+        Client(c) as client,
+    ):
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), seed=0)
+        t.insert(tagged(range(10)))
+        client.run(_kill_self, workers=[t.placement[1]], wait=False)
+        wait_for(lambda: 1 in {int(k) for k in t._ctx.sync(t._coord, "lookup")["lost"]}, "shard 1 to be marked lost")
+        with pytest.raises(gf.ShardLostError) as e:
+            t.nbytes()  # no admission first: the handle finds the dead worker itself
+        assert e.value.shard == 1
+        t.close()

@@ -202,6 +202,9 @@ class CheckpointMixin:
         ctx = Context(client=client)
 
         async def go():
+            # a live table of that name keeps its shards: refused before any worker loads (and replaces) them
+            if name in await coord(ctx, "list", None) and not (await coord(ctx, "lookup", name))["closed"]:
+                raise SpecError(f"a distributed table named {name!r} already exists")
             by_worker = defaultdict(dict)
             for s in shard_ids:
                 by_worker[placement[s]][s] = m["files"][str(s)]
@@ -342,8 +345,8 @@ class CheckpointMixin:
                     for i in (await self._on_workers({old: ("info", dict(name=self.name))}))[old]
                     if i["shard"] == shard
                 )
-            except Retry:  # degraded: its worker was lost just now (the shard is marked lost): restored as lost
-                live, before = False, None
+            except (Retry, ShardLostError):  # its worker was lost just now (the shard is marked lost): restored
+                live, before = False, None  # as a lost one
         if live:
             if not replace:
                 raise SpecError(

@@ -284,6 +284,7 @@ class GearFlowCoordinator(SchedulerPlugin):
             raise ProtocolError(f"coordinator 'sample_finished': rollback {rollback} exceeds the samples counted")
         if expired:  # before the hold is released: the next sample must not count expired items
             g.removed(sum(int(k) for k in expired.values()), expired)
+            g.sampled_from_lost(expired)
         g.sample_finished(txn, rollback or 0)
         return True
 
@@ -456,6 +457,7 @@ class GearFlowCoordinator(SchedulerPlugin):
             g.size -= g.shard_size.get(int(shard), 0)
             g.forget_waiting(g.shard_size.get(int(shard), 0))
         lost = g.lost.pop(int(shard), None)
+        g.unsampled_lost.pop(int(shard), None)
         if lost is not None:
             # inserts in flight when the shard was lost are settled after the loss was
             # marked; the count now is what the shard really had received

@@ -173,6 +173,7 @@ class TableGate(GateChecks):
         self.next_episode_id = 0
         self.next_stamp = 0
         self.lost: dict[int, dict] = {}
+        self.unsampled_lost: dict[int, int] = {}  # lost shard -> its items forgotten by a queue's limiter
         self.version = 0  # bumped when placement or lost shards change
         self.closed = False
         self.txns: dict[str, Txn] = {}  # in admission order
@@ -353,6 +354,7 @@ class TableGate(GateChecks):
         gone = sum(int(k) for k in evicted.values())
         lost_items = sum(int(k) for s, k in items.items() if int(s) in self.lost)
         self.size += sum(int(k) for k in items.values()) - gone - lost_items
+        self.forget_waiting(lost_items)  # written to a shard lost before the commit: never to be sampled
         # items routed to a shard but never written (lost before the apply): the limiter forgets them
         unwritten = t.n - sum(int(k) for k in items.values())
         if unwritten > 0:
@@ -434,8 +436,6 @@ class TableGate(GateChecks):
         for s, j in live.items():
             self.shard_size[s] = self.shard_size.get(s, 0) - j
         self.size -= sum(live.values())
-        # items a sample handed out from a shard lost meanwhile (expired with it): sampled, not left waiting
-        self.forget_waiting(-sum(int(j) for s, j in per_shard.items() if int(s) in self.lost))
         self.limiter.on_delete(int(k))
         self.pump()
 
@@ -486,9 +486,27 @@ class TableGate(GateChecks):
         }
         self.size -= int(size)
         self.shard_size[shard] = 0
+        self.unsampled_lost[shard] = int(size)
         self.forget_waiting(int(size))
         self.version += 1
         self.pump()
+
+    def sampled_from_lost(self, expired: dict) -> None:
+        """A sample handed out ``expired[shard]`` items of shards lost while it was finished (they expired
+        with their shard): counted sampled, no longer forgotten as unsampled by a queue's limiter (at most
+        what each shard had when it was lost).
+
+        Parameters
+        ----------
+        expired : dict
+            ``{shard: items}`` the sample expired; live shards' entries are ignored.
+        """
+        for s, j in expired.items():
+            s = int(s)
+            if s in self.lost:
+                j = min(int(j), self.unsampled_lost.get(s, 0))
+                self.unsampled_lost[s] = self.unsampled_lost.get(s, 0) - j
+                self.forget_waiting(-j)
 
     def forget_waiting(self, k: int) -> None:
         """``k`` items left a queue's (or stack's) shard unsampled (lost with it, or replaced by a restore):

@@ -164,12 +164,14 @@ class PlumbingMixin:
         # the placement as the coordinator has it now: a shard restored elsewhere since this handle learnt
         # it (by another handle, or this one's restore_shard) is not the lost worker's any more
         await self._refresh()
-        shards = sorted(s for s, a in self.placement.items() if a in addrs and s not in self.lost)
+        shards = sorted(s for s, a in self.placement.items() if a in addrs)  # lost, or marked lost already
         for s in shards:
-            self.lost[s] = (await self._coord("mark_lost", shard=s, detail=f"worker {self.placement[s]} unreachable"))[
-                s
-            ]
+            if s not in self.lost:
+                detail = f"worker {self.placement[s]} unreachable"
+                self.lost[s] = (await self._coord("mark_lost", shard=s, detail=detail))[s]
         await self._refresh()
+        if not shards:  # those workers hold none of the table's shards any more (moved): redone as placed now
+            raise Retry()
         if not self.degraded:
             raise ShardLostError(
                 shards[0] if shards else -1,

@@ -260,17 +260,18 @@ class SamplingMixin:
             for r in res.values():
                 for s, k in r.items():
                     ex.expired[s] = ex.expired.get(s, 0) + k
-            # a worker lost while finishing (degraded: a Retry; its shards are marked lost) does not undo the
-            # batch: every part is in it, and the other workers have expired what they handed out; its own
-            # rows are handed out too, expired with their shard (the coordinator forgot them as unsampled)
-            for a in set(ex.sent) - set(res):
-                for s, k in ex.counted.get(a, {}).items():
-                    ex.expired[s] = ex.expired.get(s, 0) + k
             errors = [e for e in errors if not isinstance(e, Retry)]
             if errors:
                 if ex.expired:  # committed there: the coordinator's size follows before the error goes up
                     await self._coord("removed", k=sum(ex.expired.values()), per_shard=ex.expired)
                 raise errors[0]
+            # a worker lost while finishing (degraded: a Retry; its shards are marked lost) does not undo the
+            # batch: every part is in it, and the other workers have expired what they handed out; its own
+            # rows are handed out too, expired with their shard (the coordinator forgot them as unsampled)
+            for a in set(ex.sent) - set(res):
+                for s, k in ex.counted.get(a, {}).items():
+                    if s in self.lost:
+                        ex.expired[s] = ex.expired.get(s, 0) + k
         if layout.rows_at is not None:
             out.permute(planner.sources(layout.rows_at))
         two_level.importance_weights(out.probabilities, self._cfg.beta, out.weights)
