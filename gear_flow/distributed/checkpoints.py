@@ -173,6 +173,8 @@ class CheckpointMixin:
         ShardLostError
             A worker was lost while it loaded its shards.  Either way nothing
             of the restore is left on any worker.
+        SpecError
+            A live table has that name (refused before any worker loads).
         """
         from pathlib import Path
 
@@ -202,21 +204,20 @@ class CheckpointMixin:
         ctx = Context(client=client)
 
         async def go():
-            # a live table of that name keeps its shards: refused before any worker loads (and replaces) them
-            if name in await coord(ctx, "list", None) and not (await coord(ctx, "lookup", name))["closed"]:
-                raise SpecError(f"a distributed table named {name!r} already exists")
+            # the name first: the coordinator refuses a live table's before any worker loads (and replaces) its
+            # shards; from then on a failure takes back everything, from the workers and the coordinator
+            await coord(ctx, "register", name, config=cfg, placement={str(k): v for k, v in placement.items()})
             by_worker = defaultdict(dict)
             for s in shard_ids:
                 by_worker[placement[s]][s] = m["files"][str(s)]
-            got = await asyncio.gather(
-                *(
-                    call(ctx, a, "restore", name=name, config=cfg, directory=str(path), files=f)
-                    for a, f in by_worker.items()
-                ),
-                return_exceptions=True,
-            )
-            registered = False
             try:
+                got = await asyncio.gather(
+                    *(
+                        call(ctx, a, "restore", name=name, config=cfg, directory=str(path), files=f)
+                        for a, f in by_worker.items()
+                    ),
+                    return_exceptions=True,
+                )
                 for r in got:
                     if isinstance(r, WorkerLost):
                         raise ShardLostError(
@@ -224,15 +225,12 @@ class CheckpointMixin:
                         ) from None
                     if isinstance(r, BaseException):
                         raise r
-                await coord(ctx, "register", name, config=cfg, placement={str(k): v for k, v in placement.items()})
-                registered = True
                 await coord(ctx, "restore_state", name, state=m["state"])
                 for s in missing:
                     await coord(ctx, "mark_lost", name, shard=s, detail="lost before the checkpoint was taken")
-            except BaseException:  # nothing of the restore is left behind, on the workers or the coordinator
+            except BaseException:
                 await asyncio.gather(*(call(ctx, a, "drop", name=name) for a in by_worker), return_exceptions=True)
-                if registered:
-                    await asyncio.gather(coord(ctx, "drop", name), return_exceptions=True)
+                await asyncio.gather(coord(ctx, "drop", name), return_exceptions=True)
                 raise
             return await coord(ctx, "lookup", name)
 

@@ -174,7 +174,7 @@ class PlumbingMixin:
             raise Retry()
         if not self.degraded:
             raise ShardLostError(
-                shards[0] if shards else -1,
+                shards[0],
                 f"worker(s) {sorted(addrs)} holding shard(s) {shards} of table {self.name!r} are unreachable; "
                 "create the table with degraded=True to keep serving from the other shards",
             )
