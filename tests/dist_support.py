@@ -7,14 +7,36 @@ checked on what the workers hold, not on what the client believes.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
+import dask
 import numpy as np
+from distributed import Client, LocalCluster
 from helpers import shard_state
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable
 from gear_flow.distributed.plugin import PLUGIN_NAME
+
+
+@contextlib.contextmanager
+def own_cluster(cfg: dict | None = None, n: int = 2):
+    """A cluster of the test's own (it closes or kills one of the workers): ``n`` worker processes on
+    127.0.0.1, a 5 s connect timeout (a dead worker is given up on soon), ``cfg`` set."""
+    with (
+        dask.config.set({"distributed.comm.timeouts.connect": "5s", **(cfg or {})}),
+        LocalCluster(
+            n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        ) as cluster,
+        Client(cluster) as client,
+    ):
+        yield client
+
+
+def tables_here(dask_worker=None) -> list[str]:
+    """Names of the tables this worker holds shards of (``client.run``)."""
+    return sorted(dask_worker.plugins[PLUGIN_NAME].host.tables)
 
 
 class TableFactory:

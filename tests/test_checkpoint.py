@@ -12,6 +12,7 @@ import zipfile
 import dask
 import numpy as np
 import pytest
+from dist_support import tables_here
 from distributed import Client, LocalCluster
 from helpers import COLUMNS, episode, reconcile
 
@@ -234,10 +235,6 @@ def test_kill_while_writers_and_samplers_run_then_restore(cluster3, tmp_path):
     assert not info["lost"] and info["size"] == info["coordinator_size"]
 
 
-def _tables_here(dask_worker=None):
-    return sorted(dask_worker.plugins["gear-flow"].host.tables)
-
-
 @pytest.mark.parametrize("damage", ["flip", "missing-shard"])
 def test_a_distributed_restore_that_fails_leaves_nothing_behind(dist_client, tmp_path, damage):
     """One shard's file fails verification on its worker (the other worker's shard loads), or the manifest
@@ -261,7 +258,7 @@ def test_a_distributed_restore_that_fails_leaves_nothing_behind(dist_client, tmp
         (d / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(CheckpointError, match="no file for shard" if damage == "missing-shard" else "shard-1"):
         DistributedTable.restore(dist_client, d, name="ck-bad")
-    assert all("ck-bad" not in names for names in dist_client.run(_tables_here).values())
+    assert all("ck-bad" not in names for names in dist_client.run(tables_here).values())
     with pytest.raises(gf.SpecError):
         DistributedTable.attach("ck-bad", client=dist_client)
 

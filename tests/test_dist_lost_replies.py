@@ -19,12 +19,11 @@ handed out).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import dask
 import numpy as np
 import pytest
-from distributed import Client, LocalCluster
+from dist_support import own_cluster, tables_here
 from lane_support import break_lane_after
 
 import gear_flow as gf
@@ -70,19 +69,6 @@ def test_a_finish_whose_lane_reply_is_lost_counts_its_expiries_once(dist_client,
         t.close()
 
 
-@contextlib.contextmanager
-def two_workers(cfg: dict, n: int = 2):
-    """A cluster of its own (a test closes one of its workers), ``n`` worker processes, ``cfg`` set."""
-    with (
-        dask.config.set({"distributed.comm.timeouts.connect": "5s", **cfg}),
-        LocalCluster(
-            n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        yield client
-
-
 def _close_while_serving(op, dask_worker=None):
     """This worker serves the next ``op`` (from its lane or its comm), then closes without replying, and
     answers nothing more (a request sent again, or the next one, waits until its connection closes)."""
@@ -110,7 +96,7 @@ def test_a_worker_closing_while_it_draws_counts_as_lost(plane):
     worker is lost, not a live worker whose reply went missing, so a degraded table serves the batch from
     the other shard."""
     planes = {"gear-flow.distributed.shared-memory": plane == "shared-memory", "gear-flow.distributed.tcp-lane": True}
-    with two_workers(planes) as client:
+    with own_cluster(planes) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
         t = DistributedTable.create(client, spec, degraded=True, seed=0)
         try:
@@ -135,7 +121,7 @@ def test_a_worker_lost_while_an_insert_evicts_leaves_the_insert_stored_and_says_
     and the insert returns (its items are stored: nothing to send again), with the live shard's removal
     counted; otherwise the ShardLostError says the insert was stored.  Either way no internal error leaks
     and the coordinator agrees with the shards."""
-    with two_workers({"gear-flow.distributed.shared-memory": True}) as client:
+    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2, max_size=20)
         t = DistributedTable.create(client, spec, degraded=degraded, seed=0)
         try:
@@ -169,7 +155,7 @@ def test_a_worker_lost_during_a_key_edit_of_a_degraded_table_counts_its_keys_sta
     keys or applies the edit.  The call returns (no internal error): the live shard's keys applied, the lost
     one's counted stale, and the coordinator's size agrees with the shards' (the removals of the worker that
     answered are counted)."""
-    with two_workers({"gear-flow.distributed.shared-memory": True}) as client:
+    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
         t = DistributedTable.create(client, spec, sampler=gf.Prioritized(1.0), degraded=True, seed=0)
         try:
@@ -205,7 +191,7 @@ def test_a_worker_lost_during_a_checkpoint_of_a_degraded_table_leaves_a_checkpoi
     """One shard's worker closes while it writes its part of a checkpoint: the degraded table marks it
     lost and writes the checkpoint again, of the live shard, into a fresh directory (no partial one left
     behind).  The checkpoint restores as it was taken: that shard's items, the other shard lost."""
-    with two_workers({"gear-flow.distributed.shared-memory": True}) as client:
+    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
         t = DistributedTable.create(client, spec, degraded=True, seed=0)
         try:
@@ -239,7 +225,7 @@ def test_a_worker_lost_while_a_degraded_queue_finishes_a_sample_hands_the_batch_
     out); one worker closes while it finishes.  The batch is whole (every part arrived before the finish),
     so it is returned: the live shard's items it expired are neither lost (drawn again into another batch
     that nobody gets) nor left counted by the coordinator, and the queue goes on in order."""
-    with two_workers({"gear-flow.distributed.shared-memory": True}) as client:
+    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
         t = DistributedTable.queue(client, spec, 32, timeout=30, seed=0, degraded=True)
         try:
@@ -262,7 +248,7 @@ def test_a_worker_lost_while_a_degraded_queue_finishes_a_sample_hands_the_batch_
 def test_a_worker_lost_while_the_table_counts_its_bytes(degraded):
     """``nbytes()`` while one shard's worker closes: a degraded table counts that shard 0 from then on (its
     rings' bytes leave the sum), one that is not raises ShardLostError; never an internal error."""
-    with two_workers({"gear-flow.distributed.shared-memory": True}) as client:
+    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), degraded=degraded, seed=0)
         try:
             t.insert(tagged(range(1, 11)), shard=0)
@@ -280,14 +266,10 @@ def test_a_worker_lost_while_the_table_counts_its_bytes(degraded):
             t.close()
 
 
-def _tables_here(dask_worker=None):
-    return sorted(dask_worker.plugins[PLUGIN_NAME].host.tables)
-
-
 def test_a_worker_lost_while_a_checkpoint_is_restored_leaves_nothing_behind(tmp_path):
     """One of the two workers a checkpoint is restored onto closes while it loads its shard: the restore
     raises ShardLostError (not the internal WorkerLost) and the other worker keeps nothing of it."""
-    with two_workers({"gear-flow.distributed.shared-memory": True}) as client:
+    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), seed=0)
         t.insert(tagged(range(1, 11)), shard=0)
         t.insert(tagged(range(101, 111)), shard=1)
@@ -297,7 +279,7 @@ def test_a_worker_lost_while_a_checkpoint_is_restored_leaves_nothing_behind(tmp_
         client.run(_close_while_serving, "restore", workers=[addrs[1]])
         with pytest.raises(gf.ShardLostError, match="nothing of it was built"):
             DistributedTable.restore(client, tmp_path / "ck", name="again", workers=addrs)
-        assert "again" not in client.run(_tables_here, workers=[addrs[0]])[addrs[0]]
+        assert "again" not in client.run(tables_here, workers=[addrs[0]])[addrs[0]]
         with pytest.raises(gf.SpecError):
             DistributedTable.attach("again", client=client)
 
@@ -309,7 +291,7 @@ def test_a_worker_lost_while_a_live_shard_is_replaced_from_a_checkpoint(tmp_path
     a lost one) or as it drops its replaced copy (the shard lives on the new worker: not marked lost), or the
     new worker as it loads the shard (ShardLostError, and the live shard stays as it was).  No internal
     error, and the coordinator agrees with the shards."""
-    with two_workers({"gear-flow.distributed.shared-memory": True}, n=3) as client:
+    with own_cluster({"gear-flow.distributed.shared-memory": True}, n=3) as client:
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), degraded=True, seed=0)
         try:
             t.insert(tagged(range(1, 11)), shard=0)

@@ -20,6 +20,7 @@ import time
 import dask
 import numpy as np
 import pytest
+from dist_support import own_cluster
 from distributed import Client, LocalCluster
 
 import gear_flow as gf
@@ -225,10 +226,7 @@ def test_a_degraded_queue_that_loses_a_shard_forgets_its_items_and_keeps_its_roo
     """A queue of 8 over two shards loses one (its worker killed, no call in flight): the items left come
     out once each, in order, and then a sample waits (never the last one again and again); the lost items'
     room is free again (8 inserts admitted, not 8 minus the lost), and a restored shard's items wait again."""
-    with (
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as c,
-        Client(c) as client,
-    ):
+    with own_cluster() as client:
         t = DistributedTable.queue(client, gf.TableSpec(TAG, capacity=64, num_shards=2), 8, seed=0, degraded=True)
         on = t.insert(tagged(range(1, 9))).shards.tolist()
         import tempfile
@@ -261,11 +259,7 @@ def test_the_first_insert_after_a_loss_the_handle_has_not_seen_is_routed_over_th
     a degraded table gives the admission back and routes the insert again over the shard left, at once
     (never waiting out the dead worker's connect timeout); one that is not raises ShardLostError, as does
     an insert pinned to the lost shard, with nothing left in flight."""
-    with (
-        dask.config.set({"distributed.comm.timeouts.connect": "5s"}),
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as c,
-        Client(c) as client,
-    ):
+    with own_cluster() as client:
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), degraded=degraded, seed=0)
         t.insert(tagged(range(10)))
         client.run(_kill_self, workers=[t.placement[1]], wait=False)
@@ -292,11 +286,7 @@ def test_a_handle_that_missed_a_shards_move_does_not_mark_it_lost_with_its_old_w
     """Handle A moves shard 1 to a spare worker (``restore_shard(replace=True)``); handle B, which has not
     heard of the move, then finds the shard's old worker dead.  B asks the coordinator where the shards are
     before it reports losses: shard 1 lives on, for both handles."""
-    with (
-        dask.config.set({"distributed.comm.timeouts.connect": "5s"}),
-        LocalCluster(n_workers=3, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as c,
-        Client(c) as client,
-    ):
+    with own_cluster(n=3) as client:
         a = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), degraded=True, seed=0)
         a.insert(tagged(range(1, 11)), shard=0)
         a.insert(tagged(range(101, 111)), shard=1)
@@ -317,11 +307,7 @@ def test_a_handle_that_missed_a_shards_move_does_not_mark_it_lost_with_its_old_w
 def test_a_loss_the_coordinator_marked_first_names_the_shard_to_a_table_that_is_not_degraded():
     """The scheduler heard of the killed worker and the coordinator marked its shard lost before this handle
     reached the worker: the ShardLostError still names that shard (what ``restore_shard`` needs)."""
-    with (
-        dask.config.set({"distributed.comm.timeouts.connect": "5s"}),
-        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as c,
-        Client(c) as client,
-    ):
+    with own_cluster() as client:
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), seed=0)
         t.insert(tagged(range(10)))
         client.run(_kill_self, workers=[t.placement[1]], wait=False)
