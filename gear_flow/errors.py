@@ -194,15 +194,20 @@ class ShardLostError(GearFlowError, RuntimeError):
         The lost shard's id; kept as ``.shard``.
     detail : str, default ""
         What was being done, appended to the message; kept as ``.detail``.
+    stored : bool, optional
+        Of an insert: False when nothing of it was stored (it may be sent
+        again), True when some or all of it was (it must not be); None for
+        other operations.  Kept as ``.stored``.
     """
 
-    def __init__(self, shard: int, detail: str = ""):
+    def __init__(self, shard: int, detail: str = "", stored: bool | None = None):
         self.shard = int(shard)
         self.detail = detail
+        self.stored = stored
         super().__init__(f"shard {self.shard} is lost" + (f": {detail}" if detail else ""))
 
     def __reduce__(self):
-        return (type(self), (self.shard, self.detail))
+        return (type(self), (self.shard, self.detail, self.stored))
 
 
 class CoordinatorLostError(GearFlowError, ConnectionError):

@@ -244,6 +244,33 @@ def test_a_worker_lost_while_a_degraded_queue_finishes_a_sample_hands_the_batch_
             t.close()
 
 
+def test_a_queue_sample_admitted_before_a_loss_it_meets_waits_for_as_many_items_again():
+    """A degraded queue holds one item per shard; a sample of 2 is admitted and asks both workers for
+    candidates, and shard 1's worker closes while it answers.  The shard left holds one item: the sample
+    gives its admission back and waits again (a timeout here), never handing that item out twice; with
+    a second item it is served, in order."""
+    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
+        spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
+        t = DistributedTable.queue(client, spec, 32, timeout=30, seed=0, degraded=True)
+        try:
+            t.insert(tagged([10]), shard=0)
+            t.insert(tagged([11]), shard=1)
+            assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [10, 11]  # the lanes learnt
+            t.insert(tagged([1]), shard=0)
+            t.insert(tagged([2]), shard=1)
+            client.run(_close_while_serving, "candidates", workers=[t.placement[1]])
+            with pytest.raises(gf.RateLimitTimeout):
+                t.sample(2, timeout=1)
+            assert set(t.lost) == {1}
+            t.insert(tagged([3]))
+            assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [1, 3]
+            info = t.info()
+            limiter = info["rate_limiter"]
+            assert info["size"] == info["coordinator_size"] == 0 and limiter["inserts"] == limiter["samples"]
+        finally:
+            t.close()
+
+
 @pytest.mark.parametrize("degraded", [True, False])
 def test_a_worker_lost_while_the_table_counts_its_bytes(degraded):
     """``nbytes()`` while one shard's worker closes: a degraded table counts that shard 0 from then on (its

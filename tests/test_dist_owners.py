@@ -10,11 +10,13 @@ reactions polls the table's state with a deadline (no fixed sleeps).
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import dask
@@ -315,4 +317,143 @@ def test_a_loss_the_coordinator_marked_first_names_the_shard_to_a_table_that_is_
         with pytest.raises(gf.ShardLostError) as e:
             t.nbytes()  # no admission first: the handle finds the dead worker itself
         assert e.value.shard == 1
+        t.close()
+
+
+# -- a worker killed while writers and samplers run -----------------------------------------------------
+
+
+def _tags_on(name, dask_worker=None):
+    """``{shard: tags of its live items}`` of this worker's shards, read from the shards themselves."""
+    t = dask_worker.plugins["gear-flow"].host.tables[name]
+    out = {}
+    for i, s in t.shards.items():
+        with s.lock:
+            out[i] = s.ring.columns["tag"][s.active == 1].tolist()
+    return out
+
+
+class _Load:
+    """Writer and reader threads on their own handles of table ``t``: every tag is inserted once (2 or 3 per
+    call), and each insert's outcome is kept: the shard of each stored tag, or the ShardLostError."""
+
+    def __init__(self, t, client, per_insert, read):
+        self.t, self.client, self.per_insert, self.read = t, client, per_insert, read
+        self.tags, self.lock = itertools.count(1), threading.Lock()
+        self.ok, self.failed, self.errors, self.got = {}, {}, [], []
+        self.stop_writing, self.stop_reading = threading.Event(), threading.Event()
+        self.writers = [threading.Thread(target=self._write) for _ in range(2)]
+        self.readers = [threading.Thread(target=self._read) for _ in range(2)]
+        for th in self.writers + self.readers:
+            th.start()
+
+    def _write(self):
+        h = DistributedTable.attach(self.t.name, self.client)
+        while not self.stop_writing.is_set():
+            with self.lock:
+                mine = [next(self.tags) for _ in range(self.per_insert)]
+            try:
+                r = h.insert(tagged(mine), timeout=0.5)
+                self.ok.update(zip(mine, r.shards.tolist()))
+            except gf.RateLimitTimeout:  # a full queue: these tags were never admitted
+                pass
+            except gf.ShardLostError as e:
+                self.failed[tuple(mine)] = e
+            except Exception as e:  # noqa: BLE001 - reported by the test
+                self.errors.append(("insert", repr(e)))
+                return
+
+    def _read(self):
+        h = DistributedTable.attach(self.t.name, self.client)
+        while not self.stop_reading.is_set():
+            try:
+                self.got.extend(h.sample(self.read, timeout=0.5)["tag"].numpy()[:, 0].tolist())
+            except gf.RateLimitTimeout:
+                pass
+            except Exception as e:  # noqa: BLE001 - reported by the test
+                self.errors.append(("sample", repr(e)))
+                return
+
+    def kill_shard_1_midway(self, n=60):
+        """``n`` stored tags, then shard 1's worker killed; ``n`` more calls' worth of outcomes after the
+        coordinator marked it lost, then the writers stopped."""
+        wait_for(lambda: len(self.ok) >= n or self.errors, "the first inserts")
+        self.client.run(_kill_self, workers=[self.t.placement[1]], wait=False)
+        wait_for(lambda: 1 in {int(k) for k in self.t._ctx.sync(self.t._coord, "lookup")["lost"]}, "shard 1 lost")
+        done = len(self.ok) + len(self.failed) * self.per_insert
+        wait_for(lambda: len(self.ok) + len(self.failed) * self.per_insert >= done + n or self.errors, "more inserts")
+        self.stop_writing.set()
+        for th in self.writers:
+            th.join()
+
+    def stop(self):
+        self.stop_reading.set()
+        for th in self.readers:
+            th.join()
+
+    def check_stored(self, on: list):
+        """What live shard 0 holds, or what a queue handed out (``on``), against what the inserts reported."""
+        assert not self.errors, self.errors
+        assert len(on) == len(set(on)), "a tag twice"
+        assert {k for k, s in self.ok.items() if s == 0} <= set(on)  # nothing reported stored is missing
+        attempted = set(self.ok) | {x for k in self.failed for x in k}
+        assert set(on) <= attempted and set(self.got) <= attempted
+        for k, e in self.failed.items():
+            assert e.shard == 1 and e.stored in (False, True), (k, e, e.stored)
+            if e.stored is False:  # nothing of it was stored: none of its tags anywhere
+                assert not set(k) & set(on), (k, e)
+
+
+@pytest.mark.parametrize("degraded", [True, False])
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_worker_killed_while_writers_and_samplers_run_loses_only_its_shard(shared, degraded):
+    """Two writer threads and two sampler threads run while shard 1's worker is SIGKILLed.  Degraded: no
+    call fails but an insert the dead worker was applying (``stored=True``; its rest is stored), inserts
+    the loss interrupted before anything was stored are routed again over shard 0, the samplers go on.
+    Not degraded: every failure is a ShardLostError naming shard 1 and saying whether the insert was
+    stored.  Either way shard 0 holds every tag reported stored there, each once, and nothing else; the
+    table's size is the shard's on the workers and at the coordinator."""
+    with own_cluster({"gear-flow.distributed.shared-memory": shared}) as client:
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=100_000, num_shards=2), degraded=degraded)
+        load = _Load(t, client, per_insert=3, read=16)
+        load.kill_shard_1_midway()
+        load.stop()
+        if degraded:
+            assert not [e for e in load.failed.values() if e.stored is not True], load.failed
+            assert not load.errors, load.errors
+            assert len(load.ok) >= 120
+        else:
+            load.errors = [e for e in load.errors if "ShardLostError" not in e[1]]  # samples fail too
+            assert load.failed
+        on = client.run(_tags_on, t.name, workers=[t.placement[0]])[t.placement[0]][0]
+        load.check_stored(on)
+        if degraded:
+            info = t.info()
+            assert info["size"] == info["coordinator_size"] == len(on) and list(info["lost"]) == [1]
+        else:
+            st = t._ctx.sync(t._coord, "lookup")
+            assert st["shard_size"][0] == len(on) and st["inserts_in_flight"] == 0
+        t.close()
+
+
+def test_a_queue_that_loses_a_worker_under_producers_and_consumers_hands_out_each_item_once():
+    """A degraded queue of 16 over two workers; two producer and two consumer threads run while shard 1's
+    worker is SIGKILLed.  No item is handed out twice, every item stored on shard 0 is handed out, the
+    queue ends empty at the coordinator and on the worker with its whole room free (the lost items' too)."""
+    with own_cluster() as client:
+        t = DistributedTable.queue(client, gf.TableSpec(TAG, capacity=100_000, num_shards=2), 16, degraded=True)
+        load = _Load(t, client, per_insert=2, read=2)
+        load.kill_shard_1_midway()
+        size = lambda: t._ctx.sync(t._coord, "lookup")["size"]  # noqa: E731
+        wait_for(lambda: size() < 2 or load.errors, "the consumers to drain it")  # they take 2 at a time
+        load.stop()
+        if size():
+            load.got.extend(t.sample(1, timeout=10)["tag"].numpy()[:, 0].tolist())
+        assert client.run(_tags_on, t.name, workers=[t.placement[0]])[t.placement[0]][0] == []
+        load.check_stored(load.got)  # each handed out once, every one stored on shard 0 among them
+        info = t.info()
+        rl = info["rate_limiter"]
+        assert info["size"] == info["coordinator_size"] == 0 and rl["inserts"] == rl["samples"]
+        t.insert(tagged(range(10**6, 10**6 + 16)), timeout=10)  # the whole room is free
+        assert t.sample(16, timeout=10)["tag"].numpy()[:, 0].tolist() == list(range(10**6, 10**6 + 16))
         t.close()

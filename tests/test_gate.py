@@ -18,7 +18,10 @@ from gear_flow.table.config import TableConfig
 
 def _gate(limiter, sampler=None, **kw) -> TableGate:
     spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=1000, num_shards=2, **kw)
-    cfg = TableConfig.build(spec, sampler=sampler, rate_limiter=limiter)
+    more = {}
+    if isinstance(limiter, gf.Queue):  # a queue's (or stack's) own selectors, each item sampled once
+        more = dict(remover=type(sampler)(), max_times_sampled=1)
+    cfg = TableConfig.build(spec, sampler=sampler, rate_limiter=limiter, **more)
     return TableGate("t", cfg.to_dict(), {0: "w0", 1: "w1"})
 
 
@@ -97,6 +100,33 @@ def test_ordered_samples_see_only_the_committed_prefix():
         assert granted([s]) == [False]  # nothing before the horizon yet
         g.commit_insert(old["txn"], {0: 2}, {})
         assert granted([s]) == [True] and s.fut.result()["horizon"] == 4 == g.horizon
+
+    run(go)
+
+
+@pytest.mark.parametrize("kind", [gf.Queue, gf.Stack])
+def test_a_queue_sample_waits_until_as_many_items_as_it_takes_are_visible(kind):
+    """A Queue's limiter counts an insert when it is admitted: with one item committed and one in flight it
+    would let a sample of 2 through, whose draw finds one item (and would hand it out twice).  The sample
+    waits for the second commit; a sample of 1 goes at once.  A lost shard's items are not waited for."""
+
+    async def go():
+        g = _gate(kind(8), sampler=gf.Fifo() if kind is gf.Queue else gf.Lifo())
+        a = g.request("insert", 1, "p").fut.result()
+        g.commit_insert(a["txn"], {0: 1}, {})
+        b = g.request("insert", 1, "p").fut.result()  # in flight
+        two = g.request("sample", 2, "c", exclusive=True)
+        assert granted([two]) == [False] and g.limiter.diff == 2
+        g.commit_insert(b["txn"], {1: 1}, {})
+        assert granted([two]) == [True]
+        g.sample_finished(two.fut.result()["txn"], rollback=2)  # say it failed: both items wait again
+        g.mark_lost(1, "gone")
+        two = g.request("sample", 2, "c", exclusive=True)
+        one = g.request("sample", 1, "c", exclusive=True)
+        assert granted([two, one]) == [False, False]  # one item left: first come, first served
+        c = g.request("insert", 1, "p").fut.result()
+        g.commit_insert(c["txn"], {0: 1}, {})
+        assert granted([two, one]) == [True, False]
 
     run(go)
 

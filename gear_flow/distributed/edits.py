@@ -308,7 +308,9 @@ class EditsMixin:
             logger.warning("table %r: eviction to max_size given up after %d lost workers", self.name, _LOSSES)
         except ShardLostError as e:  # the insert is stored: a caller must not take it as lost and send it again
             raise ShardLostError(
-                e.shard, f"{e.detail}; the insert was stored (committed) before the eviction to max_size failed"
+                e.shard,
+                f"{e.detail}; the insert was stored (committed) before the eviction to max_size failed",
+                stored=True,
             ) from None
         finally:
             await self._coord("sample_finished", txn=hold["txn"])

@@ -16,7 +16,8 @@ a request may ask at all is checked first, by
 * **Horizon**: the stamp of the oldest insert still in flight.  Ordered samples
   (Fifo, Lifo, heaps) see only items stamped before it, so a Queue never hands
   out an item while an older one is still being written; ``visible`` counts
-  those items for their admission.
+  those items for their admission, and a Queue's (or Stack's) sample of ``n``
+  waits until ``n`` are visible (its limiter counts the inserts in flight).
 * **Waiters** are served first come, first served, per kind (inserts; samples),
   as Reverb serves blocked calls.
 * **Exclusive samples** (tables whose samples change the table: expiry,
@@ -271,7 +272,12 @@ class TableGate(GateChecks):
             return self.holder is None
         if w.extra.get("exclusive") and self.holder is not None:
             return False
-        return self.limiter.can_sample(w.n, self.visible if self.ordered else self.size)
+        size = self.visible if self.ordered else self.size
+        if isinstance(self.limiter, Queue) and size < w.n:
+            # each item goes out once: the batch waits for n items it can see (the limiter's count has the
+            # inserts still in flight too), or the draw would make it up by handing one out twice
+            return False
+        return self.limiter.can_sample(w.n, size)
 
     def pump(self) -> None:
         """Grant waiters first come, first served, per kind, while the limiter allows."""

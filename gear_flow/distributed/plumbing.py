@@ -181,7 +181,8 @@ class PlumbingMixin:
         logger.warning("table %r: shards %s lost (worker(s) %s); serving from the rest", self.name, shards, addrs)
         raise Retry()
 
-    def _check_not_lost(self):
+    def _check_not_lost(self, stored: bool | None = None):
+        """ShardLostError if a shard is lost and the table is not degraded (``stored``: of an insert, False)."""
         if self.lost and not self.degraded:
             s = min(self.lost)
-            raise ShardLostError(s, f"table {self.name!r} lost shard(s) {sorted(self.lost)}")
+            raise ShardLostError(s, f"table {self.name!r} lost shard(s) {sorted(self.lost)}", stored=stored)

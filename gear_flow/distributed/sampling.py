@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import backend, config
 from ..dashboard.report import maybe_report
-from ..errors import EmptyTableError, SpecError, nothing_to_sample
+from ..errors import EmptyTableError, GearFlowError, SpecError, nothing_to_sample
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
 from ..table.validate import check_sample_args, sample_columns
@@ -171,6 +171,7 @@ class SamplingMixin:
         adm = {"txn": None, "horizon": None}
         if not leased:
             adm = await self._admit(batch_size, timeout)
+        lost_at = set(self.lost)
         expired = {}
         try:
             for attempt in range(_ATTEMPTS):
@@ -192,13 +193,25 @@ class SamplingMixin:
                             out, batch_size, length, boundary, columns, rng, adm, exclusive
                         )
                     break
-                except (Retry, StaleSelectionError):
+                except (Retry, StaleSelectionError) as e:
                     if attempt == _ATTEMPTS - 1:
+                        if isinstance(e, Retry):  # internal: never the caller's
+                            raise GearFlowError(
+                                f"a sample of table {self.name!r} was redone {_ATTEMPTS} times (workers lost or "
+                                "shards moved meanwhile each time) and given up"
+                            ) from None
                         raise
+                    if exclusive and set(self.lost) != lost_at:
+                        # admitted counting items of a shard lost since (each item goes out once): given back
+                        # and waited for again, or the shards left would make up the batch with an item twice
+                        await self._coord("sample_finished", txn=adm["txn"], rollback=batch_size)
+                        adm = None
+                        adm = await self._admit(batch_size, timeout)
+                        lost_at = set(self.lost)
         except BaseException:
             if leased:
                 self._give_back(batch_size, None)
-            else:
+            elif adm is not None:  # (None: given back, not admitted again)
                 await self._coord("sample_finished", txn=adm["txn"], rollback=batch_size)
             raise
         if exclusive:

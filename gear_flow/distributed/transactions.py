@@ -148,12 +148,13 @@ class TransactionsMixin:
         if lost:
             try:
                 await self._handle_lost(lost)
-            except Retry:
+            except (Retry, ShardLostError):  # marked lost; the error says what was stored
                 pass
             raise ShardLostError(
-                -1,
+                self._shard_on(lost),
                 f"worker(s) {lost} were lost while insert {txn[:8]} was applied; its episodes there are gone, "
                 "the rest of the insert was stored",
+                stored=True,
             )
         return res, size
 
@@ -188,10 +189,16 @@ class TransactionsMixin:
             except (Retry, ShardLostError):
                 pass
 
+    def _shard_on(self, addrs) -> int:
+        """The first shard placed on one of ``addrs`` (-1: none is, it moved)."""
+        return min((s for s, a in self.placement.items() if a in addrs), default=-1)
+
     def _insert_error(self, e, addrs):
         if isinstance(e, WorkerLost):
             return ShardLostError(
-                -1, f"worker {e.addr} could not be reached during an insert; nothing of the insert was stored"
+                self._shard_on([e.addr]),
+                f"worker {e.addr} could not be reached during an insert; nothing of the insert was stored",
+                stored=False,
             )
         if isinstance(e, GearFlowError):
             return e

@@ -7,7 +7,9 @@ episodes are *staged* on every shard worker (validated, nothing visible), then
 every worker forgets the staged part and the coordinator gives back the
 admission: nothing of the insert is sampleable anywhere and the limiter's
 counts are as before.  An insert that touches one worker stages and applies in
-one request.  Eviction to ``max_size`` runs the planner's eviction plan, the
+one request.  A worker lost before anything was applied leaves nothing stored:
+a degraded table routes the insert again over the shards left (a new
+admission).  Eviction to ``max_size`` runs the planner's eviction plan, the
 same rule as the local table's.
 
 This module validates, routes and admits an insert and hands its episodes to
@@ -20,6 +22,7 @@ priority updates and deletes.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
@@ -33,6 +36,8 @@ from ..table.results import InsertResult
 from ..table.routing import route
 from ..table.validate import as_episode_list, check_batch, check_episode, check_priorities, to_host
 from .wire import array_bytes
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ..spec import TableSpec
@@ -172,19 +177,38 @@ class WritesMixin:
             A shard's worker is lost (not ``degraded``), or a worker was lost
             while the insert was applied (its episodes there are gone), or
             (not ``degraded``) while it evicted to ``max_size`` after its
-            commit: the insert is stored, the message says so.  A degraded
-            table marks the shard lost and the insert returns.
+            commit: the insert is stored, the message says so and
+            ``.stored`` is True.  A worker lost before anything was applied
+            leaves nothing stored (``.stored`` False); a degraded table then
+            routes the insert again over the shards left, and one whose
+            eviction loses a worker marks the shard lost and returns.
         GearFlowError
             Staging failed on a worker; nothing of the insert was stored.
         """
         ins = self._prepare(episodes, priorities, shard)
         timeout = self.timeout if timeout is None else timeout
+        for attempt in range(self.spec.num_shards + 1):
+            try:
+                return self._insert_once(ins, timeout)
+            except ShardLostError as e:
+                ins = self._rerouted(ins, e, attempt)
+        raise AssertionError("unreachable: the last attempt raises")
+
+    def _insert_once(self, ins: _Insert, timeout: float | None) -> InsertResult:
         if self._inserts_here(ins):  # the caller's thread writes (an actor into its own worker's shards) ...
             return self._insert_here(ins, timeout)
         lanes = self._insert_lanes(ins)
         if lanes is not None:  # ... or sends them over the workers' lanes (see thread_insert)
             return self._insert_over_lanes(ins, timeout, lanes)
         return self._ctx.sync(self._insert_prepared, ins, timeout)
+
+    def _rerouted(self, ins: _Insert, e: ShardLostError, attempt: int) -> _Insert:
+        """``ins`` routed again after a worker lost before any of it was stored (its admission given back):
+        over the shards left (degraded), or as placed now (the shard moved meanwhile); else ``e`` raised."""
+        if e.stored is not False or attempt >= self.spec.num_shards or (not self.degraded and e.shard in self.lost):
+            raise e
+        logger.info("table %r: insert routed again (%s)", self.name, e)
+        return self._routed(ins)
 
     def insert_batch(
         self,
@@ -229,10 +253,10 @@ class WritesMixin:
     def _route(self, lengths, shard):
         alive = [s for s in sorted(self.placement) if s not in self.lost]
         if not alive:
-            raise ShardLostError(-1, f"table {self.name!r} has no shard left")
+            raise ShardLostError(-1, f"table {self.name!r} has no shard left", stored=False)
         if shard is not None and shard not in alive:
             if shard in self.lost:
-                raise ShardLostError(shard, f"shard {shard} of table {self.name!r} is lost")
+                raise ShardLostError(shard, f"shard {shard} of table {self.name!r} is lost", stored=False)
             raise SpecError(f"shard {shard} must be in [0, {self.spec.num_shards})")
         local = [s for s in self.local_shards if s not in self.lost]
         pool = local if shard is None and local else alive
@@ -272,14 +296,19 @@ class WritesMixin:
         InvalidDataError, InvalidPriorityError, CapacityError, SpecError, RateLimitTimeout, ShardLostError
             As :meth:`insert`.
         """
-        return await self._insert_prepared(
-            self._prepare(episodes, priorities, shard), self.timeout if timeout is None else timeout
-        )
+        ins = self._prepare(episodes, priorities, shard)
+        timeout = self.timeout if timeout is None else timeout
+        for attempt in range(self.spec.num_shards + 1):
+            try:
+                return await self._insert_prepared(ins, timeout)
+            except ShardLostError as e:
+                ins = self._rerouted(ins, e, attempt)
+        raise AssertionError("unreachable: the last attempt raises")
 
     def _prepare(self, episodes, priorities, shard) -> _Insert:
         """Validate and route an insert (nothing sent yet)."""
         self._masses.clear()  # this handle's own writes show in its next sample's plan
-        self._check_not_lost()
+        self._check_not_lost(stored=False)
         chunks, lengths, n_items, item_off, pr = prepare_insert(self.spec, episodes, priorities)
         if pr is not None:
             self._cfg.check_priorities(pr)
@@ -312,7 +341,7 @@ class WritesMixin:
             # routed to a shard the coordinator knew lost and this handle learns it only now: the admission is
             # given back, and the insert routed again over the shards left (or refused, not degraded)
             await self._abort_insert(adm["txn"], [], None)
-            self._check_not_lost()
+            self._check_not_lost(stored=False)
             ins = self._routed(ins)
             adm = await self._coord("admit_insert", **self._admission(ins, timeout))
             await self._refresh(adm["version"])
