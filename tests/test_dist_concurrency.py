@@ -329,9 +329,12 @@ def test_a_full_table_under_actor_and_client_writers_stays_at_max_size(dist_clie
         t.close()
 
 
+@pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("kind", ["queue", "stack"])
-def test_queue_and_stack_hand_out_every_item_once(dist_client, kind):
-    """3 producers (2 worker tasks, 1 client thread), 2 consumer threads, a queue of 8 over 2 workers."""
+def test_queue_and_stack_hand_out_every_item_once(dist_client, kind, batch):
+    """3 producers (2 worker tasks, 1 client thread), 2 consumer threads taking ``batch`` items a call, a
+    queue of 8 over 2 workers (a batch of 3 is admitted only once 3 items are stored: the limiter counts
+    the inserts in flight too)."""
     make = DistributedTable.queue if kind == "queue" else DistributedTable.stack
     # capacity: a stack keeps its oldest items longest; the ring must not wrap over them
     t = make(dist_client, gf.TableSpec(TAG, capacity=256, num_shards=2), 8, timeout=60, seed=0)
@@ -351,10 +354,10 @@ def test_queue_and_stack_hand_out_every_item_once(dist_client, kind):
                     with lock:
                         if taken["n"] >= total:
                             return
-                        taken["n"] += 1
-                    b = t.sample(1)
-                    got[c].append(int(b["tag"].numpy()[0, 0]))
-                    ids[c].append(int(b.episode_ids[0]))
+                        taken["n"] += batch
+                    b = t.sample(batch)
+                    got[c].extend(b["tag"].numpy()[:, 0].tolist())
+                    ids[c].extend(b.episode_ids.tolist())
             except Exception as e:
                 errors.append(e)
 
