@@ -147,6 +147,30 @@ def test_a_worker_lost_while_an_insert_evicts_leaves_the_insert_stored_and_says_
             t.close()
 
 
+def test_an_insert_whose_other_worker_is_lost_as_it_applies_still_evicts_to_max_size():
+    """Shard 0 is full (max_size 10); an insert of two episodes, one per shard, is staged on both workers,
+    and shard 1's worker closes while it applies its part.  The part on shard 0 is stored, so the error
+    says so (``.stored``, naming shard 1), and the table is evicted back to max_size first, as after an
+    insert that returns (shard 0's oldest item goes), the coordinator agreeing with the shard."""
+    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
+        spec = gf.TableSpec(TAG, capacity=64, num_shards=2, max_size=10)
+        t = DistributedTable.create(client, spec, degraded=True, seed=0)
+        try:
+            t.insert(tagged(range(1, 11)), shard=0)
+            t.sample(8)  # the lanes learnt
+            assert t._route(np.ones(2, np.int64), None).tolist() == [0, 1]  # the next insert: one per shard
+            client.run(_close_while_serving, "apply", workers=[t.placement[1]])
+            with pytest.raises(gf.ShardLostError, match="the rest of the insert was stored") as e:
+                t.insert(tagged([11, 12]))
+            assert e.value.stored is True and e.value.shard == 1
+            assert set(t.lost) == {1}
+            info = t.info()
+            assert info["size"] == info["coordinator_size"] == 10, info
+            assert set(t.sample(64)["tag"].numpy()[:, 0].tolist()) == set(range(2, 12))
+        finally:
+            t.close()
+
+
 @pytest.mark.parametrize(
     "op, edit", [("check_keys", "update"), ("update", "update"), ("check_keys", "delete"), ("delete", "delete")]
 )

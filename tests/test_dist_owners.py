@@ -337,8 +337,8 @@ class _Load:
     """Writer and reader threads on their own handles of table ``t``: every tag is inserted once (2 or 3 per
     call), and each insert's outcome is kept: the shard of each stored tag, or the ShardLostError."""
 
-    def __init__(self, t, client, per_insert, read):
-        self.t, self.client, self.per_insert, self.read = t, client, per_insert, read
+    def __init__(self, t, client, per_insert, read, learn=False):
+        self.t, self.client, self.per_insert, self.read, self.learn = t, client, per_insert, read, learn
         self.tags, self.lock = itertools.count(1), threading.Lock()
         self.ok, self.failed, self.errors, self.got = {}, {}, [], []
         self.stop_writing, self.stop_reading = threading.Event(), threading.Event()
@@ -365,9 +365,13 @@ class _Load:
 
     def _read(self):
         h = DistributedTable.attach(self.t.name, self.client)
+        rng = np.random.default_rng(len(self.readers))
         while not self.stop_reading.is_set():
             try:
-                self.got.extend(h.sample(self.read, timeout=0.5)["tag"].numpy()[:, 0].tolist())
+                b = h.sample(self.read, timeout=0.5)
+                self.got.extend(b["tag"].numpy()[:, 0].tolist())
+                if self.learn:  # a learner: new priorities for what it sampled, sent now or with its next sample
+                    h.update_priorities(b.keys.numpy(), rng.uniform(0.1, 2.0, self.read), wait=bool(rng.integers(2)))
             except gf.RateLimitTimeout:
                 pass
             except Exception as e:  # noqa: BLE001 - reported by the test
@@ -433,6 +437,31 @@ def test_a_worker_killed_while_writers_and_samplers_run_loses_only_its_shard(sha
         else:
             st = t._ctx.sync(t._coord, "lookup")
             assert st["shard_size"][0] == len(on) and st["inserts_in_flight"] == 0
+        t.close()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_prioritized_table_at_max_size_that_loses_a_worker_under_writers_and_learners_ends_at_max_size(shared):
+    """A degraded prioritized table held at max_size 300 (every insert evicts); two writer threads and two
+    learner threads (sample, then update the priorities, waited for or not) run while shard 1's worker is
+    SIGKILLed.  No call fails but an insert the dead worker was applying (stored: it still evicts); the
+    table ends at exactly max_size on the worker and the coordinator, every item accounted for."""
+    with own_cluster({"gear-flow.distributed.shared-memory": shared}) as client:
+        spec = gf.TableSpec(TAG, capacity=5000, num_shards=2, max_size=300)
+        t = DistributedTable.create(client, spec, sampler=gf.Prioritized(0.8, 0.4), degraded=True, seed=0)
+        for i in range(30):
+            t.insert([{"tag": np.full(10, -1 - i, np.int64)}], priorities=1.0)
+        load = _Load(t, client, per_insert=3, read=32, learn=True)
+        load.kill_shard_1_midway(n=240)  # enough after the loss to fill the shard left past max_size
+        load.stop()
+        assert not load.errors, load.errors
+        assert all(e.stored is True and e.shard == 1 for e in load.failed.values()), load.failed
+        t.flush()
+        on = client.run(_tags_on, t.name, workers=[t.placement[0]])[t.placement[0]][0]
+        info = t.info()
+        assert info["size"] == info["coordinator_size"] == len(on) == 300, info
+        tot = info["totals"]
+        assert tot["inserted"] == tot["evicted"] + tot["removed"] + info["size"]
         t.close()
 
 

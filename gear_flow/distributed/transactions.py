@@ -135,7 +135,8 @@ class TransactionsMixin:
         ------
         ShardLostError
             A worker was lost before applying: its episodes are gone, the
-            rest of the insert was stored and committed.
+            rest of the insert was stored and committed (and the table
+            evicted to ``max_size``); ``.stored`` is True.
         """
         addrs = sorted(addrs)
         got = await asyncio.gather(
@@ -150,6 +151,11 @@ class TransactionsMixin:
                 await self._handle_lost(lost)
             except (Retry, ShardLostError):  # marked lost; the error says what was stored
                 pass
+            if size > self.spec.max_size:  # stored: evicted to max_size as a returning insert is
+                try:
+                    await self._evict_excess(size)
+                except ShardLostError:  # not degraded: the lost shard's victims stay (the error says stored)
+                    pass
             raise ShardLostError(
                 self._shard_on(lost),
                 f"worker(s) {lost} were lost while insert {txn[:8]} was applied; its episodes there are gone, "
