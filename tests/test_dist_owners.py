@@ -486,3 +486,64 @@ def test_a_queue_that_loses_a_worker_under_producers_and_consumers_hands_out_eac
         t.insert(tagged(range(10**6, 10**6 + 16)), timeout=10)  # the whole room is free
         assert t.sample(16, timeout=10)["tag"].numpy()[:, 0].tolist() == list(range(10**6, 10**6 + 16))
         t.close()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_a_stream_and_an_episode_writer_go_on_through_a_lost_worker(shared):
+    """A learner iterates a Stream (3 requests in flight, priorities written back) and an actor writes
+    episodes step by step (EpisodeWriter) while shard 1's worker is SIGKILLed: both go on from the shard
+    left without an error, every window holds consecutive steps of one episode, and the sizes agree."""
+    obs = (gf.ColumnSpec("obs", (2,), np.float32),)
+
+    def episode(e, n):
+        return {"obs": np.stack([np.full(n, e), np.arange(n)], 1).astype(np.float32)}
+
+    with own_cluster({"gear-flow.distributed.shared-memory": shared}) as client:
+        spec = gf.TableSpec(obs, capacity=20_000, num_shards=2)
+        t = DistributedTable.create(client, spec, sampler=gf.Prioritized(0.8, 0.4), degraded=True, seed=0)
+        t.insert([episode(e, 10) for e in range(20)])
+        errors, windows, written, stop = [], {"ok": 0, "bad": 0}, [], threading.Event()
+
+        def write():
+            w = DistributedTable.attach(t.name, client).writer()
+            try:
+                for e in itertools.count(100):
+                    if stop.is_set():
+                        return
+                    for i in range(7):
+                        w.append({"obs": np.array([e, i], np.float32)})
+                    w.end_episode()
+                    written.append(e)
+            except Exception as ex:  # noqa: BLE001 - reported by the test
+                errors.append(("write", repr(ex)))
+
+        def learn():
+            try:
+                with gf.Stream(DistributedTable.attach(t.name, client), 16, 4, prefetch=3, seed=0) as s:
+                    for b in s:
+                        o = b["obs"].numpy()
+                        ok = (o[..., 0] == o[:, :1, 0]).all(1) & (np.diff(o[..., 1], axis=1) == 1).all(1)
+                        windows["ok"] += int(ok.sum())
+                        windows["bad"] += int((~ok).sum())
+                        s.update_priorities(b.keys.numpy(), np.linspace(0.1, 1.0, 16))
+                        if stop.is_set():
+                            return
+            except Exception as ex:  # noqa: BLE001 - reported by the test
+                errors.append(("learn", repr(ex)))
+
+        threads = [threading.Thread(target=write), threading.Thread(target=learn)]
+        for th in threads:
+            th.start()
+        wait_for(lambda: len(written) >= 30 or errors, "the first episodes")
+        client.run(_kill_self, workers=[t.placement[1]], wait=False)
+        wait_for(lambda: 1 in {int(k) for k in t._ctx.sync(t._coord, "lookup")["lost"]}, "shard 1 lost")
+        n, w0 = len(written), windows["ok"]
+        wait_for(lambda: (len(written) >= n + 30 and windows["ok"] >= w0 + 200) or errors, "more after the loss")
+        stop.set()
+        for th in threads:
+            th.join()
+        assert not errors, errors
+        assert windows["bad"] == 0
+        info = t.info()
+        assert info["size"] == info["coordinator_size"] and list(info["lost"]) == [1]
+        t.close()
