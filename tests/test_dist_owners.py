@@ -337,13 +337,13 @@ class _Load:
     """Writer and reader threads on their own handles of table ``t``: every tag is inserted once (2 or 3 per
     call), and each insert's outcome is kept: the shard of each stored tag, or the ShardLostError."""
 
-    def __init__(self, t, client, per_insert, read, learn=False):
+    def __init__(self, t, client, per_insert, read, learn=False, readers=2):
         self.t, self.client, self.per_insert, self.read, self.learn = t, client, per_insert, read, learn
         self.tags, self.lock = itertools.count(1), threading.Lock()
         self.ok, self.failed, self.errors, self.got = {}, {}, [], []
         self.stop_writing, self.stop_reading = threading.Event(), threading.Event()
         self.writers = [threading.Thread(target=self._write) for _ in range(2)]
-        self.readers = [threading.Thread(target=self._read) for _ in range(2)]
+        self.readers = [threading.Thread(target=self._read) for _ in range(readers)]
         for th in self.writers + self.readers:
             th.start()
 
@@ -546,4 +546,47 @@ def test_a_stream_and_an_episode_writer_go_on_through_a_lost_worker(shared):
         assert windows["bad"] == 0
         info = t.info()
         assert info["size"] == info["coordinator_size"] and list(info["lost"]) == [1]
+        t.close()
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_checkpoints_taken_while_writers_run_and_a_worker_is_killed_restore_what_was_stored(shared, tmp_path):
+    """A thread checkpoints the table again and again while two writers insert and shard 1's worker is
+    SIGKILLed.  Every checkpoint is written (the one the loss interrupts again, of the shard left); the last
+    one restores as a table with shard 1 lost, holding every tag stored on shard 0 before that checkpoint
+    began and nothing never inserted."""
+    with own_cluster({"gear-flow.distributed.shared-memory": shared}) as client:
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=100_000, num_shards=2), degraded=True)
+        load = _Load(t, client, per_insert=3, read=0, readers=0)
+        done, errors, stop = [], [], threading.Event()
+
+        def checkpoint():
+            h = DistributedTable.attach(t.name, client)
+            for i in itertools.count():
+                if stop.is_set():
+                    return
+                before = {k for k, s in load.ok.items() if s == 0}
+                try:
+                    h.checkpoint(tmp_path / f"ck{i}")
+                except Exception as e:  # noqa: BLE001 - reported by the test
+                    errors.append(repr(e))
+                    return
+                done.append((tmp_path / f"ck{i}", before))
+
+        th = threading.Thread(target=checkpoint)
+        th.start()
+        load.kill_shard_1_midway()
+        n = len(done)
+        wait_for(lambda: len(done) >= n + 1 or errors, "a checkpoint after the writers stopped")
+        stop.set()
+        th.join()
+        assert not errors and not load.errors, (errors, load.errors)
+        assert all(e.stored is True for e in load.failed.values()), load.failed
+        path, before = done[-1]
+        r = DistributedTable.restore(client, path, name="restored")
+        assert list(r.info()["lost"]) == [1]
+        on = client.run(_tags_on, "restored", workers=[r.placement[0]])[r.placement[0]][0]
+        assert before <= set(on) and len(on) == len(set(on))
+        assert set(on) <= set(load.ok) | {x for k in load.failed for x in k}
+        r.close()
         t.close()
