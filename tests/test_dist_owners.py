@@ -590,3 +590,50 @@ def test_checkpoints_taken_while_writers_run_and_a_worker_is_killed_restore_what
         assert set(on) <= set(load.ok) | {x for k in load.failed for x in k}
         r.close()
         t.close()
+
+
+@pytest.mark.parametrize("kind", ["uniform", "queue"])
+def test_a_shard_restored_while_writers_and_samplers_run_rejoins_the_table(kind, tmp_path):
+    """Shard 1's worker is SIGKILLed under two writers and two samplers; its shard is restored from a
+    checkpoint taken before the writers started while the writers and samplers go on.  It rejoins: no call
+    fails but an insert the dead worker was applying, the sizes agree on the workers and the coordinator,
+    nothing is lost any more, and the restored shard holds its items of the checkpoint.  A queue hands out
+    again only what shard 1 held at the checkpoint (the shard comes back as it was: at least once across
+    a restore), every other item once."""
+    with own_cluster() as client:
+        spec = gf.TableSpec(TAG, capacity=100_000, num_shards=2)
+        if kind == "queue":
+            t = DistributedTable.queue(client, spec, 16, degraded=True)
+        else:
+            t = DistributedTable.create(client, spec, degraded=True)
+        first = t.insert(tagged(range(-10, 0))).shards.tolist()
+        at_checkpoint = {k for k, s in zip(range(-10, 0), first) if s == 1}
+        t.checkpoint(tmp_path / "ck")
+        load = _Load(t, client, per_insert=2, read=2)
+        load.kill_shard_1_midway()
+        load.stop_writing.clear()
+        load.writers = [threading.Thread(target=load._write) for _ in range(2)]
+        for th in load.writers:
+            th.start()
+        rep = t.restore_shard(1, tmp_path / "ck")
+        assert rep["items_restored"] == len(at_checkpoint) > 0
+        n = len(load.ok)
+        wait_for(lambda: len(load.ok) >= n + 60 or load.errors, "inserts after the restore")
+        load.stop_writing.set()
+        for th in load.writers:
+            th.join()
+        if kind == "queue":
+            wait_for(lambda: t._ctx.sync(t._coord, "lookup")["size"] < 2 or load.errors, "the consumers to drain it")
+        load.stop()
+        assert not load.errors, load.errors
+        assert all(e.stored is True for e in load.failed.values()), load.failed
+        info = t.info()
+        assert info["size"] == info["coordinator_size"] == sum(s["size"] for s in info["shards"]) and not info["lost"]
+        if kind == "queue":
+            twice = {k for k in load.got if load.got.count(k) > 1}
+            assert twice <= at_checkpoint, twice
+            assert all(load.got.count(k) <= 2 for k in twice)
+        else:
+            on = client.run(_tags_on, t.name, workers=[t.placement[1]])[t.placement[1]][1]
+            assert at_checkpoint <= set(on) and len(on) == len(set(on))
+        t.close()

@@ -243,7 +243,10 @@ class CheckpointMixin:
 
         A lost shard is restored; a live one is refused unless ``replace=True``
         (its items since the checkpoint would be dropped), and then replaced
-        without leaving its old copy behind.
+        without leaving its old copy behind.  The shard comes back as it was
+        at the checkpoint: items it expired, removed or evicted since then are
+        back too (a queue hands out again what that shard handed out since
+        the checkpoint: at least once, not exactly once, across a restore).
 
         Parameters
         ----------
