@@ -237,6 +237,17 @@ class RateLimiter(ABC):  # noqa: B024  (abstract by intent: use a subclass)
         """
         self.state.deletes += int(k)
 
+    def forget(self, k: int) -> None:
+        """``k`` items left the table unsampled (deleted, evicted, lost): a :class:`Queue` no longer counts
+        them as waiting; other limiters count them as deletes only (:meth:`on_delete`, Reverb's).
+
+        Parameters
+        ----------
+        k : int
+            Items; negative for items brought back (a lost shard restored).
+        """
+        del k  # counted by on_delete; nothing waits here
+
     def info(self) -> dict[str, object]:
         """The limiter's configuration and counters, for ``table.info()`` and the dashboard.
 
@@ -390,6 +401,18 @@ class Queue(RateLimiter):
 
     def params(self) -> dict:
         return {"size": self.size}
+
+    def forget(self, k: int) -> None:
+        """Every item of a queue is sampled once, so ``inserts - samples`` counts the items waiting:
+        ``k`` that left unsampled (deleted, evicted, lost) wait no more.  Left counted, they would let a
+        batch through that finds too few items, and keep their room from later inserts for good.
+
+        Parameters
+        ----------
+        k : int
+            Items; negative for items brought back (a lost shard restored).
+        """
+        self.state.inserts -= int(k)
 
 
 class Stack(Queue):

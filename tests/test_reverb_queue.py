@@ -225,3 +225,21 @@ def test_max_diff_below_the_warm_up_offset_starts_sampling_after_the_free_insert
         t.insert(one(10))
     assert len(t.sample(2)) == 2  # sampling starts: nothing deadlocks
     t.insert(one(10))
+
+
+def test_items_deleted_from_a_queue_wait_no_more(make_table):
+    """A full queue of 4 (local and distributed): one item is deleted by key while it waits.  The limiter
+    no longer counts it as waiting (left counted, a batch would be admitted for an item that is gone, and
+    its room would stay taken for good): the 3 left come out once each, in order, and the queue's whole
+    room takes 4 new items at once."""
+    import gear_flow as gf
+
+    spec = gf.TableSpec((gf.ColumnSpec("tag", (), np.int64),), capacity=64, num_shards=2)
+    t = make_table.queue(spec, 4, timeout=10)
+    r = t.insert([{"tag": np.array([k])} for k in range(1, 5)])
+    assert t.delete(r.first_keys[1:2]).applied == 1  # item 2
+    limiter = t.info()["rate_limiter"]
+    assert limiter["inserts"] - limiter["samples"] == 3
+    assert t.sample(3)["tag"].numpy()[:, 0].tolist() == [1, 3, 4]
+    t.insert([{"tag": np.array([k])} for k in range(5, 9)], timeout=2.0)  # the whole room is free
+    assert t.sample(4)["tag"].numpy()[:, 0].tolist() == [5, 6, 7, 8]

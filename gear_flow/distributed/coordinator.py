@@ -303,7 +303,10 @@ class GearFlowCoordinator(SchedulerPlugin):
     async def _removed(self, name, k, per_shard=None):
         g = self._table(name)
         g.check_removal(k, per_shard or {})
-        g.removed(k, per_shard or {})
+        # deletes, evictions, or a queue's expiries whose sample then failed (its samples rolled back):
+        # items that left unsampled (a finished sample's expiries come with sample_finished)
+        g.forget_waiting(g.removed(k, per_shard or {}))
+        g.pump()
         return g.size
 
     # -- losses -------------------------------------------------------------------------------------------

@@ -437,6 +437,11 @@ class TableGate(GateChecks):
             Items removed in all (the limiter's count).
         per_shard : dict
             ``{shard: items removed}``; lost shards' entries are ignored.
+
+        Returns
+        -------
+        int
+            Items removed from the live shards.
         """
         live = {int(s): int(j) for s, j in per_shard.items() if int(s) not in self.lost}
         for s, j in live.items():
@@ -444,6 +449,7 @@ class TableGate(GateChecks):
         self.size -= sum(live.values())
         self.limiter.on_delete(int(k))
         self.pump()
+        return sum(live.values())
 
     # -- owners, losses --------------------------------------------------------------------------------------
     def release_owner(self, owner: str) -> tuple[list[Txn], dict | None]:
@@ -526,8 +532,7 @@ class TableGate(GateChecks):
         k : int
             Items; negative for items brought back (a lost shard restored).
         """
-        if isinstance(self.limiter, Queue):
-            self.limiter.state.inserts -= int(k)
+        self.limiter.forget(int(k))
 
     def close(self) -> None:
         """Close the table: every waiter fails with TableClosedError, and so does every later request."""

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..rate_limiters import Queue
 from ..sample import SampleBuffers
 from ..table import planner
 from ..table.executor import fill_rows
@@ -141,7 +142,12 @@ class RemoteSample(SharedReads):
                 name=t.name, n=req.n, role=req.role, length=self.L, boundary=self.boundary, horizon=self.horizon
             )
             res = await t._on_workers({a: ("candidates", args) for a in workers})
-            return {s: c for r in res.values() for s, c in r.items()}
+            got = {s: c for r in res.values() for s, c in r.items()}
+            if isinstance(t._cfg.rate_limiter, Queue) and sum(len(c[0]) for c in got.values()) < req.n:
+                # a queue's batch was admitted for n items it can see: fewer means its shards changed since
+                # (a loss); the merge would repeat one to fill the batch, so it is redone (admitted again)
+                raise Retry()
+            return got
         if isinstance(req, planner.NewEpoch):
             await t._on_workers({a: ("new_epoch", dict(name=t.name)) for a in workers})
             return None

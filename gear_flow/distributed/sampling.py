@@ -171,10 +171,19 @@ class SamplingMixin:
         adm = {"txn": None, "horizon": None}
         if not leased:
             adm = await self._admit(batch_size, timeout)
-        lost_at = set(self.lost)
+        lost_at = self._lost_at_grant(adm)
         expired = {}
         try:
             for attempt in range(_ATTEMPTS):
+                if exclusive and set(self.lost) != lost_at:
+                    # admitted counting items of a shard lost since (each item goes out once): given back and
+                    # waited for again, or the shards left would make up the batch with an item twice
+                    txn, adm = adm["txn"], None  # (None: given back, not admitted again)
+                    await self._coord("sample_finished", txn=txn, rollback=batch_size)
+                    adm = await self._admit(batch_size, timeout)
+                    lost_at = self._lost_at_grant(adm)
+                    if set(self.lost) != lost_at:  # the placement moved again meanwhile
+                        continue
                 workers = self._workers()
                 if not workers:
                     raise EmptyTableError(f"table {self.name!r} has no reachable shard")
@@ -196,18 +205,10 @@ class SamplingMixin:
                 except (Retry, StaleSelectionError) as e:
                     if attempt == _ATTEMPTS - 1:
                         if isinstance(e, Retry):  # internal: never the caller's
-                            raise GearFlowError(
-                                f"a sample of table {self.name!r} was redone {_ATTEMPTS} times (workers lost or "
-                                "shards moved meanwhile each time) and given up"
-                            ) from None
+                            raise self._redone_too_often() from None
                         raise
-                    if exclusive and set(self.lost) != lost_at:
-                        # admitted counting items of a shard lost since (each item goes out once): given back
-                        # and waited for again, or the shards left would make up the batch with an item twice
-                        await self._coord("sample_finished", txn=adm["txn"], rollback=batch_size)
-                        adm = None
-                        adm = await self._admit(batch_size, timeout)
-                        lost_at = set(self.lost)
+            else:
+                raise self._redone_too_often()
         except BaseException:
             if leased:
                 self._give_back(batch_size, None)
@@ -219,6 +220,16 @@ class SamplingMixin:
         elif expired:
             await self._coord("removed", k=sum(expired.values()), per_shard=expired)
         return self._served(out)
+
+    def _lost_at_grant(self, adm: dict) -> set | None:
+        """The shards lost when ``adm`` was granted (None: unknown, this handle has a later placement)."""
+        return set(self.lost) if adm.get("version", self._version) == self._version else None
+
+    def _redone_too_often(self) -> GearFlowError:
+        return GearFlowError(
+            f"a sample of table {self.name!r} was redone {_ATTEMPTS} times (workers lost or shards moved "
+            "meanwhile each time) and given up"
+        )
 
     async def _admit(self, n: int, timeout: float | None) -> dict:
         """The coordinator's admission of a batch of ``n`` (reporting the batches served under the lease

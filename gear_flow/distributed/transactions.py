@@ -159,8 +159,8 @@ class TransactionsMixin:
             raise ShardLostError(
                 self._shard_on(lost),
                 f"worker(s) {lost} were lost while insert {txn[:8]} was applied; its episodes there are gone, "
-                "the rest of the insert was stored",
-                stored=True,
+                + ("the rest of the insert was stored" if res else "nothing of the insert was stored"),
+                stored=bool(res),
             )
         return res, size
 

@@ -207,6 +207,7 @@ class WritesMixin:
         over the shards left (degraded), or as placed now (the shard moved meanwhile); else ``e`` raised."""
         if e.stored is not False or attempt >= self.spec.num_shards or (not self.degraded and e.shard in self.lost):
             raise e
+        self._check_not_lost(stored=False)  # (the shard moved, but another one may be lost meanwhile)
         logger.info("table %r: insert routed again (%s)", self.name, e)
         return self._routed(ins)
 

@@ -483,6 +483,7 @@ class LocalTable(DatasetMethods):
         removed = evict_shards(self._by_id, excess, self.remover_proto.deterministic, self.rng)
         with self._cond:
             self.rate_limiter.on_delete(removed)
+            self.rate_limiter.forget(removed)  # unsampled: a queue's no longer wait
 
     # -- sampling -----------------------------------------------------------------------------
     def sample(
@@ -703,6 +704,7 @@ class LocalTable(DatasetMethods):
             stale += st
         with self._cond:
             self.rate_limiter.on_delete(deleted)
+            self.rate_limiter.forget(deleted)  # unsampled (a queue's sampled items are gone): no longer waiting
             self._cond.notify_all()
         return UpdateResult(deleted, stale)
 
