@@ -27,7 +27,7 @@ from ..table.validate import check_sample_args, sample_columns
 from .host_sampling import StaleSelectionError
 from .remote_sample import _SAMPLING, RemoteSample
 from .thread_sample import NotHere, ThreadSample, routes
-from .transport import Retry, lost_reply, not_answered, reply_timeout, worker_alive
+from .transport import Readmit, Retry, lost_reply, not_answered, reply_timeout, worker_alive
 
 _ATTEMPTS = 8
 logger = logging.getLogger(__name__)
@@ -207,6 +207,8 @@ class SamplingMixin:
                         if isinstance(e, Retry):  # internal: never the caller's
                             raise self._redone_too_often() from None
                         raise
+                    if isinstance(e, Readmit):
+                        lost_at = None  # the admission is given back before the next attempt
             else:
                 raise self._redone_too_often()
         except BaseException:
