@@ -19,6 +19,8 @@ handed out).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import time
 
 import dask
 import numpy as np
@@ -37,6 +39,14 @@ TAG = (gf.ColumnSpec("tag", (), np.int64),)
 
 def tagged(tags):
     return [{"tag": np.array([t], np.int64)} for t in tags]
+
+
+def wait_until(pred, what, deadline=30.0):
+    end = time.monotonic() + deadline
+    while not pred():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)  # polling a condition, not a barrier
 
 
 def _broke(client, addr):
@@ -143,6 +153,67 @@ def test_a_worker_lost_while_an_insert_evicts_leaves_the_insert_stored_and_says_
                 info = t.info()
                 assert info["size"] == info["coordinator_size"] == len(kept), info
                 assert set(t.sample(64)["tag"].numpy()[:, 0].tolist()) == kept
+        finally:
+            t.close()
+
+
+def _hold_first_candidates(dask_worker=None):
+    """This worker's next ``candidates`` request waits until :func:`_release_candidates` (another
+    connection's requests are served meanwhile)."""
+    plugin = dask_worker.plugins[PLUGIN_NAME]
+    plugin.held = held = {"waiting": False, "go": asyncio.Event()}
+
+    def wrapped(real):
+        async def serve(action, *args):
+            if action == "candidates" and not held["waiting"]:
+                held["waiting"] = True
+                await held["go"].wait()
+            return await real(action, *args)
+
+        return serve
+
+    plugin.lane._serve, plugin.serve = wrapped(plugin.lane._serve), wrapped(plugin.serve)
+
+
+def _candidates_waiting(dask_worker=None):
+    return dask_worker.plugins[PLUGIN_NAME].held["waiting"]
+
+
+def _release_candidates(dask_worker=None):
+    dask_worker.plugins[PLUGIN_NAME].held["go"].set()
+
+
+def test_a_queue_sample_whose_item_is_deleted_after_its_grant_is_admitted_again():
+    """A queue holds one item per shard; a sample of 2 is granted, and before shard 1's worker answers
+    for its candidates another client deletes that shard's item.  The sample finds one item for two rows:
+    it gives its admission back and waits again (a timeout here) instead of handing the item left out
+    twice; with a new item it is served, in order."""
+    from distributed import Client
+
+    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
+        spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
+        t = DistributedTable.queue(client, spec, 32, timeout=30, seed=0)
+        try:
+            t.insert(tagged([10]), shard=0)
+            t.insert(tagged([11]), shard=1)
+            assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [10, 11]  # the lanes learnt
+            t.insert(tagged([1]), shard=0)
+            doomed = t.insert(tagged([2]), shard=1).first_keys
+            w1 = t.placement[1]
+            client.run(_hold_first_candidates, workers=[w1])
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                f = pool.submit(t.sample, 2, timeout=3)
+                wait_until(lambda: client.run(_candidates_waiting, workers=[w1])[w1], "the held candidates")
+                with Client(client.scheduler.address) as other:  # its own connections: served meanwhile
+                    assert DistributedTable.attach(t.name, other).delete(doomed).applied == 1
+                client.run(_release_candidates, workers=[w1])
+                with pytest.raises(gf.RateLimitTimeout):
+                    f.result(timeout=60)
+            t.insert(tagged([3]), shard=1)
+            assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [1, 3]
+            info = t.info()
+            limiter = info["rate_limiter"]
+            assert info["size"] == info["coordinator_size"] == 0 and limiter["inserts"] == limiter["samples"]
         finally:
             t.close()
 
