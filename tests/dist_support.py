@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 
 import dask
 import numpy as np
@@ -32,6 +33,15 @@ def own_cluster(cfg: dict | None = None, n: int = 2):
         Client(cluster) as client,
     ):
         yield client
+
+
+def wait_for(pred, what, deadline=60.0):
+    """Poll ``pred`` (a state another process or thread reaches) until it holds, or fail after ``deadline`` s."""
+    end = time.monotonic() + deadline
+    while not pred():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)  # polling a condition, not a barrier
 
 
 def tables_here(dask_worker=None) -> list[str]:

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import time
 
 import dask
 import numpy as np
 import pytest
-from dist_support import own_cluster, tables_here
+from dist_support import own_cluster, tables_here, wait_for
 from lane_support import break_lane_after
 
 import gear_flow as gf
@@ -39,14 +38,6 @@ TAG = (gf.ColumnSpec("tag", (), np.int64),)
 
 def tagged(tags):
     return [{"tag": np.array([t], np.int64)} for t in tags]
-
-
-def wait_until(pred, what, deadline=30.0):
-    end = time.monotonic() + deadline
-    while not pred():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)  # polling a condition, not a barrier
 
 
 def _broke(client, addr):
@@ -157,6 +148,16 @@ def test_a_worker_lost_while_an_insert_evicts_leaves_the_insert_stored_and_says_
             t.close()
 
 
+def _one_more_serves_the_wait(t, **where):
+    """Item 1 waits alone in queue ``t``: with item 3 inserted (``where``: insert's ``shard``), a sample of 2
+    gets both, in order, and leaves the queue empty on the workers and the coordinator, its counts agreed."""
+    t.insert(tagged([3]), **where)
+    assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [1, 3]
+    info = t.info()
+    limiter = info["rate_limiter"]
+    assert info["size"] == info["coordinator_size"] == 0 and limiter["inserts"] == limiter["samples"]
+
+
 def _hold_first_candidates(dask_worker=None):
     """This worker's next ``candidates`` request waits until :func:`_release_candidates` (another
     connection's requests are served meanwhile)."""
@@ -203,17 +204,13 @@ def test_a_queue_sample_whose_item_is_deleted_after_its_grant_is_admitted_again(
             client.run(_hold_first_candidates, workers=[w1])
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
                 f = pool.submit(t.sample, 2, timeout=3)
-                wait_until(lambda: client.run(_candidates_waiting, workers=[w1])[w1], "the held candidates")
+                wait_for(lambda: client.run(_candidates_waiting, workers=[w1])[w1], "the held candidates", 30)
                 with Client(client.scheduler.address) as other:  # its own connections: served meanwhile
                     assert DistributedTable.attach(t.name, other).delete(doomed).applied == 1
                 client.run(_release_candidates, workers=[w1])
                 with pytest.raises(gf.RateLimitTimeout):
                     f.result(timeout=60)
-            t.insert(tagged([3]), shard=1)
-            assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [1, 3]
-            info = t.info()
-            limiter = info["rate_limiter"]
-            assert info["size"] == info["coordinator_size"] == 0 and limiter["inserts"] == limiter["samples"]
+            _one_more_serves_the_wait(t, shard=1)
         finally:
             t.close()
 
@@ -357,11 +354,7 @@ def test_a_queue_sample_admitted_before_a_loss_it_meets_waits_for_as_many_items_
             with pytest.raises(gf.RateLimitTimeout):
                 t.sample(2, timeout=1)
             assert set(t.lost) == {1}
-            t.insert(tagged([3]))
-            assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [1, 3]
-            info = t.info()
-            limiter = info["rate_limiter"]
-            assert info["size"] == info["coordinator_size"] == 0 and limiter["inserts"] == limiter["samples"]
+            _one_more_serves_the_wait(t)
         finally:
             t.close()
 

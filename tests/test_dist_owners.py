@@ -22,7 +22,7 @@ import time
 import dask
 import numpy as np
 import pytest
-from dist_support import own_cluster
+from dist_support import own_cluster, wait_for
 from distributed import Client, LocalCluster
 
 import gear_flow as gf
@@ -35,14 +35,6 @@ TAG = (gf.ColumnSpec("tag", (), np.int64),)
 
 def tagged(tags):
     return [{"tag": np.array([t], np.int64)} for t in tags]
-
-
-def wait_for(pred, what, deadline=60.0):
-    end = time.monotonic() + deadline
-    while not pred():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)  # polling a condition, not a barrier
 
 
 def spawn(scheduler: str, name: str, body: str) -> subprocess.Popen:

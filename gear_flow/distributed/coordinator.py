@@ -305,8 +305,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         g.check_removal(k, per_shard or {})
         # deletes, evictions, or a queue's expiries whose sample then failed (its samples rolled back):
         # items that left unsampled (a finished sample's expiries come with sample_finished)
-        g.forget_waiting(g.removed(k, per_shard or {}))
-        g.pump()
+        g.removed(k, per_shard or {}, unsampled=True)
         return g.size
 
     # -- losses -------------------------------------------------------------------------------------------

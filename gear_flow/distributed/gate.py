@@ -428,7 +428,7 @@ class TableGate(GateChecks):
         self.limiter.on_sample(int(n))
         self.pump()
 
-    def removed(self, k: int, per_shard: dict) -> None:
+    def removed(self, k: int, per_shard: dict, unsampled: bool = False) -> None:
         """Items left the table (deletes, expiry, the remover).
 
         Parameters
@@ -437,19 +437,18 @@ class TableGate(GateChecks):
             Items removed in all (the limiter's count).
         per_shard : dict
             ``{shard: items removed}``; lost shards' entries are ignored.
-
-        Returns
-        -------
-        int
-            Items removed from the live shards.
+        unsampled : bool, default False
+            They left unsampled (deletes, evictions, a failed sample's
+            expiries): a queue's limiter no longer counts them as waiting.
         """
         live = {int(s): int(j) for s, j in per_shard.items() if int(s) not in self.lost}
         for s, j in live.items():
             self.shard_size[s] = self.shard_size.get(s, 0) - j
         self.size -= sum(live.values())
         self.limiter.on_delete(int(k))
+        if unsampled:
+            self.forget_waiting(sum(live.values()))
         self.pump()
-        return sum(live.values())
 
     # -- owners, losses --------------------------------------------------------------------------------------
     def release_owner(self, owner: str) -> tuple[list[Txn], dict | None]:

@@ -22,6 +22,7 @@ priority updates and deletes.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -187,12 +188,11 @@ class WritesMixin:
         """
         ins = self._prepare(episodes, priorities, shard)
         timeout = self.timeout if timeout is None else timeout
-        for attempt in range(self.spec.num_shards + 1):
+        for attempt in itertools.count():  # _rerouted bounds it
             try:
                 return self._insert_once(ins, timeout)
             except ShardLostError as e:
                 ins = self._rerouted(ins, e, attempt)
-        raise AssertionError("unreachable: the last attempt raises")
 
     def _insert_once(self, ins: _Insert, timeout: float | None) -> InsertResult:
         if self._inserts_here(ins):  # the caller's thread writes (an actor into its own worker's shards) ...
@@ -299,12 +299,11 @@ class WritesMixin:
         """
         ins = self._prepare(episodes, priorities, shard)
         timeout = self.timeout if timeout is None else timeout
-        for attempt in range(self.spec.num_shards + 1):
+        for attempt in itertools.count():  # _rerouted bounds it
             try:
                 return await self._insert_prepared(ins, timeout)
             except ShardLostError as e:
                 ins = self._rerouted(ins, e, attempt)
-        raise AssertionError("unreachable: the last attempt raises")
 
     def _prepare(self, episodes, priorities, shard) -> _Insert:
         """Validate and route an insert (nothing sent yet)."""
