@@ -10,7 +10,8 @@ Reports, in one run:
 * external learner: GB/s of windows delivered to the client process, against
   a raw Dask transfer of the same bytes from the same workers (NumPy arrays
   held by each worker, an equal share each as the batch draws them, fetched
-  together with ``client.gather``) — targets: shared >= 5x (and
+  together with ``client.gather``; the batch and its references timed in
+  turn, round by round) — targets: shared >= 5x (and
   >= 0.8x a memcpy in the client), tcp and comm >= 0.9x;
 * co-located learner: a task on a worker sampling the table (its shard read
   in-process without copies), against a single-thread ``np.copyto`` of the
@@ -51,10 +52,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     REFERENCE,
+    alternate,
     make_episodes,
     memcpy_gbps,
+    memcpy_step,
     print_table,
-    raw_dask_gbps,
+    raw_dask_step,
     reference_columns,
     stream_gbps,
     timeit,
@@ -74,16 +77,16 @@ def _colocated(name, B, L, repeat):
     from gear_flow.distributed import DistributedTable
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import memcpy_gbps, stream_gbps, timeit
+    from common import alternate, memcpy_step, stream_gbps
 
     t = DistributedTable.attach(name, seed=0)
     out = gf.SampleBuffers(t.spec, t.spec.names, B, L)
-    ts = timeit(lambda: t.sample(B, L, out=out), repeat)
     nbytes = sum(a.nbytes for a in out.arrays.values())
+    ts, tm = alternate([lambda: t.sample(B, L, out=out), memcpy_step(nbytes)], repeat)  # in turn: drift on both
     return {
         "stream_gbps": stream_gbps(t, B, L, repeat * 2),  # admission hidden behind the gather
         "gbps": nbytes / float(np.median(ts)) / 1e9,
-        "memcpy_gbps": memcpy_gbps(nbytes, repeat=repeat),
+        "memcpy_gbps": nbytes / float(np.median(tm)) / 1e9,
         "local_shards": t.local_shards,
         "local_bytes": t.stats["local_bytes"],
         "remote_bytes": t.stats["remote_bytes"],
@@ -253,13 +256,20 @@ def run(workers: int, plane: str, args, eps, rows, results):
 
         addrs = sorted(client.nthreads())
         w0 = addrs[0]
-        res["raw_dask_gbps"] = raw_dask_gbps(client, addrs, batch_bytes, args.repeat)
-
         out = gf.SampleBuffers(spec, spec.names, B, L)
-        ts = timeit(lambda: table.sample(B, L, out=out), args.repeat)
+        # timed in turn, round by round: the machine's drift weighs on the batch and its references alike
+        ts, tr, tm = alternate(
+            [
+                lambda: table.sample(B, L, out=out),
+                raw_dask_step(client, addrs, batch_bytes),
+                memcpy_step(batch_bytes),  # in this (the learner's) process
+            ],
+            args.repeat,
+        )
+        res["raw_dask_gbps"] = batch_bytes / float(np.median(tr)) / 1e9
         res["external_gbps"] = batch_bytes / float(np.median(ts)) / 1e9
         res["external_ratio"] = res["external_gbps"] / res["raw_dask_gbps"]
-        res["memcpy_gbps"] = memcpy_gbps(batch_bytes, repeat=args.repeat)  # in this (the learner's) process
+        res["memcpy_gbps"] = batch_bytes / float(np.median(tm)) / 1e9
         res["external_memcpy_ratio"] = res["external_gbps"] / res["memcpy_gbps"]
         res["stats"] = dict(table.stats)
         res["stream_gbps"] = stream_gbps(table, B, L, 2 * args.repeat)
@@ -274,13 +284,13 @@ def run(workers: int, plane: str, args, eps, rows, results):
             )
 
         small = gf.SampleBuffers(spec, spec.names, 1, 1)
-        ts = timeit(lambda: table.sample(1, 1, out=small), args.repeat * 3)
-        res["batch_overhead_ms"] = 1e3 * float(np.median(ts))
 
         async def ping():  # one comm round trip to a worker, from this thread as table.sample goes
             return await client.rpc(w0).identity()
 
-        res["comm_rtt_ms"] = 1e3 * float(np.median(timeit(lambda: client.sync(ping), args.repeat * 3)))
+        ts, tp = alternate([lambda: table.sample(1, 1, out=small), lambda: client.sync(ping)], args.repeat * 3)
+        res["batch_overhead_ms"] = 1e3 * float(np.median(ts))
+        res["comm_rtt_ms"] = 1e3 * float(np.median(tp))
         res["batch_overhead_rtt_ratio"] = res["batch_overhead_ms"] / res["comm_rtt_ms"]
 
         if workers == 1 and plane == "comm":

@@ -68,6 +68,26 @@ def timeit(fn, repeat: int, warmup: int = 2) -> list[float]:
     return out
 
 
+def alternate(fns, repeat: int, warmup: int = 2) -> list[list[float]]:
+    """Seconds of each of ``fns`` over ``repeat`` rounds (after ``warmup``), called in turn within a round.
+
+    A ratio of two medians measured this way weighs the machine's drift (its
+    load, its other tenants) on both alike, unlike two blocks timed one after
+    the other.  A function that returns a float reports its own seconds
+    (one that prepares something untimed first); otherwise its call is timed.
+    """
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    out: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, ts in zip(fns, out):
+            t = time.perf_counter()
+            r = fn()
+            ts.append(r if isinstance(r, float) else time.perf_counter() - t)
+    return out
+
+
 def memcpy_gbps(nbytes: int, repeat: int = 30, pool_bytes: int = 256 << 20, cold_dst: bool = False) -> float:
     """Single-thread ``np.copyto`` of ``nbytes`` (GB/s, median).
 
@@ -126,25 +146,29 @@ def _filled(nbytes: int, i: int) -> np.ndarray:
     return np.full(nbytes, i % 251, dtype=np.uint8)
 
 
-def raw_dask_gbps(client, workers: list[str], nbytes: int, repeat: int) -> float:
-    """GB/s (median) of a raw Dask transfer of ``nbytes`` from ``workers`` to the client.
+def raw_dask_step(client, workers: list[str], nbytes: int):
+    """One raw Dask transfer of ``nbytes`` from ``workers`` to the client per call, returning its seconds.
 
     The bytes are held as NumPy arrays split evenly over the workers (as a
-    batch sampled from their shards is) and fetched together with one
-    ``client.gather``: the same bytes from the same workers as the batch.
+    batch sampled from their shards is), made first (untimed), and fetched
+    together with one ``client.gather``: the same bytes from the same workers
+    as the batch.  Timed in turn with what it is the reference of
+    (:func:`alternate`).
     """
     from distributed import wait
 
     sizes = [nbytes // len(workers) + (i < nbytes % len(workers)) for i in range(len(workers))]
-    ts = []
-    for i in range(repeat):
+    calls = iter(range(1 << 62))
+
+    def one() -> float:
+        i = next(calls)
         fs = [client.submit(_filled, n, i, workers=[w], pure=False) for w, n in zip(workers, sizes)]
         wait(fs)
         t = time.perf_counter()
         client.gather(fs)
-        ts.append(time.perf_counter() - t)
-        del fs
-    return nbytes / float(np.median(ts)) / 1e9
+        return time.perf_counter() - t
+
+    return one
 
 
 def rss_bytes() -> int:
