@@ -158,15 +158,15 @@ def _one_more_serves_the_wait(t, **where):
     assert info["size"] == info["coordinator_size"] == 0 and limiter["inserts"] == limiter["samples"]
 
 
-def _hold_first_candidates(dask_worker=None):
-    """This worker's next ``candidates`` request waits until :func:`_release_candidates` (another
-    connection's requests are served meanwhile)."""
+def _hold_first(op, dask_worker=None):
+    """This worker's next ``op`` request waits until :func:`_release_held` (another connection's requests
+    are served meanwhile)."""
     plugin = dask_worker.plugins[PLUGIN_NAME]
     plugin.held = held = {"waiting": False, "go": asyncio.Event()}
 
     def wrapped(real):
         async def serve(action, *args):
-            if action == "candidates" and not held["waiting"]:
+            if action == op and not held["waiting"]:
                 held["waiting"] = True
                 await held["go"].wait()
             return await real(action, *args)
@@ -176,12 +176,29 @@ def _hold_first_candidates(dask_worker=None):
     plugin.lane._serve, plugin.serve = wrapped(plugin.lane._serve), wrapped(plugin.serve)
 
 
-def _candidates_waiting(dask_worker=None):
+def _held_waiting(dask_worker=None):
     return dask_worker.plugins[PLUGIN_NAME].held["waiting"]
 
 
-def _release_candidates(dask_worker=None):
+def _release_held(dask_worker=None):
     dask_worker.plugins[PLUGIN_NAME].held["go"].set()
+
+
+def _delete_while_held(client, t, op, addr, doomed):
+    """Sample 2 from queue ``t`` while ``addr`` holds the sample's ``op`` request; another client deletes
+    ``doomed`` meanwhile.  The sample, left one item for two rows, waits again (a timeout), never handing
+    the item left out twice."""
+    from distributed import Client
+
+    client.run(_hold_first, op, workers=[addr])
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        f = pool.submit(t.sample, 2, timeout=3)
+        wait_for(lambda: client.run(_held_waiting, workers=[addr])[addr], f"the held {op}", 30)
+        with Client(client.scheduler.address) as other:  # its own connections: served meanwhile
+            assert DistributedTable.attach(t.name, other).delete(doomed).applied == 1
+        client.run(_release_held, workers=[addr])
+        with pytest.raises(gf.RateLimitTimeout):
+            f.result(timeout=60)
 
 
 def test_a_queue_sample_whose_item_is_deleted_after_its_grant_is_admitted_again():
@@ -189,8 +206,6 @@ def test_a_queue_sample_whose_item_is_deleted_after_its_grant_is_admitted_again(
     for its candidates another client deletes that shard's item.  The sample finds one item for two rows:
     it gives its admission back and waits again (a timeout here) instead of handing the item left out
     twice; with a new item it is served, in order."""
-    from distributed import Client
-
     with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
         t = DistributedTable.queue(client, spec, 32, timeout=30, seed=0)
@@ -200,16 +215,25 @@ def test_a_queue_sample_whose_item_is_deleted_after_its_grant_is_admitted_again(
             assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [10, 11]  # the lanes learnt
             t.insert(tagged([1]), shard=0)
             doomed = t.insert(tagged([2]), shard=1).first_keys
-            w1 = t.placement[1]
-            client.run(_hold_first_candidates, workers=[w1])
-            with concurrent.futures.ThreadPoolExecutor(1) as pool:
-                f = pool.submit(t.sample, 2, timeout=3)
-                wait_for(lambda: client.run(_candidates_waiting, workers=[w1])[w1], "the held candidates", 30)
-                with Client(client.scheduler.address) as other:  # its own connections: served meanwhile
-                    assert DistributedTable.attach(t.name, other).delete(doomed).applied == 1
-                client.run(_release_candidates, workers=[w1])
-                with pytest.raises(gf.RateLimitTimeout):
-                    f.result(timeout=60)
+            _delete_while_held(client, t, "candidates", t.placement[1], doomed)
+            _one_more_serves_the_wait(t, shard=1)
+        finally:
+            t.close()
+
+
+def test_a_queue_sample_on_one_worker_whose_item_is_deleted_after_its_grant_is_admitted_again():
+    """The same on one worker reached over the comm only (no shared memory, no lanes): the whole sample is
+    one ``sample_all`` request, which the worker holds while another client deletes one of the two items.
+    The worker finds one item for the batch of two and says so; the sample gives its admission back and
+    waits again instead of handing the item left out twice, and is served in order after one more insert."""
+    cfg = {"gear-flow.distributed.shared-memory": False, "gear-flow.distributed.tcp-lane": False}
+    with own_cluster(cfg, n=1) as client:
+        spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
+        t = DistributedTable.queue(client, spec, 32, timeout=30, seed=0)
+        try:
+            t.insert(tagged([1]), shard=0)
+            doomed = t.insert(tagged([2]), shard=1).first_keys
+            _delete_while_held(client, t, "sample_all", t.placement[1], doomed)
             _one_more_serves_the_wait(t, shard=1)
         finally:
             t.close()

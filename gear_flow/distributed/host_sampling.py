@@ -34,6 +34,11 @@ class StaleSelectionError(GearFlowError):
     """Items chosen in an earlier phase of a sample were removed before the gather (retry)."""
 
 
+class ShortBatchError(StaleSelectionError):
+    """A queue's batch sees fewer items than it was admitted for (deleted or lost since its grant): the
+    merge would repeat one to fill it, so the caller gives the admission back and waits for a new one."""
+
+
 def release(locks: Sequence[threading.Lock | threading.RLock]) -> None:
     """Release ``locks`` in reverse order (they were taken in shard order).
 
@@ -457,6 +462,9 @@ class SamplingHost:
             Bad ``columns`` or ``out``.
         EmptyTableError
             Nothing can be sampled.
+        ShortBatchError
+            A Queue or Stack table holds fewer items than ``n`` (below
+            ``horizon``): its admission is given back and taken again.
         """
         t = self.table(name)
         check_sample_args(n, length, boundary)
@@ -470,6 +478,10 @@ class SamplingHost:
         updated = self._ride_along(name, updates)
         locks = t.locked()
         try:
+            if t.cfg.lossless:  # admitted for n items it could see: fewer now (deleted since the grant)
+                seen = sum(len(s.candidates(n, length, boundary, horizon)[0]) for s in t.shards.values())
+                if seen < n:
+                    raise ShortBatchError(f"table {name!r}: {seen} items for a queue's batch of {n}")
             expired = sample_shards(
                 t.shards,
                 t.cfg.selection,

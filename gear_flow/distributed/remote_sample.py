@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..rate_limiters import Queue
 from ..sample import SampleBuffers
 from ..table import planner
 from ..table.executor import fill_rows
@@ -143,7 +142,7 @@ class RemoteSample(SharedReads):
             )
             res = await t._on_workers({a: ("candidates", args) for a in workers})
             got = {s: c for r in res.values() for s, c in r.items()}
-            if isinstance(t._cfg.rate_limiter, Queue) and sum(len(c[0]) for c in got.values()) < req.n:
+            if t._cfg.lossless and sum(len(c[0]) for c in got.values()) < req.n:
                 # a queue's batch was admitted for n items it can see: fewer means some left since (a delete,
                 # a loss); the merge would repeat one to fill the batch, so it is admitted again
                 raise Readmit()

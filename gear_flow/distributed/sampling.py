@@ -24,7 +24,7 @@ from ..errors import EmptyTableError, GearFlowError, SpecError, nothing_to_sampl
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
 from ..table.validate import check_sample_args, sample_columns
-from .host_sampling import StaleSelectionError
+from .host_sampling import ShortBatchError, StaleSelectionError
 from .remote_sample import _SAMPLING, RemoteSample
 from .thread_sample import NotHere, ThreadSample, routes
 from .transport import Readmit, Retry, lost_reply, not_answered, reply_timeout, worker_alive
@@ -204,10 +204,10 @@ class SamplingMixin:
                     break
                 except (Retry, StaleSelectionError) as e:
                     if attempt == _ATTEMPTS - 1:
-                        if isinstance(e, Retry):  # internal: never the caller's
+                        if isinstance(e, (Retry, ShortBatchError)):  # internal: never the caller's
                             raise self._redone_too_often() from None
                         raise
-                    if isinstance(e, Readmit):
+                    if isinstance(e, (Readmit, ShortBatchError)):
                         lost_at = None  # the admission is given back before the next attempt
             else:
                 raise self._redone_too_often()
