@@ -237,7 +237,14 @@ class SamplingMixin:
         """The coordinator's admission of a batch of ``n`` (reporting the batches served under the lease
         since), with a new lease when the limiter gives one; placement changes picked up."""
         adm = await self._coord("admit_sample", **self._admission_args(n, timeout))
-        await self._refresh(adm["version"])
+        try:
+            await self._refresh(adm["version"])
+        except BaseException:  # granted, and never served: given back (an exclusive hold would block the table)
+            try:
+                await self._coord("sample_finished", txn=adm["txn"], rollback=n)
+            except Exception as e:  # noqa: BLE001 - the refresh's error is the caller's
+                logger.info("table %r: an admission not given back (%s)", self.name, e)
+            raise
         return self._admitted(n, adm)
 
     def _admit_here(self, n: int, timeout: float | None) -> dict:
@@ -246,7 +253,14 @@ class SamplingMixin:
         args["timeout"] = self._admission_wait(args["timeout"])  # the request's own: both ends give up together
         adm = self._coord_here("admit_sample", wait=args["timeout"], **args)
         if adm["version"] != self._version:
-            self._ctx.sync(self._refresh, adm["version"])
+            try:
+                self._ctx.sync(self._refresh, adm["version"])
+            except BaseException:  # granted, and never served: given back, as in _admit
+                try:
+                    self._give_back(n, adm)
+                except Exception as e:  # noqa: BLE001 - the refresh's error is the caller's
+                    logger.info("table %r: an admission not given back (%s)", self.name, e)
+                raise
         return self._admitted(n, adm)
 
     def _admission_args(self, n: int, timeout: float | None) -> dict:

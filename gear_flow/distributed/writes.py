@@ -336,7 +336,14 @@ class WritesMixin:
     async def _insert_admitted(self, ins: _Insert, adm: dict, timeout: float | None) -> InsertResult:
         """Hand an admitted insert's episodes to its workers (in-process, through staging segments, or over
         the comm), apply, commit, evict to ``max_size``."""
-        await self._refresh(adm["version"])
+        try:
+            await self._refresh(adm["version"])
+        except BaseException as e:  # admitted, and nothing sent: the admission is given back
+            try:
+                await self._abort_insert(adm["txn"], [], e)
+            except Exception as u:  # noqa: BLE001 - the refresh's error is the caller's
+                logger.info("table %r: an insert's admission not given back (%s)", self.name, u)
+            raise
         if any(s in self.lost for s in ins.per_shard):
             # routed to a shard the coordinator knew lost and this handle learns it only now: the admission is
             # given back, and the insert routed again over the shards left (or refused, not degraded)
