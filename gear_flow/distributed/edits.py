@@ -26,7 +26,7 @@ from collections import defaultdict
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..errors import ShardLostError, SpecError
+from ..errors import GearFlowError, ShardLostError, SpecError
 from ..keys import decode
 from ..table import planner
 from ..table.results import UpdateResult
@@ -312,6 +312,14 @@ class EditsMixin:
                 f"{e.detail}; the insert was stored (committed) before the eviction to max_size failed",
                 stored=True,
             ) from None
+        except GearFlowError as e:  # e.g. a live worker that did not answer: the insert is stored, so it returns
+            logger.warning(
+                "table %r: an insert was stored, but its eviction to max_size failed (%s: %s); the table is over "
+                "max_size until the next insert's eviction",
+                self.name,
+                type(e).__name__,
+                e,
+            )
         finally:
             await self._coord("sample_finished", txn=hold["txn"])
 

@@ -139,7 +139,10 @@ class WritesMixin:
         called from a task on a worker (writer affinity), and travel as raw
         frames straight to the shard workers.  Blocks until the rate limiter
         admits every item.  When the table then exceeds ``max_size``, the
-        remover evicts the excess.
+        remover evicts the excess; an eviction that fails for another reason
+        than a lost worker (one that does not answer in time) is logged and
+        the insert returns, stored, the table over ``max_size`` until the next
+        insert's eviction.
 
         Parameters
         ----------
