@@ -263,6 +263,49 @@ def test_an_insert_whose_other_worker_is_lost_as_it_applies_still_evicts_to_max_
             t.close()
 
 
+def _refuse(op, dask_worker=None):
+    """This worker answers every ``op`` request with an error (as a live worker refusing it would)."""
+    from gear_flow.errors import SpecError
+
+    plugin = dask_worker.plugins[PLUGIN_NAME]
+
+    def wrapped(real):
+        async def serve(action, *args):
+            if action == op:
+                return False, SpecError(f"{op} refused (injected)")
+            return await real(action, *args)
+
+        return serve
+
+    plugin.lane._serve, plugin.serve = wrapped(plugin.lane._serve), wrapped(plugin.serve)
+
+
+def test_a_live_worker_that_refuses_to_apply_its_part_is_not_taken_as_lost():
+    """An insert of one episode per shard is staged on both workers, and shard 1's worker, alive, answers
+    the apply with an error.  Its shard is not marked lost (its items are not dropped from the table):
+    the insert fails with an error naming the worker and saying the rest was stored, the coordinator
+    counts just shard 0's part, and the table goes on with both shards."""
+    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
+        spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
+        t = DistributedTable.create(client, spec, seed=0)
+        try:
+            t.insert(tagged([1]), shard=0)
+            t.insert(tagged([2]), shard=1)
+            assert t._route(np.ones(2, np.int64), None).tolist() == [0, 1]  # the next insert: one per shard
+            w1 = t.placement[1]
+            client.run(_refuse, "apply", workers=[w1])
+            with pytest.raises(gf.GearFlowError, match=f"worker {w1} did not apply.*the rest of the insert was stored"):
+                t.insert(tagged([3, 4]))
+            assert not t.lost
+            info = t.info()
+            assert info["size"] == info["coordinator_size"] == 3, info
+            assert sorted(set(t.sample(64)["tag"].numpy()[:, 0].tolist())) == [1, 2, 3]
+            t.insert(tagged([5]), shard=1)  # shard 1 takes writes still (one worker: a write, not an apply)
+            assert t.info()["coordinator_size"] == 4
+        finally:
+            t.close()
+
+
 def test_an_insert_whose_eviction_a_live_worker_does_not_answer_returns_stored(caplog):
     """An insert takes the table over max_size, and the worker holds the eviction's ``remove`` unanswered
     past the reply timeout while it stays alive.  The insert is stored, so it returns (a caller must not

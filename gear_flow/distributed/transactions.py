@@ -137,6 +137,10 @@ class TransactionsMixin:
             A worker was lost before applying: its episodes are gone, the
             rest of the insert was stored and committed (and the table
             evicted to ``max_size``); ``.stored`` is True.
+        GearFlowError
+            A live worker refused its part or did not answer in time: its
+            shards are not taken as lost; the rest of the insert was stored
+            and committed, as the message says.
         """
         addrs = sorted(addrs)
         got = await asyncio.gather(
@@ -144,8 +148,24 @@ class TransactionsMixin:
             return_exceptions=True,
         )
         res = {a: r for a, r in zip(addrs, got) if not isinstance(r, BaseException)}
-        lost = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
+        lost = [a for a, r in zip(addrs, got) if isinstance(r, WorkerLost)]
+        failed = [(a, r) for a, r in zip(addrs, got) if isinstance(r, BaseException) and not isinstance(r, WorkerLost)]
         size = await self._commit(txn, res)
+        if failed:  # a part a live worker still keeps staged is forgotten (the insert is committed without it)
+            await asyncio.gather(
+                *(call(self._ctx, a, "abort", table=self.name, name=self.name, txn=txn) for a, _ in failed),
+                return_exceptions=True,
+            )
+        if failed and not lost:  # a live worker's answer, or its silence: its shards stay (and so do its items)
+            if size > self.spec.max_size:
+                await self._evict_excess(size)
+            a, e = failed[0]
+            if not isinstance(e, Exception):
+                raise e
+            raise GearFlowError(
+                f"worker {a} did not apply its part of insert {txn[:8]} ({type(e).__name__}: {e}); "
+                + ("the rest of the insert was stored" if res else "nothing of the insert was stored")
+            ) from e
         if lost:
             try:
                 await self._handle_lost(lost)
@@ -156,10 +176,12 @@ class TransactionsMixin:
                     await self._evict_excess(size)
                 except ShardLostError:  # not degraded: the lost shard's victims stay (the error says stored)
                     pass
+            besides = "".join(f"; worker {a} did not apply its part ({type(e).__name__}: {e})" for a, e in failed)
             raise ShardLostError(
                 self._shard_on(lost),
                 f"worker(s) {lost} were lost while insert {txn[:8]} was applied; its episodes there are gone, "
-                + ("the rest of the insert was stored" if res else "nothing of the insert was stored"),
+                + ("the rest of the insert was stored" if res else "nothing of the insert was stored")
+                + besides,
                 stored=bool(res),
             )
         return res, size
