@@ -10,14 +10,13 @@ Reports, in one run:
 * external learner: GB/s of windows delivered to the client process, against
   a raw Dask transfer of the same bytes from the same workers (NumPy arrays
   held by each worker, an equal share each as the batch draws them, fetched
-  together with ``client.gather``; the batch and its references timed in
-  turn, round by round) — targets: shared >= 5x (and
+  together with ``client.gather``) — targets: shared >= 5x (and
   >= 0.8x a memcpy in the client), tcp and comm >= 0.9x;
 * co-located learner: a task on a worker sampling the table (its shard read
   in-process without copies), against a single-thread ``np.copyto`` of the
   same bytes measured in that worker — target >= 0.8x;
 * per-batch overhead (a 1-window batch) vs the local table and one Dask comm
-  round trip — target (tcp, comm) <= 1.2x;
+  round trip, the two timed in turn round by round — target (tcp, comm) <= 1.2x;
 * insert from the client: GB/s of episodes inserted (``insert_batch``
   episodes per call, warm rings), against ``client.scatter(direct=True)`` of
   the same episodes to the same workers, timed alternately in the same loop —
@@ -77,16 +76,16 @@ def _colocated(name, B, L, repeat):
     from gear_flow.distributed import DistributedTable
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import alternate, memcpy_step, stream_gbps
+    from common import memcpy_gbps, stream_gbps, timeit
 
     t = DistributedTable.attach(name, seed=0)
     out = gf.SampleBuffers(t.spec, t.spec.names, B, L)
+    ts = timeit(lambda: t.sample(B, L, out=out), repeat)
     nbytes = sum(a.nbytes for a in out.arrays.values())
-    ts, tm = alternate([lambda: t.sample(B, L, out=out), memcpy_step(nbytes)], repeat)  # in turn: drift on both
     return {
         "stream_gbps": stream_gbps(t, B, L, repeat * 2),  # admission hidden behind the gather
         "gbps": nbytes / float(np.median(ts)) / 1e9,
-        "memcpy_gbps": nbytes / float(np.median(tm)) / 1e9,
+        "memcpy_gbps": memcpy_gbps(nbytes, repeat=repeat),  # in a block (see the external learner's)
         "local_shards": t.local_shards,
         "local_bytes": t.stats["local_bytes"],
         "remote_bytes": t.stats["remote_bytes"],
@@ -109,7 +108,7 @@ def _actor_insert(name, n_episodes, episode_length, insert_batch, repeat):
     from gear_flow.distributed import DistributedTable
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from common import make_episodes, memcpy_step
+    from common import make_episodes
 
     t = DistributedTable.attach(name, seed=0)
     eps = make_episodes(n_episodes, episode_length, seed=1)
@@ -257,19 +256,15 @@ def run(workers: int, plane: str, args, eps, rows, results):
         addrs = sorted(client.nthreads())
         w0 = addrs[0]
         out = gf.SampleBuffers(spec, spec.names, B, L)
-        # timed in turn, round by round: the machine's drift weighs on the batch and its references alike
-        ts, tr, tm = alternate(
-            [
-                lambda: table.sample(B, L, out=out),
-                raw_dask_step(client, addrs, batch_bytes),
-                memcpy_step(batch_bytes),  # in this (the learner's) process
-            ],
-            args.repeat,
-        )
+        # timed in blocks, not in turn with the batch: a batch's parallel gather leaves this process's
+        # OpenMP threads spinning for milliseconds (GNU OpenMP's default), which would slow a reference
+        # timed right after it (a memcpy here ran at 5 GB/s that way, against 15-25 in a block)
+        tr = [raw_dask_step(client, addrs, batch_bytes)() for _ in range(args.repeat)]
         res["raw_dask_gbps"] = batch_bytes / float(np.median(tr)) / 1e9
+        ts = timeit(lambda: table.sample(B, L, out=out), args.repeat)
         res["external_gbps"] = batch_bytes / float(np.median(ts)) / 1e9
         res["external_ratio"] = res["external_gbps"] / res["raw_dask_gbps"]
-        res["memcpy_gbps"] = batch_bytes / float(np.median(tm)) / 1e9
+        res["memcpy_gbps"] = memcpy_gbps(batch_bytes, repeat=args.repeat)  # in this (the learner's) process
         res["external_memcpy_ratio"] = res["external_gbps"] / res["memcpy_gbps"]
         res["stats"] = dict(table.stats)
         res["stream_gbps"] = stream_gbps(table, B, L, 2 * args.repeat)
@@ -288,6 +283,7 @@ def run(workers: int, plane: str, args, eps, rows, results):
         async def ping():  # one comm round trip to a worker, from this thread as table.sample goes
             return await client.rpc(w0).identity()
 
+        # in turn, round by round (a 1-window batch gathers on one thread): drift weighs on both alike
         ts, tp = alternate([lambda: table.sample(1, 1, out=small), lambda: client.sync(ping)], args.repeat * 3)
         res["batch_overhead_ms"] = 1e3 * float(np.median(ts))
         res["comm_rtt_ms"] = 1e3 * float(np.median(tp))

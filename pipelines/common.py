@@ -73,7 +73,9 @@ def alternate(fns, repeat: int, warmup: int = 2) -> list[list[float]]:
 
     A ratio of two medians measured this way weighs the machine's drift (its
     load, its other tenants) on both alike, unlike two blocks timed one after
-    the other.  A function that returns a float reports its own seconds
+    the other; only for calls that leave nothing running after them (a
+    parallel gather leaves this process's OpenMP threads spinning for
+    milliseconds, which would slow whatever is timed next).  A function that returns a float reports its own seconds
     (one that prepares something untimed first); otherwise its call is timed.
     """
     for _ in range(warmup):

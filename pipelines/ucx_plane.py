@@ -13,7 +13,7 @@ import os
 from unittest import mock
 
 import numpy as np
-from common import alternate, raw_dask_step, reference_columns
+from common import raw_dask_step, reference_columns, timeit
 
 import gear_flow as gf
 
@@ -77,12 +77,10 @@ def run_ucx(workers, args, eps, rows, results):
         table = DistributedTable.create(client, spec, sampler=gf.Uniform(), seed=0, name=f"bench{workers}ucx")
         for i in range(0, len(eps), args.insert_batch):
             table.insert(eps[i : i + args.insert_batch])
+        step = raw_dask_step(client, sorted(client.nthreads()), batch_bytes)
+        res["raw_dask_gbps"] = batch_bytes / float(np.median([step() for _ in range(args.repeat)])) / 1e9
         out = gf.SampleBuffers(spec, spec.names, B, L)
-        ts, tr = alternate(  # in turn, round by round: the machine's drift weighs on both alike
-            [lambda: table.sample(B, L, out=out), raw_dask_step(client, sorted(client.nthreads()), batch_bytes)],
-            args.repeat,
-        )
-        res["raw_dask_gbps"] = batch_bytes / float(np.median(tr)) / 1e9
+        ts = timeit(lambda: table.sample(B, L, out=out), args.repeat)  # in a block (see bench_distributed)
         res["external_gbps"] = batch_bytes / float(np.median(ts)) / 1e9
         res["external_ratio"] = res["external_gbps"] / res["raw_dask_gbps"]
         res["stats"] = dict(table.stats)
