@@ -891,7 +891,10 @@ class Shard:
         Returns
         -------
         slots : numpy.ndarray
-            int64 ``[k]``, ``k <= n``: best first.
+            int64 ``[k]``, ``k <= n``: best first.  With ``max_times_sampled``
+            an item comes as many times in a row as it may still be handed out
+            (as Reverb samples a batch item by item, handing the best item out
+            again until it reaches the limit and is removed).
         keys : numpy.ndarray
             float64 order keys, larger is better: ``[k]``, or ``[k, c]``
             compared column by column (the sampler's, see
@@ -908,7 +911,11 @@ class Shard:
                     ok = self.item_stamps(slots) < horizon
                     return ok if fits is None else ok & fits(slots)
 
-            return sel.candidates(n, valid)
+            slots, keys = sel.candidates(n, valid)
+            if self.times_sampled is not None and len(slots):
+                left = np.clip(self.max_times_sampled - self.times_sampled[slots].astype(np.int64), 0, n)
+                slots, keys = np.repeat(slots, left)[:n], np.repeat(keys, left, axis=0)[:n]
+            return slots, keys
 
     # -- gathering -------------------------------------------------------------------
     def take(
@@ -973,6 +980,32 @@ class Shard:
             if record:
                 self._record(slots)
             return win
+
+    def sample_counts(self, slots: np.ndarray) -> np.ndarray | None:
+        """Times each of ``slots`` has been handed out once a sample taking them is recorded (call before the
+        take), occurrence by occurrence: an item a batch holds twice counts up by one at each, as Reverb's
+        item-by-item sampling reports it.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots of the sample, in its order (repeats allowed).
+
+        Returns
+        -------
+        numpy.ndarray or None
+            int64, one per slot; None without ``max_times_sampled``.
+        """
+        if self.times_sampled is None:
+            return None
+        slots = np.asarray(slots, dtype=np.int64)
+        order = np.argsort(slots, kind="stable")
+        ranked = slots[order]
+        starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]]) if len(ranked) else np.zeros(0, np.int64)
+        rank = np.arange(len(ranked)) - np.repeat(starts, np.diff(np.r_[starts, len(ranked)]))
+        occurrence = np.empty(len(slots), dtype=np.int64)
+        occurrence[order] = rank
+        return self.times_sampled[slots].astype(np.int64) + occurrence + 1
 
     def _record(self, slots: np.ndarray) -> None:
         self.counters.sampled += len(slots)

@@ -412,12 +412,13 @@ def test_max_times_sampled_expiry():
 
 
 def test_max_times_sampled_fifo_each_item_exactly_m_times():
+    """As Reverb, which samples a batch item by item: the oldest item comes again until it is removed."""
     t = LocalTable(x_spec(capacity=64), sampler=Fifo(), max_times_sampled=3, seed=0)
     t.insert(scalar_episode(4))
     vals = []
     for _ in range(6):
         vals += t.sample(2)["x"].numpy().ravel().tolist()
-    assert vals == [0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3]
+    assert vals == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
     assert t.size == 0
 
 

@@ -296,9 +296,9 @@ class SamplingHost:
                     buf, off = out, offsets[i]
                 before = s.counters.expired
                 prio = s.priority[sl].copy()  # Reverb's SampleInfo: the priority when sampled
-                win = s.take(sl, length, boundary, rng, buf, off, columns, record=record, gather=not geometry)
                 # times sampled including this draw (a two-phase sample records it at the commit)
-                times = None if s.times_sampled is None else s.times_sampled[sl].astype(np.int64) + (not record)
+                times = s.sample_counts(sl)
+                win = s.take(sl, length, boundary, rng, buf, off, columns, record=record, gather=not geometry)
                 r = {
                     "seqs": win.seqs,
                     "p": p,

@@ -240,8 +240,8 @@ class InProcess:
         s = self.shards[i]
         before = s.counters.expired
         prio = s.priority[slots]  # as drawn (an expiring take may clear it)
+        counted = s.sample_counts(slots)  # this sample included
         win = s.take(slots, self.L, self.boundary, self.rng, self.out.bytes, off, self.columns)
-        counted = None if s.times_sampled is None else s.times_sampled[slots]  # this sample included
         fill_rows(
             self.out, off, i, win.seqs, p, win.episode_ids, win.timesteps, win.dst_offset, win.n_valid, self.L,
             prio, counted,
