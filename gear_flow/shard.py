@@ -804,6 +804,99 @@ class Shard:
             )
             return out, probs
 
+    def draw_sequence(
+        self, n: int, length: int, boundary: str, rng: np.random.Generator, by_count: bool = False
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Up to ``n`` draws one after another, as Reverb samples a batch from this shard alone.
+
+        An item that reaches ``max_times_sampled`` (its times sampled so far
+        plus its draws here) is out of the later draws, so each draw's
+        probability is among the items left then.  Nothing is recorded (a
+        :meth:`take` of the slots chosen does that).  Drawn by rejection
+        against the full sampler; once most of the mass is out, from the items
+        left directly.
+
+        Parameters
+        ----------
+        n : int
+            Draws at most.
+        length : int
+            Steps per window (``L``).
+        boundary : {"strict", "pad_tail", "pad_head"}
+            Window boundary mode.
+        rng : numpy.random.Generator
+            Source of the uniforms.
+        by_count : bool, default False
+            No item of the table has weight (every priority 0): draw
+            uniformly over the items whose window fits; otherwise a shard
+            without weight draws nothing.
+
+        Returns
+        -------
+        slots : numpy.ndarray
+            int64 ``[k]``, ``k <= n`` (fewer only once every item is out).
+        probs : numpy.ndarray
+            float64 ``[k]``: draw ``i``'s probability among the items left then.
+        masses : numpy.ndarray
+            float64 ``[k + 1]``: the mass left before each draw, then after
+            the last (``by_count``: one per item whose window fits).
+        seqs : numpy.ndarray
+            int64 ``[k]``: the drawn items' sequence numbers.
+        """
+        assert isinstance(self.sampler, WeightedSelector) and not self.sampler.without_replacement
+        with self.lock:
+            mass = self.valid_mass(length, boundary)
+            full = float(self.valid_count(length, boundary)) if by_count else mass
+            if not full > 0:
+                out = np.zeros(0, dtype=np.int64)
+                return out, np.zeros(0), np.zeros(1), out
+            limit = self.max_times_sampled or n + 1  # no limit: nothing goes out
+            used: dict[int, int] = {}
+            slots: list[int] = []
+            probs: list[float] = []
+            masses = [full]
+            gone = 0.0
+            while len(slots) < n and full - gone > full * 1e-9:
+                if (full - gone) / full < 0.05:  # rejection would mostly draw what is out
+                    self._draw_left(n, length, boundary, rng, not by_count, limit, used, slots, probs, masses)
+                    break
+                cand, p = self.draw(2 * (n - len(slots)) + 8, length, boundary, rng, mass=0.0 if by_count else mass)
+                for sl, w in zip(cand.tolist(), (p * full).tolist()):
+                    k = used.get(sl, 0 if self.times_sampled is None else int(self.times_sampled[sl]))
+                    if k >= limit:
+                        continue  # out since: rejected
+                    slots.append(sl)
+                    probs.append(w / (full - gone))
+                    used[sl] = k + 1
+                    if k + 1 >= limit:
+                        gone += w
+                    masses.append(max(full - gone, 0.0))
+                    if len(slots) == n:
+                        break
+            out = np.asarray(slots, dtype=np.int64)
+            return out, np.asarray(probs, dtype=np.float64), np.asarray(masses, dtype=np.float64), self.slot_seqs(out)
+
+    def _draw_left(self, n, length, boundary, rng, weighted, limit, used, slots, probs, masses) -> None:
+        """:meth:`draw_sequence`'s draws from the items left, listed (when most of the mass is out)."""
+        live = self._valid_slots(length, boundary)
+        w = self.sampler.leaf_weights(live).astype(np.float64) if weighted else np.ones(len(live))
+        k = np.zeros(len(live), np.int64) if self.times_sampled is None else self.times_sampled[live].astype(np.int64)
+        for sl, c in used.items():
+            k[np.searchsorted(live, sl)] = c  # live is sorted (flatnonzero)
+        w[k >= limit] = 0.0
+        while len(slots) < n and w.sum() > 0:
+            cum = np.cumsum(w)
+            i = min(int(np.searchsorted(cum, rng.random() * cum[-1], side="right")), len(w) - 1)
+            while not w[i] > 0:
+                i -= 1
+            slots.append(int(live[i]))
+            probs.append(float(w[i] / cum[-1]))
+            k[i] += 1
+            if k[i] >= limit:
+                w[i] = 0.0
+            masses[-1] = float(cum[-1])  # (the listed mass, for this draw)
+            masses.append(float(w.sum()))
+
     def _valid_slots(self, length: int, boundary: str) -> np.ndarray:
         slots = np.flatnonzero(self.active)
         valid = self.valid_fn(length, boundary)

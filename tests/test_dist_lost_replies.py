@@ -306,6 +306,37 @@ def test_a_live_worker_that_refuses_to_apply_its_part_is_not_taken_as_lost():
             t.close()
 
 
+def test_a_weighted_draw_whose_items_are_written_over_before_its_take_is_drawn_again():
+    """A uniform table with ``max_times_sampled=1`` draws item by item (each shard's sequence, then one
+    take).  Shard 1's worker holds the take while another client writes 8 new items over every slot of
+    its ring.  The take finds other items in its slots and the sample is drawn again, from the new items:
+    two of them, each once, reported ``1/8`` then ``1/7``, never the old items' ``1/4, 1/3`` on new
+    data."""
+    from distributed import Client
+
+    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
+        spec = gf.TableSpec(TAG, capacity=8, num_shards=2)
+        t = DistributedTable.create(client, spec, sampler=gf.Uniform(), max_times_sampled=1, timeout=30, seed=0)
+        try:
+            t.insert(tagged([1, 2, 3, 4]), shard=1)
+            w1 = t.placement[1]
+            client.run(_hold_first, "sample_part", workers=[w1])
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                f = pool.submit(t.sample, 2)
+                wait_for(lambda: client.run(_held_waiting, workers=[w1])[w1], "the held take", 30)
+                with Client(client.scheduler.address) as other:
+                    DistributedTable.attach(t.name, other).insert(tagged(range(100, 108)), shard=1)
+                client.run(_release_held, workers=[w1])
+                b = f.result(timeout=60)
+            tags = b["tag"].numpy()[:, 0].tolist()
+            assert len(set(tags)) == 2 and set(tags) <= set(range(100, 108)), tags
+            np.testing.assert_allclose(b.probabilities.numpy(), [1 / 8, 1 / 7])
+            info = t.info()
+            assert info["size"] == info["coordinator_size"] == 6, info
+        finally:
+            t.close()
+
+
 def test_an_insert_whose_eviction_a_live_worker_does_not_answer_returns_stored(caplog):
     """An insert takes the table over max_size, and the worker holds the eviction's ``remove`` unanswered
     past the reply timeout while it stays alive.  The insert is stored, so it returns (a caller must not
@@ -559,7 +590,7 @@ def test_an_admission_whose_placement_lookup_fails_is_given_back(kind):
                 t.sample(2)
             if kind == "queue":  # not left waiting for a hold; both items still there, in order
                 assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [1, 2]
-            else:  # (one at a time: a batch may repeat an item, the known max_times_sampled gap)
+            else:  # one of the two items left: not left waiting for a hold either
                 assert t.sample(1)["tag"].numpy()[0, 0] in (1, 2, 3)
             left = 0 if kind == "queue" else 1
             info = t.info()

@@ -285,13 +285,25 @@ def _strict_probabilities_stay_exact_under_churn(
         else:
             b = t.sample(4, length=L)
             keys = b.keys.tolist()
-            expect = np.array([weights[k] / total for k in keys])  # KeyError: an invalid item was drawn
-            np.testing.assert_allclose(b.probabilities.numpy(), expect, rtol=1e-9)
-            if max_times:
-                for k in keys:
+            if not max_times:
+                expect = np.array([weights[k] / total for k in keys])  # KeyError: an invalid item was drawn
+            else:  # item by item (Reverb): each row among the items left then, one that reached the limit out;
+                # once none is left, the rows drawn repeat (the known gap: Reverb would wait for inserts)
+                expect, left, m = [], dict(weights), None
+                for j, k in enumerate(keys):
+                    if m is None and not sum(left.values()) > 0:
+                        m = j
+                    if m is not None:
+                        assert k == keys[j % m]
+                        expect.append(expect[j % m])
+                        continue
+                    expect.append(left[k] / sum(left.values()))  # KeyError: an invalid or spent item was drawn
                     times[k] = times.get(k, 0) + 1
                     if times[k] >= max_times:
                         gone.add(k)
+                        del left[k]
+                expect = np.array(expect)
+            np.testing.assert_allclose(b.probabilities.numpy(), expect, rtol=1e-9)
         assert t.size == len(live_items())
 
 

@@ -1,16 +1,23 @@
-"""``max_times_sampled`` within one batch of an ordered sampler, as Reverb, on both tables.
+"""``max_times_sampled`` within one batch, as Reverb, on both tables.
 
 Reverb samples a batch item by item: an ordered selector hands its best item
 out again and again until the item reaches ``max_times_sampled`` and is
-removed, then the next best.  So a batch never hands an item out more often
-than it may still go, each occurrence reports its own count, and the table
-ends empty exactly when every item went its number of times.
+removed, then the next best; a weighted one draws each item from those left,
+an item that reached the limit being out of the later draws.  So a batch never
+hands an item out more often than it may still go, each row reports its own
+occurrence's count and the probability of its own draw (``w_i / M`` over the
+items left then), and the table ends empty exactly when every item went its
+number of times.
 """
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
+
 import numpy as np
 import pytest
+from helpers import chi2_critical
 
 import gear_flow as gf
 
@@ -43,3 +50,56 @@ def test_an_ordered_batch_hands_its_best_item_out_until_it_reaches_max_times_sam
     assert counts == dict.fromkeys(range(5), 2)
     info = t.info()
     assert info["size"] == 0 and info["totals"]["expired"] == 5, info
+
+
+def _weighted_table(make_table, sampler, mts, priorities):
+    t = make_table(gf.TableSpec(TAG, capacity=64, num_shards=2), sampler=sampler, max_times_sampled=mts, seed=0)
+    for tag, p in enumerate(priorities):
+        t.insert([{"tag": np.array([tag], np.int64)}], priorities=[p])
+    return t
+
+
+@pytest.mark.parametrize("kind", ["uniform", "prioritized", "one_heavy"])
+@pytest.mark.parametrize("mts", [1, 2])
+def test_a_weighted_batch_draws_each_item_from_those_left(make_table, kind, mts):
+    """Each row, in batch order, is an item still allowed then, with the probability ``w / M`` of the items
+    left at that draw (replayed here); no item goes more than ``mts`` times, and the table ends empty.
+    ``one_heavy``: once the heavy item is out, 4 of its 1000 parts are left, and the shard draws from the
+    items left, listed, instead of by rejection."""
+    priorities = [1000.0, 1.0, 1.0, 1.0, 1.0] if kind == "one_heavy" else PRIORITIES
+    sampler = gf.Uniform() if kind == "uniform" else gf.Prioritized(1.0, 0.0)
+    t = _weighted_table(make_table, sampler, mts, priorities)
+    weight = {tag: (1.0 if kind == "uniform" else p) for tag, p in enumerate(priorities)}
+    used = dict.fromkeys(weight, 0)
+    for n in {1: (3, 2), 2: (3, 4, 3)}[mts]:  # every time every item may go, over a few batches
+        b = t.sample(n)
+        for tag, p, times in zip(b["tag"].numpy()[:, 0].tolist(), b.probabilities.tolist(), b.times_sampled.tolist()):
+            left = {k: w for k, w in weight.items() if used[k] < mts}
+            assert tag in left, (tag, used)
+            assert p == pytest.approx(left[tag] / sum(left.values()), rel=1e-9)
+            used[tag] += 1
+            assert times == used[tag]
+    assert used == dict.fromkeys(weight, mts)
+    info = t.info()
+    assert info["size"] == 0 and info["totals"]["expired"] == 5, info
+
+
+def test_a_weighted_batch_of_every_item_once_is_drawn_as_reverb_draws_it(make_table):
+    """Prioritized weights 1, 2, 3 with ``max_times_sampled=1``, a batch of all 3: each of the 6 orders comes
+    with Reverb's probability ``w_a / 6 * w_b / (6 - w_a)`` (chi-square over many batches)."""
+    weights = [1.0, 2.0, 3.0]
+    rounds = 600 if make_table.kind == "local" else 240
+    orders: Counter = Counter()
+    t = None
+    for r in range(rounds):
+        if t is None or r % 60 == 0:
+            t = make_table(gf.TableSpec(TAG, capacity=64, num_shards=2), sampler=gf.Prioritized(1.0, 0.0),
+                           max_times_sampled=1, seed=r)  # fmt: skip
+        t.insert([{"tag": np.array([tag], np.int64)} for tag in range(3)], priorities=weights)
+        orders[tuple(t.sample(3)["tag"].numpy()[:, 0].tolist())] += 1
+    expected = {
+        o: rounds * weights[o[0]] / 6 * weights[o[1]] / (6 - weights[o[0]]) for o in itertools.permutations(range(3))
+    }
+    assert set(orders) <= set(expected)
+    stat = sum((orders[o] - e) ** 2 / e for o, e in expected.items())
+    assert stat < chi2_critical(5), (stat, orders)

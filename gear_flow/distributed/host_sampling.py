@@ -145,6 +145,53 @@ class SamplingHost:
     """Sampling methods of :class:`~gear_flow.distributed.host.ShardHost` (needs ``self.table(name)``)."""
 
     # -- samples ---------------------------------------------------------------------
+    def sequences(self, name: str, n: int, length: int, boundary: str, seed: int, by_count: bool = False) -> dict:
+        """Each of this worker's shards' own item-by-item draws (:meth:`gear_flow.shard.Shard.draw_sequence`),
+        recording nothing: the first phase of a weighted table's sample with ``max_times_sampled``.
+
+        Parameters
+        ----------
+        name : str
+            The table.
+        n : int
+            Draws per shard at most.
+        length : int
+            Window length, in steps.
+        boundary : str
+            Boundary mode.
+        seed : int
+            Seeds the draws' generator.
+        by_count : bool, default False
+            The plan found no weight anywhere: uniform draws over the items
+            whose window fits.
+
+        Returns
+        -------
+        dict
+            ``{shard: (slots, probs, masses, seqs)}``.
+
+        Raises
+        ------
+        ProtocolError
+            The table's sample plan is not sequential (a weighted sampler with
+            ``max_times_sampled``).
+        StaleSelectionError
+            ``by_count``, and a shard has weight again since the plan.
+        """
+        t = self.table(name)
+        if t.cfg.plan != "sequential":
+            raise ProtocolError(f"worker 'sequences': table {name!r} samples by {t.cfg.plan!r}, not item by item")
+        rng = np.random.default_rng(seed)
+        locks = t.locked()
+        try:
+            if by_count and any(s.valid_mass(length, boundary) > 0 for s in t.shards.values()):
+                raise StaleSelectionError("a shard has weight again since the plan found none")
+            return {
+                i: s.draw_sequence(int(n), length, boundary, rng, bool(by_count)) for i, s in sorted(t.shards.items())
+            }
+        finally:
+            release(locks)
+
     def sample_part(
         self,
         name: str,
@@ -163,6 +210,7 @@ class SamplingHost:
         updates: dict | None = None,
         by_count: bool | None = None,
         horizon: int | None = None,
+        seqs: dict | None = None,
     ) -> dict:
         """Draw ``counts[shard]`` items or take exactly ``slots[shard]``, and gather their windows.
 
@@ -214,6 +262,9 @@ class SamplingHost:
             A take's: the stamp its candidates were chosen below.  A taken
             slot whose item is stamped at or above it holds an item inserted
             since (the candidate was overwritten): a stale selection.
+        seqs : dict of int to array, optional
+            A take's: the sequence number each slot must still hold (a
+            sequential draw's items); another item there is a stale selection.
 
         Returns
         -------
@@ -284,6 +335,8 @@ class SamplingHost:
                     # slot is taken over only by an insert (stamped at or above it): such an item is the candidate
                     if horizon is not None and np.any(s.item_stamps(sl) >= horizon):
                         raise StaleSelectionError(f"shard {i}: a chosen item was overwritten before the gather")
+                    if seqs is not None and not np.array_equal(s.slot_seqs(sl), np.asarray(seqs.get(i, ()))):
+                        raise StaleSelectionError(f"shard {i}: a drawn item was written over before the gather")
                     p = np.ones(len(sl))
                 drawn.append((i, sl))
                 n = len(sl)
@@ -484,7 +537,7 @@ class SamplingHost:
                     raise ShortBatchError(f"table {name!r}: {seen} items for a queue's batch of {n}")
             expired = sample_shards(
                 t.shards,
-                t.cfg.selection,
+                t.cfg.plan,
                 buf,
                 n,
                 length,

@@ -72,6 +72,7 @@ logger = logging.getLogger(__name__)
 LANE_OPS = frozenset(
     {
         "sample_part",
+        "sequences",
         "summaries",
         "update",
         "uncount",
@@ -90,7 +91,18 @@ LANE_OPS = frozenset(
 #: and applied once, and a write or apply sent again answers as the first), an abort, a sample's finish (its
 #: first result remembered).  A draw, an uncount or a new epoch is never sent twice: the worker may have acted
 RESENDABLE_OPS = frozenset(
-    {"summaries", "candidates", "check_keys", "update", "stage", "write", "apply", "abort", "finish_sample"}
+    {
+        "summaries",
+        "sequences",
+        "candidates",
+        "check_keys",
+        "update",
+        "stage",
+        "write",
+        "apply",
+        "abort",
+        "finish_sample",
+    }
 )
 MAGIC = b"GFL1"
 #: prefix of a TCP lane's address (any other is a Unix socket's path)

@@ -55,6 +55,7 @@ OPS = {
     "new_epoch": ShardHost.new_epoch,
     "candidates": ShardHost.candidates,
     "sample_part": ShardHost.sample_part,
+    "sequences": ShardHost.sequences,
     "finish_sample": ShardHost.finish_sample,
     "uncount": ShardHost.uncount,
     "sample_all": ShardHost.sample_all,
@@ -94,6 +95,8 @@ def _small(op: str, args: dict[str, Any], host: ShardHost | None) -> bool:
         return True
     if op == "sample_all":
         return args.get("out") is None and int(args["n"]) * int(args.get("length") or 1) <= QUICK_STEPS
+    if op == "sequences":
+        return int(args["n"]) <= QUICK_STEPS
     if op == "sample_part":
         if args.get("out") is not None:
             return False  # a co-located caller's gather: the pool

@@ -39,8 +39,9 @@ from .checkers import (
 )
 
 #: bumped whenever a message's meaning changes; both sides must agree (5: a take carries its sample's horizon;
-#: 6: a remover's candidates carry their seqs and a removal by slots spares slots written over since)
-VERSION = 6
+#: 6: a remover's candidates carry their seqs and a removal by slots spares slots written over since;
+#: 7: a weighted table with max_times_sampled draws item by item: ``sequences``, then a take checking seqs)
+VERSION = 7
 
 SHARD = integer(0, 126)
 SEQS = int_array(0, (1 << 56) - 1)
@@ -119,6 +120,15 @@ WORKER = {
         "updates": UPDATES,
         "by_count": optional(boolean),
         "horizon": optional(integer(0, 1 << 62)),
+        "seqs": optional(mapping(SHARD, SEQS, 127)),
+    },
+    "sequences": {
+        "name": NAME,
+        "n": integer(1, 1 << 31),
+        "length": LENGTH,
+        "boundary": BOUNDARY,
+        "seed": SEED,
+        "by_count": optional(boolean),
     },
     "finish_sample": {"name": NAME, "txn": TXN, "commit": boolean},
     "uncount": {"name": NAME, "counts": mapping(SHARD, integer(0, 1 << 40), 127)},

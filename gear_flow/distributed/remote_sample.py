@@ -155,18 +155,28 @@ class RemoteSample(SharedReads):
                 req.counts, planner.offsets(req.counts, req.base), counts=req.counts, scale=req.scale,
                 by_count=req.by_count,
             )  # fmt: skip
+        if isinstance(req, planner.Sequences):
+            args = dict(name=t.name, n=req.n, length=self.L, boundary=self.boundary, by_count=req.by_count)
+            res = await t._on_workers(
+                {a: ("sequences", {**args, "seed": int(self.rng.integers(2**63))}) for a in workers}
+            )
+            return {s: tuple(r) for got in res.values() for s, r in got.items()}
         if isinstance(req, planner.Take):
-            return await self._parts(req.slots, planner.offsets(req.slots), slots=req.slots)
+            offs = planner.offsets(req.slots)
+            await self._parts(req.slots, offs, slots=req.slots, seqs=req.seqs)
+            for s, p in (req.probs or {}).items():  # a sequential draw's: the workers report 1 for a take
+                self.out.probabilities[offs[s] : offs[s] + len(p)] = p
+            return None
         raise TypeError(f"unknown plan request {req!r}")
 
-    async def _parts(self, part, offs, counts=None, scale=None, slots=None, by_count=False):
+    async def _parts(self, part, offs, counts=None, scale=None, slots=None, by_count=False, seqs=None):
         t = self.t
         mapped = {}
         for a in {t.placement[s] for s in offs}:
             sh = await t._shared_for(a)
             if sh is not None:
                 mapped[a] = sh
-        calls = self.part_calls(offs, mapped, counts, scale, slots, by_count)
+        calls = self.part_calls(offs, mapped, counts, scale, slots, by_count, seqs)
         copied = {}  # (worker, shard) -> rows torn while copying from shared memory (None: received frames)
 
         async def arrived(a, parts):  # each part is copied as soon as its reply is here
@@ -200,6 +210,7 @@ class RemoteSample(SharedReads):
         scale: dict | None = None,
         slots: dict | None = None,
         by_count: bool = False,
+        seqs: dict | None = None,
     ) -> dict:
         """Each worker's ``sample_part`` request for the shards in ``offs``.
 
@@ -222,6 +233,8 @@ class RemoteSample(SharedReads):
         by_count : bool, default False
             Shards were chosen by their numbers of valid items (no mass
             anywhere): each draws uniformly.
+        seqs : dict, optional
+            A take's: the sequence number each slot must still hold.
 
         Returns
         -------
@@ -248,7 +261,9 @@ class RemoteSample(SharedReads):
             )
             if by_count:
                 args["by_count"] = True
-            if slots is not None and self.horizon is not None:  # the worker checks each slot holds its candidate
+            if seqs is not None:  # a sequential draw's take: the worker checks each slot still holds its item
+                args["seqs"] = {s: seqs[s] for s in shards}
+            elif slots is not None and self.horizon is not None:  # ... an ordered one's: its candidate
                 args["horizon"] = int(self.horizon)
             upd = t._ride_along(a)  # this handle's stored priority updates for a's shards: applied before the draw
             if upd is not None:

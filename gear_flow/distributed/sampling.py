@@ -283,7 +283,7 @@ class SamplingMixin:
         ex = RemoteSample(self, out, L, boundary, columns, rng, adm["txn"], not exclusive, adm["horizon"])
         _SAMPLING.n += 1
         try:
-            layout = await planner.run_async(planner.sample(self._cfg.selection, B, rng), ex)
+            layout = await planner.run_async(planner.sample(self._cfg.plan, B, rng), ex)
         except planner.NothingToSample:
             await ex.undo()
             await self._raise_empty(L, boundary)
@@ -341,7 +341,7 @@ class SamplingMixin:
         boundary = self.boundary if boundary is None else boundary
         check_sample_args(B, L, boundary)
         if workers != [ctx.local_addr] and (
-            self._cfg.selection != "weighted"
+            self._cfg.plan != "weighted"
             or self._masses.fresh(("sampler",), L, boundary, self._live_shards())[0] is None
         ):
             return None  # its plan needs the workers first: the event loop's path asks them
@@ -365,7 +365,7 @@ class SamplingMixin:
                 expired = self._sample_all_here(B, L, boundary, columns, out, rng)
             else:
                 ex = ThreadSample(self, out, L, boundary, columns, rng, None, True, None)
-                planner.run(planner.sample(self._cfg.selection, B, rng), ex)
+                planner.run(planner.sample(self._cfg.plan, B, rng), ex)
                 two_level.importance_weights(out.probabilities, self._cfg.beta, out.weights)
                 expired = ex.expired
         except NotHere:  # nothing was sent

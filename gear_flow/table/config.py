@@ -200,6 +200,12 @@ class TableConfig:
         return "epoch" if getattr(self.sampler, "without_replacement", False) else "weighted"
 
     @property
+    def plan(self) -> str:
+        """The sample plan (:func:`gear_flow.table.planner.sample`): the selection, or ``sequential`` for a
+        weighted sampler with ``max_times_sampled`` (drawn item by item, as Reverb)."""
+        return "sequential" if self.selection == "weighted" and self.max_times_sampled > 0 else self.selection
+
+    @property
     def lossless(self) -> bool:
         """Every item must be handed out (Queue, Stack): storage may never overwrite a waiting item."""
         return isinstance(self.rate_limiter, Queue)

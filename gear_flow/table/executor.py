@@ -215,11 +215,16 @@ class InProcess:
                 slots, q = self.shards[i].draw(req.counts[i], self.L, self.boundary, self.rng)
                 self._gather(i, slots, q * req.scale[i], offs[i])
             return None
-        if isinstance(req, planner.Take):
+        if isinstance(req, planner.Sequences):
+            return {
+                i: s.draw_sequence(req.n, self.L, self.boundary, self.rng, req.by_count) for i, s in self.shards.items()
+            }
+        if isinstance(req, planner.Take):  # (in process, under the shards' locks: no slot changed since)
             offs = planner.offsets(req.slots)
             for i in sorted(offs):
                 slots = np.asarray(req.slots[i], dtype=np.int64)
-                self._gather(i, slots, np.ones(len(slots)), offs[i])
+                p = np.ones(len(slots)) if req.probs is None else np.asarray(req.probs[i], dtype=np.float64)
+                self._gather(i, slots, p, offs[i])
             return None
         if isinstance(req, planner.NewEpoch):
             for s in self.shards.values():
@@ -271,8 +276,8 @@ def sample_shards(
     ----------
     shards : dict
         shard id -> Shard.
-    selection : {"weighted", "epoch", "ordered"}
-        What the sampler needs (:attr:`TableConfig.selection`).
+    selection : {"weighted", "epoch", "ordered", "sequential"}
+        The sample plan (:attr:`TableConfig.plan`).
     out : SampleBuffers
         The batch, ``B`` rows of ``L`` steps.
     B : int

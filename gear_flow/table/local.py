@@ -602,7 +602,7 @@ class LocalTable(DatasetMethods):
         try:
             size = self.size
             expired = sample_shards(
-                self._by_id, self.cfg.selection, out, B, L, boundary, columns, rng, self.cfg.beta, "the table"
+                self._by_id, self.cfg.plan, out, B, L, boundary, columns, rng, self.cfg.beta, "the table"
             )
             if expired:
                 self.rate_limiter.on_delete(sum(expired.values()))

@@ -18,9 +18,13 @@ Requests (yielded) and what the executor sends back:
   exactly the probability of the draw made (the shard was chosen with the
   planned masses, the item with the shard's mass when it was drawn), so it
   stays exact while writers insert between planning and drawing;
-* :class:`Take` → ``None``: gather exactly these slots (probability 1) at
-  the rows :func:`offsets` gives; a slot removed since the candidates were
-  listed makes the executor retry the whole plan;
+* :class:`Sequences` → ``{shard: (slots, probs, masses, seqs)}``: each
+  shard's own item-by-item draws (``max_times_sampled`` applied as it goes),
+  nothing recorded;
+* :class:`Take` → ``None``: gather exactly these slots (probability 1, or
+  the probabilities given) at the rows :func:`offsets` gives; a slot removed
+  since the candidates were listed (or, with ``seqs``, written over) makes
+  the executor retry the whole plan;
 * :class:`NewEpoch` → ``None``: start a new epoch on every shard;
 * :class:`Evict` → number of items removed.
 
@@ -39,7 +43,7 @@ import numpy as np
 
 from . import two_level
 
-#: a plan: a generator that yields requests (Summaries, Candidates, Draw, Take, NewEpoch, Evict),
+#: a plan: a generator that yields requests (Summaries, Candidates, Draw, Sequences, Take, NewEpoch, Evict),
 #: is sent their answers, and returns its result
 Plan = Generator[object, object, object]
 
@@ -109,8 +113,34 @@ class Draw:
 
 
 @dataclass(frozen=True)
+class Sequences:
+    """Each shard draws up to ``n`` items one after another, as Reverb samples a batch from it alone
+    (an item that reaches ``max_times_sampled`` is out of the later draws), recording nothing; answered
+    with ``{shard: (slots, probs, masses, seqs)}``.
+
+    ``probs[k]`` is draw ``k``'s probability within the shard, ``masses[k]``
+    the shard's mass before draw ``k`` (``len(slots) + 1`` of them, the last
+    after the last draw; 0 once every item is out) and ``seqs`` the drawn
+    items' sequence numbers (a later :class:`Take` checks its slots still
+    hold them).
+
+    Attributes
+    ----------
+    n : int
+        Draws per shard at most.
+    by_count : bool
+        No item whose window fits has weight anywhere (every priority 0):
+        each shard draws uniformly over them (Reverb), its mass its count;
+        otherwise a shard without weight draws nothing.
+    """
+
+    n: int
+    by_count: bool = False
+
+
+@dataclass(frozen=True)
 class Take:
-    """Gather exactly these slots (probability 1) at the rows :func:`offsets` gives; answered with None.
+    """Gather exactly these slots at the rows :func:`offsets` gives; answered with None.
 
     A slot removed since the candidates were listed makes the executor retry
     the whole plan.
@@ -119,9 +149,17 @@ class Take:
     ----------
     slots : dict of int to numpy.ndarray
         int64 slots per shard, in the shard's order.
+    probs : dict of int to numpy.ndarray, optional
+        The probability to report for each slot (a sequential draw's); None:
+        1 (an ordered selection).
+    seqs : dict of int to numpy.ndarray, optional
+        The sequence number each slot must still hold (a sequential draw's
+        items; another item written there since makes the executor retry).
     """
 
     slots: dict  # shard -> slots, in the shard's order
+    probs: dict | None = None  # shard -> probability reported per slot (None: 1)
+    seqs: dict | None = None  # shard -> the seq each slot must still hold
 
 
 @dataclass(frozen=True)
@@ -201,11 +239,15 @@ def sample(selection: str, batch_size: int, rng: np.random.Generator) -> Plan:
     over unseen items, a :class:`NewEpoch` when they run out.  Ordered: the
     global best of every shard's :class:`Candidates`, one :class:`Take`.
 
+    Sequential (a weighted sampler with ``max_times_sampled``, as Reverb samples
+    a batch item by item): every shard's :class:`Sequences`, interleaved draw
+    by draw by the shards' masses at that draw, one :class:`Take`.
+
     Parameters
     ----------
-    selection : {"weighted", "epoch", "ordered"}
-        What the sampler needs (:attr:`TableConfig.selection`); anything but
-        ``epoch`` and ``ordered`` plans as ``weighted``.
+    selection : {"weighted", "epoch", "ordered", "sequential"}
+        What the sampler needs (:attr:`TableConfig.plan`); anything else
+        plans as ``weighted``.
     batch_size : int
         Items in the batch.
     rng : numpy.random.Generator
@@ -230,7 +272,54 @@ def sample(selection: str, batch_size: int, rng: np.random.Generator) -> Plan:
         return (yield from _ordered(batch_size))
     if selection == "epoch":
         return (yield from _epoch(batch_size, rng))
+    if selection == "sequential":
+        return (yield from _sequential(batch_size, rng))
     return (yield from _weighted(batch_size, rng))
+
+
+def _sequential(B: int, rng):
+    """Reverb's item-by-item batch over shards: draw ``j`` picks a shard by the masses left at that draw and
+    takes that shard's next draw, reporting ``m_s / M * p`` (``w_i / M`` at draw ``j``).  A shard's own
+    sequence is what it alone would give, so the interleave is the table's sequence.  When every item is
+    out before ``B`` draws, the rows drawn repeat to fill the batch (Reverb would wait for inserts)."""
+    masses = (yield Summaries(("sampler",)))["sampler"]
+    seqs = yield Sequences(B, not sum(masses.values()) > 0)
+    shards = [s for s in sorted(seqs) if len(seqs[s][0])]
+    if not shards:
+        raise NothingToSample
+    pos = [0] * len(shards)
+    masses = [np.asarray(seqs[s][2], dtype=np.float64) for s in shards]
+    picks = []  # (shard index, its draw) per batch row
+    u = rng.random(B)
+    for j in range(B):
+        m = [float(ms[k]) if k < len(ms) - 1 else 0.0 for ms, k in zip(masses, pos)]
+        total = sum(m)
+        if not total > 0:
+            break
+        i = min(int(np.searchsorted(np.cumsum(m), u[j] * total, side="right")), len(m) - 1)
+        while not m[i] > 0:  # (rounding past the last shard with mass left)
+            i -= 1
+        picks.append((i, pos[i], m[i] / total))
+        pos[i] += 1
+    if not picks:
+        raise NothingToSample
+    picks = [picks[j % len(picks)] for j in range(B)]  # (every item out: the rows drawn again)
+    by = {s: [] for s in shards}
+    for row, (i, k, share) in enumerate(picks):
+        by[shards[i]].append((row, k, share))
+    slots, probs, want, rows = {}, {}, {}, []
+    for s in shards:
+        if not by[s]:
+            continue
+        ks = np.array([k for _, k, _ in by[s]], dtype=np.int64)
+        sl, q, _, sq = seqs[s]
+        slots[s] = np.asarray(sl, dtype=np.int64)[ks]
+        probs[s] = np.array([share for _, _, share in by[s]]) * np.asarray(q, dtype=np.float64)[ks]
+        want[s] = np.asarray(sq, dtype=np.int64)[ks]
+        rows += [r for r, _, _ in by[s]]
+    yield Take(slots, probs, want)
+    rows_at = np.array(rows, dtype=np.int64)
+    return Layout(None if np.array_equal(rows_at, np.arange(B)) else rows_at)
 
 
 def _weighted(B: int, rng):
