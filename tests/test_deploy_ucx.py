@@ -95,7 +95,8 @@ def test_ucx_on_a_cpu_node_from_the_launch_scripts(tmp_path):
         r = subprocess.run(
             ["bash", "-c", f"source {shlex.quote(str(CLUSTER / 'env.sh'))} && exec {shlex.quote(sys.executable)} -c "
              f"{shlex.quote(CLIENT)}"],
-            env={**env, "GEAR_FLOW_SCHEDULER_ADDRESS": addr}, capture_output=True, text=True, timeout=90,
+            env={**env, "GEAR_FLOW_SCHEDULER_ADDRESS": addr, "PYTHONFAULTHANDLER": "1"},  # a crash: every thread's stack
+            capture_output=True, text=True, timeout=90,
         )  # fmt: skip
         assert r.returncode == 0, r.stderr[-3000:]
         out = json.loads(r.stdout.strip().splitlines()[-1])
