@@ -25,6 +25,7 @@ import numpy as np
 
 from . import keys as keymod
 from .errors import EmptyTableError, nothing_to_sample
+from .ops import sequences
 from .selectors.base import OrderedSelector, Selector, WeightedSelector
 from .spec import TableSpec
 from .storage import ColumnRing, EpisodeIndex, get_tier
@@ -847,55 +848,56 @@ class Shard:
         with self.lock:
             mass = self.valid_mass(length, boundary)
             full = float(self.valid_count(length, boundary)) if by_count else mass
-            if not full > 0:
-                out = np.zeros(0, dtype=np.int64)
-                return out, np.zeros(0), np.zeros(1), out
+            slots, probs, masses = np.empty(n, np.int64), np.empty(n), np.zeros(n + 1)
+            masses[0] = max(full, 0.0)
+            got, gone, carry = 0, 0.0, {}  # carry: slot -> times gone, over the draws so far
             limit = self.max_times_sampled or n + 1  # no limit: nothing goes out
-            used: dict[int, int] = {}
-            slots: list[int] = []
-            probs: list[float] = []
-            masses = [full]
-            gone = 0.0
-            while len(slots) < n and full - gone > full * 1e-9:
+            while got < n and full - gone > full * 1e-9 and full > 0:
                 if (full - gone) / full < 0.05:  # rejection would mostly draw what is out
-                    self._draw_left(n, length, boundary, rng, not by_count, limit, used, slots, probs, masses)
+                    got = self._draw_left(
+                        n, length, boundary, rng, not by_count, limit, carry, slots, probs, masses, got
+                    )
                     break
-                cand, p = self.draw(2 * (n - len(slots)) + 8, length, boundary, rng, mass=0.0 if by_count else mass)
-                for sl, w in zip(cand.tolist(), (p * full).tolist()):
-                    k = used.get(sl, 0 if self.times_sampled is None else int(self.times_sampled[sl]))
-                    if k >= limit:
-                        continue  # out since: rejected
-                    slots.append(sl)
-                    probs.append(w / (full - gone))
-                    used[sl] = k + 1
-                    if k + 1 >= limit:
-                        gone += w
-                    masses.append(max(full - gone, 0.0))
-                    if len(slots) == n:
-                        break
-            out = np.asarray(slots, dtype=np.int64)
-            return out, np.asarray(probs, dtype=np.float64), np.asarray(masses, dtype=np.float64), self.slot_seqs(out)
+                cand, p = self.draw(2 * (n - got) + 8, length, boundary, rng, mass=0.0 if by_count else mass)
+                uniq, inv = np.unique(cand, return_inverse=True)
+                used = np.zeros(len(uniq), np.int64) if self.times_sampled is None else self.times_sampled[uniq]
+                used = used.astype(np.int64)
+                if carry:  # a second chunk: what the first ones handed out counts
+                    for i, sl in enumerate(uniq.tolist()):
+                        used[i] = carry.get(sl, used[i])
+                picked = np.empty(n, np.int64)
+                g0 = got
+                got, gone = sequences.accept(
+                    inv.astype(np.int64), p * full, used, limit, full, gone, n, picked, probs, masses, got
+                )
+                slots[g0:got] = uniq[picked[g0:got]]
+                if got < n:
+                    carry.update(zip(uniq.tolist(), used.tolist()))
+            out = slots[:got].copy()
+            return out, probs[:got].copy(), masses[: got + 1].copy(), self.slot_seqs(out)
 
-    def _draw_left(self, n, length, boundary, rng, weighted, limit, used, slots, probs, masses) -> None:
-        """:meth:`draw_sequence`'s draws from the items left, listed (when most of the mass is out)."""
+    def _draw_left(self, n, length, boundary, rng, weighted, limit, carry, slots, probs, masses, got) -> int:
+        """:meth:`draw_sequence`'s draws from the items left, listed (when most of the mass is out); the
+        draws taken so far (``got``) after it."""
         live = self._valid_slots(length, boundary)
         w = self.sampler.leaf_weights(live).astype(np.float64) if weighted else np.ones(len(live))
         k = np.zeros(len(live), np.int64) if self.times_sampled is None else self.times_sampled[live].astype(np.int64)
-        for sl, c in used.items():
+        for sl, c in carry.items():
             k[np.searchsorted(live, sl)] = c  # live is sorted (flatnonzero)
         w[k >= limit] = 0.0
-        while len(slots) < n and w.sum() > 0:
+        while got < n and w.sum() > 0:
             cum = np.cumsum(w)
             i = min(int(np.searchsorted(cum, rng.random() * cum[-1], side="right")), len(w) - 1)
             while not w[i] > 0:
                 i -= 1
-            slots.append(int(live[i]))
-            probs.append(float(w[i] / cum[-1]))
+            slots[got], probs[got] = live[i], w[i] / cum[-1]
+            masses[got] = cum[-1]  # (the listed mass, for this draw)
             k[i] += 1
             if k[i] >= limit:
                 w[i] = 0.0
-            masses[-1] = float(cum[-1])  # (the listed mass, for this draw)
-            masses.append(float(w.sum()))
+            got += 1
+            masses[got] = w.sum()
+        return got
 
     def _valid_slots(self, length: int, boundary: str) -> np.ndarray:
         slots = np.flatnonzero(self.active)

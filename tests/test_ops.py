@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gear_flow.ops import gather, maxtree, sumtree
+from gear_flow.ops import gather, maxtree, sequences, sumtree
 
 SIZES = [1, 2, 3, 5, 7, 8, 13, 64, 100, 257, 1000]
 
@@ -442,3 +442,27 @@ def test_gather_windows_rejects_out_of_bounds_windows(start, offset, n):
             out.reshape(2, 4, -1).view(np.uint8),
         )
     assert np.all(out == -7)
+
+
+def test_interleave_picks_each_row_by_the_masses_left_then():
+    """Shard 0 has mass 3 then 1 left, shard 1 mass 1 then 0: row 0 (u=0.7 of 4) goes to shard 0 (share 3/4),
+    row 1 (u=0.9 of 2) to shard 1 (1/2), row 2 to shard 0 (1/1); then no mass is left."""
+    masses = np.array([[3.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    shard_of, draw_of, share = np.empty(4, np.int64), np.empty(4, np.int64), np.empty(4)
+    got = sequences.interleave(masses, np.array([2, 1]), np.array([0.7, 0.9, 0.1, 0.5]), shard_of, draw_of, share)
+    assert got == 3
+    assert shard_of[:3].tolist() == [0, 1, 0] and draw_of[:3].tolist() == [0, 0, 1]
+    np.testing.assert_allclose(share[:3], [0.75, 0.5, 1.0])
+
+
+def test_accept_rejects_the_draws_of_an_item_that_is_out():
+    """Limit 1: item 0 goes once (its second draw rejected, its weight 2 leaves the mass 5), then item 1."""
+    slots, probs, masses = np.empty(2, np.int64), np.empty(2), np.zeros(3)
+    masses[0] = 5.0
+    got, gone = sequences.accept(
+        np.array([0, 0, 1]), np.array([2.0, 2.0, 3.0]), np.zeros(2, np.int64), 1, 5.0, 0.0, 2, slots, probs, masses, 0
+    )
+    assert (got, gone) == (2, 5.0)
+    assert slots.tolist() == [0, 1]
+    np.testing.assert_allclose(probs, [2 / 5, 3 / 3])
+    np.testing.assert_allclose(masses, [5.0, 3.0, 0.0])

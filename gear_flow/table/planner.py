@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..ops import sequences
 from . import two_level
 
 #: a plan: a generator that yields requests (Summaries, Candidates, Draw, Sequences, Take, NewEpoch, Evict),
@@ -287,38 +288,28 @@ def _sequential(B: int, rng):
     shards = [s for s in sorted(seqs) if len(seqs[s][0])]
     if not shards:
         raise NothingToSample
-    pos = [0] * len(shards)
-    masses = [np.asarray(seqs[s][2], dtype=np.float64) for s in shards]
-    picks = []  # (shard index, its draw) per batch row
-    u = rng.random(B)
-    for j in range(B):
-        m = [float(ms[k]) if k < len(ms) - 1 else 0.0 for ms, k in zip(masses, pos)]
-        total = sum(m)
-        if not total > 0:
-            break
-        i = min(int(np.searchsorted(np.cumsum(m), u[j] * total, side="right")), len(m) - 1)
-        while not m[i] > 0:  # (rounding past the last shard with mass left)
-            i -= 1
-        picks.append((i, pos[i], m[i] / total))
-        pos[i] += 1
-    if not picks:
+    lengths = np.array([len(seqs[s][0]) for s in shards], dtype=np.int64)
+    table = np.zeros((len(shards), int(lengths.max()) + 1))
+    for i, s in enumerate(shards):
+        table[i, : lengths[i] + 1] = np.asarray(seqs[s][2], dtype=np.float64)
+    shard_of, draw_of, share = np.empty(B, np.int64), np.empty(B, np.int64), np.empty(B)
+    got = sequences.interleave(table, lengths, rng.random(B), shard_of, draw_of, share)
+    if got == 0:
         raise NothingToSample
-    picks = [picks[j % len(picks)] for j in range(B)]  # (every item out: the rows drawn again)
-    by = {s: [] for s in shards}
-    for row, (i, k, share) in enumerate(picks):
-        by[shards[i]].append((row, k, share))
-    slots, probs, want, rows = {}, {}, {}, []
-    for s in shards:
-        if not by[s]:
+    rows = np.arange(B) % got  # (every item out: the rows drawn again)
+    shard_of, draw_of, share = shard_of[rows], draw_of[rows], share[rows]
+    slots, probs, want, order = {}, {}, {}, []
+    for i, s in enumerate(shards):
+        mine = np.flatnonzero(shard_of == i)
+        if not len(mine):
             continue
-        ks = np.array([k for _, k, _ in by[s]], dtype=np.int64)
         sl, q, _, sq = seqs[s]
-        slots[s] = np.asarray(sl, dtype=np.int64)[ks]
-        probs[s] = np.array([share for _, _, share in by[s]]) * np.asarray(q, dtype=np.float64)[ks]
-        want[s] = np.asarray(sq, dtype=np.int64)[ks]
-        rows += [r for r, _, _ in by[s]]
+        slots[s] = np.asarray(sl, dtype=np.int64)[draw_of[mine]]
+        probs[s] = share[mine] * np.asarray(q, dtype=np.float64)[draw_of[mine]]
+        want[s] = np.asarray(sq, dtype=np.int64)[draw_of[mine]]
+        order.append(mine)
     yield Take(slots, probs, want)
-    rows_at = np.array(rows, dtype=np.int64)
+    rows_at = np.concatenate(order)
     return Layout(None if np.array_equal(rows_at, np.arange(B)) else rows_at)
 
 
