@@ -24,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from ..errors import GearFlowError, ShardLostError
-from .transport import Retry, WorkerLost, call
+from .transport import NotAnswered, Retry, WorkerLost, call
 
 
 def commit_counts(applied: dict) -> dict:
@@ -151,9 +151,10 @@ class TransactionsMixin:
         lost = [a for a, r in zip(addrs, got) if isinstance(r, WorkerLost)]
         failed = [(a, r) for a, r in zip(addrs, got) if isinstance(r, BaseException) and not isinstance(r, WorkerLost)]
         size = await self._commit(txn, res)
-        if failed:  # a part a live worker still keeps staged is forgotten (the insert is committed without it)
+        refused = [a for a, e in failed if not isinstance(e, NotAnswered)]
+        if refused:  # a part a worker that answered still keeps staged is forgotten (committed without it)
             await asyncio.gather(
-                *(call(self._ctx, a, "abort", table=self.name, name=self.name, txn=txn) for a, _ in failed),
+                *(call(self._ctx, a, "abort", table=self.name, name=self.name, txn=txn) for a in refused),
                 return_exceptions=True,
             )
         if failed and not lost:  # a live worker's answer, or its silence: its shards stay (and so do its items)

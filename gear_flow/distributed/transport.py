@@ -54,6 +54,10 @@ def pool_closed(e: BaseException, rpc: Any) -> bool:
 T = TypeVar("T")
 
 
+class NotAnswered(GearFlowError):
+    """A live worker did not answer a request in time (:func:`not_answered`): whether it acted is unknown."""
+
+
 class WorkerLost(Exception):
     """Internal: a shard worker cannot be reached (or the scheduler removed it).
 
@@ -445,11 +449,11 @@ def not_answered(addr: str, op: str, seconds: float, known: bool) -> GearFlowErr
 
     Returns
     -------
-    GearFlowError
-        To raise.
+    NotAnswered
+        To raise (a :class:`~gear_flow.errors.GearFlowError`).
     """
     phrase = "still has it" if known else "did not say whether it still has it"
-    return GearFlowError(
+    return NotAnswered(
         f"worker {addr} did not answer {op!r} within {seconds:g} s although the scheduler {phrase} "
         "(raise distributed.rpc-timeout for slow operations)"
     )
