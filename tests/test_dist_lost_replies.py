@@ -201,24 +201,33 @@ def _delete_while_held(client, t, op, addr, doomed):
             f.result(timeout=60)
 
 
+def _queue_item_deleted_while_held(op: str, cfg: dict, n: int, warm: bool) -> None:
+    """A queue of two shards holds items 1 (shard 0) and 2 (shard 1); a sample of 2 is sent, shard 1's
+    worker holds its ``op`` request while another client deletes item 2 (:func:`_delete_while_held`), and
+    one more item serves the wait (:func:`_one_more_serves_the_wait`).  ``warm``: one sample first, so
+    that the handle has learnt its lanes."""
+    with own_cluster(cfg, n=n) as client:
+        spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
+        t = DistributedTable.queue(client, spec, 32, timeout=30, seed=0)
+        try:
+            if warm:
+                t.insert(tagged([10]), shard=0)
+                t.insert(tagged([11]), shard=1)
+                assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [10, 11]  # the lanes learnt
+            t.insert(tagged([1]), shard=0)
+            doomed = t.insert(tagged([2]), shard=1).first_keys
+            _delete_while_held(client, t, op, t.placement[1], doomed)
+            _one_more_serves_the_wait(t, shard=1)
+        finally:
+            t.close()
+
+
 def test_a_queue_sample_whose_item_is_deleted_after_its_grant_is_admitted_again():
     """A queue holds one item per shard; a sample of 2 is granted, and before shard 1's worker answers
     for its candidates another client deletes that shard's item.  The sample finds one item for two rows:
     it gives its admission back and waits again (a timeout here) instead of handing the item left out
     twice; with a new item it is served, in order."""
-    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
-        spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
-        t = DistributedTable.queue(client, spec, 32, timeout=30, seed=0)
-        try:
-            t.insert(tagged([10]), shard=0)
-            t.insert(tagged([11]), shard=1)
-            assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [10, 11]  # the lanes learnt
-            t.insert(tagged([1]), shard=0)
-            doomed = t.insert(tagged([2]), shard=1).first_keys
-            _delete_while_held(client, t, "candidates", t.placement[1], doomed)
-            _one_more_serves_the_wait(t, shard=1)
-        finally:
-            t.close()
+    _queue_item_deleted_while_held("candidates", {"gear-flow.distributed.shared-memory": True}, 2, warm=True)
 
 
 def test_a_queue_sample_on_one_worker_whose_item_is_deleted_after_its_grant_is_admitted_again():
@@ -227,16 +236,7 @@ def test_a_queue_sample_on_one_worker_whose_item_is_deleted_after_its_grant_is_a
     The worker finds one item for the batch of two and says so; the sample gives its admission back and
     waits again instead of handing the item left out twice, and is served in order after one more insert."""
     cfg = {"gear-flow.distributed.shared-memory": False, "gear-flow.distributed.tcp-lane": False}
-    with own_cluster(cfg, n=1) as client:
-        spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
-        t = DistributedTable.queue(client, spec, 32, timeout=30, seed=0)
-        try:
-            t.insert(tagged([1]), shard=0)
-            doomed = t.insert(tagged([2]), shard=1).first_keys
-            _delete_while_held(client, t, "sample_all", t.placement[1], doomed)
-            _one_more_serves_the_wait(t, shard=1)
-        finally:
-            t.close()
+    _queue_item_deleted_while_held("sample_all", cfg, 1, warm=False)
 
 
 def test_an_insert_whose_other_worker_is_lost_as_it_applies_still_evicts_to_max_size():

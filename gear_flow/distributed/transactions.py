@@ -151,6 +151,7 @@ class TransactionsMixin:
         lost = [a for a, r in zip(addrs, got) if isinstance(r, WorkerLost)]
         failed = [(a, r) for a, r in zip(addrs, got) if isinstance(r, BaseException) and not isinstance(r, WorkerLost)]
         size = await self._commit(txn, res)
+        stored = "the rest of the insert was stored" if res else "nothing of the insert was stored"
         refused = [a for a, e in failed if not isinstance(e, NotAnswered)]
         if refused:  # a part a worker that answered still keeps staged is forgotten (committed without it)
             await asyncio.gather(
@@ -164,8 +165,7 @@ class TransactionsMixin:
             if not isinstance(e, Exception):
                 raise e
             raise GearFlowError(
-                f"worker {a} did not apply its part of insert {txn[:8]} ({type(e).__name__}: {e}); "
-                + ("the rest of the insert was stored" if res else "nothing of the insert was stored")
+                f"worker {a} did not apply its part of insert {txn[:8]} ({type(e).__name__}: {e}); {stored}"
             ) from e
         if lost:
             try:
@@ -181,8 +181,7 @@ class TransactionsMixin:
             raise ShardLostError(
                 self._shard_on(lost),
                 f"worker(s) {lost} were lost while insert {txn[:8]} was applied; its episodes there are gone, "
-                + ("the rest of the insert was stored" if res else "nothing of the insert was stored")
-                + besides,
+                f"{stored}{besides}",
                 stored=bool(res),
             )
         return res, size
