@@ -158,6 +158,39 @@ def test_exclusive_samples_run_one_at_a_time_and_owners_are_released():
     run(go)
 
 
+def test_a_sample_short_of_items_is_granted_again_only_once_something_arrived():
+    """A sample whose items left could not fill it asks again ``after`` the arrivals of its grant: not
+    granted on the limiter's word alone (that would spin), and not ahead of the samples before it; a commit
+    or an abort since (the horizon moves) grants it."""
+
+    async def go():
+        g = _gate(gf.MinSize(1), sampler=gf.Fifo())
+        r = g.request("insert", 3, "p").fut.result()
+        g.commit_insert(r["txn"], {0: 3}, {})
+        grant = g.request("sample", 5, "c", exclusive=True).fut.result()
+        g.sample_finished(grant["txn"], rollback=5)  # short: given back
+        again = g.request("sample", 5, "c", exclusive=True, after=grant["arrivals"])
+        later = g.request("sample", 1, "d", exclusive=True)
+        assert granted([again, later]) == [False, False]  # first come, first served
+        pending = g.request("insert", 2, "p").fut.result()
+        assert granted([again]) == [False]  # admitted, not stored: nothing to see yet
+        g.commit_insert(pending["txn"], {1: 2}, {})
+        assert granted([again, later]) == [True, False]
+        assert again.fut.result()["arrivals"] > grant["arrivals"]
+        g.sample_finished(again.fut.result()["txn"], rollback=5)
+        assert granted([later]) == [True]
+        g.sample_finished(later.fut.result()["txn"], rollback=1)
+        last = g.request("sample", 1, "c", exclusive=True).fut.result()
+        g.sample_finished(last["txn"], rollback=1)
+        waiting = g.request("sample", 1, "c", exclusive=True, after=last["arrivals"])
+        lost = g.request("insert", 1, "p").fut.result()
+        assert granted([waiting]) == [False]
+        g.abort_insert(lost["txn"])
+        assert granted([waiting]) == [True]
+
+    run(go)
+
+
 def test_evictions_run_one_at_a_time_and_delay_no_sample_of_a_non_exclusive_table():
     """Each hold is granted the size of its moment, after the eviction before it has reported what it
     removed; samples queued behind a waiting hold are served at once (they do not take the hold)."""

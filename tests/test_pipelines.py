@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -34,10 +36,15 @@ def test_bench_local_quick_writes_ratios(tmp_path):
 
 @pytest.mark.slow
 def test_bench_distributed_quick(tmp_path):
-    import bench_distributed
-
+    """Run as its users run it, in a process of its own: its UCX rows load distributed-ucxx, whose threads
+    must not outlive the benchmark in the test process (faulthandler on: a native crash names its thread)."""
     out = tmp_path / "d.json"
-    bench_distributed.main(["--quick", "--out", str(out)])
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    r = subprocess.run(
+        [sys.executable, str(PIPELINES / "bench_distributed.py"), "--quick", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=280,
+    )  # fmt: skip
+    assert r.returncode == 0, (r.returncode, r.stdout[-2000:], r.stderr[-4000:])
     data = json.loads(out.read_text())
     for w in ("workers_1", "workers_2"):
         for plane in ("shared", "tcp", "comm"):

@@ -65,3 +65,25 @@ def test_weighted_plans_report_the_planned_share_and_refuse_an_empty_table():
     assert empty.send({"sampler": {0: 0.0}}) == planner.Summaries(("valid",))  # all weights 0: by valid count
     with pytest.raises(planner.NothingToSample):
         empty.send({"valid": {0: 0.0}})
+
+
+def test_limited_plans_short_of_items_raise_before_taking_anything():
+    """With ``max_times_sampled`` (``ordered_limited``, ``sequential``), candidates or draws that cannot fill
+    the batch raise ShortOfItems instead of a Take (no row repeated); without it the ordered best repeat."""
+    cands = {0: (np.array([10]), np.array([4.0])), 1: (np.array([20, 20]), np.array([3.0, 3.0]))}
+    limited = planner.sample("ordered_limited", 4, np.random.default_rng(0))
+    next(limited)
+    with pytest.raises(planner.ShortOfItems) as short:
+        limited.send(cands)
+    assert (short.value.have, short.value.want) == (3, 4)
+    free = planner.sample("ordered", 4, np.random.default_rng(0))
+    next(free)
+    assert isinstance(free.send(cands), planner.Take)
+    seq = planner.sample("sequential", 4, np.random.default_rng(0))
+    next(seq)
+    req = seq.send({"sampler": {0: 1.0, 1: 1.0}})
+    assert req == planner.Sequences(4, False)
+    one = (np.array([7]), np.array([1.0]), np.array([1.0, 0.0]), np.array([70]))  # slots, probs, masses, seqs
+    with pytest.raises(planner.ShortOfItems) as short:
+        seq.send({0: one, 1: one})
+    assert (short.value.have, short.value.want) == (2, 4)

@@ -20,6 +20,7 @@ from gear_flow import (
     Lifo,
     MinHeap,
     Prioritized,
+    RateLimitTimeout,
     Uniform,
     WindowTooLongError,
 )
@@ -73,7 +74,7 @@ def _nothing_lost(make_table, calls, capacity, num_shards, max_frac, remover, it
     t = make_table(
         make_spec(capacity=capacity, num_shards=num_shards, item_unit=item_unit, max_size=max_size),
         remover=removers[remover](),
-        max_times_sampled=int(rng.integers(0, 3)),
+        max_times_sampled=(mts := int(rng.integers(0, 3))),
         seed=seed,
     )
     cat = Catalog()
@@ -95,7 +96,11 @@ def _nothing_lost(make_table, calls, capacity, num_shards, max_frac, remover, it
         if t.size == 0:
             continue
         if op == "sample":
-            b = t.sample(int(rng.integers(1, 8)), length=1, timeout=1)
+            try:
+                b = t.sample(int(rng.integers(1, 8)), length=1, timeout=0.05 if mts else 1)
+            except RateLimitTimeout as e:  # max_times_sampled: fewer left than the batch (it waits for inserts)
+                assert mts and "items left" in str(e), e
+                continue
             check_windows(b, cat, 1, "strict", item_unit)
         elif op == "delete":
             t.delete(rng.choice(issued, size=min(3, len(issued)), replace=False))
@@ -277,26 +282,25 @@ def _strict_probabilities_stay_exact_under_churn(
         if total == 0 and weights:  # no valid item has weight: uniform over them (Reverb)
             weights = dict.fromkeys(weights, 1.0)
             total = float(len(weights))
+        # with max_times_sampled, the times the items that can be drawn may still go (by weight: those with
+        # some; every priority 0: all, uniformly)
+        budget = sum(max_times - times.get(k, 0) for k, w in weights.items() if w > 0) if max_times else 4
         if not live:
             pass  # below MinSize(1): the sample would wait
         elif total == 0:
             with pytest.raises(EmptyTableError):
                 t.sample(4, length=L)
+        elif budget < 4:  # too few left for the batch: it waits for inserts (as Reverb) and takes nothing
+            with pytest.raises(RateLimitTimeout, match="items left"):
+                t.sample(4, length=L, timeout=0.05)
         else:
             b = t.sample(4, length=L)
             keys = b.keys.tolist()
             if not max_times:
                 expect = np.array([weights[k] / total for k in keys])  # KeyError: an invalid item was drawn
-            else:  # item by item (Reverb): each row among the items left then, one that reached the limit out;
-                # once none is left, the rows drawn repeat (the known gap: Reverb would wait for inserts)
-                expect, left, m = [], dict(weights), None
-                for j, k in enumerate(keys):
-                    if m is None and not sum(left.values()) > 0:
-                        m = j
-                    if m is not None:
-                        assert k == keys[j % m]
-                        expect.append(expect[j % m])
-                        continue
+            else:  # item by item (Reverb): each row among the items left then, one that reached the limit out
+                expect, left = [], dict(weights)
+                for k in keys:
                     expect.append(left[k] / sum(left.values()))  # KeyError: an invalid or spent item was drawn
                     times[k] = times.get(k, 0) + 1
                     if times[k] >= max_times:

@@ -13,6 +13,7 @@ number of times.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections import Counter
 
 import numpy as np
@@ -103,3 +104,89 @@ def test_a_weighted_batch_of_every_item_once_is_drawn_as_reverb_draws_it(make_ta
     assert set(orders) <= set(expected)
     stat = sum((orders[o] - e) ** 2 / e for o, e in expected.items())
     assert stat < chi2_critical(5), (stat, orders)
+
+
+SAMPLERS = {"uniform": gf.Uniform, "fifo": gf.Fifo, "prioritized": lambda: gf.Prioritized(1.0, 0.0)}
+
+
+def _tags(n0: int, n: int) -> list[dict]:
+    return [{"tag": np.array([tag], np.int64)} for tag in range(n0, n0 + n)]
+
+
+@pytest.mark.parametrize("kind", sorted(SAMPLERS))
+def test_a_batch_the_items_left_cannot_fill_waits_for_inserts_and_takes_nothing(make_table, kind):
+    """3 items that may each go once and a batch of 5: the batch times out and nothing of it was taken (the
+    three still go, once each); a batch of 4 waiting in another thread is served once 2 more arrive, with
+    the four items left (Fifo: oldest first), never with an item twice."""
+    t = make_table(gf.TableSpec(TAG, capacity=64, num_shards=2), sampler=SAMPLERS[kind](), max_times_sampled=1,
+                   seed=0)  # fmt: skip
+    t.insert(_tags(0, 3))
+    with pytest.raises(gf.RateLimitTimeout, match="sample of 5"):
+        t.sample(5, timeout=0.5)
+    assert t.info()["size"] == 3
+    b = t.sample(2)
+    first = b["tag"].numpy()[:, 0].tolist()
+    assert b.times_sampled.tolist() == [1, 1] and len(set(first)) == 2
+    if kind == "fifo":
+        assert first == [0, 1]
+    got: list = []
+    waiting = threading.Thread(target=lambda: got.append(t.sample(4, timeout=60)))
+    waiting.start()
+    t.insert(_tags(3, 1))  # 2 items left: still short
+    t.insert(_tags(4, 1))
+    t.insert(_tags(5, 1))  # 4 left: enough, whenever the sample looks again
+    waiting.join()
+    rows = got[0]["tag"].numpy()[:, 0].tolist()
+    left = [tag for tag in range(6) if tag not in first]
+    if kind == "fifo":
+        assert rows == left
+    else:
+        assert Counter(rows) == Counter(left)
+    assert got[0].times_sampled.tolist() == [1, 1, 1, 1]
+    info = t.info()
+    assert info["size"] == 0 and info["totals"]["expired"] == 6, info
+
+
+@pytest.mark.parametrize("mts", [1, 2])
+@pytest.mark.parametrize("kind", sorted(SAMPLERS))
+def test_batches_taken_while_a_writer_inserts_hand_every_item_out_exactly_max_times_sampled(make_table, kind, mts):
+    """A writer inserts 96 items in calls of 1, 2 and 3 while batches of 4 are taken until every item went
+    ``mts`` times: no item goes more often, each row's count is its occurrence's, and a Fifo hands the items
+    out in insertion order (each one ``mts`` times in a row)."""
+    n, B = 96, 4
+    t = make_table(gf.TableSpec(TAG, capacity=256, num_shards=2), sampler=SAMPLERS[kind](), max_times_sampled=mts,
+                   seed=1)  # fmt: skip
+    errors: list = []
+
+    def write():
+        try:
+            at = 0
+            for k in itertools.cycle((1, 2, 3)):
+                if at == n:
+                    return
+                t.insert(_tags(at, k))
+                at += k
+        except Exception as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    rows, times = [], []
+    try:
+        for _ in range(n * mts // B):
+            b = t.sample(B, timeout=60)
+            rows += b["tag"].numpy()[:, 0].tolist()
+            times += b.times_sampled.tolist()
+            assert ((b.probabilities > 0) & (b.probabilities <= 1)).all()
+    finally:
+        writer.join()
+    assert not errors, errors
+    assert Counter(rows) == dict.fromkeys(range(n), mts)
+    seen: Counter = Counter()
+    for tag, k in zip(rows, times):
+        seen[tag] += 1
+        assert k == seen[tag]
+    if kind == "fifo":
+        assert rows == [tag for tag in range(n) for _ in range(mts)]
+    info = t.info()
+    assert info["size"] == 0 and info["totals"]["expired"] == n, info

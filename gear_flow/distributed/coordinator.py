@@ -258,18 +258,23 @@ class GearFlowCoordinator(SchedulerPlugin):
     async def _abort_insert(self, name, txn):
         return self._table(name).abort_insert(txn)
 
-    async def _admit_sample(self, name, n, timeout=None, done=0, lease=0, exclusive=False, owner=""):
+    async def _admit_sample(self, name, n, timeout=None, done=0, lease=0, exclusive=False, owner="", after=None):
         """Admit a sample of ``n``; ``done`` counts leased samples already served.
 
         With a MinSize limiter (no sample/insert ratio to keep) the caller may be
         granted a *lease* of up to ``lease`` further batches of ``n``, served
         without asking again while the lease lasts; their counts come back in
-        ``done`` with the next request.
+        ``done`` with the next request.  ``after``: the grant's ``arrivals`` of
+        an attempt whose items left could not fill the batch; granted once
+        something arrived since.
         """
         g = self._table(name)
         g.check_sample(n)
-        w = g.request("sample", n, owner or "", done=done or 0, lease=lease or 0, exclusive=bool(exclusive))
-        return await self._wait(g, w, timeout, f"a sample of {n}")
+        w = g.request(
+            "sample", n, owner or "", done=done or 0, lease=lease or 0, exclusive=bool(exclusive), after=after
+        )
+        what = f"a sample of {n}" if after is None else f"a sample of {n} (too few items left for it, and none since)"
+        return await self._wait(g, w, timeout, what)
 
     async def _admit_hold(self, name, timeout=None, owner=""):
         """Hold the table for an eviction (no other eviction, nor an exclusive sample, in progress); returns
@@ -445,7 +450,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         g.shard_inserted = {int(k): int(v) for k, v in state["shard_inserted"].items()}
         g.next_episode_id = int(state["next_episode_id"])
         g.next_stamp = int(state["next_stamp"])
-        g.pump()
+        g.arrived()
         return True
 
     async def _shard_restored(self, name, shard, worker, size, inserted):
@@ -470,7 +475,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         g.forget_waiting(-int(size))  # a queue's restored items wait to be sampled again
         g.shard_inserted[int(shard)] = int(inserted)
         g.version += 1
-        g.pump()
+        g.arrived()
         return lost
 
     async def _close(self, name):

@@ -20,6 +20,11 @@ a request may ask at all is checked first, by
   waits until ``n`` are visible (its limiter counts the inserts in flight).
 * **Waiters** are served first come, first served, per kind (inserts; samples),
   as Reverb serves blocked calls.
+* **Arrivals** count the events that can bring a sample items it did not
+  have (commits, aborts that move the horizon, restores).  A batch whose items
+  left could not fill it (``max_times_sampled``) gives its grant back and asks
+  again with the count it was granted at (``after``): it is granted once
+  something arrived since, as Reverb's sample waits for inserts.
 * **Exclusive samples** (tables whose samples change the table: expiry,
   epochs) run one at a time: the grant holds the table until the sampler
   reports it finished (with the items it expired).  Evictions of such a table
@@ -98,7 +103,8 @@ class Waiter:
         :class:`TableClosedError` or :class:`OwnerGone`.
     extra : dict
         Kind-specific arguments: ``episodes`` and ``per_shard`` of an insert;
-        ``exclusive``, ``done`` (leased samples to count) and ``lease`` of a
+        ``exclusive``, ``done`` (leased samples to count), ``lease`` and
+        ``after`` (granted only once :attr:`TableGate.arrivals` exceeds it) of a
         sample.
     """
 
@@ -183,6 +189,8 @@ class TableGate(GateChecks):
         #: evictions waiting, on a table whose samples do not take the hold (else they queue with the samples)
         self.holds: deque[Waiter] = deque()
         self.holder: dict | None = None  # the exclusive sample or the eviction in progress
+        #: commits, aborts and restores so far: a sample short of items waits for the next
+        self.arrivals = 0
 
     # -- derived sizes ----------------------------------------------------------------------------
     @property
@@ -218,7 +226,7 @@ class TableGate(GateChecks):
             Client id or worker address asking.
         **extra
             Kept in :attr:`Waiter.extra`: ``episodes``, ``per_shard`` of an
-            insert; ``exclusive``, ``done``, ``lease`` of a sample.
+            insert; ``exclusive``, ``done``, ``lease``, ``after`` of a sample.
 
         Returns
         -------
@@ -227,7 +235,8 @@ class TableGate(GateChecks):
             ``first_episode_id``, ``first_stamp``, ``version``; for a sample
             ``txn``, ``horizon`` (ordered tables, else None), ``version``,
             ``lease`` (batches the client may serve without asking; MinSize
-            limiters only); for a hold ``txn`` and ``size``.
+            limiters only), ``arrivals`` (what ``after`` names); for a hold
+            ``txn`` and ``size``.
 
         Raises
         ------
@@ -272,6 +281,8 @@ class TableGate(GateChecks):
             return self.holder is None
         if w.extra.get("exclusive") and self.holder is not None:
             return False
+        if w.extra.get("after") is not None and self.arrivals <= w.extra["after"]:
+            return False  # its items left could not fill it when it last tried: nothing new since
         size = self.visible if self.ordered else self.size
         if isinstance(self.limiter, Queue) and size < w.n:
             # each item goes out once: the batch waits for n items it can see (the limiter's count has the
@@ -330,6 +341,7 @@ class TableGate(GateChecks):
             "horizon": self.horizon if self.ordered else None,
             "version": self.version,
             "lease": lease if isinstance(self.limiter, MinSize) and lease > 0 else 0,
+            "arrivals": self.arrivals,
         }
 
     # -- insert transactions -----------------------------------------------------------------------------
@@ -368,7 +380,7 @@ class TableGate(GateChecks):
         if gone:
             self.limiter.on_delete(gone)
         self._trim()
-        self.pump()
+        self.arrived()
 
     def abort_insert(self, txn: str) -> bool:
         """Nothing of the insert was stored: give back its admission.
@@ -389,8 +401,14 @@ class TableGate(GateChecks):
             return False
         self.limiter.state.inserts -= t.n
         self._trim()
-        self.pump()
+        self.arrived()  # the horizon may have moved: ordered samples may see more
         return True
+
+    def arrived(self) -> None:
+        """Items may have arrived (a commit, an abort that moves the horizon, a restore): serve waiters,
+        samples that found too few items included."""
+        self.arrivals += 1
+        self.pump()
 
     def _trim(self) -> None:
         while self.txns:

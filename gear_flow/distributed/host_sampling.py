@@ -23,6 +23,7 @@ from .. import backend
 from ..errors import GearFlowError, ProtocolError
 from ..sample import SampleBuffers
 from ..table.executor import sample_shards
+from ..table.planner import ShortOfItems
 from ..table.validate import check_sample_args
 from .host_writes import remember
 
@@ -35,8 +36,9 @@ class StaleSelectionError(GearFlowError):
 
 
 class ShortBatchError(StaleSelectionError):
-    """A queue's batch sees fewer items than it was admitted for (deleted or lost since its grant): the
-    merge would repeat one to fill it, so the caller gives the admission back and waits for a new one."""
+    """The items left may go fewer times than the batch has rows (``max_times_sampled``; a queue's items
+    deleted or lost since its grant): nothing was taken, and the caller gives the admission back and waits
+    for items to arrive (:class:`~gear_flow.table.planner.ShortOfItems` of a worker's one-call sample)."""
 
 
 def release(locks: Sequence[threading.Lock | threading.RLock]) -> None:
@@ -516,8 +518,9 @@ class SamplingHost:
         EmptyTableError
             Nothing can be sampled.
         ShortBatchError
-            A Queue or Stack table holds fewer items than ``n`` (below
-            ``horizon``): its admission is given back and taken again.
+            The items left may go fewer than ``n`` times (``max_times_sampled``;
+            a queue's below ``horizon``): nothing taken, the admission is given
+            back and waits for items to arrive.
         """
         t = self.table(name)
         check_sample_args(n, length, boundary)
@@ -531,10 +534,6 @@ class SamplingHost:
         updated = self._ride_along(name, updates)
         locks = t.locked()
         try:
-            if t.cfg.lossless:  # admitted for n items it could see: fewer now (deleted since the grant)
-                seen = sum(len(s.candidates(n, length, boundary, horizon)[0]) for s in t.shards.values())
-                if seen < n:
-                    raise ShortBatchError(f"table {name!r}: {seen} items for a queue's batch of {n}")
             expired = sample_shards(
                 t.shards,
                 t.cfg.plan,
@@ -548,6 +547,8 @@ class SamplingHost:
                 f"table {name!r}",
                 horizon,
             )
+        except ShortOfItems as e:
+            raise ShortBatchError(f"table {name!r}: the items left may go {e.have} times, for a batch of {n}") from None
         finally:
             release(locks)
         res = {"expired": expired}

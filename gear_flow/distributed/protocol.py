@@ -41,7 +41,7 @@ from .checkers import (
 #: bumped whenever a message's meaning changes; both sides must agree (5: a take carries its sample's horizon;
 #: 6: a remover's candidates carry their seqs and a removal by slots spares slots written over since;
 #: 7: a weighted table with max_times_sampled draws item by item: ``sequences``, then a take checking seqs)
-VERSION = 7
+VERSION = 8
 
 SHARD = integer(0, 126)
 SEQS = int_array(0, (1 << 56) - 1)
@@ -194,6 +194,7 @@ COORDINATOR = {
         "lease": optional(integer(0, 1 << 20)),
         "exclusive": optional(boolean),
         "owner": optional(text()),
+        "after": optional(integer(0, 1 << 62)),
     },
     "admit_hold": {"timeout": TIMEOUT, "owner": optional(text())},
     "sample_finished": {"txn": optional(TXN), "rollback": optional(integer(0, MAX_COUNT)), "expired": PER_SHARD},

@@ -36,7 +36,7 @@ from ..table import planner
 from ..table.executor import fill_rows
 from .host_sampling import StaleSelectionError
 from .shared_reads import SharedReads
-from .transport import Readmit, Retry
+from .transport import Retry
 
 if TYPE_CHECKING:
     from .api import DistributedTable
@@ -141,12 +141,7 @@ class RemoteSample(SharedReads):
                 name=t.name, n=req.n, role=req.role, length=self.L, boundary=self.boundary, horizon=self.horizon
             )
             res = await t._on_workers({a: ("candidates", args) for a in workers})
-            got = {s: c for r in res.values() for s, c in r.items()}
-            if t._cfg.lossless and sum(len(c[0]) for c in got.values()) < req.n:
-                # a queue's batch was admitted for n items it can see: fewer means some left since (a delete,
-                # a loss); the merge would repeat one to fill the batch, so it is admitted again
-                raise Readmit()
-            return got
+            return {s: c for r in res.values() for s, c in r.items()}
         if isinstance(req, planner.NewEpoch):
             await t._on_workers({a: ("new_epoch", dict(name=t.name)) for a in workers})
             return None

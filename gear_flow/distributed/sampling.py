@@ -20,14 +20,14 @@ import numpy as np
 
 from .. import backend, config
 from ..dashboard.report import maybe_report
-from ..errors import EmptyTableError, GearFlowError, SpecError, nothing_to_sample
+from ..errors import EmptyTableError, GearFlowError, RateLimitTimeout, SpecError, nothing_to_sample
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
 from ..table.validate import check_sample_args, sample_columns
 from .host_sampling import ShortBatchError, StaleSelectionError
 from .remote_sample import _SAMPLING, RemoteSample
 from .thread_sample import NotHere, ThreadSample, routes
-from .transport import Readmit, Retry, lost_reply, not_answered, reply_timeout, worker_alive
+from .transport import Retry, lost_reply, not_answered, reply_timeout, worker_alive
 
 _ATTEMPTS = 8
 logger = logging.getLogger(__name__)
@@ -169,18 +169,23 @@ class SamplingMixin:
         exclusive = self._cfg.exclusive
         leased = self._leases_ok() and self._take_lease(batch_size)
         adm = {"txn": None, "horizon": None}
+        start = time.monotonic()
         if not leased:
             adm = await self._admit(batch_size, timeout)
         lost_at = self._lost_at_grant(adm)
         expired = {}
         try:
-            for attempt in range(_ATTEMPTS):
+            attempt = -1
+            while True:
+                attempt += 1
+                if attempt == _ATTEMPTS:
+                    raise self._redone_too_often()
                 if exclusive and set(self.lost) != lost_at:
                     # admitted counting items of a shard lost since (each item goes out once): given back and
                     # waited for again, or the shards left would make up the batch with an item twice
                     txn, adm = adm["txn"], None  # (None: given back, not admitted again)
                     await self._coord("sample_finished", txn=txn, rollback=batch_size)
-                    adm = await self._admit(batch_size, timeout)
+                    adm = await self._admit(batch_size, self._time_left(timeout, start))
                     lost_at = self._lost_at_grant(adm)
                     if set(self.lost) != lost_at:  # the placement moved again meanwhile
                         continue
@@ -202,15 +207,26 @@ class SamplingMixin:
                             out, batch_size, length, boundary, columns, rng, adm, exclusive
                         )
                     break
+                except (planner.ShortOfItems, ShortBatchError):
+                    # the items left may go fewer times than the batch has rows (max_times_sampled; a queue's
+                    # item deleted since the grant): nothing was taken; the admission is given back and the
+                    # batch waits for items to arrive, as Reverb's sample waits for inserts (not an attempt)
+                    attempt -= 1
+                    txn, after, adm = adm["txn"], adm["arrivals"], None  # (None: given back, not admitted again)
+                    await self._coord("sample_finished", txn=txn, rollback=batch_size)
+                    left = self._time_left(timeout, start)
+                    if left == 0.0:  # inserts keep coming, never enough: the caller's time is up
+                        raise RateLimitTimeout(
+                            f"a sample of {batch_size} on table {self.name!r} was not admitted within "
+                            f"{self.timeout if timeout is None else timeout} s: too few items left for it"
+                        ) from None
+                    adm = await self._admit(batch_size, left, after=after)
+                    lost_at = self._lost_at_grant(adm)
                 except (Retry, StaleSelectionError) as e:
                     if attempt == _ATTEMPTS - 1:
-                        if isinstance(e, (Retry, ShortBatchError)):  # internal: never the caller's
+                        if isinstance(e, Retry):  # internal: never the caller's
                             raise self._redone_too_often() from None
                         raise
-                    if isinstance(e, (Readmit, ShortBatchError)):
-                        lost_at = None  # the admission is given back before the next attempt
-            else:
-                raise self._redone_too_often()
         except BaseException:
             if leased:
                 self._give_back(batch_size, None)
@@ -227,16 +243,25 @@ class SamplingMixin:
         """The shards lost when ``adm`` was granted (None: unknown, this handle has a later placement)."""
         return set(self.lost) if adm.get("version", self._version) == self._version else None
 
+    def _time_left(self, timeout: float | None, start: float) -> float | None:
+        """What is left at ``start + timeout`` (the handle's timeout when None; None: the coordinator's)."""
+        timeout = self.timeout if timeout is None else timeout
+        return None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
+
     def _redone_too_often(self) -> GearFlowError:
         return GearFlowError(
             f"a sample of table {self.name!r} was redone {_ATTEMPTS} times (workers lost or shards moved "
             "meanwhile each time) and given up"
         )
 
-    async def _admit(self, n: int, timeout: float | None) -> dict:
+    async def _admit(self, n: int, timeout: float | None, after: int | None = None) -> dict:
         """The coordinator's admission of a batch of ``n`` (reporting the batches served under the lease
-        since), with a new lease when the limiter gives one; placement changes picked up."""
-        adm = await self._coord("admit_sample", **self._admission_args(n, timeout))
+        since), with a new lease when the limiter gives one; placement changes picked up.  ``after``: the
+        ``arrivals`` of a grant whose items left could not fill the batch (granted once more arrived)."""
+        args = self._admission_args(n, timeout)
+        if after is not None:
+            args["after"] = after
+        adm = await self._coord("admit_sample", **args)
         try:
             await self._refresh(adm["version"])
         except BaseException:  # granted, and never served: given back (an exclusive hold would block the table)

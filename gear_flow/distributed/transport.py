@@ -79,11 +79,6 @@ class Retry(Exception):
     """Internal: the shard set changed (degraded mode) or a selection went stale; redo the operation."""
 
 
-class Readmit(Retry):
-    """Internal: what an exclusive sample was admitted for is not there (items deleted or lost since):
-    give the admission back and wait for a new one."""
-
-
 class Context:
     """How this handle reaches the cluster: from a client, or from inside a worker.
 

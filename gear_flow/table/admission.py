@@ -48,6 +48,8 @@ class Admission:
         Set by :meth:`close`; every wait then raises TableClosedError.
     in_flight : int
         Items of admitted inserts not yet stored in the shards.
+    arrivals : int
+        Inserts stored so far (a batch short of items waits for the next).
 
     Examples
     --------
@@ -62,6 +64,8 @@ class Admission:
         self.closed = False
         #: items of admitted inserts not yet stored in the shards
         self.in_flight = 0
+        #: inserts stored so far: a batch its items left could not fill waits for the next
+        self.arrivals = 0
         self._tickets = itertools.count()
         self._lines: dict[str, deque] = {k: deque() for k in KINDS}
 

@@ -201,9 +201,12 @@ class TableConfig:
 
     @property
     def plan(self) -> str:
-        """The sample plan (:func:`gear_flow.table.planner.sample`): the selection, or ``sequential`` for a
-        weighted sampler with ``max_times_sampled`` (drawn item by item, as Reverb)."""
-        return "sequential" if self.selection == "weighted" and self.max_times_sampled > 0 else self.selection
+        """The sample plan (:func:`gear_flow.table.planner.sample`): the selection; with ``max_times_sampled``
+        ``sequential`` for a weighted sampler (drawn item by item, as Reverb) and ``ordered_limited`` for an
+        ordered one (a batch the items left cannot fill waits)."""
+        if self.max_times_sampled > 0 and self.selection in ("weighted", "ordered"):
+            return {"weighted": "sequential", "ordered": "ordered_limited"}[self.selection]
+        return self.selection
 
     @property
     def lossless(self) -> bool:

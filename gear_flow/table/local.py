@@ -30,6 +30,7 @@ from ..sample import SampleBatch, SampleBuffers
 from ..selectors import Selector
 from ..shard import EpisodeBatch, Shard
 from ..spec import TableSpec
+from . import planner
 from .admission import Admission, timeout_error
 from .config import TableConfig, queue_setup
 from .datasets import DatasetMethods
@@ -243,11 +244,16 @@ class LocalTable(DatasetMethods):
     def _check_open(self):
         self._admission.check_open()
 
-    def _wait(self, kind: str, pred, timeout, what: str):
+    def _wait(self, kind: str, pred, timeout, what: str, deadline: tuple | None = None):
         """Wait (holding ``self._cond``) until this call heads its kind's line and ``pred()``;
-        raise on timeout or close.  The caller applies its admission, then ``_admission.done(kind)``."""
-        timeout = self.timeout if timeout is None else timeout
-        self._admission.wait(kind, pred, timeout, timeout_error(what, self.rate_limiter, lambda: self.size))
+        raise on timeout or close.  The caller applies its admission, then ``_admission.done(kind)``.
+        ``deadline``: ``(monotonic time, the call's whole timeout)`` of a call waiting again."""
+        make = timeout_error(what, self.rate_limiter, lambda: self.size)
+        if deadline is not None:
+            left, whole = max(0.0, deadline[0] - time.monotonic()), deadline[1]
+            self._admission.wait(kind, pred, left, lambda _left: make(whole))
+            return
+        self._admission.wait(kind, pred, self.timeout if timeout is None else timeout, make)
 
     @property
     def admitted_size(self) -> int:
@@ -425,6 +431,7 @@ class LocalTable(DatasetMethods):
                 lk.release()
             with self._cond:
                 adm.in_flight -= n_items
+                adm.arrivals += 1
         self._enforce_max_size()
         with self._cond:
             self._cond.notify_all()
@@ -560,16 +567,40 @@ class LocalTable(DatasetMethods):
                 f"from a {tier.name!r} table"
             )
         self.rate_limiter.check_sample_size(batch_size)
+        timeout = self.timeout if timeout is None else timeout
+        start, what, after = time.monotonic(), f"a sample of {batch_size}", None
+        while True:
+            deadline = None if after is None or timeout is None else (start + timeout, timeout)
+            size, short = self._sample_admitted(out, batch_size, length, boundary, columns, rng, timeout, deadline,
+                                                what, after)  # fmt: skip
+            if short is None:
+                break
+            # nothing taken and the admission given back: it waits for the next insert, as Reverb's sample waits
+            have, after = short
+            what = f"a sample of {batch_size} (the items left may go {have} more times)"
+            if timeout is not None and time.monotonic() - start >= timeout:  # (inserts keep coming, never enough)
+                raise timeout_error(what, self.rate_limiter, lambda: self.size)(timeout)
+        with self._cond:
+            self._cond.notify_all()
+        return out.batch(size)
+
+    def _sample_admitted(self, out, B, L, boundary, columns, rng, timeout, deadline, what, after) -> tuple:
+        """Admit and gather one batch: ``(size, None)``; or, when its items left cannot fill it
+        (``max_times_sampled``), nothing taken and the admission given back, ``(None, (rows they could
+        give, inserts stored when it was admitted))``.  ``after``: admitted once more inserts are stored."""
+        adm = self._admission
         locks = [s.lock for s in self.shards]
         with self._cond:
             self._wait(
                 "sample",
-                lambda: self.rate_limiter.can_sample(batch_size, self.size),
+                lambda: (after is None or adm.arrivals > after) and self.rate_limiter.can_sample(B, self.size),
                 timeout,
-                f"a sample of {batch_size}",
+                what,
+                deadline,
             )
-            self.rate_limiter.on_sample(batch_size)
-            self._admission.done("sample")
+            self.rate_limiter.on_sample(B)
+            adm.done("sample")
+            seen = adm.arrivals
             # Take the shard locks before any other call is admitted: an insert admitted
             # after this sample must not reach the shards before the sample has taken
             # (and, with max_times_sampled, expired) its items.  Otherwise the table
@@ -581,19 +612,19 @@ class LocalTable(DatasetMethods):
         try:
             try:
                 with out.gather_stream():  # device buffers: gather on the learner's torch stream
-                    size = self._sample_into(
-                        out, batch_size, length, boundary, columns, self.rng if rng is None else rng
-                    )
+                    return self._sample_into(out, B, L, boundary, columns, self.rng if rng is None else rng), None
             finally:
                 for lk in reversed(locks):
                     lk.release()
+        except planner.ShortOfItems as e:
+            with self._cond:
+                self.rate_limiter.state.samples -= B
+                self._cond.notify_all()
+            return None, (e.have, seen)
         except BaseException:
             with self._cond:
-                self.rate_limiter.state.samples -= batch_size
+                self.rate_limiter.state.samples -= B
             raise
-        with self._cond:
-            self._cond.notify_all()
-        return out.batch(size)
 
     def _sample_into(self, out: SampleBuffers, B: int, L: int, boundary: str, columns, rng) -> int:
         locks = [s.lock for s in self.shards]

@@ -31,7 +31,10 @@ Requests (yielded) and what the executor sends back:
 A sample plan returns :class:`Layout`: where each gathered row belongs
 (ordered selectors interleave shards).  It raises :class:`NothingToSample`
 when no shard can supply a window; the executor turns that into the public
-error with its own details.
+error with its own details.  A batch of a table whose items go a limited
+number of times (``max_times_sampled``) that the items left cannot fill
+raises :class:`ShortOfItems` before anything is taken: the executor gives its
+admission back and waits for the next insert, as Reverb's sample waits.
 """
 
 from __future__ import annotations
@@ -51,6 +54,26 @@ Plan = Generator[object, object, object]
 
 class NothingToSample(Exception):
     """Internal: no shard has an item whose window fits (the executor raises the public error)."""
+
+
+class ShortOfItems(Exception):
+    """Internal: the items left may go fewer times than the batch has rows (``max_times_sampled``).
+
+    Raised before anything is taken.  Rows repeated to fill the batch would
+    hand an item out beyond its limit, so the sample waits for an insert
+    instead (Reverb samples item by item and waits for the rest).
+
+    Parameters
+    ----------
+    have : int
+        Rows the items left could give.
+    want : int
+        Rows of the batch.
+    """
+
+    def __init__(self, have: int, want: int):
+        super().__init__(f"{have} of {want} rows")
+        self.have, self.want = int(have), int(want)
 
 
 @dataclass(frozen=True)
@@ -243,10 +266,13 @@ def sample(selection: str, batch_size: int, rng: np.random.Generator) -> Plan:
     Sequential (a weighted sampler with ``max_times_sampled``, as Reverb samples
     a batch item by item): every shard's :class:`Sequences`, interleaved draw
     by draw by the shards' masses at that draw, one :class:`Take`.
+    ``ordered_limited`` (an ordered sampler with ``max_times_sampled``): as
+    ordered, each candidate listed as often as it may still go.  Both raise
+    :class:`ShortOfItems` when the items left cannot fill the batch.
 
     Parameters
     ----------
-    selection : {"weighted", "epoch", "ordered", "sequential"}
+    selection : {"weighted", "epoch", "ordered", "ordered_limited", "sequential"}
         What the sampler needs (:attr:`TableConfig.plan`); anything else
         plans as ``weighted``.
     batch_size : int
@@ -268,9 +294,12 @@ def sample(selection: str, batch_size: int, rng: np.random.Generator) -> Plan:
     ------
     NothingToSample
         No shard can supply a window.
+    ShortOfItems
+        ``sequential`` or ``ordered_limited``: the items left may go fewer
+        times than ``batch_size``.
     """
-    if selection == "ordered":
-        return (yield from _ordered(batch_size))
+    if selection in ("ordered", "ordered_limited"):
+        return (yield from _ordered(batch_size, selection == "ordered_limited"))
     if selection == "epoch":
         return (yield from _epoch(batch_size, rng))
     if selection == "sequential":
@@ -282,7 +311,7 @@ def _sequential(B: int, rng):
     """Reverb's item-by-item batch over shards: draw ``j`` picks a shard by the masses left at that draw and
     takes that shard's next draw, reporting ``m_s / M * p`` (``w_i / M`` at draw ``j``).  A shard's own
     sequence is what it alone would give, so the interleave is the table's sequence.  When every item is
-    out before ``B`` draws, the rows drawn repeat to fill the batch (Reverb would wait for inserts)."""
+    out before ``B`` draws, nothing is taken (:class:`ShortOfItems`: the sample waits for inserts)."""
     masses = (yield Summaries(("sampler",)))["sampler"]
     seqs = yield Sequences(B, not sum(masses.values()) > 0)
     shards = [s for s in sorted(seqs) if len(seqs[s][0])]
@@ -296,8 +325,8 @@ def _sequential(B: int, rng):
     got = sequences.interleave(table, lengths, rng.random(B), shard_of, draw_of, share)
     if got == 0:
         raise NothingToSample
-    rows = np.arange(B) % got  # (every item out: the rows drawn again)
-    shard_of, draw_of, share = shard_of[rows], draw_of[rows], share[rows]
+    if got < B:
+        raise ShortOfItems(got, B)
     slots, probs, want, order = {}, {}, {}, []
     for i, s in enumerate(shards):
         mine = np.flatnonzero(shard_of == i)
@@ -361,11 +390,16 @@ def _epoch(B: int, rng):
     return Layout()
 
 
-def _ordered(B: int):
+def _ordered(B: int, limited: bool):
+    """The global best ``B`` of every shard's candidates; ``limited``: each item listed as often as it may
+    still go, so fewer than ``B`` in all is a batch the items left cannot fill (else the best repeat)."""
     cands = yield Candidates(B, "sampler")
     shards = sorted(cands)
-    if not any(len(cands[s][0]) for s in shards):
+    have = sum(len(cands[s][0]) for s in shards)
+    if not have:
         raise NothingToSample
+    if limited and have < B:
+        raise ShortOfItems(have, B)
     chosen, where = two_level.merge_candidates_with_positions([cands[s] for s in shards], B)
     yield Take({s: sl for s, sl in zip(shards, chosen) if len(sl)})
     rows_at = np.concatenate([w for w in where if len(w)])
