@@ -96,7 +96,9 @@ class SamplingMixin:
             fits a ``strict`` window of ``length`` steps
             (:class:`~gear_flow.errors.WindowTooLongError`).
         RateLimitTimeout
-            The limiter did not admit the batch within ``timeout``.
+            The limiter did not admit the batch within ``timeout``; or, with
+            ``max_times_sampled``, the items left could not fill it by then
+            (a batch waits for inserts, and takes nothing meanwhile).
         ShardLostError
             A shard's worker is lost and the table is not ``degraded``.
         TableClosedError

@@ -549,7 +549,9 @@ class LocalTable(DatasetMethods):
             fits a ``strict`` window of ``length`` steps
             (:class:`~gear_flow.errors.WindowTooLongError`).
         RateLimitTimeout
-            The limiter did not admit the batch within ``timeout``.
+            The limiter did not admit the batch within ``timeout``; or, with
+            ``max_times_sampled``, the items left could not fill it by then
+            (a batch waits for inserts, and takes nothing meanwhile).
         TableClosedError
             The table is closed.
         """
