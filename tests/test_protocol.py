@@ -142,6 +142,8 @@ def test_coordinator_counts_cannot_be_corrupted(dist_client, tables):
         refused(raw_coord(t, "admit_insert", name=t.name, n=float("nan"), episodes=1), "field 'n'")
         refused(raw_coord(t, "admit_sample", name=t.name, n=-5), "field 'n'")
         refused(raw_coord(t, "admit_sample", name=t.name, n=10**12), "field 'n'")  # refused at once, no waiter
+        refused(raw_coord(t, "admit_sample", name=t.name, n=1, after=-1), "field 'after'")
+        refused(raw_coord(t, "admit_sample", name=t.name, n=1, after="soon"), "field 'after'")
         refused(raw_coord(t, "removed", name=t.name, k=-(10**12)), "field 'k'")
         refused(raw_coord(t, "removed", name=t.name, k=10**6, per_shard={0: 10**6}), "cannot have left")
         refused(raw_coord(t, "count_samples", name=t.name, n=-(10**12)), "field 'n'")
