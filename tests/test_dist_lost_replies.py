@@ -605,3 +605,73 @@ def test_an_admission_whose_placement_lookup_fails_is_given_back(kind):
                 assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [6, 7]
         finally:
             t.close()
+
+
+def _hold_each(ops, dask_worker=None):
+    """This worker's first request of each of ``ops`` waits until :func:`_release_op` releases that op
+    (other requests are served meanwhile)."""
+    plugin = dask_worker.plugins[PLUGIN_NAME]
+    plugin.holds = holds = {op: {"waiting": False, "go": asyncio.Event()} for op in ops}
+
+    def wrapped(real):
+        async def serve(action, *args):
+            h = holds.get(action)
+            if h is not None and not h["waiting"]:
+                h["waiting"] = True
+                await h["go"].wait()
+            return await real(action, *args)
+
+        return serve
+
+    plugin.lane._serve, plugin.serve = wrapped(plugin.lane._serve), wrapped(plugin.serve)
+
+
+def _release_op(op, dask_worker=None):
+    dask_worker.plugins[PLUGIN_NAME].holds[op]["go"].set()
+
+
+@pytest.mark.parametrize("op", ["apply", "write"])
+@pytest.mark.parametrize("late", [True, False], ids=["written-late", "aborted-first"])
+def test_an_insert_part_a_live_worker_does_not_answer_in_time_is_settled_by_the_coordinator(op, late):
+    """A live worker holds its part of an insert (``apply`` of a two-worker insert; ``write`` of a
+    one-worker one) past the reply timeout.  The insert fails saying that part is not known yet, and the
+    coordinator settles it: written before its abort arrived (``written-late``: the worker also holds the
+    coordinator's abort until its write is done) it is counted; else the abort comes first and the write,
+    delivered later, is refused.  Either way the coordinator agrees with the workers, item by item."""
+    cfg = {"gear-flow.distributed.rpc-timeout": 2, "gear-flow.distributed.rpc-retries": 0}
+    n = 2 if op == "apply" else 1
+    with own_cluster(cfg, n=n) as client:
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=n), seed=0)
+        try:
+            for s in range(n):
+                t.insert(tagged([s + 1]), shard=s)
+            tags = [10, 11] if n == 2 else [10]
+            assert t._route(np.ones(len(tags), np.int64), None).tolist() == list(range(n))  # one per shard
+            slow = t.placement[n - 1]
+            client.run(_hold_each, [op, "abort"] if late else [op], workers=[slow])
+            with pytest.raises(gf.GearFlowError, match=f"worker {slow} did not answer.*not known yet"):
+                t.insert(tagged(tags))
+
+            def unsettled():
+                return t._ctx.sync(t._coord, "lookup")["unsettled_inserts"]
+
+            assert unsettled() == 1 or not late
+            if late:  # the write goes first, then the coordinator's abort finds it written
+                client.run(_release_op, op, workers=[slow])
+                wait_for(lambda: t.info()["size"] == n + len(tags), "the held part written", 30)
+                client.run(_release_op, "abort", workers=[slow])
+                wait_for(lambda: unsettled() == 0, "the part settled", 30)
+                stored = list(range(1, n + 1)) + tags
+            else:  # the coordinator's abort goes first; the write that comes after is refused
+                wait_for(lambda: unsettled() == 0, "the part settled", 30)
+                client.run(_release_op, op, workers=[slow])
+                stored = list(range(1, n + 1)) + tags[:-1]
+            info = t.info()
+            assert info["size"] == info["coordinator_size"] == len(stored), info
+            assert info["rate_limiter"]["inserts"] == len(stored), info
+            assert sorted(set(t.sample(64)["tag"].numpy()[:, 0].tolist())) == stored
+            t.insert(tagged([99]), shard=n - 1)  # the slow worker's shard takes writes again
+            info = t.info()
+            assert info["size"] == info["coordinator_size"] == len(stored) + 1, info
+        finally:
+            t.close()

@@ -191,6 +191,27 @@ def test_a_sample_short_of_items_is_granted_again_only_once_something_arrived():
     run(go)
 
 
+def test_an_unsettled_part_is_counted_once_and_no_more_than_was_routed_to_it():
+    """An insert of 3 + 2 items committed with shard 1's worker silent counts shard 0's 3 and gives the
+    other 2 back to the limiter; the settled part counts once, clipped to what was routed there."""
+
+    async def go():
+        g = _gate(gf.MinSize(1))
+        grant = g.request("insert", 5, "p", episodes=5, per_shard={0: 3, 1: 2}).fut.result()
+        g.commit_insert(grant["txn"], {0: 3}, {}, unsettled=("w1",))
+        assert (g.size, g.limiter.state.inserts, g.unsettled) == (3, 3, {grant["txn"]: {1: 2}})
+        g.settle_late(grant["txn"], [1], {1: 7}, {})  # (more than routed: clipped)
+        assert (g.size, g.shard_size[1], g.limiter.state.inserts, g.unsettled) == (5, 2, 5, {})
+        g.settle_late(grant["txn"], [1], {1: 2}, {})  # settled again: nothing more
+        assert (g.size, g.limiter.state.inserts) == (5, 5)
+        other = g.request("insert", 2, "p", episodes=2, per_shard={0: 1, 1: 1}).fut.result()
+        g.commit_insert(other["txn"], {0: 1}, {}, unsettled=("w1",))
+        g.settle_late(other["txn"], [1], {}, {})  # aborted there: nothing written
+        assert (g.size, g.limiter.state.inserts, g.unsettled) == (6, 6, {})
+
+    run(go)
+
+
 def test_evictions_run_one_at_a_time_and_delay_no_sample_of_a_non_exclusive_table():
     """Each hold is granted the size of its moment, after the eviction before it has reported what it
     removed; samples queued behind a waiting hold are served at once (they do not take the hold)."""

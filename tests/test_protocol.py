@@ -148,6 +148,8 @@ def test_coordinator_counts_cannot_be_corrupted(dist_client, tables):
         refused(raw_coord(t, "removed", name=t.name, k=10**6, per_shard={0: 10**6}), "cannot have left")
         refused(raw_coord(t, "count_samples", name=t.name, n=-(10**12)), "field 'n'")
         refused(raw_coord(t, "commit_insert", name=t.name, txn="nope", items={0: 5}, evicted={}), "no insert")
+        refused(raw_coord(t, "commit_insert", name=t.name, txn="nope", items={}, evicted={},
+                          unsettled=["tcp://10.9.9.9:1"]), "hold no shard")  # fmt: skip
         refused(raw_coord(t, "mark_lost", name=t.name, shard=200), "field 'shard'")
         refused(raw_coord(t, "mark_lost", name=t.name, shard=5), "no shard 5")
         refused(raw_coord(t, "shard_restored", name=t.name, shard=99, worker="x", size=1, inserted=1), "no shard 99")

@@ -249,11 +249,47 @@ class GearFlowCoordinator(SchedulerPlugin):
         w = g.request("insert", n, owner or "", episodes=episodes, per_shard=per_shard or {})
         return await self._wait(g, w, timeout, f"an insert of {n} items")
 
-    async def _commit_insert(self, name, txn, items, evicted):
+    async def _commit_insert(self, name, txn, items, evicted, unsettled=None):
+        """Commit what was written; the parts of ``unsettled`` workers (they did not answer their apply in
+        time) are settled here, in the background (:meth:`_settle`)."""
         g = self._table(name)
-        g.check_commit(txn, items or {}, evicted or {})
-        g.commit_insert(txn, items or {}, evicted or {})
+        g.check_commit(txn, items or {}, evicted or {}, unsettled or [])
+        g.commit_insert(txn, items or {}, evicted or {}, tuple(unsettled or ()))
+        for a in sorted(set(unsettled or ())):
+            if txn in g.unsettled:
+                self._spawn(self._settle(g, txn, a))
         return g.size
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _settle(self, g: TableGate, txn: str, addr: str, attempts: int = 8) -> None:
+        """Find out what became of ``txn``'s part on ``addr``, which did not answer its apply in time, and
+        count it: abort it there (an apply delivered later is refused), then ask whether it had been
+        applied before; a worker gone meanwhile takes its shards' items with it."""
+        shards = sorted(s for s in g.unsettled.get(txn, {}) if g.placement.get(s) == addr)
+        for attempt in range(attempts):
+            if addr not in self.scheduler.workers:  # gone: its shards are lost, and what it wrote with them
+                g.settle_late(txn, shards, {}, {})
+                return
+            try:
+                await self._worker_call(addr, "abort", name=g.name, txn=txn)
+                st = await self._worker_call(addr, "status", name=g.name, txn=txn)
+                while st["state"] == "applying":  # being written as the abort came: wait for its result
+                    await asyncio.sleep(0.01)
+                    st = await self._worker_call(addr, "status", name=g.name, txn=txn)
+            except Exception as e:  # noqa: BLE001 - not answered again: asked again, later
+                logger.info("table %r: settling insert %s on %s: %s", g.name, txn[:8], addr, e)
+                await asyncio.sleep(min(0.2 * 2**attempt, 10.0))
+                continue
+            res = st.get("result") or {}
+            g.settle_late(txn, shards, res.get("items") or {}, res.get("evicted") or {})
+            logger.info("table %r: insert %s settled on %s: %s", g.name, txn[:8], addr, st["state"])
+            return
+        logger.warning("table %r: insert %s's part on %s is still not known; its items are not counted", g.name,
+                       txn[:8], addr)  # fmt: skip
 
     async def _abort_insert(self, name, txn):
         return self._table(name).abort_insert(txn)
@@ -378,9 +414,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         for g in list(self.tables.values()):
             txns, hold = g.release_owner(owner)
             if txns or hold:
-                task = asyncio.ensure_future(self._recover(g, txns, hold))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._spawn(self._recover(g, txns, hold))
 
     async def _worker_call(self, addr, action, **args):
         resp = await asyncio.wait_for(

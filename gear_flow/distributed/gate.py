@@ -191,6 +191,9 @@ class TableGate(GateChecks):
         self.holder: dict | None = None  # the exclusive sample or the eviction in progress
         #: commits, aborts and restores so far: a sample short of items waits for the next
         self.arrivals = 0
+        #: committed inserts whose part on a worker that did not answer its apply is not known yet:
+        #: txn -> {shard: items routed there}
+        self.unsettled: dict[str, dict[int, int]] = {}
 
     # -- derived sizes ----------------------------------------------------------------------------
     @property
@@ -345,11 +348,13 @@ class TableGate(GateChecks):
         }
 
     # -- insert transactions -----------------------------------------------------------------------------
-    def commit_insert(self, txn: str, items: dict, evicted: dict) -> None:
+    def commit_insert(self, txn: str, items: dict, evicted: dict, unsettled: tuple = ()) -> None:
         """The insert is stored: count it and serve waiters (a second commit is ignored).
 
         Items routed to a shard but not written (lost before the apply) are
-        given back to the limiter.
+        given back to the limiter.  The parts on ``unsettled`` workers (they
+        did not answer their apply in time) are counted later, if they were
+        written there, by :meth:`settle_late`.
 
         Parameters
         ----------
@@ -359,11 +364,29 @@ class TableGate(GateChecks):
             ``{shard: items written}``.
         evicted : dict
             ``{shard: items overwritten by it}`` (the ring's eviction).
+        unsettled : tuple of str, default ()
+            Workers whose part's outcome is not known yet.
         """
         t = self.txns.get(txn)
         if t is None or t.committed:
             return
         t.committed = True
+        self._count_written(items, evicted)
+        # items routed to a shard but never written (lost before the apply): the limiter forgets them
+        unwritten = t.n - sum(int(k) for k in items.values())
+        if unwritten > 0:
+            self.limiter.state.inserts -= unwritten
+        shards = {int(s): k for s, k in (t.per_shard or {}).items() if self.placement.get(int(s)) in unsettled}
+        shards = {s: k for s, k in shards.items() if s not in {int(x) for x in items}}
+        if shards:
+            self.unsettled[txn] = shards
+            while len(self.unsettled) > 4096:  # (a worker that never answers: its oldest are forgotten)
+                self.unsettled.pop(next(iter(self.unsettled)))
+        self._trim()
+        self.arrived()
+
+    def _count_written(self, items: dict, evicted: dict) -> None:
+        """Count ``items`` written (and ``evicted`` by them) per shard in the sizes and the limiter's deletes."""
         for s, k in items.items():
             s = int(s)
             self.shard_inserted[s] = self.shard_inserted.get(s, 0) + int(k)
@@ -373,13 +396,36 @@ class TableGate(GateChecks):
         lost_items = sum(int(k) for s, k in items.items() if int(s) in self.lost)
         self.size += sum(int(k) for k in items.values()) - gone - lost_items
         self.forget_waiting(lost_items)  # written to a shard lost before the commit: never to be sampled
-        # items routed to a shard but never written (lost before the apply): the limiter forgets them
-        unwritten = t.n - sum(int(k) for k in items.values())
-        if unwritten > 0:
-            self.limiter.state.inserts -= unwritten
         if gone:
             self.limiter.on_delete(gone)
-        self._trim()
+
+    def settle_late(self, txn: str, shards, items: dict, evicted: dict) -> None:
+        """The unsettled part of committed insert ``txn`` on ``shards`` is known now: ``items`` were
+        written (counted now, as the commit would have; their admission back in the limiter), or none (it
+        was aborted).  Each part is settled once; items beyond what was routed to a shard are not counted.
+
+        Parameters
+        ----------
+        txn : str
+            Transaction id of the insert (one of :attr:`unsettled`).
+        shards : iterable of int
+            The shards whose part is settled (those of one worker).
+        items : dict
+            ``{shard: items written}`` (empty: aborted, nothing written).
+        evicted : dict
+            ``{shard: items overwritten by them}``.
+        """
+        left = self.unsettled.get(txn)
+        if left is None:
+            return
+        mine = {int(s) for s in shards} & set(left)
+        written = {int(s): min(int(k), left[int(s)]) for s, k in items.items() if int(s) in mine}
+        for s in mine:
+            del left[s]
+        if not left:
+            del self.unsettled[txn]
+        self.limiter.state.inserts += sum(written.values())
+        self._count_written(written, {int(s): int(k) for s, k in evicted.items() if int(s) in written})
         self.arrived()
 
     def abort_insert(self, txn: str) -> bool:
@@ -566,8 +612,10 @@ class TableGate(GateChecks):
             ``shard_size``, ``rate_limiter`` (its ``info()``),
             ``rate_limiter_config`` (to rebuild it), ``lost``,
             ``shard_inserted``, ``next_episode_id``, ``next_stamp``,
-            ``version``, ``closed``, ``inserts_in_flight`` (count) and
-            ``waiting`` (``{"inserts": n, "samples": n}`` blocked).
+            ``version``, ``closed``, ``inserts_in_flight`` (count),
+            ``unsettled_inserts`` (committed inserts with a part whose worker
+            did not answer its apply, not yet known) and ``waiting``
+            (``{"inserts": n, "samples": n}`` blocked).
         """
         from ..rate_limiters import to_config
 
@@ -587,5 +635,6 @@ class TableGate(GateChecks):
             "version": self.version,
             "closed": self.closed,
             "inserts_in_flight": sum(1 for t in self.txns.values() if not t.committed),
+            "unsettled_inserts": len(self.unsettled),
             "waiting": {"inserts": len(self.inserts), "samples": len(self.samples)},
         }

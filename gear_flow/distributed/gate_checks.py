@@ -75,7 +75,7 @@ class GateChecks:
         """
         self.limiter.check_sample_size(n)
 
-    def check_commit(self, txn: str, items: dict, evicted: dict) -> None:
+    def check_commit(self, txn: str, items: dict, evicted: dict, unsettled=()) -> None:
         """Refuse a commit that does not match its admission.
 
         Parameters
@@ -86,13 +86,19 @@ class GateChecks:
             ``{shard: items written}``.
         evicted : dict
             ``{shard: items the insert overwrote}``.
+        unsettled : sequence of str, default ()
+            Workers whose part is not known yet (they did not answer).
 
         Raises
         ------
         ProtocolError
-            No such insert in flight, an unknown shard, or more items than
-            were admitted.
+            No such insert in flight, an unknown shard, more items than
+            were admitted, or an unsettled worker that holds none of the
+            table's shards.
         """
+        strangers = sorted(set(unsettled) - set(self.placement.values()))
+        if strangers:
+            raise ProtocolError(f"coordinator 'commit_insert': {strangers} hold no shard of table {self.name!r}")
         t = self.txns.get(txn)
         if t is None:
             raise ProtocolError(f"coordinator 'commit_insert': no insert {txn!r} is in flight on table {self.name!r}")

@@ -79,6 +79,12 @@ class HostedTable:
         Staged inserts by transaction: ``[(shard, EpisodeBatch), ...]``.
     applied : OrderedDict of str to dict
         Results of the last 4096 applied inserts, by transaction.
+    applying : set of str
+        Inserts being written now (taken from ``staged``, not yet in
+        ``applied``).
+    aborted : OrderedDict of str to bool
+        The last 4096 inserts aborted here: a stage, write or apply of one
+        that comes later (sent before the abort, delivered after) is refused.
     pending : dict of str to list
         Parts of two-phase samples awaiting ``finish_sample``, by
         transaction.
@@ -86,7 +92,8 @@ class HostedTable:
         ``(commit, result)`` of the last 4096 finished two-phase samples, by
         transaction (a finish sent again answers as the first).
     lock : threading.Lock
-        Guards ``staged``, ``applied``, ``pending`` and ``finished``.
+        Guards ``staged``, ``applied``, ``applying``, ``aborted``, ``pending``
+        and ``finished``.
     """
 
     def __init__(
@@ -118,6 +125,8 @@ class HostedTable:
         }
         self.staged: dict[str, list] = {}
         self.applied: OrderedDict[str, dict] = OrderedDict()
+        self.applying: set[str] = set()
+        self.aborted: OrderedDict[str, bool] = OrderedDict()
         self.pending: dict[str, list] = {}  # sample txn -> [(shard, slots, seqs, drawn)]
         self.finished: OrderedDict[str, tuple[bool, dict]] = OrderedDict()
         self.lock = threading.Lock()

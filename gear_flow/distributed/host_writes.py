@@ -47,6 +47,12 @@ def remember(memo: OrderedDict, txn: str, outcome: object) -> None:
         memo.popitem(last=False)
 
 
+def _refuse_aborted(t, txn: str) -> None:
+    """Raise if insert ``txn`` was aborted here (the caller holds ``t.lock``)."""
+    if txn in t.aborted:
+        raise SpecError(f"insert {txn!r} of table {t.name!r} was aborted on this worker")
+
+
 def _items(batches: list, step: bool) -> dict[int, int]:
     """Items per shard of staged ``(shard, EpisodeBatch)`` pairs."""
     out: dict[int, int] = {}
@@ -113,6 +119,7 @@ class WritingHost:
                 return sum(_items(batches, step).values())  # sent again (its reply was lost): staged once
             if prior is not None or txn in t.applied:
                 raise SpecError(f"insert {txn!r} of table {name!r} was already staged on this worker")
+            _refuse_aborted(t, txn)
             t.staged[txn] = batches
         return sum(_items(batches, step).values())
 
@@ -174,29 +181,37 @@ class WritingHost:
         Raises
         ------
         SpecError
-            ``txn`` is neither staged nor applied here.
+            ``txn`` is neither staged nor applied here (or was aborted).
         """
         t = self.table(name)
         with t.lock:
             if txn in t.applied:
                 return t.applied[txn]
+            _refuse_aborted(t, txn)
             try:
                 batches = t.staged.pop(txn)
             except KeyError:
                 raise SpecError(f"insert {txn!r} of table {name!r} is not staged on this worker") from None
+            t.applying.add(txn)  # (status: being written, neither staged nor applied)
         res = {"first_keys": {}, "evicted": {}, "items": {}}
-        for sid, batch in batches:
-            s = t.shards[sid]
-            with s.lock:  # count only this insert's evictions
-                before = s.counters.evicted
-                fk, n = s.insert(batch)
-                ev = s.counters.evicted - before
-            res["first_keys"][sid] = np.concatenate([res["first_keys"][sid], fk]) if sid in res["first_keys"] else fk
-            res["items"][sid] = res["items"].get(sid, 0) + int(n)
-            if ev:
-                res["evicted"][sid] = res["evicted"].get(sid, 0) + int(ev)
-        with t.lock:
-            remember(t.applied, txn, res)
+        try:
+            for sid, batch in batches:
+                s = t.shards[sid]
+                with s.lock:  # count only this insert's evictions
+                    before = s.counters.evicted
+                    fk, n = s.insert(batch)
+                    ev = s.counters.evicted - before
+                res["first_keys"][sid] = (
+                    np.concatenate([res["first_keys"][sid], fk]) if sid in res["first_keys"] else fk
+                )
+                res["items"][sid] = res["items"].get(sid, 0) + int(n)
+                if ev:
+                    res["evicted"][sid] = res["evicted"].get(sid, 0) + int(ev)
+            with t.lock:
+                remember(t.applied, txn, res)
+        finally:
+            with t.lock:
+                t.applying.discard(txn)
         return res
 
     def write(self, name: str, txn: str, parts: list[dict]) -> dict:
@@ -228,11 +243,13 @@ class WritingHost:
         with t.lock:
             if txn in t.applied:  # sent again (its reply was lost): written once, the same answer
                 return t.applied[txn]
+            _refuse_aborted(t, txn)
         self.stage(name, txn, parts)
         return self.apply(name, txn)
 
     def abort(self, name: str, txn: str) -> bool:
-        """Forget a staged insert, or undo a pending sample.
+        """Forget a staged insert, or undo a pending sample; a stage, write or apply of ``txn`` that comes
+        later (sent before, delivered after) is refused.  An insert applied already stays applied.
 
         Parameters
         ----------
@@ -251,6 +268,8 @@ class WritingHost:
             return False
         with t.lock:
             staged = t.staged.pop(txn, None) is not None
+            if txn not in t.applied and txn not in t.applying:
+                remember(t.aborted, txn, True)
         return staged or bool(self.finish_sample(name, txn, commit=False))
 
     def status(self, name: str, txn: str) -> dict:
@@ -266,8 +285,9 @@ class WritingHost:
         Returns
         -------
         dict
-            ``{"state": "staged" | "applied" | "unknown"}``, with ``result``
-            (as :meth:`apply` returned it) when applied.
+            ``{"state": "staged" | "applying" | "applied" | "aborted" |
+            "unknown"}``, with ``result`` (as :meth:`apply` returned it) when
+            applied.
         """
         t = self.tables.get(name)
         if t is None:
@@ -275,4 +295,7 @@ class WritingHost:
         with t.lock:
             if txn in t.applied:
                 return {"state": "applied", "result": t.applied[txn]}
-            return {"state": "staged" if txn in t.staged else "unknown"}
+            for state, where in (("staged", t.staged), ("applying", t.applying), ("aborted", t.aborted)):
+                if txn in where:
+                    return {"state": state}
+            return {"state": "unknown"}

@@ -185,7 +185,12 @@ COORDINATOR = {
         "timeout": TIMEOUT,
         "owner": optional(text()),
     },
-    "commit_insert": {"txn": TXN, "items": PER_SHARD, "evicted": PER_SHARD},
+    "commit_insert": {
+        "txn": TXN,
+        "items": PER_SHARD,
+        "evicted": PER_SHARD,
+        "unsettled": optional(sequence(text(), 127)),
+    },
     "abort_insert": {"txn": TXN},
     "admit_sample": {
         "n": integer(1, 1 << 31),  # a batch: larger can never be served

@@ -27,6 +27,15 @@ from ..errors import GearFlowError, ShardLostError
 from .transport import NotAnswered, Retry, WorkerLost, call
 
 
+def _unsettled_error(addr: str, txn: str, e: BaseException, stored: str) -> GearFlowError:
+    """The error of an insert whose part on ``addr`` was not answered in time: what is known, what is not."""
+    return GearFlowError(
+        f"worker {addr} did not answer for its part of insert {txn[:8]} ({e}): whether it was written there is "
+        f"not known yet; the coordinator settles it (counted if it was written, else aborted there, and never "
+        f"written later); {stored}"
+    )
+
+
 def commit_counts(applied: dict) -> dict:
     """``commit_insert``'s ``items`` and ``evicted`` (per shard) from the workers' apply results.
 
@@ -94,6 +103,9 @@ class TransactionsMixin:
                         self._ctx, addrs[0], "write", table=self.name, name=self.name, txn=txn, parts=parts[addrs[0]]
                     )
                 }
+            except NotAnswered as e:  # it may still write it: the coordinator settles it (counted or aborted)
+                await self._commit(txn, {}, addrs)
+                raise _unsettled_error(addrs[0], txn, e, "nothing else was to be stored") from e
             except BaseException as e:
                 await self._abort_insert(txn, addrs, e)
                 raise self._insert_error(e, addrs) from None
@@ -150,7 +162,8 @@ class TransactionsMixin:
         res = {a: r for a, r in zip(addrs, got) if not isinstance(r, BaseException)}
         lost = [a for a, r in zip(addrs, got) if isinstance(r, WorkerLost)]
         failed = [(a, r) for a, r in zip(addrs, got) if isinstance(r, BaseException) and not isinstance(r, WorkerLost)]
-        size = await self._commit(txn, res)
+        silent = [a for a, e in failed if isinstance(e, NotAnswered)]  # they may still apply: settled later
+        size = await self._commit(txn, res, silent)
         stored = "the rest of the insert was stored" if res else "nothing of the insert was stored"
         refused = [a for a, e in failed if not isinstance(e, NotAnswered)]
         if refused:  # a part a worker that answered still keeps staged is forgotten (committed without it)
@@ -164,6 +177,8 @@ class TransactionsMixin:
             a, e = failed[0]
             if not isinstance(e, Exception):
                 raise e
+            if isinstance(e, NotAnswered):
+                raise _unsettled_error(a, txn, e, stored) from e
             raise GearFlowError(
                 f"worker {a} did not apply its part of insert {txn[:8]} ({type(e).__name__}: {e}); {stored}"
             ) from e
@@ -201,7 +216,10 @@ class TransactionsMixin:
         """
         await self._abort_insert(txn, sorted(addrs), cause)
 
-    async def _commit(self, txn, res: dict) -> int:
+    async def _commit(self, txn, res: dict, unsettled=()) -> int:
+        """Commit what ``res`` says was written; ``unsettled`` workers' parts the coordinator settles."""
+        if unsettled:
+            return await self._coord("commit_insert", txn=txn, unsettled=sorted(unsettled), **commit_counts(res))
         return await self._coord("commit_insert", txn=txn, **commit_counts(res))
 
     async def _abort_insert(self, txn, addrs, cause) -> None:
