@@ -276,10 +276,7 @@ class GearFlowCoordinator(SchedulerPlugin):
                 return
             try:
                 await self._worker_call(addr, "abort", name=g.name, txn=txn)
-                st = await self._worker_call(addr, "status", name=g.name, txn=txn)
-                while st["state"] == "applying":  # being written as the abort came: wait for its result
-                    await asyncio.sleep(0.01)
-                    st = await self._worker_call(addr, "status", name=g.name, txn=txn)
+                st = await self._status(g, addr, txn)
             except Exception as e:  # noqa: BLE001 - not answered again: asked again, later
                 logger.info("table %r: settling insert %s on %s: %s", g.name, txn[:8], addr, e)
                 await asyncio.sleep(min(0.2 * 2**attempt, 10.0))
@@ -290,6 +287,14 @@ class GearFlowCoordinator(SchedulerPlugin):
             return
         logger.warning("table %r: insert %s's part on %s is still not known; its items are not counted", g.name,
                        txn[:8], addr)  # fmt: skip
+
+    async def _status(self, g: TableGate, addr: str, txn: str) -> dict:
+        """What became of insert ``txn`` on ``addr`` (its ``status``), once it is no longer being written."""
+        st = await self._worker_call(addr, "status", name=g.name, txn=txn)
+        while st["state"] == "applying":  # taken from staging and being written: its result comes soon
+            await asyncio.sleep(0.01)
+            st = await self._worker_call(addr, "status", name=g.name, txn=txn)
+        return st
 
     async def _abort_insert(self, name, txn):
         return self._table(name).abort_insert(txn)
@@ -447,7 +452,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         states = {}
         for a in addrs:
             try:
-                states[a] = await self._worker_call(a, "status", name=g.name, txn=t.txn)
+                states[a] = await self._status(g, a, t.txn)
             except Exception:
                 states[a] = {"state": "unknown"}
         if any(st["state"] == "applied" for st in states.values()):

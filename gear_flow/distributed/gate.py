@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -348,7 +349,7 @@ class TableGate(GateChecks):
         }
 
     # -- insert transactions -----------------------------------------------------------------------------
-    def commit_insert(self, txn: str, items: dict, evicted: dict, unsettled: tuple = ()) -> None:
+    def commit_insert(self, txn: str, items: dict, evicted: dict, unsettled: tuple[str, ...] = ()) -> None:
         """The insert is stored: count it and serve waiters (a second commit is ignored).
 
         Items routed to a shard but not written (lost before the apply) are
@@ -399,7 +400,7 @@ class TableGate(GateChecks):
         if gone:
             self.limiter.on_delete(gone)
 
-    def settle_late(self, txn: str, shards, items: dict, evicted: dict) -> None:
+    def settle_late(self, txn: str, shards: Iterable[int], items: dict, evicted: dict) -> None:
         """The unsettled part of committed insert ``txn`` on ``shards`` is known now: ``items`` were
         written (counted now, as the commit would have; their admission back in the limiter), or none (it
         was aborted).  Each part is settled once; items beyond what was routed to a shard are not counted.

@@ -16,6 +16,8 @@ losses) readable on its own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..errors import ProtocolError
 
 
@@ -75,7 +77,7 @@ class GateChecks:
         """
         self.limiter.check_sample_size(n)
 
-    def check_commit(self, txn: str, items: dict, evicted: dict, unsettled=()) -> None:
+    def check_commit(self, txn: str, items: dict, evicted: dict, unsettled: Sequence[str] = ()) -> None:
         """Refuse a commit that does not match its admission.
 
         Parameters
