@@ -653,7 +653,7 @@ def test_an_insert_part_a_live_worker_does_not_answer_in_time_is_settled_by_the_
                 t.insert(tagged(tags))
 
             def unsettled():
-                return t._ctx.sync(t._coord, "lookup")["unsettled_inserts"]
+                return t.info()["unsettled_inserts"]
 
             assert unsettled() == 1 or not late
             if late:  # the write goes first, then the coordinator's abort finds it written

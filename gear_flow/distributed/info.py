@@ -50,8 +50,10 @@ class InfoMixin:
             ``worker``); ``lost`` (``{shard: record}``);
             ``unreachable_workers`` (addresses that did not answer);
             ``placement`` (``{shard: address}``); ``inserts_in_flight``
-            (count) and ``waiting`` (``{"inserts": n, "samples": n}``
-            blocked by the limiter).
+            (count); ``unsettled_inserts`` (committed inserts with a part
+            whose worker did not answer in time, which the coordinator has
+            not settled yet) and ``waiting`` (``{"inserts": n, "samples":
+            n}`` blocked by the limiter).
         """
         self.flush()
         return self._ctx.sync(self.info_async)
@@ -96,5 +98,6 @@ class InfoMixin:
             "unreachable_workers": unreachable,
             "placement": self.placement,
             "inserts_in_flight": state["inserts_in_flight"],
+            "unsettled_inserts": state["unsettled_inserts"],
             "waiting": state["waiting"],
         }
