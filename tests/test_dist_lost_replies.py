@@ -158,22 +158,35 @@ def _one_more_serves_the_wait(t, **where):
     assert info["size"] == info["coordinator_size"] == 0 and limiter["inserts"] == limiter["samples"]
 
 
-def _hold_first(op, dask_worker=None):
-    """This worker's next ``op`` request waits until :func:`_release_held` (another connection's requests
-    are served meanwhile)."""
+def _hold_each(ops, dask_worker=None):
+    """This worker's first request of each of ``ops`` waits until :func:`_release_op` releases that op
+    (other requests are served meanwhile)."""
     plugin = dask_worker.plugins[PLUGIN_NAME]
-    plugin.held = held = {"waiting": False, "go": asyncio.Event()}
+    plugin.holds = holds = {op: {"waiting": False, "go": asyncio.Event()} for op in ops}
 
     def wrapped(real):
         async def serve(action, *args):
-            if action == op and not held["waiting"]:
-                held["waiting"] = True
-                await held["go"].wait()
+            h = holds.get(action)
+            if h is not None and not h["waiting"]:
+                h["waiting"] = True
+                await h["go"].wait()
             return await real(action, *args)
 
         return serve
 
     plugin.lane._serve, plugin.serve = wrapped(plugin.lane._serve), wrapped(plugin.serve)
+
+
+def _release_op(op, dask_worker=None):
+    dask_worker.plugins[PLUGIN_NAME].holds[op]["go"].set()
+
+
+def _hold_first(op, dask_worker=None):
+    """This worker's next ``op`` request waits until :func:`_release_held` (another connection's requests
+    are served meanwhile)."""
+    _hold_each([op], dask_worker)
+    plugin = dask_worker.plugins[PLUGIN_NAME]
+    plugin.held = plugin.holds[op]
 
 
 def _held_waiting(dask_worker=None):
@@ -605,29 +618,6 @@ def test_an_admission_whose_placement_lookup_fails_is_given_back(kind):
                 assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [6, 7]
         finally:
             t.close()
-
-
-def _hold_each(ops, dask_worker=None):
-    """This worker's first request of each of ``ops`` waits until :func:`_release_op` releases that op
-    (other requests are served meanwhile)."""
-    plugin = dask_worker.plugins[PLUGIN_NAME]
-    plugin.holds = holds = {op: {"waiting": False, "go": asyncio.Event()} for op in ops}
-
-    def wrapped(real):
-        async def serve(action, *args):
-            h = holds.get(action)
-            if h is not None and not h["waiting"]:
-                h["waiting"] = True
-                await h["go"].wait()
-            return await real(action, *args)
-
-        return serve
-
-    plugin.lane._serve, plugin.serve = wrapped(plugin.lane._serve), wrapped(plugin.serve)
-
-
-def _release_op(op, dask_worker=None):
-    dask_worker.plugins[PLUGIN_NAME].holds[op]["go"].set()
 
 
 @pytest.mark.parametrize("op", ["apply", "write"])

@@ -377,8 +377,12 @@ class TableGate(GateChecks):
         unwritten = t.n - sum(int(k) for k in items.values())
         if unwritten > 0:
             self.limiter.state.inserts -= unwritten
-        shards = {int(s): k for s, k in (t.per_shard or {}).items() if self.placement.get(int(s)) in unsettled}
-        shards = {s: k for s, k in shards.items() if s not in {int(x) for x in items}}
+        written = {int(x) for x in items}
+        shards = {
+            int(s): k
+            for s, k in (t.per_shard or {}).items()
+            if self.placement.get(int(s)) in unsettled and int(s) not in written
+        }
         if shards:
             self.unsettled[txn] = shards
             while len(self.unsettled) > 4096:  # (a worker that never answers: its oldest are forgotten)

@@ -243,8 +243,7 @@ class WritingHost:
         with t.lock:
             if txn in t.applied:  # sent again (its reply was lost): written once, the same answer
                 return t.applied[txn]
-            _refuse_aborted(t, txn)
-        self.stage(name, txn, parts)
+        self.stage(name, txn, parts)  # (refuses an aborted txn)
         return self.apply(name, txn)
 
     def abort(self, name: str, txn: str) -> bool:

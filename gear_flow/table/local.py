@@ -244,16 +244,13 @@ class LocalTable(DatasetMethods):
     def _check_open(self):
         self._admission.check_open()
 
-    def _wait(self, kind: str, pred, timeout, what: str, deadline: tuple | None = None):
+    def _wait(self, kind: str, pred, timeout, what: str, reported: float | None = None):
         """Wait (holding ``self._cond``) until this call heads its kind's line and ``pred()``;
         raise on timeout or close.  The caller applies its admission, then ``_admission.done(kind)``.
-        ``deadline``: ``(monotonic time, the call's whole timeout)`` of a call waiting again."""
+        ``reported``: the timeout the error names (a call waiting again: its whole, not what was left)."""
         make = timeout_error(what, self.rate_limiter, lambda: self.size)
-        if deadline is not None:
-            left, whole = max(0.0, deadline[0] - time.monotonic()), deadline[1]
-            self._admission.wait(kind, pred, left, lambda _left: make(whole))
-            return
-        self._admission.wait(kind, pred, self.timeout if timeout is None else timeout, make)
+        timed_out = make if reported is None else (lambda _left: make(reported))
+        self._admission.wait(kind, pred, self.timeout if timeout is None else timeout, timed_out)
 
     @property
     def admitted_size(self) -> int:
@@ -572,8 +569,8 @@ class LocalTable(DatasetMethods):
         timeout = self.timeout if timeout is None else timeout
         start, what, after = time.monotonic(), f"a sample of {batch_size}", None
         while True:
-            deadline = None if after is None or timeout is None else (start + timeout, timeout)
-            size, short = self._sample_admitted(out, batch_size, length, boundary, columns, rng, timeout, deadline,
+            left = timeout if after is None or timeout is None else max(0.0, start + timeout - time.monotonic())
+            size, short = self._sample_admitted(out, batch_size, length, boundary, columns, rng, left, timeout,
                                                 what, after)  # fmt: skip
             if short is None:
                 break
@@ -586,10 +583,11 @@ class LocalTable(DatasetMethods):
             self._cond.notify_all()
         return out.batch(size)
 
-    def _sample_admitted(self, out, B, L, boundary, columns, rng, timeout, deadline, what, after) -> tuple:
+    def _sample_admitted(self, out, B, L, boundary, columns, rng, timeout, whole, what, after) -> tuple:
         """Admit and gather one batch: ``(size, None)``; or, when its items left cannot fill it
         (``max_times_sampled``), nothing taken and the admission given back, ``(None, (rows they could
-        give, inserts stored when it was admitted))``.  ``after``: admitted once more inserts are stored."""
+        give, inserts stored when it was admitted))``.  ``after``: admitted once more inserts are stored;
+        ``timeout`` what is left of the call's ``whole``."""
         adm = self._admission
         locks = [s.lock for s in self.shards]
         with self._cond:
@@ -598,7 +596,7 @@ class LocalTable(DatasetMethods):
                 lambda: (after is None or adm.arrivals > after) and self.rate_limiter.can_sample(B, self.size),
                 timeout,
                 what,
-                deadline,
+                None if after is None else whole,
             )
             self.rate_limiter.on_sample(B)
             adm.done("sample")
