@@ -341,6 +341,28 @@ def test_cli_info_and_list(client):
         t.close()
 
 
+def test_a_leased_batch_that_fails_is_never_reported_as_served(client):
+    """A batch served under the lease that fails after another thread's admission reported the lease's
+    batches (the interleaving a learner and a stream's thread hit when a worker was lost): it was not
+    served, so it is not counted, and no report of a negative count reaches the coordinator."""
+    t = DistributedTable.create(client, spec(), seed=12, name="lease-fail")
+    try:
+        t.insert([episode(i + 1, 30) for i in range(4)])
+        t.sample(8, 2)  # admitted by the coordinator, with a lease for the next batches
+        assert t._take_lease(8)  # this thread's next batch, under the lease ...
+        reported = t._admission_args(8, None)["done"]  # ... another thread's admission reports meanwhile ...
+        t._give_back(8, None)  # ... and the batch fails
+        assert reported == 0
+        served = 1
+        for _ in range(40):  # past the lease: admissions again, reporting what was served
+            t.sample(8, 2)
+            served += 1
+        t.flush()
+        assert t.info()["totals"]["sampled"] == 8 * served
+    finally:
+        t.close()
+
+
 def test_colocated_lease_counts_every_sample(client):
     w0 = sorted(client.nthreads())[0]
     t = DistributedTable.create(client, spec(), workers=[w0], seed=11, name="lease")  # both shards on one worker

@@ -230,11 +230,11 @@ class SamplingMixin:
                             raise self._redone_too_often() from None
                         raise
         except BaseException:
-            if leased:
-                self._give_back(batch_size, None)
-            elif adm is not None:  # (None: given back, not admitted again)
+            if not leased and adm is not None:  # (None: given back, not admitted again)
                 await self._coord("sample_finished", txn=adm["txn"], rollback=batch_size)
             raise
+        if leased:
+            self._count_leased(batch_size)
         if exclusive:
             await self._coord("sample_finished", txn=adm["txn"], expired=expired)
         elif expired:
@@ -351,8 +351,14 @@ class SamplingMixin:
             if size != n or left <= 0 or time.monotonic() - since > config.get("distributed.sample-lease-seconds"):
                 return False
             self._lease = (size, left - 1, since)
-            self._lease_done += n
             return True
+
+    def _count_leased(self, n: int) -> None:
+        """A batch of ``n`` served under the lease: reported with the next admission (or :meth:`flush`).
+        Counted once served, not when the lease is taken: a report sent meanwhile (another thread's
+        admission) must not carry a batch that then fails and is not served."""
+        with self._lease_lock:
+            self._lease_done += n
 
     def _sample_here(self, B, L, columns, boundary, timeout, out, rng):
         """A weighted sample whose shards are all this worker's own or behind lanes (:func:`routes`):
@@ -411,6 +417,8 @@ class SamplingMixin:
                 self._raise_lost_reply(*ex.lost_reply)
             return None  # the event loop's path retries it, or raises its error
         self.stats["in_thread"] += 1
+        if adm is None:
+            self._count_leased(B)
         if expired:
             self._coord_here("removed", k=sum(expired.values()), per_shard=expired)
         return self._served(out)
@@ -432,11 +440,9 @@ class SamplingMixin:
         raise lost_reply(addr, op, err) from err
 
     def _give_back(self, n: int, adm: dict | None) -> None:
-        """A batch of ``n`` admitted under the lease (``adm`` None) or by the coordinator was not served."""
-        if adm is None:
-            with self._lease_lock:
-                self._lease_done -= n
-        else:
+        """A batch of ``n`` admitted under the lease (``adm`` None: nothing counted yet) or by the
+        coordinator was not served."""
+        if adm is not None:
             self._coord_here("sample_finished", txn=adm["txn"], rollback=n)
 
     def _sample_all_here(self, B, L, boundary, columns, out, rng) -> dict:
