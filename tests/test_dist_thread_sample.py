@@ -4,7 +4,9 @@ A handle whose shards are all its own worker's or behind a lane (on its
 machine: mapped shared rings and a fast lane; elsewhere: a TCP lane) draws
 over blocking lane sockets and copies the windows in its own thread.  It must answer exactly as the event loop's path
 does (same plan, same draws, same rows, in order), count every draw once, and
-hand a sample it cannot finish to the event loop with nothing left behind.
+hand a sample it cannot finish to the event loop with nothing left behind.  A
+priority update that waits takes the same road (:mod:`gear_flow.distributed.thread_update`)
+and must set exactly what it was given, after any update stored before it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import pytest
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable
+from gear_flow.keys import decode
 
 
 def _spec(num_shards=2):
@@ -136,3 +139,74 @@ def test_a_colocated_learner_reads_its_own_shard_in_place_and_the_other_through_
     assert st["here"] == 10, st
     other = ("shared_bytes", "remote_bytes") if table.plane == "shared-memory" else ("remote_bytes", "shared_bytes")
     assert st["local_bytes"] > 0 and st[other[0]] > 0 and st[other[1]] == 0, st
+
+
+def _ratios(b, prio: dict, alpha: float = 0.8) -> None:
+    """Rows of ``b`` whose priorities ``prio`` knows: their probabilities stand as those priorities ** alpha."""
+    keys, p = b.keys.numpy(), b.probabilities.numpy()
+    rows = [r for r in range(len(keys)) if int(keys[r]) in prio]
+    assert len(rows) >= 2
+    w = np.array([prio[int(keys[r])] ** alpha for r in rows])
+    np.testing.assert_allclose(p[rows] / p[rows[0]], w / w[0], rtol=1e-9)
+
+
+def test_a_waiting_update_goes_from_the_learners_thread_and_sets_exactly_what_it_was_given(table):
+    """An update that waits is sent over the lanes from the caller's thread (no event loop), to both
+    workers; its result counts the keys gone as stale; the next samples draw by the new priorities."""
+    table.sample(8, 1)  # the lanes learnt, the masses kept
+    rng = np.random.default_rng(5)
+    prio: dict[int, float] = {}
+    here, sent = table.stats["updates_in_thread"], table.requests["update"]
+    for step in range(6):
+        keys = np.unique(table.sample(64, 1, rng=np.random.default_rng(step)).keys.numpy())
+        assert set(decode(keys)[0].tolist()) == {0, 1}, step  # both workers' shards
+        gone = keys[:2] if step == 3 else keys[:0]
+        if len(gone):
+            assert table.delete(gone).applied == 2
+        p = rng.uniform(0.1, 20.0, len(keys))
+        r = table.update_priorities(keys, p)
+        assert (r.applied, r.stale) == (len(keys) - len(gone), len(gone)), step
+        prio.update({int(k): float(v) for k, v in zip(keys, p) if k not in set(gone.tolist())})
+        for k in gone:
+            prio.pop(int(k), None)
+        _ratios(table.sample(512, 1, rng=np.random.default_rng(100 + step)), prio)
+    assert table.stats["updates_in_thread"] - here == 6  # every one of them from this thread ...
+    assert table.requests["update"] - sent >= 6  # ... as one request per worker holding its keys
+
+
+def test_a_waiting_update_after_stored_ones_keeps_their_order(table):
+    """Updates stored to ride along are sent first (the event loop's path), then the waiting one: a key
+    updated in both ends with the waiting update's priority."""
+    table.sample(8, 1)
+    keys = np.unique(table.sample(64, 1, rng=np.random.default_rng(1)).keys.numpy())
+    assert table.update_priorities(keys, 0.5, wait=False) is None  # stored
+    here = table.stats["updates_in_thread"]
+    p = np.linspace(1.0, 9.0, len(keys))
+    r = table.update_priorities(keys, p)
+    assert (r.applied, r.stale) == (len(keys), 0)
+    assert table.stats["updates_in_thread"] == here  # the stored ones first: through the event loop
+    _ratios(table.sample(512, 1, rng=np.random.default_rng(2)), {int(k): float(v) for k, v in zip(keys, p)})
+    r = table.update_priorities(keys, p[::-1])  # nothing stored now: from this thread
+    assert table.stats["updates_in_thread"] == here + 1 and r.applied == len(keys)
+    _ratios(table.sample(512, 1, rng=np.random.default_rng(3)), {int(k): float(v) for k, v in zip(keys, p[::-1])})
+
+
+def test_a_waiting_update_whose_lane_breaks_is_sent_again_through_the_event_loop(table, dist_client):
+    """The worker applied its part and the lane broke before the reply: the update is sent again (setting a
+    priority twice sets it once) through the event loop, and the caller gets its result, not an error."""
+    from lane_support import break_lane_after
+
+    from gear_flow.distributed.plugin import PLUGIN_NAME
+
+    table.sample(8, 1)
+    keys = np.unique(table.sample(64, 1, rng=np.random.default_rng(7)).keys.numpy())
+    addr = table.placement[int(decode(keys[:1])[0][0])]
+    dist_client.run(break_lane_after, "update", workers=[addr])
+    here = table.stats["updates_in_thread"]
+    p = np.linspace(0.2, 7.0, len(keys))
+    r = table.update_priorities(keys, p)
+    assert (r.applied, r.stale) == (len(keys), 0)
+    [[(op, ok)]] = dist_client.run(lambda dask_worker: dask_worker.plugins[PLUGIN_NAME].broke, workers=[addr]).values()
+    assert (op, ok) == ("update", True)  # it had been applied there before the lane broke
+    assert table.stats["updates_in_thread"] == here  # finished by the event loop's path
+    _ratios(table.sample(512, 1, rng=np.random.default_rng(8)), {int(k): float(v) for k, v in zip(keys, p)})

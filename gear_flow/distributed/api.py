@@ -182,7 +182,7 @@ class DistributedTable(
         self._lease_done = 0  # leased samples served, reported with the next admission
         #: bytes of windows gathered in-process (co-located), from shared memory, or received over the comm;
         #: bytes of inserted episodes written in-process, sent over the comm, or handed over in shared memory;
-        #: samples and inserts served in the caller's thread
+        #: samples, inserts and waiting priority updates served in the caller's thread
         self.stats = {
             "local_bytes": 0,
             "shared_bytes": 0,
@@ -194,6 +194,7 @@ class DistributedTable(
             "insert_remote_bytes": 0,
             "insert_shared_bytes": 0,
             "insert_in_thread": 0,
+            "updates_in_thread": 0,
             "deferred_stale": 0,
         }
         #: requests this handle sent to shard workers, by operation (the control plane's cost)

@@ -32,6 +32,7 @@ from ..table import planner
 from ..table.results import UpdateResult
 from ..table.validate import check_keys, check_priorities
 from .pending import PENDING_MAX
+from .thread_update import update_here
 from .transport import Retry
 
 #: workers an eviction may lose (degraded table) before it leaves the rest to the next insert's eviction
@@ -64,6 +65,16 @@ class EditsMixin:
             by[self.placement[int(s)]][int(s)] = seq[m]
             idx[self.placement[int(s)]][int(s)] = m
         return k, by, idx, int(np.isin(shard, list(self.lost)).sum())
+
+    def _grouped_update(self, keys: ArrayLike, priorities: ArrayLike | float) -> tuple:
+        """An update's keys checked and grouped by worker (:meth:`_group`), and its priorities checked
+        (one per key, or one for all); invalid input raises here, before anything is sent or stored."""
+        k, by, idx, on_lost = self._group(keys)
+        pr = check_priorities(priorities, len(k), "keys")
+        if pr is None:
+            raise SpecError("priorities must not be None")
+        self._cfg.check_priorities(pr)
+        return k, by, idx, on_lost, pr
 
     def update_priorities(
         self, keys: ArrayLike, priorities: ArrayLike | float, *, wait: bool = True
@@ -126,6 +137,9 @@ class EditsMixin:
         """
         if not wait and self.defer_priorities(keys, priorities):  # stored in this thread: no trip to the event loop
             return None
+        done = update_here(self, keys, priorities)  # sent from this thread when it can be
+        if done is not None:
+            return done
         return self._ctx.sync(self.update_priorities_async, keys, priorities, wait=wait)
 
     async def update_priorities_async(
@@ -157,11 +171,7 @@ class EditsMixin:
             if len(self._pending) > PENDING_MAX:
                 await self._send_pending()
             return None
-        k, by, idx, on_lost = self._group(keys)
-        pr = check_priorities(priorities, len(k), "keys")
-        if pr is None:
-            raise SpecError("priorities must not be None")
-        self._cfg.check_priorities(pr)
+        k, by, idx, on_lost, pr = self._grouped_update(keys, priorities)
         held = {i for s in by.values() for i in s}
         await self._hold_pending(held)  # keep this handle's updates in call order
         try:
@@ -180,7 +190,18 @@ class EditsMixin:
         if self._heap_ties and len(k):  # heap ties across shards follow the table-wide insert/update clock
             stamps = (await self._coord("stamps", n=len(k))) + np.arange(len(k), dtype=np.int64)
         plans = self._masses.plans()
-        calls = {
+        calls = self._update_calls(by, idx, pr, stamps, plans)
+        try:
+            res, errors = await self._on_workers(calls, partial=True)
+            on_lost += self._lost_keys(by, res, errors)
+        except BaseException:
+            self._masses.clear()
+            raise
+        return self._updated_all(k, res, plans, on_lost)
+
+    def _update_calls(self, by: dict, idx: dict, pr: np.ndarray, stamps: np.ndarray | None, plans: list) -> dict:
+        """The ``update`` request of each worker of ``by`` (its shards' seqs, their priorities ``pr[idx]``)."""
+        return {
             a: (
                 "update",
                 dict(
@@ -195,12 +216,9 @@ class EditsMixin:
             )
             for a, s in by.items()
         }
-        try:
-            res, errors = await self._on_workers(calls, partial=True)
-            on_lost += self._lost_keys(by, res, errors)
-        except BaseException:
-            self._masses.clear()
-            raise
+
+    def _updated_all(self, k: np.ndarray, res: dict, plans: list, on_lost: int) -> UpdateResult:
+        """Book the workers' replies ``res`` to an update of keys ``k``: masses kept; applied and stale."""
         for r in res.values():
             if isinstance(r, dict):
                 self._masses.update_many(plans, r["masses"])

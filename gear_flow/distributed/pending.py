@@ -17,8 +17,6 @@ from collections.abc import Iterable
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..errors import SpecError
-from ..table.validate import check_priorities
 from .transport import Retry
 
 #: stored ride-along updates (items) above which ``update_priorities(wait=False)`` sends them at once
@@ -288,11 +286,7 @@ class RideAlongMixin:
         was seen issued: then no worker can refuse it.  Invalid input raises
         here, before anything is stored.
         """
-        k, by, idx, on_lost = self._group(keys)
-        pr = check_priorities(priorities, len(k), "keys")
-        if pr is None:
-            raise SpecError("priorities must not be None")
-        self._cfg.check_priorities(pr)
+        k, by, idx, on_lost, pr = self._grouped_update(keys, priorities)
         if self._cfg.selection != "weighted" or self._heap_ties or not self._issued.covers(k):
             return False
         for a, s in by.items():

@@ -24,15 +24,16 @@ would count twice.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import wait
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ProtocolError
 from ..table import planner
 from .plugin import OPS
 from .protocol import VERSION
 from .remote_sample import OFF_LOOP_BYTES, RemoteSample, _copy_pool
-from .transport import reply_timeout
+from .transport import Context, reply_timeout
 
 if TYPE_CHECKING:
     from .api import DistributedTable
@@ -66,41 +67,12 @@ class ThreadSample(RemoteSample):
         raise NotHere
 
     def _exchange(self, batch: list, arrived) -> None:
-        """Run ``batch``'s requests: the lanes' sent first (their workers run them while this thread runs its
-        own worker's), then read; ``arrived(kind, worker, op, reply)`` is called as each reply is here, a
-        reply being ``(ok, value)`` or the error that broke its lane."""
-        ctx = self.t._ctx
-        far = [b for b in batch if b[0] != ctx.local_addr]
-        timeout = reply_timeout()
-        sent = ctx.lanes.send_all([(ctx.lanes.paths.get(a), op, args) for a, op, args, _ in far], VERSION, timeout)
-        try:
-            for a, op, args, kind in batch:
-                if a == ctx.local_addr:
-                    try:
-                        r = (True, OPS[op](ctx.local_plugin.host, **args))
-                    except Exception as e:  # noqa: BLE001 - answered as the worker would
-                        r = (False, e)
-                    arrived(kind, a, op, r)
-        except BaseException:
-            ctx.lanes.abandon(sent)
-            raise
+        """Run ``batch``'s requests (:func:`exchange`); windows coming from several workers are read (and
+        copied) at once, so that no worker waits for this thread to finish reading another's before its own
+        bytes can flow."""
+        far = [b for b in batch if b[0] != self.t._ctx.local_addr]
         heavy = [kind == "draw" and not args.get("geometry") for _, _, args, kind in far]
-        if sum(heavy) > 1 and self._reply_bytes(far) >= OFF_LOOP_BYTES:
-            # windows coming from several workers: read (and copy) them at once, so that no worker waits
-            # for this thread to finish reading another's before its own bytes can flow
-            def one(i):
-                a, op, _, kind = far[i]
-                arrived(kind, a, op, ctx.lanes.read_one(sent[i]))
-
-            futures = [_copy_pool().submit(one, i) for i in range(len(far))]
-            try:
-                for f in futures:
-                    f.result()
-            finally:  # nothing is read or copied into the batch once this returns
-                wait(futures)
-            return
-        for (a, op, _, kind), r in zip(far, ctx.lanes.read_all(sent)):
-            arrived(kind, a, op, r)
+        exchange(self.t._ctx, batch, arrived, sum(heavy) > 1 and self._reply_bytes(far) >= OFF_LOOP_BYTES)
 
     def _reply_bytes(self, far: list) -> int:
         """Bytes of windows the draws in ``far`` bring back."""
@@ -157,6 +129,53 @@ class ThreadSample(RemoteSample):
         if errors:  # undone by the caller; the event loop's path sends again (the kept masses still hold)
             raise errors[0]
         return None
+
+
+def exchange(ctx: Context, batch: list, arrived: Callable[[str, str, str, Any], None], parallel: bool = False) -> None:
+    """Run ``batch``'s requests from the caller's thread: those to other workers sent first over their lanes
+    (they run them while this thread runs its own worker's), then read.
+
+    Parameters
+    ----------
+    ctx : Context
+        The handle's context (its lanes, this process's worker).
+    batch : list of tuple
+        ``(worker, operation, arguments, kind)``; a worker with no lane
+        fails its request (:class:`~gear_flow.distributed.lane.NotSent`).
+    arrived : callable
+        ``arrived(kind, worker, operation, reply)`` as each reply is here, a
+        reply being ``(ok, value)`` or the exception that broke its lane.
+    parallel : bool, default False
+        Read the other workers' replies in threads at once (large replies).
+    """
+    far = [b for b in batch if b[0] != ctx.local_addr]
+    sent = ctx.lanes.send_all([(ctx.lanes.paths.get(a), op, args) for a, op, args, _ in far], VERSION, reply_timeout())
+    try:
+        for a, op, args, kind in batch:
+            if a == ctx.local_addr:
+                try:
+                    r = (True, OPS[op](ctx.local_plugin.host, **args))
+                except Exception as e:  # noqa: BLE001 - answered as the worker would
+                    r = (False, e)
+                arrived(kind, a, op, r)
+    except BaseException:
+        ctx.lanes.abandon(sent)
+        raise
+    if parallel:
+
+        def one(i):
+            a, op, _, kind = far[i]
+            arrived(kind, a, op, ctx.lanes.read_one(sent[i]))
+
+        futures = [_copy_pool().submit(one, i) for i in range(len(far))]
+        try:
+            for f in futures:
+                f.result()
+        finally:  # nothing is read or copied into the batch once this returns
+            wait(futures)
+        return
+    for (a, op, _, kind), r in zip(far, ctx.lanes.read_all(sent)):
+        arrived(kind, a, op, r)
 
 
 def routes(table: DistributedTable) -> bool:
