@@ -665,3 +665,56 @@ def test_an_insert_part_a_live_worker_does_not_answer_in_time_is_settled_by_the_
             assert info["size"] == info["coordinator_size"] == len(stored) + 1, info
         finally:
             t.close()
+
+
+def _refuse_first(op, dask_worker=None):
+    """This worker answers its next ``op`` request with an error, without running it (a request that did not
+    reach it); later ones are served."""
+    from gear_flow.errors import GearFlowError
+
+    plugin = dask_worker.plugins[PLUGIN_NAME]
+    plugin.refused = []
+
+    def wrapped(real):
+        async def serve(action, *args):
+            if action == op and not plugin.refused:
+                plugin.refused.append(action)
+                return False, GearFlowError(f"{op} did not arrive (injected)")
+            return await real(action, *args)
+
+        return serve
+
+    plugin.lane._serve, plugin.serve = wrapped(plugin.lane._serve), wrapped(plugin.serve)
+
+
+def _staged_here(name, dask_worker=None):
+    return len(dask_worker.plugins[PLUGIN_NAME].host.tables[name].staged)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-memory", "tcp-lane"])
+def test_a_staged_part_the_clients_abort_does_not_reach_is_aborted_by_the_coordinator(shared):
+    """An insert of one episode per shard: worker 0 refuses to stage its part, so the insert is aborted;
+    the client's abort does not reach worker 1, which staged its part.  The client names that worker to
+    the coordinator, which aborts the part there: nothing stays staged (a part left staged would keep
+    its episodes in the worker's memory for good), and the table goes on, its counts agreed."""
+    with own_cluster({"gear-flow.distributed.shared-memory": shared}) as client:
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), seed=0)
+        try:
+            t.insert(tagged([1]), shard=0)
+            t.insert(tagged([2]), shard=1)
+            assert t._route(np.ones(2, np.int64), None).tolist() == [0, 1]  # the next insert: one per shard
+            w0, w1 = t.placement[0], t.placement[1]
+            client.run(_refuse, "stage", workers=[w0])
+            client.run(_refuse_first, "abort", workers=[w1])
+            with pytest.raises(gf.GearFlowError, match="stage refused"):
+                t.insert(tagged([3, 4]))
+            wait_for(lambda: client.run(_staged_here, t.name, workers=[w1])[w1] == 0, "the staged part aborted", 30)
+            assert client.run(lambda dask_worker: dask_worker.plugins[PLUGIN_NAME].refused, workers=[w1])[w1] == [
+                "abort"
+            ]  # the client's abort was the one that did not arrive
+            info = t.info()
+            assert info["size"] == info["coordinator_size"] == 2 and info["rate_limiter"]["inserts"] == 2, info
+            t.insert(tagged([5]), shard=1)
+            assert sorted(set(t.sample(64)["tag"].numpy()[:, 0].tolist())) == [1, 2, 5]
+        finally:
+            t.close()

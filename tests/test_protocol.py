@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable, checkers, protocol, wire
+from gear_flow.distributed.transport import unwrap
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -150,6 +151,11 @@ def test_coordinator_counts_cannot_be_corrupted(dist_client, tables):
         refused(raw_coord(t, "commit_insert", name=t.name, txn="nope", items={0: 5}, evicted={}), "no insert")
         refused(raw_coord(t, "commit_insert", name=t.name, txn="nope", items={}, evicted={},
                           unsettled=["tcp://10.9.9.9:1"]), "hold no shard")  # fmt: skip
+        refused(raw_coord(t, "abort_insert", name=t.name, txn="nope", unreached="tcp://10.9.9.9:1"), "'unreached'")
+        refused(raw_coord(t, "abort_insert", name=t.name, txn="nope", unreached=[7]), "'unreached'")
+        # an insert not in flight: nothing given back, and no abort sent to the worker named
+        ok = raw_coord(t, "abort_insert", name=t.name, txn="nope", unreached=[t.placement[0]])
+        assert unwrap(ok) is False, ok
         refused(raw_coord(t, "mark_lost", name=t.name, shard=200), "field 'shard'")
         refused(raw_coord(t, "mark_lost", name=t.name, shard=5), "no shard 5")
         refused(raw_coord(t, "shard_restored", name=t.name, shard=99, worker="x", size=1, inserted=1), "no shard 99")

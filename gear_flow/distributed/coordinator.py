@@ -265,28 +265,52 @@ class GearFlowCoordinator(SchedulerPlugin):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _settle(self, g: TableGate, txn: str, addr: str, attempts: int = 8) -> None:
+    async def _settle(self, g: TableGate, txn: str, addr: str) -> None:
         """Find out what became of ``txn``'s part on ``addr``, which did not answer its apply in time, and
         count it: abort it there (an apply delivered later is refused), then ask whether it had been
         applied before; a worker gone meanwhile takes its shards' items with it."""
         shards = sorted(s for s in g.unsettled.get(txn, {}) if g.placement.get(s) == addr)
-        for attempt in range(attempts):
-            if addr not in self.scheduler.workers:  # gone: its shards are lost, and what it wrote with them
-                g.settle_late(txn, shards, {}, {})
-                return
-            try:
-                await self._worker_call(addr, "abort", name=g.name, txn=txn)
-                st = await self._status(g, addr, txn)
-            except Exception as e:  # noqa: BLE001 - not answered again: asked again, later
-                logger.info("table %r: settling insert %s on %s: %s", g.name, txn[:8], addr, e)
-                await asyncio.sleep(min(0.2 * 2**attempt, 10.0))
-                continue
+
+        async def step():
+            await self._worker_call(addr, "abort", name=g.name, txn=txn)
+            st = await self._status(g, addr, txn)
             res = st.get("result") or {}
             g.settle_late(txn, shards, res.get("items") or {}, res.get("evicted") or {})
             logger.info("table %r: insert %s settled on %s: %s", g.name, txn[:8], addr, st["state"])
-            return
-        logger.warning("table %r: insert %s's part on %s is still not known; its items are not counted", g.name,
-                       txn[:8], addr)  # fmt: skip
+
+        def gone():  # its shards are lost, and what it wrote with them
+            g.settle_late(txn, shards, {}, {})
+
+        if not await self._until_answered(g, addr, f"settling insert {txn[:8]}", step, gone):
+            logger.warning("table %r: insert %s's part on %s is still not known; its items are not counted",
+                           g.name, txn[:8], addr)  # fmt: skip
+
+    async def _abort_part(self, g: TableGate, txn: str, addr: str) -> None:
+        """Abort insert ``txn``'s part on ``addr``, which the client's (or a recovery's) abort did not reach:
+        a part left staged would keep its episodes in the worker's memory for good."""
+
+        async def step():
+            await self._worker_call(addr, "abort", name=g.name, txn=txn)
+            logger.info("table %r: insert %s's part on %s aborted", g.name, txn[:8], addr)
+
+        if not await self._until_answered(g, addr, f"aborting insert {txn[:8]}", step, lambda: None):
+            logger.warning("table %r: insert %s's part on %s could not be aborted; it stays staged there",
+                           g.name, txn[:8], addr)  # fmt: skip
+
+    async def _until_answered(self, g: TableGate, addr: str, what: str, step, gone, attempts: int = 8) -> bool:
+        """Run ``await step()`` until ``addr`` answers it (backing off between attempts), or ``gone()`` once
+        the scheduler no longer has the worker; False when ``attempts`` all failed."""
+        for attempt in range(attempts):
+            if addr not in self.scheduler.workers:
+                gone()
+                return True
+            try:
+                await step()
+                return True
+            except Exception as e:  # noqa: BLE001 - not answered again: asked again, later
+                logger.info("table %r: %s on %s: %s", g.name, what, addr, e)
+                await asyncio.sleep(min(0.2 * 2**attempt, 10.0))
+        return False
 
     async def _status(self, g: TableGate, addr: str, txn: str) -> dict:
         """What became of insert ``txn`` on ``addr`` (its ``status``), once it is no longer being written."""
@@ -296,8 +320,16 @@ class GearFlowCoordinator(SchedulerPlugin):
             st = await self._worker_call(addr, "status", name=g.name, txn=txn)
         return st
 
-    async def _abort_insert(self, name, txn):
-        return self._table(name).abort_insert(txn)
+    async def _abort_insert(self, name, txn, unreached=None):
+        """Give back an insert's admission; the parts on ``unreached`` workers (the client's abort did not
+        reach them) are aborted here, in the background (:meth:`_abort_part`)."""
+        g = self._table(name)
+        aborted = g.abort_insert(txn)
+        if aborted:  # only an insert in flight: nobody makes the coordinator send aborts of made-up txns
+            # (to workers holding the table's shards only: one that left, or whose shards moved, has no part)
+            for a in sorted(set(unreached or ()) & set(g.placement.values())):
+                self._spawn(self._abort_part(g, txn, a))
+        return aborted
 
     async def _admit_sample(self, name, n, timeout=None, done=0, lease=0, exclusive=False, owner="", after=None):
         """Admit a sample of ``n``; ``done`` counts leased samples already served.
@@ -474,8 +506,8 @@ class GearFlowCoordinator(SchedulerPlugin):
             for a in addrs:
                 try:
                     await self._worker_call(a, "abort", name=g.name, txn=t.txn)
-                except Exception:
-                    pass
+                except Exception:  # noqa: BLE001 - asked again in the background, until answered
+                    self._spawn(self._abort_part(g, t.txn, a))
             g.abort_insert(t.txn)
             logger.info("table %r: aborted insert %s of a departed client", g.name, t.txn)
 

@@ -40,8 +40,10 @@ from .checkers import (
 
 #: bumped whenever a message's meaning changes; both sides must agree (5: a take carries its sample's horizon;
 #: 6: a remover's candidates carry their seqs and a removal by slots spares slots written over since;
-#: 7: a weighted table with max_times_sampled draws item by item: ``sequences``, then a take checking seqs)
-VERSION = 8
+#: 7: a weighted table with max_times_sampled draws item by item: ``sequences``, then a take checking seqs;
+#: 8: a sample too large for the items left waits for arrivals, ``after``; 9: an insert's abort names the
+#: workers it did not reach, ``unreached``, and the coordinator aborts their parts)
+VERSION = 9
 
 SHARD = integer(0, 126)
 SEQS = int_array(0, (1 << 56) - 1)
@@ -191,7 +193,7 @@ COORDINATOR = {
         "evicted": PER_SHARD,
         "unsettled": optional(sequence(text(), 127)),
     },
-    "abort_insert": {"txn": TXN},
+    "abort_insert": {"txn": TXN, "unreached": optional(sequence(text(), 127))},
     "admit_sample": {
         "n": integer(1, 1 << 31),  # a batch: larger can never be served
         "timeout": TIMEOUT,

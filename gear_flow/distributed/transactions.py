@@ -223,11 +223,18 @@ class TransactionsMixin:
         return await self._coord("commit_insert", txn=txn, **commit_counts(res))
 
     async def _abort_insert(self, txn, addrs, cause) -> None:
-        await asyncio.gather(
+        """Abort insert ``txn`` on workers ``addrs``, then at the coordinator; the parts of workers this abort
+        did not reach are the coordinator's to abort (it asks them until they answer, or leave)."""
+        addrs = sorted(addrs)
+        got = await asyncio.gather(
             *(call(self._ctx, a, "abort", table=self.name, name=self.name, txn=txn) for a in addrs),
             return_exceptions=True,
         )
-        await self._coord("abort_insert", txn=txn)
+        unreached = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
+        if unreached:
+            await self._coord("abort_insert", txn=txn, unreached=unreached)
+        else:
+            await self._coord("abort_insert", txn=txn)
         lost = [a for a in addrs if isinstance(cause, WorkerLost) and cause.addr == a]
         if lost:
             try:
