@@ -10,6 +10,9 @@ and per way the messages travel: median ms of the pair (sample, then a
 waiting update) and its ratio to the cost with one worker; then the same step
 with the update riding on the next sample (``update_priorities(wait=False)``:
 one phase of requests per step).  Target (issue 11): 8 workers <= 3x one.
+The sweep over the worker counts runs ``--rounds`` times (3), one after the
+other, and each count reports the median of its rounds (every round is in the
+JSON).
 The ways: Dask's comm only (shared memory and TCP lanes off), the workers'
 TCP lanes (shared memory off: what a learner on another machine uses by
 default, ``gear_flow.distributed.lane``), and shared memory with the
@@ -103,15 +106,35 @@ def run(workers: int, B: int, repeat: int, items: int) -> dict:
     return out
 
 
+def _median_of(runs: list[dict]) -> dict:
+    """One worker count's runs from several sweeps: per plane the median of each time, and every round's.
+
+    The machine's speed drifts over minutes (a 2-core VM shared with others: the same sweep ran 3.9 and
+    5.6 ms at 8 workers a minute apart), and the ratio divides two clusters' times measured apart; the
+    sweeps run one after the other, so the drift weighs on every worker count alike.
+    """
+    out = {"workers": runs[0]["workers"]}
+    for plane in PLANES:
+        x = dict(runs[-1][plane])
+        for k in ("sample_ms", "update_ms", "pair_ms", "deferred_pair_ms"):
+            x[k] = float(np.median([r[plane][k] for r in runs]))
+        x["rounds"] = {k: [r[plane][k] for r in runs] for k in ("pair_ms", "deferred_pair_ms")}
+        out[plane] = x
+    return out
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--workers", default="1,2,4,8")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--repeat", type=int, default=200)
     p.add_argument("--items", type=int, default=20_000)
+    p.add_argument("--rounds", type=int, default=3, help="sweeps over the worker counts, one after the other")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    res = [run(int(w), args.batch_size, args.repeat, args.items) for w in args.workers.split(",")]
+    counts = [int(w) for w in args.workers.split(",")]
+    sweeps = [[run(w, args.batch_size, args.repeat, args.items) for w in counts] for _ in range(args.rounds)]
+    res = [_median_of([s[i] for s in sweeps]) for i in range(len(counts))]
     rows = []
     for r in res:
         row = {"workers": r["workers"], "target": f"<= {TARGET}" if r["workers"] == 8 else ""}
