@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import dask
 import numpy as np
 import pytest
 import torch
+from dist_support import wait_for
 from distributed import Client, LocalCluster
 from helpers import COLUMNS, Catalog, check_windows, chi2_critical, episode
 
@@ -358,7 +360,26 @@ def test_a_leased_batch_that_fails_is_never_reported_as_served(client):
             t.sample(8, 2)
             served += 1
         t.flush()
-        assert t.info()["totals"]["sampled"] == 8 * served
+        info = t.info()
+        assert info["rate_limiter"]["samples"] == info["totals"]["sampled"] == 8 * served, info
+    finally:
+        t.close()
+
+
+def test_the_leased_samples_of_a_dropped_handle_are_counted(client):
+    """A handle dropped without flush or close (a task that samples a few batches and returns): the
+    batches it served under its lease still reach the table's count, reported once it is collected."""
+    t = DistributedTable.create(client, spec(), seed=13, name="lease-drop")
+    try:
+        t.insert([episode(i + 1, 30) for i in range(4)])
+        h = DistributedTable.attach("lease-drop", client=client, seed=1)
+        for _ in range(5):
+            h.sample(8, 2)
+        info = t.info()  # the workers drew 40; the coordinator counted the first batch (the other 4: its lease)
+        assert info["totals"]["sampled"] == 40 and info["rate_limiter"]["samples"] == 8, info
+        del h
+        gc.collect()
+        wait_for(lambda: t.info()["rate_limiter"]["samples"] == 40, "the dropped handle's leased samples counted")
     finally:
         t.close()
 

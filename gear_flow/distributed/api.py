@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import weakref
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,7 @@ from .checkpoints import CheckpointMixin
 from .construction import ConstructionMixin, workers_with_resource
 from .edits import EditsMixin
 from .info import InfoMixin
+from .leases import LeasedSamples, report_dropped
 from .pending import RideAlongMixin
 from .plumbing import PlumbingMixin
 from .sampling import SamplingMixin
@@ -179,7 +181,9 @@ class DistributedTable(
         self._version = state.get("version", 0)
         self._lease = (0, 0, 0.0)  # (batch size, batches left, granted at)
         self._lease_lock = threading.Lock()
-        self._lease_done = 0  # leased samples served, reported with the next admission
+        #: leased samples served, reported with the next admission; if this handle is dropped first, then
+        self._leased = LeasedSamples()
+        weakref.finalize(self, report_dropped, ctx, name, self._leased).atexit = False
         #: bytes of windows gathered in-process (co-located), from shared memory, or received over the comm;
         #: bytes of inserted episodes written in-process, sent over the comm, or handed over in shared memory;
         #: samples, inserts and waiting priority updates served in the caller's thread

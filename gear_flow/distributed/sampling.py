@@ -291,8 +291,7 @@ class SamplingMixin:
         return self._admitted(n, adm)
 
     def _admission_args(self, n: int, timeout: float | None) -> dict:
-        with self._lease_lock:
-            done, self._lease_done = self._lease_done, 0
+        done = self._leased.take()
         return dict(
             n=n,
             timeout=self.timeout if timeout is None else timeout,
@@ -357,8 +356,7 @@ class SamplingMixin:
         """A batch of ``n`` served under the lease: reported with the next admission (or :meth:`flush`).
         Counted once served, not when the lease is taken: a report sent meanwhile (another thread's
         admission) must not carry a batch that then fails and is not served."""
-        with self._lease_lock:
-            self._lease_done += n
+        self._leased.add(n)
 
     def _sample_here(self, B, L, columns, boundary, timeout, out, rng):
         """A weighted sample whose shards are all this worker's own or behind lanes (:func:`routes`):
@@ -472,8 +470,7 @@ class SamplingMixin:
         """Send stored priority updates (``update_priorities(wait=False)``) and report samples served
         under a lease to the coordinator now (``info()`` then counts them)."""
         self._ctx.sync(self._send_pending)
-        with self._lease_lock:
-            done, self._lease_done = self._lease_done, 0
+        done = self._leased.take()
         if done:
             self._coord_here("count_samples", n=done)
 
