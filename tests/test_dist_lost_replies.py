@@ -692,11 +692,14 @@ def _staged_here(name, dask_worker=None):
 
 
 @pytest.mark.parametrize("shared", [True, False], ids=["shared-memory", "tcp-lane"])
-def test_a_staged_part_the_clients_abort_does_not_reach_is_aborted_by_the_coordinator(shared):
-    """An insert of one episode per shard: worker 0 refuses to stage its part, so the insert is aborted;
-    the client's abort does not reach worker 1, which staged its part.  The client names that worker to
-    the coordinator, which aborts the part there: nothing stays staged (a part left staged would keep
-    its episodes in the worker's memory for good), and the table goes on, its counts agreed."""
+@pytest.mark.parametrize("op", ["stage", "apply"])
+def test_a_staged_part_the_clients_abort_does_not_reach_is_aborted_by_the_coordinator(shared, op):
+    """An insert of one episode per shard.  ``stage``: worker 0 refuses to stage its part, so the insert is
+    aborted, and the client's abort does not reach worker 1, which staged its part.  ``apply``: worker 1
+    refuses to apply its part (the rest is stored and committed), and the client's abort of that part
+    does not reach it.  Either way the client names worker 1 to the coordinator, which aborts the part
+    there: nothing stays staged (a part left staged would keep its episodes in the worker's memory for
+    good), and the table goes on, its counts agreed."""
     with own_cluster({"gear-flow.distributed.shared-memory": shared}) as client:
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), seed=0)
         try:
@@ -704,17 +707,19 @@ def test_a_staged_part_the_clients_abort_does_not_reach_is_aborted_by_the_coordi
             t.insert(tagged([2]), shard=1)
             assert t._route(np.ones(2, np.int64), None).tolist() == [0, 1]  # the next insert: one per shard
             w0, w1 = t.placement[0], t.placement[1]
-            client.run(_refuse, "stage", workers=[w0])
+            client.run(_refuse, op, workers=[w0 if op == "stage" else w1])
             client.run(_refuse_first, "abort", workers=[w1])
-            with pytest.raises(gf.GearFlowError, match="stage refused"):
+            with pytest.raises(gf.GearFlowError, match=f"{op} refused"):
                 t.insert(tagged([3, 4]))
             wait_for(lambda: client.run(_staged_here, t.name, workers=[w1])[w1] == 0, "the staged part aborted", 30)
             assert client.run(lambda dask_worker: dask_worker.plugins[PLUGIN_NAME].refused, workers=[w1])[w1] == [
                 "abort"
             ]  # the client's abort was the one that did not arrive
+            stored = [1, 2] if op == "stage" else [1, 2, 3]
             info = t.info()
-            assert info["size"] == info["coordinator_size"] == 2 and info["rate_limiter"]["inserts"] == 2, info
-            t.insert(tagged([5]), shard=1)
-            assert sorted(set(t.sample(64)["tag"].numpy()[:, 0].tolist())) == [1, 2, 5]
+            assert info["size"] == info["coordinator_size"] == len(stored), info
+            assert info["rate_limiter"]["inserts"] == len(stored), info
+            t.insert(tagged([5]), shard=0)
+            assert sorted(set(t.sample(64)["tag"].numpy()[:, 0].tolist())) == stored + [5]
         finally:
             t.close()

@@ -153,6 +153,8 @@ def test_coordinator_counts_cannot_be_corrupted(dist_client, tables):
                           unsettled=["tcp://10.9.9.9:1"]), "hold no shard")  # fmt: skip
         refused(raw_coord(t, "abort_insert", name=t.name, txn="nope", unreached="tcp://10.9.9.9:1"), "'unreached'")
         refused(raw_coord(t, "abort_insert", name=t.name, txn="nope", unreached=[7]), "'unreached'")
+        refused(raw_coord(t, "commit_insert", name=t.name, txn="nope", items={}, evicted={}, unreached=[7]),
+                "'unreached'")  # fmt: skip
         # an insert not in flight: nothing given back, and no abort sent to the worker named
         ok = raw_coord(t, "abort_insert", name=t.name, txn="nope", unreached=[t.placement[0]])
         assert unwrap(ok) is False, ok

@@ -249,15 +249,17 @@ class GearFlowCoordinator(SchedulerPlugin):
         w = g.request("insert", n, owner or "", episodes=episodes, per_shard=per_shard or {})
         return await self._wait(g, w, timeout, f"an insert of {n} items")
 
-    async def _commit_insert(self, name, txn, items, evicted, unsettled=None):
+    async def _commit_insert(self, name, txn, items, evicted, unsettled=None, unreached=None):
         """Commit what was written; the parts of ``unsettled`` workers (they did not answer their apply in
-        time) are settled here, in the background (:meth:`_settle`)."""
+        time) are settled here, in the background (:meth:`_settle`), and those of ``unreached`` ones (they
+        refused to apply them, and did not answer their abort) aborted (:meth:`_abort_parts`)."""
         g = self._table(name)
         g.check_commit(txn, items or {}, evicted or {}, unsettled or [])
         g.commit_insert(txn, items or {}, evicted or {}, tuple(unsettled or ()))
         for a in sorted(set(unsettled or ())):
             if txn in g.unsettled:
                 self._spawn(self._settle(g, txn, a))
+        self._abort_parts(g, txn, unreached)
         return g.size
 
     def _spawn(self, coro) -> None:
@@ -326,10 +328,14 @@ class GearFlowCoordinator(SchedulerPlugin):
         g = self._table(name)
         aborted = g.abort_insert(txn)
         if aborted:  # only an insert in flight: nobody makes the coordinator send aborts of made-up txns
-            # (to workers holding the table's shards only: one that left, or whose shards moved, has no part)
-            for a in sorted(set(unreached or ()) & set(g.placement.values())):
-                self._spawn(self._abort_part(g, txn, a))
+            self._abort_parts(g, txn, unreached)
         return aborted
+
+    def _abort_parts(self, g: TableGate, txn: str, addrs) -> None:
+        """Abort ``txn``'s parts on workers ``addrs`` in the background (:meth:`_abort_part`); only on
+        workers that hold the table's shards (one that left, or whose shards moved, has no part)."""
+        for a in sorted(set(addrs or ()) & set(g.placement.values())):
+            self._spawn(self._abort_part(g, txn, a))
 
     async def _admit_sample(self, name, n, timeout=None, done=0, lease=0, exclusive=False, owner="", after=None):
         """Admit a sample of ``n``; ``done`` counts leased samples already served.

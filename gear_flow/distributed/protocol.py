@@ -41,8 +41,8 @@ from .checkers import (
 #: bumped whenever a message's meaning changes; both sides must agree (5: a take carries its sample's horizon;
 #: 6: a remover's candidates carry their seqs and a removal by slots spares slots written over since;
 #: 7: a weighted table with max_times_sampled draws item by item: ``sequences``, then a take checking seqs;
-#: 8: a sample too large for the items left waits for arrivals, ``after``; 9: an insert's abort names the
-#: workers it did not reach, ``unreached``, and the coordinator aborts their parts)
+#: 8: a sample too large for the items left waits for arrivals, ``after``; 9: an insert's abort or commit
+#: names the workers whose parts its abort did not reach, ``unreached``, and the coordinator aborts them)
 VERSION = 9
 
 SHARD = integer(0, 126)
@@ -192,6 +192,7 @@ COORDINATOR = {
         "items": PER_SHARD,
         "evicted": PER_SHARD,
         "unsettled": optional(sequence(text(), 127)),
+        "unreached": optional(sequence(text(), 127)),
     },
     "abort_insert": {"txn": TXN, "unreached": optional(sequence(text(), 127))},
     "admit_sample": {

@@ -163,14 +163,16 @@ class TransactionsMixin:
         lost = [a for a, r in zip(addrs, got) if isinstance(r, WorkerLost)]
         failed = [(a, r) for a, r in zip(addrs, got) if isinstance(r, BaseException) and not isinstance(r, WorkerLost)]
         silent = [a for a, e in failed if isinstance(e, NotAnswered)]  # they may still apply: settled later
-        size = await self._commit(txn, res, silent)
-        stored = "the rest of the insert was stored" if res else "nothing of the insert was stored"
         refused = [a for a, e in failed if not isinstance(e, NotAnswered)]
+        unreached = []
         if refused:  # a part a worker that answered still keeps staged is forgotten (committed without it)
-            await asyncio.gather(
+            gone = await asyncio.gather(
                 *(call(self._ctx, a, "abort", table=self.name, name=self.name, txn=txn) for a in refused),
                 return_exceptions=True,
             )
+            unreached = [a for a, r in zip(refused, gone) if isinstance(r, BaseException)]  # the coordinator's
+        size = await self._commit(txn, res, silent, unreached)
+        stored = "the rest of the insert was stored" if res else "nothing of the insert was stored"
         if failed and not lost:  # a live worker's answer, or its silence: its shards stay (and so do its items)
             if size > self.spec.max_size:
                 await self._evict_excess(size)
@@ -216,11 +218,11 @@ class TransactionsMixin:
         """
         await self._abort_insert(txn, sorted(addrs), cause)
 
-    async def _commit(self, txn, res: dict, unsettled=()) -> int:
-        """Commit what ``res`` says was written; ``unsettled`` workers' parts the coordinator settles."""
-        if unsettled:
-            return await self._coord("commit_insert", txn=txn, unsettled=sorted(unsettled), **commit_counts(res))
-        return await self._coord("commit_insert", txn=txn, **commit_counts(res))
+    async def _commit(self, txn, res: dict, unsettled=(), unreached=()) -> int:
+        """Commit what ``res`` says was written; ``unsettled`` workers' parts the coordinator settles, and
+        aborts ``unreached`` ones (refused, their abort not answered either)."""
+        extra = {k: sorted(v) for k, v in (("unsettled", unsettled), ("unreached", unreached)) if v}
+        return await self._coord("commit_insert", txn=txn, **extra, **commit_counts(res))
 
     async def _abort_insert(self, txn, addrs, cause) -> None:
         """Abort insert ``txn`` on workers ``addrs``, then at the coordinator; the parts of workers this abort
