@@ -723,3 +723,36 @@ def test_a_staged_part_the_clients_abort_does_not_reach_is_aborted_by_the_coordi
             assert sorted(set(t.sample(64)["tag"].numpy()[:, 0].tolist())) == stored + [5]
         finally:
             t.close()
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-memory", "tcp-lane"])
+def test_a_waiting_update_a_live_worker_does_not_answer_in_time_fails_once(shared):
+    """A waiting update sent from the caller's thread whose reply does not come within the reply timeout
+    (the worker, alive, holds it): the update fails saying so after that one wait, as on the event loop's
+    path, rather than being sent again to wait as long once more; the next update goes from the thread."""
+    import time
+
+    from gear_flow.keys import decode
+
+    cfg = {"gear-flow.distributed.rpc-timeout": 2, "gear-flow.distributed.rpc-retries": 0,
+           "gear-flow.distributed.shared-memory": shared}  # fmt: skip
+    with own_cluster(cfg) as client:
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), sampler=gf.Prioritized(),
+                                    seed=0)  # fmt: skip
+        try:
+            t.insert(tagged([1]), shard=0)
+            t.insert(tagged([2]), shard=1)
+            keys = np.unique(t.sample(32).keys.numpy())  # the lanes learnt, the masses kept
+            assert set(decode(keys)[0].tolist()) == {0, 1}
+            slow = t.placement[1]
+            client.run(_hold_each, ["update"], workers=[slow])
+            here = t.stats["updates_in_thread"]
+            t0 = time.monotonic()
+            with pytest.raises(gf.GearFlowError, match=f"worker {slow} did not answer 'update' within 2 s"):
+                t.update_priorities(keys, 5.0)
+            assert time.monotonic() - t0 < 4  # one wait of 2 s
+            client.run(_release_op, "update", workers=[slow])
+            r = t.update_priorities(keys, 7.0)
+            assert (r.applied, r.stale) == (2, 0) and t.stats["updates_in_thread"] == here + 1
+        finally:
+            t.close()

@@ -384,6 +384,27 @@ def test_the_leased_samples_of_a_dropped_handle_are_counted(client):
         t.close()
 
 
+def test_leased_samples_an_admission_reported_are_kept_when_it_is_never_granted(client):
+    """An admission that times out was never granted, so the leased batches it reported were not
+    counted: the handle keeps them for its next admission, which counts them."""
+    t = DistributedTable.create(client, spec(), seed=14, name="lease-refused", rate_limiter=gf.MinSize(60))
+    try:
+        r = t.insert([episode(i + 1, 30) for i in range(4)])  # 120 items
+        for _ in range(3):
+            t.sample(8, 1)  # the first admitted (with a lease), the next two under it
+        keys = np.concatenate([k + np.arange(30) for k in r.first_keys])
+        assert t.delete(keys[:70]).applied == 70  # 50 left: below MinSize(60), samples wait
+        with pytest.raises(gf.RateLimitTimeout):
+            t.sample(4, 1, timeout=0.3)  # another size: no lease; reports the 16, never granted
+        t.insert([episode(9, 30)])  # 80
+        t.sample(4, 1)
+        t.flush()
+        info = t.info()
+        assert info["rate_limiter"]["samples"] == info["totals"]["sampled"] == 3 * 8 + 4, info
+    finally:
+        t.close()
+
+
 def test_colocated_lease_counts_every_sample(client):
     w0 = sorted(client.nthreads())[0]
     t = DistributedTable.create(client, spec(), workers=[w0], seed=11, name="lease")  # both shards on one worker

@@ -94,7 +94,8 @@ def test_ordered_samples_see_only_the_committed_prefix():
         g = _gate(gf.MinSize(1), sampler=gf.Fifo())
         old = g.request("insert", 2, "p1").fut.result()
         new = g.request("insert", 2, "p2").fut.result()
-        g.commit_insert(new["txn"], {1: 2}, {})
+        assert g.commit_insert(new["txn"], {1: 2}, {})
+        assert not g.commit_insert(new["txn"], {1: 2}, {})  # a repeat (kept behind the older one): ignored
         assert (g.size, g.visible, g.horizon) == (2, 0, old["first_stamp"])
         s = g.request("sample", 1, "c")
         assert granted([s]) == [False]  # nothing before the horizon yet

@@ -255,11 +255,11 @@ class GearFlowCoordinator(SchedulerPlugin):
         refused to apply them, and did not answer their abort) aborted (:meth:`_abort_parts`)."""
         g = self._table(name)
         g.check_commit(txn, items or {}, evicted or {}, unsettled or [])
-        g.commit_insert(txn, items or {}, evicted or {}, tuple(unsettled or ()))
-        for a in sorted(set(unsettled or ())):
-            if txn in g.unsettled:
-                self._spawn(self._settle(g, txn, a))
-        self._abort_parts(g, txn, unreached)
+        if g.commit_insert(txn, items or {}, evicted or {}, tuple(unsettled or ())):  # (a repeat: nothing sent)
+            for a in sorted(set(unsettled or ())):
+                if txn in g.unsettled:
+                    self._spawn(self._settle(g, txn, a))
+            self._abort_parts(g, txn, unreached)
         return g.size
 
     def _spawn(self, coro) -> None:

@@ -349,7 +349,7 @@ class TableGate(GateChecks):
         }
 
     # -- insert transactions -----------------------------------------------------------------------------
-    def commit_insert(self, txn: str, items: dict, evicted: dict, unsettled: tuple[str, ...] = ()) -> None:
+    def commit_insert(self, txn: str, items: dict, evicted: dict, unsettled: tuple[str, ...] = ()) -> bool:
         """The insert is stored: count it and serve waiters (a second commit is ignored).
 
         Items routed to a shard but not written (lost before the apply) are
@@ -367,10 +367,16 @@ class TableGate(GateChecks):
             ``{shard: items overwritten by it}`` (the ring's eviction).
         unsettled : tuple of str, default ()
             Workers whose part's outcome is not known yet.
+
+        Returns
+        -------
+        bool
+            True when committed now; False for an insert unknown or committed
+            already (nothing changes).
         """
         t = self.txns.get(txn)
         if t is None or t.committed:
-            return
+            return False
         t.committed = True
         self._count_written(items, evicted)
         # items routed to a shard but never written (lost before the apply): the limiter forgets them
@@ -389,6 +395,7 @@ class TableGate(GateChecks):
                 self.unsettled.pop(next(iter(self.unsettled)))
         self._trim()
         self.arrived()
+        return True
 
     def _count_written(self, items: dict, evicted: dict) -> None:
         """Count ``items`` written (and ``evicted`` by them) per shard in the sizes and the limiter's deletes."""

@@ -105,7 +105,8 @@ class MassCache:
         list of dict
             ``[{"length": int, "boundary": str}, ...]``, one per cached plan.
         """
-        return [{"length": int(L), "boundary": b} for (k, L, b) in self.values if k == "sampler"]
+        # a copy first: a caller's thread reads this while the event loop may store masses
+        return [{"length": int(L), "boundary": b} for (k, L, b) in list(self.values) if k == "sampler"]
 
     def update_many(self, plans: list[dict], got: list[dict]) -> None:
         """Masses an ``update`` reply gave for ``plans`` (same order).

@@ -32,6 +32,10 @@ from .transport import Retry, lost_reply, not_answered, reply_timeout, worker_al
 _ATTEMPTS = 8
 logger = logging.getLogger(__name__)
 
+#: the coordinator's answers to an admission that was never granted (the limiter counted nothing of it):
+#: it did not come in time, its client went away, or it was refused at once
+REFUSED = (RateLimitTimeout, SpecError)
+
 
 class SamplingMixin:
     """Sampling methods of :class:`~gear_flow.distributed.DistributedTable`."""
@@ -263,7 +267,11 @@ class SamplingMixin:
         args = self._admission_args(n, timeout)
         if after is not None:
             args["after"] = after
-        adm = await self._coord("admit_sample", **args)
+        try:
+            adm = await self._coord("admit_sample", **args)
+        except REFUSED:  # never granted, so the leased samples it reported were not counted: kept for the next
+            self._leased.add(args["done"])
+            raise
         try:
             await self._refresh(adm["version"])
         except BaseException:  # granted, and never served: given back (an exclusive hold would block the table)
@@ -278,7 +286,11 @@ class SamplingMixin:
         """:meth:`_admit` from the caller's thread (over the coordinator's lane when found)."""
         args = self._admission_args(n, timeout)
         args["timeout"] = self._admission_wait(args["timeout"])  # the request's own: both ends give up together
-        adm = self._coord_here("admit_sample", wait=args["timeout"], **args)
+        try:
+            adm = self._coord_here("admit_sample", wait=args["timeout"], **args)
+        except REFUSED:  # as in _admit
+            self._leased.add(args["done"])
+            raise
         if adm["version"] != self._version:
             try:
                 self._ctx.sync(self._refresh, adm["version"])

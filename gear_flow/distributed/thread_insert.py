@@ -132,9 +132,10 @@ class ThreadInsertsMixin:
 
     async def _again(self, broken: list[str], step, *args):
         """``await step(*args)`` on the event loop once the lanes of ``broken`` are dropped: a lane that failed
-        is not used again, its requests go over the comm (as when it fails on the event loop's path)."""
+        is not used again, its requests go over the comm (as when it fails on the event loop's path); for an
+        insert's steps and a waiting priority update (:mod:`.thread_update`)."""
         for a in broken:
-            logger.info("table %r: the lane to %s failed during an insert; using the comm", self.name, a)
+            logger.info("table %r: the lane to %s failed; using the comm", self.name, a)
             self._ctx.lanes.drop(a)
         return await step(*args)
 

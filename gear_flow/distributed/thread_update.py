@@ -15,9 +15,11 @@ heap ties to stamp from the table-wide clock, no updates stored to ride
 along first, every key seen issued unless one worker holds them all (that
 worker then refuses unknown keys on its own, all or nothing), every worker
 reachable from this thread.  An ``update`` is safe to send twice (it sets
-priorities), so a request whose lane broke is sent again through the event
-loop, which reaches the worker over the comm; a worker's refusal is raised
-as on the event loop's path.
+priorities), so a request whose lane broke is sent again over the comm,
+from the event loop, once that lane is dropped; one whose reply did not come
+in time (as long as the event loop's path waits) fails the update if the
+worker is still there, as it would on that path; a worker's refusal is
+raised as on that path.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from typing import TYPE_CHECKING
 
 from numpy.typing import ArrayLike
 
+from .. import config
 from ..table.results import UpdateResult
 from .thread_sample import exchange, routes
+from .transport import not_answered, reply_timeout, worker_alive
 
 if TYPE_CHECKING:
     from .api import DistributedTable
@@ -65,14 +69,17 @@ def update_here(t: DistributedTable, keys: ArrayLike, priorities: ArrayLike | fl
     held = {i for s in by.values() for i in s}
     if not t._pending.hold(held):  # a ride-along of these shards in flight: the event loop's path waits for it
         return None
+    handed = False  # the hold is released by the resend on the event loop (it may outlast this call)
     try:
         plans = t._masses.plans()
         calls = t._update_calls(by, idx, pr, None, plans)
-        res, errors, broken = {}, [], {}
+        res, errors, broken, timed_out = {}, [], {}, []
 
         def arrived(kind, a, op, r):
-            if isinstance(r, BaseException):  # its lane broke: sent again below
+            if isinstance(r, BaseException):  # its lane broke, or no reply came in time: see below
                 broken[a] = calls[a]
+                if isinstance(r, TimeoutError):
+                    timed_out.append(a)
             elif r[0]:
                 res[a] = r[1]
             else:
@@ -82,16 +89,33 @@ def update_here(t: DistributedTable, keys: ArrayLike, priorities: ArrayLike | fl
             t.requests[op] += 1
         try:
             exchange(ctx, [(a, op, args, "upd") for a, (op, args) in calls.items()], arrived)
-            if broken:
-                more, errs = ctx.sync(t._on_workers, broken, True)
+            hung = {}
+            for a in timed_out:  # waited as long as the event loop's path waits: a live worker fails the update
+                alive = ctx.sync(worker_alive, ctx, t.name, a, float(config.get("distributed.rpc-timeout")))
+                if alive is not False:
+                    hung[a] = not_answered(a, "update", reply_timeout(), known=alive is not None)
+                    del broken[a]
+            if broken:  # sent again over the comm (a worker removed meanwhile is found lost there)
+                handed = True
+                more, errs = ctx.sync(_resend, t, held, broken)
                 res.update(more)
                 errors += errs
-            on_lost += t._lost_keys(by, res, errors)
+            on_lost += t._lost_keys(by, res, errors + list(hung.values()))
         except BaseException:
             t._masses.clear()
             raise
         if not broken:
             t.stats["updates_in_thread"] += 1
         return t._updated_all(k, res, plans, on_lost)
+    finally:
+        if not handed:
+            t._pending.release(held)
+
+
+async def _resend(t: DistributedTable, held: set[int], calls: dict) -> tuple[dict, list]:
+    """The ``update`` requests ``calls`` whose lanes failed, sent again over the comm once those lanes are
+    dropped; then the hold of ``held`` ends, here on the event loop, however the caller's wait ends."""
+    try:
+        return await t._again(sorted(calls), t._on_workers, calls, True)
     finally:
         t._pending.release(held)
