@@ -256,8 +256,8 @@ class GearFlowCoordinator(SchedulerPlugin):
         g = self._table(name)
         g.check_commit(txn, items or {}, evicted or {}, unsettled or [])
         if g.commit_insert(txn, items or {}, evicted or {}, tuple(unsettled or ())):  # (a repeat: nothing sent)
-            for a in sorted(set(unsettled or ())):
-                if txn in g.unsettled:
+            if txn in g.unsettled:
+                for a in sorted(set(unsettled or ())):
                     self._spawn(self._settle(g, txn, a))
             self._abort_parts(g, txn, unreached)
         return g.size

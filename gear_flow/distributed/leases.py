@@ -18,6 +18,8 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+from .transport import coord
+
 if TYPE_CHECKING:
     from .transport import Context
 
@@ -85,8 +87,6 @@ def report_dropped(ctx: Context, name: str, leased: LeasedSamples) -> None:
         return
 
     async def report() -> None:
-        from .transport import coord
-
         try:
             await coord(ctx, "count_samples", name, n=n)
         except Exception as e:  # noqa: BLE001 - the table closed, or the scheduler went away

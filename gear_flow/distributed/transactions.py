@@ -221,8 +221,8 @@ class TransactionsMixin:
     async def _commit(self, txn, res: dict, unsettled=(), unreached=()) -> int:
         """Commit what ``res`` says was written; ``unsettled`` workers' parts the coordinator settles, and
         aborts ``unreached`` ones (refused, their abort not answered either)."""
-        extra = {k: sorted(v) for k, v in (("unsettled", unsettled), ("unreached", unreached)) if v}
-        return await self._coord("commit_insert", txn=txn, **extra, **commit_counts(res))
+        return await self._coord("commit_insert", txn=txn, unsettled=sorted(unsettled) or None,
+                                 unreached=sorted(unreached) or None, **commit_counts(res))  # fmt: skip
 
     async def _abort_insert(self, txn, addrs, cause) -> None:
         """Abort insert ``txn`` on workers ``addrs``, then at the coordinator; the parts of workers this abort
@@ -233,10 +233,7 @@ class TransactionsMixin:
             return_exceptions=True,
         )
         unreached = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
-        if unreached:
-            await self._coord("abort_insert", txn=txn, unreached=unreached)
-        else:
-            await self._coord("abort_insert", txn=txn)
+        await self._coord("abort_insert", txn=txn, unreached=unreached or None)
         lost = [a for a in addrs if isinstance(cause, WorkerLost) and cause.addr == a]
         if lost:
             try:
