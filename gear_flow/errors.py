@@ -210,6 +210,29 @@ class ShardLostError(GearFlowError, RuntimeError):
         return (type(self), (self.shard, self.detail, self.stored))
 
 
+class ShardMovedError(GearFlowError, RuntimeError):
+    """A request reached a worker its shards have left (handed to another worker), or one that took shards
+    at a newer placement than the request's; the handle looks the placement up and sends it again.
+
+    Raised to a caller only when a request was redone too often while shards kept moving.
+
+    Parameters
+    ----------
+    epoch : int
+        The placement version the worker's shards are at; kept as ``.epoch``.
+    detail : str, default ""
+        Which table and worker; kept as ``.detail``.
+    """
+
+    def __init__(self, epoch: int, detail: str = ""):
+        self.epoch = int(epoch)
+        self.detail = detail
+        super().__init__(f"shards moved (placement version {self.epoch})" + (f": {detail}" if detail else ""))
+
+    def __reduce__(self):
+        return (type(self), (self.epoch, self.detail))
+
+
 class CoordinatorLostError(GearFlowError, ConnectionError):
     """The scheduler (which coordinates distributed tables) cannot be reached."""
 

@@ -18,7 +18,19 @@ from gear_flow.errors import SpecError
 from gear_flow.spec import TableSpec
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMANDS = ("local", "list", "info", "create", "ingest", "sample", "drop", "checkpoint", "restore-shard", "bench")
+COMMANDS = (
+    "local",
+    "list",
+    "info",
+    "create",
+    "ingest",
+    "sample",
+    "drop",
+    "checkpoint",
+    "restore-shard",
+    "rebalance",
+    "bench",
+)
 
 
 def test_top_level_help_lists_every_command_and_a_quickstart(capsys):

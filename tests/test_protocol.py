@@ -219,6 +219,28 @@ def test_another_protocol_version_is_refused_naming_both(dist_client, tables):
     assert out.startswith("ProtocolError") and f"version {protocol.VERSION + 1}" in out, out
 
 
+def test_move_messages_that_name_no_move_change_nothing(dist_client, tables):
+    """The steps of a move sent by hand with a made-up move id, a shard the worker does not hold, an
+    unreachable source, the worker itself or a shard it holds as the source: refused with a clear error or
+    answered as a no-op, and the table is as it was (no worker left sealed: the sample after it works)."""
+    t = tables["prio"]
+    with Unchanged(dist_client, t):
+        assert wire.result(raw_worker(t, "move_thaw", {"name": t.name, "move": "m" * 8}, packed=True)) is False
+        assert wire.result(raw_worker(t, "move_abort", {"name": t.name, "move": "m" * 8}, packed=True)) is False
+        args = {"name": t.name, "shards": [0], "move": "m" * 8, "epoch": 1 << 40}
+        assert wire.result(raw_worker(t, "move_release", args, packed=True)) is False  # not sealed by that move
+        refused(raw_worker(t, "move_commit", {"name": t.name, "move": "m" * 8, "epoch": 1 << 40}), "no shards")
+        refused(raw_worker(t, "move_out", {"name": t.name, "shards": [99], "move": "m" * 8}), "99")
+        bad = {"name": t.name, "config": t._config, "move": "m" * 8, "source": "tcp://127.0.0.1:1", "shards": [0]}
+        refused(raw_worker(t, "move_in", bad, packed=True))
+        refused(raw_worker(t, "move_in", {**bad, "source": t.placement[0]}, packed=True), "the source is this worker")
+        refused(raw_worker(t, "move_in", {**bad, "source": t.placement[1]}, packed=True), "on this worker already")
+        refused(raw_coord(t, "move", name=t.name, shards=[0], worker="tcp://10.9.9.9:1"), "not a worker")
+        refused(raw_coord(t, "move", name=t.name, shards=[99]), "not a live shard")
+    # the worker's epoch is what it is: a request planned at a later one passes, none is refused yet
+    assert wire.result(raw_worker(t, "info", {"name": t.name, "epoch": 1 << 40}, packed=True))
+
+
 # -- fuzz: every operation, junk in one field ----------------------------------------------------------------
 JUNK = [None, -1, -(10**12), 10**19, float("nan"), float("inf"), 1.5, True, "", "x" * 600, [1, "a"], {"a": 1},
         np.zeros((2, 2)), np.array([-5]), np.array(["a"])]  # fmt: skip

@@ -335,6 +335,27 @@ def cmd_restore_shard(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rebalance(args: argparse.Namespace) -> int:
+    """Even out a table's shards over the workers (:meth:`DistributedTable.rebalance`) and print each move.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The options of ``gear-flow rebalance --help``, as :func:`~gear_flow.cli.parser.build_parser` parses them.
+
+    Returns
+    -------
+    int
+        Exit status: 0.
+    """
+    with connect(args) as client:
+        moves = attach(client, args.table).rebalance()
+        for m in moves:
+            print(f"shard {m['shard']}: {m['source']} -> {m['destination']}")
+        print(f"table {args.table!r}: {len(moves)} shard(s) moved" + ("" if moves else " (already balanced)"))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run a benchmark: ``table`` times batches of an existing table here; the others run ``pipelines/bench_<which>.py``.
 

@@ -14,6 +14,7 @@ from .commands import (
     cmd_ingest,
     cmd_list,
     cmd_local,
+    cmd_rebalance,
     cmd_restore_shard,
     cmd_sample,
 )
@@ -214,6 +215,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--worker", help="worker address to rebuild it on (default: the least loaded eligible one)")
     sp.add_argument("--replace", action="store_true", help="replace a live shard (its newer items are dropped)")
     sp.set_defaults(func=cmd_restore_shard)
+
+    sp = sub.add_parser("rebalance", formatter_class=fmt, help="spread a table's shards evenly over the workers",
+                        description="Move whole shards of a table from the workers holding the most to those "
+                        "holding the fewest (workers with the table's resource and memory room, new ones "
+                        "included) until the counts differ by at most one; each move is all or nothing and keeps "
+                        "the shard's keys. Prints every move.")  # fmt: skip
+    _add_connection(sp)
+    sp.add_argument("--table", required=True, help="table name")
+    sp.set_defaults(func=cmd_rebalance)
 
     sp = sub.add_parser("bench", formatter_class=fmt, help="run a benchmark",
                         description="local: pipelines/bench_local.py (in-process tables vs memcpy, TorchRL); "

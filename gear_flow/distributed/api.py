@@ -27,6 +27,7 @@ import logging
 import threading
 import weakref
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -179,6 +180,9 @@ class DistributedTable(
         self.rng = np.random.default_rng(seed)
         self._rr = 0
         self._version = state.get("version", 0)
+        ctx.epoch = self._version  # every request to a worker says which placement it was planned at
+        #: per shard, how often it was rebuilt (lost, or restored from a checkpoint): its stored updates go
+        self._incarnation: dict[int, int] = {int(k): v for k, v in state.get("incarnation", {}).items()}
         self._lease = (0, 0, 0.0)  # (batch size, batches left, granted at)
         self._lease_lock = threading.Lock()
         #: leased samples served, reported with the next admission; if this handle is dropped first, then
@@ -238,6 +242,66 @@ class DistributedTable(
         """Shards hosted by the worker running this handle (co-located mode)."""
         return sorted(s for s, a in self.placement.items() if a == self._ctx.local_addr)
 
+    def rebalance(self) -> list[dict]:
+        """Move whole shards from the workers holding the most of this table's shards to those holding the
+        fewest (workers with the table's resource and memory room, new ones included), until the counts
+        differ by at most one.
+
+        Each move is all or nothing and keeps the shard whole (keys,
+        priorities, counters), so probabilities stay exact; the table stays
+        usable meanwhile, its moving shard's requests waiting a moment.
+
+        Returns
+        -------
+        list of dict
+            The moves made: ``{"shard", "source", "destination"}``.
+
+        Raises
+        ------
+        SpecError
+            A move failed (the shard stays where it was; the moves before
+            it are kept).
+        """
+        return self._ctx.sync(self._rebalance_async)
+
+    async def _rebalance_async(self) -> list[dict]:
+        done = await self._coord("rebalance")
+        await self._refresh()
+        return done
+
+    def move_shards(self, shards: Iterable[int], worker: str | None = None) -> int:
+        """Move whole shards (all on one worker) to ``worker``, all or nothing.
+
+        Parameters
+        ----------
+        shards : iterable of int
+            The shards.
+        worker : str, optional
+            The destination's address; default where a retirement would put
+            them (fewest of the table's shards, with room and the table's
+            resource).
+
+        Returns
+        -------
+        int
+            The table's placement version after the move.
+
+        Raises
+        ------
+        SpecError
+            A shard is lost or unknown, the shards are on several workers,
+            there is nowhere to move them, or the move failed: they stay
+            where they were.
+        """
+        shards = sorted(int(s) for s in shards)
+
+        async def run():
+            version = await self._coord("move", shards=shards, worker=worker)
+            await self._refresh()
+            return version
+
+        return self._ctx.sync(run)
+
     def close(self, drop: bool = True) -> None:
         """Close the table (blocked callers get TableClosedError) and free its shards.
 
@@ -257,9 +321,10 @@ class DistributedTable(
                 logger.warning("table %r: priority updates not sent before closing: %s", self.name, e)
             self._ctx.lanes.clear()  # its connections (here on the loop: asyncio transports are not thread-safe)
             await self._coord("close")
-            if drop:
+            if drop:  # every worker: one its shards moved off keeps the table's (empty) gate until then
+                workers = set(self._workers()) | set(await self._coord("workers"))
                 await asyncio.gather(
-                    *(call(self._ctx, a, "drop", name=self.name) for a in self._workers()), return_exceptions=True
+                    *(call(self._ctx, a, "drop", name=self.name) for a in sorted(workers)), return_exceptions=True
                 )
                 await self._coord("drop")
 

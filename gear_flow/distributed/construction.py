@@ -65,6 +65,7 @@ class ConstructionMixin:
         workers: Iterable[str] | None = None,
         degraded: bool = False,
         resources: str | None = None,
+        rebalance_on_join: bool = False,
     ) -> DistributedTable:
         """Create the table's shards on workers and register it with the scheduler.
 
@@ -121,6 +122,11 @@ class ConstructionMixin:
             Place shards only on the workers advertising this Dask resource
             (``dask worker --resources "replay=1"``, see ``cluster/``);
             ignored when ``workers`` is given.
+        rebalance_on_join : bool, default False
+            When a worker (with ``resources``, if given) joins the cluster,
+            move whole shards onto it until every worker holds as many as the
+            others, give or take one (:meth:`rebalance`): a table with more
+            shards than workers grows onto the workers added later.
 
         Returns
         -------
@@ -164,6 +170,7 @@ class ConstructionMixin:
             **cfg.to_dict(),
             "degraded": bool(degraded),
             "resources": resources,
+            "rebalance_on_join": bool(rebalance_on_join),
             "shared_memory": shared,
             "tcp_lane": bool(config_get("distributed.tcp-lane")),
         }

@@ -30,6 +30,7 @@ from ..storage.shared import machine_id
 from . import protocol, wire
 from .gate import OwnerGone, TableGate
 from .lane import LaneServer
+from .moves import ShardMoves
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -40,7 +41,9 @@ COORDINATOR_NAME = "gear-flow-coordinator"
 #: operations that need no table (their ``name`` is ignored)
 NO_TABLE = frozenset({"list", "lane"})
 #: operations a handle sends over the coordinator's lane once it has one: all but ``lane`` (how it finds it)
-COORD_LANE_OPS = frozenset(protocol.COORDINATOR) - {"lane"}
+#: times the coordinator looks whether a joining worker serves gear_flow requests yet (backing off to 1 s)
+JOIN_ATTEMPTS = 40
+COORD_LANE_OPS = frozenset(protocol.COORDINATOR) - {"lane", "move", "rebalance"}
 
 
 def admission_wait(timeout: float | None) -> float | None:
@@ -95,7 +98,130 @@ class GearFlowCoordinator(SchedulerPlugin):
         self._tasks: set = set()
         #: the coordinator's own lane (listens once a handle asks, ``lane``)
         self.lane = LaneServer(self.serve, COORD_LANE_OPS)
+        #: moves shards off retiring workers, onto joining ones, and between workers on request
+        self.moves = ShardMoves(scheduler, self.tables)
+        self._refusals_logged: set[str] = set()
         scheduler.handlers["gear_flow_coord"] = self.handle
+        # every graceful departure (Client.retire_workers, Adaptive, SpecCluster.scale, Worker.close_gracefully)
+        # reaches the scheduler's retire_workers handler: shards move off the workers before they go
+        retire = self._retire_workers
+        scheduler.handlers["retire_workers"] = retire
+        scheduler.retire_workers = retire  # (in-process callers of the method)
+
+    async def _retire_workers(
+        self, workers: list | None = None, *, names: list | None = None, **kw: Any
+    ) -> dict[str, Any]:
+        """:meth:`distributed.Scheduler.retire_workers`, after moving the shards off the workers it retires;
+        a worker whose shards cannot all move is not retired (the log and the ``gear-flow`` event say which
+        table's shard, and why).
+
+        Parameters
+        ----------
+        workers : list of str, optional
+            Addresses to retire (a worker's name is taken too, as
+            :class:`~distributed.SpecCluster` passes them).
+        names : list, optional
+            Names of workers to retire.
+        **kw
+            ``close_workers``, ``remove``, ``stimulus_id``, and with neither
+            ``workers`` nor ``names``, the arguments of
+            :meth:`~distributed.Scheduler.workers_to_close`.
+
+        Returns
+        -------
+        dict
+            What the scheduler's ``retire_workers`` returns for the workers
+            it retired.
+        """
+        sched = self.scheduler
+        original = type(sched).retire_workers.__get__(sched)
+        choose = {k: kw.pop(k) for k in list(kw) if k not in ("close_workers", "remove", "stimulus_id")}
+        if names is not None and workers is not None:
+            raise TypeError("names and workers are mutually exclusive")
+        if names is not None:
+            wanted = {str(n) for n in names}
+            addrs = [a for a, ws in sched.workers.items() if str(ws.name) in wanted]
+        elif workers is not None:
+            by_name = {str(ws.name): a for a, ws in sched.workers.items()}
+            addrs = [w if w in sched.workers else by_name.get(str(w)) for w in workers]
+            addrs = [a for a in addrs if a is not None]
+        else:
+            choose.pop("attribute", None)
+            addrs = list(sched.workers_to_close(**choose))
+        holders = [a for a in addrs if self.moves.held_by(a)]
+        if holders:
+            left, refused = await self.moves.evacuate(holders)
+            for line in refused:
+                sched.log_event("gear-flow", {"action": "retirement-refused", "detail": line})
+            addrs = [a for a in addrs if a not in holders or a in left]
+        if not addrs:
+            return {}
+        return await original(workers=addrs, **kw)
+
+    def valid_workers_downscaling(self, scheduler: Scheduler, workers: list) -> list:
+        """The workers an adaptive policy may retire: with ``distributed.scale-down: keep`` (the default),
+        none that holds a live shard; with ``move``, those whose shards have somewhere to go.
+
+        Parameters
+        ----------
+        scheduler : distributed.Scheduler
+            The scheduler.
+        workers : list of distributed.scheduler.WorkerState
+            The candidates.
+
+        Returns
+        -------
+        list of distributed.scheduler.WorkerState
+            Those that may go.
+        """
+        policy = config.get("distributed.scale-down")
+        if policy not in ("keep", "move"):
+            logger.warning("gear-flow.distributed.scale-down is %r (keep | move); keeping shard holders", policy)
+            policy = "keep"
+        out = []
+        for ws in workers:
+            if not self.moves.held_by(ws.address):
+                out.append(ws)
+                continue
+            if policy == "keep":
+                continue
+            _, refused = self.moves.destinations([ws.address])
+            if not refused:
+                out.append(ws)
+            for line in refused:
+                if line not in self._refusals_logged:  # (asked every adaptive interval)
+                    self._refusals_logged.add(line)
+                    logger.warning("not retired: %s", line)
+                    scheduler.log_event("gear-flow", {"action": "retirement-refused", "detail": line})
+        return out
+
+    def add_worker(self, scheduler: Scheduler, worker: str) -> None:
+        """A worker joined: tables created with ``rebalance_on_join`` spread their shards onto it.
+
+        Parameters
+        ----------
+        scheduler : distributed.Scheduler
+            The scheduler.
+        worker : str
+            The new worker's address.
+        """
+        for g in list(self.tables.values()):
+            if g.config.get("rebalance_on_join") and not g.closed:
+                self._spawn(self._rebalance_on_join(g, worker))
+
+    async def _rebalance_on_join(self, g: TableGate, worker: str) -> None:
+        """Rebalance ``g`` once ``worker`` serves gear_flow requests (its plugin is set up after it joined)."""
+        for attempt in range(JOIN_ATTEMPTS):
+            if worker not in self.scheduler.workers or g.closed:
+                return
+            if await self.moves.ready(worker):
+                try:
+                    await self.moves.rebalance(g)
+                except Exception as e:  # noqa: BLE001 - the shards stay where they are; the next join tries again
+                    logger.warning("table %r: rebalance after %s joined failed: %s", g.name, worker, e)
+                return
+            await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+        logger.warning("table %r: %s never served gear_flow requests; not rebalanced onto it", g.name, worker)
 
     async def close(self) -> None:
         """Stop the coordinator's lane (its socket and directory are removed)."""
@@ -122,7 +248,8 @@ class GearFlowCoordinator(SchedulerPlugin):
             ``commit_insert``, ``abort_insert``, ``admit_sample``,
             ``admit_hold``, ``sample_finished``, ``count_samples``,
             ``stamps``, ``removed``, ``mark_lost``, ``worker_alive``,
-            ``workers``, ``restore_state``, ``shard_restored``, ``close``,
+            ``workers``, ``restore_state``, ``shard_restored``, ``move``,
+            ``rebalance``, ``close``,
             ``drop``, ``list`` or ``lane``.
         name : str, optional
             The table (1 to 512 characters); ignored by ``list`` and ``lane``.
@@ -184,6 +311,8 @@ class GearFlowCoordinator(SchedulerPlugin):
             "workers": self._workers,
             "restore_state": self._restore_state,
             "shard_restored": self._shard_restored,
+            "move": self._move,
+            "rebalance": self._rebalance,
             "close": self._close,
             "drop": self._drop,
             "list": self._list,
@@ -551,9 +680,22 @@ class GearFlowCoordinator(SchedulerPlugin):
         g.size += int(size)
         g.forget_waiting(-int(size))  # a queue's restored items wait to be sampled again
         g.shard_inserted[int(shard)] = int(inserted)
-        g.version += 1
+        g.rebuilt(int(shard))
         g.arrived()
         return lost
+
+    # -- moves ----------------------------------------------------------------------------------------------
+    async def _move(self, name, shards, worker=None):
+        """Move ``shards`` (all on one worker) to ``worker``, or where a retirement of their worker would put
+        them (:meth:`ShardMoves.destination`); the table's placement version after."""
+        g = self._table(name)
+        shards = sorted({int(s) for s in shards})
+        if worker is None:
+            worker = self.moves.destination(g, shards)
+        return await self.moves.move(g, shards, worker)
+
+    async def _rebalance(self, name):
+        return await self.moves.rebalance(self._table(name))
 
     async def _close(self, name):
         self._table(name).close()

@@ -26,17 +26,19 @@ from collections import defaultdict
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..errors import GearFlowError, ShardLostError, SpecError
+from ..errors import GearFlowError, ShardLostError, ShardMovedError, SpecError
 from ..keys import decode
 from ..table import planner
 from ..table.results import UpdateResult
 from ..table.validate import check_keys, check_priorities
 from .pending import PENDING_MAX
 from .thread_update import update_here
-from .transport import Retry
+from .transport import Moved, Retry
 
 #: workers an eviction may lose (degraded table) before it leaves the rest to the next insert's eviction
 _LOSSES = 4
+#: times an edit's keys are sent again after their shards moved, before it gives up
+_MOVES = 8
 logger = logging.getLogger(__name__)
 
 
@@ -179,8 +181,9 @@ class EditsMixin:
         finally:
             self._pending.release(held)
 
-    async def _update_now(self, k, by, idx, pr, on_lost) -> UpdateResult:
-        """Send an update to the workers of its shards (held from ride-alongs by the caller)."""
+    async def _update_now(self, k, by, idx, pr, on_lost, attempt: int = 0) -> UpdateResult:
+        """Send an update to the workers of its shards (held from ride-alongs by the caller); the keys of
+        shards that moved meanwhile are sent again where they are now."""
         if len(by) > 1 and not self._issued.covers(k):
             # unknown keys anywhere must stop the whole call before any worker applies it (skipped when
             # every key is one this handle has seen issued: then no worker can find it unknown)
@@ -197,7 +200,26 @@ class EditsMixin:
         except BaseException:
             self._masses.clear()
             raise
-        return self._updated_all(k, res, plans, on_lost)
+        again = self._moved_keys(idx, errors, attempt)
+        done = self._updated_all(np.delete(k, again), res, plans, on_lost)
+        if not len(again):
+            return done
+        more = await self._update_now(*self._regrouped(k[again], pr[again] if np.ndim(pr) else pr), attempt + 1)
+        return UpdateResult(done.applied + more.applied, done.stale + more.stale)
+
+    def _regrouped(self, k: np.ndarray, pr) -> tuple:
+        """Keys ``k`` (and their priorities) grouped by worker as placed now (after a move)."""
+        k, by, idx, on_lost = self._group(k)
+        return k, by, idx, pr, on_lost
+
+    def _moved_keys(self, idx: dict, errors: list, attempt: int = 0) -> np.ndarray:
+        """Indices of the keys sent to workers that refused them because their shards moved (a
+        :class:`~.transport.Moved` in ``errors``): sent again as placed now."""
+        addrs = set().union(*(e.addrs for e in errors if isinstance(e, Moved)))
+        if addrs and attempt >= _MOVES:
+            raise ShardMovedError(self._version, f"table {self.name!r}: shards kept moving under an edit")
+        got = [m for a in sorted(addrs) for m in idx.get(a, {}).values()]
+        return np.sort(np.concatenate(got)) if got else np.zeros(0, dtype=np.int64)
 
     def _update_calls(self, by: dict, idx: dict, pr: np.ndarray, stamps: np.ndarray | None, plans: list) -> dict:
         """The ``update`` request of each worker of ``by`` (its shards' seqs, their priorities ``pr[idx]``)."""
@@ -269,7 +291,9 @@ class EditsMixin:
             As :meth:`delete`.
         """
         self._masses.clear()  # this handle's own writes show in its next sample's plan
-        k, by, idx, on_lost = self._group(keys)
+        return await self._delete_grouped(*self._group(keys))
+
+    async def _delete_grouped(self, k, by, idx, on_lost, attempt: int = 0) -> UpdateResult:
         if len(by) > 1:
             by, lost = await self._checked(by)
             on_lost += lost
@@ -281,7 +305,11 @@ class EditsMixin:
         if d:  # what the workers that answered removed, even when another was lost: the sizes stay agreed
             await self._coord("removed", k=d, per_shard=per)
         st = sum(r[1] for r in res.values()) + on_lost + self._lost_keys(by, res, errors)
-        return UpdateResult(d, st)
+        again = self._moved_keys(idx, errors, attempt)
+        if not len(again):
+            return UpdateResult(d, st)
+        more = await self._delete_grouped(*self._group(k[again]), attempt + 1)  # where those shards are now
+        return UpdateResult(d + more.applied, st + more.stale)
 
     async def _checked(self, by: dict) -> tuple[dict, int]:
         """``check_keys`` on every worker of ``by`` (``{worker: {shard: seqs}}``): an unknown key anywhere
@@ -291,7 +319,8 @@ class EditsMixin:
             {a: ("check_keys", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()}, partial=True
         )
         lost = self._lost_keys(by, res, errors)
-        return {a: s for a, s in by.items() if a in res}, lost
+        moved = set().union(*(e.addrs for e in errors if isinstance(e, Moved)))  # the call itself finds them moved
+        return {a: s for a, s in by.items() if a in res or a in moved}, lost
 
     @staticmethod
     def _lost_keys(by: dict, res: dict, errors: list) -> int:
@@ -301,7 +330,8 @@ class EditsMixin:
         other = [e for e in errors if not isinstance(e, Retry)]
         if other:
             raise other[0]
-        return sum(len(v) for a, sh in by.items() if a not in res for v in sh.values())
+        moved = set().union(*(e.addrs for e in errors if isinstance(e, Moved)))  # sent again: not stale
+        return sum(len(v) for a, sh in by.items() if a not in res and a not in moved for v in sh.values())
 
     # -- eviction ---------------------------------------------------------------------------------
     async def _evict_excess(self, size: int) -> None:

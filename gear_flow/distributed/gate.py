@@ -183,6 +183,8 @@ class TableGate(GateChecks):
         self.lost: dict[int, dict] = {}
         self.unsampled_lost: dict[int, int] = {}  # lost shard -> its items forgotten by a queue's limiter
         self.version = 0  # bumped when placement or lost shards change
+        #: per shard, how often it was rebuilt (lost, or restored from a checkpoint; a move keeps it whole)
+        self.incarnation = {s: 0 for s in self.placement}
         self.closed = False
         self.txns: dict[str, Txn] = {}  # in admission order
         self.inserts: deque[Waiter] = deque()
@@ -575,8 +577,55 @@ class TableGate(GateChecks):
         self.shard_size[shard] = 0
         self.unsampled_lost[shard] = int(size)
         self.forget_waiting(int(size))
+        self.incarnation[shard] = self.incarnation.get(shard, 0) + 1
         self.version += 1
         self.pump()
+
+    def rebuilt(self, shard: int) -> None:
+        """``shard`` was restored from a checkpoint (on its worker or another): a new incarnation, and a new
+        placement version.
+
+        Parameters
+        ----------
+        shard : int
+            Shard id.
+        """
+        self.incarnation[int(shard)] = self.incarnation.get(int(shard), 0) + 1
+        self.version += 1
+
+    def passed(self, epoch: int) -> None:
+        """The placement version reaches ``epoch``: a worker took it for a move that was then undone (the
+        placement is unchanged, but that worker refuses what was planned before it).
+
+        Parameters
+        ----------
+        epoch : int
+            The version.
+        """
+        self.version = max(self.version, int(epoch))
+
+    def moved(self, shards: Iterable[int], worker: str, epoch: int) -> int:
+        """``shards`` moved whole to ``worker`` (their keys, counts and sizes stay): the placement says so,
+        at version ``epoch`` or later.
+
+        Parameters
+        ----------
+        shards : iterable of int
+            The shards.
+        worker : str
+            Their new worker.
+        epoch : int
+            The version the destination took them at.
+
+        Returns
+        -------
+        int
+            The new version (``epoch``, unless the version passed it meanwhile).
+        """
+        for s in shards:
+            self.placement[int(s)] = worker
+        self.version = max(self.version + 1, int(epoch))
+        return self.version
 
     def sampled_from_lost(self, expired: dict) -> None:
         """A sample handed out ``expired[shard]`` items of shards lost while it was finished (they expired
@@ -624,7 +673,7 @@ class TableGate(GateChecks):
             ``shard_size``, ``rate_limiter`` (its ``info()``),
             ``rate_limiter_config`` (to rebuild it), ``lost``,
             ``shard_inserted``, ``next_episode_id``, ``next_stamp``,
-            ``version``, ``closed``, ``inserts_in_flight`` (count),
+            ``version``, ``incarnation``, ``closed``, ``inserts_in_flight`` (count),
             ``unsettled_inserts`` (committed inserts with a part whose worker
             did not answer its apply, not yet known) and ``waiting``
             (``{"inserts": n, "samples": n}`` blocked).
@@ -645,6 +694,7 @@ class TableGate(GateChecks):
             "next_episode_id": self.next_episode_id,
             "next_stamp": self.next_stamp,
             "version": self.version,
+            "incarnation": dict(self.incarnation),
             "closed": self.closed,
             "inserts_in_flight": sum(1 for t in self.txns.values() if not t.committed),
             "unsettled_inserts": len(self.unsettled),

@@ -23,13 +23,14 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecError
 from ..shard import Shard
 from ..table.config import TableConfig
 from .host_checkpoints import CheckpointingHost
 from .host_edits import EditingHost
+from .host_moves import EPOCH_ARGUMENT, UNGATED, MoveGate
 from .host_sampling import SamplingHost
 from .host_selection import SelectingHost
 from .host_writes import WritingHost
@@ -112,17 +113,14 @@ class HostedTable:
             tier = "shared"
         #: where the shards' rings live, and so where their gathered windows land
         self.tier = tier
-        self.shards: dict[int, Shard] = {
-            int(i): Shard(
-                cfg.spec,
-                int(i),
-                cfg.sampler.clone(),
-                cfg.remover.clone(),
-                max_times_sampled=cfg.max_times_sampled,
-                tier=shared_pinned() if shared and tier == "pinned" else tier,  # one page-locked segment set per shard
-            )
-            for i in shard_ids
-        }
+        self.shared = shared
+        self.shards: dict[int, Shard] = {int(i): self.build_shard(int(i)) for i in shard_ids}
+        #: shards a move is bringing here, built and not yet visible, by move id
+        self.incoming: dict[str, dict[int, Shard]] = {}
+        #: shards the last moves installed here, by move id
+        self.installed: OrderedDict[str, list[int]] = OrderedDict()
+        #: admits the table's operations; holds them while a move seals the table
+        self.gate = MoveGate()
         self.staged: dict[str, list] = {}
         self.applied: OrderedDict[str, dict] = OrderedDict()
         self.applying: set[str] = set()
@@ -130,6 +128,43 @@ class HostedTable:
         self.pending: dict[str, list] = {}  # sample txn -> [(shard, slots, seqs, drawn)]
         self.finished: OrderedDict[str, tuple[bool, dict]] = OrderedDict()
         self.lock = threading.Lock()
+
+    def build_shard(self, i: int) -> Shard:
+        """A new, empty shard ``i`` of this table, on its tier (not added to :attr:`shards`).
+
+        Parameters
+        ----------
+        i : int
+            The shard's id.
+
+        Returns
+        -------
+        Shard
+            The shard, with clones of the table's selectors.
+        """
+        cfg = self.cfg
+        tier = self.tier
+        return Shard(
+            cfg.spec,
+            int(i),
+            cfg.sampler.clone(),
+            cfg.remover.clone(),
+            max_times_sampled=cfg.max_times_sampled,
+            tier=shared_pinned() if self.shared and tier == "pinned" else tier,  # one page-locked segment set per shard
+        )
+
+    @staticmethod
+    def release_shards(shards: Iterable[Shard]) -> None:
+        """Unlink the shared-memory segments of ``shards`` (shards that are not in shared memory: nothing).
+
+        Parameters
+        ----------
+        shards : iterable of Shard
+            The shards.
+        """
+        for s in shards:
+            if hasattr(s.tier, "release"):
+                s.tier.release()
 
     def release(self, shards: Iterable[int] | None = None) -> None:
         """Unlink the shared-memory segments of ``shards`` (default: all).
@@ -139,10 +174,11 @@ class HostedTable:
         shards : iterable of int, optional
             Shard ids; shards not hosted or not in shared memory are skipped.
         """
-        for i in sorted(self.shards if shards is None else shards):
-            s = self.shards.get(i)
-            if s is not None and hasattr(s.tier, "release"):
-                s.tier.release()
+        ids = sorted(self.shards if shards is None else shards)
+        self.release_shards(self.shards[i] for i in ids if i in self.shards)
+        if shards is None:
+            for built in self.incoming.values():
+                self.release_shards(built.values())
 
     def shard(self, i: int) -> Shard:
         """Hosted shard ``i``.
@@ -293,6 +329,91 @@ class ShardHost(WritingHost, EditingHost, CheckpointingHost, SelectingHost, Samp
             tables, self.tables = list(self.tables.values()), {}
         for t in tables:
             t.release()
+
+    def hosted(self, name: str, config: dict) -> HostedTable:
+        """The hosted table ``name``, made here with no shards when it is not (a move brings it its first).
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        config : dict
+            Its configuration (:meth:`TableConfig.to_dict`, plus
+            ``shared_memory``).
+
+        Returns
+        -------
+        HostedTable
+            The table.
+        """
+        with self.lock:
+            t = self.tables.get(name)
+            if t is None:
+                cfg = TableConfig.from_dict(config)
+                t = self.tables[name] = HostedTable(name, cfg, [], shared=bool(config.get("shared_memory")))
+            return t
+
+    def call(self, op: str, args: dict) -> Any:
+        """Run operation ``op`` from a thread of this process (a co-located caller's), through the table's
+        gate as the plugin runs the others: it waits while a move holds the table, and a request planned at
+        an older placement than this worker's shards (``epoch``) is refused.
+
+        Parameters
+        ----------
+        op : str
+            A key of :data:`gear_flow.distributed.plugin.OPS`.
+        args : dict
+            Its arguments, with the request's ``epoch`` (optional).
+
+        Returns
+        -------
+        object
+            What the operation returned.
+
+        Raises
+        ------
+        ShardMovedError
+            The request's placement is older than this worker's shards.
+        """
+        from .plugin import OPS
+
+        args = dict(args)
+        epoch = None if op in EPOCH_ARGUMENT else args.pop("epoch", None)
+        gated = self.gate_of(op, args.get("name"), args.get("txn"))
+        if gated is None:
+            return OPS[op](self, **args)
+        gate, joins = gated
+        gate.enter(op, epoch, wait=True, joins=joins)
+        try:
+            return OPS[op](self, **args)
+        finally:
+            gate.leave()
+
+    def gate_of(self, op: str, name: object, txn: object = None) -> tuple[MoveGate, bool] | None:
+        """The gate ``op`` on table ``name`` passes, and whether it joins a transaction begun here (``txn``
+        staged or pending: let through while a move drains the table, which waits for it).
+
+        Parameters
+        ----------
+        op : str
+            The operation.
+        name : object
+            The table's name, as the request gave it.
+        txn : object, optional
+            The transaction the request names.
+
+        Returns
+        -------
+        tuple of (MoveGate, bool), or None
+            The table's gate and whether the request joins; None: the
+            operation is not gated, or there is no such table here.
+        """
+        if op in UNGATED or not isinstance(name, str):
+            return None
+        t = self.tables.get(name)
+        if t is None:
+            return None
+        return t.gate, isinstance(txn, str) and (txn in t.staged or txn in t.pending)
 
     def shared_layout(self, name: str) -> dict:
         """How readers on this machine map the table's shared rings.

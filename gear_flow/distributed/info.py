@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import asyncio
 
+from ..errors import ShardMovedError
 from .transport import call
+
+#: times ``info`` asks again when shards move while it asks
+_MOVES = 4
 
 
 class InfoMixin:
@@ -66,13 +70,17 @@ class InfoMixin:
         dict
             As :meth:`info`.
         """
-        state = await self._coord("lookup")
-        for s, v in state["lost"].items():
-            self.lost[int(s)] = v
-        calls = {a: ("info", dict(name=self.name)) for a in self._workers()}
-        res = await asyncio.gather(
-            *(call(self._ctx, a, "info", table=self.name, **calls[a][1]) for a in calls), return_exceptions=True
-        )
+        for attempt in range(_MOVES + 1):
+            state = await self._coord("lookup")
+            await self._refresh(state["version"])  # the shards as placed now (moved, restored or lost since)
+            calls = {a: ("info", dict(name=self.name)) for a in self._workers()}
+            res = await asyncio.gather(
+                *(call(self._ctx, a, "info", table=self.name, **calls[a][1]) for a in calls), return_exceptions=True
+            )
+            moved = [r.epoch for r in res if isinstance(r, ShardMovedError)]
+            if not moved or attempt == _MOVES:
+                break
+            await self._moved(max(moved))  # shards moved while they were asked: asked again, as placed now
         shards, unreachable = [], []
         for a, r in zip(calls, res):
             if isinstance(r, BaseException):

@@ -27,7 +27,7 @@ from distributed.protocol import to_serialize
 from .. import backend
 from ..config import get as config_get
 from ..errors import GearFlowError, ProtocolError
-from . import protocol, wire
+from . import host_moves, protocol, wire
 from .host import ShardHost
 from .host_sampling import release
 from .lane import LaneServer
@@ -67,7 +67,14 @@ OPS = {
     "checkpoint": ShardHost.checkpoint,
     "restore": ShardHost.restore,
     "nbytes": ShardHost.nbytes,
+    "move_out": host_moves.move_out,
+    "move_thaw": host_moves.move_thaw,
+    "move_release": host_moves.move_release,
+    "move_commit": host_moves.move_commit,
+    "move_abort": host_moves.move_abort,
 }
+#: how often an operation the event loop holds back (a move seals its table) looks again, in seconds
+GATE_POLL_S = 0.005
 
 
 #: operations that run on the event loop when small and their shards' locks are free: a hop to the thread
@@ -219,6 +226,21 @@ class GearFlowWorker(WorkerPlugin):
         GearFlowError
             The operation's own errors.
         """
+        epoch = None if op in host_moves.EPOCH_ARGUMENT else kwargs.pop("epoch", None)
+        gated = self.host.gate_of(op, kwargs.get("name"), kwargs.get("txn"))
+        if gated is None:
+            return await self._run(op, kwargs)
+        gate, joins = gated
+        while not gate.enter(op, epoch, wait=False, joins=joins):  # a move holds the table: it waits, never fails
+            await asyncio.sleep(GATE_POLL_S)
+        try:
+            return await self._run(op, kwargs)
+        finally:
+            gate.leave()
+
+    async def _run(self, op: str, kwargs: dict) -> Any:
+        if op == "move_in":
+            return await self._move_in(**kwargs)
         fn = OPS[op]
         if _quick(op, kwargs, self.host):
             locks = self._try_locks(kwargs.get("name"))
@@ -231,6 +253,35 @@ class GearFlowWorker(WorkerPlugin):
         self.ran["pool"] += 1
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, partial(fn, self.host, **kwargs))
+
+    async def _move_in(self, name: str, config: dict, move: str, source: str, shards: list) -> dict:
+        """Pull ``shards`` of table ``name`` from worker ``source`` (which seals and snapshots them) and build
+        them here aside (:func:`~gear_flow.distributed.host_moves.move_in`); worker to worker, never through
+        the coordinator."""
+        from .transport import unwrap  # (transport imports this module)
+
+        if source == self.worker.address:
+            raise ProtocolError(f"worker {source}: 'move_in': the source is this worker")
+        host_moves.check_absent(self.host, name, shards)  # before the source is sealed for nothing
+        resp = await self.worker.rpc(source).gear_flow(
+            action="move_out",
+            v=protocol.VERSION,
+            **wire.encode({"name": name, "shards": list(shards), "move": move}),
+        )
+        snapshot = unwrap(resp)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(
+                self.executor, partial(host_moves.move_in, self.host, name, config, move, snapshot)
+            )
+        except BaseException:  # not built here: the source serves on (the coordinator thaws it too)
+            try:
+                await self.worker.rpc(source).gear_flow(
+                    action="move_thaw", v=protocol.VERSION, **wire.encode({"name": name, "move": move})
+                )
+            except Exception as e:  # noqa: BLE001 - the coordinator's undo thaws it
+                logger.info("move %s: source %s not thawed from here (%s)", move[:8], source, e)
+            raise
 
     def _try_locks(self, name: Any) -> list | None:
         """Every shard lock of table ``name`` on this worker, taken without waiting; None if one is held

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 
 from ..config import get as config_get
-from ..errors import GearFlowError, ShardLostError
+from ..errors import GearFlowError, ShardLostError, ShardMovedError
 from .coordinator import admission_wait
-from .transport import Retry, WorkerLost, call, coord, coord_here
+from .transport import Moved, Retry, WorkerLost, call, coord, coord_here
 
 logger = logging.getLogger(__name__)
 
@@ -67,13 +68,17 @@ class PlumbingMixin:
         st = await self._coord("lookup")
         placement = {int(k): v for k, v in st["placement"].items()}
         lost = {int(k) for k in st["lost"]}
-        moved = {s for s in self._pending.stored() if placement.get(s) != self.placement.get(s) or s in lost}
-        if moved:  # lost, or restored from a checkpoint elsewhere: the stored seqs belong to what was there
-            self._pending.drop(moved)
-            logger.info("table %r: priority updates for shards %s dropped (shard lost or restored)", self.name, moved)
+        built = {int(k): v for k, v in st["incarnation"].items()}
+        replaced = {s for s in self._pending.stored() if built.get(s) != self._incarnation.get(s, 0) or s in lost}
+        if replaced:  # lost, or restored from a checkpoint: the stored seqs belong to what was there (a shard
+            # moved whole to another worker keeps its keys: its updates go there)
+            self._pending.drop(replaced)
+            logger.info("table %r: priority updates for shards %s dropped (shard lost or restored)", self.name,
+                        replaced)  # fmt: skip
         self.placement = placement
         self.lost = {int(k): v for k, v in st["lost"].items()}
-        self._version = st["version"]
+        self._incarnation = built
+        self._version = self._ctx.epoch = st["version"]
         self._shared.clear()  # shards may have moved: map again
         self._ctx.lanes.clear()
         self._masses.clear()
@@ -122,7 +127,9 @@ class PlumbingMixin:
         """Run ``{addr: (op, kwargs)}`` in parallel.
 
         Lost workers → ShardLostError, or in degraded mode a :class:`Retry` once
-        their shards are marked lost.  ``partial=True``: return ``(results,
+        their shards are marked lost; workers that refused a request planned
+        before shards moved → a :class:`~.transport.Moved` (a Retry) once the
+        new placement is known.  ``partial=True``: return ``(results,
         errors)`` instead of raising, so a caller can undo what succeeded.
         ``arrived``: a coroutine function awaited with ``(addr, result)`` as
         each reply arrives (a batch's parts are copied while others are still
@@ -139,14 +146,21 @@ class PlumbingMixin:
             return r
 
         results = await asyncio.gather(*(one(a) for a in addrs), return_exceptions=True)
-        out, errors, lost = {}, [], []
+        out, errors, lost, moved = {}, [], [], {}
         for a, r in zip(addrs, results):
             if isinstance(r, WorkerLost):
                 lost.append(a)
+            elif isinstance(r, ShardMovedError):
+                moved[a] = r.epoch
             elif isinstance(r, BaseException):
                 errors.append(r)
             else:
                 out[a] = r
+        if moved:  # planned at a placement shards have left since: redone as placed now
+            await self._moved(max(moved.values()))
+            if not partial:
+                raise Moved(moved)
+            errors.append(Moved(moved))
         if lost:
             try:
                 await self._handle_lost(lost)
@@ -159,6 +173,20 @@ class PlumbingMixin:
         if errors:
             raise errors[0]
         return out
+
+    async def _moved(self, epoch: int) -> None:
+        """Learn the placement at version ``epoch`` or later: a worker refused a request planned before shards
+        moved there or away (:class:`~gear_flow.errors.ShardMovedError`).  The coordinator moves its placement
+        just after the destination takes the shards, so the lookup may trail for a moment: asked again until
+        it has caught up (bounded: a worker's epoch never runs ahead of the coordinator's for long)."""
+        deadline = time.monotonic() + float(config_get("distributed.rpc-timeout"))
+        await self._refresh()
+        while self._version < epoch:
+            if time.monotonic() > deadline:
+                raise ShardMovedError(epoch, f"table {self.name!r}: the coordinator's placement stayed at "
+                                      f"version {self._version}")  # fmt: skip
+            await asyncio.sleep(0.005)
+            await self._refresh()
 
     async def _handle_lost(self, addrs):
         # the placement as the coordinator has it now: a shard restored elsewhere since this handle learnt

@@ -42,8 +42,10 @@ from .checkers import (
 #: 6: a remover's candidates carry their seqs and a removal by slots spares slots written over since;
 #: 7: a weighted table with max_times_sampled draws item by item: ``sequences``, then a take checking seqs;
 #: 8: a sample too large for the items left waits for arrivals, ``after``; 9: an insert's abort or commit
-#: names the workers whose parts its abort did not reach, ``unreached``, and the coordinator aborts them)
-VERSION = 9
+#: names the workers whose parts its abort did not reach, ``unreached``, and the coordinator aborts them;
+#: 10: shards move between workers: every worker request carries the placement version it was planned at,
+#: ``epoch``, and the ``move_*`` operations and the coordinator's ``move``/``rebalance`` exist)
+VERSION = 10
 
 SHARD = integer(0, 126)
 SEQS = int_array(0, (1 << 56) - 1)
@@ -54,6 +56,8 @@ BOUNDARY = choice(*BOUNDARIES)
 SEED = integer(0, (1 << 63) - 1)
 COLUMNS = sequence(text(256), 4096)
 TIMEOUT = optional(number(0.0, 1e7))
+#: a placement version (the coordinator's ``version`` of a table)
+EPOCH = integer(0, 1 << 62)
 PART = record(
     shard=SHARD,
     chunks=sequence(mapping(text(256), anything), 1 << 24),
@@ -171,7 +175,25 @@ WORKER = {
         "files": mapping(SHARD, mapping(text(), anything), 127),
         "tier": optional(text()),
     },
+    # a move's steps (gear_flow.distributed.host_moves), sent by the coordinator (move_out: by the destination)
+    "move_out": {"name": NAME, "shards": sequence(SHARD, 127), "move": TXN},
+    "move_in": {
+        "name": NAME,
+        "config": mapping(text(), anything),
+        "move": TXN,
+        "source": text(),
+        "shards": sequence(SHARD, 127),
+    },
+    "move_commit": {"name": NAME, "move": TXN, "epoch": EPOCH},
+    "move_release": {"name": NAME, "shards": sequence(SHARD, 127), "move": TXN, "epoch": EPOCH},
+    "move_abort": {"name": NAME, "move": TXN},
+    "move_thaw": {"name": NAME, "move": TXN},
 }
+#: every other operation carries the placement version its request was planned at (``epoch``; optional: a
+#: worker's own and the coordinator's requests carry none): a worker whose shards changed since refuses it
+for _op, _schema in WORKER.items():
+    _schema.setdefault("epoch", optional(EPOCH))
+del _op, _schema
 
 PER_SHARD = optional(mapping(SHARD, integer(0, MAX_COUNT), 127))
 
@@ -219,6 +241,8 @@ COORDINATOR = {
         "size": integer(0, MAX_COUNT),
         "inserted": integer(0, MAX_COUNT),
     },
+    "move": {"shards": sequence(SHARD, 127), "worker": optional(text())},
+    "rebalance": {},
     "close": {},
     "drop": {},
     "lane": {},

@@ -36,7 +36,7 @@ from ..table import planner
 from ..table.executor import fill_rows
 from .host_sampling import StaleSelectionError
 from .shared_reads import SharedReads
-from .transport import Retry
+from .transport import Moved, Retry
 
 if TYPE_CHECKING:
     from .api import DistributedTable
@@ -451,6 +451,16 @@ class RemoteSample(SharedReads):
         else:
             calls = {a: ("finish_sample", dict(name=t.name, txn=self.txn, commit=False)) for a in self.sent}
         if calls:
-            await t._on_workers(calls, partial=True)
+            _, errors = await t._on_workers(calls, partial=True)
+            moved = set().union(*(e.addrs for e in errors if isinstance(e, Moved)))
+            if self.record and moved:  # the counted shards moved with their counts: given back where they are now
+                again = defaultdict(dict)
+                for a in moved:
+                    for sh, c in self.counted.get(a, {}).items():
+                        if sh in t.placement and sh not in t.lost:
+                            again[t.placement[sh]][sh] = c
+                await t._on_workers(
+                    {a: ("uncount", dict(name=t.name, counts=c)) for a, c in again.items()}, partial=True
+                )
         self.counted.clear()
         self.sent.clear()

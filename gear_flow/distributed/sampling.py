@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import backend, config
 from ..dashboard.report import maybe_report
-from ..errors import EmptyTableError, GearFlowError, RateLimitTimeout, SpecError, nothing_to_sample
+from ..errors import EmptyTableError, GearFlowError, RateLimitTimeout, ShardMovedError, SpecError, nothing_to_sample
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
 from ..table.validate import check_sample_args, sample_columns
@@ -421,6 +421,9 @@ class SamplingMixin:
                 except Exception as u:  # noqa: BLE001 - e.g. a worker gone: its counts leave with it
                     logger.info("table %r: a sample's draws not given back (%s)", self.name, u)
             self._give_back(B, adm)
+            if isinstance(e, ShardMovedError):  # planned before shards moved: the event loop's path, as placed now
+                ctx.sync(self._moved, e.epoch)
+                return None
             if not isinstance(e, Exception) or ex is None:
                 raise
             if ex.lost_reply is not None:  # the worker may have drawn: never drawn again silently
@@ -459,9 +462,9 @@ class SamplingMixin:
         ctx = self._ctx
         upd = self._ride_along(ctx.local_addr)
         try:
-            res = ctx.local_plugin.host.sample_all(
-                self.name, B, L, boundary, columns, int(rng.integers(2**63)), out=out, updates=upd
-            )
+            args = dict(name=self.name, n=B, length=L, boundary=boundary, columns=columns,
+                        seed=int(rng.integers(2**63)), out=out, updates=upd)  # fmt: skip
+            res = ctx.local_plugin.host.call("sample_all", ctx.stamped(args))
         except BaseException:
             self._settle(upd, False)
             raise

@@ -34,7 +34,6 @@ import logging
 from collections import defaultdict
 
 from ..table.results import InsertResult
-from .plugin import OPS
 from .protocol import VERSION
 from .transactions import commit_counts
 from .transport import reply_timeout
@@ -67,7 +66,9 @@ class ThreadInsertsMixin:
             return ctx.sync(self._insert_admitted, ins, adm, timeout)
         self.stats["insert_local_bytes"] += array_bytes([p["chunks"] for p in parts[here]])
         try:
-            res = OPS["write"](ctx.local_plugin.host, name=self.name, txn=adm["txn"], parts=parts[here])
+            res = ctx.local_plugin.host.call(
+                "write", ctx.stamped(dict(name=self.name, txn=adm["txn"], parts=parts[here]))
+            )
         except BaseException as e:
             ctx.sync(self._abort_insert, adm["txn"], [here], e)
             raise self._insert_error(e, [here]) from None
@@ -145,6 +146,7 @@ class ThreadInsertsMixin:
         lanes = self._ctx.lanes
         for _, op, _ in requests:
             self.requests[op] += 1
+        requests = [(lane, op, self._ctx.stamped(args)) for lane, op, args in requests]
         return list(lanes.read_all(lanes.send_all(requests, VERSION, reply_timeout())))
 
     def _admitted_here(self, ins: _Insert, timeout: float | None) -> tuple:

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ProtocolError
 from ..table import planner
-from .plugin import OPS
 from .protocol import VERSION
 from .remote_sample import OFF_LOOP_BYTES, RemoteSample, _copy_pool
 from .transport import Context, reply_timeout
@@ -149,12 +148,14 @@ def exchange(ctx: Context, batch: list, arrived: Callable[[str, str, str, Any], 
         Read the other workers' replies in threads at once (large replies).
     """
     far = [b for b in batch if b[0] != ctx.local_addr]
-    sent = ctx.lanes.send_all([(ctx.lanes.paths.get(a), op, args) for a, op, args, _ in far], VERSION, reply_timeout())
+    sent = ctx.lanes.send_all(
+        [(ctx.lanes.paths.get(a), op, ctx.stamped(args)) for a, op, args, _ in far], VERSION, reply_timeout()
+    )
     try:
         for a, op, args, kind in batch:
             if a == ctx.local_addr:
                 try:
-                    r = (True, OPS[op](ctx.local_plugin.host, **args))
+                    r = (True, ctx.local_plugin.host.call(op, ctx.stamped(args)))
                 except Exception as e:  # noqa: BLE001 - answered as the worker would
                     r = (False, e)
                 arrived(kind, a, op, r)

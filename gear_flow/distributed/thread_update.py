@@ -26,12 +26,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
 from numpy.typing import ArrayLike
 
 from .. import config
+from ..errors import ShardMovedError
 from ..table.results import UpdateResult
 from .thread_sample import exchange, routes
-from .transport import not_answered, reply_timeout, worker_alive
+from .transport import Moved, not_answered, reply_timeout, worker_alive
 
 if TYPE_CHECKING:
     from .api import DistributedTable
@@ -73,7 +75,7 @@ def update_here(t: DistributedTable, keys: ArrayLike, priorities: ArrayLike | fl
     try:
         plans = t._masses.plans()
         calls = t._update_calls(by, idx, pr, None, plans)
-        res, errors, broken, timed_out = {}, [], {}, []
+        res, errors, broken, timed_out, moved = {}, [], {}, [], {}
 
         def arrived(kind, a, op, r):
             if isinstance(r, BaseException):  # its lane broke, or no reply came in time: see below
@@ -82,6 +84,8 @@ def update_here(t: DistributedTable, keys: ArrayLike, priorities: ArrayLike | fl
                     timed_out.append(a)
             elif r[0]:
                 res[a] = r[1]
+            elif isinstance(r[1], ShardMovedError):  # its shards moved: their keys go again, as placed now
+                moved[a] = r[1].epoch
             else:
                 errors.append(r[1])
 
@@ -100,13 +104,23 @@ def update_here(t: DistributedTable, keys: ArrayLike, priorities: ArrayLike | fl
                 more, errs = ctx.sync(_resend, t, held, broken)
                 res.update(more)
                 errors += errs
+            if moved:
+                ctx.sync(t._moved, max(moved.values()))
+                errors.append(Moved(moved))
             on_lost += t._lost_keys(by, res, errors + list(hung.values()))
+            again = t._moved_keys(idx, errors)
+            more = (
+                ctx.sync(t._update_now, *t._regrouped(k[again], pr[again] if np.ndim(pr) else pr))
+                if len(again)
+                else None
+            )
         except BaseException:
             t._masses.clear()
             raise
-        if not broken:
+        if not broken and not moved:
             t.stats["updates_in_thread"] += 1
-        return t._updated_all(k, res, plans, on_lost)
+        done = t._updated_all(np.delete(k, again), res, plans, on_lost)
+        return done if more is None else UpdateResult(done.applied + more.applied, done.stale + more.stale)
     finally:
         if not handed:
             t._pending.release(held)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from distributed.core import Status
@@ -79,6 +79,21 @@ class Retry(Exception):
     """Internal: the shard set changed (degraded mode) or a selection went stale; redo the operation."""
 
 
+class Moved(Retry):
+    """Internal: workers refused requests planned before shards moved (the handle knows the new placement
+    now); what was asked of them is redone as placed now, nothing of it counts as lost.
+
+    Parameters
+    ----------
+    addrs : iterable of str
+        The workers that refused.
+    """
+
+    def __init__(self, addrs: Iterable[str]) -> None:
+        self.addrs = set(addrs)
+        super().__init__(f"shards moved off {sorted(self.addrs)}")
+
+
 class Context:
     """How this handle reaches the cluster: from a client, or from inside a worker.
 
@@ -128,6 +143,9 @@ class Context:
             self.owner = client.id
         #: fast lanes to workers on this machine (:mod:`gear_flow.distributed.lane`), learnt with their shared rings
         self.lanes = Lanes()
+        #: the placement version of the handle's table that its requests to workers are planned at (``epoch``;
+        #: None: sent without, as a checkpoint's restore does)
+        self.epoch: int | None = None
         self._coord_lane: asyncio.Future | None = None  # the coordinator's lane, once looked for
         self._coord_lane_dropped = False  # it failed: the comm from then on
 
@@ -175,6 +193,24 @@ class Context:
                 return path
             logger.info("the coordinator's lane %s is not reachable", path)
         return None
+
+    def stamped(self, args: dict) -> dict:
+        """``args`` of a request to a worker, with the placement version it is planned at (:attr:`epoch`).
+
+        Parameters
+        ----------
+        args : dict
+            The request's arguments (not changed).
+
+        Returns
+        -------
+        dict
+            ``args`` with ``epoch``, or ``args`` itself when there is none
+            to add.
+        """
+        if self.epoch is None or "epoch" in args:
+            return args
+        return {**args, "epoch": self.epoch}
 
     def in_loop(self) -> bool:
         """Is the caller this context's event loop (where nothing may block)?
@@ -534,6 +570,7 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
         send twice (:data:`~gear_flow.distributed.lane.RESENDABLE_OPS`), or
         the operation failed there (its own error type).
     """
+    args = ctx.stamped(args)
     if addr == ctx.local_addr and ctx.local_plugin is not None:
         return await ctx.local_plugin.run(op, **args)
     timeout = config.get("distributed.rpc-timeout")

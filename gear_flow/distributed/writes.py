@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..errors import ShardLostError, SpecError
+from ..errors import ShardLostError, ShardMovedError, SpecError
 from ..storage.staging import stage_chunks, staged_bytes, staging_area
 from ..table.results import InsertResult
 from ..table.routing import route
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from ..spec import TableSpec
     from ..writer import EpisodeWriter
 
+#: times an insert is sent again after a worker refused it because shards moved, before it gives up
+MOVED_ATTEMPTS = 8
 #: what ``priorities`` of an insert may be: None, one value, a flat array over all items, or one array per episode
 Priorities = ArrayLike | Sequence[ArrayLike] | float | None
 
@@ -191,11 +193,14 @@ class WritesMixin:
         """
         ins = self._prepare(episodes, priorities, shard)
         timeout = self.timeout if timeout is None else timeout
-        for attempt in itertools.count():  # _rerouted bounds it
+        for attempt in itertools.count():  # _rerouted and _moved_insert bound it
             try:
                 return self._insert_once(ins, timeout)
             except ShardLostError as e:
                 ins = self._rerouted(ins, e, attempt)
+            except ShardMovedError as e:
+                self._ctx.sync(self._moved, e.epoch)
+                ins = self._moved_insert(ins, e, attempt)
 
     def _insert_once(self, ins: _Insert, timeout: float | None) -> InsertResult:
         if self._inserts_here(ins):  # the caller's thread writes (an actor into its own worker's shards) ...
@@ -213,6 +218,15 @@ class WritesMixin:
         self._check_not_lost(stored=False)  # (the shard moved, but another one may be lost meanwhile)
         logger.info("table %r: insert routed again (%s)", self.name, e)
         return self._routed(ins)
+
+    def _moved_insert(self, ins: _Insert, e: ShardMovedError, attempt: int) -> _Insert:
+        """``ins`` routed again after a worker refused it, planned before shards moved there or away (nothing
+        of it was stored, its admission given back; the handle knows the new placement): sent where the
+        shards are now, its episodes on the same shards (``e`` raised after :data:`MOVED_ATTEMPTS`)."""
+        if attempt >= MOVED_ATTEMPTS:
+            raise e
+        logger.info("table %r: insert sent again where its shards are now (%s)", self.name, e)
+        return ins
 
     def insert_batch(
         self,
@@ -302,11 +316,14 @@ class WritesMixin:
         """
         ins = self._prepare(episodes, priorities, shard)
         timeout = self.timeout if timeout is None else timeout
-        for attempt in itertools.count():  # _rerouted bounds it
+        for attempt in itertools.count():  # _rerouted and _moved_insert bound it
             try:
                 return await self._insert_prepared(ins, timeout)
             except ShardLostError as e:
                 ins = self._rerouted(ins, e, attempt)
+            except ShardMovedError as e:
+                await self._moved(e.epoch)
+                ins = self._moved_insert(ins, e, attempt)
 
     def _prepare(self, episodes, priorities, shard) -> _Insert:
         """Validate and route an insert (nothing sent yet)."""

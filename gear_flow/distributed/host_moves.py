@@ -1,0 +1,506 @@
+"""Handing shards from one worker to another: the worker's side of a move, and the gate that makes it exact.
+
+A move copies a shard whole (rings, priorities, episode index, times-sampled
+counters, stamps, selector trees: what a checkpoint holds) from its worker,
+the *source*, to another, the *destination*, so that its keys stay valid.  The
+coordinator drives it (:mod:`~gear_flow.distributed.moves`); this module is
+what each worker does:
+
+1. the destination pulls the shards (``move_in``): the source *seals* them
+   (``move_out``: no new operation on the table enters, those in progress and
+   the inserts and samples with parts staged on the moving shards finish),
+   snapshots them and keeps them sealed; the destination builds them aside;
+2. the destination installs them at the coordinator's new placement version
+   (``move_commit``), the coordinator moves the placement, and the source drops
+   them (``move_release``): the operations it held are refused as stale
+   (:class:`~gear_flow.errors.ShardMovedError`), their handles look the
+   placement up and send them where the shards are now;
+3. a move that fails anywhere before the destination installs is undone: the
+   destination forgets its copy (``move_abort``), the source thaws
+   (``move_thaw``) and serves as if nothing happened.
+
+Every table operation a handle sends carries the placement version it was
+planned at (``epoch``).  A worker whose shard set changed at a newer version
+refuses older ones, so that no request planned for the old placement is
+answered from the new one (a shard missing from, or added to, a worker's
+summaries); the P2P shuffle refuses a stale run's messages the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .. import config
+from ..errors import ShardMovedError, SpecError
+
+if TYPE_CHECKING:
+    from .host import HostedTable, ShardHost
+
+logger = logging.getLogger(__name__)
+
+#: operations on a transaction already begun: let through while a move drains the table (the move waits for
+#: their staged and pending parts to be gone), and never refused as stale (they name a txn, not a placement)
+THROUGH = frozenset({"apply", "abort", "status", "finish_sample"})
+#: operations that are not the table's data path: never held or refused (lifecycle, the move's own steps)
+UNGATED = frozenset(
+    {"create", "drop", "restore", "drop_shard", "move_out", "move_in", "move_commit", "move_release", "move_abort",
+     "move_thaw"}
+)  # fmt: skip
+#: the move's steps whose ``epoch`` is their argument (the new placement version), not the request's
+EPOCH_ARGUMENT = frozenset({"move_commit", "move_release"})
+#: moves whose installed shards a destination remembers (to undo, or to take a later version)
+INSTALLED_KEPT = 64
+#: seconds a seal's lease outlasts the move's timeout (the install, placement and release steps)
+LEASE_MARGIN_S = 120.0
+#: seconds a waiting thread looks again whether a seal's lease ran out
+LEASE_POLL_S = 0.1
+#: seconds a source waits for the operations and parts in progress on its moving shards to finish
+DRAIN_S = 10.0
+
+
+def seal_lease() -> float:
+    """Seconds a source stays sealed without hearing from the move again: the coordinator's whole move
+    (``distributed.move-timeout``) and its last steps; the coordinator gives a move up before that.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    return float(config.get("distributed.move-timeout")) + LEASE_MARGIN_S
+
+
+class MoveGate:
+    """Admits the operations of one hosted table, and holds them while a move seals the table.
+
+    Attributes
+    ----------
+    epoch : int
+        The placement version this worker's shard set of the table is at:
+        set when shards arrive or leave; requests planned at an older one are
+        refused.
+    sealed : str or None
+        The move holding the table, if any.
+    """
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._active = 0
+        self._draining: str | None = None
+        self.sealed: str | None = None
+        self._lease_end = 0.0
+        self.epoch = 0
+
+    def enter(self, op: str, epoch: int | None, wait: bool, joins: bool = False) -> bool:
+        """Let operation ``op`` in (the caller calls :meth:`leave` when it is done).
+
+        Parameters
+        ----------
+        op : str
+            The operation.
+        epoch : int or None
+            The placement version the request was planned at (None: not
+            checked).
+        wait : bool
+            Wait while a move holds the table (a thread); False: return False
+            instead (the event loop, which polls).
+        joins : bool, default False
+            It goes on with a transaction that has parts here (a sample's
+            later request): let through while the table drains, which waits
+            for that transaction.
+
+        Returns
+        -------
+        bool
+            Whether it entered.
+
+        Raises
+        ------
+        ShardMovedError
+            ``epoch`` is older than this worker's shard set.
+        """
+        with self._cv:
+            while True:
+                self._expire()
+                through = op in THROUGH or joins
+                if not through and epoch is not None and epoch < self.epoch:
+                    raise ShardMovedError(self.epoch, "this worker's shards of the table changed since the request")
+                held = self.sealed is not None or (self._draining is not None and not through)
+                if not held:
+                    self._active += 1
+                    return True
+                if not wait:
+                    return False
+                self._cv.wait(LEASE_POLL_S)  # (the seal's lease may run out meanwhile)
+
+    def _expire(self) -> None:
+        """A seal no move step came back for within its lease ends (its coordinator is gone, or the steps
+        were sent by hand): the table serves on, as after a thaw (called under the gate's lock)."""
+        if self.sealed is not None and time.monotonic() > self._lease_end:
+            logger.warning("move %s: neither released nor thawed within its lease; the table serves on", self.sealed)
+            self.sealed = None
+            self._cv.notify_all()
+
+    def leave(self) -> None:
+        """An operation let in by :meth:`enter` is done."""
+        with self._cv:
+            self._active -= 1
+            self._cv.notify_all()
+
+    def seal(self, move: str, quiet: Callable[[], bool], timeout: float) -> None:
+        """Hold every operation for ``move``: new ones wait, those in progress finish, and so do the
+        transactions ``quiet()`` reports busy (their apply, abort and finish still enter).
+
+        Parameters
+        ----------
+        move : str
+            The move's id.
+        quiet : callable
+            ``quiet()`` is True once no staged, applying or pending part
+            touches the moving shards (called under this gate's lock).
+        timeout : float
+            Seconds to wait for that.
+
+        Raises
+        ------
+        SpecError
+            Another move holds the table, or the table did not become quiet
+            in time (nothing is held then).
+        """
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            if self.sealed is not None or self._draining is not None:
+                raise SpecError(f"the table is already being moved ({self.sealed or self._draining})")
+            self._draining = move
+            try:
+                while not (self._active == 0 and quiet()):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise SpecError(
+                            f"the table's operations in progress did not finish within {timeout} s; not moved"
+                        )
+                    self._cv.wait(min(left, 0.01))  # parts finish under the table's lock, not this one: polled
+            except BaseException:
+                self._draining = None
+                self._cv.notify_all()
+                raise
+            self._draining = None
+            self.sealed = move
+            self._lease_end = time.monotonic() + seal_lease()
+
+    def thaw(self, move: str, epoch: int | None = None) -> bool:
+        """Let the held operations go on; with ``epoch``, at that placement version (the stale ones are
+        refused then).
+
+        Parameters
+        ----------
+        move : str
+            The move that sealed the table.
+        epoch : int, optional
+            The new placement version of this worker's shard set.
+
+        Returns
+        -------
+        bool
+            Whether ``move`` held the table.
+        """
+        with self._cv:
+            if self.sealed != move:
+                return False
+            if epoch is not None:
+                self.epoch = max(self.epoch, int(epoch))
+            self.sealed = None
+            self._cv.notify_all()
+            return True
+
+    def advance(self, epoch: int) -> None:
+        """This worker's shard set changed at placement version ``epoch`` (shards arrived).
+
+        Waits for the operations in progress, so that none planned at the old
+        placement sees the new shard set.
+
+        Parameters
+        ----------
+        epoch : int
+            The new placement version.
+        """
+        with self._cv:
+            while self.sealed is not None or self._draining is not None:
+                self._cv.wait()
+            self._draining = "advance"  # new operations wait, so that those in progress come to an end
+            try:
+                while self._active:
+                    self._cv.wait()
+                self.epoch = max(self.epoch, int(epoch))
+            finally:
+                self._draining = None
+                self._cv.notify_all()
+
+
+def _busy(t: HostedTable, shards: set[int]) -> bool:
+    """Does a staged insert, an insert being applied or a pending sample touch ``shards``? (``t.lock`` taken)"""
+    if t.applying:
+        return True
+    if any(s in shards for parts in t.staged.values() for s, _ in parts):
+        return True
+    return any(p[0] in shards for parts in t.pending.values() for p in parts)
+
+
+def move_out(host: ShardHost, name: str, shards: list[int], move: str) -> dict:
+    """Seal table ``name`` here and snapshot ``shards`` for a move (the source's first step).
+
+    Parameters
+    ----------
+    host : ShardHost
+        This worker's host.
+    name : str
+        The table's name.
+    shards : list of int
+        The shards that move.
+    move : str
+        The move's id.
+
+    Returns
+    -------
+    dict
+        ``{shard: {"arrays": ..., "meta": ...}}``, as
+        :func:`gear_flow.checkpoint.snapshot_shard` makes them.
+
+    Raises
+    ------
+    SpecError
+        A shard is not here, the table is being moved already, or its
+        operations in progress did not finish in time (nothing is held).
+    """
+    from .. import checkpoint as ck
+
+    t = host.table(name)
+    ids = sorted({int(s) for s in shards})
+    for i in ids:
+        t.shard(i)
+
+    def quiet():
+        with t.lock:
+            return not _busy(t, set(ids))
+
+    t.gate.seal(move, quiet, DRAIN_S)
+    try:
+        out = {}
+        for i in ids:
+            arrays, meta = ck.snapshot_shard(t.shards[i])
+            out[i] = {"arrays": arrays, "meta": meta}
+    except BaseException:
+        t.gate.thaw(move)
+        raise
+    return out
+
+
+def move_thaw(host: ShardHost, name: str, move: str) -> bool:
+    """Undo ``move`` on its source: the held operations go on, the shards stay (the move failed).
+
+    Parameters
+    ----------
+    host : ShardHost
+        This worker's host.
+    name : str
+        The table's name.
+    move : str
+        The move's id.
+
+    Returns
+    -------
+    bool
+        Whether the move held the table here.
+    """
+    t = host.tables.get(name)
+    return t is not None and t.gate.thaw(move)
+
+
+def move_release(host: ShardHost, name: str, shards: list[int], move: str, epoch: int) -> bool:
+    """The move is done: drop ``shards`` here, and refuse what was planned before placement version ``epoch``.
+
+    Parameters
+    ----------
+    host : ShardHost
+        This worker's host.
+    name : str
+        The table's name.
+    shards : list of int
+        The shards that moved.
+    move : str
+        The move's id.
+    epoch : int
+        The placement version with the shards at their destination.
+
+    Returns
+    -------
+    bool
+        Whether the move held the table here.
+    """
+    t = host.tables.get(name)
+    if t is None or t.gate.sealed != move:
+        return False
+    with t.lock:
+        gone = [i for i in sorted({int(s) for s in shards}) if i in t.shards]
+        t.release(gone)
+        for i in gone:
+            del t.shards[i]
+    return t.gate.thaw(move, epoch)
+
+
+def move_in(host: ShardHost, name: str, config: dict, move: str, snapshot: dict) -> dict:
+    """Build the shards of ``snapshot`` aside for ``move`` (the destination's first step; nothing visible).
+
+    Parameters
+    ----------
+    host : ShardHost
+        This worker's host.
+    name : str
+        The table's name.
+    config : dict
+        Its configuration (:meth:`TableConfig.to_dict`, plus
+        ``shared_memory``).
+    move : str
+        The move's id.
+    snapshot : dict
+        What the source's :func:`move_out` answered.
+
+    Returns
+    -------
+    dict of int to int
+        Items per shard built.
+
+    Raises
+    ------
+    SpecError
+        A shard of the snapshot is hosted here already.
+    CheckpointError
+        The snapshot does not fit the table's spec.
+    """
+    from .. import checkpoint as ck
+    from .host import HostedTable
+
+    check_absent(host, name, snapshot)
+    t = host.hosted(name, config)
+    built = {}
+    try:
+        for i, part in sorted(snapshot.items()):
+            s = t.build_shard(int(i))
+            built[int(i)] = s
+            ck.restore_shard(s, part["arrays"], part["meta"])
+    except BaseException:
+        HostedTable.release_shards(built.values())
+        raise
+    with t.lock:
+        old = t.incoming.pop(move, None)
+        t.incoming[move] = built
+    if old:
+        HostedTable.release_shards(old.values())
+    return {i: s.size for i, s in built.items()}
+
+
+def check_absent(host: ShardHost, name: str, shards) -> None:
+    """Refuse a move onto this worker of ``shards`` it hosts already.
+
+    Parameters
+    ----------
+    host : ShardHost
+        This worker's host.
+    name : str
+        The table's name.
+    shards : iterable of int
+        The shards that would arrive.
+
+    Raises
+    ------
+    SpecError
+        One of them is hosted here.
+    """
+    t = host.tables.get(name)
+    if t is None:
+        return
+    with t.lock:
+        have = sorted({int(s) for s in shards} & set(t.shards))
+    if have:
+        raise SpecError(f"shard(s) {have} of table {name!r} are on this worker already")
+
+
+def move_commit(host: ShardHost, name: str, move: str, epoch: int) -> list[int]:
+    """Install the shards built for ``move`` at placement version ``epoch`` (the destination's last step).
+
+    Parameters
+    ----------
+    host : ShardHost
+        This worker's host.
+    name : str
+        The table's name.
+    move : str
+        The move's id.
+    epoch : int
+        The placement version with the shards here.
+
+    Returns
+    -------
+    list of int
+        The shards installed.
+
+    Raises
+    ------
+    SpecError
+        Nothing was built here for ``move``.
+    """
+    t = host.table(name)
+    with t.lock:
+        built = t.incoming.get(move)
+        done = t.installed.get(move)
+    if built is None and done is not None:  # again, at a later version (the coordinator's moved meanwhile)
+        t.gate.advance(epoch)
+        return list(done)
+    if built is None:
+        raise SpecError(f"no shards of table {name!r} were built on this worker for move {move!r}")
+    t.gate.advance(epoch)  # no request planned before it sees the new shards: those that come now are refused
+    with t.lock:
+        t.incoming.pop(move, None)
+        t.shards.update(built)
+        t.installed[move] = sorted(built)
+        while len(t.installed) > INSTALLED_KEPT:
+            t.installed.popitem(last=False)
+    return sorted(built)
+
+
+def move_abort(host: ShardHost, name: str, move: str) -> bool:
+    """Forget the shards built for ``move``, installed or not (it failed before the coordinator placed them).
+
+    Parameters
+    ----------
+    host : ShardHost
+        This worker's host.
+    name : str
+        The table's name.
+    move : str
+        The move's id.
+
+    Returns
+    -------
+    bool
+        Whether anything was built for it here.
+    """
+    from .host import HostedTable
+
+    t = host.tables.get(name)
+    if t is None:
+        return False
+    with t.lock:
+        built = t.incoming.pop(move, None)
+        # installed, and the coordinator could not place them here after all: they leave again (the
+        # placement still names the source, which kept them)
+        done = [i for i in t.installed.pop(move, ()) if i in t.shards]
+        gone = [t.shards.pop(i) for i in done]
+    if built:
+        HostedTable.release_shards(built.values())
+    HostedTable.release_shards(gone)
+    return built is not None or bool(done)

@@ -1,0 +1,431 @@
+"""Tables survive Dask's own scaling: retiring, adaptive and added workers move whole shards instead of losing them.
+
+Every test runs a real ``LocalCluster`` of worker processes and retires,
+adds or kills workers the way Dask does (``Client.retire_workers``,
+``Adaptive``, ``SpecCluster.scale``, ``Worker.close_gracefully``), while
+writer, sampler and consumer threads run on their own handles.  What each
+worker holds is read from the shards themselves (``client.run``), so "nothing
+lost" is checked on the data, not on what a handle believes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+from dist_support import own_cluster, wait_for
+from helpers import chi2_critical, shard_state
+
+import gear_flow as gf
+from gear_flow import cli
+from gear_flow.distributed import DistributedTable
+from gear_flow.distributed.transport import call
+
+pytestmark = pytest.mark.timeout(240)
+
+TAG = (gf.ColumnSpec("tag", (), np.int64),)
+PLANES = ["shared-memory", "tcp-lane", "comm"]
+
+
+def plane(name: str) -> dict:
+    return {
+        "gear-flow.distributed.shared-memory": name == "shared-memory",
+        "gear-flow.distributed.tcp-lane": name == "tcp-lane",
+    }
+
+
+def tagged(tags):
+    return [{"tag": np.array([t], np.int64)} for t in tags]
+
+
+def _tags_on(name, dask_worker=None):
+    """``{shard: tags of its live items}`` of this worker's shards, read from the shards themselves."""
+    t = dask_worker.plugins["gear-flow"].host.tables.get(name)
+    out = {}
+    for i, s in (t.shards if t is not None else {}).items():
+        with s.lock:
+            out[i] = s.ring.columns["tag"][s.active == 1].tolist()
+    return out
+
+
+def all_tags(client, t) -> list[int]:
+    """Every live tag on every worker, from the shards (a shard on two workers would show its tags twice)."""
+    return [x for per in client.run(_tags_on, t.name).values() for tags in per.values() for x in tags]
+
+
+def _states(name, dask_worker=None):
+    """``{shard: everything a move must carry}`` of this worker's shards: rings, flags, priorities, trees,
+    the episode index, stamps, times sampled, counters."""
+    import dataclasses
+
+    t = dask_worker.plugins["gear-flow"].host.tables.get(name)
+    out = {}
+    for i, s in (t.shards if t is not None else {}).items():
+        with s.lock:
+            idx = s.index
+            out[i] = {
+                "state": shard_state(s),
+                "touched": s.touched.copy(),
+                "times_sampled": None if s.times_sampled is None else s.times_sampled.copy(),
+                "step_episode": None if s.step_episode is None else s.step_episode.copy(),
+                "index": ({k: v[idx.first : idx.next].copy() for k, v in idx.arrays.items()}, idx.next - idx.first),
+                "counters": dataclasses.asdict(s.counters)
+                if dataclasses.is_dataclass(s.counters)
+                else vars(s.counters).copy(),
+                "size": s.size,
+            }
+    return out
+
+
+def same(x, y) -> bool:
+    """Deep equality of nested tuples, dicts and arrays."""
+    if isinstance(x, dict):
+        return isinstance(y, dict) and x.keys() == y.keys() and all(same(x[k], y[k]) for k in x)
+    if isinstance(x, (tuple, list)):
+        return isinstance(y, (tuple, list)) and len(x) == len(y) and all(same(a, b) for a, b in zip(x, y))
+    if isinstance(x, np.ndarray) or isinstance(y, np.ndarray):
+        return np.array_equal(np.asarray(x), np.asarray(y))
+    return x == y
+
+
+def lookup(t) -> dict:
+    return t._ctx.sync(t._coord, "lookup")
+
+
+class Traffic:
+    """Writer and sampler (learner) threads, each on its own handle of table ``name``: every tag is inserted
+    once, ``per_insert`` at a time; samplers draw ``read`` rows and, learning, write priorities back (waited
+    for, or riding along).  Every error is kept; the run stops on :meth:`stop`."""
+
+    def __init__(self, client, name, writers=2, samplers=2, per_insert=2, read=16, learn=True, consume=False):
+        self.client, self.name = client, name
+        self.stop_flag = threading.Event()
+        self.lock = threading.Lock()
+        self.ok: list[int] = []
+        self.got: list[int] = []
+        self.errors: list[tuple[str, str]] = []
+        self.samples = 0
+        self.next_tag = iter(range(10**6))
+        self.per_insert, self.read, self.learn, self.consume = per_insert, read, learn, consume
+        self.threads = [threading.Thread(target=self.write, daemon=True) for _ in range(writers)]
+        self.threads += [threading.Thread(target=self.sample, args=(i,), daemon=True) for i in range(samplers)]
+        for th in self.threads:
+            th.start()
+
+    def tags(self):
+        with self.lock:
+            return [next(self.next_tag) for _ in range(self.per_insert)]
+
+    def write(self):
+        t = DistributedTable.attach(self.name, self.client)
+        while not self.stop_flag.is_set():
+            tags = self.tags()
+            try:
+                t.insert(tagged(tags), timeout=30)
+            except Exception as e:  # noqa: BLE001 - kept, the test fails on it
+                with self.lock:
+                    self.errors.append(("insert", repr(e)))
+                return
+            with self.lock:
+                self.ok.extend(tags)
+
+    def sample(self, i):
+        t = DistributedTable.attach(self.name, self.client)
+        while not self.stop_flag.is_set():
+            try:
+                b = t.sample(self.read, timeout=1 if self.consume else 30)
+                if self.learn:
+                    t.update_priorities(b.keys, np.random.default_rng(i).uniform(0.5, 2.0, len(b.keys)), wait=i == 0)
+            except gf.RateLimitTimeout:
+                if self.consume:  # an empty queue for a second: asked again
+                    continue
+                with self.lock:
+                    self.errors.append(("sample", "timed out"))
+                return
+            except Exception as e:  # noqa: BLE001 - kept, the test fails on it
+                with self.lock:
+                    self.errors.append(("sample", repr(e)))
+                return
+            with self.lock:
+                self.samples += 1
+                if self.consume:
+                    self.got.extend(b["tag"].numpy()[:, 0].tolist())
+        if self.learn:
+            t.flush()
+
+    def wait_for(self, inserted: int, samples: int):
+        wait_for(lambda: (len(self.ok) >= inserted and self.samples >= samples) or self.errors, "traffic")
+
+    def stop(self):
+        self.stop_flag.set()
+        for th in self.threads:
+            th.join(60)
+        assert not any(th.is_alive() for th in self.threads)
+
+
+@pytest.mark.parametrize("data_plane", PLANES)
+def test_retiring_a_shard_holder_under_writers_and_samplers_moves_its_shard(data_plane):
+    """``client.retire_workers`` on the worker of shard 0 while 2 writers insert and 2 learners sample and
+    write priorities back: the worker leaves, its shard lives on another worker, no call fails, and the
+    table holds exactly the tags reported inserted, each once (size = inserted - evicted, nothing evicted)."""
+    with own_cluster(plane(data_plane), n=3) as client:
+        t = DistributedTable.create(
+            client, gf.TableSpec(TAG, capacity=50_000, num_shards=3), sampler=gf.Prioritized(0.8, 0.4)
+        )
+        t.insert(tagged(range(-300, 0)))
+        load = Traffic(client, t.name)
+        load.wait_for(100, 20)
+        holder = t.placement[0]
+        retired = client.retire_workers(workers=[holder])
+        assert list(retired) == [holder]
+        n = len(load.ok)
+        load.wait_for(n + 100, load.samples + 20)  # and they go on after it
+        load.stop()
+        assert not load.errors, load.errors
+        assert holder not in client.scheduler_info()["workers"]
+        st = lookup(t)
+        assert st["lost"] == {} and holder not in st["placement"].values()
+        tags = all_tags(client, t)
+        assert len(tags) == len(set(tags)) and set(tags) == set(load.ok) | set(range(-300, 0))
+        info = t.info()
+        assert (
+            info["size"]
+            == info["coordinator_size"]
+            == len(tags)
+            == info["totals"]["inserted"] - info["totals"]["evicted"]
+        )
+        t.sample(64)
+        t.close()
+
+
+def test_a_moved_shard_keeps_its_items_priorities_counters_and_keys():
+    """A prioritized table with ``max_times_sampled``: the moved shard's rings, priorities, sum trees,
+    episode index, times-sampled counts and stamps are the same on its new worker, and a key issued before
+    the move updates its item after it."""
+    with own_cluster(n=3) as client:
+        spec = gf.TableSpec(TAG, capacity=1000, num_shards=2)
+        t = DistributedTable.create(client, spec, sampler=gf.Prioritized(), max_times_sampled=50, workers=sorted(client.scheduler_info()["workers"])[:2], seed=0)  # fmt: skip
+        for i in range(20):
+            t.insert(tagged(range(10 * i, 10 * i + 10)), priorities=np.arange(1.0, 11.0))
+        b = t.sample(64)
+        src = t.placement[0]
+        before = client.run(_states, t.name, workers=[src])[src][0]
+        dest = next(a for a in client.scheduler_info()["workers"] if a not in t.placement.values())
+        t.move_shards([0], dest)
+        assert t.placement[0] == dest and lookup(t)["placement"][0] == dest
+        after = client.run(_states, t.name, workers=[dest])[dest][0]
+        assert before["times_sampled"].sum() > 0 and before["size"] == 100  # sampled before it moved
+        for k in before:
+            assert same(before[k], after[k]), k
+        assert 0 not in client.run(_tags_on, t.name, workers=[src])[src]  # the source holds it no more
+        for worker in (src, dest):  # a request planned at the old placement is refused by both
+            with pytest.raises(gf.ShardMovedError, match="placement version"):
+                t._ctx.sync(call, t._ctx, worker, "summaries", name=t.name, kinds=["size"], epoch=0)
+        res = t.update_priorities(b.keys, np.full(len(b.keys), 11.5))
+        assert (res.applied, res.stale) == (64, 0)
+        on_0 = {k for k in b.keys.tolist() if k >> 56 == 0}
+        prio = client.run(_states, t.name, workers=[dest])[dest][0]["state"][3]
+        assert int((prio == 11.5).sum()) == len(on_0) > 0  # the keys issued before the move reached it
+        t.close()
+
+
+def test_adapt_with_the_default_policy_never_retires_a_shard_holder():
+    """``cluster.adapt(minimum=1, maximum=3)`` on an idle cluster whose three workers each hold a shard:
+    with ``scale-down: keep`` (the default) every adaptive round asks ``valid_workers_downscaling`` and none
+    is retired; 5 s at a 100 ms interval are 50 rounds (Dask's default interval is 1 s: 20 s of rounds are
+    20).  No step is lost."""
+    with own_cluster({"distributed.adaptive.interval": "100ms", "distributed.adaptive.wait-count": 1}, n=3) as client:
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=10_000, num_shards=3))
+        t.insert(tagged(range(3000)))
+        cluster = client.cluster
+        adaptive = cluster.adapt(minimum=1, maximum=3, interval="100ms", wait_count=1)
+        end = time.monotonic() + 5.0
+        while time.monotonic() < end:  # watching for a retirement over 50 adaptive rounds (not a barrier)
+            assert len(client.scheduler_info()["workers"]) == 3
+            time.sleep(0.1)
+        adaptive.stop()
+        assert lookup(t)["lost"] == {} and sorted(all_tags(client, t)) == list(range(3000))
+        t.close()
+
+
+def test_adapt_with_the_move_policy_retires_holders_after_moving_their_shards():
+    """With ``scale-down: move`` the same idle cluster shrinks to one worker, every shard moved onto it
+    first: no step is lost and sampling goes on."""
+    cfg = {"gear-flow.distributed.scale-down": "move", "distributed.adaptive.interval": "100ms"}
+    with own_cluster(cfg, n=3) as client:
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=10_000, num_shards=3))
+        t.insert(tagged(range(3000)))
+        adaptive = client.cluster.adapt(minimum=1, maximum=3, interval="100ms", wait_count=1)
+        wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, "the cluster to shrink to one worker")
+        adaptive.stop()
+        (only,) = client.scheduler_info()["workers"]
+        st = lookup(t)
+        assert st["lost"] == {} and set(st["placement"].values()) == {only}
+        assert sorted(all_tags(client, t)) == list(range(3000))
+        assert len(t.sample(100)["tag"]) == 100
+        t.close()
+
+
+async def _close_gracefully(dask_worker=None):
+    await dask_worker.close_gracefully()
+
+
+def test_close_gracefully_and_scaling_down_move_shards_first():
+    """``Worker.close_gracefully`` and ``SpecCluster.scale(n)`` down (which names the workers it retires by
+    their names): the shards move off before the workers close."""
+    with own_cluster(n=3) as client:
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=10_000, num_shards=3), degraded=True)
+        t.insert(tagged(range(900)))
+        victim = t.placement[1]
+        client.run(_close_gracefully, workers=[victim], wait=False)
+        wait_for(lambda: victim not in client.scheduler_info()["workers"], "the worker to close")
+        assert lookup(t)["lost"] == {} and sorted(all_tags(client, t)) == list(range(900))
+        client.cluster.scale(1)
+        wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, "scale(1)")
+        st = lookup(t)
+        assert st["lost"] == {} and len(set(st["placement"].values())) == 1
+        assert sorted(all_tags(client, t)) == list(range(900))
+        t.insert(tagged([900]))
+        assert t.info()["size"] == 901
+        t.close()
+
+
+def test_growing_the_cluster_and_rebalancing_keeps_prioritized_sampling_exact(capsys):
+    """From 2 workers to 4, then ``gear-flow rebalance``: the 4 shards end up on 4 workers, a second table made with
+    ``rebalance_on_join`` spread by itself, and a chi-square test of prioritized sampling (the probability
+    of each item proportional to its priority, across shards) passes; each batch reports the probabilities
+    of the draws it made."""
+    with own_cluster(n=2) as client:
+        spec = gf.TableSpec(TAG, capacity=1000, num_shards=4)
+        t = DistributedTable.create(client, spec, sampler=gf.Prioritized(1.0, 0.0), seed=3)
+        grow = DistributedTable.create(client, spec, rebalance_on_join=True)
+        tags = np.arange(40)
+        prios = (tags % 7 + 1).astype(np.float64)
+        for s in range(4):  # ten items per shard, with priorities 1..7
+            t.insert(tagged(tags[s * 10 : s * 10 + 10]), priorities=prios[s * 10 : s * 10 + 10], shard=s)
+            grow.insert(tagged(tags[s * 10 : s * 10 + 10]), shard=s)
+        client.cluster.scale(4)
+        client.wait_for_workers(4)
+        assert cli.main(["rebalance", "--scheduler", client.scheduler.address, "--table", t.name]) == 0
+        out = capsys.readouterr().out
+        assert out.count(" -> ") == 2 and "2 shard(s) moved" in out, out
+        assert t.rebalance() == []  # this handle's placement was planned before the moves: it learns them
+        assert len(set(t.placement.values())) == 4
+        wait_for(lambda: len(set(lookup(grow)["placement"].values())) == 4, "the joining workers to get shards")
+        assert sorted(all_tags(client, t)) == sorted(all_tags(client, grow)) == tags.tolist()
+        counts = np.zeros(40)
+        expected_p = prios / prios.sum()
+        for _ in range(50):
+            b = t.sample(200)
+            got = b["tag"].numpy()[:, 0]
+            np.testing.assert_allclose(b.probabilities.numpy(), expected_p[got], rtol=1e-9)
+            np.add.at(counts, got, 1)
+        expected = expected_p * counts.sum()
+        chi2 = float(((counts - expected) ** 2 / expected).sum())
+        assert chi2 < chi2_critical(39), chi2
+        t.close()
+        grow.close()
+
+
+def test_a_queue_drained_by_two_consumers_while_its_shards_move_hands_out_each_item_once():
+    """A queue over 2 shards; 2 producers and 2 consumers run while its shards move from worker to worker 6
+    times: every item comes out exactly once, and none is left."""
+    with own_cluster(n=3) as client:
+        t = DistributedTable.queue(client, gf.TableSpec(TAG, capacity=100_000, num_shards=2), 64)
+        load = Traffic(client, t.name, per_insert=2, read=4, learn=False, consume=True)
+        load.wait_for(200, 20)
+        workers = sorted(client.scheduler_info()["workers"])
+        for i in range(6):
+            shard = i % 2
+            dest = next(a for a in workers if a not in lookup(t)["placement"].values())
+            t.move_shards([shard], dest)
+            load.wait_for(len(load.ok) + 40, load.samples + 5)
+        load.stop_flag.set()
+        for th in load.threads[:2]:  # the producers stop first; the consumers empty the queue
+            th.join(60)
+        wait_for(lambda: len(load.got) == len(load.ok) or load.errors, "the consumers to drain the queue")
+        load.stop()
+        assert not load.errors, load.errors
+        assert len(load.got) == len(set(load.got)) and set(load.got) == set(load.ok)
+        assert all_tags(client, t) == [] and lookup(t)["size"] == 0
+        t.close()
+
+
+def _kill_when(step, dask_worker=None):
+    """SIGKILL this worker when it reaches ``step`` of a move: ``building`` (the source has sealed and sent
+    its snapshot) or ``installing`` (built, asked to install)."""
+    from gear_flow.distributed import host_moves
+
+    plugin = dask_worker.plugins["gear-flow"]
+    if step == "building":
+        host_moves.move_in = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+    else:
+        real = plugin.run
+
+        async def run(op, **kw):
+            if op == "move_commit":
+                os.kill(os.getpid(), signal.SIGKILL)
+            return await real(op, **kw)
+
+        plugin.run = run
+
+
+@pytest.mark.parametrize("step", ["building", "installing"])
+def test_a_move_whose_destination_is_killed_leaves_the_shard_on_its_source(step):
+    """The destination is SIGKILLed in the middle of a retirement's move (the source sealed and snapshotted
+    its shard): the move is undone, the shard is still on its source, which is not retired, nothing is
+    lost, and the writers and samplers that waited on the sealed shard go on."""
+    with own_cluster(n=3) as client:
+        workers = sorted(client.scheduler_info()["workers"])
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=50_000, num_shards=2), workers=workers[:2])
+        t.insert(tagged(range(-200, 0)))
+        dest = workers[2]
+        client.run(_kill_when, step, workers=[dest])
+        load = Traffic(client, t.name, learn=False)
+        load.wait_for(50, 10)
+        src = t.placement[0]
+        assert client.retire_workers(workers=[src]) == {}
+        wait_for(lambda: dest not in client.scheduler_info()["workers"], "the destination to be gone")
+        load.wait_for(len(load.ok) + 50, load.samples + 10)
+        load.stop()
+        assert not load.errors, load.errors
+        assert src in client.scheduler_info()["workers"]
+        st = lookup(t)
+        assert st["placement"][0] == src and st["lost"] == {}
+        tags = all_tags(client, t)
+        assert len(tags) == len(set(tags)) and set(tags) == set(load.ok) | set(range(-200, 0))
+        t.close()
+
+
+def test_a_retirement_with_no_room_anywhere_is_refused_and_logged(caplog):
+    """Shards whose rings at capacity need more memory than any other worker has (memory_limit 1 GiB, a
+    shard of ~1.1 GiB): ``retire_workers`` retires nothing, the worker stays with its shard, the log and
+    the ``gear-flow`` event name the table and the shard; an adaptive policy that would move them is told
+    that worker may not go."""
+    obs = (gf.ColumnSpec("obs", (48,), np.float32),)
+    import dask
+    from distributed import Client, LocalCluster
+
+    with (
+        dask.config.set({"gear-flow.distributed.scale-down": "move"}),
+        LocalCluster(n_workers=2, threads_per_worker=1, memory_limit="1GiB", host="127.0.0.1", dashboard_address=None) as cluster,
+        Client(cluster) as client,
+    ):  # fmt: skip
+        t = DistributedTable.create(client, gf.TableSpec(obs, capacity=1 << 22, num_shards=2), name="big")
+        t.insert([{"obs": np.ones((10, 48), np.float32)}], shard=0)
+        holder = t.placement[0]
+        with caplog.at_level(logging.WARNING, logger="gear_flow.distributed.moves"):
+            assert client.retire_workers(workers=[holder]) == {}
+        assert holder in client.scheduler_info()["workers"]
+        assert any("table 'big'" in r.getMessage() and "shard 0" in r.getMessage() for r in caplog.records), caplog.text
+        events = [e for _, e in client.get_events("gear-flow") if e.get("action") == "retirement-refused"]
+        assert events and "table 'big'" in events[0]["detail"]
+        may_go = client.run_on_scheduler(lambda dask_scheduler: dask_scheduler.workers_to_close())
+        assert holder not in may_go
+        assert lookup(t)["placement"][0] == holder and t.info()["size"] == 10
+        t.close()
