@@ -235,34 +235,25 @@ def test_a_moved_shard_keeps_its_items_priorities_counters_and_keys():
         t.close()
 
 
-def test_adapt_with_the_default_policy_never_retires_a_shard_holder():
-    """``cluster.adapt(minimum=1, maximum=3)`` on an idle cluster whose three workers each hold a shard:
-    with ``scale-down: keep`` (the default) every adaptive round asks ``valid_workers_downscaling`` and none
-    is retired; 5 s at a 100 ms interval are 50 rounds (Dask's default interval is 1 s: 20 s of rounds are
-    20).  No step is lost."""
-    with own_cluster({"distributed.adaptive.interval": "100ms", "distributed.adaptive.wait-count": 1}, n=3) as client:
+def test_adapt_keeps_shard_holders_by_default_and_retires_them_after_moving_their_shards_with_move():
+    """``cluster.adapt(minimum=1, maximum=3)`` on an idle cluster whose three workers each hold a shard.
+    With ``scale-down: keep`` (the default) every adaptive round asks ``valid_workers_downscaling`` and none
+    is retired: 5 s at a 100 ms interval are 50 rounds (Dask's default interval is 1 s: 20 s are 20 rounds).
+    Then with ``scale-down: move`` the cluster shrinks to one worker, every shard moved onto it first.  No
+    step is lost either way, and sampling goes on."""
+    import dask
+
+    with own_cluster(n=3) as client:
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=10_000, num_shards=3))
         t.insert(tagged(range(3000)))
-        cluster = client.cluster
-        adaptive = cluster.adapt(minimum=1, maximum=3, interval="100ms", wait_count=1)
+        adaptive = client.cluster.adapt(minimum=1, maximum=3, interval="100ms", wait_count=1)
         end = time.monotonic() + 5.0
         while time.monotonic() < end:  # watching for a retirement over 50 adaptive rounds (not a barrier)
             assert len(client.scheduler_info()["workers"]) == 3
             time.sleep(0.1)
-        adaptive.stop()
         assert lookup(t)["lost"] == {} and sorted(all_tags(client, t)) == list(range(3000))
-        t.close()
-
-
-def test_adapt_with_the_move_policy_retires_holders_after_moving_their_shards():
-    """With ``scale-down: move`` the same idle cluster shrinks to one worker, every shard moved onto it
-    first: no step is lost and sampling goes on."""
-    cfg = {"gear-flow.distributed.scale-down": "move", "distributed.adaptive.interval": "100ms"}
-    with own_cluster(cfg, n=3) as client:
-        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=10_000, num_shards=3))
-        t.insert(tagged(range(3000)))
-        adaptive = client.cluster.adapt(minimum=1, maximum=3, interval="100ms", wait_count=1)
-        wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, "the cluster to shrink to one worker")
+        with dask.config.set({"gear-flow.distributed.scale-down": "move"}):  # read by the scheduler, here
+            wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, "the cluster to shrink to one worker")
         adaptive.stop()
         (only,) = client.scheduler_info()["workers"]
         st = lookup(t)
