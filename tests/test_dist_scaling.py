@@ -425,3 +425,41 @@ def test_a_retirement_with_no_room_anywhere_is_refused_and_logged(caplog):
         assert holder not in may_go
         assert lookup(t)["placement"][0] == holder and t.info()["size"] == 10
         t.close()
+
+
+def _actor(name, stop):
+    """A task: insert tags 0, 1, ... one call each into this worker's own shard (the caller's thread writes
+    the rings while the shard is here) until the Dask event ``stop`` is set; the tags and shards reported."""
+    from distributed import Event
+
+    t = DistributedTable.attach(name)
+    shard = t.local_shards[0]
+    done = Event(stop)
+    out = []
+    while not done.is_set():
+        for _ in range(20):
+            k = len(out)
+            out.append((k, int(t.insert(tagged([k]), shard=shard).shards[0])))
+    return out, t.stats["insert_in_thread"]
+
+
+def test_an_actor_writing_into_its_own_shard_goes_on_when_the_shard_moves_away():
+    """A task on shard 0's worker inserts into shard 0 in its own thread while shard 0 moves to another
+    worker and back: every insert returns, on shard 0, and shard 0 holds each tag once."""
+    from distributed import Event
+
+    with own_cluster(n=3) as client:
+        workers = sorted(client.scheduler_info()["workers"])
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=50_000, num_shards=2), workers=workers[:2])
+        home = t.placement[0]
+        fut = client.submit(_actor, t.name, "stop-actor", workers=[home], pure=False)
+        for at, dest in ((50, workers[2]), (100, home)):  # each move while the actor writes
+            wait_for(lambda at=at: lookup(t)["size"] >= at, "the actor's inserts")
+            t.move_shards([0], dest)
+        wait_for(lambda: lookup(t)["size"] >= 150, "inserts after the moves")
+        Event("stop-actor", client=client).set()
+        out, in_thread = fut.result(timeout=120)
+        assert in_thread > 0 and all(s == 0 for _, s in out) and len(out) >= 150
+        tags = client.run(_tags_on, t.name, workers=[home])[home][0]
+        assert sorted(tags) == [k for k, _ in out]
+        t.close()
