@@ -68,7 +68,7 @@ from ucx_plane import run_ucx  # noqa: E402
 import gear_flow as gf  # noqa: E402
 
 
-def _colocated(name, B, L, repeat):
+def _colocated(name, B, L, repeat, pool_bytes):
     """Runs on a worker: sample from the table with the worker's shard read in-process."""
     import numpy as np
 
@@ -85,7 +85,8 @@ def _colocated(name, B, L, repeat):
     return {
         "stream_gbps": stream_gbps(t, B, L, repeat * 2),  # admission hidden behind the gather
         "gbps": nbytes / float(np.median(ts)) / 1e9,
-        "memcpy_gbps": memcpy_gbps(nbytes, repeat=repeat),  # in a block (see the external learner's)
+        # in a block (see the external learner's)
+        "memcpy_gbps": memcpy_gbps(nbytes, repeat=repeat, pool_bytes=pool_bytes),
         "local_shards": t.local_shards,
         "local_bytes": t.stats["local_bytes"],
         "remote_bytes": t.stats["remote_bytes"],
@@ -94,7 +95,7 @@ def _colocated(name, B, L, repeat):
     }
 
 
-def _actor_insert(name, n_episodes, episode_length, insert_batch, repeat):
+def _actor_insert(name, n_episodes, episode_length, insert_batch, repeat, pool_bytes):
     """Runs on a worker: insert episodes made here into this worker's own shards (no comm for the data).
 
     Timed alternately with a single-thread copy of the same bytes into a cold
@@ -114,7 +115,7 @@ def _actor_insert(name, n_episodes, episode_length, insert_batch, repeat):
     eps = make_episodes(n_episodes, episode_length, seed=1)
     groups = [eps[i : i + insert_batch] for i in range(0, len(eps), insert_batch)]
     nbytes = sum(a.nbytes for e in groups[0] for a in e.values())
-    copy = memcpy_step(nbytes, cold_dst=True)
+    copy = memcpy_step(nbytes, pool_bytes, cold_dst=True)
     shards = set()
     ti, tc = [], []
     for i in range(repeat + 2):
@@ -184,6 +185,7 @@ def insert_throughput(client, table, eps, args, workers):
         args.episode_length,
         args.insert_batch,
         args.repeat,
+        args.memcpy_pool_mb << 20,
         workers=[addrs[0]],
         pure=False,
     ).result()
@@ -264,12 +266,13 @@ def run(workers: int, plane: str, args, eps, rows, results):
         ts = timeit(lambda: table.sample(B, L, out=out), args.repeat)
         res["external_gbps"] = batch_bytes / float(np.median(ts)) / 1e9
         res["external_ratio"] = res["external_gbps"] / res["raw_dask_gbps"]
-        res["memcpy_gbps"] = memcpy_gbps(batch_bytes, repeat=args.repeat)  # in this (the learner's) process
+        pool = args.memcpy_pool_mb << 20
+        res["memcpy_gbps"] = memcpy_gbps(batch_bytes, repeat=args.repeat, pool_bytes=pool)  # in the learner's process
         res["external_memcpy_ratio"] = res["external_gbps"] / res["memcpy_gbps"]
         res["stats"] = dict(table.stats)
         res["stream_gbps"] = stream_gbps(table, B, L, 2 * args.repeat)
 
-        co = client.submit(_colocated, table.name, B, L, args.repeat, workers=[w0], pure=False).result()
+        co = client.submit(_colocated, table.name, B, L, args.repeat, pool, workers=[w0], pure=False).result()
         res["colocated"] = co
         res["colocated_ratio"] = co["gbps"] / co["memcpy_gbps"]
         res["colocated_stream_ratio"] = co["stream_gbps"] / co["memcpy_gbps"]
@@ -373,12 +376,18 @@ def main(argv=None):
     p.add_argument("--insert-batch", type=int, default=10)
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--quick", action="store_true")
+    p.add_argument(
+        "--memcpy-pool-mb", type=int, default=256, help="MiB the memcpy references copy from (larger than the caches)"
+    )
     p.add_argument("--learner-rounds", type=int, default=3, help="rounds of the one-vs-two learners measurement")
     p.add_argument("--no-ucx", action="store_true", help="skip the comm plane over UCX")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.quick:
-        args.episodes, args.episode_length, args.repeat, args.insert_batch = 10, 200, 4, 5
+        args.episodes, args.episode_length, args.repeat, args.insert_batch = 10, 200, 2, 5
+        # what --quick checks is that every path runs and reports, not how fast: a pool this small sits in
+        # the caches, but making 256 MiB of random bytes costs a second per reference (16x the 1 MB insert)
+        args.memcpy_pool_mb = 16
         args.batch_size, args.length = 32, 16
         args.learner_rounds = 1
     eps = make_episodes(args.episodes, args.episode_length)
@@ -391,7 +400,7 @@ def main(argv=None):
     )
     rows.append({"path": "per-batch overhead (B=1, L=1), LocalTable", "ms": results["local_batch_overhead_ms"]})
     results["memcpy_batch_gbps"] = memcpy_gbps(
-        args.batch_size * args.length * sum(c.nbytes for c in reference_columns())
+        args.batch_size * args.length * sum(c.nbytes for c in reference_columns()), pool_bytes=args.memcpy_pool_mb << 20
     )
     local = None
     for w in (1, 2):

@@ -44,7 +44,8 @@ def bench_gear_flow(args, eps, rows, results):
     step_bytes = sum(c.nbytes for c in cols)
     steps = sum(len(e["reward"]) for e in eps)
     batch_bytes = B * L * step_bytes
-    ref_batch = memcpy_gbps(batch_bytes, repeat=args.repeat)
+    pool = args.memcpy_pool_mb << 20
+    ref_batch = memcpy_gbps(batch_bytes, repeat=args.repeat, pool_bytes=pool)
     results["memcpy_batch_gbps"] = ref_batch
     rows.append({"path": "memcpy (1 thread), one batch", "GB/s": ref_batch, "x memcpy": 1.0})
 
@@ -62,7 +63,7 @@ def bench_gear_flow(args, eps, rows, results):
         table.insert(eps[i : i + per_call])
     rss1 = rss_bytes()
     call_bytes = per_call * args.episode_length * step_bytes
-    ref_ins = memcpy_gbps(call_bytes, repeat=args.repeat, cold_dst=True)
+    ref_ins = memcpy_gbps(call_bytes, repeat=args.repeat, pool_bytes=pool, cold_dst=True)
     k = iter(range(10**9))
 
     def insert_once():
@@ -327,12 +328,18 @@ def main(argv=None):
     p.add_argument("--no-peers", action="store_true", help="skip TorchRL")
     p.add_argument("--checkpoint-dir", default=None, help="where the checkpoint test writes (default: system temp)")
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
+    p.add_argument(
+        "--memcpy-pool-mb", type=int, default=256, help="MiB the memcpy references copy from (larger than the caches)"
+    )
     p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/bench_local.json)")
     args = p.parse_args(argv)
     if args.quick:
         args.episodes, args.episode_length, args.repeat = 20, 200, 5
         args.small_capacity, args.large_capacity = 10_000, 200_000
         args.insert_batch = 5
+        # what --quick checks is that every path runs and reports, not how fast: a pool this small may sit in
+        # the caches, but making 256 MiB of random bytes costs a second per reference (4x the 17 MB batch)
+        args.memcpy_pool_mb = 64
     eps = make_episodes(args.episodes, args.episode_length)
     rows: list[dict] = []
     results: dict = {"args": vars(args)}

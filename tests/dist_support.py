@@ -20,6 +20,10 @@ import gear_flow as gf
 from gear_flow.distributed import DistributedTable
 from gear_flow.distributed.plugin import PLUGIN_NAME
 
+#: for the clusters whose worker is killed or closes: each call that still dials its address retries until Dask's
+#: connect timeout runs out, where a live worker on loopback accepts within milliseconds
+DIAL = {"distributed.comm.timeouts.connect": "2s"}
+
 
 @contextlib.contextmanager
 def own_cluster(cfg: dict | None = None, n: int = 2):

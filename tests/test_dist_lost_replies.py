@@ -24,7 +24,7 @@ import concurrent.futures
 import dask
 import numpy as np
 import pytest
-from dist_support import own_cluster, tables_here, wait_for
+from dist_support import DIAL, own_cluster, tables_here, wait_for
 from lane_support import break_lane_after
 
 import gear_flow as gf
@@ -97,7 +97,7 @@ def test_a_worker_closing_while_it_draws_counts_as_lost(plane):
     worker is lost, not a live worker whose reply went missing, so a degraded table serves the batch from
     the other shard."""
     planes = {"gear-flow.distributed.shared-memory": plane == "shared-memory", "gear-flow.distributed.tcp-lane": True}
-    with own_cluster(planes) as client:
+    with own_cluster({**DIAL, **planes}) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
         t = DistributedTable.create(client, spec, degraded=True, seed=0)
         try:
@@ -122,7 +122,7 @@ def test_a_worker_lost_while_an_insert_evicts_leaves_the_insert_stored_and_says_
     and the insert returns (its items are stored: nothing to send again), with the live shard's removal
     counted; otherwise the ShardLostError says the insert was stored.  Either way no internal error leaks
     and the coordinator agrees with the shards."""
-    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
+    with own_cluster({**DIAL, "gear-flow.distributed.shared-memory": True}) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2, max_size=20)
         t = DistributedTable.create(client, spec, degraded=degraded, seed=0)
         try:
@@ -257,7 +257,7 @@ def test_an_insert_whose_other_worker_is_lost_as_it_applies_still_evicts_to_max_
     and shard 1's worker closes while it applies its part.  The part on shard 0 is stored, so the error
     says so (``.stored``, naming shard 1), and the table is evicted back to max_size first, as after an
     insert that returns (shard 0's oldest item goes), the coordinator agreeing with the shard."""
-    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
+    with own_cluster({**DIAL, "gear-flow.distributed.shared-memory": True}) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2, max_size=10)
         t = DistributedTable.create(client, spec, degraded=True, seed=0)
         try:
@@ -380,7 +380,7 @@ def test_a_worker_lost_during_a_key_edit_of_a_degraded_table_counts_its_keys_sta
     keys or applies the edit.  The call returns (no internal error): the live shard's keys applied, the lost
     one's counted stale, and the coordinator's size agrees with the shards' (the removals of the worker that
     answered are counted)."""
-    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
+    with own_cluster({**DIAL, "gear-flow.distributed.shared-memory": True}) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
         t = DistributedTable.create(client, spec, sampler=gf.Prioritized(1.0), degraded=True, seed=0)
         try:
@@ -416,7 +416,7 @@ def test_a_worker_lost_during_a_checkpoint_of_a_degraded_table_leaves_a_checkpoi
     """One shard's worker closes while it writes its part of a checkpoint: the degraded table marks it
     lost and writes the checkpoint again, of the live shard, into a fresh directory (no partial one left
     behind).  The checkpoint restores as it was taken: that shard's items, the other shard lost."""
-    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
+    with own_cluster({**DIAL, "gear-flow.distributed.shared-memory": True}) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
         t = DistributedTable.create(client, spec, degraded=True, seed=0)
         try:
@@ -450,7 +450,7 @@ def test_a_worker_lost_while_a_degraded_queue_finishes_a_sample_hands_the_batch_
     out); one worker closes while it finishes.  The batch is whole (every part arrived before the finish),
     so it is returned: the live shard's items it expired are neither lost (drawn again into another batch
     that nobody gets) nor left counted by the coordinator, and the queue goes on in order."""
-    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
+    with own_cluster({**DIAL, "gear-flow.distributed.shared-memory": True}) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
         t = DistributedTable.queue(client, spec, 32, timeout=30, seed=0, degraded=True)
         try:
@@ -474,7 +474,7 @@ def test_a_queue_sample_admitted_before_a_loss_it_meets_waits_for_as_many_items_
     candidates, and shard 1's worker closes while it answers.  The shard left holds one item: the sample
     gives its admission back and waits again (a timeout here), never handing that item out twice; with
     a second item it is served, in order."""
-    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
+    with own_cluster({**DIAL, "gear-flow.distributed.shared-memory": True}) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
         t = DistributedTable.queue(client, spec, 32, timeout=30, seed=0, degraded=True)
         try:
@@ -496,7 +496,7 @@ def test_a_queue_sample_admitted_before_a_loss_it_meets_waits_for_as_many_items_
 def test_a_worker_lost_while_the_table_counts_its_bytes(degraded):
     """``nbytes()`` while one shard's worker closes: a degraded table counts that shard 0 from then on (its
     rings' bytes leave the sum), one that is not raises ShardLostError; never an internal error."""
-    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
+    with own_cluster({**DIAL, "gear-flow.distributed.shared-memory": True}) as client:
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), degraded=degraded, seed=0)
         try:
             t.insert(tagged(range(1, 11)), shard=0)
@@ -517,7 +517,7 @@ def test_a_worker_lost_while_the_table_counts_its_bytes(degraded):
 def test_a_worker_lost_while_a_checkpoint_is_restored_leaves_nothing_behind(tmp_path):
     """One of the two workers a checkpoint is restored onto closes while it loads its shard: the restore
     raises ShardLostError (not the internal WorkerLost) and the other worker keeps nothing of it."""
-    with own_cluster({"gear-flow.distributed.shared-memory": True}) as client:
+    with own_cluster({**DIAL, "gear-flow.distributed.shared-memory": True}) as client:
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), seed=0)
         t.insert(tagged(range(1, 11)), shard=0)
         t.insert(tagged(range(101, 111)), shard=1)
@@ -539,7 +539,7 @@ def test_a_worker_lost_while_a_live_shard_is_replaced_from_a_checkpoint(tmp_path
     a lost one) or as it drops its replaced copy (the shard lives on the new worker: not marked lost), or the
     new worker as it loads the shard (ShardLostError, and the live shard stays as it was).  No internal
     error, and the coordinator agrees with the shards."""
-    with own_cluster({"gear-flow.distributed.shared-memory": True}, n=3) as client:
+    with own_cluster({**DIAL, "gear-flow.distributed.shared-memory": True}, n=3) as client:
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), degraded=True, seed=0)
         try:
             t.insert(tagged(range(1, 11)), shard=0)

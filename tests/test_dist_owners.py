@@ -22,7 +22,7 @@ import time
 import dask
 import numpy as np
 import pytest
-from dist_support import own_cluster, wait_for
+from dist_support import DIAL, own_cluster, wait_for
 from distributed import Client, LocalCluster
 
 import gear_flow as gf
@@ -220,7 +220,7 @@ def test_a_degraded_queue_that_loses_a_shard_forgets_its_items_and_keeps_its_roo
     """A queue of 8 over two shards loses one (its worker killed, no call in flight): the items left come
     out once each, in order, and then a sample waits (never the last one again and again); the lost items'
     room is free again (8 inserts admitted, not 8 minus the lost), and a restored shard's items wait again."""
-    with own_cluster() as client:
+    with own_cluster(DIAL) as client:
         t = DistributedTable.queue(client, gf.TableSpec(TAG, capacity=64, num_shards=2), 8, seed=0, degraded=True)
         on = t.insert(tagged(range(1, 9))).shards.tolist()
         import tempfile
@@ -253,6 +253,7 @@ def test_the_first_insert_after_a_loss_the_handle_has_not_seen_is_routed_over_th
     a degraded table gives the admission back and routes the insert again over the shard left, at once
     (never waiting out the dead worker's connect timeout); one that is not raises ShardLostError, as does
     an insert pinned to the lost shard, with nothing left in flight."""
+    # own_cluster's 5 s connect timeout: the 4 s bounds below tell an insert that waited it out
     with own_cluster() as client:
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), degraded=degraded, seed=0)
         t.insert(tagged(range(10)))
@@ -280,7 +281,7 @@ def test_a_handle_that_missed_a_shards_move_does_not_mark_it_lost_with_its_old_w
     """Handle A moves shard 1 to a spare worker (``restore_shard(replace=True)``); handle B, which has not
     heard of the move, then finds the shard's old worker dead.  B asks the coordinator where the shards are
     before it reports losses: shard 1 lives on, for both handles."""
-    with own_cluster(n=3) as client:
+    with own_cluster(DIAL, n=3) as client:
         a = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), degraded=True, seed=0)
         a.insert(tagged(range(1, 11)), shard=0)
         a.insert(tagged(range(101, 111)), shard=1)
@@ -301,7 +302,7 @@ def test_a_handle_that_missed_a_shards_move_does_not_mark_it_lost_with_its_old_w
 def test_a_loss_the_coordinator_marked_first_names_the_shard_to_a_table_that_is_not_degraded():
     """The scheduler heard of the killed worker and the coordinator marked its shard lost before this handle
     reached the worker: the ShardLostError still names that shard (what ``restore_shard`` needs)."""
-    with own_cluster() as client:
+    with own_cluster(DIAL) as client:
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), seed=0)
         t.insert(tagged(range(10)))
         client.run(_kill_self, workers=[t.placement[1]], wait=False)
@@ -409,7 +410,7 @@ def test_a_worker_killed_while_writers_and_samplers_run_loses_only_its_shard(sha
     Not degraded: every failure is a ShardLostError naming shard 1 and saying whether the insert was
     stored.  Either way shard 0 holds every tag reported stored there, each once, and nothing else; the
     table's size is the shard's on the workers and at the coordinator."""
-    with own_cluster({"gear-flow.distributed.shared-memory": shared}) as client:
+    with own_cluster({**DIAL, "gear-flow.distributed.shared-memory": shared}) as client:
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=100_000, num_shards=2), degraded=degraded)
         load = _Load(t, client, per_insert=3, read=16)
         load.kill_shard_1_midway()
@@ -438,7 +439,7 @@ def test_a_prioritized_table_at_max_size_that_loses_a_worker_under_writers_and_l
     learner threads (sample, then update the priorities, waited for or not) run while shard 1's worker is
     SIGKILLed.  No call fails but an insert the dead worker was applying (stored: it still evicts); the
     table ends at exactly max_size on the worker and the coordinator, every item accounted for."""
-    with own_cluster({"gear-flow.distributed.shared-memory": shared}) as client:
+    with own_cluster({**DIAL, "gear-flow.distributed.shared-memory": shared}) as client:
         spec = gf.TableSpec(TAG, capacity=5000, num_shards=2, max_size=300)
         t = DistributedTable.create(client, spec, sampler=gf.Prioritized(0.8, 0.4), degraded=True, seed=0)
         for i in range(30):
@@ -461,7 +462,7 @@ def test_a_queue_that_loses_a_worker_under_producers_and_consumers_hands_out_eac
     """A degraded queue of 16 over two workers; two producer and two consumer threads run while shard 1's
     worker is SIGKILLed.  No item is handed out twice, every item stored on shard 0 is handed out, the
     queue ends empty at the coordinator and on the worker with its whole room free (the lost items' too)."""
-    with own_cluster() as client:
+    with own_cluster(DIAL) as client:
         t = DistributedTable.queue(client, gf.TableSpec(TAG, capacity=100_000, num_shards=2), 16, degraded=True)
         load = _Load(t, client, per_insert=2, read=2)
         load.kill_shard_1_midway()
@@ -490,7 +491,7 @@ def test_a_stream_and_an_episode_writer_go_on_through_a_lost_worker(shared):
     def episode(e, n):
         return {"obs": np.stack([np.full(n, e), np.arange(n)], 1).astype(np.float32)}
 
-    with own_cluster({"gear-flow.distributed.shared-memory": shared}) as client:
+    with own_cluster({**DIAL, "gear-flow.distributed.shared-memory": shared}) as client:
         spec = gf.TableSpec(obs, capacity=20_000, num_shards=2)
         t = DistributedTable.create(client, spec, sampler=gf.Prioritized(0.8, 0.4), degraded=True, seed=0)
         t.insert([episode(e, 10) for e in range(20)])
@@ -547,7 +548,7 @@ def test_checkpoints_taken_while_writers_run_and_a_worker_is_killed_restore_what
     SIGKILLed.  Every checkpoint is written (the one the loss interrupts again, of the shard left); the last
     one restores as a table with shard 1 lost, holding every tag stored on shard 0 before that checkpoint
     began and nothing never inserted."""
-    with own_cluster({"gear-flow.distributed.shared-memory": shared}) as client:
+    with own_cluster({**DIAL, "gear-flow.distributed.shared-memory": shared}) as client:
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=100_000, num_shards=2), degraded=True)
         load = _Load(t, client, per_insert=3, read=0, readers=0)
         done, errors, stop = [], [], threading.Event()
@@ -592,7 +593,7 @@ def test_a_shard_restored_while_writers_and_samplers_run_rejoins_the_table(kind,
     nothing is lost any more, and the restored shard holds its items of the checkpoint.  A queue hands out
     again only what shard 1 held at the checkpoint (the shard comes back as it was: at least once across
     a restore), every other item once."""
-    with own_cluster() as client:
+    with own_cluster(DIAL) as client:
         spec = gf.TableSpec(TAG, capacity=100_000, num_shards=2)
         if kind == "queue":
             t = DistributedTable.queue(client, spec, 16, degraded=True)

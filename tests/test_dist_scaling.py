@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 import pytest
-from dist_support import own_cluster, wait_for
+from dist_support import DIAL, own_cluster, wait_for
 from helpers import chi2_critical, shard_state
 
 import gear_flow as gf
@@ -376,7 +376,7 @@ def test_a_move_whose_destination_is_killed_leaves_the_shard_on_its_source(step)
     """The destination is SIGKILLed in the middle of a retirement's move (the source sealed and snapshotted
     its shard): the move is undone, the shard is still on its source, which is not retired, nothing is
     lost, and the writers and samplers that waited on the sealed shard go on."""
-    with own_cluster(n=3) as client:
+    with own_cluster(DIAL, n=3) as client:
         workers = sorted(client.scheduler_info()["workers"])
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=50_000, num_shards=2), workers=workers[:2])
         t.insert(tagged(range(-200, 0)))

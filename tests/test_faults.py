@@ -12,6 +12,7 @@ import time
 
 import dask
 import pytest
+from dist_support import wait_for
 from distributed import Client, LocalCluster
 from helpers import COLUMNS, episode
 
@@ -43,7 +44,7 @@ def test_closing_wakes_blocked_callers_and_refuses_new_ones():
 
         th = threading.Thread(target=blocked)
         th.start()
-        time.sleep(1.0)
+        wait_for(lambda: t._ctx.sync(t._coord, "lookup")["waiting"]["samples"] == 1, "the sample to wait")
         t0 = time.monotonic()
         t.close()
         th.join(timeout=20)
@@ -57,6 +58,14 @@ def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _accepts(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def test_a_client_that_closed_its_connections_reports_the_coordinator_lost(dist_client):
@@ -101,7 +110,9 @@ def test_lost_scheduler_is_a_clear_error(tmp_path):
     )
     try:
         with dask.config.set({"distributed.comm.timeouts.connect": "3s"}):
-            with Client(addr, timeout="30s") as c:
+            wait_for(lambda: _accepts(port), "the scheduler to listen", deadline=60)
+            # the client's timeout is also how long it dials the killed scheduler again before the call fails
+            with Client(addr, timeout="5s") as c:
                 c.wait_for_workers(1, timeout=30)
                 t = DistributedTable.create(c, spec(), seed=0)
                 t.insert([episode(1, 10)])
