@@ -88,3 +88,4 @@ def pytest_sessionfinish(session, exitstatus):
     if left:
         print(f"\nleaked gear_flow shared-memory segments: {left}")
         session.exitstatus = 1
+

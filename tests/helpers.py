@@ -9,6 +9,7 @@ consecutive steps of one episode (:func:`check_windows`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -168,3 +169,24 @@ def shard_state(s) -> tuple:
         len(s.index),
         s.max_priority,
     )
+
+
+@contextlib.contextmanager
+def registered_kinds(selector: dict | None = None, rate_limiter: dict | None = None):
+    """Custom selector and limiter kinds registered for the block, removed after it: a registration left
+    behind is shipped to every cluster later tests start, whose processes cannot import the tests' modules."""
+    import gear_flow as gf
+    from gear_flow.rate_limiters import REGISTRY as LIMITERS
+    from gear_flow.selectors import REGISTRY as SELECTORS
+
+    added = [(SELECTORS, k) for k in (selector or {}) if k not in SELECTORS]
+    added += [(LIMITERS, k) for k in (rate_limiter or {}) if k not in LIMITERS]
+    try:
+        for kind, cls in (selector or {}).items():
+            gf.register_selector(kind, cls)
+        for kind, cls in (rate_limiter or {}).items():
+            gf.register_rate_limiter(kind, cls)
+        yield
+    finally:
+        for registry, kind in added:
+            registry.pop(kind, None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import threading
 import urllib.request
 
@@ -21,6 +22,7 @@ import dask
 import numpy as np
 import pytest
 from browser import Browser, find_chromium
+from dist_support import wait_for
 from helpers import episode, make_spec
 
 import gear_flow as gf
@@ -109,6 +111,14 @@ def _colocated_learner(name: str) -> dict:
     return dict(t.stats)
 
 
+async def _kill_self():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _lost(name: str, dask_scheduler=None) -> dict:
+    return dask_scheduler.plugins["gear-flow-coordinator"].tables[name].lost
+
+
 def _polls(dask_scheduler=None) -> int:
     return len(dask_scheduler.plugins["gear-flow-dashboard"].history)
 
@@ -162,11 +172,12 @@ def test_dashboard_page_in_a_browser(tmp_path):
         report_stats(replay)  # this client's learner: bytes over the comm
         assert replay.stats["remote_bytes"] > 0
 
-        # a sample the queue's limiter blocks (the queue is empty), and a lost shard
+        # a sample the queue's limiter blocks (the queue is empty), and a lost shard (a killed worker: a
+        # retired one would hand its shard over first)
         blocked = threading.Thread(target=lambda: queue.sample(1, 1, timeout=60), daemon=True)
         blocked.start()
-        client.retire_workers([workers[2]], close_workers=True)
-        client.wait_for_workers(2)
+        client.run(_kill_self, workers=[workers[2]], wait=False)
+        wait_for(lambda: 2 in {int(k) for k in client.run_on_scheduler(_lost, name="replay")}, "shard 2 lost")
 
         url = client.dashboard_link.replace("/status", "/gear-flow")
         assert urllib.request.urlopen(url).status == 200

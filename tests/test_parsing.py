@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from custom_parts import FlooredPrioritized
+from helpers import registered_kinds
 
 import gear_flow as gf
 from gear_flow.parsing import default_num_shards, parse_columns, parse_rate_limiter, parse_selector
@@ -16,8 +17,8 @@ def test_selector_and_limiter_strings():
     assert type(parse_selector("fifo")) is gf.Fifo
     lim = parse_rate_limiter("sample_to_insert_ratio:samples_per_insert=2,min_size_to_sample=10,error_buffer=[0,40]")
     assert type(lim) is gf.SampleToInsertRatio and (lim.min_diff, lim.max_diff) == (0.0, 40.0)
-    gf.register_selector("floored_prioritized", FlooredPrioritized)
-    assert parse_selector("floored_prioritized:floor=0.5").floor == 0.5  # registered kinds parse too
+    with registered_kinds({"floored_prioritized": FlooredPrioritized}):
+        assert parse_selector("floored_prioritized:floor=0.5").floor == 0.5  # registered kinds parse too
     with pytest.raises(gf.SpecError, match="unknown selector kind 'prioritised'"):
         parse_selector("prioritised:alpha=0.5")
     with pytest.raises(gf.SpecError, match="names no kind"):

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 from custom_parts import FlooredPrioritized, Late, WarmUp
-from helpers import episode, make_spec
+from helpers import episode, make_spec, registered_kinds
 
 import gear_flow as gf
 from gear_flow.registry import custom, register_rate_limiter, register_selector
@@ -19,8 +19,8 @@ from gear_flow.registry import custom, register_rate_limiter, register_selector
 
 @pytest.fixture(autouse=True, scope="module")
 def registered():
-    register_selector("floored_prioritized", FlooredPrioritized)
-    register_rate_limiter("warm_up", WarmUp)
+    with registered_kinds({"floored_prioritized": FlooredPrioritized}, {"warm_up": WarmUp}):
+        yield
 
 
 def test_distributed_table_from_the_package_lazily():
@@ -101,13 +101,13 @@ def test_custom_parts_in_a_distributed_table(dist_client, tmp_path):
 
 
 def test_distributed_create_shares_registrations_itself(dist_client):
-    register_selector("late", Late)  # after the cluster got the other registrations
-    t = gf.DistributedTable.create(dist_client, make_spec(capacity=32, num_shards=2), sampler=Late())
-    try:
-        t.insert([episode(1, 4)])
-        assert len(t.sample(4, 1)) == 4
-    finally:
-        t.close()
+    with registered_kinds({"late": Late}):  # after the cluster got the other registrations
+        t = gf.DistributedTable.create(dist_client, make_spec(capacity=32, num_shards=2), sampler=Late())
+        try:
+            t.insert([episode(1, 4)])
+            assert len(t.sample(4, 1)) == 4
+        finally:
+            t.close()
 
 
 def test_a_limiter_given_to_two_tables_counts_for_each():

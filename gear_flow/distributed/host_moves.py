@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from .. import config
@@ -403,7 +403,7 @@ def move_in(host: ShardHost, name: str, config: dict, move: str, snapshot: dict)
     return {i: s.size for i, s in built.items()}
 
 
-def check_absent(host: ShardHost, name: str, shards) -> None:
+def check_absent(host: ShardHost, name: str, shards: Iterable[int]) -> None:
     """Refuse a move onto this worker of ``shards`` it hosts already.
 
     Parameters
