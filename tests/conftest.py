@@ -88,4 +88,3 @@ def pytest_sessionfinish(session, exitstatus):
     if left:
         print(f"\nleaked gear_flow shared-memory segments: {left}")
         session.exitstatus = 1
-
