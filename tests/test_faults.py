@@ -18,7 +18,7 @@ from helpers import COLUMNS, episode
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable
-from gear_flow.storage.shared import leftover_segments, sweep
+from gear_flow.storage.shared import SHM_DIR, sweep
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -117,6 +117,9 @@ def test_lost_scheduler_is_a_clear_error(tmp_path):
                 t = DistributedTable.create(c, spec(), seed=0)
                 t.insert([episode(1, 10)])
                 assert len(t.sample(4, 1)) == 4
+                owned = (f"gf_{sched.pid}_", f"gf_{worker.pid}_")
+                left_by = [n for n in os.listdir(SHM_DIR) if n.startswith(owned)]
+                assert left_by  # the coordinator's lane at least, and the shard's rings
                 os.killpg(sched.pid, signal.SIGKILL)
                 sched.wait(timeout=10)
                 t0 = time.monotonic()
@@ -132,7 +135,7 @@ def test_lost_scheduler_is_a_clear_error(tmp_path):
             except ProcessLookupError:
                 pass
             p.wait(timeout=10)
-    # what the killed processes left (the coordinator's lane, the shard's rings) goes with the next sweep,
-    # as when a worker starts on this machine after a crash
-    assert sweep([sched.pid, worker.pid])  # the coordinator's lane at least
-    assert not [n for n in leftover_segments() if n.startswith((f"gf_{sched.pid}_", f"gf_{worker.pid}_"))]
+    # what the killed processes left goes with the next sweep, as when a worker starts on this machine after a
+    # crash (this one, or that of a worker another test process starts meanwhile: the same sweep)
+    sweep([sched.pid, worker.pid])
+    assert not [n for n in os.listdir(SHM_DIR) if n in left_by]
