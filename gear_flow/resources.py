@@ -84,6 +84,30 @@ def describe(adv: Mapping[str, Mapping[str, float]]) -> str:
     return "; ".join(parts)
 
 
+def has_resources(have: Mapping[str, float] | None, need: str | Mapping[str, float]) -> bool:
+    """Does a worker advertising ``have`` have ``need`` (every resource, at least that amount)?
+
+    Parameters
+    ----------
+    have : mapping of str to float, or None
+        What the worker advertises (None: nothing).
+    need : str or mapping
+        ``"learner"`` (one unit) or ``{"learner": 1, "replay": 1}``.
+
+    Returns
+    -------
+    bool
+        Whether it does.
+
+    Raises
+    ------
+    SpecError
+        ``need`` is not a valid resource request.
+    """
+    have = have or {}
+    return all(have.get(k, 0) >= v for k, v in _normalise(need).items())
+
+
 def check_resources(client: Client, resources: str | Mapping[str, float]) -> list[str]:
     """The addresses of the workers that can run a task needing ``resources``; never empty.
 
@@ -108,7 +132,7 @@ def check_resources(client: Client, resources: str | Mapping[str, float]) -> lis
     """
     need = _normalise(resources)
     adv = advertised(client)
-    fit = [a for a, r in adv.items() if all(r.get(k, 0) >= v for k, v in need.items())]
+    fit = [a for a, r in adv.items() if has_resources(r, need)]
     if fit:
         return sorted(fit)
     short = [k for k, v in need.items() if not any(r.get(k, 0) >= v for r in adv.values())] or sorted(need)

@@ -204,18 +204,19 @@ class EditsMixin:
         done = self._updated_all(np.delete(k, again), res, plans, on_lost)
         if not len(again):
             return done
-        more = await self._update_now(*self._regrouped(k[again], pr[again] if np.ndim(pr) else pr), attempt + 1)
+        more = await self._update_now(*self._regrouped(k, pr, again), attempt + 1)
         return UpdateResult(done.applied + more.applied, done.stale + more.stale)
 
-    def _regrouped(self, k: np.ndarray, pr) -> tuple:
-        """Keys ``k`` (and their priorities) grouped by worker as placed now (after a move)."""
-        k, by, idx, on_lost = self._group(k)
-        return k, by, idx, pr, on_lost
+    def _regrouped(self, k: np.ndarray, pr: np.ndarray, again: np.ndarray) -> tuple:
+        """Keys ``k[again]`` and their priorities (``pr``: one per key, or one for all) grouped by worker as
+        placed now (after a move): :meth:`_update_now`'s arguments."""
+        k, by, idx, on_lost = self._group(k[again])
+        return k, by, idx, pr[again] if np.ndim(pr) else pr, on_lost
 
     def _moved_keys(self, idx: dict, errors: list, attempt: int = 0) -> np.ndarray:
         """Indices of the keys sent to workers that refused them because their shards moved (a
         :class:`~.transport.Moved` in ``errors``): sent again as placed now."""
-        addrs = set().union(*(e.addrs for e in errors if isinstance(e, Moved)))
+        addrs = Moved.among(errors)
         if addrs and attempt >= _MOVES:
             raise ShardMovedError(self._version, f"table {self.name!r}: shards kept moving under an edit")
         got = [m for a in sorted(addrs) for m in idx.get(a, {}).values()]
@@ -319,7 +320,7 @@ class EditsMixin:
             {a: ("check_keys", dict(name=self.name, seqs_by_shard=s)) for a, s in by.items()}, partial=True
         )
         lost = self._lost_keys(by, res, errors)
-        moved = set().union(*(e.addrs for e in errors if isinstance(e, Moved)))  # the call itself finds them moved
+        moved = Moved.among(errors)  # the call itself finds them moved
         return {a: s for a, s in by.items() if a in res or a in moved}, lost
 
     @staticmethod
@@ -330,7 +331,7 @@ class EditsMixin:
         other = [e for e in errors if not isinstance(e, Retry)]
         if other:
             raise other[0]
-        moved = set().union(*(e.addrs for e in errors if isinstance(e, Moved)))  # sent again: not stale
+        moved = Moved.among(errors)  # sent again: not stale
         return sum(len(v) for a, sh in by.items() if a not in res and a not in moved for v in sh.values())
 
     # -- eviction ---------------------------------------------------------------------------------

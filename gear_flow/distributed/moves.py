@@ -37,7 +37,7 @@ import dask.config
 
 from .. import config
 from ..errors import GearFlowError, SpecError
-from ..resources import _normalise
+from ..resources import has_resources
 from . import protocol, wire
 from .host_moves import seal_lease
 
@@ -116,10 +116,15 @@ class ShardMoves:
 
     def _eligible(self, g: TableGate, ws: WorkerState) -> bool:
         need = g.config.get("resources")
-        if need is None:
-            return True
-        have = ws.resources or {}
-        return all(have.get(k, 0) >= v for k, v in _normalise(need).items())
+        return need is None or has_resources(ws.resources, need)
+
+    def _running(self, leaving: Iterable[str] = ()) -> list[WorkerState]:
+        """The running workers, but those in ``leaving`` (where shards may go)."""
+        leaving = set(leaving)
+        return [
+            ws for a, ws in self.scheduler.workers.items()
+            if a not in leaving and getattr(ws.status, "name", "") == "running"
+        ]  # fmt: skip
 
     def _room(self, ws: WorkerState, planned: int) -> float:
         """Bytes ``ws`` may still take (inf: no memory limit)."""
@@ -154,11 +159,7 @@ class ShardMoves:
         """
         leaving = set(leaving)
         planned = {} if planned is None else planned
-        workers = [
-            ws
-            for a, ws in self.scheduler.workers.items()
-            if a not in leaving and getattr(ws.status, "name", "") == "running"
-        ]
+        workers = self._running(leaving)
         plan: dict[str, list] = {}
         refused = []
         for src in sorted(leaving):
@@ -216,10 +217,7 @@ class ShardMoves:
         """
         srcs = {g.placement.get(s) for s in shards}
         need = shard_bytes(g) * len(shards)
-        workers = [
-            ws for a, ws in self.scheduler.workers.items()
-            if a not in srcs and getattr(ws.status, "name", "") == "running"
-        ]  # fmt: skip
+        workers = self._running(srcs)
         fit = [ws for ws in workers if self._eligible(g, ws) and self._room(ws, 0) >= need]
         if not fit:
             raise SpecError(self._why(g, min(shards), ", ".join(sorted(map(str, srcs))), workers, need, {}))
@@ -428,8 +426,7 @@ class ShardMoves:
         """
         done = []
         for _ in range(len(g.placement)):
-            live = [ws for a, ws in self.scheduler.workers.items() if getattr(ws.status, "name", "") == "running"]
-            pool = [ws.address for ws in live if self._eligible(g, ws)]
+            pool = [ws.address for ws in self._running() if self._eligible(g, ws)]
             counts = {a: 0 for a in pool}
             for s, a in g.placement.items():
                 if s not in g.lost and a in counts:

@@ -452,7 +452,7 @@ class RemoteSample(SharedReads):
             calls = {a: ("finish_sample", dict(name=t.name, txn=self.txn, commit=False)) for a in self.sent}
         if calls:
             _, errors = await t._on_workers(calls, partial=True)
-            moved = set().union(*(e.addrs for e in errors if isinstance(e, Moved)))
+            moved = Moved.among(errors)
             if self.record and moved:  # the counted shards moved with their counts: given back where they are now
                 again = defaultdict(dict)
                 for a in moved:

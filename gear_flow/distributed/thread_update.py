@@ -109,11 +109,7 @@ def update_here(t: DistributedTable, keys: ArrayLike, priorities: ArrayLike | fl
                 errors.append(Moved(moved))
             on_lost += t._lost_keys(by, res, errors + list(hung.values()))
             again = t._moved_keys(idx, errors)
-            more = (
-                ctx.sync(t._update_now, *t._regrouped(k[again], pr[again] if np.ndim(pr) else pr))
-                if len(again)
-                else None
-            )
+            more = ctx.sync(t._update_now, *t._regrouped(k, pr, again)) if len(again) else None
         except BaseException:
             t._masses.clear()
             raise

@@ -93,6 +93,22 @@ class Moved(Retry):
         self.addrs = set(addrs)
         super().__init__(f"shards moved off {sorted(self.addrs)}")
 
+    @staticmethod
+    def among(errors: Iterable[BaseException]) -> set[str]:
+        """The workers the :class:`Moved` errors in ``errors`` name (refused as planned before a move).
+
+        Parameters
+        ----------
+        errors : iterable of BaseException
+            A partial call's errors.
+
+        Returns
+        -------
+        set of str
+            Their addresses.
+        """
+        return set().union(*(e.addrs for e in errors if isinstance(e, Moved)))
+
 
 class Context:
     """How this handle reaches the cluster: from a client, or from inside a worker.
