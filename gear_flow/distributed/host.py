@@ -1,255 +1,77 @@
-"""Worker-side host of shards: plain, synchronous methods over local Shards.
+"""The worker's shard host: one facade over the parts that serve the tables placed on a worker.
 
-One :class:`ShardHost` lives in each worker (made by the worker plugin) and
-holds the shards of every distributed table placed there.  Its methods take
-and return only NumPy arrays and plain Python values, so they travel over
-Dask's comm as raw frames; they know nothing about Dask and are tested
-without a cluster.  A co-located learner calls them in-process (no copy).
+One :class:`ShardHost` lives in each worker (made by the worker plugin).  Its
+methods take and return only NumPy arrays and plain Python values, so they
+travel over Dask's comm as raw frames; they know nothing about Dask and are
+tested without a cluster.  A co-located learner calls them in-process (no
+copy).  Each method hands its request to the part that owns it, all of them
+over one registry of :class:`~gear_flow.distributed.host_tables.HostedTable`:
 
-Inserts (transactions: ``stage``, ``apply``, ``abort``, ``write``,
-``status``) are :class:`~gear_flow.distributed.host_writes.WritingHost`'s,
-priority updates, deletes and removal (``check_keys``, ``update``, ``delete``,
-``remove``) are :class:`~gear_flow.distributed.host_edits.EditingHost`'s,
-checkpoints (``checkpoint``, ``restore``, ``drop_shard``) are
-:class:`~gear_flow.distributed.host_checkpoints.CheckpointingHost`'s, the
-planner's questions that gather nothing (``summaries``, ``candidates``,
-``new_epoch``) are :class:`~gear_flow.distributed.host_selection.SelectingHost`'s,
-and samples are answered by :class:`~gear_flow.distributed.host_sampling.SamplingHost`;
-:class:`ShardHost` mixes them in over the tables it keeps here.
+- inserts (``stage``, ``apply``, ``write``, ``status``):
+  :class:`~gear_flow.distributed.host_writes.HostWriter`, over each table's
+  :class:`~gear_flow.distributed.host_transactions.TransactionMemory`;
+- priority updates, deletes and removal (``check_keys``, ``update``,
+  ``delete``, ``remove``): :class:`~gear_flow.distributed.host_edits.HostEditor`;
+- checkpoints (``checkpoint``, ``restore``):
+  :class:`~gear_flow.distributed.host_checkpoints.HostCheckpointer`;
+- the planner's questions that gather nothing (``summaries``, ``candidates``,
+  ``new_epoch``): :class:`~gear_flow.distributed.host_selection.HostSelection`;
+- samples (``sample_part``, ``sequences``, ``finish_sample``, ``uncount``,
+  ``sample_all``): :class:`~gear_flow.distributed.host_sampling.HostSampler`;
+- moves of shards to another worker: :mod:`~gear_flow.distributed.host_moves`,
+  through each table's :class:`~gear_flow.distributed.host_moves.MoveGate`.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
-from ..errors import SpecError
+import numpy as np
+
+from ..sample import SampleBuffers
 from ..shard import Shard
-from ..table.config import TableConfig
-from .host_checkpoints import CheckpointingHost
-from .host_edits import EditingHost
+from .host_checkpoints import HostCheckpointer
+from .host_edits import HostEditor
 from .host_moves import EPOCH_ARGUMENT, UNGATED, MoveGate
-from .host_sampling import SamplingHost
-from .host_selection import SelectingHost
-from .host_writes import WritingHost
+from .host_sampling import HostSampler
+from .host_selection import HostSelection
+from .host_tables import HostedTable, HostedTables, shared_pinned
+from .host_writes import HostWriter
 
-if TYPE_CHECKING:
-    from ..gpu.shared import SharedPinnedTier
-    from ..storage.base import StorageTier
+__all__ = ["HostedTable", "ShardHost", "shared_pinned"]
 
-
-def shared_pinned() -> SharedPinnedTier:
-    """A ``pinned`` tier whose rings are page-locked shared-memory segments (:mod:`gear_flow.gpu.shared`).
-
-    Returns
-    -------
-    SharedPinnedTier
-        A fresh tier; each shard gets its own (one segment set per shard).
-    """
-    from ..gpu.shared import SharedPinnedTier
-
-    return SharedPinnedTier()
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
-class HostedTable:
-    """The shards of one table on one worker, plus its transactions in progress.
+def _documented_as(source: Callable) -> Callable[[_F], _F]:
+    """A facade method's docstring is that of the part's method it hands the request to (one text, one place)."""
 
-    Parameters
-    ----------
-    name : str
-        The table's name.
-    cfg : TableConfig
-        Its validated configuration; every shard gets clones of its selectors.
-    shard_ids : iterable of int
-        The shards of the table placed on this worker.
-    tier : str or StorageTier, optional
-        Storage tier of the shards; default ``cfg.tier``.
-    shared : bool, default False
-        Put host and pinned rings in shared-memory segments that readers on
-        this machine map (``host`` becomes ``shared``).
+    def mark(f: _F) -> _F:
+        f.__doc__ = source.__doc__
+        return f
+
+    return mark
+
+
+class ShardHost:
+    """All hosted tables of one worker and the parts that serve them; see the module docstring.
 
     Attributes
     ----------
-    tier : str or StorageTier
-        Where the shards' rings live, and so where gathered windows land.
-    shards : dict of int to Shard
-        The shards, by id.
-    staged : dict of str to list
-        Staged inserts by transaction: ``[(shard, EpisodeBatch), ...]``.
-    applied : OrderedDict of str to dict
-        Results of the last 4096 applied inserts, by transaction.
-    applying : set of str
-        Inserts being written now (taken from ``staged``, not yet in
-        ``applied``).
-    aborted : OrderedDict of str to bool
-        The last 4096 inserts aborted here: a stage, write or apply of one
-        that comes later (sent before the abort, delivered after) is refused.
-    pending : dict of str to list
-        Parts of two-phase samples awaiting ``finish_sample``, by
-        transaction.
-    finished : OrderedDict of str to tuple
-        ``(commit, result)`` of the last 4096 finished two-phase samples, by
-        transaction (a finish sent again answers as the first).
-    lock : threading.Lock
-        Guards ``staged``, ``applied``, ``applying``, ``aborted``, ``pending``
-        and ``finished``.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        cfg: TableConfig,
-        shard_ids: Iterable[int],
-        tier: str | StorageTier | None = None,
-        shared: bool = False,
-    ) -> None:
-        self.name = name
-        self.cfg = cfg
-        self.spec = cfg.spec
-        tier = tier or cfg.tier
-        if shared and tier == "host":  # the shared-memory data plane: same arrays, in named segments
-            tier = "shared"
-        #: where the shards' rings live, and so where their gathered windows land
-        self.tier = tier
-        self.shared = shared
-        self.shards: dict[int, Shard] = {int(i): self.build_shard(int(i)) for i in shard_ids}
-        #: shards a move is bringing here, built and not yet visible, by move id
-        self.incoming: dict[str, dict[int, Shard]] = {}
-        #: shards the last moves installed here, by move id
-        self.installed: OrderedDict[str, list[int]] = OrderedDict()
-        #: admits the table's operations; holds them while a move seals the table
-        self.gate = MoveGate()
-        self.staged: dict[str, list] = {}
-        self.applied: OrderedDict[str, dict] = OrderedDict()
-        self.applying: set[str] = set()
-        self.aborted: OrderedDict[str, bool] = OrderedDict()
-        self.pending: dict[str, list] = {}  # sample txn -> [(shard, slots, seqs, drawn)]
-        self.finished: OrderedDict[str, tuple[bool, dict]] = OrderedDict()
-        self.lock = threading.Lock()
-
-    def build_shard(self, i: int) -> Shard:
-        """A new, empty shard ``i`` of this table, on its tier (not added to :attr:`shards`).
-
-        Parameters
-        ----------
-        i : int
-            The shard's id.
-
-        Returns
-        -------
-        Shard
-            The shard, with clones of the table's selectors.
-        """
-        cfg = self.cfg
-        tier = self.tier
-        return Shard(
-            cfg.spec,
-            int(i),
-            cfg.sampler.clone(),
-            cfg.remover.clone(),
-            max_times_sampled=cfg.max_times_sampled,
-            tier=shared_pinned() if self.shared and tier == "pinned" else tier,  # one page-locked segment set per shard
-        )
-
-    @staticmethod
-    def release_shards(shards: Iterable[Shard]) -> None:
-        """Unlink the shared-memory segments of ``shards`` (shards that are not in shared memory: nothing).
-
-        Parameters
-        ----------
-        shards : iterable of Shard
-            The shards.
-        """
-        for s in shards:
-            if hasattr(s.tier, "release"):
-                s.tier.release()
-
-    def release(self, shards: Iterable[int] | None = None) -> None:
-        """Unlink the shared-memory segments of ``shards`` (default: all).
-
-        Parameters
-        ----------
-        shards : iterable of int, optional
-            Shard ids; shards not hosted or not in shared memory are skipped.
-        """
-        ids = sorted(self.shards if shards is None else shards)
-        self.release_shards(self.shards[i] for i in ids if i in self.shards)
-        if shards is None:
-            for built in self.incoming.values():
-                self.release_shards(built.values())
-
-    def shard(self, i: int) -> Shard:
-        """Hosted shard ``i``.
-
-        Parameters
-        ----------
-        i : int
-            Shard id (anything ``int()`` accepts).
-
-        Returns
-        -------
-        Shard
-            The shard.
-
-        Raises
-        ------
-        SpecError
-            The shard is not on this worker.
-        """
-        try:
-            return self.shards[int(i)]
-        except (KeyError, TypeError, ValueError):
-            raise SpecError(
-                f"shard {i!r} of table {self.name!r} is not on this worker (here: {sorted(self.shards)})"
-            ) from None
-
-    def locked(self, ids: Iterable[int] | None = None) -> list[threading.RLock]:
-        """Acquire the locks of ``ids`` (default: all) in ascending order; returns them for release.
-
-        Parameters
-        ----------
-        ids : iterable of int, optional
-            Shard ids (default: every hosted shard).
-
-        Returns
-        -------
-        list of lock
-            The acquired locks, in acquisition order (release with
-            :func:`~gear_flow.distributed.host_sampling.release`).
-        """
-        locks = [self.shards[i].lock for i in sorted(self.shards if ids is None else ids)]
-        for lk in locks:
-            lk.acquire()
-        return locks
-
-    def try_locked(self) -> list[threading.RLock] | None:
-        """:meth:`locked` of every shard without waiting: None (nothing held) when one is taken.
-
-        Returns
-        -------
-        list of lock or None
-            The acquired locks, in acquisition order, or None.
-        """
-        locks = []
-        for i in sorted(self.shards):
-            lk = self.shards[i].lock
-            if not lk.acquire(blocking=False):
-                for held in reversed(locks):
-                    held.release()
-                return None
-            locks.append(lk)
-        return locks
-
-
-class ShardHost(WritingHost, EditingHost, CheckpointingHost, SelectingHost, SamplingHost):
-    """All hosted tables of one worker; see the module docstring.
-
-    Attributes
-    ----------
-    tables : dict of str to HostedTable
+    tables : HostedTables
         The tables with shards here, by name.
+    writer : HostWriter
+        Inserts.
+    editor : HostEditor
+        Priority updates, deletes and removal.
+    checkpointer : HostCheckpointer
+        Checkpoints and restores.
+    selection : HostSelection
+        Summaries, candidates and epochs.
+    sampler : HostSampler
+        Samples and their two-phase finish.
 
     Examples
     --------
@@ -264,95 +86,61 @@ class ShardHost(WritingHost, EditingHost, CheckpointingHost, SelectingHost, Samp
     """
 
     def __init__(self) -> None:
-        self.tables: dict[str, HostedTable] = {}
-        self.lock = threading.Lock()
+        self.tables = HostedTables()
+        self.writer = HostWriter(self.tables)
+        self.editor = HostEditor(self.tables)
+        self.checkpointer = HostCheckpointer(self.tables)
+        self.selection = HostSelection(self.tables)
+        self.sampler = HostSampler(self.tables, self.editor)
 
-    # -- lifecycle --------------------------------------------------------------------
+    # -- lifecycle ---------------------------------------------------------------------------
+    @_documented_as(HostedTables.create)
     def create(self, name: str, config: dict, shard_ids: Iterable[int], tier: str | None = None) -> list[int]:
-        """Host shards ``shard_ids`` of table ``name`` (idempotent for the same shards).
+        return self.tables.create(name, config, shard_ids, tier)
+
+    @_documented_as(HostedTables.drop)
+    def drop(self, name: str) -> bool:
+        return self.tables.drop(name)
+
+    @_documented_as(HostedTables.drop_shard)
+    def drop_shard(self, name: str, shard: int) -> bool:
+        return self.tables.drop_shard(name, shard)
+
+    @_documented_as(HostedTables.close)
+    def close(self) -> None:
+        self.tables.close()
+
+    @_documented_as(HostedTables.hosted)
+    def hosted(self, name: str, config: dict) -> HostedTable:
+        return self.tables.hosted(name, config)
+
+    @_documented_as(HostedTables.table)
+    def table(self, name: str) -> HostedTable:
+        return self.tables.table(name)
+
+    def shard(self, name: str, shard_id: int) -> Shard:
+        """Shard ``shard_id`` of table ``name``.
 
         Parameters
         ----------
         name : str
             The table's name.
-        config : dict
-            Its configuration (:meth:`TableConfig.to_dict`, plus
-            ``shared_memory``).
-        shard_ids : iterable of int
-            Shards placed on this worker.
-        tier : str, optional
-            Storage tier; default the configuration's.
+        shard_id : int
+            The shard's id.
 
         Returns
         -------
-        list of int
-            The sorted shard ids hosted.
+        Shard
+            The hosted shard.
 
         Raises
         ------
         SpecError
-            An invalid configuration, or the table is already here with other
-            shards.
+            No such table or shard here.
         """
-        cfg = TableConfig.from_dict(config)
-        with self.lock:
-            if name in self.tables:
-                have = sorted(self.tables[name].shards)
-                if have != sorted(int(i) for i in shard_ids):
-                    raise SpecError(f"table {name!r} already has shards {have} on this worker")
-                return have
-            self.tables[name] = HostedTable(name, cfg, shard_ids, tier, shared=bool(config.get("shared_memory")))
-            return sorted(self.tables[name].shards)
+        return self.tables.table(name).shard(shard_id)
 
-    def drop(self, name: str) -> bool:
-        """Forget table ``name`` here and release its shared memory.
-
-        Parameters
-        ----------
-        name : str
-            The table's name.
-
-        Returns
-        -------
-        bool
-            Whether the table was here.
-        """
-        with self.lock:
-            t = self.tables.pop(name, None)
-        if t is not None:
-            t.release()
-        return t is not None
-
-    def close(self) -> None:
-        """The worker is closing: release every table's shared memory."""
-        with self.lock:
-            tables, self.tables = list(self.tables.values()), {}
-        for t in tables:
-            t.release()
-
-    def hosted(self, name: str, config: dict) -> HostedTable:
-        """The hosted table ``name``, made here with no shards when it is not (a move brings it its first).
-
-        Parameters
-        ----------
-        name : str
-            The table's name.
-        config : dict
-            Its configuration (:meth:`TableConfig.to_dict`, plus
-            ``shared_memory``).
-
-        Returns
-        -------
-        HostedTable
-            The table.
-        """
-        with self.lock:
-            t = self.tables.get(name)
-            if t is None:
-                cfg = TableConfig.from_dict(config)
-                t = self.tables[name] = HostedTable(name, cfg, [], shared=bool(config.get("shared_memory")))
-            return t
-
+    # -- admission: the table's gate ---------------------------------------------------------
     def call(self, op: str, args: dict) -> Any:
         """Run operation ``op`` from a thread of this process (a co-located caller's), through the table's
         gate as the plugin runs the others: it waits while a move holds the table, and a request planned at
@@ -413,8 +201,9 @@ class ShardHost(WritingHost, EditingHost, CheckpointingHost, SelectingHost, Samp
         t = self.tables.get(name)
         if t is None:
             return None
-        return t.gate, isinstance(txn, str) and (txn in t.staged or txn in t.pending)
+        return t.gate, t.txns.joins(txn)
 
+    # -- what the shards hold ------------------------------------------------------------------
     def shared_layout(self, name: str) -> dict:
         """How readers on this machine map the table's shared rings.
 
@@ -436,54 +225,7 @@ class ShardHost(WritingHost, EditingHost, CheckpointingHost, SelectingHost, Samp
         SpecError
             No table ``name`` here.
         """
-        from ..storage.shared import machine_id
-
-        return {"machine": machine_id(), "shards": {i: s.shared_layout() for i, s in self.table(name).shards.items()}}
-
-    def table(self, name: str) -> HostedTable:
-        """The hosted table ``name``.
-
-        Parameters
-        ----------
-        name : str
-            The table's name.
-
-        Returns
-        -------
-        HostedTable
-            Its shards here.
-
-        Raises
-        ------
-        SpecError
-            No table ``name`` here.
-        """
-        try:
-            return self.tables[name]
-        except (KeyError, TypeError):
-            raise SpecError(f"no table {name!r} on this worker; tables here: {sorted(self.tables)}") from None
-
-    def shard(self, name: str, shard_id: int) -> Shard:
-        """Shard ``shard_id`` of table ``name``.
-
-        Parameters
-        ----------
-        name : str
-            The table's name.
-        shard_id : int
-            The shard's id.
-
-        Returns
-        -------
-        Shard
-            The hosted shard.
-
-        Raises
-        ------
-        SpecError
-            No such table or shard here.
-        """
-        return self.table(name).shard(shard_id)
+        return self.tables.table(name).shared_layout()
 
     def info(self, name: str) -> list[dict]:
         """Sizes and counters of every hosted shard of ``name``.
@@ -501,9 +243,7 @@ class ShardHost(WritingHost, EditingHost, CheckpointingHost, SelectingHost, Samp
             (``inserted``, ``evicted``, ``removed``, ``deleted``, ``expired``,
             ``sampled``, ``stale_updates`` ...) and ``longest_episode``.
         """
-        return [
-            {**s.info(), "longest_episode": s.longest_episode()} for _, s in sorted(self.table(name).shards.items())
-        ]
+        return self.tables.table(name).info()
 
     def nbytes(self, name: str) -> dict:
         """Bytes the hosted shards of ``name`` hold.
@@ -519,5 +259,173 @@ class ShardHost(WritingHost, EditingHost, CheckpointingHost, SelectingHost, Samp
             ``{"data": bytes of the rings, "overhead": index, priorities,
             selector trees}``.
         """
-        parts = [s.nbytes() for s in self.table(name).shards.values()]
-        return {k: sum(p[k] for p in parts) for k in ("data", "overhead")}
+        return self.tables.table(name).nbytes()
+
+    # -- inserts -----------------------------------------------------------------------------
+    @_documented_as(HostWriter.stage)
+    def stage(self, name: str, txn: str, parts: list[dict]) -> int:
+        return self.writer.stage(name, txn, parts)
+
+    @_documented_as(HostWriter.apply)
+    def apply(self, name: str, txn: str) -> dict:
+        return self.writer.apply(name, txn)
+
+    @_documented_as(HostWriter.write)
+    def write(self, name: str, txn: str, parts: list[dict]) -> dict:
+        return self.writer.write(name, txn, parts)
+
+    def abort(self, name: str, txn: str) -> bool:
+        """Forget a staged insert, or undo a pending sample; a stage, write or apply of ``txn`` that comes
+        later (sent before, delivered after) is refused.  An insert applied already stays applied.
+
+        Parameters
+        ----------
+        name : str
+            The table's name (an unknown one: nothing to do).
+        txn : str
+            The insert's or sample's transaction id.
+
+        Returns
+        -------
+        bool
+            True if there was something to undo.
+        """
+        return self.writer.forget(name, txn) or bool(self.sampler.finish_sample(name, txn, commit=False))
+
+    @_documented_as(HostWriter.status)
+    def status(self, name: str, txn: str) -> dict:
+        return self.writer.status(name, txn)
+
+    # -- the planner's questions -------------------------------------------------------------
+    @_documented_as(HostSelection.summaries)
+    def summaries(
+        self, name: str, kinds: Sequence[str], length: int | None = None, boundary: str | None = None
+    ) -> dict[str, dict[int, float]]:
+        return self.selection.summaries(name, kinds, length, boundary)
+
+    @_documented_as(HostSelection.new_epoch)
+    def new_epoch(self, name: str) -> None:
+        self.selection.new_epoch(name)
+
+    @_documented_as(HostSelection.candidates)
+    def candidates(
+        self,
+        name: str,
+        n: int,
+        role: str | None = None,
+        length: int | None = None,
+        boundary: str | None = None,
+        horizon: int | None = None,
+    ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        return self.selection.candidates(name, n, role, length, boundary, horizon)
+
+    # -- samples -----------------------------------------------------------------------------
+    @_documented_as(HostSampler.sample_part)
+    def sample_part(
+        self,
+        name: str,
+        length: int,
+        boundary: str,
+        columns: Sequence[str],
+        seed: int,
+        counts: dict | None = None,
+        scale: dict | None = None,
+        slots: dict | None = None,
+        txn: str | None = None,
+        record: bool = True,
+        out: dict | None = None,
+        offsets: dict | None = None,
+        geometry: bool | None = None,
+        updates: dict | None = None,
+        by_count: bool | None = None,
+        horizon: int | None = None,
+        seqs: dict | None = None,
+    ) -> dict:
+        return self.sampler.sample_part(
+            name,
+            length,
+            boundary,
+            columns,
+            seed,
+            counts=counts,
+            scale=scale,
+            slots=slots,
+            txn=txn,
+            record=record,
+            out=out,
+            offsets=offsets,
+            geometry=geometry,
+            updates=updates,
+            by_count=by_count,
+            horizon=horizon,
+            seqs=seqs,
+        )
+
+    @_documented_as(HostSampler.sequences)
+    def sequences(self, name: str, n: int, length: int, boundary: str, seed: int, by_count: bool = False) -> dict:
+        return self.sampler.sequences(name, n, length, boundary, seed, by_count)
+
+    @_documented_as(HostSampler.finish_sample)
+    def finish_sample(self, name: str, txn: str, commit: bool) -> dict[int, int]:
+        return self.sampler.finish_sample(name, txn, commit)
+
+    @_documented_as(HostSampler.uncount)
+    def uncount(self, name: str, counts: dict[int, int]) -> None:
+        self.sampler.uncount(name, counts)
+
+    @_documented_as(HostSampler.sample_all)
+    def sample_all(
+        self,
+        name: str,
+        n: int,
+        length: int,
+        boundary: str,
+        columns: Sequence[str],
+        seed: int,
+        horizon: int | None = None,
+        out: SampleBuffers | None = None,
+        updates: dict | None = None,
+    ) -> dict:
+        return self.sampler.sample_all(name, n, length, boundary, columns, seed, horizon, out, updates)
+
+    # -- edits -------------------------------------------------------------------------------
+    @_documented_as(HostEditor.check_keys)
+    def check_keys(self, name: str, seqs_by_shard: dict) -> None:
+        self.editor.check_keys(name, seqs_by_shard)
+
+    @_documented_as(HostEditor.update)
+    def update(
+        self,
+        name: str,
+        seqs_by_shard: dict,
+        prios_by_shard: dict,
+        stamps_by_shard: dict | None = None,
+        masses: list | None = None,
+    ) -> int | dict:
+        return self.editor.update(name, seqs_by_shard, prios_by_shard, stamps_by_shard, masses)
+
+    @_documented_as(HostEditor.delete)
+    def delete(self, name: str, seqs_by_shard: dict) -> tuple[dict, int]:
+        return self.editor.delete(name, seqs_by_shard)
+
+    @_documented_as(HostEditor.remove)
+    def remove(
+        self,
+        name: str,
+        counts: dict | None = None,
+        slots: dict | None = None,
+        seed: int | None = None,
+        seqs: dict | None = None,
+    ) -> dict:
+        return self.editor.remove(name, counts, slots, seed, seqs)
+
+    # -- checkpoints -------------------------------------------------------------------------
+    @_documented_as(HostCheckpointer.checkpoint)
+    def checkpoint(self, name: str, directory: str | os.PathLike[str]) -> dict:
+        return self.checkpointer.checkpoint(name, directory)
+
+    @_documented_as(HostCheckpointer.restore)
+    def restore(
+        self, name: str, config: dict, directory: str | os.PathLike[str], files: dict, tier: str | None = None
+    ) -> dict:
+        return self.checkpointer.restore(name, config, directory, files, tier)

@@ -1,27 +1,39 @@
-"""Checkpoints of a worker's host: snapshot, restore and hand-over of local shards.
+"""The worker's checkpoints: writing the shards it hosts to a checkpoint directory, and building them from one.
 
-``checkpoint`` writes every hosted shard of a table to a checkpoint directory
-(each under its own lock), ``restore`` builds shards from one, and
-``drop_shard`` forgets a shard that was restored on another worker.
-
-:class:`CheckpointingHost` is a mixin of :class:`~gear_flow.distributed.host.ShardHost`
-rather than a class of its own because these methods replace and remove the
-host's tables under its lock, and the worker plugin calls them as
-``ShardHost.<method>``; keeping them here keeps the checkpoint path readable
-on its own.
+``checkpoint`` writes every hosted shard of a table (each under its own lock);
+``restore`` builds shards from a checkpoint, keeping the table's other shards
+here.
 """
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from ..table.config import TableConfig
+from .host_tables import HostedTable
+
+if TYPE_CHECKING:
+    from .host_tables import HostedTables
 
 
-class CheckpointingHost:
-    """Checkpoint methods of :class:`~gear_flow.distributed.host.ShardHost` (needs ``table``, ``tables``, ``lock``)."""
+class HostCheckpointer:
+    """Checkpoints of the tables a worker hosts.
 
-    # -- checkpoints --------------------------------------------------------------------------
+    Parameters
+    ----------
+    tables : HostedTables
+        The worker's hosted tables.
+
+    Examples
+    --------
+    >>> from gear_flow.distributed.host_tables import HostedTables
+    >>> checkpointer = HostCheckpointer(HostedTables())
+    """
+
+    def __init__(self, tables: HostedTables) -> None:
+        self.tables = tables
+
     def checkpoint(self, name: str, directory: str | os.PathLike[str]) -> dict:
         """Snapshot every hosted shard (under its lock) and write it to ``directory``.
 
@@ -44,7 +56,7 @@ class CheckpointingHost:
         from .. import checkpoint as ck
 
         out = {}
-        for i, s in sorted(self.table(name).shards.items()):
+        for i, s in sorted(self.tables.table(name).shards.items()):
             t0 = time.perf_counter()
             arrays, meta = ck.snapshot_shard(s)
             pause = time.perf_counter() - t0
@@ -86,39 +98,18 @@ class CheckpointingHost:
         from pathlib import Path
 
         from .. import checkpoint as ck
-        from .host import HostedTable  # not at the top: host.py imports this module for ShardHost's bases
 
         cfg = TableConfig.from_dict(config)
         loaded = {int(i): ck.read_shard_file(Path(directory), e["file"], e["sha256"]) for i, e in files.items()}
-        with self.lock:
-            old = self.tables.get(name)
+
+        def build(old: HostedTable | None) -> HostedTable:
             have = set(old.shards) if old is not None else set()
             t = HostedTable(name, cfg, sorted(loaded), tier)
             for i in loaded:
                 ck.restore_shard(t.shards[i], loaded[i], files[i]["meta"])
             for i in have - set(loaded):  # keep shards this worker already hosts
                 t.shards[i] = old.shards[i]
-            self.tables[name] = t
+            return t
+
+        t = self.tables.replace(name, build)
         return {i: t.shards[i].size for i in loaded}
-
-    def drop_shard(self, name: str, shard: int) -> bool:
-        """Forget one shard of a table here (it was restored on another worker).
-
-        Parameters
-        ----------
-        name : str
-            The table's name.
-        shard : int
-            The shard's id.
-
-        Returns
-        -------
-        bool
-            Whether the shard was here.
-        """
-        with self.lock:
-            t = self.tables.get(name)
-            if t is None or int(shard) not in t.shards:
-                return False
-            t.release([int(shard)])
-            return t.shards.pop(int(shard)) is not None

@@ -1,28 +1,42 @@
-"""Item edits of a worker's host: priority updates, deletes and removal over local shards.
+"""The worker's item edits: priority updates, deletes and removal over local shards.
 
 ``update`` sets priorities by item seq, ``delete`` removes items by seq (both
 all or nothing for unknown keys, which ``check_keys`` finds), and ``remove``
 evicts what the table's remover chose (a planner's ``Evict`` part).
-
-:class:`EditingHost` is a mixin of :class:`~gear_flow.distributed.host.ShardHost`
-rather than a class of its own because these methods work on the host's
-tables, a sample's ride-along updates call ``update`` on the same host, and
-the worker plugin calls them as ``ShardHost.<method>``; keeping them here
-keeps each path readable on its own.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..errors import SpecError
 from ..table.executor import evict_on, summary
 
+if TYPE_CHECKING:
+    from .host_tables import HostedTables
 
-class EditingHost:
-    """Priority, delete and removal methods of :class:`~gear_flow.distributed.host.ShardHost` (needs ``table``)."""
 
-    # -- priorities, deletes, removal ------------------------------------------------------
+class HostEditor:
+    """Priority updates, deletes and removal on the tables a worker hosts.
+
+    Parameters
+    ----------
+    tables : HostedTables
+        The worker's hosted tables.
+
+    Examples
+    --------
+    >>> from gear_flow.distributed.host_tables import HostedTables
+    >>> HostEditor(HostedTables()).delete("t", {})  # doctest: +IGNORE_EXCEPTION_DETAIL
+    Traceback (most recent call last):
+    SpecError: no table 't' on this worker; tables here: []
+    """
+
+    def __init__(self, tables: HostedTables) -> None:
+        self.tables = tables
+
     def check_keys(self, name: str, seqs_by_shard: dict) -> None:
         """Raise UnknownKeyError if any seq was never issued (nothing applied).
 
@@ -40,7 +54,7 @@ class EditingHost:
         SpecError
             No such table or shard here.
         """
-        t = self.table(name)
+        t = self.tables.table(name)
         for i, seqs in seqs_by_shard.items():
             t.shard(i).resolve(np.asarray(seqs, dtype=np.int64))
 
@@ -92,7 +106,7 @@ class EditingHost:
         ):
             raise SpecError("worker 'update': one priority per key, for the same shards")
         self.check_keys(name, seqs_by_shard)
-        t = self.table(name)
+        t = self.tables.table(name)
         for i in seqs_by_shard:
             t.cfg.check_priorities(np.asarray(prios_by_shard[i], np.float64))
         st = stamps_by_shard or {}
@@ -135,7 +149,7 @@ class EditingHost:
             A seq never issued.
         """
         self.check_keys(name, seqs_by_shard)
-        t = self.table(name)
+        t = self.tables.table(name)
         d, st = {}, 0
         for i, seqs in seqs_by_shard.items():
             a, b = t.shard(i).delete(np.asarray(seqs, np.int64))
@@ -182,7 +196,7 @@ class EditingHost:
             shard not here.
         """
         rng = np.random.default_rng(seed)
-        t = self.table(name)
+        t = self.tables.table(name)
         if (counts is None) == (slots is None):
             raise SpecError("worker 'remove': give exactly one of counts and slots")
         if seqs is not None and (slots is None or set(seqs) != set(slots)):

@@ -38,7 +38,7 @@ from .. import config
 from ..errors import ShardMovedError, SpecError
 
 if TYPE_CHECKING:
-    from .host import HostedTable, ShardHost
+    from .host import ShardHost
 
 logger = logging.getLogger(__name__)
 
@@ -241,15 +241,6 @@ class MoveGate:
                 self._cv.notify_all()
 
 
-def _busy(t: HostedTable, shards: set[int]) -> bool:
-    """Does a staged insert, an insert being applied or a pending sample touch ``shards``? (``t.lock`` taken)"""
-    if t.applying:
-        return True
-    if any(s in shards for parts in t.staged.values() for s, _ in parts):
-        return True
-    return any(p[0] in shards for parts in t.pending.values() for p in parts)
-
-
 def move_out(host: ShardHost, name: str, shards: list[int], move: str) -> dict:
     """Seal table ``name`` here and snapshot ``shards`` for a move (the source's first step).
 
@@ -283,11 +274,7 @@ def move_out(host: ShardHost, name: str, shards: list[int], move: str) -> dict:
     for i in ids:
         t.shard(i)
 
-    def quiet():
-        with t.lock:
-            return not _busy(t, set(ids))
-
-    t.gate.seal(move, quiet, DRAIN_S)
+    t.gate.seal(move, lambda: not t.txns.touches(set(ids)), DRAIN_S)
     try:
         out = {}
         for i in ids:
@@ -344,11 +331,7 @@ def move_release(host: ShardHost, name: str, shards: list[int], move: str, epoch
     t = host.tables.get(name)
     if t is None or t.gate.sealed != move:
         return False
-    with t.lock:
-        gone = [i for i in sorted({int(s) for s in shards}) if i in t.shards]
-        t.release(gone)
-        for i in gone:
-            del t.shards[i]
+    t.remove_shards(shards)
     return t.gate.thaw(move, epoch)
 
 
@@ -382,7 +365,6 @@ def move_in(host: ShardHost, name: str, config: dict, move: str, snapshot: dict)
         The snapshot does not fit the table's spec.
     """
     from .. import checkpoint as ck
-    from .host import HostedTable
 
     check_absent(host, name, snapshot)
     t = host.hosted(name, config)
@@ -393,13 +375,9 @@ def move_in(host: ShardHost, name: str, config: dict, move: str, snapshot: dict)
             built[int(i)] = s
             ck.restore_shard(s, part["arrays"], part["meta"])
     except BaseException:
-        HostedTable.release_shards(built.values())
+        t.release_shards(built.values())
         raise
-    with t.lock:
-        old = t.incoming.pop(move, None)
-        t.incoming[move] = built
-    if old:
-        HostedTable.release_shards(old.values())
+    t.set_aside(move, built)
     return {i: s.size for i, s in built.items()}
 
 
@@ -423,8 +401,7 @@ def check_absent(host: ShardHost, name: str, shards: Iterable[int]) -> None:
     t = host.tables.get(name)
     if t is None:
         return
-    with t.lock:
-        have = sorted({int(s) for s in shards} & set(t.shards))
+    have = t.hosting(shards)
     if have:
         raise SpecError(f"shard(s) {have} of table {name!r} are on this worker already")
 
@@ -454,22 +431,14 @@ def move_commit(host: ShardHost, name: str, move: str, epoch: int) -> list[int]:
         Nothing was built here for ``move``.
     """
     t = host.table(name)
-    with t.lock:
-        built = t.incoming.get(move)
-        done = t.installed.get(move)
+    built, done = t.built_for(move)
     if built is None and done is not None:  # again, at a later version (the coordinator's moved meanwhile)
         t.gate.advance(epoch)
         return list(done)
     if built is None:
         raise SpecError(f"no shards of table {name!r} were built on this worker for move {move!r}")
     t.gate.advance(epoch)  # no request planned before it sees the new shards: those that come now are refused
-    with t.lock:
-        t.incoming.pop(move, None)
-        t.shards.update(built)
-        t.installed[move] = sorted(built)
-        while len(t.installed) > INSTALLED_KEPT:
-            t.installed.popitem(last=False)
-    return sorted(built)
+    return t.install(move, built, INSTALLED_KEPT)
 
 
 def move_abort(host: ShardHost, name: str, move: str) -> bool:
@@ -489,18 +458,5 @@ def move_abort(host: ShardHost, name: str, move: str) -> bool:
     bool
         Whether anything was built for it here.
     """
-    from .host import HostedTable
-
     t = host.tables.get(name)
-    if t is None:
-        return False
-    with t.lock:
-        built = t.incoming.pop(move, None)
-        # installed, and the coordinator could not place them here after all: they leave again (the
-        # placement still names the source, which kept them)
-        done = [i for i in t.installed.pop(move, ()) if i in t.shards]
-        gone = [t.shards.pop(i) for i in done]
-    if built:
-        HostedTable.release_shards(built.values())
-    HostedTable.release_shards(gone)
-    return built is not None or bool(done)
+    return t is not None and t.uninstall(move)

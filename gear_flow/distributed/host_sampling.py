@@ -1,20 +1,21 @@
-"""The sampling side of a worker's host: answers to the planner's draws and takes over local shards.
+"""The worker's sampling: answers to the planner's draws and takes over local shards, and their two-phase finish.
 
 A ``Draw`` uses each shard's mass at the draw (the probability reported is the
 probability of the draw made); a ``Take`` checks that the chosen items are
 still there (:class:`StaleSelectionError` otherwise, and the caller retries).
 A sample over several workers of a table whose samples change the table
 (expiry, epochs) gathers first (``record=False``) and is committed or undone by
-:meth:`SamplingHost.finish_sample`, so an abandoned attempt changes nothing.
+:meth:`HostSampler.finish_sample`, so an abandoned attempt changes nothing.
 The planner's questions that gather nothing (``Summaries``, ``Candidates``,
 ``NewEpoch``) are answered by
-:class:`~gear_flow.distributed.host_selection.SelectingHost`.
+:class:`~gear_flow.distributed.host_selection.HostSelection`.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,10 +26,12 @@ from ..sample import SampleBuffers
 from ..table.executor import sample_shards
 from ..table.planner import ShortOfItems
 from ..table.validate import check_sample_args
-from .host_writes import remember
 
 if TYPE_CHECKING:
+    from ..shard import Shard
     from ..spec import TableSpec
+    from .host_edits import HostEditor
+    from .host_tables import HostedTable, HostedTables
 
 
 class StaleSelectionError(GearFlowError):
@@ -143,10 +146,275 @@ def check_out(
                 )
 
 
-class SamplingHost:
-    """Sampling methods of :class:`~gear_flow.distributed.host.ShardHost` (needs ``self.table(name)``)."""
+@dataclass(frozen=True)
+class PartRequest:
+    """One ``sample_part`` request, checked against its table: which items each shard gives, and where
+    their windows go.
 
-    # -- samples ---------------------------------------------------------------------
+    Parameters
+    ----------
+    length : int
+        Window length, in steps.
+    boundary : str
+        Boundary mode.
+    columns : tuple of str
+        Columns to gather.
+    ids : tuple of int
+        The part's shards, ascending (their locks are taken in this order).
+    counts : dict or None
+        Items to draw per shard (a draw); None for a take.
+    scale : dict or None
+        First-level probability of each counted shard.
+    slots : dict or None
+        Exact slots per shard (a take); None for a draw.
+    txn : str or None
+        The sample's transaction.
+    record : bool
+        Count samples now; False: at :meth:`HostSampler.finish_sample`.
+    out : dict or None
+        A co-located caller's buffers.
+    offsets : dict or None
+        First row of each shard's part in ``out``.
+    geometry : bool
+        Gather nothing; report where the windows are.
+    by_count : bool
+        The plan weighed shards by valid count.
+    horizon : int or None
+        A take's: the stamp its candidates were chosen below.
+    seqs : dict or None
+        A take's: the sequence number each slot must still hold.
+
+    Examples
+    --------
+    >>> from gear_flow import ColumnSpec, TableSpec
+    >>> from gear_flow.distributed.host_tables import HostedTable
+    >>> from gear_flow.table.config import TableConfig
+    >>> t = HostedTable("t", TableConfig.build(TableSpec((ColumnSpec("x", ()),), capacity=8)), [0])
+    >>> req = PartRequest.checked(t, 1, "pad_tail", ["x"], {0: 2}, {0: 1.0}, None, None, True)
+    >>> req.ids, req.draws
+    ((0,), True)
+    """
+
+    length: int
+    boundary: str
+    columns: tuple[str, ...]
+    ids: tuple[int, ...]
+    counts: dict | None
+    scale: dict | None
+    slots: dict | None
+    txn: str | None
+    record: bool
+    out: dict | None
+    offsets: dict | None
+    geometry: bool
+    by_count: bool
+    horizon: int | None
+    seqs: dict | None
+
+    @classmethod
+    def checked(
+        cls,
+        t: HostedTable,
+        length: int,
+        boundary: str,
+        columns: Sequence[str],
+        counts: dict | None = None,
+        scale: dict | None = None,
+        slots: dict | None = None,
+        txn: str | None = None,
+        record: bool | None = True,
+        out: dict | None = None,
+        offsets: dict | None = None,
+        geometry: bool | None = None,
+        by_count: bool | None = None,
+        horizon: int | None = None,
+        seqs: dict | None = None,
+    ) -> PartRequest:
+        """The request, once its arguments agree with each other and with table ``t``.
+
+        Parameters
+        ----------
+        t : HostedTable
+            The table sampled.
+        length, boundary, columns, counts, scale, slots, txn, record, out, offsets, geometry, by_count, horizon, seqs
+            As :meth:`HostSampler.sample_part` takes them.
+
+        Returns
+        -------
+        PartRequest
+            The checked request.
+
+        Raises
+        ------
+        ProtocolError
+            As :meth:`HostSampler.sample_part` raises it.
+        SpecError
+            A shard of the part is not here.
+        """
+        name = t.name
+        columns = check_columns(t.spec, columns, "sample_part")
+        record = True if record is None else bool(record)
+        if slots is None and t.cfg.selection == "ordered":
+            raise ProtocolError(f"worker 'sample_part': table {name!r} has an ordered sampler: give slots, not counts")
+        if (counts is None) == (slots is None):
+            raise ProtocolError("worker 'sample_part': give exactly one of counts and slots")
+        if counts is not None and (scale is None or set(scale) != set(counts)):
+            raise ProtocolError(
+                "worker 'sample_part': scale must give the first-level probability of every counted shard"
+            )
+        if not record and txn is None:
+            raise ProtocolError("worker 'sample_part': record=False needs the sample's txn")
+        part = counts if slots is None else slots
+        ids = tuple(sorted(int(i) for i in part))
+        for i in ids:
+            t.shard(i)
+        if out is not None:
+            sizes = {i: int(counts[i]) if slots is None else len(slots[i]) for i in ids}
+            check_out(t.spec, out, offsets, sizes, columns, length, "sample_part", t.tier)
+        return cls(
+            length=length, boundary=boundary, columns=columns, ids=ids, counts=counts, scale=scale, slots=slots,
+            txn=txn, record=record, out=out, offsets=offsets, geometry=bool(geometry), by_count=bool(by_count),
+            horizon=horizon, seqs=seqs,
+        )  # fmt: skip
+
+    @property
+    def draws(self) -> bool:
+        """Whether the part draws by ``counts`` (else it takes ``slots``)."""
+        return self.slots is None
+
+
+def _serve_part(t: HostedTable, req: PartRequest, rng: np.random.Generator) -> dict:
+    """Choose and gather each shard's items under the part's shard locks; undo every draw if one fails."""
+    res: dict = {}
+    drawn: list[tuple[int, np.ndarray]] = []
+    locks = t.locked(req.ids)
+    try:
+        for i in req.ids:
+            s = t.shards[i]
+            chosen = _choose(t, s, i, req, rng)
+            if chosen is None:
+                continue
+            sl, p = chosen
+            drawn.append((i, sl))
+            res[i] = _gather(t, s, sl, p, req, rng, *_buffers(t, s, i, len(sl), req))
+        if not req.record:
+            t.txns.add_pending(req.txn, [(i, sl, res[i]["seqs"], req.draws) for i, sl in drawn])
+    except BaseException:
+        _undo(t, drawn, req)
+        raise
+    finally:
+        release(locks)
+    return res
+
+
+def _choose(
+    t: HostedTable, s: Shard, i: int, req: PartRequest, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Shard ``i``'s slots and their probabilities: drawn at the shard's mass now, or taken as they were
+    chosen if still there; None when it draws nothing."""
+    if req.draws:
+        c = int(req.counts[i])
+        if c <= 0:
+            return None
+        mass = s.valid_mass(req.length, req.boundary) if t.cfg.selection == "weighted" else None
+        if mass is not None and not mass > 0 and not req.by_count:
+            raise StaleSelectionError(f"shard {i}: no weight left since the plan")
+        try:
+            sl, q = s.draw(c, req.length, req.boundary, rng, mass=mass)
+        except GearFlowError as e:  # emptied since the plan was made
+            raise StaleSelectionError(f"shard {i}: {e}") from None
+        return sl, q * float(req.scale[i])
+    sl = np.asarray(req.slots[i], dtype=np.int64)
+    if np.any((sl < 0) | (sl >= s.capacity)) or not s.active[sl].all():
+        raise StaleSelectionError(f"shard {i}: a chosen item was removed before the gather")
+    # every item stamped below the horizon was in place before the candidates were listed, and a slot is
+    # taken over only by an insert (stamped at or above it): such an item is the candidate
+    if req.horizon is not None and np.any(s.item_stamps(sl) >= req.horizon):
+        raise StaleSelectionError(f"shard {i}: a chosen item was overwritten before the gather")
+    if req.seqs is not None and not np.array_equal(s.slot_seqs(sl), np.asarray(req.seqs.get(i, ()))):
+        raise StaleSelectionError(f"shard {i}: a drawn item was written over before the gather")
+    return sl, np.ones(len(sl))
+
+
+def _buffers(t: HostedTable, s: Shard, i: int, n: int, req: PartRequest) -> tuple[dict | None, int]:
+    """Where shard ``i``'s ``n`` windows go, and at which row: nowhere (geometry), new buffers, or the caller's."""
+    if req.geometry:
+        return None, 0
+    if req.out is None:  # device buffers on the GPU tiers: they travel as CUDA frames (UCX) or via host (TCP)
+        return {c: s.tier.empty_output((n, req.length, max(t.spec.column(c).nbytes, 1))) for c in req.columns}, 0
+    return req.out, req.offsets[i]
+
+
+def _gather(
+    t: HostedTable,
+    s: Shard,
+    sl: np.ndarray,
+    p: np.ndarray,
+    req: PartRequest,
+    rng: np.random.Generator,
+    buf: dict | None,
+    off: int,
+) -> dict:
+    """Gather the windows of slots ``sl`` into ``buf`` at row ``off``, counting them unless the sample is
+    two-phase; the shard's answer."""
+    before = s.counters.expired
+    prio = s.priority[sl].copy()  # Reverb's SampleInfo: the priority when sampled
+    times = s.sample_counts(sl)  # times sampled including this draw (a two-phase sample records it at the commit)
+    win = s.take(sl, req.length, req.boundary, rng, buf, off, req.columns, record=req.record, gather=not req.geometry)
+    r = {
+        "seqs": win.seqs,
+        "p": p,
+        "episode_ids": win.episode_ids,
+        "timesteps": win.timesteps,
+        "dst_offset": win.dst_offset,
+        "n_valid": win.n_valid,
+        "expired": s.counters.expired - before,
+        "priorities": prio,
+        "times_sampled": times,
+    }
+    if req.draws:  # the shard's mass now, for the sampler's next plan (no extra round trip)
+        r["mass"] = (
+            s.unseen(req.length, req.boundary) if t.cfg.selection == "epoch" else s.valid_mass(req.length, req.boundary)
+        )
+    if req.geometry:
+        r["src_abs"] = win.src_abs
+    elif req.out is None:
+        r["data"] = buf
+    return r
+
+
+def _undo(t: HostedTable, drawn: list[tuple[int, np.ndarray]], req: PartRequest) -> None:
+    """Undo the epoch bookkeeping and the counts of draws that will not be handed out."""
+    for i, sl in drawn:
+        if req.draws:
+            t.shards[i].unconsume(sl, t.shards[i].slot_seqs(sl))
+        if req.record:
+            t.shards[i].uncount(len(sl))
+
+
+class HostSampler:
+    """Samples of the tables a worker hosts: draws, takes and gathers, and the finish of two-phase ones.
+
+    Parameters
+    ----------
+    tables : HostedTables
+        The worker's hosted tables.
+    editor : HostEditor
+        Applies the priority updates that ride on a sample request.
+
+    Examples
+    --------
+    >>> from gear_flow.distributed.host_edits import HostEditor
+    >>> from gear_flow.distributed.host_tables import HostedTables
+    >>> tables = HostedTables()
+    >>> HostSampler(tables, HostEditor(tables)).finish_sample("t", "txn", commit=True)
+    {}
+    """
+
+    def __init__(self, tables: HostedTables, editor: HostEditor) -> None:
+        self.tables = tables
+        self.editor = editor
+
     def sequences(self, name: str, n: int, length: int, boundary: str, seed: int, by_count: bool = False) -> dict:
         """Each of this worker's shards' own item-by-item draws (:meth:`gear_flow.shard.Shard.draw_sequence`),
         recording nothing: the first phase of a weighted table's sample with ``max_times_sampled``.
@@ -180,7 +448,7 @@ class SamplingHost:
         StaleSelectionError
             ``by_count``, and a shard has weight again since the plan.
         """
-        t = self.table(name)
+        t = self.tables.table(name)
         if t.cfg.plan != "sequential":
             raise ProtocolError(f"worker 'sequences': table {name!r} samples by {t.cfg.plan!r}, not item by item")
         rng = np.random.default_rng(seed)
@@ -254,7 +522,7 @@ class SamplingHost:
             each window's first step) for a reader that maps the shared rings.
         updates : dict, optional
             Priority updates riding on this request (the fields of
-            :meth:`ShardHost.update`): applied before the draw, their result
+            :meth:`HostEditor.update`): applied before the draw, their result
             returned under ``"updated"``.
         by_count : bool, optional
             The plan weighed shards by valid count (no item had weight):
@@ -289,103 +557,28 @@ class SamplingHost:
             A shard emptied since the plan, or a chosen slot was removed:
             the caller retries.
         """
-        t = self.table(name)
+        t = self.tables.table(name)
         rng = np.random.default_rng(seed)
-        columns = check_columns(t.spec, columns, "sample_part")
-        record = True if record is None else bool(record)
-        if slots is None and t.cfg.selection == "ordered":
-            raise ProtocolError(f"worker 'sample_part': table {name!r} has an ordered sampler: give slots, not counts")
-        if (counts is None) == (slots is None):
-            raise ProtocolError("worker 'sample_part': give exactly one of counts and slots")
-        if counts is not None and (scale is None or set(scale) != set(counts)):
-            raise ProtocolError(
-                "worker 'sample_part': scale must give the first-level probability of every counted shard"
-            )
-        if not record and txn is None:
-            raise ProtocolError("worker 'sample_part': record=False needs the sample's txn")
-        part = counts if slots is None else slots
-        ids = sorted(int(i) for i in part)
-        for i in ids:
-            t.shard(i)
-        if out is not None:
-            sizes = {i: int(counts[i]) if slots is None else len(slots[i]) for i in ids}
-            check_out(t.spec, out, offsets, sizes, columns, length, "sample_part", t.tier)
+        req = PartRequest.checked(
+            t,
+            length,
+            boundary,
+            columns,
+            counts,
+            scale,
+            slots,
+            txn,
+            record,
+            out,
+            offsets,
+            geometry,
+            by_count,
+            horizon,
+            seqs,
+        )
         updated = self._ride_along(name, updates)
         res = {} if updated is None else {"updated": updated}
-        drawn = []
-        locks = t.locked(ids)
-        try:
-            for i in ids:
-                s = t.shards[i]
-                if slots is None:
-                    c = int(counts[i])
-                    if c <= 0:
-                        continue
-                    mass = s.valid_mass(length, boundary) if t.cfg.selection == "weighted" else None
-                    if mass is not None and not mass > 0 and not by_count:
-                        raise StaleSelectionError(f"shard {i}: no weight left since the plan")
-                    try:
-                        sl, q = s.draw(c, length, boundary, rng, mass=mass)
-                    except GearFlowError as e:  # emptied since the plan was made
-                        raise StaleSelectionError(f"shard {i}: {e}") from None
-                    p = q * float(scale[i])
-                else:
-                    sl = np.asarray(slots[i], dtype=np.int64)
-                    if np.any((sl < 0) | (sl >= s.capacity)) or not s.active[sl].all():
-                        raise StaleSelectionError(f"shard {i}: a chosen item was removed before the gather")
-                    # every item stamped below the horizon was in place before the candidates were listed, and a
-                    # slot is taken over only by an insert (stamped at or above it): such an item is the candidate
-                    if horizon is not None and np.any(s.item_stamps(sl) >= horizon):
-                        raise StaleSelectionError(f"shard {i}: a chosen item was overwritten before the gather")
-                    if seqs is not None and not np.array_equal(s.slot_seqs(sl), np.asarray(seqs.get(i, ()))):
-                        raise StaleSelectionError(f"shard {i}: a drawn item was written over before the gather")
-                    p = np.ones(len(sl))
-                drawn.append((i, sl))
-                n = len(sl)
-                if geometry:
-                    buf, off = None, 0
-                elif out is None:  # device buffers on the GPU tiers: they travel as CUDA frames (UCX) or via host (TCP)
-                    buf = {c: s.tier.empty_output((n, length, max(t.spec.column(c).nbytes, 1))) for c in columns}
-                    off = 0
-                else:
-                    buf, off = out, offsets[i]
-                before = s.counters.expired
-                prio = s.priority[sl].copy()  # Reverb's SampleInfo: the priority when sampled
-                # times sampled including this draw (a two-phase sample records it at the commit)
-                times = s.sample_counts(sl)
-                win = s.take(sl, length, boundary, rng, buf, off, columns, record=record, gather=not geometry)
-                r = {
-                    "seqs": win.seqs,
-                    "p": p,
-                    "episode_ids": win.episode_ids,
-                    "timesteps": win.timesteps,
-                    "dst_offset": win.dst_offset,
-                    "n_valid": win.n_valid,
-                    "expired": s.counters.expired - before,
-                    "priorities": prio,
-                    "times_sampled": times,
-                }
-                if slots is None:  # the shard's mass now, for the sampler's next plan (no extra round trip)
-                    r["mass"] = (
-                        s.unseen(length, boundary) if t.cfg.selection == "epoch" else s.valid_mass(length, boundary)
-                    )
-                if geometry:
-                    r["src_abs"] = win.src_abs
-                elif out is None:
-                    r["data"] = buf
-                res[i] = r
-            if not record:
-                with t.lock:
-                    t.pending.setdefault(txn, []).extend((i, sl, res[i]["seqs"], slots is None) for i, sl in drawn)
-        except BaseException:
-            for i, sl in drawn:  # undo the epoch bookkeeping of draws that will not be handed out
-                if slots is None:
-                    t.shards[i].unconsume(sl, t.shards[i].slot_seqs(sl))
-                if record:
-                    t.shards[i].uncount(len(sl))
-            raise
-        finally:
-            release(locks)
+        res.update(_serve_part(t, req, rng))
         return res
 
     def _ride_along(self, name: str, updates: dict | None) -> dict | None:
@@ -393,7 +586,7 @@ class SamplingHost:
         before the draw, all or nothing; returns ``update``'s result (stale count, masses)."""
         if not updates:
             return None
-        return self.update(
+        return self.editor.update(
             name, updates["seqs_by_shard"], updates["prios_by_shard"], masses=updates.get("masses") or []
         )
 
@@ -421,11 +614,9 @@ class SamplingHost:
         t = self.tables.get(name)
         if t is None:
             return {}
-        with t.lock:
-            parts = t.pending.pop(txn, None)
-            if parts is None:
-                done = t.finished.get(txn)
-                return dict(done[1]) if done is not None and done[0] == bool(commit) else {}
+        parts, done = t.txns.take_pending(txn, commit)
+        if parts is None:
+            return done
         out = {}
         for i, sl, seqs, drawn in parts:
             s = t.shards[i]
@@ -437,8 +628,7 @@ class SamplingHost:
                 if drawn:
                     s.unconsume(sl, seqs)
                 out[i] = out.get(i, 0) + len(sl)
-        with t.lock:
-            remember(t.finished, txn, (bool(commit), dict(out)))
+        t.txns.finished(txn, commit, out)
         return out
 
     def uncount(self, name: str, counts: dict[int, int]) -> None:
@@ -456,7 +646,7 @@ class SamplingHost:
         ProtocolError
             A shard has counted fewer samples than that (nothing changed).
         """
-        t = self.table(name)
+        t = self.tables.table(name)
         for i, n in counts.items():
             if int(n) > t.shard(i).counters.sampled:
                 raise ProtocolError(f"worker 'uncount': shard {i} has counted fewer than {n} samples")
@@ -522,7 +712,7 @@ class SamplingHost:
             a queue's below ``horizon``): nothing taken, the admission is given
             back and waits for items to arrive.
         """
-        t = self.table(name)
+        t = self.tables.table(name)
         check_sample_args(n, length, boundary)
         columns = check_columns(t.spec, columns, "sample_all")
         if out is not None and not (isinstance(out, SampleBuffers) and out.matches(columns, n, length, t.tier)):

@@ -1,4 +1,4 @@
-"""Selection answers of a worker's host: what its shards hold, as the planner asks before it draws or evicts.
+"""The worker's selection answers: what its shards hold, as the planner asks before it draws or evicts.
 
 ``summaries`` gives one number per shard and kind (sampling or removal mass,
 size, valid windows, unseen items of an epoch), ``candidates`` the best items
@@ -6,17 +6,12 @@ of each shard for an ordered selector (merged across shards by the client),
 and ``new_epoch`` starts a new epoch on every shard.  They gather nothing and
 change nothing but epochs, and serve samples and evictions alike (the
 planner's ``Summaries``, ``Candidates`` and ``NewEpoch`` requests).
-
-:class:`SelectingHost` is a mixin of :class:`~gear_flow.distributed.host.ShardHost`
-rather than a class of its own because these methods read the host's
-tables and the worker plugin calls them as ``ShardHost.<method>``; keeping
-them apart from :mod:`~gear_flow.distributed.host_sampling` keeps the draw
-and gather path readable on its own.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,11 +19,33 @@ from ..errors import ProtocolError
 from ..table import planner
 from ..table.executor import InProcess, summary
 
+if TYPE_CHECKING:
+    from .host_tables import HostedTables
 
-class SelectingHost:
-    """Selection methods of :class:`~gear_flow.distributed.host.ShardHost` (needs ``self.table(name)``)."""
 
-    # -- selection ----------------------------------------------------------------------
+class HostSelection:
+    """The planner's questions that gather nothing, answered over the tables a worker hosts.
+
+    Parameters
+    ----------
+    tables : HostedTables
+        The worker's hosted tables.
+
+    Examples
+    --------
+    >>> from gear_flow import ColumnSpec, TableSpec
+    >>> from gear_flow.distributed.host_tables import HostedTables
+    >>> from gear_flow.table.config import TableConfig
+    >>> tables = HostedTables()
+    >>> tables.create("t", TableConfig.build(TableSpec((ColumnSpec("x", ()),), capacity=8)).to_dict(), [0])
+    [0]
+    >>> HostSelection(tables).summaries("t", ("size",))
+    {'size': {0: 0}}
+    """
+
+    def __init__(self, tables: HostedTables) -> None:
+        self.tables = tables
+
     def summaries(
         self, name: str, kinds: Sequence[str], length: int | None = None, boundary: str | None = None
     ) -> dict[str, dict[int, float]]:
@@ -60,7 +77,7 @@ class SelectingHost:
         SpecError
             No table ``name`` on this worker.
         """
-        t = self.table(name)
+        t = self.tables.table(name)
         if ("sampler" in kinds or "unseen" in kinds) and t.cfg.selection == "ordered":
             raise ProtocolError(f"worker 'summaries': table {name!r} has an ordered sampler, no sampling mass")
         if "unseen" in kinds and t.cfg.selection != "epoch":
@@ -76,7 +93,7 @@ class SelectingHost:
         name : str
             The table.
         """
-        for s in self.table(name).shards.values():
+        for s in self.tables.table(name).shards.values():
             s.new_epoch()
 
     def candidates(
@@ -117,7 +134,7 @@ class SelectingHost:
         ProtocolError
             The selector of ``role`` is not ordered.
         """
-        t = self.table(name)
+        t = self.tables.table(name)
         role = role or "sampler"
         sel = t.cfg.sampler if role == "sampler" else t.cfg.remover
         if not sel.deterministic:

@@ -1,0 +1,320 @@
+"""The worker's transaction memory: what became of each insert and two-phase sample on one hosted table.
+
+An insert is staged (kept, nothing visible), applying (being written),
+applied (its result remembered) or aborted (a tombstone: a stage, write or
+apply of it that arrives later, sent before the abort, is refused).  A
+two-phase sample's gathered parts are pending until its finish, whose outcome
+is then remembered.  The coordinator's recovery and a request sent again after
+its reply was lost both ask this memory, which is why outcomes are kept for
+the last :data:`REMEMBER` transactions and why a resent request is answered as
+the first one.  Every field changes only through :class:`TransactionMemory`'s
+methods, under its one lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from ..errors import SpecError
+
+#: transactions whose outcome a worker remembers (for the coordinator's recovery, and a request sent again)
+REMEMBER = 4096
+
+
+def remember(memo: OrderedDict, txn: str, outcome: object) -> None:
+    """Keep ``txn``'s outcome in ``memo``, forgetting the oldest beyond :data:`REMEMBER`.
+
+    Parameters
+    ----------
+    memo : OrderedDict
+        An outcome memory (the caller holds the lock that guards it).
+    txn : str
+        The transaction.
+    outcome : object
+        What a request sent again for ``txn`` is answered with.
+    """
+    memo[txn] = outcome
+    while len(memo) > REMEMBER:
+        memo.popitem(last=False)
+
+
+def _items(batches: list, step: bool) -> dict[int, int]:
+    """Items per shard of staged ``(shard, EpisodeBatch)`` pairs."""
+    out: dict[int, int] = {}
+    for sid, b in batches:
+        out[sid] = out.get(sid, 0) + (int(b.lengths.sum()) if step else len(b.lengths))
+    return out
+
+
+class TransactionMemory:
+    """Staged, applying, applied and aborted inserts and pending and finished samples of one hosted table.
+
+    Parameters
+    ----------
+    table : str
+        The table's name (for messages).
+    step : bool
+        Items are steps (else episodes): how a staged insert's items are
+        counted.
+
+    Examples
+    --------
+    >>> memory = TransactionMemory("t", step=False)
+    >>> memory.forget("never-staged")
+    False
+    >>> memory.status("never-staged")
+    {'state': 'aborted'}
+    """
+
+    def __init__(self, table: str, step: bool) -> None:
+        self.table = table
+        self.step = step
+        self._lock = threading.Lock()
+        self._staged: dict[str, list] = {}  # insert txn -> [(shard, EpisodeBatch)]
+        self._applied: OrderedDict[str, dict] = OrderedDict()
+        self._applying: set[str] = set()
+        self._aborted: OrderedDict[str, bool] = OrderedDict()
+        self._pending: dict[str, list] = {}  # sample txn -> [(shard, slots, seqs, drawn)]
+        self._finished: OrderedDict[str, tuple[bool, dict]] = OrderedDict()
+
+    @property
+    def staged(self) -> Mapping[str, list]:
+        """A read-only view of the staged inserts: ``{txn: [(shard, EpisodeBatch), ...]}``."""
+        return MappingProxyType(self._staged)
+
+    def _refuse_aborted(self, txn: str) -> None:
+        """Raise if insert ``txn`` was aborted here (the lock is held)."""
+        if txn in self._aborted:
+            raise SpecError(f"insert {txn!r} of table {self.table!r} was aborted on this worker")
+
+    # -- inserts -----------------------------------------------------------------------------
+    def stage(self, txn: str, batches: list) -> int:
+        """Keep the validated ``batches`` of insert ``txn`` until it is applied or aborted.
+
+        Parameters
+        ----------
+        txn : str
+            The insert's transaction id.
+        batches : list
+            ``[(shard, EpisodeBatch), ...]``.
+
+        Returns
+        -------
+        int
+            Items staged (the same parts staged again are staged once).
+
+        Raises
+        ------
+        SpecError
+            ``txn`` was staged before with other parts, applied, or aborted.
+        """
+        items = _items(batches, self.step)
+        with self._lock:
+            prior = self._staged.get(txn)
+            if prior is not None and _items(prior, self.step) == items:
+                return sum(items.values())  # sent again (its reply was lost): staged once
+            if prior is not None or txn in self._applied:
+                raise SpecError(f"insert {txn!r} of table {self.table!r} was already staged on this worker")
+            self._refuse_aborted(txn)
+            self._staged[txn] = batches
+        return sum(items.values())
+
+    def applied(self, txn: str) -> dict | None:
+        """The result insert ``txn`` was applied with here, if it was.
+
+        Parameters
+        ----------
+        txn : str
+            The insert's transaction id.
+
+        Returns
+        -------
+        dict or None
+            As :meth:`~gear_flow.distributed.host_writes.HostWriter.apply`
+            returned it, or None.
+        """
+        with self._lock:
+            return self._applied.get(txn)
+
+    def begin_apply(self, txn: str) -> tuple[dict | None, list | None]:
+        """Take insert ``txn``'s staged batches to write them (it is *applying* until :meth:`end_apply`).
+
+        Parameters
+        ----------
+        txn : str
+            The insert's transaction id.
+
+        Returns
+        -------
+        tuple of (dict or None, list or None)
+            ``(result, None)`` when ``txn`` was applied already, otherwise
+            ``(None, batches)``.
+
+        Raises
+        ------
+        SpecError
+            ``txn`` is neither staged nor applied here, or was aborted.
+        """
+        with self._lock:
+            if txn in self._applied:
+                return self._applied[txn], None
+            self._refuse_aborted(txn)
+            try:
+                batches = self._staged.pop(txn)
+            except KeyError:
+                raise SpecError(f"insert {txn!r} of table {self.table!r} is not staged on this worker") from None
+            self._applying.add(txn)  # (status: being written, neither staged nor applied)
+            return None, batches
+
+    def end_apply(self, txn: str, result: dict | None) -> None:
+        """Insert ``txn`` is no longer being written: applied with ``result``, or failed (None).
+
+        Parameters
+        ----------
+        txn : str
+            The insert's transaction id.
+        result : dict or None
+            What its apply returned; None when it raised.
+        """
+        with self._lock:
+            if result is not None:
+                remember(self._applied, txn, result)
+            self._applying.discard(txn)
+
+    def forget(self, txn: str) -> bool:
+        """Forget staged insert ``txn`` and leave a tombstone unless it was applied or is being applied.
+
+        Parameters
+        ----------
+        txn : str
+            The transaction id.
+
+        Returns
+        -------
+        bool
+            Whether it was staged.
+        """
+        with self._lock:
+            staged = self._staged.pop(txn, None) is not None
+            if txn not in self._applied and txn not in self._applying:
+                remember(self._aborted, txn, True)
+        return staged
+
+    def status(self, txn: str) -> dict:
+        """What became of insert ``txn`` here.
+
+        Parameters
+        ----------
+        txn : str
+            The insert's transaction id.
+
+        Returns
+        -------
+        dict
+            ``{"state": "staged" | "applying" | "applied" | "aborted" |
+            "unknown"}``, with ``result`` when applied.
+        """
+        with self._lock:
+            if txn in self._applied:
+                return {"state": "applied", "result": self._applied[txn]}
+            for state, where in (("staged", self._staged), ("applying", self._applying), ("aborted", self._aborted)):
+                if txn in where:
+                    return {"state": state}
+            return {"state": "unknown"}
+
+    # -- two-phase samples -------------------------------------------------------------------
+    def add_pending(self, txn: str, parts: Iterable[tuple]) -> None:
+        """Keep gathered parts of sample ``txn`` until its finish.
+
+        Parameters
+        ----------
+        txn : str
+            The sample's transaction id.
+        parts : iterable of tuple
+            ``(shard, slots, seqs, drawn)`` per part; ``drawn``: a draw's (its
+            epoch bookkeeping is undone on abort), not a take's.
+        """
+        with self._lock:
+            self._pending.setdefault(txn, []).extend(parts)
+
+    def take_pending(self, txn: str, commit: bool) -> tuple[list | None, dict]:
+        """Take sample ``txn``'s pending parts to finish them.
+
+        Parameters
+        ----------
+        txn : str
+            The sample's transaction id.
+        commit : bool
+            The finish asked for.
+
+        Returns
+        -------
+        tuple of (list or None, dict)
+            ``(parts, {})``; or ``(None, result)`` when nothing is pending:
+            the first finish's result if ``txn`` was finished the same way,
+            else empty.
+        """
+        with self._lock:
+            parts = self._pending.pop(txn, None)
+            if parts is not None:
+                return parts, {}
+            done = self._finished.get(txn)
+            return None, dict(done[1]) if done is not None and done[0] == bool(commit) else {}
+
+    def finished(self, txn: str, commit: bool, result: dict) -> None:
+        """Remember how sample ``txn`` finished (a finish sent again answers with it).
+
+        Parameters
+        ----------
+        txn : str
+            The sample's transaction id.
+        commit : bool
+            Whether it was committed.
+        result : dict
+            The finish's result.
+        """
+        with self._lock:
+            remember(self._finished, txn, (bool(commit), dict(result)))
+
+    # -- what a move waits for ---------------------------------------------------------------
+    def joins(self, txn: Any) -> bool:
+        """Whether a request naming ``txn`` goes on with a transaction begun here (staged or pending).
+
+        Parameters
+        ----------
+        txn : object
+            The transaction the request names (not a str: none).
+
+        Returns
+        -------
+        bool
+            Whether ``txn`` is staged or pending here.
+        """
+        if not isinstance(txn, str):
+            return False
+        with self._lock:
+            return txn in self._staged or txn in self._pending
+
+    def touches(self, shards: set[int]) -> bool:
+        """Whether a staged insert, an insert being applied or a pending sample touches ``shards``.
+
+        Parameters
+        ----------
+        shards : set of int
+            Shard ids.
+
+        Returns
+        -------
+        bool
+            Whether one does (any insert being applied counts).
+        """
+        with self._lock:
+            if self._applying:
+                return True
+            if any(s in shards for parts in self._staged.values() for s, _ in parts):
+                return True
+            return any(p[0] in shards for parts in self._pending.values() for p in parts)
