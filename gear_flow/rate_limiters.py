@@ -227,6 +227,40 @@ class RateLimiter(ABC):  # noqa: B024  (abstract by intent: use a subclass)
         """
         self.state.samples += int(n)
 
+    def give_back_insert(self, k: int) -> None:
+        """``k`` items of an admitted insert were not stored after all (aborted, or routed to a shard lost
+        before its apply): their admission no longer counts.
+
+        Parameters
+        ----------
+        k : int
+            Items given back.
+        """
+        self.state.inserts -= int(k)
+
+    def give_back_sample(self, n: int) -> None:
+        """``n`` items of an admitted sample were not handed out after all (it failed, or its items left
+        could not fill it): their admission no longer counts.
+
+        Parameters
+        ----------
+        n : int
+            Items given back.
+        """
+        self.state.samples -= int(n)
+
+    def restore(self, state: Mapping[str, int]) -> None:
+        """Set the counters from a checkpoint (:func:`to_config`'s ``state``).
+
+        Parameters
+        ----------
+        state : mapping
+            Some of ``inserts``, ``samples``, ``deletes``; the others keep
+            their value.
+        """
+        for k, v in state.items():
+            setattr(self.state, k, v)
+
     def on_delete(self, k: int) -> None:
         """Count removed items (evicted, deleted, expired); ``diff`` does not change.
 
@@ -488,6 +522,5 @@ def from_config(cfg: Mapping[str, Any]) -> RateLimiter:
     if isinstance(params.get("error_buffer"), list):
         params["error_buffer"] = tuple(params["error_buffer"])
     lim = cls(**params)
-    for k, v in cfg.get("state", {}).items():
-        setattr(lim.state, k, v)
+    lim.restore(cfg.get("state", {}))
     return lim

@@ -27,7 +27,7 @@ from distributed.protocol import to_serialize
 from .. import config
 from ..errors import GearFlowError, ProtocolError, RateLimitTimeout, SpecError
 from ..storage.shared import machine_id
-from . import protocol, wire
+from . import gate_checks, protocol, wire
 from .gate import OwnerGone, TableGate
 from .lane import LaneServer
 from .moves import ShardMoves
@@ -361,7 +361,7 @@ class GearFlowCoordinator(SchedulerPlugin):
             if w.fut.done():  # admitted at once (the usual case): no timer, no task
                 return w.fut.result()
             return await asyncio.wait_for(asyncio.shield(w.fut), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if w.fut.done() and not w.fut.cancelled():  # granted as the time ran out: keep the grant
                 return w.fut.result()
             g.withdraw(w)
@@ -374,7 +374,7 @@ class GearFlowCoordinator(SchedulerPlugin):
 
     async def _admit_insert(self, name, n, episodes, per_shard=None, timeout=None, owner=""):
         g = self._table(name)
-        g.check_insert(n, episodes, per_shard or {})  # never admissible: refused at once, nothing queued
+        gate_checks.check_insert(g, n, episodes, per_shard or {})  # never admissible: refused at once, nothing queued
         w = g.request("insert", n, owner or "", episodes=episodes, per_shard=per_shard or {})
         return await self._wait(g, w, timeout, f"an insert of {n} items")
 
@@ -383,7 +383,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         time) are settled here, in the background (:meth:`_settle`), and those of ``unreached`` ones (they
         refused to apply them, and did not answer their abort) aborted (:meth:`_abort_parts`)."""
         g = self._table(name)
-        g.check_commit(txn, items or {}, evicted or {}, unsettled or [])
+        gate_checks.check_commit(g, txn, items or {}, evicted or {}, unsettled or [])
         if g.commit_insert(txn, items or {}, evicted or {}, tuple(unsettled or ())):  # (a repeat: nothing sent)
             if txn in g.unsettled:
                 for a in sorted(set(unsettled or ())):
@@ -477,7 +477,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         something arrived since.
         """
         g = self._table(name)
-        g.check_sample(n)
+        gate_checks.check_sample(g, n)
         w = g.request(
             "sample", n, owner or "", done=done or 0, lease=lease or 0, exclusive=bool(exclusive), after=after
         )
@@ -492,7 +492,7 @@ class GearFlowCoordinator(SchedulerPlugin):
 
     async def _sample_finished(self, name, txn, rollback=0, expired=None):
         g = self._table(name)
-        g.check_removal(sum(int(k) for k in (expired or {}).values()), expired or {})
+        gate_checks.check_removal(g, sum(int(k) for k in (expired or {}).values()), expired or {})
         if rollback and rollback > g.limiter.state.samples:
             raise ProtocolError(f"coordinator 'sample_finished': rollback {rollback} exceeds the samples counted")
         if expired:  # before the hold is released: the next sample must not count expired items
@@ -507,15 +507,11 @@ class GearFlowCoordinator(SchedulerPlugin):
 
     async def _stamps(self, name, n):
         """``n`` table-wide stamps (the insert clock) for priority updates: heap ties follow them across shards."""
-        g = self._table(name)
-        first = g.next_stamp
-        g.next_stamp += int(n)
-        g.pump()
-        return first
+        return self._table(name).take_stamps(n)
 
     async def _removed(self, name, k, per_shard=None):
         g = self._table(name)
-        g.check_removal(k, per_shard or {})
+        gate_checks.check_removal(g, k, per_shard or {})
         # deletes, evictions, or a queue's expiries whose sample then failed (its samples rolled back):
         # items that left unsampled (a finished sample's expiries come with sample_finished)
         g.removed(k, per_shard or {}, unsampled=True)
@@ -651,12 +647,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         """Counters of a restored table (from its checkpoint)."""
         g = self._table(name)
         protocol.check(protocol.RESTORED_STATE, "state", state, "coordinator 'restore_state'")
-        g.size = int(state["size"])
-        g.shard_size = {int(k): int(v) for k, v in state["shard_size"].items()}
-        g.shard_inserted = {int(k): int(v) for k, v in state["shard_inserted"].items()}
-        g.next_episode_id = int(state["next_episode_id"])
-        g.next_stamp = int(state["next_stamp"])
-        g.arrived()
+        g.restore(state)
         return True
 
     async def _shard_restored(self, name, shard, worker, size, inserted):
@@ -666,23 +657,7 @@ class GearFlowCoordinator(SchedulerPlugin):
             raise ProtocolError(f"coordinator 'shard_restored': table {name!r} has no shard {shard}")
         if worker not in self.scheduler.workers:
             raise ProtocolError(f"coordinator 'shard_restored': {worker!r} is not a live worker")
-        if int(shard) not in g.lost:  # a live shard replaced: its old items leave the count
-            g.size -= g.shard_size.get(int(shard), 0)
-            g.forget_waiting(g.shard_size.get(int(shard), 0))
-        lost = g.lost.pop(int(shard), None)
-        g.unsampled_lost.pop(int(shard), None)
-        if lost is not None:
-            # inserts in flight when the shard was lost are settled after the loss was
-            # marked; the count now is what the shard really had received
-            lost["inserted_at_loss"] = int(g.shard_inserted.get(int(shard), 0))
-        g.placement[int(shard)] = worker
-        g.shard_size[int(shard)] = int(size)
-        g.size += int(size)
-        g.forget_waiting(-int(size))  # a queue's restored items wait to be sampled again
-        g.shard_inserted[int(shard)] = int(inserted)
-        g.rebuilt(int(shard))
-        g.arrived()
-        return lost
+        return g.shard_restored(int(shard), worker, int(size), int(inserted))
 
     # -- moves ----------------------------------------------------------------------------------------------
     async def _move(self, name, shards, worker=None):

@@ -4,7 +4,7 @@ A :class:`TableGate` lives on the scheduler (one per table) and is driven by
 :class:`~gear_flow.distributed.coordinator.GearFlowCoordinator` on the
 scheduler's event loop; it does no I/O, so it is tested on its own.  What
 a request may ask at all is checked first, by
-:class:`~gear_flow.distributed.gate_checks.GateChecks`.
+:mod:`~gear_flow.distributed.gate_checks`.
 
 * **Inserts** are transactions.  Admission (Reverb semantics: the limiter
   counts an insert when it is admitted) issues episode ids, stamps and a
@@ -51,7 +51,6 @@ from typing import Any
 from ..errors import TableClosedError
 from ..rate_limiters import MinSize, Queue
 from ..table.config import TableConfig
-from .gate_checks import GateChecks
 
 
 class OwnerGone(Exception):
@@ -116,7 +115,7 @@ class Waiter:
     extra: dict = field(default_factory=dict)
 
 
-class TableGate(GateChecks):
+class TableGate:
     """Global state of one table; see the module docstring.
 
     Parameters
@@ -384,7 +383,7 @@ class TableGate(GateChecks):
         # items routed to a shard but never written (lost before the apply): the limiter forgets them
         unwritten = t.n - sum(int(k) for k in items.values())
         if unwritten > 0:
-            self.limiter.state.inserts -= unwritten
+            self.limiter.give_back_insert(unwritten)
         written = {int(x) for x in items}
         shards = {
             int(s): k
@@ -438,7 +437,7 @@ class TableGate(GateChecks):
             del left[s]
         if not left:
             del self.unsettled[txn]
-        self.limiter.state.inserts += sum(written.values())
+        self.limiter.on_insert(sum(written.values()))  # its admission, given back at the commit
         self._count_written(written, {int(s): int(k) for s, k in evicted.items() if int(s) in written})
         self.arrived()
 
@@ -459,7 +458,7 @@ class TableGate(GateChecks):
         t = self.txns.pop(txn, None)
         if t is None or t.committed:
             return False
-        self.limiter.state.inserts -= t.n
+        self.limiter.give_back_insert(t.n)
         self._trim()
         self.arrived()  # the horizon may have moved: ordered samples may see more
         return True
@@ -492,7 +491,7 @@ class TableGate(GateChecks):
         if self.holder is not None and self.holder["txn"] == txn:
             self.holder = None
         if rollback:
-            self.limiter.state.samples -= int(rollback)
+            self.limiter.give_back_sample(int(rollback))
         self.pump()
 
     def count_samples(self, n: int) -> None:
@@ -581,17 +580,79 @@ class TableGate(GateChecks):
         self.version += 1
         self.pump()
 
-    def rebuilt(self, shard: int) -> None:
-        """``shard`` was restored from a checkpoint (on its worker or another): a new incarnation, and a new
-        placement version.
+    def take_stamps(self, n: int) -> int:
+        """``n`` table-wide stamps (the insert clock) for priority updates; heap ties follow them across shards.
+
+        Parameters
+        ----------
+        n : int
+            Stamps taken.
+
+        Returns
+        -------
+        int
+            The first of them.
+        """
+        first = self.next_stamp
+        self.next_stamp += int(n)
+        self.pump()
+        return first
+
+    def restore(self, state: dict) -> None:
+        """Set the counters of a restored table from its checkpoint (checked against
+        :data:`~gear_flow.distributed.protocol.RESTORED_STATE` by the caller).
+
+        Parameters
+        ----------
+        state : dict
+            ``size``, ``shard_size``, ``shard_inserted``, ``next_episode_id``, ``next_stamp``.
+        """
+        self.size = int(state["size"])
+        self.shard_size = {int(k): int(v) for k, v in state["shard_size"].items()}
+        self.shard_inserted = {int(k): int(v) for k, v in state["shard_inserted"].items()}
+        self.next_episode_id = int(state["next_episode_id"])
+        self.next_stamp = int(state["next_stamp"])
+        self.arrived()
+
+    def shard_restored(self, shard: int, worker: str, size: int, inserted: int) -> dict | None:
+        """``shard`` was rebuilt on ``worker`` from a checkpoint holding ``size`` items (a new incarnation and
+        placement version); a live shard replaced this way takes its old items out of the count.
 
         Parameters
         ----------
         shard : int
             Shard id.
+        worker : str
+            Its worker now.
+        size : int
+            Items the checkpoint held.
+        inserted : int
+            Items ever inserted into the shard, as the checkpoint says.
+
+        Returns
+        -------
+        dict or None
+            The shard's loss record (``info()["lost"]``), None when it was live.
         """
-        self.incarnation[int(shard)] = self.incarnation.get(int(shard), 0) + 1
+        shard = int(shard)
+        if shard not in self.lost:  # a live shard replaced: its old items leave the count
+            self.size -= self.shard_size.get(shard, 0)
+            self.forget_waiting(self.shard_size.get(shard, 0))
+        lost = self.lost.pop(shard, None)
+        self.unsampled_lost.pop(shard, None)
+        if lost is not None:
+            # inserts in flight when the shard was lost are settled after the loss was
+            # marked; the count now is what the shard really had received
+            lost["inserted_at_loss"] = int(self.shard_inserted.get(shard, 0))
+        self.placement[shard] = worker
+        self.shard_size[shard] = int(size)
+        self.size += int(size)
+        self.forget_waiting(-int(size))  # a queue's restored items wait to be sampled again
+        self.shard_inserted[shard] = int(inserted)
+        self.incarnation[shard] = self.incarnation.get(shard, 0) + 1
         self.version += 1
+        self.arrived()
+        return lost
 
     def passed(self, epoch: int) -> None:
         """The placement version reaches ``epoch``: a worker took it for a move that was then undone (the

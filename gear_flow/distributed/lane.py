@@ -672,7 +672,7 @@ class Lanes:
             timeout = min(float(parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s")), 5.0)
         try:
             rw = await asyncio.wait_for(_open(path), timeout)
-        except (OSError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, OSError, ValueError):
             return False
         self._idle[path].append(rw)
         return True

@@ -475,7 +475,7 @@ async def worker_alive(ctx: Context, table: str, addr: str, timeout: float) -> b
     """
     try:
         return bool(await asyncio.wait_for(coord(ctx, "worker_alive", table, address=addr), timeout))
-    except (GearFlowError, asyncio.TimeoutError):
+    except (TimeoutError, GearFlowError):
         return None
 
 

@@ -618,12 +618,12 @@ class LocalTable(DatasetMethods):
                     lk.release()
         except planner.ShortOfItems as e:
             with self._cond:
-                self.rate_limiter.state.samples -= B
+                self.rate_limiter.give_back_sample(B)
                 self._cond.notify_all()
             return None, (e.have, seen)
         except BaseException:
             with self._cond:
-                self.rate_limiter.state.samples -= B
+                self.rate_limiter.give_back_sample(B)
             raise
 
     def _sample_into(self, out: SampleBuffers, B: int, L: int, boundary: str, columns, rng) -> int:
