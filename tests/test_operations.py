@@ -1,0 +1,196 @@
+"""Every message's description: the tables derived from the operation registry hold what they held when each
+was written by hand (names, field names in order, handlers, lane and resend claims, which ops are quick)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gear_flow.distributed import coordinator, lane, plugin, protocol
+from gear_flow.distributed.coordinator import GearFlowCoordinator
+from gear_flow.distributed.host import ShardHost
+
+# -- today's tables, written out ---------------------------------------------------------------------------
+#: worker operation -> its fields, in the order they are checked (``epoch`` last unless the op names it)
+WORKER_FIELDS = {
+    "create": ("name", "config", "shard_ids", "tier", "epoch"),
+    "drop": ("name", "epoch"),
+    "drop_shard": ("name", "shard", "epoch"),
+    "shared_layout": ("name", "epoch"),
+    "lane": ("name", "epoch"),
+    "stage": ("name", "txn", "parts", "epoch"),
+    "apply": ("name", "txn", "epoch"),
+    "write": ("name", "txn", "parts", "epoch"),
+    "abort": ("name", "txn", "epoch"),
+    "status": ("name", "txn", "epoch"),
+    "summaries": ("name", "kinds", "length", "boundary", "epoch"),
+    "new_epoch": ("name", "epoch"),
+    "candidates": ("name", "n", "role", "length", "boundary", "horizon", "epoch"),
+    "sample_part": (
+        "name", "length", "boundary", "columns", "seed", "counts", "scale", "slots", "txn", "record", "out",
+        "offsets", "geometry", "updates", "by_count", "horizon", "seqs", "epoch",
+    ),
+    "sequences": ("name", "n", "length", "boundary", "seed", "by_count", "epoch"),
+    "finish_sample": ("name", "txn", "commit", "epoch"),
+    "uncount": ("name", "counts", "epoch"),
+    "sample_all": ("name", "n", "length", "boundary", "columns", "seed", "horizon", "out", "updates", "epoch"),
+    "check_keys": ("name", "seqs_by_shard", "epoch"),
+    "update": ("name", "seqs_by_shard", "prios_by_shard", "stamps_by_shard", "masses", "epoch"),
+    "delete": ("name", "seqs_by_shard", "epoch"),
+    "remove": ("name", "counts", "slots", "seed", "seqs", "epoch"),
+    "info": ("name", "epoch"),
+    "nbytes": ("name", "epoch"),
+    "checkpoint": ("name", "directory", "epoch"),
+    "restore": ("name", "config", "directory", "files", "tier", "epoch"),
+    "move_out": ("name", "shards", "move", "epoch"),
+    "move_in": ("name", "config", "move", "source", "shards", "epoch"),
+    "move_commit": ("name", "move", "epoch"),
+    "move_release": ("name", "shards", "move", "epoch"),
+    "move_abort": ("name", "move", "epoch"),
+    "move_thaw": ("name", "move", "epoch"),
+}  # fmt: skip
+COORDINATOR_FIELDS = {
+    "register": ("config", "placement"),
+    "lookup": (),
+    "list": (),
+    "admit_insert": ("n", "episodes", "per_shard", "timeout", "owner"),
+    "commit_insert": ("txn", "items", "evicted", "unsettled", "unreached"),
+    "abort_insert": ("txn", "unreached"),
+    "admit_sample": ("n", "timeout", "done", "lease", "exclusive", "owner", "after"),
+    "admit_hold": ("timeout", "owner"),
+    "sample_finished": ("txn", "rollback", "expired"),
+    "count_samples": ("n",),
+    "stamps": ("n",),
+    "removed": ("k", "per_shard"),
+    "mark_lost": ("shard", "detail"),
+    "worker_alive": ("address",),
+    "workers": (),
+    "restore_state": ("state",),
+    "shard_restored": ("shard", "worker", "size", "inserted"),
+    "move": ("shards", "worker"),
+    "rebalance": (),
+    "close": (),
+    "drop": (),
+    "lane": (),
+}
+#: worker operation -> the ShardHost method or host_moves function plugin.OPS runs it with
+HOST_METHODS = (
+    "create", "drop", "drop_shard", "shared_layout", "stage", "apply", "write", "abort", "status", "summaries",
+    "new_epoch", "candidates", "sample_part", "sequences", "finish_sample", "uncount", "sample_all", "check_keys",
+    "update", "delete", "remove", "info", "checkpoint", "restore", "nbytes",
+)  # fmt: skip
+MOVE_STEPS = ("move_out", "move_thaw", "move_release", "move_commit", "move_abort")
+LANE_OPS = {
+    "abort", "apply", "candidates", "check_keys", "finish_sample", "new_epoch", "sample_part", "sequences", "stage",
+    "summaries", "uncount", "update", "write",
+}  # fmt: skip
+RESENDABLE_OPS = {
+    "abort", "apply", "candidates", "check_keys", "finish_sample", "sequences", "stage", "summaries", "update", "write"
+}  # fmt: skip
+NO_TABLE = {"lane", "list"}
+COORD_LANE_OPS = set(COORDINATOR_FIELDS) - {"lane", "move", "rebalance"}
+#: the worker operations that run on the event loop whatever their size
+ALWAYS_QUICK = {"summaries", "uncount", "info", "status", "finish_sample", "new_epoch", "nbytes", "abort"}
+#: those that do when small (and their table's locks are free)
+QUICK_WHEN_SMALL = {
+    "sample_all", "sequences", "sample_part", "update", "check_keys", "candidates", "remove", "write", "stage", "apply"
+}  # fmt: skip
+#: arguments too large for every operation whose quickness depends on its arguments
+LARGE = {
+    "n": 1 << 30,
+    "length": 1 << 10,
+    "out": {"x": b""},
+    "slots": {0: range(plugin.QUICK_ITEMS + 1)},
+    "seqs_by_shard": {0: range(plugin.QUICK_ITEMS + 1)},
+    "parts": [{"staged": {"segment": "gf_x"}}],
+    "name": "t",
+    "txn": "t1",
+}
+
+
+def test_worker_schemas_name_the_same_fields_in_the_same_order():
+    assert list(protocol.WORKER) == list(WORKER_FIELDS)
+    assert {op: tuple(schema) for op, schema in protocol.WORKER.items()} == WORKER_FIELDS
+
+
+def test_coordinator_schemas_name_the_same_fields_in_the_same_order():
+    assert list(protocol.COORDINATOR) == list(COORDINATOR_FIELDS)
+    assert {op: tuple(schema) for op, schema in protocol.COORDINATOR.items()} == COORDINATOR_FIELDS
+
+
+def test_the_plugin_runs_each_operation_with_the_same_host_method_or_move_step():
+    from gear_flow.distributed import host_moves
+
+    assert list(plugin.OPS) == [*HOST_METHODS, *MOVE_STEPS]
+    for op in HOST_METHODS:
+        assert plugin.OPS[op] is getattr(ShardHost, op), op
+    for op in MOVE_STEPS:
+        assert plugin.OPS[op] is getattr(host_moves, op), op
+
+
+def test_lane_and_resend_claims():
+    assert lane.LANE_OPS == LANE_OPS
+    assert lane.RESENDABLE_OPS == RESENDABLE_OPS
+    assert isinstance(lane.LANE_OPS, frozenset) and isinstance(lane.RESENDABLE_OPS, frozenset)
+
+
+def test_coordinator_tables():
+    assert coordinator.NO_TABLE == NO_TABLE
+    assert coordinator.COORD_LANE_OPS == COORD_LANE_OPS
+    assert isinstance(coordinator.NO_TABLE, frozenset) and isinstance(coordinator.COORD_LANE_OPS, frozenset)
+    from gear_flow.distributed import transport
+
+    assert transport.COORD_LANE_OPS is coordinator.COORD_LANE_OPS
+
+
+def test_which_operations_are_quick_whatever_their_arguments():
+    quick = {op for op in protocol.WORKER if plugin._quick(op, dict(LARGE))}
+    assert quick == ALWAYS_QUICK
+    # and those that are quick when small, with the smallest arguments that name what they ask for
+    small = {
+        "sample_all": {"n": 2, "length": 3},
+        "sequences": {"n": 2},
+        "sample_part": {"counts": {0: 2}, "length": 3},
+        "update": {"seqs_by_shard": {0: [1, 2]}},
+        "check_keys": {"seqs_by_shard": {0: [1, 2]}},
+        "candidates": {"n": 2},
+        "remove": {"counts": {0: 2}},
+        "write": {"parts": [{"staged": None, "chunks": []}]},
+        "stage": {"parts": [{"staged": None, "chunks": []}]},
+    }
+    for op, args in small.items():
+        assert plugin._quick(op, args), op
+    assert not plugin._quick("apply", {"name": "t", "txn": "t1"})  # it needs the host's staged parts to say
+    assert set(small) | {"apply"} == QUICK_WHEN_SMALL
+    never = set(protocol.WORKER) - ALWAYS_QUICK - QUICK_WHEN_SMALL
+    assert never == {
+        "create", "drop", "drop_shard", "shared_layout", "lane", "delete", "checkpoint", "restore", "move_out",
+        "move_in", "move_commit", "move_release", "move_abort", "move_thaw",
+    }  # fmt: skip
+    for op in never:
+        assert not plugin._quick(op, {"name": "t"}), op
+
+
+@pytest.mark.parametrize(
+    "op, args",
+    [
+        ("sample_all", {"n": 4096, "length": 2}),
+        ("sample_all", {"n": 1, "length": 1, "out": {"x": b""}}),  # a co-located caller's gather
+        ("sequences", {"n": plugin.QUICK_STEPS + 1}),
+        ("sample_part", {"slots": {0: range(plugin.QUICK_STEPS // 2 + 1)}, "length": 2}),
+        ("sample_part", {"counts": {0: 1}, "out": {"x": b""}}),
+        ("update", {"seqs_by_shard": {0: range(plugin.QUICK_ITEMS), 1: [1]}}),
+        ("candidates", {"n": plugin.QUICK_STEPS + 1}),
+        ("remove", {"counts": {0: plugin.QUICK_PICKS, 1: 1}}),
+        ("remove", {"slots": {0: range(plugin.QUICK_ITEMS + 1)}}),
+    ],
+)
+def test_large_operations_go_to_the_pool(op, args):
+    assert not plugin._quick(op, args)
+
+
+def test_geometry_only_parts_are_quick_however_many_rows():
+    assert plugin._quick("sample_part", {"counts": {0: 1 << 30}, "length": 64, "geometry": True})
+
+
+def test_every_coordinator_operation_has_a_handler():
+    assert all(callable(getattr(GearFlowCoordinator, "_" + op, None)) for op in COORDINATOR_FIELDS)
