@@ -3,11 +3,16 @@ was written by hand (names, field names in order, handlers, lane and resend clai
 
 from __future__ import annotations
 
+import inspect
+
+import grimp  # (import-linter's graph of the package)
 import pytest
 
-from gear_flow.distributed import coordinator, lane, plugin, protocol
+from gear_flow.distributed import coordinator, host_moves, lane, operations, plugin, protocol
 from gear_flow.distributed.coordinator import GearFlowCoordinator
 from gear_flow.distributed.host import ShardHost
+from gear_flow.distributed.operations import COORDINATOR_OPS, WORKER_OPS, CoordinatorOp, WorkerOp
+from gear_flow.distributed.plugin import GearFlowWorker
 
 # -- today's tables, written out ---------------------------------------------------------------------------
 #: worker operation -> its fields, in the order they are checked (``epoch`` last unless the op names it)
@@ -118,9 +123,8 @@ def test_coordinator_schemas_name_the_same_fields_in_the_same_order():
 
 
 def test_the_plugin_runs_each_operation_with_the_same_host_method_or_move_step():
-    from gear_flow.distributed import host_moves
-
-    assert list(plugin.OPS) == [*HOST_METHODS, *MOVE_STEPS]
+    # a lookup table: its order means nothing (it is the registry's now, the schemas' order)
+    assert set(plugin.OPS) == {*HOST_METHODS, *MOVE_STEPS} and len(plugin.OPS) == len(HOST_METHODS) + len(MOVE_STEPS)
     for op in HOST_METHODS:
         assert plugin.OPS[op] is getattr(ShardHost, op), op
     for op in MOVE_STEPS:
@@ -194,3 +198,79 @@ def test_geometry_only_parts_are_quick_however_many_rows():
 
 def test_every_coordinator_operation_has_a_handler():
     assert all(callable(getattr(GearFlowCoordinator, "_" + op, None)) for op in COORDINATOR_FIELDS)
+    for op in COORDINATOR_OPS.values():
+        assert inspect.iscoroutinefunction(getattr(GearFlowCoordinator, op.handler)), op.name
+
+
+# -- the registry is the only source -------------------------------------------------------------------------
+def test_the_schemas_are_the_registrys():
+    assert list(protocol.WORKER) == list(WORKER_OPS)
+    assert list(protocol.COORDINATOR) == list(COORDINATOR_OPS)
+    for op in WORKER_OPS.values():
+        assert dict(protocol.WORKER[op.name]) == op.schema, op.name
+        assert list(op.schema)[: len(op.fields)] == list(op.fields) and set(op.schema) - set(op.fields) <= {"epoch"}
+        assert all(protocol.WORKER[op.name][f] is c for f, c in op.fields.items()), op.name
+    for op in COORDINATOR_OPS.values():
+        assert dict(protocol.COORDINATOR[op.name]) == dict(op.fields), op.name
+
+
+def test_the_schemas_are_read_only_and_declared_once():
+    with pytest.raises(TypeError):
+        protocol.WORKER["extra"] = {}  # type: ignore[index]
+    with pytest.raises(TypeError):
+        protocol.WORKER["drop"]["extra"] = None  # type: ignore[index]
+    with pytest.raises(ValueError, match="declared already"):
+        protocol.declare("worker", {"drop": {}})
+    with pytest.raises(ValueError, match="'worker' or 'coordinator'"):
+        protocol.declare("scheduler", {"new": {}})
+    assert "new" not in protocol.WORKER and "new" not in protocol.COORDINATOR
+
+
+def test_every_worker_operation_has_one_handler_that_exists():
+    plugin_own = set()
+    for op in WORKER_OPS.values():
+        if op.owner == "GearFlowWorker":
+            assert inspect.iscoroutinefunction(getattr(GearFlowWorker, op.attribute)), op.name
+            plugin_own.add(op.name)
+        else:
+            assert plugin.OPS[op.name] is getattr(
+                {"ShardHost": ShardHost, "host_moves": host_moves}[op.owner], op.attribute
+            )
+    # the plugin's own need the worker, not only its host: the lane server and the comm to a move's source
+    assert plugin_own == {"lane", "move_in"}
+    assert set(plugin.OPS) | plugin_own == set(protocol.WORKER)
+    assert not set(plugin.OPS) & plugin_own
+
+
+def test_every_resendable_operation_is_a_lane_operation():
+    assert lane.RESENDABLE_OPS <= lane.LANE_OPS
+    assert lane.LANE_OPS <= set(plugin.OPS)  # the lane runs what the host runs
+    assert coordinator.COORD_LANE_OPS <= set(protocol.COORDINATOR) and coordinator.NO_TABLE <= set(COORDINATOR_OPS)
+
+
+def test_a_record_refuses_a_claim_it_cannot_make():
+    with pytest.raises(ValueError, match="only a lane operation"):
+        WorkerOp("x", {}, "ShardHost.info", resendable=True)
+    with pytest.raises(ValueError, match="owner"):
+        WorkerOp("x", {}, "Host.info")
+    with pytest.raises(ValueError, match="method's name"):
+        CoordinatorOp("x", {}, "self._x")
+    with pytest.raises(TypeError):
+        WORKER_OPS["drop"].fields["extra"] = None  # type: ignore[index]
+    with pytest.raises(ValueError, match="declared twice"):
+        operations._by_name(WorkerOp("x", {}, "ShardHost.info"), WorkerOp("x", {}, "ShardHost.drop"))
+
+
+def test_every_quick_claim_names_a_predicate_and_only_the_claimed_ops_are_quick():
+    assert set(plugin._SMALL) == {op.name for op in WORKER_OPS.values() if op.quick is not None}
+    assert {op.name for op in WORKER_OPS.values() if op.quick == operations.ALWAYS} == ALWAYS_QUICK
+    assert set(plugin._SMALL) == ALWAYS_QUICK | QUICK_WHEN_SMALL
+
+
+def test_operations_imports_no_host_or_coordinator_code_and_sits_in_no_cycle():
+    graph = grimp.build_graph("gear_flow")
+    module = "gear_flow.distributed.operations"
+    deps = graph.find_modules_directly_imported_by(module)
+    assert deps == {"gear_flow.distributed.protocol", "gear_flow.distributed.checkers"}
+    for dep in deps:
+        assert graph.find_shortest_chain(dep, module) is None, dep

@@ -31,6 +31,7 @@ from . import gate_checks, protocol, wire
 from .gate import OwnerGone, TableGate
 from .lane import LaneServer
 from .moves import ShardMoves
+from .operations import COORDINATOR_OPS
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -38,12 +39,13 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 COORDINATOR_NAME = "gear-flow-coordinator"
-#: operations that need no table (their ``name`` is ignored)
-NO_TABLE = frozenset({"list", "lane"})
-#: operations a handle sends over the coordinator's lane once it has one: all but ``lane`` (how it finds it)
+#: operations that need no table (their ``name`` is ignored): the ``table`` claims of :mod:`.operations`
+NO_TABLE = frozenset(op.name for op in COORDINATOR_OPS.values() if not op.table)
+#: operations a handle sends over the coordinator's lane once it has one: all but ``lane`` (how it finds it),
+#: ``move`` and ``rebalance`` (the ``lane`` claims of :mod:`.operations`)
+COORD_LANE_OPS = frozenset(op.name for op in COORDINATOR_OPS.values() if op.lane)
 #: times the coordinator looks whether a joining worker serves gear_flow requests yet (backing off to 1 s)
 JOIN_ATTEMPTS = 40
-COORD_LANE_OPS = frozenset(protocol.COORDINATOR) - {"lane", "move", "rebalance"}
 
 
 def admission_wait(timeout: float | None) -> float | None:
@@ -294,30 +296,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         return await self._answer(action, kw.pop("name", None), v, kw)
 
     async def _answer(self, action: Any, name: Any, v: Any, kw: dict) -> tuple[bool, Any]:
-        ops = {
-            "register": self._register,
-            "lookup": self._lookup,
-            "admit_insert": self._admit_insert,
-            "commit_insert": self._commit_insert,
-            "abort_insert": self._abort_insert,
-            "admit_sample": self._admit_sample,
-            "admit_hold": self._admit_hold,
-            "sample_finished": self._sample_finished,
-            "count_samples": self._count_samples,
-            "stamps": self._stamps,
-            "removed": self._removed,
-            "mark_lost": self._mark_lost,
-            "worker_alive": self._worker_alive,
-            "workers": self._workers,
-            "restore_state": self._restore_state,
-            "shard_restored": self._shard_restored,
-            "move": self._move,
-            "rebalance": self._rebalance,
-            "close": self._close,
-            "drop": self._drop,
-            "list": self._list,
-            "lane": self._lane,
-        }
+        ops = {op.name: getattr(self, op.handler) for op in COORDINATOR_OPS.values()}
         try:
             protocol.check_version(v, "the scheduler's coordinator")
             protocol.check(protocol.COORDINATOR, action, kw, "coordinator")

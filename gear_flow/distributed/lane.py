@@ -64,46 +64,18 @@ from ..config import get as config_get
 from ..errors import GearFlowError, ProtocolError
 from ..storage.reuse import Reuse
 from ..storage.shared import private_dir
+from .operations import WORKER_OPS
 
 logger = logging.getLogger(__name__)
 
 #: operations a handle sends over the lane when it has one to the worker (an insert's steps included: its
-#: episodes are received straight into the arrays they become)
-LANE_OPS = frozenset(
-    {
-        "sample_part",
-        "sequences",
-        "summaries",
-        "update",
-        "uncount",
-        "candidates",
-        "finish_sample",
-        "new_epoch",
-        "check_keys",
-        "stage",
-        "write",
-        "apply",
-        "abort",
-    }
-)
+#: episodes are received straight into the arrays they become); each one's ``lane`` claim in :mod:`.operations`
+LANE_OPS = frozenset(op.name for op in WORKER_OPS.values() if op.lane)
 #: lane operations a worker acts on once however often they come, so a request whose lane reply was lost may
-#: go again over the comm: reads, priorities set to given values, an insert's steps (a transaction is staged
-#: and applied once, and a write or apply sent again answers as the first), an abort, a sample's finish (its
-#: first result remembered).  A draw, an uncount or a new epoch is never sent twice: the worker may have acted
-RESENDABLE_OPS = frozenset(
-    {
-        "summaries",
-        "sequences",
-        "candidates",
-        "check_keys",
-        "update",
-        "stage",
-        "write",
-        "apply",
-        "abort",
-        "finish_sample",
-    }
-)
+#: go again over the comm (reads, priorities set to given values, an insert's steps, an abort, a sample's
+#: finish); a draw, an uncount or a new epoch is never sent twice: the worker may have acted.  Each one's
+#: ``resendable`` claim, and why, in :mod:`.operations`
+RESENDABLE_OPS = frozenset(op.name for op in WORKER_OPS.values() if op.resendable)
 MAGIC = b"GFL1"
 #: prefix of a TCP lane's address (any other is a Unix socket's path)
 TCP = "tcp://"

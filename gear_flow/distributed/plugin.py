@@ -32,6 +32,7 @@ from .host import ShardHost
 from .host_sampling import release
 from .lane import LaneServer
 from .openmp import short_spin
+from .operations import ALWAYS, WORKER_OPS
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -40,39 +41,11 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "gear-flow"
 
-#: operation name -> ShardHost method
-OPS = {
-    "create": ShardHost.create,
-    "drop": ShardHost.drop,
-    "drop_shard": ShardHost.drop_shard,
-    "shared_layout": ShardHost.shared_layout,
-    "stage": ShardHost.stage,
-    "apply": ShardHost.apply,
-    "write": ShardHost.write,
-    "abort": ShardHost.abort,
-    "status": ShardHost.status,
-    "summaries": ShardHost.summaries,
-    "new_epoch": ShardHost.new_epoch,
-    "candidates": ShardHost.candidates,
-    "sample_part": ShardHost.sample_part,
-    "sequences": ShardHost.sequences,
-    "finish_sample": ShardHost.finish_sample,
-    "uncount": ShardHost.uncount,
-    "sample_all": ShardHost.sample_all,
-    "check_keys": ShardHost.check_keys,
-    "update": ShardHost.update,
-    "delete": ShardHost.delete,
-    "remove": ShardHost.remove,
-    "info": ShardHost.info,
-    "checkpoint": ShardHost.checkpoint,
-    "restore": ShardHost.restore,
-    "nbytes": ShardHost.nbytes,
-    "move_out": host_moves.move_out,
-    "move_thaw": host_moves.move_thaw,
-    "move_release": host_moves.move_release,
-    "move_commit": host_moves.move_commit,
-    "move_abort": host_moves.move_abort,
-}
+#: who a registry handler's first name means (:mod:`.operations` names handlers so that it imports no host code);
+#: ``GearFlowWorker`` ones (``lane``, ``move_in``) need the worker itself and are run by :meth:`GearFlowWorker.serve`
+_OWNERS = {"ShardHost": ShardHost, "host_moves": host_moves}
+#: operation name -> ShardHost method or host_moves function
+OPS = {op.name: getattr(_OWNERS[op.owner], op.attribute) for op in WORKER_OPS.values() if op.owner in _OWNERS}
 #: how often an operation the event loop holds back (a move seals its table) looks again, in seconds
 GATE_POLL_S = 0.005
 
@@ -98,37 +71,69 @@ def _quick(op: str, args: dict[str, Any], host: ShardHost | None = None) -> bool
 
 
 def _small(op: str, args: dict[str, Any], host: ShardHost | None) -> bool:
-    if op in ("summaries", "uncount", "info", "status", "finish_sample", "new_epoch", "nbytes", "abort"):
+    small = _SMALL.get(op)
+    return small is not None and small(args, host)
+
+
+def _always(args: dict[str, Any], host: ShardHost | None) -> bool:
+    return True
+
+
+def _few_windows(args: dict[str, Any], host: ShardHost | None) -> bool:
+    return args.get("out") is None and int(args["n"]) * int(args.get("length") or 1) <= QUICK_STEPS
+
+
+def _few_draws(args: dict[str, Any], host: ShardHost | None) -> bool:
+    return int(args["n"]) <= QUICK_STEPS
+
+
+def _small_part(args: dict[str, Any], host: ShardHost | None) -> bool:
+    if args.get("out") is not None:
+        return False  # a co-located caller's gather: the pool
+    if args.get("geometry"):
         return True
-    if op == "sample_all":
-        return args.get("out") is None and int(args["n"]) * int(args.get("length") or 1) <= QUICK_STEPS
-    if op == "sequences":
-        return int(args["n"]) <= QUICK_STEPS
-    if op == "sample_part":
-        if args.get("out") is not None:
-            return False  # a co-located caller's gather: the pool
-        if args.get("geometry"):
-            return True
-        part = args.get("counts") or args.get("slots") or {}
-        rows = sum(int(v) if args.get("counts") else len(v) for v in part.values())
-        return rows * int(args.get("length") or 1) <= QUICK_STEPS
-    if op in ("update", "check_keys"):
-        seqs = args.get("seqs_by_shard") or {}
-        return sum(len(v) for v in seqs.values()) <= QUICK_ITEMS
-    if op == "candidates":
-        return int(args["n"]) <= QUICK_STEPS
-    if op == "remove":
-        if args.get("slots") is not None:
-            return sum(len(v) for v in args["slots"].values()) <= QUICK_ITEMS
-        return sum(int(v) for v in (args.get("counts") or {}).values()) <= QUICK_PICKS
-    if op in ("write", "stage"):  # episodes in a staging segment are counted when applied
-        parts = args["parts"]
-        return all(p.get("staged") is None for p in parts) and wire.array_bytes(parts) <= QUICK_BYTES
-    if op == "apply" and host is not None:
-        t = host.tables.get(args["name"])
-        batches = None if t is None else t.staged.get(args["txn"])
-        return batches is not None and sum(wire.array_bytes(b.chunks) for _, b in batches) <= QUICK_BYTES
-    return False
+    part = args.get("counts") or args.get("slots") or {}
+    rows = sum(int(v) if args.get("counts") else len(v) for v in part.values())
+    return rows * int(args.get("length") or 1) <= QUICK_STEPS
+
+
+def _few_keys(args: dict[str, Any], host: ShardHost | None) -> bool:
+    seqs = args.get("seqs_by_shard") or {}
+    return sum(len(v) for v in seqs.values()) <= QUICK_ITEMS
+
+
+def _few_removals(args: dict[str, Any], host: ShardHost | None) -> bool:
+    if args.get("slots") is not None:
+        return sum(len(v) for v in args["slots"].values()) <= QUICK_ITEMS
+    return sum(int(v) for v in (args.get("counts") or {}).values()) <= QUICK_PICKS
+
+
+def _few_bytes(args: dict[str, Any], host: ShardHost | None) -> bool:
+    parts = args["parts"]  # episodes in a staging segment are counted when applied
+    return all(p.get("staged") is None for p in parts) and wire.array_bytes(parts) <= QUICK_BYTES
+
+
+def _few_staged(args: dict[str, Any], host: ShardHost | None) -> bool:
+    if host is None:
+        return False
+    t = host.tables.get(args["name"])
+    batches = None if t is None else t.staged.get(args["txn"])
+    return batches is not None and sum(wire.array_bytes(b.chunks) for _, b in batches) <= QUICK_BYTES
+
+
+#: the predicates a :attr:`~gear_flow.distributed.operations.WorkerOp.quick` names
+_PREDICATES = {
+    ALWAYS: _always,
+    "few_windows": _few_windows,
+    "few_draws": _few_draws,
+    "small_part": _small_part,
+    "few_keys": _few_keys,
+    "few_removals": _few_removals,
+    "few_bytes": _few_bytes,
+    "few_staged": _few_staged,
+}
+#: operation -> whether its arguments are small enough for the event loop (operations absent: never)
+_SMALL = {op.name: _PREDICATES[op.quick] for op in WORKER_OPS.values() if op.quick is not None}
 
 
 class GearFlowWorker(WorkerPlugin):
@@ -254,6 +259,10 @@ class GearFlowWorker(WorkerPlugin):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, partial(fn, self.host, **kwargs))
 
+    async def _lane(self) -> dict:
+        """Where this worker's TCP lane listens (started on first ask), for a handle on another machine."""
+        return {"tcp": await self.lane.start_tcp_beside(self.worker)}
+
     async def _move_in(self, name: str, config: dict, move: str, source: str, shards: list) -> dict:
         """Pull ``shards`` of table ``name`` from worker ``source`` (which seals and snapshots them) and build
         them here aside (:func:`~gear_flow.distributed.host_moves.move_in`); worker to worker, never through
@@ -373,7 +382,7 @@ class GearFlowWorker(WorkerPlugin):
                     ) from None
             protocol.check(protocol.WORKER, action, args if args is not None else {}, f"worker {self.worker.address}")
             if action == "lane":  # where handles on other machines (or without shared memory) ask
-                return True, {"tcp": await self.lane.start_tcp_beside(self.worker)}
+                return True, await self._lane()
             result = await self.run(action, **(args or {}))
             if action == "shared_layout" and config_get("distributed.fast-lane"):  # where same-machine handles ask
                 result = {**result, "lane": await self.lane.start()}

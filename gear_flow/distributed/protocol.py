@@ -4,7 +4,8 @@ A worker's ``gear_flow`` handler and the scheduler's ``gear_flow_coord`` handler
 receive whatever a client sends, including a buggy or version-skewed one.  Every
 message carries :data:`VERSION`; a message of another version is refused with
 both versions named.  Its fields are then checked against the operation's
-schema here (types, ranges, shapes, dtypes, known names) before anything runs;
+schema (declared with the operation in :mod:`.operations`, from the field
+checkers built here: types, ranges, shapes, dtypes, known names) before anything runs;
 what needs the table's state (known shards, the spec's row bytes, buffer
 extents, key ranges) is checked by the host or the gate before any state
 changes.  A bad message gets a :class:`~gear_flow.errors.ProtocolError` naming
@@ -14,6 +15,7 @@ the operation, the field and what is allowed, and changes nothing.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -25,7 +27,6 @@ from .checkers import (
     Checker,
     _Bad,
     anything,
-    boolean,
     choice,
     float_array,
     int_array,
@@ -76,177 +77,18 @@ UPDATES = optional(
     record(seqs_by_shard=mapping(SHARD, SEQS, 127), prios_by_shard=mapping(SHARD, float_array, 127), masses=MASS_PLANS)
 )
 
-#: worker operation -> {field: checker}; a field absent from a message is passed as None to its checker
-
-WORKER = {
-    "create": {
-        "name": NAME,
-        "config": mapping(text(), anything),
-        "shard_ids": sequence(SHARD, 127),
-        "tier": optional(text()),
-    },
-    "drop": {"name": NAME},
-    "drop_shard": {"name": NAME, "shard": SHARD},
-    "shared_layout": {"name": NAME},
-    "lane": {"name": NAME},
-    "stage": {"name": NAME, "txn": TXN, "parts": sequence(PART, 1 << 16)},
-    "apply": {"name": NAME, "txn": TXN},
-    "write": {"name": NAME, "txn": TXN, "parts": sequence(PART, 1 << 16)},
-    "abort": {"name": NAME, "txn": TXN},
-    "status": {"name": NAME, "txn": TXN},
-    "summaries": {
-        "name": NAME,
-        "kinds": sequence(choice("sampler", "unseen", "remover", "size", "valid"), 5),
-        "length": optional(LENGTH),
-        "boundary": optional(BOUNDARY),
-    },
-    "new_epoch": {"name": NAME},
-    "candidates": {
-        "name": NAME,
-        "n": integer(0, 1 << 31),
-        "role": optional(choice("sampler", "remover")),
-        "length": optional(LENGTH),
-        "boundary": optional(BOUNDARY),
-        "horizon": optional(integer(0, 1 << 62)),
-    },
-    "sample_part": {
-        "name": NAME,
-        "length": LENGTH,
-        "boundary": BOUNDARY,
-        "columns": COLUMNS,
-        "seed": SEED,
-        "counts": optional(mapping(SHARD, integer(1, 1 << 31), 127)),
-        "scale": optional(mapping(SHARD, number(0.0, 1.0), 127)),
-        "slots": optional(mapping(SHARD, int_array(0, 1 << 40, 1 << 31), 127)),
-        "txn": optional(TXN),
-        "record": optional(boolean),
-        "out": optional(BUFFERS),
-        "offsets": optional(mapping(SHARD, integer(0, 1 << 31), 127)),
-        "geometry": optional(boolean),
-        "updates": UPDATES,
-        "by_count": optional(boolean),
-        "horizon": optional(integer(0, 1 << 62)),
-        "seqs": optional(mapping(SHARD, SEQS, 127)),
-    },
-    "sequences": {
-        "name": NAME,
-        "n": integer(1, 1 << 31),
-        "length": LENGTH,
-        "boundary": BOUNDARY,
-        "seed": SEED,
-        "by_count": optional(boolean),
-    },
-    "finish_sample": {"name": NAME, "txn": TXN, "commit": boolean},
-    "uncount": {"name": NAME, "counts": mapping(SHARD, integer(0, 1 << 40), 127)},
-    "sample_all": {
-        "name": NAME,
-        "n": integer(1, 1 << 31),
-        "length": LENGTH,
-        "boundary": BOUNDARY,
-        "columns": COLUMNS,
-        "seed": SEED,
-        "horizon": optional(integer(0, 1 << 62)),
-        "out": anything,
-        "updates": UPDATES,
-    },
-    "check_keys": {"name": NAME, "seqs_by_shard": mapping(SHARD, SEQS, 127)},
-    "update": {
-        "name": NAME,
-        "seqs_by_shard": mapping(SHARD, SEQS, 127),
-        "prios_by_shard": mapping(SHARD, float_array, 127),
-        "stamps_by_shard": optional(mapping(SHARD, int_array(0), 127)),
-        "masses": MASS_PLANS,
-    },
-    "delete": {"name": NAME, "seqs_by_shard": mapping(SHARD, SEQS, 127)},
-    "remove": {
-        "name": NAME,
-        "counts": optional(mapping(SHARD, integer(0, 1 << 40), 127)),
-        "slots": optional(mapping(SHARD, int_array(0, 1 << 40), 127)),
-        "seed": optional(SEED),
-        "seqs": optional(mapping(SHARD, SEQS, 127)),
-    },
-    "info": {"name": NAME},
-    "nbytes": {"name": NAME},
-    "checkpoint": {"name": NAME, "directory": text(4096)},
-    "restore": {
-        "name": NAME,
-        "config": mapping(text(), anything),
-        "directory": text(4096),
-        "files": mapping(SHARD, mapping(text(), anything), 127),
-        "tier": optional(text()),
-    },
-    # a move's steps (gear_flow.distributed.host_moves), sent by the coordinator (move_out: by the destination)
-    "move_out": {"name": NAME, "shards": sequence(SHARD, 127), "move": TXN},
-    "move_in": {
-        "name": NAME,
-        "config": mapping(text(), anything),
-        "move": TXN,
-        "source": text(),
-        "shards": sequence(SHARD, 127),
-    },
-    "move_commit": {"name": NAME, "move": TXN, "epoch": EPOCH},
-    "move_release": {"name": NAME, "shards": sequence(SHARD, 127), "move": TXN, "epoch": EPOCH},
-    "move_abort": {"name": NAME, "move": TXN},
-    "move_thaw": {"name": NAME, "move": TXN},
-}
-#: every other operation carries the placement version its request was planned at (``epoch``; optional: a
-#: worker's own and the coordinator's requests carry none): a worker whose shards changed since refuses it
-for _op, _schema in WORKER.items():
-    _schema.setdefault("epoch", optional(EPOCH))
-del _op, _schema
-
 PER_SHARD = optional(mapping(SHARD, integer(0, MAX_COUNT), 127))
 
-#: coordinator operation -> {field: checker} (``name`` is checked for every operation but ``list`` and ``lane``)
-COORDINATOR = {
-    "register": {"config": mapping(text(), anything), "placement": mapping(anything, text(), 127)},
-    "lookup": {},
-    "list": {},
-    "admit_insert": {
-        "n": integer(0, MAX_COUNT),
-        "episodes": integer(0, MAX_COUNT),
-        "per_shard": PER_SHARD,
-        "timeout": TIMEOUT,
-        "owner": optional(text()),
-    },
-    "commit_insert": {
-        "txn": TXN,
-        "items": PER_SHARD,
-        "evicted": PER_SHARD,
-        "unsettled": optional(sequence(text(), 127)),
-        "unreached": optional(sequence(text(), 127)),
-    },
-    "abort_insert": {"txn": TXN, "unreached": optional(sequence(text(), 127))},
-    "admit_sample": {
-        "n": integer(1, 1 << 31),  # a batch: larger can never be served
-        "timeout": TIMEOUT,
-        "done": optional(integer(0, MAX_COUNT)),
-        "lease": optional(integer(0, 1 << 20)),
-        "exclusive": optional(boolean),
-        "owner": optional(text()),
-        "after": optional(integer(0, 1 << 62)),
-    },
-    "admit_hold": {"timeout": TIMEOUT, "owner": optional(text())},
-    "sample_finished": {"txn": optional(TXN), "rollback": optional(integer(0, MAX_COUNT)), "expired": PER_SHARD},
-    "count_samples": {"n": integer(0, MAX_COUNT)},
-    "stamps": {"n": integer(1, MAX_COUNT)},
-    "removed": {"k": integer(0, MAX_COUNT), "per_shard": PER_SHARD},
-    "mark_lost": {"shard": SHARD, "detail": optional(text(4096))},
-    "worker_alive": {"address": text()},
-    "workers": {},
-    "restore_state": {"state": mapping(text(), anything)},
-    "shard_restored": {
-        "shard": SHARD,
-        "worker": text(),
-        "size": integer(0, MAX_COUNT),
-        "inserted": integer(0, MAX_COUNT),
-    },
-    "move": {"shards": sequence(SHARD, 127), "worker": optional(text())},
-    "rebalance": {},
-    "close": {},
-    "drop": {},
-    "lane": {},
-}
+_WORKER: dict[str, Mapping[str, Checker]] = {}
+_COORDINATOR: dict[str, Mapping[str, Checker]] = {}
+#: worker operation -> {field: checker}; a field absent from a message is passed as None to its checker.  The
+#: schemas of :data:`gear_flow.distributed.operations.WORKER_OPS`: that module builds them from this module's
+#: checkers, so this one cannot import it; it declares them (:func:`declare`) when it loads, which the package
+#: does before anything reads them.  Read-only: only :func:`declare` adds an operation
+WORKER: Mapping[str, Mapping[str, Checker]] = MappingProxyType(_WORKER)
+#: coordinator operation -> {field: checker} (``name`` is checked for every operation that names a table);
+#: those of :data:`gear_flow.distributed.operations.COORDINATOR_OPS`, declared as :data:`WORKER`'s are
+COORDINATOR: Mapping[str, Mapping[str, Checker]] = MappingProxyType(_COORDINATOR)
 
 
 #: the counters of a restored table (``restore_state``)
@@ -259,6 +101,31 @@ RESTORED_STATE = {
         "next_stamp": integer(0, MAX_COUNT),
     }
 }
+
+
+def declare(side: str, schemas: Mapping[str, Mapping[str, Checker]]) -> None:
+    """Declare operations' schemas: :data:`WORKER`'s or :data:`COORDINATOR`'s, each operation once.
+
+    Parameters
+    ----------
+    side : str
+        ``"worker"`` or ``"coordinator"``.
+    schemas : mapping
+        ``{operation: {field: checker}}``, fields in the order they are
+        checked.
+
+    Raises
+    ------
+    ValueError
+        ``side`` is neither, or an operation was declared before.
+    """
+    table = {"worker": _WORKER, "coordinator": _COORDINATOR}.get(side)
+    if table is None:
+        raise ValueError(f"side must be 'worker' or 'coordinator', got {side!r}")
+    again = sorted(set(schemas) & set(table))
+    if again:
+        raise ValueError(f"{side} operations {again} are declared already")
+    table.update({op: MappingProxyType(dict(fields)) for op, fields in schemas.items()})
 
 
 def check_version(v: Any, where: str) -> None:
@@ -283,7 +150,7 @@ def check_version(v: Any, where: str) -> None:
         )
 
 
-def check(schemas: dict[str, dict[str, Checker]], op: Any, fields: Mapping, where: str) -> None:
+def check(schemas: Mapping[str, Mapping[str, Checker]], op: Any, fields: Mapping, where: str) -> None:
     """Raise :class:`ProtocolError` unless ``fields`` fit the schema of operation ``op``.
 
     Parameters

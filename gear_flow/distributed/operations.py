@@ -1,0 +1,477 @@
+"""Every message of the distributed table, declared once: a worker's and the coordinator's operations.
+
+Each operation is one record: its fields (the checkers :mod:`.protocol`
+builds), the handler that runs it, and what may be claimed of it (whether it
+may take a lane, whether a worker acts on it once however often it comes,
+whether it is small enough for a worker's event loop, whether it names a
+table).  The tables the rest of the package reads are derived from these
+records and nothing else: :data:`protocol.WORKER <.protocol.WORKER>` and
+:data:`protocol.COORDINATOR <.protocol.COORDINATOR>` (each operation's
+schema, filled in from here), :data:`plugin.OPS <.plugin.OPS>` (the
+handlers), :data:`lane.LANE_OPS <.lane.LANE_OPS>` and
+:data:`lane.RESENDABLE_OPS <.lane.RESENDABLE_OPS>`, the plugin's quick
+predicates, and the coordinator's dispatch, :data:`NO_TABLE
+<.coordinator.NO_TABLE>` and :data:`COORD_LANE_OPS
+<.coordinator.COORD_LANE_OPS>`.
+
+Handlers are named, not imported (``"ShardHost.sample_part"``,
+``"host_moves.move_out"``, a coordinator method's name): the host and the
+coordinator import this module, so it imports neither; :mod:`.plugin` and the
+coordinator resolve the names when they load, and ``tests/test_operations.py``
+checks that every one exists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from . import protocol
+from .checkers import (
+    MAX_COUNT,
+    Checker,
+    anything,
+    boolean,
+    choice,
+    float_array,
+    int_array,
+    integer,
+    mapping,
+    number,
+    optional,
+    sequence,
+    text,
+)
+from .protocol import (
+    BOUNDARY,
+    BUFFERS,
+    COLUMNS,
+    EPOCH,
+    LENGTH,
+    MASS_PLANS,
+    NAME,
+    PART,
+    PER_SHARD,
+    SEED,
+    SEQS,
+    SHARD,
+    TIMEOUT,
+    TXN,
+    UPDATES,
+)
+
+#: who may run a worker operation: a :class:`~gear_flow.distributed.host.ShardHost` method, a move's step
+#: (:mod:`gear_flow.distributed.host_moves`), or the plugin itself (what needs the worker, not only its host)
+HANDLER_OWNERS = ("ShardHost", "host_moves", "GearFlowWorker")
+#: a worker operation that runs on the event loop whatever its arguments (:attr:`WorkerOp.quick`)
+ALWAYS = "always"
+#: the placement version a worker request was planned at (optional: a worker's own and the coordinator's
+#: requests carry none): a worker whose shards changed since refuses it
+_ANY_EPOCH = optional(EPOCH)
+
+
+@dataclass(frozen=True)
+class WorkerOp:
+    """One operation a worker's ``gear_flow`` handler serves.
+
+    Parameters
+    ----------
+    name : str
+        The operation, as a message names it.
+    fields : mapping of str to checker
+        Its fields, in the order they are checked; every operation also
+        carries an optional ``epoch`` (:attr:`schema`) unless it names one.
+    handler : str
+        What runs it: ``"ShardHost.<method>"``, ``"host_moves.<function>"``
+        or ``"GearFlowWorker.<method>"`` (resolved by :mod:`.plugin`).
+    lane : bool, default False
+        A handle may send it over a worker's lane (:mod:`.lane`): a control
+        operation with a small reply, or an insert's step (its episodes are
+        received straight into the arrays they become).
+    resendable : bool, default False
+        A worker acts on it once however often it comes, so a request whose
+        lane reply was lost may go again over the comm; only a lane
+        operation can be.
+    quick : str, optional
+        When it may run on the worker's event loop: :data:`ALWAYS`, or the
+        name of the plugin's predicate that says whether these arguments are
+        small enough; None: never (the plugin's threads).
+
+    Examples
+    --------
+    >>> WorkerOp("info", {"name": NAME}, "ShardHost.info", quick=ALWAYS).schema.keys()
+    dict_keys(['name', 'epoch'])
+    """
+
+    name: str
+    fields: Mapping[str, Checker]
+    handler: str
+    lane: bool = False
+    resendable: bool = False
+    quick: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", MappingProxyType(dict(self.fields)))  # frozen through and through
+        owner, _, attr = self.handler.partition(".")
+        if owner not in HANDLER_OWNERS or not attr.isidentifier():
+            raise ValueError(
+                f"worker operation {self.name!r}: handler {self.handler!r} must be '<owner>.<name>' with the owner "
+                f"one of {HANDLER_OWNERS}"
+            )
+        if self.resendable and not self.lane:
+            raise ValueError(f"worker operation {self.name!r}: only a lane operation is sent again (lane=True)")
+
+    @property
+    def schema(self) -> dict[str, Checker]:
+        """The fields a message of this operation is checked against: :attr:`fields`, then ``epoch``."""
+        schema = dict(self.fields)
+        schema.setdefault("epoch", _ANY_EPOCH)
+        return schema
+
+    @property
+    def owner(self) -> str:
+        """Who runs it: one of :data:`HANDLER_OWNERS`."""
+        return self.handler.partition(".")[0]
+
+    @property
+    def attribute(self) -> str:
+        """The method's or function's name on its :attr:`owner`."""
+        return self.handler.partition(".")[2]
+
+
+@dataclass(frozen=True)
+class CoordinatorOp:
+    """One operation the scheduler's ``gear_flow_coord`` handler serves.
+
+    Parameters
+    ----------
+    name : str
+        The operation, as a message names it.
+    fields : mapping of str to checker
+        Its fields besides ``name``, in the order they are checked.
+    handler : str
+        The :class:`~gear_flow.distributed.coordinator.GearFlowCoordinator`
+        method that answers it (called with the table's name, then the
+        fields).
+    table : bool, default True
+        It names a table (``name`` must be a table's name).
+    lane : bool, default True
+        A handle may send it over the coordinator's lane once it has found
+        it.
+
+    Examples
+    --------
+    >>> CoordinatorOp("list", {}, "_list", table=False).lane
+    True
+    """
+
+    name: str
+    fields: Mapping[str, Checker]
+    handler: str
+    table: bool = True
+    lane: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", MappingProxyType(dict(self.fields)))
+        if not self.handler.isidentifier():
+            raise ValueError(f"coordinator operation {self.name!r}: handler {self.handler!r} must be a method's name")
+
+
+def _by_name(*ops: WorkerOp | CoordinatorOp) -> Mapping:
+    out: dict = {}
+    for op in ops:
+        if op.name in out:
+            raise ValueError(f"operation {op.name!r} is declared twice")
+        out[op.name] = op
+    return MappingProxyType(out)
+
+
+#: worker operation -> its record
+WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
+    WorkerOp(
+        "create",
+        {
+            "name": NAME,
+            "config": mapping(text(), anything),
+            "shard_ids": sequence(SHARD, 127),
+            "tier": optional(text()),
+        },
+        "ShardHost.create",
+    ),
+    WorkerOp("drop", {"name": NAME}, "ShardHost.drop"),
+    WorkerOp("drop_shard", {"name": NAME, "shard": SHARD}, "ShardHost.drop_shard"),
+    WorkerOp("shared_layout", {"name": NAME}, "ShardHost.shared_layout"),
+    # where handles on other machines (or without shared memory) ask for the worker's TCP lane
+    WorkerOp("lane", {"name": NAME}, "GearFlowWorker._lane"),
+    # an insert's steps are resent safely: the transaction memory (host_transactions) stages a txn's parts
+    # once, answers a write or apply sent again with its first result, and refuses one after its abort
+    WorkerOp(
+        "stage",
+        {"name": NAME, "txn": TXN, "parts": sequence(PART, 1 << 16)},
+        "ShardHost.stage",
+        lane=True,
+        resendable=True,
+        quick="few_bytes",
+    ),
+    WorkerOp("apply", {"name": NAME, "txn": TXN}, "ShardHost.apply", lane=True, resendable=True, quick="few_staged"),
+    WorkerOp(
+        "write",
+        {"name": NAME, "txn": TXN, "parts": sequence(PART, 1 << 16)},
+        "ShardHost.write",
+        lane=True,
+        resendable=True,
+        quick="few_bytes",
+    ),
+    WorkerOp("abort", {"name": NAME, "txn": TXN}, "ShardHost.abort", lane=True, resendable=True, quick=ALWAYS),
+    WorkerOp("status", {"name": NAME, "txn": TXN}, "ShardHost.status", quick=ALWAYS),
+    WorkerOp(
+        "summaries",
+        {
+            "name": NAME,
+            "kinds": sequence(choice("sampler", "unseen", "remover", "size", "valid"), 5),
+            "length": optional(LENGTH),
+            "boundary": optional(BOUNDARY),
+        },
+        "ShardHost.summaries",
+        lane=True,
+        resendable=True,  # a read
+        quick=ALWAYS,
+    ),
+    # not resendable: a new epoch sent twice would start two
+    WorkerOp("new_epoch", {"name": NAME}, "ShardHost.new_epoch", lane=True, quick=ALWAYS),
+    WorkerOp(
+        "candidates",
+        {
+            "name": NAME,
+            "n": integer(0, 1 << 31),
+            "role": optional(choice("sampler", "remover")),
+            "length": optional(LENGTH),
+            "boundary": optional(BOUNDARY),
+            "horizon": optional(integer(0, 1 << 62)),
+        },
+        "ShardHost.candidates",
+        lane=True,
+        resendable=True,  # a read
+        quick="few_draws",
+    ),
+    # not resendable: a draw whose reply was lost is not drawn again (the worker may have counted it)
+    WorkerOp(
+        "sample_part",
+        {
+            "name": NAME,
+            "length": LENGTH,
+            "boundary": BOUNDARY,
+            "columns": COLUMNS,
+            "seed": SEED,
+            "counts": optional(mapping(SHARD, integer(1, 1 << 31), 127)),
+            "scale": optional(mapping(SHARD, number(0.0, 1.0), 127)),
+            "slots": optional(mapping(SHARD, int_array(0, 1 << 40, 1 << 31), 127)),
+            "txn": optional(TXN),
+            "record": optional(boolean),
+            "out": optional(BUFFERS),
+            "offsets": optional(mapping(SHARD, integer(0, 1 << 31), 127)),
+            "geometry": optional(boolean),
+            "updates": UPDATES,
+            "by_count": optional(boolean),
+            "horizon": optional(integer(0, 1 << 62)),
+            "seqs": optional(mapping(SHARD, SEQS, 127)),
+        },
+        "ShardHost.sample_part",
+        lane=True,
+        quick="small_part",
+    ),
+    WorkerOp(
+        "sequences",
+        {
+            "name": NAME,
+            "n": integer(1, 1 << 31),
+            "length": LENGTH,
+            "boundary": BOUNDARY,
+            "seed": SEED,
+            "by_count": optional(boolean),
+        },
+        "ShardHost.sequences",
+        lane=True,
+        resendable=True,  # draws that record nothing: the take that follows (sample_part ``seqs``) counts them
+        quick="few_draws",
+    ),
+    WorkerOp(
+        "finish_sample",
+        {"name": NAME, "txn": TXN, "commit": boolean},
+        "ShardHost.finish_sample",
+        lane=True,
+        resendable=True,  # its first outcome is remembered and answered again
+        quick=ALWAYS,
+    ),
+    # not resendable: an uncount sent twice would take the draws back twice
+    WorkerOp(
+        "uncount",
+        {"name": NAME, "counts": mapping(SHARD, integer(0, 1 << 40), 127)},
+        "ShardHost.uncount",
+        lane=True,
+        quick=ALWAYS,
+    ),
+    WorkerOp(
+        "sample_all",
+        {
+            "name": NAME,
+            "n": integer(1, 1 << 31),
+            "length": LENGTH,
+            "boundary": BOUNDARY,
+            "columns": COLUMNS,
+            "seed": SEED,
+            "horizon": optional(integer(0, 1 << 62)),
+            "out": anything,
+            "updates": UPDATES,
+        },
+        "ShardHost.sample_all",
+        quick="few_windows",
+    ),
+    WorkerOp(
+        "check_keys",
+        {"name": NAME, "seqs_by_shard": mapping(SHARD, SEQS, 127)},
+        "ShardHost.check_keys",
+        lane=True,
+        resendable=True,  # a read
+        quick="few_keys",
+    ),
+    WorkerOp(
+        "update",
+        {
+            "name": NAME,
+            "seqs_by_shard": mapping(SHARD, SEQS, 127),
+            "prios_by_shard": mapping(SHARD, float_array, 127),
+            "stamps_by_shard": optional(mapping(SHARD, int_array(0), 127)),
+            "masses": MASS_PLANS,
+        },
+        "ShardHost.update",
+        lane=True,
+        resendable=True,  # priorities set to given values: setting them again changes nothing
+        quick="few_keys",
+    ),
+    WorkerOp("delete", {"name": NAME, "seqs_by_shard": mapping(SHARD, SEQS, 127)}, "ShardHost.delete"),
+    WorkerOp(
+        "remove",
+        {
+            "name": NAME,
+            "counts": optional(mapping(SHARD, integer(0, 1 << 40), 127)),
+            "slots": optional(mapping(SHARD, int_array(0, 1 << 40), 127)),
+            "seed": optional(SEED),
+            "seqs": optional(mapping(SHARD, SEQS, 127)),
+        },
+        "ShardHost.remove",
+        quick="few_removals",
+    ),
+    WorkerOp("info", {"name": NAME}, "ShardHost.info", quick=ALWAYS),
+    WorkerOp("nbytes", {"name": NAME}, "ShardHost.nbytes", quick=ALWAYS),
+    WorkerOp("checkpoint", {"name": NAME, "directory": text(4096)}, "ShardHost.checkpoint"),
+    WorkerOp(
+        "restore",
+        {
+            "name": NAME,
+            "config": mapping(text(), anything),
+            "directory": text(4096),
+            "files": mapping(SHARD, mapping(text(), anything), 127),
+            "tier": optional(text()),
+        },
+        "ShardHost.restore",
+    ),
+    # a move's steps (gear_flow.distributed.host_moves), sent by the coordinator (move_out: by the destination)
+    WorkerOp("move_out", {"name": NAME, "shards": sequence(SHARD, 127), "move": TXN}, "host_moves.move_out"),
+    # the destination pulls the shards from the source itself: the plugin, which holds the worker's comm
+    WorkerOp(
+        "move_in",
+        {
+            "name": NAME,
+            "config": mapping(text(), anything),
+            "move": TXN,
+            "source": text(),
+            "shards": sequence(SHARD, 127),
+        },
+        "GearFlowWorker._move_in",
+    ),
+    WorkerOp("move_commit", {"name": NAME, "move": TXN, "epoch": EPOCH}, "host_moves.move_commit"),
+    WorkerOp(
+        "move_release",
+        {"name": NAME, "shards": sequence(SHARD, 127), "move": TXN, "epoch": EPOCH},
+        "host_moves.move_release",
+    ),
+    WorkerOp("move_abort", {"name": NAME, "move": TXN}, "host_moves.move_abort"),
+    WorkerOp("move_thaw", {"name": NAME, "move": TXN}, "host_moves.move_thaw"),
+)
+
+#: coordinator operation -> its record (``name`` is checked for every operation that names a table)
+COORDINATOR_OPS: Mapping[str, CoordinatorOp] = _by_name(
+    CoordinatorOp(
+        "register",
+        {"config": mapping(text(), anything), "placement": mapping(anything, text(), 127)},
+        "_register",
+    ),
+    CoordinatorOp("lookup", {}, "_lookup"),
+    CoordinatorOp("list", {}, "_list", table=False),
+    CoordinatorOp(
+        "admit_insert",
+        {
+            "n": integer(0, MAX_COUNT),
+            "episodes": integer(0, MAX_COUNT),
+            "per_shard": PER_SHARD,
+            "timeout": TIMEOUT,
+            "owner": optional(text()),
+        },
+        "_admit_insert",
+    ),
+    CoordinatorOp(
+        "commit_insert",
+        {
+            "txn": TXN,
+            "items": PER_SHARD,
+            "evicted": PER_SHARD,
+            "unsettled": optional(sequence(text(), 127)),
+            "unreached": optional(sequence(text(), 127)),
+        },
+        "_commit_insert",
+    ),
+    CoordinatorOp("abort_insert", {"txn": TXN, "unreached": optional(sequence(text(), 127))}, "_abort_insert"),
+    CoordinatorOp(
+        "admit_sample",
+        {
+            "n": integer(1, 1 << 31),  # a batch: larger can never be served
+            "timeout": TIMEOUT,
+            "done": optional(integer(0, MAX_COUNT)),
+            "lease": optional(integer(0, 1 << 20)),
+            "exclusive": optional(boolean),
+            "owner": optional(text()),
+            "after": optional(integer(0, 1 << 62)),
+        },
+        "_admit_sample",
+    ),
+    CoordinatorOp("admit_hold", {"timeout": TIMEOUT, "owner": optional(text())}, "_admit_hold"),
+    CoordinatorOp(
+        "sample_finished",
+        {"txn": optional(TXN), "rollback": optional(integer(0, MAX_COUNT)), "expired": PER_SHARD},
+        "_sample_finished",
+    ),
+    CoordinatorOp("count_samples", {"n": integer(0, MAX_COUNT)}, "_count_samples"),
+    CoordinatorOp("stamps", {"n": integer(1, MAX_COUNT)}, "_stamps"),
+    CoordinatorOp("removed", {"k": integer(0, MAX_COUNT), "per_shard": PER_SHARD}, "_removed"),
+    CoordinatorOp("mark_lost", {"shard": SHARD, "detail": optional(text(4096))}, "_mark_lost"),
+    CoordinatorOp("worker_alive", {"address": text()}, "_worker_alive"),
+    CoordinatorOp("workers", {}, "_workers"),
+    CoordinatorOp("restore_state", {"state": mapping(text(), anything)}, "_restore_state"),
+    CoordinatorOp(
+        "shard_restored",
+        {"shard": SHARD, "worker": text(), "size": integer(0, MAX_COUNT), "inserted": integer(0, MAX_COUNT)},
+        "_shard_restored",
+    ),
+    # a move and a rebalance take the comm: they run for as long as their shards take to copy between workers
+    CoordinatorOp("move", {"shards": sequence(SHARD, 127), "worker": optional(text())}, "_move", lane=False),
+    CoordinatorOp("rebalance", {}, "_rebalance", lane=False),
+    CoordinatorOp("close", {}, "_close"),
+    CoordinatorOp("drop", {}, "_drop"),
+    # how a handle finds the coordinator's lane, so never sent over it
+    CoordinatorOp("lane", {}, "_lane", table=False, lane=False),
+)
+
+protocol.declare("worker", {op.name: op.schema for op in WORKER_OPS.values()})
+protocol.declare("coordinator", {op.name: dict(op.fields) for op in COORDINATOR_OPS.values()})
