@@ -32,6 +32,7 @@ import numpy as np
 
 from ..sample import SampleBuffers
 from ..shard import Shard
+from . import host_moves
 from .host_checkpoints import HostCheckpointer
 from .host_edits import HostEditor
 from .host_moves import EPOCH_ARGUMENT, UNGATED, MoveGate
@@ -39,6 +40,7 @@ from .host_sampling import HostSampler
 from .host_selection import HostSelection
 from .host_tables import HostedTable, HostedTables, shared_pinned
 from .host_writes import HostWriter
+from .operations import WORKER_OPS
 
 __all__ = ["HostedTable", "ShardHost", "shared_pinned"]
 
@@ -149,7 +151,7 @@ class ShardHost:
         Parameters
         ----------
         op : str
-            A key of :data:`gear_flow.distributed.plugin.OPS`.
+            A key of :data:`OPS`.
         args : dict
             Its arguments, with the request's ``epoch`` (optional).
 
@@ -163,8 +165,6 @@ class ShardHost:
         ShardMovedError
             The request's placement is older than this worker's shards.
         """
-        from .plugin import OPS
-
         args = dict(args)
         epoch = None if op in EPOCH_ARGUMENT else args.pop("epoch", None)
         gated = self.gate_of(op, args.get("name"), args.get("txn"))
@@ -429,3 +429,10 @@ class ShardHost:
         self, name: str, config: dict, directory: str | os.PathLike[str], files: dict, tier: str | None = None
     ) -> dict:
         return self.checkpointer.restore(name, config, directory, files, tier)
+
+
+#: who a registry handler's first name means (:mod:`.operations` names handlers so that it imports no host code);
+#: ``GearFlowWorker`` ones (``lane``, ``move_in``) need the worker itself and are run by the plugin
+_OWNERS = {"ShardHost": ShardHost, "host_moves": host_moves}
+#: operation name -> ShardHost method or host_moves function (what :meth:`ShardHost.call` runs)
+OPS = {op.name: getattr(_OWNERS[op.owner], op.attribute) for op in WORKER_OPS.values() if op.owner in _OWNERS}

@@ -248,12 +248,10 @@ class ShardMoves:
 
     # -- moving -----------------------------------------------------------------------------------------
     async def _call(self, addr: str, action: str, timeout: float, **args: Any) -> Any:
-        from .transport import unwrap  # (transport imports the coordinator, which imports this module)
-
         resp = await asyncio.wait_for(
             self.scheduler.rpc(addr).gear_flow(action=action, v=protocol.VERSION, **wire.encode(args)), timeout
         )
-        return unwrap(resp)
+        return wire.unwrap(resp)
 
     async def ready(self, addr: str) -> bool:
         """Does worker ``addr`` serve gear_flow requests (its plugin set up)?

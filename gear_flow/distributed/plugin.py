@@ -28,7 +28,7 @@ from .. import backend
 from ..config import get as config_get
 from ..errors import GearFlowError, ProtocolError
 from . import host_moves, protocol, wire
-from .host import ShardHost
+from .host import OPS, ShardHost
 from .host_sampling import release
 from .lane import LaneServer
 from .openmp import short_spin
@@ -41,11 +41,6 @@ logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "gear-flow"
 
-#: who a registry handler's first name means (:mod:`.operations` names handlers so that it imports no host code);
-#: ``GearFlowWorker`` ones (``lane``, ``move_in``) need the worker itself and are run by :meth:`GearFlowWorker.serve`
-_OWNERS = {"ShardHost": ShardHost, "host_moves": host_moves}
-#: operation name -> ShardHost method or host_moves function
-OPS = {op.name: getattr(_OWNERS[op.owner], op.attribute) for op in WORKER_OPS.values() if op.owner in _OWNERS}
 #: how often an operation the event loop holds back (a move seals its table) looks again, in seconds
 GATE_POLL_S = 0.005
 
@@ -267,8 +262,6 @@ class GearFlowWorker(WorkerPlugin):
         """Pull ``shards`` of table ``name`` from worker ``source`` (which seals and snapshots them) and build
         them here aside (:func:`~gear_flow.distributed.host_moves.move_in`); worker to worker, never through
         the coordinator."""
-        from .transport import unwrap  # (transport imports this module)
-
         if source == self.worker.address:
             raise ProtocolError(f"worker {source}: 'move_in': the source is this worker")
         host_moves.check_absent(self.host, name, shards)  # before the source is sealed for nothing
@@ -277,7 +270,7 @@ class GearFlowWorker(WorkerPlugin):
             v=protocol.VERSION,
             **wire.encode({"name": name, "shards": list(shards), "move": move}),
         )
-        snapshot = unwrap(resp)
+        snapshot = wire.unwrap(resp)
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(

@@ -23,6 +23,7 @@ from . import protocol, wire
 from .coordinator import COORD_LANE_OPS
 from .lane import LANE_ERRORS, RESENDABLE_OPS, Lanes, NotSent
 from .plugin import PLUGIN_NAME
+from .wire import unwrap
 
 if TYPE_CHECKING:
     from distributed import Client, Worker
@@ -290,38 +291,6 @@ class Context:
 
             return sync(self.loop, fn, *args, **kwargs)
         return self.client.sync(fn, *args, **kwargs)
-
-
-def unwrap(resp: Any) -> Any:
-    """The result of a handler reply, or its error raised with its own type.
-
-    Parameters
-    ----------
-    resp : dict
-        A ``gear_flow`` handler's reply: ``{"status": "OK", "packed": ...,
-        "frames": ...}`` (:func:`gear_flow.distributed.wire.ok`; or a plain
-        ``"result"``) or ``{"status": "error", "error": exception or
-        message}``.
-
-    Returns
-    -------
-    object
-        The result.
-
-    Raises
-    ------
-    CoordinatorLostError
-        ``resp`` is not a dict (no reply: the scheduler may be gone).
-    GearFlowError
-        The handler failed: its own exception, or a GearFlowError with its
-        message.
-    """
-    if not isinstance(resp, dict):
-        raise CoordinatorLostError(f"no reply (got {type(resp).__name__}); the scheduler may have gone away")
-    if resp.get("status") != "OK":
-        err = resp.get("error")
-        raise err if isinstance(err, BaseException) else GearFlowError(str(err))
-    return wire.result(resp)
 
 
 async def coord(ctx: Context, op: str, name: str | None, **kw: Any) -> Any:

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import CoordinatorLostError, GearFlowError
+
 #: arrays smaller than this travel inside the pickle (a frame costs more than copying them)
 INLINE_MAX = 1 << 16
 
@@ -184,3 +186,35 @@ def array_bytes(body: Any) -> int:
     if isinstance(body, (list, tuple)):
         return sum(array_bytes(v) for v in body)
     return 0
+
+
+def unwrap(resp: Any) -> Any:
+    """The result of a handler reply, or its error raised with its own type.
+
+    Parameters
+    ----------
+    resp : dict
+        A ``gear_flow`` handler's reply: ``{"status": "OK", "packed": ...,
+        "frames": ...}`` (:func:`gear_flow.distributed.wire.ok`; or a plain
+        ``"result"``) or ``{"status": "error", "error": exception or
+        message}``.
+
+    Returns
+    -------
+    object
+        The result.
+
+    Raises
+    ------
+    CoordinatorLostError
+        ``resp`` is not a dict (no reply: the scheduler may be gone).
+    GearFlowError
+        The handler failed: its own exception, or a GearFlowError with its
+        message.
+    """
+    if not isinstance(resp, dict):
+        raise CoordinatorLostError(f"no reply (got {type(resp).__name__}); the scheduler may have gone away")
+    if resp.get("status") != "OK":
+        err = resp.get("error")
+        raise err if isinstance(err, BaseException) else GearFlowError(str(err))
+    return result(resp)
