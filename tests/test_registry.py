@@ -124,7 +124,7 @@ def test_a_limiter_given_to_two_tables_counts_for_each():
 
 
 def test_nbytes_of_a_distributed_table_matches_a_local_one(dist_client):
-    from gear_flow.distributed.sizes import SizesMixin
+    from gear_flow.distributed import info
 
     spec = make_spec(capacity=64, num_shards=2)
     local = gf.LocalTable(spec)
@@ -132,7 +132,7 @@ def test_nbytes_of_a_distributed_table_matches_a_local_one(dist_client):
     try:
         for table in (local, t):
             table.insert([episode(1, 5), episode(2, 7)])
-        assert t._ctx.sync(SizesMixin.nbytes_async, t) == local.nbytes() and local.nbytes()["data"] > 0
+        assert t._ctx.sync(info.nbytes_async, t) == local.nbytes() and local.nbytes()["data"] > 0
         assert t.nbytes() == local.nbytes()
     finally:
         t.close()

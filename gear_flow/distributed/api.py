@@ -4,13 +4,14 @@ The client-side handle talks to the scheduler's coordinator for admission
 (global rate limiter, ids, stamps, insert transactions) and directly to the
 shard workers for data.  What each operation does lives in its own module:
 :mod:`~gear_flow.distributed.construction` (creating a table, attaching to
-one), :mod:`~gear_flow.distributed.writes` and
+one; functions handed the handle's class), :mod:`~gear_flow.distributed.writes` and
 :mod:`~gear_flow.distributed.transactions` (transactional inserts),
 :mod:`~gear_flow.distributed.edits` (updates, deletes, eviction),
 :mod:`~gear_flow.distributed.sampling` (sampling; the planner's requests are
-answered by :mod:`~gear_flow.distributed.remote_sample`), :mod:`~gear_flow.distributed.checkpoints`,
-:mod:`~gear_flow.distributed.info` and :mod:`~gear_flow.distributed.sizes`
-(what the table holds), :mod:`~gear_flow.distributed.plumbing` (reaching the
+answered by :mod:`~gear_flow.distributed.remote_sample`), :mod:`~gear_flow.distributed.checkpoints`
+and :mod:`~gear_flow.distributed.info` (what the table reports about itself:
+size, counters, bytes; both functions handed the handle, which its methods
+of the same names call), :mod:`~gear_flow.distributed.plumbing` (reaching the
 workers and the coordinator, reacting to a lost worker) and
 :mod:`~gear_flow.distributed.transport` (requests, loss detection).
 
@@ -24,11 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import weakref
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,15 +38,15 @@ from ..config import get as config_get
 from ..errors import GearFlowError
 from ..table.config import TableConfig
 from ..table.datasets import DatasetMethods
-from .checkpoints import CheckpointMixin
-from .construction import ConstructionMixin, workers_with_resource
+from . import checkpoints, construction
+from . import info as reports  # aliased: the handle's own ``info`` method hides the name in the class body
+from .construction import workers_with_resource
 from .edits import EditsMixin
-from .info import InfoMixin
+from .facade import documented_as
 from .leases import LeasedSamples, report_dropped
 from .pending import RideAlongMixin
 from .plumbing import PlumbingMixin
 from .sampling import SamplingMixin
-from .sizes import SizesMixin
 from .thread_insert import ThreadInsertsMixin
 from .transactions import TransactionsMixin
 from .transport import Context, Retry, call
@@ -53,6 +55,10 @@ from .writes import WritesMixin
 if TYPE_CHECKING:
     from distributed import Client
 
+    from ..rate_limiters import RateLimiter
+    from ..selectors import Selector
+    from ..spec import TableSpec
+
 #: ``workers_with_resource`` lived here before construction moved to its own module: still importable from here
 __all__ = ["DistributedTable", "workers_with_resource"]
 
@@ -60,16 +66,12 @@ logger = logging.getLogger(__name__)
 
 
 class DistributedTable(
-    ConstructionMixin,
     WritesMixin,
     ThreadInsertsMixin,
     TransactionsMixin,
     EditsMixin,
     RideAlongMixin,
     SamplingMixin,
-    CheckpointMixin,
-    InfoMixin,
-    SizesMixin,
     PlumbingMixin,
     DatasetMethods,
 ):
@@ -216,6 +218,128 @@ class DistributedTable(
         #: priority updates riding on this handle's next sample (``update_priorities(wait=False)``)
         self._pending = PendingUpdates()
 
+    # -- construction: gear_flow.distributed.construction and checkpoints.restore, handed this class ------------
+    @classmethod
+    @documented_as(construction.create)
+    def create(
+        cls,
+        client: Client,
+        spec: TableSpec,
+        *,
+        name: str | None = None,
+        sampler: Selector | None = None,
+        remover: Selector | None = None,
+        rate_limiter: RateLimiter | None = None,
+        max_times_sampled: int = 0,
+        boundary: str | None = None,
+        tier: str | None = None,
+        routing: str | None = None,
+        timeout: float | None = None,
+        seed: int | None = None,
+        workers: Iterable[str] | None = None,
+        degraded: bool = False,
+        resources: str | None = None,
+        rebalance_on_join: bool = False,
+    ) -> DistributedTable:
+        return construction.create(
+            cls,
+            client,
+            spec,
+            name=name,
+            sampler=sampler,
+            remover=remover,
+            rate_limiter=rate_limiter,
+            max_times_sampled=max_times_sampled,
+            boundary=boundary,
+            tier=tier,
+            routing=routing,
+            timeout=timeout,
+            seed=seed,
+            workers=workers,
+            degraded=degraded,
+            resources=resources,
+            rebalance_on_join=rebalance_on_join,
+        )
+
+    @classmethod
+    @documented_as(construction.queue)
+    def queue(cls, client: Client, spec: TableSpec, size: int, **kw: Any) -> DistributedTable:
+        return construction.queue(cls, client, spec, size, **kw)
+
+    @classmethod
+    @documented_as(construction.stack)
+    def stack(cls, client: Client, spec: TableSpec, size: int, **kw: Any) -> DistributedTable:
+        return construction.stack(cls, client, spec, size, **kw)
+
+    @classmethod
+    @documented_as(construction.attach)
+    def attach(
+        cls, name: str, client: Client | None = None, seed: int | None = None, timeout: float | None = None
+    ) -> DistributedTable:
+        return construction.attach(cls, name, client, seed, timeout)
+
+    @classmethod
+    @documented_as(checkpoints.restore)
+    def restore(
+        cls,
+        client: Client,
+        path: str | os.PathLike[str],
+        *,
+        name: str | None = None,
+        workers: Iterable[str] | None = None,
+        seed: int | None = None,
+        timeout: float | None = None,
+    ) -> DistributedTable:
+        return checkpoints.restore(cls, client, path, name=name, workers=workers, seed=seed, timeout=timeout)
+
+    # -- checkpoints: gear_flow.distributed.checkpoints ------------------------------------------------------------
+    @documented_as(checkpoints.checkpoint)
+    def checkpoint(self, path: str | os.PathLike[str]) -> dict:
+        return checkpoints.checkpoint(self, path)
+
+    @documented_as(checkpoints.checkpoint_async)
+    async def checkpoint_async(self, path: str | os.PathLike[str]) -> dict:
+        return await checkpoints.checkpoint_async(self, path)
+
+    @documented_as(checkpoints.restore_shard)
+    def restore_shard(
+        self, shard: int, path: str | os.PathLike[str], worker: str | None = None, replace: bool = False
+    ) -> dict:
+        return checkpoints.restore_shard(self, shard, path, worker, replace)
+
+    @documented_as(checkpoints.restore_shard_async)
+    async def restore_shard_async(
+        self, shard: int, path: str | os.PathLike[str], worker: str | None = None, replace: bool = False
+    ) -> dict:
+        return await checkpoints.restore_shard_async(self, shard, path, worker, replace)
+
+    # -- what the table reports about itself: gear_flow.distributed.info -------------------------------------------
+    @property
+    def size(self) -> int:
+        """Items in the table, as the coordinator counts them (committed inserts)."""
+        return reports.size(self)
+
+    def __len__(self) -> int:
+        """Items in the table (:attr:`size`)."""
+        return self.size
+
+    @documented_as(reports.info)
+    def info(self) -> dict:
+        return reports.info(self)
+
+    @documented_as(reports.info_async)
+    async def info_async(self) -> dict:
+        return await reports.info_async(self)
+
+    @documented_as(reports.nbytes)
+    def nbytes(self) -> dict:
+        return reports.nbytes(self)
+
+    @documented_as(reports.nbytes_async)
+    async def nbytes_async(self) -> dict:
+        return await reports.nbytes_async(self)
+
+    # -- the handle -------------------------------------------------------------------------------------------------
     @property
     def client(self) -> Client | None:
         """The ``distributed.Client`` of this handle (None inside a worker task)."""

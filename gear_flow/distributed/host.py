@@ -25,14 +25,15 @@ over one registry of :class:`~gear_flow.distributed.host_tables.HostedTable`:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..sample import SampleBuffers
 from ..shard import Shard
 from . import host_moves
+from .facade import documented_as
 from .host_checkpoints import HostCheckpointer
 from .host_edits import HostEditor
 from .host_moves import EPOCH_ARGUMENT, UNGATED, MoveGate
@@ -43,18 +44,6 @@ from .host_writes import HostWriter
 from .operations import WORKER_OPS
 
 __all__ = ["HostedTable", "ShardHost", "shared_pinned"]
-
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-
-def _documented_as(source: Callable) -> Callable[[_F], _F]:
-    """A facade method's docstring is that of the part's method it hands the request to (one text, one place)."""
-
-    def mark(f: _F) -> _F:
-        f.__doc__ = source.__doc__
-        return f
-
-    return mark
 
 
 class ShardHost:
@@ -96,27 +85,27 @@ class ShardHost:
         self.sampler = HostSampler(self.tables, self.editor)
 
     # -- lifecycle ---------------------------------------------------------------------------
-    @_documented_as(HostedTables.create)
+    @documented_as(HostedTables.create)
     def create(self, name: str, config: dict, shard_ids: Iterable[int], tier: str | None = None) -> list[int]:
         return self.tables.create(name, config, shard_ids, tier)
 
-    @_documented_as(HostedTables.drop)
+    @documented_as(HostedTables.drop)
     def drop(self, name: str) -> bool:
         return self.tables.drop(name)
 
-    @_documented_as(HostedTables.drop_shard)
+    @documented_as(HostedTables.drop_shard)
     def drop_shard(self, name: str, shard: int) -> bool:
         return self.tables.drop_shard(name, shard)
 
-    @_documented_as(HostedTables.close)
+    @documented_as(HostedTables.close)
     def close(self) -> None:
         self.tables.close()
 
-    @_documented_as(HostedTables.hosted)
+    @documented_as(HostedTables.hosted)
     def hosted(self, name: str, config: dict) -> HostedTable:
         return self.tables.hosted(name, config)
 
-    @_documented_as(HostedTables.table)
+    @documented_as(HostedTables.table)
     def table(self, name: str) -> HostedTable:
         return self.tables.table(name)
 
@@ -262,15 +251,15 @@ class ShardHost:
         return self.tables.table(name).nbytes()
 
     # -- inserts -----------------------------------------------------------------------------
-    @_documented_as(HostWriter.stage)
+    @documented_as(HostWriter.stage)
     def stage(self, name: str, txn: str, parts: list[dict]) -> int:
         return self.writer.stage(name, txn, parts)
 
-    @_documented_as(HostWriter.apply)
+    @documented_as(HostWriter.apply)
     def apply(self, name: str, txn: str) -> dict:
         return self.writer.apply(name, txn)
 
-    @_documented_as(HostWriter.write)
+    @documented_as(HostWriter.write)
     def write(self, name: str, txn: str, parts: list[dict]) -> dict:
         return self.writer.write(name, txn, parts)
 
@@ -292,22 +281,22 @@ class ShardHost:
         """
         return self.writer.forget(name, txn) or bool(self.sampler.finish_sample(name, txn, commit=False))
 
-    @_documented_as(HostWriter.status)
+    @documented_as(HostWriter.status)
     def status(self, name: str, txn: str) -> dict:
         return self.writer.status(name, txn)
 
     # -- the planner's questions -------------------------------------------------------------
-    @_documented_as(HostSelection.summaries)
+    @documented_as(HostSelection.summaries)
     def summaries(
         self, name: str, kinds: Sequence[str], length: int | None = None, boundary: str | None = None
     ) -> dict[str, dict[int, float]]:
         return self.selection.summaries(name, kinds, length, boundary)
 
-    @_documented_as(HostSelection.new_epoch)
+    @documented_as(HostSelection.new_epoch)
     def new_epoch(self, name: str) -> None:
         self.selection.new_epoch(name)
 
-    @_documented_as(HostSelection.candidates)
+    @documented_as(HostSelection.candidates)
     def candidates(
         self,
         name: str,
@@ -320,7 +309,7 @@ class ShardHost:
         return self.selection.candidates(name, n, role, length, boundary, horizon)
 
     # -- samples -----------------------------------------------------------------------------
-    @_documented_as(HostSampler.sample_part)
+    @documented_as(HostSampler.sample_part)
     def sample_part(
         self,
         name: str,
@@ -361,19 +350,19 @@ class ShardHost:
             seqs=seqs,
         )
 
-    @_documented_as(HostSampler.sequences)
+    @documented_as(HostSampler.sequences)
     def sequences(self, name: str, n: int, length: int, boundary: str, seed: int, by_count: bool = False) -> dict:
         return self.sampler.sequences(name, n, length, boundary, seed, by_count)
 
-    @_documented_as(HostSampler.finish_sample)
+    @documented_as(HostSampler.finish_sample)
     def finish_sample(self, name: str, txn: str, commit: bool) -> dict[int, int]:
         return self.sampler.finish_sample(name, txn, commit)
 
-    @_documented_as(HostSampler.uncount)
+    @documented_as(HostSampler.uncount)
     def uncount(self, name: str, counts: dict[int, int]) -> None:
         self.sampler.uncount(name, counts)
 
-    @_documented_as(HostSampler.sample_all)
+    @documented_as(HostSampler.sample_all)
     def sample_all(
         self,
         name: str,
@@ -389,11 +378,11 @@ class ShardHost:
         return self.sampler.sample_all(name, n, length, boundary, columns, seed, horizon, out, updates)
 
     # -- edits -------------------------------------------------------------------------------
-    @_documented_as(HostEditor.check_keys)
+    @documented_as(HostEditor.check_keys)
     def check_keys(self, name: str, seqs_by_shard: dict) -> None:
         self.editor.check_keys(name, seqs_by_shard)
 
-    @_documented_as(HostEditor.update)
+    @documented_as(HostEditor.update)
     def update(
         self,
         name: str,
@@ -404,11 +393,11 @@ class ShardHost:
     ) -> int | dict:
         return self.editor.update(name, seqs_by_shard, prios_by_shard, stamps_by_shard, masses)
 
-    @_documented_as(HostEditor.delete)
+    @documented_as(HostEditor.delete)
     def delete(self, name: str, seqs_by_shard: dict) -> tuple[dict, int]:
         return self.editor.delete(name, seqs_by_shard)
 
-    @_documented_as(HostEditor.remove)
+    @documented_as(HostEditor.remove)
     def remove(
         self,
         name: str,
@@ -420,11 +409,11 @@ class ShardHost:
         return self.editor.remove(name, counts, slots, seed, seqs)
 
     # -- checkpoints -------------------------------------------------------------------------
-    @_documented_as(HostCheckpointer.checkpoint)
+    @documented_as(HostCheckpointer.checkpoint)
     def checkpoint(self, name: str, directory: str | os.PathLike[str]) -> dict:
         return self.checkpointer.checkpoint(name, directory)
 
-    @_documented_as(HostCheckpointer.restore)
+    @documented_as(HostCheckpointer.restore)
     def restore(
         self, name: str, config: dict, directory: str | os.PathLike[str], files: dict, tier: str | None = None
     ) -> dict:
