@@ -461,7 +461,9 @@ def test_a_prioritized_table_at_max_size_that_loses_a_worker_under_writers_and_l
 def test_a_queue_that_loses_a_worker_under_producers_and_consumers_hands_out_each_item_once():
     """A degraded queue of 16 over two workers; two producer and two consumer threads run while shard 1's
     worker is SIGKILLed.  No item is handed out twice, every item stored on shard 0 is handed out, the
-    queue ends empty at the coordinator and on the worker with its whole room free (the lost items' too)."""
+    queue ends empty at the coordinator and on the worker with its whole room free (the lost items' too),
+    nothing evicted (``test_dist_queue_loss``: a sample given back after the loss left the queue over
+    ``max_size``, and the eviction dropped its oldest items)."""
     with own_cluster(DIAL) as client:
         t = DistributedTable.queue(client, gf.TableSpec(TAG, capacity=100_000, num_shards=2), 16, degraded=True)
         load = _Load(t, client, per_insert=2, read=2)
@@ -476,6 +478,7 @@ def test_a_queue_that_loses_a_worker_under_producers_and_consumers_hands_out_eac
         info = t.info()
         rl = info["rate_limiter"]
         assert info["size"] == info["coordinator_size"] == 0 and rl["inserts"] == rl["samples"]
+        assert info["totals"]["removed"] == 0  # never evicted to max_size (also none of the tags not reported stored)
         t.insert(tagged(range(10**6, 10**6 + 16)), timeout=10)  # the whole room is free
         assert t.sample(16, timeout=10)["tag"].numpy()[:, 0].tolist() == list(range(10**6, 10**6 + 16))
         t.close()

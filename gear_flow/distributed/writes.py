@@ -10,7 +10,8 @@ counts are as before.  An insert that touches one worker stages and applies in
 one request.  A worker lost before anything was applied leaves nothing stored:
 a degraded table routes the insert again over the shards left (a new
 admission).  Eviction to ``max_size`` runs the planner's eviction plan, the
-same rule as the local table's.
+same rule as the local table's; a queue or stack never evicts
+(:func:`~gear_flow.distributed.transactions.evicts_to_max_size`).
 
 This module validates, routes and admits an insert and hands its episodes to
 the workers (in-process, through a staging segment, or over the comm); the
@@ -36,6 +37,7 @@ from ..storage.staging import stage_chunks, staged_bytes, staging_area
 from ..table.results import InsertResult
 from ..table.routing import route
 from ..table.validate import as_episode_list, check_batch, check_episode, check_priorities, to_host
+from .transactions import evicts_to_max_size
 from .wire import array_bytes
 
 logger = logging.getLogger(__name__)
@@ -141,7 +143,9 @@ class WritesMixin:
         called from a task on a worker (writer affinity), and travel as raw
         frames straight to the shard workers.  Blocks until the rate limiter
         admits every item.  When the table then exceeds ``max_size``, the
-        remover evicts the excess; an eviction that fails for another reason
+        remover evicts the excess (not a queue's or stack's: its items over
+        ``max_size`` are those of a sample that gave its admission back, still
+        waiting); an eviction that fails for another reason
         than a lost worker (one that does not answer in time) is logged and
         the insert returns, stored, the table over ``max_size`` until the next
         insert's eviction.
@@ -399,7 +403,7 @@ class WritesMixin:
             raise
         for seg in segs:  # applied everywhere: the segments may be reused
             staging_area().release(seg)
-        if size > self.spec.max_size:
+        if evicts_to_max_size(self._cfg, size):
             await self._evict_excess(size)
         return _result(ins, ids, sel_of, applied)
 
