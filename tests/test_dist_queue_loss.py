@@ -77,12 +77,7 @@ def _insert_in_task(name, tags):
     return r.shards.tolist(), t.stats["insert_in_thread"]
 
 
-#: an actor's insert evicts in ``thread_insert.ThreadInsertsMixin._finished_here``, which still compares the
-#: size with ``max_size`` itself (the same change as here: ``evicts_to_max_size``)
-ACTOR_EVICTS = pytest.mark.xfail(strict=True, reason="an actor's insert still evicts a queue to max_size")
-
-
-@pytest.mark.parametrize("writer", ["client", pytest.param("actor", marks=ACTOR_EVICTS)])
+@pytest.mark.parametrize("writer", ["client", "actor"])
 @pytest.mark.parametrize("given_back", ["worker lost", "refused"])
 def test_a_queue_sample_given_back_leaves_its_items_to_be_handed_out_in_order(given_back, writer):
     """A full queue of 4 holds items 1-4 on shard 0.  A sample of 2 is granted and asks both workers for

@@ -167,6 +167,6 @@ class ThreadInsertsMixin:
 
     def _finished_here(self, ins: _Insert, sel_of: dict, ids, applied: dict, size: int) -> InsertResult:
         """The result of an insert committed with the table at ``size`` items, evicted to ``max_size``."""
-        if size > self.spec.max_size:
+        if self._cfg.evicts_to_max_size(size):
             self._ctx.sync(self._evict_excess, size)
         return _result(ins, ids, sel_of, applied)

@@ -22,13 +22,9 @@ from __future__ import annotations
 import asyncio
 from collections import defaultdict
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 from ..errors import GearFlowError, ShardLostError
 from .transport import NotAnswered, Retry, WorkerLost, call
-
-if TYPE_CHECKING:
-    from ..table.config import TableConfig
 
 
 def _unsettled_error(addr: str, txn: str, e: BaseException, stored: str) -> GearFlowError:
@@ -60,42 +56,6 @@ def commit_counts(applied: dict) -> dict:
         for s, k in r["evicted"].items():
             evicted[int(s)] += int(k)
     return {"items": dict(items), "evicted": dict(evicted)}
-
-
-def evicts_to_max_size(cfg: TableConfig, size: int) -> bool:
-    """Whether an insert committed with the table at ``size`` items evicts it back to ``max_size``.
-
-    A queue or stack never does: its limiter bounds the items waiting, and
-    each of them is to be handed out.  It goes over ``max_size`` when a sample
-    it granted (counted out at the grant, so inserts were admitted into the
-    room of the items it was to expire) gives its admission back instead (its
-    worker lost, a refusal, too few items left): those items still wait, and
-    are the oldest, the very ones its remover would drop.  Its limiter holds
-    further inserts back until samples have taken the excess.
-
-    Parameters
-    ----------
-    cfg : TableConfig
-        The table's configuration (``max_size`` and limiter).
-    size : int
-        Items in the table after the commit.
-
-    Returns
-    -------
-    bool
-        True when ``size`` is over ``max_size`` and the table may drop items.
-
-    Examples
-    --------
-    >>> from gear_flow import ColumnSpec, TableSpec
-    >>> from gear_flow.table.config import TableConfig, queue_setup
-    >>> spec, args = queue_setup(TableSpec((ColumnSpec("x", ()),), capacity=8), 4)
-    >>> evicts_to_max_size(TableConfig.build(spec, **args), 6)
-    False
-    >>> evicts_to_max_size(TableConfig.build(TableSpec((ColumnSpec("x", ()),), capacity=8, max_size=4)), 6)
-    True
-    """
-    return size > cfg.spec.max_size and not cfg.lossless
 
 
 class TransactionsMixin:
@@ -214,7 +174,7 @@ class TransactionsMixin:
         size = await self._commit(txn, res, silent, unreached)
         stored = "the rest of the insert was stored" if res else "nothing of the insert was stored"
         if failed and not lost:  # a live worker's answer, or its silence: its shards stay (and so do its items)
-            if evicts_to_max_size(self._cfg, size):
+            if self._cfg.evicts_to_max_size(size):
                 await self._evict_excess(size)
             a, e = failed[0]
             if not isinstance(e, Exception):
@@ -229,7 +189,7 @@ class TransactionsMixin:
                 await self._handle_lost(lost)
             except (Retry, ShardLostError):  # marked lost; the error says what was stored
                 pass
-            if evicts_to_max_size(self._cfg, size):  # stored: evicted to max_size as a returning insert is
+            if self._cfg.evicts_to_max_size(size):  # stored: evicted to max_size as a returning insert is
                 try:
                     await self._evict_excess(size)
                 except ShardLostError:  # not degraded: the lost shard's victims stay (the error says stored)

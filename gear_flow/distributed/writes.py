@@ -11,7 +11,7 @@ one request.  A worker lost before anything was applied leaves nothing stored:
 a degraded table routes the insert again over the shards left (a new
 admission).  Eviction to ``max_size`` runs the planner's eviction plan, the
 same rule as the local table's; a queue or stack never evicts
-(:func:`~gear_flow.distributed.transactions.evicts_to_max_size`).
+(:meth:`~gear_flow.table.config.TableConfig.evicts_to_max_size`).
 
 This module validates, routes and admits an insert and hands its episodes to
 the workers (in-process, through a staging segment, or over the comm); the
@@ -37,7 +37,6 @@ from ..storage.staging import stage_chunks, staged_bytes, staging_area
 from ..table.results import InsertResult
 from ..table.routing import route
 from ..table.validate import as_episode_list, check_batch, check_episode, check_priorities, to_host
-from .transactions import evicts_to_max_size
 from .wire import array_bytes
 
 logger = logging.getLogger(__name__)
@@ -403,7 +402,7 @@ class WritesMixin:
             raise
         for seg in segs:  # applied everywhere: the segments may be reused
             staging_area().release(seg)
-        if evicts_to_max_size(self._cfg, size):
+        if self._cfg.evicts_to_max_size(size):
             await self._evict_excess(size)
         return _result(ins, ids, sel_of, applied)
 

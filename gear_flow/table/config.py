@@ -213,6 +213,39 @@ class TableConfig:
         """Every item must be handed out (Queue, Stack): storage may never overwrite a waiting item."""
         return isinstance(self.rate_limiter, Queue)
 
+    def evicts_to_max_size(self, size: int) -> bool:
+        """Whether a table holding ``size`` items drops items back to ``max_size`` (both tables' one rule).
+
+        A queue or stack never does: its limiter bounds the items waiting, and
+        each of them is to be handed out.  It goes over ``max_size`` when a
+        sample it granted (counted out at the grant, so inserts were admitted
+        into the room of the items it was to expire) gives its admission back
+        instead (its worker lost, a refusal, too few items left): those items
+        still wait, and are the oldest, the very ones its remover would drop.
+        Its limiter holds further inserts back until samples have taken the
+        excess.
+
+        Parameters
+        ----------
+        size : int
+            Items in the table after an insert.
+
+        Returns
+        -------
+        bool
+            True when ``size`` is over ``max_size`` and the table may drop items.
+
+        Examples
+        --------
+        >>> from gear_flow import ColumnSpec, TableSpec
+        >>> spec, args = queue_setup(TableSpec((ColumnSpec("x", ()),), capacity=8), 4)
+        >>> TableConfig.build(spec, **args).evicts_to_max_size(6)
+        False
+        >>> TableConfig.build(TableSpec((ColumnSpec("x", ()),), capacity=8, max_size=4)).evicts_to_max_size(6)
+        True
+        """
+        return size > self.spec.max_size and not self.lossless
+
     def check_priorities(self, priorities: np.ndarray) -> None:
         """Reject (validated, finite, >= 0) priorities that the sampler or remover cannot represent.
 

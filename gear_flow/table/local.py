@@ -481,9 +481,9 @@ class LocalTable(DatasetMethods):
             self._enforce_max_size_locked()
 
     def _enforce_max_size_locked(self) -> None:
-        excess = self.size - self.spec.max_size
-        if excess <= 0:
+        if not self.cfg.evicts_to_max_size(self.size):
             return
+        excess = self.size - self.spec.max_size
         removed = evict_shards(self._by_id, excess, self.remover_proto.deterministic, self.rng)
         with self._cond:
             self.rate_limiter.on_delete(removed)
