@@ -367,3 +367,31 @@ def test_sweep_removes_the_lane_directory_of_a_dead_worker():
     assert os.path.basename(d) in leftover_segments()
     assert os.path.basename(d) in sweep()
     assert not os.path.exists(d)
+
+
+@pytest.mark.parametrize("error", [gf.RateLimitTimeout, gf.CoordinatorLostError])
+def test_an_operations_own_error_over_the_lane_is_raised_as_it_is_not_as_a_lost_worker(dist_client, error):
+    """A worker's answer over its lane that is an error of the operation (these two are OSErrors too: a
+    TimeoutError, a ConnectionError) reaches the caller with its own type; the worker is not taken for
+    lost (which would drop a degraded table's shards) and its lane stays in use."""
+    from gear_flow.distributed.transport import Context, WorkerLost, call
+
+    ctx = Context(dist_client)
+    addr = "tcp://127.0.0.1:9"  # no comm is opened to it: the lane answers
+
+    async def run():
+        async def serve(action, args, v):
+            return False, error(f"{action}: the operation's own error")
+
+        srv = LaneServer(serve)
+        ctx.lanes.paths[addr] = await srv.start()
+        try:
+            with pytest.raises(error, match="summaries: the operation's own error") as e:
+                await call(ctx, addr, "summaries", name="t", kinds=["size"])
+            assert not isinstance(e.value, WorkerLost)
+            assert ctx.lanes.paths[addr] == srv.path  # not dropped: the lane works
+        finally:
+            ctx.lanes.drop(addr)
+            srv.close()
+
+    ctx.sync(run)

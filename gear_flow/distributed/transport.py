@@ -584,6 +584,7 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
             watch["timer"] = loop.call_later(timeout, slow)
 
     watch["timer"] = loop.call_later(timeout, slow)
+    reply = resp = None
     try:
         lane = ctx.lanes.route(addr, op, wire.array_bytes(args) if op in ("stage", "write") else 0)
         if lane is not None:
@@ -594,9 +595,8 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
                 ctx.lanes.drop(addr)
                 if not isinstance(e, NotSent) and op not in RESENDABLE_OPS:
                     await _lost_reply(ctx, addr, op, args.get("name"), e)
-            else:
-                return _result(*reply)
-        resp = await ctx.rpc(addr).gear_flow(action=op, v=protocol.VERSION, **wire.encode(args))
+        if reply is None:
+            resp = await ctx.rpc(addr).gear_flow(action=op, v=protocol.VERSION, **wire.encode(args))
     except asyncio.CancelledError:
         if watch["why"] is not None:
             task.uncancel()  # our own cancellation: the task goes on (its cancel count back to zero)
@@ -615,6 +615,10 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
         watch["timer"].cancel()
         if watch["checker"] is not None and not watch["checker"].done():
             watch["checker"].cancel()
+    # the reply is decoded outside the comm's errors: an operation's own error that is an OSError (a
+    # RateLimitTimeout is a TimeoutError, a CoordinatorLostError a ConnectionError) is never a lost worker
+    if reply is not None:
+        return _result(*reply)
     if not isinstance(resp, dict):  # no reply: the handler was removed (the worker is closing)
         raise WorkerLost(addr, _CLOSING)
     return unwrap(resp)
