@@ -6,7 +6,9 @@ shard workers for data.  What each operation does lives in its own module:
 :mod:`~gear_flow.distributed.construction` (creating a table, attaching to
 one; functions handed the handle's class), :mod:`~gear_flow.distributed.writes` and
 :mod:`~gear_flow.distributed.transactions` (transactional inserts),
-:mod:`~gear_flow.distributed.edits` (updates, deletes, eviction),
+:mod:`~gear_flow.distributed.edits` (updates, deletes, eviction; functions
+handed the handle, as are :mod:`~gear_flow.distributed.pending`'s, the
+ride-along updates'),
 :mod:`~gear_flow.distributed.sampling` (sampling; the planner's requests are
 answered by :mod:`~gear_flow.distributed.remote_sample`), :mod:`~gear_flow.distributed.checkpoints`
 and :mod:`~gear_flow.distributed.info` (what the table reports about itself:
@@ -33,18 +35,19 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..config import get as config_get
 from ..errors import GearFlowError
 from ..table.config import TableConfig
 from ..table.datasets import DatasetMethods
-from . import checkpoints, construction
+from ..table.results import UpdateResult
+from . import checkpoints, construction, edits, pending
 from . import info as reports  # aliased: the handle's own ``info`` method hides the name in the class body
 from .construction import workers_with_resource
-from .edits import EditsMixin
 from .facade import documented_as
 from .leases import LeasedSamples, report_dropped
-from .pending import RideAlongMixin
+from .pending import PendingUpdates
 from .plumbing import PlumbingMixin
 from .sampling import SamplingMixin
 from .thread_insert import ThreadInsertsMixin
@@ -69,8 +72,6 @@ class DistributedTable(
     WritesMixin,
     ThreadInsertsMixin,
     TransactionsMixin,
-    EditsMixin,
-    RideAlongMixin,
     SamplingMixin,
     PlumbingMixin,
     DatasetMethods,
@@ -211,7 +212,6 @@ class DistributedTable(
         self.requests: dict[str, int] = defaultdict(int)
         self._shared: dict = {}  # worker -> {shard: Attached} (or None: not readable from here)
         from .masses import IssuedKeys, MassCache
-        from .pending import PendingUpdates
 
         self._masses = MassCache()
         self._issued = IssuedKeys()
@@ -339,6 +339,55 @@ class DistributedTable(
     async def nbytes_async(self) -> dict:
         return await reports.nbytes_async(self)
 
+    # -- item edits: gear_flow.distributed.edits -------------------------------------------------------------------
+    @documented_as(edits.update_priorities)
+    def update_priorities(
+        self, keys: ArrayLike, priorities: ArrayLike | float, *, wait: bool = True
+    ) -> UpdateResult | None:
+        return edits.update_priorities(self, keys, priorities, wait=wait)
+
+    @documented_as(edits.update_priorities_async)
+    async def update_priorities_async(
+        self, keys: ArrayLike, priorities: ArrayLike | float, *, wait: bool = True
+    ) -> UpdateResult | None:
+        return await edits.update_priorities_async(self, keys, priorities, wait=wait)
+
+    @documented_as(edits.delete)
+    def delete(self, keys: ArrayLike) -> UpdateResult:
+        return edits.delete(self, keys)
+
+    @documented_as(edits.delete_async)
+    async def delete_async(self, keys: ArrayLike) -> UpdateResult:
+        return await edits.delete_async(self, keys)
+
+    # the inserts (writes, transactions, an actor's insert in its thread, ingest) evict through this name
+    async def _evict_excess(self, size: int) -> None:
+        await edits.evict_excess(self, size)
+
+    async def _answer_evict(self, req, seqs: dict):  # tests drive an eviction's steps through it
+        return await edits.answer_evict(self, req, seqs)
+
+    # -- ride-along priority updates: gear_flow.distributed.pending ------------------------------------------------
+    @documented_as(pending.defer_priorities)
+    def defer_priorities(self, keys: ArrayLike, priorities: ArrayLike | float) -> bool:
+        return pending.defer_priorities(self, keys, priorities)
+
+    # the sample paths (remote_sample, thread_sample) and checkpoints reach the store's requests through these
+    def _pending_calls(self, exclude: set | frozenset = frozenset()) -> dict:
+        return pending.pending_calls(self, exclude)
+
+    def _ride_along(self, addr: str) -> dict | None:
+        return pending.ride_along(self, addr)
+
+    def _settle(self, updates: dict | None, applied: bool) -> None:
+        pending.settle(self, updates, applied)
+
+    def _updated(self, plans: list[dict], r: dict | int) -> None:
+        pending.book_reply(self, plans, r)
+
+    async def _send_pending(self, exclude: set | frozenset = frozenset()) -> None:
+        await pending.send_pending(self, exclude)
+
     # -- the handle -------------------------------------------------------------------------------------------------
     @property
     def client(self) -> Client | None:
@@ -440,7 +489,7 @@ class DistributedTable(
 
         async def _close():
             try:
-                await self._send_pending()
+                await pending.send_pending(self)
             except (GearFlowError, Retry) as e:  # closing anyway
                 logger.warning("table %r: priority updates not sent before closing: %s", self.name, e)
             self._ctx.lanes.clear()  # its connections (here on the loop: asyncio transports are not thread-safe)

@@ -6,6 +6,12 @@ sample carries it in the same messages: a ``sample_part`` applies it before
 the draw, and workers the sample does not draw from get an ``update`` in the
 same round trip.  A learner's step (sample, then update the priorities of what
 it sampled) is then one phase of requests instead of two.
+
+:class:`PendingUpdates` is the store (each handle has one); the functions
+after it are the handle's side, handed the handle: storing an update
+(:func:`defer`), handing the stored ones to a request (:func:`ride_along`,
+:func:`pending_calls`), settling that request (:func:`settle`,
+:func:`book_reply`) and sending what is left (:func:`send_pending`).
 """
 
 from __future__ import annotations
@@ -13,11 +19,16 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .edit_keys import grouped_update, heap_ties
 from .transport import Retry
+
+if TYPE_CHECKING:
+    from .api import DistributedTable
 
 #: stored ride-along updates (items) above which ``update_priorities(wait=False)`` sends them at once
 PENDING_MAX = 1 << 16
@@ -275,122 +286,208 @@ def _wake(fut: asyncio.Future) -> None:
         fut.set_result(None)
 
 
-class RideAlongMixin:
-    """The handle's side of ride-along updates (:class:`~gear_flow.distributed.DistributedTable` methods):
-    storing an update, handing it to the next sample's requests, sending what is left."""
+# -- the handle's side: storing an update, handing it to the next sample's requests, sending what is left --------
+def defer(table: DistributedTable, keys: ArrayLike, priorities: ArrayLike | float) -> bool:
+    """Check an update and store it to ride on the handle's next sample; False when it may not (it must wait).
 
-    def _defer(self, keys: ArrayLike, priorities: ArrayLike | float) -> bool:
-        """Check an update and store it to ride on the next sample; False when it may not (it must wait).
+    It may when the sampler is weighted without heap ties and every key was
+    seen issued: then no worker can refuse it.  Invalid input raises here,
+    before anything is stored.
 
-        It may when the sampler is weighted without heap ties and every key
-        was seen issued: then no worker can refuse it.  Invalid input raises
-        here, before anything is stored.
-        """
-        k, by, idx, on_lost, pr = self._grouped_update(keys, priorities)
-        if self._cfg.selection != "weighted" or self._heap_ties or not self._issued.covers(k):
-            return False
-        for a, s in by.items():
-            self._pending.add(s, {i: pr[idx[a][i]] for i in s})
-        self.stats["deferred_stale"] += on_lost
-        return True
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    keys : array_like of int
+        Item keys, any shape (flattened).
+    priorities : float or array_like of float
+        One value for all keys, or one per key.
 
-    def defer_priorities(self, keys: ArrayLike, priorities: ArrayLike | float) -> bool:
-        """Store a priority update to ride on this handle's next sample, if it may; never waits for it.
+    Returns
+    -------
+    bool
+        True: stored; False: nothing stored.
+    """
+    k, by, idx, on_lost, pr = grouped_update(table, keys, priorities)
+    if table._cfg.selection != "weighted" or heap_ties(table) or not table._issued.covers(k):
+        return False
+    for a, s in by.items():
+        table._pending.add(s, {i: pr[idx[a][i]] for i in s})
+    table.stats["deferred_stale"] += on_lost
+    return True
 
-        What :meth:`update_priorities` does with ``wait=False``, except that
-        an update that may not ride along is not sent either: the caller
-        decides (a :class:`~gear_flow.Stream` queues it on its background
-        writer, so the learner never waits).
 
-        Parameters
-        ----------
-        keys : array_like of int
-            Item keys, any shape (flattened).
-        priorities : float or array_like of float
-            One value for all keys, or one per key; finite and >= 0.
+def defer_priorities(table: DistributedTable, keys: ArrayLike, priorities: ArrayLike | float) -> bool:
+    """Store a priority update to ride on this handle's next sample, if it may; never waits for it.
 
-        Returns
-        -------
-        bool
-            True: stored (sent with the next sample, :meth:`flush`,
-            :meth:`checkpoint` or :meth:`close`); False: nothing stored, the
-            update must be sent (the sampler is not weighted, has heap ties,
-            or a key was never seen issued by this handle).
+    What :meth:`update_priorities` does with ``wait=False``, except that
+    an update that may not ride along is not sent either: the caller
+    decides (a :class:`~gear_flow.Stream` queues it on its background
+    writer, so the learner never waits).
 
-        Raises
-        ------
-        InvalidDataError, SpecError, InvalidPriorityError
-            Invalid keys or priorities, as :meth:`update_priorities`; nothing
-            stored.
-        """
-        if not self._defer(keys, priorities):
-            return False
-        if len(self._pending) > PENDING_MAX:
-            self._ctx.sync(self._send_pending)
-        return True
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle (the handle itself, on its method of this name).
+    keys : array_like of int
+        Item keys, any shape (flattened).
+    priorities : float or array_like of float
+        One value for all keys, or one per key; finite and >= 0.
 
-    def _pending_calls(self, exclude: set | frozenset = frozenset()) -> dict:
-        """``update`` requests for the stored updates of shards on workers not in ``exclude`` (taken from the store)."""
-        calls = {}
-        for a in sorted({self.placement[s] for s in self._pending.shards() if s in self.placement} - set(exclude)):
-            u = self._ride_along(a)
-            if u is not None:
-                calls[a] = ("update", dict(name=self.name, **u))
-        return calls
+    Returns
+    -------
+    bool
+        True: stored (sent with the next sample, :meth:`flush`,
+        :meth:`checkpoint` or :meth:`close`); False: nothing stored, the
+        update must be sent (the sampler is not weighted, has heap ties,
+        or a key was never seen issued by this handle).
 
-    def _ride_along(self, addr: str) -> dict | None:
-        """The stored updates of ``addr``'s shards, taken from the store, as a sample request's ``updates``."""
-        if not len(self._pending):
-            return None
-        u = self._pending.take(s for s, w in self.placement.items() if w == addr)
+    Raises
+    ------
+    InvalidDataError, SpecError, InvalidPriorityError
+        Invalid keys or priorities, as :meth:`update_priorities`; nothing
+        stored.
+    """
+    if not defer(table, keys, priorities):
+        return False
+    if len(table._pending) > PENDING_MAX:
+        table._ctx.sync(send_pending, table)
+    return True
+
+
+def pending_calls(table: DistributedTable, exclude: set | frozenset = frozenset()) -> dict:
+    """``update`` requests for the stored updates of shards on workers not in ``exclude`` (taken from the store).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    exclude : set of str, optional
+        Workers whose updates stay stored (a sample's request carries them).
+
+    Returns
+    -------
+    dict
+        ``{worker: ("update", kwargs)}``; settle each with :func:`settle`.
+    """
+    calls = {}
+    for a in sorted({table.placement[s] for s in table._pending.shards() if s in table.placement} - set(exclude)):
+        u = ride_along(table, a)
         if u is not None:
-            u["masses"] = self._masses.plans() or None
-        return u
+            calls[a] = ("update", dict(name=table.name, **u))
+    return calls
 
-    def _live_shards_set(self) -> set[int]:
-        return {s for s in self.placement if s not in self.lost}
 
-    def _settle(self, updates: dict | None, applied: bool) -> None:
-        """A request that carried stored ``updates`` has finished: applied, or stored again to retry."""
-        if applied:
-            self._pending.done(updates)
-        else:
-            self._pending.put_back(updates, self._live_shards_set())
+def ride_along(table: DistributedTable, addr: str) -> dict | None:
+    """The stored updates of ``addr``'s shards, taken from the store, as a sample request's ``updates``.
 
-    def _updated(self, plans: list[dict], r: dict) -> None:
-        """Book an applied ride-along or pending update's reply: masses kept, stale keys counted."""
-        if isinstance(r, dict):
-            self._masses.update_many(plans, r.get("masses") or [])
-            r = r.get("stale", 0)
-        self.stats["deferred_stale"] += int(r)
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    addr : str
+        The worker's address.
 
-    async def _hold_pending(self, shards: set[int]) -> None:
-        """Before an update of ``shards`` is sent directly: send what is stored, wait for what is in flight,
-        then hold the shards (:meth:`PendingUpdates.hold`) so that no ride-along of them overtakes it.
-        Release with ``self._pending.release(shards)``."""
-        while True:
-            await self._send_pending()  # stored before this call: sent first, keeping call order
-            if self._pending.hold(shards):
-                return
-            await self._pending.settled(shards)  # in a sample in flight: applied, or stored again and sent next
+    Returns
+    -------
+    dict or None
+        ``{"seqs_by_shard", "prios_by_shard", "masses"}``, or None when
+        nothing is stored for its shards; settle it with :func:`settle`.
+    """
+    if not len(table._pending):
+        return None
+    u = table._pending.take(s for s, w in table.placement.items() if w == addr)
+    if u is not None:
+        u["masses"] = table._masses.plans() or None
+    return u
 
-    async def _send_pending(self, exclude: set | frozenset = frozenset()) -> None:
-        """Send the stored updates now (those of workers in ``exclude`` stay), one request per worker."""
-        calls = self._pending_calls(exclude)
-        if not calls:
+
+def _live_shards(table: DistributedTable) -> set[int]:
+    return {s for s in table.placement if s not in table.lost}
+
+
+def settle(table: DistributedTable, updates: dict | None, applied: bool) -> None:
+    """A request that carried stored ``updates`` has finished: applied, or stored again to retry.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    updates : dict or None
+        What :func:`ride_along` (or a call of :func:`pending_calls`) carried.
+    applied : bool
+        Whether the worker applied them; if not they are stored again, for
+        the shards still placed and not lost.
+    """
+    if applied:
+        table._pending.done(updates)
+    else:
+        table._pending.put_back(updates, _live_shards(table))
+
+
+def book_reply(table: DistributedTable, plans: list[dict], r: dict | int) -> None:
+    """Book an applied ride-along or pending update's reply: masses kept, stale keys counted.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    plans : list of dict
+        The plans whose masses the request asked for.
+    r : dict or int
+        The worker's reply (``masses`` and ``stale``), or its stale count.
+    """
+    if isinstance(r, dict):
+        table._masses.update_many(plans, r.get("masses") or [])
+        r = r.get("stale", 0)
+    table.stats["deferred_stale"] += int(r)
+
+
+async def hold_pending(table: DistributedTable, shards: set[int]) -> None:
+    """Before an update of ``shards`` is sent directly: send what is stored, wait for what is in flight,
+    then hold the shards (:meth:`PendingUpdates.hold`) so that no ride-along of them overtakes it.
+
+    Release with ``table._pending.release(shards)``.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    shards : set of int
+        The shards the update is for.
+    """
+    while True:
+        await send_pending(table)  # stored before this call: sent first, keeping call order
+        if table._pending.hold(shards):
             return
-        try:
-            res, errors = await self._on_workers(calls, partial=True)
-        except BaseException:
-            for _, (_, args) in calls.items():  # nothing is known applied: sent again next time
-                self._settle(args, False)
-            self._masses.clear()
-            raise
-        for a, (_, args) in calls.items():
-            if a in res:
-                self._updated(args["masses"] or [], res[a])
-            self._settle(args, a in res)  # a lost shard's updates are dropped, the others kept
-        errors = [e for e in errors if not isinstance(e, Retry)]  # degraded: the lost shards are marked
-        if errors:
-            self._masses.clear()
-            raise errors[0]
+        await table._pending.settled(shards)  # in a sample in flight: applied, or stored again and sent next
+
+
+async def send_pending(table: DistributedTable, exclude: set | frozenset = frozenset()) -> None:
+    """Send the stored updates now (those of workers in ``exclude`` stay), one request per worker.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    exclude : set of str, optional
+        Workers whose updates stay stored.
+    """
+    calls = pending_calls(table, exclude)
+    if not calls:
+        return
+    try:
+        res, errors = await table._on_workers(calls, partial=True)
+    except BaseException:
+        for _, (_, args) in calls.items():  # nothing is known applied: sent again next time
+            settle(table, args, False)
+        table._masses.clear()
+        raise
+    for a, (_, args) in calls.items():
+        if a in res:
+            book_reply(table, args["masses"] or [], res[a])
+        settle(table, args, a in res)  # a lost shard's updates are dropped, the others kept
+    errors = [e for e in errors if not isinstance(e, Retry)]  # degraded: the lost shards are marked
+    if errors:
+        table._masses.clear()
+        raise errors[0]

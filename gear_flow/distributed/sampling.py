@@ -25,6 +25,7 @@ from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
 from ..table.validate import check_sample_args, sample_columns
 from .host_sampling import ShortBatchError, StaleSelectionError
+from .pending import book_reply, ride_along, send_pending, settle
 from .remote_sample import _SAMPLING, RemoteSample
 from .thread_sample import NotHere, ThreadSample, routes
 from .transport import Retry, lost_reply, not_answered, reply_timeout, worker_alive
@@ -460,17 +461,17 @@ class SamplingMixin:
 
     def _sample_all_here(self, B, L, boundary, columns, out, rng) -> dict:
         ctx = self._ctx
-        upd = self._ride_along(ctx.local_addr)
+        upd = ride_along(self, ctx.local_addr)
         try:
             args = dict(name=self.name, n=B, length=L, boundary=boundary, columns=columns,
                         seed=int(rng.integers(2**63)), out=out, updates=upd)  # fmt: skip
             res = ctx.local_plugin.host.call("sample_all", ctx.stamped(args))
         except BaseException:
-            self._settle(upd, False)
+            settle(self, upd, False)
             raise
-        self._settle(upd, True)
+        settle(self, upd, True)
         if "updated" in res:
-            self._updated(upd["masses"] or [], res["updated"])
+            book_reply(self, upd["masses"] or [], res["updated"])
         self.stats["local_bytes"] += sum(a.nbytes for a in out.bytes.values())
         return res["expired"]
 
@@ -484,7 +485,7 @@ class SamplingMixin:
     def flush(self) -> None:
         """Send stored priority updates (``update_priorities(wait=False)``) and report samples served
         under a lease to the coordinator now (``info()`` then counts them)."""
-        self._ctx.sync(self._send_pending)
+        self._ctx.sync(send_pending, self)
         done = self._leased.take()
         if done:
             self._coord_here("count_samples", n=done)
@@ -499,7 +500,7 @@ class SamplingMixin:
             seed=int(rng.integers(2**63)),
             horizon=horizon,
         )
-        upd = self._ride_along(addr)
+        upd = ride_along(self, addr)
         if upd is not None:
             args["updates"] = upd
         local = addr == self._ctx.local_addr and self._ctx.local_plugin is not None
@@ -510,11 +511,11 @@ class SamplingMixin:
         try:
             res = (await self._on_workers({addr: ("sample_all", args)}))[addr]
         except BaseException:
-            self._settle(upd, False)
+            settle(self, upd, False)
             raise
-        self._settle(upd, True)
+        settle(self, upd, True)
         if "updated" in res:
-            self._updated(upd["masses"] or [], res["updated"])
+            book_reply(self, upd["masses"] or [], res["updated"])
         nbytes = B * L * sum(max(self.spec.column(c).nbytes, 1) for c in columns)
         if local:
             self.stats["local_bytes"] += nbytes

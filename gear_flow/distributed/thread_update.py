@@ -32,6 +32,16 @@ from numpy.typing import ArrayLike
 from .. import config
 from ..errors import ShardMovedError
 from ..table.results import UpdateResult
+from .edit_keys import (
+    grouped_update,
+    heap_ties,
+    lost_keys,
+    moved_keys,
+    regrouped,
+    update_calls,
+    update_now,
+    updated_all,
+)
 from .thread_sample import exchange, routes
 from .transport import Moved, not_answered, reply_timeout, worker_alive
 
@@ -63,9 +73,9 @@ def update_here(t: DistributedTable, keys: ArrayLike, priorities: ArrayLike | fl
         As :meth:`~gear_flow.distributed.DistributedTable.update_priorities`.
     """
     ctx = t._ctx
-    if ctx.in_loop() or t._heap_ties or len(t._pending) or not routes(t):
+    if ctx.in_loop() or heap_ties(t) or len(t._pending) or not routes(t):
         return None
-    k, by, idx, on_lost, pr = t._grouped_update(keys, priorities)
+    k, by, idx, on_lost, pr = grouped_update(t, keys, priorities)
     if len(by) > 1 and not t._issued.covers(k):
         return None  # the event loop's path checks the keys on every worker before any applies them
     held = {i for s in by.values() for i in s}
@@ -74,7 +84,7 @@ def update_here(t: DistributedTable, keys: ArrayLike, priorities: ArrayLike | fl
     handed = False  # the hold is released by the resend on the event loop (it may outlast this call)
     try:
         plans = t._masses.plans()
-        calls = t._update_calls(by, idx, pr, None, plans)
+        calls = update_calls(t, by, idx, pr, None, plans)
         res, errors, broken, timed_out, moved = {}, [], {}, [], {}
 
         def arrived(kind, a, op, r):
@@ -107,15 +117,15 @@ def update_here(t: DistributedTable, keys: ArrayLike, priorities: ArrayLike | fl
             if moved:
                 ctx.sync(t._moved, max(moved.values()))
                 errors.append(Moved(moved))
-            on_lost += t._lost_keys(by, res, errors + list(hung.values()))
-            again = t._moved_keys(idx, errors)
-            more = ctx.sync(t._update_now, *t._regrouped(k, pr, again)) if len(again) else None
+            on_lost += lost_keys(by, res, errors + list(hung.values()))
+            again = moved_keys(t, idx, errors)
+            more = ctx.sync(update_now, t, *regrouped(t, k, pr, again)) if len(again) else None
         except BaseException:
             t._masses.clear()
             raise
         if not broken and not moved:
             t.stats["updates_in_thread"] += 1
-        done = t._updated_all(np.delete(k, again), res, plans, on_lost)
+        done = updated_all(t, np.delete(k, again), res, plans, on_lost)
         return done if more is None else UpdateResult(done.applied + more.applied, done.stale + more.stale)
     finally:
         if not handed:

@@ -17,7 +17,7 @@ This module validates, routes and admits an insert and hands its episodes to
 the workers (in-process, through a staging segment, or over the comm); the
 transaction's steps (stage, apply, commit, abort) are
 :class:`~gear_flow.distributed.transactions.TransactionsMixin`'s, and
-eviction is :class:`~gear_flow.distributed.edits.EditsMixin`'s, beside
+eviction is :func:`~gear_flow.distributed.edits.evict_excess`, beside
 priority updates and deletes.
 """
 
