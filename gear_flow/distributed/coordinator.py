@@ -359,14 +359,15 @@ class GearFlowCoordinator(SchedulerPlugin):
 
     async def _commit_insert(self, name, txn, items, evicted, unsettled=None, unreached=None):
         """Commit what was written; the parts of ``unsettled`` workers (they did not answer their apply in
-        time) are settled here, in the background (:meth:`_settle`), and those of ``unreached`` ones (they
-        refused to apply them, and did not answer their abort) aborted (:meth:`_abort_parts`)."""
+        time) are settled here, in the background (:meth:`_settle_unanswered_part`), and those of
+        ``unreached`` ones (they refused to apply them, and did not answer their abort) aborted
+        (:meth:`_abort_parts`)."""
         g = self._table(name)
         gate_checks.check_commit(g, txn, items or {}, evicted or {}, unsettled or [])
         if g.commit_insert(txn, items or {}, evicted or {}, tuple(unsettled or ())):  # (a repeat: nothing sent)
             if txn in g.unsettled:
                 for a in sorted(set(unsettled or ())):
-                    self._spawn(self._settle(g, txn, a))
+                    self._spawn(self._settle_unanswered_part(g, txn, a))
             self._abort_parts(g, txn, unreached)
         return g.size
 
@@ -375,7 +376,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _settle(self, g: TableGate, txn: str, addr: str) -> None:
+    async def _settle_unanswered_part(self, g: TableGate, txn: str, addr: str) -> None:
         """Find out what became of ``txn``'s part on ``addr``, which did not answer its apply in time, and
         count it: abort it there (an apply delivered later is refused), then ask whether it had been
         applied before; a worker gone meanwhile takes its shards' items with it."""
