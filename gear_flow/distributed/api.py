@@ -42,7 +42,7 @@ from ..errors import GearFlowError
 from ..table.config import TableConfig
 from ..table.datasets import DatasetMethods
 from ..table.results import UpdateResult
-from . import checkpoints, construction, edits, pending
+from . import checkpoints, construction, edits, pending, transactions
 from . import info as reports  # aliased: the handle's own ``info`` method hides the name in the class body
 from .construction import workers_with_resource
 from .facade import documented_as
@@ -51,7 +51,6 @@ from .pending import PendingUpdates
 from .plumbing import PlumbingMixin
 from .sampling import SamplingMixin
 from .thread_insert import ThreadInsertsMixin
-from .transactions import TransactionsMixin
 from .transport import Context, Retry, call
 from .writes import WritesMixin
 
@@ -71,7 +70,6 @@ logger = logging.getLogger(__name__)
 class DistributedTable(
     WritesMixin,
     ThreadInsertsMixin,
-    TransactionsMixin,
     SamplingMixin,
     PlumbingMixin,
     DatasetMethods,
@@ -387,6 +385,22 @@ class DistributedTable(
 
     async def _send_pending(self, exclude: set | frozenset = frozenset()) -> None:
         await pending.send_pending(self, exclude)
+
+    # -- an admitted insert's transaction: gear_flow.distributed.transactions -----------------------------------------
+    @documented_as(transactions.run_insert)
+    async def run_insert(self, txn: str, parts: dict[str, list[dict]], staged: Iterable[str] = ()) -> tuple[dict, int]:
+        return await transactions.run_insert(self, txn, parts, staged)
+
+    @documented_as(transactions.apply_staged)
+    async def apply_staged(self, txn: str, addrs: Iterable[str]) -> tuple[dict, int]:
+        return await transactions.apply_staged(self, txn, addrs)
+
+    @documented_as(transactions.abort_staged)
+    async def abort_staged(self, txn: str, addrs: Iterable[str], cause: BaseException | None = None) -> None:
+        await transactions.abort_staged(self, txn, addrs, cause)
+
+    async def _commit(self, txn, res: dict, unsettled=(), unreached=()) -> int:  # tests commit through it
+        return await transactions.commit(self, txn, res, unsettled, unreached)
 
     # -- the handle -------------------------------------------------------------------------------------------------
     @property

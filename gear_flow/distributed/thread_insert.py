@@ -22,7 +22,7 @@ workers receive in parallel), ``apply`` everywhere, commit.  What this path
 cannot finish itself goes to the event loop's path: a placement that changed
 since the admission (the whole insert), a worker refusing its part (the
 insert aborted everywhere, as there), a lane that breaks (the transaction
-handed to :meth:`run_insert` or :meth:`apply_staged`, which send its steps
+handed to :func:`~.transactions.run_insert` or :func:`~.transactions.apply_staged`, which send its steps
 again: a stage, write or apply sent twice is applied once,
 :data:`~gear_flow.distributed.lane.RESENDABLE_OPS`), an eviction to
 ``max_size``.
@@ -35,7 +35,7 @@ from collections import defaultdict
 
 from ..table.results import InsertResult
 from .protocol import VERSION
-from .transactions import commit_counts
+from .transactions import abort_insert, apply_staged, commit_counts, insert_error, run_insert
 from .transport import reply_timeout
 from .wire import array_bytes
 from .writes import _Insert, _result
@@ -70,8 +70,8 @@ class ThreadInsertsMixin:
                 "write", ctx.stamped(dict(name=self.name, txn=adm["txn"], parts=parts[here]))
             )
         except BaseException as e:
-            ctx.sync(self._abort_insert, adm["txn"], [here], e)
-            raise self._insert_error(e, [here]) from None
+            ctx.sync(abort_insert, self, adm["txn"], [here], e)
+            raise insert_error(self, e, [here]) from None
         return self._committed_here(ins, adm, sel_of, ids, {here: res})
 
     def _insert_lanes(self, ins: _Insert) -> dict[str, tuple[str, int]] | None:
@@ -112,22 +112,22 @@ class ThreadInsertsMixin:
             self.stats["insert_remote_bytes"] += sum(n for _, n in paths.values())  # as routed: the same episodes
             got = self._over_lanes([(paths[a][0], op, dict(name=self.name, txn=txn, parts=parts[a])) for a in addrs])
         except BaseException as e:  # interrupted before every part was taken: nothing is applied anywhere
-            ctx.sync(self._abort_insert, txn, addrs, e)
+            ctx.sync(abort_insert, self, txn, addrs, e)
             raise
         refused = [r[1] for r in got if not isinstance(r, BaseException) and not r[0]]
         if refused:  # a worker refused its part: aborted everywhere, as the event loop's path does
-            ctx.sync(self._abort_insert, txn, addrs, refused[0])
-            raise self._insert_error(refused[0], addrs) from None
+            ctx.sync(abort_insert, self, txn, addrs, refused[0])
+            raise insert_error(self, refused[0], addrs) from None
         broken = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
         if broken:  # the event loop's path sends their parts again (over the comm), the others' are staged
             ok = [a for a in addrs if a not in broken]
-            applied, size = ctx.sync(self._again, broken, self.run_insert, txn, parts, ok)
+            applied, size = ctx.sync(self._again, broken, run_insert, self, txn, parts, ok)
             return self._finished_here(ins, sel_of, ids, applied, size)
         if op == "stage":
             got = self._over_lanes([(paths[a][0], "apply", dict(name=self.name, txn=txn)) for a in addrs])
             broken = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
             if broken or not all(r[0] for r in got):  # the event loop's path applies (again) and reports
-                applied, size = ctx.sync(self._again, broken, self.apply_staged, txn, addrs)
+                applied, size = ctx.sync(self._again, broken, apply_staged, self, txn, addrs)
                 return self._finished_here(ins, sel_of, ids, applied, size)
         return self._committed_here(ins, adm, sel_of, ids, {a: r[1] for a, r in zip(addrs, got)})
 

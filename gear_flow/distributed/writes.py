@@ -15,8 +15,8 @@ same rule as the local table's; a queue or stack never evicts
 
 This module validates, routes and admits an insert and hands its episodes to
 the workers (in-process, through a staging segment, or over the comm); the
-transaction's steps (stage, apply, commit, abort) are
-:class:`~gear_flow.distributed.transactions.TransactionsMixin`'s, and
+transaction's steps (stage, apply, commit, abort) are in
+:mod:`~gear_flow.distributed.transactions`, and
 eviction is :func:`~gear_flow.distributed.edits.evict_excess`, beside
 priority updates and deletes.
 """
@@ -37,6 +37,7 @@ from ..storage.staging import stage_chunks, staged_bytes, staging_area
 from ..table.results import InsertResult
 from ..table.routing import route
 from ..table.validate import as_episode_list, check_batch, check_episode, check_priorities, to_host
+from .transactions import abort_insert, insert_error, run_insert
 from .wire import array_bytes
 
 logger = logging.getLogger(__name__)
@@ -124,7 +125,7 @@ def _result(ins: _Insert, ids: np.ndarray, sel_of: dict, applied: dict) -> Inser
 
 class WritesMixin:
     """Inserts of :class:`~gear_flow.distributed.DistributedTable` (staged, applied and committed by
-    :class:`~gear_flow.distributed.transactions.TransactionsMixin`)."""
+    :mod:`~gear_flow.distributed.transactions`)."""
 
     # -- inserts ------------------------------------------------------------------------------------
     def insert(
@@ -363,14 +364,14 @@ class WritesMixin:
             await self._refresh(adm["version"])
         except BaseException as e:  # admitted, and nothing sent: the admission is given back
             try:
-                await self._abort_insert(adm["txn"], [], e)
+                await abort_insert(self, adm["txn"], [], e)
             except Exception as u:  # noqa: BLE001 - the refresh's error is the caller's
                 logger.info("table %r: an insert's admission not given back (%s)", self.name, u)
             raise
         if any(s in self.lost for s in ins.per_shard):
             # routed to a shard the coordinator knew lost and this handle learns it only now: the admission is
             # given back, and the insert routed again over the shards left (or refused, not degraded)
-            await self._abort_insert(adm["txn"], [], None)
+            await abort_insert(self, adm["txn"], [], None)
             self._check_not_lost(stored=False)
             ins = self._routed(ins)
             adm = await self._coord("admit_insert", **self._admission(ins, timeout))
@@ -392,10 +393,10 @@ class WritesMixin:
         except BaseException as e:  # nothing sent yet: give the admission back
             for seg in segs:
                 staging_area().discard(seg)
-            await self._abort_insert(adm["txn"], [], e)
-            raise self._insert_error(e, sorted(parts)) from None
+            await abort_insert(self, adm["txn"], [], e)
+            raise insert_error(self, e, sorted(parts)) from None
         try:
-            applied, size = await self.run_insert(adm["txn"], dict(parts))
+            applied, size = await run_insert(self, adm["txn"], dict(parts))
         except BaseException:  # a worker may still read them (a request given up on): never reused
             for seg in segs:
                 staging_area().discard(seg)
