@@ -64,14 +64,21 @@ def test_a_short_spin_frees_the_core_after_a_gather():
 
     GNU OpenMP's default keeps a thread spinning ~4 ms of CPU after each
     parallel loop; with 30,000 rounds it is a fraction of that.  Both are
-    measured here, in processes alike but for the setting.
+    measured here, in processes alike but for the setting.  A default
+    process on a busy machine (the suite's other process on the other core)
+    spins less, descheduled: the pair is measured again, up to three times;
+    a setting without effect fails every time.
     """
-    spun = _run("spin")
-    default = _run("none")
-    assert spun["status"] == "set" and spun["env"] == "30000"
-    assert spun["loaded_before"] is False and spun["loaded_after"] is True  # loaded after it was set
-    assert default["env"] is None
-    assert spun["asleep_ms"] < default["asleep_ms"] / 4, (spun, default)
+    pairs = []
+    for _ in range(3):
+        spun, default = _run("spin"), _run("none")
+        assert spun["status"] == "set" and spun["env"] == "30000"
+        assert spun["loaded_before"] is False and spun["loaded_after"] is True  # loaded after it was set
+        assert default["env"] is None
+        pairs.append((spun["asleep_ms"], default["asleep_ms"]))
+        if spun["asleep_ms"] < default["asleep_ms"] / 4:
+            break
+    assert spun["asleep_ms"] < default["asleep_ms"] / 4, pairs
 
 
 def test_too_late_once_openmp_is_loaded():
