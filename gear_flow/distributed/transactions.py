@@ -62,6 +62,63 @@ def commit_counts(applied: dict) -> dict:
     return {"items": dict(items), "evicted": dict(evicted)}
 
 
+def admission_args(
+    table: DistributedTable, n: int, episodes: int, per_shard: dict[int, int], timeout: float | None
+) -> dict:
+    """The coordinator's ``admit_insert`` arguments for an insert of ``n`` items in ``episodes`` episodes.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle inserting (its owner id is the admission's).
+    n : int
+        Items of the insert.
+    episodes : int
+        Episodes of the insert.
+    per_shard : dict of int to int
+        Items routed to each shard.
+    timeout : float or None
+        Seconds the admission may wait (None: the coordinator's default).
+
+    Returns
+    -------
+    dict
+        The request's fields.
+    """
+    return dict(n=n, episodes=episodes, per_shard=per_shard, timeout=timeout, owner=table._ctx.owner)
+
+
+async def admit_insert(
+    table: DistributedTable, n: int, episodes: int, per_shard: dict[int, int], timeout: float | None
+) -> dict:
+    """Wait for the coordinator to admit an insert (:func:`admission_args`); its grant.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle inserting.
+    n : int
+        Items of the insert.
+    episodes : int
+        Episodes of the insert.
+    per_shard : dict of int to int
+        Items routed to each shard.
+    timeout : float or None
+        Seconds the admission may wait.
+
+    Returns
+    -------
+    dict
+        ``txn``, ``first_episode_id``, ``first_stamp``, ``version`` …
+
+    Raises
+    ------
+    RateLimitTimeout
+        Not admitted in time.
+    """
+    return await table._coord("admit_insert", **admission_args(table, n, episodes, per_shard, timeout))
+
+
 async def run_insert(
     table: DistributedTable, txn: str, parts: dict[str, list[dict]], staged: Iterable[str] = ()
 ) -> tuple[dict, int]:

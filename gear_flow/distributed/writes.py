@@ -37,7 +37,7 @@ from ..storage.staging import stage_chunks, staged_bytes, staging_area
 from ..table.results import InsertResult
 from ..table.routing import route
 from ..table.validate import as_episode_list, check_batch, check_episode, check_priorities, to_host
-from .transactions import abort_insert, insert_error, run_insert
+from .transactions import abort_insert, admission_args, admit_insert, insert_error, run_insert
 from .wire import array_bytes
 
 logger = logging.getLogger(__name__)
@@ -349,12 +349,10 @@ class WritesMixin:
 
     def _admission(self, ins: _Insert, timeout: float | None) -> dict:
         """The coordinator's ``admit_insert`` arguments for ``ins``."""
-        return dict(
-            n=ins.n_items, episodes=len(ins.lengths), per_shard=ins.per_shard, timeout=timeout, owner=self._ctx.owner
-        )
+        return admission_args(self, ins.n_items, len(ins.lengths), ins.per_shard, timeout)
 
     async def _insert_prepared(self, ins: _Insert, timeout: float | None) -> InsertResult:
-        adm = await self._coord("admit_insert", **self._admission(ins, timeout))
+        adm = await admit_insert(self, ins.n_items, len(ins.lengths), ins.per_shard, timeout)
         return await self._insert_admitted(ins, adm, timeout)
 
     async def _insert_admitted(self, ins: _Insert, adm: dict, timeout: float | None) -> InsertResult:
@@ -374,7 +372,7 @@ class WritesMixin:
             await abort_insert(self, adm["txn"], [], None)
             self._check_not_lost(stored=False)
             ins = self._routed(ins)
-            adm = await self._coord("admit_insert", **self._admission(ins, timeout))
+            adm = await admit_insert(self, ins.n_items, len(ins.lengths), ins.per_shard, timeout)
             await self._refresh(adm["version"])
         parts, sel_of, ids = self._parts(ins, adm)
         local = self._ctx.local_addr if self._ctx.local_plugin is not None else None  # its parts go in-process

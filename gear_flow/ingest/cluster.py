@@ -391,6 +391,8 @@ def insert_partitions(
     """
     from distributed import wait
 
+    from ..distributed.transactions import admit_insert  # (the distributed table imports this package)
+
     n_eps = [int(c[0]) for c in counts]
     n_items = [int(c[1]) for c in counts]
     ep_off = np.concatenate(([0], np.cumsum(n_eps)[:-1])).astype(int).tolist() if n_eps else []
@@ -401,13 +403,7 @@ def insert_partitions(
     shards = {s: 0 for s, a in table.placement.items() if a in mine and s not in table.lost}
     table.config.rate_limiter.check_insert_size(sum(n_items))
     adm = table._ctx.sync(
-        table._coord,
-        "admit_insert",
-        n=sum(n_items),
-        episodes=sum(n_eps),
-        per_shard=shards,
-        timeout=table.timeout if timeout is None else timeout,
-        owner=table._ctx.owner,
+        admit_insert, table, sum(n_items), sum(n_eps), shards, table.timeout if timeout is None else timeout
     )
     txn = adm["txn"]
     staged = {
@@ -446,6 +442,6 @@ def insert_partitions(
             for j, s in enumerate(np.asarray(d["shards"]).tolist()):
                 d["first_keys"][j] = applied[a]["first_keys"][s][at[s]]
                 at[s] += 1
-    if size > table.spec.max_size:
+    if table.config.evicts_to_max_size(size):  # the inserts' one rule (a queue never evicts)
         table._ctx.sync(table._evict_excess, size)
     return results
