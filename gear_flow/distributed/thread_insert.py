@@ -35,7 +35,7 @@ from collections import defaultdict
 
 from ..table.results import InsertResult
 from .protocol import VERSION
-from .transactions import abort_insert, apply_staged, commit_counts, insert_error, run_insert
+from .transactions import abort_insert, admission_args, apply_staged, commit_counts, insert_error, run_insert
 from .transport import reply_timeout
 from .wire import array_bytes
 from .writes import _Insert, _result
@@ -154,7 +154,9 @@ class ThreadInsertsMixin:
         ``(admission, parts, sel_of, ids)`` as :meth:`_parts` gives them, the last three None when the
         placement changed since this handle learnt it."""
         wait = self._admission_wait(timeout)  # sent as the request's own: both ends give up at the same time
-        adm = self._coord_here("admit_insert", wait=wait, **self._admission(ins, wait))
+        adm = self._coord_here(
+            "admit_insert", wait=wait, **admission_args(self, ins.n_items, len(ins.lengths), ins.per_shard, wait)
+        )
         if adm["version"] != self._version:
             return adm, None, None, None
         return (adm, *self._parts(ins, adm))

@@ -37,7 +37,7 @@ from ..storage.staging import stage_chunks, staged_bytes, staging_area
 from ..table.results import InsertResult
 from ..table.routing import route
 from ..table.validate import as_episode_list, check_batch, check_episode, check_priorities, to_host
-from .transactions import abort_insert, admission_args, admit_insert, insert_error, run_insert
+from .transactions import abort_insert, admit_insert, insert_error, run_insert
 from .wire import array_bytes
 
 logger = logging.getLogger(__name__)
@@ -346,10 +346,6 @@ class WritesMixin:
         dest = self._route(ins.lengths, ins.shard)
         items_of = ins.item_off[1:] - ins.item_off[:-1]
         return ins._replace(dest=dest, per_shard={int(s): int(items_of[dest == s].sum()) for s in np.unique(dest)})
-
-    def _admission(self, ins: _Insert, timeout: float | None) -> dict:
-        """The coordinator's ``admit_insert`` arguments for ``ins``."""
-        return admission_args(self, ins.n_items, len(ins.lengths), ins.per_shard, timeout)
 
     async def _insert_prepared(self, ins: _Insert, timeout: float | None) -> InsertResult:
         adm = await admit_insert(self, ins.n_items, len(ins.lengths), ins.per_shard, timeout)
