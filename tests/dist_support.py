@@ -106,7 +106,7 @@ def snapshot(t):
     t.flush()
     res = t.client.run(_worker_shards, t.name)
     shards = sorted((x for parts in res.values() for x in parts), key=lambda x: x[0])
-    st = t._ctx.sync(t._coord, "lookup")
+    st = t._ctx.sync(t._link.coord, "lookup")
     # episode ids and stamps are never reused, so an aborted insert consumes them; what it must not leave
     # behind is in the sizes, the limiter's counts and the shards themselves
     glob = {k: st[k] for k in ("size", "admitted", "shard_size", "rate_limiter", "lost", "inserts_in_flight")}

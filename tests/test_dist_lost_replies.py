@@ -569,16 +569,16 @@ def test_a_worker_lost_while_a_live_shard_is_replaced_from_a_checkpoint(tmp_path
 def _refresh_fails_once(t):
     """``t``'s next placement lookup after a grant fails (as when the coordinator's reply is lost): the
     handle's placement is made to look old, so the grant's newer version makes it look up."""
-    real, failed = t._refresh, []
+    real, failed = t._link.refresh, []
 
     async def refresh(version=None):
-        if version is not None and version != t._version and not failed:
+        if version is not None and version != t._view.version and not failed:
             failed.append(version)
             raise gf.GearFlowError("placement lookup failed (injected)")
         return await real(version)
 
-    t._refresh = refresh
-    t._version = -1
+    t._link.refresh = refresh
+    t._view.learn(dict(t._ctx.sync(t._link.coord, "lookup"), version=-1))
 
 
 @pytest.mark.parametrize("kind", ["queue", "uniform_once"])

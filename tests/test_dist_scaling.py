@@ -94,7 +94,7 @@ def same(x, y) -> bool:
 
 
 def lookup(t) -> dict:
-    return t._ctx.sync(t._coord, "lookup")
+    return t._ctx.sync(t._link.coord, "lookup")
 
 
 class Traffic:

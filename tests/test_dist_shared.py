@@ -129,7 +129,7 @@ def test_a_reader_whose_owner_is_killed(degraded):
         dead_pid = client.run(_pid, workers=[victim])[victim]
         client.run(_die, workers=[victim], wait=False)
         end = time.monotonic() + 60
-        while 1 not in {int(k) for k in t._ctx.sync(t._coord, "lookup")["lost"]}:
+        while 1 not in {int(k) for k in t._ctx.sync(t._link.coord, "lookup")["lost"]}:
             assert time.monotonic() < end, "the coordinator did not mark the shard lost"
             time.sleep(0.02)
         if degraded:

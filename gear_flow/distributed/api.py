@@ -13,9 +13,11 @@ ride-along updates'),
 answered by :mod:`~gear_flow.distributed.remote_sample`), :mod:`~gear_flow.distributed.checkpoints`
 and :mod:`~gear_flow.distributed.info` (what the table reports about itself:
 size, counters, bytes; both functions handed the handle, which its methods
-of the same names call), :mod:`~gear_flow.distributed.plumbing` (reaching the
-workers and the coordinator, reacting to a lost worker) and
-:mod:`~gear_flow.distributed.transport` (requests, loss detection).
+of the same names call), :mod:`~gear_flow.distributed.view` (the placement, under one lock, its
+changes told to the parts that keep state per placement) and
+:mod:`~gear_flow.distributed.transport` (the handle's
+:class:`~gear_flow.distributed.transport.TableLink`: its requests, what a lost
+or moved worker means; its :class:`~gear_flow.distributed.transport.WorkerRoutes`).
 
 Inside a task on a worker (a co-located learner, GEAR's idea) the handle from
 :meth:`DistributedTable.attach` reads the worker's own shards in-process and
@@ -48,10 +50,10 @@ from .construction import workers_with_resource
 from .facade import documented_as
 from .leases import LeasedSamples, report_dropped
 from .pending import PendingUpdates
-from .plumbing import PlumbingMixin
 from .sampling import SamplingMixin
 from .thread_insert import ThreadInsertsMixin
-from .transport import Context, Retry, call
+from .transport import Context, Retry, TableLink, WorkerRoutes, call
+from .view import TableView
 from .writes import WritesMixin
 
 if TYPE_CHECKING:
@@ -71,7 +73,6 @@ class DistributedTable(
     WritesMixin,
     ThreadInsertsMixin,
     SamplingMixin,
-    PlumbingMixin,
     DatasetMethods,
 ):
     """Replay table sharded over Dask workers.
@@ -172,18 +173,20 @@ class DistributedTable(
         self._config = state["config"]
         self._cfg = TableConfig.from_dict(self._config)
         self.spec = self._cfg.spec
-        self.placement: dict[int, str] = {int(k): v for k, v in state["placement"].items()}
-        self.lost: dict[int, dict] = {int(k): v for k, v in state.get("lost", {}).items()}
         self.boundary = self._cfg.boundary
         self.routing = self._cfg.routing
         self.degraded = bool(self._config.get("degraded", False))
         self.timeout = self._cfg.timeout if timeout is None else timeout
         self.rng = np.random.default_rng(seed)
         self._rr = 0
-        self._version = state.get("version", 0)
-        ctx.epoch = self._version  # every request to a worker says which placement it was planned at
-        #: per shard, how often it was rebuilt (lost, or restored from a checkpoint): its stored updates go
-        self._incarnation: dict[int, int] = {int(k): v for k, v in state.get("incarnation", {}).items()}
+        #: where each shard is, which are lost, at which version: read by callers' threads, changed by the loop
+        self._view = TableView(name, state, self.degraded)
+        ctx.epoch = self._view.version  # every request to a worker says which placement it was planned at
+        #: how each worker is reached beside the comm (rings mapped here, its lane), learnt on first use
+        self._routes = WorkerRoutes()
+        #: requests this handle sent to shard workers, by operation (the control plane's cost)
+        self.requests: dict[str, int] = defaultdict(int)
+        self._link = TableLink(ctx, name, self._view, self._routes, self._config, self.requests)
         self._lease = (0, 0, 0.0)  # (batch size, batches left, granted at)
         self._lease_lock = threading.Lock()
         #: leased samples served, reported with the next admission; if this handle is dropped first, then
@@ -206,15 +209,15 @@ class DistributedTable(
             "updates_in_thread": 0,
             "deferred_stale": 0,
         }
-        #: requests this handle sent to shard workers, by operation (the control plane's cost)
-        self.requests: dict[str, int] = defaultdict(int)
-        self._shared: dict = {}  # worker -> {shard: Attached} (or None: not readable from here)
         from .masses import IssuedKeys, MassCache
 
         self._masses = MassCache()
         self._issued = IssuedKeys()
         #: priority updates riding on this handle's next sample (``update_priorities(wait=False)``)
         self._pending = PendingUpdates()
+        # what was kept for a placement goes with it (shards may have moved, been lost or restored); the
+        # parts themselves subscribe, not the handle, which a subscription would keep alive
+        self._view.subscribe(_forgets_placement(name, self._pending, self._routes, ctx, self._masses, self._issued))
 
     # -- construction: gear_flow.distributed.construction and checkpoints.restore, handed this class ------------
     @classmethod
@@ -404,6 +407,16 @@ class DistributedTable(
 
     # -- the handle -------------------------------------------------------------------------------------------------
     @property
+    def placement(self) -> dict[int, str]:
+        """Worker address of each shard, as this handle last saw it."""
+        return self._view.placement
+
+    @property
+    def lost(self) -> dict[int, dict]:
+        """Shards whose worker was lost, with the coordinator's record of each loss; empty while whole."""
+        return self._view.lost
+
+    @property
     def client(self) -> Client | None:
         """The ``distributed.Client`` of this handle (None inside a worker task)."""
         return self._ctx.client
@@ -418,11 +431,12 @@ class DistributedTable(
         """True when batches arrive in fresh frames from one remote worker read over the comm (no buffer
         reuse needed); False where windows are copied into buffers (shared memory, several workers,
         co-located), so that streams reuse theirs instead of faulting in new pages every batch."""
-        workers = self._workers()
+        workers = self._view.workers()
         if len(workers) != 1 or self.local_shards:
             return False
         shared = self._config.get("shared_memory") and config_get("distributed.shared-memory")
-        return not shared or self._shared.get(next(iter(workers)), "unknown") is None
+        one = next(iter(workers))
+        return not shared or (self._routes.probed(one) and self._routes.mapped(one) is None)
 
     @property
     def local_shards(self) -> list[int]:
@@ -452,8 +466,8 @@ class DistributedTable(
         return self._ctx.sync(self._rebalance_async)
 
     async def _rebalance_async(self) -> list[dict]:
-        done = await self._coord("rebalance")
-        await self._refresh()
+        done = await self._link.coord("rebalance")
+        await self._link.refresh()
         return done
 
     def move_shards(self, shards: Iterable[int], worker: str | None = None) -> int:
@@ -483,8 +497,8 @@ class DistributedTable(
         shards = sorted(int(s) for s in shards)
 
         async def run():
-            version = await self._coord("move", shards=shards, worker=worker)
-            await self._refresh()
+            version = await self._link.coord("move", shards=shards, worker=worker)
+            await self._link.refresh()
             return version
 
         return self._ctx.sync(run)
@@ -507,13 +521,13 @@ class DistributedTable(
             except (GearFlowError, Retry) as e:  # closing anyway
                 logger.warning("table %r: priority updates not sent before closing: %s", self.name, e)
             self._ctx.lanes.clear()  # its connections (here on the loop: asyncio transports are not thread-safe)
-            await self._coord("close")
+            await self._link.coord("close")
             if drop:  # every worker: one its shards moved off keeps the table's (empty) gate until then
-                workers = set(self._workers()) | set(await self._coord("workers"))
+                workers = set(self._view.workers()) | set(await self._link.coord("workers"))
                 await asyncio.gather(
                     *(call(self._ctx, a, "drop", name=self.name) for a in sorted(workers)), return_exceptions=True
                 )
-                await self._coord("drop")
+                await self._link.coord("drop")
 
         self._ctx.sync(_close)
 
@@ -528,6 +542,26 @@ class DistributedTable(
     def __reduce__(self):
         # a handle travels by name; the receiver attaches to the table from its own context
         return (_attach_here, (self.name,))
+
+
+def _forgets_placement(name, pending, routes, ctx, masses, issued):
+    """What drops a handle's kept state when its placement changes (a :meth:`TableView.subscribe` callback)."""
+
+    def forget(before, after):
+        # a shard lost, or restored from a checkpoint, dropped the seqs its stored updates name (a shard moved
+        # whole to another worker keeps its keys: its updates go there)
+        replaced = {
+            s for s in pending.stored() if after.incarnation.get(s) != before.incarnation.get(s, 0) or s in after.lost
+        }
+        if replaced:
+            pending.drop(replaced)
+            logger.info("table %r: priority updates for shards %s dropped (shard lost or restored)", name, replaced)
+        routes.clear()  # shards may have moved: map again
+        ctx.lanes.clear()
+        masses.clear()
+        issued.clear()
+
+    return forget
 
 
 def _attach_here(name):

@@ -107,8 +107,8 @@ async def checkpoint_async(table: DistributedTable, path: str | os.PathLike[str]
     try:
         for _ in range(_LOSSES):
             try:
-                res = await table._on_workers(
-                    {a: ("checkpoint", dict(name=table.name, directory=str(tmp))) for a in table._workers()}
+                res = await table._link.on_workers(
+                    {a: ("checkpoint", dict(name=table.name, directory=str(tmp))) for a in table._view.workers()}
                 )
                 break
             except Retry:  # degraded: a worker was lost while writing (its shards now marked lost): the
@@ -118,7 +118,7 @@ async def checkpoint_async(table: DistributedTable, path: str | os.PathLike[str]
         else:
             raise ShardLostError(-1, f"{_LOSSES} workers of table {table.name!r} were lost during its checkpoint")
         files = {str(s): e for r in res.values() for s, e in r.items()}
-        st = await table._coord("lookup")
+        st = await table._link.coord("lookup")
         cfg = {**table._config, "rate_limiter": st["rate_limiter_config"]}
         state = {k: st[k] for k in ("size", "shard_size", "shard_inserted", "next_episode_id", "next_stamp")}
         state["shard_size"] = {str(k): v for k, v in state["shard_size"].items() if int(k) not in table.lost}
@@ -305,7 +305,7 @@ def restore_shard(
 
 
 async def _restore_target(table: DistributedTable) -> str:
-    workers = await table._coord("workers")
+    workers = await table._link.coord("workers")
     resource = table._config.get("resources")
     if resource:
         workers = {a: r for a, r in workers.items() if (r or {}).get(resource, 0) > 0}
@@ -357,7 +357,7 @@ async def restore_shard_async(
     entry = m["files"].get(str(shard))
     if entry is None:
         raise ShardLostError(shard, f"checkpoint {path} has no file for shard {shard}")
-    await table._refresh()
+    await table._link.refresh()
     if shard not in table.placement:
         raise SpecError(f"table {table.name!r} has no shard {shard} (shards 0..{table.spec.num_shards - 1})")
     live = shard not in table.lost
@@ -366,7 +366,9 @@ async def restore_shard_async(
     if live:
         try:
             before = next(
-                i for i in (await table._on_workers({old: ("info", dict(name=table.name))}))[old] if i["shard"] == shard
+                i
+                for i in (await table._link.on_workers({old: ("info", dict(name=table.name))}))[old]
+                if i["shard"] == shard
             )
         except (Retry, ShardLostError):  # its worker was lost just now (the shard is marked lost): restored
             live, before = False, None  # as a lost one
@@ -380,18 +382,20 @@ async def restore_shard_async(
         worker = await _restore_target(table)
     args = dict(name=table.name, config=table._config, directory=str(path), files={shard: entry})
     try:
-        restored = (await table._on_workers({worker: ("restore", args)}))[worker]
+        restored = (await table._link.on_workers({worker: ("restore", args)}))[worker]
     except (Retry, ShardLostError):  # the target was lost before it could report the shard rebuilt
         raise ShardLostError(
             shard, f"worker {worker} was lost while it restored shard {shard}; nothing was restored"
         ) from None
     meta = entry["meta"]
-    lost = await table._coord(
+    lost = await table._link.coord(
         "shard_restored", shard=shard, worker=worker, size=restored[shard], inserted=meta["counters"]["inserted"]
     )
-    await table._refresh()  # the shard is the new worker's now, whatever happens to the old one
+    await table._link.refresh()  # the shard is the new worker's now, whatever happens to the old one
     if live and worker != old:  # the replaced copy must not stay behind on its old worker ...
-        _, errors = await table._on_workers({old: ("drop_shard", dict(name=table.name, shard=shard))}, partial=True)
+        _, errors = await table._link.on_workers(
+            {old: ("drop_shard", dict(name=table.name, shard=shard))}, partial=True
+        )
         errors = [e for e in errors if not isinstance(e, (Retry, ShardLostError))]  # ... unless gone with it
         if errors:
             raise errors[0]

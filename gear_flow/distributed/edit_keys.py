@@ -152,11 +152,11 @@ async def update_now(
         on_lost += lost
     stamps = None
     if heap_ties(table) and len(k):  # heap ties across shards follow the table-wide insert/update clock
-        stamps = (await table._coord("stamps", n=len(k))) + np.arange(len(k), dtype=np.int64)
+        stamps = (await table._link.coord("stamps", n=len(k))) + np.arange(len(k), dtype=np.int64)
     plans = table._masses.plans()
     calls = update_calls(table, by, idx, pr, stamps, plans)
     try:
-        res, errors = await table._on_workers(calls, partial=True)
+        res, errors = await table._link.on_workers(calls, partial=True)
         on_lost += lost_keys(by, res, errors)
     except BaseException:
         table._masses.clear()
@@ -219,7 +219,7 @@ def moved_keys(table: DistributedTable, idx: dict, errors: list, attempt: int = 
     """
     addrs = Moved.among(errors)
     if addrs and attempt >= _MOVES:
-        raise ShardMovedError(table._version, f"table {table.name!r}: shards kept moving under an edit")
+        raise ShardMovedError(table._view.version, f"table {table.name!r}: shards kept moving under an edit")
     got = [m for a in sorted(addrs) for m in idx.get(a, {}).values()]
     return np.sort(np.concatenate(got)) if got else np.zeros(0, dtype=np.int64)
 
@@ -309,7 +309,7 @@ async def checked(table: DistributedTable, by: dict) -> tuple[dict, int]:
         ``by`` less the workers lost meanwhile (a degraded table), and the
         number of keys they held (stale, as those of shards already lost).
     """
-    res, errors = await table._on_workers(
+    res, errors = await table._link.on_workers(
         {a: ("check_keys", dict(name=table.name, seqs_by_shard=s)) for a, s in by.items()}, partial=True
     )
     lost = lost_keys(by, res, errors)

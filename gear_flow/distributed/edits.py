@@ -211,13 +211,13 @@ async def _delete_grouped(
     if len(by) > 1:
         by, lost = await checked(table, by)
         on_lost += lost
-    res, errors = await table._on_workers(
+    res, errors = await table._link.on_workers(
         {a: ("delete", dict(name=table.name, seqs_by_shard=s)) for a, s in by.items()}, partial=True
     )
     per = {s: k for r in res.values() for s, k in r[0].items() if k}
     d = sum(per.values())
     if d:  # what the workers that answered removed, even when another was lost: the sizes stay agreed
-        await table._coord("removed", k=d, per_shard=per)
+        await table._link.coord("removed", k=d, per_shard=per)
     st = sum(r[1] for r in res.values()) + on_lost + lost_keys(by, res, errors)
     again = moved_keys(table, idx, errors, attempt)
     if not len(again):
@@ -247,7 +247,7 @@ async def evict_excess(table: DistributedTable, size: int) -> None:
     """
     # not the table's timeout (the rate limiter's wait): the insert is committed, and an eviction or
     # exclusive sample in progress ends soon (or with its owner); failing here would report it lost
-    hold = await table._coord("admit_hold", owner=table._ctx.owner)
+    hold = await table._link.coord("admit_hold", owner=table._ctx.owner)
     try:
         excess = hold["size"] - table.spec.max_size
         for _ in range(_LOSSES):
@@ -258,7 +258,7 @@ async def evict_excess(table: DistributedTable, size: int) -> None:
                 return
             except Retry:  # degraded: a worker was lost meanwhile (its shards are marked lost, their items
                 # out of the size): what is still over max_size is evicted from the shards left
-                excess = (await table._coord("lookup"))["size"] - table.spec.max_size
+                excess = (await table._link.coord("lookup"))["size"] - table.spec.max_size
         logger.warning("table %r: eviction to max_size given up after %d lost workers", table.name, _LOSSES)
     except ShardLostError as e:  # the insert is stored: a caller must not take it as lost and send it again
         raise ShardLostError(
@@ -275,7 +275,7 @@ async def evict_excess(table: DistributedTable, size: int) -> None:
             e,
         )
     finally:
-        await table._coord("sample_finished", txn=hold["txn"])
+        await table._link.coord("sample_finished", txn=hold["txn"])
 
 
 async def _evict(table: DistributedTable, excess: int) -> int:
@@ -310,12 +310,12 @@ async def answer_evict(
         What the plan asked for: the summaries, the candidates, or the
         number of items removed.
     """
-    workers = table._workers()
+    workers = table._view.workers()
     if isinstance(req, planner.Summaries):
-        res = await table._on_workers({a: ("summaries", dict(name=table.name, kinds=req.kinds)) for a in workers})
+        res = await table._link.on_workers({a: ("summaries", dict(name=table.name, kinds=req.kinds)) for a in workers})
         return {k: {s: v for r in res.values() for s, v in r[k].items()} for k in req.kinds}
     if isinstance(req, planner.Candidates):
-        res = await table._on_workers(
+        res = await table._link.on_workers(
             {a: ("candidates", dict(name=table.name, n=req.n, role=req.role)) for a in workers}
         )
         cands = {s: c for r in res.values() for s, c in r.items()}
@@ -340,13 +340,13 @@ async def answer_evict(
         for s, k in req.counts.items():
             by[table.placement[s]][s] = k
         msgs = {a: {"counts": v} for a, v in by.items()}
-    res, errors = await table._on_workers(
+    res, errors = await table._link.on_workers(
         {a: ("remove", {"name": table.name, **m, "seed": int(table.rng.integers(2**63))}) for a, m in msgs.items()},
         partial=True,
     )
     per = {s: k for r in res.values() for s, k in r.items() if k}
     if per:  # what the workers that answered removed, even when another was lost: the sizes stay agreed
-        await table._coord("removed", k=sum(per.values()), per_shard=per)
+        await table._link.coord("removed", k=sum(per.values()), per_shard=per)
     if errors:
         raise errors[0]
     return sum(per.values())

@@ -38,7 +38,7 @@ def size(table: DistributedTable) -> int:
     int
         The coordinator's count of committed items.
     """
-    return int(table._ctx.sync(table._coord, "lookup")["size"])
+    return int(table._ctx.sync(table._link.coord, "lookup")["size"])
 
 
 def info(table: DistributedTable) -> dict:
@@ -90,16 +90,16 @@ async def info_async(table: DistributedTable) -> dict:
         As :meth:`info`.
     """
     for attempt in range(_MOVES + 1):
-        state = await table._coord("lookup")
-        await table._refresh(state["version"])  # the shards as placed now (moved, restored or lost since)
-        calls = {a: ("info", dict(name=table.name)) for a in table._workers()}
+        state = await table._link.coord("lookup")
+        await table._link.refresh(state["version"])  # the shards as placed now (moved, restored or lost since)
+        calls = {a: ("info", dict(name=table.name)) for a in table._view.workers()}
         res = await asyncio.gather(
             *(call(table._ctx, a, "info", table=table.name, **calls[a][1]) for a in calls), return_exceptions=True
         )
         moved = [r.epoch for r in res if isinstance(r, ShardMovedError)]
         if not moved or attempt == _MOVES:
             break
-        await table._moved(max(moved))  # shards moved while they were asked: asked again, as placed now
+        await table._link.moved(max(moved))  # shards moved while they were asked: asked again, as placed now
     shards, unreachable = [], []
     for a, r in zip(calls, res):
         if isinstance(r, BaseException):
@@ -171,8 +171,8 @@ async def nbytes_async(table: DistributedTable) -> dict:
         As :meth:`nbytes`: ``{"data": int, "overhead": int}``, bytes.
     """
     for _ in range(_ATTEMPTS):
-        res, errors = await table._on_workers(
-            {a: ("nbytes", dict(name=table.name)) for a in table._workers()}, partial=True
+        res, errors = await table._link.on_workers(
+            {a: ("nbytes", dict(name=table.name)) for a in table._view.workers()}, partial=True
         )
         if not any(isinstance(e, Retry) for e in errors):
             break

@@ -477,7 +477,7 @@ async def send_pending(table: DistributedTable, exclude: set | frozenset = froze
     if not calls:
         return
     try:
-        res, errors = await table._on_workers(calls, partial=True)
+        res, errors = await table._link.on_workers(calls, partial=True)
     except BaseException:
         for _, (_, args) in calls.items():  # nothing is known applied: sent again next time
             settle(table, args, False)

@@ -122,12 +122,12 @@ class RemoteSample(SharedReads):
 
     async def __call__(self, req):
         t = self.t
-        workers = t._workers()
+        workers = t._view.workers()
         if isinstance(req, planner.Summaries):
-            cached, self.stale = t._masses.fresh(req.kinds, self.L, self.boundary, t._live_shards())
+            cached, self.stale = t._masses.fresh(req.kinds, self.L, self.boundary, t._view.live_shards())
             if cached is not None:
                 return cached
-            res = await t._on_workers(
+            res = await t._link.on_workers(
                 {
                     a: ("summaries", dict(name=t.name, kinds=req.kinds, length=self.L, boundary=self.boundary))
                     for a in workers
@@ -140,10 +140,10 @@ class RemoteSample(SharedReads):
             args = dict(
                 name=t.name, n=req.n, role=req.role, length=self.L, boundary=self.boundary, horizon=self.horizon
             )
-            res = await t._on_workers({a: ("candidates", args) for a in workers})
+            res = await t._link.on_workers({a: ("candidates", args) for a in workers})
             return {s: c for r in res.values() for s, c in r.items()}
         if isinstance(req, planner.NewEpoch):
-            await t._on_workers({a: ("new_epoch", dict(name=t.name)) for a in workers})
+            await t._link.on_workers({a: ("new_epoch", dict(name=t.name)) for a in workers})
             return None
         if isinstance(req, planner.Draw):
             return await self._parts(
@@ -152,7 +152,7 @@ class RemoteSample(SharedReads):
             )  # fmt: skip
         if isinstance(req, planner.Sequences):
             args = dict(name=t.name, n=req.n, length=self.L, boundary=self.boundary, by_count=req.by_count)
-            res = await t._on_workers(
+            res = await t._link.on_workers(
                 {a: ("sequences", {**args, "seed": int(self.rng.integers(2**63))}) for a in workers}
             )
             return {s: tuple(r) for got in res.values() for s, r in got.items()}
@@ -168,7 +168,7 @@ class RemoteSample(SharedReads):
         t = self.t
         mapped = {}
         for a in {t.placement[s] for s in offs}:
-            sh = await t._shared_for(a)
+            sh = await t._link.route(a)
             if sh is not None:
                 mapped[a] = sh
         calls = self.part_calls(offs, mapped, counts, scale, slots, by_count, seqs)
@@ -182,14 +182,14 @@ class RemoteSample(SharedReads):
         pending = t._pending_calls(exclude=set(calls))  # stored updates of workers not drawn from: same round trip
         if refresh or pending:  # in the same round trip as the draw: the next plan has current masses again
             (res, errors), (fresh, _), (upd, upd_errors) = await asyncio.gather(
-                t._on_workers(calls, partial=True, arrived=arrived),
-                t._on_workers(refresh, partial=True),
-                t._on_workers(pending, partial=True),
+                t._link.on_workers(calls, partial=True, arrived=arrived),
+                t._link.on_workers(refresh, partial=True),
+                t._link.on_workers(pending, partial=True),
             )
             self.book_extras(fresh, pending, upd)
             errors += upd_errors
         else:
-            res, errors = await t._on_workers(calls, partial=True, arrived=arrived)
+            res, errors = await t._link.on_workers(calls, partial=True, arrived=arrived)
         repairs = self.book(calls, res, copied, offs, counts, errors)
         for a, s, o, torn, args in repairs:
             if not errors:
@@ -451,7 +451,7 @@ class RemoteSample(SharedReads):
         else:
             calls = {a: ("finish_sample", dict(name=t.name, txn=self.txn, commit=False)) for a in self.sent}
         if calls:
-            _, errors = await t._on_workers(calls, partial=True)
+            _, errors = await t._link.on_workers(calls, partial=True)
             moved = Moved.among(errors)
             if self.record and moved:  # the counted shards moved with their counts: given back where they are now
                 again = defaultdict(dict)
@@ -459,7 +459,7 @@ class RemoteSample(SharedReads):
                     for sh, c in self.counted.get(a, {}).items():
                         if sh in t.placement and sh not in t.lost:
                             again[t.placement[sh]][sh] = c
-                await t._on_workers(
+                await t._link.on_workers(
                     {a: ("uncount", dict(name=t.name, counts=c)) for a, c in again.items()}, partial=True
                 )
         self.counted.clear()

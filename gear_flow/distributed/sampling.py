@@ -24,6 +24,7 @@ from ..errors import EmptyTableError, GearFlowError, RateLimitTimeout, ShardMove
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
 from ..table.validate import check_sample_args, sample_columns
+from .coordinator import admission_wait
 from .host_sampling import ShortBatchError, StaleSelectionError
 from .pending import book_reply, ride_along, send_pending, settle
 from .remote_sample import _SAMPLING, RemoteSample
@@ -169,7 +170,7 @@ class SamplingMixin:
                 f"from a {backend.tier_name(self._cfg.tier)!r} table"
             )
         self._cfg.rate_limiter.check_sample_size(batch_size)
-        self._check_not_lost()
+        self._view.check_not_lost()
         rng = self.rng if rng is None else rng
         # samples that change the table run one at a time (also on one worker: the next sample may only
         # be admitted once this one's expiries are counted); they never take leases
@@ -191,18 +192,18 @@ class SamplingMixin:
                     # admitted counting items of a shard lost since (each item goes out once): given back and
                     # waited for again, or the shards left would make up the batch with an item twice
                     txn, adm = adm["txn"], None  # (None: given back, not admitted again)
-                    await self._coord("sample_finished", txn=txn, rollback=batch_size)
+                    await self._link.coord("sample_finished", txn=txn, rollback=batch_size)
                     adm = await self._admit(batch_size, self._time_left(timeout, start))
                     lost_at = self._lost_at_grant(adm)
                     if set(self.lost) != lost_at:  # the placement moved again meanwhile
                         continue
-                workers = self._workers()
+                workers = self._view.workers()
                 if not workers:
                     raise EmptyTableError(f"table {self.name!r} has no reachable shard")
                 try:
                     one = next(iter(workers)) if len(workers) == 1 else None
                     if (  # one call does it all (with a lane, planned: the next samples go in the caller's thread)
-                        one is not None and await self._shared_for(one) is None and one not in self._ctx.lanes.paths
+                        one is not None and await self._link.route(one) is None and one not in self._ctx.lanes.paths
                     ):
                         out, expired = await self._sample_one_worker(
                             one, out, batch_size, length, boundary, columns, rng, adm["horizon"]
@@ -220,7 +221,7 @@ class SamplingMixin:
                     # batch waits for items to arrive, as Reverb's sample waits for inserts (not an attempt)
                     attempt -= 1
                     txn, after, adm = adm["txn"], adm["arrivals"], None  # (None: given back, not admitted again)
-                    await self._coord("sample_finished", txn=txn, rollback=batch_size)
+                    await self._link.coord("sample_finished", txn=txn, rollback=batch_size)
                     left = self._time_left(timeout, start)
                     if left == 0.0:  # inserts keep coming, never enough: the caller's time is up
                         raise RateLimitTimeout(
@@ -236,19 +237,19 @@ class SamplingMixin:
                         raise
         except BaseException:
             if not leased and adm is not None:  # (None: given back, not admitted again)
-                await self._coord("sample_finished", txn=adm["txn"], rollback=batch_size)
+                await self._link.coord("sample_finished", txn=adm["txn"], rollback=batch_size)
             raise
         if leased:
             self._count_leased(batch_size)
         if exclusive:
-            await self._coord("sample_finished", txn=adm["txn"], expired=expired)
+            await self._link.coord("sample_finished", txn=adm["txn"], expired=expired)
         elif expired:
-            await self._coord("removed", k=sum(expired.values()), per_shard=expired)
+            await self._link.coord("removed", k=sum(expired.values()), per_shard=expired)
         return self._served(out)
 
     def _lost_at_grant(self, adm: dict) -> set | None:
         """The shards lost when ``adm`` was granted (None: unknown, this handle has a later placement)."""
-        return set(self.lost) if adm.get("version", self._version) == self._version else None
+        return set(self.lost) if adm.get("version", self._view.version) == self._view.version else None
 
     def _time_left(self, timeout: float | None, start: float) -> float | None:
         """What is left at ``start + timeout`` (the handle's timeout when None; None: the coordinator's)."""
@@ -269,15 +270,15 @@ class SamplingMixin:
         if after is not None:
             args["after"] = after
         try:
-            adm = await self._coord("admit_sample", **args)
+            adm = await self._link.coord("admit_sample", **args)
         except REFUSED:  # never granted, so the leased samples it reported were not counted: kept for the next
             self._leased.add(args["done"])
             raise
         try:
-            await self._refresh(adm["version"])
+            await self._link.refresh(adm["version"])
         except BaseException:  # granted, and never served: given back (an exclusive hold would block the table)
             try:
-                await self._coord("sample_finished", txn=adm["txn"], rollback=n)
+                await self._link.coord("sample_finished", txn=adm["txn"], rollback=n)
             except Exception as e:  # noqa: BLE001 - the refresh's error is the caller's
                 logger.info("table %r: an admission not given back (%s)", self.name, e)
             raise
@@ -286,15 +287,15 @@ class SamplingMixin:
     def _admit_here(self, n: int, timeout: float | None) -> dict:
         """:meth:`_admit` from the caller's thread (over the coordinator's lane when found)."""
         args = self._admission_args(n, timeout)
-        args["timeout"] = self._admission_wait(args["timeout"])  # the request's own: both ends give up together
+        args["timeout"] = admission_wait(args["timeout"])  # the request's own: both ends give up together
         try:
-            adm = self._coord_here("admit_sample", wait=args["timeout"], **args)
+            adm = self._link.coord_here("admit_sample", wait=args["timeout"], **args)
         except REFUSED:  # as in _admit
             self._leased.add(args["done"])
             raise
-        if adm["version"] != self._version:
+        if adm["version"] != self._view.version:
             try:
-                self._ctx.sync(self._refresh, adm["version"])
+                self._ctx.sync(self._link.refresh, adm["version"])
             except BaseException:  # granted, and never served: given back, as in _admit
                 try:
                     self._give_back(n, adm)
@@ -332,7 +333,7 @@ class SamplingMixin:
         finally:
             _SAMPLING.n -= 1
         if exclusive:  # every part arrived: commit the sample on the workers (count, expire)
-            res, errors = await self._on_workers(
+            res, errors = await self._link.on_workers(
                 {a: ("finish_sample", dict(name=self.name, txn=adm["txn"], commit=True)) for a in ex.sent},
                 partial=True,
             )
@@ -342,7 +343,7 @@ class SamplingMixin:
             errors = [e for e in errors if not isinstance(e, Retry)]
             if errors:
                 if ex.expired:  # committed there: the coordinator's size follows before the error goes up
-                    await self._coord("removed", k=sum(ex.expired.values()), per_shard=ex.expired)
+                    await self._link.coord("removed", k=sum(ex.expired.values()), per_shard=ex.expired)
                 raise errors[0]
             # a worker lost while finishing (degraded: a Retry; its shards are marked lost) does not undo the
             # batch: every part is in it, and the other workers have expired what they handed out; its own
@@ -379,14 +380,14 @@ class SamplingMixin:
         ctx = self._ctx
         if (self.lost and not self.degraded) or not self._leases_ok() or not routes(self):
             return None
-        workers = list(self._workers())
+        workers = list(self._view.workers())
         if not workers:
             return None
         boundary = self.boundary if boundary is None else boundary
         check_sample_args(B, L, boundary)
         if workers != [ctx.local_addr] and (
             self._cfg.plan != "weighted"
-            or self._masses.fresh(("sampler",), L, boundary, self._live_shards())[0] is None
+            or self._masses.fresh(("sampler",), L, boundary, self._view.live_shards())[0] is None
         ):
             return None  # its plan needs the workers first: the event loop's path asks them
         columns = sample_columns(self.spec, columns)
@@ -398,7 +399,7 @@ class SamplingMixin:
         adm = None
         if not self._take_lease(B):
             adm = self._admit_here(B, timeout)
-            workers = list(self._workers())
+            workers = list(self._view.workers())
             if not routes(self) or not workers:  # the placement changed meanwhile
                 self._give_back(B, adm)
                 return None
@@ -423,7 +424,7 @@ class SamplingMixin:
                     logger.info("table %r: a sample's draws not given back (%s)", self.name, u)
             self._give_back(B, adm)
             if isinstance(e, ShardMovedError):  # planned before shards moved: the event loop's path, as placed now
-                ctx.sync(self._moved, e.epoch)
+                ctx.sync(self._link.moved, e.epoch)
                 return None
             if not isinstance(e, Exception) or ex is None:
                 raise
@@ -434,7 +435,7 @@ class SamplingMixin:
         if adm is None:
             self._count_leased(B)
         if expired:
-            self._coord_here("removed", k=sum(expired.values()), per_shard=expired)
+            self._link.coord_here("removed", k=sum(expired.values()), per_shard=expired)
         return self._served(out)
 
     def _raise_lost_reply(self, addr: str, op: str, err: BaseException) -> None:
@@ -447,7 +448,7 @@ class SamplingMixin:
             alive = ctx.sync(worker_alive, ctx, self.name, addr, float(config.get("distributed.rpc-timeout")))
             if alive is False:
                 try:
-                    ctx.sync(self._handle_lost, [addr])  # raises ShardLostError ...
+                    ctx.sync(self._link.handle_lost, [addr])  # raises ShardLostError ...
                 except Retry:  # ... or, in a degraded table, the rest serve it (the event loop's path)
                     return
             raise not_answered(addr, op, limit, known=alive is not None) from None
@@ -457,7 +458,7 @@ class SamplingMixin:
         """A batch of ``n`` admitted under the lease (``adm`` None: nothing counted yet) or by the
         coordinator was not served."""
         if adm is not None:
-            self._coord_here("sample_finished", txn=adm["txn"], rollback=n)
+            self._link.coord_here("sample_finished", txn=adm["txn"], rollback=n)
 
     def _sample_all_here(self, B, L, boundary, columns, out, rng) -> dict:
         ctx = self._ctx
@@ -488,7 +489,7 @@ class SamplingMixin:
         self._ctx.sync(send_pending, self)
         done = self._leased.take()
         if done:
-            self._coord_here("count_samples", n=done)
+            self._link.coord_here("count_samples", n=done)
 
     async def _sample_one_worker(self, addr, out, B, L, boundary, columns, rng, horizon):
         args = dict(
@@ -509,7 +510,7 @@ class SamplingMixin:
                 out = SampleBuffers(self.spec, columns, B, L, tier=self._cfg.tier)
             args["out"] = out  # co-located: gathered straight into the learner's buffers
         try:
-            res = (await self._on_workers({addr: ("sample_all", args)}))[addr]
+            res = (await self._link.on_workers({addr: ("sample_all", args)}))[addr]
         except BaseException:
             settle(self, upd, False)
             raise
@@ -541,7 +542,7 @@ class SamplingMixin:
         return out, res["expired"]
 
     async def _raise_empty(self, L, boundary):
-        res = await self._on_workers({a: ("info", dict(name=self.name)) for a in self._workers()})
+        res = await self._link.on_workers({a: ("info", dict(name=self.name)) for a in self._view.workers()})
         infos = [i for r in res.values() for i in r]
         longest = max((i["longest_episode"] for i in infos), default=0)
         raise nothing_to_sample(f"table {self.name!r}", sum(i["size"] for i in infos), longest, L, boundary)

@@ -45,7 +45,7 @@ class SharedReads:
             k = len(torn)
             args = {**args, "counts": {s: k}, "scale": {s: args["scale"][s]}, "seed": int(self.rng.integers(2**63)),
                     "updates": None}  # fmt: skip
-            r = (await t._on_workers({a: ("sample_part", args)}))[a][s]
+            r = (await t._link.on_workers({a: ("sample_part", args)}))[a][s]
             self.counted[a][s] = self.counted[a].get(s, 0) + k
             given += k
             tmp = SampleBuffers(t.spec, self.columns, k, self.L, tier=out.tier)
@@ -65,7 +65,7 @@ class SharedReads:
             torn = torn[again]
             if not len(torn):
                 self.counted[a][s] -= given  # before: a failed uncount must not be undone again
-                await t._on_workers({a: ("uncount", dict(name=t.name, counts={s: given}))})  # the torn draws
+                await t._link.on_workers({a: ("uncount", dict(name=t.name, counts={s: given}))})  # the torn draws
                 return
             t.stats["shared_conflicts"] += len(torn)
         raise Retry()

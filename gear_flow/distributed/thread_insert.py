@@ -34,6 +34,7 @@ import logging
 from collections import defaultdict
 
 from ..table.results import InsertResult
+from .coordinator import admission_wait
 from .protocol import VERSION
 from .transactions import abort_insert, admission_args, apply_staged, commit_counts, insert_error, run_insert
 from .transport import reply_timeout
@@ -83,17 +84,18 @@ class ThreadInsertsMixin:
         if ctx.in_loop() or ctx.found_coord_lane() is None:
             return None
         nbytes: dict[str, int] = defaultdict(int)
+        placement = self.placement  # one reading: the event loop replaces it whole, never edits it
         try:
             for i, s in enumerate(ins.dest):
-                nbytes[self.placement[int(s)]] += array_bytes(ins.chunks[i])
-        except (KeyError, RuntimeError):  # a shard placed nowhere, or the event loop changing the placement now
+                nbytes[placement[int(s)]] += array_bytes(ins.chunks[i])
+        except KeyError:  # a shard placed nowhere
             return None
         op = "write" if len(nbytes) == 1 else "stage"
         paths = {}
         for a, n in nbytes.items():
             local = a == ctx.local_addr and ctx.local_plugin is not None
             path = ctx.lanes.route(a, op, n)
-            if local or path is None or a not in self._shared or self._shared.get(a) is not None:
+            if local or path is None or not self._routes.probed(a) or self._routes.mapped(a) is not None:
                 return None
             paths[a] = (path, n)
         return paths
@@ -153,17 +155,17 @@ class ThreadInsertsMixin:
         """The coordinator's admission of ``ins`` from the caller's thread (over its lane when found):
         ``(admission, parts, sel_of, ids)`` as :meth:`_parts` gives them, the last three None when the
         placement changed since this handle learnt it."""
-        wait = self._admission_wait(timeout)  # sent as the request's own: both ends give up at the same time
-        adm = self._coord_here(
+        wait = admission_wait(timeout)  # sent as the request's own: both ends give up at the same time
+        adm = self._link.coord_here(
             "admit_insert", wait=wait, **admission_args(self, ins.n_items, len(ins.lengths), ins.per_shard, wait)
         )
-        if adm["version"] != self._version:
+        if adm["version"] != self._view.version:
             return adm, None, None, None
         return (adm, *self._parts(ins, adm))
 
     def _committed_here(self, ins: _Insert, adm: dict, sel_of: dict, ids, applied: dict) -> InsertResult:
         """Commit an insert applied on every worker from the caller's thread, then what follows it."""
-        size = self._coord_here("commit_insert", txn=adm["txn"], **commit_counts(applied))
+        size = self._link.coord_here("commit_insert", txn=adm["txn"], **commit_counts(applied))
         self.stats["insert_in_thread"] += 1
         return self._finished_here(ins, sel_of, ids, applied, size)
 

@@ -56,7 +56,7 @@ class ThreadSample(RemoteSample):
     def __call__(self, req):
         t = self.t
         if isinstance(req, planner.Summaries):
-            cached, self.stale = t._masses.fresh(req.kinds, self.L, self.boundary, t._live_shards())
+            cached, self.stale = t._masses.fresh(req.kinds, self.L, self.boundary, t._view.live_shards())
             if cached is None:
                 raise NotHere
             return cached
@@ -83,7 +83,7 @@ class ThreadSample(RemoteSample):
     def _parts_here(self, offs, counts, scale, by_count):
         t = self.t
         ctx = t._ctx
-        mapped = {a: sh for a, sh in list(t._shared.items()) if sh is not None}
+        mapped = t._routes.every_mapped()
         calls, pending = {}, {}
         results = {"draw": {}, "fresh": {}, "upd": {}}
         errors, copied = [], {}
@@ -195,12 +195,9 @@ def routes(table: DistributedTable) -> bool:
         TCP lane (its windows come with the replies).
     """
     ctx = table._ctx
-    try:
-        for a in table._workers():
-            if a == ctx.local_addr and ctx.local_plugin is not None:
-                continue
-            if a not in table._shared or a not in ctx.lanes.paths:
-                return False
-    except RuntimeError:  # the event loop is changing the placement right now (a restore, a loss)
-        return False
+    for a in table._view.workers():  # a consistent reading, however the event loop changes the view
+        if a == ctx.local_addr and ctx.local_plugin is not None:
+            continue
+        if not table._routes.probed(a) or a not in ctx.lanes.paths:
+            return False
     return True

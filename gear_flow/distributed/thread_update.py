@@ -115,7 +115,7 @@ def update_here(t: DistributedTable, keys: ArrayLike, priorities: ArrayLike | fl
                 res.update(more)
                 errors += errs
             if moved:
-                ctx.sync(t._moved, max(moved.values()))
+                ctx.sync(t._link.moved, max(moved.values()))
                 errors.append(Moved(moved))
             on_lost += lost_keys(by, res, errors + list(hung.values()))
             again = moved_keys(t, idx, errors)
@@ -136,6 +136,6 @@ async def _resend(t: DistributedTable, held: set[int], calls: dict) -> tuple[dic
     """The ``update`` requests ``calls`` whose lanes failed, sent again over the comm once those lanes are
     dropped; then the hold of ``held`` ends, here on the event loop, however the caller's wait ends."""
     try:
-        return await t._again(sorted(calls), t._on_workers, calls, True)
+        return await t._again(sorted(calls), t._link.on_workers, calls, True)
     finally:
         t._pending.release(held)

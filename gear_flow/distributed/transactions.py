@@ -116,7 +116,7 @@ async def admit_insert(
     RateLimitTimeout
         Not admitted in time.
     """
-    return await table._coord("admit_insert", **admission_args(table, n, episodes, per_shard, timeout))
+    return await table._link.coord("admit_insert", **admission_args(table, n, episodes, per_shard, timeout))
 
 
 async def run_insert(
@@ -251,7 +251,7 @@ async def apply_staged(table: DistributedTable, txn: str, addrs: Iterable[str]) 
         ) from e
     if lost:
         try:
-            await table._handle_lost(lost)
+            await table._link.handle_lost(lost)
         except (Retry, ShardLostError):  # marked lost; the error says what was stored
             pass
         if table._cfg.evicts_to_max_size(size):  # stored: evicted to max_size as a returning insert is
@@ -313,7 +313,7 @@ async def commit(
     int
         The table's size, in items, after the commit.
     """
-    return await table._coord("commit_insert", txn=txn, unsettled=sorted(unsettled) or None,
+    return await table._link.coord("commit_insert", txn=txn, unsettled=sorted(unsettled) or None,
                              unreached=sorted(unreached) or None, **commit_counts(res))  # fmt: skip
 
 
@@ -340,11 +340,11 @@ async def abort_insert(table: DistributedTable, txn: str, addrs: Iterable[str], 
         return_exceptions=True,
     )
     unreached = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
-    await table._coord("abort_insert", txn=txn, unreached=unreached or None)
+    await table._link.coord("abort_insert", txn=txn, unreached=unreached or None)
     lost = [a for a in addrs if isinstance(cause, WorkerLost) and cause.addr == a]
     if lost:
         try:
-            await table._handle_lost(lost)
+            await table._link.handle_lost(lost)
         except (Retry, ShardLostError):
             pass
 

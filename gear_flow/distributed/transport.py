@@ -1,5 +1,10 @@
 """How a table handle reaches the cluster: the scheduler's coordinator and the shard workers.
 
+A handle's :class:`TableLink` makes every request of the handle and is the
+one place that says what a failure means (a lost worker, a moved shard, a
+live worker that does not answer); its :class:`WorkerRoutes` say how each
+worker is reached beside the comm (rings mapped here, a lane).
+
 Requests to a shard worker go to its ``gear_flow`` comm handler (in-process
 when the handle runs on that worker) with NumPy arrays as serialized frames.
 A worker counts as lost when the connection fails or the scheduler no longer
@@ -12,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from distributed.core import Status
 
 from .. import config
-from ..errors import CoordinatorLostError, GearFlowError
+from ..errors import CoordinatorLostError, GearFlowError, ShardLostError, ShardMovedError
 from . import protocol, wire
 from .coordinator import COORD_LANE_OPS
 from .lane import LANE_ERRORS, RESENDABLE_OPS, Lanes, NotSent
@@ -27,6 +33,8 @@ from .wire import unwrap
 
 if TYPE_CHECKING:
     from distributed import Client, Worker
+
+    from .view import TableView
 
 logger = logging.getLogger(__name__)
 COMM_ERRORS = (OSError, asyncio.TimeoutError)
@@ -622,3 +630,357 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
     if not isinstance(resp, dict):  # no reply: the handler was removed (the worker is closing)
         raise WorkerLost(addr, _CLOSING)
     return unwrap(resp)
+
+
+class WorkerRoutes:
+    """How this handle reaches each of its table's workers beside the comm, learnt on first use.
+
+    Per worker, one of: not probed yet; its rings mapped here from shared
+    memory (``{shard: Attached}``, with its fast lane when it has one); or
+    not mapped (the comm, or its TCP lane when it has one; the lane itself
+    is in the context's :class:`~gear_flow.distributed.lane.Lanes`).  A
+    change of placement forgets them all (:meth:`clear`): shards may have
+    moved.
+    """
+
+    def __init__(self) -> None:
+        # replaced whole, never edited in place: callers' threads read it while the event loop learns
+        self._mapped: dict[str, dict | None] = {}
+
+    def probed(self, addr: str) -> bool:
+        """Whether ``addr`` was probed since the last placement change.
+
+        Parameters
+        ----------
+        addr : str
+            The worker.
+
+        Returns
+        -------
+        bool
+            True once :meth:`TableLink.route` learnt its route.
+        """
+        return addr in self._mapped
+
+    def mapped(self, addr: str) -> dict | None:
+        """``{shard: Attached}`` of ``addr``'s rings mapped here; None when not mapped (or not probed).
+
+        Parameters
+        ----------
+        addr : str
+            The worker.
+
+        Returns
+        -------
+        dict of int to Attached or None
+            Its mapped shards.
+        """
+        return self._mapped.get(addr)
+
+    def every_mapped(self) -> dict[str, dict]:
+        """Every worker whose rings are mapped here, with its mapped shards.
+
+        Returns
+        -------
+        dict of str to dict
+            ``{worker: {shard: Attached}}``.
+        """
+        return {a: sh for a, sh in self._mapped.items() if sh is not None}
+
+    def learnt(self, addr: str, mapped: dict | None) -> None:
+        """Record ``addr``'s route (``mapped``: its rings, or None: not mapped).
+
+        Parameters
+        ----------
+        addr : str
+            The worker.
+        mapped : dict or None
+            ``{shard: Attached}``, or None.
+        """
+        self._mapped = {**self._mapped, addr: mapped}
+
+    def clear(self) -> None:
+        """Forget every route (the placement changed)."""
+        self._mapped = {}
+
+
+class TableLink:
+    """A table handle's requests to its workers and coordinator, and what a lost or moved worker means.
+
+    Every request a handle makes goes through it: :meth:`coord` (and
+    :meth:`coord_here` from a caller's thread), :meth:`on_workers` (several
+    workers at once).  It is the one place that classifies their failures:
+    a worker that cannot be reached, or that the scheduler removed, makes its
+    shards lost (:class:`~gear_flow.errors.ShardLostError`, or in a degraded
+    table a :class:`Retry` without them); one that refused a request planned
+    before shards moved a :class:`Moved` once the new placement is learnt;
+    a live worker that does not answer in time fails the call (``call``
+    raises :func:`not_answered`).
+
+    Parameters
+    ----------
+    ctx : Context
+        How the handle reaches the cluster.
+    name : str
+        The table's name.
+    view : TableView
+        The handle's placement; :meth:`refresh` and loss handling change it.
+    routes : WorkerRoutes
+        The handle's routes to its workers; :meth:`route` learns them.
+    config : dict
+        The table's configuration (``shared_memory``, ``tcp_lane``).
+    requests : dict of str to int
+        Requests sent to shard workers, by operation (counted here).
+    """
+
+    def __init__(
+        self, ctx: Context, name: str, view: TableView, routes: WorkerRoutes, config: dict, requests: dict[str, int]
+    ) -> None:
+        self.ctx = ctx
+        self.name = name
+        self.view = view
+        self.routes = routes
+        self._config = config
+        self.requests = requests
+
+    # -- the coordinator -----------------------------------------------------------------------------------------
+    async def coord(self, op: str, **kw: Any) -> Any:
+        """One request about this table to the coordinator (:func:`coord`).
+
+        Parameters
+        ----------
+        op : str
+            The coordinator operation.
+        **kw
+            Its arguments.
+
+        Returns
+        -------
+        object
+            Its answer.
+        """
+        return await coord(self.ctx, op, self.name, **kw)
+
+    def coord_here(self, op: str, wait: float | None = 0.0, **kw: Any) -> Any:
+        """:meth:`coord` from the caller's thread (:func:`coord_here`).
+
+        Parameters
+        ----------
+        op : str
+            The coordinator operation.
+        wait : float or None, default 0
+            Seconds the coordinator may hold the request (None: for ever).
+        **kw
+            Its arguments.
+
+        Returns
+        -------
+        object
+            Its answer.
+        """
+        return coord_here(self.ctx, op, self.name, wait, **kw)
+
+    async def refresh(self, version: int | None = None) -> None:
+        """Learn the placement and lost shards from the coordinator (changes other handles made: restores,
+        losses, moves), unless the view is at ``version`` already.
+
+        Parameters
+        ----------
+        version : int, optional
+            The version an answer said the placement is at.
+        """
+        if version is not None and version == self.view.version:
+            return
+        st = await self.coord("lookup")
+        self.view.learn(st)
+        self.ctx.epoch = self.view.version  # every request to a worker says which placement it was planned at
+
+    async def moved(self, epoch: int) -> None:
+        """Learn the placement at version ``epoch`` or later: a worker refused a request planned before shards
+        moved there or away (:class:`~gear_flow.errors.ShardMovedError`).
+
+        The coordinator moves its placement just after the destination
+        takes the shards, so the lookup may trail for a moment: asked again
+        until it has caught up (bounded: a worker's epoch never runs ahead
+        of the coordinator's for long).
+
+        Parameters
+        ----------
+        epoch : int
+            The version the refusing worker is at.
+
+        Raises
+        ------
+        ShardMovedError
+            The coordinator's placement stayed older for ``distributed.rpc-timeout``.
+        """
+        deadline = time.monotonic() + float(config.get("distributed.rpc-timeout"))
+        await self.refresh()
+        while self.view.version < epoch:
+            if time.monotonic() > deadline:
+                raise ShardMovedError(epoch, f"table {self.name!r}: the coordinator's placement stayed at "
+                                      f"version {self.view.version}")  # fmt: skip
+            await asyncio.sleep(0.005)
+            await self.refresh()
+
+    # -- the workers ---------------------------------------------------------------------------------------------
+    async def route(self, addr: str) -> dict | None:
+        """``{shard: Attached}`` when ``addr``'s shards can be read from shared memory here, else None;
+        probed on first use (its fast lane, or its TCP lane, found then).
+
+        Parameters
+        ----------
+        addr : str
+            The worker.
+
+        Returns
+        -------
+        dict of int to Attached or None
+            Its rings mapped here.
+        """
+        routes, ctx = self.routes, self.ctx
+        if routes.probed(addr):
+            return routes.mapped(addr)
+        got = None
+        local = addr == ctx.local_addr and ctx.local_plugin is not None
+        if self._config.get("shared_memory") and config.get("distributed.shared-memory") and not local:
+            from ..storage.shared import Attached, machine_id
+
+            try:
+                lay = await call(ctx, addr, "shared_layout", table=self.name, name=self.name)
+            except WorkerLost:  # only a probe: the request that follows finds (and reports) the loss
+                return None
+            if lay["machine"] == machine_id() and all(v is not None for v in lay["shards"].values()):
+                try:
+                    got = {int(i): Attached(v, int(i)) for i, v in lay["shards"].items()}
+                except (ShardLostError, OSError, ValueError) as e:  # not this machine's /dev/shm after all
+                    logger.info("table %r: shards of %s not mapped (%s); using the comm", self.name, addr, e)
+                if got is not None and isinstance(lay.get("lane"), str) and config.get("distributed.fast-lane"):
+                    ctx.lanes.paths[addr] = lay["lane"]  # its control requests: over a Unix socket
+        tcp = (
+            self._config.get("tcp_lane") and config.get("distributed.tcp-lane") and config.get("distributed.fast-lane")
+        )
+        if got is None and not local and tcp:
+            try:  # not mapped here: its draws (windows included) and control requests over its TCP lane
+                lane = await call(ctx, addr, "lane", table=self.name, name=self.name)
+            except WorkerLost:
+                return None
+            except GearFlowError as e:  # e.g. a worker of an older gear_flow: the comm
+                logger.info("table %r: no TCP lane to %s (%s); using the comm", self.name, addr, e)
+                lane = {}
+            tcp_lane = lane.get("tcp")
+            if isinstance(tcp_lane, str) and await ctx.lanes.probe(tcp_lane):
+                ctx.lanes.paths[addr] = tcp_lane
+            elif isinstance(tcp_lane, str):
+                logger.info("table %r: TCP lane %s of %s not reachable; using the comm", self.name, tcp_lane, addr)
+        routes.learnt(addr, got)
+        return got
+
+    async def on_workers(
+        self,
+        calls: dict[str, tuple[str, dict]],
+        partial: bool = False,
+        arrived: Callable[[str, Any], Awaitable[None]] | None = None,
+    ) -> Any:
+        """Run ``{addr: (op, kwargs)}`` in parallel.
+
+        Parameters
+        ----------
+        calls : dict of str to (str, dict)
+            Per worker, the operation and its arguments.
+        partial : bool, default False
+            Return ``(results, errors)`` instead of raising, so that a
+            caller can undo what succeeded.
+        arrived : coroutine function, optional
+            Awaited with ``(addr, result)`` as each reply arrives (a batch's
+            parts are copied while others are still on their way).
+
+        Returns
+        -------
+        dict of str to object, or (dict, list of BaseException)
+            Each worker's answer (with ``partial``, and the errors).
+
+        Raises
+        ------
+        ShardLostError
+            A worker is lost and the table is not degraded.
+        Retry
+            Degraded: a worker is lost (its shards are marked lost); or
+            shards moved (:class:`Moved`, the new placement learnt).
+        """
+        addrs = list(calls)
+        for a in addrs:
+            self.requests[calls[a][0]] += 1
+
+        async def one(a):
+            r = await call(self.ctx, a, calls[a][0], table=self.name, **calls[a][1])
+            if arrived is not None:
+                await arrived(a, r)
+            return r
+
+        results = await asyncio.gather(*(one(a) for a in addrs), return_exceptions=True)
+        out, errors, lost, moved = {}, [], [], {}
+        for a, r in zip(addrs, results):
+            if isinstance(r, WorkerLost):
+                lost.append(a)
+            elif isinstance(r, ShardMovedError):
+                moved[a] = r.epoch
+            elif isinstance(r, BaseException):
+                errors.append(r)
+            else:
+                out[a] = r
+        if moved:  # planned at a placement shards have left since: redone as placed now
+            await self.moved(max(moved.values()))
+            if not partial:
+                raise Moved(moved)
+            errors.append(Moved(moved))
+        if lost:
+            try:
+                await self.handle_lost(lost)
+            except (Retry, ShardLostError) as e:
+                if not partial:
+                    raise
+                errors.append(e)
+        if partial:
+            return out, errors
+        if errors:
+            raise errors[0]
+        return out
+
+    async def handle_lost(self, addrs: Iterable[str]) -> None:
+        """Mark the shards of ``addrs`` lost at the coordinator, learn the placement, and raise what it means.
+
+        Parameters
+        ----------
+        addrs : iterable of str
+            Workers that could not be reached.
+
+        Raises
+        ------
+        ShardLostError
+            Their shards are lost and the table is not degraded.
+        Retry
+            Degraded (the rest serve), or they hold none of the table's
+            shards any more (moved: redone as placed now).
+        """
+        addrs = set(addrs)
+        # the placement as the coordinator has it now: a shard restored elsewhere since this handle learnt
+        # it (by another handle, or this one's restore_shard) is not the lost worker's any more
+        await self.refresh()
+        now = self.view.now()
+        shards = sorted(s for s, a in now.shards.items() if a in addrs)  # lost, or marked lost already
+        for s in shards:
+            if s not in self.view.lost:
+                detail = f"worker {now.shards[s]} unreachable"
+                self.view.mark_lost(s, (await self.coord("mark_lost", shard=s, detail=detail))[s])
+        await self.refresh()
+        if not shards:  # those workers hold none of the table's shards any more (moved): redone as placed now
+            raise Retry()
+        if not self.view.degraded:
+            raise ShardLostError(
+                shards[0],
+                f"worker(s) {sorted(addrs)} holding shard(s) {shards} of table {self.name!r} are unreachable; "
+                "create the table with degraded=True to keep serving from the other shards",
+            )
+        logger.warning("table %r: shards %s lost (worker(s) %s); serving from the rest", self.name, shards, addrs)
+        raise Retry()

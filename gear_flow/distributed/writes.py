@@ -203,7 +203,7 @@ class WritesMixin:
             except ShardLostError as e:
                 ins = self._rerouted(ins, e, attempt)
             except ShardMovedError as e:
-                self._ctx.sync(self._moved, e.epoch)
+                self._ctx.sync(self._link.moved, e.epoch)
                 ins = self._moved_insert(ins, e, attempt)
 
     def _insert_once(self, ins: _Insert, timeout: float | None) -> InsertResult:
@@ -219,7 +219,7 @@ class WritesMixin:
         over the shards left (degraded), or as placed now (the shard moved meanwhile); else ``e`` raised."""
         if e.stored is not False or attempt >= self.spec.num_shards or (not self.degraded and e.shard in self.lost):
             raise e
-        self._check_not_lost(stored=False)  # (the shard moved, but another one may be lost meanwhile)
+        self._view.check_not_lost(stored=False)  # (the shard moved, but another one may be lost meanwhile)
         logger.info("table %r: insert routed again (%s)", self.name, e)
         return self._routed(ins)
 
@@ -326,13 +326,13 @@ class WritesMixin:
             except ShardLostError as e:
                 ins = self._rerouted(ins, e, attempt)
             except ShardMovedError as e:
-                await self._moved(e.epoch)
+                await self._link.moved(e.epoch)
                 ins = self._moved_insert(ins, e, attempt)
 
     def _prepare(self, episodes, priorities, shard) -> _Insert:
         """Validate and route an insert (nothing sent yet)."""
         self._masses.clear()  # this handle's own writes show in its next sample's plan
-        self._check_not_lost(stored=False)
+        self._view.check_not_lost(stored=False)
         chunks, lengths, n_items, item_off, pr = prepare_insert(self.spec, episodes, priorities)
         if pr is not None:
             self._cfg.check_priorities(pr)
@@ -355,7 +355,7 @@ class WritesMixin:
         """Hand an admitted insert's episodes to its workers (in-process, through staging segments, or over
         the comm), apply, commit, evict to ``max_size``."""
         try:
-            await self._refresh(adm["version"])
+            await self._link.refresh(adm["version"])
         except BaseException as e:  # admitted, and nothing sent: the admission is given back
             try:
                 await abort_insert(self, adm["txn"], [], e)
@@ -366,17 +366,17 @@ class WritesMixin:
             # routed to a shard the coordinator knew lost and this handle learns it only now: the admission is
             # given back, and the insert routed again over the shards left (or refused, not degraded)
             await abort_insert(self, adm["txn"], [], None)
-            self._check_not_lost(stored=False)
+            self._view.check_not_lost(stored=False)
             ins = self._routed(ins)
             adm = await admit_insert(self, ins.n_items, len(ins.lengths), ins.per_shard, timeout)
-            await self._refresh(adm["version"])
+            await self._link.refresh(adm["version"])
         parts, sel_of, ids = self._parts(ins, adm)
         local = self._ctx.local_addr if self._ctx.local_plugin is not None else None  # its parts go in-process
         segs = []
         try:
             for a, ps in parts.items():
                 n = array_bytes([p["chunks"] for p in ps])
-                if a != local and await self._shared_for(a) is not None:
+                if a != local and await self._link.route(a) is not None:
                     # a worker on this machine: the episodes go through a staging segment, not the socket
                     seg = staging_area().acquire(staged_bytes(ps))
                     segs.append(seg)
