@@ -430,7 +430,7 @@ def test_inserts_written_out_of_admission_order_are_handed_out_in_stamp_order(di
 async def _planned_up_to_the_take(t, n):
     """An ordered sample of ``n`` one-step ``tag`` rows, admitted and planned up to its take (not sent):
     ``(admission, executor, take)``; the caller sends the take, undoes and finishes the sample."""
-    from gear_flow.distributed.remote_sample import RemoteSample
+    from gear_flow.distributed.sampling import RemoteSample
 
     exclusive = t._cfg.exclusive
     adm = await t._link.coord("admit_sample", n=n, exclusive=exclusive, owner=t._ctx.owner, timeout=5)

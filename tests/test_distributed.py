@@ -19,7 +19,7 @@ from distributed import Client, LocalCluster
 from helpers import COLUMNS, Catalog, check_windows, chi2_critical, episode
 
 import gear_flow as gf
-from gear_flow.distributed import DistributedTable
+from gear_flow.distributed import DistributedTable, sampling
 from gear_flow.keys import decode
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.usefixtures("data_plane")]
@@ -354,9 +354,11 @@ def test_a_leased_batch_that_fails_is_never_reported_as_served(client):
     try:
         t.insert([episode(i + 1, 30) for i in range(4)])
         t.sample(8, 2)  # admitted by the coordinator, with a lease for the next batches
-        assert t._take_lease(8)  # this thread's next batch, under the lease ...
-        reported = t._admission_args(8, None)["done"]  # ... another thread's admission reports meanwhile ...
-        t._give_back(8, None)  # ... and the batch fails
+        assert t._lease.take(8)  # this thread's next batch, under the lease ...
+        reported = sampling.admission_args(t, 8, None)["done"]  # ... another thread's admission reports meanwhile ...
+        sampling.SampleGrant(
+            t._link, 8, None
+        ).give_back_here()  # ... and the batch fails (under the lease: nothing given back)
         assert reported == 0
         served = 1
         for _ in range(40):  # past the lease: admissions again, reporting what was served

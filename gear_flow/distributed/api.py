@@ -9,8 +9,10 @@ one; functions handed the handle's class), :mod:`~gear_flow.distributed.writes` 
 :mod:`~gear_flow.distributed.edits` (updates, deletes, eviction; functions
 handed the handle, as are :mod:`~gear_flow.distributed.pending`'s, the
 ride-along updates'),
-:mod:`~gear_flow.distributed.sampling` (sampling; the planner's requests are
-answered by :mod:`~gear_flow.distributed.remote_sample`), :mod:`~gear_flow.distributed.checkpoints`
+:mod:`~gear_flow.distributed.sampling` (a sample on the event loop: its
+grant, the planner's requests answered by the workers) and
+:mod:`~gear_flow.distributed.thread_sample` (the same in the caller's
+thread), :mod:`~gear_flow.distributed.checkpoints`
 and :mod:`~gear_flow.distributed.info` (what the table reports about itself:
 size, counters, bytes; both functions handed the handle, which its methods
 of the same names call), :mod:`~gear_flow.distributed.view` (the placement, under one lock, its
@@ -30,10 +32,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import threading
 import weakref
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,16 +42,16 @@ from numpy.typing import ArrayLike
 
 from ..config import get as config_get
 from ..errors import GearFlowError
+from ..sample import SampleBatch, SampleBuffers
 from ..table.config import TableConfig
 from ..table.datasets import DatasetMethods
 from ..table.results import UpdateResult
-from . import checkpoints, construction, edits, pending, transactions
+from . import checkpoints, construction, edits, pending, sampling, thread_sample, transactions
 from . import info as reports  # aliased: the handle's own ``info`` method hides the name in the class body
 from .construction import workers_with_resource
 from .facade import documented_as
-from .leases import LeasedSamples, report_dropped
+from .leases import Lease, report_dropped
 from .pending import PendingUpdates
-from .sampling import SamplingMixin
 from .thread_insert import ThreadInsertsMixin
 from .transport import Context, Retry, TableLink, WorkerRoutes, call
 from .view import TableView
@@ -72,7 +73,6 @@ logger = logging.getLogger(__name__)
 class DistributedTable(
     WritesMixin,
     ThreadInsertsMixin,
-    SamplingMixin,
     DatasetMethods,
 ):
     """Replay table sharded over Dask workers.
@@ -187,11 +187,9 @@ class DistributedTable(
         #: requests this handle sent to shard workers, by operation (the control plane's cost)
         self.requests: dict[str, int] = defaultdict(int)
         self._link = TableLink(ctx, name, self._view, self._routes, self._config, self.requests)
-        self._lease = (0, 0, 0.0)  # (batch size, batches left, granted at)
-        self._lease_lock = threading.Lock()
-        #: leased samples served, reported with the next admission; if this handle is dropped first, then
-        self._leased = LeasedSamples()
-        weakref.finalize(self, report_dropped, ctx, name, self._leased).atexit = False
+        #: the admission lease; its unreported samples outlive the handle, reported if it is dropped first
+        self._lease = Lease()
+        weakref.finalize(self, report_dropped, ctx, name, self._lease.unreported).atexit = False
         #: bytes of windows gathered in-process (co-located), from shared memory, or received over the comm;
         #: bytes of inserted episodes written in-process, sent over the comm, or handed over in shared memory;
         #: samples, inserts and waiting priority updates served in the caller's thread
@@ -368,26 +366,58 @@ class DistributedTable(
     async def _answer_evict(self, req, seqs: dict):  # tests drive an eviction's steps through it
         return await edits.answer_evict(self, req, seqs)
 
+    # -- sampling: gear_flow.distributed.thread_sample (the caller's thread) and sampling (the event loop) ------
+    @documented_as(sampling.sample_async)
+    def sample(
+        self,
+        batch_size: int,
+        length: int = 1,
+        *,
+        columns: str | Sequence[str] | None = None,
+        boundary: str | None = None,
+        timeout: float | None = None,
+        out: SampleBuffers | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> SampleBatch:
+        fast = thread_sample.sample_here(self, batch_size, length, columns, boundary, timeout, out, rng)
+        if fast is not None:
+            return fast
+        return self._ctx.sync(
+            sampling.sample_async,
+            self,
+            batch_size,
+            length,
+            columns=columns,
+            boundary=boundary,
+            timeout=timeout,
+            out=out,
+            rng=rng,
+        )
+
+    @documented_as(sampling.sample_async)
+    async def sample_async(
+        self,
+        batch_size: int,
+        length: int = 1,
+        *,
+        columns: str | Sequence[str] | None = None,
+        boundary: str | None = None,
+        timeout: float | None = None,
+        out: SampleBuffers | None = None,
+        rng: np.random.Generator | None = None,
+    ) -> SampleBatch:
+        return await sampling.sample_async(
+            self, batch_size, length, columns=columns, boundary=boundary, timeout=timeout, out=out, rng=rng
+        )
+
+    @documented_as(sampling.flush)
+    def flush(self) -> None:
+        sampling.flush(self)
+
     # -- ride-along priority updates: gear_flow.distributed.pending ------------------------------------------------
     @documented_as(pending.defer_priorities)
     def defer_priorities(self, keys: ArrayLike, priorities: ArrayLike | float) -> bool:
         return pending.defer_priorities(self, keys, priorities)
-
-    # the sample paths (remote_sample, thread_sample) and checkpoints reach the store's requests through these
-    def _pending_calls(self, exclude: set | frozenset = frozenset()) -> dict:
-        return pending.pending_calls(self, exclude)
-
-    def _ride_along(self, addr: str) -> dict | None:
-        return pending.ride_along(self, addr)
-
-    def _settle(self, updates: dict | None, applied: bool) -> None:
-        pending.settle(self, updates, applied)
-
-    def _updated(self, plans: list[dict], r: dict | int) -> None:
-        pending.book_reply(self, plans, r)
-
-    async def _send_pending(self, exclude: set | frozenset = frozenset()) -> None:
-        await pending.send_pending(self, exclude)
 
     # -- an admitted insert's transaction: gear_flow.distributed.transactions -----------------------------------------
     @documented_as(transactions.run_insert)

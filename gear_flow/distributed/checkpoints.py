@@ -23,6 +23,7 @@ from ..errors import ShardLostError, SpecError
 from ..registry_share import share as share_registrations
 from ..resources import advertised
 from .coordinator import GearFlowCoordinator
+from .pending import send_pending
 from .plugin import GearFlowWorker
 from .transport import Context, Retry, WorkerLost, call, coord
 
@@ -101,7 +102,7 @@ async def checkpoint_async(table: DistributedTable, path: str | os.PathLike[str]
     from .. import checkpoint as ck
 
     t0 = time.perf_counter()
-    await table._send_pending()  # this handle's stored priority updates belong in the checkpoint
+    await send_pending(table)  # this handle's stored priority updates belong in the checkpoint
     final = Path(path).absolute()
     tmp = ck.temp_dir(final)
     try:

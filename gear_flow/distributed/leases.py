@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
+from .. import config
 from .transport import coord
 
 if TYPE_CHECKING:
@@ -63,6 +65,95 @@ class LeasedSamples:
         with self._lock:
             n, self._n = self._n, 0
             return n
+
+
+class Lease:
+    """A handle's admission lease (the batch size it covers, batches left, when granted) and the samples
+    served under it not reported yet; thread-safe (a learner's thread and the event loop both sample).
+
+    Examples
+    --------
+    >>> lease = Lease()
+    >>> lease.granted(8, 2)
+    >>> lease.take(8), lease.take(4), lease.take(8), lease.take(8)
+    (True, False, True, False)
+    >>> lease.served(8); lease.served(8)
+    >>> lease.report(), lease.report()
+    (16, 0)
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._size, self._left, self._since = 0, 0, 0.0
+        #: outlives the handle: a dropped handle's count is reported by :func:`report_dropped`
+        self.unreported = LeasedSamples()
+
+    def granted(self, n: int, batches: int) -> None:
+        """An admission of a batch of ``n`` came with a lease of ``batches`` more (0: none).
+
+        Parameters
+        ----------
+        n : int
+            The batch size the lease covers.
+        batches : int
+            Batches of that size it covers.
+        """
+        with self._lock:
+            self._size, self._left, self._since = n, int(batches), time.monotonic()
+
+    def take(self, n: int) -> bool:
+        """Take one batch of ``n`` from the lease, if it covers it (same size, not used up, still fresh).
+
+        Parameters
+        ----------
+        n : int
+            The batch's rows.
+
+        Returns
+        -------
+        bool
+            True: served under the lease (count it with :meth:`served` once
+            served); False: ask the coordinator.
+        """
+        with self._lock:
+            fresh = time.monotonic() - self._since <= config.get("distributed.sample-lease-seconds")
+            if self._size != n or self._left <= 0 or not fresh:
+                return False
+            self._left -= 1
+            return True
+
+    def served(self, n: int) -> None:
+        """A batch of ``n`` was served under the lease: reported with the next admission (or ``flush``).
+
+        Counted once served, not when taken: a report sent meanwhile
+        (another thread's admission) must not carry a batch that then fails.
+
+        Parameters
+        ----------
+        n : int
+            Its rows.
+        """
+        self.unreported.add(n)
+
+    def report(self) -> int:
+        """The samples served under the lease since the last report, now reported by the caller.
+
+        Returns
+        -------
+        int
+            Their count.
+        """
+        return self.unreported.take()
+
+    def not_reported(self, n: int) -> None:
+        """A report of ``n`` did not reach the coordinator (its admission was refused): kept for the next.
+
+        Parameters
+        ----------
+        n : int
+            The count that was to be reported.
+        """
+        self.unreported.add(n)
 
 
 def report_dropped(ctx: Context, name: str, leased: LeasedSamples) -> None:

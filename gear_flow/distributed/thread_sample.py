@@ -12,7 +12,7 @@ learner's thread and an event loop costs tens of microseconds on a 2-core
 host and a sample took six of them; here it takes none.
 
 The requests, their booking and the shared-memory copy are
-:class:`~gear_flow.distributed.remote_sample.RemoteSample`'s own, so the two
+:class:`~gear_flow.distributed.sampling.RemoteSample`'s own, so the two
 paths answer a plan the same way.  Whatever this path cannot do by itself
 (masses not kept, a plan asking for anything but a draw, a lane that cannot
 be reached or closes, a worker's error) hands the sample to the event loop:
@@ -24,18 +24,26 @@ would count twice.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent.futures import wait
-from typing import TYPE_CHECKING, Any
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from ..errors import ProtocolError
-from ..table import planner
-from .protocol import VERSION
-from .remote_sample import OFF_LOOP_BYTES, RemoteSample, _copy_pool
-from .transport import Context, reply_timeout
+import numpy as np
+
+from .. import config
+from ..errors import ProtocolError, ShardMovedError
+from ..sample import SampleBatch, SampleBuffers
+from ..table import planner, two_level
+from ..table.validate import check_sample_args, sample_columns
+from .coordinator import admission_wait
+from .pending import book_reply, pending_calls, ride_along, settle
+from .sampling import OFF_LOOP_BYTES, REFUSED, RemoteSample, SampleGrant, admission_args, leases_ok, served
+from .transport import Retry, exchange, lost_reply, not_answered, reply_timeout, worker_alive
 
 if TYPE_CHECKING:
     from .api import DistributedTable
+
+logger = logging.getLogger(__name__)
 
 
 class NotHere(Exception):
@@ -46,7 +54,8 @@ class ThreadSample(RemoteSample):
     """A synchronous executor for :func:`gear_flow.table.planner.run` over local shards and lanes.
 
     Parameters are :class:`RemoteSample`'s.  Only for handles whose workers
-    all pass :func:`routes` (checked by the caller before planning).
+    all pass :meth:`~gear_flow.distributed.transport.TableLink.serves_in_thread` (checked by the
+    caller before planning).
     """
 
     #: ``(worker, operation, error)`` of a request sent whose reply was lost (timed out, unreadable): the
@@ -107,7 +116,7 @@ class ThreadSample(RemoteSample):
         try:
             calls = self.part_calls(offs, mapped, counts, scale, None, by_count)
             refresh = self._stale_masses_calls(counts)
-            pending = t._pending_calls(exclude=set(calls))
+            pending = pending_calls(t, exclude=set(calls))
             batch = [(a, op, args, kind) for kind, d in (("draw", calls), ("fresh", refresh), ("upd", pending))
                      for a, (op, args) in d.items()]  # fmt: skip
             for _, op, _, _ in batch:
@@ -116,9 +125,9 @@ class ThreadSample(RemoteSample):
         except BaseException:  # nothing booked: the updates that were to ride along are stored again
             for _, (_, args) in calls.items():
                 if "updates" in args:
-                    t._settle(args["updates"], False)
+                    settle(t, args["updates"], False)
             for _, (_, args) in pending.items():
-                t._settle(args, False)
+                settle(t, args, False)
             raise
         self.book_extras(results["fresh"], pending, results["upd"])
         repairs = self.book(calls, results["draw"], copied, offs, counts, errors)
@@ -130,74 +139,175 @@ class ThreadSample(RemoteSample):
         return None
 
 
-def exchange(ctx: Context, batch: list, arrived: Callable[[str, str, str, Any], None], parallel: bool = False) -> None:
-    """Run ``batch``'s requests from the caller's thread: those to other workers sent first over their lanes
-    (they run them while this thread runs its own worker's), then read.
+def sample_here(
+    table: DistributedTable,
+    B: int,
+    L: int,
+    columns: str | Sequence[str] | None,
+    boundary: str | None,
+    timeout: float | None,
+    out: SampleBuffers | None,
+    rng: np.random.Generator | None,
+) -> SampleBatch | None:
+    """A weighted sample whose shards are all this worker's own or behind lanes, in the caller's thread.
 
-    Parameters
-    ----------
-    ctx : Context
-        The handle's context (its lanes, this process's worker).
-    batch : list of tuple
-        ``(worker, operation, arguments, kind)``; a worker with no lane
-        fails its request (:class:`~gear_flow.distributed.lane.NotSent`).
-    arrived : callable
-        ``arrived(kind, worker, operation, reply)`` as each reply is here, a
-        reply being ``(ok, value)`` or the exception that broke its lane.
-    parallel : bool, default False
-        Read the other workers' replies in threads at once (large replies).
-    """
-    far = [b for b in batch if b[0] != ctx.local_addr]
-    sent = ctx.lanes.send_all(
-        [(ctx.lanes.paths.get(a), op, ctx.stamped(args)) for a, op, args, _ in far], VERSION, reply_timeout()
-    )
-    try:
-        for a, op, args, kind in batch:
-            if a == ctx.local_addr:
-                try:
-                    r = (True, ctx.local_plugin.host.call(op, ctx.stamped(args)))
-                except Exception as e:  # noqa: BLE001 - answered as the worker would
-                    r = (False, e)
-                arrived(kind, a, op, r)
-    except BaseException:
-        ctx.lanes.abandon(sent)
-        raise
-    if parallel:
-
-        def one(i):
-            a, op, _, kind = far[i]
-            arrived(kind, a, op, ctx.lanes.read_one(sent[i]))
-
-        futures = [_copy_pool().submit(one, i) for i in range(len(far))]
-        try:
-            for f in futures:
-                f.result()
-        finally:  # nothing is read or copied into the batch once this returns
-            wait(futures)
-        return
-    for (a, op, _, kind), r in zip(far, ctx.lanes.read_all(sent)):
-        arrived(kind, a, op, r)
-
-
-def routes(table: DistributedTable) -> bool:
-    """Can ``table``'s handle sample in the caller's thread?
+    Admitted under the lease or by the coordinator (over its lane), drawn
+    and gathered straight into the learner's buffers without the event loop.
 
     Parameters
     ----------
     table : DistributedTable
         The handle.
+    B, L : int
+        Batch size and window length.
+    columns : str or sequence of str or None
+        Columns to gather.
+    boundary : str or None
+        Window boundary mode (None: the table's).
+    timeout : float or None
+        Seconds to wait for admission.
+    out : SampleBuffers or None
+        Buffers to gather into.
+    rng : numpy.random.Generator or None
+        Replaces the handle's generator.
 
     Returns
     -------
-    bool
-        Every worker holding a live shard is this process's own, or has a
-        lane learnt: a fast lane (on this machine, its rings mapped) or a
-        TCP lane (its windows come with the replies).
+    SampleBatch or None
+        The batch; None when the event loop must serve it (its admission
+        and draws given back then).
     """
+    t, ctx, cfg, link = table, table._ctx, table._cfg, table._link
+    if (t.lost and not t.degraded) or not leases_ok(cfg) or not link.serves_in_thread():
+        return None
+    workers = list(t._view.workers())
+    if not workers:
+        return None
+    boundary = t.boundary if boundary is None else boundary
+    check_sample_args(B, L, boundary)
+    if workers != [ctx.local_addr] and (
+        cfg.plan != "weighted" or t._masses.fresh(("sampler",), L, boundary, t._view.live_shards())[0] is None
+    ):
+        return None  # its plan needs the workers first: the event loop's path asks them
+    columns = sample_columns(t.spec, columns)
+    if out is None:
+        out = SampleBuffers(t.spec, columns, B, L, tier=cfg.tier)
+    elif not out.matches(columns, B, L, cfg.tier):
+        return None  # the event loop's path raises the clear error
+    cfg.rate_limiter.check_sample_size(B)
+    if t._lease.take(B):
+        grant = SampleGrant(link, B, None)
+    else:
+        grant = admit_here(t, B, timeout)
+        workers = list(t._view.workers())
+        if not link.serves_in_thread() or not workers:  # the placement changed meanwhile
+            grant.give_back_here()
+            return None
+    rng = t.rng if rng is None else rng
+    ex = None
+    try:
+        if workers == [ctx.local_addr]:  # every live shard here: one call does it all
+            expired = _sample_all_here(t, B, L, boundary, columns, out, rng)
+        else:
+            ex = ThreadSample(t, out, L, boundary, columns, rng, None, True, None)
+            planner.run(planner.sample(cfg.plan, B, rng), ex)
+            two_level.importance_weights(out.probabilities, cfg.beta, out.weights)
+            expired = ex.expired
+    except NotHere:  # nothing was sent
+        grant.give_back_here()
+        return None
+    except BaseException as e:  # what was drawn is given back, as on the event loop's path
+        if ex is not None:
+            try:
+                ctx.sync(ex.undo)
+            except Exception as u:  # noqa: BLE001 - e.g. a worker gone: its counts leave with it
+                logger.info("table %r: a sample's draws not given back (%s)", t.name, u)
+        grant.give_back_here()
+        if isinstance(e, ShardMovedError):  # planned before shards moved: the event loop's path, as placed now
+            ctx.sync(link.moved, e.epoch)
+            return None
+        if not isinstance(e, Exception) or ex is None:
+            raise
+        if ex.lost_reply is not None:  # the worker may have drawn: never drawn again silently
+            _raise_lost_reply(t, *ex.lost_reply)
+        return None  # the event loop's path retries it, or raises its error
+    t.stats["in_thread"] += 1
+    if grant.leased:
+        t._lease.served(B)
+    if expired:
+        link.coord_here("removed", k=sum(expired.values()), per_shard=expired)
+    return served(t, out)
+
+
+def admit_here(table: DistributedTable, n: int, timeout: float | None) -> SampleGrant:
+    """:func:`~gear_flow.distributed.sampling.admit` from the caller's thread (over the coordinator's lane
+    when found).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    n : int
+        The batch's rows.
+    timeout : float or None
+        Seconds to wait (None: the handle's).
+
+    Returns
+    -------
+    SampleGrant
+        The grant, open.
+    """
+    link = table._link
+    args = admission_args(table, n, timeout)
+    args["timeout"] = admission_wait(args["timeout"])  # the request's own: both ends give up together
+    try:
+        adm = link.coord_here("admit_sample", wait=args["timeout"], **args)
+    except REFUSED:  # never granted: the leased samples it reported were not counted, kept for the next
+        table._lease.not_reported(args["done"])
+        raise
+    grant = SampleGrant(link, n, adm)
+    if adm["version"] != table._view.version:
+        try:
+            table._ctx.sync(link.refresh, adm["version"])
+        except BaseException:  # granted, and never served: given back
+            try:
+                grant.give_back_here()
+            except Exception as e:  # noqa: BLE001 - the refresh's error is the caller's
+                logger.info("table %r: an admission not given back (%s)", table.name, e)
+            raise
+    table._lease.granted(n, adm.get("lease", 0))
+    return grant
+
+
+def _raise_lost_reply(table: DistributedTable, addr: str, op: str, err: BaseException) -> None:
+    """A lane request was sent and its reply lost: the worker may have run it, so the sample fails
+    instead of being drawn again; a worker the scheduler removed makes its shards lost (the next call
+    says so, or serves from the rest in a degraded table)."""
     ctx = table._ctx
-    for a in table._view.workers():  # a consistent reading, however the event loop changes the view
-        if a == ctx.local_addr and ctx.local_plugin is not None:
-            continue
-        if not table._routes.probed(a) or a not in ctx.lanes.paths:
-            return False
-    return True
+    if isinstance(err, TimeoutError):
+        limit = reply_timeout()
+        alive = ctx.sync(worker_alive, ctx, table.name, addr, float(config.get("distributed.rpc-timeout")))
+        if alive is False:
+            try:
+                ctx.sync(table._link.handle_lost, [addr])  # raises ShardLostError ...
+            except Retry:  # ... or, in a degraded table, the rest serve it (the event loop's path)
+                return
+        raise not_answered(addr, op, limit, known=alive is not None) from None
+    raise lost_reply(addr, op, err) from err
+
+
+def _sample_all_here(table: DistributedTable, B, L, boundary, columns, out, rng) -> dict:
+    ctx = table._ctx
+    upd = ride_along(table, ctx.local_addr)
+    try:
+        args = dict(name=table.name, n=B, length=L, boundary=boundary, columns=columns,
+                    seed=int(rng.integers(2**63)), out=out, updates=upd)  # fmt: skip
+        res = ctx.local_plugin.host.call("sample_all", ctx.stamped(args))
+    except BaseException:
+        settle(table, upd, False)
+        raise
+    settle(table, upd, True)
+    if "updated" in res:
+        book_reply(table, upd["masses"] or [], res["updated"])
+    table.stats["local_bytes"] += sum(a.nbytes for a in out.bytes.values())
+    return res["expired"]

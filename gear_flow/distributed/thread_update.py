@@ -42,8 +42,7 @@ from .edit_keys import (
     update_now,
     updated_all,
 )
-from .thread_sample import exchange, routes
-from .transport import Moved, not_answered, reply_timeout, worker_alive
+from .transport import Moved, exchange, not_answered, reply_timeout, worker_alive
 
 if TYPE_CHECKING:
     from .api import DistributedTable
@@ -73,7 +72,7 @@ def update_here(t: DistributedTable, keys: ArrayLike, priorities: ArrayLike | fl
         As :meth:`~gear_flow.distributed.DistributedTable.update_priorities`.
     """
     ctx = t._ctx
-    if ctx.in_loop() or heap_ties(t) or len(t._pending) or not routes(t):
+    if ctx.in_loop() or heap_ties(t) or len(t._pending) or not t._link.serves_in_thread():
         return None
     k, by, idx, on_lost, pr = grouped_update(t, keys, priorities)
     if len(by) > 1 and not t._issued.covers(k):

@@ -16,9 +16,11 @@ worker, then reported as a timeout, never silently as a loss.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from distributed.core import Status
@@ -632,6 +634,68 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
     return unwrap(resp)
 
 
+@functools.cache
+def copy_pool() -> ThreadPoolExecutor:
+    """This process's threads for copying windows out of shared memory or received frames (clients), and
+    for reading several lanes' large replies at once from a caller's thread.
+
+    Returns
+    -------
+    concurrent.futures.ThreadPoolExecutor
+        Two threads, made on first use.
+    """
+    return ThreadPoolExecutor(2, thread_name_prefix="gear-flow-copy")
+
+
+def exchange(ctx: Context, batch: list, arrived: Callable[[str, str, str, Any], None], parallel: bool = False) -> None:
+    """Run ``batch``'s requests from the caller's thread: those to other workers sent first over their lanes
+    (they run them while this thread runs its own worker's), then read.
+
+    Parameters
+    ----------
+    ctx : Context
+        The handle's context (its lanes, this process's worker).
+    batch : list of tuple
+        ``(worker, operation, arguments, kind)``; a worker with no lane
+        fails its request (:class:`~gear_flow.distributed.lane.NotSent`).
+    arrived : callable
+        ``arrived(kind, worker, operation, reply)`` as each reply is here, a
+        reply being ``(ok, value)`` or the exception that broke its lane.
+    parallel : bool, default False
+        Read the other workers' replies in threads at once (large replies).
+    """
+    far = [b for b in batch if b[0] != ctx.local_addr]
+    sent = ctx.lanes.send_all(
+        [(ctx.lanes.paths.get(a), op, ctx.stamped(args)) for a, op, args, _ in far], protocol.VERSION, reply_timeout()
+    )
+    try:
+        for a, op, args, kind in batch:
+            if a == ctx.local_addr:
+                try:
+                    r = (True, ctx.local_plugin.host.call(op, ctx.stamped(args)))
+                except Exception as e:  # noqa: BLE001 - answered as the worker would
+                    r = (False, e)
+                arrived(kind, a, op, r)
+    except BaseException:
+        ctx.lanes.abandon(sent)
+        raise
+    if parallel:
+
+        def one(i):
+            a, op, _, kind = far[i]
+            arrived(kind, a, op, ctx.lanes.read_one(sent[i]))
+
+        futures = [copy_pool().submit(one, i) for i in range(len(far))]
+        try:
+            for f in futures:
+                f.result()
+        finally:  # nothing is read or copied into the batch once this returns
+            wait(futures)
+        return
+    for (a, op, _, kind), r in zip(far, ctx.lanes.read_all(sent)):
+        arrived(kind, a, op, r)
+
+
 class WorkerRoutes:
     """How this handle reaches each of its table's workers beside the comm, learnt on first use.
 
@@ -824,6 +888,24 @@ class TableLink:
             await self.refresh()
 
     # -- the workers ---------------------------------------------------------------------------------------------
+    def serves_in_thread(self) -> bool:
+        """Whether a request to every worker holding a live shard can go from the caller's thread.
+
+        Returns
+        -------
+        bool
+            Every such worker is this process's own, or has a lane learnt:
+            a fast lane (on this machine, its rings mapped) or a TCP lane
+            (its windows come with the replies).
+        """
+        ctx = self.ctx
+        for a in self.view.workers():  # a consistent reading, however the event loop changes the view
+            if a == ctx.local_addr and ctx.local_plugin is not None:
+                continue
+            if not self.routes.probed(a) or a not in ctx.lanes.paths:
+                return False
+        return True
+
     async def route(self, addr: str) -> dict | None:
         """``{shard: Attached}`` when ``addr``'s shards can be read from shared memory here, else None;
         probed on first use (its fast lane, or its TCP lane, found then).

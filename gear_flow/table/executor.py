@@ -4,7 +4,7 @@
 with direct calls on :class:`~gear_flow.shard.Shard` objects.  The caller holds
 the shards' locks for a whole sample, so a plan executed here sees one
 consistent state; the distributed handle answers the same requests over the
-comm (:mod:`gear_flow.distributed.remote_sample`).
+comm (:mod:`gear_flow.distributed.sampling`).
 """
 
 from __future__ import annotations
