@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import config
 from ..errors import ProtocolError, ShardMovedError
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
@@ -38,7 +37,7 @@ from ..table.validate import check_sample_args, sample_columns
 from .coordinator import admission_wait
 from .pending import book_reply, pending_calls, ride_along, settle
 from .sampling import OFF_LOOP_BYTES, REFUSED, RemoteSample, SampleGrant, admission_args, leases_ok, served
-from .transport import Retry, exchange, lost_reply, not_answered, reply_timeout, worker_alive
+from .transport import Retry, exchange, lost_reply
 
 if TYPE_CHECKING:
     from .api import DistributedTable
@@ -283,16 +282,15 @@ def _raise_lost_reply(table: DistributedTable, addr: str, op: str, err: BaseExce
     """A lane request was sent and its reply lost: the worker may have run it, so the sample fails
     instead of being drawn again; a worker the scheduler removed makes its shards lost (the next call
     says so, or serves from the rest in a degraded table)."""
-    ctx = table._ctx
+    link = table._link
     if isinstance(err, TimeoutError):
-        limit = reply_timeout()
-        alive = ctx.sync(worker_alive, ctx, table.name, addr, float(config.get("distributed.rpc-timeout")))
-        if alive is False:
-            try:
-                ctx.sync(table._link.handle_lost, [addr])  # raises ShardLostError ...
-            except Retry:  # ... or, in a degraded table, the rest serve it (the event loop's path)
-                return
-        raise not_answered(addr, op, limit, known=alive is not None) from None
+        unanswered = link.unanswered_here(addr, op)
+        if unanswered is not None:
+            raise unanswered from None
+        try:
+            table._ctx.sync(link.handle_lost, [addr])  # raises ShardLostError ...
+        except Retry:  # ... or, in a degraded table, the rest serve it (the event loop's path)
+            return
     raise lost_reply(addr, op, err) from err
 
 

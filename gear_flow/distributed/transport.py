@@ -906,6 +906,33 @@ class TableLink:
                 return False
         return True
 
+    def unanswered_here(self, addr: str, op: str) -> GearFlowError | None:
+        """What a request sent from the caller's thread means when no reply came in time (:func:`reply_timeout`).
+
+        The same rule as :func:`call`'s on the event loop: a live worker
+        that does not answer fails the call (it may have acted, so nothing
+        is sent again); one the scheduler removed is lost.
+
+        Parameters
+        ----------
+        addr : str
+            The worker.
+        op : str
+            The operation sent.
+
+        Returns
+        -------
+        GearFlowError or None
+            The error to raise (the worker is alive, or the scheduler could
+            not say); None: the scheduler removed it (its shards are lost:
+            :meth:`handle_lost`).
+        """
+        ctx = self.ctx
+        alive = ctx.sync(worker_alive, ctx, self.name, addr, float(config.get("distributed.rpc-timeout")))
+        if alive is False:
+            return None
+        return not_answered(addr, op, reply_timeout(), known=alive is not None)
+
     async def route(self, addr: str) -> dict | None:
         """``{shard: Attached}`` when ``addr``'s shards can be read from shared memory here, else None;
         probed on first use (its fast lane, or its TCP lane, found then).
