@@ -17,7 +17,7 @@ from dist_support import assert_same, snapshot
 from helpers import chi2_critical
 
 import gear_flow as gf
-from gear_flow.distributed import DistributedTable, ShardHost
+from gear_flow.distributed import DistributedTable, ShardHost, edits, transactions
 from gear_flow.keys import decode
 from gear_flow.sample import SampleBuffers
 from gear_flow.table import planner
@@ -411,7 +411,7 @@ def test_inserts_written_out_of_admission_order_are_handed_out_in_stamp_order(di
         async def write(txn, part):
             a = t.placement[0]
             res = await call(t._ctx, a, "write", table=t.name, name=t.name, txn=txn, parts=[part])
-            await t._commit(txn, {a: res})
+            await transactions.commit(t, txn, {a: res})
 
         async def race():
             older, newer = await admit(10), await admit(11)
@@ -492,10 +492,10 @@ def test_an_eviction_spares_a_slot_written_over_since_its_candidates(dist_client
 
         async def attempt():
             seqs = {}
-            cands = await t._answer_evict(planner.Candidates(1, "remover"), seqs)
+            cands = await edits.answer_evict(t, planner.Candidates(1, "remover"), seqs)
             chosen = cands[0][0].tolist()[:1]  # shard 0's oldest: slot 0 (tag 0)
             await t.insert_async(tagged(range(100, 108)), shard=0)  # its 8 slots: 100 at slot 3, 105 over slot 0
-            removed = await t._answer_evict(planner.Evict(slots={0: np.array(chosen)}), seqs)
+            removed = await edits.answer_evict(t, planner.Evict(slots={0: np.array(chosen)}), seqs)
             return chosen, removed
 
         assert t._ctx.sync(attempt) == ([0], 0)

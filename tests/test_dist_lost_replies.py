@@ -28,7 +28,7 @@ from dist_support import DIAL, own_cluster, tables_here, wait_for
 from lane_support import break_lane_after
 
 import gear_flow as gf
-from gear_flow.distributed import DistributedTable
+from gear_flow.distributed import DistributedTable, writes
 from gear_flow.distributed.plugin import PLUGIN_NAME
 
 pytestmark = pytest.mark.timeout(240)
@@ -263,7 +263,7 @@ def test_an_insert_whose_other_worker_is_lost_as_it_applies_still_evicts_to_max_
         try:
             t.insert(tagged(range(1, 11)), shard=0)
             t.sample(8)  # the lanes learnt
-            assert t._route(np.ones(2, np.int64), None).tolist() == [0, 1]  # the next insert: one per shard
+            assert writes.route(t, np.ones(2, np.int64), None).tolist() == [0, 1]  # the next insert: one per shard
             client.run(_close_while_serving, "apply", workers=[t.placement[1]])
             with pytest.raises(gf.ShardLostError, match="the rest of the insert was stored") as e:
                 t.insert(tagged([11, 12]))
@@ -304,7 +304,7 @@ def test_a_live_worker_that_refuses_to_apply_its_part_is_not_taken_as_lost():
         try:
             t.insert(tagged([1]), shard=0)
             t.insert(tagged([2]), shard=1)
-            assert t._route(np.ones(2, np.int64), None).tolist() == [0, 1]  # the next insert: one per shard
+            assert writes.route(t, np.ones(2, np.int64), None).tolist() == [0, 1]  # the next insert: one per shard
             w1 = t.placement[1]
             client.run(_refuse, "apply", workers=[w1])
             with pytest.raises(gf.GearFlowError, match=f"worker {w1} did not apply.*the rest of the insert was stored"):
@@ -636,7 +636,7 @@ def test_an_insert_part_a_live_worker_does_not_answer_in_time_is_settled_by_the_
             for s in range(n):
                 t.insert(tagged([s + 1]), shard=s)
             tags = [10, 11] if n == 2 else [10]
-            assert t._route(np.ones(len(tags), np.int64), None).tolist() == list(range(n))  # one per shard
+            assert writes.route(t, np.ones(len(tags), np.int64), None).tolist() == list(range(n))  # one per shard
             slow = t.placement[n - 1]
             client.run(_hold_each, [op, "abort"] if late else [op], workers=[slow])
             with pytest.raises(gf.GearFlowError, match=f"worker {slow} did not answer.*not known yet"):
@@ -705,7 +705,7 @@ def test_a_staged_part_the_clients_abort_does_not_reach_is_aborted_by_the_coordi
         try:
             t.insert(tagged([1]), shard=0)
             t.insert(tagged([2]), shard=1)
-            assert t._route(np.ones(2, np.int64), None).tolist() == [0, 1]  # the next insert: one per shard
+            assert writes.route(t, np.ones(2, np.int64), None).tolist() == [0, 1]  # the next insert: one per shard
             w0, w1 = t.placement[0], t.placement[1]
             client.run(_refuse, op, workers=[w0 if op == "stage" else w1])
             client.run(_refuse_first, "abort", workers=[w1])

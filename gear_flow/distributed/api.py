@@ -34,7 +34,7 @@ import logging
 import os
 import weakref
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,17 +45,15 @@ from ..errors import GearFlowError
 from ..sample import SampleBatch, SampleBuffers
 from ..table.config import TableConfig
 from ..table.datasets import DatasetMethods
-from ..table.results import UpdateResult
-from . import checkpoints, construction, edits, pending, sampling, thread_sample, transactions
+from ..table.results import InsertResult, UpdateResult
+from . import checkpoints, construction, edits, pending, sampling, thread_insert, thread_sample, transactions, writes
 from . import info as reports  # aliased: the handle's own ``info`` method hides the name in the class body
 from .construction import workers_with_resource
 from .facade import documented_as
 from .leases import Lease, report_dropped
 from .pending import PendingUpdates
-from .thread_insert import ThreadInsertsMixin
 from .transport import Context, Retry, TableLink, WorkerRoutes, call
 from .view import TableView
-from .writes import WritesMixin
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -63,6 +61,7 @@ if TYPE_CHECKING:
     from ..rate_limiters import RateLimiter
     from ..selectors import Selector
     from ..spec import TableSpec
+    from ..writer import EpisodeWriter
 
 #: ``workers_with_resource`` lived here before construction moved to its own module: still importable from here
 __all__ = ["DistributedTable", "workers_with_resource"]
@@ -70,11 +69,7 @@ __all__ = ["DistributedTable", "workers_with_resource"]
 logger = logging.getLogger(__name__)
 
 
-class DistributedTable(
-    WritesMixin,
-    ThreadInsertsMixin,
-    DatasetMethods,
-):
+class DistributedTable(DatasetMethods):
     """Replay table sharded over Dask workers.
 
     Create with :meth:`create` (from a client) or get a handle with
@@ -359,13 +354,6 @@ class DistributedTable(
     async def delete_async(self, keys: ArrayLike) -> UpdateResult:
         return await edits.delete_async(self, keys)
 
-    # the inserts (writes, transactions, an actor's insert in its thread, ingest) evict through this name
-    async def _evict_excess(self, size: int) -> None:
-        await edits.evict_excess(self, size)
-
-    async def _answer_evict(self, req, seqs: dict):  # tests drive an eviction's steps through it
-        return await edits.answer_evict(self, req, seqs)
-
     # -- sampling: gear_flow.distributed.thread_sample (the caller's thread) and sampling (the event loop) ------
     @documented_as(sampling.sample_async)
     def sample(
@@ -432,8 +420,45 @@ class DistributedTable(
     async def abort_staged(self, txn: str, addrs: Iterable[str], cause: BaseException | None = None) -> None:
         await transactions.abort_staged(self, txn, addrs, cause)
 
-    async def _commit(self, txn, res: dict, unsettled=(), unreached=()) -> int:  # tests commit through it
-        return await transactions.commit(self, txn, res, unsettled, unreached)
+    # -- inserts: gear_flow.distributed.thread_insert (the caller's thread) and writes (the event loop) ----------
+    @documented_as(thread_insert.insert)
+    def insert(
+        self,
+        episodes: Mapping | Sequence[Mapping],
+        priorities: writes.Priorities = None,
+        *,
+        timeout: float | None = None,
+        shard: int | None = None,
+    ) -> InsertResult:
+        return thread_insert.insert(self, episodes, priorities, timeout=timeout, shard=shard)
+
+    @documented_as(writes.insert_async)
+    async def insert_async(
+        self,
+        episodes: Mapping | Sequence[Mapping],
+        priorities: writes.Priorities = None,
+        *,
+        timeout: float | None = None,
+        shard: int | None = None,
+    ) -> InsertResult:
+        return await writes.insert_async(self, episodes, priorities, timeout=timeout, shard=shard)
+
+    @documented_as(thread_insert.insert_batch)
+    def insert_batch(
+        self,
+        columns: Mapping[str, ArrayLike],
+        priorities: ArrayLike | float | None = None,
+        *,
+        timeout: float | None = None,
+        shard: int | None = None,
+    ) -> InsertResult:
+        return thread_insert.insert_batch(self, columns, priorities, timeout=timeout, shard=shard)
+
+    @documented_as(writes.writer)
+    def writer(
+        self, max_episode_length: int | None = None, shard: int | None = None, timeout: float | None = None
+    ) -> EpisodeWriter:
+        return writes.writer(self, max_episode_length, shard, timeout)
 
     # -- the handle -------------------------------------------------------------------------------------------------
     @property

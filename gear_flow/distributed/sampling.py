@@ -656,7 +656,7 @@ class RemoteSample:
             await t._link.on_workers({a: ("new_epoch", dict(name=t.name)) for a in workers})
             return None
         if isinstance(req, planner.Draw):
-            return await self._parts(
+            return await self._draw_parts(
                 req.counts, planner.offsets(req.counts, req.base), counts=req.counts, scale=req.scale,
                 by_count=req.by_count,
             )  # fmt: skip
@@ -668,13 +668,13 @@ class RemoteSample:
             return {s: tuple(r) for got in res.values() for s, r in got.items()}
         if isinstance(req, planner.Take):
             offs = planner.offsets(req.slots)
-            await self._parts(req.slots, offs, slots=req.slots, seqs=req.seqs)
+            await self._draw_parts(req.slots, offs, slots=req.slots, seqs=req.seqs)
             for s, p in (req.probs or {}).items():  # a sequential draw's: the workers report 1 for a take
                 self.out.probabilities[offs[s] : offs[s] + len(p)] = p
             return None
         raise TypeError(f"unknown plan request {req!r}")
 
-    async def _parts(self, part, offs, counts=None, scale=None, slots=None, by_count=False, seqs=None):
+    async def _draw_parts(self, part, offs, counts=None, scale=None, slots=None, by_count=False, seqs=None):
         t = self.t
         mapped = {}
         for a in {t.placement[s] for s in offs}:

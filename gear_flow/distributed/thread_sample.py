@@ -70,7 +70,7 @@ class ThreadSample(RemoteSample):
             return cached
         if isinstance(req, planner.Draw):
             offs = planner.offsets(req.counts, req.base)
-            return self._parts_here(offs, req.counts, req.scale, req.by_count)
+            return self._draw_parts_here(offs, req.counts, req.scale, req.by_count)
         raise NotHere
 
     def _exchange(self, batch: list, arrived) -> None:
@@ -88,7 +88,7 @@ class ThreadSample(RemoteSample):
         )
         return rows * self.L * self.row_bytes
 
-    def _parts_here(self, offs, counts, scale, by_count):
+    def _draw_parts_here(self, offs, counts, scale, by_count):
         t = self.t
         ctx = t._ctx
         mapped = t._routes.every_mapped()

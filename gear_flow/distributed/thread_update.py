@@ -135,6 +135,6 @@ async def _resend(t: DistributedTable, held: set[int], calls: dict) -> tuple[dic
     """The ``update`` requests ``calls`` whose lanes failed, sent again over the comm once those lanes are
     dropped; then the hold of ``held`` ends, here on the event loop, however the caller's wait ends."""
     try:
-        return await t._again(sorted(calls), t._link.on_workers, calls, True)
+        return await t._link.again(sorted(calls), t._link.on_workers, calls, True)
     finally:
         t._pending.release(held)

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..errors import GearFlowError, ShardLostError
+from .edits import evict_excess
 from .transport import NotAnswered, Retry, WorkerLost, call
 
 if TYPE_CHECKING:
@@ -240,7 +241,7 @@ async def apply_staged(table: DistributedTable, txn: str, addrs: Iterable[str]) 
     stored = "the rest of the insert was stored" if res else "nothing of the insert was stored"
     if failed and not lost:  # a live worker's answer, or its silence: its shards stay (and so do its items)
         if table._cfg.evicts_to_max_size(size):
-            await table._evict_excess(size)  # the handle's: edits sits above this module
+            await evict_excess(table, size)
         a, e = failed[0]
         if not isinstance(e, Exception):
             raise e
@@ -256,7 +257,7 @@ async def apply_staged(table: DistributedTable, txn: str, addrs: Iterable[str]) 
             pass
         if table._cfg.evicts_to_max_size(size):  # stored: evicted to max_size as a returning insert is
             try:
-                await table._evict_excess(size)  # the handle's: edits sits above this module
+                await evict_excess(table, size)
             except ShardLostError:  # not degraded: the lost shard's victims stay (the error says stored)
                 pass
         besides = "".join(f"; worker {a} did not apply its part ({type(e).__name__}: {e})" for a, e in failed)

@@ -906,6 +906,30 @@ class TableLink:
                 return False
         return True
 
+    async def again(self, broken: Iterable[str], step: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """``await step(*args)`` once the lanes of ``broken`` are dropped: a lane that failed under a caller's
+        thread is not used again, its requests go over the comm (as when it fails on the event loop's path).
+
+        Parameters
+        ----------
+        broken : iterable of str
+            Workers whose lanes failed.
+        step : coroutine function
+            What the event loop does instead (an insert's steps, a waiting
+            priority update).
+        *args
+            Its arguments.
+
+        Returns
+        -------
+        object
+            What ``step`` returned.
+        """
+        for a in broken:
+            logger.info("table %r: the lane to %s failed; using the comm", self.name, a)
+            self.ctx.lanes.drop(a)
+        return await step(*args)
+
     def unanswered_here(self, addr: str, op: str) -> GearFlowError | None:
         """What a request sent from the caller's thread means when no reply came in time (:func:`reply_timeout`).
 

@@ -18,7 +18,10 @@ the workers (in-process, through a staging segment, or over the comm); the
 transaction's steps (stage, apply, commit, abort) are in
 :mod:`~gear_flow.distributed.transactions`, and
 eviction is :func:`~gear_flow.distributed.edits.evict_excess`, beside
-priority updates and deletes.
+priority updates and deletes.  This is the event loop's path
+(:func:`insert_async`); a blocking ``insert`` goes through
+:func:`~gear_flow.distributed.thread_insert.insert`, which takes a caller's
+thread path when it can and this one otherwise.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ from numpy.typing import ArrayLike
 
 from ..errors import ShardLostError, ShardMovedError, SpecError
 from ..storage.staging import stage_chunks, staged_bytes, staging_area
+from ..table import routing
 from ..table.results import InsertResult
-from ..table.routing import route
-from ..table.validate import as_episode_list, check_batch, check_episode, check_priorities, to_host
+from ..table.validate import as_episode_list, check_episode, check_priorities
+from .edits import evict_excess
 from .transactions import abort_insert, admit_insert, insert_error, run_insert
 from .wire import array_bytes
 
@@ -45,6 +49,7 @@ logger = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from ..spec import TableSpec
     from ..writer import EpisodeWriter
+    from .api import DistributedTable
 
 #: times an insert is sent again after a worker refused it because shards moved, before it gives up
 MOVED_ATTEMPTS = 8
@@ -102,8 +107,28 @@ def prepare_insert(
     return [c for c, _ in checked], lengths, n_items, item_off, pr
 
 
-class _Insert(NamedTuple):
-    """An insert validated and routed (:func:`prepare_insert`), not yet admitted."""
+class Insert(NamedTuple):
+    """An insert validated and routed (:func:`prepare_insert`), not yet admitted.
+
+    Attributes
+    ----------
+    chunks : list of dict
+        Per episode, its columns cast to the spec's dtypes.
+    lengths : numpy.ndarray
+        Steps of each episode.
+    n_items : int
+        Items the insert creates.
+    item_off : numpy.ndarray
+        First item of each episode (and the total).
+    priorities : numpy.ndarray or None
+        Per item, or None (each shard's running max).
+    dest : numpy.ndarray
+        The shard of each episode.
+    per_shard : dict of int to int
+        Items per shard.
+    shard : int or None
+        The shard the caller put every episode on.
+    """
 
     chunks: list[dict]
     lengths: np.ndarray
@@ -115,7 +140,25 @@ class _Insert(NamedTuple):
     shard: int | None = None  # the shard the caller put every episode on
 
 
-def _result(ins: _Insert, ids: np.ndarray, sel_of: dict, applied: dict) -> InsertResult:
+def insert_result(ins: Insert, ids: np.ndarray, sel_of: dict, applied: dict) -> InsertResult:
+    """What an insert applied on its workers returns to the caller.
+
+    Parameters
+    ----------
+    ins : Insert
+        The insert.
+    ids : numpy.ndarray
+        Its episodes' ids.
+    sel_of : dict of int to numpy.ndarray
+        Per shard, the episodes it got.
+    applied : dict
+        Per worker, its ``write``/``apply`` reply (``first_keys`` per shard).
+
+    Returns
+    -------
+    InsertResult
+        Ids, first keys, shards and the number of items.
+    """
     first_keys = np.empty(len(ins.lengths), dtype=np.int64)
     for res in applied.values():
         for s, fk in res["first_keys"].items():
@@ -123,333 +166,370 @@ def _result(ins: _Insert, ids: np.ndarray, sel_of: dict, applied: dict) -> Inser
     return InsertResult(ids, first_keys, ins.dest, ins.n_items)
 
 
-class WritesMixin:
-    """Inserts of :class:`~gear_flow.distributed.DistributedTable` (staged, applied and committed by
-    :mod:`~gear_flow.distributed.transactions`)."""
+# -- inserts ------------------------------------------------------------------------------------
+def rerouted(table: DistributedTable, ins: Insert, e: ShardLostError, attempt: int) -> Insert:
+    """``ins`` routed again after a worker lost before any of it was stored (its admission given back):
+    over the shards left (degraded), or as placed now (the shard moved meanwhile); else ``e`` raised.
 
-    # -- inserts ------------------------------------------------------------------------------------
-    def insert(
-        self,
-        episodes: Mapping | Sequence[Mapping],
-        priorities: Priorities = None,
-        *,
-        timeout: float | None = None,
-        shard: int | None = None,
-    ) -> InsertResult:
-        """Insert whole episodes, all or nothing across workers.
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    ins : Insert
+        The insert.
+    e : ShardLostError
+        What the attempt raised.
+    attempt : int
+        Attempts made so far.
 
-        Input is validated before anything is sent.  Episodes are routed to
-        shards (never split), preferring the calling worker's own shards when
-        called from a task on a worker (writer affinity), and travel as raw
-        frames straight to the shard workers.  Blocks until the rate limiter
-        admits every item.  When the table then exceeds ``max_size``, the
-        remover evicts the excess (not a queue's or stack's: its items over
-        ``max_size`` are those of a sample that gave its admission back, still
-        waiting); an eviction that fails for another reason
-        than a lost worker (one that does not answer in time) is logged and
-        the insert returns, stored, the table over ``max_size`` until the next
-        insert's eviction.
+    Returns
+    -------
+    Insert
+        Routed again.
 
-        Parameters
-        ----------
-        episodes : mapping or sequence of mappings
-            Each maps every column to an array ``[T, *shape]`` (T >= 1).
-        priorities : None, float, array or list of arrays
-            Per item: None (the shard's running max priority, as in PER), one
-            value for all, a flat array over all items of all episodes, or one
-            array per episode.
-        timeout : float, optional
-            Seconds to wait for the rate limiter; default the handle's.
-        shard : int, optional
-            Put every episode on this shard.
+    Raises
+    ------
+    ShardLostError
+        ``e``, when something was stored, attempts ran out, or the table is
+        not degraded and the shard is lost.
+    """
+    if e.stored is not False or attempt >= table.spec.num_shards or (not table.degraded and e.shard in table.lost):
+        raise e
+    table._view.check_not_lost(stored=False)  # (the shard moved, but another one may be lost meanwhile)
+    logger.info("table %r: insert routed again (%s)", table.name, e)
+    return routed(table, ins)
 
-        Returns
-        -------
-        InsertResult
-            Episode ids, the key of each episode's first item, each episode's
-            shard and the number of items created.
 
-        Raises
-        ------
-        InvalidDataError
-            Episodes that do not match the spec, or not one priority per
-            item.
-        InvalidPriorityError
-            A priority that is NaN, infinite or negative, or one the sampler
-            or remover cannot represent.
-        CapacityError
-            An episode longer than a shard's capacity.
-        SpecError
-            ``shard`` out of range, or more items than the limiter admits at once.
-        RateLimitTimeout
-            Not admitted within ``timeout``.
-        ShardLostError
-            A shard's worker is lost (not ``degraded``), or a worker was lost
-            while the insert was applied (its episodes there are gone), or
-            (not ``degraded``) while it evicted to ``max_size`` after its
-            commit: the insert is stored, the message says so and
-            ``.stored`` is True.  A worker lost before anything was applied
-            leaves nothing stored (``.stored`` False); a degraded table then
-            routes the insert again over the shards left, and one whose
-            eviction loses a worker marks the shard lost and returns.
-        GearFlowError
-            Staging failed on a worker; nothing of the insert was stored.
-        """
-        ins = self._prepare(episodes, priorities, shard)
-        timeout = self.timeout if timeout is None else timeout
-        for attempt in itertools.count():  # _rerouted and _moved_insert bound it
-            try:
-                return self._insert_once(ins, timeout)
-            except ShardLostError as e:
-                ins = self._rerouted(ins, e, attempt)
-            except ShardMovedError as e:
-                self._ctx.sync(self._link.moved, e.epoch)
-                ins = self._moved_insert(ins, e, attempt)
+def moved_insert(table: DistributedTable, ins: Insert, e: ShardMovedError, attempt: int) -> Insert:
+    """``ins`` routed again after a worker refused it, planned before shards moved there or away (nothing
+    of it was stored, its admission given back; the handle knows the new placement): sent where the
+    shards are now, its episodes on the same shards (``e`` raised after :data:`MOVED_ATTEMPTS`).
 
-    def _insert_once(self, ins: _Insert, timeout: float | None) -> InsertResult:
-        if self._inserts_here(ins):  # the caller's thread writes (an actor into its own worker's shards) ...
-            return self._insert_here(ins, timeout)
-        lanes = self._insert_lanes(ins)
-        if lanes is not None:  # ... or sends them over the workers' lanes (see thread_insert)
-            return self._insert_over_lanes(ins, timeout, lanes)
-        return self._ctx.sync(self._insert_prepared, ins, timeout)
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    ins : Insert
+        The insert.
+    e : ShardMovedError
+        What the attempt raised.
+    attempt : int
+        Attempts made so far.
 
-    def _rerouted(self, ins: _Insert, e: ShardLostError, attempt: int) -> _Insert:
-        """``ins`` routed again after a worker lost before any of it was stored (its admission given back):
-        over the shards left (degraded), or as placed now (the shard moved meanwhile); else ``e`` raised."""
-        if e.stored is not False or attempt >= self.spec.num_shards or (not self.degraded and e.shard in self.lost):
-            raise e
-        self._view.check_not_lost(stored=False)  # (the shard moved, but another one may be lost meanwhile)
-        logger.info("table %r: insert routed again (%s)", self.name, e)
-        return self._routed(ins)
+    Returns
+    -------
+    Insert
+        ``ins``, sent again as placed now.
 
-    def _moved_insert(self, ins: _Insert, e: ShardMovedError, attempt: int) -> _Insert:
-        """``ins`` routed again after a worker refused it, planned before shards moved there or away (nothing
-        of it was stored, its admission given back; the handle knows the new placement): sent where the
-        shards are now, its episodes on the same shards (``e`` raised after :data:`MOVED_ATTEMPTS`)."""
-        if attempt >= MOVED_ATTEMPTS:
-            raise e
-        logger.info("table %r: insert sent again where its shards are now (%s)", self.name, e)
-        return ins
+    Raises
+    ------
+    ShardMovedError
+        ``e``, after :data:`MOVED_ATTEMPTS` attempts.
+    """
+    if attempt >= MOVED_ATTEMPTS:
+        raise e
+    logger.info("table %r: insert sent again where its shards are now (%s)", table.name, e)
+    return ins
 
-    def insert_batch(
-        self,
-        columns: Mapping[str, ArrayLike],
-        priorities: ArrayLike | float | None = None,
-        *,
-        timeout: float | None = None,
-        shard: int | None = None,
-    ) -> InsertResult:
-        """Insert ``B`` trajectories of ``T`` steps given as ``[B, T, *shape]`` arrays, all or nothing.
 
-        Validated whole first; each row then travels as one episode, from
-        host memory (device arrays are copied to the host), as :meth:`insert`.
+def route(table: DistributedTable, lengths: np.ndarray, shard: int | None) -> np.ndarray:
+    """The shard of each episode: the caller's own shards first (writer affinity), among those alive.
 
-        Parameters
-        ----------
-        columns : mapping of str to array
-            Every column, ``[B, T, *shape]`` (NumPy or CuPy), ``B, T >= 1``.
-        priorities : None, float or array
-            None, one value, or one per item (``B * T`` for step items, ``B``
-            for episode items), in row order.
-        timeout : float, optional
-            Seconds to wait for the rate limiter; default the handle's.
-        shard : int, optional
-            Put every trajectory on this shard.
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    lengths : numpy.ndarray
+        Steps of each episode.
+    shard : int or None
+        The shard the caller put every episode on.
 
-        Returns
-        -------
-        InsertResult
-            As :meth:`insert`, one episode per row.
+    Returns
+    -------
+    numpy.ndarray
+        int64, one shard per episode.
 
-        Raises
-        ------
-        InvalidDataError, InvalidPriorityError, CapacityError, SpecError, RateLimitTimeout, ShardLostError
-            As :meth:`insert`.
-        """
-        arrays, B, _ = check_batch(self.spec, columns)
-        host = {c: to_host(a) for c, a in arrays.items()}  # one copy per column: they cross the comm from host memory
-        rows = [{c: a[b] for c, a in host.items()} for b in range(B)]
-        return self.insert(rows, priorities, timeout=timeout, shard=shard)
+    Raises
+    ------
+    ShardLostError
+        No shard is left, or ``shard`` is lost.
+    SpecError
+        ``shard`` out of range.
+    """
+    alive = [s for s in sorted(table.placement) if s not in table.lost]
+    if not alive:
+        raise ShardLostError(-1, f"table {table.name!r} has no shard left", stored=False)
+    if shard is not None and shard not in alive:
+        if shard in table.lost:
+            raise ShardLostError(shard, f"shard {shard} of table {table.name!r} is lost", stored=False)
+        raise SpecError(f"shard {shard} must be in [0, {table.spec.num_shards})")
+    local = [s for s in table.local_shards if s not in table.lost]
+    pool = local if shard is None and local else alive
+    idx = routing.route(
+        lengths, len(pool), table.spec.capacity, table.routing, table._rr, None if shard is None else pool.index(shard)
+    )
+    return np.array(pool, dtype=np.int64)[idx]
 
-    def _route(self, lengths, shard):
-        alive = [s for s in sorted(self.placement) if s not in self.lost]
-        if not alive:
-            raise ShardLostError(-1, f"table {self.name!r} has no shard left", stored=False)
-        if shard is not None and shard not in alive:
-            if shard in self.lost:
-                raise ShardLostError(shard, f"shard {shard} of table {self.name!r} is lost", stored=False)
-            raise SpecError(f"shard {shard} must be in [0, {self.spec.num_shards})")
-        local = [s for s in self.local_shards if s not in self.lost]
-        pool = local if shard is None and local else alive
-        idx = route(
-            lengths, len(pool), self.spec.capacity, self.routing, self._rr, None if shard is None else pool.index(shard)
+
+async def insert_async(
+    table: DistributedTable,
+    episodes: Mapping | Sequence[Mapping],
+    priorities: Priorities = None,
+    *,
+    timeout: float | None = None,
+    shard: int | None = None,
+) -> InsertResult:
+    """:meth:`insert` for a caller inside the event loop.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    episodes : mapping or sequence of mappings
+        Each maps every column to an array ``[T, *shape]``.
+    priorities : None, float, array or list of arrays
+        As :meth:`insert`.
+    timeout : float, optional
+        Seconds to wait for the rate limiter; default the handle's.
+    shard : int, optional
+        Put every episode on this shard.
+
+    Returns
+    -------
+    InsertResult
+        As :meth:`insert`.
+
+    Raises
+    ------
+    InvalidDataError, InvalidPriorityError, CapacityError, SpecError, RateLimitTimeout, ShardLostError
+        As :meth:`insert`.
+    """
+    ins = prepare(table, episodes, priorities, shard)
+    timeout = table.timeout if timeout is None else timeout
+    for attempt in itertools.count():  # rerouted and moved_insert bound it
+        try:
+            return await insert_prepared(table, ins, timeout)
+        except ShardLostError as e:
+            ins = rerouted(table, ins, e, attempt)
+        except ShardMovedError as e:
+            await table._link.moved(e.epoch)
+            ins = moved_insert(table, ins, e, attempt)
+
+
+def prepare(
+    table: DistributedTable, episodes: Mapping | Sequence[Mapping], priorities: Priorities, shard: int | None
+) -> Insert:
+    """Validate and route an insert (nothing sent yet).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    episodes : mapping or sequence of mappings
+        As ``insert``'s.
+    priorities : None, float, array or list of arrays
+        As ``insert``'s.
+    shard : int or None
+        Put every episode on this shard.
+
+    Returns
+    -------
+    Insert
+        Validated and routed.
+    """
+    table._masses.clear()  # this handle's own writes show in its next sample's plan
+    table._view.check_not_lost(stored=False)
+    chunks, lengths, n_items, item_off, pr = prepare_insert(table.spec, episodes, priorities)
+    if pr is not None:
+        table._cfg.check_priorities(pr)
+    ins = routed(table, Insert(chunks, lengths, n_items, item_off, pr, None, {}, shard))
+    table._rr += len(lengths)
+    table._cfg.rate_limiter.check_insert_size(n_items)
+    return ins
+
+
+def routed(table: DistributedTable, ins: Insert) -> Insert:
+    """``ins`` with each episode's shard chosen among the shards this handle knows alive.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    ins : Insert
+        The insert.
+
+    Returns
+    -------
+    Insert
+        With ``dest`` and ``per_shard``.
+    """
+    dest = route(table, ins.lengths, ins.shard)
+    items_of = ins.item_off[1:] - ins.item_off[:-1]
+    return ins._replace(dest=dest, per_shard={int(s): int(items_of[dest == s].sum()) for s in np.unique(dest)})
+
+
+async def insert_prepared(table: DistributedTable, ins: Insert, timeout: float | None) -> InsertResult:
+    """Admit a prepared insert at the coordinator, then store it (:func:`insert_admitted`).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    ins : Insert
+        The insert.
+    timeout : float or None
+        Seconds to wait for the rate limiter.
+
+    Returns
+    -------
+    InsertResult
+        As ``insert``'s.
+    """
+    adm = await admit_insert(table, ins.n_items, len(ins.lengths), ins.per_shard, timeout)
+    return await insert_admitted(table, ins, adm, timeout)
+
+
+async def insert_admitted(table: DistributedTable, ins: Insert, adm: dict, timeout: float | None) -> InsertResult:
+    """Hand an admitted insert's episodes to its workers (in-process, through staging segments, or over
+    the comm), apply, commit, evict to ``max_size``.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    ins : Insert
+        The insert.
+    adm : dict
+        The coordinator's ``admit_insert`` answer.
+    timeout : float or None
+        Seconds to wait, should it be admitted again (routed anew).
+
+    Returns
+    -------
+    InsertResult
+        As ``insert``'s.
+    """
+    try:
+        await table._link.refresh(adm["version"])
+    except BaseException as e:  # admitted, and nothing sent: the admission is given back
+        try:
+            await abort_insert(table, adm["txn"], [], e)
+        except Exception as u:  # noqa: BLE001 - the refresh's error is the caller's
+            logger.info("table %r: an insert's admission not given back (%s)", table.name, u)
+        raise
+    if any(s in table.lost for s in ins.per_shard):
+        # routed to a shard the coordinator knew lost and this handle learns it only now: the admission is
+        # given back, and the insert routed again over the shards left (or refused, not degraded)
+        await abort_insert(table, adm["txn"], [], None)
+        table._view.check_not_lost(stored=False)
+        ins = routed(table, ins)
+        adm = await admit_insert(table, ins.n_items, len(ins.lengths), ins.per_shard, timeout)
+        await table._link.refresh(adm["version"])
+    parts, sel_of, ids = insert_parts(table, ins, adm)
+    local = table._ctx.local_addr if table._ctx.local_plugin is not None else None  # its parts go in-process
+    segs = []
+    try:
+        for a, ps in parts.items():
+            n = array_bytes([p["chunks"] for p in ps])
+            if a != local and await table._link.route(a) is not None:
+                # a worker on this machine: the episodes go through a staging segment, not the socket
+                seg = staging_area().acquire(staged_bytes(ps))
+                segs.append(seg)
+                stage_chunks(seg, ps)
+                table.stats["insert_shared_bytes"] += n
+            else:
+                table.stats["insert_local_bytes" if a == local else "insert_remote_bytes"] += n
+    except BaseException as e:  # nothing sent yet: give the admission back
+        for seg in segs:
+            staging_area().discard(seg)
+        await abort_insert(table, adm["txn"], [], e)
+        raise insert_error(table, e, sorted(parts)) from None
+    try:
+        applied, size = await run_insert(table, adm["txn"], dict(parts))
+    except BaseException:  # a worker may still read them (a request given up on): never reused
+        for seg in segs:
+            staging_area().discard(seg)
+        raise
+    for seg in segs:  # applied everywhere: the segments may be reused
+        staging_area().release(seg)
+    if table._cfg.evicts_to_max_size(size):
+        await evict_excess(table, size)
+    return insert_result(ins, ids, sel_of, applied)
+
+
+def insert_parts(
+    table: DistributedTable, ins: Insert, adm: dict
+) -> tuple[dict[str, list[dict]], dict[int, np.ndarray], np.ndarray]:
+    """The parts each worker gets of an admitted insert.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    ins : Insert
+        The insert.
+    adm : dict
+        The coordinator's ``admit_insert`` answer (``first_episode_id``,
+        ``first_stamp``).
+
+    Returns
+    -------
+    tuple
+        ``({worker: [part, ...]}, {shard: episodes it gets}, episode ids)``.
+    """
+    ids = adm["first_episode_id"] + np.arange(len(ins.lengths), dtype=np.int64)
+    stamps = adm["first_stamp"] + ins.item_off[:-1]
+    parts = defaultdict(list)
+    sel_of = {}
+    for s in np.unique(ins.dest):
+        sel = np.flatnonzero(ins.dest == s)
+        sel_of[int(s)] = sel
+        pr = ins.priorities
+        p = None if pr is None else np.concatenate([pr[ins.item_off[i] : ins.item_off[i + 1]] for i in sel])
+        parts[table.placement[int(s)]].append(
+            {
+                "shard": int(s),
+                "chunks": [ins.chunks[i] for i in sel],
+                "lengths": ins.lengths[sel],
+                "episode_ids": ids[sel],
+                "stamps": stamps[sel],
+                "priorities": p,
+            }
         )
-        return np.array(pool, dtype=np.int64)[idx]
+    return dict(parts), sel_of, ids
 
-    async def insert_async(
-        self,
-        episodes: Mapping | Sequence[Mapping],
-        priorities: Priorities = None,
-        *,
-        timeout: float | None = None,
-        shard: int | None = None,
-    ) -> InsertResult:
-        """:meth:`insert` for a caller inside the event loop.
 
-        Parameters
-        ----------
-        episodes : mapping or sequence of mappings
-            Each maps every column to an array ``[T, *shape]``.
-        priorities : None, float, array or list of arrays
-            As :meth:`insert`.
-        timeout : float, optional
-            Seconds to wait for the rate limiter; default the handle's.
-        shard : int, optional
-            Put every episode on this shard.
+def writer(
+    table: DistributedTable,
+    max_episode_length: int | None = None,
+    shard: int | None = None,
+    timeout: float | None = None,
+) -> EpisodeWriter:
+    """A streaming writer (``append``/``end_episode``) inserting into this table.
 
-        Returns
-        -------
-        InsertResult
-            As :meth:`insert`.
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    max_episode_length : int, optional
+        End an episode automatically (``truncated``) when it reaches this
+        many steps; None: episodes end only at ``end_episode``.
+    shard : int, optional
+        Insert every episode on this shard.
+    timeout : float, optional
+        Seconds each insert waits for the rate limiter; default the
+        handle's.
 
-        Raises
-        ------
-        InvalidDataError, InvalidPriorityError, CapacityError, SpecError, RateLimitTimeout, ShardLostError
-            As :meth:`insert`.
-        """
-        ins = self._prepare(episodes, priorities, shard)
-        timeout = self.timeout if timeout is None else timeout
-        for attempt in itertools.count():  # _rerouted and _moved_insert bound it
-            try:
-                return await self._insert_prepared(ins, timeout)
-            except ShardLostError as e:
-                ins = self._rerouted(ins, e, attempt)
-            except ShardMovedError as e:
-                await self._link.moved(e.epoch)
-                ins = self._moved_insert(ins, e, attempt)
+    Returns
+    -------
+    EpisodeWriter
+        Buffers steps and inserts each episode whole when it ends.
 
-    def _prepare(self, episodes, priorities, shard) -> _Insert:
-        """Validate and route an insert (nothing sent yet)."""
-        self._masses.clear()  # this handle's own writes show in its next sample's plan
-        self._view.check_not_lost(stored=False)
-        chunks, lengths, n_items, item_off, pr = prepare_insert(self.spec, episodes, priorities)
-        if pr is not None:
-            self._cfg.check_priorities(pr)
-        ins = self._routed(_Insert(chunks, lengths, n_items, item_off, pr, None, {}, shard))
-        self._rr += len(lengths)
-        self._cfg.rate_limiter.check_insert_size(n_items)
-        return ins
+    Raises
+    ------
+    SpecError
+        ``max_episode_length`` is not a positive integer or None.
+    """
+    from ..writer import EpisodeWriter
 
-    def _routed(self, ins: _Insert) -> _Insert:
-        """``ins`` with each episode's shard chosen among the shards this handle knows alive."""
-        dest = self._route(ins.lengths, ins.shard)
-        items_of = ins.item_off[1:] - ins.item_off[:-1]
-        return ins._replace(dest=dest, per_shard={int(s): int(items_of[dest == s].sum()) for s in np.unique(dest)})
-
-    async def _insert_prepared(self, ins: _Insert, timeout: float | None) -> InsertResult:
-        adm = await admit_insert(self, ins.n_items, len(ins.lengths), ins.per_shard, timeout)
-        return await self._insert_admitted(ins, adm, timeout)
-
-    async def _insert_admitted(self, ins: _Insert, adm: dict, timeout: float | None) -> InsertResult:
-        """Hand an admitted insert's episodes to its workers (in-process, through staging segments, or over
-        the comm), apply, commit, evict to ``max_size``."""
-        try:
-            await self._link.refresh(adm["version"])
-        except BaseException as e:  # admitted, and nothing sent: the admission is given back
-            try:
-                await abort_insert(self, adm["txn"], [], e)
-            except Exception as u:  # noqa: BLE001 - the refresh's error is the caller's
-                logger.info("table %r: an insert's admission not given back (%s)", self.name, u)
-            raise
-        if any(s in self.lost for s in ins.per_shard):
-            # routed to a shard the coordinator knew lost and this handle learns it only now: the admission is
-            # given back, and the insert routed again over the shards left (or refused, not degraded)
-            await abort_insert(self, adm["txn"], [], None)
-            self._view.check_not_lost(stored=False)
-            ins = self._routed(ins)
-            adm = await admit_insert(self, ins.n_items, len(ins.lengths), ins.per_shard, timeout)
-            await self._link.refresh(adm["version"])
-        parts, sel_of, ids = self._parts(ins, adm)
-        local = self._ctx.local_addr if self._ctx.local_plugin is not None else None  # its parts go in-process
-        segs = []
-        try:
-            for a, ps in parts.items():
-                n = array_bytes([p["chunks"] for p in ps])
-                if a != local and await self._link.route(a) is not None:
-                    # a worker on this machine: the episodes go through a staging segment, not the socket
-                    seg = staging_area().acquire(staged_bytes(ps))
-                    segs.append(seg)
-                    stage_chunks(seg, ps)
-                    self.stats["insert_shared_bytes"] += n
-                else:
-                    self.stats["insert_local_bytes" if a == local else "insert_remote_bytes"] += n
-        except BaseException as e:  # nothing sent yet: give the admission back
-            for seg in segs:
-                staging_area().discard(seg)
-            await abort_insert(self, adm["txn"], [], e)
-            raise insert_error(self, e, sorted(parts)) from None
-        try:
-            applied, size = await run_insert(self, adm["txn"], dict(parts))
-        except BaseException:  # a worker may still read them (a request given up on): never reused
-            for seg in segs:
-                staging_area().discard(seg)
-            raise
-        for seg in segs:  # applied everywhere: the segments may be reused
-            staging_area().release(seg)
-        if self._cfg.evicts_to_max_size(size):
-            await self._evict_excess(size)
-        return _result(ins, ids, sel_of, applied)
-
-    def _parts(self, ins: _Insert, adm: dict) -> tuple[dict[str, list[dict]], dict[int, np.ndarray], np.ndarray]:
-        """``({worker: [part, ...]}, {shard: episodes it gets}, episode ids)`` of an admitted insert."""
-        ids = adm["first_episode_id"] + np.arange(len(ins.lengths), dtype=np.int64)
-        stamps = adm["first_stamp"] + ins.item_off[:-1]
-        parts = defaultdict(list)
-        sel_of = {}
-        for s in np.unique(ins.dest):
-            sel = np.flatnonzero(ins.dest == s)
-            sel_of[int(s)] = sel
-            pr = ins.priorities
-            p = None if pr is None else np.concatenate([pr[ins.item_off[i] : ins.item_off[i + 1]] for i in sel])
-            parts[self.placement[int(s)]].append(
-                {
-                    "shard": int(s),
-                    "chunks": [ins.chunks[i] for i in sel],
-                    "lengths": ins.lengths[sel],
-                    "episode_ids": ids[sel],
-                    "stamps": stamps[sel],
-                    "priorities": p,
-                }
-            )
-        return dict(parts), sel_of, ids
-
-    def writer(
-        self, max_episode_length: int | None = None, shard: int | None = None, timeout: float | None = None
-    ) -> EpisodeWriter:
-        """A streaming writer (``append``/``end_episode``) inserting into this table.
-
-        Parameters
-        ----------
-        max_episode_length : int, optional
-            End an episode automatically (``truncated``) when it reaches this
-            many steps; None: episodes end only at ``end_episode``.
-        shard : int, optional
-            Insert every episode on this shard.
-        timeout : float, optional
-            Seconds each insert waits for the rate limiter; default the
-            handle's.
-
-        Returns
-        -------
-        EpisodeWriter
-            Buffers steps and inserts each episode whole when it ends.
-
-        Raises
-        ------
-        SpecError
-            ``max_episode_length`` is not a positive integer or None.
-        """
-        from ..writer import EpisodeWriter
-
-        return EpisodeWriter(self, max_episode_length=max_episode_length, shard=shard, timeout=timeout)
+    return EpisodeWriter(table, max_episode_length=max_episode_length, shard=shard, timeout=timeout)

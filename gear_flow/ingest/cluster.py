@@ -391,6 +391,7 @@ def insert_partitions(
     """
     from distributed import wait
 
+    from ..distributed.edits import evict_excess
     from ..distributed.transactions import admit_insert  # (the distributed table imports this package)
 
     n_eps = [int(c[0]) for c in counts]
@@ -443,5 +444,5 @@ def insert_partitions(
                 d["first_keys"][j] = applied[a]["first_keys"][s][at[s]]
                 at[s] += 1
     if table.config.evicts_to_max_size(size):  # the inserts' one rule (a queue never evicts)
-        table._ctx.sync(table._evict_excess, size)
+        table._ctx.sync(evict_excess, table, size)
     return results
