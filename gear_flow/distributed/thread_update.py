@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .. import config
 from ..errors import ShardMovedError
 from ..table.results import UpdateResult
 from .edit_keys import (
@@ -42,7 +41,7 @@ from .edit_keys import (
     update_now,
     updated_all,
 )
-from .transport import Moved, exchange, not_answered, reply_timeout, worker_alive
+from .transport import Moved, exchange
 
 if TYPE_CHECKING:
     from .api import DistributedTable
@@ -104,9 +103,9 @@ def update_here(t: DistributedTable, keys: ArrayLike, priorities: ArrayLike | fl
             exchange(ctx, [(a, op, args, "upd") for a, (op, args) in calls.items()], arrived)
             hung = {}
             for a in timed_out:  # waited as long as the event loop's path waits: a live worker fails the update
-                alive = ctx.sync(worker_alive, ctx, t.name, a, float(config.get("distributed.rpc-timeout")))
-                if alive is not False:
-                    hung[a] = not_answered(a, "update", reply_timeout(), known=alive is not None)
+                unanswered = t._link.unanswered_here(a, "update")
+                if unanswered is not None:
+                    hung[a] = unanswered
                     del broken[a]
             if broken:  # sent again over the comm (a worker removed meanwhile is found lost there)
                 handed = True
