@@ -236,3 +236,34 @@ def test_evictions_run_one_at_a_time_and_delay_no_sample_of_a_non_exclusive_tabl
         assert granted([third]) == [True]
 
     run(go)
+
+
+@pytest.mark.parametrize("restored_before_finish", [False, True])
+def test_a_queue_sample_finished_from_a_lost_shard_counts_its_items_even_after_the_shard_was_restored(
+    restored_before_finish,
+):
+    """An exclusive queue sample takes 2 items of shard 1, whose worker is then lost: the loss forgets
+    shard 1's 4 waiting items (the 2 in the batch among them), and the sample's finish counts its 2 as
+    handed out again.  When the shard is restored from a checkpoint (3 items) before that finish
+    arrives, the 2 still belong to the lost incarnation: they must be counted all the same, or the
+    limiter believes 2 fewer items wait than the table holds and a batch of all of them is never
+    admitted (consumers stuck with items present)."""
+
+    async def go():
+        g = _gate(gf.Queue(16), gf.Fifo())
+        r = g.request("insert", 6, "w").fut.result()
+        g.commit_insert(r["txn"], {0: 2, 1: 4}, {})
+        s = g.request("sample", 2, "learner", exclusive=True).fut.result()  # its 2 items: shard 1's
+        g.mark_lost(1, "killed")
+        assert g.size == 2 and g.limiter.state.inserts - g.limiter.state.samples == 0
+        if restored_before_finish:
+            g.shard_restored(1, "w2", size=3, inserted=3)
+        g.sample_expired(s["txn"], {1: 2})
+        g.sample_finished(s["txn"])
+        if not restored_before_finish:
+            g.shard_restored(1, "w2", size=3, inserted=3)
+        waiting = g.limiter.state.inserts - g.limiter.state.samples
+        assert (g.size, waiting) == (5, 5)  # shard 0's 2 and the 3 restored: all waiting, all sampleable
+        assert g.request("sample", 5, "learner", exclusive=True).fut.done()
+
+    run(go)

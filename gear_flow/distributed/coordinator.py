@@ -476,8 +476,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         if rollback and rollback > g.limiter.state.samples:
             raise ProtocolError(f"coordinator 'sample_finished': rollback {rollback} exceeds the samples counted")
         if expired:  # before the hold is released: the next sample must not count expired items
-            g.removed(sum(int(k) for k in expired.values()), expired)
-            g.sampled_from_lost(expired)
+            g.sample_expired(txn, expired)
         g.sample_finished(txn, rollback or 0)
         return True
 

@@ -180,7 +180,9 @@ class TableGate:
         self.next_episode_id = 0
         self.next_stamp = 0
         self.lost: dict[int, dict] = {}
-        self.unsampled_lost: dict[int, int] = {}  # lost shard -> its items forgotten by a queue's limiter
+        #: (shard, incarnation) -> items of that incarnation a queue's limiter forgot unsampled when it was lost
+        #: or replaced: a sample granted before then may still hand some out (kept until it finishes)
+        self.unsampled_gone: dict[tuple[int, int], int] = {}
         self.version = 0  # bumped when placement or lost shards change
         #: per shard, how often it was rebuilt (lost, or restored from a checkpoint; a move keeps it whole)
         self.incarnation = {s: 0 for s in self.placement}
@@ -339,7 +341,9 @@ class TableGate:
         self.limiter.on_sample(w.n + done)
         txn = uuid.uuid4().hex
         if w.extra.get("exclusive"):
-            self.holder = {"txn": txn, "owner": w.owner, "n": w.n}
+            # the incarnations it was granted on: what it hands out of a shard lost (or replaced) since is
+            # of the incarnation it drew from, however often the shard was rebuilt meanwhile
+            self.holder = {"txn": txn, "owner": w.owner, "n": w.n, "incarnation": dict(self.incarnation)}
         lease = int(w.extra.get("lease", 0))
         return {
             "txn": txn,
@@ -490,6 +494,7 @@ class TableGate:
         """
         if self.holder is not None and self.holder["txn"] == txn:
             self.holder = None
+            self.unsampled_gone.clear()  # samples are exclusive: none granted before a loss is left
         if rollback:
             self.limiter.give_back_sample(int(rollback))
         self.pump()
@@ -574,7 +579,7 @@ class TableGate:
         }
         self.size -= int(size)
         self.shard_size[shard] = 0
-        self.unsampled_lost[shard] = int(size)
+        self.unsampled_gone[shard, self.incarnation.get(shard, 0)] = int(size)
         self.forget_waiting(int(size))
         self.incarnation[shard] = self.incarnation.get(shard, 0) + 1
         self.version += 1
@@ -638,8 +643,8 @@ class TableGate:
         if shard not in self.lost:  # a live shard replaced: its old items leave the count
             self.size -= self.shard_size.get(shard, 0)
             self.forget_waiting(self.shard_size.get(shard, 0))
+            self.unsampled_gone[shard, self.incarnation.get(shard, 0)] = self.shard_size.get(shard, 0)
         lost = self.lost.pop(shard, None)
-        self.unsampled_lost.pop(shard, None)
         if lost is not None:
             # inserts in flight when the shard was lost are settled after the loss was
             # marked; the count now is what the shard really had received
@@ -688,21 +693,43 @@ class TableGate:
         self.version = max(self.version + 1, int(epoch))
         return self.version
 
-    def sampled_from_lost(self, expired: dict) -> None:
-        """A sample handed out ``expired[shard]`` items of shards lost while it was finished (they expired
-        with their shard): counted sampled, no longer forgotten as unsampled by a queue's limiter (at most
-        what each shard had when it was lost).
+    def sample_expired(self, txn: str, expired: dict) -> None:
+        """Exclusive sample ``txn`` handed out, and so expired, ``expired[shard]`` items.
+
+        Those of a shard still as the sample was granted left it: its size
+        drops (:meth:`removed`).  Those of a shard lost, or replaced by a
+        restore, after the grant expired with that incarnation (its size
+        went with it; a restored shard's items are others): they are
+        counted sampled and no longer forgotten as unsampled by a queue's
+        limiter, at most what the incarnation had when it went.  Only the
+        grant's incarnations tell the two apart once the shard is restored.
 
         Parameters
         ----------
+        txn : str
+            The sample's transaction id (its grant says which incarnations it drew from).
         expired : dict
-            ``{shard: items}`` the sample expired; live shards' entries are ignored.
+            ``{shard: items}`` the sample expired.
         """
+        holder = self.holder if self.holder is not None and self.holder["txn"] == txn else None
+        granted = None if holder is None else holder.get("incarnation")
+        live, gone = {}, {}
         for s, j in expired.items():
-            s = int(s)
-            if s in self.lost:
-                j = min(int(j), self.unsampled_lost.get(s, 0))
-                self.unsampled_lost[s] = self.unsampled_lost.get(s, 0) - j
+            s, now = int(s), self.incarnation.get(int(s), 0)
+            if granted is not None:
+                drew_from = granted.get(s, 0)
+            else:  # no grant known: a lost shard's items are of the incarnation the loss ended
+                drew_from = now - 1 if s in self.lost else now
+            if drew_from == now and s not in self.lost:
+                live[s] = int(j)
+            else:
+                gone[s, drew_from] = int(j)
+        self.removed(sum(int(j) for j in expired.values()), live)
+        for key, j in gone.items():
+            left = self.unsampled_gone.get(key, 0)
+            j = min(j, left)
+            if j:
+                self.unsampled_gone[key] = left - j
                 self.forget_waiting(-j)
 
     def forget_waiting(self, k: int) -> None:

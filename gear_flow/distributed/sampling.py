@@ -506,10 +506,13 @@ async def _sample_plan(table, out, B, L, boundary, columns, rng, grant: SampleGr
             raise errors[0]
         # a worker lost while finishing (degraded: a Retry; its shards are marked lost) does not undo the
         # batch: every part is in it, and the other workers have expired what they handed out; its own
-        # rows are handed out too, expired with their shard (the coordinator forgot them as unsampled)
+        # rows are handed out too, expired with their shard (the coordinator forgot them as unsampled),
+        # also when the shard was restored meanwhile: they are the lost incarnation's, which the
+        # coordinator tells apart by the grant
+        now = t._view.now().incarnation
         for a in set(ex.sent) - set(res):
             for s, k in ex.counted.get(a, {}).items():
-                if s in t.lost:
+                if s in t.lost or now.get(s, 0) != ex.incarnation.get(s, 0):
                     ex.expired[s] = ex.expired.get(s, 0) + k
     if layout.rows_at is not None:
         out.permute(planner.sources(layout.rows_at))
@@ -628,6 +631,8 @@ class RemoteSample:
         self.expired = {}
         self.stale = []  # shards planned with a mass older than the maximum age: refreshed with the draw
         self.one_part = False  # the parts in flight come from one worker
+        #: the shards' incarnations this attempt was planned at (a shard rebuilt since holds other items)
+        self.incarnation = table._view.now().incarnation
         self.row_bytes = sum(out.bytes[c].shape[-1] for c in columns)  # one window step, all columns
 
     async def __call__(self, req):
