@@ -70,7 +70,10 @@ class HostCheckpointer:
         """Create the table's shards ``files`` here from a checkpoint directory.
 
         Shards already hosted are replaced; other hosted shards of the table
-        are kept.  Every file is verified before any shard is built.
+        are kept, and so are its inserts staged and samples pending here (a
+        pending sample's parts drawn from a replaced shard finish on the copy
+        they were drawn from).  Every file is verified before any shard is
+        built.
 
         Parameters
         ----------
@@ -103,13 +106,27 @@ class HostCheckpointer:
         loaded = {int(i): ck.read_shard_file(Path(directory), e["file"], e["sha256"]) for i, e in files.items()}
 
         def build(old: HostedTable | None) -> HostedTable:
-            have = set(old.shards) if old is not None else set()
-            t = HostedTable(name, cfg, sorted(loaded), tier)
-            for i in loaded:
-                ck.restore_shard(t.shards[i], loaded[i], files[i]["meta"])
-            for i in have - set(loaded):  # keep shards this worker already hosts
-                t.shards[i] = old.shards[i]
-            return t
+            if old is None:
+                t = HostedTable(name, cfg, sorted(loaded), tier)
+                for i in loaded:
+                    ck.restore_shard(t.shards[i], loaded[i], files[i]["meta"])
+                return t
+            # restored into the table hosted here, not a new one: its inserts staged and its two-phase samples
+            # drawn on the other shards go on (a new table's memory would answer their apply and finish as
+            # unknown, and a queue's items handed out would never expire)
+            built = {i: old.build_shard(i) for i in loaded}
+            try:
+                for i, s in built.items():
+                    ck.restore_shard(s, loaded[i], files[i]["meta"])
+            except BaseException:
+                old.release_shards(built.values())
+                raise
+            with old.lock:
+                replaced = {i: old.shards[i] for i in built if i in old.shards}
+                old.txns.retire(replaced)
+                old.shards.update(built)
+            old.release_shards(replaced.values())
+            return old
 
         t = self.tables.replace(name, build)
         return {i: t.shards[i].size for i in loaded}

@@ -23,12 +23,12 @@ import numpy as np
 from .. import backend
 from ..errors import GearFlowError, ProtocolError
 from ..sample import SampleBuffers
+from ..shard import Shard
 from ..table.executor import sample_shards
 from ..table.planner import ShortOfItems
 from ..table.validate import check_sample_args
 
 if TYPE_CHECKING:
-    from ..shard import Shard
     from ..spec import TableSpec
     from .host_edits import HostEditor
     from .host_tables import HostedTable, HostedTables
@@ -619,7 +619,8 @@ class HostSampler:
             return done
         out = {}
         for i, sl, seqs, drawn in parts:
-            s = t.shards[i]
+            s = i if isinstance(i, Shard) else t.shards[i]  # a copy replaced since the draw: finished on it
+            i = s.shard_id
             if commit:
                 k = s.record_samples(sl, seqs)
                 if k:

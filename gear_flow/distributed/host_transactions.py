@@ -17,9 +17,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SpecError
+
+if TYPE_CHECKING:
+    from ..shard import Shard
 
 #: transactions whose outcome a worker remembers (for the coordinator's recovery, and a request sent again)
 REMEMBER = 4096
@@ -236,10 +239,26 @@ class TransactionMemory:
             The sample's transaction id.
         parts : iterable of tuple
             ``(shard, slots, seqs, drawn)`` per part; ``drawn``: a draw's (its
-            epoch bookkeeping is undone on abort), not a take's.
+            epoch bookkeeping is undone on abort), not a take's.  ``shard`` is
+            the shard's id, or the copy itself once :meth:`retire` replaced it.
         """
         with self._lock:
             self._pending.setdefault(txn, []).extend(parts)
+
+    def retire(self, shards: Mapping[int, Shard]) -> None:
+        """Shards about to be replaced here (a restore): pending parts drawn from them keep the replaced copy.
+
+        Their finish commits or undoes them on that copy (no longer hosted), so it reports what they handed
+        out of it and leaves the new copy as restored.
+
+        Parameters
+        ----------
+        shards : mapping of int to Shard
+            The copies being replaced, by shard id.
+        """
+        with self._lock:
+            for parts in self._pending.values():
+                parts[:] = [(shards[p[0]], *p[1:]) if p[0] in shards else p for p in parts]
 
     def take_pending(self, txn: str, commit: bool) -> tuple[list | None, dict]:
         """Take sample ``txn``'s pending parts to finish them.
