@@ -1,5 +1,6 @@
 """Every message's description: the tables derived from the operation registry hold what they held when each
-was written by hand (names, field names in order, handlers, lane and resend claims, which ops are quick)."""
+was written by hand (names, field names in order, handlers, lane and resend claims, which ops are quick, how a move's
+gate treats each)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from gear_flow.distributed.coordinator import GearFlowCoordinator
 from gear_flow.distributed.host import ShardHost
 from gear_flow.distributed.operations import COORDINATOR_OPS, WORKER_OPS, CoordinatorOp, WorkerOp
 from gear_flow.distributed.plugin import GearFlowWorker
+from gear_flow.distributed.protocol import EPOCH
 
 # -- today's tables, written out ---------------------------------------------------------------------------
 #: worker operation -> its fields, in the order they are checked (``epoch`` last unless the op names it)
@@ -93,6 +95,15 @@ RESENDABLE_OPS = {
 }  # fmt: skip
 NO_TABLE = {"lane", "list"}
 COORD_LANE_OPS = set(COORDINATOR_FIELDS) - {"lane", "move", "rebalance"}
+#: operations on a transaction already begun: let through while a move drains the table, never refused as stale
+THROUGH = {"apply", "abort", "status", "finish_sample"}
+#: operations a table's move gate never holds or refuses (the table's lifecycle, a move's own steps)
+UNGATED = {
+    "create", "drop", "restore", "drop_shard", "move_out", "move_in", "move_commit", "move_release", "move_abort",
+    "move_thaw",
+}  # fmt: skip
+#: the move's steps whose ``epoch`` is their argument (the new placement version), not the request's
+EPOCH_ARGUMENT = {"move_commit", "move_release"}
 #: the worker operations that run on the event loop whatever their size
 ALWAYS_QUICK = {"summaries", "uncount", "info", "status", "finish_sample", "new_epoch", "nbytes", "abort"}
 #: those that do when small (and their table's locks are free)
@@ -135,6 +146,18 @@ def test_lane_and_resend_claims():
     assert lane.LANE_OPS == LANE_OPS
     assert lane.RESENDABLE_OPS == RESENDABLE_OPS
     assert isinstance(lane.LANE_OPS, frozenset) and isinstance(lane.RESENDABLE_OPS, frozenset)
+
+
+def test_move_gate_claims():
+    # the sets host_moves wrote out by hand, now derived from each operation's claims
+    assert operations.THROUGH == THROUGH
+    assert operations.UNGATED == UNGATED
+    assert operations.EPOCH_ARGUMENT == EPOCH_ARGUMENT
+    for derived in (operations.THROUGH, operations.UNGATED, operations.EPOCH_ARGUMENT):
+        assert isinstance(derived, frozenset)
+    # a move's step that takes the new placement version names it, and only those do
+    assert {op.name for op in WORKER_OPS.values() if "epoch" in op.fields} == EPOCH_ARGUMENT
+    assert not operations.THROUGH & operations.UNGATED
 
 
 def test_coordinator_tables():
@@ -253,6 +276,12 @@ def test_a_record_refuses_a_claim_it_cannot_make():
         WorkerOp("x", {}, "ShardHost.info", resendable=True)
     with pytest.raises(ValueError, match="owner"):
         WorkerOp("x", {}, "Host.info")
+    with pytest.raises(ValueError, match="passes no gate"):
+        WorkerOp("x", {}, "ShardHost.info", through=True, ungated=True)
+    with pytest.raises(ValueError, match="epoch"):
+        WorkerOp("x", {}, "host_moves.move_commit", epoch_argument=True)
+    with pytest.raises(ValueError, match="epoch"):
+        WorkerOp("x", {"epoch": EPOCH}, "host_moves.move_commit")
     with pytest.raises(ValueError, match="method's name"):
         CoordinatorOp("x", {}, "self._x")
     with pytest.raises(TypeError):

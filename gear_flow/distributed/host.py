@@ -36,12 +36,12 @@ from . import host_moves
 from .facade import documented_as
 from .host_checkpoints import HostCheckpointer
 from .host_edits import HostEditor
-from .host_moves import EPOCH_ARGUMENT, UNGATED, MoveGate
+from .host_moves import MoveGate
 from .host_sampling import HostSampler
 from .host_selection import HostSelection
 from .host_tables import HostedTable, HostedTables, shared_pinned
 from .host_writes import HostWriter
-from .operations import WORKER_OPS
+from .operations import EPOCH_ARGUMENT, UNGATED, WORKER_OPS
 
 __all__ = ["HostedTable", "ShardHost", "shared_pinned"]
 

@@ -36,22 +36,13 @@ from typing import TYPE_CHECKING
 
 from .. import config
 from ..errors import ShardMovedError, SpecError
+from .operations import THROUGH
 
 if TYPE_CHECKING:
     from .host import ShardHost
 
 logger = logging.getLogger(__name__)
 
-#: operations on a transaction already begun: let through while a move drains the table (the move waits for
-#: their staged and pending parts to be gone), and never refused as stale (they name a txn, not a placement)
-THROUGH = frozenset({"apply", "abort", "status", "finish_sample"})
-#: operations that are not the table's data path: never held or refused (lifecycle, the move's own steps)
-UNGATED = frozenset(
-    {"create", "drop", "restore", "drop_shard", "move_out", "move_in", "move_commit", "move_release", "move_abort",
-     "move_thaw"}
-)  # fmt: skip
-#: the move's steps whose ``epoch`` is their argument (the new placement version), not the request's
-EPOCH_ARGUMENT = frozenset({"move_commit", "move_release"})
 #: moves whose installed shards a destination remembers (to undo, or to take a later version)
 INSTALLED_KEPT = 64
 #: seconds a seal's lease outlasts the move's timeout (the install, placement and release steps)

@@ -3,14 +3,15 @@
 Each operation is one record: its fields (the checkers :mod:`.protocol`
 builds), the handler that runs it, and what may be claimed of it (whether it
 may take a lane, whether a worker acts on it once however often it comes,
-whether it is small enough for a worker's event loop, whether it names a
-table).  The tables the rest of the package reads are derived from these
+whether it is small enough for a worker's event loop, how a move's gate
+treats it, whether it names a table).  The tables the rest of the package reads are derived from these
 records and nothing else: :data:`protocol.WORKER <.protocol.WORKER>` and
 :data:`protocol.COORDINATOR <.protocol.COORDINATOR>` (each operation's
 schema, filled in from here), :data:`plugin.OPS <.plugin.OPS>` (the
 handlers), :data:`lane.LANE_OPS <.lane.LANE_OPS>` and
 :data:`lane.RESENDABLE_OPS <.lane.RESENDABLE_OPS>`, the plugin's quick
-predicates, and the coordinator's dispatch, :data:`NO_TABLE
+predicates, the move gate's :data:`THROUGH`, :data:`UNGATED` and
+:data:`EPOCH_ARGUMENT` (here), and the coordinator's dispatch, :data:`NO_TABLE
 <.coordinator.NO_TABLE>` and :data:`COORD_LANE_OPS
 <.coordinator.COORD_LANE_OPS>`.
 
@@ -97,6 +98,21 @@ class WorkerOp:
         When it may run on the worker's event loop: :data:`ALWAYS`, or the
         name of the plugin's predicate that says whether these arguments are
         small enough; None: never (the plugin's threads).
+    through : bool, default False
+        It goes on with a transaction already begun (an insert's apply or
+        abort, a txn's status, a sample's finish): a table's move gate lets
+        it through while a move drains the table, since the move waits for
+        that transaction's staged and pending parts to be gone, and never
+        refuses it as stale, since it names a transaction, not a placement.
+    ungated : bool, default False
+        It is not the table's data path (the table's lifecycle, a move's own
+        steps): no move gate holds it or refuses it as stale, so a move can
+        run its steps on the table it seals.
+    epoch_argument : bool, default False
+        Its ``epoch`` field is its argument, the new placement version a
+        move's step installs or releases at, not the version the request was
+        planned at: the worker hands it to the handler instead of checking
+        it.  Exactly the operations that name ``epoch`` in :attr:`fields`.
 
     Examples
     --------
@@ -110,6 +126,9 @@ class WorkerOp:
     lane: bool = False
     resendable: bool = False
     quick: str | None = None
+    through: bool = False
+    ungated: bool = False
+    epoch_argument: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", MappingProxyType(dict(self.fields)))  # frozen through and through
@@ -121,6 +140,13 @@ class WorkerOp:
             )
         if self.resendable and not self.lane:
             raise ValueError(f"worker operation {self.name!r}: only a lane operation is sent again (lane=True)")
+        if self.through and self.ungated:
+            raise ValueError(f"worker operation {self.name!r}: an ungated operation passes no gate to go through")
+        if self.epoch_argument != ("epoch" in self.fields):
+            raise ValueError(
+                f"worker operation {self.name!r}: an operation whose epoch is its argument names an 'epoch' field, "
+                "and one that names it takes it as its argument (epoch_argument=True)"
+            )
 
     @property
     def schema(self) -> dict[str, Checker]:
@@ -198,9 +224,10 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
             "tier": optional(text()),
         },
         "ShardHost.create",
+        ungated=True,
     ),
-    WorkerOp("drop", {"name": NAME}, "ShardHost.drop"),
-    WorkerOp("drop_shard", {"name": NAME, "shard": SHARD}, "ShardHost.drop_shard"),
+    WorkerOp("drop", {"name": NAME}, "ShardHost.drop", ungated=True),
+    WorkerOp("drop_shard", {"name": NAME, "shard": SHARD}, "ShardHost.drop_shard", ungated=True),
     WorkerOp("shared_layout", {"name": NAME}, "ShardHost.shared_layout"),
     # where handles on other machines (or without shared memory) ask for the worker's TCP lane
     WorkerOp("lane", {"name": NAME}, "GearFlowWorker._lane"),
@@ -214,7 +241,15 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
         resendable=True,
         quick="few_bytes",
     ),
-    WorkerOp("apply", {"name": NAME, "txn": TXN}, "ShardHost.apply", lane=True, resendable=True, quick="few_staged"),
+    WorkerOp(
+        "apply",
+        {"name": NAME, "txn": TXN},
+        "ShardHost.apply",
+        lane=True,
+        resendable=True,
+        quick="few_staged",
+        through=True,
+    ),
     WorkerOp(
         "write",
         {"name": NAME, "txn": TXN, "parts": sequence(PART, 1 << 16)},
@@ -223,8 +258,16 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
         resendable=True,
         quick="few_bytes",
     ),
-    WorkerOp("abort", {"name": NAME, "txn": TXN}, "ShardHost.abort", lane=True, resendable=True, quick=ALWAYS),
-    WorkerOp("status", {"name": NAME, "txn": TXN}, "ShardHost.status", quick=ALWAYS),
+    WorkerOp(
+        "abort",
+        {"name": NAME, "txn": TXN},
+        "ShardHost.abort",
+        lane=True,
+        resendable=True,
+        quick=ALWAYS,
+        through=True,
+    ),
+    WorkerOp("status", {"name": NAME, "txn": TXN}, "ShardHost.status", quick=ALWAYS, through=True),
     WorkerOp(
         "summaries",
         {
@@ -303,6 +346,7 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
         lane=True,
         resendable=True,  # its first outcome is remembered and answered again
         quick=ALWAYS,
+        through=True,
     ),
     # not resendable: an uncount sent twice would take the draws back twice
     WorkerOp(
@@ -376,9 +420,15 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
             "tier": optional(text()),
         },
         "ShardHost.restore",
+        ungated=True,
     ),
     # a move's steps (gear_flow.distributed.host_moves), sent by the coordinator (move_out: by the destination)
-    WorkerOp("move_out", {"name": NAME, "shards": sequence(SHARD, 127), "move": TXN}, "host_moves.move_out"),
+    WorkerOp(
+        "move_out",
+        {"name": NAME, "shards": sequence(SHARD, 127), "move": TXN},
+        "host_moves.move_out",
+        ungated=True,
+    ),
     # the destination pulls the shards from the source itself: the plugin, which holds the worker's comm
     WorkerOp(
         "move_in",
@@ -390,16 +440,35 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
             "shards": sequence(SHARD, 127),
         },
         "GearFlowWorker._move_in",
+        ungated=True,
     ),
-    WorkerOp("move_commit", {"name": NAME, "move": TXN, "epoch": EPOCH}, "host_moves.move_commit"),
+    WorkerOp(
+        "move_commit",
+        {"name": NAME, "move": TXN, "epoch": EPOCH},
+        "host_moves.move_commit",
+        ungated=True,
+        epoch_argument=True,
+    ),
     WorkerOp(
         "move_release",
         {"name": NAME, "shards": sequence(SHARD, 127), "move": TXN, "epoch": EPOCH},
         "host_moves.move_release",
+        ungated=True,
+        epoch_argument=True,
     ),
-    WorkerOp("move_abort", {"name": NAME, "move": TXN}, "host_moves.move_abort"),
-    WorkerOp("move_thaw", {"name": NAME, "move": TXN}, "host_moves.move_thaw"),
+    WorkerOp("move_abort", {"name": NAME, "move": TXN}, "host_moves.move_abort", ungated=True),
+    WorkerOp("move_thaw", {"name": NAME, "move": TXN}, "host_moves.move_thaw", ungated=True),
 )
+
+#: operations on a transaction already begun, which a table's move gate lets through while a move drains the
+#: table and never refuses as stale; each one's ``through`` claim, and why, on :class:`WorkerOp`
+THROUGH: frozenset[str] = frozenset(op.name for op in WORKER_OPS.values() if op.through)
+#: operations that are not the table's data path (lifecycle, a move's own steps): never held or refused by a
+#: move gate; each one's ``ungated`` claim
+UNGATED: frozenset[str] = frozenset(op.name for op in WORKER_OPS.values() if op.ungated)
+#: a move's steps whose ``epoch`` is their argument (the new placement version), not the request's; each one's
+#: ``epoch_argument`` claim
+EPOCH_ARGUMENT: frozenset[str] = frozenset(op.name for op in WORKER_OPS.values() if op.epoch_argument)
 
 #: coordinator operation -> its record (``name`` is checked for every operation that names a table)
 COORDINATOR_OPS: Mapping[str, CoordinatorOp] = _by_name(

@@ -32,7 +32,7 @@ from .host import OPS, ShardHost
 from .host_sampling import release
 from .lane import LaneServer
 from .openmp import short_spin
-from .operations import ALWAYS, WORKER_OPS
+from .operations import ALWAYS, EPOCH_ARGUMENT, WORKER_OPS
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -226,7 +226,7 @@ class GearFlowWorker(WorkerPlugin):
         GearFlowError
             The operation's own errors.
         """
-        epoch = None if op in host_moves.EPOCH_ARGUMENT else kwargs.pop("epoch", None)
+        epoch = None if op in EPOCH_ARGUMENT else kwargs.pop("epoch", None)
         gated = self.host.gate_of(op, kwargs.get("name"), kwargs.get("txn"))
         if gated is None:
             return await self._run(op, kwargs)
