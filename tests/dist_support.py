@@ -19,10 +19,24 @@ from helpers import shard_state
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable
 from gear_flow.distributed.plugin import PLUGIN_NAME
+from gear_flow.distributed.transport import Context, CoordinatorClient
 
 #: for the clusters whose worker is killed or closes: each call that still dials its address retries until Dask's
 #: connect timeout runs out, where a live worker on loopback accepts within milliseconds
 DIAL = {"distributed.comm.timeouts.connect": "2s"}
+
+
+_CONTEXTS: dict = {}
+
+
+def coordinator(t, blocking: bool = True) -> CoordinatorClient:
+    """The coordinator's operations about table ``t`` through ``t``'s client, as a caller of its own (one
+    context per client, so its lane is looked for once): answered in this thread, or awaitables on the
+    client's event loop."""
+    ctx = _CONTEXTS.get(id(t.client))
+    if ctx is None or ctx.client is not t.client:
+        ctx = _CONTEXTS[id(t.client)] = Context(client=t.client)
+    return CoordinatorClient(ctx, t.name, blocking)
 
 
 @contextlib.contextmanager
@@ -106,7 +120,7 @@ def snapshot(t):
     t.flush()
     res = t.client.run(_worker_shards, t.name)
     shards = sorted((x for parts in res.values() for x in parts), key=lambda x: x[0])
-    st = t._ctx.sync(t._link.coord, "lookup")
+    st = coordinator(t).lookup()
     # episode ids and stamps are never reused, so an aborted insert consumes them; what it must not leave
     # behind is in the sizes, the limiter's counts and the shards themselves
     glob = {k: st[k] for k in ("size", "admitted", "shard_size", "rate_limiter", "lost", "inserts_in_flight")}

@@ -13,7 +13,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from dist_support import assert_same, snapshot
+from dist_support import assert_same, coordinator, snapshot
 from helpers import chi2_critical
 
 import gear_flow as gf
@@ -397,7 +397,9 @@ def test_inserts_written_out_of_admission_order_are_handed_out_in_stamp_order(di
     try:
 
         async def admit(tag):
-            adm = await t._link.coord("admit_insert", n=1, episodes=1, per_shard={0: 1}, owner=t._ctx.owner, timeout=5)
+            adm = await coordinator(t, blocking=False).admit_insert(
+                n=1, episodes=1, per_shard={0: 1}, owner=t.client.id, timeout=5
+            )
             part = {
                 "shard": 0,
                 "chunks": tagged([tag]),
@@ -433,7 +435,7 @@ async def _planned_up_to_the_take(t, n):
     from gear_flow.distributed.sampling import RemoteSample
 
     exclusive = t._cfg.exclusive
-    adm = await t._link.coord("admit_sample", n=n, exclusive=exclusive, owner=t._ctx.owner, timeout=5)
+    adm = await coordinator(t, blocking=False).admit_sample(n=n, exclusive=exclusive, owner=t.client.id, timeout=5)
     out = SampleBuffers(t.spec, ("tag",), n, 1)
     ex = RemoteSample(t, out, 1, "pad_tail", ("tag",), t.rng, adm["txn"], not exclusive, adm["horizon"])
     plan = planner.sample("ordered", n, t.rng)
@@ -474,7 +476,7 @@ def test_a_take_of_a_slot_overwritten_since_its_candidates_is_stale(dist_client)
                 return ex.out.arrays["tag"][:, 0].tolist()  # what the take served instead (pytest's failures hang here)
             finally:
                 await ex.undo()
-                await t._link.coord("sample_finished", txn=adm["txn"], rollback=4)
+                await coordinator(t, blocking=False).sample_finished(adm["txn"], rollback=4)
 
         assert t._ctx.sync(attempt) == "stale"
         assert t.info()["totals"]["sampled"] == 0
@@ -549,7 +551,7 @@ def test_a_stale_selection_is_retried_without_losing_items(dist_client):
             with pytest.raises(Retry):
                 await ex(take)
             await ex.undo()
-            await t._link.coord("sample_finished", txn=adm["txn"], rollback=4)
+            await coordinator(t, blocking=False).sample_finished(adm["txn"], rollback=4)
 
         t._ctx.sync(attempt)
         tot = t.info()["totals"]

@@ -24,7 +24,7 @@ import concurrent.futures
 import dask
 import numpy as np
 import pytest
-from dist_support import DIAL, own_cluster, tables_here, wait_for
+from dist_support import DIAL, coordinator, own_cluster, tables_here, wait_for
 from lane_support import break_lane_after
 
 import gear_flow as gf
@@ -578,7 +578,7 @@ def _refresh_fails_once(t):
         return await real(version)
 
     t._link.refresh = refresh
-    t._view.learn(dict(t._ctx.sync(t._link.coord, "lookup"), version=-1))
+    t._view.learn(dict(coordinator(t).lookup(), version=-1))
 
 
 @pytest.mark.parametrize("kind", ["queue", "uniform_once"])

@@ -22,7 +22,7 @@ import time
 import dask
 import numpy as np
 import pytest
-from dist_support import DIAL, own_cluster, wait_for
+from dist_support import DIAL, coordinator, own_cluster, wait_for
 from distributed import Client, LocalCluster
 
 import gear_flow as gf
@@ -57,7 +57,7 @@ def spawn(scheduler: str, name: str, body: str) -> subprocess.Popen:
 
 
 def waiting(t, kind):
-    return t._ctx.sync(t._link.coord, "lookup")["waiting"][kind]
+    return coordinator(t).lookup()["waiting"][kind]
 
 
 @pytest.mark.parametrize("blocked", ["sample", "insert"])
@@ -92,7 +92,7 @@ def test_a_client_killed_while_blocked_leaves_nothing_behind(dist_client, blocke
 # the dead client admits an insert of two episodes, one per shard, stages both parts, then dies
 _MID_INSERT = """
 async def go():
-    adm = await t._link.coord("admit_insert", n=2, episodes=2, per_shard={0: 1, 1: 1}, owner=client.id, timeout=30)
+    adm = await coordinator(t, blocking=False).admit_insert(n=2, episodes=2, per_shard={0: 1, 1: 1}, owner=client.id, timeout=30)
     for s in (0, 1):
         part = {"shard": s, "chunks": tagged([100 + s]), "lengths": np.ones(1, np.int64),
                 "episode_ids": np.array([adm["first_episode_id"] + s]), "stamps": np.array([adm["first_stamp"] + s]),
@@ -153,7 +153,7 @@ def test_the_coordinator_marks_a_killed_workers_shards_lost_without_a_table_call
         t.insert(tagged(range(10)))
         victim = t.placement[1]
         client.run(_kill_self, workers=[victim], wait=False)
-        st = lambda: t._ctx.sync(t._link.coord, "lookup")  # noqa: E731
+        st = lambda: coordinator(t).lookup()  # noqa: E731
         wait_for(lambda: 1 in {int(k) for k in st()["lost"]}, "shard 1 to be marked lost")
         lost = st()["lost"]
         assert victim in next(iter(lost.values()))["detail"]
@@ -206,9 +206,7 @@ def test_an_insert_to_a_killed_worker_on_this_machine_is_refused_and_given_back(
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), degraded=True, seed=0)
         t.insert(tagged(range(4)))
         client.run(_kill_self, workers=[t.placement[1]], wait=False)
-        wait_for(
-            lambda: 1 in {int(k) for k in t._ctx.sync(t._link.coord, "lookup")["lost"]}, "shard 1 to be marked lost"
-        )
+        wait_for(lambda: 1 in {int(k) for k in coordinator(t).lookup()["lost"]}, "shard 1 to be marked lost")
         t._routes.clear()  # as after a placement change: the next insert there probes the worker again
         with pytest.raises(gf.ShardLostError):
             t.insert(tagged([99]), shard=1)
@@ -230,7 +228,7 @@ def test_a_degraded_queue_that_loses_a_shard_forgets_its_items_and_keeps_its_roo
         with tempfile.TemporaryDirectory() as ck:
             t.checkpoint(ck)
             client.run(_kill_self, workers=[t.placement[1]], wait=False)
-            wait_for(lambda: 1 in {int(k) for k in t._ctx.sync(t._link.coord, "lookup")["lost"]}, "shard 1 marked lost")
+            wait_for(lambda: 1 in {int(k) for k in coordinator(t).lookup()["lost"]}, "shard 1 marked lost")
             live = [k for k, s in zip(range(1, 9), on) if s == 0]
             assert 0 < len(live) < 8
             with pytest.raises(gf.RateLimitTimeout):  # more than are left: waits (no item handed out twice)
@@ -260,7 +258,7 @@ def test_the_first_insert_after_a_loss_the_handle_has_not_seen_is_routed_over_th
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), degraded=degraded, seed=0)
         t.insert(tagged(range(10)))
         client.run(_kill_self, workers=[t.placement[1]], wait=False)
-        st = lambda: t._ctx.sync(t._link.coord, "lookup")  # noqa: E731
+        st = lambda: coordinator(t).lookup()  # noqa: E731
         wait_for(lambda: 1 in {int(k) for k in st()["lost"]}, "shard 1 to be marked lost")
         assert not t.lost  # the handle has not seen it
         t0 = time.monotonic()
@@ -296,7 +294,7 @@ def test_a_handle_that_missed_a_shards_move_does_not_mark_it_lost_with_its_old_w
         client.run(_kill_self, workers=[old], wait=False)
         wait_for(lambda: old not in client.nthreads(), "the old worker to be gone")
         assert b.nbytes() == a.nbytes()  # b reaches the dead worker first, then the shard where it is now
-        assert not b.lost and not a._ctx.sync(a._link.coord, "lookup")["lost"]
+        assert not b.lost and not coordinator(a).lookup()["lost"]
         assert set(a.sample(256)["tag"].numpy()[:, 0].tolist()) == set(range(1, 11)) | set(range(101, 111))
         a.close()
 
@@ -308,9 +306,7 @@ def test_a_loss_the_coordinator_marked_first_names_the_shard_to_a_table_that_is_
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=64, num_shards=2), seed=0)
         t.insert(tagged(range(10)))
         client.run(_kill_self, workers=[t.placement[1]], wait=False)
-        wait_for(
-            lambda: 1 in {int(k) for k in t._ctx.sync(t._link.coord, "lookup")["lost"]}, "shard 1 to be marked lost"
-        )
+        wait_for(lambda: 1 in {int(k) for k in coordinator(t).lookup()["lost"]}, "shard 1 to be marked lost")
         with pytest.raises(gf.ShardLostError) as e:
             t.nbytes()  # no admission first: the handle finds the dead worker itself
         assert e.value.shard == 1
@@ -380,7 +376,7 @@ class _Load:
         coordinator marked it lost, then the writers stopped."""
         wait_for(lambda: len(self.ok) >= n or self.errors, "the first inserts")
         self.client.run(_kill_self, workers=[self.t.placement[1]], wait=False)
-        wait_for(lambda: 1 in {int(k) for k in self.t._ctx.sync(self.t._link.coord, "lookup")["lost"]}, "shard 1 lost")
+        wait_for(lambda: 1 in {int(k) for k in coordinator(self.t).lookup()["lost"]}, "shard 1 lost")
         done = len(self.ok) + len(self.failed) * self.per_insert
         wait_for(lambda: len(self.ok) + len(self.failed) * self.per_insert >= done + n or self.errors, "more inserts")
         self.stop_writing.set()
@@ -432,7 +428,7 @@ def test_a_worker_killed_while_writers_and_samplers_run_loses_only_its_shard(sha
             info = t.info()
             assert info["size"] == info["coordinator_size"] == len(on) and list(info["lost"]) == [1]
         else:
-            st = t._ctx.sync(t._link.coord, "lookup")
+            st = coordinator(t).lookup()
             assert st["shard_size"][0] == len(on) and st["inserts_in_flight"] == 0
         t.close()
 
@@ -472,7 +468,7 @@ def test_a_queue_that_loses_a_worker_under_producers_and_consumers_hands_out_eac
         t = DistributedTable.queue(client, gf.TableSpec(TAG, capacity=100_000, num_shards=2), 16, degraded=True)
         load = _Load(t, client, per_insert=2, read=2)
         load.kill_shard_1_midway()
-        size = lambda: t._ctx.sync(t._link.coord, "lookup")["size"]  # noqa: E731
+        size = lambda: coordinator(t).lookup()["size"]  # noqa: E731
         wait_for(lambda: size() < 2 or load.errors, "the consumers to drain it")  # they take 2 at a time
         load.stop()
         if size():
@@ -536,7 +532,7 @@ def test_a_stream_and_an_episode_writer_go_on_through_a_lost_worker(shared):
             th.start()
         wait_for(lambda: len(written) >= 30 or errors, "the first episodes")
         client.run(_kill_self, workers=[t.placement[1]], wait=False)
-        wait_for(lambda: 1 in {int(k) for k in t._ctx.sync(t._link.coord, "lookup")["lost"]}, "shard 1 lost")
+        wait_for(lambda: 1 in {int(k) for k in coordinator(t).lookup()["lost"]}, "shard 1 lost")
         n, w0 = len(written), windows["ok"]
         wait_for(lambda: (len(written) >= n + 30 and windows["ok"] >= w0 + 200) or errors, "more after the loss")
         stop.set()
@@ -623,9 +619,7 @@ def test_a_shard_restored_while_writers_and_samplers_run_rejoins_the_table(kind,
         for th in load.writers:
             th.join()
         if kind == "queue":
-            wait_for(
-                lambda: t._ctx.sync(t._link.coord, "lookup")["size"] < 2 or load.errors, "the consumers to drain it"
-            )
+            wait_for(lambda: coordinator(t).lookup()["size"] < 2 or load.errors, "the consumers to drain it")
         load.stop()
         assert not load.errors, load.errors
         assert all(e.stored is True for e in load.failed.values()), load.failed

@@ -20,7 +20,7 @@ import signal
 
 import numpy as np
 import pytest
-from dist_support import DIAL, own_cluster, wait_for
+from dist_support import DIAL, coordinator, own_cluster, wait_for
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable
@@ -93,7 +93,7 @@ def test_a_queue_sample_given_back_leaves_its_items_to_be_handed_out_in_order(gi
         t.insert(tagged([1, 2, 3, 4]), shard=0)
         victim = t.placement[1]
         client.run(_hold_first, "candidates", given_back == "refused", workers=[victim])
-        lookup = lambda: t._ctx.sync(t._link.coord, "lookup")  # noqa: E731
+        lookup = lambda: coordinator(t).lookup()  # noqa: E731
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             sample = pool.submit(t.sample, 2)
             wait_for(lambda: client.run(_held_waiting, workers=[victim])[victim], "the sample's candidates held")

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 import pytest
-from dist_support import DIAL, own_cluster, wait_for
+from dist_support import DIAL, coordinator, own_cluster, wait_for
 from helpers import chi2_critical, shard_state
 
 import gear_flow as gf
@@ -94,7 +94,7 @@ def same(x, y) -> bool:
 
 
 def lookup(t) -> dict:
-    return t._ctx.sync(t._link.coord, "lookup")
+    return coordinator(t).lookup()
 
 
 class Traffic:

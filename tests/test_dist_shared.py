@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from dist_support import coordinator
 from distributed import Client, LocalCluster
 from helpers import COLUMNS, episode
 
@@ -129,7 +130,7 @@ def test_a_reader_whose_owner_is_killed(degraded):
         dead_pid = client.run(_pid, workers=[victim])[victim]
         client.run(_die, workers=[victim], wait=False)
         end = time.monotonic() + 60
-        while 1 not in {int(k) for k in t._ctx.sync(t._link.coord, "lookup")["lost"]}:
+        while 1 not in {int(k) for k in coordinator(t).lookup()["lost"]}:
             assert time.monotonic() < end, "the coordinator did not mark the shard lost"
             time.sleep(0.02)
         if degraded:

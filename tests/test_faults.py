@@ -12,7 +12,7 @@ import time
 
 import dask
 import pytest
-from dist_support import wait_for
+from dist_support import coordinator, wait_for
 from distributed import Client, LocalCluster
 from helpers import COLUMNS, episode
 
@@ -44,7 +44,7 @@ def test_closing_wakes_blocked_callers_and_refuses_new_ones():
 
         th = threading.Thread(target=blocked)
         th.start()
-        wait_for(lambda: t._ctx.sync(t._link.coord, "lookup")["waiting"]["samples"] == 1, "the sample to wait")
+        wait_for(lambda: coordinator(t).lookup()["waiting"]["samples"] == 1, "the sample to wait")
         t0 = time.monotonic()
         t.close()
         th.join(timeout=20)
@@ -81,10 +81,10 @@ def test_a_client_that_closed_its_connections_reports_the_coordinator_lost(dist_
         c2 = Client(dist_client.scheduler.address, set_as_default=False)
         try:
             t2 = DistributedTable.attach(t.name, c2)
-            assert t2._ctx.sync(t2._link.coord, "lookup")["name"] == t.name
+            assert coordinator(t2).lookup()["name"] == t.name
             c2.sync(c2.rpc.close)
             with pytest.raises(gf.CoordinatorLostError, match="cannot be reached.*ConnectionPool is closed"):
-                t2._ctx.sync(t2._link.coord, "lookup")
+                coordinator(t2).lookup()
             with pytest.raises(gf.CoordinatorLostError, match="closed its connections"):
                 t2._ctx.sync(call, t2._ctx, t.placement[0], "info", table=t.name, name=t.name)
         finally:

@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 import pytest
-from dist_support import assert_same, snapshot
+from dist_support import assert_same, coordinator, snapshot
 from distributed.protocol import to_serialize
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -162,7 +162,7 @@ def test_coordinator_counts_cannot_be_corrupted(dist_client, tables):
         refused(raw_coord(t, "mark_lost", name=t.name, shard=5), "no shard 5")
         refused(raw_coord(t, "shard_restored", name=t.name, shard=99, worker="x", size=1, inserted=1), "no shard 99")
         refused(raw_coord(t, "admit_insert", name=t.name, n=1, episodes=1, bogus=1), "unknown field(s) ['bogus']")
-    assert t._ctx.sync(t._link.coord, "lookup")["waiting"] == {"inserts": 0, "samples": 0}
+    assert coordinator(t).lookup()["waiting"] == {"inserts": 0, "samples": 0}
 
 
 def test_updates_and_selections_are_checked_by_the_worker(dist_client, tables):

@@ -176,11 +176,11 @@ def table_names(client: Client) -> list[str]:
         The scheduler runs another gear_flow protocol version.
     """
 
-    from ..distributed.transport import Context, coord
+    from ..distributed.transport import CoordinatorClient
     from ..errors import ProtocolError
 
     try:
-        return sorted(client.sync(coord, Context(client=client), "list", None))
+        return sorted(CoordinatorClient.of(client).list())
     except ProtocolError:  # another gear_flow version on the scheduler: say so
         raise
     except (KeyError, ValueError, AttributeError, TypeError):  # no coordinator handler yet: no tables

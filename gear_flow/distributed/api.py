@@ -521,7 +521,7 @@ class DistributedTable(DatasetMethods):
         return self._ctx.sync(self._rebalance_async)
 
     async def _rebalance_async(self) -> list[dict]:
-        done = await self._link.coord("rebalance")
+        done = await self._link.coordinator.rebalance()
         await self._link.refresh()
         return done
 
@@ -552,7 +552,7 @@ class DistributedTable(DatasetMethods):
         shards = sorted(int(s) for s in shards)
 
         async def run():
-            version = await self._link.coord("move", shards=shards, worker=worker)
+            version = await self._link.coordinator.move(shards, worker)
             await self._link.refresh()
             return version
 
@@ -576,13 +576,13 @@ class DistributedTable(DatasetMethods):
             except (GearFlowError, Retry) as e:  # closing anyway
                 logger.warning("table %r: priority updates not sent before closing: %s", self.name, e)
             self._ctx.lanes.clear()  # its connections (here on the loop: asyncio transports are not thread-safe)
-            await self._link.coord("close")
+            await self._link.coordinator.close()
             if drop:  # every worker: one its shards moved off keeps the table's (empty) gate until then
-                workers = set(self._view.workers()) | set(await self._link.coord("workers"))
+                workers = set(self._view.workers()) | set(await self._link.coordinator.workers())
                 await asyncio.gather(
                     *(call(self._ctx, a, "drop", name=self.name) for a in sorted(workers)), return_exceptions=True
                 )
-                await self._link.coord("drop")
+                await self._link.coordinator.drop()
 
         self._ctx.sync(_close)
 

@@ -25,7 +25,7 @@ from ..resources import advertised
 from .coordinator import GearFlowCoordinator
 from .pending import send_pending
 from .plugin import GearFlowWorker
-from .transport import Context, Retry, WorkerLost, call, coord
+from .transport import Context, CoordinatorClient, Retry, WorkerLost, call
 
 #: workers a checkpoint may lose (degraded table) before it gives up
 _LOSSES = 8
@@ -119,7 +119,7 @@ async def checkpoint_async(table: DistributedTable, path: str | os.PathLike[str]
         else:
             raise ShardLostError(-1, f"{_LOSSES} workers of table {table.name!r} were lost during its checkpoint")
         files = {str(s): e for r in res.values() for s, e in r.items()}
-        st = await table._link.coord("lookup")
+        st = await table._link.coordinator.lookup()
         cfg = {**table._config, "rate_limiter": st["rate_limiter_config"]}
         state = {k: st[k] for k in ("size", "shard_size", "shard_inserted", "next_episode_id", "next_stamp")}
         state["shard_size"] = {str(k): v for k, v in state["shard_size"].items() if int(k) not in table.lost}
@@ -218,11 +218,12 @@ def restore(
     placement = {s: addrs[j % len(addrs)] for j, s in enumerate(shard_ids + missing)}
     name = name or f"table-{uuid.uuid4().hex[:8]}"
     ctx = Context(client=client)
+    coordinator = CoordinatorClient(ctx, name)
 
     async def go():
         # the name first: the coordinator refuses a live table's before any worker loads (and replaces) its
         # shards; from then on a failure takes back everything, from the workers and the coordinator
-        await coord(ctx, "register", name, config=cfg, placement={str(k): v for k, v in placement.items()})
+        await coordinator.register(cfg, placement)
         by_worker = defaultdict(dict)
         for s in shard_ids:
             by_worker[placement[s]][s] = m["files"][str(s)]
@@ -241,14 +242,14 @@ def restore(
                     ) from None
                 if isinstance(r, BaseException):
                     raise r
-            await coord(ctx, "restore_state", name, state=m["state"])
+            await coordinator.restore_state(m["state"])
             for s in missing:
-                await coord(ctx, "mark_lost", name, shard=s, detail="lost before the checkpoint was taken")
+                await coordinator.mark_lost(s, "lost before the checkpoint was taken")
         except BaseException:
             await asyncio.gather(*(call(ctx, a, "drop", name=name) for a in by_worker), return_exceptions=True)
-            await asyncio.gather(coord(ctx, "drop", name), return_exceptions=True)
+            await asyncio.gather(coordinator.drop(), return_exceptions=True)
             raise
-        return await coord(ctx, "lookup", name)
+        return await coordinator.lookup()
 
     return cls(ctx, name, ctx.sync(go), seed=seed, timeout=timeout)
 
@@ -306,7 +307,7 @@ def restore_shard(
 
 
 async def _restore_target(table: DistributedTable) -> str:
-    workers = await table._link.coord("workers")
+    workers = await table._link.coordinator.workers()
     resource = table._config.get("resources")
     if resource:
         workers = {a: r for a, r in workers.items() if (r or {}).get(resource, 0) > 0}
@@ -389,9 +390,7 @@ async def restore_shard_async(
             shard, f"worker {worker} was lost while it restored shard {shard}; nothing was restored"
         ) from None
     meta = entry["meta"]
-    lost = await table._link.coord(
-        "shard_restored", shard=shard, worker=worker, size=restored[shard], inserted=meta["counters"]["inserted"]
-    )
+    lost = await table._link.coordinator.shard_restored(shard, worker, restored[shard], meta["counters"]["inserted"])
     await table._link.refresh()  # the shard is the new worker's now, whatever happens to the old one
     if live and worker != old:  # the replaced copy must not stay behind on its old worker ...
         _, errors = await table._link.on_workers(

@@ -29,7 +29,7 @@ from ..spec import TableSpec
 from ..table.config import TableConfig, queue_setup
 from .coordinator import GearFlowCoordinator
 from .plugin import GearFlowWorker
-from .transport import Context, call, coord
+from .transport import Context, CoordinatorClient, call
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -177,8 +177,9 @@ def create(
         await asyncio.gather(
             *(call(ctx, a, "create", name=name, config=config, shard_ids=ids) for a, ids in by_worker.items())
         )
-        await coord(ctx, "register", name, config=config, placement={str(k): v for k, v in placement.items()})
-        return await coord(ctx, "lookup", name)
+        coordinator = CoordinatorClient(ctx, name)
+        await coordinator.register(config, placement)
+        return await coordinator.lookup()
 
     state = ctx.sync(setup)
     return cls(ctx, name, state, seed=seed)
@@ -306,7 +307,7 @@ def attach(
         ctx = Context(client=client)
 
     async def look():
-        return await coord(ctx, "lookup", name)
+        return await CoordinatorClient(ctx, name).lookup()
 
     return cls(ctx, name, ctx.sync(look), seed=seed, timeout=timeout)
 

@@ -152,7 +152,7 @@ async def update_now(
         on_lost += lost
     stamps = None
     if heap_ties(table) and len(k):  # heap ties across shards follow the table-wide insert/update clock
-        stamps = (await table._link.coord("stamps", n=len(k))) + np.arange(len(k), dtype=np.int64)
+        stamps = (await table._link.coordinator.stamps(len(k))) + np.arange(len(k), dtype=np.int64)
     plans = table._masses.plans()
     calls = update_calls(table, by, idx, pr, stamps, plans)
     try:

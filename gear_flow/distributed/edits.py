@@ -217,7 +217,7 @@ async def _delete_grouped(
     per = {s: k for r in res.values() for s, k in r[0].items() if k}
     d = sum(per.values())
     if d:  # what the workers that answered removed, even when another was lost: the sizes stay agreed
-        await table._link.coord("removed", k=d, per_shard=per)
+        await table._link.coordinator.removed(d, per)
     st = sum(r[1] for r in res.values()) + on_lost + lost_keys(by, res, errors)
     again = moved_keys(table, idx, errors, attempt)
     if not len(again):
@@ -247,7 +247,7 @@ async def evict_excess(table: DistributedTable, size: int) -> None:
     """
     # not the table's timeout (the rate limiter's wait): the insert is committed, and an eviction or
     # exclusive sample in progress ends soon (or with its owner); failing here would report it lost
-    hold = await table._link.coord("admit_hold", owner=table._ctx.owner)
+    hold = await table._link.coordinator.admit_hold(owner=table._ctx.owner)
     try:
         excess = hold["size"] - table.spec.max_size
         for _ in range(_LOSSES):
@@ -258,7 +258,7 @@ async def evict_excess(table: DistributedTable, size: int) -> None:
                 return
             except Retry:  # degraded: a worker was lost meanwhile (its shards are marked lost, their items
                 # out of the size): what is still over max_size is evicted from the shards left
-                excess = (await table._link.coord("lookup"))["size"] - table.spec.max_size
+                excess = (await table._link.coordinator.lookup())["size"] - table.spec.max_size
         logger.warning("table %r: eviction to max_size given up after %d lost workers", table.name, _LOSSES)
     except ShardLostError as e:  # the insert is stored: a caller must not take it as lost and send it again
         raise ShardLostError(
@@ -275,7 +275,7 @@ async def evict_excess(table: DistributedTable, size: int) -> None:
             e,
         )
     finally:
-        await table._link.coord("sample_finished", txn=hold["txn"])
+        await table._link.coordinator.sample_finished(hold["txn"])
 
 
 async def _evict(table: DistributedTable, excess: int) -> int:
@@ -346,7 +346,7 @@ async def answer_evict(
     )
     per = {s: k for r in res.values() for s, k in r.items() if k}
     if per:  # what the workers that answered removed, even when another was lost: the sizes stay agreed
-        await table._link.coord("removed", k=sum(per.values()), per_shard=per)
+        await table._link.coordinator.removed(sum(per.values()), per)
     if errors:
         raise errors[0]
     return sum(per.values())

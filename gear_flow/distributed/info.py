@@ -38,7 +38,7 @@ def size(table: DistributedTable) -> int:
     int
         The coordinator's count of committed items.
     """
-    return int(table._ctx.sync(table._link.coord, "lookup")["size"])
+    return int(table._link.coordinator_here.lookup()["size"])
 
 
 def info(table: DistributedTable) -> dict:
@@ -90,7 +90,7 @@ async def info_async(table: DistributedTable) -> dict:
         As :meth:`info`.
     """
     for attempt in range(_MOVES + 1):
-        state = await table._link.coord("lookup")
+        state = await table._link.coordinator.lookup()
         await table._link.refresh(state["version"])  # the shards as placed now (moved, restored or lost since)
         calls = {a: ("info", dict(name=table.name)) for a in table._view.workers()}
         res = await asyncio.gather(

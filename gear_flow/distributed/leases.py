@@ -20,7 +20,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .. import config
-from .transport import coord
+from .transport import CoordinatorClient
 
 if TYPE_CHECKING:
     from .transport import Context
@@ -179,7 +179,7 @@ def report_dropped(ctx: Context, name: str, leased: LeasedSamples) -> None:
 
     async def report() -> None:
         try:
-            await coord(ctx, "count_samples", name, n=n)
+            await CoordinatorClient(ctx, name).count_samples(n)
         except Exception as e:  # noqa: BLE001 - the table closed, or the scheduler went away
             logger.info("table %r: %d samples of a dropped handle not reported (%s)", name, n, e)
 

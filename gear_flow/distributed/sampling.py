@@ -145,12 +145,12 @@ class SampleGrant:
     async def give_back(self) -> None:
         """The batch was not served: its admission goes back to the limiter (once)."""
         if self._close():
-            await self._link.coord("sample_finished", txn=self.adm["txn"], rollback=self.n)
+            await self._link.coordinator.sample_finished(self.adm["txn"], rollback=self.n)
 
     def give_back_here(self) -> None:
         """:meth:`give_back` from the caller's thread (over the coordinator's lane when found)."""
         if self._close():
-            self._link.coord_here("sample_finished", txn=self.adm["txn"], rollback=self.n)
+            self._link.coordinator_here.sample_finished(self.adm["txn"], rollback=self.n)
 
     async def finish(self, expired: dict) -> None:
         """An exclusive sample was committed on the workers: its hold ends with the items that expired.
@@ -161,7 +161,7 @@ class SampleGrant:
             Items expired per shard.
         """
         if self._close():
-            await self._link.coord("sample_finished", txn=self.adm["txn"], expired=expired)
+            await self._link.coordinator.sample_finished(self.adm["txn"], expired=expired)
 
 
 # -- admission ---------------------------------------------------------------------------------------------------
@@ -220,7 +220,7 @@ async def admit(table: DistributedTable, n: int, timeout: float | None, after: i
     if after is not None:
         args["after"] = after
     try:
-        adm = await link.coord("admit_sample", **args)
+        adm = await link.coordinator.admit_sample(**args)
     except REFUSED:  # never granted, so the leased samples it reported were not counted: kept for the next
         table._lease.not_reported(args["done"])
         raise
@@ -310,7 +310,7 @@ def flush(table: DistributedTable) -> None:
     table._ctx.sync(send_pending, table)
     done = table._lease.report()
     if done:
-        table._link.coord_here("count_samples", n=done)
+        table._link.coordinator_here.count_samples(done)
 
 
 # -- the driver --------------------------------------------------------------------------------------------------
@@ -466,7 +466,7 @@ async def sample_async(
     if exclusive:
         await grant.finish(expired)
     elif expired:
-        await t._link.coord("removed", k=sum(expired.values()), per_shard=expired)
+        await t._link.coordinator.removed(sum(expired.values()), expired)
     return served(t, out)
 
 
@@ -502,7 +502,7 @@ async def _sample_plan(table, out, B, L, boundary, columns, rng, grant: SampleGr
         errors = [e for e in errors if not isinstance(e, Retry)]
         if errors:
             if ex.expired:  # committed there: the coordinator's size follows before the error goes up
-                await t._link.coord("removed", k=sum(ex.expired.values()), per_shard=ex.expired)
+                await t._link.coordinator.removed(sum(ex.expired.values()), ex.expired)
             raise errors[0]
         # a worker lost while finishing (degraded: a Retry; its shards are marked lost) does not undo the
         # batch: every part is in it, and the other workers have expired what they handed out; its own

@@ -168,8 +168,8 @@ def _admitted_here(table: DistributedTable, ins: Insert, timeout: float | None) 
     ``(admission, parts, sel_of, ids)`` as :func:`~.writes.insert_parts` gives them, the last three None when the
     placement changed since this handle learnt it."""
     wait = admission_wait(timeout)  # sent as the request's own: both ends give up at the same time
-    adm = table._link.coord_here(
-        "admit_insert", wait=wait, **admission_args(table, ins.n_items, len(ins.lengths), ins.per_shard, wait)
+    adm = table._link.coordinator_here.admit_insert(
+        **admission_args(table, ins.n_items, len(ins.lengths), ins.per_shard, wait)
     )
     if adm["version"] != table._view.version:
         return adm, None, None, None
@@ -178,7 +178,7 @@ def _admitted_here(table: DistributedTable, ins: Insert, timeout: float | None) 
 
 def _committed_here(table: DistributedTable, ins: Insert, adm: dict, sel_of: dict, ids, applied: dict) -> InsertResult:
     """Commit an insert applied on every worker from the caller's thread, then what follows it."""
-    size = table._link.coord_here("commit_insert", txn=adm["txn"], **commit_counts(applied))
+    size = table._link.coordinator_here.commit_insert(adm["txn"], **commit_counts(applied))
     table.stats["insert_in_thread"] += 1
     return _finished_here(table, ins, sel_of, ids, applied, size)
 

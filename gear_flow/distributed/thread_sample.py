@@ -234,7 +234,7 @@ def sample_here(
     if grant.leased:
         t._lease.served(B)
     if expired:
-        link.coord_here("removed", k=sum(expired.values()), per_shard=expired)
+        link.coordinator_here.removed(sum(expired.values()), expired)
     return served(t, out)
 
 
@@ -260,7 +260,7 @@ def admit_here(table: DistributedTable, n: int, timeout: float | None) -> Sample
     args = admission_args(table, n, timeout)
     args["timeout"] = admission_wait(args["timeout"])  # the request's own: both ends give up together
     try:
-        adm = link.coord_here("admit_sample", wait=args["timeout"], **args)
+        adm = link.coordinator_here.admit_sample(**args)
     except REFUSED:  # never granted: the leased samples it reported were not counted, kept for the next
         table._lease.not_reported(args["done"])
         raise

@@ -117,7 +117,7 @@ async def admit_insert(
     RateLimitTimeout
         Not admitted in time.
     """
-    return await table._link.coord("admit_insert", **admission_args(table, n, episodes, per_shard, timeout))
+    return await table._link.coordinator.admit_insert(**admission_args(table, n, episodes, per_shard, timeout))
 
 
 async def run_insert(
@@ -314,8 +314,9 @@ async def commit(
     int
         The table's size, in items, after the commit.
     """
-    return await table._link.coord("commit_insert", txn=txn, unsettled=sorted(unsettled) or None,
-                             unreached=sorted(unreached) or None, **commit_counts(res))  # fmt: skip
+    return await table._link.coordinator.commit_insert(
+        txn, unsettled=sorted(unsettled) or None, unreached=sorted(unreached) or None, **commit_counts(res)
+    )
 
 
 async def abort_insert(table: DistributedTable, txn: str, addrs: Iterable[str], cause: BaseException | None) -> None:
@@ -341,7 +342,7 @@ async def abort_insert(table: DistributedTable, txn: str, addrs: Iterable[str], 
         return_exceptions=True,
     )
     unreached = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
-    await table._link.coord("abort_insert", txn=txn, unreached=unreached or None)
+    await table._link.coordinator.abort_insert(txn, unreached or None)
     lost = [a for a in addrs if isinstance(cause, WorkerLost) and cause.addr == a]
     if lost:
         try:

@@ -19,7 +19,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -393,6 +393,451 @@ def coord_here(ctx: Context, op: str, name: str | None, wait: float | None = 0.0
     return ctx.sync(coord, ctx, op, name, **kw)
 
 
+class CoordinatorClient:
+    """The coordinator's operations about one table, each a typed method: on the event loop, or from a
+    caller's thread.
+
+    One method per operation of the registry
+    (:data:`~gear_flow.distributed.operations.COORDINATOR_OPS`), whose
+    parameters are that operation's fields (``tests/test_operations.py``
+    holds them equal).  An argument left None is not sent: the coordinator
+    takes its default.  An event loop's client (``blocking=False``) returns
+    an awaitable of each answer (:func:`coord`); a caller's thread's client
+    returns the answer (:func:`coord_here`: over the coordinator's lane when
+    found), and an admission it sends may wait at the coordinator for as long
+    as its ``timeout``.
+
+    Parameters
+    ----------
+    ctx : Context
+        How to reach the scheduler.
+    name : str or None
+        The table's name (None: only the operations on no table, ``list``).
+    blocking : bool, default False
+        Answer in the caller's thread instead of returning awaitables.
+
+    Examples
+    --------
+    >>> CoordinatorClient.__name__
+    'CoordinatorClient'
+    """
+
+    def __init__(self, ctx: Context, name: str | None, blocking: bool = False) -> None:
+        self.ctx = ctx
+        self.name = name
+        self.blocking = blocking
+
+    @classmethod
+    def of(cls, client: Client, name: str | None = None) -> CoordinatorClient:
+        """A caller's-thread client reaching the coordinator through a Dask client (the CLI's, a test's).
+
+        Parameters
+        ----------
+        client : distributed.Client
+            Connected to the cluster.
+        name : str, optional
+            The table's name.
+
+        Returns
+        -------
+        CoordinatorClient
+            Blocking.
+        """
+        return cls(Context(client=client), name, blocking=True)
+
+    def _send(self, op: str, wait: float | None = 0.0, **kw: Any) -> Any:
+        kw = {k: v for k, v in kw.items() if v is not None}
+        if self.blocking:
+            return coord_here(self.ctx, op, self.name, wait, **kw)
+        return coord(self.ctx, op, self.name, **kw)
+
+    # -- a table's life ------------------------------------------------------------------------------------------
+    def register(self, config: dict, placement: dict[int, str]) -> Any:
+        """Register the table with its configuration and placement (shard ids may be ints).
+
+        Parameters
+        ----------
+        config : dict
+            The table's configuration.
+        placement : dict of int to str
+            Shard -> worker.
+
+        Returns
+        -------
+        object
+            True (awaitable of it on the event loop).
+        """
+        return self._send("register", config=config, placement={str(k): v for k, v in placement.items()})
+
+    def lookup(self) -> Any:
+        """The table's state at the coordinator: placement, lost shards, version, size, waiting requests ….
+
+        Returns
+        -------
+        object
+            A dict (awaitable of it on the event loop).
+        """
+        return self._send("lookup")
+
+    def list(self) -> Any:
+        """The tables the coordinator knows.
+
+        Returns
+        -------
+        object
+            Their names (awaitable of them on the event loop).
+        """
+        return self._send("list")
+
+    def workers(self) -> Any:
+        """The cluster's live workers and the resources each advertises.
+
+        Returns
+        -------
+        object
+            ``{address: resources}`` (awaitable of it on the event loop).
+        """
+        return self._send("workers")
+
+    def worker_alive(self, address: str) -> Any:
+        """Does the scheduler still have worker ``address``?
+
+        Parameters
+        ----------
+        address : str
+            The worker.
+
+        Returns
+        -------
+        object
+            A bool (awaitable of it on the event loop).
+        """
+        return self._send("worker_alive", address=address)
+
+    def restore_state(self, state: dict) -> Any:
+        """Set the admission state of a table restored from a checkpoint.
+
+        Parameters
+        ----------
+        state : dict
+            The checkpoint's coordinator state.
+
+        Returns
+        -------
+        object
+            True (awaitable of it on the event loop).
+        """
+        return self._send("restore_state", state=state)
+
+    def shard_restored(self, shard: int, worker: str, size: int, inserted: int) -> Any:
+        """Tell that ``shard`` was restored on ``worker`` with ``size`` items, ``inserted`` ever.
+
+        Parameters
+        ----------
+        shard : int
+            The shard.
+        worker : str
+            Its new worker.
+        size : int
+            Items it holds.
+        inserted : int
+            Items ever inserted into it (its checkpoint's counter).
+
+        Returns
+        -------
+        object
+            What the gate answers (:meth:`~.gate.TableGate.shard_restored`; awaitable of it on the
+            event loop).
+        """
+        return self._send("shard_restored", shard=shard, worker=worker, size=size, inserted=inserted)
+
+    def mark_lost(self, shard: int, detail: str | None = None) -> Any:
+        """Mark ``shard`` lost.
+
+        Parameters
+        ----------
+        shard : int
+            The shard.
+        detail : str, optional
+            Why.
+
+        Returns
+        -------
+        object
+            The table's lost shards, ``{shard: detail}`` (awaitable of it on the event loop).
+        """
+        return self._send("mark_lost", shard=shard, detail=detail)
+
+    def move(self, shards: Sequence[int], worker: str | None = None) -> Any:
+        """Move ``shards`` whole to ``worker`` (None: the coordinator chooses).
+
+        Parameters
+        ----------
+        shards : sequence of int
+            The shards.
+        worker : str, optional
+            The destination.
+
+        Returns
+        -------
+        object
+            The new placement version (awaitable of it on the event loop).
+        """
+        return self._send("move", shards=list(shards), worker=worker)
+
+    def rebalance(self) -> Any:
+        """Move whole shards until the workers' counts differ by at most one.
+
+        Returns
+        -------
+        object
+            The moves made (awaitable of them on the event loop).
+        """
+        return self._send("rebalance")
+
+    def close(self) -> Any:
+        """Close the table: waiting and later requests are refused.
+
+        Returns
+        -------
+        object
+            True (awaitable of it on the event loop).
+        """
+        return self._send("close")
+
+    def drop(self) -> Any:
+        """Forget the table.
+
+        Returns
+        -------
+        object
+            True (awaitable of it on the event loop).
+        """
+        return self._send("drop")
+
+    def lane(self) -> Any:
+        """The coordinator's lane: how a handle reaches it without the comm.
+
+        Returns
+        -------
+        object
+            ``machine``, ``unix`` and ``tcp`` addresses (None: not listening; awaitable of it on the
+            event loop).
+        """
+        return self._send("lane")
+
+    # -- inserts -------------------------------------------------------------------------------------------------
+    def admit_insert(
+        self,
+        n: int,
+        episodes: int,
+        per_shard: dict[int, int] | None = None,
+        timeout: float | None = None,
+        owner: str | None = None,
+    ) -> Any:
+        """Wait for the rate limiter to admit an insert of ``n`` items in ``episodes`` episodes.
+
+        Parameters
+        ----------
+        n : int
+            Items.
+        episodes : int
+            Episodes.
+        per_shard : dict of int to int, optional
+            Items routed to each shard.
+        timeout : float, optional
+            Seconds the admission may wait (from a caller's thread: also how
+            long the request may be held).
+        owner : str, optional
+            Who holds the admission (released if it leaves).
+
+        Returns
+        -------
+        object
+            The grant: ``txn``, ``first_episode_id``, ``first_stamp``,
+            ``version`` … (awaitable of it on the event loop).
+        """
+        return self._send(
+            "admit_insert", timeout, n=n, episodes=episodes, per_shard=per_shard, timeout=timeout, owner=owner
+        )
+
+    def commit_insert(
+        self,
+        txn: str,
+        items: dict[int, int] | None = None,
+        evicted: dict[int, int] | None = None,
+        unsettled: Sequence[str] | None = None,
+        unreached: Sequence[str] | None = None,
+    ) -> Any:
+        """Commit insert ``txn``: ``items`` written and ``evicted`` per shard.
+
+        Parameters
+        ----------
+        txn : str
+            The admitted insert.
+        items, evicted : dict of int to int, optional
+            Items written and evicted per shard.
+        unsettled : sequence of str, optional
+            Workers that did not answer: the coordinator settles their parts.
+        unreached : sequence of str, optional
+            Workers whose abort was not answered: the coordinator aborts
+            their parts.
+
+        Returns
+        -------
+        object
+            The table's size after it (awaitable of it on the event loop).
+        """
+        return self._send(
+            "commit_insert", txn=txn, items=items, evicted=evicted, unsettled=unsettled, unreached=unreached
+        )
+
+    def abort_insert(self, txn: str, unreached: Sequence[str] | None = None) -> Any:
+        """Abort insert ``txn``.
+
+        Parameters
+        ----------
+        txn : str
+            The admitted insert.
+        unreached : sequence of str, optional
+            Workers whose abort was not answered: the coordinator aborts
+            their parts.
+
+        Returns
+        -------
+        object
+            The coordinator's answer (awaitable of it on the event loop).
+        """
+        return self._send("abort_insert", txn=txn, unreached=unreached)
+
+    def stamps(self, n: int) -> Any:
+        """``n`` consecutive priority stamps (an update's order among all handles').
+
+        Parameters
+        ----------
+        n : int
+            How many.
+
+        Returns
+        -------
+        object
+            The first (awaitable of it on the event loop).
+        """
+        return self._send("stamps", n=n)
+
+    # -- samples and removals ------------------------------------------------------------------------------------
+    def admit_sample(
+        self,
+        n: int,
+        timeout: float | None = None,
+        done: int | None = None,
+        lease: int | None = None,
+        exclusive: bool | None = None,
+        owner: str | None = None,
+        after: int | None = None,
+    ) -> Any:
+        """Wait for the rate limiter to admit a sample of ``n``.
+
+        Parameters
+        ----------
+        n : int
+            The batch's rows.
+        timeout : float, optional
+            Seconds the admission may wait (from a caller's thread: also how
+            long the request may be held).
+        done : int, optional
+            Samples served under the lease since the last admission.
+        lease : int, optional
+            Samples asked for ahead, to serve without asking.
+        exclusive : bool, optional
+            The sample changes the table (one at a time).
+        owner : str, optional
+            Who holds the admission (released if it leaves).
+        after : int, optional
+            Admit once more items arrived than this count of arrivals.
+
+        Returns
+        -------
+        object
+            The grant: ``version``, ``txn``, ``lease``, ``horizon``,
+            ``arrivals`` … (awaitable of it on the event loop).
+        """
+        return self._send(
+            "admit_sample", timeout, n=n, timeout=timeout, done=done, lease=lease, exclusive=exclusive, owner=owner,
+            after=after,
+        )  # fmt: skip
+
+    def admit_hold(self, timeout: float | None = None, owner: str | None = None) -> Any:
+        """Wait for the table's exclusive hold (an eviction: no sample or insert meanwhile).
+
+        Parameters
+        ----------
+        timeout : float, optional
+            Seconds the admission may wait.
+        owner : str, optional
+            Who holds it (released if it leaves).
+
+        Returns
+        -------
+        object
+            The hold: ``txn`` and the table's ``size`` (awaitable of it on the event loop).
+        """
+        return self._send("admit_hold", timeout, timeout=timeout, owner=owner)
+
+    def sample_finished(
+        self, txn: str | None = None, rollback: int | None = None, expired: dict[int, int] | None = None
+    ) -> Any:
+        """Give back a sample's admission, or an eviction's hold.
+
+        Parameters
+        ----------
+        txn : str, optional
+            The admission (an exclusive sample's, a hold's).
+        rollback : int, optional
+            Rows admitted and never served.
+        expired : dict of int to int, optional
+            Items the sample expired per shard.
+
+        Returns
+        -------
+        object
+            True (awaitable of it on the event loop).
+        """
+        return self._send("sample_finished", txn=txn, rollback=rollback, expired=expired)
+
+    def count_samples(self, n: int) -> Any:
+        """Count ``n`` samples served under a lease.
+
+        Parameters
+        ----------
+        n : int
+            Samples.
+
+        Returns
+        -------
+        object
+            True (awaitable of it on the event loop).
+        """
+        return self._send("count_samples", n=n)
+
+    def removed(self, k: int, per_shard: dict[int, int] | None = None) -> Any:
+        """Count ``k`` items removed (deleted, evicted, expired), ``per_shard``.
+
+        Parameters
+        ----------
+        k : int
+            Items.
+        per_shard : dict of int to int, optional
+            Items per shard.
+
+        Returns
+        -------
+        object
+            The table's size after it (awaitable of it on the event loop).
+        """
+        return self._send("removed", k=k, per_shard=per_shard)
+
+
 #: :func:`_coord_reply`'s answer for a request that never left: the comm serves it
 _BY_COMM = object()
 
@@ -453,7 +898,7 @@ async def worker_alive(ctx: Context, table: str, addr: str, timeout: float) -> b
         The scheduler's answer; None when it did not give one.
     """
     try:
-        return bool(await asyncio.wait_for(coord(ctx, "worker_alive", table, address=addr), timeout))
+        return bool(await asyncio.wait_for(CoordinatorClient(ctx, table).worker_alive(addr), timeout))
     except (TimeoutError, GearFlowError):
         return None
 
@@ -771,9 +1216,9 @@ class WorkerRoutes:
 class TableLink:
     """A table handle's requests to its workers and coordinator, and what a lost or moved worker means.
 
-    Every request a handle makes goes through it: :meth:`coord` (and
-    :meth:`coord_here` from a caller's thread), :meth:`on_workers` (several
-    workers at once).  It is the one place that classifies their failures:
+    Every request a handle makes goes through it: :attr:`coordinator` (and
+    :attr:`coordinator_here` from a caller's thread), :meth:`on_workers`
+    (several workers at once).  It is the one place that classifies their failures:
     a worker that cannot be reached, or that the scheduler removed, makes its
     shards lost (:class:`~gear_flow.errors.ShardLostError`, or in a degraded
     table a :class:`Retry` without them); one that refused a request planned
@@ -806,43 +1251,9 @@ class TableLink:
         self.routes = routes
         self._config = config
         self.requests = requests
-
-    # -- the coordinator -----------------------------------------------------------------------------------------
-    async def coord(self, op: str, **kw: Any) -> Any:
-        """One request about this table to the coordinator (:func:`coord`).
-
-        Parameters
-        ----------
-        op : str
-            The coordinator operation.
-        **kw
-            Its arguments.
-
-        Returns
-        -------
-        object
-            Its answer.
-        """
-        return await coord(self.ctx, op, self.name, **kw)
-
-    def coord_here(self, op: str, wait: float | None = 0.0, **kw: Any) -> Any:
-        """:meth:`coord` from the caller's thread (:func:`coord_here`).
-
-        Parameters
-        ----------
-        op : str
-            The coordinator operation.
-        wait : float or None, default 0
-            Seconds the coordinator may hold the request (None: for ever).
-        **kw
-            Its arguments.
-
-        Returns
-        -------
-        object
-            Its answer.
-        """
-        return coord_here(self.ctx, op, self.name, wait, **kw)
+        #: the coordinator's operations about this table on the event loop, and from a caller's thread
+        self.coordinator = CoordinatorClient(ctx, name)
+        self.coordinator_here = CoordinatorClient(ctx, name, blocking=True)
 
     async def refresh(self, version: int | None = None) -> None:
         """Learn the placement and lost shards from the coordinator (changes other handles made: restores,
@@ -855,7 +1266,7 @@ class TableLink:
         """
         if version is not None and version == self.view.version:
             return
-        st = await self.coord("lookup")
+        st = await self.coordinator.lookup()
         self.view.learn(st)
         self.ctx.epoch = self.view.version  # every request to a worker says which placement it was planned at
 
@@ -1105,7 +1516,7 @@ class TableLink:
         for s in shards:
             if s not in self.view.lost:
                 detail = f"worker {now.shards[s]} unreachable"
-                self.view.mark_lost(s, (await self.coord("mark_lost", shard=s, detail=detail))[s])
+                self.view.mark_lost(s, (await self.coordinator.mark_lost(s, detail))[s])
         await self.refresh()
         if not shards:  # those workers hold none of the table's shards any more (moved): redone as placed now
             raise Retry()

@@ -1,0 +1,53 @@
+"""The typed coordinator client is the registry's coordinator operations, one method each, field for field."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from gear_flow.distributed.operations import COORDINATOR_OPS
+from gear_flow.distributed.transport import CoordinatorClient
+
+
+def _optional(checker) -> bool:
+    try:
+        checker(None)
+    except Exception:  # noqa: BLE001 - the checker's own error type: None is refused
+        return False
+    return True
+
+
+def test_every_coordinator_operation_has_one_method():
+    methods = {n for n, f in vars(CoordinatorClient).items() if inspect.isfunction(f) and not n.startswith("_")}
+    assert methods == set(COORDINATOR_OPS)
+
+
+@pytest.mark.parametrize("op", sorted(COORDINATOR_OPS))
+def test_a_methods_parameters_are_its_operations_fields_in_order(op):
+    params = list(inspect.signature(getattr(CoordinatorClient, op)).parameters.values())[1:]
+    fields = COORDINATOR_OPS[op].fields
+    assert [p.name for p in params] == list(fields)
+    for p in params:  # a field the coordinator may go without is an argument the caller may leave out
+        assert (p.default is None) == _optional(fields[p.name]), (op, p.name)
+
+
+class _Recorder(CoordinatorClient):
+    def __init__(self, blocking: bool) -> None:
+        super().__init__(None, "t", blocking)
+        self.sent = []
+
+    def _send(self, op, wait=0.0, **kw):  # what the real one sends, before the None fields are dropped
+        self.sent.append((op, wait, kw))
+
+
+def test_admissions_from_a_callers_thread_may_be_held_as_long_as_their_timeout():
+    c = _Recorder(blocking=True)
+    c.admit_sample(4, timeout=2.5, owner="me")
+    c.admit_insert(3, 1, {0: 3}, 7.0, "me")
+    c.admit_hold(1.5)
+    c.lookup()
+    assert [(op, wait) for op, wait, _ in c.sent] == [
+        ("admit_sample", 2.5), ("admit_insert", 7.0), ("admit_hold", 1.5), ("lookup", 0.0)
+    ]  # fmt: skip
+    assert c.sent[1][2] == dict(n=3, episodes=1, per_shard={0: 3}, timeout=7.0, owner="me")
