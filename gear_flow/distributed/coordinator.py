@@ -12,7 +12,7 @@ marked lost at once (handles learn it from the version in their next reply);
 a client or worker that goes away has its waiting requests dropped, its
 exclusive sample released and its unfinished inserts recovered (committed if
 any worker applied them, aborted everywhere otherwise), so a killed process
-leaves nothing behind.
+leaves nothing behind (:mod:`.recovery`, a part the coordinator builds).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from .gate import OwnerGone, TableGate
 from .lane import LaneServer
 from .moves import ShardMoves
 from .operations import COORDINATOR_OPS
+from .recovery import Recovery
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -78,6 +79,9 @@ class GearFlowCoordinator(SchedulerPlugin):
     ----------
     tables : dict of str to TableGate
         The registered tables, by name (set up in :meth:`start`).
+    recovery : Recovery
+        Releases departed owners and settles what they left in flight (set
+        up in :meth:`start`).
 
     Examples
     --------
@@ -102,6 +106,9 @@ class GearFlowCoordinator(SchedulerPlugin):
         self.lane = LaneServer(self.serve, COORD_LANE_OPS)
         #: moves shards off retiring workers, onto joining ones, and between workers on request
         self.moves = ShardMoves(scheduler, self.tables)
+        #: finishes what departed owners left in flight, and the parts workers left unanswered; handed what it
+        #: works with (the tables, the scheduler's calls to workers, background tasks, liveness), not this plugin
+        self.recovery = Recovery(self.tables, self._worker_call, self._spawn, lambda addr: addr in scheduler.workers)
         self._refusals_logged: set[str] = set()
         scheduler.handlers["gear_flow_coord"] = self.handle
         # every graceful departure (Client.retire_workers, Adaptive, SpecCluster.scale, Worker.close_gracefully)
@@ -359,16 +366,15 @@ class GearFlowCoordinator(SchedulerPlugin):
 
     async def _commit_insert(self, name, txn, items, evicted, unsettled=None, unreached=None):
         """Commit what was written; the parts of ``unsettled`` workers (they did not answer their apply in
-        time) are settled here, in the background (:meth:`_settle_unanswered_part`), and those of
+        time) are settled here, in the background (:meth:`.Recovery.settle_parts`), and those of
         ``unreached`` ones (they refused to apply them, and did not answer their abort) aborted
-        (:meth:`_abort_parts`)."""
+        (:meth:`.Recovery.abort_parts`)."""
         g = self._table(name)
         gate_checks.check_commit(g, txn, items or {}, evicted or {}, unsettled or [])
         if g.commit_insert(txn, items or {}, evicted or {}, tuple(unsettled or ())):  # (a repeat: nothing sent)
             if txn in g.unsettled:
-                for a in sorted(set(unsettled or ())):
-                    self._spawn(self._settle_unanswered_part(g, txn, a))
-            self._abort_parts(g, txn, unreached)
+                self.recovery.settle_parts(g, txn, unsettled or ())
+            self.recovery.abort_parts(g, txn, unreached)
         return g.size
 
     def _spawn(self, coro) -> None:
@@ -376,75 +382,23 @@ class GearFlowCoordinator(SchedulerPlugin):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _settle_unanswered_part(self, g: TableGate, txn: str, addr: str) -> None:
-        """Find out what became of ``txn``'s part on ``addr``, which did not answer its apply in time, and
-        count it: abort it there (an apply delivered later is refused), then ask whether it had been
-        applied before; a worker gone meanwhile takes its shards' items with it."""
-        shards = sorted(s for s in g.unsettled.get(txn, {}) if g.placement.get(s) == addr)
-
-        async def step():
-            await self._worker_call(addr, "abort", name=g.name, txn=txn)
-            st = await self._status(g, addr, txn)
-            res = st.get("result") or {}
-            g.settle_late(txn, shards, res.get("items") or {}, res.get("evicted") or {})
-            logger.info("table %r: insert %s settled on %s: %s", g.name, txn[:8], addr, st["state"])
-
-        def gone():  # its shards are lost, and what it wrote with them
-            g.settle_late(txn, shards, {}, {})
-
-        if not await self._until_answered(g, addr, f"settling insert {txn[:8]}", step, gone):
-            logger.warning("table %r: insert %s's part on %s is still not known; its items are not counted",
-                           g.name, txn[:8], addr)  # fmt: skip
-
-    async def _abort_part(self, g: TableGate, txn: str, addr: str) -> None:
-        """Abort insert ``txn``'s part on ``addr``, which the client's (or a recovery's) abort did not reach:
-        a part left staged would keep its episodes in the worker's memory for good."""
-
-        async def step():
-            await self._worker_call(addr, "abort", name=g.name, txn=txn)
-            logger.info("table %r: insert %s's part on %s aborted", g.name, txn[:8], addr)
-
-        if not await self._until_answered(g, addr, f"aborting insert {txn[:8]}", step, lambda: None):
-            logger.warning("table %r: insert %s's part on %s could not be aborted; it stays staged there",
-                           g.name, txn[:8], addr)  # fmt: skip
-
-    async def _until_answered(self, g: TableGate, addr: str, what: str, step, gone, attempts: int = 8) -> bool:
-        """Run ``await step()`` until ``addr`` answers it (backing off between attempts), or ``gone()`` once
-        the scheduler no longer has the worker; False when ``attempts`` all failed."""
-        for attempt in range(attempts):
-            if addr not in self.scheduler.workers:
-                gone()
-                return True
-            try:
-                await step()
-                return True
-            except Exception as e:  # noqa: BLE001 - not answered again: asked again, later
-                logger.info("table %r: %s on %s: %s", g.name, what, addr, e)
-                await asyncio.sleep(min(0.2 * 2**attempt, 10.0))
-        return False
-
-    async def _status(self, g: TableGate, addr: str, txn: str) -> dict:
-        """What became of insert ``txn`` on ``addr`` (its ``status``), once it is no longer being written."""
-        st = await self._worker_call(addr, "status", name=g.name, txn=txn)
-        while st["state"] == "applying":  # taken from staging and being written: its result comes soon
-            await asyncio.sleep(0.01)
-            st = await self._worker_call(addr, "status", name=g.name, txn=txn)
-        return st
+    async def _worker_call(self, addr, action, **args):
+        # the scheduler's connection to a worker's gear_flow handler: what the recovery is handed to reach workers
+        resp = await asyncio.wait_for(
+            self.scheduler.rpc(addr).gear_flow(action=action, v=protocol.VERSION, **wire.encode(args)), 30
+        )
+        if resp.get("status") != "OK":
+            raise GearFlowError(f"worker {addr}: {action} failed")
+        return wire.result(resp)  # the scheduler keeps frames as they came: decoded there
 
     async def _abort_insert(self, name, txn, unreached=None):
         """Give back an insert's admission; the parts on ``unreached`` workers (the client's abort did not
-        reach them) are aborted here, in the background (:meth:`_abort_part`)."""
+        reach them) are aborted here, in the background (:meth:`.Recovery.abort_parts`)."""
         g = self._table(name)
         aborted = g.abort_insert(txn)
         if aborted:  # only an insert in flight: nobody makes the coordinator send aborts of made-up txns
-            self._abort_parts(g, txn, unreached)
+            self.recovery.abort_parts(g, txn, unreached)
         return aborted
-
-    def _abort_parts(self, g: TableGate, txn: str, addrs) -> None:
-        """Abort ``txn``'s parts on workers ``addrs`` in the background (:meth:`_abort_part`); only on
-        workers that hold the table's shards (one that left, or whose shards moved, has no part)."""
-        for a in sorted(set(addrs or ()) & set(g.placement.values())):
-            self._spawn(self._abort_part(g, txn, a))
 
     async def _admit_sample(self, name, n, timeout=None, done=0, lease=0, exclusive=False, owner="", after=None):
         """Admit a sample of ``n``; ``done`` counts leased samples already served.
@@ -540,10 +494,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         **kwargs
             Other arguments Dask passes (unused).
         """
-        for g in list(self.tables.values()):
-            for s in sorted(s for s, a in g.placement.items() if a == worker):
-                g.mark_lost(s, f"worker {worker} left the cluster")
-        self._release(worker)
+        self.recovery.worker_left(worker)
 
     def remove_client(self, scheduler: Scheduler, client: str) -> None:
         """Release what a departed client held: its waiting requests, exclusive sample and inserts.
@@ -555,71 +506,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         client : str
             Id of the client that left.
         """
-        self._release(client)
-
-    def _release(self, owner: str) -> None:
-        for g in list(self.tables.values()):
-            txns, hold = g.release_owner(owner)
-            if txns or hold:
-                self._spawn(self._recover(g, txns, hold))
-
-    async def _worker_call(self, addr, action, **args):
-        resp = await asyncio.wait_for(
-            self.scheduler.rpc(addr).gear_flow(action=action, v=protocol.VERSION, **wire.encode(args)), 30
-        )
-        if resp.get("status") != "OK":
-            raise GearFlowError(f"worker {addr}: {action} failed")
-        return wire.result(resp)  # the scheduler keeps frames as they came: decoded there
-
-    async def _recover(self, g: TableGate, txns, hold) -> None:
-        """Finish what a departed owner left: its inserts (2PC recovery) and its exclusive sample."""
-        workers = sorted(set(g.placement.values()))
-        for t in txns:
-            try:
-                await self._recover_insert(g, t)
-            except Exception:  # never leave the transaction open: it would block the horizon for good
-                logger.exception("table %r: recovering insert %s failed; aborting it", g.name, t.txn)
-                g.abort_insert(t.txn)
-        if hold is not None:
-            for a in workers:
-                try:
-                    await self._worker_call(a, "abort", name=g.name, txn=hold["txn"])
-                except Exception:
-                    pass
-            g.sample_finished(hold["txn"], rollback=hold["n"])
-
-    async def _recover_insert(self, g: TableGate, t) -> None:
-        """Two-phase-commit recovery: applied anywhere → apply everywhere and commit; else abort everywhere."""
-        addrs = sorted({g.placement[s] for s in t.per_shard if s in g.placement})
-        states = {}
-        for a in addrs:
-            try:
-                states[a] = await self._status(g, a, t.txn)
-            except Exception:
-                states[a] = {"state": "unknown"}
-        if any(st["state"] == "applied" for st in states.values()):
-            items, evicted = {}, {}
-            for a, st in states.items():
-                res = st.get("result")
-                if st["state"] == "staged":
-                    try:
-                        res = await self._worker_call(a, "apply", name=g.name, txn=t.txn)
-                    except Exception:
-                        res = None
-                for s, k in ((res or {}).get("items") or {}).items():
-                    items[s] = items.get(s, 0) + k
-                for s, k in ((res or {}).get("evicted") or {}).items():
-                    evicted[s] = evicted.get(s, 0) + k
-            g.commit_insert(t.txn, items, evicted)
-            logger.info("table %r: committed insert %s of a departed client", g.name, t.txn)
-        else:
-            for a in addrs:
-                try:
-                    await self._worker_call(a, "abort", name=g.name, txn=t.txn)
-                except Exception:  # noqa: BLE001 - asked again in the background, until answered
-                    self._spawn(self._abort_part(g, t.txn, a))
-            g.abort_insert(t.txn)
-            logger.info("table %r: aborted insert %s of a departed client", g.name, t.txn)
+        self.recovery.release(client)
 
     # -- checkpoints, restores -------------------------------------------------------------------------------
     async def _restore_state(self, name, state):
