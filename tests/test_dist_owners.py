@@ -45,7 +45,7 @@ def spawn(scheduler: str, name: str, body: str) -> subprocess.Popen:
         import numpy as np
         from distributed import Client
         from gear_flow.distributed import DistributedTable
-        from gear_flow.distributed.transport import call
+        from gear_flow.distributed.transport import CoordinatorClient, call
         client = Client(sys.argv[1])
         t = DistributedTable.attach(sys.argv[2], client)
         def tagged(tags):
@@ -92,7 +92,7 @@ def test_a_client_killed_while_blocked_leaves_nothing_behind(dist_client, blocke
 # the dead client admits an insert of two episodes, one per shard, stages both parts, then dies
 _MID_INSERT = """
 async def go():
-    adm = await coordinator(t, blocking=False).admit_insert(n=2, episodes=2, per_shard={0: 1, 1: 1}, owner=client.id, timeout=30)
+    adm = await CoordinatorClient(t._ctx, t.name).admit_insert(n=2, episodes=2, per_shard={0: 1, 1: 1}, owner=client.id, timeout=30)
     for s in (0, 1):
         part = {"shard": s, "chunks": tagged([100 + s]), "lengths": np.ones(1, np.int64),
                 "episode_ids": np.array([adm["first_episode_id"] + s]), "stamps": np.array([adm["first_stamp"] + s]),

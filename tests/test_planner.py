@@ -87,3 +87,33 @@ def test_limited_plans_short_of_items_raise_before_taking_anything():
     with pytest.raises(planner.ShortOfItems) as short:
         seq.send({0: one, 1: one})
     assert (short.value.have, short.value.want) == (2, 4)
+
+
+def test_an_executors_error_is_thrown_into_the_generator_it_drives():
+    """run and run_async throw an answer's error in at the request that met it: the generator says what it
+    means (the distributed table's sample steps give their grant back and wait, or raise it on)."""
+    import asyncio
+
+    def steps():
+        try:
+            yield "first"
+        except KeyError as e:
+            got = yield f"after {e.args[0]}"
+            return ("handled", got)
+
+    def answer(req):
+        if req == "first":
+            raise KeyError("k")
+        return req.upper()
+
+    async def answer_async(req):
+        return answer(req)
+
+    assert planner.run(steps(), answer) == ("handled", "AFTER K")
+    assert asyncio.run(planner.run_async(steps(), answer_async)) == ("handled", "AFTER K")
+
+    def unhandled():
+        yield "first"
+
+    with pytest.raises(KeyError):
+        planner.run(unhandled(), answer)

@@ -11,7 +11,8 @@ sit below all three so that none of those calls another through the handle.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from collections.abc import Generator
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -121,11 +122,58 @@ def grouped_update(table: DistributedTable, keys: ArrayLike, priorities: ArrayLi
     return k, by, idx, on_lost, pr
 
 
-async def update_now(
+class CheckKeys(NamedTuple):
+    """Check an edit's keys on every worker of ``by`` before any applies it (:func:`checked`); answered with
+    ``(by, keys on lost shards)``.
+
+    Parameters
+    ----------
+    by : dict
+        ``{worker: {shard: seqs}}``.
+    """
+
+    by: dict
+
+
+class Stamps(NamedTuple):
+    """Take ``n`` table-wide stamps from the coordinator; answered with the first.
+
+    Parameters
+    ----------
+    n : int
+        How many.
+    """
+
+    n: int
+
+
+class Apply(NamedTuple):
+    """Send the ``update`` requests ``calls``; answered with ``(replies, errors)`` (``on_workers(partial=True)``'s:
+    a worker's failure is an error in the list, not raised).
+
+    Parameters
+    ----------
+    calls : dict
+        ``{worker: ("update", args)}``.
+    """
+
+    calls: dict
+
+
+def update_steps(
     table: DistributedTable, k: np.ndarray, by: dict, idx: dict, pr: np.ndarray, on_lost: int, attempt: int = 0
-) -> UpdateResult:
-    """Send an update to the workers of its shards (held from ride-alongs by the caller); the keys of
-    shards that moved meanwhile are sent again where they are now.
+) -> Generator[object, object, UpdateResult]:
+    """A priority update, sans I/O: its keys checked where they must be, stamped when heap ties need it,
+    applied, the keys of shards that moved meanwhile sent again where they are now.
+
+    The one place that says what an update's replies mean (lost shards:
+    stale keys; moved ones: sent again; any other error raised), whichever
+    executor answers its :class:`CheckKeys`, :class:`Stamps` and
+    :class:`Apply` (:class:`LoopUpdater` on the event loop,
+    :class:`~gear_flow.distributed.thread_update.ThreadUpdater` in the
+    caller's thread; run with :func:`gear_flow.table.planner.run_async` or
+    :func:`~gear_flow.table.planner.run`).  The caller holds the update's
+    shards from ride-alongs.
 
     Parameters
     ----------
@@ -142,21 +190,22 @@ async def update_now(
 
     Returns
     -------
-    UpdateResult
-        ``applied`` items updated, ``stale`` keys ignored.
+    generator
+        Yields the requests; returns the :class:`~gear_flow.table.results.UpdateResult`
+        (``applied`` items updated, ``stale`` keys ignored).
     """
     if len(by) > 1 and not table._issued.covers(k):
         # unknown keys anywhere must stop the whole call before any worker applies it (skipped when
         # every key is one this handle has seen issued: then no worker can find it unknown)
-        by, lost = await checked(table, by)
+        by, lost = yield CheckKeys(by)
         on_lost += lost
     stamps = None
     if heap_ties(table) and len(k):  # heap ties across shards follow the table-wide insert/update clock
-        stamps = (await table._link.coordinator.stamps(len(k))) + np.arange(len(k), dtype=np.int64)
+        stamps = (yield Stamps(len(k))) + np.arange(len(k), dtype=np.int64)
     plans = table._masses.plans()
     calls = update_calls(table, by, idx, pr, stamps, plans)
     try:
-        res, errors = await table._link.on_workers(calls, partial=True)
+        res, errors = yield Apply(calls)
         on_lost += lost_keys(by, res, errors)
     except BaseException:
         table._masses.clear()
@@ -165,8 +214,42 @@ async def update_now(
     done = updated_all(table, np.delete(k, again), res, plans, on_lost)
     if not len(again):
         return done
-    more = await update_now(table, *regrouped(table, k, pr, again), attempt + 1)
+    more = yield from update_steps(table, *regrouped(table, k, pr, again), attempt + 1)
     return UpdateResult(done.applied + more.applied, done.stale + more.stale)
+
+
+class LoopUpdater:
+    """Answers :func:`update_steps` on the event loop: the workers over the comm or their lanes.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    """
+
+    def __init__(self, table: DistributedTable) -> None:
+        self.t = table
+
+    async def __call__(self, req: object) -> object:
+        """Answer one request of the steps.
+
+        Parameters
+        ----------
+        req : CheckKeys, Stamps or Apply
+            The request.
+
+        Returns
+        -------
+        object
+            Its answer.
+        """
+        if isinstance(req, Apply):
+            return await self.t._link.on_workers(req.calls, partial=True)
+        if isinstance(req, CheckKeys):
+            return await checked(self.t, req.by)
+        if isinstance(req, Stamps):
+            return await self.t._link.coordinator.stamps(req.n)
+        raise TypeError(f"not an update's request: {req!r}")
 
 
 def regrouped(table: DistributedTable, k: np.ndarray, pr: np.ndarray, again: np.ndarray) -> tuple:
@@ -186,7 +269,7 @@ def regrouped(table: DistributedTable, k: np.ndarray, pr: np.ndarray, again: np.
     Returns
     -------
     tuple
-        ``(k, by, idx, pr, on_lost)``: :func:`update_now`'s arguments.
+        ``(k, by, idx, pr, on_lost)``: :func:`update_steps`' arguments.
     """
     k, by, idx, on_lost = group(table, k[again])
     return k, by, idx, pr[again] if np.ndim(pr) else pr, on_lost

@@ -29,7 +29,7 @@ from ..errors import GearFlowError, ShardLostError
 from ..table import planner
 from ..table.results import UpdateResult
 from . import pending
-from .edit_keys import checked, group, grouped_update, lost_keys, moved_keys, update_now
+from .edit_keys import LoopUpdater, checked, group, grouped_update, lost_keys, moved_keys, update_steps
 from .pending import PENDING_MAX
 from .thread_update import update_here
 from .transport import Retry
@@ -148,7 +148,7 @@ async def update_priorities_async(
     held = {i for s in by.values() for i in s}
     await pending.hold_pending(table, held)  # keep this handle's updates in call order
     try:
-        return await update_now(table, k, by, idx, pr, on_lost)
+        return await planner.run_async(update_steps(table, k, by, idx, pr, on_lost), LoopUpdater(table))
     finally:
         table._pending.release(held)
 

@@ -1,6 +1,10 @@
-"""Sampling a distributed table on the event loop: admission, the plan's requests to the workers, the windows back.
+"""Sampling a distributed table: one sample's steps, and their answers on the event loop.
 
-A sample is admitted by the coordinator (a :class:`SampleGrant`, given back
+A sample's steps are one generator, :func:`sample_steps`, which yields its
+requests (admit, learn the placement, draw, give back, finish) and says
+what every failure means; the event loop's :class:`LoopSampler` and the
+caller's thread's :class:`~gear_flow.distributed.thread_sample.ThreadSampler`
+answer them.  A sample is admitted by the coordinator (a :class:`SampleGrant`, given back
 exactly once when the batch is not served) or served under the handle's
 admission lease (:class:`~gear_flow.distributed.leases.Lease`), then planned
 by the same planner as the local table's (:mod:`gear_flow.table.planner`),
@@ -35,8 +39,8 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Generator, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -57,6 +61,8 @@ if TYPE_CHECKING:
     from .api import DistributedTable
 
 _ATTEMPTS = 8
+#: a sample's steps (:func:`sample_steps`): yields its requests, is sent their answers, returns its result
+Steps = Generator[object, object, object]
 logger = logging.getLogger(__name__)
 
 #: the coordinator's answers to an admission that was never granted (the limiter counted nothing of it):
@@ -194,49 +200,6 @@ def admission_args(table: DistributedTable, n: int, timeout: float | None) -> di
     )
 
 
-async def admit(table: DistributedTable, n: int, timeout: float | None, after: int | None = None) -> SampleGrant:
-    """The coordinator's admission of a batch of ``n``, with a new lease when the limiter gives one;
-    placement changes picked up.
-
-    Parameters
-    ----------
-    table : DistributedTable
-        The handle.
-    n : int
-        The batch's rows.
-    timeout : float or None
-        Seconds to wait (None: the handle's).
-    after : int, optional
-        The ``arrivals`` of a grant whose items left could not fill the
-        batch: granted once more have arrived.
-
-    Returns
-    -------
-    SampleGrant
-        The grant, open.
-    """
-    link = table._link
-    args = admission_args(table, n, timeout)
-    if after is not None:
-        args["after"] = after
-    try:
-        adm = await link.coordinator.admit_sample(**args)
-    except REFUSED:  # never granted, so the leased samples it reported were not counted: kept for the next
-        table._lease.not_reported(args["done"])
-        raise
-    grant = SampleGrant(link, n, adm)
-    try:
-        await link.refresh(adm["version"])
-    except BaseException:  # granted, and never served: given back (an exclusive hold would block the table)
-        try:
-            await grant.give_back()
-        except Exception as e:  # noqa: BLE001 - the refresh's error is the caller's
-            logger.info("table %r: an admission not given back (%s)", table.name, e)
-        raise
-    table._lease.granted(n, adm.get("lease", 0))
-    return grant
-
-
 def time_left(table: DistributedTable, timeout: float | None, start: float) -> float | None:
     """What is left at ``start + timeout`` (the handle's timeout when None; None: the coordinator's).
 
@@ -313,7 +276,352 @@ def flush(table: DistributedTable) -> None:
         table._link.coordinator_here.count_samples(done)
 
 
-# -- the driver --------------------------------------------------------------------------------------------------
+# -- the driver: what a sample does, whichever executor answers it --------------------------------------------------
+class Admit(NamedTuple):
+    """Ask the coordinator to admit a batch; answered with its grant (``admit_sample``'s answer).
+
+    Parameters
+    ----------
+    args : dict
+        ``admit_sample``'s arguments (:func:`admission_args`).
+    """
+
+    args: dict
+
+
+class Refresh(NamedTuple):
+    """Learn the placement at ``version`` unless it is known already; answered with None.
+
+    Parameters
+    ----------
+    version : int
+        The placement version an admission was granted at.
+    """
+
+    version: int
+
+
+class GiveBack(NamedTuple):
+    """Give ``grant`` back (:meth:`SampleGrant.give_back`: once); answered with None.
+
+    Parameters
+    ----------
+    grant : SampleGrant
+        The grant of a batch not served.
+    """
+
+    grant: SampleGrant
+
+
+class Gather(NamedTuple):
+    """Gather and gather the batch under ``grant``, into ``out`` (None: buffers of the executor's choosing);
+    answered with ``(buffers filled, {shard: items expired})``; what was drawn is undone before an error.
+
+    Parameters
+    ----------
+    grant : SampleGrant
+        The batch's grant.
+    out : SampleBuffers or None
+        The caller's buffers, or None.
+    """
+
+    grant: SampleGrant
+    out: SampleBuffers | None
+
+
+class Finish(NamedTuple):
+    """An exclusive sample was committed on the workers: its hold ends (:meth:`SampleGrant.finish`).
+
+    Parameters
+    ----------
+    grant : SampleGrant
+        The batch's grant.
+    expired : dict of int to int
+        Items expired per shard.
+    """
+
+    grant: SampleGrant
+    expired: dict
+
+
+class Removed(NamedTuple):
+    """Tell the coordinator the items a sample expired (a non-exclusive one's: its count follows them).
+
+    Parameters
+    ----------
+    expired : dict of int to int
+        Items expired per shard.
+    """
+
+    expired: dict
+
+
+class SampleArgs(NamedTuple):
+    """A sample call's arguments, checked (:func:`sample_args`).
+
+    Parameters
+    ----------
+    batch_size : int
+        ``B``: windows in the batch.
+    length : int
+        ``L``: steps per window.
+    boundary : str
+        Window boundary mode.
+    columns : tuple of str
+        Columns gathered.
+    rng : numpy.random.Generator
+        Draws the workers' seeds.
+    timeout : float or None
+        The call's timeout (None: the handle's).
+    start : float
+        ``time.monotonic()`` when the call began.
+    """
+
+    batch_size: int
+    length: int
+    boundary: str
+    columns: tuple[str, ...]
+    rng: np.random.Generator
+    timeout: float | None
+    start: float
+
+
+def sample_args(
+    table: DistributedTable,
+    batch_size: int,
+    length: int,
+    columns: str | Sequence[str] | None,
+    boundary: str | None,
+    timeout: float | None,
+    out: SampleBuffers | None,
+    rng: np.random.Generator | None,
+) -> SampleArgs:
+    """A sample call's arguments checked, its defaults taken from the handle.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    batch_size, length : int
+        ``B`` and ``L``.
+    columns : str or sequence of str or None
+        Columns to gather (None: all).
+    boundary : str or None
+        Window boundary mode (None: the table's).
+    timeout : float or None
+        Seconds to wait for admission (None: the handle's).
+    out : SampleBuffers or None
+        Buffers to gather into.
+    rng : numpy.random.Generator or None
+        Replaces the handle's generator.
+
+    Returns
+    -------
+    SampleArgs
+        The call, checked.
+
+    Raises
+    ------
+    SpecError
+        Invalid ``batch_size``, ``length``, ``boundary``, ``columns`` or
+        ``out``, or a batch larger than the limiter allows.
+    ShardLostError
+        A shard is lost and the table is not ``degraded``.
+    """
+    cfg = table._cfg
+    boundary = table.boundary if boundary is None else boundary
+    check_sample_args(batch_size, length, boundary)
+    columns = sample_columns(table.spec, columns)
+    if out is not None and not out.matches(columns, batch_size, length, cfg.tier):
+        raise SpecError(
+            f"out buffers are for columns={out.columns}, batch_size={out.batch_size}, length={out.length}, "
+            f"tier={out.tier!r}; this call asks for columns={columns}, batch_size={batch_size}, length={length} "
+            f"from a {backend.tier_name(cfg.tier)!r} table"
+        )
+    cfg.rate_limiter.check_sample_size(batch_size)
+    table._view.check_not_lost()
+    rng = table.rng if rng is None else rng
+    return SampleArgs(batch_size, length, boundary, columns, rng, timeout, time.monotonic())
+
+
+def _admit(table: DistributedTable, n: int, timeout: float | None, after: int | None = None) -> Steps:
+    """The coordinator's admission of a batch of ``n``, with a new lease when the limiter gives one, and
+    the placement it was granted at learnt; ``after``: the ``arrivals`` of a grant whose items left could not
+    fill the batch (granted once more have arrived).  Returns the grant, open."""
+    args = admission_args(table, n, timeout)
+    if after is not None:
+        args["after"] = after
+    try:
+        adm = yield Admit(args)
+    except REFUSED:  # never granted, so the leased samples it reported were not counted: kept for the next
+        table._lease.not_reported(args["done"])
+        raise
+    grant = SampleGrant(table._link, n, adm)
+    try:
+        yield Refresh(adm["version"])
+    except BaseException:  # granted, and never served: given back (an exclusive hold would block the table)
+        try:
+            yield GiveBack(grant)
+        except Exception as e:  # noqa: BLE001 - the refresh's error is the caller's
+            logger.info("table %r: an admission not given back (%s)", table.name, e)
+        raise
+    table._lease.granted(n, adm.get("lease", 0))
+    return grant
+
+
+def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers | None) -> Steps:
+    """One sample, sans I/O: the requests it makes (:class:`Admit`, :class:`Refresh`, :class:`Gather`,
+    :class:`GiveBack`, :class:`Finish`, :class:`Removed`), yielded to an executor that answers each, or
+    throws its error in.
+
+    The one place that says what a sample does: served under the lease
+    or admitted; an exclusive sample admitted counting a shard lost since
+    admitted again; a batch the items left cannot fill given back and
+    waited for again once items arrive (as Reverb's sample waits for
+    inserts); a draw that met a moved shard, a lost worker or a stale
+    selection drawn again (up to :data:`_ATTEMPTS` times); the grant given
+    back on every failure; the expired items counted.  The event loop
+    (:class:`LoopSampler`) and the caller's thread
+    (:class:`~gear_flow.distributed.thread_sample.ThreadSampler`) answer it
+    (:func:`gear_flow.table.planner.run_async`, :func:`~gear_flow.table.planner.run`).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    call : SampleArgs
+        The call, checked.
+    out : SampleBuffers or None
+        The caller's buffers.
+
+    Returns
+    -------
+    generator
+        Yields the requests; returns the :class:`~gear_flow.sample.SampleBatch`.
+    """
+    t, view, B = table, table._view, call.batch_size
+    # samples that change the table run one at a time (also on one worker: the next sample may only
+    # be admitted once this one's expiries are counted); they never take leases
+    exclusive = t._cfg.exclusive
+    if leases_ok(t._cfg) and t._lease.take(B):
+        grant = SampleGrant(t._link, B, None)
+    else:
+        grant = yield from _admit(t, B, call.timeout)
+    lost_at = _lost_at_grant(t, grant)
+    expired = {}
+    try:
+        attempt = -1
+        while True:
+            attempt += 1
+            if attempt == _ATTEMPTS:
+                raise redone_too_often(t)
+            if exclusive and set(view.lost) != lost_at:
+                # admitted counting items of a shard lost since (each item goes out once): given back and
+                # waited for again, or the shards left would make up the batch with an item twice
+                yield GiveBack(grant)
+                grant = yield from _admit(t, B, time_left(t, call.timeout, call.start))
+                lost_at = _lost_at_grant(t, grant)
+                if set(view.lost) != lost_at:  # the placement moved again meanwhile
+                    continue
+            try:
+                out, expired = yield Gather(grant, out)
+                break
+            except (planner.ShortOfItems, ShortBatchError):
+                # the items left may go fewer times than the batch has rows (max_times_sampled; a queue's
+                # item deleted since the grant): nothing was taken; the admission is given back and the
+                # batch waits for items to arrive, as Reverb's sample waits for inserts (not an attempt)
+                attempt -= 1
+                after = grant.arrivals
+                yield GiveBack(grant)
+                left = time_left(t, call.timeout, call.start)
+                if left == 0.0:  # inserts keep coming, never enough: the caller's time is up
+                    raise RateLimitTimeout(
+                        f"a sample of {B} on table {t.name!r} was not admitted within "
+                        f"{t.timeout if call.timeout is None else call.timeout} s: too few items left for it"
+                    ) from None
+                grant = yield from _admit(t, B, left, after=after)
+                lost_at = _lost_at_grant(t, grant)
+            except (Retry, StaleSelectionError) as e:
+                if attempt == _ATTEMPTS - 1:
+                    if isinstance(e, Retry):  # internal: never the caller's
+                        raise redone_too_often(t) from None
+                    raise
+    except BaseException:
+        yield GiveBack(grant)
+        raise
+    if grant.leased:
+        t._lease.served(B)
+    if exclusive:
+        yield Finish(grant, expired)
+    elif expired:
+        yield Removed(expired)
+    return served(t, out)
+
+
+class LoopSampler:
+    """Answers :func:`sample_steps` on the event loop: the coordinator over its lane or the comm, the draws
+    with the workers (one request when every live shard is on one worker without a lane, else the plan's
+    requests, :class:`RemoteSample`).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    call : SampleArgs
+        The call.
+    """
+
+    def __init__(self, table: DistributedTable, call: SampleArgs) -> None:
+        self.t = table
+        self.call = call
+
+    async def __call__(self, req: object) -> object:
+        """Answer one request of the steps.
+
+        Parameters
+        ----------
+        req : Admit, Refresh, GiveBack, Gather, Finish or Removed
+            The request.
+
+        Returns
+        -------
+        object
+            Its answer.
+        """
+        link = self.t._link
+        if isinstance(req, Gather):
+            return await self._draw(req.grant, req.out)
+        if isinstance(req, Admit):
+            return await link.coordinator.admit_sample(**req.args)
+        if isinstance(req, Refresh):
+            return await link.refresh(req.version)
+        if isinstance(req, GiveBack):
+            return await req.grant.give_back()
+        if isinstance(req, Finish):
+            return await req.grant.finish(req.expired)
+        if isinstance(req, Removed):
+            return await link.coordinator.removed(sum(req.expired.values()), req.expired)
+        raise TypeError(f"not a sample's request: {req!r}")
+
+    async def _draw(self, grant: SampleGrant, out: SampleBuffers | None) -> tuple:
+        t, c = self.t, self.call
+        workers = t._view.workers()
+        if not workers:
+            raise EmptyTableError(f"table {t.name!r} has no reachable shard")
+        one = next(iter(workers)) if len(workers) == 1 else None
+        # one call does it all (with a lane, planned: the next samples go in the caller's thread)
+        if one is not None and await t._link.route(one) is None and one not in t._ctx.lanes.paths:
+            return await _sample_one_worker(
+                t, one, out, c.batch_size, c.length, c.boundary, c.columns, c.rng, grant.horizon
+            )
+        if out is None:
+            out = SampleBuffers(t.spec, c.columns, c.batch_size, c.length, tier=t._cfg.tier)
+        expired = await _sample_plan(
+            t, out, c.batch_size, c.length, c.boundary, c.columns, c.rng, grant, t._cfg.exclusive
+        )
+        return out, expired
+
+
 async def sample_async(
     table: DistributedTable,
     batch_size: int,
@@ -385,89 +693,8 @@ async def sample_async(
     TableClosedError
         The table was closed.
     """
-    t, cfg, view = table, table._cfg, table._view
-    boundary = t.boundary if boundary is None else boundary
-    check_sample_args(batch_size, length, boundary)
-    columns = sample_columns(t.spec, columns)
-    if out is not None and not out.matches(columns, batch_size, length, cfg.tier):
-        raise SpecError(
-            f"out buffers are for columns={out.columns}, batch_size={out.batch_size}, length={out.length}, "
-            f"tier={out.tier!r}; this call asks for columns={columns}, batch_size={batch_size}, length={length} "
-            f"from a {backend.tier_name(cfg.tier)!r} table"
-        )
-    cfg.rate_limiter.check_sample_size(batch_size)
-    view.check_not_lost()
-    rng = t.rng if rng is None else rng
-    # samples that change the table run one at a time (also on one worker: the next sample may only
-    # be admitted once this one's expiries are counted); they never take leases
-    exclusive = cfg.exclusive
-    start = time.monotonic()
-    if leases_ok(cfg) and t._lease.take(batch_size):
-        grant = SampleGrant(t._link, batch_size, None)
-    else:
-        grant = await admit(t, batch_size, timeout)
-    lost_at = _lost_at_grant(t, grant)
-    expired = {}
-    try:
-        attempt = -1
-        while True:
-            attempt += 1
-            if attempt == _ATTEMPTS:
-                raise redone_too_often(t)
-            if exclusive and set(view.lost) != lost_at:
-                # admitted counting items of a shard lost since (each item goes out once): given back and
-                # waited for again, or the shards left would make up the batch with an item twice
-                await grant.give_back()
-                grant = await admit(t, batch_size, time_left(t, timeout, start))
-                lost_at = _lost_at_grant(t, grant)
-                if set(view.lost) != lost_at:  # the placement moved again meanwhile
-                    continue
-            workers = view.workers()
-            if not workers:
-                raise EmptyTableError(f"table {t.name!r} has no reachable shard")
-            try:
-                one = next(iter(workers)) if len(workers) == 1 else None
-                if (  # one call does it all (with a lane, planned: the next samples go in the caller's thread)
-                    one is not None and await t._link.route(one) is None and one not in t._ctx.lanes.paths
-                ):
-                    out, expired = await _sample_one_worker(
-                        t, one, out, batch_size, length, boundary, columns, rng, grant.horizon
-                    )
-                else:
-                    if out is None:
-                        out = SampleBuffers(t.spec, columns, batch_size, length, tier=cfg.tier)
-                    expired = await _sample_plan(t, out, batch_size, length, boundary, columns, rng, grant, exclusive)
-                break
-            except (planner.ShortOfItems, ShortBatchError):
-                # the items left may go fewer times than the batch has rows (max_times_sampled; a queue's
-                # item deleted since the grant): nothing was taken; the admission is given back and the
-                # batch waits for items to arrive, as Reverb's sample waits for inserts (not an attempt)
-                attempt -= 1
-                after = grant.arrivals
-                await grant.give_back()
-                left = time_left(t, timeout, start)
-                if left == 0.0:  # inserts keep coming, never enough: the caller's time is up
-                    raise RateLimitTimeout(
-                        f"a sample of {batch_size} on table {t.name!r} was not admitted within "
-                        f"{t.timeout if timeout is None else timeout} s: too few items left for it"
-                    ) from None
-                grant = await admit(t, batch_size, left, after=after)
-                lost_at = _lost_at_grant(t, grant)
-            except (Retry, StaleSelectionError) as e:
-                if attempt == _ATTEMPTS - 1:
-                    if isinstance(e, Retry):  # internal: never the caller's
-                        raise redone_too_often(t) from None
-                    raise
-    except BaseException:
-        await grant.give_back()
-        raise
-    if grant.leased:
-        t._lease.served(batch_size)
-    if exclusive:
-        await grant.finish(expired)
-    elif expired:
-        await t._link.coordinator.removed(sum(expired.values()), expired)
-    return served(t, out)
+    call = sample_args(table, batch_size, length, columns, boundary, timeout, out, rng)
+    return await planner.run_async(sample_steps(table, call, out), LoopSampler(table, call))
 
 
 def _lost_at_grant(table: DistributedTable, grant: SampleGrant) -> set | None:

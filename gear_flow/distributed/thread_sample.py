@@ -11,7 +11,10 @@ is read (from shared memory, or from the reply).  Each hop between the
 learner's thread and an event loop costs tens of microseconds on a 2-core
 host and a sample took six of them; here it takes none.
 
-The requests, their booking and the shared-memory copy are
+The sample's steps (admission, retries, give-backs, expiries) are the
+event loop's own, :func:`~gear_flow.distributed.sampling.sample_steps`,
+answered here by a :class:`ThreadSampler`; the plan's requests, their
+booking and the shared-memory copy are
 :class:`~gear_flow.distributed.sampling.RemoteSample`'s own, so the two
 paths answer a plan the same way.  Whatever this path cannot do by itself
 (masses not kept, a plan asking for anything but a draw, a lane that cannot
@@ -33,10 +36,22 @@ import numpy as np
 from ..errors import ProtocolError, ShardMovedError
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
-from ..table.validate import check_sample_args, sample_columns
 from .coordinator import admission_wait
 from .pending import book_reply, pending_calls, ride_along, settle
-from .sampling import OFF_LOOP_BYTES, REFUSED, RemoteSample, SampleGrant, admission_args, leases_ok, served
+from .sampling import (
+    OFF_LOOP_BYTES,
+    Admit,
+    Finish,
+    Gather,
+    GiveBack,
+    Refresh,
+    RemoteSample,
+    Removed,
+    SampleArgs,
+    leases_ok,
+    sample_args,
+    sample_steps,
+)
 from .transport import Retry, exchange, lost_reply
 
 if TYPE_CHECKING:
@@ -46,7 +61,8 @@ logger = logging.getLogger(__name__)
 
 
 class NotHere(Exception):
-    """This sample cannot be served in the caller's thread; nothing was sent (the event loop serves it)."""
+    """This sample cannot be served in the caller's thread; nothing of it stands (never sent, or undone): the
+    event loop serves it."""
 
 
 class ThreadSample(RemoteSample):
@@ -150,8 +166,11 @@ def sample_here(
 ) -> SampleBatch | None:
     """A weighted sample whose shards are all this worker's own or behind lanes, in the caller's thread.
 
-    Admitted under the lease or by the coordinator (over its lane), drawn
-    and gathered straight into the learner's buffers without the event loop.
+    The sample's steps are the event loop's
+    (:func:`~gear_flow.distributed.sampling.sample_steps`), answered by a
+    :class:`ThreadSampler`: admitted under the lease or by the coordinator
+    (over its lane), drawn and gathered straight into the learner's buffers
+    without the event loop.
 
     Parameters
     ----------
@@ -176,106 +195,110 @@ def sample_here(
         The batch; None when the event loop must serve it (its admission
         and draws given back then).
     """
-    t, ctx, cfg, link = table, table._ctx, table._cfg, table._link
-    if (t.lost and not t.degraded) or not leases_ok(cfg) or not link.serves_in_thread():
+    t, ctx, cfg = table, table._ctx, table._cfg
+    if not leases_ok(cfg) or not t._link.serves_in_thread():
         return None
     workers = list(t._view.workers())
     if not workers:
         return None
-    boundary = t.boundary if boundary is None else boundary
-    check_sample_args(B, L, boundary)
+    call = sample_args(t, B, L, columns, boundary, timeout, out, rng)
     if workers != [ctx.local_addr] and (
-        cfg.plan != "weighted" or t._masses.fresh(("sampler",), L, boundary, t._view.live_shards())[0] is None
+        cfg.plan != "weighted" or t._masses.fresh(("sampler",), L, call.boundary, t._view.live_shards())[0] is None
     ):
         return None  # its plan needs the workers first: the event loop's path asks them
-    columns = sample_columns(t.spec, columns)
     if out is None:
-        out = SampleBuffers(t.spec, columns, B, L, tier=cfg.tier)
-    elif not out.matches(columns, B, L, cfg.tier):
-        return None  # the event loop's path raises the clear error
-    cfg.rate_limiter.check_sample_size(B)
-    if t._lease.take(B):
-        grant = SampleGrant(link, B, None)
-    else:
-        grant = admit_here(t, B, timeout)
-        workers = list(t._view.workers())
-        if not link.serves_in_thread() or not workers:  # the placement changed meanwhile
-            grant.give_back_here()
-            return None
-    rng = t.rng if rng is None else rng
-    ex = None
+        out = SampleBuffers(t.spec, call.columns, B, L, tier=cfg.tier)
     try:
-        if workers == [ctx.local_addr]:  # every live shard here: one call does it all
-            expired = _sample_all_here(t, B, L, boundary, columns, out, rng)
-        else:
-            ex = ThreadSample(t, out, L, boundary, columns, rng, None, True, None)
-            planner.run(planner.sample(cfg.plan, B, rng), ex)
-            two_level.importance_weights(out.probabilities, cfg.beta, out.weights)
-            expired = ex.expired
-    except NotHere:  # nothing was sent
-        grant.give_back_here()
+        batch = planner.run(sample_steps(t, call, out), ThreadSampler(t, call))
+    except NotHere:  # nothing of it stands (never sent, or undone): the event loop serves it
         return None
-    except BaseException as e:  # what was drawn is given back, as on the event loop's path
-        if ex is not None:
-            try:
-                ctx.sync(ex.undo)
-            except Exception as u:  # noqa: BLE001 - e.g. a worker gone: its counts leave with it
-                logger.info("table %r: a sample's draws not given back (%s)", t.name, u)
-        grant.give_back_here()
-        if isinstance(e, ShardMovedError):  # planned before shards moved: the event loop's path, as placed now
-            ctx.sync(link.moved, e.epoch)
-            return None
-        if not isinstance(e, Exception) or ex is None:
-            raise
-        if ex.lost_reply is not None:  # the worker may have drawn: never drawn again silently
-            _raise_lost_reply(t, *ex.lost_reply)
-        return None  # the event loop's path retries it, or raises its error
     t.stats["in_thread"] += 1
-    if grant.leased:
-        t._lease.served(B)
-    if expired:
-        link.coordinator_here.removed(sum(expired.values()), expired)
-    return served(t, out)
+    return batch
 
 
-def admit_here(table: DistributedTable, n: int, timeout: float | None) -> SampleGrant:
-    """:func:`~gear_flow.distributed.sampling.admit` from the caller's thread (over the coordinator's lane
-    when found).
+class ThreadSampler:
+    """Answers :func:`~gear_flow.distributed.sampling.sample_steps` in the caller's thread: the coordinator
+    over its lane, the draws in-process (every live shard this worker's own: one call) or over the lanes
+    (:class:`ThreadSample`).
+
+    What it cannot serve raises :class:`NotHere` once what it drew is undone
+    (the steps give the grant back and the event loop serves the sample):
+    the placement changed since the sample was checked, masses not kept, a
+    lane that closes, a worker's error, shards moved.  A lane reply lost
+    after its request was sent fails the sample instead: the worker may have
+    drawn, and drawing again would count twice.
 
     Parameters
     ----------
     table : DistributedTable
         The handle.
-    n : int
-        The batch's rows.
-    timeout : float or None
-        Seconds to wait (None: the handle's).
-
-    Returns
-    -------
-    SampleGrant
-        The grant, open.
+    call : SampleArgs
+        The call.
     """
-    link = table._link
-    args = admission_args(table, n, timeout)
-    args["timeout"] = admission_wait(args["timeout"])  # the request's own: both ends give up together
-    try:
-        adm = link.coordinator_here.admit_sample(**args)
-    except REFUSED:  # never granted: the leased samples it reported were not counted, kept for the next
-        table._lease.not_reported(args["done"])
-        raise
-    grant = SampleGrant(link, n, adm)
-    if adm["version"] != table._view.version:
+
+    def __init__(self, table: DistributedTable, call: SampleArgs) -> None:
+        self.t = table
+        self.call = call
+
+    def __call__(self, req: object) -> object:
+        """Answer one request of the steps.
+
+        Parameters
+        ----------
+        req : Admit, Refresh, GiveBack, Gather, Finish or Removed
+            The request.
+
+        Returns
+        -------
+        object
+            Its answer.
+        """
+        t, link = self.t, self.t._link
+        if isinstance(req, Gather):
+            return self._draw(req.out)
+        if isinstance(req, Admit):
+            args = dict(req.args)
+            args["timeout"] = admission_wait(args["timeout"])  # the request's own: both ends give up together
+            return link.coordinator_here.admit_sample(**args)
+        if isinstance(req, Refresh):
+            if req.version != t._view.version:
+                t._ctx.sync(link.refresh, req.version)
+            return None
+        if isinstance(req, GiveBack):
+            return req.grant.give_back_here()
+        if isinstance(req, Finish):
+            return t._ctx.sync(req.grant.finish, req.expired)
+        if isinstance(req, Removed):
+            return link.coordinator_here.removed(sum(req.expired.values()), req.expired)
+        raise TypeError(f"not a sample's request: {req!r}")
+
+    def _draw(self, out: SampleBuffers) -> tuple:
+        t, ctx, c = self.t, self.t._ctx, self.call
+        workers = list(t._view.workers())
+        if not t._link.serves_in_thread() or not workers:  # the placement changed since
+            raise NotHere
+        if workers == [ctx.local_addr]:  # every live shard here: one call does it all
+            return out, _sample_all_here(t, c.batch_size, c.length, c.boundary, c.columns, out, c.rng)
+        ex = ThreadSample(t, out, c.length, c.boundary, c.columns, c.rng, None, True, None)
         try:
-            table._ctx.sync(link.refresh, adm["version"])
-        except BaseException:  # granted, and never served: given back
-            try:
-                grant.give_back_here()
-            except Exception as e:  # noqa: BLE001 - the refresh's error is the caller's
-                logger.info("table %r: an admission not given back (%s)", table.name, e)
+            planner.run(planner.sample(t._cfg.plan, c.batch_size, c.rng), ex)
+        except NotHere:  # nothing was sent
             raise
-    table._lease.granted(n, adm.get("lease", 0))
-    return grant
+        except BaseException as e:  # what was drawn is given back, as on the event loop's path
+            try:
+                ctx.sync(ex.undo)
+            except Exception as u:  # noqa: BLE001 - e.g. a worker gone: its counts leave with it
+                logger.info("table %r: a sample's draws not given back (%s)", t.name, u)
+            if isinstance(e, ShardMovedError):  # planned before shards moved: the event loop's path, as placed now
+                ctx.sync(t._link.moved, e.epoch)
+                raise NotHere from e
+            if not isinstance(e, Exception):
+                raise
+            if ex.lost_reply is not None:  # the worker may have drawn: never drawn again silently
+                _raise_lost_reply(t, *ex.lost_reply)
+            raise NotHere from e  # the event loop's path retries it, or raises its error
+        two_level.importance_weights(out.probabilities, t._cfg.beta, out.weights)
+        return out, ex.expired
 
 
 def _raise_lost_reply(table: DistributedTable, addr: str, op: str, err: BaseException) -> None:

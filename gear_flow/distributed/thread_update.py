@@ -26,21 +26,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
 from numpy.typing import ArrayLike
 
 from ..errors import ShardMovedError
+from ..table import planner
 from ..table.results import UpdateResult
-from .edit_keys import (
-    grouped_update,
-    heap_ties,
-    lost_keys,
-    moved_keys,
-    regrouped,
-    update_calls,
-    update_now,
-    updated_all,
-)
+from .edit_keys import Apply, CheckKeys, Stamps, checked, grouped_update, heap_ties, update_steps
 from .transport import Moved, exchange
 
 if TYPE_CHECKING:
@@ -79,10 +70,77 @@ def update_here(t: DistributedTable, keys: ArrayLike, priorities: ArrayLike | fl
     held = {i for s in by.values() for i in s}
     if not t._pending.hold(held):  # a ride-along of these shards in flight: the event loop's path waits for it
         return None
-    handed = False  # the hold is released by the resend on the event loop (it may outlast this call)
+    ex = ThreadUpdater(t, held)
     try:
-        plans = t._masses.plans()
-        calls = update_calls(t, by, idx, pr, None, plans)
+        done = planner.run(update_steps(t, k, by, idx, pr, on_lost), ex)
+    finally:
+        if not ex.handed:
+            t._pending.release(held)
+    if ex.in_thread:
+        t.stats["updates_in_thread"] += 1
+    return done
+
+
+class ThreadUpdater:
+    """Answers :func:`~gear_flow.distributed.edit_keys.update_steps` from the caller's thread: the ``update``
+    requests over the workers' lanes on blocking sockets (all sent, then all read; this worker's own part
+    applied in this thread meanwhile).
+
+    A request whose lane broke is sent again over the comm, from the event
+    loop, once that lane is dropped (an ``update`` sets priorities: sending
+    it twice changes nothing); that resend ends the hold of the update's
+    shards there, however the caller's wait ends.  One whose reply did not
+    come in time fails the update if its worker is still there
+    (:meth:`~gear_flow.distributed.transport.TableLink.unanswered_here`).  A
+    worker that refused it because its shards moved makes the handle learn
+    the new placement, and those keys are sent again.  Whatever needs the
+    event loop (keys checked on every worker, stamps, a worker not
+    reachable from this thread) is sent from it.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    held : set of int
+        The update's shards, held from ride-alongs by the caller.
+    """
+
+    def __init__(self, table: DistributedTable, held: set[int]) -> None:
+        self.t = table
+        self.held = held
+        #: a resend took over the hold (released on the event loop)
+        self.handed = False
+        #: every request went, and was answered, over the lanes in this thread
+        self.in_thread = True
+
+    def __call__(self, req: object) -> object:
+        """Answer one request of the steps.
+
+        Parameters
+        ----------
+        req : CheckKeys, Stamps or Apply
+            The request.
+
+        Returns
+        -------
+        object
+            Its answer.
+        """
+        t, ctx = self.t, self.t._ctx
+        if isinstance(req, Apply):
+            if t._link.serves_in_thread():
+                return self._apply(req.calls)
+            self.in_thread = False
+            return ctx.sync(t._link.on_workers, req.calls, True)
+        self.in_thread = False
+        if isinstance(req, CheckKeys):
+            return ctx.sync(checked, t, req.by)
+        if isinstance(req, Stamps):
+            return t._link.coordinator_here.stamps(req.n)
+        raise TypeError(f"not an update's request: {req!r}")
+
+    def _apply(self, calls: dict) -> tuple[dict, list]:
+        t, ctx = self.t, self.t._ctx
         res, errors, broken, timed_out, moved = {}, [], {}, [], {}
 
         def arrived(kind, a, op, r):
@@ -99,35 +157,24 @@ def update_here(t: DistributedTable, keys: ArrayLike, priorities: ArrayLike | fl
 
         for op, _ in calls.values():
             t.requests[op] += 1
-        try:
-            exchange(ctx, [(a, op, args, "upd") for a, (op, args) in calls.items()], arrived)
-            hung = {}
-            for a in timed_out:  # waited as long as the event loop's path waits: a live worker fails the update
-                unanswered = t._link.unanswered_here(a, "update")
-                if unanswered is not None:
-                    hung[a] = unanswered
-                    del broken[a]
-            if broken:  # sent again over the comm (a worker removed meanwhile is found lost there)
-                handed = True
-                more, errs = ctx.sync(_resend, t, held, broken)
-                res.update(more)
-                errors += errs
-            if moved:
-                ctx.sync(t._link.moved, max(moved.values()))
-                errors.append(Moved(moved))
-            on_lost += lost_keys(by, res, errors + list(hung.values()))
-            again = moved_keys(t, idx, errors)
-            more = ctx.sync(update_now, t, *regrouped(t, k, pr, again)) if len(again) else None
-        except BaseException:
-            t._masses.clear()
-            raise
-        if not broken and not moved:
-            t.stats["updates_in_thread"] += 1
-        done = updated_all(t, np.delete(k, again), res, plans, on_lost)
-        return done if more is None else UpdateResult(done.applied + more.applied, done.stale + more.stale)
-    finally:
-        if not handed:
-            t._pending.release(held)
+        exchange(ctx, [(a, op, args, "upd") for a, (op, args) in calls.items()], arrived)
+        hung = []
+        for a in timed_out:  # waited as long as the event loop's path waits: a live worker fails the update
+            unanswered = t._link.unanswered_here(a, "update")
+            if unanswered is not None:
+                hung.append(unanswered)
+                del broken[a]
+        if broken:  # sent again over the comm (a worker removed meanwhile is found lost there)
+            self.in_thread = False
+            held, self.handed = (set() if self.handed else self.held), True
+            more, errs = ctx.sync(_resend, t, held, broken)
+            res.update(more)
+            errors += errs
+        if moved:
+            self.in_thread = False
+            ctx.sync(t._link.moved, max(moved.values()))
+            errors.append(Moved(moved))
+        return res, errors + hung
 
 
 async def _resend(t: DistributedTable, held: set[int], calls: dict) -> tuple[dict, list]:

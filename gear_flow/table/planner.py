@@ -483,6 +483,11 @@ def evict(excess: int, ordered: bool, rng: np.random.Generator) -> Plan:
 def run(plan: Plan, answer: Callable[[object], object]) -> object:
     """Drive ``plan`` with a synchronous ``answer(request)``.
 
+    Also drives any generator written the same way (the distributed
+    table's sample steps): an error of ``answer`` is thrown into the
+    generator at its request, so the generator says what it means (a plan
+    of this module lets it propagate).
+
     Parameters
     ----------
     plan : Plan
@@ -490,23 +495,27 @@ def run(plan: Plan, answer: Callable[[object], object]) -> object:
     answer : callable
         ``answer(request)`` returns the request's answer (an executor such
         as :class:`~gear_flow.table.executor.InProcess`); its exceptions
-        propagate.
+        are thrown into ``plan``.
 
     Returns
     -------
     object
         The plan's result (:class:`Layout`, or the count removed).
     """
-    try:
-        req = next(plan)
-        while True:
-            req = plan.send(answer(req))
-    except StopIteration as stop:
-        return stop.value
+    got, error = None, None
+    while True:
+        try:
+            req = plan.send(got) if error is None else plan.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        try:
+            got, error = answer(req), None
+        except BaseException as e:  # noqa: BLE001 - thrown into the plan, which raises it on or handles it
+            got, error = None, e
 
 
 async def run_async(plan: Plan, answer: Callable[[object], Awaitable[object]]) -> object:
-    """Drive ``plan`` with an ``async answer(request)``.
+    """Drive ``plan`` with an ``async answer(request)`` (errors thrown in, as :func:`run` does).
 
     Parameters
     ----------
@@ -514,16 +523,20 @@ async def run_async(plan: Plan, answer: Callable[[object], Awaitable[object]]) -
         A plan from :func:`sample` or :func:`evict`.
     answer : callable
         ``await answer(request)`` gives the request's answer (the
-        distributed sampler); its exceptions propagate.
+        distributed sampler); its exceptions are thrown into ``plan``.
 
     Returns
     -------
     object
         The plan's result (:class:`Layout`, or the count removed).
     """
-    try:
-        req = next(plan)
-        while True:
-            req = plan.send(await answer(req))
-    except StopIteration as stop:
-        return stop.value
+    got, error = None, None
+    while True:
+        try:
+            req = plan.send(got) if error is None else plan.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        try:
+            got, error = await answer(req), None
+        except BaseException as e:  # noqa: BLE001 - thrown into the plan, which raises it on or handles it
+            got, error = None, e
