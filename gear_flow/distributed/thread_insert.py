@@ -5,32 +5,33 @@ of microseconds on a 2-core host, and the loop writes a large request a
 chunk at a time, yielding between chunks):
 
 * an actor's: a task on a worker whose episodes all go to that worker's own
-  shards writes them itself (:func:`_insert_here`);
+  shards writes them itself;
 * a writer's whose episodes go to workers it reaches by their lanes and does
   not map (another host, or shared memory off: their TCP lanes): the
   episodes go out on blocking sockets straight from the caller's arrays, and
-  the workers read them straight into reused buffers
-  (:func:`_insert_over_lanes`).  Measured on the 2-core
+  the workers read them straight into reused buffers.  Measured on the 2-core
   host (``pipelines/bench_distributed.py``, 10 episodes of 1.04 MB a call):
   through the event loop 0.75x (2 workers) and 0.91x (1 worker) the speed of
   Dask's own scatter of the same bytes; this way 0.91-1.04x and 1.22-1.32x.
 
-Both are admitted and committed over the coordinator's lane.  Their steps are
-the transaction's (:mod:`~gear_flow.distributed.transactions`): one worker
-``write``; several ``stage`` everywhere (all sent, then the replies read: the
-workers receive in parallel), ``apply`` everywhere, commit.  What this path
-cannot finish itself goes to the event loop's path: a placement that changed
-since the admission (the whole insert), a worker refusing its part (the
-insert aborted everywhere, as there), a lane that breaks (the transaction
-handed to :func:`~.transactions.run_insert` or :func:`~.transactions.apply_staged`, which send its steps
-again: a stage, write or apply sent twice is applied once,
-:data:`~gear_flow.distributed.lane.RESENDABLE_OPS`), an eviction to
-``max_size``.
+The insert's steps are the event loop's own
+(:func:`~gear_flow.distributed.writes.insert_steps`: admission, routing again,
+the abort of an insert nothing of which was stored, eviction), answered here by
+a :class:`ThreadInserter`: admitted and committed over the coordinator's lane.
+Its transaction's steps are :mod:`~gear_flow.distributed.transactions`': one
+worker ``write``; several ``stage`` everywhere (all sent, then the replies
+read: the workers receive in parallel), ``apply`` everywhere, commit.  What
+this path cannot finish itself goes to the event loop: parts whose
+placement changed since the insert was routed (stored from there), a lane
+that breaks (the transaction handed to :func:`~.transactions.run_insert` or
+:func:`~.transactions.apply_staged`, which send its steps again: a stage,
+write or apply sent twice is applied once,
+:data:`~gear_flow.distributed.lane.RESENDABLE_OPS`), an abort, an eviction
+to ``max_size``.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -38,25 +39,28 @@ from typing import TYPE_CHECKING
 
 from numpy.typing import ArrayLike
 
-from ..errors import ShardLostError, ShardMovedError
+from ..table import planner
 from ..table.results import InsertResult
 from ..table.validate import check_batch, to_host
 from .coordinator import admission_wait
 from .edits import evict_excess
 from .protocol import VERSION
-from .transactions import abort_insert, admission_args, apply_staged, commit_counts, insert_error, run_insert
+from .transactions import abort_insert, apply_staged, commit_counts, run_insert
 from .transport import reply_timeout
 from .wire import array_bytes
 from .writes import (
+    Abort,
+    AdmitInsert,
+    Evict,
     Insert,
+    Learn,
+    LearnMoved,
+    LoopInserter,
     Priorities,
-    insert_admitted,
-    insert_parts,
-    insert_prepared,
-    insert_result,
-    moved_insert,
+    Store,
+    Unstored,
+    insert_steps,
     prepare,
-    rerouted,
 )
 
 if TYPE_CHECKING:
@@ -65,49 +69,33 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _inserts_here(table: DistributedTable, ins: Insert) -> bool:
-    """Can ``ins`` be inserted in the caller's thread: from a task on a worker, every episode for its
-    own shards, the coordinator's lane found?"""
-    ctx = table._ctx
-    if ctx.local_plugin is None or ctx.in_loop() or ctx.found_coord_lane() is None:
-        return False
-    placement = table.placement
-    return all(placement.get(int(s)) == ctx.local_addr for s in ins.per_shard)
-
-
-def _insert_here(table: DistributedTable, ins: Insert, timeout: float | None) -> InsertResult:
-    """An insert into this worker's own shards, in the caller's thread: admitted and committed over the
-    coordinator's lane, written by this thread (no hop into the event loop, none into the plugin's
-    threads).  What needs the event loop (a placement that changed, an abort, an eviction) goes there."""
-    ctx = table._ctx
-    here = ctx.local_addr
-    adm, parts, sel_of, ids = _admitted_here(table, ins, timeout)
-    if parts is None or list(parts) != [here]:  # the placement changed since: the event loop's path
-        return ctx.sync(insert_admitted, table, ins, adm, timeout)
-    table.stats["insert_local_bytes"] += array_bytes([p["chunks"] for p in parts[here]])
-    try:
-        res = ctx.local_plugin.host.call("write", ctx.stamped(dict(name=table.name, txn=adm["txn"], parts=parts[here])))
-    except BaseException as e:
-        ctx.sync(abort_insert, table, adm["txn"], [here], e)
-        raise insert_error(table, e, [here]) from None
-    return _committed_here(table, ins, adm, sel_of, ids, {here: res})
-
-
-def _insert_lanes(table: DistributedTable, ins: Insert) -> dict[str, tuple[str, int]] | None:
-    """``{worker: (lane, bytes of its episodes)}`` when ``ins`` can go over its workers' lanes from the caller's thread: every
-    worker it goes to is another process this handle reaches by a lane without mapping its rings (a
-    mapped one takes the episodes through a staging segment), the request fits the lane, and the
-    coordinator's lane is found; else None."""
+def _in_thread(table: DistributedTable, ins: Insert) -> bool:
+    """Can ``ins`` be inserted from the caller's thread as routed now: written by this thread into its own
+    worker's shards, or sent over its workers' lanes (the coordinator's lane found, outside the loop)?"""
     ctx = table._ctx
     if ctx.in_loop() or ctx.found_coord_lane() is None:
-        return None
+        return False
     nbytes: dict[str, int] = defaultdict(int)
     placement = table.placement  # one reading: the event loop replaces it whole, never edits it
     try:
         for i, s in enumerate(ins.dest):
             nbytes[placement[int(s)]] += array_bytes(ins.chunks[i])
     except KeyError:  # a shard placed nowhere
-        return None
+        return False
+    return _writes_here(table, list(nbytes)) or _lane_paths(table, nbytes) is not None
+
+
+def _writes_here(table: DistributedTable, addrs: list[str]) -> bool:
+    """Are ``addrs`` only this worker, with its plugin here (a task on a worker: an actor's insert)?"""
+    ctx = table._ctx
+    return ctx.local_plugin is not None and addrs == [ctx.local_addr]
+
+
+def _lane_paths(table: DistributedTable, nbytes: dict[str, int]) -> dict[str, tuple[str, int]] | None:
+    """``{worker: (lane, bytes of its episodes)}`` when every worker of ``nbytes`` is another process this
+    handle reaches by a lane without mapping its rings (a mapped one takes the episodes through a staging
+    segment) and each request fits its lane; else None."""
+    ctx = table._ctx
     op = "write" if len(nbytes) == 1 else "stage"
     paths = {}
     for a, n in nbytes.items():
@@ -119,38 +107,110 @@ def _insert_lanes(table: DistributedTable, ins: Insert) -> dict[str, tuple[str, 
     return paths
 
 
-def _insert_over_lanes(
-    table: DistributedTable, ins: Insert, timeout: float | None, paths: dict[str, tuple[str, int]]
-) -> InsertResult:
-    """An insert sent over its workers' lanes from the caller's thread (see the module docstring)."""
-    ctx = table._ctx
-    adm, parts, sel_of, ids = _admitted_here(table, ins, timeout)
-    if parts is None or set(parts) != set(paths):  # the placement changed since: the event loop's path
-        return ctx.sync(insert_admitted, table, ins, adm, timeout)
-    txn, addrs = adm["txn"], sorted(parts)
-    op = "write" if len(addrs) == 1 else "stage"
-    try:
-        table.stats["insert_remote_bytes"] += sum(n for _, n in paths.values())  # as routed: the same episodes
-        got = _over_lanes(table, [(paths[a][0], op, dict(name=table.name, txn=txn, parts=parts[a])) for a in addrs])
-    except BaseException as e:  # interrupted before every part was taken: nothing is applied anywhere
-        ctx.sync(abort_insert, table, txn, addrs, e)
-        raise
-    refused = [r[1] for r in got if not isinstance(r, BaseException) and not r[0]]
-    if refused:  # a worker refused its part: aborted everywhere, as the event loop's path does
-        ctx.sync(abort_insert, table, txn, addrs, refused[0])
-        raise insert_error(table, refused[0], addrs) from None
-    broken = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
-    if broken:  # the event loop's path sends their parts again (over the comm), the others' are staged
-        ok = [a for a in addrs if a not in broken]
-        applied, size = ctx.sync(table._link.again, broken, run_insert, table, txn, parts, ok)
-        return _finished_here(table, ins, sel_of, ids, applied, size)
-    if op == "stage":
-        got = _over_lanes(table, [(paths[a][0], "apply", dict(name=table.name, txn=txn)) for a in addrs])
+class ThreadInserter:
+    """Answers :func:`~gear_flow.distributed.writes.insert_steps` from the caller's thread: the coordinator
+    over its lane, the episodes written by this thread into its own worker's shards or sent over their
+    workers' lanes (see the module docstring); an insert whose parts cannot go either way (the placement
+    changed since it was routed) is stored from the event loop
+    (:meth:`~gear_flow.distributed.writes.LoopInserter.store`).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    """
+
+    def __init__(self, table: DistributedTable) -> None:
+        self.t = table
+
+    def __call__(self, req: object) -> object:
+        """Answer one request of the steps.
+
+        Parameters
+        ----------
+        req : AdmitInsert, Learn, LearnMoved, Abort, Store or Evict
+            The request.
+
+        Returns
+        -------
+        object
+            Its answer.
+        """
+        t, ctx = self.t, self.t._ctx
+        if isinstance(req, Store):
+            return self.store(req.txn, req.parts)
+        if isinstance(req, AdmitInsert):
+            args = dict(req.args)
+            args["timeout"] = admission_wait(args["timeout"])  # the request's own: both ends give up together
+            return t._link.coordinator_here.admit_insert(**args)
+        if isinstance(req, Learn):
+            if req.version != t._view.version:
+                ctx.sync(t._link.refresh, req.version)
+            return None
+        if isinstance(req, Abort):
+            return ctx.sync(abort_insert, t, req.txn, req.addrs, req.cause)
+        if isinstance(req, Evict):
+            return ctx.sync(evict_excess, t, req.size)
+        if isinstance(req, LearnMoved):
+            return ctx.sync(t._link.moved, req.epoch)
+        raise TypeError(f"not an insert's request: {req!r}")
+
+    def store(self, txn: str, parts: dict) -> tuple[dict, int]:
+        """:class:`~gear_flow.distributed.writes.Store`'s answer from the caller's thread.
+
+        Parameters
+        ----------
+        txn : str
+            The admitted insert.
+        parts : dict
+            ``{worker: [part, ...]}``.
+
+        Returns
+        -------
+        tuple
+            ``(applied, size)``.
+        """
+        t, ctx = self.t, self.t._ctx
+        if _writes_here(t, list(parts)):
+            here = ctx.local_addr
+            t.stats["insert_local_bytes"] += array_bytes([p["chunks"] for p in parts[here]])
+            try:
+                res = ctx.local_plugin.host.call("write", ctx.stamped(dict(name=t.name, txn=txn, parts=parts[here])))
+            except BaseException as e:
+                raise Unstored(e, [here], [here]) from None
+            return self._committed(txn, {here: res})
+        paths = _lane_paths(t, {a: array_bytes([p["chunks"] for p in ps]) for a, ps in parts.items()})
+        if paths is None:  # the placement changed since the insert was routed: the event loop's path
+            return ctx.sync(LoopInserter(t).store, txn, parts)
+        return self._over_lanes(txn, parts, paths)
+
+    def _over_lanes(self, txn: str, parts: dict, paths: dict[str, tuple[str, int]]) -> tuple[dict, int]:
+        t, ctx = self.t, self.t._ctx
+        addrs = sorted(parts)
+        op = "write" if len(addrs) == 1 else "stage"
+        try:
+            t.stats["insert_remote_bytes"] += sum(n for _, n in paths.values())
+            got = _over_lanes(t, [(paths[a][0], op, dict(name=t.name, txn=txn, parts=parts[a])) for a in addrs])
+        except BaseException as e:  # interrupted before every part was taken: nothing is applied anywhere
+            raise Unstored(e, addrs) from None
+        refused = [r[1] for r in got if not isinstance(r, BaseException) and not r[0]]
+        if refused:  # a worker refused its part: aborted everywhere, as the event loop's path does
+            raise Unstored(refused[0], addrs, addrs)
         broken = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
-        if broken or not all(r[0] for r in got):  # the event loop's path applies (again) and reports
-            applied, size = ctx.sync(table._link.again, broken, apply_staged, table, txn, addrs)
-            return _finished_here(table, ins, sel_of, ids, applied, size)
-    return _committed_here(table, ins, adm, sel_of, ids, {a: r[1] for a, r in zip(addrs, got)})
+        if broken:  # the event loop's path sends their parts again (over the comm), the others' are staged
+            ok = [a for a in addrs if a not in broken]
+            return ctx.sync(t._link.again, broken, run_insert, t, txn, parts, ok)
+        if op == "stage":
+            got = _over_lanes(t, [(paths[a][0], "apply", dict(name=t.name, txn=txn)) for a in addrs])
+            broken = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
+            if broken or not all(r[0] for r in got):  # the event loop's path applies (again) and reports
+                return ctx.sync(t._link.again, broken, apply_staged, t, txn, addrs)
+        return self._committed(txn, {a: r[1] for a, r in zip(addrs, got)})
+
+    def _committed(self, txn: str, applied: dict) -> tuple[dict, int]:
+        size = self.t._link.coordinator_here.commit_insert(txn, **commit_counts(applied))
+        self.t.stats["insert_in_thread"] += 1
+        return applied, size
 
 
 def _over_lanes(table: DistributedTable, requests: list[tuple[str, str, dict]]) -> list:
@@ -161,33 +221,6 @@ def _over_lanes(table: DistributedTable, requests: list[tuple[str, str, dict]]) 
         table.requests[op] += 1
     requests = [(lane, op, table._ctx.stamped(args)) for lane, op, args in requests]
     return list(lanes.read_all(lanes.send_all(requests, VERSION, reply_timeout())))
-
-
-def _admitted_here(table: DistributedTable, ins: Insert, timeout: float | None) -> tuple:
-    """The coordinator's admission of ``ins`` from the caller's thread (over its lane when found):
-    ``(admission, parts, sel_of, ids)`` as :func:`~.writes.insert_parts` gives them, the last three None when the
-    placement changed since this handle learnt it."""
-    wait = admission_wait(timeout)  # sent as the request's own: both ends give up at the same time
-    adm = table._link.coordinator_here.admit_insert(
-        **admission_args(table, ins.n_items, len(ins.lengths), ins.per_shard, wait)
-    )
-    if adm["version"] != table._view.version:
-        return adm, None, None, None
-    return (adm, *insert_parts(table, ins, adm))
-
-
-def _committed_here(table: DistributedTable, ins: Insert, adm: dict, sel_of: dict, ids, applied: dict) -> InsertResult:
-    """Commit an insert applied on every worker from the caller's thread, then what follows it."""
-    size = table._link.coordinator_here.commit_insert(adm["txn"], **commit_counts(applied))
-    table.stats["insert_in_thread"] += 1
-    return _finished_here(table, ins, sel_of, ids, applied, size)
-
-
-def _finished_here(table: DistributedTable, ins: Insert, sel_of: dict, ids, applied: dict, size: int) -> InsertResult:
-    """The result of an insert committed with the table at ``size`` items, evicted to ``max_size``."""
-    if table._cfg.evicts_to_max_size(size):
-        table._ctx.sync(evict_excess, table, size)
-    return insert_result(ins, ids, sel_of, applied)
 
 
 def insert(
@@ -260,24 +293,9 @@ def insert(
         Staging failed on a worker; nothing of the insert was stored.
     """
     ins = prepare(table, episodes, priorities, shard)
-    timeout = table.timeout if timeout is None else timeout
-    for attempt in itertools.count():  # rerouted and moved_insert bound it
-        try:
-            return _insert_once(table, ins, timeout)
-        except ShardLostError as e:
-            ins = rerouted(table, ins, e, attempt)
-        except ShardMovedError as e:
-            table._ctx.sync(table._link.moved, e.epoch)
-            ins = moved_insert(table, ins, e, attempt)
-
-
-def _insert_once(table: DistributedTable, ins: Insert, timeout: float | None) -> InsertResult:
-    if _inserts_here(table, ins):  # the caller's thread writes (an actor into its own worker's shards) ...
-        return _insert_here(table, ins, timeout)
-    lanes = _insert_lanes(table, ins)
-    if lanes is not None:  # ... or sends them over the workers' lanes (see thread_insert)
-        return _insert_over_lanes(table, ins, timeout, lanes)
-    return table._ctx.sync(insert_prepared, table, ins, timeout)
+    if _in_thread(table, ins):  # the caller's thread writes (an actor into its own worker's shards), or sends them
+        return planner.run(insert_steps(table, ins, timeout), ThreadInserter(table))  # over the workers' lanes
+    return table._ctx.sync(planner.run_async, insert_steps(table, ins, timeout), LoopInserter(table))
 
 
 def insert_batch(

@@ -18,10 +18,11 @@ the workers (in-process, through a staging segment, or over the comm); the
 transaction's steps (stage, apply, commit, abort) are in
 :mod:`~gear_flow.distributed.transactions`, and
 eviction is :func:`~gear_flow.distributed.edits.evict_excess`, beside
-priority updates and deletes.  This is the event loop's path
-(:func:`insert_async`); a blocking ``insert`` goes through
-:func:`~gear_flow.distributed.thread_insert.insert`, which takes a caller's
-thread path when it can and this one otherwise.
+priority updates and deletes.  An insert's steps are one generator,
+:func:`insert_steps`, answered on the event loop by :class:`LoopInserter`
+(:func:`insert_async`) or in the caller's thread by
+:class:`~gear_flow.distributed.thread_insert.ThreadInserter` (a blocking
+``insert``, :func:`~gear_flow.distributed.thread_insert.insert`, when it can).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -37,11 +38,11 @@ from numpy.typing import ArrayLike
 
 from ..errors import ShardLostError, ShardMovedError, SpecError
 from ..storage.staging import stage_chunks, staged_bytes, staging_area
-from ..table import routing
+from ..table import planner, routing
 from ..table.results import InsertResult
 from ..table.validate import as_episode_list, check_episode, check_priorities
 from .edits import evict_excess
-from .transactions import abort_insert, admit_insert, insert_error, run_insert
+from .transactions import abort_insert, admission_args, insert_error, run_insert
 from .wire import array_bytes
 
 logger = logging.getLogger(__name__)
@@ -305,15 +306,281 @@ async def insert_async(
         As :meth:`insert`.
     """
     ins = prepare(table, episodes, priorities, shard)
+    return await planner.run_async(insert_steps(table, ins, timeout), LoopInserter(table))
+
+
+# -- the driver: what an insert does, whichever executor answers it ---------------------------------------------------
+class AdmitInsert(NamedTuple):
+    """Ask the coordinator to admit an insert; answered with its grant (``admit_insert``'s answer).
+
+    Parameters
+    ----------
+    args : dict
+        ``admit_insert``'s arguments (:func:`~.transactions.admission_args`).
+    """
+
+    args: dict
+
+
+class Learn(NamedTuple):
+    """Learn the placement at ``version`` unless it is known already; answered with None.
+
+    Parameters
+    ----------
+    version : int
+        The placement version an admission was granted at.
+    """
+
+    version: int
+
+
+class LearnMoved(NamedTuple):
+    """Learn the placement at version ``epoch`` or later (a worker refused a request planned before shards
+    moved); answered with None.
+
+    Parameters
+    ----------
+    epoch : int
+        The refusing worker's version.
+    """
+
+    epoch: int
+
+
+class Abort(NamedTuple):
+    """Abort insert ``txn`` on workers ``addrs``, then at the coordinator (:func:`~.transactions.abort_insert`);
+    answered with None.
+
+    Parameters
+    ----------
+    txn : str
+        The admitted insert.
+    addrs : list of str
+        Workers that may hold a part.
+    cause : BaseException or None
+        Why.
+    """
+
+    txn: str
+    addrs: list
+    cause: BaseException | None
+
+
+class Store(NamedTuple):
+    """Hand an admitted insert's ``parts`` to their workers, apply, commit; answered with ``(applied, size)``
+    (:func:`~.transactions.run_insert`'s).  An executor that stored nothing raises :class:`Unstored`.
+
+    Parameters
+    ----------
+    txn : str
+        The admitted insert.
+    parts : dict
+        ``{worker: [part, ...]}`` (:func:`insert_parts`).
+    """
+
+    txn: str
+    parts: dict
+
+
+class Evict(NamedTuple):
+    """Evict the table from ``size`` items to ``max_size`` (:func:`~.edits.evict_excess`); answered with None.
+
+    Parameters
+    ----------
+    size : int
+        The table's size after the commit.
+    """
+
+    size: int
+
+
+class Unstored(Exception):
+    """Internal: an executor could not hand an insert's parts to its workers, and nothing of it was applied:
+    the steps abort it on ``at`` and raise ``cause`` (as :func:`~.transactions.insert_error` words it on
+    ``named``, when given).
+
+    Parameters
+    ----------
+    cause : BaseException
+        What failed.
+    at : list of str
+        Workers that may hold a part.
+    named : list of str, optional
+        Workers the error names (None: ``cause`` raised as it is).
+    """
+
+    def __init__(self, cause: BaseException, at: list, named: list | None = None) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.at = at
+        self.named = named
+
+
+def insert_steps(
+    table: DistributedTable, ins: Insert, timeout: float | None
+) -> Generator[object, object, InsertResult]:
+    """One insert, sans I/O: the requests it makes (:class:`AdmitInsert`, :class:`Learn`, :class:`Store`,
+    :class:`Abort`, :class:`Evict`, :class:`LearnMoved`), yielded to an executor that answers each, or throws
+    its error in.
+
+    The one place that says what an insert does: admitted, the placement
+    of its grant learnt (the admission given back when that fails); routed
+    again when the grant names a shard this handle learns lost only now;
+    stored, aborted everywhere when nothing of it could be handed over;
+    evicted to ``max_size`` (not a queue's or stack's); routed again over
+    the shards left after a worker lost before anything was stored
+    (:func:`rerouted`), or sent where its shards are now after a worker
+    refused it because they moved (:func:`moved_insert`).  The event loop
+    (:class:`LoopInserter`) and the caller's thread
+    (:class:`~gear_flow.distributed.thread_insert.ThreadInserter`) answer it.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    ins : Insert
+        The insert, prepared (:func:`prepare`).
+    timeout : float or None
+        Seconds to wait for the rate limiter (None: the handle's).
+
+    Returns
+    -------
+    generator
+        Yields the requests; returns the :class:`~gear_flow.table.results.InsertResult`.
+    """
     timeout = table.timeout if timeout is None else timeout
     for attempt in itertools.count():  # rerouted and moved_insert bound it
         try:
-            return await insert_prepared(table, ins, timeout)
+            return (yield from _insert_once(table, ins, timeout))
         except ShardLostError as e:
             ins = rerouted(table, ins, e, attempt)
         except ShardMovedError as e:
-            await table._link.moved(e.epoch)
+            yield LearnMoved(e.epoch)
             ins = moved_insert(table, ins, e, attempt)
+
+
+def _admitted(table: DistributedTable, ins: Insert, timeout: float | None) -> Generator[object, object, dict]:
+    """An admission of ``ins``, the placement it was granted at learnt (given back when that fails)."""
+    adm = yield AdmitInsert(admission_args(table, ins.n_items, len(ins.lengths), ins.per_shard, timeout))
+    try:
+        yield Learn(adm["version"])
+    except BaseException as e:  # admitted, and nothing sent: the admission is given back
+        try:
+            yield Abort(adm["txn"], [], e)
+        except Exception as u:  # noqa: BLE001 - the refresh's error is the caller's
+            logger.info("table %r: an insert's admission not given back (%s)", table.name, u)
+        raise
+    return adm
+
+
+def _insert_once(
+    table: DistributedTable, ins: Insert, timeout: float | None
+) -> Generator[object, object, InsertResult]:
+    adm = yield from _admitted(table, ins, timeout)
+    if any(s in table.lost for s in ins.per_shard):
+        # routed to a shard the coordinator knew lost and this handle learns it only now: the admission is
+        # given back, and the insert routed again over the shards left (or refused, not degraded)
+        yield Abort(adm["txn"], [], None)
+        table._view.check_not_lost(stored=False)
+        ins = routed(table, ins)
+        adm = yield from _admitted(table, ins, timeout)
+    parts, sel_of, ids = insert_parts(table, ins, adm)
+    try:
+        applied, size = yield Store(adm["txn"], parts)
+    except Unstored as e:  # nothing of it applied anywhere: aborted, everywhere it may be staged
+        yield Abort(adm["txn"], e.at, e.cause)
+        if e.named is None:
+            raise e.cause from None
+        raise insert_error(table, e.cause, e.named) from None
+    if table._cfg.evicts_to_max_size(size):  # the inserts' one rule (a queue never evicts)
+        yield Evict(size)
+    return insert_result(ins, ids, sel_of, applied)
+
+
+class LoopInserter:
+    """Answers :func:`insert_steps` on the event loop: the coordinator over its lane or the comm, each
+    worker's episodes in-process (this worker's own), through a staging segment (a worker on this machine
+    whose rings this handle maps) or over the comm.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    """
+
+    def __init__(self, table: DistributedTable) -> None:
+        self.t = table
+
+    async def __call__(self, req: object) -> object:
+        """Answer one request of the steps.
+
+        Parameters
+        ----------
+        req : AdmitInsert, Learn, LearnMoved, Abort, Store or Evict
+            The request.
+
+        Returns
+        -------
+        object
+            Its answer.
+        """
+        t = self.t
+        if isinstance(req, Store):
+            return await self.store(req.txn, req.parts)
+        if isinstance(req, AdmitInsert):
+            return await t._link.coordinator.admit_insert(**req.args)
+        if isinstance(req, Learn):
+            return await t._link.refresh(req.version)
+        if isinstance(req, Abort):
+            return await abort_insert(t, req.txn, req.addrs, req.cause)
+        if isinstance(req, Evict):
+            return await evict_excess(t, req.size)
+        if isinstance(req, LearnMoved):
+            return await t._link.moved(req.epoch)
+        raise TypeError(f"not an insert's request: {req!r}")
+
+    async def store(self, txn: str, parts: dict) -> tuple[dict, int]:
+        """:class:`Store`'s answer on the event loop.
+
+        Parameters
+        ----------
+        txn : str
+            The admitted insert.
+        parts : dict
+            ``{worker: [part, ...]}``.
+
+        Returns
+        -------
+        tuple
+            ``(applied, size)``.
+        """
+        table = self.t
+        local = table._ctx.local_addr if table._ctx.local_plugin is not None else None  # its parts go in-process
+        segs = []
+        try:
+            for a, ps in parts.items():
+                n = array_bytes([p["chunks"] for p in ps])
+                if a != local and await table._link.route(a) is not None:
+                    # a worker on this machine: the episodes go through a staging segment, not the socket
+                    seg = staging_area().acquire(staged_bytes(ps))
+                    segs.append(seg)
+                    stage_chunks(seg, ps)
+                    table.stats["insert_shared_bytes"] += n
+                else:
+                    table.stats["insert_local_bytes" if a == local else "insert_remote_bytes"] += n
+        except BaseException as e:  # nothing sent yet: the admission goes back
+            for seg in segs:
+                staging_area().discard(seg)
+            raise Unstored(e, [], sorted(parts)) from None
+        try:
+            applied, size = await run_insert(table, txn, dict(parts))
+        except BaseException:  # a worker may still read them (a request given up on): never reused
+            for seg in segs:
+                staging_area().discard(seg)
+            raise
+        for seg in segs:  # applied everywhere: the segments may be reused
+            staging_area().release(seg)
+        return applied, size
 
 
 def prepare(
@@ -366,95 +633,6 @@ def routed(table: DistributedTable, ins: Insert) -> Insert:
     dest = route(table, ins.lengths, ins.shard)
     items_of = ins.item_off[1:] - ins.item_off[:-1]
     return ins._replace(dest=dest, per_shard={int(s): int(items_of[dest == s].sum()) for s in np.unique(dest)})
-
-
-async def insert_prepared(table: DistributedTable, ins: Insert, timeout: float | None) -> InsertResult:
-    """Admit a prepared insert at the coordinator, then store it (:func:`insert_admitted`).
-
-    Parameters
-    ----------
-    table : DistributedTable
-        The handle.
-    ins : Insert
-        The insert.
-    timeout : float or None
-        Seconds to wait for the rate limiter.
-
-    Returns
-    -------
-    InsertResult
-        As ``insert``'s.
-    """
-    adm = await admit_insert(table, ins.n_items, len(ins.lengths), ins.per_shard, timeout)
-    return await insert_admitted(table, ins, adm, timeout)
-
-
-async def insert_admitted(table: DistributedTable, ins: Insert, adm: dict, timeout: float | None) -> InsertResult:
-    """Hand an admitted insert's episodes to its workers (in-process, through staging segments, or over
-    the comm), apply, commit, evict to ``max_size``.
-
-    Parameters
-    ----------
-    table : DistributedTable
-        The handle.
-    ins : Insert
-        The insert.
-    adm : dict
-        The coordinator's ``admit_insert`` answer.
-    timeout : float or None
-        Seconds to wait, should it be admitted again (routed anew).
-
-    Returns
-    -------
-    InsertResult
-        As ``insert``'s.
-    """
-    try:
-        await table._link.refresh(adm["version"])
-    except BaseException as e:  # admitted, and nothing sent: the admission is given back
-        try:
-            await abort_insert(table, adm["txn"], [], e)
-        except Exception as u:  # noqa: BLE001 - the refresh's error is the caller's
-            logger.info("table %r: an insert's admission not given back (%s)", table.name, u)
-        raise
-    if any(s in table.lost for s in ins.per_shard):
-        # routed to a shard the coordinator knew lost and this handle learns it only now: the admission is
-        # given back, and the insert routed again over the shards left (or refused, not degraded)
-        await abort_insert(table, adm["txn"], [], None)
-        table._view.check_not_lost(stored=False)
-        ins = routed(table, ins)
-        adm = await admit_insert(table, ins.n_items, len(ins.lengths), ins.per_shard, timeout)
-        await table._link.refresh(adm["version"])
-    parts, sel_of, ids = insert_parts(table, ins, adm)
-    local = table._ctx.local_addr if table._ctx.local_plugin is not None else None  # its parts go in-process
-    segs = []
-    try:
-        for a, ps in parts.items():
-            n = array_bytes([p["chunks"] for p in ps])
-            if a != local and await table._link.route(a) is not None:
-                # a worker on this machine: the episodes go through a staging segment, not the socket
-                seg = staging_area().acquire(staged_bytes(ps))
-                segs.append(seg)
-                stage_chunks(seg, ps)
-                table.stats["insert_shared_bytes"] += n
-            else:
-                table.stats["insert_local_bytes" if a == local else "insert_remote_bytes"] += n
-    except BaseException as e:  # nothing sent yet: give the admission back
-        for seg in segs:
-            staging_area().discard(seg)
-        await abort_insert(table, adm["txn"], [], e)
-        raise insert_error(table, e, sorted(parts)) from None
-    try:
-        applied, size = await run_insert(table, adm["txn"], dict(parts))
-    except BaseException:  # a worker may still read them (a request given up on): never reused
-        for seg in segs:
-            staging_area().discard(seg)
-        raise
-    for seg in segs:  # applied everywhere: the segments may be reused
-        staging_area().release(seg)
-    if table._cfg.evicts_to_max_size(size):
-        await evict_excess(table, size)
-    return insert_result(ins, ids, sel_of, applied)
 
 
 def insert_parts(
