@@ -29,14 +29,26 @@ DIAL = {"distributed.comm.timeouts.connect": "2s"}
 _CONTEXTS: dict = {}
 
 
-def coordinator(t, blocking: bool = True) -> CoordinatorClient:
-    """The coordinator's operations about table ``t`` through ``t``'s client, as a caller of its own (one
-    context per client, so its lane is looked for once): answered in this thread, or awaitables on the
-    client's event loop."""
+def context(t) -> Context:
+    """A transport :class:`Context` of the tests' own on table ``t``'s client (one per client: the one
+    :func:`coordinator` uses), for requests the handle does not make, e.g. ``call(context(t), addr, op, ...)``
+    on ``t.client``'s event loop.
+
+    It is not the handle's: it has no placement version (a request to a worker goes without ``epoch`` unless
+    it names one) and learns no worker's lane (requests to workers take the comm); the coordinator's lane it
+    looks for once, on its first coordinator request.
+    """
     ctx = _CONTEXTS.get(id(t.client))
     if ctx is None or ctx.client is not t.client:
         ctx = _CONTEXTS[id(t.client)] = Context(client=t.client)
-    return CoordinatorClient(ctx, t.name, blocking)
+    return ctx
+
+
+def coordinator(t, blocking: bool = True) -> CoordinatorClient:
+    """The coordinator's operations about table ``t`` through ``t``'s client, as a caller of its own (on
+    :func:`context`, so its lane is looked for once per client): answered in this thread, or awaitables on
+    the client's event loop."""
+    return CoordinatorClient(context(t), t.name, blocking)
 
 
 @contextlib.contextmanager

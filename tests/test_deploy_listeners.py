@@ -112,7 +112,7 @@ def test_launch_scripts_listen_on_loopback_by_default_and_resources_fail_fast(tm
                 lt.sample(4, 1)
             (lane,) = lt._ctx.lanes.paths.values()
             assert lane.startswith("tcp://127.0.0.1:") and lt.stats["in_thread"] >= 1, (lane, lt.stats)
-            coord_lane = lt._ctx.sync(lt._ctx.coord_lane)
+            coord_lane = lt.client.sync(lt._ctx.coord_lane)
             assert coord_lane.startswith("tcp://127.0.0.1:"), coord_lane
             after = listening(procs.group_members())
             assert {ip for ip, _ in after} == {"127.0.0.1"}

@@ -37,10 +37,13 @@ def xs(values):
 
 def _insert_here(name, tags, length):
     """A task: insert one episode per tag into this worker's shards, one call each; what the handle did."""
+    from distributed import get_worker
     from helpers import episode
 
+    from gear_flow.distributed.plugin import PLUGIN_NAME
+
     t = DistributedTable.attach(name)
-    plugin = t._ctx.local_plugin
+    plugin = get_worker().plugins[PLUGIN_NAME]  # this worker's gear_flow plugin
     ran = dict(plugin.ran)
     results = [t.insert([episode(k, length)]) for k in tags]
     return {

@@ -13,7 +13,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from dist_support import assert_same, coordinator, snapshot
+from dist_support import assert_same, context, coordinator, snapshot
 from helpers import chi2_critical
 
 import gear_flow as gf
@@ -412,7 +412,7 @@ def test_inserts_written_out_of_admission_order_are_handed_out_in_stamp_order(di
 
         async def write(txn, part):
             a = t.placement[0]
-            res = await call(t._ctx, a, "write", table=t.name, name=t.name, txn=txn, parts=[part])
+            res = await call(context(t), a, "write", table=t.name, name=t.name, txn=txn, parts=[part])
             await transactions.commit(t, txn, {a: res})
 
         async def race():
@@ -420,7 +420,7 @@ def test_inserts_written_out_of_admission_order_are_handed_out_in_stamp_order(di
             await write(*newer)  # the later admission is written first
             await write(*older)
 
-        t._ctx.sync(race)
+        t.client.sync(race)
         t.insert(tagged([12]), shard=1)  # and one on the other shard: the merge across shards too
         got = [int(t.sample(1)["tag"].numpy()[0, 0]) for _ in range(3)]
         assert got == ([10, 11, 12] if kind == "queue" else [12, 11, 10])
@@ -478,7 +478,7 @@ def test_a_take_of_a_slot_overwritten_since_its_candidates_is_stale(dist_client)
                 await ex.undo()
                 await coordinator(t, blocking=False).sample_finished(adm["txn"], rollback=4)
 
-        assert t._ctx.sync(attempt) == "stale"
+        assert t.client.sync(attempt) == "stale"
         assert t.info()["totals"]["sampled"] == 0
         assert t.sample(4)["tag"].numpy()[:, 0].tolist() == [0, 2, 4, 100]
     finally:
@@ -500,7 +500,7 @@ def test_an_eviction_spares_a_slot_written_over_since_its_candidates(dist_client
             removed = await edits.answer_evict(t, planner.Evict(slots={0: np.array(chosen)}), seqs)
             return chosen, removed
 
-        assert t._ctx.sync(attempt) == ([0], 0)
+        assert t.client.sync(attempt) == ([0], 0)
         info = t.info()
         assert info["size"] == info["coordinator_size"] == 11
         assert info["totals"]["removed"] == 0
@@ -523,7 +523,7 @@ def test_concurrent_inserts_past_max_size_evict_the_excess_once(dist_client):
         async def together():
             return await asyncio.gather(*[t.insert_async(tagged([100 + i])) for i in range(20)])
 
-        res = t._ctx.sync(together)
+        res = t.client.sync(together)
         info = t.info()
         assert info["size"] == info["coordinator_size"] == 50
         assert info["totals"]["removed"] == 20
@@ -553,7 +553,7 @@ def test_a_stale_selection_is_retried_without_losing_items(dist_client):
             await ex.undo()
             await coordinator(t, blocking=False).sample_finished(adm["txn"], rollback=4)
 
-        t._ctx.sync(attempt)
+        t.client.sync(attempt)
         tot = t.info()["totals"]
         assert (tot["sampled"], tot["expired"], tot["deleted"], tot["size"]) == (0, 0, 1, 5)
         b = t.sample(5)

@@ -59,7 +59,7 @@ def table(dist_client, request):
 
 
 def _lane(t):
-    return t._ctx.sync(t._ctx.coord_lane)
+    return t.client.sync(t._ctx.coord_lane)
 
 
 def test_admissions_and_commits_take_the_coordinators_lane(table, dist_client):
@@ -119,7 +119,7 @@ def test_an_unreachable_coordinator_lane_is_not_used(table):
         table._ctx.lanes.close_path(await table._ctx.coord_lane())
         table._ctx._coord_lane = f
 
-    table._ctx.sync(vanish)
+    table.client.sync(vanish)
     for _ in range(2):
         table.insert([_episode()])
     assert _lane(table) is None and len(table) == 60  # the comm from now on, nothing lost or doubled
@@ -148,11 +148,11 @@ def test_a_reply_lost_on_the_coordinators_lane_is_not_sent_again(table, dist_cli
 
     dist_client.run_on_scheduler(break_after_serving)
     with pytest.raises(CoordinatorLostError, match="broke during 'stamps'"):
-        table._ctx.sync(coord, table._ctx, "stamps", table.name, n=5)
+        table.client.sync(coord, table._ctx, "stamps", table.name, n=5)
     assert [(a, ok) for a, ok, _ in dist_client.run_on_scheduler(stamps_given)] == [("stamps", True)]  # once
     first = dist_client.run_on_scheduler(stamps_given)[0][2]
     assert _lane(table) is None  # no more requests over that lane
-    assert table._ctx.sync(coord, table._ctx, "stamps", table.name, n=5) == first + 5  # the comm, counted once
+    assert table.client.sync(coord, table._ctx, "stamps", table.name, n=5) == first + 5  # the comm, counted once
     assert lane is not None
     table.insert([_episode()])
     assert len(table) == 40

@@ -122,10 +122,10 @@ def test_staging_segments_are_reused_and_bad_places_are_refused(client, data_pla
         def raw(part):
             async def go():
                 msg = {"name": t.name, "txn": "x" * 16, "parts": [part]}
-                return await t._ctx.rpc(t.placement[0]).gear_flow(action="stage", v=protocol.VERSION,
-                                                                  **wire.encode(msg))  # fmt: skip
+                return await t.client.rpc(t.placement[0]).gear_flow(action="stage", v=protocol.VERSION,
+                                                                    **wire.encode(msg))  # fmt: skip
 
-            return t._ctx.sync(go)
+            return t.client.sync(go)
 
         rings = sorted(  # not the staging segments, nor the lanes' socket directories (the scheduler's is here)
             n for n in os.listdir("/dev/shm") if n.startswith("gf_") and "_st" not in n and "_lane" not in n

@@ -45,7 +45,7 @@ def spawn(scheduler: str, name: str, body: str) -> subprocess.Popen:
         import numpy as np
         from distributed import Client
         from gear_flow.distributed import DistributedTable
-        from gear_flow.distributed.transport import CoordinatorClient, call
+        from gear_flow.distributed.transport import Context, CoordinatorClient, call
         client = Client(sys.argv[1])
         t = DistributedTable.attach(sys.argv[2], client)
         def tagged(tags):
@@ -91,16 +91,18 @@ def test_a_client_killed_while_blocked_leaves_nothing_behind(dist_client, blocke
 
 # the dead client admits an insert of two episodes, one per shard, stages both parts, then dies
 _MID_INSERT = """
+ctx = Context(client=client)  # this client's own, not the handle's
+
 async def go():
-    adm = await CoordinatorClient(t._ctx, t.name).admit_insert(n=2, episodes=2, per_shard={0: 1, 1: 1}, owner=client.id, timeout=30)
+    adm = await CoordinatorClient(ctx, t.name).admit_insert(n=2, episodes=2, per_shard={0: 1, 1: 1}, owner=client.id, timeout=30)
     for s in (0, 1):
         part = {"shard": s, "chunks": tagged([100 + s]), "lengths": np.ones(1, np.int64),
                 "episode_ids": np.array([adm["first_episode_id"] + s]), "stamps": np.array([adm["first_stamp"] + s]),
                 "priorities": None}
-        await call(t._ctx, t.placement[s], "stage", name=t.name, txn=adm["txn"], parts=[part])
+        await call(ctx, t.placement[s], "stage", name=t.name, txn=adm["txn"], parts=[part])
     if APPLY_ONE:
-        await call(t._ctx, t.placement[0], "apply", name=t.name, txn=adm["txn"])
-t._ctx.sync(go)
+        await call(ctx, t.placement[0], "apply", name=t.name, txn=adm["txn"])
+client.sync(go)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 

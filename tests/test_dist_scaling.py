@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 import pytest
-from dist_support import DIAL, coordinator, own_cluster, wait_for
+from dist_support import DIAL, context, coordinator, own_cluster, wait_for
 from helpers import chi2_critical, shard_state
 
 import gear_flow as gf
@@ -226,7 +226,7 @@ def test_a_moved_shard_keeps_its_items_priorities_counters_and_keys():
         assert 0 not in client.run(_tags_on, t.name, workers=[src])[src]  # the source holds it no more
         for worker in (src, dest):  # a request planned at the old placement is refused by both
             with pytest.raises(gf.ShardMovedError, match="placement version"):
-                t._ctx.sync(call, t._ctx, worker, "summaries", name=t.name, kinds=["size"], epoch=0)
+                t.client.sync(call, context(t), worker, "summaries", name=t.name, kinds=["size"], epoch=0)
         res = t.update_priorities(b.keys, np.full(len(b.keys), 11.5))
         assert (res.applied, res.stale) == (64, 0)
         on_0 = {k for k in b.keys.tolist() if k >> 56 == 0}

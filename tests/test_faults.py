@@ -12,7 +12,7 @@ import time
 
 import dask
 import pytest
-from dist_support import coordinator, wait_for
+from dist_support import context, coordinator, wait_for
 from distributed import Client, LocalCluster
 from helpers import COLUMNS, episode
 
@@ -86,7 +86,7 @@ def test_a_client_that_closed_its_connections_reports_the_coordinator_lost(dist_
             with pytest.raises(gf.CoordinatorLostError, match="cannot be reached.*ConnectionPool is closed"):
                 coordinator(t2).lookup()
             with pytest.raises(gf.CoordinatorLostError, match="closed its connections"):
-                t2._ctx.sync(call, t2._ctx, t.placement[0], "info", table=t.name, name=t.name)
+                t2.client.sync(call, context(t2), t.placement[0], "info", table=t.name, name=t.name)
         finally:
             c2.close()
             t.close()

@@ -58,25 +58,25 @@ def raw_worker(t, op, args, v=protocol.VERSION, shard=0, packed=False):
 
     async def go():
         body = wire.encode(args) if packed else {"args": to_serialize(args)}
-        return await t._ctx.rpc(t.placement[shard]).gear_flow(action=op, v=v, **body)
+        return await t.client.rpc(t.placement[shard]).gear_flow(action=op, v=v, **body)
 
-    return t._ctx.sync(go)
+    return t.client.sync(go)
 
 
 def raw_packed(t, op, fields, shard=0):
     """Send the message fields as given (a hand-made ``packed``/``frames``)."""
 
     async def go():
-        return await t._ctx.rpc(t.placement[shard]).gear_flow(action=op, v=protocol.VERSION, **fields)
+        return await t.client.rpc(t.placement[shard]).gear_flow(action=op, v=protocol.VERSION, **fields)
 
-    return t._ctx.sync(go)
+    return t.client.sync(go)
 
 
 def raw_coord(t, op, v=protocol.VERSION, **kw):
     async def go():
-        return await t._ctx.scheduler.gear_flow_coord(action=op, v=v, **kw)
+        return await t.client.scheduler.gear_flow_coord(action=op, v=v, **kw)
 
-    return t._ctx.sync(go)
+    return t.client.sync(go)
 
 
 def refused(resp, *match) -> str:

@@ -132,7 +132,7 @@ def test_nbytes_of_a_distributed_table_matches_a_local_one(dist_client):
     try:
         for table in (local, t):
             table.insert([episode(1, 5), episode(2, 7)])
-        assert t._ctx.sync(info.nbytes_async, t) == local.nbytes() and local.nbytes()["data"] > 0
+        assert t.client.sync(info.nbytes_async, t) == local.nbytes() and local.nbytes()["data"] > 0
         assert t.nbytes() == local.nbytes()
     finally:
         t.close()
