@@ -36,6 +36,7 @@ from .transport import Retry
 
 if TYPE_CHECKING:
     from .api import DistributedTable
+    from .transport import TableLink
 
 #: workers an eviction may lose (degraded table) before it leaves the rest to the next insert's eviction
 _LOSSES = 4
@@ -226,6 +227,48 @@ async def _delete_grouped(
     return UpdateResult(d + more.applied, st + more.stale)
 
 
+class Hold:
+    """The table's eviction hold at the coordinator (no other eviction, nor an exclusive sample, meanwhile),
+    released exactly once: an async context manager.
+
+    The coordinator ends a hold with the operation that ends an exclusive
+    sample, ``sample_finished`` (one operation for both; another name would
+    be a protocol change).
+
+    Parameters
+    ----------
+    link : TableLink
+        The handle's requests to the coordinator.
+    owner : str
+        Who holds it (released by the coordinator if it leaves).
+    """
+
+    def __init__(self, link: TableLink, owner: str) -> None:
+        self._link = link
+        self._owner = owner
+        self._grant: dict | None = None
+
+    @property
+    def size(self) -> int:
+        """The table's size when the hold was granted."""
+        return int(self._grant["size"])
+
+    async def __aenter__(self) -> Hold:
+        # not the table's timeout (the rate limiter's wait): the insert is committed, and an eviction or
+        # exclusive sample in progress ends soon (or with its owner); failing here would report it lost
+        self._grant = await self._link.coordinator.admit_hold(owner=self._owner)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+    async def release(self) -> None:
+        """End the hold (once: again does nothing)."""
+        grant, self._grant = self._grant, None
+        if grant is not None:
+            await self._link.coordinator.sample_finished(grant["txn"])
+
+
 async def evict_excess(table: DistributedTable, size: int) -> None:
     """Back to ``max_size``, under the table's eviction hold and by the size the hold was granted at.
 
@@ -245,37 +288,33 @@ async def evict_excess(table: DistributedTable, size: int) -> None:
     ShardLostError
         A shard was lost (``stored=True``: the insert was committed).
     """
-    # not the table's timeout (the rate limiter's wait): the insert is committed, and an eviction or
-    # exclusive sample in progress ends soon (or with its owner); failing here would report it lost
-    hold = await table._link.coordinator.admit_hold(owner=table._ctx.owner)
-    try:
-        excess = hold["size"] - table.spec.max_size
-        for _ in range(_LOSSES):
-            if excess <= 0:
-                return
-            try:
-                await _evict(table, excess)
-                return
-            except Retry:  # degraded: a worker was lost meanwhile (its shards are marked lost, their items
-                # out of the size): what is still over max_size is evicted from the shards left
-                excess = (await table._link.coordinator.lookup())["size"] - table.spec.max_size
-        logger.warning("table %r: eviction to max_size given up after %d lost workers", table.name, _LOSSES)
-    except ShardLostError as e:  # the insert is stored: a caller must not take it as lost and send it again
-        raise ShardLostError(
-            e.shard,
-            f"{e.detail}; the insert was stored (committed) before the eviction to max_size failed",
-            stored=True,
-        ) from None
-    except GearFlowError as e:  # e.g. a live worker that did not answer: the insert is stored, so it returns
-        logger.warning(
-            "table %r: an insert was stored, but its eviction to max_size failed (%s: %s); the table is over "
-            "max_size until the next insert's eviction",
-            table.name,
-            type(e).__name__,
-            e,
-        )
-    finally:
-        await table._link.coordinator.sample_finished(hold["txn"])
+    async with Hold(table._link, table._ctx.owner) as hold:
+        try:
+            excess = hold.size - table.spec.max_size
+            for _ in range(_LOSSES):
+                if excess <= 0:
+                    return
+                try:
+                    await _evict(table, excess)
+                    return
+                except Retry:  # degraded: a worker was lost meanwhile (its shards are marked lost, their items
+                    # out of the size): what is still over max_size is evicted from the shards left
+                    excess = (await table._link.coordinator.lookup())["size"] - table.spec.max_size
+            logger.warning("table %r: eviction to max_size given up after %d lost workers", table.name, _LOSSES)
+        except ShardLostError as e:  # the insert is stored: a caller must not take it as lost and send it again
+            raise ShardLostError(
+                e.shard,
+                f"{e.detail}; the insert was stored (committed) before the eviction to max_size failed",
+                stored=True,
+            ) from None
+        except GearFlowError as e:  # e.g. a live worker that did not answer: the insert is stored, so it returns
+            logger.warning(
+                "table %r: an insert was stored, but its eviction to max_size failed (%s: %s); the table is over "
+                "max_size until the next insert's eviction",
+                table.name,
+                type(e).__name__,
+                e,
+            )
 
 
 async def _evict(table: DistributedTable, excess: int) -> int:
