@@ -19,6 +19,7 @@ from numpy.typing import ArrayLike
 
 from ..errors import ShardLostError, ShardMovedError, SpecError
 from ..keys import decode
+from ..selectors import MaxHeap, MinHeap
 from ..table.results import UpdateResult
 from ..table.validate import check_keys, check_priorities
 from .transport import Moved, Retry
@@ -44,8 +45,6 @@ def heap_ties(table: DistributedTable) -> bool:
         True for a ``MaxHeap`` or ``MinHeap`` sampler or remover: an update
         is then stamped by the coordinator and never rides along.
     """
-    from ..selectors import MaxHeap, MinHeap
-
     return any(isinstance(x, (MaxHeap, MinHeap)) for x in (table._cfg.sampler, table._cfg.remover))
 
 

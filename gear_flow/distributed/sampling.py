@@ -507,7 +507,7 @@ def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers |
         grant = SampleGrant(t._link, B, None)
     else:
         grant = yield from _admit(t, B, call.timeout)
-    lost_at = _lost_at_grant(t, grant)
+    lost_at = _lost_at_grant(t, grant) if exclusive else None
     expired = {}
     try:
         attempt = -1
@@ -540,7 +540,7 @@ def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers |
                         f"{t.timeout if call.timeout is None else call.timeout} s: too few items left for it"
                     ) from None
                 grant = yield from _admit(t, B, left, after=after)
-                lost_at = _lost_at_grant(t, grant)
+                lost_at = _lost_at_grant(t, grant) if exclusive else None
             except (Retry, StaleSelectionError) as e:
                 if attempt == _ATTEMPTS - 1:
                     if isinstance(e, Retry):  # internal: never the caller's

@@ -48,6 +48,7 @@ from .sampling import (
     RemoteSample,
     Removed,
     SampleArgs,
+    SampleGrant,
     leases_ok,
     sample_args,
     sample_steps,
@@ -255,7 +256,7 @@ class ThreadSampler:
         """
         t, link = self.t, self.t._link
         if isinstance(req, Gather):
-            return self._draw(req.out)
+            return self._draw(req.grant, req.out)
         if isinstance(req, Admit):
             args = dict(req.args)
             args["timeout"] = admission_wait(args["timeout"])  # the request's own: both ends give up together
@@ -272,10 +273,11 @@ class ThreadSampler:
             return link.coordinator_here.removed(sum(req.expired.values()), req.expired)
         raise TypeError(f"not a sample's request: {req!r}")
 
-    def _draw(self, out: SampleBuffers) -> tuple:
+    def _draw(self, grant: SampleGrant, out: SampleBuffers) -> tuple:
         t, ctx, c = self.t, self.t._ctx, self.call
         workers = list(t._view.workers())
-        if not t._link.serves_in_thread() or not workers:  # the placement changed since
+        # an admission may have taught this handle another placement since the sample was checked
+        if not grant.leased and (not t._link.serves_in_thread() or not workers):
             raise NotHere
         if workers == [ctx.local_addr]:  # every live shard here: one call does it all
             return out, _sample_all_here(t, c.batch_size, c.length, c.boundary, c.columns, out, c.rng)
