@@ -18,16 +18,16 @@ The insert's steps are the event loop's own
 (:func:`~gear_flow.distributed.writes.insert_steps`: admission, routing again,
 the abort of an insert nothing of which was stored, eviction), answered here by
 a :class:`ThreadInserter`: admitted and committed over the coordinator's lane.
-Its transaction's steps are :mod:`~gear_flow.distributed.transactions`': one
-worker ``write``; several ``stage`` everywhere (all sent, then the replies
-read: the workers receive in parallel), ``apply`` everywhere, commit.  What
-this path cannot finish itself goes to the event loop: parts whose
-placement changed since the insert was routed (stored from there), a lane
-that breaks (the transaction handed to :func:`~.transactions.run_insert` or
-:func:`~.transactions.apply_staged`, which send its steps again: a stage,
-write or apply sent twice is applied once,
-:data:`~gear_flow.distributed.lane.RESENDABLE_OPS`), an abort, an eviction
-to ``max_size``.
+Its transaction's steps are the event loop's too
+(:func:`~gear_flow.distributed.transactions.transaction_steps`: one worker
+``write``; several ``stage`` everywhere, ``apply`` everywhere, commit; an
+abort everywhere when a part could not be staged), answered by a
+:class:`LaneTransaction`: all requests sent, then the replies read (the
+workers receive in parallel); a request whose lane breaks is sent again over
+the comm once that lane is dropped (a stage, write, apply or abort sent twice
+is applied once, :data:`~gear_flow.distributed.lane.RESENDABLE_OPS`).  Parts
+whose placement changed since the insert was routed are stored from the
+event loop, as are an abort and an eviction to ``max_size``.
 """
 
 from __future__ import annotations
@@ -39,13 +39,21 @@ from typing import TYPE_CHECKING
 
 from numpy.typing import ArrayLike
 
+from ..errors import GearFlowError
 from ..table import planner
 from ..table.results import InsertResult
 from ..table.validate import check_batch, to_host
 from .coordinator import admission_wait
 from .edits import evict_excess
 from .protocol import VERSION
-from .transactions import abort_insert, apply_staged, commit_counts, run_insert
+from .transactions import (
+    Commit,
+    LoopTransaction,
+    Send,
+    abort_insert,
+    commit_counts,
+    transaction_steps,
+)
 from .transport import reply_timeout
 from .wire import array_bytes
 from .writes import (
@@ -58,7 +66,6 @@ from .writes import (
     LoopInserter,
     Priorities,
     Store,
-    Unstored,
     insert_steps,
     prepare,
 )
@@ -156,7 +163,9 @@ class ThreadInserter:
         raise TypeError(f"not an insert's request: {req!r}")
 
     def store(self, txn: str, parts: dict) -> tuple[dict, int]:
-        """:class:`~gear_flow.distributed.writes.Store`'s answer from the caller's thread.
+        """:class:`~gear_flow.distributed.writes.Store`'s answer from the caller's thread: the transaction's
+        steps (:func:`~gear_flow.distributed.transactions.transaction_steps`) answered by a
+        :class:`LaneTransaction`, or from the event loop when the placement changed since the insert was routed.
 
         Parameters
         ----------
@@ -171,46 +180,98 @@ class ThreadInserter:
             ``(applied, size)``.
         """
         t, ctx = self.t, self.t._ctx
-        if _writes_here(t, list(parts)):
-            here = ctx.local_addr
-            t.stats["insert_local_bytes"] += array_bytes([p["chunks"] for p in parts[here]])
-            try:
-                res = ctx.local_plugin.host.call("write", ctx.stamped(dict(name=t.name, txn=txn, parts=parts[here])))
-            except BaseException as e:
-                raise Unstored(e, [here], [here]) from None
-            return self._committed(txn, {here: res})
-        paths = _lane_paths(t, {a: array_bytes([p["chunks"] for p in ps]) for a, ps in parts.items()})
-        if paths is None:  # the placement changed since the insert was routed: the event loop's path
-            return ctx.sync(LoopInserter(t).store, txn, parts)
-        return self._over_lanes(txn, parts, paths)
-
-    def _over_lanes(self, txn: str, parts: dict, paths: dict[str, tuple[str, int]]) -> tuple[dict, int]:
-        t, ctx = self.t, self.t._ctx
-        addrs = sorted(parts)
-        op = "write" if len(addrs) == 1 else "stage"
-        try:
+        paths = {}
+        if not _writes_here(t, list(parts)):
+            paths = _lane_paths(t, {a: array_bytes([p["chunks"] for p in ps]) for a, ps in parts.items()})
+            if paths is None:  # the placement changed since the insert was routed: the event loop's path
+                return ctx.sync(LoopInserter(t).store, txn, parts)
             t.stats["insert_remote_bytes"] += sum(n for _, n in paths.values())
-            got = _over_lanes(t, [(paths[a][0], op, dict(name=t.name, txn=txn, parts=parts[a])) for a in addrs])
-        except BaseException as e:  # interrupted before every part was taken: nothing is applied anywhere
-            raise Unstored(e, addrs) from None
-        refused = [r[1] for r in got if not isinstance(r, BaseException) and not r[0]]
-        if refused:  # a worker refused its part: aborted everywhere, as the event loop's path does
-            raise Unstored(refused[0], addrs, addrs)
-        broken = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
-        if broken:  # the event loop's path sends their parts again (over the comm), the others' are staged
-            ok = [a for a in addrs if a not in broken]
-            return ctx.sync(t._link.again, broken, run_insert, t, txn, parts, ok)
-        if op == "stage":
-            got = _over_lanes(t, [(paths[a][0], "apply", dict(name=t.name, txn=txn)) for a in addrs])
-            broken = [a for a, r in zip(addrs, got) if isinstance(r, BaseException)]
-            if broken or not all(r[0] for r in got):  # the event loop's path applies (again) and reports
-                return ctx.sync(t._link.again, broken, apply_staged, t, txn, addrs)
-        return self._committed(txn, {a: r[1] for a, r in zip(addrs, got)})
-
-    def _committed(self, txn: str, applied: dict) -> tuple[dict, int]:
-        size = self.t._link.coordinator_here.commit_insert(txn, **commit_counts(applied))
-        self.t.stats["insert_in_thread"] += 1
+        tx = LaneTransaction(t, paths)
+        applied, size = planner.run(transaction_steps(t, txn, parts), tx)
+        if tx.in_thread:
+            t.stats["insert_in_thread"] += 1
         return applied, size
+
+
+class LaneTransaction:
+    """Answers :func:`~gear_flow.distributed.transactions.transaction_steps` from the caller's thread: this
+    worker's own part in this thread, the others' over their lanes on blocking sockets (all sent, then all
+    read: the workers receive in parallel); a request whose lane broke (or whose reply did not come in
+    time) is sent again over the comm once that lane is dropped (a stage, write, apply or abort sent twice
+    is applied once, :data:`~gear_flow.distributed.lane.RESENDABLE_OPS`).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    paths : dict
+        ``{worker: (lane, bytes)}`` of the workers reached by a lane (:func:`_lane_paths`).
+    """
+
+    def __init__(self, table: DistributedTable, paths: dict[str, tuple[str, int]]) -> None:
+        self.t = table
+        self.paths = paths
+        #: every request went, and was answered, from this thread
+        self.in_thread = True
+
+    def __call__(self, req: object) -> object:
+        """Answer one request of the steps.
+
+        Parameters
+        ----------
+        req : Send, Commit, AbortAt, LostWorkers or EvictTo
+            The request.
+
+        Returns
+        -------
+        object
+            Its answer.
+        """
+        t, ctx = self.t, self.t._ctx
+        if isinstance(req, Send):
+            return self.send(req.calls)
+        if isinstance(req, Commit):
+            return t._link.coordinator_here.commit_insert(
+                req.txn, unsettled=sorted(req.unsettled) or None, unreached=sorted(req.unreached) or None,
+                **commit_counts(req.res),
+            )  # fmt: skip
+        self.in_thread = False
+        return ctx.sync(LoopTransaction(t).__call__, req)
+
+    def send(self, calls: dict) -> dict:
+        """:class:`~gear_flow.distributed.transactions.Send`'s answer from this thread.
+
+        Parameters
+        ----------
+        calls : dict
+            ``{worker: (operation, arguments)}``.
+
+        Returns
+        -------
+        dict
+            ``{worker: reply or error}``.
+        """
+        t, ctx = self.t, self.t._ctx
+        here = ctx.local_addr if ctx.local_plugin is not None else None
+        far = [a for a in calls if a != here]
+        got = _over_lanes(t, [(self.paths[a][0], *calls[a]) for a in far]) if far else []
+        out, broken = {}, {}
+        for a, r in zip(far, got):
+            if isinstance(r, BaseException):  # its lane broke, or no reply came in time: sent again below
+                broken[a] = calls[a]
+            else:
+                out[a] = r[1] if r[0] else (r[1] if isinstance(r[1], BaseException) else GearFlowError(str(r[1])))
+        if here in calls:  # this worker's own part, written by this thread
+            op, args = calls[here]
+            t.stats["insert_local_bytes"] += array_bytes([p["chunks"] for p in args.get("parts", ())])
+            try:
+                out[here] = ctx.local_plugin.host.call(op, ctx.stamped(args))
+            except Exception as e:  # noqa: BLE001 - the steps say what it means
+                out[here] = e
+        if broken:  # over the comm, from the event loop (a worker removed meanwhile is found lost there)
+            self.in_thread = False
+            out.update(ctx.sync(t._link.again, list(broken), LoopTransaction(t).send, broken))
+        return out
 
 
 def _over_lanes(table: DistributedTable, requests: list[tuple[str, str, dict]]) -> list:

@@ -8,6 +8,10 @@ the admission, so nothing of the insert is stored; a worker lost after every
 part was staged loses its episodes, and the rest of the insert is stored.  An
 insert that touches one worker stages and applies in one request (``write``).
 
+The transaction is one generator of steps, sans I/O
+(:func:`transaction_steps`, :func:`apply_steps`), answered over the comm by
+:class:`LoopTransaction` or over the workers' lanes by
+:class:`~gear_flow.distributed.thread_insert.LaneTransaction`.
 :func:`run_insert`, :func:`apply_staged` and :func:`abort_staged` are
 functions over the handle they are given (with the steps they share:
 :func:`commit`, :func:`abort_insert`, :func:`insert_error`); the handle's
@@ -21,10 +25,11 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Generator, Iterable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import GearFlowError, ShardLostError
+from ..table import planner
 from .edits import evict_excess
 from .transport import NotAnswered, Retry, WorkerLost, call
 
@@ -158,36 +163,7 @@ async def run_insert(
     GearFlowError
         Staging failed on a worker; nothing of the insert was stored.
     """
-    addrs = sorted(parts)
-    if len(addrs) == 1:  # one worker: staged and applied in one request
-        try:
-            res = {
-                addrs[0]: await call(
-                    table._ctx, addrs[0], "write", table=table.name, name=table.name, txn=txn, parts=parts[addrs[0]]
-                )
-            }
-        except NotAnswered as e:  # it may still write it: the coordinator settles it (counted or aborted)
-            await commit(table, txn, {}, addrs)
-            raise _unsettled_error(addrs[0], txn, e, "nothing else was to be stored") from e
-        except BaseException as e:
-            await abort_insert(table, txn, addrs, e)
-            raise insert_error(table, e, addrs) from None
-    else:
-        done = set(staged)
-        got = await asyncio.gather(
-            *(
-                call(table._ctx, a, "stage", table=table.name, name=table.name, txn=txn, parts=parts[a])
-                for a in addrs
-                if a not in done
-            ),
-            return_exceptions=True,
-        )
-        bad = [e for e in got if isinstance(e, BaseException)]
-        if bad:
-            await abort_insert(table, txn, addrs, bad[0])
-            raise insert_error(table, bad[0], addrs) from None
-        return await apply_staged(table, txn, addrs)
-    return res, await commit(table, txn, res)
+    return await planner.run_async(transaction_steps(table, txn, parts, staged), LoopTransaction(table))
 
 
 async def apply_staged(table: DistributedTable, txn: str, addrs: Iterable[str]) -> tuple[dict, int]:
@@ -220,54 +196,7 @@ async def apply_staged(table: DistributedTable, txn: str, addrs: Iterable[str]) 
         shards are not taken as lost; the rest of the insert was stored
         and committed, as the message says.
     """
-    addrs = sorted(addrs)
-    got = await asyncio.gather(
-        *(call(table._ctx, a, "apply", table=table.name, name=table.name, txn=txn) for a in addrs),
-        return_exceptions=True,
-    )
-    res = {a: r for a, r in zip(addrs, got) if not isinstance(r, BaseException)}
-    lost = [a for a, r in zip(addrs, got) if isinstance(r, WorkerLost)]
-    failed = [(a, r) for a, r in zip(addrs, got) if isinstance(r, BaseException) and not isinstance(r, WorkerLost)]
-    silent = [a for a, e in failed if isinstance(e, NotAnswered)]  # they may still apply: settled later
-    refused = [a for a, e in failed if not isinstance(e, NotAnswered)]
-    unreached = []
-    if refused:  # a part a worker that answered still keeps staged is forgotten (committed without it)
-        gone = await asyncio.gather(
-            *(call(table._ctx, a, "abort", table=table.name, name=table.name, txn=txn) for a in refused),
-            return_exceptions=True,
-        )
-        unreached = [a for a, r in zip(refused, gone) if isinstance(r, BaseException)]  # the coordinator's
-    size = await commit(table, txn, res, silent, unreached)
-    stored = "the rest of the insert was stored" if res else "nothing of the insert was stored"
-    if failed and not lost:  # a live worker's answer, or its silence: its shards stay (and so do its items)
-        if table._cfg.evicts_to_max_size(size):
-            await evict_excess(table, size)
-        a, e = failed[0]
-        if not isinstance(e, Exception):
-            raise e
-        if isinstance(e, NotAnswered):
-            raise _unsettled_error(a, txn, e, stored) from e
-        raise GearFlowError(
-            f"worker {a} did not apply its part of insert {txn[:8]} ({type(e).__name__}: {e}); {stored}"
-        ) from e
-    if lost:
-        try:
-            await table._link.handle_lost(lost)
-        except (Retry, ShardLostError):  # marked lost; the error says what was stored
-            pass
-        if table._cfg.evicts_to_max_size(size):  # stored: evicted to max_size as a returning insert is
-            try:
-                await evict_excess(table, size)
-            except ShardLostError:  # not degraded: the lost shard's victims stay (the error says stored)
-                pass
-        besides = "".join(f"; worker {a} did not apply its part ({type(e).__name__}: {e})" for a, e in failed)
-        raise ShardLostError(
-            shard_on(table, lost),
-            f"worker(s) {lost} were lost while insert {txn[:8]} was applied; its episodes there are gone, "
-            f"{stored}{besides}",
-            stored=bool(res),
-        )
-    return res, size
+    return await planner.run_async(apply_steps(table, txn, addrs), LoopTransaction(table))
 
 
 async def abort_staged(
@@ -349,6 +278,268 @@ async def abort_insert(table: DistributedTable, txn: str, addrs: Iterable[str], 
             await table._link.handle_lost(lost)
         except (Retry, ShardLostError):
             pass
+
+
+# -- the transaction's steps, sans I/O ----------------------------------------------------------------------------
+class Send(NamedTuple):
+    """Send ``calls`` to their workers; answered with ``{worker: its reply, or the error it met}`` (every
+    call's outcome, none raised).
+
+    Parameters
+    ----------
+    calls : dict
+        ``{worker: (operation, arguments)}``.
+    """
+
+    calls: dict
+
+
+class Commit(NamedTuple):
+    """Commit at the coordinator what ``res`` says was written (:func:`commit`); answered with the table's size.
+
+    Parameters
+    ----------
+    txn : str
+        The admitted insert.
+    res : dict
+        ``{worker: apply result}``.
+    unsettled : list of str
+        Workers that did not answer: the coordinator settles their parts.
+    unreached : list of str
+        Workers whose abort was not answered: the coordinator aborts their parts.
+    """
+
+    txn: str
+    res: dict
+    unsettled: list
+    unreached: list
+
+
+class AbortAt(NamedTuple):
+    """Abort ``txn`` on ``addrs``, then at the coordinator (:func:`abort_insert`); answered with None.
+
+    Parameters
+    ----------
+    txn : str
+        The admitted insert.
+    addrs : list of str
+        Workers that may hold a part.
+    cause : BaseException or None
+        Why.
+    """
+
+    txn: str
+    addrs: list
+    cause: BaseException | None
+
+
+class LostWorkers(NamedTuple):
+    """Mark the shards of ``addrs`` lost (the handle learns it; a degraded table goes on without them);
+    answered with None.
+
+    Parameters
+    ----------
+    addrs : list of str
+        Workers lost.
+    """
+
+    addrs: list
+
+
+class EvictTo(NamedTuple):
+    """Evict from ``size`` items to ``max_size`` (:func:`~.edits.evict_excess`); answered with None.
+
+    Parameters
+    ----------
+    size : int
+        The table's size after the commit.
+    """
+
+    size: int
+
+
+def _request(table: DistributedTable, op: str, txn: str, **more: Any) -> tuple[str, dict]:
+    return op, dict(name=table.name, txn=txn, **more)
+
+
+def transaction_steps(
+    table: DistributedTable, txn: str, parts: dict[str, list[dict]], staged: Iterable[str] = ()
+) -> Generator[object, object, tuple[dict, int]]:
+    """An admitted insert's transaction, sans I/O: staged everywhere, applied, committed; aborted everywhere
+    when a part could not be staged.
+
+    The one place that says what the workers' answers mean, whichever
+    executor carries the requests (:class:`LoopTransaction` over the comm,
+    :class:`~gear_flow.distributed.thread_insert.LaneTransaction` over the
+    workers' lanes from the caller's thread).  One worker: staged and
+    applied in one request (``write``).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    txn : str
+        Transaction id the coordinator gave the insert at admission.
+    parts : dict of str to list of dict
+        ``{worker address: [part, ...]}`` (:func:`~.writes.insert_parts`).
+    staged : iterable of str, optional
+        Workers (of several) that hold their part staged already: only the
+        others are sent theirs.
+
+    Returns
+    -------
+    generator
+        Yields the requests; returns ``(applied, size)`` as :func:`run_insert`.
+    """
+    addrs = sorted(parts)
+    if len(addrs) == 1:  # one worker: staged and applied in one request
+        a = addrs[0]
+        try:
+            got = (yield Send({a: _request(table, "write", txn, parts=parts[a])}))[a]
+            if isinstance(got, BaseException):
+                raise got
+        except NotAnswered as e:  # it may still write it: the coordinator settles it (counted or aborted)
+            yield Commit(txn, {}, addrs, [])
+            raise _unsettled_error(a, txn, e, "nothing else was to be stored") from e
+        except BaseException as e:
+            yield AbortAt(txn, addrs, e)
+            raise insert_error(table, e, addrs) from None
+        res = {a: got}
+        return res, (yield Commit(txn, res, [], []))
+    done = set(staged)
+    try:
+        got = yield Send({a: _request(table, "stage", txn, parts=parts[a]) for a in addrs if a not in done})
+    except BaseException as e:  # interrupted before every part was taken: nothing is applied anywhere
+        yield AbortAt(txn, addrs, e)
+        raise
+    bad = [e for e in got.values() if isinstance(e, BaseException)]
+    if bad:
+        yield AbortAt(txn, addrs, bad[0])
+        raise insert_error(table, bad[0], addrs) from None
+    return (yield from apply_steps(table, txn, addrs))
+
+
+def apply_steps(table: DistributedTable, txn: str, addrs: Iterable[str]) -> Generator[object, object, tuple[dict, int]]:
+    """Every part of ``txn`` is staged on ``addrs``: the insert is decided; its steps to apply it everywhere
+    and commit (:func:`apply_staged`'s, sans I/O).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    txn : str
+        Transaction id of the admitted insert.
+    addrs : iterable of str
+        Every worker holding a staged part.
+
+    Returns
+    -------
+    generator
+        Yields the requests; returns ``(applied, size)`` as :func:`apply_staged`.
+    """
+    addrs = sorted(addrs)
+    got = yield Send({a: _request(table, "apply", txn) for a in addrs})
+    res = {a: r for a, r in got.items() if not isinstance(r, BaseException)}
+    lost = [a for a in addrs if isinstance(got[a], WorkerLost)]
+    failed = [(a, got[a]) for a in addrs if isinstance(got[a], BaseException) and not isinstance(got[a], WorkerLost)]
+    silent = [a for a, e in failed if isinstance(e, NotAnswered)]  # they may still apply: settled later
+    refused = [a for a, e in failed if not isinstance(e, NotAnswered)]
+    unreached = []
+    if refused:  # a part a worker that answered still keeps staged is forgotten (committed without it)
+        gone = yield Send({a: _request(table, "abort", txn) for a in refused})
+        unreached = [a for a in refused if isinstance(gone[a], BaseException)]  # the coordinator's
+    size = yield Commit(txn, res, silent, unreached)
+    stored = "the rest of the insert was stored" if res else "nothing of the insert was stored"
+    if failed and not lost:  # a live worker's answer, or its silence: its shards stay (and so do its items)
+        if table._cfg.evicts_to_max_size(size):
+            yield EvictTo(size)
+        a, e = failed[0]
+        if not isinstance(e, Exception):
+            raise e
+        if isinstance(e, NotAnswered):
+            raise _unsettled_error(a, txn, e, stored) from e
+        raise GearFlowError(
+            f"worker {a} did not apply its part of insert {txn[:8]} ({type(e).__name__}: {e}); {stored}"
+        ) from e
+    if lost:
+        yield LostWorkers(lost)
+        if table._cfg.evicts_to_max_size(size):  # stored: evicted to max_size as a returning insert is
+            try:
+                yield EvictTo(size)
+            except ShardLostError:  # not degraded: the lost shard's victims stay (the error says stored)
+                pass
+        besides = "".join(f"; worker {a} did not apply its part ({type(e).__name__}: {e})" for a, e in failed)
+        raise ShardLostError(
+            shard_on(table, lost),
+            f"worker(s) {lost} were lost while insert {txn[:8]} was applied; its episodes there are gone, "
+            f"{stored}{besides}",
+            stored=bool(res),
+        )
+    return res, size
+
+
+class LoopTransaction:
+    """Answers :func:`transaction_steps` on the event loop: each worker's request over the comm (in-process
+    when it is this worker).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    """
+
+    def __init__(self, table: DistributedTable) -> None:
+        self.t = table
+
+    async def __call__(self, req: object) -> object:
+        """Answer one request of the steps.
+
+        Parameters
+        ----------
+        req : Send, Commit, AbortAt, LostWorkers or EvictTo
+            The request.
+
+        Returns
+        -------
+        object
+            Its answer.
+        """
+        t = self.t
+        if isinstance(req, Send):
+            return await self.send(req.calls)
+        if isinstance(req, Commit):
+            return await commit(t, req.txn, req.res, req.unsettled, req.unreached)
+        if isinstance(req, AbortAt):
+            return await abort_insert(t, req.txn, req.addrs, req.cause)
+        if isinstance(req, LostWorkers):
+            try:
+                await t._link.handle_lost(req.addrs)
+            except (Retry, ShardLostError):  # marked lost; the steps' error says what was stored
+                pass
+            return None
+        if isinstance(req, EvictTo):
+            return await evict_excess(t, req.size)
+        raise TypeError(f"not a transaction's request: {req!r}")
+
+    async def send(self, calls: dict) -> dict:
+        """:class:`Send`'s answer: every request at once over the comm.
+
+        Parameters
+        ----------
+        calls : dict
+            ``{worker: (operation, arguments)}``.
+
+        Returns
+        -------
+        dict
+            ``{worker: reply or error}``.
+        """
+        t = self.t
+        addrs = list(calls)
+        got = await asyncio.gather(
+            *(call(t._ctx, a, calls[a][0], table=t.name, **calls[a][1]) for a in addrs), return_exceptions=True
+        )
+        return dict(zip(addrs, got))
 
 
 def shard_on(table: DistributedTable, addrs: Iterable[str]) -> int:
