@@ -416,6 +416,39 @@ class Unstored(Exception):
         self.named = named
 
 
+class InsertGrant:
+    """An insert's admission at the coordinator, settled exactly once: committed by its transaction
+    (:class:`Store`) or given back (:class:`Abort`); the steps settle it through :meth:`settle`, so no
+    failure path gives it back twice, nor one its transaction settled.
+
+    Parameters
+    ----------
+    adm : dict
+        The coordinator's ``admit_insert`` answer (``txn``, ``first_episode_id``, ``first_stamp``,
+        ``version``).
+    """
+
+    def __init__(self, adm: dict) -> None:
+        self.adm = adm
+        self.open = True
+
+    @property
+    def txn(self) -> str:
+        """The insert's transaction id."""
+        return self.adm["txn"]
+
+    def settle(self) -> bool:
+        """Mark the grant settled.
+
+        Returns
+        -------
+        bool
+            Whether it was open: the caller settles it then.
+        """
+        was, self.open = self.open, False
+        return was
+
+
 def insert_steps(
     table: DistributedTable, ins: Insert, timeout: float | None
 ) -> Generator[object, object, InsertResult]:
@@ -459,39 +492,46 @@ def insert_steps(
             ins = moved_insert(table, ins, e, attempt)
 
 
-def _admitted(table: DistributedTable, ins: Insert, timeout: float | None) -> Generator[object, object, dict]:
+def _admitted(table: DistributedTable, ins: Insert, timeout: float | None) -> Generator[object, object, InsertGrant]:
     """An admission of ``ins``, the placement it was granted at learnt (given back when that fails)."""
-    adm = yield AdmitInsert(admission_args(table, ins.n_items, len(ins.lengths), ins.per_shard, timeout))
+    grant = InsertGrant(
+        (yield AdmitInsert(admission_args(table, ins.n_items, len(ins.lengths), ins.per_shard, timeout)))
+    )
     try:
-        yield Learn(adm["version"])
+        yield Learn(grant.adm["version"])
     except BaseException as e:  # admitted, and nothing sent: the admission is given back
         try:
-            yield Abort(adm["txn"], [], e)
+            if grant.settle():
+                yield Abort(grant.txn, [], e)
         except Exception as u:  # noqa: BLE001 - the refresh's error is the caller's
             logger.info("table %r: an insert's admission not given back (%s)", table.name, u)
         raise
-    return adm
+    return grant
 
 
 def _insert_once(
     table: DistributedTable, ins: Insert, timeout: float | None
 ) -> Generator[object, object, InsertResult]:
-    adm = yield from _admitted(table, ins, timeout)
+    grant = yield from _admitted(table, ins, timeout)
     if any(s in table.lost for s in ins.per_shard):
         # routed to a shard the coordinator knew lost and this handle learns it only now: the admission is
         # given back, and the insert routed again over the shards left (or refused, not degraded)
-        yield Abort(adm["txn"], [], None)
+        if grant.settle():
+            yield Abort(grant.txn, [], None)
         table._view.check_not_lost(stored=False)
         ins = routed(table, ins)
-        adm = yield from _admitted(table, ins, timeout)
-    parts, sel_of, ids = insert_parts(table, ins, adm)
+        grant = yield from _admitted(table, ins, timeout)
+    parts, sel_of, ids = insert_parts(table, ins, grant.adm)
     try:
-        applied, size = yield Store(adm["txn"], parts)
+        applied, size = yield Store(grant.txn, parts)
     except Unstored as e:  # nothing of it applied anywhere: aborted, everywhere it may be staged
-        yield Abort(adm["txn"], e.at, e.cause)
+        if grant.settle():
+            yield Abort(grant.txn, e.at, e.cause)
         if e.named is None:
             raise e.cause from None
         raise insert_error(table, e.cause, e.named) from None
+    finally:
+        grant.settle()  # committed or aborted by its transaction (or above)
     if table._cfg.evicts_to_max_size(size):  # the inserts' one rule (a queue never evicts)
         yield Evict(size)
     return insert_result(ins, ids, sel_of, applied)
