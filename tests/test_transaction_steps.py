@@ -13,7 +13,6 @@ from gear_flow.distributed.transactions import (
     Commit,
     EvictTo,
     LostWorkers,
-    Send,
     apply_steps,
     transaction_steps,
 )
@@ -126,4 +125,3 @@ def test_an_executor_that_cannot_send_a_stage_has_it_aborted_everywhere():
     with pytest.raises(KeyboardInterrupt):
         planner.run(transaction_steps(handle(), "x", {"a": [], "b": []}), s)
     assert s.kinds() == ["Send", "AbortAt"] and s.seen[1][1].addrs == ["a", "b"]
-
