@@ -6,6 +6,9 @@ event loop's (:mod:`~gear_flow.distributed.edits`), the caller's thread's
 (:mod:`~gear_flow.distributed.pending`, which checks and groups an update
 before it stores it); deletes group and check their keys the same way.  They
 sit below all three so that none of those calls another through the handle.
+A waiting update is one generator of steps, :func:`update_steps`, answered
+on the event loop by :class:`LoopUpdater` or in the caller's thread by
+:class:`~gear_flow.distributed.thread_update.ThreadUpdater`.
 """
 
 from __future__ import annotations
