@@ -143,5 +143,7 @@ def test_a_reader_whose_owner_is_killed(degraded):
         while owned_segments([dead_pid]):
             assert time.monotonic() < end, f"segments of the killed worker remain: {owned_segments([dead_pid])}"
             time.sleep(0.05)
+        ours = {dead_pid, os.getpid(), *client.run(_pid).values()}  # every process of this test's cluster
         t.close()
-    assert leftover_segments() == []
+    # (another test's processes, killed on the other test worker, may be swept a moment later: not this one's)
+    assert [n for n in leftover_segments() if int(n.split("_")[1]) in ours] == []
