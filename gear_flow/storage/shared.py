@@ -50,20 +50,39 @@ WRITE_POS, WRITING_UNTIL = 0, 1
 
 
 def machine_id() -> str:
-    """Identifies this machine's shared memory (boot id, hostname fallback).
+    """Identifies this machine's shared memory (boot id, hostname fallback), and the host this process
+    counts as on (config ``distributed.host-id``).
+
+    Two processes with different ``host-id`` settings treat each other as on
+    different hosts even on one machine: no shared rings, no staging
+    segments, no Unix lanes between them; their requests go over the TCP lanes or the
+    comm.  That is how a cluster on one machine (a test's, a benchmark's)
+    runs the paths a learner on another host takes.
 
     Returns
     -------
     str
-        Equal in two processes exactly when they can map the same segments.
+        Equal in two processes exactly when they can map the same segments
+        and are to.
+
+    Examples
+    --------
+    >>> import dask
+    >>> with dask.config.set({"gear-flow.distributed.host-id": "b"}):
+    ...     machine_id().endswith("/b")
+    True
     """
+    from .. import config
+
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
+            mid = f.read().strip()
     except OSError:
         import socket
 
-        return socket.gethostname()
+        mid = socket.gethostname()
+    host = config.get("distributed.host-id")
+    return mid if host is None else f"{mid}/{host}"
 
 
 class SharedTier(HostTier):
