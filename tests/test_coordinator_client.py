@@ -51,3 +51,17 @@ def test_admissions_from_a_callers_thread_may_be_held_as_long_as_their_timeout()
         ("admit_sample", 2.5), ("admit_insert", 7.0), ("admit_hold", 1.5), ("lookup", 0.0)
     ]  # fmt: skip
     assert c.sent[1][2] == dict(n=3, episodes=1, per_shard={0: 3}, timeout=7.0, owner="me")
+
+
+def test_an_admission_from_a_callers_thread_carries_the_wait_the_coordinator_gives_it():
+    """Without a timeout of its own, the request says how long the coordinator holds it (both ends give up
+    together); on the event loop the coordinator decides alone."""
+    from gear_flow import config
+
+    here, loop = _Recorder(blocking=True), _Recorder(blocking=False)
+    for c in (here, loop):
+        c.admit_sample(4)
+        c.admit_insert(3, 1)
+    wait = config.get("distributed.admission-timeout")
+    assert [(w, kw["timeout"]) for _, w, kw in here.sent] == [(wait, wait), (wait, wait)]
+    assert [kw["timeout"] for _, _, kw in loop.sent] == [None, None]

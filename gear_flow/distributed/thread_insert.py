@@ -43,26 +43,20 @@ from ..errors import GearFlowError
 from ..table import planner
 from ..table.results import InsertResult
 from ..table.validate import check_batch, to_host
-from .coordinator import admission_wait
-from .edits import evict_excess
 from .protocol import VERSION
 from .transactions import (
     Commit,
     LoopTransaction,
     Send,
-    abort_insert,
     commit_counts,
     transaction_steps,
 )
 from .transport import reply_timeout
 from .wire import array_bytes
 from .writes import (
-    Abort,
     AdmitInsert,
-    Evict,
     Insert,
     Learn,
-    LearnMoved,
     LoopInserter,
     Priorities,
     Store,
@@ -147,20 +141,10 @@ class ThreadInserter:
         if isinstance(req, Store):
             return self.store(req.txn, req.parts)
         if isinstance(req, AdmitInsert):
-            args = dict(req.args)
-            args["timeout"] = admission_wait(args["timeout"])  # the request's own: both ends give up together
-            return t._link.coordinator_here.admit_insert(**args)
+            return t._link.coordinator_here.admit_insert(**req.args)
         if isinstance(req, Learn):
-            if req.version != t._view.version:
-                ctx.sync(t._link.refresh, req.version)
-            return None
-        if isinstance(req, Abort):
-            return ctx.sync(abort_insert, t, req.txn, req.addrs, req.cause)
-        if isinstance(req, Evict):
-            return ctx.sync(evict_excess, t, req.size)
-        if isinstance(req, LearnMoved):
-            return ctx.sync(t._link.moved, req.epoch)
-        raise TypeError(f"not an insert's request: {req!r}")
+            return t._link.refresh_here(req.version)
+        return ctx.sync(LoopInserter(t).__call__, req)  # an abort, an eviction, a move learnt: the event loop's
 
     def store(self, txn: str, parts: dict) -> tuple[dict, int]:
         """:class:`~gear_flow.distributed.writes.Store`'s answer from the caller's thread: the transaction's

@@ -36,7 +36,6 @@ import numpy as np
 from ..errors import ProtocolError, ShardMovedError
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
-from .coordinator import admission_wait
 from .pending import book_reply, pending_calls, ride_along, settle
 from .sampling import (
     OFF_LOOP_BYTES,
@@ -258,13 +257,9 @@ class ThreadSampler:
         if isinstance(req, Gather):
             return self._draw(req.grant, req.out)
         if isinstance(req, Admit):
-            args = dict(req.args)
-            args["timeout"] = admission_wait(args["timeout"])  # the request's own: both ends give up together
-            return link.coordinator_here.admit_sample(**args)
+            return link.coordinator_here.admit_sample(**req.args)
         if isinstance(req, Refresh):
-            if req.version != t._view.version:
-                t._ctx.sync(link.refresh, req.version)
-            return None
+            return link.refresh_here(req.version)
         if isinstance(req, GiveBack):
             return req.grant.give_back_here()
         if isinstance(req, Finish):

@@ -28,7 +28,7 @@ from distributed.core import Status
 from .. import config
 from ..errors import CoordinatorLostError, GearFlowError, ShardLostError, ShardMovedError
 from . import protocol, wire
-from .coordinator import COORD_LANE_OPS
+from .coordinator import COORD_LANE_OPS, admission_wait
 from .lane import LANE_ERRORS, RESENDABLE_OPS, Lanes, NotSent
 from .plugin import PLUGIN_NAME
 from .wire import unwrap
@@ -404,8 +404,9 @@ class CoordinatorClient:
     takes its default.  An event loop's client (``blocking=False``) returns
     an awaitable of each answer (:func:`coord`); a caller's thread's client
     returns the answer (:func:`coord_here`: over the coordinator's lane when
-    found), and an admission it sends may wait at the coordinator for as long
-    as its ``timeout``.
+    found), and an admission it sends carries the wait the coordinator gives
+    it (:func:`~.coordinator.admission_wait`) and may be held there that
+    long: both ends give up together.
 
     Parameters
     ----------
@@ -444,6 +445,10 @@ class CoordinatorClient:
             Blocking.
         """
         return cls(Context(client=client), name, blocking=True)
+
+    def _waits(self, timeout: float | None) -> float | None:
+        """An admission's ``timeout`` as sent: from a caller's thread the wait the coordinator gives it."""
+        return admission_wait(timeout) if self.blocking else timeout
 
     def _send(self, op: str, wait: float | None = 0.0, **kw: Any) -> Any:
         kw = {k: v for k, v in kw.items() if v is not None}
@@ -657,6 +662,7 @@ class CoordinatorClient:
             The grant: ``txn``, ``first_episode_id``, ``first_stamp``,
             ``version`` … (awaitable of it on the event loop).
         """
+        timeout = self._waits(timeout)
         return self._send(
             "admit_insert", timeout, n=n, episodes=episodes, per_shard=per_shard, timeout=timeout, owner=owner
         )
@@ -762,6 +768,7 @@ class CoordinatorClient:
             The grant: ``version``, ``txn``, ``lease``, ``horizon``,
             ``arrivals`` … (awaitable of it on the event loop).
         """
+        timeout = self._waits(timeout)
         return self._send(
             "admit_sample", timeout, n=n, timeout=timeout, done=done, lease=lease, exclusive=exclusive, owner=owner,
             after=after,
@@ -782,6 +789,7 @@ class CoordinatorClient:
         object
             The hold: ``txn`` and the table's ``size`` (awaitable of it on the event loop).
         """
+        timeout = self._waits(timeout)
         return self._send("admit_hold", timeout, timeout=timeout, owner=owner)
 
     def sample_finished(
@@ -1269,6 +1277,18 @@ class TableLink:
         st = await self.coordinator.lookup()
         self.view.learn(st)
         self.ctx.epoch = self.view.version  # every request to a worker says which placement it was planned at
+
+    def refresh_here(self, version: int) -> None:
+        """:meth:`refresh` from a caller's thread: the event loop is asked only when the view is not at
+        ``version`` already.
+
+        Parameters
+        ----------
+        version : int
+            The version an answer said the placement is at.
+        """
+        if version != self.view.version:
+            self.ctx.sync(self.refresh, version)
 
     async def moved(self, epoch: int) -> None:
         """Learn the placement at version ``epoch`` or later: a worker refused a request planned before shards

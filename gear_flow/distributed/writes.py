@@ -395,25 +395,21 @@ class Evict(NamedTuple):
 
 
 class Unstored(Exception):
-    """Internal: an executor could not hand an insert's parts to its workers, and nothing of it was applied:
-    the steps abort it on ``at`` and raise ``cause`` (as :func:`~.transactions.insert_error` words it on
-    ``named``, when given).
+    """Internal: an executor could not hand an insert's parts to any worker (nothing was sent): the steps
+    give its admission back and raise ``cause`` as :func:`~.transactions.insert_error` words it.
 
     Parameters
     ----------
     cause : BaseException
         What failed.
-    at : list of str
-        Workers that may hold a part.
-    named : list of str, optional
-        Workers the error names (None: ``cause`` raised as it is).
+    workers : list of str
+        The insert's workers (the error names them).
     """
 
-    def __init__(self, cause: BaseException, at: list, named: list | None = None) -> None:
+    def __init__(self, cause: BaseException, workers: list) -> None:
         super().__init__(str(cause))
         self.cause = cause
-        self.at = at
-        self.named = named
+        self.workers = workers
 
 
 class InsertGrant:
@@ -524,12 +520,10 @@ def _insert_once(
     parts, sel_of, ids = insert_parts(table, ins, grant.adm)
     try:
         applied, size = yield Store(grant.txn, parts)
-    except Unstored as e:  # nothing of it applied anywhere: aborted, everywhere it may be staged
+    except Unstored as e:  # nothing sent: the admission goes back
         if grant.settle():
-            yield Abort(grant.txn, e.at, e.cause)
-        if e.named is None:
-            raise e.cause from None
-        raise insert_error(table, e.cause, e.named) from None
+            yield Abort(grant.txn, [], e.cause)
+        raise insert_error(table, e.cause, e.workers) from None
     finally:
         grant.settle()  # committed or aborted by its transaction (or above)
     if table._cfg.evicts_to_max_size(size):  # the inserts' one rule (a queue never evicts)
@@ -611,7 +605,7 @@ class LoopInserter:
         except BaseException as e:  # nothing sent yet: the admission goes back
             for seg in segs:
                 staging_area().discard(seg)
-            raise Unstored(e, [], sorted(parts)) from None
+            raise Unstored(e, sorted(parts)) from None
         try:
             applied, size = await run_insert(table, txn, dict(parts))
         except BaseException:  # a worker may still read them (a request given up on): never reused
