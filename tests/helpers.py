@@ -190,3 +190,20 @@ def registered_kinds(selector: dict | None = None, rate_limiter: dict | None = N
     finally:
         for registry, kind in added:
             registry.pop(kind, None)
+
+
+class Script:
+    """A scripted executor for sans-I/O steps: answers each request with ``answers[kind](request)`` (None
+    when the script has none for its kind) and records ``(kind, request)`` in order."""
+
+    def __init__(self, **answers):
+        self.answers = answers
+        self.seen = []
+
+    def __call__(self, req):
+        kind = type(req).__name__
+        self.seen.append((kind, req))
+        return self.answers.get(kind, lambda r: None)(req)
+
+    def kinds(self):
+        return [k for k, _ in self.seen]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from helpers import Script
 
 from gear_flow.distributed.transactions import (
     AbortAt,
@@ -28,22 +29,6 @@ def handle():
     return SimpleNamespace(
         name="t", placement={0: "a", 1: "b"}, _cfg=SimpleNamespace(evicts_to_max_size=lambda size: size > MAX_SIZE)
     )
-
-
-class Script:
-    """Answers each request with ``answers[kind](request)``; records ``(kind, request)`` in order."""
-
-    def __init__(self, **answers):
-        self.answers = answers
-        self.seen = []
-
-    def __call__(self, req):
-        kind = type(req).__name__
-        self.seen.append((kind, req))
-        return self.answers.get(kind, lambda r: None)(req)
-
-    def kinds(self):
-        return [k for k, _ in self.seen]
 
 
 def applied(items):

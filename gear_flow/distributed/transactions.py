@@ -15,10 +15,12 @@ The transaction is one generator of steps, sans I/O
 :func:`run_insert`, :func:`apply_staged` and :func:`abort_staged` are
 functions over the handle they are given (with the steps they share:
 :func:`commit`, :func:`abort_insert`, :func:`insert_error`); the handle's
-methods of the same names call them, since they are public on the handle:
-besides :meth:`~gear_flow.distributed.DistributedTable.insert`, the Dask
+methods of the same names call them, since they are public on the handle.
+Besides :meth:`~gear_flow.distributed.DistributedTable.insert`, the Dask
 ingestion dataflow (:mod:`gear_flow.ingest.cluster`) stages parts from its
-own tasks and then calls ``apply_staged`` or ``abort_staged``.
+own tasks: its insert's steps are
+:func:`~gear_flow.distributed.writes.held_insert_steps`, which apply it as
+``apply_staged`` does or abort it as ``abort_staged`` does.
 """
 
 from __future__ import annotations

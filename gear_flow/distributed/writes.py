@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections import defaultdict
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -42,7 +42,7 @@ from ..table import planner, routing
 from ..table.results import InsertResult
 from ..table.validate import as_episode_list, check_episode, check_priorities
 from .edits import evict_excess
-from .transactions import abort_insert, admission_args, insert_error, run_insert
+from .transactions import abort_insert, admission_args, apply_staged, insert_error, run_insert
 from .wire import array_bytes
 
 logger = logging.getLogger(__name__)
@@ -394,9 +394,24 @@ class Evict(NamedTuple):
     size: int
 
 
+class StoreHeld(NamedTuple):
+    """The workers that hold an admitted insert's parts (the ingestion's partitions) stage them, given the
+    grant's first episode id and stamp; then apply and commit.  Answered with ``(applied, size)``
+    (:func:`~.transactions.apply_staged`'s).  An executor whose staging failed anywhere raises
+    :class:`Unstored`, naming the workers that may hold a staged part.
+
+    Parameters
+    ----------
+    adm : dict
+        The coordinator's ``admit_insert`` answer.
+    """
+
+    adm: dict
+
+
 class Unstored(Exception):
-    """Internal: an executor could not hand an insert's parts to any worker (nothing was sent): the steps
-    give its admission back and raise ``cause`` as :func:`~.transactions.insert_error` words it.
+    """Internal: an executor could not stage an insert's parts everywhere (nothing was applied): the steps
+    give its admission back, aborting it on ``held``, and raise.
 
     Parameters
     ----------
@@ -404,12 +419,15 @@ class Unstored(Exception):
         What failed.
     workers : list of str
         The insert's workers (the error names them).
+    held : list of str, optional
+        Workers that may hold a staged part (none when nothing was sent).
     """
 
-    def __init__(self, cause: BaseException, workers: list) -> None:
+    def __init__(self, cause: BaseException, workers: list, held: Sequence[str] = ()) -> None:
         super().__init__(str(cause))
         self.cause = cause
         self.workers = workers
+        self.held = list(held)
 
 
 class InsertGrant:
@@ -488,11 +506,10 @@ def insert_steps(
             ins = moved_insert(table, ins, e, attempt)
 
 
-def _admitted(table: DistributedTable, ins: Insert, timeout: float | None) -> Generator[object, object, InsertGrant]:
-    """An admission of ``ins``, the placement it was granted at learnt (given back when that fails)."""
-    grant = InsertGrant(
-        (yield AdmitInsert(admission_args(table, ins.n_items, len(ins.lengths), ins.per_shard, timeout)))
-    )
+def _admitted(table: DistributedTable, args: dict) -> Generator[object, object, InsertGrant]:
+    """An admission (``admit_insert``'s ``args``), the placement it was granted at learnt (given back when
+    that fails)."""
+    grant = InsertGrant((yield AdmitInsert(args)))
     try:
         yield Learn(grant.adm["version"])
     except BaseException as e:  # admitted, and nothing sent: the admission is given back
@@ -505,10 +522,28 @@ def _admitted(table: DistributedTable, ins: Insert, timeout: float | None) -> Ge
     return grant
 
 
+def _stored(table: DistributedTable, grant: InsertGrant, req: object) -> Generator[object, object, tuple[dict, int]]:
+    """An admitted insert stored by ``req`` (:class:`Store` or :class:`StoreHeld`), then the table evicted to
+    ``max_size`` (not a queue's or stack's); when nothing was applied (:class:`Unstored`, re-raised) the
+    admission is given back."""
+    try:
+        applied, size = yield req
+    except Unstored as e:
+        if grant.settle():
+            yield Abort(grant.txn, e.held, e.cause)
+        raise
+    finally:
+        grant.settle()  # committed or aborted by its transaction (or above)
+    if table._cfg.evicts_to_max_size(size):  # the inserts' one rule (a queue never evicts)
+        yield Evict(size)
+    return applied, size
+
+
 def _insert_once(
     table: DistributedTable, ins: Insert, timeout: float | None
 ) -> Generator[object, object, InsertResult]:
-    grant = yield from _admitted(table, ins, timeout)
+    args = admission_args(table, ins.n_items, len(ins.lengths), ins.per_shard, timeout)
+    grant = yield from _admitted(table, args)
     if any(s in table.lost for s in ins.per_shard):
         # routed to a shard the coordinator knew lost and this handle learns it only now: the admission is
         # given back, and the insert routed again over the shards left (or refused, not degraded)
@@ -516,19 +551,131 @@ def _insert_once(
             yield Abort(grant.txn, [], None)
         table._view.check_not_lost(stored=False)
         ins = routed(table, ins)
-        grant = yield from _admitted(table, ins, timeout)
+        args = admission_args(table, ins.n_items, len(ins.lengths), ins.per_shard, timeout)
+        grant = yield from _admitted(table, args)
     parts, sel_of, ids = insert_parts(table, ins, grant.adm)
     try:
-        applied, size = yield Store(grant.txn, parts)
-    except Unstored as e:  # nothing sent: the admission goes back
-        if grant.settle():
-            yield Abort(grant.txn, [], e.cause)
+        applied, _ = yield from _stored(table, grant, Store(grant.txn, parts))
+    except Unstored as e:
         raise insert_error(table, e.cause, e.workers) from None
-    finally:
-        grant.settle()  # committed or aborted by its transaction (or above)
-    if table._cfg.evicts_to_max_size(size):  # the inserts' one rule (a queue never evicts)
-        yield Evict(size)
     return insert_result(ins, ids, sel_of, applied)
+
+
+def held_insert_steps(
+    table: DistributedTable, n_items: int, episodes: int, per_shard: dict[int, int], timeout: float | None
+) -> Generator[object, object, tuple[dict, int]]:
+    """An insert whose parts the workers already hold (the ingestion's partitions), sans I/O: admitted, the
+    placement of its grant learnt, staged where the parts are (:class:`StoreHeld`), applied and committed, or
+    given back and aborted on every worker that may hold a staged part; then evicted to ``max_size``.  The
+    same steps as :func:`insert_steps`'s, but for routing (the parts stay where they are).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    n_items : int
+        Items of the insert.
+    episodes : int
+        Episodes of the insert.
+    per_shard : dict of int to int
+        The shards the insert may touch (the admission's).
+    timeout : float or None
+        Seconds to wait for the rate limiter (None: the handle's).
+
+    Returns
+    -------
+    generator
+        Yields the requests; returns ``(applied, size)``, as :func:`~.transactions.apply_staged`.
+
+    Raises
+    ------
+    Unstored
+        Staging failed on a worker: nothing was stored, the admission was given back.
+    """
+    timeout = table.timeout if timeout is None else timeout
+    grant = yield from _admitted(table, admission_args(table, n_items, episodes, per_shard, timeout))
+    return (yield from _stored(table, grant, StoreHeld(grant.adm)))
+
+
+class HeldInserter:
+    """Answers :func:`held_insert_steps` from the caller's thread: :class:`StoreHeld` by ``stage(adm)``
+    (which stages the parts where they are and returns the workers that staged, or raises
+    :class:`Unstored`) and then the transaction's apply on the event loop; every other request on the
+    event loop, as :class:`LoopInserter` answers it.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    stage : callable
+        ``stage(adm) -> list of worker addresses``.
+    """
+
+    def __init__(self, table: DistributedTable, stage: Callable[[dict], Sequence[str]]) -> None:
+        self.t = table
+        self.stage = stage
+
+    def __call__(self, req: object) -> object:
+        """Answer one request of the steps.
+
+        Parameters
+        ----------
+        req : AdmitInsert, Learn, Abort, StoreHeld or Evict
+            The request.
+
+        Returns
+        -------
+        object
+            Its answer.
+        """
+        t = self.t
+        if isinstance(req, StoreHeld):
+            addrs = list(self.stage(req.adm))
+            return t._ctx.sync(apply_staged, t, req.adm["txn"], addrs)
+        return t._ctx.sync(LoopInserter(t).__call__, req)
+
+
+def insert_held(
+    table: DistributedTable,
+    n_items: int,
+    episodes: int,
+    per_shard: dict[int, int],
+    timeout: float | None,
+    stage: Callable[[dict], Sequence[str]],
+) -> tuple[dict, int]:
+    """Insert parts the workers hold, from the caller's thread (:func:`held_insert_steps`, answered by a
+    :class:`HeldInserter`).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    n_items : int
+        Items of the insert.
+    episodes : int
+        Episodes of the insert.
+    per_shard : dict of int to int
+        The shards the insert may touch.
+    timeout : float or None
+        Seconds to wait for the rate limiter (None: the handle's).
+    stage : callable
+        ``stage(adm) -> list of worker addresses``: stages the parts where they are, given the grant
+        (``txn``, ``first_episode_id``, ``first_stamp``); raises :class:`Unstored` when any failed.
+
+    Returns
+    -------
+    tuple
+        ``(applied, size)``, as :func:`~.transactions.apply_staged`.
+
+    Raises
+    ------
+    SpecError
+        The rate limiter could never admit an insert this large (nothing asked).
+    Unstored
+        Staging failed: nothing was stored, the admission was given back.
+    """
+    table._cfg.rate_limiter.check_insert_size(n_items)
+    return planner.run(held_insert_steps(table, n_items, episodes, per_shard, timeout), HeldInserter(table, stage))
 
 
 class LoopInserter:

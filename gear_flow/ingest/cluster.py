@@ -391,8 +391,7 @@ def insert_partitions(
     """
     from distributed import wait
 
-    from ..distributed.edits import evict_excess
-    from ..distributed.transactions import admit_insert  # (the distributed table imports this package)
+    from ..distributed.writes import Unstored, insert_held  # (the distributed table imports this package)
 
     n_eps = [int(c[0]) for c in counts]
     n_items = [int(c[1]) for c in counts]
@@ -402,40 +401,43 @@ def insert_partitions(
     for i, a in enumerate(where):
         mine[a].append(i)
     shards = {s: 0 for s, a in table.placement.items() if a in mine and s not in table.lost}
-    table.config.rate_limiter.check_insert_size(sum(n_items))
-    adm = table._ctx.sync(
-        admit_insert, table, sum(n_items), sum(n_eps), shards, table.timeout if timeout is None else timeout
-    )
-    txn = adm["txn"]
-    staged = {
-        a: client.submit(
-            _stage_task,
-            table.name,
-            txn,
-            [parts[i] for i in idx],
-            [(ep_off[i], it_off[i]) for i in idx],
-            adm["first_episode_id"],
-            adm["first_stamp"],
-            workers=[a],
-            allow_other_workers=False,
-            pure=False,
-            key=f"gear-flow-ingest-stage-{token}-{a}",
-        )
-        for a, idx in mine.items()
-    }
-    wait(list(staged.values()))
-    bad = [f.exception() for f in staged.values() if f.status == "error"]
-    if bad:
-        table._ctx.sync(table.abort_staged, txn, list(staged), bad[0])
-        err = nothing_inserted(bad[0], table.name)
+    results = {}
+
+    def stage(adm: dict) -> list[str]:
+        # each worker stages the partitions it holds (the data never passes through the client)
+        staged = {
+            a: client.submit(
+                _stage_task,
+                table.name,
+                adm["txn"],
+                [parts[i] for i in idx],
+                [(ep_off[i], it_off[i]) for i in idx],
+                adm["first_episode_id"],
+                adm["first_stamp"],
+                workers=[a],
+                allow_other_workers=False,
+                pure=False,
+                key=f"gear-flow-ingest-stage-{token}-{a}",
+            )
+            for a, idx in mine.items()
+        }
+        wait(list(staged.values()))
+        bad = [f.exception() for f in staged.values() if f.status == "error"]
+        if bad:
+            raise Unstored(bad[0], sorted(staged), held=sorted(staged))
+        results.update((a, f.result()) for a, f in staged.items())
+        return list(staged)
+
+    try:
+        applied, _ = insert_held(table, sum(n_items), sum(n_eps), shards, timeout, stage)
+    except Unstored as e:
+        err = nothing_inserted(e.cause, table.name)
         if isinstance(err, DatasetError):
-            raise err
+            raise err from None
         raise GearFlowError(
             f"ingestion into table {table.name!r} failed while the workers staged it ({type(err).__name__}: {err}); "
             "nothing was inserted"
         ) from err
-    results = {a: f.result() for a, f in staged.items()}
-    applied, size = table._ctx.sync(table.apply_staged, txn, list(staged))
     for a, r in results.items():  # first keys come back per shard, in the order the parts were staged
         at = {s: 0 for s in applied[a]["first_keys"]}
         for d in r["done"]:
@@ -443,6 +445,4 @@ def insert_partitions(
             for j, s in enumerate(np.asarray(d["shards"]).tolist()):
                 d["first_keys"][j] = applied[a]["first_keys"][s][at[s]]
                 at[s] += 1
-    if table.config.evicts_to_max_size(size):  # the inserts' one rule (a queue never evicts)
-        table._ctx.sync(evict_excess, table, size)
     return results
