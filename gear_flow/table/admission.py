@@ -148,6 +148,30 @@ class Admission:
         self._lines[kind].popleft()
         self.cond.notify_all()
 
+    def admitted(self, n: int) -> None:
+        """An insert of ``n`` items was admitted and is being written (call holding ``cond``): inserts
+        admitted after it see its items in :attr:`in_flight`.
+
+        Parameters
+        ----------
+        n : int
+            Its items.
+        """
+        self.in_flight += int(n)
+
+    def landed(self, n: int) -> None:
+        """An admitted insert of ``n`` items finished writing, stored or not (call holding ``cond``): its
+        items leave :attr:`in_flight` and it counts as an arrival (the table wakes its waiters once it
+        has evicted to ``max_size``).
+
+        Parameters
+        ----------
+        n : int
+            Its items.
+        """
+        self.in_flight -= int(n)
+        self.arrivals += 1
+
     def waiting(self, kind: str) -> int:
         """Calls of ``kind`` waiting now (including one being admitted).
 

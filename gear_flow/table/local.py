@@ -406,7 +406,7 @@ class LocalTable(DatasetMethods):
             self._stamp += n_items
             self._rr = (self._rr + len(lengths)) % len(self.shards)
             self.rate_limiter.on_insert(n_items)
-            adm.in_flight += n_items
+            adm.admitted(n_items)
             adm.done("insert")
             # Take the destination shards' locks before any sample is admitted after this
             # insert: the limiter already counts these items, so a sample admitted now must
@@ -427,8 +427,7 @@ class LocalTable(DatasetMethods):
             for lk in reversed(held):
                 lk.release()
             with self._cond:
-                adm.in_flight -= n_items
-                adm.arrivals += 1
+                adm.landed(n_items)
         self._enforce_max_size()
         with self._cond:
             self._cond.notify_all()
