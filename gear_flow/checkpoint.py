@@ -187,7 +187,7 @@ def restore_shard(shard: Shard, arrays: dict[str, np.ndarray], meta: dict[str, A
     """
     from .shard import Counters
 
-    with shard.lock:
+    with shard.lock, shard.writing():
         cap = shard.capacity
         for n, a in shard.ring.columns.items():
             src = arrays[f"col_{n}"]

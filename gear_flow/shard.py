@@ -15,6 +15,7 @@ which breaks heap ties) and, when ``max_times_sampled`` is set,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterable
@@ -28,8 +29,10 @@ from .errors import EmptyTableError, nothing_to_sample
 from .ops import sequences
 from .selectors.base import OrderedSelector, Selector, WeightedSelector
 from .spec import TableSpec
-from .storage import ColumnRing, EpisodeIndex, get_tier
+from .storage import ColumnRing, EpisodeIndex, get_tier, windows
 from .storage.base import ring_slots
+from .storage.shared_selection import SelectionState, shareable
+from .storage.windows import Windows
 from .tails import TailMass
 
 if TYPE_CHECKING:
@@ -122,45 +125,6 @@ class Counters:
         return dict(self.__dict__)
 
 
-@dataclass
-class Windows:
-    """Where the windows of selected items are (internal to shard and tables).
-
-    Every field is an int64 ``[B]`` array, one entry per selected item, in
-    the order of ``slots``.  The three gather fields are the arguments of
-    :func:`gear_flow.ops.gather.gather_windows`.
-
-    Attributes
-    ----------
-    slots : numpy.ndarray
-        Item slots (``seq % capacity``) as selected.
-    src_start : numpy.ndarray
-        Ring slot of the window's first valid step.
-    dst_offset : numpy.ndarray
-        Position of that step in the window (head padding, ``pad_head`` only).
-    n_valid : numpy.ndarray
-        Valid steps in the window; the rest is zero padding.
-    episode_ids : numpy.ndarray
-        Table-wide id of the item's episode.
-    timesteps : numpy.ndarray
-        Index within the episode of the first valid step.
-    seqs : numpy.ndarray
-        Item sequence numbers (the low bits of the keys).
-    src_abs : numpy.ndarray or None
-        Absolute (unwrapped) step position of the first valid step, for
-        shared-ring readers that check it was not overwritten meanwhile.
-    """
-
-    slots: np.ndarray
-    src_start: np.ndarray  # ring slot of the first valid step
-    dst_offset: np.ndarray  # position of that step in the window
-    n_valid: np.ndarray  # valid steps in the window
-    episode_ids: np.ndarray
-    timesteps: np.ndarray  # index within the episode of the first valid step
-    seqs: np.ndarray  # item sequence numbers (the low bits of the keys)
-    src_abs: np.ndarray | None = None  # absolute position of the first valid step (shared-ring readers)
-
-
 class Shard:
     """Storage and selection of one shard.
 
@@ -226,6 +190,20 @@ class Shard:
         remover.bind(self)
         self.weighted = isinstance(sampler, WeightedSelector)
         self.tails = TailMass(self._tail_mass_exact, self._reach)
+        #: the selection state readers on this host draw from (None: only the owner draws; see
+        #: :mod:`~gear_flow.storage.shared_selection`)
+        self.published = SelectionState(self) if shareable(self) else None
+
+    def writing(self) -> contextlib.AbstractContextManager:
+        """The block in which the shard's selection state changes (call holding :attr:`lock`): readers
+        drawing from a published state see a version change and draw again.
+
+        Returns
+        -------
+        context manager
+            :meth:`SelectionState.writing`, or a no-op when nothing is published.
+        """
+        return self.published.writing() if self.published is not None else contextlib.nullcontext()
 
     # -- ShardState protocol (for selectors) ----------------------------------
     def live_seq_range(self) -> tuple[int, int]:
@@ -340,8 +318,7 @@ class Shard:
             int64 ``[n]``: the largest seq below ``live_seq_range()[1]`` that
             maps to the slot (it may be negative or no longer live).
         """
-        hi = self.live_seq_range()[1]
-        return hi - 1 - ((hi - 1 - slots) % self.capacity)
+        return windows.slot_seqs(self.live_seq_range()[1], slots, self.capacity)
 
     # -- writing ----------------------------------------------------------------
     def insert(self, batch: EpisodeBatch) -> tuple[np.ndarray, int]:
@@ -362,7 +339,7 @@ class Shard:
         n_items : int
             Items inserted (steps or episodes).
         """
-        with self.lock:
+        with self.lock, self.writing():
             n = batch.num_steps
             w = self.ring.write_pos
             self.ring.begin_write(w + n)  # readers of a shared ring: these slots are about to change
@@ -534,7 +511,7 @@ class Shard:
         UnknownKeyError
             If a seq was never issued by this shard.
         """
-        with self.lock:
+        with self.lock, self.writing():
             slots, live = self.resolve(seqs)
             stale = int((~live).sum())
             slots, pr = slots[live], priorities[live]
@@ -572,7 +549,7 @@ class Shard:
         UnknownKeyError
             If a seq was never issued by this shard.
         """
-        with self.lock:
+        with self.lock, self.writing():
             slots, live = self.resolve(seqs)
             n = self._drop_items(np.unique(slots[live]))
             stale = int((~live).sum())
@@ -605,38 +582,8 @@ class Shard:
             One window per entry of ``slots``.
         """
         seqs = self.slot_seqs(slots)
-        if self.step_items:
-            ep = self.step_episode[slots]
-            t = seqs
-        else:
-            ep = seqs
-        start = self.index.get("start", ep)
-        n_ep = self.index.get("length", ep)
-        end = start + n_ep
-        if not self.step_items:
-            # the item is the episode; its window position is uniform among the valid ones
-            if boundary == "strict":
-                t = start + np.floor(rng.random(len(slots)) * np.maximum(n_ep - length + 1, 1)).astype(np.int64)
-            else:
-                t = start + np.floor(rng.random(len(slots)) * n_ep).astype(np.int64)
-        if boundary == "pad_head":
-            first = np.maximum(start, t - length + 1)
-            n_valid = t - first + 1
-            dst = length - n_valid
-        else:
-            first = t
-            n_valid = np.minimum(length, end - t)
-            dst = np.zeros(len(slots), dtype=np.int64)
-        return Windows(
-            slots=slots,
-            src_start=first % self.capacity,
-            dst_offset=dst,
-            n_valid=n_valid,
-            episode_ids=self.index.get("episode_id", ep),
-            timesteps=first - start,
-            seqs=seqs,
-            src_abs=first,
-        )
+        ep = self.step_episode[slots] if self.step_items else seqs
+        return windows.place(slots, seqs, ep, self.index.get, self.step_items, self.capacity, length, boundary, rng)
 
     def valid_fn(self, length: int, boundary: str) -> Callable[[np.ndarray], np.ndarray] | None:
         """Predicate over slots: does the item's window fit.
@@ -657,17 +604,11 @@ class Shard:
         """
         if boundary != "strict" or length <= 1:  # a one-step window always fits its item
             return None
-        if self.step_items:
 
-            def valid(slots):
-                ep = self.step_episode[slots]
-                end = self.index.get("start", ep) + self.index.get("length", ep)
-                return end - self.slot_seqs(slots) >= length
-
-        else:
-
-            def valid(slots):
-                return self.index.get("length", self.slot_seqs(slots)) >= length
+        def valid(slots):
+            seqs = self.slot_seqs(slots)
+            ep = self.step_episode[slots] if self.step_items else seqs
+            return windows.fits(slots, seqs, ep, self.index.get, self.step_items, length)
 
         return valid
 
@@ -708,7 +649,11 @@ class Shard:
             total = sel.mass
             if boundary != "strict" or length <= 1 or total <= 0:
                 return total
-            tail = self.tails.get(length)
+            if self.published is not None and not self.published.publishes(length):
+                with self.writing():  # a new window length: its tail mass is published for the readers
+                    tail = self.tails.get(length)
+            else:
+                tail = self.tails.get(length)
             # a remainder within rounding of zero means nothing valid is left
             return total - tail if total - tail > total * 1e-9 else 0.0
 
@@ -1223,7 +1168,7 @@ class Shard:
         int
             Items evicted.
         """
-        with self.lock:
+        with self.lock, self.writing():
             if slots is None:
                 if isinstance(self.remover, OrderedSelector):
                     slots, _ = self.remover.candidates(n)
@@ -1255,8 +1200,11 @@ class Shard:
         -------
         dict or None
             ``capacity`` (int), ``header`` and ``columns`` (column name to
-            descriptor), the descriptors from the tier's ``describe``; None
-            unless the tier is shared.
+            descriptor), the descriptors from the tier's ``describe``, and
+            ``selection`` (the state readers draw from,
+            :meth:`~gear_flow.storage.shared_selection.SelectionState.describe`;
+            None when only this shard's owner draws); None unless the tier is
+            shared.
         """
         if self.ring.header is None:
             return None
@@ -1265,6 +1213,7 @@ class Shard:
             "capacity": self.capacity,
             "header": d(self.ring.header),
             "columns": {c: d(a) for c, a in self.ring.columns.items()},
+            "selection": None if self.published is None else self.published.describe(),
         }
 
     # -- info ---------------------------------------------------------------------------

@@ -108,7 +108,8 @@ def test_segments_live_with_their_table(dist_client):
     before = owned_segments(pids)
     t = DistributedTable.create(dist_client, spec(), seed=0)
     t.insert([episode(1, 10)])
-    assert len(owned_segments(pids)) == len(before) + 2 * (len(COLUMNS) + 1)  # rings and a header per shard
+    # per shard: its rings and their header, and its selection state (one block, and the episode index)
+    assert len(owned_segments(pids)) == len(before) + 2 * (len(COLUMNS) + 1 + 2)
     t.close()
     assert owned_segments(pids) == before
 

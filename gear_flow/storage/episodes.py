@@ -16,6 +16,8 @@ selector scanning by sequence number when nothing unscanned can come first:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numpy.typing import ArrayLike
 
@@ -50,7 +52,36 @@ class EpisodeIndex:
         self.arrays = {f: np.zeros(self.size, dtype=np.int64) for f in FIELDS + BOUNDS}
         self.first = 0
         self.next = 0
+        #: times the arrays were replaced by larger ones (a reader mapping them maps the new ones)
+        self.generation = 0
+        self._alloc: Callable[[int, int], np.ndarray] | None = None  # see share()
+        self._shared: tuple[str, ...] = ()
         self._ceiling = np.iinfo(np.int64).min  # largest stamp appended so far
+
+    def share(self, fields: tuple[str, ...], alloc: Callable[[int, int], np.ndarray]) -> np.ndarray:
+        """Keep ``fields`` in one block from ``alloc`` from now on (a shard whose readers map its index).
+
+        Parameters
+        ----------
+        fields : tuple of str
+            Fields of :data:`FIELDS` moved; row ``k`` of the block is ``fields[k]``.
+        alloc : callable
+            ``alloc(k, n)``: a zeroed int64 ``[k, n]`` array; called again
+            each time the index grows.
+
+        Returns
+        -------
+        numpy.ndarray
+            The block now holding them.
+        """
+        self._alloc, self._shared = alloc, tuple(fields)
+        block = alloc(len(fields), self.size)
+        for k, f in enumerate(fields):
+            block[k] = self.arrays[f]
+            self.arrays[f] = block[k]
+        self.generation += 1
+        self.block = block
+        return block
 
     def __len__(self) -> int:
         return self.next - self.first
@@ -62,11 +93,15 @@ class EpisodeIndex:
         if size == self.size:
             return
         seqs = np.arange(self.first, self.next)
+        block = None if self._alloc is None else self._alloc(len(self._shared), size)
         for f, a in self.arrays.items():
-            b = np.zeros(size, dtype=np.int64)
+            b = block[self._shared.index(f)] if f in self._shared else np.zeros(size, dtype=np.int64)
             b[seqs % size] = a[seqs % self.size]
             self.arrays[f] = b
         self.size = size
+        if block is not None:
+            self.block = block
+        self.generation += 1
 
     def append(self, start: ArrayLike, length: ArrayLike, stamp: ArrayLike, episode_id: ArrayLike) -> np.ndarray:
         """Add episodes after the newest.

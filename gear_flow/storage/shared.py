@@ -136,6 +136,22 @@ class SharedTier(HostTier):
         """
         return {"segment": self.names[id(a)], "shape": list(a.shape), "dtype": a.dtype.str}
 
+    def free(self, a: np.ndarray) -> None:
+        """Unlink the segment of array ``a`` now (a replaced array; readers that mapped it keep their mapping).
+
+        Parameters
+        ----------
+        a : numpy.ndarray
+            An array this tier allocated with :meth:`empty`; others are ignored.
+        """
+        seg = self.segments.pop(id(a), None)
+        self.names.pop(id(a), None)
+        if seg is not None:
+            try:
+                seg.unlink()
+            except FileNotFoundError:
+                pass
+
     def release(self) -> None:
         """Unlink every segment (mappings stay valid until their arrays are gone)."""
         for seg in self.segments.values():
@@ -150,7 +166,8 @@ register_tier("shared", SharedTier)
 
 
 class Attached:
-    """A reader's mapping of one shard's shared rings: ``bytes[column]`` (uint8 ``[cap, nb]``) and ``header``.
+    """A reader's mapping of one shard's shared rings: ``bytes[column]`` (uint8 ``[cap, nb]``), ``header`` and
+    ``selection`` (its selection state, :class:`~gear_flow.storage.shared_selection.MappedState`, or None).
 
     Parameters
     ----------
@@ -167,22 +184,47 @@ class Attached:
     """
 
     def __init__(self, info: dict[str, Any], shard: int):
+        from .shared_selection import MappedState
+
         self._maps = []
         self.capacity = int(info["capacity"])
+        self.header = self.map(info["header"], shard)
+        self.bytes = {
+            c: self.map(d, shard).reshape(self.capacity, -1).view(np.uint8) for c, d in info["columns"].items()
+        }
+        sel = info.get("selection")
+        #: the shard's selection state, when its readers may draw from it (None: its owner draws)
+        self.selection = None if sel is None else MappedState(sel, shard, self.map)
 
-        def attach(d):
-            dtype = np.dtype(d["dtype"])
-            try:
-                m = map_readonly(d["segment"], max(1, math.prod(d["shape"]) * dtype.itemsize))
-            except FileNotFoundError:
-                raise ShardLostError(
-                    shard, f"shared-memory segment {d['segment']} of shard {shard} is gone (its worker exited)"
-                ) from None
-            self._maps.append(m)
-            return np.frombuffer(m, dtype=dtype, count=math.prod(d["shape"])).reshape(tuple(d["shape"]))
+    def map(self, d: dict[str, Any], shard: int) -> np.ndarray:
+        """Map one of the owner's segments read-only, kept mapped as long as this object.
 
-        self.header = attach(info["header"])
-        self.bytes = {c: attach(d).reshape(self.capacity, -1).view(np.uint8) for c, d in info["columns"].items()}
+        Parameters
+        ----------
+        d : dict
+            Its descriptor (:meth:`SharedTier.describe`).
+        shard : int
+            The shard's id, for the error.
+
+        Returns
+        -------
+        numpy.ndarray
+            A read-only view of the segment, of the descriptor's shape and dtype.
+
+        Raises
+        ------
+        ShardLostError
+            The segment no longer exists (its worker exited).
+        """
+        dtype = np.dtype(d["dtype"])
+        try:
+            m = map_readonly(d["segment"], max(1, math.prod(d["shape"]) * dtype.itemsize))
+        except FileNotFoundError:
+            raise ShardLostError(
+                shard, f"shared-memory segment {d['segment']} of shard {shard} is gone (its worker exited)"
+            ) from None
+        self._maps.append(m)
+        return np.frombuffer(m, dtype=dtype, count=math.prod(d["shape"])).reshape(tuple(d["shape"]))
 
     def intact(self, src_abs: np.ndarray) -> np.ndarray:
         """Which windows were not overwritten while they were copied (call after copying).

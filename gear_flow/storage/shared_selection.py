@@ -1,0 +1,278 @@
+"""A shard's selection state in shared memory: published by its owner under a seqlock, for readers on its host.
+
+A shard on a shared tier whose sampler draws by weight and whose samples
+change nothing (``Uniform`` or ``Prioritized``, no ``max_times_sampled``)
+keeps the state such a draw reads in named segments beside its rings: the
+sampler's sum tree, each step's episode, each item's priority and the
+episode index.  A process on the same host maps them
+(:class:`MappedState`) and draws by itself, with no request to the owner
+(:mod:`gear_flow.distributed.reader_draw`).
+
+The owner stays the only writer.  Every change of that state (an insert, an
+eviction, a priority update, a delete, a restore) runs inside
+:meth:`SelectionState.writing`, which makes the header's ``version`` odd
+before the change and even again after it, with the index's bounds and the
+strict-window tail masses it has cached published in between.  A reader
+reads the version, draws, gathers and reads the version again: equal and
+even, nothing it read changed meanwhile (x86-64 orders plain loads with
+loads and stores with stores, as the rings' seqlock relies on too);
+otherwise it draws again.
+
+The episode index grows by doubling: its new arrays are new segments, and the
+header's ``index_generation`` tells a reader that mapped the old ones to map
+the shard's layout again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..shard import Shard
+    from .base import StorageTier
+
+#: header fields (int64): the seqlock's version (odd while the owner writes), the ring's write position,
+#: the episode index's ``first``, ``next``, ``size`` and generation, the items stored, the tail masses cached
+VERSION, WRITE_POS, INDEX_FIRST, INDEX_NEXT, INDEX_SIZE, INDEX_GENERATION, SIZE, N_TAILS = range(8)
+#: where the cached tail masses start: ``(length, mass as float64 bits)`` pairs
+TAILS = 8
+#: tail masses published at most (the owner's :class:`~gear_flow.tails.TailMass` caches as many)
+MAX_TAILS = 4
+HEADER_LEN = TAILS + 2 * MAX_TAILS
+#: the episode index's fields a reader needs to place windows
+INDEX_FIELDS = ("start", "length", "episode_id")
+
+
+def shareable(shard: Shard) -> bool:
+    """Whether ``shard``'s readers on its host may draw from its state themselves.
+
+    Parameters
+    ----------
+    shard : Shard
+        A shard, built (selectors bound).
+
+    Returns
+    -------
+    bool
+        Its tier is shared and host-resident, its sampler draws by weight
+        from a host tree without changing anything (not
+        ``WithoutReplacement``) and no item expires after a number of
+        samples.
+    """
+    from ..selectors.base import WeightedSelector
+
+    sel = shard.sampler
+    return (
+        bool(getattr(shard.tier, "shared", False))
+        and isinstance(sel, WeightedSelector)
+        and not sel.without_replacement
+        and not sel.sums.on_device
+        and not shard.max_times_sampled
+    )
+
+
+def _carve(block: np.ndarray, layout: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The arrays ``layout`` places in ``block`` (uint8): ``name -> (offset, dtype, shape)``."""
+    out = {}
+    for name, (off, dtype, shape) in layout.items():
+        dt = np.dtype(dtype)
+        n = int(np.prod(shape))
+        out[name] = block[off : off + n * dt.itemsize].view(dt).reshape(shape)
+    return out
+
+
+class SelectionState:
+    """The owner's side: moves a shard's selection arrays into shared segments of its tier and publishes
+    each change.
+
+    Two segments: one block holding the header, the sampler's tree, the
+    priorities and (step items) each step's episode; and the episode index's
+    ``start``, ``length`` and ``episode_id``, replaced when the index grows.
+
+    Parameters
+    ----------
+    shard : Shard
+        A shard for which :func:`shareable` holds; its arrays are replaced
+        by shared ones of the same contents.
+    """
+
+    def __init__(self, shard: Shard) -> None:
+        self.tier: StorageTier = shard.tier
+        self._shard = shard
+        self._depth = 0
+        sums = shard.sampler.sums
+        parts = {"header": (np.int64, (HEADER_LEN,)), "tree": (np.float64, sums.tree.shape),
+                 "priority": (np.float64, shard.priority.shape)}  # fmt: skip
+        if shard.step_episode is not None:
+            parts["step_episode"] = (np.int64, shard.step_episode.shape)
+        self.layout, off = {}, 0
+        for name, (dtype, shape) in parts.items():
+            self.layout[name] = (off, np.dtype(dtype).str, tuple(int(x) for x in shape))
+            off += -(-int(np.prod(shape)) * np.dtype(dtype).itemsize // 64) * 64  # each on its own cache lines
+        self.block = self.tier.empty((off,), np.uint8)
+        views = _carve(self.block, self.layout)
+        self.header = views["header"]
+        self.header[:] = 0
+        for name in ("tree", "priority", "step_episode"):
+            if name in views:
+                src = sums.tree if name == "tree" else getattr(shard, name)
+                views[name][...] = src
+        sums.tree = views["tree"]
+        P = sums.tree.shape[0] // 2
+        sums.leaves = sums.tree[P : P + sums.capacity]
+        shard.priority = views["priority"]
+        if shard.step_episode is not None:
+            shard.step_episode = views["step_episode"]
+        self._index = shard.index.share(INDEX_FIELDS, self._index_block)
+        self._publish()
+
+    def _index_block(self, k: int, n: int) -> np.ndarray:
+        a = self.tier.empty((k, n), np.int64)
+        a[...] = 0
+        return a
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Change the state inside this block (under the shard's lock); nested blocks count as one.
+
+        Yields
+        ------
+        None
+            The version is odd until the outermost block ends, whichever way.
+        """
+        h = self.header
+        if self._depth == 0:
+            h[VERSION] += 1
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self._publish()
+                h[VERSION] += 1
+
+    def _publish(self) -> None:
+        s, h = self._shard, self.header
+        idx = s.index
+        if idx.block is not self._index:  # the index grew into a new block: the old one goes (readers re-map)
+            free = getattr(self.tier, "free", None)
+            if free is not None:
+                free(self._index)
+            self._index = idx.block
+        h[WRITE_POS] = s.ring.write_pos
+        h[INDEX_FIRST], h[INDEX_NEXT], h[INDEX_SIZE], h[INDEX_GENERATION] = (
+            idx.first,
+            idx.next,
+            idx.size,
+            idx.generation,
+        )
+        h[SIZE] = s.size
+        entries = list(s.tails.entries.items())[-MAX_TAILS:]
+        pairs = h[TAILS:].view(np.float64)
+        for k, (length, (mass, _)) in enumerate(entries):
+            h[TAILS + 2 * k] = int(length)
+            pairs[2 * k + 1] = float(mass)
+        h[N_TAILS] = len(entries)
+
+    def publishes(self, length: int) -> bool:
+        """Whether the tail mass of strict windows of ``length`` steps is published.
+
+        Parameters
+        ----------
+        length : int
+            Window length.
+
+        Returns
+        -------
+        bool
+            It is among the cached entries published.
+        """
+        n = int(self.header[N_TAILS])
+        return any(int(self.header[TAILS + 2 * k]) == length for k in range(n))
+
+    def describe(self) -> dict[str, Any]:
+        """What a reader maps (:class:`MappedState`).
+
+        Returns
+        -------
+        dict
+            ``block`` (the tier's ``describe`` of the block) and ``layout``
+            (``name -> (byte offset, dtype str, shape)`` of ``header``,
+            ``tree``, ``priority`` and, for step items, ``step_episode``);
+            ``index`` (the index block's descriptor, rows
+            :data:`INDEX_FIELDS`).
+        """
+        d = self.tier.describe
+        return {
+            "block": d(self.block),
+            "layout": {k: [o, dt, list(sh)] for k, (o, dt, sh) in self.layout.items()},
+            "index": d(self._index),
+        }
+
+
+class MappedState:
+    """A reader's mapping of one shard's selection state (see the module docstring).
+
+    Parameters
+    ----------
+    info : dict
+        :meth:`SelectionState.describe` of the owner.
+    shard : int
+        The shard's id (for the error when a segment is gone).
+    map_array : callable
+        ``map_array(descriptor, shard) -> numpy.ndarray``: a segment mapped
+        read-only, as the tier's ``describe`` described it (the rings' own
+        mapping, :class:`~gear_flow.storage.shared.Attached`).
+
+    Raises
+    ------
+    ShardLostError
+        A segment no longer exists (its worker exited).
+    """
+
+    def __init__(self, info: dict[str, Any], shard: int, map_array: Any) -> None:
+        block = map_array(info["block"], shard)
+        views = _carve(block, {k: (o, dt, tuple(sh)) for k, (o, dt, sh) in info["layout"].items()})
+        self.header = views["header"]
+        self.tree = views["tree"]
+        self.priority = views["priority"]
+        self.step_episode = views.get("step_episode")
+        index = map_array(info["index"], shard)
+        self.index = {f: index[k] for k, f in enumerate(INDEX_FIELDS)}
+        self.index_size = index.shape[1]
+        self.generation = int(self.header[INDEX_GENERATION])
+
+    def version(self) -> int:
+        """The seqlock's version now (odd: the owner is writing).
+
+        Returns
+        -------
+        int
+            Read it before a draw and after the gather.
+        """
+        return int(self.header[VERSION])
+
+    def tail(self, length: int) -> float | None:
+        """The published tail mass of strict windows of ``length`` steps.
+
+        Parameters
+        ----------
+        length : int
+            Window length.
+
+        Returns
+        -------
+        float or None
+            None when the owner has not published it.
+        """
+        h = self.header
+        pairs = h[TAILS:].view(np.float64)
+        for k in range(min(int(h[N_TAILS]), MAX_TAILS)):
+            if int(h[TAILS + 2 * k]) == length:
+                return float(pairs[2 * k + 1])
+        return None

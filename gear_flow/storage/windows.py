@@ -1,0 +1,185 @@
+"""Where the windows of selected items are: their geometry from the episode index, for owners and readers alike.
+
+A shard places the windows of the items it draws (:meth:`gear_flow.shard.Shard.windows`);
+a reader on its host that draws from the shard's published state
+(:mod:`~gear_flow.storage.shared_selection`) places them with the same
+functions over its mapping of the same arrays, so the two never differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+#: ``get(field, episode seqs) -> int64 array``: one field of the episode index (``start``, ``length``,
+#: ``episode_id``) for the given episodes
+IndexGet = Callable[[str, np.ndarray], np.ndarray]
+
+
+@dataclass
+class Windows:
+    """Where the windows of selected items are (internal to shard and tables).
+
+    Every field is an int64 ``[B]`` array, one entry per selected item, in
+    the order of ``slots``.  The three gather fields are the arguments of
+    :func:`gear_flow.ops.gather.gather_windows`.
+
+    Attributes
+    ----------
+    slots : numpy.ndarray
+        Item slots (``seq % capacity``) as selected.
+    src_start : numpy.ndarray
+        Ring slot of the window's first valid step.
+    dst_offset : numpy.ndarray
+        Position of that step in the window (head padding, ``pad_head`` only).
+    n_valid : numpy.ndarray
+        Valid steps in the window; the rest is zero padding.
+    episode_ids : numpy.ndarray
+        Table-wide id of the item's episode.
+    timesteps : numpy.ndarray
+        Index within the episode of the first valid step.
+    seqs : numpy.ndarray
+        Item sequence numbers (the low bits of the keys).
+    src_abs : numpy.ndarray or None
+        Absolute (unwrapped) step position of the first valid step, for
+        shared-ring readers that check it was not overwritten meanwhile.
+    """
+
+    slots: np.ndarray
+    src_start: np.ndarray  # ring slot of the first valid step
+    dst_offset: np.ndarray  # position of that step in the window
+    n_valid: np.ndarray  # valid steps in the window
+    episode_ids: np.ndarray
+    timesteps: np.ndarray  # index within the episode of the first valid step
+    seqs: np.ndarray  # item sequence numbers (the low bits of the keys)
+    src_abs: np.ndarray | None = None  # absolute position of the first valid step (shared-ring readers)
+
+
+def slot_seqs(hi: int, slots: np.ndarray, capacity: int) -> np.ndarray:
+    """Sequence number of the newest occupant of each slot.
+
+    Parameters
+    ----------
+    hi : int
+        The next sequence number to be issued (steps: the ring's write
+        position; episodes: the index's ``next``).
+    slots : numpy.ndarray
+        int64 ``[n]`` slots in ``[0, capacity)``.
+    capacity : int
+        The shard's capacity.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 ``[n]``: the largest seq below ``hi`` that maps to the slot.
+
+    Examples
+    --------
+    >>> slot_seqs(12, np.array([0, 1, 2, 3]), 10).tolist()
+    [10, 11, 2, 3]
+    """
+    return hi - 1 - ((hi - 1 - slots) % capacity)
+
+
+def fits(
+    slots: np.ndarray, seqs: np.ndarray, episodes: np.ndarray, get: IndexGet, step_items: bool, length: int
+) -> np.ndarray:
+    """Which items' strict windows of ``length`` steps fit in their episode.
+
+    Parameters
+    ----------
+    slots : numpy.ndarray
+        int64 ``[n]`` slots of live items.
+    seqs : numpy.ndarray
+        int64 ``[n]``: their sequence numbers (:func:`slot_seqs`).
+    episodes : numpy.ndarray
+        int64 ``[n]``: their episodes' sequence numbers (step items: the
+        shard's ``step_episode`` at each slot; episode items: ``seqs``).
+    get : callable
+        One field of the episode index (:data:`IndexGet`).
+    step_items : bool
+        Items are steps (else episodes).
+    length : int
+        Window length.
+
+    Returns
+    -------
+    numpy.ndarray
+        bool ``[n]``.
+    """
+    if step_items:
+        return get("start", episodes) + get("length", episodes) - seqs >= length
+    return get("length", episodes) >= length
+
+
+def place(
+    slots: np.ndarray,
+    seqs: np.ndarray,
+    episodes: np.ndarray,
+    get: IndexGet,
+    step_items: bool,
+    capacity: int,
+    length: int,
+    boundary: str,
+    rng: np.random.Generator,
+) -> Windows:
+    """Window placement for the items at ``slots``.
+
+    A step item starts its window (ends it in ``pad_head`` mode); an
+    episode item's window position is drawn uniformly among the valid ones.
+
+    Parameters
+    ----------
+    slots : numpy.ndarray
+        int64 ``[B]`` slots of live items; repeats allowed.
+    seqs : numpy.ndarray
+        int64 ``[B]``: their sequence numbers (:func:`slot_seqs`).
+    episodes : numpy.ndarray
+        int64 ``[B]``: their episodes' sequence numbers.
+    get : callable
+        One field of the episode index (:data:`IndexGet`).
+    step_items : bool
+        Items are steps (else episodes).
+    capacity : int
+        The shard's capacity, in steps.
+    length : int
+        Steps per window (``L``).
+    boundary : {"strict", "pad_tail", "pad_head"}
+        Window boundary mode.
+    rng : numpy.random.Generator
+        Draws window positions within episode items.
+
+    Returns
+    -------
+    Windows
+        One window per entry of ``slots``.
+    """
+    start = get("start", episodes)
+    n_ep = get("length", episodes)
+    end = start + n_ep
+    if step_items:
+        t = seqs
+    elif boundary == "strict":  # the item is the episode; its window position is uniform among the valid ones
+        t = start + np.floor(rng.random(len(slots)) * np.maximum(n_ep - length + 1, 1)).astype(np.int64)
+    else:
+        t = start + np.floor(rng.random(len(slots)) * n_ep).astype(np.int64)
+    if boundary == "pad_head":
+        first = np.maximum(start, t - length + 1)
+        n_valid = t - first + 1
+        dst = length - n_valid
+    else:
+        first = t
+        n_valid = np.minimum(length, end - t)
+        dst = np.zeros(len(slots), dtype=np.int64)
+    return Windows(
+        slots=slots,
+        src_start=first % capacity,
+        dst_offset=dst,
+        n_valid=n_valid,
+        episode_ids=get("episode_id", episodes),
+        timesteps=first - start,
+        seqs=seqs,
+        src_abs=first,
+    )
