@@ -51,6 +51,33 @@ def coordinator(t, blocking: bool = True) -> CoordinatorClient:
     return CoordinatorClient(context(t), t.name, blocking)
 
 
+def handed(
+    t_or_name, client=None, worker: bool = False, seed: int | None = None, timeout: float | None = None
+) -> tuple[DistributedTable, Context]:
+    """A handle on table ``t_or_name`` (a handle or the table's name) and the transport :class:`Context` it is
+    handed, which the test holds: the handle's seam (``DistributedTable(ctx, name, state, ...)``), built as
+    :func:`gear_flow.distributed.construction.attach` builds it, so a test reads or breaks that handle's lanes
+    (``ctx.lanes``, ``ctx.coord_lane()``) on its own object, not through the handle's private attributes.
+
+    The context is from ``client`` (default: ``t_or_name``'s client) or, with ``worker=True``, from the worker
+    running the current task (``distributed.get_worker()``); the table's state is the coordinator's lookup
+    over it (its first coordinator request: the coordinator's lane is looked for there, under the dask config
+    in force).  The handle is attached, not the table's creator: the test closes the table as before.
+    """
+    name = t_or_name if isinstance(t_or_name, str) else t_or_name.name
+    if worker:
+        from distributed import get_worker
+
+        ctx = Context(worker=get_worker())
+    else:
+        ctx = Context(client=client if client is not None else t_or_name.client)
+
+    async def look():
+        return await CoordinatorClient(ctx, name).lookup()
+
+    return DistributedTable(ctx, name, ctx.sync(look), seed=seed, timeout=timeout), ctx
+
+
 @contextlib.contextmanager
 def own_cluster(cfg: dict | None = None, n: int = 2):
     """A cluster of the test's own (it closes or kills one of the workers): ``n`` worker processes on

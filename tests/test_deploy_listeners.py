@@ -12,6 +12,7 @@ import urllib.request
 import dask
 import numpy as np
 import pytest
+from dist_support import handed
 from processes import (
     CLUSTER,
     Processes,
@@ -107,12 +108,13 @@ def test_launch_scripts_listen_on_loopback_by_default_and_resources_fail_fast(tm
             with dask.config.set({"gear-flow.distributed.shared-memory": False}):
                 spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64)
                 lt = DistributedTable.create(client, spec, seed=0, name="lane")
-                lt.insert([{"x": np.arange(10, dtype=np.float32)}])
-                lt.sample(4, 1)
-                lt.sample(4, 1)
-            (lane,) = lt._ctx.lanes.paths.values()
-            assert lane.startswith("tcp://127.0.0.1:") and lt.stats["in_thread"] >= 1, (lane, lt.stats)
-            coord_lane = lt.client.sync(lt._ctx.coord_lane)
+                h, ctx = handed(lt, seed=0)  # the handle whose lanes are read, on a context of the test's own
+                h.insert([{"x": np.arange(10, dtype=np.float32)}])
+                h.sample(4, 1)
+                h.sample(4, 1)
+            (lane,) = ctx.lanes.paths.values()
+            assert lane.startswith("tcp://127.0.0.1:") and h.stats["in_thread"] >= 1, (lane, h.stats)
+            coord_lane = ctx.sync(ctx.coord_lane)
             assert coord_lane.startswith("tcp://127.0.0.1:"), coord_lane
             after = listening(procs.group_members())
             assert {ip for ip, _ in after} == {"127.0.0.1"}

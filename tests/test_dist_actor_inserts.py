@@ -15,7 +15,7 @@ import asyncio
 
 import numpy as np
 import pytest
-from dist_support import assert_same, snapshot
+from dist_support import assert_same, handed, snapshot
 from helpers import COLUMNS, episode
 
 import gear_flow as gf
@@ -143,18 +143,21 @@ def test_an_unreachable_coordinator_lane_sends_the_actors_requests_over_the_comm
     try:
 
         def vanish_then_insert(name):
-            h = DistributedTable.attach(name)
+            h, ctx = handed(name, worker=True)  # attached in this task, on a context the test holds
             h.insert(xs([0]))
 
             async def vanish():  # as if the scheduler's lane socket were gone
                 f = asyncio.get_running_loop().create_future()
                 f.set_result("/nonexistent/gear-flow-lane")
-                h._ctx._coord_lane = f
+                # the context's found lane replaced by one nothing listens on: no public member plants a lane
+                # (drop_coord_lane would spare the handle finding out that it is unreachable, which is what is
+                # tested), so this writes the attribute of the test's own Context, not the handle's
+                ctx._coord_lane = f
 
-            h._ctx.sync(vanish)
+            ctx.sync(vanish)
             h.insert(xs([1]))  # the admission finds the lane unreachable (nothing sent): the comm serves it
             h.insert(xs([2]))
-            return h.stats["insert_in_thread"], h._ctx.found_coord_lane(), h._ctx.sync(h._ctx.coord_lane)
+            return h.stats["insert_in_thread"], ctx.found_coord_lane(), ctx.sync(ctx.coord_lane)
 
         before = dist_client.run_on_scheduler(_served)
         in_thread, found, lane = dist_client.submit(
@@ -195,7 +198,7 @@ def test_a_commit_whose_reply_is_lost_is_not_sent_again(dist_client):
         plugin.lane._serve = serve
 
     def insert_twice(name):
-        h = DistributedTable.attach(name)
+        h, ctx = handed(name, worker=True)  # attached in this task, on a context the test holds
         h.insert(xs([0]))
         try:
             h.insert(xs([1]))
@@ -204,7 +207,7 @@ def test_a_commit_whose_reply_is_lost_is_not_sent_again(dist_client):
         else:
             err = None
         h.insert(xs([2]))
-        return err, h.stats["insert_in_thread"], h._ctx.found_coord_lane()
+        return err, h.stats["insert_in_thread"], ctx.found_coord_lane()
 
     try:
         dist_client.run_on_scheduler(break_after, op="commit_insert", nth=2)  # the second insert's commit

@@ -18,6 +18,7 @@ import stat
 import dask
 import numpy as np
 import pytest
+from dist_support import handed
 from distributed.comm.addressing import get_address_host
 from lane_support import check_garbage_is_refused
 
@@ -40,9 +41,10 @@ def _episode(n=20):
 
 
 @pytest.fixture(params=["unix", "tcp"])
-def table(dist_client, request):
-    """A table whose handle reaches the coordinator over its Unix socket (same machine, shared memory on) or,
-    with shared memory off (as from another machine), over its TCP socket."""
+def handed_table(dist_client, request):
+    """A table and a handle on it that reaches the coordinator over its Unix socket (same machine, shared
+    memory on) or, with shared memory off (as from another machine), over its TCP socket; with the transport
+    context that handle is handed (:func:`dist_support.handed`), where the test reads and breaks its lanes."""
     with dask.config.set(
         {
             "gear-flow.distributed.shared-memory": request.param == "unix",
@@ -51,20 +53,33 @@ def table(dist_client, request):
         }
     ):
         t = DistributedTable.create(dist_client, SPEC, sampler=gf.Uniform(), seed=0)
-    t.lane_kind = request.param
+        h, ctx = handed(t, seed=0)  # its lookup looks for the coordinator's lane under this config
+    h.lane_kind = request.param
     try:
-        yield t
+        yield h, ctx
     finally:
         t.close()
 
 
-def _lane(t):
-    return t.client.sync(t._ctx.coord_lane)
+@pytest.fixture
+def table(handed_table):
+    """The handle of :func:`handed_table`."""
+    return handed_table[0]
 
 
-def test_admissions_and_commits_take_the_coordinators_lane(table, dist_client):
-    table.insert([_episode()], shard=0)  # the lane is looked for at the handle's first request
-    lane = _lane(table)
+@pytest.fixture
+def ctx(handed_table):
+    """The transport context :func:`table` is handed."""
+    return handed_table[1]
+
+
+def _lane(ctx):
+    return ctx.sync(ctx.coord_lane)
+
+
+def test_admissions_and_commits_take_the_coordinators_lane(table, ctx, dist_client):
+    table.insert([_episode()], shard=0)  # the lane was looked for at the handle's first request
+    lane = _lane(ctx)
     before = dist_client.run_on_scheduler(_served)
     for _ in range(3):  # one worker: admit_insert, write, commit_insert
         table.insert([_episode()], shard=1)
@@ -80,9 +95,9 @@ def test_admissions_and_commits_take_the_coordinators_lane(table, dist_client):
 
 def test_a_worker_task_reaches_the_coordinator_over_the_lane(table, dist_client):
     def insert_here(name):
-        t = DistributedTable.attach(name, seed=0)
+        t, ctx = handed(name, worker=True, seed=0)  # attached in this task, on a context the test holds
         t.insert([{"x": np.arange(10, dtype=np.float32)}])  # to this worker's own shard
-        return t._ctx.sync(t._ctx.coord_lane)
+        return ctx.sync(ctx.coord_lane)
 
     before = dist_client.run_on_scheduler(_served)
     lane = dist_client.submit(insert_here, table.name, pure=False).result()
@@ -101,35 +116,39 @@ def test_without_the_lane_the_coordinator_is_reached_over_the_comm(dist_client, 
     with dask.config.set(off):
         t = DistributedTable.create(dist_client, SPEC, sampler=gf.Uniform(), seed=0)
         try:
+            h, ctx = handed(t, seed=0)
             before = dist_client.run_on_scheduler(_served)
             for _ in range(3):
-                t.insert([_episode()])
-            assert _lane(t) is None and dist_client.run_on_scheduler(_served) == before
-            assert len(t) == 60
+                h.insert([_episode()])
+            assert _lane(ctx) is None and dist_client.run_on_scheduler(_served) == before
+            assert len(h) == 60
         finally:
             t.close()
 
 
-def test_an_unreachable_coordinator_lane_is_not_used(table):
+def test_an_unreachable_coordinator_lane_is_not_used(table, ctx):
     table.insert([_episode()])
 
     async def vanish():  # as if its socket were gone (or a firewall dropped its port)
         f = asyncio.get_running_loop().create_future()
         f.set_result("/nonexistent/gear-flow-lane" if table.lane_kind == "unix" else "tcp://127.0.0.1:1")
-        table._ctx.lanes.close_path(await table._ctx.coord_lane())
-        table._ctx._coord_lane = f
+        ctx.lanes.close_path(await ctx.coord_lane())
+        # the found lane replaced by one nothing listens on: no public member plants a lane (drop_coord_lane
+        # would spare the handle finding out that it is unreachable, which is what is tested), so this writes
+        # the attribute of the test's own Context, not the handle's
+        ctx._coord_lane = f
 
-    table.client.sync(vanish)
+    ctx.sync(vanish)
     for _ in range(2):
         table.insert([_episode()])
-    assert _lane(table) is None and len(table) == 60  # the comm from now on, nothing lost or doubled
+    assert _lane(ctx) is None and len(table) == 60  # the comm from now on, nothing lost or doubled
 
 
-def test_a_reply_lost_on_the_coordinators_lane_is_not_sent_again(table, dist_client):
+def test_a_reply_lost_on_the_coordinators_lane_is_not_sent_again(table, ctx, dist_client):
     """The coordinator may have acted on a request whose reply never came (an admission granted): sending it
     again over the comm could count it twice, so the request fails and later ones take the comm."""
     table.insert([_episode()])
-    lane = _lane(table)
+    lane = _lane(ctx)
 
     def break_after_serving(dask_scheduler):
         plugin = dask_scheduler.plugins[COORDINATOR_NAME]
@@ -148,19 +167,19 @@ def test_a_reply_lost_on_the_coordinators_lane_is_not_sent_again(table, dist_cli
 
     dist_client.run_on_scheduler(break_after_serving)
     with pytest.raises(CoordinatorLostError, match="broke during 'stamps'"):
-        table.client.sync(coord, table._ctx, "stamps", table.name, n=5)
+        ctx.sync(coord, ctx, "stamps", table.name, n=5)
     assert [(a, ok) for a, ok, _ in dist_client.run_on_scheduler(stamps_given)] == [("stamps", True)]  # once
     first = dist_client.run_on_scheduler(stamps_given)[0][2]
-    assert _lane(table) is None  # no more requests over that lane
-    assert table.client.sync(coord, table._ctx, "stamps", table.name, n=5) == first + 5  # the comm, counted once
+    assert _lane(ctx) is None  # no more requests over that lane
+    assert ctx.sync(coord, ctx, "stamps", table.name, n=5) == first + 5  # the comm, counted once
     assert lane is not None
     table.insert([_episode()])
     assert len(table) == 40
 
 
-def test_the_coordinators_lane_checks_every_request_like_the_comm(table):
+def test_the_coordinators_lane_checks_every_request_like_the_comm(table, ctx):
     table.insert([_episode()])
-    path = _lane(table)
+    path = _lane(ctx)
     info = table.info()
 
     async def ask(op, args, v=protocol.VERSION):

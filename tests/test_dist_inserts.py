@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from dist_support import DATA_OPS
+from dist_support import DATA_OPS, handed
 from helpers import COLUMNS, episode
 from lane_support import break_lane_after
 
@@ -157,18 +157,19 @@ def test_an_insert_too_large_for_the_lane_takes_the_comm(client, requests_seen, 
         pytest.skip("the episodes themselves take the TCP lane")
     t = DistributedTable.create(client, gf.TableSpec(COLUMNS, capacity=5000, num_shards=2), seed=0, name="large")
     try:
-        t.insert([episode(1, 10), episode(2, 10)])  # the lanes are learnt
-        lanes = dict(t._ctx.lanes.paths)
+        h, ctx = handed(t, seed=0)  # the handle whose lanes are read, on a context of the test's own
+        h.insert([episode(1, 10), episode(2, 10)])  # the lanes are learnt
+        lanes = dict(ctx.lanes.paths)
         assert len(lanes) == 2
         eps = [episode(k, 1500) for k in (3, 4)]  # 37.5 KB of arrays per worker, over the 30 KB routed by lane
         monkeypatch.setattr(lane, "MAX_BYTES", 2 * 30_000)  # in this process only: what the handle routes by
         requests_seen.start()
-        t.insert(eps)
-        t.insert([episode(5, 10), episode(6, 10)])  # small: the lanes again
+        h.insert(eps)
+        h.insert([episode(5, 10), episode(6, 10)])  # small: the lanes again
         seen = requests_seen.seen()
         assert {a: (c["comm"]["stage"], c["lane"]["stage"]) for a, c in seen.items()} == {a: (1, 1) for a in seen}
-        assert t._ctx.lanes.paths == lanes  # not dropped
-        assert len(t) == 2 * 10 + 2 * 1500 + 2 * 10
+        assert ctx.lanes.paths == lanes  # not dropped
+        assert len(h) == 2 * 10 + 2 * 1500 + 2 * 10
     finally:
         t.close()
 

@@ -19,6 +19,7 @@ import sys
 import dask
 import numpy as np
 import pytest
+from dist_support import handed
 from distributed.comm.addressing import get_address_host
 from lane_support import check_garbage_is_refused
 
@@ -34,9 +35,10 @@ def _served(dask_worker):
 
 
 @pytest.fixture(params=["unix", "tcp"])
-def table(dist_client, request):
+def handed_table(dist_client, request):
     """Shards in shared memory with draws over the workers' fast lanes (Unix sockets), or with shared memory
-    off (as from another machine) over their TCP lanes."""
+    off (as from another machine) over their TCP lanes: a handle on the table and the transport context it is
+    handed (:func:`dist_support.handed`), where the test reads and breaks its lanes."""
     spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=256, num_shards=2)
     with dask.config.set(
         {
@@ -46,21 +48,34 @@ def table(dist_client, request):
         }
     ):
         t = DistributedTable.create(dist_client, spec, sampler=gf.Prioritized(1.0, 0.4), seed=0)
-    t.lane_kind = request.param
+        h, ctx = handed(t, seed=0)
+    h.lane_kind = request.param
     try:
-        t.insert([{"x": np.arange(50, dtype=np.float32)} for _ in range(4)], priorities=1.0)
-        yield t
+        h.insert([{"x": np.arange(50, dtype=np.float32)} for _ in range(4)], priorities=1.0)
+        yield h, ctx
     finally:
         t.close()
+
+
+@pytest.fixture
+def table(handed_table):
+    """The handle of :func:`handed_table`."""
+    return handed_table[0]
+
+
+@pytest.fixture
+def ctx(handed_table):
+    """The transport context :func:`table` is handed."""
+    return handed_table[1]
 
 
 def _check(b):
     assert np.array_equal(b["x"].numpy()[:, 0], b.timesteps.numpy())  # x[i] = i: the row is the item drawn
 
 
-def test_control_requests_take_the_lane(table, dist_client):
+def test_control_requests_take_the_lane(table, ctx, dist_client):
     _check(table.sample(16, 1))  # first contact: the shared rings mapped, the lanes learnt
-    assert set(table._ctx.lanes.paths) == set(table.placement.values())
+    assert set(ctx.lanes.paths) == set(table.placement.values())
     before = dist_client.run(_served)
     table.requests.clear()
     for _ in range(5):
@@ -74,13 +89,13 @@ def test_control_requests_take_the_lane(table, dist_client):
         assert table.stats["shared_bytes"] > 0 and table.stats["remote_bytes"] == 0
     else:  # the windows came with the draws' replies; each lane listens on its worker's own host only
         assert table.stats["remote_bytes"] > 0 and table.stats["shared_bytes"] == 0
-        for addr, lane in table._ctx.lanes.paths.items():
+        for addr, lane in ctx.lanes.paths.items():
             assert lane.startswith(TCP) and get_address_host(lane) == get_address_host(addr) == "127.0.0.1"
 
 
-def test_a_lane_serves_only_lane_operations(table):
+def test_a_lane_serves_only_lane_operations(table, ctx):
     _check(table.sample(16, 1))
-    path = next(iter(table._ctx.lanes.paths.values()))
+    path = next(iter(ctx.lanes.paths.values()))
     info = table.info()
     for op in ("drop", "info", "status", "create", "checkpoint", "lane"):
         ok, err = asyncio.run(Lanes().call(path, op, {"name": table.name}, protocol.VERSION))
@@ -101,12 +116,13 @@ def test_without_the_lane_requests_take_the_comm(dist_client, off):
     with dask.config.set(off):
         t = DistributedTable.create(dist_client, spec, sampler=gf.Uniform(), seed=0)
         try:
-            t.insert([{"x": np.arange(20, dtype=np.float32)} for _ in range(2)])
+            h, ctx = handed(t, seed=0)
+            h.insert([{"x": np.arange(20, dtype=np.float32)} for _ in range(2)])
             before = dist_client.run(_served)
             for _ in range(3):
-                _check(t.sample(8, 1))
-            assert not t._ctx.lanes.paths and dist_client.run(_served) == before
-            assert t.stats["in_thread"] == 0
+                _check(h.sample(8, 1))
+            assert not ctx.lanes.paths and dist_client.run(_served) == before
+            assert h.stats["in_thread"] == 0
         finally:
             t.close()
 
@@ -125,12 +141,13 @@ def test_an_unreachable_tcp_lane_is_not_used(dist_client):
     spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=2)
     with dask.config.set({"gear-flow.distributed.shared-memory": False, "gear-flow.distributed.tcp-lane": True}):
         t = DistributedTable.create(dist_client, spec, sampler=gf.Uniform(), seed=0)
+        h, ctx = handed(t, seed=0)
     try:
         dist_client.run(_advertise_unreachable_lane)
-        t.insert([{"x": np.arange(20, dtype=np.float32)} for _ in range(2)])
+        h.insert([{"x": np.arange(20, dtype=np.float32)} for _ in range(2)])
         for _ in range(3):
-            _check(t.sample(8, 1))
-        assert not t._ctx.lanes.paths and t.stats["in_thread"] == 0 and t.stats["remote_bytes"] > 0
+            _check(h.sample(8, 1))
+        assert not ctx.lanes.paths and h.stats["in_thread"] == 0 and h.stats["remote_bytes"] > 0
     finally:
         t.close()
         dist_client.run(_forget_tcp_lane)
@@ -141,18 +158,18 @@ def _forget_tcp_lane(dask_worker):
     lane._tcp_starting = lane.kept_tcp  # the real one (or None: started when next asked)
 
 
-def test_a_failed_lane_falls_back_to_the_comm(table):
+def test_a_failed_lane_falls_back_to_the_comm(table, ctx):
     _check(table.sample(16, 1))
-    addr = next(iter(table._ctx.lanes.paths))
-    table._ctx.lanes.paths[addr] = "/nonexistent/gear-flow-lane"  # as if the worker's socket vanished
+    addr = next(iter(ctx.lanes.paths))
+    ctx.lanes.paths[addr] = "/nonexistent/gear-flow-lane"  # as if the worker's socket vanished
     for _ in range(3):
         _check(table.sample(64, 1))
-    assert addr not in table._ctx.lanes.paths  # that worker: over the comm from now on
+    assert addr not in ctx.lanes.paths  # that worker: over the comm from now on
 
 
-def test_the_lane_checks_every_request_like_the_comm(table):
+def test_the_lane_checks_every_request_like_the_comm(table, ctx):
     _check(table.sample(16, 1))
-    path = next(iter(table._ctx.lanes.paths.values()))
+    path = next(iter(ctx.lanes.paths.values()))
     info = table.info()
 
     async def ask(op, args, v=protocol.VERSION):

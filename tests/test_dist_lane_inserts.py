@@ -14,7 +14,7 @@ from __future__ import annotations
 import dask
 import numpy as np
 import pytest
-from dist_support import assert_same, snapshot
+from dist_support import assert_same, handed, snapshot
 from helpers import COLUMNS, episode
 from lane_support import break_lane_after
 from test_dist_inserts import _check_rows, _nbytes
@@ -48,32 +48,33 @@ def _broke(dask_worker=None):
 def test_a_client_insert_over_tcp_lanes_runs_in_its_thread(dist_client, tcp_lanes, requests_seen, workers):
     t = DistributedTable.create(dist_client, gf.TableSpec(COLUMNS, capacity=2000, num_shards=2), seed=0)
     try:
+        h, ctx = handed(t, seed=0)  # the handle whose lanes are read, on a context of the test's own
         shard = 0 if workers == 1 else None
-        t.insert([episode(1, 10), episode(2, 10)], shard=shard)  # the event loop's path: the lanes are learnt
-        assert t.stats["insert_in_thread"] == 0 and t.placement[0] in t._ctx.lanes.paths
+        h.insert([episode(1, 10), episode(2, 10)], shard=shard)  # the event loop's path: the lanes are learnt
+        assert h.stats["insert_in_thread"] == 0 and h.placement[0] in ctx.lanes.paths
         requests_seen.start()
         served = dist_client.run_on_scheduler(_served)
         calls = [[episode(10 * k + 1, 40), episode(10 * k + 2, 40)] for k in range(1, 5)]
-        results = [t.insert(eps, shard=shard) for eps in calls]
-        assert t.stats["insert_in_thread"] == len(calls)
+        results = [h.insert(eps, shard=shard) for eps in calls]
+        assert h.stats["insert_in_thread"] == len(calls)
         assert dist_client.run_on_scheduler(_served) - served == 2 * len(calls)  # an admission and a commit each
         seen = requests_seen.seen()
         op = "write" if workers == 1 else "stage"  # one worker: staged and applied in one request
-        expect = {a: (len(calls) if workers == 2 or a == t.placement[0] else 0) for a in seen}
+        expect = {a: (len(calls) if workers == 2 or a == h.placement[0] else 0) for a in seen}
         assert {a: c["lane"][op] for a, c in seen.items()} == expect, seen
         assert all(c["comm"]["stage"] == c["comm"]["write"] == 0 for c in seen.values()), seen
         n = sum(_nbytes(eps) for eps in calls)
         assert sum(c["lane"]["bytes"] for c in seen.values()) >= n  # every byte arrived, over the lanes
-        assert t.stats["insert_remote_bytes"] == n + _nbytes([episode(1, 10), episode(2, 10)])
+        assert h.stats["insert_remote_bytes"] == n + _nbytes([episode(1, 10), episode(2, 10)])
         for res in results:
             assert res.num_items == 80 and len(res.shards) == 2
             assert sorted(res.shards.tolist()) == ([0, 0] if workers == 1 else [0, 1])
         ids = np.concatenate([r.episode_ids for r in results])
         assert np.array_equal(ids, np.arange(ids[0], ids[0] + len(ids)))  # one admission per call, in order
-        info = t.info()
+        info = h.info()
         assert info["size"] == info["coordinator_size"] == 20 + 80 * len(calls)
-        _check_rows(t, 256)
-        b = t.sample(512, 1)
+        _check_rows(h, 256)
+        b = h.sample(512, 1)
         obs = b["obs"].numpy()[:, 0]
         tags = obs[:, 0].astype(np.int64)
         by_tag = {int(e["obs"][0, 0]): int(i) for eps, r in zip(calls, results) for e, i in zip(eps, r.episode_ids)}
@@ -113,26 +114,27 @@ def test_a_lane_that_breaks_mid_insert_hands_it_to_the_comm(dist_client, tcp_lan
     over the comm, the worker answers as the first time, and the insert is stored and counted once."""
     t = DistributedTable.create(dist_client, gf.TableSpec(COLUMNS, capacity=500, num_shards=2), seed=0)
     try:
-        t.insert([episode(1, 10), episode(2, 10)])  # the lanes are learnt
-        w0 = t.placement[0]
-        lanes = dict(t._ctx.lanes.paths)
+        h, ctx = handed(t, seed=0)  # the handle whose lanes are read, on a context of the test's own
+        h.insert([episode(1, 10), episode(2, 10)])  # the lanes are learnt
+        w0 = h.placement[0]
+        lanes = dict(ctx.lanes.paths)
         requests_seen.start()
         dist_client.run(break_lane_after, op, workers=[w0])
-        res = t.insert([episode(3, 30), episode(4, 30)])
+        res = h.insert([episode(3, 30), episode(4, 30)])
         assert dist_client.run(_broke, workers=[w0])[w0] == [(op, True)]
         seen = requests_seen.seen()
         if op == "stage":  # sent twice to the broken lane's worker (the second over the comm), once to the other
             assert (seen[w0]["lane"]["stage"], seen[w0]["comm"]["stage"]) == (1, 1), seen
-        w1 = t.placement[1]
+        w1 = h.placement[1]
         assert (seen[w1]["lane"]["stage"], seen[w1]["comm"]["stage"]) == (1, 0), seen
-        assert w0 not in t._ctx.lanes.paths and t._ctx.lanes.paths[w1] == lanes[w1]  # the broken lane dropped
-        assert t.stats["insert_in_thread"] == 0  # finished by the event loop's path
-        info = t.info()
+        assert w0 not in ctx.lanes.paths and ctx.lanes.paths[w1] == lanes[w1]  # the broken lane dropped
+        assert h.stats["insert_in_thread"] == 0  # finished by the event loop's path
+        info = h.info()
         assert info["size"] == info["coordinator_size"] == 80 and info["inserts_in_flight"] == 0
         assert res.num_items == 60 and sorted(res.shards.tolist()) == [0, 1]
-        _check_rows(t, 64)
-        t.insert([episode(5, 10), episode(6, 10)])
-        assert len(t) == 100
+        _check_rows(h, 64)
+        h.insert([episode(5, 10), episode(6, 10)])
+        assert len(h) == 100
     finally:
         t.close()
 

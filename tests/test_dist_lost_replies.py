@@ -24,7 +24,7 @@ import concurrent.futures
 import dask
 import numpy as np
 import pytest
-from dist_support import DIAL, coordinator, own_cluster, tables_here, wait_for
+from dist_support import DIAL, coordinator, handed, own_cluster, tables_here, wait_for
 from lane_support import break_lane_after
 
 import gear_flow as gf
@@ -51,20 +51,21 @@ def test_a_finish_whose_lane_reply_is_lost_counts_its_expiries_once(dist_client,
     coordinator counts each expiry once and the queue goes on in order, nothing lost or handed out twice."""
     with dask.config.set({"gear-flow.distributed.shared-memory": plane == "shared-memory"}):
         t = DistributedTable.queue(dist_client, gf.TableSpec(TAG, capacity=64, num_shards=2), 16, timeout=30, seed=0)
+        h, ctx = handed(t, seed=0)  # the handle whose lanes are read, on a context of the test's own
     try:
-        t.insert(tagged(range(1, 9)))
-        assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [1, 2]  # the lanes learnt
-        assert set(t._ctx.lanes.paths) == set(t.placement.values())
-        addr = t.placement[0]
+        h.insert(tagged(range(1, 9)))
+        assert h.sample(2)["tag"].numpy()[:, 0].tolist() == [1, 2]  # the lanes learnt
+        assert set(ctx.lanes.paths) == set(h.placement.values())
+        addr = h.placement[0]
         dist_client.run(break_lane_after, "finish_sample", workers=[addr])
-        got = t.sample(4)["tag"].numpy()[:, 0].tolist()
+        got = h.sample(4)["tag"].numpy()[:, 0].tolist()
         assert got == [3, 4, 5, 6]
         assert _broke(dist_client, addr) == [("finish_sample", True)]  # served, its reply lost, served again
-        info = t.info()
+        info = h.info()
         assert info["size"] == info["coordinator_size"] == 2, info
         assert info["totals"]["sampled"] == 6 and info["rate_limiter"]["samples"] == 6
-        assert t.sample(2)["tag"].numpy()[:, 0].tolist() == [7, 8]
-        info = t.info()
+        assert h.sample(2)["tag"].numpy()[:, 0].tolist() == [7, 8]
+        info = h.info()
         assert info["size"] == info["coordinator_size"] == 0, info
     finally:
         t.close()
@@ -101,15 +102,16 @@ def test_a_worker_closing_while_it_draws_counts_as_lost(plane):
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
         t = DistributedTable.create(client, spec, degraded=True, seed=0)
         try:
-            t.insert(tagged(range(1, 13)), shard=0)
-            t.insert(tagged(range(101, 113)), shard=1)
-            t.sample(8)  # the lanes learnt
-            assert set(t._ctx.lanes.paths) == set(t.placement.values())
-            client.run(_close_while_serving, "sample_part", workers=[t.placement[1]])
-            t._masses.clear()  # the plan asks the workers first: the event loop's path
-            b = t.sample(64)
+            h, ctx = handed(t, seed=0)  # the handle whose lanes are read, on a context of the test's own
+            h.insert(tagged(range(1, 13)), shard=0)
+            h.insert(tagged(range(101, 113)), shard=1)
+            h.sample(8)  # the lanes learnt
+            assert set(ctx.lanes.paths) == set(h.placement.values())
+            client.run(_close_while_serving, "sample_part", workers=[h.placement[1]])
+            h._masses.clear()  # the plan asks the workers first: the event loop's path
+            b = h.sample(64)
             assert set(b["tag"].numpy()[:, 0].tolist()) <= set(range(1, 13))  # all from the shard left
-            assert set(t.lost) == {1}
+            assert set(h.lost) == {1}
         finally:
             t.close()
 
@@ -126,24 +128,25 @@ def test_a_worker_lost_while_an_insert_evicts_leaves_the_insert_stored_and_says_
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2, max_size=20)
         t = DistributedTable.create(client, spec, degraded=degraded, seed=0)
         try:
+            h, ctx = handed(t, seed=0)  # the handle whose lanes are read, on a context of the test's own
             for k in range(1, 11):  # the oldest two, 1 and 101, on different shards: the Fifo remover's victims
-                t.insert(tagged([k]), shard=0)
-                t.insert(tagged([100 + k]), shard=1)
-            t.sample(8)  # the lanes learnt
-            assert set(t._ctx.lanes.paths) == set(t.placement.values())
-            client.run(_close_while_serving, op, workers=[t.placement[1]])
+                h.insert(tagged([k]), shard=0)
+                h.insert(tagged([100 + k]), shard=1)
+            h.sample(8)  # the lanes learnt
+            assert set(ctx.lanes.paths) == set(h.placement.values())
+            client.run(_close_while_serving, op, workers=[h.placement[1]])
             if degraded:
-                r = t.insert(tagged([11, 12]), shard=0)
+                r = h.insert(tagged([11, 12]), shard=0)
                 assert r.shards.tolist() == [0, 0]
             else:
                 with pytest.raises(gf.ShardLostError, match="the insert was stored"):
-                    t.insert(tagged([11, 12]), shard=0)
-            assert set(t.lost) == {1}
+                    h.insert(tagged([11, 12]), shard=0)
+            assert set(h.lost) == {1}
             if degraded:
                 kept = set(range(1 if op == "candidates" else 2, 13))  # tag 1 evicted when the removal ran
-                info = t.info()
+                info = h.info()
                 assert info["size"] == info["coordinator_size"] == len(kept), info
-                assert set(t.sample(64)["tag"].numpy()[:, 0].tolist()) == kept
+                assert set(h.sample(64)["tag"].numpy()[:, 0].tolist()) == kept
         finally:
             t.close()
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dask
 import numpy as np
 import pytest
+from dist_support import handed
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable
@@ -39,9 +40,11 @@ def _check(b) -> None:
 
 
 @pytest.fixture(params=["shared-memory", "tcp-lane"])
-def table(dist_client, request):
+def handed_table(dist_client, request):
     """Shards on both workers, read from shared memory with draws over the fast lanes, or with shared memory
-    off (as from another machine) drawn over the workers' TCP lanes, their windows in the replies."""
+    off (as from another machine) drawn over the workers' TCP lanes, their windows in the replies: a handle on
+    the table and the transport context it is handed (:func:`dist_support.handed`), where the test reads and
+    breaks its lanes."""
     shared = request.param == "shared-memory"
     with dask.config.set(
         {
@@ -51,21 +54,34 @@ def table(dist_client, request):
         }
     ):
         t = DistributedTable.create(dist_client, _spec(), sampler=gf.Prioritized(0.8, 0.5), seed=0)
-    t.plane = request.param
+        h, ctx = handed(t, seed=0)
+    h.plane = request.param
     try:
-        t.insert([_episode(i + 1, 40 + 7 * i) for i in range(6)], priorities=np.linspace(0.5, 3.0, 345))  # one per step
-        yield t
+        h.insert([_episode(i + 1, 40 + 7 * i) for i in range(6)], priorities=np.linspace(0.5, 3.0, 345))  # one per step
+        yield h, ctx
     finally:
         t.close()
 
 
+@pytest.fixture
+def table(handed_table):
+    """The handle of :func:`handed_table`."""
+    return handed_table[0]
+
+
+@pytest.fixture
+def ctx(handed_table):
+    """The transport context :func:`table` is handed."""
+    return handed_table[1]
+
+
 @pytest.mark.parametrize(("B", "L"), [(32, 4), (1024, 128)])  # 1 KB; 1 MB of windows (read from both at once)
-def test_a_learner_samples_in_its_thread_exactly_as_the_event_loop_does(table, dist_client, B, L):
+def test_a_learner_samples_in_its_thread_exactly_as_the_event_loop_does(table, ctx, dist_client, B, L):
     with dask.config.set({"gear-flow.distributed.fast-lane": False}):  # this handle: Dask's comm only
-        loop = DistributedTable.attach(table.name, client=dist_client, seed=0)
+        loop, loop_ctx = handed(table.name, client=dist_client, seed=0)  # attached, on a context of the test's own
         loop.sample(8, L, boundary="pad_tail")  # shared rings mapped (shared-memory plane), no lane learnt
     table.sample(8, L, boundary="pad_tail")  # the lanes learnt, the masses of L-step windows kept
-    assert not loop._ctx.lanes.paths and set(table._ctx.lanes.paths) == set(table.placement.values())
+    assert not loop_ctx.lanes.paths and set(ctx.lanes.paths) == set(table.placement.values())
     here0, loop0 = table.stats["in_thread"], loop.stats["in_thread"]
     for step in range(12):
         a = table.sample(B, L, boundary="pad_tail", rng=np.random.default_rng(step))
@@ -80,23 +96,23 @@ def test_a_learner_samples_in_its_thread_exactly_as_the_event_loop_does(table, d
         assert table.stats["remote_bytes"] == 0 and table.stats["shared_bytes"] > 0
     else:
         assert table.stats["remote_bytes"] > 0 and table.stats["shared_bytes"] == 0
-        assert all(p.startswith("tcp://") for p in table._ctx.lanes.paths.values())
+        assert all(p.startswith("tcp://") for p in ctx.lanes.paths.values())
 
 
-def test_every_draw_is_counted_once_when_a_lane_fails_mid_sample(table):
+def test_every_draw_is_counted_once_when_a_lane_fails_mid_sample(table, ctx):
     table.sample(16, 1)
     sampled = table.info()["totals"]["sampled"]
-    addr = sorted(table._ctx.lanes.paths)[0]
-    table._ctx.lanes.paths[addr] = "/nonexistent/gear-flow-lane"  # that worker's lane gone: the other's draw ran
+    addr = sorted(ctx.lanes.paths)[0]
+    ctx.lanes.paths[addr] = "/nonexistent/gear-flow-lane"  # that worker's lane gone: the other's draw ran
     here = table.stats["in_thread"]
     b = table.sample(64, 1)  # undone in the thread, served by the event loop (over the comm for that worker)
     _check(b)
-    assert table.stats["in_thread"] == here and addr not in table._ctx.lanes.paths
+    assert table.stats["in_thread"] == here and addr not in ctx.lanes.paths
     table.flush()
     assert table.info()["totals"]["sampled"] == sampled + 64  # the abandoned draws were given back
 
 
-def test_a_draw_whose_lane_reply_is_lost_is_not_drawn_again(table, dist_client):
+def test_a_draw_whose_lane_reply_is_lost_is_not_drawn_again(table, ctx, dist_client):
     """The event loop's path: a worker drew and its lane broke before the reply.  The sample fails (the
     worker may have drawn, so drawing again would count twice), the draws that arrived are given back, and
     the next sample goes over the comm to that worker."""
@@ -105,7 +121,7 @@ def test_a_draw_whose_lane_reply_is_lost_is_not_drawn_again(table, dist_client):
     from gear_flow.distributed.plugin import PLUGIN_NAME
 
     table.sample(8, 1)  # the lanes learnt
-    addr = sorted(table._ctx.lanes.paths)[0]
+    addr = sorted(ctx.lanes.paths)[0]
     table.flush()
     sampled = table.info()["totals"]["sampled"]
     dist_client.run(break_lane_after, "sample_part", workers=[addr])
@@ -113,7 +129,7 @@ def test_a_draw_whose_lane_reply_is_lost_is_not_drawn_again(table, dist_client):
     with pytest.raises(gf.GearFlowError, match=r"reply to 'sample_part' over its lane was lost.*not sent again"):
         table.sample(256, 1)
     [[(op, ok)]] = dist_client.run(lambda dask_worker: dask_worker.plugins[PLUGIN_NAME].broke, workers=[addr]).values()
-    assert (op, ok) == ("sample_part", True) and addr not in table._ctx.lanes.paths
+    assert (op, ok) == ("sample_part", True) and addr not in ctx.lanes.paths
     table.flush()
     lost = table.info()["totals"]["sampled"] - sampled  # that worker's draw, counted there once
     assert 0 < lost < 256
