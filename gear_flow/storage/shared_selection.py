@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+
+from . import windows
+from .windows import Windows
 
 if TYPE_CHECKING:
     from ..shard import Shard
@@ -276,3 +279,139 @@ class MappedState:
             if int(h[TAILS + 2 * k]) == length:
                 return float(pairs[2 * k + 1])
         return None
+
+    def draw(
+        self, n: int, length: int, boundary: str, rng: np.random.Generator, capacity: int, step_items: bool
+    ) -> Draw | None:
+        """Draw ``n`` items from the state as it is now, and place their windows; as the owner's
+        :meth:`~gear_flow.shard.Shard.draw` and :meth:`~gear_flow.shard.Shard.windows` do.
+
+        Strict windows are drawn by rejection against the whole tree, and each
+        probability is the item's weight over the valid mass read (the total
+        minus the published tail mass).  Gather the windows, then check
+        :meth:`unchanged` before using anything drawn.
+
+        Parameters
+        ----------
+        n : int
+            Items to draw (with replacement).
+        length : int
+            Window length.
+        boundary : {"strict", "pad_tail", "pad_head"}
+            Window boundary mode.
+        rng : numpy.random.Generator
+            Source of the draw.
+        capacity : int
+            The shard's capacity, in steps.
+        step_items : bool
+            Items are steps (else episodes).
+
+        Returns
+        -------
+        Draw or None
+            None when this state cannot be drawn from here now: the owner is
+            writing, the index grew (map the layout again: :attr:`regrown`),
+            the tail mass of this length is not published, no valid item has
+            weight, or what was read is torn.  The owner draws then.
+        """
+        from ..ops.sumtree import find  # (numba: compiled on first use)
+
+        h = self.header
+        v = int(h[VERSION])
+        if v & 1 or self.regrown():
+            return None
+        total = float(self.tree[1])
+        mass = total
+        strict = boundary == "strict" and length > 1
+        if strict:
+            tail = self.tail(length)
+            if tail is None:
+                return None
+            mass = total - tail if total - tail > total * 1e-9 else 0.0
+        if not mass > 0:
+            return None
+        size = self.index_size
+        hi = int(h[WRITE_POS]) if step_items else int(h[INDEX_NEXT])
+
+        def get(field: str, eps: np.ndarray) -> np.ndarray:
+            return self.index[field][eps % size]
+
+        out = np.empty(n, dtype=np.int64)
+        got, rounds = 0, 0
+        while got < n:
+            s = np.empty(n - got, dtype=np.int64)
+            find(self.tree, rng.random(n - got) * total, s)
+            if np.any(s >= capacity):  # a leaf past the shard's: torn
+                return None
+            if strict:
+                seqs = windows.slot_seqs(hi, s, capacity)
+                eps = self.step_episode[s] if step_items else seqs
+                s = s[windows.fits(s, seqs, eps, get, step_items, length)]
+            out[got : got + len(s)] = s
+            got += len(s)
+            rounds += 1
+            if got < n and rounds > MAX_ROUNDS:  # mostly tails, or torn: the owner draws
+                return None
+        P = self.tree.shape[0] // 2
+        probs = self.tree[P + out] / mass
+        seqs = windows.slot_seqs(hi, out, capacity)
+        eps = self.step_episode[out] if step_items else seqs
+        win = windows.place(out, seqs, eps, get, step_items, capacity, length, boundary, rng)
+        dst, nv = win.dst_offset, win.n_valid
+        if np.any((nv < 0) | (dst < 0) | (dst + nv > length)):  # torn: the gather would refuse it
+            return None
+        return Draw(win, probs, self.priority[out].copy(), mass, v)
+
+    def regrown(self) -> bool:
+        """Whether the owner's episode index grew into new segments since this mapping (map the layout again).
+
+        Returns
+        -------
+        bool
+            The header's generation differs from the mapped one.
+        """
+        return int(self.header[INDEX_GENERATION]) != self.generation
+
+    def unchanged(self, version: int) -> bool:
+        """Whether nothing of the state changed since a draw read ``version`` (call after gathering).
+
+        Parameters
+        ----------
+        version : int
+            :attr:`Draw.version`.
+
+        Returns
+        -------
+        bool
+            The version is still that one.
+        """
+        return int(self.header[VERSION]) == version
+
+
+#: rejection rounds a reader's strict draw takes before leaving the draw to the owner (whose own rejection
+#: goes on): a round keeps the drawn items whose windows fit, most of them unless the tails hold most weight
+MAX_ROUNDS = 16
+
+
+class Draw(NamedTuple):
+    """A reader's draw from a shard's published state (:meth:`MappedState.draw`).
+
+    Parameters
+    ----------
+    windows : Windows
+        The drawn items' windows.
+    probs : numpy.ndarray
+        float64: each item's probability within the shard, ``w_i / m_s``.
+    priorities : numpy.ndarray
+        float64: each item's priority at the draw.
+    mass : float
+        The shard's valid mass read (``m_s``).
+    version : int
+        The state's version read; :meth:`MappedState.unchanged` checks it after the gather.
+    """
+
+    windows: Windows
+    probs: np.ndarray
+    priorities: np.ndarray
+    mass: float
+    version: int
