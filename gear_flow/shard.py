@@ -33,7 +33,7 @@ from .storage import ColumnRing, EpisodeIndex, get_tier, windows
 from .storage.base import ring_slots
 from .storage.shared_selection import SelectionState, shareable
 from .storage.windows import Windows
-from .tails import TailMass
+from .tails import TailMass, valid_mass
 
 if TYPE_CHECKING:
     from .storage.base import StorageTier
@@ -654,8 +654,7 @@ class Shard:
                     tail = self.tails.get(length)
             else:
                 tail = self.tails.get(length)
-            # a remainder within rounding of zero means nothing valid is left
-            return total - tail if total - tail > total * 1e-9 else 0.0
+            return valid_mass(total, tail)
 
     def _tail_mass_exact(self, length: int) -> float:
         sel = self.sampler
@@ -1115,6 +1114,17 @@ class Shard:
         """
         with self.lock:
             self.counters.sampled -= int(n)
+
+    def count_drawn(self, n: int) -> None:
+        """Count ``n`` samples that readers on this host drew from the published state themselves.
+
+        Parameters
+        ----------
+        n : int
+            Samples to add to ``counters.sampled``.
+        """
+        with self.lock:
+            self.counters.sampled += int(n)
 
     # -- removal by the remover -------------------------------------------------------
     def remover_candidates(self, n: int, seqs: bool = False) -> tuple[np.ndarray, ...]:

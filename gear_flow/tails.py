@@ -98,3 +98,21 @@ class TailMass:
     def clear(self) -> None:
         """Forget every cached entry (after a restore or any change not reported to :meth:`change`)."""
         self.entries.clear()
+
+
+def valid_mass(total: float, tail: float) -> float:
+    """The mass of the items whose strict window fits: ``total - tail``, 0.0 when within rounding of zero.
+
+    Parameters
+    ----------
+    total : float
+        The sampler's total weight.
+    tail : float
+        The tail mass (:meth:`TailMass.get`).
+
+    Returns
+    -------
+    float
+        The valid mass; a remainder below ``total * 1e-9`` means nothing valid is left.
+    """
+    return total - tail if total - tail > total * 1e-9 else 0.0

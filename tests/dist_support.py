@@ -13,6 +13,7 @@ import time
 
 import dask
 import numpy as np
+import pytest
 from distributed import Client, LocalCluster
 from helpers import shard_state
 
@@ -101,22 +102,52 @@ def wait_for(pred, what, deadline=60.0):
         time.sleep(0.02)  # polling a condition, not a barrier
 
 
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie not yet reaped by its parent counts as exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def kill(pid: int) -> None:
+    """SIGKILL ``pid`` and wait until it has exited: a reader drawing from its published state (still
+    mapped) sees it dead from then on, as a request to it would."""
+    import os
+    import signal
+
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: gone(pid), f"process {pid} to exit")
+
+
 def tables_here(dask_worker=None) -> list[str]:
     """Names of the tables this worker holds shards of (``client.run``)."""
     return sorted(dask_worker.plugins[PLUGIN_NAME].host.tables)
 
 
 class TableFactory:
-    def __init__(self, kind: str, client=None):
+    """Makes the suite's tables: ``local``, ``distributed`` (the handle draws from its host's published
+    selection state where it can) or ``owner-draw`` (the shards' owners draw every batch; a table whose
+    owners draw anyway -- not Uniform or Prioritized, or with ``max_times_sampled`` -- is the distributed
+    kind's case already, and skips unless ``skip_same`` is False)."""
+
+    def __init__(self, kind: str, client=None, skip_same: bool = True):
         self.kind = kind
         self.client = client
+        self.skip_same = skip_same
         self.current = None
 
     def __call__(self, spec, **kw):
         if self.kind == "local":
             return gf.LocalTable(spec, **kw)
         self.close()
-        self.current = DistributedTable.create(self.client, spec, **kw)
+        owner = self.kind == "owner-draw"
+        if owner and self.skip_same and not (isinstance(kw.get("sampler", gf.Uniform()), (gf.Uniform, gf.Prioritized))
+                          and not kw.get("max_times_sampled")):  # fmt: skip
+            pytest.skip("its owners draw every batch on the distributed kind too")
+        with dask.config.set({"gear-flow.distributed.reader-draw": not owner}):
+            self.current = DistributedTable.create(self.client, spec, **kw)
         return self.current
 
     def queue(self, spec, size, **kw):
@@ -190,10 +221,13 @@ def on_both_tables(local_settings, dist_settings, **strategies):
     """Turn ``body(make_table, **drawn)`` into two hypothesis tests: local and distributed.
 
     The distributed variant runs fewer examples (each builds a table on the
-    cluster and every call is a round trip); both draw from the same strategies.
+    cluster and every call is a round trip); both draw from the same strategies,
+    and each distributed example also draws who draws its batches: the handle
+    from the shards' published state, or their owners.
     Returns ``(test_local, test_distributed)``.
     """
     from hypothesis import given
+    from hypothesis import strategies as st
 
     def deco(body):
         @local_settings
@@ -202,9 +236,9 @@ def on_both_tables(local_settings, dist_settings, **strategies):
             body(gf.LocalTable, **drawn)
 
         @dist_settings
-        @given(**strategies)
-        def test_distributed(dist_client, **drawn):
-            f = TableFactory("distributed", dist_client)
+        @given(owner_draw=st.booleans(), **strategies)
+        def test_distributed(dist_client, owner_draw, **drawn):
+            f = TableFactory("owner-draw" if owner_draw else "distributed", dist_client, skip_same=False)
             try:
                 body(f, **drawn)
             finally:

@@ -12,7 +12,7 @@ import zipfile
 import dask
 import numpy as np
 import pytest
-from dist_support import tables_here
+from dist_support import kill, tables_here
 from distributed import Client, LocalCluster
 from helpers import COLUMNS, episode, reconcile
 
@@ -169,7 +169,7 @@ def test_distributed_checkpoint_restore_elsewhere_and_after_a_kill(cluster3, tmp
     res = t.insert([episode(50 + i, 10) for i in range(4)])
     after_ck_on_1 = 10 * int((res.shards == 1).sum())
     victim = t.placement[1]
-    os.kill(c.run(os.getpid, workers=[victim])[victim], signal.SIGKILL)
+    kill(c.run(os.getpid, workers=[victim])[victim])
     b = t.sample(8, 1)  # degraded: notices the loss, serves from shard 0
     assert set(gf.keys.decode(b.keys.numpy())[0].tolist()) == {0}
     assert 1 in t.info()["lost"]

@@ -141,7 +141,8 @@ def test_small_requests_run_on_the_event_loop_unless_a_lock_is_held(dist_client)
     import time
 
     spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=1)
-    t = DistributedTable.create(dist_client, spec, sampler=gf.Uniform(), seed=0)
+    with dask.config.set({"gear-flow.distributed.reader-draw": False}):  # the owner draws: its requests are tested
+        t = DistributedTable.create(dist_client, spec, sampler=gf.Uniform(), seed=0)
     try:
         t.insert([{"x": np.arange(20, dtype=np.float32)}])
         addr = t.placement[0]
@@ -340,7 +341,8 @@ def test_a_slow_reply_is_waited_for_and_a_silent_worker_is_reported(dist_client)
     import time
 
     spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=1)
-    t = DistributedTable.create(dist_client, spec, sampler=gf.Uniform(), seed=0)
+    with dask.config.set({"gear-flow.distributed.reader-draw": False}):  # the owner draws: its requests are tested
+        t = DistributedTable.create(dist_client, spec, sampler=gf.Uniform(), seed=0)
     try:
         t.insert([{"x": np.arange(20, dtype=np.float32)}])
         t.sample(2, 1)
@@ -375,7 +377,8 @@ def test_a_scheduler_that_does_not_say_whether_a_worker_lives_does_not_stop_the_
     import threading
 
     spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=1)
-    t = DistributedTable.create(dist_client, spec, sampler=gf.Uniform(), seed=0)
+    with dask.config.set({"gear-flow.distributed.reader-draw": False}):  # the owner draws: its requests are tested
+        t = DistributedTable.create(dist_client, spec, sampler=gf.Uniform(), seed=0)
     plugin = dist_client.cluster.scheduler.plugins[COORDINATOR_NAME]
     release = []
 

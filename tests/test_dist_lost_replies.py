@@ -97,7 +97,11 @@ def test_a_worker_closing_while_it_draws_counts_as_lost(plane):
     """Its lane closes before the reply; its comm still answers, but no longer its gear_flow handler: the
     worker is lost, not a live worker whose reply went missing, so a degraded table serves the batch from
     the other shard."""
-    planes = {"gear-flow.distributed.shared-memory": plane == "shared-memory", "gear-flow.distributed.tcp-lane": True}
+    planes = {
+        "gear-flow.distributed.shared-memory": plane == "shared-memory",
+        "gear-flow.distributed.tcp-lane": True,
+        "gear-flow.distributed.reader-draw": False,  # the owners draw: the worker closes while it serves one
+    }
     with own_cluster({**DIAL, **planes}) as client:
         spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
         t = DistributedTable.create(client, spec, degraded=True, seed=0)

@@ -39,16 +39,18 @@ def _check(b) -> None:
         assert np.array_equal(v[:, 1], ts[r] + np.arange(len(v))), (v, ts[r])
 
 
-@pytest.fixture(params=["shared-memory", "tcp-lane"])
+@pytest.fixture(params=["shared-memory", "reader-draw", "tcp-lane"])
 def handed_table(dist_client, request):
-    """Shards on both workers, read from shared memory with draws over the fast lanes, or with shared memory
-    off (as from another machine) drawn over the workers' TCP lanes, their windows in the replies: a handle on
-    the table and the transport context it is handed (:func:`dist_support.handed`), where the test reads and
-    breaks its lanes."""
-    shared = request.param == "shared-memory"
+    """Shards on both workers, read from shared memory with draws over the fast lanes (the owners draw) or
+    drawn by the handle itself from their published selection state, or with shared memory off (as from
+    another machine) drawn over the workers' TCP lanes, their windows in the replies: a handle on the table
+    and the transport context it is handed (:func:`dist_support.handed`), where the test reads and breaks
+    its lanes."""
+    shared = request.param != "tcp-lane"
     with dask.config.set(
         {
             "gear-flow.distributed.shared-memory": shared,
+            "gear-flow.distributed.reader-draw": request.param == "reader-draw",
             "gear-flow.distributed.fast-lane": True,
             "gear-flow.distributed.tcp-lane": True,
         }
@@ -79,6 +81,7 @@ def ctx(handed_table):
 def test_a_learner_samples_in_its_thread_exactly_as_the_event_loop_does(table, ctx, dist_client, B, L):
     with dask.config.set({"gear-flow.distributed.fast-lane": False}):  # this handle: Dask's comm only
         loop, loop_ctx = handed(table.name, client=dist_client, seed=0)  # attached, on a context of the test's own
+        loop.reader_draw = table.reader_draw  # the same draws, by the owners or by the handle itself
         loop.sample(8, L, boundary="pad_tail")  # shared rings mapped (shared-memory plane), no lane learnt
     table.sample(8, L, boundary="pad_tail")  # the lanes learnt, the masses of L-step windows kept
     assert not loop_ctx.lanes.paths and set(ctx.lanes.paths) == set(table.placement.values())
@@ -92,14 +95,20 @@ def test_a_learner_samples_in_its_thread_exactly_as_the_event_loop_does(table, c
         assert np.array_equal(a["x"].numpy(), b["x"].numpy()), step
     assert table.stats["in_thread"] - here0 == 12  # every one of them in the caller's thread ...
     assert loop.stats["in_thread"] == loop0 == 0  # ... and none of the other handle's
-    if table.plane == "shared-memory":
+    if table.plane != "tcp-lane":
         assert table.stats["remote_bytes"] == 0 and table.stats["shared_bytes"] > 0
     else:
         assert table.stats["remote_bytes"] > 0 and table.stats["shared_bytes"] == 0
         assert all(p.startswith("tcp://") for p in ctx.lanes.paths.values())
 
 
+def owner_draws(table):
+    if table.plane == "reader-draw":
+        pytest.skip("no lane carries a draw: the handle draws from the shards' published state")
+
+
 def test_every_draw_is_counted_once_when_a_lane_fails_mid_sample(table, ctx):
+    owner_draws(table)
     table.sample(16, 1)
     sampled = table.info()["totals"]["sampled"]
     addr = sorted(ctx.lanes.paths)[0]
@@ -120,6 +129,7 @@ def test_a_draw_whose_lane_reply_is_lost_is_not_drawn_again(table, ctx, dist_cli
 
     from gear_flow.distributed.plugin import PLUGIN_NAME
 
+    owner_draws(table)
     table.sample(8, 1)  # the lanes learnt
     addr = sorted(ctx.lanes.paths)[0]
     table.flush()
@@ -153,7 +163,7 @@ def test_a_colocated_learner_reads_its_own_shard_in_place_and_the_other_through_
     w0 = table.placement[0]
     st = dist_client.submit(_colocated, table.name, 10, workers=[w0], pure=False).result(timeout=60)
     assert st["here"] == 10, st
-    other = ("shared_bytes", "remote_bytes") if table.plane == "shared-memory" else ("remote_bytes", "shared_bytes")
+    other = ("shared_bytes", "remote_bytes") if table.plane != "tcp-lane" else ("remote_bytes", "shared_bytes")
     assert st["local_bytes"] > 0 and st[other[0]] > 0 and st[other[1]] == 0, st
 
 

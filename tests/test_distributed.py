@@ -380,7 +380,10 @@ def test_the_leased_samples_of_a_dropped_handle_are_counted(client):
         h = DistributedTable.attach("lease-drop", client=client, seed=1)
         for _ in range(5):
             h.sample(8, 2)
-        info = t.info()  # the workers drew 40; the coordinator counted the first batch (the other 4: its lease)
+        # 40 drawn (by the owners, or by the handle from their published state: they count those within
+        # distributed.reader-flush); the coordinator counted the first batch (the other 4: its lease)
+        wait_for(lambda: t.info()["totals"]["sampled"] == 40, "the owners' counts of the samples drawn")
+        info = t.info()
         assert info["totals"]["sampled"] == 40 and info["rate_limiter"]["samples"] == 8, info
         del h
         gc.collect()

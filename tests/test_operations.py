@@ -39,6 +39,7 @@ WORKER_FIELDS = {
     "sequences": ("name", "n", "length", "boundary", "seed", "by_count", "epoch"),
     "finish_sample": ("name", "txn", "commit", "epoch"),
     "uncount": ("name", "counts", "epoch"),
+    "count_drawn": ("name", "counts", "epoch"),
     "sample_all": ("name", "n", "length", "boundary", "columns", "seed", "horizon", "out", "updates", "epoch"),
     "check_keys": ("name", "seqs_by_shard", "epoch"),
     "update": ("name", "seqs_by_shard", "prios_by_shard", "stamps_by_shard", "masses", "epoch"),
@@ -82,13 +83,14 @@ COORDINATOR_FIELDS = {
 #: worker operation -> the ShardHost method or host_moves function plugin.OPS runs it with
 HOST_METHODS = (
     "create", "drop", "drop_shard", "shared_layout", "stage", "apply", "write", "abort", "status", "summaries",
-    "new_epoch", "candidates", "sample_part", "sequences", "finish_sample", "uncount", "sample_all", "check_keys",
+    "new_epoch", "candidates", "sample_part", "sequences", "finish_sample", "uncount", "count_drawn", "sample_all",
+    "check_keys",
     "update", "delete", "remove", "info", "checkpoint", "restore", "nbytes",
 )  # fmt: skip
 MOVE_STEPS = ("move_out", "move_thaw", "move_release", "move_commit", "move_abort")
 LANE_OPS = {
     "abort", "apply", "candidates", "check_keys", "finish_sample", "new_epoch", "sample_part", "sequences", "stage",
-    "summaries", "uncount", "update", "write",
+    "summaries", "uncount", "count_drawn", "update", "write",
 }  # fmt: skip
 RESENDABLE_OPS = {
     "abort", "apply", "candidates", "check_keys", "finish_sample", "sequences", "stage", "summaries", "update", "write"
@@ -105,7 +107,9 @@ UNGATED = {
 #: the move's steps whose ``epoch`` is their argument (the new placement version), not the request's
 EPOCH_ARGUMENT = {"move_commit", "move_release"}
 #: the worker operations that run on the event loop whatever their size
-ALWAYS_QUICK = {"summaries", "uncount", "info", "status", "finish_sample", "new_epoch", "nbytes", "abort"}
+ALWAYS_QUICK = {
+    "summaries", "uncount", "count_drawn", "info", "status", "finish_sample", "new_epoch", "nbytes", "abort"
+}  # fmt: skip
 #: those that do when small (and their table's locks are free)
 QUICK_WHEN_SMALL = {
     "sample_all", "sequences", "sample_part", "update", "check_keys", "candidates", "remove", "write", "stage", "apply"

@@ -46,7 +46,18 @@ from ..sample import SampleBatch, SampleBuffers
 from ..table.config import TableConfig
 from ..table.datasets import DatasetMethods
 from ..table.results import InsertResult, UpdateResult
-from . import checkpoints, construction, edits, pending, sampling, thread_insert, thread_sample, transactions, writes
+from . import (
+    checkpoints,
+    construction,
+    edits,
+    pending,
+    reader_draw,
+    sampling,
+    thread_insert,
+    thread_sample,
+    transactions,
+    writes,
+)
 from . import info as reports  # aliased: the handle's own ``info`` method hides the name in the class body
 from .construction import workers_with_resource
 from .facade import documented_as
@@ -139,9 +150,18 @@ class DistributedTable(DatasetMethods):
         (``insert_local_bytes``), through a staging segment to a worker on
         this machine (``insert_shared_bytes``) or sent over the comm
         (``insert_remote_bytes``); ``deferred_stale``: keys of ride-along
-        priority updates found gone when applied.
+        priority updates found gone when applied; ``reader_draws``: rows this
+        handle drew itself from its host's published selection state (no
+        owner request, :mod:`~gear_flow.distributed.reader_draw`),
+        ``reader_redraws`` the draws made again because the owner wrote
+        meanwhile, ``reader_fallbacks`` the shard parts left to their owner.
     requests : dict of str to int
         Requests this handle sent to shard workers, by operation name.
+    reader_draw : bool
+        Whether this handle draws batches itself from the selection state
+        that shard owners on its host publish (config
+        ``distributed.reader-draw`` when it was made;
+        :mod:`~gear_flow.distributed.reader_draw`); settable.
 
     Examples
     --------
@@ -201,6 +221,9 @@ class DistributedTable(DatasetMethods):
             "insert_in_thread": 0,
             "updates_in_thread": 0,
             "deferred_stale": 0,
+            "reader_draws": 0,
+            "reader_fallbacks": 0,
+            "reader_redraws": 0,
         }
         from .masses import IssuedKeys, MassCache
 
@@ -208,6 +231,10 @@ class DistributedTable(DatasetMethods):
         self._issued = IssuedKeys()
         #: priority updates riding on this handle's next sample (``update_priorities(wait=False)``)
         self._pending = PendingUpdates()
+        #: samples this handle drew itself from published states, not yet counted by their owners
+        self._drawn = reader_draw.DrawnCounts()
+        #: whether this handle draws from its host's published selection states (config at construction)
+        self.reader_draw = bool(config_get("distributed.reader-draw"))
         # what was kept for a placement goes with it (shards may have moved, been lost or restored); the
         # parts themselves subscribe, not the handle, which a subscription would keep alive
         self._view.subscribe(_forgets_placement(name, self._pending, self._routes, ctx, self._masses, self._issued))

@@ -17,7 +17,7 @@ over one registry of :class:`~gear_flow.distributed.host_tables.HostedTable`:
 - the planner's questions that gather nothing (``summaries``, ``candidates``,
   ``new_epoch``): :class:`~gear_flow.distributed.host_selection.HostSelection`;
 - samples (``sample_part``, ``sequences``, ``finish_sample``, ``uncount``,
-  ``sample_all``): :class:`~gear_flow.distributed.host_sampling.HostSampler`;
+  ``count_drawn``, ``sample_all``): :class:`~gear_flow.distributed.host_sampling.HostSampler`;
 - moves of shards to another worker: :mod:`~gear_flow.distributed.host_moves`,
   through each table's :class:`~gear_flow.distributed.host_moves.MoveGate`.
 """
@@ -361,6 +361,10 @@ class ShardHost:
     @documented_as(HostSampler.uncount)
     def uncount(self, name: str, counts: dict[int, int]) -> None:
         self.sampler.uncount(name, counts)
+
+    @documented_as(HostSampler.count_drawn)
+    def count_drawn(self, name: str, counts: dict[int, int]) -> None:
+        self.sampler.count_drawn(name, counts)
 
     @documented_as(HostSampler.sample_all)
     def sample_all(

@@ -40,6 +40,7 @@ from .operations import THROUGH
 
 if TYPE_CHECKING:
     from .host import ShardHost
+    from .host_tables import HostedTable
 
 logger = logging.getLogger(__name__)
 
@@ -267,14 +268,47 @@ def move_out(host: ShardHost, name: str, shards: list[int], move: str) -> dict:
 
     t.gate.seal(move, lambda: not t.txns.touches(set(ids)), DRAIN_S)
     try:
+        hold(t, ids)  # readers on this host leave these shards' draws to this worker while they move
         out = {}
         for i in ids:
             arrays, meta = ck.snapshot_shard(t.shards[i])
             out[i] = {"arrays": arrays, "meta": meta}
     except BaseException:
+        resume(t)
         t.gate.thaw(move)
         raise
     return out
+
+
+def hold(t: HostedTable, ids: Iterable[int]) -> None:
+    """Hold the published selection states of shards ``ids`` of ``t`` (a move out starts).
+
+    Parameters
+    ----------
+    t : HostedTable
+        The table.
+    ids : iterable of int
+        Its shards that move.
+    """
+    for i in ids:
+        s = t.shards[i]
+        if s.published is not None:
+            with s.lock:
+                s.published.hold()
+
+
+def resume(t: HostedTable) -> None:
+    """Readers may draw again from every shard of ``t`` still here (a move out failed).
+
+    Parameters
+    ----------
+    t : HostedTable
+        The table.
+    """
+    for s in list(t.shards.values()):
+        if s.published is not None:
+            with s.lock:
+                s.published.resume()
 
 
 def move_thaw(host: ShardHost, name: str, move: str) -> bool:
@@ -295,7 +329,11 @@ def move_thaw(host: ShardHost, name: str, move: str) -> bool:
         Whether the move held the table here.
     """
     t = host.tables.get(name)
-    return t is not None and t.gate.thaw(move)
+    if t is None:
+        return False
+    if t.gate.sealed == move:
+        resume(t)
+    return t.gate.thaw(move)
 
 
 def move_release(host: ShardHost, name: str, shards: list[int], move: str, epoch: int) -> bool:

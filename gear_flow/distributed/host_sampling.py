@@ -654,6 +654,23 @@ class HostSampler:
         for i, n in counts.items():
             t.shard(i).uncount(int(n))
 
+    def count_drawn(self, name: str, counts: dict[int, int]) -> None:
+        """Count samples that readers on this host drew from the shards' published states themselves
+        (:mod:`~gear_flow.distributed.reader_draw`); shards no longer here are skipped (their counts left
+        with them).
+
+        Parameters
+        ----------
+        name : str
+            The table.
+        counts : dict of int to int
+            ``{shard: samples drawn}``.
+        """
+        t = self.tables.table(name)
+        for i, n in counts.items():
+            if int(i) in t.shards:
+                t.shards[int(i)].count_drawn(int(n))
+
     def sample_all(
         self,
         name: str,

@@ -144,6 +144,9 @@ class HostedTable:
             The shards.
         """
         for s in shards:
+            if s.published is not None:  # readers on this host stop drawing from it, before its segments go
+                with s.lock:
+                    s.published.retire()
             if hasattr(s.tier, "release"):
                 s.tier.release()
 

@@ -356,6 +356,14 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
         lane=True,
         quick=ALWAYS,
     ),
+    # not resendable: a count sent twice would count the draws twice
+    WorkerOp(
+        "count_drawn",
+        {"name": NAME, "counts": mapping(SHARD, integer(0, 1 << 40), 127)},
+        "ShardHost.count_drawn",
+        lane=True,
+        quick=ALWAYS,
+    ),
     WorkerOp(
         "sample_all",
         {

@@ -53,8 +53,9 @@ from ..table import planner, two_level
 from ..table.config import TableConfig
 from ..table.executor import fill_rows
 from ..table.validate import check_sample_args, sample_columns
+from . import reader_draw
 from .host_sampling import ShortBatchError, StaleSelectionError
-from .pending import book_reply, pending_calls, ride_along, send_pending, settle
+from .pending import book_reply, pending_calls, ride_along, settle
 from .transport import Moved, Retry, TableLink, copy_pool
 
 if TYPE_CHECKING:
@@ -262,15 +263,16 @@ def served(table: DistributedTable, out: SampleBuffers) -> SampleBatch:
 
 
 def flush(table: DistributedTable) -> None:
-    """Send stored priority updates (``update_priorities(wait=False)``) and report samples served under a
-    lease to the coordinator now (``info()`` then counts them).
+    """Send stored priority updates (``update_priorities(wait=False)``) and the samples drawn here from
+    published states to their owners, and report samples served under a lease to the coordinator, now
+    (``info()`` then counts them).
 
     Parameters
     ----------
     table : DistributedTable
         The handle.
     """
-    table._ctx.sync(send_pending, table)
+    table._ctx.sync(reader_draw.flush, table)  # stored updates, and the samples drawn here, to their owners
     done = table._lease.report()
     if done:
         table._link.coordinator_here.count_samples(done)
@@ -861,11 +863,17 @@ class RemoteSample:
         #: the shards' incarnations this attempt was planned at (a shard rebuilt since holds other items)
         self.incarnation = table._view.now().incarnation
         self.row_bytes = sum(out.bytes[c].shape[-1] for c in columns)  # one window step, all columns
+        #: seeds drawn for workers whose part this process meant to draw itself and left to them
+        #: (:func:`~gear_flow.distributed.reader_draw.plan`): their owner draws with them
+        self.seeds: dict[str, int] = {}
 
     async def __call__(self, req):
         t = self.t
         workers = t._view.workers()
         if isinstance(req, planner.Summaries):
+            here = reader_draw.fresh_masses(t, self.L, self.boundary, req.kinds)
+            if here is not None:  # read from the shards' published states: no request
+                return here
             cached, self.stale = t._masses.fresh(req.kinds, self.L, self.boundary, t._view.live_shards())
             if cached is not None:
                 return cached
@@ -908,6 +916,14 @@ class RemoteSample:
 
     async def _draw_parts(self, part, offs, counts=None, scale=None, slots=None, by_count=False, seqs=None):
         t = self.t
+        if counts is not None and not by_count and self.record:  # the shards whose state is published: drawn here
+            here, left = reader_draw.plan(self, offs, counts)
+            if here:
+                rows = sum(int(counts[s]) for _, shards, _ in here for s in shards)
+                left.update(await self._off_loop(reader_draw.draw_parts, rows, self, here, offs, counts, scale))
+                offs = {s: offs[s] for s in offs if s in left}
+                if not offs:
+                    return None
         mapped = {}
         for a in {t.placement[s] for s in offs}:
             sh = await t._link.route(a)
@@ -989,7 +1005,7 @@ class RemoteSample:
                 length=self.L,
                 boundary=self.boundary,
                 columns=self.columns,
-                seed=int(self.rng.integers(2**63)),
+                seed=self.seeds.pop(a) if a in self.seeds else int(self.rng.integers(2**63)),
                 counts=None if counts is None else {s: counts[s] for s in shards},
                 scale=None if scale is None else {s: scale[s] for s in shards},
                 slots=None if slots is None else {s: slots[s] for s in shards},

@@ -36,6 +36,7 @@ import numpy as np
 from ..errors import ProtocolError, ShardMovedError
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
+from . import reader_draw
 from .pending import book_reply, pending_calls, ride_along, settle
 from .sampling import (
     OFF_LOOP_BYTES,
@@ -80,12 +81,22 @@ class ThreadSample(RemoteSample):
     def __call__(self, req):
         t = self.t
         if isinstance(req, planner.Summaries):
+            here = reader_draw.fresh_masses(t, self.L, self.boundary, req.kinds)
+            if here is not None:  # read from the shards' published states
+                return here
             cached, self.stale = t._masses.fresh(req.kinds, self.L, self.boundary, t._view.live_shards())
             if cached is None:
                 raise NotHere
             return cached
         if isinstance(req, planner.Draw):
             offs = planner.offsets(req.counts, req.base)
+            if not req.by_count:  # the shards whose state is published: drawn here, no request
+                here, left = reader_draw.plan(self, offs, req.counts)
+                if here:
+                    left.update(reader_draw.draw_parts(self, here, offs, req.counts, req.scale))
+                    offs = {s: offs[s] for s in offs if s in left}
+                    if not offs:
+                        return None
             return self._draw_parts_here(offs, req.counts, req.scale, req.by_count)
         raise NotHere
 

@@ -1216,6 +1216,16 @@ class WorkerRoutes:
         """
         self._mapped = {**self._mapped, addr: mapped}
 
+    def forget(self, addr: str) -> None:
+        """Forget ``addr``'s route: it is probed again on its next use (its segments were replaced).
+
+        Parameters
+        ----------
+        addr : str
+            The worker.
+        """
+        self._mapped = {a: sh for a, sh in self._mapped.items() if a != addr}
+
     def clear(self) -> None:
         """Forget every route (the placement changed)."""
         self._mapped = {}

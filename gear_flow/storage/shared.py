@@ -28,8 +28,10 @@ import _posixshmem
 import math
 import mmap
 import os
+import select
 import shutil
 import uuid
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -189,12 +191,39 @@ class Attached:
         self._maps = []
         self.capacity = int(info["capacity"])
         self.header = self.map(info["header"], shard)
+        #: the owner's pid, from the segments' names (``gf_<pid>_...``)
+        self.owner_pid = int(info["header"]["segment"][len(PREFIX) :].split("_", 1)[0])
+        self._pidfd = None
+        try:  # Linux: a descriptor of the owner process itself (its pid may be reused, the descriptor not)
+            self._pidfd = os.pidfd_open(self.owner_pid)
+            weakref.finalize(self, os.close, self._pidfd)
+        except (AttributeError, OSError):  # no pidfd here, or the owner already gone: kill(pid, 0) decides
+            self._pidfd = None
         self.bytes = {
             c: self.map(d, shard).reshape(self.capacity, -1).view(np.uint8) for c, d in info["columns"].items()
         }
         sel = info.get("selection")
         #: the shard's selection state, when its readers may draw from it (None: its owner draws)
         self.selection = None if sel is None else MappedState(sel, shard, self.map)
+
+    def owner_alive(self) -> bool:
+        """Whether the process that owns these segments still runs (a reader drawing from a dead owner's
+        state would hand out a lost shard's items).
+
+        Returns
+        -------
+        bool
+            False once no process has the pid named in the segments' names.
+        """
+        if self._pidfd is not None:  # readable once the process has exited, even before its parent reaps it
+            return not select.select([self._pidfd], [], [], 0)[0]
+        try:
+            os.kill(self.owner_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # another user's process of that pid: not the owner any more
+            return False
+        return True
 
     def map(self, d: dict[str, Any], shard: int) -> np.ndarray:
         """Map one of the owner's segments read-only, kept mapped as long as this object.

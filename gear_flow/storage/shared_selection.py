@@ -18,6 +18,12 @@ even, nothing it read changed meanwhile (x86-64 orders plain loads with
 loads and stores with stores, as the rings' seqlock relies on too);
 otherwise it draws again.
 
+A shard that moves out is held (the version stays odd: its owner answers
+every draw, refusing those planned before the move), and one that leaves
+its owner is retired for good; a reader whose owner died finds no such
+process (:meth:`~gear_flow.storage.shared.Attached.owner_alive`).  Either
+way the owner's path finds out what happened to the shard.
+
 The episode index grows by doubling: its new arrays are new segments, and the
 header's ``index_generation`` tells a reader that mapped the old ones to map
 the shard's layout again.
@@ -31,6 +37,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from ..tails import valid_mass
 from . import windows
 from .windows import Windows
 
@@ -107,6 +114,8 @@ class SelectionState:
         self.tier: StorageTier = shard.tier
         self._shard = shard
         self._depth = 0
+        self._held = False  # odd until resumed (a move out) or for good (retired)
+        self._retired = False
         sums = shard.sampler.sums
         parts = {"header": (np.int64, (HEADER_LEN,)), "tree": (np.float64, sums.tree.shape),
                  "priority": (np.float64, shard.priority.shape)}  # fmt: skip
@@ -148,16 +157,37 @@ class SelectionState:
             The version is odd until the outermost block ends, whichever way.
         """
         h = self.header
-        if self._depth == 0:
+        if self._depth == 0 and not self._held:
             h[VERSION] += 1
         self._depth += 1
         try:
             yield
         finally:
             self._depth -= 1
-            if self._depth == 0:
+            if self._depth == 0 and not self._held:
                 self._publish()
                 h[VERSION] += 1
+
+    def hold(self) -> None:
+        """Keep the version odd until :meth:`resume` (the shard is moving out: its owner answers every
+        draw, refusing those planned before the move) or for good (:meth:`retire`).  Call holding the
+        shard's lock, outside :meth:`writing`."""
+        if not self._held:
+            self._held = True
+            self.header[VERSION] += 1
+
+    def resume(self) -> None:
+        """Readers may draw again (a move that held the shard failed: it stays here).  Call holding the
+        shard's lock."""
+        if self._held and not self._retired:
+            self._held = False
+            self._publish()
+            self.header[VERSION] += 1
+
+    def retire(self) -> None:
+        """Readers never draw from this state again (its shard left this owner: dropped, moved or lost)."""
+        self.hold()
+        self._retired = True
 
     def _publish(self) -> None:
         s, h = self._shard, self.header
@@ -321,14 +351,9 @@ class MappedState:
         if v & 1 or self.regrown():
             return None
         total = float(self.tree[1])
-        mass = total
+        mass = self._valid(total, length, boundary)
         strict = boundary == "strict" and length > 1
-        if strict:
-            tail = self.tail(length)
-            if tail is None:
-                return None
-            mass = total - tail if total - tail > total * 1e-9 else 0.0
-        if not mass > 0:
+        if mass is None or not mass > 0:
             return None
         size = self.index_size
         hi = int(h[WRITE_POS]) if step_items else int(h[INDEX_NEXT])
@@ -361,6 +386,37 @@ class MappedState:
         if np.any((nv < 0) | (dst < 0) | (dst + nv > length)):  # torn: the gather would refuse it
             return None
         return Draw(win, probs, self.priority[out].copy(), mass, v)
+
+    def mass(self, length: int, boundary: str) -> float | None:
+        """The shard's valid mass now (total weight minus the published tail mass of strict windows).
+
+        Parameters
+        ----------
+        length : int
+            Window length.
+        boundary : {"strict", "pad_tail", "pad_head"}
+            Window boundary mode.
+
+        Returns
+        -------
+        float or None
+            None while the owner writes (or wrote meanwhile), or when the tail
+            mass of this length is not published.
+        """
+        v = int(self.header[VERSION])
+        if v & 1:
+            return None
+        mass = self._valid(float(self.tree[1]), length, boundary)
+        return mass if self.unchanged(v) else None
+
+    def _valid(self, total: float, length: int, boundary: str) -> float | None:
+        """The valid mass given the tree's ``total``: the owner's rule (:meth:`~gear_flow.shard.Shard.valid_mass`)."""
+        if boundary != "strict" or length <= 1 or total <= 0:
+            return total
+        tail = self.tail(length)
+        if tail is None:
+            return None
+        return valid_mass(total, tail)
 
     def regrown(self) -> bool:
         """Whether the owner's episode index grew into new segments since this mapping (map the layout again).

@@ -1,0 +1,406 @@
+"""Draws a reader makes itself from the selection state its host's shard owners publish: no owner request per batch.
+
+A shard on this host whose state is published
+(:mod:`~gear_flow.storage.shared_selection`: ``Uniform`` or ``Prioritized``
+samplers, no ``max_times_sampled``) is drawn from here: the plan's masses are
+read from the shards' trees, each shard's count is drawn from its tree by the
+owner's rule, the windows are gathered from its rings, and the state's
+version is read again.  A version that moved means the owner wrote during the
+draw: the shard is drawn again (up to :data:`ATTEMPTS` times), and after that,
+or whenever the state cannot be drawn from here (the owner is writing, no
+weight is left, the tail mass of a new window length is not published yet, the
+episode index grew into new segments), the shard's owner draws that part as
+before (``reader_fallbacks`` in the handle's stats, ``reader_redraws`` for
+the draws made again).
+
+The probability reported is the draw's own: the plan's first level
+``m_s / M`` (the masses read here, or the owner's last) times ``w_i / m'_s``
+over the valid mass read at the draw, as an owner's draw reports it.
+
+What the owners learn afterwards, in the background and batched: the
+priority updates stored by ``update_priorities(wait=False)``
+(:mod:`~gear_flow.distributed.pending`, in order, one request per owner
+every ``distributed.reader-flush`` seconds at most, sooner once many are
+stored) and the samples drawn (:class:`DrawnCounts`, their ``sampled``
+counters).  So an update shows in this reader's draws, and a sample in the
+owners' ``info()``, within that delay; ``flush()`` sends both at once.  The
+coordinator's limiter counts every sample at admission, as any other.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .. import config
+from ..table.executor import fill_rows
+from .pending import send_pending
+from .transport import Retry
+
+if TYPE_CHECKING:
+    from ..storage.shared import Attached
+    from .api import DistributedTable
+    from .sampling import RemoteSample
+
+#: draws of one shard's part made again after the owner wrote during them, before its owner draws it
+ATTEMPTS = 4
+logger = logging.getLogger(__name__)
+
+
+class DrawnCounts:
+    """Samples a handle drew itself, per shard, not yet counted by their owners; and whether a flush to the
+    owners is scheduled.  Thread-safe: a caller's thread adds, the event loop takes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._n: dict[int, int] = defaultdict(int)
+        self.scheduled = False
+
+    def add(self, shard: int, n: int) -> None:
+        """Count ``n`` samples drawn from ``shard``.
+
+        Parameters
+        ----------
+        shard : int
+            The shard.
+        n : int
+            Samples.
+        """
+        with self._lock:
+            self._n[shard] += int(n)
+
+    def take(self) -> dict[int, int]:
+        """Everything counted so far, forgotten here.
+
+        Returns
+        -------
+        dict of int to int
+            ``{shard: samples}``.
+        """
+        with self._lock:
+            got, self._n = dict(self._n), defaultdict(int)
+            return got
+
+    def put_back(self, counts: dict[int, int]) -> None:
+        """Counts whose report failed: kept for the next one.
+
+        Parameters
+        ----------
+        counts : dict of int to int
+            ``{shard: samples}``.
+        """
+        with self._lock:
+            for s, n in counts.items():
+                self._n[s] += n
+
+    def __len__(self) -> int:
+        return len(self._n)
+
+
+async def report(table: DistributedTable) -> None:
+    """Tell the owners the samples this handle drew from their shards (``count_drawn``, one request each).
+
+    A shard lost or moved meanwhile keeps its count back once (the worker
+    it moved to counts it next time); a lost one's count leaves with it.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    """
+    counts = table._drawn.take()
+    by = defaultdict(dict)
+    for s, n in counts.items():
+        if s in table.placement and s not in table.lost and n:
+            by[table.placement[s]][s] = n
+    if not by:
+        return
+    res, errors = await table._link.on_workers(
+        {a: ("count_drawn", dict(name=table.name, counts=c)) for a, c in by.items()}, partial=True
+    )
+    for a, c in by.items():
+        if a not in res:
+            table._drawn.put_back(c)
+    errors = [e for e in errors if not isinstance(e, Retry)]
+    if errors:
+        raise errors[0]
+
+
+async def flush(table: DistributedTable) -> None:
+    """Send the stored priority updates and the samples drawn here to their owners now.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    """
+    table._drawn.scheduled = False
+    await send_pending(table)
+    await report(table)
+
+
+def flush_soon(table: DistributedTable) -> None:
+    """Schedule :func:`flush` on the event loop within ``distributed.reader-flush`` seconds (at once when
+    many updates are stored), unless one is scheduled already.  Callable from any thread.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    """
+    if table._drawn.scheduled or not (len(table._pending) or len(table._drawn)):
+        return
+    table._drawn.scheduled = True
+    delay = float(config.get("distributed.reader-flush") or 0.0)
+    loop = table._ctx.loop
+
+    async def go() -> None:
+        try:
+            await flush(table)
+        except Exception as e:  # noqa: BLE001 - kept (updates stored again, counts put back): the next flush sends
+            logger.info("table %r: updates or counts not sent to the owners yet (%s)", table.name, e)
+
+    loop.add_callback(lambda: loop.call_later(delay, lambda: loop.add_callback(go)))
+
+
+def enabled(table: DistributedTable) -> bool:
+    """Whether ``table``'s handle draws itself where it can (config ``distributed.reader-draw`` when the
+    handle was made: :attr:`~gear_flow.distributed.DistributedTable.reader_draw`).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+
+    Returns
+    -------
+    bool
+        Reader draws are on, and the sample changes nothing on the table
+        (not an exclusive one).
+    """
+    return table.reader_draw and not table._cfg.exclusive
+
+
+def published(table: DistributedTable) -> dict[int, Attached]:
+    """The live shards whose selection state this process maps, with their mappings.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+
+    Returns
+    -------
+    dict of int to Attached
+        ``{shard: mapping}``.  The shards of an owner that no longer runs
+        are left out (its request finds them lost), and so is a mapping
+        whose owner's index has grown since (its worker's route is
+        forgotten, so that it is mapped again on its next use).
+    """
+    out = {}
+    for a, shards in table._routes.every_mapped().items():
+        alive = None
+        for s, sh in shards.items():
+            sel = sh.selection
+            if sel is None or s in table.lost or table.placement.get(s) != a:
+                continue
+            if alive is None:
+                alive = sh.owner_alive()  # a killed owner's state is still mapped: its request finds it lost
+            if not alive:
+                break
+            if sel.regrown():
+                table._routes.forget(a)
+                break
+            out[s] = sh
+    return out
+
+
+def masses(table: DistributedTable, L: int, boundary: str) -> dict[int, float] | None:
+    """Every live shard's valid mass, read from its published state.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    L : int
+        Window length.
+    boundary : str
+        Boundary mode.
+
+    Returns
+    -------
+    dict of int to float or None
+        ``{shard: mass}``; None unless every live shard's state is mapped
+        and readable now with mass somewhere (the planner asks the owners
+        then).
+    """
+    if not enabled(table):
+        return None
+    here = published(table)
+    live = table._view.live_shards()
+    if not live or any(s not in here for s in live):
+        return None
+    got = {}
+    for s in live:
+        m = here[s].selection.mass(L, boundary)
+        if m is None:
+            return None
+        got[s] = m
+    return got if any(m > 0 for m in got.values()) else None
+
+
+def plan(ex: RemoteSample, offs: dict, counts: dict) -> tuple[list, dict]:
+    """Which workers' parts of a plan's draw this process draws itself, each with the seed its owner would
+    have drawn with (taken from the sample's generator in the order :meth:`RemoteSample.part_calls` takes
+    them, so that a batch is the same whichever path draws it); call on the sample's own thread.
+
+    Parameters
+    ----------
+    ex : RemoteSample
+        The sample's executor.
+    offs : dict of int to int
+        First row of each shard's part.
+    counts : dict of int to int
+        Items to draw per shard.
+
+    Returns
+    -------
+    here : list
+        ``[(worker, [shard, ...] sorted, seed), ...]``: every shard of these workers is published here.
+    left : dict of int to int
+        The shards left to their owners, with their first rows (their workers' seeds in ``ex.seeds``).
+    """
+    t = ex.t
+    if not enabled(t):
+        return [], offs
+    published_here = published(t)
+    by: dict[str, list[int]] = defaultdict(list)
+    for s in offs:
+        by[t.placement[s]].append(s)
+    here, left = [], {}
+    for a, shards in by.items():
+        seed = int(ex.rng.integers(2**63))
+        drawn = [s for s in shards if int(counts.get(s, 0)) > 0]
+        if drawn and all(s in published_here for s in drawn):
+            here.append((a, sorted(drawn), seed))
+        else:
+            ex.seeds[a] = seed  # its owner draws with it
+            left.update((s, offs[s]) for s in shards)
+    return here, left
+
+
+def draw_parts(ex: RemoteSample, here: list, offs: dict, counts: dict, scale: dict) -> dict:
+    """Draw the parts :func:`plan` chose into ``ex``'s batch, each worker's shards in its owner's order with
+    its owner's seed (as :func:`~gear_flow.distributed.host_sampling.HostSampler.sample_part` draws them).
+
+    Parameters
+    ----------
+    ex : RemoteSample
+        The sample's executor (its batch, window and handle).
+    here : list
+        :func:`plan`'s ``here``.
+    offs : dict of int to int
+        First row of each shard's part.
+    counts : dict of int to int
+        Items to draw per shard.
+    scale : dict of int to float
+        Each shard's first-level probability.
+
+    Returns
+    -------
+    dict of int to int
+        The shards that could not be drawn here (their owners draw them), with their first rows.
+    """
+    t = ex.t
+    mapped = published(t)
+    left = {}
+    for a, shards, seed in here:
+        rng = np.random.default_rng(seed)
+        for k, s in enumerate(shards):
+            sh = mapped.get(s)
+            if sh is None or not draw_one(ex, sh, s, offs[s], int(counts[s]), float(scale[s]), rng):
+                t.stats["reader_fallbacks"] += 1
+                left[s] = offs[s]
+                if k == 0 and rng.bit_generator.state == np.random.default_rng(seed).bit_generator.state:
+                    ex.seeds[a] = seed  # nothing drawn with it yet: its owner draws with it, as it would have
+    if here:  # what this batch drew here, and the updates it carried to no owner: soon
+        flush_soon(t)
+    return left
+
+
+def draw_one(ex: RemoteSample, sh: Attached, s: int, o: int, n: int, scale: float, rng: np.random.Generator) -> bool:
+    """Draw shard ``s``'s ``n`` rows at row ``o`` of the batch from its published state.
+
+    Parameters
+    ----------
+    ex : RemoteSample
+        The sample's executor.
+    sh : Attached
+        The shard's mapping.
+    s : int
+        The shard.
+    o : int
+        Its part's first row.
+    n : int
+        Its rows.
+    scale : float
+        Its first-level probability.
+    rng : numpy.random.Generator
+        The draw's source.
+
+    Returns
+    -------
+    bool
+        Whether the rows are filled; False: its owner draws them.
+    """
+    t, sel = ex.t, sh.selection
+    step_items = t.spec.item_unit == "step"
+    for _ in range(ATTEMPTS):
+        d = sel.draw(n, ex.L, ex.boundary, rng, sh.capacity, step_items)
+        if d is None:
+            return False
+        w = d.windows
+        ex._copy_shared(sh, {"seqs": w.seqs, "src_abs": w.src_abs, "dst_offset": w.dst_offset,
+                             "n_valid": w.n_valid}, o)  # fmt: skip
+        if sel.unchanged(d.version):  # nothing read changed meanwhile, rings included
+            fill_rows(ex.out, o, s, w.seqs, d.probs * scale, w.episode_ids, w.timesteps, w.dst_offset, w.n_valid,
+                      ex.L, d.priorities, None)  # fmt: skip
+            t._masses.update(ex.L, ex.boundary, s, d.mass)
+            t._drawn.add(s, n)
+            t.stats["reader_draws"] += n
+            t.stats["shared_bytes"] += n * ex.L * ex.row_bytes
+            return True
+        t.stats["reader_redraws"] += 1
+    return False
+
+
+def fresh_masses(table: DistributedTable, L: int, boundary: str, kinds: tuple) -> dict | None:
+    """A plan's ``Summaries`` answered from the published states (only the sampler's masses are).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+    L : int
+        Window length.
+    boundary : str
+        Boundary mode.
+    kinds : tuple of str
+        What the plan asks for.
+
+    Returns
+    -------
+    dict or None
+        ``{"sampler": {shard: mass}}``, or None (ask the cache or the owners).
+    """
+    if tuple(kinds) != ("sampler",):
+        return None
+    got = masses(table, L, boundary)
+    if got is None:
+        return None
+    table._masses.store(("sampler",), L, boundary, {"sampler": got})
+    return {"sampler": got}

@@ -1,0 +1,207 @@
+"""A reader on the workers' host draws its batches itself from the shards' published selection state
+(:mod:`gear_flow.distributed.reader_draw`): no owner request per batch, the distribution and probabilities
+of the owners' path (both are run here), while writers insert and wrap the ring; an owner's write during a
+draw makes it draw again; its updates reach the owners in order and show in its later draws."""
+
+from __future__ import annotations
+
+import threading
+
+import dask
+import numpy as np
+import pytest
+from dist_support import wait_for
+from helpers import COLUMNS, Catalog, check_windows, chi2_critical
+
+import gear_flow as gf
+from gear_flow.distributed import DistributedTable
+from gear_flow.keys import decode
+
+#: steps per episode; step k of every episode has priority k + 1
+K = 8
+ALPHA = 0.7
+
+
+def table(client, reader: bool, capacity=256, item_unit="step", **kw):
+    spec = gf.TableSpec(COLUMNS, capacity=capacity, num_shards=2, item_unit=item_unit)
+    with dask.config.set({"gear-flow.distributed.reader-draw": reader}):
+        return DistributedTable.create(client, spec, sampler=gf.Prioritized(ALPHA, 0.5), seed=1, **kw)
+
+
+def check_rows(b, L):
+    """Every window, from its data alone (writers may be inserting it): one episode's consecutive steps from
+    the row's timestep, its tag the same in every column, padded past the episode's end only."""
+    obs, ep, ts, mask = b["obs"].numpy(), b["ep"].numpy(), b["t"].numpy(), b.mask.numpy()
+    for r in range(len(b)):
+        v = np.flatnonzero(mask[r])
+        t0, tag = int(b.timesteps[r]), int(ep[r, 0])
+        assert len(v) == min(L, K - t0) and v[0] == 0, (r, mask[r])
+        assert (ep[r, v] == tag).all() and np.array_equal(ts[r, v], t0 + np.arange(len(v)))
+        assert np.array_equal(obs[r, v], np.stack([np.full(len(v), tag), ts[r, v], 1000 * tag + ts[r, v]], 1))
+        assert not obs[r, ~mask[r]].any()
+
+
+def fill(t, cat, tags):
+    per = np.arange(1.0, K + 1) if t.spec.item_unit == "step" else np.array([2.0])
+    return cat.insert(t, [(tag, K) for tag in tags], priorities=[per] * len(tags))
+
+
+@pytest.mark.parametrize("reader", [True, False], ids=["reader-draw", "owner-draw"])
+def test_the_step_of_the_episode_follows_its_priority_while_writers_wrap_the_ring(dist_client, reader):
+    """Evictions drop whole episodes, so whichever episodes are live, step k of its episode is drawn with
+    probability w_k / sum_j w_j: a chi-square over the steps drawn while two writers keep the rings wrapping.
+    Within a batch, the rows of one shard report probabilities in the ratio of their weights."""
+    t = table(dist_client, reader)
+    cat = Catalog()
+    try:
+        fill(t, cat, range(1, 41))  # 320 steps over 2 x 256: the rings are full and wrap from here
+        stop = threading.Event()
+        errors = []
+
+        def write(first):
+            tag = first
+            try:
+                while not stop.is_set():
+                    fill(t, cat, [tag, tag + 1])
+                    tag += 2
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        writers = [threading.Thread(target=write, args=(1000 * (i + 1),)) for i in range(2)]
+        for w in writers:
+            w.start()
+        counts = np.zeros(K)
+        w = np.arange(1.0, K + 1) ** ALPHA
+        try:
+            for _ in range(150):
+                b = t.sample(64, 1, boundary="pad_tail")
+                check_rows(b, 1)
+                ts = b.timesteps.numpy()
+                np.add.at(counts, ts, 1)
+                shards = decode(b.keys.numpy())[0]
+                p = b.probabilities.numpy()
+                for s in np.unique(shards):
+                    rows = np.flatnonzero(shards == s)
+                    np.testing.assert_allclose(p[rows] / w[ts[rows]], p[rows[0]] / w[ts[rows[0]]], rtol=1e-9)
+        finally:
+            stop.set()
+            for th in writers:
+                th.join()
+        assert not errors, errors
+        assert t.info()["totals"]["evicted"] > 0  # the rings wrapped while the batches were drawn
+        expected = counts.sum() * w / w.sum()
+        chi2 = float(((counts - expected) ** 2 / expected).sum())
+        assert chi2 < chi2_critical(K - 1), (chi2, counts.tolist())
+        if reader:
+            assert t.stats["reader_draws"] > 0.9 * counts.sum(), t.stats
+        else:
+            assert t.stats["reader_draws"] == 0
+    finally:
+        t.close()
+
+
+def test_batches_need_no_owner_request_and_report_the_true_probabilities(dist_client):
+    t = table(dist_client, True)
+    cat = Catalog()
+    try:
+        fill(t, cat, range(1, 21))
+        t.sample(8, 2, boundary="pad_tail")  # the routes learnt, the shards mapped
+        before = dict(t.requests)
+        w = np.arange(1.0, K + 1) ** ALPHA
+        total = 20 * w.sum()  # every item of the table's weight
+        for _ in range(20):
+            b = t.sample(32, 2, boundary="pad_tail")
+            check_windows(b, cat, 2, "pad_tail")
+            np.testing.assert_allclose(b.probabilities.numpy(), w[b.timesteps.numpy()] / total, rtol=1e-9)
+            np.testing.assert_allclose(b.priorities.numpy(), b.timesteps.numpy() + 1.0)
+        sent = {op: n - before.get(op, 0) for op, n in t.requests.items() if n != before.get(op, 0)}
+        # no draw, mass or update request: only the samples drawn, counted to the owners in the background
+        # (one request per owner per distributed.reader-flush at most)
+        assert set(sent) <= {"count_drawn"}, sent
+        assert t.stats["reader_draws"] >= 20 * 32 and t.stats["reader_fallbacks"] == 0, t.stats
+        info = t.info()  # the owners count the draws (reported by the flush info makes first)
+        assert info["totals"]["sampled"] == info["rate_limiter"]["samples"] == 8 + 20 * 32, info
+    finally:
+        t.close()
+
+
+def test_an_owner_writing_during_draws_makes_the_reader_draw_again(dist_client):
+    """A writer that never stops: some draws see the owner's version move and are drawn again, and every
+    window handed out is whole and its episode's."""
+    t = table(dist_client, True, capacity=64)
+    cat = Catalog()
+    try:
+        fill(t, cat, range(1, 9))
+        stop = threading.Event()
+
+        def write():
+            tag = 100
+            while not stop.is_set():
+                fill(t, cat, [tag])
+                tag += 1
+
+        th = threading.Thread(target=write)
+        th.start()
+        try:
+            deadline_batches = 4000
+            n = 0
+            while t.stats["reader_redraws"] == 0 and n < deadline_batches:
+                check_rows(t.sample(128, 4, boundary="pad_tail"), 4)
+                n += 1
+        finally:
+            stop.set()
+            th.join()
+        assert t.stats["reader_redraws"] > 0, (n, t.stats)
+    finally:
+        t.close()
+
+
+def test_updates_reach_the_owners_in_order_and_show_in_the_readers_draws(dist_client):
+    t = table(dist_client, True)
+    cat = Catalog()
+    try:
+        r = fill(t, cat, range(1, 11))
+        keys = np.concatenate([fk + np.arange(K) for fk in r.first_keys])
+        for p in (5.0, 0.0, 3.0):  # the last one wins
+            t.update_priorities(keys[:K], np.full(K, p), wait=False)  # episode 1: stored, in order
+        assert t.sample(16, 1).probabilities.numpy().min() > 0  # drawn while they wait to be sent
+        wait_for(lambda: not len(t._pending) and not t._drawn.scheduled, "the stored updates sent in the background")
+        b = t.sample(2000, 1, boundary="pad_tail")
+        w = np.arange(1.0, K + 1) ** ALPHA
+        total = 9 * w.sum() + K * 3.0**ALPHA
+        ep1 = b.episode_ids.numpy() == int(r.episode_ids[0])
+        assert ep1.any()
+        np.testing.assert_allclose(b.probabilities.numpy()[ep1], 3.0**ALPHA / total, rtol=1e-9)
+        np.testing.assert_allclose(b.priorities.numpy()[ep1], 3.0)
+        t.update_priorities(keys[:K], np.zeros(K))  # waited for: the next draw sees it
+        b = t.sample(2000, 1, boundary="pad_tail")
+        assert not (b.episode_ids.numpy() == int(r.episode_ids[0])).any()
+    finally:
+        t.close()
+
+
+@pytest.mark.parametrize("item_unit", ["step", "episode"])
+@pytest.mark.parametrize("boundary", ["strict", "pad_tail", "pad_head"])
+def test_a_seed_gives_the_same_batch_whoever_draws_it(dist_client, boundary, item_unit):
+    """The handle draws each worker's part with the seed and in the order its owner would: one seed, one
+    batch, row for row, whether the handle or the owners drew it (the first batch of a window length is
+    the owners', until they publish its tail mass: the same batch still)."""
+    t = table(dist_client, True, item_unit=item_unit)
+    cat = Catalog()
+    try:
+        lengths = [3 + tag % 7 for tag in range(1, 31)]
+        n = sum(lengths) if item_unit == "step" else len(lengths)
+        cat.insert(t, [(tag, n_) for tag, n_ in zip(range(1, 31), lengths)], priorities=np.linspace(0.5, 4.0, n))
+        with dask.config.set({"gear-flow.distributed.reader-draw": False}):
+            owners = DistributedTable.attach(t.name, client=dist_client)
+        for step in range(8):
+            a = t.sample(48, 4, boundary=boundary, rng=np.random.default_rng(step))
+            b = owners.sample(48, 4, boundary=boundary, rng=np.random.default_rng(step))
+            check_windows(a, cat, 4, boundary, item_unit)
+            for f in ("keys", "probabilities", "weights", "mask", "timesteps", "episode_ids", "priorities"):
+                assert np.array_equal(getattr(a, f).numpy(), getattr(b, f).numpy()), (step, f)
+            for c in ("obs", "ep", "t", "done"):
+                assert np.array_equal(a[c].numpy(), b[c].numpy()), (step, c)
+        assert t.stats["reader_draws"] > 0 and owners.stats["reader_draws"] == 0, (t.stats, owners.stats)
+    finally:
+        t.close()
