@@ -14,7 +14,7 @@ from dist_support import wait_for
 from helpers import COLUMNS, Catalog, check_windows, chi2_critical
 
 import gear_flow as gf
-from gear_flow.distributed import DistributedTable
+from gear_flow.distributed import DistributedTable, reader_draw
 from gear_flow.keys import decode
 
 #: steps per episode; step k of every episode has priority k + 1
@@ -121,6 +121,9 @@ def test_batches_need_no_owner_request_and_report_the_true_probabilities(dist_cl
         assert t.stats["reader_draws"] >= 20 * 32 and t.stats["reader_fallbacks"] == 0, t.stats
         info = t.info()  # the owners count the draws (reported by the flush info makes first)
         assert info["totals"]["sampled"] == info["rate_limiter"]["samples"] == 8 + 20 * 32, info
+        r = info["reader"]
+        assert r["enabled"] and r["draws"] >= 20 * 32 and r["fallbacks"] == 0, r
+        assert r["updates_waiting"] == 0 and r["draws_uncounted"] == 0 and r["flush_s"] > 0, r
     finally:
         t.close()
 
@@ -176,6 +179,10 @@ def test_updates_reach_the_owners_in_order_and_show_in_the_readers_draws(dist_cl
         t.update_priorities(keys[:K], np.zeros(K))  # waited for: the next draw sees it
         b = t.sample(2000, 1, boundary="pad_tail")
         assert not (b.episode_ids.numpy() == int(r.episode_ids[0])).any()
+        drawn = t.sample(32, 1).keys.numpy()  # keys this handle was handed: their updates may wait
+        t.update_priorities(drawn, np.full(32, 2.0), wait=False)
+        assert reader_draw.state(t)["updates_waiting"] == 32  # the lag, readable (info() flushes first)
+        assert t.info()["reader"]["updates_waiting"] == 0
     finally:
         t.close()
 
@@ -203,5 +210,61 @@ def test_a_seed_gives_the_same_batch_whoever_draws_it(dist_client, boundary, ite
             for c in ("obs", "ep", "t", "done"):
                 assert np.array_equal(a[c].numpy(), b[c].numpy()), (step, c)
         assert t.stats["reader_draws"] > 0 and owners.stats["reader_draws"] == 0, (t.stats, owners.stats)
+    finally:
+        t.close()
+
+
+READER = """
+import sys
+import numpy as np
+from distributed import Client
+from gear_flow.distributed import DistributedTable
+
+client = Client(sys.argv[1])
+t = DistributedTable.attach(sys.argv[2], client=client)
+first = [int(k) for k in sys.argv[3].split(",")]
+for e in range(10_000):
+    k = e % len(first)
+    t.sample(16, 1)  # drawn here, from the owners' published state
+    t.update_priorities(np.arange(first[k], first[k] + 8), np.full(8, 1.0 + e))  # waited for: acknowledged
+    print(k, 1.0 + e, flush=True)
+"""
+
+
+def test_a_reader_killed_while_it_updates_loses_nothing_acknowledged(dist_client, tmp_path):
+    """A learner process drawing for itself and updating priorities is killed mid-stream: every update it
+    was told was applied is at the owners, the last one of each episode wins."""
+    import subprocess
+    import sys
+
+    t = table(dist_client, True)
+    cat = Catalog()
+    try:
+        r = fill(t, cat, range(1, 5))
+        script = tmp_path / "reader.py"
+        script.write_text(READER)
+        first = ",".join(str(int(k)) for k in r.first_keys)
+        p = subprocess.Popen(
+            [sys.executable, str(script), dist_client.scheduler.address, t.name, first],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        acked = {}
+        try:
+            for line in p.stdout:
+                k, prio = line.split()
+                acked[int(k)] = float(prio)
+                if len(acked) == 4 and min(acked.values()) > 8:  # each episode updated twice at least
+                    break
+        finally:
+            p.kill()
+            p.wait()
+        b = t.sample(3000, 1, boundary="pad_tail")
+        eids = b.episode_ids.numpy()
+        for k, prio in acked.items():
+            rows = eids == int(r.episode_ids[k])
+            assert rows.any()
+            # the owner holds the last acknowledged update, or one sent after it that came through too
+            got = set(b.priorities.numpy()[rows].tolist())
+            assert len(got) == 1 and got.pop() >= prio, (k, prio)
     finally:
         t.close()

@@ -57,6 +57,9 @@ def test_bench_distributed_quick(tmp_path):
     two = data["workers_2_shared"]
     assert two["colocated"]["shared_bytes"] > 0 and two["colocated"]["remote_bytes"] == 0  # ... or shared memory
     assert two["stats"]["shared_bytes"] > 0 and two["stats"]["remote_bytes"] == 0
+    owner = data["workers_2_shared_owner"]  # the same shared memory, the owners drawing
+    assert two["stats"]["reader_draws"] > 0 and owner["stats"]["reader_draws"] == 0
+    assert owner["stats"]["shared_bytes"] > 0 and owner["stats"]["remote_bytes"] == 0
     for w in ("workers_1", "workers_2"):  # an actor's inserts in its thread wherever it has the coordinator's lane
         assert data[f"{w}_shared"]["actor_insert"]["insert_in_thread"] > 0
         assert data[f"{w}_tcp"]["actor_insert"]["insert_in_thread"] > 0

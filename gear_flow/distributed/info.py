@@ -14,6 +14,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from ..errors import ShardMovedError
+from . import reader_draw
 from .transport import Retry, call
 
 if TYPE_CHECKING:
@@ -68,8 +69,11 @@ def info(table: DistributedTable) -> dict:
         ``placement`` (``{shard: address}``); ``inserts_in_flight``
         (count); ``unsettled_inserts`` (committed inserts with a part
         whose worker did not answer in time, which the coordinator has
-        not settled yet) and ``waiting`` (``{"inserts": n, "samples":
-        n}`` blocked by the limiter).
+        not settled yet), ``waiting`` (``{"inserts": n, "samples":
+        n}`` blocked by the limiter) and ``reader`` (what this handle draws
+        itself from its host's published selection state, and what its
+        owners have not learnt yet:
+        :func:`~gear_flow.distributed.reader_draw.state`).
     """
     table.flush()
     return table._ctx.sync(info_async, table)
@@ -127,6 +131,7 @@ async def info_async(table: DistributedTable) -> dict:
         "inserts_in_flight": state["inserts_in_flight"],
         "unsettled_inserts": state["unsettled_inserts"],
         "waiting": state["waiting"],
+        "reader": reader_draw.state(table),
     }
 
 

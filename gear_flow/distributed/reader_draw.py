@@ -100,6 +100,47 @@ class DrawnCounts:
     def __len__(self) -> int:
         return len(self._n)
 
+    def total(self) -> int:
+        """Samples counted and not yet reported.
+
+        Returns
+        -------
+        int
+            Their sum over the shards.
+        """
+        with self._lock:
+            return int(sum(self._n.values()))
+
+
+def state(table: DistributedTable) -> dict:
+    """What this handle draws itself and what its owners have not learnt yet (``info()["reader"]``).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle.
+
+    Returns
+    -------
+    dict
+        ``enabled`` (:func:`enabled`), ``draws``, ``redraws`` and
+        ``fallbacks`` (the handle's stats of those names), ``flush_s`` (the
+        longest the owners wait for this handle's stored updates and counts:
+        ``distributed.reader-flush``), ``updates_waiting`` (items of stored
+        priority updates not yet sent) and ``draws_uncounted`` (samples drawn
+        here not yet counted by their owners).
+    """
+    st = table.stats
+    return {
+        "enabled": enabled(table),
+        "draws": st["reader_draws"],
+        "redraws": st["reader_redraws"],
+        "fallbacks": st["reader_fallbacks"],
+        "flush_s": float(config.get("distributed.reader-flush") or 0.0),
+        "updates_waiting": len(table._pending),
+        "draws_uncounted": table._drawn.total(),
+    }
+
 
 async def report(table: DistributedTable) -> None:
     """Tell the owners the samples this handle drew from their shards (``count_drawn``, one request each).
@@ -219,7 +260,7 @@ def published(table: DistributedTable) -> dict[int, Attached]:
     return out
 
 
-def masses(table: DistributedTable, L: int, boundary: str) -> dict[int, float] | None:
+def masses(table: DistributedTable, L: int, boundary: str, here: dict | None = None) -> dict[int, float] | None:
     """Every live shard's valid mass, read from its published state.
 
     Parameters
@@ -230,6 +271,8 @@ def masses(table: DistributedTable, L: int, boundary: str) -> dict[int, float] |
         Window length.
     boundary : str
         Boundary mode.
+    here : dict, optional
+        :func:`published`, if the caller has it already.
 
     Returns
     -------
@@ -240,7 +283,7 @@ def masses(table: DistributedTable, L: int, boundary: str) -> dict[int, float] |
     """
     if not enabled(table):
         return None
-    here = published(table)
+    here = published(table) if here is None else here
     live = table._view.live_shards()
     if not live or any(s not in here for s in live):
         return None
@@ -277,7 +320,7 @@ def plan(ex: RemoteSample, offs: dict, counts: dict) -> tuple[list, dict]:
     t = ex.t
     if not enabled(t):
         return [], offs
-    published_here = published(t)
+    published_here = ex.published_here()
     by: dict[str, list[int]] = defaultdict(list)
     for s in offs:
         by[t.placement[s]].append(s)
@@ -316,7 +359,7 @@ def draw_parts(ex: RemoteSample, here: list, offs: dict, counts: dict, scale: di
         The shards that could not be drawn here (their owners draw them), with their first rows.
     """
     t = ex.t
-    mapped = published(t)
+    mapped = ex.published_here()
     left = {}
     for a, shards, seed in here:
         rng = np.random.default_rng(seed)
@@ -378,17 +421,13 @@ def draw_one(ex: RemoteSample, sh: Attached, s: int, o: int, n: int, scale: floa
     return False
 
 
-def fresh_masses(table: DistributedTable, L: int, boundary: str, kinds: tuple) -> dict | None:
+def fresh_masses(ex: RemoteSample, kinds: tuple) -> dict | None:
     """A plan's ``Summaries`` answered from the published states (only the sampler's masses are).
 
     Parameters
     ----------
-    table : DistributedTable
-        The handle.
-    L : int
-        Window length.
-    boundary : str
-        Boundary mode.
+    ex : RemoteSample
+        The sample's executor (its handle, window and boundary).
     kinds : tuple of str
         What the plan asks for.
 
@@ -397,9 +436,10 @@ def fresh_masses(table: DistributedTable, L: int, boundary: str, kinds: tuple) -
     dict or None
         ``{"sampler": {shard: mass}}``, or None (ask the cache or the owners).
     """
-    if tuple(kinds) != ("sampler",):
+    if tuple(kinds) != ("sampler",) or not enabled(ex.t):
         return None
-    got = masses(table, L, boundary)
+    table, L, boundary = ex.t, ex.L, ex.boundary
+    got = masses(table, L, boundary, ex.published_here())
     if got is None:
         return None
     table._masses.store(("sampler",), L, boundary, {"sampler": got})

@@ -863,15 +863,29 @@ class RemoteSample:
         #: the shards' incarnations this attempt was planned at (a shard rebuilt since holds other items)
         self.incarnation = table._view.now().incarnation
         self.row_bytes = sum(out.bytes[c].shape[-1] for c in columns)  # one window step, all columns
+        self._published: dict | None = None  # reader_draw.published, once per attempt
         #: seeds drawn for workers whose part this process meant to draw itself and left to them
         #: (:func:`~gear_flow.distributed.reader_draw.plan`): their owner draws with them
         self.seeds: dict[str, int] = {}
+
+    def published_here(self) -> dict:
+        """The shards this attempt may draw itself (:func:`~gear_flow.distributed.reader_draw.published`),
+        looked at once per attempt (a dead owner's found by the next).
+
+        Returns
+        -------
+        dict of int to Attached
+            ``{shard: mapping}``.
+        """
+        if self._published is None:
+            self._published = reader_draw.published(self.t)
+        return self._published
 
     async def __call__(self, req):
         t = self.t
         workers = t._view.workers()
         if isinstance(req, planner.Summaries):
-            here = reader_draw.fresh_masses(t, self.L, self.boundary, req.kinds)
+            here = reader_draw.fresh_masses(self, req.kinds)
             if here is not None:  # read from the shards' published states: no request
                 return here
             cached, self.stale = t._masses.fresh(req.kinds, self.L, self.boundary, t._view.live_shards())

@@ -81,7 +81,7 @@ class ThreadSample(RemoteSample):
     def __call__(self, req):
         t = self.t
         if isinstance(req, planner.Summaries):
-            here = reader_draw.fresh_masses(t, self.L, self.boundary, req.kinds)
+            here = reader_draw.fresh_masses(self, req.kinds)
             if here is not None:  # read from the shards' published states
                 return here
             cached, self.stale = t._masses.fresh(req.kinds, self.L, self.boundary, t._view.live_shards())
