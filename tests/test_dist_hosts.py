@@ -45,3 +45,54 @@ def test_a_learner_reaches_workers_as_their_host_id_says(learner_host):
                 assert s["shared_bytes"] > 0 and s["insert_shared_bytes"] > 0 and s["remote_bytes"] == 0
         finally:
             t.close()
+
+
+def two_hosts(n: int = 4):
+    """``n`` worker processes on host ``a`` and ``n`` on host ``b`` (each takes the host id it was started
+    with), on this machine: a learner without a host id is on a third host."""
+    with dask.config.set({"gear-flow.distributed.host-id": "a"}):
+        c = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None)
+    with dask.config.set({"gear-flow.distributed.host-id": "b"}):
+        c.scale(2 * n)
+        c.wait_for_workers(2 * n)
+    return c
+
+
+def _host_id(dask_worker=None):
+    from gear_flow.storage.shared import machine_id
+
+    return machine_id()
+
+
+@pytest.mark.parametrize("boundary", ["pad_tail", "strict"])
+def test_a_learner_on_another_host_sends_one_request_per_host(boundary):
+    """Two hosts of four workers: each batch is one ``draw_host`` request per host (2, not 8), one worker
+    of each host drawing for its host's shards from their published state, with the owners' seeds: the
+    same batches, row for row, as the owners drawing them one request each."""
+    with two_hosts() as c, Client(c) as client:
+        assert len(set(client.run(_host_id).values())) == 2
+        spec = gf.TableSpec(COLUMNS, capacity=256, num_shards=8)
+        t = DistributedTable.create(client, spec, sampler=gf.Prioritized(0.7, 0.4), seed=0)
+        with dask.config.set({"gear-flow.distributed.reader-draw": False}):
+            owners = DistributedTable.attach(t.name, client=client)
+        try:
+            t.insert([episode(i + 1, 10 + i % 5) for i in range(40)], priorities=1.0)
+            t.sample(64, 4, boundary=boundary)  # the routes learnt (and, strict: each owner's tail published)
+            before = dict(t.requests)
+            for step in range(10):
+                a = t.sample(64, 4, boundary=boundary, rng=np.random.default_rng(step))
+                b = owners.sample(64, 4, boundary=boundary, rng=np.random.default_rng(step))
+                obs = a["obs"].numpy()
+                m = a.mask.numpy()
+                assert (obs[:, :, 2] == 1000 * obs[:, :, 0] + obs[:, :, 1])[m].all()
+                for f in ("keys", "probabilities", "weights", "mask", "timesteps", "episode_ids", "priorities"):
+                    assert np.array_equal(getattr(a, f).numpy(), getattr(b, f).numpy()), (step, f)
+                assert np.array_equal(a["obs"].numpy(), b["obs"].numpy()), step
+            sent = {op: n - before.get(op, 0) for op, n in t.requests.items() if n != before.get(op, 0)}
+            assert sent.pop("draw_host") == 2 * 10 and not sent.get("sample_part"), sent
+            assert set(sent) <= {"count_drawn"}, sent  # and the draws counted to their owners, batched
+            owners.flush()  # its leased batches to the coordinator; t.info() flushes t's own
+            info = t.info()
+            assert info["totals"]["sampled"] == info["rate_limiter"]["samples"] == 64 * 21, info
+        finally:
+            t.close()

@@ -39,6 +39,7 @@ WORKER_FIELDS = {
     "sequences": ("name", "n", "length", "boundary", "seed", "by_count", "epoch"),
     "finish_sample": ("name", "txn", "commit", "epoch"),
     "uncount": ("name", "counts", "epoch"),
+    "draw_host": ("name", "length", "boundary", "columns", "parts", "epoch"),
     "count_drawn": ("name", "counts", "epoch"),
     "sample_all": ("name", "n", "length", "boundary", "columns", "seed", "horizon", "out", "updates", "epoch"),
     "check_keys": ("name", "seqs_by_shard", "epoch"),
@@ -83,14 +84,15 @@ COORDINATOR_FIELDS = {
 #: worker operation -> the ShardHost method or host_moves function plugin.OPS runs it with
 HOST_METHODS = (
     "create", "drop", "drop_shard", "shared_layout", "stage", "apply", "write", "abort", "status", "summaries",
-    "new_epoch", "candidates", "sample_part", "sequences", "finish_sample", "uncount", "count_drawn", "sample_all",
+    "new_epoch", "candidates", "sample_part", "sequences", "finish_sample", "uncount", "draw_host", "count_drawn",
+    "sample_all",
     "check_keys",
     "update", "delete", "remove", "info", "checkpoint", "restore", "nbytes",
 )  # fmt: skip
 MOVE_STEPS = ("move_out", "move_thaw", "move_release", "move_commit", "move_abort")
 LANE_OPS = {
     "abort", "apply", "candidates", "check_keys", "finish_sample", "new_epoch", "sample_part", "sequences", "stage",
-    "summaries", "uncount", "count_drawn", "update", "write",
+    "summaries", "uncount", "draw_host", "count_drawn", "update", "write",
 }  # fmt: skip
 RESENDABLE_OPS = {
     "abort", "apply", "candidates", "check_keys", "finish_sample", "sequences", "stage", "summaries", "update", "write"
@@ -195,7 +197,7 @@ def test_which_operations_are_quick_whatever_their_arguments():
     never = set(protocol.WORKER) - ALWAYS_QUICK - QUICK_WHEN_SMALL
     assert never == {
         "create", "drop", "drop_shard", "shared_layout", "lane", "delete", "checkpoint", "restore", "move_out",
-        "move_in", "move_commit", "move_release", "move_abort", "move_thaw",
+        "move_in", "move_commit", "move_release", "move_abort", "move_thaw", "draw_host",
     }  # fmt: skip
     for op in never:
         assert not plugin._quick(op, {"name": "t"}), op

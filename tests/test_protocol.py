@@ -325,3 +325,30 @@ def _accepts(checker, value) -> bool:
 
 def _accepts_none(checker) -> bool:
     return _accepts(checker, None)
+
+
+def _layout(name, dask_worker=None):
+    return dask_worker.plugins["gear-flow"].host.shared_layout(name)
+
+
+def test_draw_host_maps_only_gear_flow_segments_it_is_told_of(dist_client, tables):
+    """A ``draw_host`` request names the layouts of the segments to draw from: one that is not a shard
+    layout gear_flow publishes, or names another kind of segment, is refused in one line, nothing mapped."""
+    t = tables["prio"]
+    lay = t.client.run(_layout, t.name, workers=[t.placement[0]])[t.placement[0]]
+    good = lay["shards"][0]
+    part = {"counts": {0: 2}, "scale": {0: 1.0}, "seed": 1}
+    args = dict(name=t.name, length=1, boundary="pad_tail", columns=["obs"])
+    with Unchanged(dist_client, t):
+        refused(raw_worker(t, "draw_host", {**args, "parts": {"w": {**part, "layout": 5}}}), "shared_layout")
+        bad = {**good, "header": {**good["header"], "segment": "../../etc/passwd"}}
+        msg = refused(raw_worker(t, "draw_host", {**args, "parts": {"w": {**part, "layout": {**lay, "shards": {0: bad}}}}}),
+                      "not a gear_flow segment of this host")  # fmt: skip
+        assert "\n" not in msg
+        nosel = {**good, "selection": None}
+        refused(raw_worker(t, "draw_host", {**args, "parts": {"w": {**part, "layout": {**lay, "shards": {0: nosel}}}}}),
+                "publishes no selection state")  # fmt: skip
+        refused(raw_worker(t, "draw_host", {**args, "columns": ["nope"], "parts": {}}), "nope")
+    # a good layout: drawn here, from the shard's published state (this worker is on the layout's host)
+    resp = raw_worker(t, "draw_host", {**args, "parts": {"w": {**part, "layout": lay}}})
+    assert resp["status"] == "OK", resp

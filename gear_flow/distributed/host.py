@@ -37,7 +37,8 @@ from .facade import documented_as
 from .host_checkpoints import HostCheckpointer
 from .host_edits import HostEditor
 from .host_moves import MoveGate
-from .host_sampling import HostSampler
+from .host_reader import HostReader
+from .host_sampling import HostSampler, check_columns
 from .host_selection import HostSelection
 from .host_tables import HostedTable, HostedTables, shared_pinned
 from .host_writes import HostWriter
@@ -83,6 +84,8 @@ class ShardHost:
         self.checkpointer = HostCheckpointer(self.tables)
         self.selection = HostSelection(self.tables)
         self.sampler = HostSampler(self.tables, self.editor)
+        #: this host's shards mapped from their published state, drawn for readers on other hosts
+        self.reader = HostReader()
 
     # -- lifecycle ---------------------------------------------------------------------------
     @documented_as(HostedTables.create)
@@ -309,6 +312,37 @@ class ShardHost:
         return self.selection.candidates(name, n, role, length, boundary, horizon)
 
     # -- samples -----------------------------------------------------------------------------
+    def draw_host(self, name: str, length: int, boundary: str, columns: Sequence[str], parts: dict) -> dict:
+        """Draw every part of ``parts`` (this host's workers' shards) from their published selection state,
+        for a reader on another host (:mod:`~gear_flow.distributed.host_reader`).
+
+        Parameters
+        ----------
+        name : str
+            The table (hosted here).
+        length : int
+            Window length.
+        boundary : str
+            Boundary mode.
+        columns : sequence of str
+            Columns gathered.
+        parts : dict
+            Per worker of this host, ``layout``, ``counts``, ``scale`` and ``seed``.
+
+        Returns
+        -------
+        dict
+            Per shard drawn, its part (``data`` included); ``fallback``: the shards their owners draw.
+
+        Raises
+        ------
+        ProtocolError
+            A layout that is not one gear_flow publishes, or columns the table lacks.
+        """
+        t = self.tables.table(name)
+        cols = check_columns(t.spec, columns, "draw_host")
+        return self.reader.draw(t.spec, length, boundary, cols, parts)
+
     @documented_as(HostSampler.sample_part)
     def sample_part(
         self,

@@ -41,6 +41,7 @@ from .checkers import (
     mapping,
     number,
     optional,
+    record,
     sequence,
     text,
 )
@@ -355,6 +356,28 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
         "ShardHost.uncount",
         lane=True,
         quick=ALWAYS,
+    ),
+    # not resendable: its draws are counted by the reader that asked (it would count them twice)
+    WorkerOp(
+        "draw_host",
+        {
+            "name": NAME,
+            "length": LENGTH,
+            "boundary": BOUNDARY,
+            "columns": COLUMNS,
+            "parts": mapping(
+                text(),
+                record(
+                    layout=anything,
+                    counts=mapping(SHARD, integer(1, 1 << 31), 127),
+                    scale=mapping(SHARD, number(0.0, 1.0), 127),
+                    seed=SEED,
+                ),
+                1024,
+            ),
+        },
+        "ShardHost.draw_host",
+        lane=True,
     ),
     # not resendable: a count sent twice would count the draws twice
     WorkerOp(

@@ -375,6 +375,42 @@ def draw_parts(ex: RemoteSample, here: list, offs: dict, counts: dict, scale: di
     return left
 
 
+def host_groups(ex: RemoteSample, by: dict, mapped: dict) -> dict[str, str]:
+    """Which workers of a draw one worker of their host draws for (:mod:`~gear_flow.distributed.host_reader`).
+
+    Parameters
+    ----------
+    ex : RemoteSample
+        The sample's executor.
+    by : dict of str to list
+        The draw's shards per worker.
+    mapped : dict
+        The workers whose rings this process maps.
+
+    Returns
+    -------
+    dict of str to str
+        ``{worker: the worker that draws its part}``, for the workers on another host whose shards
+        publish their state, when at least two of that host's are in the draw (one request instead of
+        several); empty when reader draws are off.
+    """
+    t = ex.t
+    if not enabled(t):
+        return {}
+    local = t._ctx.local_addr if t._ctx.local_plugin is not None else None
+    by_host: dict[str, list[str]] = defaultdict(list)
+    for a in by:
+        lay = t._routes.far(a)
+        if lay is not None and a not in mapped and a != local:
+            by_host[lay["machine"]].append(a)
+    out = {}
+    for addrs in by_host.values():
+        if len(addrs) >= 2:
+            server = min(addrs)
+            out.update((a, server) for a in addrs)
+    return out
+
+
 def draw_one(ex: RemoteSample, sh: Attached, s: int, o: int, n: int, scale: float, rng: np.random.Generator) -> bool:
     """Draw shard ``s``'s ``n`` rows at row ``o`` of the batch from its published state.
 

@@ -864,6 +864,10 @@ class RemoteSample:
         self.incarnation = table._view.now().incarnation
         self.row_bytes = sum(out.bytes[c].shape[-1] for c in columns)  # one window step, all columns
         self._published: dict | None = None  # reader_draw.published, once per attempt
+        #: shards a worker drawing for its host left to their owners (drawn by them next, ``no_host_draw``)
+        self.fallback: list[int] = []
+        self.no_host_draw = False
+        self.hosted: set[str] = set()  # workers of the last part_calls whose host drew for them
         #: seeds drawn for workers whose part this process meant to draw itself and left to them
         #: (:func:`~gear_flow.distributed.reader_draw.plan`): their owner draws with them
         self.seeds: dict[str, int] = {}
@@ -951,7 +955,8 @@ class RemoteSample:
                 copied[a, s] = await self._off_loop(self.copy_part, len(r["seqs"]), mapped.get(a), s, r, offs[s])
 
         refresh = self._stale_masses_calls(counts)
-        pending = pending_calls(t, exclude=set(calls))  # stored updates of workers not drawn from: same round trip
+        # stored updates of workers not drawn from: same round trip (those another worker drew for: soon, batched)
+        pending = pending_calls(t, exclude=set(calls) | self.hosted)
         if refresh or pending:  # in the same round trip as the draw: the next plan has current masses again
             (res, errors), (fresh, _), (upd, upd_errors) = await asyncio.gather(
                 t._link.on_workers(calls, partial=True, arrived=arrived),
@@ -967,6 +972,12 @@ class RemoteSample:
             if not errors:
                 await self._redraw(a, mapped[a][s], s, o, torn, args)
         self.raise_errors(errors)
+        if self.fallback:  # parts a worker could not draw for its host: their owners draw them
+            left, self.fallback, self.no_host_draw = self.fallback, [], True
+            try:
+                await self._draw_parts(part, {s: offs[s] for s in left}, counts=counts, scale=scale)
+            finally:
+                self.no_host_draw = False
         return None
 
     def part_calls(
@@ -1006,20 +1017,31 @@ class RemoteSample:
         Returns
         -------
         dict
-            ``{worker: ("sample_part", arguments)}``.
+            ``{worker: ("sample_part", arguments)}``; the workers of another
+            host whose shards publish their state get one ``("draw_host",
+            arguments)`` to one of them (:func:`~.reader_draw.host_groups`).
         """
         t, out = self.t, self.out
         by = defaultdict(list)
         for s in offs:
             by[t.placement[s]].append(s)
         calls = {}
+        drawable = counts is not None and slots is None and not by_count and self.record and not self.no_host_draw
+        hosts = reader_draw.host_groups(self, by, mapped) if drawable else {}
+        self.hosted = set(hosts)
+        host_parts: dict[str, dict] = defaultdict(dict)
         for a, shards in by.items():
+            seed = self.seeds.pop(a) if a in self.seeds else int(self.rng.integers(2**63))
+            if a in hosts:  # another host's worker: one worker there draws for all of them
+                host_parts[hosts[a]][a] = {"layout": t._routes.far(a), "counts": {s: counts[s] for s in shards},
+                                           "scale": {s: scale[s] for s in shards}, "seed": seed}  # fmt: skip
+                continue
             args = dict(
                 name=t.name,
                 length=self.L,
                 boundary=self.boundary,
                 columns=self.columns,
-                seed=self.seeds.pop(a) if a in self.seeds else int(self.rng.integers(2**63)),
+                seed=seed,
                 counts=None if counts is None else {s: counts[s] for s in shards},
                 scale=None if scale is None else {s: scale[s] for s in shards},
                 slots=None if slots is None else {s: slots[s] for s in shards},
@@ -1040,6 +1062,9 @@ class RemoteSample:
             elif a in mapped:
                 args["geometry"] = True  # same machine: the owner selects, we copy from its shared rings
             calls[a] = ("sample_part", args)
+        for server, parts in host_parts.items():
+            calls[server] = ("draw_host", dict(name=t.name, length=self.L, boundary=self.boundary,
+                                               columns=self.columns, parts=parts))  # fmt: skip
         self.sent.update(calls)
         self.one_part = len(calls) == 1
         return calls
@@ -1131,9 +1156,14 @@ class RemoteSample:
         for a, parts in res.items():
             if "updated" in parts:
                 book_reply(t, calls[a][1]["updates"]["masses"] or [], parts.pop("updated"))
+            self.fallback.extend(parts.pop("fallback", ()))
             for s, r in parts.items():
                 o, n = offs[s], len(r["seqs"])
-                self.counted[a][s] = self.counted[a].get(s, 0) + n
+                if r.get("drawn_here"):  # drawn for its host by another of its workers: its owner counts it later
+                    t._drawn.add(s, n)
+                    reader_draw.flush_soon(t)
+                else:
+                    self.counted[a][s] = self.counted[a].get(s, 0) + n
                 if "data" in r:
                     t.stats["remote_bytes"] += n * self.L * self.row_bytes
                 elif "src_abs" in r:

@@ -142,7 +142,7 @@ class ThreadSample(RemoteSample):
         try:
             calls = self.part_calls(offs, mapped, counts, scale, None, by_count)
             refresh = self._stale_masses_calls(counts)
-            pending = pending_calls(t, exclude=set(calls))
+            pending = pending_calls(t, exclude=set(calls) | self.hosted)
             batch = [(a, op, args, kind) for kind, d in (("draw", calls), ("fresh", refresh), ("upd", pending))
                      for a, (op, args) in d.items()]  # fmt: skip
             for _, op, _, _ in batch:
@@ -162,6 +162,12 @@ class ThreadSample(RemoteSample):
                 ctx.sync(self._redraw, a, mapped[a][s], s, o, torn, args)
         if errors:  # undone by the caller; the event loop's path sends again (the kept masses still hold)
             raise errors[0]
+        if self.fallback:  # parts a worker could not draw for its host: their owners draw them
+            left, self.fallback, self.no_host_draw = self.fallback, [], True
+            try:
+                self._draw_parts_here({s: offs[s] for s in left}, counts, scale, by_count)
+            finally:
+                self.no_host_draw = False
         return None
 
 

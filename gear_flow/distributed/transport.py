@@ -1163,6 +1163,36 @@ class WorkerRoutes:
     def __init__(self) -> None:
         # replaced whole, never edited in place: callers' threads read it while the event loop learns
         self._mapped: dict[str, dict | None] = {}
+        #: workers on another host whose every shard publishes its selection state: their layouts (a worker
+        #: of that host draws for all of them, :mod:`~gear_flow.distributed.host_reader`)
+        self._far: dict[str, dict] = {}
+
+    def far(self, addr: str) -> dict | None:
+        """The ``shared_layout`` of ``addr`` when it is on another host and its shards publish their state.
+
+        Parameters
+        ----------
+        addr : str
+            The worker.
+
+        Returns
+        -------
+        dict or None
+            ``{"machine": str, "shards": {shard: layout}}``.
+        """
+        return self._far.get(addr)
+
+    def learnt_far(self, addr: str, layout: dict) -> None:
+        """Record the layout of ``addr``, a worker on another host whose shards publish their state.
+
+        Parameters
+        ----------
+        addr : str
+            The worker.
+        layout : dict
+            Its ``shared_layout`` answer.
+        """
+        self._far = {**self._far, addr: layout}
 
     def probed(self, addr: str) -> bool:
         """Whether ``addr`` was probed since the last placement change.
@@ -1225,10 +1255,12 @@ class WorkerRoutes:
             The worker.
         """
         self._mapped = {a: sh for a, sh in self._mapped.items() if a != addr}
+        self._far = {a: lay for a, lay in self._far.items() if a != addr}
 
     def clear(self) -> None:
         """Forget every route (the placement changed)."""
         self._mapped = {}
+        self._far = {}
 
 
 class TableLink:
@@ -1424,6 +1456,12 @@ class TableLink:
                 lay = await call(ctx, addr, "shared_layout", table=self.name, name=self.name)
             except WorkerLost:  # only a probe: the request that follows finds (and reports) the loss
                 return None
+            if (
+                lay["machine"] != machine_id()
+                and lay["shards"]
+                and all(v is not None and v.get("selection") is not None for v in lay["shards"].values())
+            ):
+                routes.learnt_far(addr, lay)  # another host: one of its workers may draw for all of them
             if lay["machine"] == machine_id() and all(v is not None for v in lay["shards"].values()):
                 try:
                     got = {int(i): Attached(v, int(i)) for i, v in lay["shards"].items()}
