@@ -9,7 +9,10 @@ messages per batch, not a real cluster's network.  Reported per worker count
 and per way the messages travel: median ms of the pair (sample, then a
 waiting update) and its ratio to the cost with one worker; then the same step
 with the update riding on the next sample (``update_priorities(wait=False)``:
-one phase of requests per step).  Targets: 8 workers <= 3x one; with the
+one phase of requests per step).  Then a learner on a third host and two
+hosts of 4 workers (``distributed.host-id``): draw requests per batch with
+the owners drawing and with one worker per host drawing for its host
+(target 2).  Targets: 8 workers <= 3x one; with the
 learner drawing itself from the shards' published selection state
 (``reader``) and its updates riding along, 8 workers <= 1.5x one.
 The sweep over the worker counts runs ``--rounds`` times (3), one after the
@@ -119,6 +122,44 @@ def run(workers: int, B: int, repeat: int, items: int) -> dict:
     return out
 
 
+def hosts_run(per_host: int, B: int, repeat: int, items: int) -> dict:
+    """A learner on a third host and two hosts of ``per_host`` workers each (simulated on this machine with
+    ``distributed.host-id``): requests to the workers per batch, and ms per batch, with the owners drawing
+    (one request per worker drawn from) and with one worker per host drawing for its host (target: 2)."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    kw = dict(threads_per_worker=1, processes=True, dashboard_address=None)
+    with dask.config.set({"gear-flow.distributed.host-id": "a"}):
+        cluster = LocalCluster(n_workers=per_host, **kw)
+    out = {"workers": 2 * per_host}
+    with cluster, Client(cluster) as client:
+        with dask.config.set({"gear-flow.distributed.host-id": "b"}):
+            cluster.scale(2 * per_host)
+            client.wait_for_workers(2 * per_host)
+        for way, reader in (("owners", False), ("one_per_host", True)):
+            with dask.config.set({"gear-flow.distributed.reader-draw": reader}):
+                table = _table(client, 2 * per_host, items, True, reader, f"hosts_{way}")
+            for _ in range(10):
+                table.sample(B, 1)
+            table.flush()
+            before = dict(table.requests)
+            ts = []
+            for _ in range(repeat):
+                t0 = time.perf_counter()
+                table.sample(B, 1)
+                ts.append(time.perf_counter() - t0)
+            sent = {op: n - before.get(op, 0) for op, n in table.requests.items() if n != before.get(op, 0)}
+            out[way] = {
+                "sample_ms": 1e3 * float(np.median(ts)),
+                "requests": sent,
+                "draw_requests_per_batch": (sent.get("sample_part", 0) + sent.get("draw_host", 0)) / repeat,
+                "requests_per_batch": sum(sent.values()) / repeat,
+            }
+            table.close()
+    return out
+
+
 def _median_of(runs: list[dict]) -> dict:
     """One worker count's runs from several sweeps: per plane the median of each time, and every round's.
 
@@ -165,7 +206,21 @@ def main(argv=None) -> dict:
         rows.append(row)
     print_table(rows, ["workers", "target"] + [f"{p} {c}" for p in PLANES for c in ("ms", "ratio", "ride-along ms",
                                                                                      "ride-along ratio")])  # fmt: skip
-    out = {"args": vars(args), "results": res, "target_8_workers": TARGET, "target_8_workers_reader": READER_TARGET}
+    hosts = hosts_run(4, args.batch_size, args.repeat, args.items)
+    print(
+        f"\nacross hosts, 2 x 4 workers, B={args.batch_size}: draw requests per batch "
+        f"{hosts['owners']['draw_requests_per_batch']:.2f} (owners drawing, "
+        f"{hosts['owners']['sample_ms']:.3g} ms) -> {hosts['one_per_host']['draw_requests_per_batch']:.2f} "
+        f"(one worker per host drawing, {hosts['one_per_host']['sample_ms']:.3g} ms); target 2"
+    )
+    out = {
+        "args": vars(args),
+        "results": res,
+        "target_8_workers": TARGET,
+        "target_8_workers_reader": READER_TARGET,
+        "hosts": hosts,
+        "target_hosts_requests_per_batch": 2,
+    }
     print(f"\nwrote {write_json('bench_control_plane', out, args.out)}")
     return out
 
