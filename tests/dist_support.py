@@ -102,23 +102,21 @@ def wait_for(pred, what, deadline=60.0):
         time.sleep(0.02)  # polling a condition, not a barrier
 
 
-def gone(pid: int) -> bool:
-    """Whether process ``pid`` has exited (a zombie not yet reaped by its parent counts as exited)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
-
-
 def kill(pid: int) -> None:
     """SIGKILL ``pid`` and wait until it has exited: a reader drawing from its published state (still
     mapped) sees it dead from then on, as a request to it would."""
     import os
+    import select
     import signal
 
-    os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: gone(pid), f"process {pid} to exit")
+    # /proc shows a thread-group leader as a zombie while its other threads are still exiting; the
+    # pidfd (what a reader's owner_alive polls) turns readable only once the whole process has gone
+    fd = os.pidfd_open(pid)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: bool(select.select([fd], [], [], 0.05)[0]), f"process {pid} to exit")
+    finally:
+        os.close(fd)
 
 
 def tables_here(dask_worker=None) -> list[str]:

@@ -129,6 +129,12 @@ def listening(procs: list[psutil.Process]) -> set[tuple[str, int]]:
     return out
 
 
+def workers_of(client) -> dict:
+    """The scheduler's workers, asked directly: ``scheduler_info()`` hands back its cached identity,
+    which has no workers, when the request fails with an OSError (a loaded machine)."""
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+
+
 def port_of(address: str) -> int:
     """The port of a Dask address (``tls://127.0.0.1:8786``)."""
     return int(address.rsplit(":", 1)[1])

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from processes import CLUSTER, ROOT, Processes, cluster_env, free_port, gear_flow_cli, listening, port_of
+from processes import CLUSTER, ROOT, Processes, cluster_env, free_port, gear_flow_cli, listening, port_of, workers_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -99,7 +99,7 @@ def test_tls_cluster_from_launch_scripts(tmp_path):
         with Client(addr, security=sec, timeout="30s") as client:
             client.wait_for_workers(2, timeout=60)
             started = time.monotonic() - t0
-            workers = client.scheduler_info(n_workers=-1)["workers"]
+            workers = workers_of(client)
             assert all(a.startswith("tls://") for a in workers), workers
             # GEAR_FLOW_HOST=127.0.0.1, GEAR_FLOW_DASHBOARD=none: the scheduler's, workers' and nannies'
             # comm ports on 127.0.0.1 and nothing else (no HTTP server anywhere)
@@ -178,7 +178,7 @@ def test_gear_flow_local_starts_serves_and_stops(tmp_path):
         from distributed import Client
 
         with Client(addr, timeout="10s") as client:  # --no-dashboard: comm ports only, all on 127.0.0.1
-            ws = client.scheduler_info(n_workers=-1)["workers"]
+            ws = workers_of(client)
             comm = {port_of(addr)} | {port_of(a) for a in ws} | {port_of(w["nanny"]) for w in ws.values()}
         assert listening(procs.group_members()) == {("127.0.0.1", p) for p in comm}
         out = gear_flow_cli("create", "--scheduler", addr, "--name", "t", "--columns", "obs:float32[3],done:bool",

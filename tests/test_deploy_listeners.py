@@ -22,6 +22,7 @@ from processes import (
     listening,
     port_of,
     wait_for_line,
+    workers_of,
 )
 
 import gear_flow as gf
@@ -55,7 +56,7 @@ def test_launch_scripts_listen_on_loopback_by_default_and_resources_fail_fast(tm
         procs.start("worker", ["bash", str(CLUSTER / "start-worker.sh"), "--kind", "cpu", addr], env)
         with Client(addr, timeout="20s") as client:
             client.wait_for_workers(1, timeout=60)
-            ws = client.scheduler_info(n_workers=-1)["workers"]
+            ws = workers_of(client)
             socks = listening(procs.group_members())
             assert {ip for ip, _ in socks} == {"127.0.0.1"}, socks
             comm = {port_of(addr)} | {port_of(a) for a in ws} | {port_of(w["nanny"]) for w in ws.values()}
