@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from dist_support import DIAL, context, coordinator, own_cluster, wait_for
 from helpers import chi2_critical, shard_state
+from processes import workers_of
 
 import gear_flow as gf
 from gear_flow import cli
@@ -188,7 +189,7 @@ def test_retiring_a_shard_holder_under_writers_and_samplers_moves_its_shard(data
         load.wait_for(n + 100, load.samples + 20)  # and they go on after it
         load.stop()
         assert not load.errors, load.errors
-        assert holder not in client.scheduler_info()["workers"]
+        assert holder not in workers_of(client)
         st = lookup(t)
         assert st["lost"] == {} and holder not in st["placement"].values()
         tags = all_tags(client, t)
@@ -210,13 +211,13 @@ def test_a_moved_shard_keeps_its_items_priorities_counters_and_keys():
     the move updates its item after it."""
     with own_cluster(n=3) as client:
         spec = gf.TableSpec(TAG, capacity=1000, num_shards=2)
-        t = DistributedTable.create(client, spec, sampler=gf.Prioritized(), max_times_sampled=50, workers=sorted(client.scheduler_info()["workers"])[:2], seed=0)  # fmt: skip
+        t = DistributedTable.create(client, spec, sampler=gf.Prioritized(), max_times_sampled=50, workers=sorted(workers_of(client))[:2], seed=0)  # fmt: skip
         for i in range(20):
             t.insert(tagged(range(10 * i, 10 * i + 10)), priorities=np.arange(1.0, 11.0))
         b = t.sample(64)
         src = t.placement[0]
         before = client.run(_states, t.name, workers=[src])[src][0]
-        dest = next(a for a in client.scheduler_info()["workers"] if a not in t.placement.values())
+        dest = next(a for a in workers_of(client) if a not in t.placement.values())
         t.move_shards([0], dest)
         assert t.placement[0] == dest and lookup(t)["placement"][0] == dest
         after = client.run(_states, t.name, workers=[dest])[dest][0]
@@ -249,13 +250,13 @@ def test_adapt_keeps_shard_holders_by_default_and_retires_them_after_moving_thei
         adaptive = client.cluster.adapt(minimum=1, maximum=3, interval="100ms", wait_count=1)
         end = time.monotonic() + 5.0
         while time.monotonic() < end:  # watching for a retirement over 50 adaptive rounds (not a barrier)
-            assert len(client.scheduler_info()["workers"]) == 3
+            assert len(workers_of(client)) == 3
             time.sleep(0.1)
         assert lookup(t)["lost"] == {} and sorted(all_tags(client, t)) == list(range(3000))
         with dask.config.set({"gear-flow.distributed.scale-down": "move"}):  # read by the scheduler, here
-            wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, "the cluster to shrink to one worker")
+            wait_for(lambda: len(workers_of(client)) == 1, "the cluster to shrink to one worker")
         adaptive.stop()
-        (only,) = client.scheduler_info()["workers"]
+        (only,) = workers_of(client)
         st = lookup(t)
         assert st["lost"] == {} and set(st["placement"].values()) == {only}
         assert sorted(all_tags(client, t)) == list(range(3000))
@@ -275,10 +276,10 @@ def test_close_gracefully_and_scaling_down_move_shards_first():
         t.insert(tagged(range(900)))
         victim = t.placement[1]
         client.run(_close_gracefully, workers=[victim], wait=False)
-        wait_for(lambda: victim not in client.scheduler_info()["workers"], "the worker to close")
+        wait_for(lambda: victim not in workers_of(client), "the worker to close")
         assert lookup(t)["lost"] == {} and sorted(all_tags(client, t)) == list(range(900))
         client.cluster.scale(1)
-        wait_for(lambda: len(client.scheduler_info()["workers"]) == 1, "scale(1)")
+        wait_for(lambda: len(workers_of(client)) == 1, "scale(1)")
         st = lookup(t)
         assert st["lost"] == {} and len(set(st["placement"].values())) == 1
         assert sorted(all_tags(client, t)) == list(range(900))
@@ -331,7 +332,7 @@ def test_a_queue_drained_by_two_consumers_while_its_shards_move_hands_out_each_i
         t = DistributedTable.queue(client, gf.TableSpec(TAG, capacity=100_000, num_shards=2), 64)
         load = Traffic(client, t.name, per_insert=2, read=4, learn=False, consume=True)
         load.wait_for(200, 20)
-        workers = sorted(client.scheduler_info()["workers"])
+        workers = sorted(workers_of(client))
         for i in range(6):
             shard = i % 2
             dest = next(a for a in workers if a not in lookup(t)["placement"].values())
@@ -377,7 +378,7 @@ def test_a_move_whose_destination_is_killed_leaves_the_shard_on_its_source(step)
     its shard): the move is undone, the shard is still on its source, which is not retired, nothing is
     lost, and the writers and samplers that waited on the sealed shard go on."""
     with own_cluster(DIAL, n=3) as client:
-        workers = sorted(client.scheduler_info()["workers"])
+        workers = sorted(workers_of(client))
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=50_000, num_shards=2), workers=workers[:2])
         t.insert(tagged(range(-200, 0)))
         dest = workers[2]
@@ -386,11 +387,11 @@ def test_a_move_whose_destination_is_killed_leaves_the_shard_on_its_source(step)
         load.wait_for(50, 10)
         src = t.placement[0]
         assert client.retire_workers(workers=[src]) == {}
-        wait_for(lambda: dest not in client.scheduler_info()["workers"], "the destination to be gone")
+        wait_for(lambda: dest not in workers_of(client), "the destination to be gone")
         load.wait_for(len(load.ok) + 50, load.samples + 10)
         load.stop()
         assert not load.errors, load.errors
-        assert src in client.scheduler_info()["workers"]
+        assert src in workers_of(client)
         st = lookup(t)
         assert st["placement"][0] == src and st["lost"] == {}
         tags = all_tags(client, t)
@@ -417,7 +418,7 @@ def test_a_retirement_with_no_room_anywhere_is_refused_and_logged(caplog):
         holder = t.placement[0]
         with caplog.at_level(logging.WARNING, logger="gear_flow.distributed.moves"):
             assert client.retire_workers(workers=[holder]) == {}
-        assert holder in client.scheduler_info()["workers"]
+        assert holder in workers_of(client)
         assert any("table 'big'" in r.getMessage() and "shard 0" in r.getMessage() for r in caplog.records), caplog.text
         events = [e for _, e in client.get_events("gear-flow") if e.get("action") == "retirement-refused"]
         assert events and "table 'big'" in events[0]["detail"]
@@ -449,7 +450,7 @@ def test_an_actor_writing_into_its_own_shard_goes_on_when_the_shard_moves_away()
     from distributed import Event
 
     with own_cluster(n=3) as client:
-        workers = sorted(client.scheduler_info()["workers"])
+        workers = sorted(workers_of(client))
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=50_000, num_shards=2), workers=workers[:2])
         home = t.placement[0]
         fut = client.submit(_actor, t.name, "stop-actor", workers=[home], pure=False)
