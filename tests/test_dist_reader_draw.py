@@ -74,15 +74,22 @@ def test_the_step_of_the_episode_follows_its_priority_while_writers_wrap_the_rin
         w = np.arange(1.0, K + 1) ** ALPHA
         try:
             for _ in range(150):
+                torn = t.stats["shared_conflicts"]
                 b = t.sample(64, 1, boundary="pad_tail")
+                torn = t.stats["shared_conflicts"] - torn
                 check_rows(b, 1)
                 ts = b.timesteps.numpy()
                 np.add.at(counts, ts, 1)
                 shards = decode(b.keys.numpy())[0]
                 p = b.probabilities.numpy()
+                off = 0  # rows whose window was overwritten while copied are drawn again at the mass then
                 for s in np.unique(shards):
                     rows = np.flatnonzero(shards == s)
-                    np.testing.assert_allclose(p[rows] / w[ts[rows]], p[rows[0]] / w[ts[rows[0]]], rtol=1e-9)
+                    ratio = p[rows] / w[ts[rows]]
+                    vals, n = np.unique(np.round(ratio / ratio.max(), 9), return_counts=True)
+                    common = ratio[np.isclose(ratio / ratio.max(), vals[n.argmax()], rtol=1e-9)][0]
+                    off += int((~np.isclose(ratio, common, rtol=1e-9)).sum())
+                assert off <= torn, (off, torn)  # a reader draws a part again whole, from one published state
         finally:
             stop.set()
             for th in writers:
