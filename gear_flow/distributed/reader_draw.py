@@ -438,8 +438,13 @@ def draw_one(ex: RemoteSample, sh: Attached, s: int, o: int, n: int, scale: floa
     """
     t, sel = ex.t, sh.selection
     step_items = t.spec.item_unit == "step"
+    find = None
+    if ex.out.on_device:  # a pinned table: this process's GPU descends the page-locked tree, as it gathers
+        from ..gpu.shared import state_find
+
+        find = state_find(sel)
     for _ in range(ATTEMPTS):
-        d = sel.draw(n, ex.L, ex.boundary, rng, sh.capacity, step_items)
+        d = sel.draw(n, ex.L, ex.boundary, rng, sh.capacity, step_items, find)
         if d is None:
             return False
         w = d.windows

@@ -12,6 +12,12 @@ gathers the windows straight from them into its device batch — no staging
 copy, nothing through the comm.  The seqlock check runs after the gather has
 finished (the stream is synchronised first), as on the host.
 
+Such a learner also draws with its GPU: it registers its mapping of a
+shard's published selection state the same way, and the draw's inverse-CDF
+descent runs the ``tree_find`` kernel over the mapped sum tree
+(:func:`state_find`), the same leaves as the host's for the
+same targets, so the batch is the one the host draw would make.
+
 Registration is undone before a segment is unlinked (owner) or unmapped
 (reader), so the driver never keeps pages of a mapping that is gone.
 """
@@ -19,13 +25,17 @@ Registration is undone before a segment is unlinked (owner) or unmapped
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..backend import require_gpu
 from ..storage.shared import Attached, SharedTier
 from .tiers import PinnedTier
+
+if TYPE_CHECKING:
+    from ..storage.shared_selection import MappedState
 
 #: cudaHostRegister flags (CUDA runtime API)
 PORTABLE, MAPPED, READ_ONLY = 0x01, 0x02, 0x08
@@ -144,11 +154,44 @@ def registered(sh: Attached) -> Attached:
     Attached
         ``sh``, now readable by this process's GPU kernels.
     """
-    if sh not in _registered:
-        ptrs = [register(a, read_only=True) for a in sh.bytes.values()]
-        _registered[sh] = ptrs
-        weakref.finalize(sh, unregister, list(ptrs))
+    _register_once(sh, sh.bytes.values())
     return sh
+
+
+def _register_once(mapping: object, arrays: Iterable[np.ndarray]) -> None:
+    """Page-lock ``arrays`` read-only unless ``mapping`` (which keeps them mapped) had them registered; a
+    finalizer of ``mapping`` unregisters them, before the arrays it holds let their pages go."""
+    if mapping not in _registered:
+        ptrs = [register(a, read_only=True) for a in arrays]
+        _registered[mapping] = ptrs
+        weakref.finalize(mapping, unregister, list(ptrs))
+
+
+def state_find(sel: MappedState) -> Callable[[np.ndarray, np.ndarray, np.ndarray], None]:
+    """The inverse-CDF find a reader's draw from ``sel`` runs on this process's GPU.
+
+    For :meth:`MappedState.draw <gear_flow.storage.shared_selection.MappedState.draw>`'s
+    ``find``: the ``tree_find`` kernel descends the mapped tree in place, so
+    only the targets and the leaves cross the host link, and the leaves are
+    those of the host's find.  The state block is page-locked read-only on
+    first use, once per mapping, and unregistered when the mapping is
+    dropped, before its pages are unmapped.
+
+    Parameters
+    ----------
+    sel : MappedState
+        This process's mapping of one shard's published selection state.
+
+    Returns
+    -------
+    callable
+        :func:`gear_flow.gpu.ops.sumtree.find_pinned`: ``find(tree, targets,
+        out)``, host arrays in and out, as the numba twin.
+    """
+    from .ops.sumtree import find_pinned
+
+    _register_once(sel, [sel.block])
+    return find_pinned
 
 
 def gather_shared(

@@ -32,7 +32,7 @@ the shard's layout again.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
@@ -270,6 +270,8 @@ class MappedState:
 
     def __init__(self, info: dict[str, Any], shard: int, map_array: Any) -> None:
         block = map_array(info["block"], shard)
+        #: the whole mapped block (uint8): header, tree, priorities, step episodes
+        self.block = block
         views = _carve(block, {k: (o, dt, tuple(sh)) for k, (o, dt, sh) in info["layout"].items()})
         self.header = views["header"]
         self.tree = views["tree"]
@@ -311,7 +313,14 @@ class MappedState:
         return None
 
     def draw(
-        self, n: int, length: int, boundary: str, rng: np.random.Generator, capacity: int, step_items: bool
+        self,
+        n: int,
+        length: int,
+        boundary: str,
+        rng: np.random.Generator,
+        capacity: int,
+        step_items: bool,
+        find: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
     ) -> Draw | None:
         """Draw ``n`` items from the state as it is now, and place their windows; as the owner's
         :meth:`~gear_flow.shard.Shard.draw` and :meth:`~gear_flow.shard.Shard.windows` do.
@@ -335,6 +344,13 @@ class MappedState:
             The shard's capacity, in steps.
         step_items : bool
             Items are steps (else episodes).
+        find : callable, optional
+            ``find(tree, targets, out)``: the inverse-CDF descent over
+            :attr:`tree` (host arrays in, leaves written to ``out``).
+            Default the host's (:func:`gear_flow.ops.sumtree.find`, numba);
+            a learner's GPU passes its own
+            (:func:`gear_flow.gpu.shared.state_find`), whose leaves are the
+            same for the same targets, so the draw is too.
 
         Returns
         -------
@@ -344,7 +360,8 @@ class MappedState:
             the tail mass of this length is not published, no valid item has
             weight, or what was read is torn.  The owner draws then.
         """
-        from ..ops.sumtree import find  # (numba: compiled on first use)
+        if find is None:
+            from ..ops.sumtree import find  # (numba: compiled on first use)
 
         h = self.header
         v = int(h[VERSION])

@@ -32,6 +32,7 @@ from ...ops.sumtree import leaf_count
 from .. import loader
 from ..launch import THREADS, blocks, check_out, check_tree, device_array, i64
 from ..loader import ctype, expr
+from .gather import device_pointer
 
 if TYPE_CHECKING:
     import cupy
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "find",
+    "find_pinned",
     "leaf_count",
     "mass",
     "new_scratch",
@@ -269,9 +271,59 @@ def find(tree: cupy.ndarray, targets: ArrayLike | cupy.ndarray, out: cupy.ndarra
     t = device_array(targets, _VAL, "targets")
     n = int(t.shape[0])
     check_out(out, np.int64, "out", at_least=n, of="targets")
+    _launch_find(tree, P, t, n, out)
+
+
+def _launch_find(tree: cupy.ndarray | np.uint64, P: int, t: cupy.ndarray, n: int, out: cupy.ndarray) -> None:
+    """Launch ``tree_find`` over a device tree or the device address of a page-locked host one."""
     if n:
         f = loader.function(_MOD, expr("tree_find", ctype(t.dtype)))
         f((blocks(n),), (THREADS,), (tree, i64(P), t, i64(n), out))
+
+
+def find_pinned(tree: np.ndarray, targets: np.ndarray, out: np.ndarray) -> None:
+    """:func:`find` over a tree in page-locked host memory, read by the kernel over UVA; host in, host out.
+
+    The twin's signature (:func:`gear_flow.ops.sumtree.find`), so a caller
+    holding a host tree takes either: the targets are uploaded, the kernel
+    descends the host tree in place (no copy of the tree: a reader's mapped
+    selection state, :func:`gear_flow.gpu.shared.state_find`) and the leaves
+    are copied back, which waits for the kernel.  The same targets give the
+    twin's leaves, bit for bit.
+
+    Parameters
+    ----------
+    tree : numpy.ndarray
+        float64 ``[2 * P]``, C-contiguous, in page-locked (registered or
+        ``cudaHostAlloc``) host memory.
+    targets : numpy.ndarray
+        float64 ``[n]`` in ``[0, tree[1])``.
+    out : numpy.ndarray
+        int64 ``[>= n]`` host array, written in place.
+
+    Raises
+    ------
+    InvalidDataError
+        A bad tree (or one in pageable memory), ``targets`` or ``out``.
+    """
+    import cupy
+
+    if not isinstance(tree, np.ndarray) or tree.dtype != np.float64 or tree.ndim != 1 or not tree.flags.c_contiguous:
+        raise InvalidDataError("tree must be a C-contiguous 1-D float64 NumPy array in page-locked host memory")
+    m = tree.shape[0]
+    if m < 2 or m & (m - 1):
+        raise InvalidDataError(f"tree has {m} entries; a tree has 2 * P, P a power of two >= 1")
+    if not isinstance(out, np.ndarray) or out.dtype != np.int64 or out.ndim != 1:
+        raise InvalidDataError(f"out must be a 1-D int64 NumPy array, got {type(out).__name__}")
+    t = device_array(targets, (np.float64,), "targets")
+    n = int(t.shape[0])
+    if out.shape[0] < n:
+        raise InvalidDataError(f"out has {out.shape[0]} entries for {n} targets")
+    if not n:
+        return
+    got = cupy.empty(n, dtype=np.int64)
+    _launch_find(np.uint64(device_pointer(tree)), m // 2, t, n, got)
+    out[:n] = cupy.asnumpy(got)  # waits for the kernel: the caller's seqlock check follows it
 
 
 def sample(
