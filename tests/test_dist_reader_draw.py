@@ -5,6 +5,7 @@ draw makes it draw again; its updates reach the owners in order and show in its 
 
 from __future__ import annotations
 
+import os
 import threading
 
 import dask
@@ -275,3 +276,32 @@ def test_a_reader_killed_while_it_updates_loses_nothing_acknowledged(dist_client
             assert len(got) == 1 and got.pop() >= prio, (k, prio)
     finally:
         t.close()
+
+
+def test_a_closed_handle_keeps_no_owner_segment_mapped_and_leaves_no_draw_uncounted(dist_client):
+    """close() sends what the owners have not learnt (stored updates, samples drawn here) and drops the
+    shards' mappings then, not when the handle is collected."""
+    t = table(dist_client, True)
+    cat = Catalog()
+    owners = dist_client.run(os.getpid)
+    prefixes = tuple(f"gf_{pid}_" for pid in owners.values())
+
+    def mapped() -> list[str]:
+        with open("/proc/self/maps") as f:
+            return [ln for ln in f if os.path.basename(ln.split()[-1]).startswith(prefixes)]
+
+    with dask.config.set({"gear-flow.distributed.reader-flush": 600}):  # only close() sends them
+        fill(t, cat, range(1, 11))
+        b = t.sample(16, 1, boundary="pad_tail")
+        t.update_priorities(b.keys.numpy(), np.full(16, 2.0), wait=False)
+        assert mapped()  # the reader draws from the owners' segments
+        assert t.info()["reader"]["draws"] > 0
+        drawn = t.stats["reader_draws"]
+        t.sample(16, 1, boundary="pad_tail")
+        t.update_priorities(b.keys.numpy(), np.full(16, 3.0), wait=False)
+        assert t.stats["reader_draws"] == drawn + 16
+        assert reader_draw.state(t)["draws_uncounted"] == 16  # not sent yet: read without the flush info() makes
+        t.close(drop=False)
+        assert not mapped()
+        r = reader_draw.state(t)
+        assert r["draws_uncounted"] == 0 and r["updates_waiting"] == 0, r

@@ -598,10 +598,12 @@ class DistributedTable(DatasetMethods):
         """
 
         async def _close():
-            try:
-                await pending.send_pending(self)
+            try:  # the stored updates, and the samples drawn here that the owners have not counted yet
+                await reader_draw.flush(self)
             except (GearFlowError, Retry) as e:  # closing anyway
-                logger.warning("table %r: priority updates not sent before closing: %s", self.name, e)
+                logger.warning("table %r: priority updates or draws not sent before closing: %s", self.name, e)
+            # the shards' mappings go now, not when the handle is collected: a closed table holds no segment
+            self._routes.clear()
             self._ctx.lanes.clear()  # its connections (here on the loop: asyncio transports are not thread-safe)
             await self._link.coordinator.close()
             if drop:  # every worker: one its shards moved off keeps the table's (empty) gate until then
