@@ -77,18 +77,20 @@ def group(table: DistributedTable, keys: ArrayLike) -> tuple:
     """
     k = check_keys(keys, table.spec.num_shards)
     shard, seq = decode(k)
-    lost = sorted(set(np.unique(shard).tolist()) & set(table.lost))
+    now = table._view.now()  # one reading of the placement for the whole grouping
+    present = np.unique(shard).tolist()
+    lost = [s for s in present if s in now.lost]
     if lost and not table.degraded:
         raise ShardLostError(lost[0], "keys name a lost shard")
     by = defaultdict(dict)
     idx = defaultdict(dict)
-    for s in np.unique(shard):
-        if int(s) in table.lost:
+    for s in present:
+        if s in now.lost:
             continue
-        m = np.flatnonzero(shard == s)
-        by[table.placement[int(s)]][int(s)] = seq[m]
-        idx[table.placement[int(s)]][int(s)] = m
-    return k, by, idx, int(np.isin(shard, list(table.lost)).sum())
+        m = np.flatnonzero(shard == s) if len(present) > 1 else np.arange(len(k))
+        by[now.shards[s]][s] = seq[m]
+        idx[now.shards[s]][s] = m
+    return k, by, idx, int(np.isin(shard, lost).sum()) if lost else 0
 
 
 def grouped_update(table: DistributedTable, keys: ArrayLike, priorities: ArrayLike | float) -> tuple:

@@ -61,6 +61,8 @@ class TableView:
         self.degraded = degraded
         self._lock = threading.Lock()
         self._now = _placement(state)
+        #: (placement, its live shards by worker) for :meth:`workers`
+        self._by_worker: tuple[Placement, dict[str, list[int]]] | None = None
         self._subscribers: list[Callable[[Placement, Placement], None]] = []
 
     # -- reading -------------------------------------------------------------------------------------------------
@@ -114,12 +116,12 @@ class TableView:
             ``{worker address: [shard, ...]}``.
         """
         now = self._now
-        keep = None if shards is None else set(shards)
-        by: dict[str, list[int]] = defaultdict(list)
-        for s, a in sorted(now.shards.items()):
-            if s not in now.lost and (keep is None or s in keep):
-                by[a].append(s)
-        return dict(by)
+        if shards is None:  # every batch asks this several times: once per placement, read-only from here
+            cached = self._by_worker
+            if cached is None or cached[0] is not now:
+                cached = self._by_worker = (now, _by_worker(now, None))
+            return dict(cached[1])
+        return _by_worker(now, set(shards))
 
     def check_not_lost(self, stored: bool | None = None) -> None:
         """Refuse a call while a shard is lost and the table is not degraded.
@@ -193,3 +195,11 @@ def _placement(state: dict) -> Placement:
         int(state.get("version", 0)),
         {int(k): v for k, v in state.get("incarnation", {}).items()},
     )
+
+
+def _by_worker(now: Placement, keep: set[int] | None) -> dict[str, list[int]]:
+    by: dict[str, list[int]] = defaultdict(list)
+    for s, a in sorted(now.shards.items()):
+        if s not in now.lost and (keep is None or s in keep):
+            by[a].append(s)
+    return dict(by)
