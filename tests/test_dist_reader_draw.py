@@ -5,6 +5,7 @@ draw makes it draw again; its updates reach the owners in order and show in its 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 
@@ -305,3 +306,28 @@ def test_a_closed_handle_keeps_no_owner_segment_mapped_and_leaves_no_draw_uncoun
         assert not mapped()
         r = reader_draw.state(t)
         assert r["draws_uncounted"] == 0 and r["updates_waiting"] == 0, r
+
+
+def test_a_flush_returns_only_once_an_earlier_flush_in_flight_has_reached_the_owners(dist_client):
+    """A background flush may have taken the counts when ``flush()`` is called: ``flush()`` waits for it, so
+    what it returns to (``info()``, a snapshot of the owners) counts every draw."""
+    t = table(dist_client, True)
+    cat = Catalog()
+    try:
+        with dask.config.set({"gear-flow.distributed.reader-flush": 600}):
+            fill(t, cat, range(1, 11))
+            t.sample(16, 1, boundary="pad_tail")
+            assert reader_draw.state(t)["draws_uncounted"] == 16
+
+            async def both():
+                first = asyncio.ensure_future(reader_draw.flush(t))
+                await asyncio.sleep(0)  # the first has taken the counts and waits for the owners' answers
+                assert reader_draw.state(t)["draws_uncounted"] == 0
+                await reader_draw.flush(t)
+                return first.done()
+
+            assert t.client.sync(both)
+        info = t.info()
+        assert info["totals"]["sampled"] == 16, info["totals"]
+    finally:
+        t.close()

@@ -29,6 +29,7 @@ coordinator's limiter counts every sample at admission, as any other.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections import defaultdict
@@ -59,6 +60,9 @@ class DrawnCounts:
         self._lock = threading.Lock()
         self._n: dict[int, int] = defaultdict(int)
         self.scheduled = False
+        #: one flush at a time (on the event loop): a flush returns only once what an earlier one took has
+        #: reached the owners, so that ``flush()`` and ``info()`` see every draw counted
+        self.flushing: asyncio.Lock | None = None
 
     def add(self, shard: int, n: int) -> None:
         """Count ``n`` samples drawn from ``shard``.
@@ -179,9 +183,13 @@ async def flush(table: DistributedTable) -> None:
     table : DistributedTable
         The handle.
     """
-    table._drawn.scheduled = False
-    await send_pending(table)
-    await report(table)
+    drawn = table._drawn
+    drawn.scheduled = False
+    if drawn.flushing is None:
+        drawn.flushing = asyncio.Lock()
+    async with drawn.flushing:
+        await send_pending(table)
+        await report(table)
 
 
 def flush_soon(table: DistributedTable) -> None:
