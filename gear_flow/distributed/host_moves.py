@@ -141,7 +141,8 @@ class MoveGate:
         """An operation let in by :meth:`enter` is done."""
         with self._cv:
             self._active -= 1
-            self._cv.notify_all()
+            if self._draining is not None:  # only a seal waits for operations to finish (every request leaves)
+                self._cv.notify_all()
 
     def seal(self, move: str, quiet: Callable[[], bool], timeout: float) -> None:
         """Hold every operation for ``move``: new ones wait, those in progress finish, and so do the
