@@ -292,6 +292,8 @@ def masses(table: DistributedTable, L: int, boundary: str, here: dict | None = N
     if not enabled(table):
         return None
     here = published(table) if here is None else here
+    if not here:  # nothing mapped (shared memory off, another host): the cache or the owners
+        return None
     live = table._view.live_shards()
     if not live or any(s not in here for s in live):
         return None
@@ -329,6 +331,8 @@ def plan(ex: RemoteSample, offs: dict, counts: dict) -> tuple[list, dict]:
     if not enabled(t):
         return [], offs
     published_here = ex.published_here()
+    if not published_here:  # every part its owner's: part_calls takes the seeds, in this same order
+        return [], offs
     by: dict[str, list[int]] = defaultdict(list)
     for s in offs:
         by[t.placement[s]].append(s)
@@ -403,7 +407,7 @@ def host_groups(ex: RemoteSample, by: dict, mapped: dict) -> dict[str, str]:
         several); empty when reader draws are off.
     """
     t = ex.t
-    if not enabled(t):
+    if not enabled(t) or not t._routes.any_far():
         return {}
     local = t._ctx.local_addr if t._ctx.local_plugin is not None else None
     by_host: dict[str, list[str]] = defaultdict(list)

@@ -8,6 +8,7 @@ validated values; nobody builds a throw-away table to validate its arguments.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from .. import config
@@ -191,8 +192,8 @@ class TableConfig:
             "steps after one lap whatever the remover keeps, so it would act as Fifo; use remover=Fifo()"
         )
 
-    # -- what kind of table this is ---------------------------------------------------------
-    @property
+    # -- what kind of table this is (asked several times a batch; the selectors never change) ------------
+    @cached_property
     def selection(self) -> str:
         """``ordered`` (Fifo, Lifo, heaps), ``epoch`` (WithoutReplacement) or ``weighted``."""
         if self.sampler.deterministic:
@@ -268,7 +269,7 @@ class TableConfig:
         """Importance-weight exponent (0 when the sampler has none)."""
         return float(getattr(self.sampler, "beta", 0.0)) if getattr(self.sampler, "importance_weighted", False) else 0.0
 
-    @property
+    @cached_property
     def exclusive(self) -> bool:
         """Samples change what later samples may take (expiry, epochs, queue order): run one at a time.
 
