@@ -8,6 +8,7 @@ UCX's connection listener binds every interface: ucxx (0.52) has no Python API f
 from __future__ import annotations
 
 import importlib.util
+import re
 import shlex
 import subprocess
 import sys
@@ -38,6 +39,19 @@ with Client(timeout="30s") as c:  # address and settings from env.sh
 """
 
 
+#: lines inside a chained exception's report that are neither a frame nor its last line
+_CHAIN = ("Traceback", "During handling", "The above exception")
+#: a chained exception's own line ("asyncio.exceptions.CancelledError", "ucxx.X: message")
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)(: .*)?$")
+
+
+def _last_of_handshake(line: str) -> bool:
+    """The line a failed handshake's report ends with: the peer reset it, or never answered in time."""
+    return (
+        line.startswith("ucxx.UCXXConnectionResetError") or line == "TimeoutError" or line.startswith("TimeoutError:")
+    )
+
+
 def without_handshake_resets(logs: str) -> str:
     """The logs less ucxx's report of a peer that hung up during the connection handshake.
 
@@ -45,7 +59,8 @@ def without_handshake_resets(logs: str) -> str:
     scheduler's ucxx listener logs the failed peer-info exchange with a traceback (ucxx's
     own handler, harmless: the client is gone). Only that exact block is dropped: it starts
     at ucxx's "Unexpected error in listener handler coroutine", passes through
-    ``exchange_peer_info`` and ends at the ``UCXXConnectionResetError`` line.
+    ``exchange_peer_info`` and ends at the ``UCXXConnectionResetError`` line (the peer reset the
+    connection) or at the ``TimeoutError`` of the exchange's wait (the peer went away silently).
     """
     out: list[str] = []
     block: list[str] | None = None
@@ -57,13 +72,11 @@ def without_handshake_resets(logs: str) -> str:
                 out.append(line)
             continue
         block.append(line)
-        if line.startswith("ucxx."):  # the last line of each chained exception
-            text = "\n".join(block)
-            if line.startswith("ucxx.UCXXConnectionResetError"):
-                if "exchange_peer_info" not in text:
-                    out.extend(block)
-                block = None
-        elif not (line.startswith((" ", "Traceback", "During handling")) or not line.strip()):
+        if _last_of_handshake(line):
+            if "exchange_peer_info" not in "\n".join(block):
+                out.extend(block)
+            block = None
+        elif not (line.startswith((" ", *_CHAIN)) or not line.strip() or _EXCEPTION.match(line)):
             out.extend(block)  # not the known block: keep everything
             block = None
     return "\n".join(out + (block or []))
@@ -82,6 +95,18 @@ def test_handshake_reset_filter_keeps_everything_else():
     assert without_handshake_resets(other) == other
     unknown = known.replace("exchange_peer_info", "something_else")
     assert "Traceback" in without_handshake_resets(unknown)
+    # the peer went away without a reset: the exchange's wait times out (seen on a loaded machine)
+    timed_out = (
+        "a\n[1] [vm:1] UCXPY  ERROR Unexpected error in listener handler coroutine\nTraceback (most recent call last):\n"
+        '  File "x/tasks.py", line 500, in wait_for\n    return fut.result()\nasyncio.exceptions.CancelledError\n'
+        "The above exception was the direct cause of the following exception:\nTraceback (most recent call last):\n"
+        '  File "x/listener.py", line 197, in _listener_handler_coroutine\n    peer_info = await exchange_peer_info(\n'
+        '  File "x/tasks.py", line 502, in wait_for\n    raise exceptions.TimeoutError() from exc\nTimeoutError\nb'
+    )
+    assert without_handshake_resets(timed_out) == "a\nb"
+    assert "Traceback" in without_handshake_resets(timed_out.replace("exchange_peer_info", "something_else"))
+    half = timed_out.replace("TimeoutError\nb", "")  # cut short: nothing dropped
+    assert "Traceback" in without_handshake_resets(half)
 
 
 def test_ucx_on_a_cpu_node_from_the_launch_scripts(tmp_path):
