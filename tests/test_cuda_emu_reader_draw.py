@@ -265,3 +265,27 @@ def test_a_pinned_tables_reader_draws_on_its_gpu_the_host_tables_batches(emu, em
         # a handle lives on until its scheduled flush to the owners has run: its mappings go now, while
         # this process is emulated (their finalizers unregister them through the emulation's cupy)
         gpu._routes.clear()
+
+
+def test_an_owner_whose_index_grew_unlocks_and_unlinks_the_old_index(owner, emu):
+    """The episode index of a pinned shard grows into a new segment: the old one is unregistered (its pages
+    are not left locked under a mapping that goes with the array) and unlinked; the new one is registered."""
+    import os
+
+    from gear_flow.storage.shared import SHM_DIR
+
+    s = owner()
+    s.tier.synchronize()
+    insert(s, [(1, 2)])
+    old = s.index.block
+    old_ptr, old_name = int(old.ctypes.data), s.shared_layout()["selection"]["index"]["segment"]
+    assert emu.cuda.runtime.pointerGetAttributes(old_ptr).type == emu.cuda.runtime.memoryTypeHost
+    insert(s, [(k, 1) for k in range(2, 100)], stamp=2)  # past the index's records: it grows
+    new = s.index.block
+    assert new is not old
+    assert emu.cuda.runtime.pointerGetAttributes(old_ptr).type == emu.cuda.runtime.memoryTypeUnregistered
+    assert not os.path.exists(os.path.join(SHM_DIR, old_name))
+    assert emu.cuda.runtime.pointerGetAttributes(int(new.ctypes.data)).type == emu.cuda.runtime.memoryTypeHost
+    sh = Attached(s.shared_layout(), s.shard_id)  # a reader maps the grown state and draws from it
+    d = sh.selection.draw(8, 1, "pad_tail", np.random.default_rng(0), s.capacity, True)
+    assert d is not None and set(d.windows.episode_ids.tolist()) <= set(range(1, 100))

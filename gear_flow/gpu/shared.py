@@ -128,6 +128,25 @@ class SharedPinnedTier(PinnedTier):
         """
         return self._shm.describe(a)
 
+    def free(self, a: np.ndarray) -> None:
+        """Unregister and unlink array ``a``'s segment now: a replaced array (an episode index that grew).
+
+        Its pages are unlocked before its mapping can go with the array;
+        readers that mapped it keep their own mapping and registration.
+
+        Parameters
+        ----------
+        a : numpy.ndarray
+            An array :meth:`empty` returned; others are ignored.
+        """
+        ptr = int(a.ctypes.data)
+        if ptr in self._ptrs:
+            self.synchronize()  # no copy issued on this tier still reads it
+            with self._cp.cuda.Device(self.device_id):
+                unregister([ptr])
+            self._ptrs.remove(ptr)
+        self._shm.free(a)
+
     def release(self) -> None:
         """Wait for the gathers issued on the rings, unregister them, unlink the segments."""
         self.synchronize()
