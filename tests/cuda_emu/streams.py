@@ -43,6 +43,9 @@ import weakref
 
 #: serialises every queue mutation and every execution (one emulated device)
 LOCK = threading.RLock()
+#: the host's waits for the device so far (stream and event synchronizations, blocking copies to the host,
+#: a device synchronization once per stream): tests read it to bound the waits of an operation
+HOST_WAITS = [0]
 
 
 def _wait_for(stream: Stream, pos: int):
@@ -140,6 +143,7 @@ class Stream:
     def synchronize(self) -> None:
         if self._capture is not None:
             raise RuntimeError("cudaErrorStreamCaptureUnsupported: synchronize during stream capture")
+        HOST_WAITS[0] += 1
         self._run_until(self._issued)
 
     def query(self) -> bool:
@@ -239,6 +243,7 @@ class Event:
             self._stream, self._pos = s, s._issued
 
     def synchronize(self) -> None:
+        HOST_WAITS[0] += 1
         if self._stream is not None:
             self._stream._run_until(self._pos)
 

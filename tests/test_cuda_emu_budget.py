@@ -1,0 +1,62 @@
+"""The device tier's steady-state batch, counted under the CUDA emulation: kernel launches and host waits.
+
+A ``device`` table's sample into reused device buffers, and a priority update,
+after the first batches of their shape: the emulation logs every launch
+(:attr:`cuda_emu.EmuKernel.log`) and counts every wait of the host for the
+device (:data:`cuda_emu.streams.HOST_WAITS`: stream and event
+synchronizations, blocking copies to the host).  The bounds are today's
+counts, so that a change adding a launch or a wait to the per-batch path fails
+here without a GPU: a sample is the draw (``tree_sample``) and one fused
+gather of every column, with two waits (the drawn slots copied back for the
+host's window geometry, the batch finished); an update is one launch and no
+wait.  Issue 38 asks for at most one wait per sample.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cuda_emu import EmuKernel, fixtures, streams
+
+emulated = fixtures.emulated
+
+SAMPLE = (("sumtree", "tree_sample<double>"), ("gather", "gather_columns"))
+UPDATE = (("sumtree", "tree_update_block<SumOp, long long, double>"),)
+
+
+def counted(fn):
+    """``fn()``'s result, the (module, kernel) of each launch it made in order, and its host waits."""
+    launches, waits = len(EmuKernel.log), streams.HOST_WAITS[0]
+    out = fn()
+    return out, [e[:2] for e in EmuKernel.log[launches:]], streams.HOST_WAITS[0] - waits
+
+
+@pytest.mark.parametrize("sampler", ["prioritized", "uniform"])
+def test_a_steady_state_device_sample_launches_twice_and_waits_twice(emulated, sampler):
+    from gear_flow import ColumnSpec, LocalTable, Prioritized, SampleBuffers, TableSpec, Uniform
+
+    spec = TableSpec((ColumnSpec("obs", (7,), np.float32), ColumnSpec("done", (), np.bool_)), capacity=400)
+    rng = np.random.default_rng(1)
+    eps = [
+        {"obs": rng.random((T, 7), dtype=np.float32), "done": np.arange(T) == T - 1} for T in rng.integers(8, 30, 10)
+    ]
+    sel = Prioritized(1.0, 0.4) if sampler == "prioritized" else Uniform()
+    t = LocalTable(spec, sampler=sel, tier="device", seed=5, boundary="pad_tail")
+    host = LocalTable(spec, sampler=sel, tier="host", seed=5, boundary="pad_tail")
+    for x in (t, host):
+        x.insert(eps)
+    buf = SampleBuffers(spec, spec.names, 16, 4, tier="device")
+    for _ in range(3):  # the first batches of this shape
+        t.sample(16, 4, out=buf)
+        host.sample(16, 4)
+    for _ in range(3):
+        b, launches, waits = counted(lambda: t.sample(16, 4, out=buf))
+        assert tuple(launches) == SAMPLE, launches
+        assert waits <= 2, waits
+        ref = host.sample(16, 4)  # and the batch is still the host's
+        np.testing.assert_array_equal(b["obs"].cpu().numpy(), ref["obs"].numpy())
+        np.testing.assert_array_equal(b.probabilities.numpy(), ref.probabilities.numpy())
+    if sampler == "prioritized":
+        for p in (2.0, 3.0):
+            _, launches, waits = counted(lambda p=p: t.update_priorities(b.keys.numpy(), np.full(16, p)))
+            assert tuple(launches) == UPDATE and waits == 0, (launches, waits)
