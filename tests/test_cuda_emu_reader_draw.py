@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import weakref
 
 import dask
@@ -259,23 +260,17 @@ def test_a_pinned_tables_reader_draws_on_its_gpu_the_host_tables_batches(emu, em
                 gpu.update_priorities(b.keys.numpy(), p)
         assert gpu.stats["reader_draws"] > 0 and host.stats["reader_draws"] > 0, (gpu.stats, host.stats)
         assert finds() > before  # the pinned table's reader descended its trees on the GPU
-    finally:
+    finally:  # close() drops the mappings now, while this process is emulated (their finalizers unregister)
         host.close()
         gpu.close()
-        # a handle lives on until its scheduled flush to the owners has run: its mappings go now, while
-        # this process is emulated (their finalizers unregister them through the emulation's cupy)
-        gpu._routes.clear()
 
 
 def test_an_owner_whose_index_grew_unlocks_and_unlinks_the_old_index(owner, emu):
     """The episode index of a pinned shard grows into a new segment: the old one is unregistered (its pages
     are not left locked under a mapping that goes with the array) and unlinked; the new one is registered."""
-    import os
-
     from gear_flow.storage.shared import SHM_DIR
 
     s = owner()
-    s.tier.synchronize()
     insert(s, [(1, 2)])
     old = s.index.block
     old_ptr, old_name = int(old.ctypes.data), s.shared_layout()["selection"]["index"]["segment"]

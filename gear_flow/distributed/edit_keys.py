@@ -87,7 +87,7 @@ def group(table: DistributedTable, keys: ArrayLike) -> tuple:
     for s in present:
         if s in now.lost:
             continue
-        m = np.flatnonzero(shard == s) if len(present) > 1 else np.arange(len(k))
+        m = np.flatnonzero(shard == s)
         by[now.shards[s]][s] = seq[m]
         idx[now.shards[s]][s] = m
     return k, by, idx, int(np.isin(shard, lost).sum()) if lost else 0

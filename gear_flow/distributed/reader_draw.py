@@ -62,7 +62,7 @@ class DrawnCounts:
         self.scheduled = False
         #: one flush at a time (on the event loop): a flush returns only once what an earlier one took has
         #: reached the owners, so that ``flush()`` and ``info()`` see every draw counted
-        self.flushing: asyncio.Lock | None = None
+        self.flushing = asyncio.Lock()  # bound to the loop that first waits on it
 
     def add(self, shard: int, n: int) -> None:
         """Count ``n`` samples drawn from ``shard``.
@@ -183,11 +183,8 @@ async def flush(table: DistributedTable) -> None:
     table : DistributedTable
         The handle.
     """
-    drawn = table._drawn
-    drawn.scheduled = False
-    if drawn.flushing is None:
-        drawn.flushing = asyncio.Lock()
-    async with drawn.flushing:
+    table._drawn.scheduled = False
+    async with table._drawn.flushing:
         await send_pending(table)
         await report(table)
 
@@ -292,8 +289,6 @@ def masses(table: DistributedTable, L: int, boundary: str, here: dict | None = N
     if not enabled(table):
         return None
     here = published(table) if here is None else here
-    if not here:  # nothing mapped (shared memory off, another host): the cache or the owners
-        return None
     live = table._view.live_shards()
     if not live or any(s not in here for s in live):
         return None
@@ -331,8 +326,6 @@ def plan(ex: RemoteSample, offs: dict, counts: dict) -> tuple[list, dict]:
     if not enabled(t):
         return [], offs
     published_here = ex.published_here()
-    if not published_here:  # every part its owner's: part_calls takes the seeds, in this same order
-        return [], offs
     by: dict[str, list[int]] = defaultdict(list)
     for s in offs:
         by[t.placement[s]].append(s)
@@ -407,7 +400,7 @@ def host_groups(ex: RemoteSample, by: dict, mapped: dict) -> dict[str, str]:
         several); empty when reader draws are off.
     """
     t = ex.t
-    if not enabled(t) or not t._routes.any_far():
+    if not enabled(t):
         return {}
     local = t._ctx.local_addr if t._ctx.local_plugin is not None else None
     by_host: dict[str, list[str]] = defaultdict(list)

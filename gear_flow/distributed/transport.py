@@ -1182,16 +1182,6 @@ class WorkerRoutes:
         """
         return self._far.get(addr)
 
-    def any_far(self) -> bool:
-        """Whether a worker on another host with published shards is known (a draw may go to its host).
-
-        Returns
-        -------
-        bool
-            Some layout was learnt since the last placement change.
-        """
-        return bool(self._far)
-
     def learnt_far(self, addr: str, layout: dict) -> None:
         """Record the layout of ``addr``, a worker on another host whose shards publish their state.
 

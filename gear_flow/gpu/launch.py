@@ -162,7 +162,29 @@ def check_tree(tree: cupy.ndarray, name: str = "tree") -> int:
         Anything else.
     """
     check_out(tree, np.float64, name)
-    n = tree.shape[0]
+    return tree_leaves(tree.shape[0], name)
+
+
+def tree_leaves(n: int, name: str = "tree") -> int:
+    """The leaves ``P`` of a tree of ``n`` entries (``2 * P``, ``P`` a power of two), wherever it lives.
+
+    Parameters
+    ----------
+    n : int
+        Entries of the tree.
+    name : str, default "tree"
+        The argument's name, for the message.
+
+    Returns
+    -------
+    int
+        ``P``.
+
+    Raises
+    ------
+    InvalidDataError
+        ``n`` is not such a size.
+    """
     if n < 2 or n & (n - 1):
         raise InvalidDataError(f"{name} has {n} entries; a tree has 2 * P, P a power of two >= 1")
     return n // 2

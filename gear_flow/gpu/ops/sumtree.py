@@ -30,7 +30,7 @@ import numpy as np
 from ...errors import InvalidDataError
 from ...ops.sumtree import leaf_count
 from .. import loader
-from ..launch import THREADS, blocks, check_out, check_tree, device_array, i64
+from ..launch import THREADS, blocks, check_out, check_tree, device_array, i64, tree_leaves
 from ..loader import ctype, expr
 from .gather import device_pointer
 
@@ -310,9 +310,7 @@ def find_pinned(tree: np.ndarray, targets: np.ndarray, out: np.ndarray) -> None:
 
     if not isinstance(tree, np.ndarray) or tree.dtype != np.float64 or tree.ndim != 1 or not tree.flags.c_contiguous:
         raise InvalidDataError("tree must be a C-contiguous 1-D float64 NumPy array in page-locked host memory")
-    m = tree.shape[0]
-    if m < 2 or m & (m - 1):
-        raise InvalidDataError(f"tree has {m} entries; a tree has 2 * P, P a power of two >= 1")
+    P = tree_leaves(tree.shape[0])
     if not isinstance(out, np.ndarray) or out.dtype != np.int64 or out.ndim != 1:
         raise InvalidDataError(f"out must be a 1-D int64 NumPy array, got {type(out).__name__}")
     t = device_array(targets, (np.float64,), "targets")
@@ -322,7 +320,7 @@ def find_pinned(tree: np.ndarray, targets: np.ndarray, out: np.ndarray) -> None:
     if not n:
         return
     got = cupy.empty(n, dtype=np.int64)
-    _launch_find(np.uint64(device_pointer(tree)), m // 2, t, n, got)
+    _launch_find(np.uint64(device_pointer(tree)), P, t, n, got)
     out[:n] = cupy.asnumpy(got)  # waits for the kernel: the caller's seqlock check follows it
 
 
