@@ -101,6 +101,36 @@ def test_shard_keys_carry_shard_id():
     assert (keys & ((1 << 56) - 1)).tolist() == [0, 2]
 
 
+@pytest.mark.parametrize("item_unit", ["step", "episode"])
+@pytest.mark.parametrize("capacity", [16, 13])
+def test_uniform_draw_by_arithmetic_is_the_trees_descent(item_unit, capacity):
+    """A hole-free ring is drawn by arithmetic; the slots equal the tree's inverse CDF, wrap or not, edges included."""
+    sel = Uniform()
+    sh = _shard(sel, capacity=capacity, item_unit=item_unit)
+    rng = np.random.default_rng(7)
+    arithmetic, wrapped = 0, 0
+    for round_ in range(120):
+        lengths = rng.integers(1, 4, size=int(rng.integers(1, 3)))
+        if item_unit == "episode":
+            lengths = lengths[: max(1, capacity - sh.size)]
+        sh.insert(_batch(lengths, stamps_from=10 * round_))
+        if round_ % 17 == 16:  # holes: the tree's descent answers, and must still agree
+            lo, hi = sh.live_seq_range()
+            sh.delete(np.array([lo + (hi - lo) // 2]))
+        lo, hi = sh.live_seq_range()
+        n = hi - lo
+        if sel.mass <= 0:
+            continue
+        arithmetic += sel.mass == n
+        wrapped += sel.mass == n and lo % capacity + n > capacity
+        m = sel.mass
+        edges = [0.0, np.nextafter(1.0, 0.0)] + [np.nextafter(k / m, 1.0) for k in range(int(m))]
+        edges += [k / m for k in range(int(m))]
+        u = np.concatenate([rng.random(64), np.asarray(edges, dtype=np.float64)])
+        assert sel.draw(u).tolist() == sel.sums.draw(u).tolist()
+    assert arithmetic > 40 and wrapped > 10  # the arithmetic path was taken, on wrapped rings too
+
+
 # ---------------------------------------------------------------------------- samplers via LocalTable
 
 

@@ -30,6 +30,43 @@ class Uniform(WeightedSelector):
         """
         self.set_weight(slots, 1.0)
 
+    def draw(self, uniforms: np.ndarray) -> np.ndarray:
+        """Slots drawn uniformly; the tree's leaves when ``uniforms`` index its inverse CDF.
+
+        While every sequence number in the shard's live range holds a live
+        item (a ring that only appends and overwrites: no deletes, nothing
+        expired), the live leaves are one ring segment of weight 1 and the
+        tree's sums are exact integers, so the leaf its descent finds for
+        ``u * mass`` is the ``floor(u * mass)``-th live leaf in slot order:
+        arithmetic gives the very same slots without reading the tree (on the
+        device, without a launch).  With holes, the tree's descent.
+
+        Parameters
+        ----------
+        uniforms : numpy.ndarray
+            float64 ``[n]`` in ``[0, 1)``; the tree's mass must be > 0.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 ``[n]`` slots, what :meth:`WeightedSelector.draw` returns.
+        """
+        lo, hi = self.shard.live_seq_range()
+        n = hi - lo
+        mass = self.mass
+        if n <= 0 or mass != n:
+            return super().draw(uniforms)
+        # the descent goes right at equality, so u * mass in [k, k + 1) is the k-th leaf; a product rounded up to
+        # the mass itself ends in the last positive leaf
+        k = (np.asarray(uniforms, dtype=np.float64) * mass).astype(np.int64)
+        np.minimum(k, n - 1, out=k)
+        first = lo % self.capacity
+        wrap = first + n - self.capacity  # live slots in slot order: [0, wrap) then [first, capacity)
+        if wrap <= 0:
+            k += first
+            return k
+        return np.where(k < wrap, k, k + (first - wrap))
+
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         """Nothing to do: priorities do not change uniform weights.
 
