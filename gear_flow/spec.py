@@ -146,11 +146,17 @@ class TableSpec:
         object.__setattr__(self, "max_size", int(max_size))
         # derived once (not fields: equality, hashing and to_dict see only the fields); every sample asks
         object.__setattr__(self, "_by_name", {c.name: c for c in cols})
+        object.__setattr__(self, "_name_set", frozenset(names))  # every inserted episode is checked against it
 
     @property
     def names(self) -> tuple[str, ...]:
         """The column names, in the spec's order."""
         return tuple(self._by_name)
+
+    @property
+    def name_set(self) -> frozenset[str]:
+        """The column names, as a set."""
+        return self._name_set
 
     def column(self, name: str) -> ColumnSpec:
         """The column called ``name``.

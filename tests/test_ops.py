@@ -386,13 +386,16 @@ def test_scatter_rows_wraps(pos, n):
         (5000, [4999], 1, 300),  # one part ending just before its own start
         (4000, [1000, 1, 1999, 1000], 0, 256),  # filling the ring exactly, a one-row part among large ones
         (4000, [700, 900], 3700, 256),  # the first part wraps, the second starts at the ring's head
+        (1000, [37] * 25, 600, 64),  # many short episodes: one concatenate per side, a part cut at the end
+        (100, [20, 30, 50], 50, 3),  # the ring's end falls between two parts
     ],
 )
-def test_scatter_chunks_writes_what_part_by_part_writes_would(cap, lengths, pos, row):
+@pytest.mark.parametrize("checked", [False, True])
+def test_scatter_chunks_writes_what_part_by_part_writes_would(cap, lengths, pos, row, checked):
     rng = np.random.default_rng(cap)
     parts = [rng.standard_normal((n, row)).astype(np.float32) for n in lengths]
     dst = np.full((cap, row), -1.0, dtype=np.float32)
-    gather.scatter_chunks(dst, pos, parts)
+    gather.scatter_chunks(dst, pos, parts, checked=checked)
     expect = np.full((cap, row), -1.0, dtype=np.float32)
     at = pos
     for rows in parts:

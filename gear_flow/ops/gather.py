@@ -285,14 +285,19 @@ def _copy(dst: np.ndarray, src: np.ndarray) -> None:
         dst[...] = src
 
 
-def scatter_chunks(dst: np.ndarray, pos: int, parts: Sequence[np.ndarray]) -> None:
+def scatter_chunks(dst: np.ndarray, pos: int, parts: Sequence[np.ndarray], checked: bool = False) -> None:
     """Write ``parts`` back to back into ring ``dst`` from ``pos`` (wrapping): one column of an insert.
 
     Every part is checked first (:func:`check_rows`), and all of them must
-    fit the ring together.  Large copies run in *one* parallel region for all
-    parts rather than one per part: a region's start and end barrier cost tens
-    of microseconds on a quiet machine and far more when workers share its
-    cores (each thread then waits at the barrier for one that has no core).
+    fit the ring together.  Parts of a megabyte and more on average are
+    copied in *one* parallel region for all parts rather than one per part: a
+    region's start and end barrier cost tens of microseconds on a quiet
+    machine and far more when workers share its cores (each thread then waits
+    at the barrier for one that has no core).  Smaller parts (an insert of
+    many short episodes) are copied by one ``numpy.concatenate`` into the
+    ring per side of its end: its loop over the parts runs in C at the
+    memory's speed, where a parallel copy first needs each part's address, a
+    microsecond of Python per part, as long as copying 20 KB.
 
     Parameters
     ----------
@@ -302,28 +307,48 @@ def scatter_chunks(dst: np.ndarray, pos: int, parts: Sequence[np.ndarray]) -> No
         Ring position of the first row of the first part, in ``[0, cap)``.
     parts : sequence of numpy.ndarray
         Rows ``[n_k, *row_shape]`` of ``dst.dtype``, ``sum(n_k) <= cap``.
+    checked : bool, default False
+        The caller has checked every part against the ring's row shape and
+        dtype already (a shard's insert: its episodes were validated); only
+        the total is checked here.
 
     Raises
     ------
     IndexError
         If a part is not such an array, or the parts do not fit the ring.
     """
-    for rows in parts:
-        check_rows(dst, pos, rows)
+    if not checked:
+        for rows in parts:
+            check_rows(dst, pos, rows)
     cap = dst.shape[0]
     n = sum(rows.shape[0] for rows in parts)
     if n > cap:
         raise IndexError(f"scatter_rows: {n} rows do not fit a ring of {cap}")
-    total = sum(rows.nbytes for rows in parts)
-    if total < PARALLEL_MIN_BYTES // 4 or not dst.flags.c_contiguous or not all(r.flags.c_contiguous for r in parts):
-        if 1 < len(parts) and pos + n <= cap:  # no wrap: one call copies every part into place
-            np.concatenate(parts, axis=0, out=dst[pos : pos + n])
-            return
-        for rows in parts:  # checked above
+    if not 0 <= pos < cap:
+        raise IndexError(f"scatter_rows: {n} rows at {pos} do not fit a ring of {cap}")
+    if len(parts) <= 1:
+        for rows in parts:
             _scatter(dst, pos, rows)
-            pos = (pos + rows.shape[0]) % cap
         return
     row = dst.nbytes // cap
+    total = n * row
+    if (
+        total < len(parts) * PARALLEL_MIN_BYTES
+        or not dst.flags.c_contiguous
+        or not all(r.flags.c_contiguous for r in parts)
+    ):
+        first = min(n, cap - pos)
+        if first == n:
+            np.concatenate(parts, axis=0, out=dst[pos : pos + n])
+            return
+        k, before = 0, 0  # the part that crosses the ring's end, and the rows before it
+        while before + parts[k].shape[0] <= first:
+            before += parts[k].shape[0]
+            k += 1
+        cut = first - before
+        np.concatenate([*parts[:k], parts[k][:cut]], axis=0, out=dst[pos:])
+        np.concatenate([parts[k][cut:], *parts[k + 1 :]], axis=0, out=dst[: n - first])
+        return
     dst_off, addr, size = [], [], []
     for rows in parts:  # a part that crosses the ring's end is two copies
         n = rows.shape[0]

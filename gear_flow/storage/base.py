@@ -239,9 +239,8 @@ class HostTier(StorageTier):
         gather_columns([srcs[name] for name in outs], src_start, dst_offset, n_valid, list(outs.values()))
 
     def write_chunks(self, dst: np.ndarray, pos: int, parts: list) -> None:
-        """:meth:`StorageTier.write_chunks` with the large copies of all parts in one parallel region
-        (:func:`gear_flow.ops.gather.scatter_chunks`): one region per episode cost more than the copies when
-        workers share the machine's cores.
+        """:meth:`StorageTier.write_chunks` as one copy of all parts (:func:`gear_flow.ops.gather.scatter_chunks`):
+        one region per episode cost more than the copies when workers share the machine's cores.
 
         Parameters
         ----------
@@ -250,9 +249,13 @@ class HostTier(StorageTier):
         pos : int
             Ring position of the first row.
         parts : list of arrays
-            Rows ``[T_k, *row]`` (host or device), ``sum(T_k) <= capacity``.
+            Rows ``[T_k, *row]`` (host or device) of the ring's row shape and
+            dtype, as a shard's validated episodes hold them;
+            ``sum(T_k) <= capacity``.
         """
-        scatter_chunks(dst, pos, [rows.get() if is_device_array(rows) else rows for rows in parts])
+        if not all(type(rows) is np.ndarray for rows in parts):  # device rows come to the host first
+            parts = [rows.get() if is_device_array(rows) else rows for rows in parts]
+        scatter_chunks(dst, pos, parts, checked=True)
 
 
 _TIERS: dict[str, Callable[[], StorageTier]] = {"host": HostTier}

@@ -73,14 +73,17 @@ def check_episode(spec: TableSpec, ep: Mapping, i: int) -> tuple[dict, int]:
         dtype that cannot be cast within its kind, columns of different
         lengths, or no steps.
     """
-    _check_names(spec, ep, f"episode {i}")
+    if ep.keys() != spec.name_set:
+        _check_names(spec, ep, f"episode {i}")
     out = {}
     T = None
     for c in spec.columns:
-        a = _ready(ep[c.name], c, 1)
-        if a is None:
+        a = ep[c.name]
+        if _ready(a, c, 1) is None:
             dims = "".join(", " + str(s) for s in c.shape)
-            a = _column(ep[c.name], c, f"episode {i}, column {c.name!r}", 1, f"(T, *{c.shape}) = (T{dims})")
+            a = _contiguous(
+                _column(a, c, f"episode {i}, column {c.name!r}", 1, f"(T, *{c.shape}) = (T{dims})"), c.dtype
+            )
         if T is None:
             T = a.shape[0]
         elif a.shape[0] != T:
@@ -88,7 +91,7 @@ def check_episode(spec: TableSpec, ep: Mapping, i: int) -> tuple[dict, int]:
                 f"episode {i}: columns have different lengths ({c.name!r} has {a.shape[0]} steps, "
                 f"{spec.columns[0].name!r} has {T})"
             )
-        out[c.name] = _contiguous(a, c.dtype)
+        out[c.name] = a
     if not T:
         raise InvalidDataError(f"episode {i} has no steps; an episode needs at least one")
     return out, int(T)
