@@ -26,8 +26,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
     REFERENCE,
+    alternate,
     make_episodes,
     memcpy_gbps,
+    memcpy_step,
     print_table,
     reference_columns,
     rss_bytes,
@@ -236,6 +238,134 @@ def bench_latency(args, eps, rows, results):
         )
 
 
+def bench_fixed_cost(args, rows, results):
+    """What one call costs beyond the work inside it, each next to that bare work timed alternately in one run.
+
+    * a uniform sample of B=256 tiny steps (L=1) against ``np.take`` of the same rows from each column;
+    * a prioritized sample + update of B=1024 against a bare numba sum tree's draw and update of as many
+      leaves (``gear_flow.ops.sumtree``, the table's own kernels without the table);
+    * an insert of 1,024 episodes of 64 reference steps against a single-thread copy of the same bytes
+      into a cold destination.
+    """
+    from gear_flow.keys import decode
+    from gear_flow.ops import sumtree
+
+    cap = args.large_capacity
+    tiny = (gf.ColumnSpec("reward", (), np.float32), gf.ColumnSpec("done", (), np.bool_))
+    rng = np.random.default_rng(0)
+    per, T = 100, 1000
+    src = [{"reward": rng.standard_normal(T, dtype=np.float32), "done": np.arange(T) == T - 1} for _ in range(per)]
+    out = results["fixed_cost"] = {"capacity": cap}
+
+    def filled(sampler, priorities):
+        table = gf.LocalTable(gf.TableSpec(tiny, capacity=cap), sampler=sampler, seed=0)
+        while table.size + per * T <= cap:
+            table.insert(src, priorities=rng.random(per * T) + 0.01 if priorities else None)
+        return table
+
+    # -- uniform, B=256, L=1: against np.take of the rows it drew -------------------------------------------
+    B = 256
+    table = filled(gf.Uniform(), False)
+    cols = {c.name: np.random.default_rng(1).integers(0, 2, cap).astype(c.dtype) for c in tiny}
+    buf = gf.SampleBuffers(table.spec, table.spec.names, B, 1)
+    drawn = [np.zeros(B, dtype=np.int64)]
+
+    def sample_uniform():
+        t = time.perf_counter()
+        b = table.sample(B, 1, out=buf)
+        t = time.perf_counter() - t
+        drawn[0] = decode(b.keys.numpy())[1] % cap  # the rows the reference takes next (one shard: slot = seq)
+        return t
+
+    def take():
+        for a in cols.values():
+            np.take(a, drawn[0])
+
+    ts, ref = alternate([sample_uniform, take], repeat=args.repeat * 20)
+    ours, bare = float(np.median(ts)), float(np.median(ref))
+    out["uniform_tiny"] = {"B": B, "us": 1e6 * ours, "np_take_us": 1e6 * bare, "ratio": ours / bare, "target": 5.0}
+    rows.append(
+        {
+            "path": f"uniform sample B={B} L=1, tiny steps, vs np.take",
+            "ms": 1e3 * ours,
+            "ratio": ours / bare,
+            "target": "<= 5",
+            "note": f"np.take of both columns {1e6 * bare:.1f} us",
+        }
+    )
+    table = buf = None
+    gc.collect()
+
+    # -- prioritized, B=1024: sample + update against the bare sum tree's draw + update ----------------------
+    B = 1024
+    table = filled(gf.Prioritized(0.6, 0.4), True)
+    buf = gf.SampleBuffers(table.spec, table.spec.names, B, 1)
+    tree = sumtree.new_tree(cap)
+    sumtree.set_leaves(tree, np.arange(cap, dtype=np.int64), (rng.random(cap) + 0.01) ** 0.6)
+    slots = np.empty(B, dtype=np.int64)
+
+    def table_once():
+        b = table.sample(B, 1, out=buf)
+        table.update_priorities(b.keys, rng.random(B) + 0.01)
+
+    def bare_once():
+        sumtree.find(tree, rng.random(B) * tree[1], slots)
+        sumtree.set_leaves(tree, slots, (rng.random(B) + 0.01) ** 0.6)
+
+    ts, ref = alternate([table_once, bare_once], repeat=args.repeat * 10)
+    ours, bare = float(np.median(ts)), float(np.median(ref))
+    out["prioritized_update"] = {"B": B, "ms": 1e3 * ours, "bare_ms": 1e3 * bare, "ratio": ours / bare, "target": 1.1}
+    rows.append(
+        {
+            "path": f"prioritized sample + update B={B} L=1 vs a bare sum tree",
+            "ms": 1e3 * ours,
+            "ratio": ours / bare,
+            "target": "<= 1.1",
+            "note": f"numba find + set_leaves {1e3 * bare:.3f} ms",
+        }
+    )
+    table = buf = tree = None
+    gc.collect()
+
+    # -- insert 1,024 episodes of 64 reference steps against a cold-destination copy ------------------------
+    E, T = args.short_episodes, 64
+    pools = [make_episodes(E, T, seed=s) for s in (0, 1)]
+    spec = gf.TableSpec(reference_columns(), capacity=4 * E * T)
+    table = gf.LocalTable(spec, sampler=gf.Uniform(), seed=0)
+    nbytes = E * T * sum(c.nbytes for c in reference_columns())
+    k = iter(range(10**9))
+
+    def insert_once():
+        table.insert(pools[next(k) % 2])
+
+    for _ in range(4):  # the ring full and wrapping, as in a steady state
+        insert_once()
+    ts, ref = alternate(
+        [insert_once, memcpy_step(nbytes, pool_bytes=max(args.memcpy_pool_mb << 20, 4 * nbytes), cold_dst=True)],
+        repeat=max(5, args.repeat // 2),
+    )
+    ours, bare = float(np.median(ts)), float(np.median(ref))
+    out["insert_short_episodes"] = {
+        "episodes": E,
+        "steps": T,
+        "gbps": nbytes / ours / 1e9,
+        "memcpy_gbps": nbytes / bare / 1e9,
+        "ratio": bare / ours,
+        "target": 0.8,
+    }
+    rows.append(
+        {
+            "path": f"insert {E} episodes x {T} steps/call",
+            "GB/s": nbytes / ours / 1e9,
+            "x memcpy": bare / ours,
+            "ms": 1e3 * ours,
+            "target": ">= 0.8",
+        }
+    )
+    table = pools = None
+    gc.collect()
+
+
 def bench_torchrl(args, eps, rows, results):
     """TorchRL's buffers on the same workload (skipped if torchrl is not installed)."""
     try:
@@ -325,6 +455,7 @@ def main(argv=None):
     p.add_argument("--small-capacity", type=int, default=100_000)
     p.add_argument("--large-capacity", type=int, default=10_000_000)
     p.add_argument("--skip-large-reference", action="store_true", help="skip the 10 GB reference-column latency run")
+    p.add_argument("--short-episodes", type=int, default=1024, help="episodes of 64 steps per insert call")
     p.add_argument("--no-peers", action="store_true", help="skip TorchRL")
     p.add_argument("--checkpoint-dir", default=None, help="where the checkpoint test writes (default: system temp)")
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
@@ -337,6 +468,7 @@ def main(argv=None):
         args.episodes, args.episode_length, args.repeat = 20, 200, 5
         args.small_capacity, args.large_capacity = 10_000, 200_000
         args.insert_batch = 5
+        args.short_episodes = 64
         # what --quick checks is that every path runs and reports, not how fast: a pool this small may sit in
         # the caches, but making 256 MiB of random bytes costs a second per reference (4x the 17 MB batch)
         args.memcpy_pool_mb = 64
@@ -345,6 +477,7 @@ def main(argv=None):
     results: dict = {"args": vars(args)}
     bench_gear_flow(args, eps, rows, results)
     bench_latency(args, eps, rows, results)
+    bench_fixed_cost(args, rows, results)
     if not args.no_peers:
         bench_torchrl(args, eps, rows, results)
     print_table(rows, ["path", "GB/s", "x memcpy", "ms", "ratio", "target", "note"])
