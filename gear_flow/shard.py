@@ -583,7 +583,7 @@ class Shard:
         """
         seqs = self.slot_seqs(slots)
         ep = self.step_episode[slots] if self.step_items else seqs
-        return windows.place(slots, seqs, ep, self.index.get, self.step_items, self.capacity, length, boundary, rng)
+        return windows.place(slots, seqs, ep, self.index, self.step_items, self.capacity, length, boundary, rng)
 
     def valid_fn(self, length: int, boundary: str) -> Callable[[np.ndarray], np.ndarray] | None:
         """Predicate over slots: does the item's window fit.
@@ -608,7 +608,7 @@ class Shard:
         def valid(slots):
             seqs = self.slot_seqs(slots)
             ep = self.step_episode[slots] if self.step_items else seqs
-            return windows.fits(slots, seqs, ep, self.index.get, self.step_items, length)
+            return windows.fits(slots, seqs, ep, self.index, self.step_items, length)
 
         return valid
 

@@ -107,7 +107,7 @@ def _first_bad(cap, L, src_start, dst_offset, n_valid):
     return -1
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True)
 def _copy_window(sf, of, cap, nb, L, b, s, d, n):
     base = b * L * nb
     first = n if n < cap - s else cap - s

@@ -372,11 +372,8 @@ class MappedState:
         strict = boundary == "strict" and length > 1
         if mass is None or not mass > 0:
             return None
-        size = self.index_size
+        index = windows.MappedIndex(self.index, self.index_size)
         hi = int(h[WRITE_POS]) if step_items else int(h[INDEX_NEXT])
-
-        def get(field: str, eps: np.ndarray) -> np.ndarray:
-            return self.index[field][eps % size]
 
         out = np.empty(n, dtype=np.int64)
         got, rounds = 0, 0
@@ -388,7 +385,7 @@ class MappedState:
             if strict:
                 seqs = windows.slot_seqs(hi, s, capacity)
                 eps = self.step_episode[s] if step_items else seqs
-                s = s[windows.fits(s, seqs, eps, get, step_items, length)]
+                s = s[windows.fits(s, seqs, eps, index, step_items, length)]
             out[got : got + len(s)] = s
             got += len(s)
             rounds += 1
@@ -398,7 +395,7 @@ class MappedState:
         probs = self.tree[P + out] / mass
         seqs = windows.slot_seqs(hi, out, capacity)
         eps = self.step_episode[out] if step_items else seqs
-        win = windows.place(out, seqs, eps, get, step_items, capacity, length, boundary, rng)
+        win = windows.place(out, seqs, eps, index, step_items, capacity, length, boundary, rng)
         dst, nv = win.dst_offset, win.n_valid
         if np.any((nv < 0) | (dst < 0) | (dst + nv > length)):  # torn: the gather would refuse it
             return None

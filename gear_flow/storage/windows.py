@@ -8,14 +8,36 @@ functions over its mapping of the same arrays, so the two never differ.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
+from numba import njit
 
-#: ``get(field, episode seqs) -> int64 array``: one field of the episode index (``start``, ``length``,
-#: ``episode_id``) for the given episodes
-IndexGet = Callable[[str, np.ndarray], np.ndarray]
+
+class IndexArrays(Protocol):
+    """The episode index as windows read it: its record arrays and their length (an
+    :class:`~gear_flow.storage.episodes.EpisodeIndex`, or a reader's mapping of one)."""
+
+    arrays: Mapping[str, np.ndarray]  # field (``start``, ``length``, ``episode_id``, ...) -> int64 [size]
+    size: int  # the record of episode ``seq`` is row ``seq % size``
+
+
+@dataclass
+class MappedIndex:
+    """:class:`IndexArrays` over arrays mapped from an owner's segment (a reader's view).
+
+    Attributes
+    ----------
+    arrays : mapping of str to numpy.ndarray
+        Field -> int64 ``[size]``.
+    size : int
+        Rows of each array.
+    """
+
+    arrays: Mapping[str, np.ndarray]
+    size: int
 
 
 @dataclass
@@ -84,7 +106,7 @@ def slot_seqs(hi: int, slots: np.ndarray, capacity: int) -> np.ndarray:
 
 
 def fits(
-    slots: np.ndarray, seqs: np.ndarray, episodes: np.ndarray, get: IndexGet, step_items: bool, length: int
+    slots: np.ndarray, seqs: np.ndarray, episodes: np.ndarray, index: IndexArrays, step_items: bool, length: int
 ) -> np.ndarray:
     """Which items' strict windows of ``length`` steps fit in their episode.
 
@@ -97,8 +119,8 @@ def fits(
     episodes : numpy.ndarray
         int64 ``[n]``: their episodes' sequence numbers (step items: the
         shard's ``step_episode`` at each slot; episode items: ``seqs``).
-    get : callable
-        One field of the episode index (:data:`IndexGet`).
+    index : IndexArrays
+        The episode index.
     step_items : bool
         Items are steps (else episodes).
     length : int
@@ -109,16 +131,17 @@ def fits(
     numpy.ndarray
         bool ``[n]``.
     """
+    rows = episodes % index.size
     if step_items:
-        return get("start", episodes) + get("length", episodes) - seqs >= length
-    return get("length", episodes) >= length
+        return index.arrays["start"][rows] + index.arrays["length"][rows] - seqs >= length
+    return index.arrays["length"][rows] >= length
 
 
 def place(
     slots: np.ndarray,
     seqs: np.ndarray,
     episodes: np.ndarray,
-    get: IndexGet,
+    index: IndexArrays,
     step_items: bool,
     capacity: int,
     length: int,
@@ -138,8 +161,8 @@ def place(
         int64 ``[B]``: their sequence numbers (:func:`slot_seqs`).
     episodes : numpy.ndarray
         int64 ``[B]``: their episodes' sequence numbers.
-    get : callable
-        One field of the episode index (:data:`IndexGet`).
+    index : IndexArrays
+        The episode index.
     step_items : bool
         Items are steps (else episodes).
     capacity : int
@@ -156,12 +179,17 @@ def place(
     Windows
         One window per entry of ``slots``.
     """
-    start = get("start", episodes)
-    n_ep = get("length", episodes)
+    if step_items:  # every step item starts (pad_head: ends) its window: compiled, one pass
+        first, dst, n_valid, episode_ids, timesteps = _step_windows(
+            seqs, episodes, index.arrays["start"], index.arrays["length"], index.arrays["episode_id"],
+            index.size, length, boundary == "pad_head",
+        )  # fmt: skip
+        return Windows(slots, first % capacity, dst, n_valid, episode_ids, timesteps, seqs, first)
+    rows = episodes % index.size
+    start = index.arrays["start"][rows]
+    n_ep = index.arrays["length"][rows]
     end = start + n_ep
-    if step_items:
-        t = seqs
-    elif boundary == "strict":  # the item is the episode; its window position is uniform among the valid ones
+    if boundary == "strict":  # the item is the episode; its window position is uniform among the valid ones
         t = start + np.floor(rng.random(len(slots)) * np.maximum(n_ep - length + 1, 1)).astype(np.int64)
     else:
         t = start + np.floor(rng.random(len(slots)) * n_ep).astype(np.int64)
@@ -178,8 +206,33 @@ def place(
         src_start=first % capacity,
         dst_offset=dst,
         n_valid=n_valid,
-        episode_ids=get("episode_id", episodes),
+        episode_ids=index.arrays["episode_id"][rows],
         timesteps=first - start,
         seqs=seqs,
         src_abs=first,
     )
+
+
+@njit(nogil=True, cache=True)
+def _step_windows(seqs, episodes, starts, lengths, episode_ids, size, length, pad_head):
+    """:func:`place` of step items (the window starts at the item; ``pad_head``: ends there), one pass:
+    the absolute first step, head padding, valid steps, episode id and timestep of each window."""
+    B = seqs.shape[0]
+    first = np.empty(B, np.int64)
+    dst = np.empty(B, np.int64)
+    n_valid = np.empty(B, np.int64)
+    ids = np.empty(B, np.int64)
+    steps = np.empty(B, np.int64)
+    for b in range(B):
+        row = episodes[b] % size
+        start, t = starts[row], seqs[b]
+        if pad_head:
+            f = max(start, t - length + 1)
+            n = t - f + 1
+            dst[b] = length - n
+        else:
+            f = t
+            n = min(length, start + lengths[row] - t)
+            dst[b] = 0
+        first[b], n_valid[b], ids[b], steps[b] = f, n, episode_ids[row], f - start
+    return first, dst, n_valid, ids, steps
