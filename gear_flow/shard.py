@@ -745,7 +745,7 @@ class Shard:
             probs = (
                 np.full(n, 1.0 / (mass if mass > 0 else 1.0))
                 if sel.without_replacement
-                else sel.leaf_weights(out) / mass
+                else sel.drawn_weights(out) / mass
             )
             return out, probs
 

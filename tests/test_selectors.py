@@ -127,7 +127,9 @@ def test_uniform_draw_by_arithmetic_is_the_trees_descent(item_unit, capacity):
         edges = [0.0, np.nextafter(1.0, 0.0)] + [np.nextafter(k / m, 1.0) for k in range(int(m))]
         edges += [k / m for k in range(int(m))]
         u = np.concatenate([rng.random(64), np.asarray(edges, dtype=np.float64)])
-        assert sel.draw(u).tolist() == sel.sums.draw(u).tolist()
+        drawn = sel.draw(u)
+        assert drawn.tolist() == sel.sums.draw(u).tolist()
+        assert sel.drawn_weights(drawn).tolist() == sel.leaf_weights(drawn).tolist()  # ones, read or not
     assert arithmetic > 40 and wrapped > 10  # the arithmetic path was taken, on wrapped rings too
 
 

@@ -206,10 +206,10 @@ def window_mask(dst_offset: np.ndarray, n_valid: np.ndarray, length: int, out: n
         (``out`` when given).
     """
     j = np.arange(length)
-    res = (j >= dst_offset[:, None]) & (j < (dst_offset + n_valid)[:, None])
     if out is None:
-        return res
-    out[...] = res
+        out = np.empty((len(dst_offset), length), dtype=np.bool_)
+    np.greater_equal(j, dst_offset[:, None], out=out)  # in place: a batch's mask is written every sample
+    out &= j < (dst_offset + n_valid)[:, None]
     return out
 
 

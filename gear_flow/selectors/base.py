@@ -342,6 +342,22 @@ class WeightedSelector(Selector):
         """
         return self.sums.draw(uniforms)
 
+    def drawn_weights(self, slots: np.ndarray) -> np.ndarray:
+        """The weights of slots :meth:`draw` just returned (a drawn slot's probability is its weight over the
+        mass); :meth:`leaf_weights` unless a selector knows them without reading its tree.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 ``[n]`` slots from :meth:`draw`.
+
+        Returns
+        -------
+        numpy.ndarray
+            float64 ``[n]``.
+        """
+        return self.leaf_weights(slots)
+
     def remove(self, slots: np.ndarray) -> None:
         """Items at ``slots`` are gone: their weight becomes 0.
 

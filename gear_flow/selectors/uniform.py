@@ -67,6 +67,22 @@ class Uniform(WeightedSelector):
             return k
         return np.where(k < wrap, k, k + (first - wrap))
 
+    def drawn_weights(self, slots: np.ndarray) -> np.ndarray:
+        """Ones: a live item weighs 1 and a draw returns live items only (no read of the tree's leaves, a
+        cache miss each in a large shard).
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 ``[n]`` slots from :meth:`draw`.
+
+        Returns
+        -------
+        numpy.ndarray
+            float64 ``[n]`` of 1.0.
+        """
+        return np.ones(len(slots))
+
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         """Nothing to do: priorities do not change uniform weights.
 
