@@ -386,7 +386,7 @@ class Shard:
         if self.times_sampled is not None:
             self.times_sampled[slots] = 0
         self.sampler.insert(slots, priorities)
-        if self.weighted:
+        if self.weighted and self.tails.entries:  # (no window length cached: nothing to read the leaves for)
             self.tails.change(slots, np.zeros(len(slots)), self.sampler.leaf_weights(slots))
         self.remover.insert(slots, priorities)
         self.size += len(slots)
@@ -396,7 +396,7 @@ class Shard:
         """Deactivate the active ones among ``slots``; returns how many."""
         slots = slots[self.active[slots] == 1]
         if len(slots):
-            if self.weighted:
+            if self.weighted and self.tails.entries:
                 self.tails.change(slots, self.sampler.leaf_weights(slots), np.zeros(len(slots)))
             self.active[slots] = 0
             self.sampler.remove(slots)
