@@ -134,6 +134,58 @@ def test_vector_writer_bad_input_appends_nothing():
     assert table.size == 1 and w.pending.tolist() == [0, 1]
 
 
+@pytest.mark.parametrize("item_unit", ["step", "episode"])
+def test_vector_writer_long_episodes_and_priorities_in_order(item_unit):
+    """Episodes outgrow the writer's first 16 steps per environment, some steps come with priorities and
+    some without: every step lands in order, with its own priority or its episode's largest (1.0 if none)."""
+    rng = np.random.default_rng(3)
+    N = 5
+    table = gf.LocalTable.queue(gf.TableSpec(COLS, capacity=4096, item_unit=item_unit), 4096)
+    w = gf.VectorWriter(table, N, max_episode_length=45)
+    t = np.zeros(N, int)
+    mine = [[] for _ in range(N)]  # (env, t, priority or None) of the episode in progress
+    inserted = []  # per inserted episode, in insertion order: its steps
+    for step in range(160):
+        done = rng.random(N) < 0.03
+        prio = (rng.random(N) + 0.5) if step % 3 else None
+        w.append({"obs": np.stack([[i, t[i], step] for i in range(N)]).astype(np.float32), "t": t.copy()},
+                 done=done, priorities=prio)  # fmt: skip
+        for i in range(N):
+            mine[i].append((i, int(t[i]), None if prio is None else float(prio[i])))
+        t += 1
+        for i in range(N):
+            if done[i] or len(mine[i]) == 45:
+                inserted.append(mine[i])
+                mine[i], t[i] = [], 0
+    assert max(len(e) for e in inserted) == 45 and w.pending.tolist() == [len(m) for m in mine]
+    assert [e[1] for e in w.ended] == list(range(len(inserted)))  # episode ids in insertion order
+    b = table.sample(table.size, 1, timeout=0)
+    obs, got = b["obs"].numpy()[:, 0], b.priorities.numpy()
+    if item_unit == "step":
+        assert [(int(r[0]), int(r[1])) for r in obs] == [(i, tt) for ep in inserted for i, tt, _ in ep]
+    else:  # an episode item's window starts at a step drawn in it
+        assert [int(r[0]) for r in obs] == [ep[0][0] for ep in inserted]
+        assert all(0 <= int(r[1]) < len(ep) for r, ep in zip(obs, inserted))
+    expect_p = []
+    for ep in inserted:
+        given = [p for _, _, p in ep if p is not None]
+        top = max(given, default=1.0)
+        expect_p += [top if p is None else p for _, _, p in ep] if item_unit == "step" else [top]
+    np.testing.assert_allclose(got, expect_p)
+
+
+def test_vector_writer_discard_drops_only_the_named_environments():
+    table = gf.LocalTable(gf.TableSpec(COLS, capacity=256))
+    w = gf.VectorWriter(table, 3)
+    for k in range(20):  # past the first 16 steps: the buffer grows
+        w.append({"obs": np.full((3, 3), k, np.float32), "t": np.full(3, k)})
+    with pytest.raises(gf.SpecError, match="environment 3"):
+        w.discard([0, 3])
+    assert w.discard([2, 2]) == 20 and w.pending.tolist() == [20, 20, 0]
+    w.end_episodes([1])
+    assert table.size == 20 and table.sample(20, 1)["t"].numpy().max() == 19 and w.pending.tolist() == [20, 0, 0]
+
+
 # -- PriorityWriter ----------------------------------------------------------------------------------
 class SlowTable:
     """Records update_priorities calls (in the writer's thread), each held until released."""

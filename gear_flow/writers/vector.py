@@ -1,12 +1,16 @@
 """Writing from a vectorised environment: one step of N environments per ``append``.
 
 Gymnasium's ``VectorEnv`` (and TorchRL's batched envs) step N environments at
-once and end their episodes independently.  :class:`VectorWriter` keeps one
-episode buffer per environment; ``append(steps, done)`` adds row ``i`` of
-every column to environment ``i``'s episode, then inserts the episodes of the
-environments whose ``done[i]`` is set, all in **one** insert (one
-transaction: all of them or none).  An environment's next step then starts
-its next episode.
+once and end their episodes independently.  :class:`VectorWriter` keeps the
+episodes in progress in one ``[N, T, *shape]`` array per column (row ``i``:
+environment ``i``'s episode so far); ``append(steps, done)`` writes row ``i``
+of every column to environment ``i``'s next step, one assignment per column
+for all N environments, then inserts the episodes of the environments whose
+``done[i]`` is set, all in **one** insert (one transaction: all of them or
+none).  An environment's next step then starts its next episode.
+
+Memory: N rows of the longest episode in progress (``T`` doubles when an
+episode outgrows it); ``max_episode_length`` bounds it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from numpy.typing import ArrayLike
 
 from ..errors import InvalidDataError, InvalidPriorityError, SpecError, TableClosedError
 from ..table.results import InsertResult
-from .buffer import BufferedWriter, StepBuffer, check_step
+from .buffer import BufferedWriter, check_step
 
 if TYPE_CHECKING:
     from ..distributed.api import DistributedTable
@@ -77,8 +81,10 @@ class VectorWriter(BufferedWriter):
         self.max_episode_length = m
         self.shard = shard
         self.timeout = timeout
-        self._rows = [StepBuffer(self.spec, 16) for _ in range(num_envs)]
-        self._prio: list[list[float | None]] = [[] for _ in range(num_envs)]
+        self._env = np.arange(num_envs)
+        self._n = np.zeros(num_envs, dtype=np.int64)  # steps of each environment's episode in progress
+        self._steps = {c.name: np.empty((num_envs, 16, *c.shape), dtype=c.dtype) for c in self.spec.columns}
+        self._prio = np.full((num_envs, 16), np.nan)  # NaN: the step was appended without a priority
         self._ending: list[tuple[int, bool]] = []  # (env, truncated): complete, insert failed, retried first
         self._closed = False
         #: (env, episode id in the table, length, truncated) of every episode inserted
@@ -87,7 +93,7 @@ class VectorWriter(BufferedWriter):
     @property
     def pending(self) -> np.ndarray:
         """Steps buffered per environment (int64 ``[N]``)."""
-        return np.array([b.n for b in self._rows], dtype=np.int64)
+        return self._n.copy()
 
     def append(
         self, steps: Mapping, done: Sequence[bool] | None = None, priorities: ArrayLike | None = None
@@ -130,14 +136,29 @@ class VectorWriter(BufferedWriter):
             bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
             if len(bad):
                 raise InvalidPriorityError(int(bad[0]), float(p[bad[0]]))
-        for i in range(N):
-            self._rows[i].append({k: v[i] for k, v in vals.items()})
-            self._prio[i].append(None if p is None else float(p[i]))
-        full = self.max_episode_length
-        for i in range(N):
-            if d[i] or (full is not None and self._rows[i].n >= full):
-                self._ending.append((i, not bool(d[i])))
+        if self._n.max() == self._prio.shape[1]:
+            self._grow()
+        at = self._n
+        for k, v in vals.items():  # every environment's step at once (cast to the column's dtype here)
+            self._steps[k][self._env, at] = v
+        self._prio[self._env, at] = np.nan if p is None else p
+        self._n += 1
+        ends = d != 0
+        if self.max_episode_length is not None:
+            ends |= self._n >= self.max_episode_length
+        self._ending.extend((int(i), not d[i]) for i in np.flatnonzero(ends))
         return self.flush() if self._ending else None
+
+    def _grow(self) -> None:
+        """Twice the steps per environment, keeping those buffered."""
+        T = self._prio.shape[1]
+        for k, a in self._steps.items():
+            b = np.empty((a.shape[0], 2 * T, *a.shape[2:]), dtype=a.dtype)
+            b[:, :T] = a
+            self._steps[k] = b
+        prio = np.full((self.num_envs, 2 * T), np.nan)
+        prio[:, :T] = self._prio
+        self._prio = prio
 
     def end_episodes(self, envs: Sequence[int] | None = None, truncated: bool = True) -> InsertResult | None:
         """End the episodes of ``envs`` (default: every environment with buffered steps) now.
@@ -156,7 +177,7 @@ class VectorWriter(BufferedWriter):
         for i in envs:
             if not 0 <= int(i) < self.num_envs:
                 raise SpecError(f"environment {i!r} is not in [0, {self.num_envs})")
-            if self._rows[int(i)].n and all(e != int(i) for e, _ in self._ending):
+            if self._n[int(i)] and all(e != int(i) for e, _ in self._ending):
                 self._ending.append((int(i), truncated))
         return self.flush() if self._ending else None
 
@@ -170,27 +191,25 @@ class VectorWriter(BufferedWriter):
         if not self._ending:
             return None
         envs = [e for e, _ in self._ending]
-        episodes = [self._rows[e].rows() for e in envs]
+        episodes = [{k: a[e, : self._n[e]] for k, a in self._steps.items()} for e in envs]  # views: insert copies
         res = self.table.insert(episodes, self._priorities(envs), timeout=self.timeout, shard=self.shard)
         for (e, trunc), eid in zip(self._ending, res.episode_ids):
-            self.ended.append((e, int(eid), self._rows[e].n, trunc))
-            self._rows[e].clear()
-            self._prio[e] = []
+            self.ended.append((e, int(eid), int(self._n[e]), trunc))
+        self._n[envs] = 0
         self._ending = []
         return res
 
     def _priorities(self, envs: list[int]):
-        given = [[p for p in self._prio[e] if p is not None] for e in envs]
-        if not any(given):
+        """The insert's priorities: None when no step of these episodes had one; else a step without one
+        gets the largest of its episode (1.0 if none), and an episode item the largest of its steps."""
+        prio = [self._prio[e, : self._n[e]] for e in envs]
+        given = [p[~np.isnan(p)] for p in prio]
+        if not any(len(g) for g in given):
             return None
-        out = []
-        for e, g in zip(envs, given):
-            default = max(g, default=1.0)
-            if self.spec.item_unit == "episode":
-                out.append(default)
-            else:
-                out.append(np.array([default if p is None else p for p in self._prio[e]], dtype=np.float64))
-        return np.array(out) if self.spec.item_unit == "episode" else out
+        default = [float(g.max()) if len(g) else 1.0 for g in given]
+        if self.spec.item_unit == "episode":
+            return np.array(default)
+        return [np.where(np.isnan(p), m, p) for p, m in zip(prio, default)]
 
     def discard(self, envs: Sequence[int] | None = None) -> int:
         """Drop the buffered steps of ``envs`` (default: all).
@@ -206,11 +225,12 @@ class VectorWriter(BufferedWriter):
             Steps dropped.
         """
         envs = range(self.num_envs) if envs is None else [int(e) for e in envs]
-        n = 0
-        for e in envs:
-            n += self._rows[e].n
-            self._rows[e].clear()
-            self._prio[e] = []
+        bad = [e for e in envs if not 0 <= e < self.num_envs]
+        if bad:
+            raise SpecError(f"environment {bad[0]!r} is not in [0, {self.num_envs})")
+        envs = sorted(set(envs))
+        n = int(self._n[envs].sum())
+        self._n[envs] = 0
         self._ending = [(e, t) for e, t in self._ending if e not in set(envs)]
         return n
 
