@@ -581,9 +581,10 @@ class Shard:
         Windows
             One window per entry of ``slots``.
         """
-        seqs = self.slot_seqs(slots)
-        ep = self.step_episode[slots] if self.step_items else seqs
-        return windows.place(slots, seqs, ep, self.index, self.step_items, self.capacity, length, boundary, rng)
+        return windows.place(
+            slots, self.live_seq_range()[1], self.capacity, self.step_episode, self.index, self.step_items, length,
+            boundary, rng,
+        )  # fmt: skip
 
     def valid_fn(self, length: int, boundary: str) -> Callable[[np.ndarray], np.ndarray] | None:
         """Predicate over slots: does the item's window fit.

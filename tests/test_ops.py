@@ -351,6 +351,18 @@ def test_gather_window_across_ring_end():
     assert out.tolist() == [[0, 7, 8, 9, 0, 1]]
 
 
+@pytest.mark.parametrize("masses", [[3.0], [0.2, 0.8], [1.0, 0.0, 2.0]])
+def test_multinomial_counts_is_numpys_and_leaves_the_stream_where_numpy_would(masses):
+    """One shard takes the whole batch without calling numpy, which draws nothing for one category either."""
+    from gear_flow.table import two_level
+
+    m = np.asarray(masses)
+    ours, ref = np.random.default_rng(9), np.random.default_rng(9)
+    for n in (1, 7, 256):
+        assert two_level.multinomial_counts(m, n, ours).tolist() == ref.multinomial(n, m / m.sum()).tolist()
+    assert ours.random(4).tolist() == ref.random(4).tolist()
+
+
 def test_window_mask():
     m = gather.window_mask(np.array([0, 2, 0, 3]), np.array([4, 2, 0, 1]), 4)
     assert m.tolist() == [

@@ -205,12 +205,19 @@ def window_mask(dst_offset: np.ndarray, n_valid: np.ndarray, length: int, out: n
         bool ``[B, L]``: ``dst_offset[b] <= j < dst_offset[b] + n_valid[b]``
         (``out`` when given).
     """
-    j = np.arange(length)
     if out is None:
         out = np.empty((len(dst_offset), length), dtype=np.bool_)
-    np.greater_equal(j, dst_offset[:, None], out=out)  # in place: a batch's mask is written every sample
-    out &= j < (dst_offset + n_valid)[:, None]
+    # compiled: every sample writes its batch's mask, and numpy's broadcast compares cost microseconds
+    _fill_mask(np.asarray(dst_offset, dtype=np.int64), np.asarray(n_valid, dtype=np.int64), out)
     return out
+
+
+@njit(nogil=True, cache=True)
+def _fill_mask(dst_offset, n_valid, out):
+    for b in range(out.shape[0]):
+        lo, hi = dst_offset[b], dst_offset[b] + n_valid[b]
+        for j in range(out.shape[1]):
+            out[b, j] = lo <= j and j < hi
 
 
 def _desc(a) -> str:

@@ -393,9 +393,7 @@ class MappedState:
                 return None
         P = self.tree.shape[0] // 2
         probs = self.tree[P + out] / mass
-        seqs = windows.slot_seqs(hi, out, capacity)
-        eps = self.step_episode[out] if step_items else seqs
-        win = windows.place(out, seqs, eps, index, step_items, capacity, length, boundary, rng)
+        win = windows.place(out, hi, capacity, self.step_episode, index, step_items, length, boundary, rng)
         dst, nv = win.dst_offset, win.n_valid
         if np.any((nv < 0) | (dst < 0) | (dst + nv > length)):  # torn: the gather would refuse it
             return None

@@ -139,11 +139,11 @@ def fits(
 
 def place(
     slots: np.ndarray,
-    seqs: np.ndarray,
-    episodes: np.ndarray,
+    hi: int,
+    capacity: int,
+    step_episode: np.ndarray | None,
     index: IndexArrays,
     step_items: bool,
-    capacity: int,
     length: int,
     boundary: str,
     rng: np.random.Generator,
@@ -157,16 +157,16 @@ def place(
     ----------
     slots : numpy.ndarray
         int64 ``[B]`` slots of live items; repeats allowed.
-    seqs : numpy.ndarray
-        int64 ``[B]``: their sequence numbers (:func:`slot_seqs`).
-    episodes : numpy.ndarray
-        int64 ``[B]``: their episodes' sequence numbers.
+    hi : int
+        The next sequence number to be issued (:func:`slot_seqs`).
+    capacity : int
+        The shard's capacity (steps, or episodes for episode items).
+    step_episode : numpy.ndarray or None
+        Step items: int64 ``[capacity]``, the episode seq of each slot's step.
     index : IndexArrays
         The episode index.
     step_items : bool
         Items are steps (else episodes).
-    capacity : int
-        The shard's capacity, in steps.
     length : int
         Steps per window (``L``).
     boundary : {"strict", "pad_tail", "pad_head"}
@@ -180,12 +180,13 @@ def place(
         One window per entry of ``slots``.
     """
     if step_items:  # every step item starts (pad_head: ends) its window: compiled, one pass
-        first, dst, n_valid, episode_ids, timesteps = _step_windows(
-            seqs, episodes, index.arrays["start"], index.arrays["length"], index.arrays["episode_id"],
-            index.size, length, boundary == "pad_head",
+        seqs, first, dst, n_valid, episode_ids, timesteps = _step_windows(
+            slots, hi, capacity, step_episode, index.arrays["start"], index.arrays["length"],
+            index.arrays["episode_id"], index.size, length, boundary == "pad_head",
         )  # fmt: skip
         return Windows(slots, first % capacity, dst, n_valid, episode_ids, timesteps, seqs, first)
-    rows = episodes % index.size
+    seqs = slot_seqs(hi, slots, capacity)
+    rows = seqs % index.size
     start = index.arrays["start"][rows]
     n_ep = index.arrays["length"][rows]
     end = start + n_ep
@@ -214,18 +215,21 @@ def place(
 
 
 @njit(nogil=True, cache=True)
-def _step_windows(seqs, episodes, starts, lengths, episode_ids, size, length, pad_head):
+def _step_windows(slots, hi, capacity, step_episode, starts, lengths, episode_ids, size, length, pad_head):
     """:func:`place` of step items (the window starts at the item; ``pad_head``: ends there), one pass:
-    the absolute first step, head padding, valid steps, episode id and timestep of each window."""
-    B = seqs.shape[0]
+    each item's seq (:func:`slot_seqs`), the absolute first step, head padding, valid steps, episode id and
+    timestep of each window."""
+    B = slots.shape[0]
+    seqs = np.empty(B, np.int64)
     first = np.empty(B, np.int64)
     dst = np.empty(B, np.int64)
     n_valid = np.empty(B, np.int64)
     ids = np.empty(B, np.int64)
     steps = np.empty(B, np.int64)
     for b in range(B):
-        row = episodes[b] % size
-        start, t = starts[row], seqs[b]
+        t = hi - 1 - ((hi - 1 - slots[b]) % capacity)
+        row = step_episode[slots[b]] % size
+        start = starts[row]
         if pad_head:
             f = max(start, t - length + 1)
             n = t - f + 1
@@ -234,5 +238,5 @@ def _step_windows(seqs, episodes, starts, lengths, episode_ids, size, length, pa
             f = t
             n = min(length, start + lengths[row] - t)
             dst[b] = 0
-        first[b], n_valid[b], ids[b], steps[b] = f, n, episode_ids[row], f - start
-    return first, dst, n_valid, ids, steps
+        seqs[b], first[b], n_valid[b], ids[b], steps[b] = t, f, n, episode_ids[row], f - start
+    return seqs, first, dst, n_valid, ids, steps

@@ -35,6 +35,8 @@ def multinomial_counts(masses: np.ndarray, n: int, rng: np.random.Generator) -> 
     numpy.ndarray
         int64 ``[S]`` summing to ``n``.
     """
+    if len(masses) == 1:  # what rng.multinomial gives, and it draws nothing from rng for one category either
+        return np.array([n], dtype=np.int64)
     total = masses.sum()
     return rng.multinomial(n, masses / total)
 
