@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numba import njit, prange
+from numba import literal_unroll, njit, prange
 
 from ._mem import copy_bytes, copy_from_address, zero_bytes
 
@@ -147,6 +147,7 @@ def gather_columns(
     dst_offset: np.ndarray,
     n_valid: np.ndarray,
     outs: Sequence[np.ndarray],
+    checked: bool = False,
 ) -> None:
     """:func:`gather_windows` of the same windows for each column: ``srcs[i]`` into ``outs[i]``.
 
@@ -156,6 +157,9 @@ def gather_columns(
     so their order does not matter, as long as the outputs do not overlap
     (where they do, the last column's bytes stay here; the kernel leaves an
     unspecified mix).  Windows may repeat: each fills its own output row.
+    A batch below :data:`PARALLEL_MIN_BYTES` is gathered, every column, by one
+    compiled call that checks every window first (a sample's fixed cost: one
+    call, not a check and a copy per column).
 
     Parameters
     ----------
@@ -165,6 +169,11 @@ def gather_columns(
         int64 ``[B]``: the windows, as :func:`gather_windows` takes them.
     outs : sequence of numpy.ndarray
         Per column a C-contiguous uint8 ``[B, L, nbytes]`` output.
+    checked : bool, default False
+        The caller made the arrays (a shard's ring views and a batch's
+        buffers) and vouches for their types: only the extents are checked,
+        the windows against the rings and the outputs, and each output's rows
+        against its ring's.
 
     Raises
     ------
@@ -174,15 +183,52 @@ def gather_columns(
     """
     if len(srcs) != len(outs):
         raise IndexError(f"gather_columns: {len(srcs)} sources for {len(outs)} outputs")
-    checked = set()  # the windows, once per ring length and window length (every column of a take shares both)
+    if not checked:
+        for src, out in zip(srcs, outs):
+            _check_pair(src, out, src_start, dst_offset, n_valid)
+    if not srcs:
+        return
+    if sum(out.nbytes for out in outs) < PARALLEL_MIN_BYTES:
+        if _gather_fused(tuple(zip(srcs, outs)), src_start, dst_offset, n_valid) < 0:
+            return
+        for src, out in zip(srcs, outs):  # the first bad extent, named as gather_windows names it
+            _check_pair(src, out, src_start, dst_offset, n_valid)
+            _check_windows(src.shape[0], out.shape[1], src_start, dst_offset, n_valid)
+        raise IndexError("gather_columns: a window does not fit")  # (not reached: the checks above raise)
+    seen = set()  # the windows, once per ring length and window length (every column of a take shares both)
     for src, out in zip(srcs, outs):
-        _check_pair(src, out, src_start, dst_offset, n_valid)
         extents = (src.shape[0], out.shape[1])
-        if extents not in checked:
+        if extents not in seen:
             _check_windows(*extents, src_start, dst_offset, n_valid)
-            checked.add(extents)
+            seen.add(extents)
     for src, out in zip(srcs, outs):  # nothing is copied unless every column passed
         _copy_windows(src, src_start, dst_offset, n_valid, out)
+
+
+@njit(nogil=True, cache=True)
+def _gather_fused(pairs, src_start, dst_offset, n_valid):
+    """Every (ring, output) pair's windows in one call: -1, or with nothing copied the first bad window
+    (or -2: an output whose rows or row bytes do not match)."""
+    B = src_start.shape[0]
+    bad = -1
+    for pair in literal_unroll(pairs):
+        if bad == -1:
+            if pair[1].shape[0] != B or pair[1].shape[2] != pair[0].shape[1]:
+                bad = -2
+            elif dst_offset.shape[0] != B or n_valid.shape[0] != B:
+                bad = -2
+            else:
+                bad = _first_bad(pair[0].shape[0], pair[1].shape[1], src_start, dst_offset, n_valid)
+    if bad != -1:
+        return bad if bad >= 0 else B
+    for pair in literal_unroll(pairs):
+        src, out = pair
+        cap, nb = src.shape[0], src.shape[1]
+        L = out.shape[1]
+        sf, of = src.reshape(-1), out.reshape(-1)
+        for b in range(B):
+            _copy_window(sf, of, cap, nb, L, b, src_start[b], dst_offset[b], n_valid[b])
+    return -1
 
 
 def window_mask(dst_offset: np.ndarray, n_valid: np.ndarray, length: int, out: np.ndarray | None = None) -> np.ndarray:

@@ -236,7 +236,8 @@ class HostTier(StorageTier):
         subclass with a :meth:`gather_windows` of its own gets the default (its method per column)."""
         if type(self).gather_windows is not HostTier.gather_windows:
             return super().gather_columns(srcs, src_start, dst_offset, n_valid, outs)
-        gather_columns([srcs[name] for name in outs], src_start, dst_offset, n_valid, list(outs.values()))
+        # the shard's own ring views and a batch's buffers: checked=True, the extents still are
+        gather_columns([srcs[name] for name in outs], src_start, dst_offset, n_valid, list(outs.values()), True)
 
     def write_chunks(self, dst: np.ndarray, pos: int, parts: list) -> None:
         """:meth:`StorageTier.write_chunks` as one copy of all parts (:func:`gear_flow.ops.gather.scatter_chunks`):
