@@ -723,7 +723,7 @@ class Shard:
                     self._raise_empty(length, boundary)
                 return self._draw_uniform(n, length, boundary, rng)
             valid = self.valid_fn(length, boundary)
-            out = np.empty(n, dtype=np.int64)
+            out = None
             got = 0
             rounds = 0
             while got < n:
@@ -736,6 +736,11 @@ class Shard:
                         s = s[valid(s)]
                 elif valid is not None:
                     s = s[valid(s)]
+                if out is None:
+                    if len(s) == n:  # every draw valid at once (the usual case): the draw's own array
+                        out, got = s, n
+                        break
+                    out = np.empty(n, dtype=np.int64)
                 out[got : got + len(s)] = s
                 got += len(s)
                 rounds += 1
@@ -743,6 +748,8 @@ class Shard:
                     raise EmptyTableError(
                         f"shard {self.shard_id}: could draw only {got} of {n} items (remaining mass {sel.mass:g})"
                     )
+            if out is None:  # n == 0
+                out = np.zeros(0, dtype=np.int64)
             probs = (
                 np.full(n, 1.0 / (mass if mass > 0 else 1.0))
                 if sel.without_replacement

@@ -3,8 +3,23 @@
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from .base import WeightedSelector
+
+
+@njit(nogil=True, cache=True)
+def _ring_leaves(uniforms, mass, n, first, capacity):
+    """The leaf a sum tree's descent finds for each ``u * mass`` when its live leaves, of weight 1, are the
+    ``n`` ring slots from ``first`` on (:meth:`Uniform.draw`)."""
+    wrap = first + n - capacity  # live slots in slot order: [0, wrap) then [first, capacity)
+    out = np.empty(uniforms.shape[0], np.int64)
+    for i in range(uniforms.shape[0]):
+        # the descent goes right at equality, so u * mass in [k, k + 1) is the k-th leaf; a product rounded up
+        # to the mass itself ends in the last positive leaf
+        k = min(np.int64(uniforms[i] * mass), n - 1)
+        out[i] = k + first if wrap <= 0 else (k if k < wrap else k + first - wrap)
+    return out
 
 
 class Uniform(WeightedSelector):
@@ -56,16 +71,7 @@ class Uniform(WeightedSelector):
         mass = self.mass
         if n <= 0 or mass != n:
             return super().draw(uniforms)
-        # the descent goes right at equality, so u * mass in [k, k + 1) is the k-th leaf; a product rounded up to
-        # the mass itself ends in the last positive leaf
-        k = (np.asarray(uniforms, dtype=np.float64) * mass).astype(np.int64)
-        np.minimum(k, n - 1, out=k)
-        first = lo % self.capacity
-        wrap = first + n - self.capacity  # live slots in slot order: [0, wrap) then [first, capacity)
-        if wrap <= 0:
-            k += first
-            return k
-        return np.where(k < wrap, k, k + (first - wrap))
+        return _ring_leaves(np.asarray(uniforms, dtype=np.float64), mass, n, lo % self.capacity, self.capacity)
 
     def drawn_weights(self, slots: np.ndarray) -> np.ndarray:
         """Ones: a live item weighs 1 and a draw returns live items only (no read of the tree's leaves, a

@@ -220,12 +220,8 @@ def _step_windows(slots, hi, capacity, step_episode, starts, lengths, episode_id
     each item's seq (:func:`slot_seqs`), the absolute first step, head padding, valid steps, episode id and
     timestep of each window."""
     B = slots.shape[0]
-    seqs = np.empty(B, np.int64)
-    first = np.empty(B, np.int64)
-    dst = np.empty(B, np.int64)
-    n_valid = np.empty(B, np.int64)
-    ids = np.empty(B, np.int64)
-    steps = np.empty(B, np.int64)
+    res = np.empty((6, B), np.int64)  # one array out (each array a compiled function returns costs a boxing)
+    seqs, first, dst, n_valid, ids, steps = res[0], res[1], res[2], res[3], res[4], res[5]
     for b in range(B):
         t = hi - 1 - ((hi - 1 - slots[b]) % capacity)
         row = step_episode[slots[b]] % size
@@ -239,4 +235,4 @@ def _step_windows(slots, hi, capacity, step_episode, starts, lengths, episode_id
             n = min(length, start + lengths[row] - t)
             dst[b] = 0
         seqs[b], first[b], n_valid[b], ids[b], steps[b] = t, f, n, episode_ids[row], f - start
-    return seqs, first, dst, n_valid, ids, steps
+    return res

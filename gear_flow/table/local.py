@@ -611,7 +611,11 @@ class LocalTable(DatasetMethods):
         try:
             try:
                 with out.gather_stream():  # device buffers: gather on the learner's torch stream
-                    return self._sample_into(out, B, L, boundary, columns, self.rng if rng is None else rng), None
+                    size = self.size
+                    expired = sample_shards(
+                        self._by_id, self.cfg.plan, out, B, L, boundary, columns, self.rng if rng is None else rng,
+                        self.cfg.beta, "the table",
+                    )  # fmt: skip
             finally:
                 for lk in reversed(locks):
                     lk.release()
@@ -624,22 +628,10 @@ class LocalTable(DatasetMethods):
             with self._cond:
                 self.rate_limiter.give_back_sample(B)
             raise
-
-    def _sample_into(self, out: SampleBuffers, B: int, L: int, boundary: str, columns, rng) -> int:
-        locks = [s.lock for s in self.shards]
-        for lk in locks:
-            lk.acquire()
-        try:
-            size = self.size
-            expired = sample_shards(
-                self._by_id, self.cfg.plan, out, B, L, boundary, columns, rng, self.cfg.beta, "the table"
-            )
-            if expired:
+        if expired:  # the limiter's counts change under its lock, taken (as always) before no shard lock
+            with self._cond:
                 self.rate_limiter.on_delete(sum(expired.values()))
-            return size
-        finally:
-            for lk in reversed(locks):
-                lk.release()
+        return size, None
 
     # -- priorities and deletes ------------------------------------------------------------------
     def _by_shard(self, keys):
