@@ -222,9 +222,13 @@ def _step_windows(slots, hi, capacity, step_episode, starts, lengths, episode_id
     B = slots.shape[0]
     res = np.empty((6, B), np.int64)  # one array out (each array a compiled function returns costs a boxing)
     seqs, first, dst, n_valid, ids, steps = res[0], res[1], res[2], res[3], res[4], res[5]
+    # first every item's episode: independent loads, whose cache misses overlap (the index read behind each
+    # one in the same pass made a chain that took them one at a time: 256 items of a 10M-step shard 10.9 -> 3.5 us)
+    for b in range(B):
+        ids[b] = step_episode[slots[b]]
     for b in range(B):
         t = hi - 1 - ((hi - 1 - slots[b]) % capacity)
-        row = step_episode[slots[b]] % size
+        row = ids[b] % size
         start = starts[row]
         if pad_head:
             f = max(start, t - length + 1)
