@@ -454,6 +454,26 @@ class Shard:
             self.step_episode[slots] = -1
 
     # -- keys ------------------------------------------------------------------
+    def check_issued(self, seqs: np.ndarray) -> None:
+        """Raise unless this shard has issued every one of ``seqs`` (live or not).
+
+        Parameters
+        ----------
+        seqs : numpy.ndarray
+            int64 ``[n]`` item sequence numbers (decoded from keys).
+
+        Raises
+        ------
+        UnknownKeyError
+            If a seq was never issued by this shard (naming the first such key).
+        """
+        hi = self.live_seq_range()[1]
+        if len(seqs) and int(seqs.max()) >= hi:
+            from .errors import UnknownKeyError
+
+            k = int(keymod.encode(self.shard_id, seqs[np.flatnonzero(seqs >= hi)[:1]])[0])
+            raise UnknownKeyError(k, f"shard {self.shard_id} has issued item seqs below {hi} only")
+
     def resolve(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Map item sequence numbers to slots and tell which are still live.
 
@@ -476,12 +496,7 @@ class Shard:
             If a seq was never issued by this shard (naming the first such key).
         """
         lo, hi = self.live_seq_range()
-        bad = np.flatnonzero(seqs >= hi)
-        if len(bad):
-            from .errors import UnknownKeyError
-
-            k = int(keymod.encode(self.shard_id, seqs[bad[:1]])[0])
-            raise UnknownKeyError(k, f"shard {self.shard_id} has issued item seqs below {hi} only")
+        self.check_issued(seqs)
         slots = seqs % self.capacity
         live = (seqs >= lo) & (seqs >= 0) & (self.active[slots] == 1)
         return slots, live
@@ -518,7 +533,7 @@ class Shard:
             if len(slots):
                 self._touch(slots, None if stamps is None else np.asarray(stamps, dtype=np.int64)[live])
                 self.priority[slots] = pr
-                if self.weighted:
+                if self.weighted and self.tails.entries:  # (no tail mass cached: no leaves to read)
                     old = self.sampler.leaf_weights(slots)
                     self.sampler.update(slots, pr)
                     self.tails.change(slots, old, self.sampler.leaf_weights(slots))

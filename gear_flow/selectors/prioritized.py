@@ -91,6 +91,10 @@ class Prioritized(WeightedSelector):
         """
         if not len(priorities):
             return
+        # alpha <= 1 and p <= MAX_WEIGHT give p**alpha <= max(p, 1) <= MAX_WEIGHT: no power of a whole batch
+        # is taken only to find that out (the update that follows takes it once)
+        if self.alpha <= 1.0 and float(np.max(priorities)) <= MAX_WEIGHT:
+            return
         with np.errstate(over="ignore"):
             w = self._w(priorities)
         bad = np.flatnonzero(~(w <= MAX_WEIGHT))

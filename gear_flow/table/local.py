@@ -680,15 +680,15 @@ class LocalTable(DatasetMethods):
         if pr is None:
             raise SpecError("priorities must not be None")
         self.cfg.check_priorities(pr)
-        shards = np.unique(shard)
-        for s in shards:  # unknown keys raise before any shard (or the stamp clock) is touched
-            self.shards[s].resolve(seq[shard == s])
+        # each shard's part (one shard: every key, check_keys saw to it)
+        parts = [(0, slice(None))] if len(self.shards) == 1 else [(s, shard == s) for s in np.unique(shard)]
+        for s, m in parts:  # unknown keys raise before any shard (or the stamp clock) is touched
+            self.shards[s].check_issued(seq[m])
         with self._cond:  # one clock for inserts and updates: heap ties go to the least recently touched
             stamps = self._stamp + np.arange(len(k), dtype=np.int64)
             self._stamp += len(k)
         stale = 0
-        for s in shards:
-            m = shard == s
+        for s, m in parts:
             stale += self.shards[s].update_priorities(seq[m], pr[m], stamps[m])
         return UpdateResult(len(k) - stale, stale)
 
