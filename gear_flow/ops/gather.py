@@ -351,8 +351,8 @@ def scatter_chunks(dst: np.ndarray, pos: int, parts: Sequence[np.ndarray], check
     """Write ``parts`` back to back into ring ``dst`` from ``pos`` (wrapping): one column of an insert.
 
     Every part is checked first (:func:`check_rows`), and all of them must
-    fit the ring together.  Parts of a megabyte and more on average are
-    copied in *one* parallel region for all parts rather than one per part: a
+    fit the ring together.  Parts of 256 KB and more on average are copied
+    in *one* parallel region for all parts rather than one per part: a
     region's start and end barrier cost tens of microseconds on a quiet
     machine and far more when workers share its cores (each thread then waits
     at the barrier for one that has no core).  Smaller parts (an insert of
@@ -395,7 +395,7 @@ def scatter_chunks(dst: np.ndarray, pos: int, parts: Sequence[np.ndarray], check
     row = dst.nbytes // cap
     total = n * row
     if (
-        total < len(parts) * PARALLEL_MIN_BYTES
+        total < len(parts) * (PARALLEL_MIN_BYTES // 4)
         or not dst.flags.c_contiguous
         or not all(r.flags.c_contiguous for r in parts)
     ):
