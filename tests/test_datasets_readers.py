@@ -246,23 +246,59 @@ def _lerobot(directory, per_file: bool, episodes=4):
     return {ep: fr.sort_values("frame_index") for ep, fr in enumerate(frames)}
 
 
+def _stored_by_source(table, rep):
+    by_src = dict(zip(rep.episode_ids.tolist(), rep.source_ids))
+    return [e for _eid, e in sorted((x for sh in table.shards for x in read_episodes(sh)), key=lambda x: by_src[x[0]])]
+
+
 @pytest.mark.parametrize("per_file", [True, False], ids=["episode-per-file", "many-per-file"])
-def test_lerobot_parquet_with_a_column_mapping(tmp_path, per_file):
+@pytest.mark.parametrize("how", ["detected", "ColumnMap", "dict"])
+def test_lerobot_parquet_detected_or_mapped(tmp_path, per_file, how):
+    """LeRobot's layout read as it is: detected from its columns (and named in the report), given as a
+    ColumnMap, or given as a dict of file column -> role (over the detected layout)."""
     src = _lerobot(tmp_path / "data" / "chunk-000", per_file)
     spec = gf.TableSpec(episode_columns(6, np.float32, (2,)), capacity=200, num_shards=2)
-    with pytest.raises(DatasetError, match=r"'episode_id' is missing.*columns="):
-        ingest(gf.LocalTable(spec), tmp_path / "data")
     table = gf.LocalTable(spec)
-    rep = ingest(table, tmp_path / "data", columns=LEROBOT)
+    columns = {"detected": None, "ColumnMap": LEROBOT, "dict": {"next.reward": "reward"}}[how]
+    rep = ingest(table, tmp_path / "data", columns=columns)
+    assert rep.layout == (None if how == "ColumnMap" else "lerobot")
     assert rep.ok and rep.episodes_stored == 4 and sorted(rep.source_ids) == [0, 1, 2, 3]
-    by_src = dict(zip(rep.episode_ids.tolist(), rep.source_ids))
-    for (_eid, e), ref in zip(
-        sorted((x for sh in table.shards for x in read_episodes(sh)), key=lambda x: by_src[x[0]]), src.values()
-    ):
+    for e, ref in zip(_stored_by_source(table, rep), src.values()):
         assert np.array_equal(e["obs"], np.stack(ref["observation.state"].to_numpy()))
         assert np.array_equal(e["action"], np.stack(ref["action"].to_numpy()))
         assert np.array_equal(e["reward"], ref["next.reward"].to_numpy())
         assert e["done"][-1] and not e["truncated"].any()  # next.done: terminal; no truncation column
+    assert [len(e["reward"]) for e in read_parquet(tmp_path / "data")] == [5, 6, 7, 8]  # the reader detects too
+
+
+def test_a_plain_dict_of_columns_and_its_errors(tmp_path):
+    """A dict is the file column -> role mappings over the detected layout; anything else, or a bad role, is
+    refused in one line naming ColumnMap or the roles, before anything is read."""
+    df = pd.DataFrame({"episode_id": [3, 3, 3], "step": [0, 1, 2], "pos": [1.0, 2.0, 3.0], "action": [0, 1, 0],
+                       "reward": [1.0, 0.0, 1.0], "terminal": [False, False, True], "truncated": [False] * 3})  # fmt: skip
+    df.to_parquet(tmp_path / "x.parquet", index=False)
+    spec = gf.TableSpec(episode_columns(1), capacity=100)
+    table = gf.LocalTable(spec)
+    rep = ingest(table, tmp_path / "x.parquet", columns={"pos": "obs"})
+    assert rep.ok and rep.layout == "gear-flow" and rep.steps_stored == 3
+    with pytest.raises(gf.SpecError, match="ColumnMap or a dict"):
+        ingest(gf.LocalTable(spec), tmp_path / "x.parquet", columns=[("pos", "obs")])
+    with pytest.raises(gf.SpecError, match="roles are"):
+        ingest(gf.LocalTable(spec), tmp_path / "x.parquet", columns={"pos": "observation"})
+    with pytest.raises(gf.SpecError, match="str -> str"):
+        ColumnMap({"pos": 0})
+
+
+def test_parquet_written_by_pandas_with_an_index_named_like_a_column(tmp_path):
+    """pandas writes an index named "step" next to the "step" column; its own read_parquet rebuilds the index,
+    ours reads the columns as stored (no "cannot insert step, already exists")."""
+    rows = [{"episode_id": e, "step": t, "obs_0": float(10 * e + t), "action": t % 2, "reward": 1.0,
+             "terminal": t == 3, "truncated": False} for e in range(2) for t in range(4)]  # fmt: skip
+    pd.DataFrame(rows).set_index("step", drop=False).to_parquet(tmp_path / "idx.parquet")
+    table = gf.LocalTable(gf.TableSpec(episode_columns(1), capacity=100))
+    rep = ingest(table, tmp_path / "idx.parquet")
+    assert rep.ok and rep.episodes_stored == 2
+    assert [e["obs"][:, 0].tolist() for e in _stored_by_source(table, rep)] == [[0, 1, 2, 3], [10, 11, 12, 13]]
 
 
 def test_column_mapping_from_cli_text_and_no_truncation(tmp_path):

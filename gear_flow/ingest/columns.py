@@ -53,7 +53,15 @@ class ColumnMap:
     truncated: str | None = "truncated"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.columns, dict):
+            raise SpecError(
+                f"ColumnMap.columns must be a dict of file column -> role, got {type(self.columns).__name__}"
+            )
         for col, role in self.columns.items():
+            if not isinstance(col, str) or not isinstance(role, str):
+                raise SpecError(
+                    f"ColumnMap.columns maps file column names to role names (str -> str), got {col!r}: {role!r}"
+                )
             base = role.split(".", 1)[0]
             if base not in ROLES or (role.count(".") and base not in ("obs", "next_obs")):
                 raise SpecError(f"column {col!r} is mapped to {role!r}; roles are {list(ROLES)} or obs.<key>")
@@ -114,6 +122,36 @@ LEROBOT = ColumnMap(
 LAYOUTS = {"gear-flow": ColumnMap(), "lerobot": LEROBOT}
 
 
+def detect_layout(names: list[str]) -> tuple[ColumnMap, str]:
+    """The layout of a Parquet step table read without ``columns=``, from its column names.
+
+    Our own layout when it has our episode column; LeRobot's when it has
+    ``episode_index`` and ``frame_index`` instead (unambiguous: no other
+    layout has both); else ours, whose reader then names what is missing.
+
+    Parameters
+    ----------
+    names : list of str
+        The columns of the first file.
+
+    Returns
+    -------
+    layout : ColumnMap
+        The layout to read with.
+    name : str
+        Its name in :data:`LAYOUTS`.
+
+    Examples
+    --------
+    >>> detect_layout(["episode_index", "frame_index", "observation.state", "action"])[1]
+    'lerobot'
+    """
+    ours = LAYOUTS["gear-flow"]
+    if ours.episode not in names and {LEROBOT.episode, LEROBOT.step} <= set(names):
+        return LEROBOT, "lerobot"
+    return ours, "gear-flow"
+
+
 def parse_columns(
     text: str | None = None,
     *,
@@ -154,18 +192,48 @@ def parse_columns(
     if layout is not None and layout not in LAYOUTS:
         raise SpecError(f"layout {layout!r} must be one of {sorted(LAYOUTS)}")
     base = LAYOUTS[layout or "gear-flow"]
-    cols = dict(base.columns)
+    given = {}
     for item in (text or "").split(","):
         if not item.strip():
             continue
         col, sep, role = item.rpartition("=")
         if not sep or not col:
             raise SpecError(f"--columns item {item!r} must be COLUMN=ROLE (e.g. observation.state=obs)")
-        cols = {c: r for c, r in cols.items() if r != role.strip()}
-        cols[col.strip()] = role.strip()
+        given = {c: r for c, r in given.items() if r != role.strip()}
+        given[col.strip()] = role.strip()
+    return with_columns(base, given, episode=episode, step=step, truncated=None if no_truncation else base.truncated)
+
+
+def with_columns(
+    base: ColumnMap, columns: dict, *, episode: str | None = None, step: str | None = None, truncated: object = ...
+) -> ColumnMap:
+    """``base`` with ``columns`` added, each replacing ``base``'s mapping of the same role.
+
+    Parameters
+    ----------
+    base : ColumnMap
+        A layout.
+    columns : dict of str to str
+        File column -> role.
+    episode, step : str, optional
+        Replace ``base``'s episode and step columns.
+    truncated : str or None, optional
+        Replaces ``base``'s truncation column (None: there is none).
+
+    Returns
+    -------
+    ColumnMap
+        The merged layout.
+
+    Examples
+    --------
+    >>> with_columns(LEROBOT, {"observation.images.top": "obs"}).source("obs")
+    'observation.images.top'
+    """
+    roles = set(columns.values())
     return ColumnMap(
-        cols,
+        {**{c: r for c, r in base.columns.items() if r not in roles}, **columns},
         episode=episode or base.episode,
         step=step or base.step,
-        truncated=None if no_truncation else base.truncated,
+        truncated=base.truncated if truncated is ... else truncated,
     )

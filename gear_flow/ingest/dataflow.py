@@ -75,11 +75,14 @@ def ingest(
         distributed ingestion uses smaller chunks when there would be fewer than
         ``cluster.PARTITIONS_PER_WORKER`` partitions per worker.
     frame_backend : {"pandas", "cudf"}, optional
-        Parquet only: the frame library of :func:`dask.dataframe.read_parquet`.
-    columns : ColumnMap, optional
+        Parquet only: the frame library the files are read into.
+    columns : ColumnMap or dict, optional
         Parquet only: the column of each role, the episode/step columns and
         whether there is a truncation column (e.g.
-        :data:`gear_flow.ingest.columns.LEROBOT`).
+        :data:`gear_flow.ingest.columns.LEROBOT`).  Default: detected from
+        the first file (ours, or LeRobot's ``episode_index``/``frame_index``
+        layout) and named in the report's ``layout``; a dict of file column ->
+        role replaces the detected layout's mappings of the same roles.
     max_episode_steps : int, optional
         D4RL files without ``timeouts`` only: also end an episode after this many steps.
     timeout : float, optional
@@ -123,8 +126,17 @@ def ingest(
         raise SpecError(f"columns= (a column mapping) applies to Parquet step tables, not {name!r}")
     if max_episode_steps is not None and name != "d4rl":
         raise SpecError(f"max_episode_steps applies to D4RL files, not {name!r}")
+    detected = None
+    if name == "parquet":  # a dict is a ColumnMap's columns; none given: the layout the first file has
+        columns, detected = parquet.layout_of(source, columns)
     given = {"frame_backend": frame_backend, "columns": columns, "max_episode_steps": max_episode_steps}
     options = {k: v for k, v in given.items() if v is not None}
+    report = _ingest(table, name, source, gamma, strict, chunk, options, timeout, client, t0)
+    report.layout = detected
+    return report
+
+
+def _ingest(table, name, source, gamma, strict, chunk, options, timeout, client, t0) -> IngestReport:
     from ..table.local import LocalTable
 
     if isinstance(table, LocalTable):

@@ -18,15 +18,20 @@ Other tools' layouts (LeRobot's ``episode_index``, ``frame_index``,
 ``observation.state``, ``next.reward``, ``next.done``; one or many episodes
 per file) are read through a :class:`~gear_flow.ingest.columns.ColumnMap`
 (``columns=``), which names the column of each role, the episode and step
-columns, and whether there is a truncation column at all.
+columns, and whether there is a truncation column at all.  Without one the
+layout is detected from the first file's columns
+(:func:`~gear_flow.ingest.columns.detect_layout`: LeRobot's is unambiguous)
+and the report names it; a plain dict of file column -> role then replaces
+the detected layout's mappings of the same roles.
 
 An episode lies in exactly one file (checked at planning); a partition is up
-to ``chunk_episodes`` episodes of one file, read with
-:func:`dask.dataframe.read_parquet` and a row filter on ``episode_id`` (the
-whole file when it fits in one partition).  The frame library is
-chosen by ``frame_backend``: ``"pandas"`` (default, CPU) or ``"cudf"`` (GPU
-workers, through Dask's ``dataframe.backend`` option; needs the ``cudf`` extra
-and is checked through :mod:`gear_flow.backend`).  Either way the columns come
+to ``chunk_episodes`` episodes of one file, read with a row filter on the
+episode column (the whole file when it fits in one partition).  The frame
+library is chosen by ``frame_backend``: ``"pandas"`` (default, CPU; the table
+read by pyarrow, its columns as stored, without the pandas index its metadata
+describes) or ``"cudf"`` (GPU workers, :func:`dask.dataframe.read_parquet`
+through Dask's ``dataframe.backend`` option; needs the ``cudf`` extra and is
+checked through :mod:`gear_flow.backend`).  Either way the columns come
 back as NumPy arrays: the table's tiers decide where rows live, not the reader.
 """
 
@@ -42,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DatasetError, SpecError
-from .columns import ColumnMap
+from .columns import ColumnMap, detect_layout, with_columns
 from .common import Format, Partition, Plan, iter_episodes, make_episode
 from .episode import guard
 
@@ -85,10 +90,12 @@ def files_of(paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -
 
 # Two frame libraries read the same files; the rest of the reader only sees NumPy arrays.
 def _read_pandas(path: str, filters=None):
-    import dask.dataframe as dd
+    import pyarrow.parquet as pq
 
-    # scheduler="sync": this already runs inside a task (or the caller's process); no nested graph on the cluster
-    return dd.read_parquet(path, filters=filters).compute(scheduler="sync")
+    # the columns as stored, without rebuilding a pandas index from the file's metadata: pandas writes an index
+    # named like one of its columns (set_index("step", drop=False)) next to that column, and rebuilding it fails
+    # with "cannot insert step, already exists" (an extra __index_level_0__ column is ignored by the roles)
+    return pq.read_table(path, filters=filters).to_pandas(ignore_metadata=True)
 
 
 def _read_cudf(path: str, filters=None):
@@ -396,9 +403,11 @@ def read_parquet(
     gamma, strict, chunk_episodes
         As for :func:`~gear_flow.ingest.read_minari`.
     frame_backend : {"pandas", "cudf"}, optional
-        Frame library :func:`dask.dataframe.read_parquet` uses (default pandas).
-    columns : ColumnMap, optional
-        Column names of another tool's layout (e.g. :data:`~gear_flow.ingest.columns.LEROBOT`).
+        Frame library the files are read into (default pandas).
+    columns : ColumnMap or dict, optional
+        Column names of another tool's layout (e.g. :data:`~gear_flow.ingest.columns.LEROBOT`); default:
+        detected from the first file (ours, or LeRobot's), a dict of file column -> role replacing its
+        mappings of the same roles.
     next_obs : bool, default False
         Add ``next_obs`` (a mapped ``next_obs`` column, else the next row).
 
@@ -418,6 +427,51 @@ def read_parquet(
         strict=strict,
         chunk_episodes=chunk_episodes,
         frame_backend=frame_backend,
-        columns=columns,
+        columns=layout_of(paths, columns)[0],
         next_obs=next_obs,
     )
+
+
+def layout_of(
+    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], columns: object = None
+) -> tuple[ColumnMap, str | None]:
+    """The layout to read ``source`` with: a ColumnMap as given; else the layout detected from its first
+    file's columns (:func:`~gear_flow.ingest.columns.detect_layout`), with a dict's file column -> role
+    mappings replacing the detected layout's mappings of the same roles.
+
+    Parameters
+    ----------
+    source : str, os.PathLike, or sequence of them
+        As for :func:`files_of`.
+    columns : ColumnMap, dict or None
+        As the caller gave it.
+
+    Returns
+    -------
+    layout : ColumnMap
+        What to read with.
+    detected : str or None
+        The detected layout's name (:data:`~gear_flow.ingest.columns.LAYOUTS`); None for a ColumnMap.
+
+    Raises
+    ------
+    SpecError
+        ``columns`` is neither a ColumnMap nor a dict, or a mapping ColumnMap rejects.
+    DatasetError
+        No Parquet file in ``source``, or the first cannot be read.
+    """
+    import pyarrow.parquet as pq
+
+    if isinstance(columns, ColumnMap):
+        return columns, None
+    if columns is not None and not isinstance(columns, dict):
+        raise SpecError(f"columns= must be a ColumnMap or a dict of file column -> role, got {type(columns).__name__}")
+    if columns is not None:
+        ColumnMap(dict(columns))  # its own checks first, naming what is wrong in it
+    first = files_of(source)[0]
+    try:
+        names = pq.read_schema(first).names
+    except Exception as e:  # pyarrow raises ArrowInvalid / OSError for non-Parquet files
+        raise DatasetError(first, None, f"cannot be read as Parquet ({e})") from None
+    layout, name = detect_layout(names)
+    return (layout, name) if columns is None else (with_columns(layout, dict(columns)), name)

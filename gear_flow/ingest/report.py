@@ -57,6 +57,9 @@ class IngestReport:
         order, Parquet episode column value); :meth:`source_map` as a dict.
     elapsed_s : float
         Wall time of the whole ingestion.
+    layout : str or None
+        Parquet read without ``columns=``: the layout detected from the files'
+        columns (``"gear-flow"`` or ``"lerobot"``); None otherwise.
 
     Notes
     -----
@@ -86,6 +89,7 @@ class IngestReport:
     episode_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     elapsed_s: float = 0.0
     source_ids: list = field(default_factory=list)
+    layout: str | None = None
 
     def source_map(self) -> dict[int, int | str]:
         """The source's id of every inserted episode (e.g. for :func:`~gear_flow.ingest.episodes`).
