@@ -470,3 +470,19 @@ def test_without_replacement_cannot_remove():
     with pytest.raises(SpecError, match="cannot be used as a remover"):
         LocalTable(x_spec(), remover=WithoutReplacement())
     assert LocalTable(x_spec(), sampler=WithoutReplacement()).size == 0
+
+
+@pytest.mark.parametrize(
+    "given, hint",
+    [
+        ("uniform", "sampler=gear_flow.Uniform()"),
+        (Prioritized, "call it: sampler=Prioritized()"),
+        ("Max_Heap", "gear_flow.MaxHeap()"),
+        (3, "3$"),
+    ],  # fmt: skip
+)
+def test_a_selector_given_as_a_name_or_a_class_is_refused_with_the_fix(given, hint):
+    with pytest.raises(
+        SpecError, match=r"sampler must be a Selector instance, got .*" + hint.replace("(", r"\(").replace(")", r"\)")
+    ):
+        LocalTable(x_spec(), sampler=given)

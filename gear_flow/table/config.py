@@ -16,7 +16,7 @@ from ..errors import SpecError
 from ..rate_limiters import MinSize, Queue, RateLimiter, Stack
 from ..rate_limiters import from_config as limiter_from_config
 from ..rate_limiters import to_config as limiter_to_config
-from ..selectors import Fifo, Lifo, Selector, Uniform
+from ..selectors import REGISTRY, Fifo, Lifo, Selector, Uniform
 from ..selectors import from_config as selector_from_config
 from ..selectors import to_config as selector_to_config
 from ..spec import BOUNDARIES, TableSpec
@@ -142,7 +142,12 @@ class TableConfig:
         for role in ("sampler", "remover"):
             sel = getattr(self, role)
             if not isinstance(sel, Selector):
-                raise SpecError(f"{role} must be a Selector instance, got {sel!r}")
+                hint = ""  # the likely fix for what newcomers pass first: a class, or a name
+                if isinstance(sel, type) and issubclass(sel, Selector):
+                    hint = f"; call it: {role}={sel.__name__}()"
+                elif isinstance(sel, str) and sel.lower() in REGISTRY:
+                    hint = f"; use {role}=gear_flow.{REGISTRY[sel.lower()].__name__}()"
+                raise SpecError(f"{role} must be a Selector instance, got {sel!r}{hint}")
         if not self.remover.can_remove:
             raise SpecError(
                 f"{self.remover!r} cannot be used as a remover; use Fifo, Lifo, MinHeap, MaxHeap, Uniform or Prioritized"
