@@ -13,6 +13,7 @@ from gear_flow import (
     MaxHeap,
     MinHeap,
     Prioritized,
+    SampleToInsertRatio,
     SpecError,
     Uniform,
     WithoutReplacement,
@@ -269,6 +270,21 @@ def test_max_heap_sampler(num_shards):
     keys = list(kv)
     t.update_priorities([keys[2]], [100.0])
     assert _keys_values(t.sample(1))[1] == [2.0]
+
+
+@pytest.mark.parametrize("sampler", [Fifo(), MaxHeap()])
+@pytest.mark.parametrize("limiter", [None, "ratio"])
+def test_an_ordered_batch_larger_than_the_table_cycles_where_reverb_repeats_the_head(sampler, limiter):
+    """Where we differ from Reverb on purpose (README, "Reverb semantics"): without max_times_sampled a batch of
+    B from an ordered selector is its best B in order, cycling once every item is in (Fifo over 3 items, B=5:
+    [0, 1, 2, 0, 1]); Reverb samples item by item from an unchanged table, so it hands out the head B times
+    ([0, 0, 0, 0, 0]).  The batch reports one table size, the size it was drawn from (Reverb: each row's)."""
+    kw = {} if limiter is None else {"rate_limiter": SampleToInsertRatio(1.0, 3, 100.0)}
+    t = LocalTable(x_spec(capacity=20), sampler=sampler, seed=0, **kw)
+    _single_steps(t, [0.0, 1.0, 2.0], priorities=[3.0, 2.0, 1.0])  # MaxHeap's order is insertion order too
+    b = t.sample(5, timeout=0)
+    assert _keys_values(b)[1] == [0.0, 1.0, 2.0, 0.0, 1.0]
+    assert b.table_size == 3
 
 
 @pytest.mark.parametrize("num_shards", [1, 2])

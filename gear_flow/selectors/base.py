@@ -404,6 +404,13 @@ class OrderedSelector(Selector):
     The table merges every shard's candidates into the exact global best
     (:func:`gear_flow.table.two_level.merge_candidates`).  Priorities are
     ignored unless a subclass (the heaps) keeps them.
+
+    A batch of ``B`` is the best ``B`` in order, cycling once every item is
+    in (a Fifo over 3 items, ``B=5``: ``[0, 1, 2, 0, 1]``).  Reverb samples a
+    batch item by item from an unchanged table and so hands out the best item
+    ``B`` times; here a batch is one selection, on purpose.  With
+    ``max_times_sampled`` the best item goes again until it expires, as in
+    Reverb.
     """
 
     deterministic = True
