@@ -52,7 +52,7 @@ def test_launch_scripts_listen_on_loopback_by_default_and_resources_fail_fast(tm
     with procs:
         sched = procs.start("scheduler", ["bash", str(CLUSTER / "start-scheduler.sh")], env)
         wait_for_line(tmp_path / "scheduler.log", r"Scheduler at:\s+tcp://127\.0\.0\.1:", sched)
-        # the default worker resources include `learner` (the README's co-located learner runs)
+        # the default worker resources include `learner` (the docs' co-located learner runs)
         procs.start("worker", ["bash", str(CLUSTER / "start-worker.sh"), "--kind", "cpu", addr], env)
         with Client(addr, timeout="20s") as client:
             client.wait_for_workers(1, timeout=60)

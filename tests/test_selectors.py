@@ -275,7 +275,7 @@ def test_max_heap_sampler(num_shards):
 @pytest.mark.parametrize("sampler", [Fifo(), MaxHeap()])
 @pytest.mark.parametrize("limiter", [None, "ratio"])
 def test_an_ordered_batch_larger_than_the_table_cycles_where_reverb_repeats_the_head(sampler, limiter):
-    """Where we differ from Reverb on purpose (README, "Reverb semantics"): without max_times_sampled a batch of
+    """Where we differ from Reverb on purpose (docs/migration.md, "Reverb semantics"): without max_times_sampled a batch of
     B from an ordered selector is its best B in order, cycling once every item is in (Fifo over 3 items, B=5:
     [0, 1, 2, 0, 1]); Reverb samples item by item from an unchanged table, so it hands out the head B times
     ([0, 0, 0, 0, 0]).  The batch reports one table size, the size it was drawn from (Reverb: each row's)."""

@@ -21,7 +21,7 @@ from .commands import (
 from .connect import _add_connection
 
 QUICKSTART = """\
-Start here (one machine; on a cluster see README, "Running on a cluster"):
+Start here (one machine; on a cluster see docs/deployment.md, "Running on a cluster"):
 
   gear-flow local --workers 2 --port 8786              # terminal 1: a cluster, until Ctrl-C
   export DASK_SCHEDULER_ADDRESS=tcp://127.0.0.1:8786   # terminal 2: the commands below use it
