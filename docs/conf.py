@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
-sys.path.insert(0, str(DOCS / "_ext"))  # the benchmark plots, drawn at build time from the committed JSON
+sys.path.insert(0, str(DOCS / "_ext"))  # the benchmark plots (from the committed JSON) and diagrams, drawn at build
 
 project = "gear_flow"
 author = "gear_flow developers"
@@ -20,6 +20,7 @@ extensions = [
     "sphinx_copybutton",
     "sphinx_design",
     "benchmark_plots",
+    "diagrams",
 ]
 
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}

@@ -36,12 +36,20 @@ def test_the_docs_build_with_warnings_as_errors_and_document_the_public_api(site
     assert set(gf.__all__) - documented == set()  # every public name has its page
 
 
-def test_the_benchmark_page_shows_every_plot_drawn_from_the_results(site):
+@pytest.mark.parametrize(
+    "page, names",
+    [
+        ("benchmarks", ("local", "distributed", "control_plane", "gpu")),
+        ("concepts", ("storage", "sample_path", "insert_path")),
+    ],
+)
+def test_the_pages_show_every_picture_drawn_at_build_time(site, page, names):
+    """The benchmark plots (from the committed results) and the concept diagrams are on their pages, drawn."""
     from matplotlib.image import imread
 
-    page = (site / "benchmarks.html").read_text()
-    for name in ("local", "distributed", "control_plane", "gpu"):
-        img = re.search(rf'<img[^>]+src="(_images/{name}\.png)"', page)
+    html = (site / f"{page}.html").read_text()
+    for name in names:
+        img = re.search(rf'<img[^>]+src="(_images/{name}\.png)"', html)
         assert img, name
         pixels = imread(site / img.group(1))
         assert pixels.shape[0] > 200 and pixels.shape[1] > 400
