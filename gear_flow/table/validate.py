@@ -304,6 +304,8 @@ def check_keys(keys: ArrayLike, num_shards: int) -> np.ndarray:
     """
     keys = to_host(keys)
     k = np.asarray(keys)
+    if k.size == 0:  # no keys ([] reads as float64): nothing to apply
+        k = k.astype(np.int64)
     if k.dtype.kind not in "iu":
         raise InvalidDataError(f"keys must be integers, got dtype {k.dtype}")
     k = k.astype(np.int64).reshape(-1)
