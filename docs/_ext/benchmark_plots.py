@@ -10,11 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-OUT = Path(__file__).resolve().parents[1] / "_generated"
+import figures
 
-#: what each plot is drawn from, and the file it becomes
-PLOTS = ("local.png", "distributed.png", "control_plane.png", "gpu.png")
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
 def _load(name: str) -> dict:
@@ -108,26 +106,13 @@ def gpu(fig):
 
 def draw_all(_app=None) -> list[Path]:
     """Draw every plot; returns the files written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    OUT.mkdir(exist_ok=True)
-    written = []
-    for name, draw, size in (
+    pictures = [
         ("local.png", local, (7, 5)),
         ("distributed.png", distributed, (7, 3.5)),
         ("control_plane.png", control_plane, (7, 3.5)),
         ("gpu.png", gpu, (8, 4)),
-    ):
-        fig = plt.figure(figsize=size, dpi=100)
-        draw(fig)
-        fig.tight_layout()
-        fig.savefig(OUT / name)
-        plt.close(fig)
-        written.append(OUT / name)
-    return written
+    ]
+    return figures.draw(pictures, axes=True)
 
 
 def setup(app):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parents[1] / "_generated"
+import figures
 
 
 def _box(ax, x, y, w, h, text, color="#dde8f4", size=9):
@@ -88,26 +88,12 @@ def insert_path(ax):
 
 def draw_all(_app=None) -> list[Path]:
     """Draw every diagram; returns the files written."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    OUT.mkdir(exist_ok=True)
-    written = []
-    for name, draw, size in (
+    pictures = [
         ("storage.png", storage, (9, 3)),
         ("sample_path.png", sample_path, (9, 4.2)),
         ("insert_path.png", insert_path, (9, 3.6)),
-    ):
-        fig, ax = plt.subplots(figsize=size, dpi=100)
-        draw(ax)
-        ax.axis("off")
-        fig.tight_layout()
-        fig.savefig(OUT / name)
-        plt.close(fig)
-        written.append(OUT / name)
-    return written
+    ]
+    return figures.draw(pictures, axes=False)
 
 
 def setup(app):
