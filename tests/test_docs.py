@@ -69,7 +69,16 @@ def test_the_readme_is_short_and_its_examples_are_the_docs_examples():
         assert code == (REPO / path).read_text(), f"the README's copy of {path} drifted"
 
 
-@pytest.mark.parametrize("example", sorted(p.name for p in (DOCS / "examples").glob("*.py")))
+GPU_EXAMPLES = {"gpu_path.py"}  # need a CUDA device, CuPy and dask-cuda
+
+
+@pytest.mark.parametrize(
+    "example",
+    [
+        pytest.param(p.name, marks=[pytest.mark.gpu] if p.name in GPU_EXAMPLES else [])
+        for p in sorted((DOCS / "examples").glob("*.py"))
+    ],
+)
 def test_every_example_runs_as_written(example, tmp_path):
     r = subprocess.run([sys.executable, str(DOCS / "examples" / example)], cwd=tmp_path, capture_output=True,
                        text=True, timeout=240)  # fmt: skip
