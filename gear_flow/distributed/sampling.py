@@ -517,6 +517,9 @@ def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers |
             attempt += 1
             if attempt == _ATTEMPTS:
                 raise redone_too_often(t)
+            # the grant's placement (or a draw's Retry) may show a shard lost since the call was checked: a
+            # table that is not degraded refuses then too, where the plan would have drawn from the others
+            view.check_not_lost()
             if exclusive and set(view.lost) != lost_at:
                 # admitted counting items of a shard lost since (each item goes out once): given back and
                 # waited for again, or the shards left would make up the batch with an item twice
