@@ -622,9 +622,9 @@ class Shard:
             return None
 
         def valid(slots):
-            seqs = self.slot_seqs(slots)
-            ep = self.step_episode[slots] if self.step_items else seqs
-            return windows.fits(slots, seqs, ep, self.index, self.step_items, length)
+            return windows.fits(
+                slots, self.live_seq_range()[1], self.capacity, self.step_episode, self.index, self.step_items, length
+            )
 
         return valid
 

@@ -383,9 +383,7 @@ class MappedState:
             if np.any(s >= capacity):  # a leaf past the shard's: torn
                 return None
             if strict:
-                seqs = windows.slot_seqs(hi, s, capacity)
-                eps = self.step_episode[s] if step_items else seqs
-                s = s[windows.fits(s, seqs, eps, index, step_items, length)]
+                s = s[windows.fits(s, hi, capacity, self.step_episode, index, step_items, length)]
             out[got : got + len(s)] = s
             got += len(s)
             rounds += 1

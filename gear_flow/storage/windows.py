@@ -106,19 +106,26 @@ def slot_seqs(hi: int, slots: np.ndarray, capacity: int) -> np.ndarray:
 
 
 def fits(
-    slots: np.ndarray, seqs: np.ndarray, episodes: np.ndarray, index: IndexArrays, step_items: bool, length: int
+    slots: np.ndarray,
+    hi: int,
+    capacity: int,
+    step_episode: np.ndarray | None,
+    index: IndexArrays,
+    step_items: bool,
+    length: int,
 ) -> np.ndarray:
-    """Which items' strict windows of ``length`` steps fit in their episode.
+    """Which items' strict windows of ``length`` steps fit in their episode (the items :func:`place` places).
 
     Parameters
     ----------
     slots : numpy.ndarray
         int64 ``[n]`` slots of live items.
-    seqs : numpy.ndarray
-        int64 ``[n]``: their sequence numbers (:func:`slot_seqs`).
-    episodes : numpy.ndarray
-        int64 ``[n]``: their episodes' sequence numbers (step items: the
-        shard's ``step_episode`` at each slot; episode items: ``seqs``).
+    hi : int
+        The next sequence number to be issued (:func:`slot_seqs`).
+    capacity : int
+        The shard's capacity (steps, or episodes for episode items).
+    step_episode : numpy.ndarray or None
+        Step items: int64 ``[capacity]``, the episode seq of each slot's step.
     index : IndexArrays
         The episode index.
     step_items : bool
@@ -131,10 +138,11 @@ def fits(
     numpy.ndarray
         bool ``[n]``.
     """
-    rows = episodes % index.size
+    seqs = slot_seqs(hi, slots, capacity)
     if step_items:
+        rows = step_episode[slots] % index.size
         return index.arrays["start"][rows] + index.arrays["length"][rows] - seqs >= length
-    return index.arrays["length"][rows] >= length
+    return index.arrays["length"][seqs % index.size] >= length
 
 
 def place(
