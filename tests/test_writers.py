@@ -185,6 +185,14 @@ def test_vector_writer_discard_drops_only_the_named_environments():
     w.end_episodes([1])
     assert table.sample(20, 1)["t"].numpy().ravel().tolist() == list(range(20))  # env 1's steps, in order
     assert table.size == 20 and w.pending.tolist() == [20, 0, 0]
+    # a bad environment in end_episodes ends none of them
+    other = gf.LocalTable(gf.TableSpec(COLS, capacity=256), sampler=gf.Fifo())
+    w2 = gf.VectorWriter(other, 2)
+    w2.append({"obs": np.zeros((2, 3), np.float32), "t": np.zeros(2, np.int64)})
+    with pytest.raises(gf.SpecError, match="environment 5"):
+        w2.end_episodes([0, 5])
+    w2.end_episodes([1])
+    assert other.size == 1 and w2.pending.tolist() == [1, 0]
 
 
 # -- PriorityWriter ----------------------------------------------------------------------------------

@@ -173,12 +173,9 @@ class VectorWriter(BufferedWriter):
         -------
         InsertResult or None
         """
-        envs = range(self.num_envs) if envs is None else envs
-        for i in envs:
-            if not 0 <= int(i) < self.num_envs:
-                raise SpecError(f"environment {i!r} is not in [0, {self.num_envs})")
-            if self._n[int(i)] and all(e != int(i) for e, _ in self._ending):
-                self._ending.append((int(i), truncated))
+        for i in self._envs(envs):
+            if self._n[i] and all(e != i for e, _ in self._ending):
+                self._ending.append((i, truncated))
         return self.flush() if self._ending else None
 
     def flush(self) -> InsertResult | None:
@@ -224,15 +221,20 @@ class VectorWriter(BufferedWriter):
         int
             Steps dropped.
         """
-        envs = range(self.num_envs) if envs is None else [int(e) for e in envs]
-        bad = [e for e in envs if not 0 <= e < self.num_envs]
-        if bad:
-            raise SpecError(f"environment {bad[0]!r} is not in [0, {self.num_envs})")
-        envs = sorted(set(envs))
+        envs = sorted(set(self._envs(envs)))
         n = int(self._n[envs].sum())
         self._n[envs] = 0
-        self._ending = [(e, t) for e, t in self._ending if e not in set(envs)]
+        gone = set(envs)
+        self._ending = [(e, t) for e, t in self._ending if e not in gone]
         return n
+
+    def _envs(self, envs: Sequence[int] | None) -> list[int]:
+        """``envs`` as ints (default: every environment), each checked to be one."""
+        envs = range(self.num_envs) if envs is None else [int(e) for e in envs]
+        for e in envs:
+            if not 0 <= e < self.num_envs:
+                raise SpecError(f"environment {e!r} is not in [0, {self.num_envs})")
+        return list(envs)
 
     def _flush(self) -> None:
         self.end_episodes()
