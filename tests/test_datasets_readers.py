@@ -281,6 +281,9 @@ def test_a_plain_dict_of_columns_and_its_errors(tmp_path):
     table = gf.LocalTable(spec)
     rep = ingest(table, tmp_path / "x.parquet", columns={"pos": "obs"})
     assert rep.ok and rep.layout == "gear-flow" and rep.steps_stored == 3
+    df.rename(columns={"episode_id": "ep"}).to_parquet(tmp_path / "y.parquet", index=False)  # neither layout
+    with pytest.raises(DatasetError, match=r"'episode_id' is missing.*columns="):  # says how to map it
+        ingest(gf.LocalTable(spec), tmp_path / "y.parquet")
     with pytest.raises(gf.SpecError, match="ColumnMap or a dict"):
         ingest(gf.LocalTable(spec), tmp_path / "x.parquet", columns=[("pos", "obs")])
     with pytest.raises(gf.SpecError, match="roles are"):
