@@ -566,3 +566,60 @@ def test_a_stale_selection_is_retried_without_losing_items(dist_client):
         assert t.info()["totals"]["expired"] == 5
     finally:
         t.close()
+
+
+@pytest.mark.parametrize("kind", ["local", "distributed"])
+def test_uniform_batches_stay_exact_while_a_writer_wraps_the_ring(kind, request):
+    """A Uniform table without deletes draws by arithmetic over its rings (Uniform.draw) while a writer keeps
+    overwriting them: every row is the step its episode id and timestep name, and the rows a shard gave a batch
+    report one probability (one draw, at the shard's size then)."""
+    spec = gf.TableSpec(X, capacity=600, num_shards=2)
+    if kind == "local":
+        t = gf.LocalTable(spec, sampler=gf.Uniform(), seed=1)
+    else:
+        t = DistributedTable.create(request.getfixturevalue("dist_client"), spec, sampler=gf.Uniform(), seed=1)
+    try:
+        made = {}  # episode id -> the writer's number for it (its steps hold 1000 * number + timestep)
+        stop, errors, inserts = threading.Event(), [], [0]
+
+        def insert(g0):
+            eps = [{"x": (1000.0 * (g0 + j) + np.arange(50)).astype(np.float32)} for j in range(3)]
+            made.update(zip(t.insert(eps).episode_ids.tolist(), range(g0, g0 + 3)))
+
+        insert(0)
+        insert(3)
+
+        def writer():
+            try:
+                g = 6
+                while not stop.is_set():
+                    insert(g)
+                    g, inserts[0] = g + 3, inserts[0] + 1
+            except Exception as e:  # surfaced below
+                errors.append(e)
+
+        th = threading.Thread(target=writer)
+        th.start()
+        rows = []
+        try:
+            n = 0
+            while n < 60 or (n < 2000 and inserts[0] < 40):  # until the rings went round several times
+                n += 1
+                b = t.sample(64, 1)
+                p, shard = b.probabilities.numpy(), decode(b.keys.numpy())[0]
+                for s in np.unique(shard):
+                    mine = p[shard == s]
+                    np.testing.assert_allclose(mine, mine[0], rtol=1e-12)  # uniform within the shard at its draw
+                    # (m_s / M planned) * (1 / m'_s at the draw): each mass between one insert (150) and the ring
+                    assert 150 / 1200 / 600 <= mine[0] <= 600 / 300 / 150
+                rows.append((b.episode_ids.numpy(), b.timesteps.numpy(), b["x"].numpy()[:, 0]))
+        finally:
+            stop.set()
+            th.join()
+        assert not errors, errors
+        assert inserts[0] >= 40  # the rings were overwritten many times while batches were drawn
+        for eid, ts, x in rows:
+            expect = np.array([1000.0 * made[int(e)] for e in eid]) + ts
+            np.testing.assert_array_equal(x, expect.astype(np.float32))  # in order: row by row
+    finally:
+        t.close()
