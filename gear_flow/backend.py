@@ -79,6 +79,7 @@ class BackendUnavailableError(GearFlowError, RuntimeError):
 _TIERS: dict[str, tuple[str, str, str]] = {
     "host": ("numpy", "numpy", "pandas"),
     "shared": ("numpy", "numpy", "pandas"),  # host arrays in shared-memory segments
+    "disk": ("numpy", "numpy", "pandas"),  # host arrays mapped from files
     "pinned": ("numpy", "cupy", "pandas"),
     "device": ("cupy", "cupy", "cudf"),
 }
@@ -95,7 +96,7 @@ def tier_name(tier: str | StorageTier) -> str:
     Returns
     -------
     str
-        ``host``, ``shared``, ``pinned`` or ``device``.
+        ``host``, ``shared``, ``disk``, ``pinned`` or ``device``.
 
     Raises
     ------
@@ -276,6 +277,7 @@ class SelectionOps:
 _SELECTION: dict[str, tuple[str, str]] = {
     "host": ("gear_flow.ops.sumtree", "gear_flow.ops.maxtree"),
     "shared": ("gear_flow.ops.sumtree", "gear_flow.ops.maxtree"),
+    "disk": ("gear_flow.ops.sumtree", "gear_flow.ops.maxtree"),
     "pinned": ("gear_flow.ops.sumtree", "gear_flow.ops.maxtree"),
     "device": ("gear_flow.gpu.ops.sumtree", "gear_flow.gpu.ops.maxtree"),
 }

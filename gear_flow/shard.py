@@ -31,6 +31,7 @@ from .selectors.base import OrderedSelector, Selector, WeightedSelector
 from .spec import TableSpec
 from .storage import ColumnRing, EpisodeIndex, get_tier, windows
 from .storage.base import ring_slots
+from .storage.disk_state import DiskStore
 from .storage.shared_selection import SelectionState, shareable
 from .storage.windows import Windows
 from .tails import TailMass, valid_mass
@@ -173,13 +174,14 @@ class Shard:
         self.ring = ColumnRing(spec, self.tier)
         self.index = EpisodeIndex()
         cap = self.capacity
-        self.step_episode = np.full(cap, -1, dtype=np.int64) if self.step_items else None
-        self.active = np.zeros(cap, dtype=np.uint8)
-        self.priority = np.zeros(cap, dtype=np.float64)
-        self.touched = np.zeros(cap, dtype=np.int64)
+        state = self.tier.state  # host memory, or the files of a disk shard
+        self.step_episode = state("step_episode", (cap,), np.int64, -1) if self.step_items else None
+        self.active = state("active", (cap,), np.uint8)
+        self.priority = state("priority", (cap,), np.float64)
+        self.touched = state("touched", (cap,), np.int64)
         self._clock = 0  # one past the newest stamp seen (updates without a table stamp use it)
         self.max_times_sampled = int(max_times_sampled)
-        self.times_sampled = np.zeros(cap, dtype=np.int32) if self.max_times_sampled else None
+        self.times_sampled = state("times_sampled", (cap,), np.int32) if self.max_times_sampled else None
         self.size = 0
         self.max_priority = 1.0
         self.counters = Counters()
@@ -193,6 +195,9 @@ class Shard:
         #: the selection state readers on this host draw from (None: only the owner draws; see
         #: :mod:`~gear_flow.storage.shared_selection`)
         self.published = SelectionState(self) if shareable(self) else None
+        #: the files of a disk shard: commits after each change, flushes, recovery (None on other tiers; see
+        #: :mod:`~gear_flow.storage.disk_state`)
+        self.store = DiskStore(self) if getattr(self.tier, "persistent", False) else None
 
     def writing(self) -> contextlib.AbstractContextManager:
         """The block in which the shard's selection state changes (call holding :attr:`lock`): readers
@@ -203,6 +208,8 @@ class Shard:
         context manager
             :meth:`SelectionState.writing`, or a no-op when nothing is published.
         """
+        if self.store is not None:  # a disk shard commits its header at the end of the block
+            return self.store.writing()
         return self.published.writing() if self.published is not None else contextlib.nullcontext()
 
     # -- ShardState protocol (for selectors) ----------------------------------
@@ -343,6 +350,8 @@ class Shard:
             n = batch.num_steps
             w = self.ring.write_pos
             self.ring.begin_write(w + n)  # readers of a shared ring: these slots are about to change
+            if self.store is not None:  # a disk shard: a reopen after a kill from here on drops this insert
+                self.store.begin_insert(w + n, self.index.next + len(batch.lengths))
             self._evict_steps_before(w + n - self.capacity)
             for name in self.ring.columns:  # one ring write per column: GPU tiers batch the episodes
                 self.ring.write_chunks(w, name, [chunk[name] for chunk in batch.chunks])

@@ -116,6 +116,38 @@ class _Tree:
         with self._device():
             return self.tree.get()
 
+    def place(self, array: np.ndarray, copy: bool = True) -> None:
+        """Keep the (host) tree in ``array`` from now on: shared memory, or a mapped file of a disk shard.
+
+        Parameters
+        ----------
+        array : numpy.ndarray
+            float64, of the tree's shape.
+        copy : bool, default True
+            Copy the tree into it; False adopts what it holds (a disk shard reopened).
+        """
+        if self.on_device or array.shape != self.tree.shape:
+            raise ValueError(f"a host tree of shape {self.tree.shape} cannot live in {array.shape} here")
+        if copy:
+            array[...] = self.tree
+        self.tree = array
+        P = array.shape[0] // 2
+        self.leaves = array[P : P + self.capacity]
+
+    def rebuild(self) -> None:
+        """Recompute every internal node from the leaves, level by level (host trees).
+
+        A node is what :func:`~gear_flow.ops.sumtree.set_leaves` makes it (the
+        combination of its two children), so a rebuilt tree equals the one
+        updated leaf by leaf; a disk shard reopened after a kill rebuilds its
+        trees, whose last update may have been cut short.
+        """
+        t = self.tree
+        width = t.shape[0] // 4
+        while width >= 1:
+            self._combine(t[2 * width : 4 * width : 2], t[2 * width + 1 : 4 * width : 2], out=t[width : 2 * width])
+            width //= 2
+
     def load(self, tree: np.ndarray) -> None:
         """Replace the tree by a host array of the same shape (checkpoints)."""
         tree = np.asarray(tree, dtype=np.float64)
@@ -152,6 +184,7 @@ class SumTree(_Tree):
     """
 
     _empty = 0.0
+    _combine = staticmethod(np.add)
 
     def __init__(self, ops: SelectionOps, capacity: int):
         self._mass = 0.0  # device: the root on the host, None while its copy is in flight
@@ -296,6 +329,7 @@ class MaxTree(_Tree):
     """
 
     _empty = -np.inf
+    _combine = staticmethod(np.maximum)
 
     def __init__(self, ops: SelectionOps, capacity: int):
         super().__init__(ops, ops.maxtree, capacity)

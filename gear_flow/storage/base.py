@@ -102,6 +102,30 @@ class StorageTier(ABC):
             C-contiguous uint8 ``[B, L, step_nbytes]`` (host memory for host tiers).
         """
 
+    def state(self, name: str, shape: tuple[int, ...], dtype: np.dtype | type, fill: object = 0) -> np.ndarray:
+        """Per-item state of a shard (activity, priorities, ...): host memory, whatever the tier.
+
+        A persistent tier (``disk``) keeps it in a file named ``name`` instead,
+        so that the shard reopens from its files.
+
+        Parameters
+        ----------
+        name : str
+            What it is (``active``, ``priority``, ...).
+        shape : tuple of int
+            Its shape.
+        dtype : numpy.dtype
+            Its dtype.
+        fill : scalar, default 0
+            Its initial contents.
+
+        Returns
+        -------
+        numpy.ndarray
+            A host array.
+        """
+        return np.full(shape, fill, dtype=dtype)
+
     def gather_columns(
         self,
         srcs: Mapping[str, np.ndarray],
@@ -282,7 +306,7 @@ def get_tier(tier: str | StorageTier) -> StorageTier:
     Parameters
     ----------
     tier : str or StorageTier
-        ``"host"``, ``"pinned"``, ``"device"``, ``"shared"`` or a registered
+        ``"host"``, ``"pinned"``, ``"device"``, ``"shared"``, ``"disk"`` or a registered
         name; a tier object is returned as is.
 
     Returns
@@ -301,6 +325,8 @@ def get_tier(tier: str | StorageTier) -> StorageTier:
         from .. import gpu  # noqa: F401  registers the GPU tiers
     if tier not in _TIERS and tier == "shared":
         from . import shared  # noqa: F401  registers the shared-memory tier
+    if tier not in _TIERS and tier == "disk":
+        from . import disk  # noqa: F401  registers the disk tier (which needs a directory: raises)
 
     try:
         return _TIERS[tier]()

@@ -83,6 +83,40 @@ class EpisodeIndex:
         self.block = block
         return block
 
+    def adopt(self, fields: tuple[str, ...], block: np.ndarray, first: int, next: int,
+              alloc: Callable[[int, int], np.ndarray]) -> None:  # fmt: skip
+        """Take the records a disk shard left in ``block`` (its mapped index file) as this index's, in place.
+
+        Like :meth:`share` (later growth goes to ``alloc``), except that the
+        block's contents are kept: the live episodes are ``[first, next)``.
+        The stamp bounds are derived again from the live records, as a
+        checkpoint restore derives them.
+
+        Parameters
+        ----------
+        fields : tuple of str
+            The fields the block holds, row ``k`` being ``fields[k]``; every one of :data:`FIELDS`.
+        block : numpy.ndarray
+            int64 ``[len(fields), size]``.
+        first, next : int
+            The live sequence numbers' range.
+        alloc : callable
+            ``alloc(k, n)``: a zeroed int64 ``[k, n]`` array, when the index grows.
+        """
+        self._alloc, self._shared = alloc, tuple(fields)
+        self.size = int(block.shape[1])
+        for k, f in enumerate(fields):
+            self.arrays[f] = block[k]
+        for f in BOUNDS:
+            self.arrays[f] = np.zeros(self.size, dtype=np.int64)
+        self.block = block
+        self.first = self.next = int(first)
+        self._ceiling = np.iinfo(np.int64).min
+        live = np.arange(first, next)
+        self._bound(live % self.size, self.arrays["stamp"][live % self.size])
+        self.next = int(next)
+        self.generation += 1
+
     def __len__(self) -> int:
         return self.next - self.first
 
@@ -128,6 +162,13 @@ class EpisodeIndex:
         pos = seqs % self.size
         for f, v in zip(FIELDS, (start, length, stamp, episode_id)):
             self.arrays[f][pos] = v
+        self._bound(pos, stamp)
+        self.next += n
+        return seqs
+
+    def _bound(self, pos: np.ndarray, stamp: ArrayLike) -> None:
+        """Derive the stamp bounds of the records at ``pos`` (those after :attr:`next`), appended with ``stamp``."""
+        n = len(pos)
         if n:
             st = np.asarray(stamp, dtype=np.int64).reshape(n)
             floor = np.minimum.accumulate(st[::-1])[::-1]
@@ -146,8 +187,6 @@ class EpisodeIndex:
             ceiling = np.maximum.accumulate(np.concatenate(([self._ceiling], st)))[1:]
             self.arrays["stamp_ceiling"][pos] = ceiling
             self._ceiling = int(ceiling[-1])
-        self.next += n
-        return seqs
 
     def pop_front(self, n: int) -> np.ndarray:
         """Drop the ``n`` oldest episodes.

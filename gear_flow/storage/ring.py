@@ -37,7 +37,12 @@ class ColumnRing:
         self.spec = spec
         self.tier = tier
         self.capacity = spec.capacity
-        self.columns = {c.name: tier.empty((spec.capacity, *c.shape), c.dtype) for c in spec.columns}
+        if getattr(tier, "persistent", False):  # files named by the column's place (names may not be file names)
+            self.columns = {
+                c.name: tier.array(f"ring-{k}", (spec.capacity, *c.shape), c.dtype) for k, c in enumerate(spec.columns)
+            }
+        else:
+            self.columns = {c.name: tier.empty((spec.capacity, *c.shape), c.dtype) for c in spec.columns}
         # byte views [capacity, step_nbytes] used by the dtype-agnostic gather
         self.bytes = {n: a.reshape(self.capacity, -1).view(np.uint8) for n, a in self.columns.items()}
         # shared rings publish their write position for readers in other processes (a seqlock)

@@ -129,13 +129,10 @@ class SelectionState:
         views = _carve(self.block, self.layout)
         self.header = views["header"]
         self.header[:] = 0
-        for name in ("tree", "priority", "step_episode"):
+        for name in ("priority", "step_episode"):
             if name in views:
-                src = sums.tree if name == "tree" else getattr(shard, name)
-                views[name][...] = src
-        sums.tree = views["tree"]
-        P = sums.tree.shape[0] // 2
-        sums.leaves = sums.tree[P : P + sums.capacity]
+                views[name][...] = getattr(shard, name)
+        sums.place(views["tree"])
         shard.priority = views["priority"]
         if shard.step_episode is not None:
             shard.step_episode = views["step_episode"]

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 #: what a sample's selection needs from the shards (see :mod:`gear_flow.table.planner`)
 SELECTION_KINDS = ("weighted", "epoch", "ordered")
-TIERS = ("host", "shared", "pinned", "device")
+TIERS = ("host", "shared", "pinned", "device", "disk")
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ class TableConfig:
             Config ``table.boundary`` when None.
         routing : {"balanced", "round_robin"}, optional
             Config ``table.routing`` when None.
-        tier : {"host", "shared", "pinned", "device"}, optional
+        tier : {"host", "shared", "pinned", "device", "disk"}, optional
             Config ``table.tier`` when None.
         timeout : float, optional
             Config ``table.timeout`` when None.

@@ -11,6 +11,7 @@ the probabilities it reports are those of one consistent state.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import threading
@@ -70,8 +71,13 @@ class LocalTable(DatasetMethods):
         Remove an item after this many samples (0: never).
     boundary : {"strict", "pad_tail", "pad_head"}, optional
         Default window boundary mode for ``sample`` (config ``table.boundary``).
-    tier : {"host", "pinned", "device"}, optional
-        Storage tier of the shards (config ``table.tier``).
+    tier : {"host", "pinned", "device", "disk"}, optional
+        Storage tier of the shards (config ``table.tier``).  ``disk``: each
+        shard's arrays are memory-mapped files under ``path`` (see
+        :mod:`gear_flow.storage.disk_state`), reopened by :meth:`open`.
+    path : str or os.PathLike, optional
+        The directory of a ``disk`` table (config ``disk.path``); it must not
+        hold a table yet.
     routing : {"balanced", "round_robin"}, optional
     timeout : float, optional
         Default seconds a blocking call waits (None: forever).
@@ -110,10 +116,12 @@ class LocalTable(DatasetMethods):
         max_times_sampled: int = 0,
         boundary: str | None = None,
         tier: str | None = None,
+        path: str | os.PathLike[str] | None = None,
         routing: str | None = None,
         timeout: float | None = None,
         seed: int | None = None,
         shard_ids: Iterable[int] | None = None,
+        _open: bool = False,
     ) -> None:
         cfg = TableConfig.build(
             spec,
@@ -136,6 +144,10 @@ class LocalTable(DatasetMethods):
         self.routing = cfg.routing
         self.timeout = cfg.timeout
         ids = list(range(spec.num_shards)) if shard_ids is None else list(shard_ids)
+        self.path = None
+        tiers = {i: cfg.tier for i in ids}
+        if cfg.tier == "disk":
+            tiers = self._disk_tiers(path, ids, _open)
         self.shards = [
             Shard(
                 spec,
@@ -143,7 +155,7 @@ class LocalTable(DatasetMethods):
                 cfg.sampler.clone(),
                 cfg.remover.clone(),
                 max_times_sampled=cfg.max_times_sampled,
-                tier=cfg.tier,
+                tier=tiers[i],
             )
             for i in ids
         ]
@@ -155,6 +167,38 @@ class LocalTable(DatasetMethods):
         self._next_episode_id = 0
         self._stamp = 0
         self._evict_lock = threading.Lock()
+        self._page_ins = None  # (time, bytes read from storage) at the last info(): the page-in rate
+        if self.path is not None and not _open:
+            self._write_manifest()
+
+    def _disk_tiers(self, path, ids: list[int], opening: bool) -> dict:
+        """One :class:`~gear_flow.storage.disk.DiskTier` per shard, under ``path`` (config ``disk.path``)."""
+        from pathlib import Path
+
+        from ..errors import SpecError
+        from ..storage.disk import DiskTier, make_dir
+
+        path = config.get("disk.path", path)
+        if path is None:
+            raise SpecError("a disk table needs a directory: pass path= (or set gear-flow.disk.path)")
+        root = Path(path).absolute()
+        if not opening and (root / "manifest.json").exists():
+            raise SpecError(f"{root} already holds a table; open it with LocalTable.open({str(root)!r})")
+        if not opening:
+            make_dir(root)
+        self.path = root
+        return {i: DiskTier(root / f"shard-{i}", create=not opening) for i in ids}
+
+    def _write_manifest(self) -> None:
+        """The table's manifest in its directory (a disk table): configuration, limiter and table counters."""
+        from .. import checkpoint as ck
+        from ..storage.disk import atomic_write
+
+        with self._cond:
+            state = {"next_episode_id": self._next_episode_id, "stamp": self._stamp, "rr": self._rr}
+            cfg = self.config()
+        files = {str(s.shard_id): {"dir": s.tier.directory.name} for s in self.shards}
+        atomic_write(self.path / "manifest.json", json.dumps(ck.new_manifest("disk", cfg, state, files), indent=1))
 
     # -- construction helpers ------------------------------------------------------
     @classmethod
@@ -229,9 +273,146 @@ class LocalTable(DatasetMethods):
         return self.size
 
     def close(self) -> None:
-        """Refuse further calls and wake every blocked caller with TableClosedError."""
+        """Refuse further calls and wake every blocked caller with TableClosedError.
+
+        A disk table is flushed first (:meth:`flush`) and its files stay:
+        :meth:`open` reopens it.
+        """
         with self._cond:
+            closed = self._admission.closed
             self._admission.close()
+        if self.path is not None and not closed:
+            self._flush()
+            for s in self.shards:
+                s.tier.release()
+
+    def flush(self) -> dict:
+        """Make a disk table durable: its files hold everything inserted so far, checksummed (no pickle).
+
+        A disk table is its own checkpoint: each shard's dirty pages are
+        written, the checksums of what changed since the last flush
+        recorded and its header committed and fsync'ed, one shard at a time
+        under its lock (inserts and samples of the other shards go on).
+        Without a flush, what was committed survives the process (the page
+        cache keeps it), not the machine.
+
+        Returns
+        -------
+        dict
+            ``seconds`` (float, wall time) and ``bytes_checksummed`` (int).
+
+        Raises
+        ------
+        SpecError
+            The table is not on the ``disk`` tier.
+        """
+        from ..errors import SpecError
+
+        if self.path is None:
+            raise SpecError(f"flush() is for disk tables; this one is on the {self.cfg.tier!r} tier (see checkpoint())")
+        self._check_open()
+        return self._flush()
+
+    def _flush(self) -> dict:
+        t0, done = time.perf_counter(), 0
+        for s in self.shards:
+            with s.lock:
+                done += s.store.flush()["bytes_checksummed"]
+        self._write_manifest()
+        return {"seconds": time.perf_counter() - t0, "bytes_checksummed": done}
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        verify: str = "quick",
+        seed: int | None = None,
+        timeout: float | None = None,
+    ) -> LocalTable:
+        """Reopen a disk table from its files, in place (nothing is copied; pages are read when sampled).
+
+        Every shard's layout, header and file sizes are checked before any
+        is mapped.  A shard whose process was killed comes back with every
+        insert that completed; an insert cut short is dropped, with the
+        episodes it was overwriting (``recovered`` in :meth:`info`).
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            The table's directory (``LocalTable(..., tier="disk", path=...)``).
+        verify : {"quick", "full"}, default "quick"
+            ``full`` also recomputes the checksum of every MiB unchanged
+            since the last flush (reads the whole table).
+        seed : int, optional
+            Seeds the table's random generator.
+        timeout : float, optional
+            Default seconds a blocking call waits (config ``table.timeout``).
+
+        Returns
+        -------
+        LocalTable
+            The table, on the ``disk`` tier.
+
+        Raises
+        ------
+        CheckpointError
+            No disk table at ``path``, or a file that fails verification
+            (corrupted, truncated, another version); nothing is opened.
+        SpecError
+            ``verify`` is not ``quick`` or ``full``.
+        """
+        from pathlib import Path
+
+        from .. import checkpoint as ck
+        from ..errors import CheckpointError, SpecError
+        from ..rate_limiters import from_config as limiter_from
+        from ..selectors import from_config as selector_from
+        from ..storage import disk_state
+
+        if verify not in ("quick", "full"):
+            raise SpecError(f"verify ({verify!r}) must be 'quick' or 'full'")
+        root = Path(path).absolute()
+        m = ck.read_manifest(root)
+        if m.get("kind") != "disk":
+            raise CheckpointError(f"{root} holds a {m.get('kind')!r} checkpoint, not a disk table (LocalTable.restore)")
+        cfg = m["table"]
+        try:
+            spec = TableSpec.from_dict(cfg["spec"])
+            shard_ids = sorted(int(k) for k in m["files"])
+            headers = {}
+            for i in shard_ids:
+                d = root / m["files"][str(i)]["dir"]
+                layout, headers[i] = disk_state.check(d)
+                if layout["shard"] != i or layout["table"]["spec"] != cfg["spec"]:
+                    raise CheckpointError(f"{d} is not shard {i} of the table at {root}")
+            table = cls(
+                spec,
+                sampler=selector_from(cfg["sampler"]),
+                remover=selector_from(cfg["remover"]),
+                rate_limiter=limiter_from(cfg["rate_limiter"]),
+                max_times_sampled=cfg["max_times_sampled"],
+                boundary=cfg["boundary"],
+                routing=cfg["routing"],
+                tier="disk",
+                path=root,
+                timeout=timeout,
+                seed=seed,
+                shard_ids=shard_ids,
+                _open=True,
+            )
+        except (KeyError, TypeError) as e:
+            raise CheckpointError(f"{root}: the manifest does not describe a table ({e})") from None
+        if verify == "full":
+            for s in table.shards:
+                s.store.verify()
+        st = m["state"]
+        table._next_episode_id = max(
+            [int(st["next_episode_id"])] + [int(h["episode_id_end"]) for h in headers.values()]
+        )
+        table._stamp = max([int(st["stamp"])] + [s._clock for s in table.shards])
+        table._rr = int(st["rr"]) % len(table.shards)
+        return table
 
     def __enter__(self) -> LocalTable:
         """The table itself; it is closed on exit."""
@@ -746,7 +927,9 @@ class LocalTable(DatasetMethods):
         """
         shards = [s.info() for s in self.shards]
         totals = {k: sum(si[k] for si in shards) for k in shards[0] if k not in ("shard", "capacity", "write_pos")}
+        extra = {} if self.path is None else {"storage": self._storage_info()}
         return {
+            **extra,
             "size": self.size,
             "max_size": self.spec.max_size,
             "num_shards": len(self.shards),
@@ -757,6 +940,29 @@ class LocalTable(DatasetMethods):
             "waiting": {k: self._admission.waiting(k) for k in ("insert", "sample")},
             "totals": totals,
             "shards": shards,
+        }
+
+    def _storage_info(self) -> dict:
+        """A disk table's bytes on disk and resident, and the rate pages are read from storage."""
+        from ..storage.disk import page_in_bytes
+
+        per = [s.store.info() for s in self.shards]
+        now, read = time.monotonic(), page_in_bytes()
+        rate = None
+        if read is not None and self._page_ins is not None and now > self._page_ins[0]:
+            rate = (read - self._page_ins[1]) / (now - self._page_ins[0])
+        if read is not None:
+            self._page_ins = (now, read)
+        resident = [p["bytes_resident"] for p in per]
+        return {
+            "tier": "disk",
+            "path": str(self.path),
+            "bytes_on_disk": sum(p["bytes_on_disk"] for p in per),
+            "bytes_resident": None if None in resident else sum(resident),
+            "page_in_bytes": read,
+            "page_in_bytes_per_s": rate,
+            "clean": all(p["clean"] for p in per),
+            "recovered": {str(s.shard_id): s.store.recovered for s in self.shards if s.store.recovered},
         }
 
     # -- checkpoints ----------------------------------------------------------------------------

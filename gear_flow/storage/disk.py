@@ -1,0 +1,427 @@
+"""The ``disk`` tier: a shard's arrays as memory-mapped files, for datasets larger than memory.
+
+Every array of a disk shard -- each column ring, the per-item state
+(activity, priorities, stamps, each step's episode), the selectors' trees and
+the episode index -- is a file in the shard's directory, mapped shared
+(``MAP_SHARED``) and created sparse, so a ring costs no disk until it is
+written and no memory until it is read.  Writes go through the same ring code
+and gathers read the mappings with the same kernels as the host tier; the
+page cache decides what is resident.
+
+What makes the files a table again is :mod:`gear_flow.storage.disk_state`
+(the shard's header, commits, flushes and recovery); this module only maps
+files, advises the kernel about the windows a batch is about to read, and
+accounts for bytes on disk and resident.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import mmap
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import DTypeLike
+
+from ..errors import CheckpointError, SpecError
+from .base import HostTier, register_tier
+
+PAGE = mmap.PAGESIZE
+#: mappings of rings are read at random (windows): the kernel's read-around on a fault would read pages no
+#: window asked for; batches say what they read next with :meth:`DiskTier.willneed` instead
+RING_ADVICE = getattr(mmap, "MADV_RANDOM", None)
+
+
+def _libc():
+    try:
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+        return lib
+    except (OSError, AttributeError):  # no mincore here: residency is not reported
+        return None
+
+
+_LIBC = _libc()
+
+
+def resident_bytes(a: np.ndarray) -> int | None:
+    """Bytes of ``a``'s pages now in memory (``mincore``), or None where that cannot be asked.
+
+    Parameters
+    ----------
+    a : numpy.ndarray
+        A C-contiguous array backed by a file mapping.
+
+    Returns
+    -------
+    int or None
+        Resident pages times the page size (the page cache's, whichever process read them).
+    """
+    if _LIBC is None or a.nbytes == 0:
+        return 0 if a.nbytes == 0 else None
+    addr = a.ctypes.data
+    start = addr - addr % PAGE
+    length = addr + a.nbytes - start
+    vec = np.zeros(-(-length // PAGE), dtype=np.uint8)
+    if _LIBC.mincore(ctypes.c_void_p(start), ctypes.c_size_t(length), vec.ctypes.data_as(ctypes.c_void_p)) != 0:
+        return None
+    return int(np.count_nonzero(vec & 1)) * PAGE
+
+
+def _file_mode() -> int:
+    from ..checkpoint import file_mode
+
+    return file_mode()
+
+
+def _dir_mode() -> int:
+    from ..checkpoint import dir_mode
+
+    return dir_mode()
+
+
+def make_dir(path: str | os.PathLike[str]) -> Path:
+    """Create ``path`` and its missing parents with the checkpoint directory mode (they hold replay data).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The directory.
+
+    Returns
+    -------
+    pathlib.Path
+        The directory, as an absolute path.
+    """
+    path = Path(path).absolute()
+    mode = _dir_mode()
+    for p in [*reversed(path.parents), path]:
+        if not p.exists():
+            p.mkdir(mode=mode, exist_ok=True)
+            os.chmod(p, mode)  # mkdir's mode is narrowed by the umask
+    return path
+
+
+def atomic_write(path: str | os.PathLike[str], text: str) -> None:
+    """Replace file ``path`` by ``text`` atomically (a new file, fsync'ed, renamed over it; the directory fsync'ed).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file.
+    text : str
+        Its new contents.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _file_mode())
+    try:
+        os.fchmod(fd, _file_mode())
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class DiskTier(HostTier):
+    """A shard's arrays as memory-mapped files in one directory (see the module docstring).
+
+    One tier object per shard: it owns the shard's directory.
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        The shard's directory; created (with its parents) for a new shard.
+    create : bool, default True
+        Make new files (the directory must hold no shard); False maps the
+        files a shard left there (:meth:`gear_flow.storage.disk_state.DiskStore.check` first).
+
+    Raises
+    ------
+    SpecError
+        ``create`` and the directory already holds a shard.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> tier = DiskTier(tempfile.mkdtemp() + "/shard-0")
+    >>> a = tier.array("x", (4, 2), "float32")
+    >>> a[:] = 1.0
+    >>> int(tier.bytes_on_disk()) >= 0
+    True
+    """
+
+    name = "disk"
+    #: the arrays are files that outlive the process (:class:`~gear_flow.shard.Shard` attaches a store)
+    persistent = True
+
+    def __init__(self, directory: str | os.PathLike[str], *, create: bool = True):
+        self.directory = Path(directory).absolute()
+        self.create = bool(create)
+        if self.create:
+            if (self.directory / "layout.json").exists():
+                raise SpecError(
+                    f"{self.directory} already holds a disk shard; open its table (LocalTable.open) or choose "
+                    "another path"
+                )
+            make_dir(self.directory)
+        self.maps: dict[str, mmap.mmap] = {}
+        self.arrays: dict[str, np.ndarray] = {}
+        self.rings: set[str] = set()
+
+    def empty(self, shape: tuple[int, ...], dtype: DTypeLike) -> np.ndarray:
+        """Scratch host memory (what a disk shard keeps goes through :meth:`array`, which names its file).
+
+        Parameters
+        ----------
+        shape : tuple of int
+            Its shape.
+        dtype : numpy dtype-like
+            Its dtype.
+
+        Returns
+        -------
+        numpy.ndarray
+            Uninitialised host memory.
+        """
+        return np.empty(shape, dtype=dtype)
+
+    def path_of(self, name: str) -> Path:
+        """The file of array ``name``.
+
+        Parameters
+        ----------
+        name : str
+            The array's name (``ring-0``, ``priority``, ...).
+
+        Returns
+        -------
+        pathlib.Path
+            ``<directory>/<name>.bin``.
+        """
+        return self.directory / f"{name}.bin"
+
+    def array(
+        self, name: str, shape: tuple[int, ...], dtype: DTypeLike, fill: object = 0, new: bool | None = None
+    ) -> np.ndarray:
+        """Array ``name`` mapped from its file: a new sparse file (filled with ``fill``) or the existing one.
+
+        Parameters
+        ----------
+        name : str
+            Names the file (:meth:`path_of`).
+        shape : tuple of int
+            Its shape.
+        dtype : numpy dtype-like
+            Its dtype.
+        fill : scalar, default 0
+            A new file's contents (0 costs nothing: the file is sparse).
+        new : bool, optional
+            Make a new file (default: whether this tier creates its shard); an
+            open shard makes new ones when its episode index grows.
+
+        Returns
+        -------
+        numpy.ndarray
+            A writable array over the shared mapping (plain ndarray: the kernels take it as they take host memory).
+
+        Raises
+        ------
+        CheckpointError
+            Opening an existing shard and the file is missing or of another size.
+        """
+        dtype = np.dtype(dtype)
+        n = math.prod(shape)
+        size = max(1, n * dtype.itemsize)
+        path = self.path_of(name)
+        fresh = self.create if new is None else bool(new)
+        if not fresh and not path.exists():
+            raise CheckpointError(f"disk shard {self.directory}: file {path.name} is missing")
+        if fresh:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, _file_mode())
+            os.fchmod(fd, _file_mode())
+        else:
+            fd = os.open(path, os.O_RDWR)
+        try:
+            if fresh:
+                os.ftruncate(fd, size)  # sparse: no block is allocated until written
+            elif os.fstat(fd).st_size != size:
+                raise CheckpointError(
+                    f"disk shard {self.directory}: file {path.name} has {os.fstat(fd).st_size} bytes, its layout "
+                    f"says {size} (truncated or from another table)"
+                )
+            m = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        a = np.frombuffer(m, dtype=dtype, count=n).reshape(shape)
+        if fresh and fill != 0:
+            a[...] = fill
+        self.maps[name] = m
+        self.arrays[name] = a
+        if name.startswith("ring-") and RING_ADVICE is not None:
+            self.rings.add(name)
+            m.madvise(RING_ADVICE)
+        return a
+
+    def state(self, name: str, shape: tuple[int, ...], dtype: DTypeLike, fill: object = 0) -> np.ndarray:
+        """Per-item state of the shard: a mapped file too (:meth:`array`), so that the table reopens from its files.
+
+        Parameters
+        ----------
+        name : str
+            Names the file.
+        shape : tuple of int
+            Its shape.
+        dtype : numpy dtype-like
+            Its dtype.
+        fill : scalar, default 0
+            A new array's contents.
+
+        Returns
+        -------
+        numpy.ndarray
+            The mapped array.
+        """
+        return self.array(name, shape, dtype, fill)
+
+    def discard(self, name: str) -> None:
+        """Forget array ``name`` and remove its file (an episode index replaced by a larger one).
+
+        Parameters
+        ----------
+        name : str
+            The array's name.
+        """
+        self.arrays.pop(name, None)
+        self.maps.pop(name, None)  # unmapped once no view of it is left
+        try:
+            os.unlink(self.path_of(name))
+        except FileNotFoundError:
+            pass
+
+    def willneed(self, ranges: Mapping[str, Iterable[tuple[int, int]]]) -> None:
+        """Ask the kernel to start reading byte ranges of arrays now (``madvise(MADV_WILLNEED)``).
+
+        The reads run in the background, all at once, instead of one page
+        fault at a time in the gather that follows.
+
+        Parameters
+        ----------
+        ranges : mapping of str to iterable of (int, int)
+            Per array name, ``(start, stop)`` byte offsets; ranges are widened to pages.
+        """
+        adv = getattr(mmap, "MADV_WILLNEED", None)
+        if adv is None:
+            return
+        for name, spans in ranges.items():
+            m = self.maps.get(name)
+            if m is None:
+                continue
+            size = len(m)
+            for a, b in spans:
+                a = max(0, int(a)) // PAGE * PAGE
+                b = min(size, int(b))
+                if b > a:
+                    m.madvise(adv, a, b - a)
+
+    def sync(self, names: Iterable[str] | None = None) -> None:
+        """Write the dirty pages of arrays ``names`` (default all) to their files and wait (``msync``).
+
+        Parameters
+        ----------
+        names : iterable of str, optional
+            Arrays to sync.
+        """
+        for n in self.maps if names is None else names:
+            self.maps[n].flush()
+
+    def drop_cache(self) -> None:
+        """Evict this shard's files from the page cache (after syncing them): the next reads come from disk.
+
+        For cold-read benchmarks and tests: ``madvise(MADV_DONTNEED)`` drops
+        this process's mappings of the pages, then
+        ``posix_fadvise(POSIX_FADV_DONTNEED)`` the cached pages themselves.
+        """
+        self.sync()
+        for name, m in self.maps.items():
+            if hasattr(mmap, "MADV_DONTNEED"):
+                m.madvise(mmap.MADV_DONTNEED)
+            fd = os.open(self.path_of(name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+    def bytes_on_disk(self) -> int:
+        """Blocks the shard's files occupy (sparse rings count what was written).
+
+        Returns
+        -------
+        int
+            Bytes.
+        """
+        total = 0
+        for p in self.directory.iterdir():
+            try:
+                total += p.stat().st_blocks * 512
+            except FileNotFoundError:
+                pass
+        return total
+
+    def bytes_resident(self) -> int | None:
+        """Bytes of the shard's mapped arrays now in memory (None where ``mincore`` is not available).
+
+        Returns
+        -------
+        int or None
+            Bytes.
+        """
+        total = 0
+        for a in self.arrays.values():
+            r = resident_bytes(a)
+            if r is None:
+                return None
+            total += r
+        return total
+
+    def release(self) -> None:
+        """Forget the mappings (they are unmapped once no array views them); the files stay."""
+        self.arrays.clear()
+        self.maps.clear()
+
+
+def page_in_bytes() -> int | None:
+    """Bytes this process has caused to be read from storage so far (``/proc/self/io`` ``read_bytes``).
+
+    Returns
+    -------
+    int or None
+        Bytes, or None where the kernel does not count them.
+    """
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _no_default() -> DiskTier:
+    raise SpecError(
+        "the disk tier needs a directory per shard: give the table a path (LocalTable(..., tier='disk', "
+        "path=...), or gear-flow.disk.path for the workers of a distributed table)"
+    )
+
+
+register_tier("disk", _no_default)
