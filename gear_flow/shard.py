@@ -351,7 +351,9 @@ class Shard:
             w = self.ring.write_pos
             self.ring.begin_write(w + n)  # readers of a shared ring: these slots are about to change
             if self.store is not None:  # a disk shard: a reopen after a kill from here on drops this insert
-                self.store.begin_insert(w + n, self.index.next + len(batch.lengths))
+                self.store.begin_insert(
+                    w + n, self.index.next + len(batch.lengths), int(batch.episode_ids.max(initial=-1)) + 1
+                )
             self._evict_steps_before(w + n - self.capacity)
             for name in self.ring.columns:  # one ring write per column: GPU tiers batch the episodes
                 self.ring.write_chunks(w, name, [chunk[name] for chunk in batch.chunks])
@@ -1267,10 +1269,12 @@ class Shard:
         dict
             ``shard``, ``size`` (live items), ``episodes``, ``steps_stored``,
             ``capacity``, ``write_pos`` (absolute steps written) and every
-            :class:`Counters` field; all int.
+            :class:`Counters` field; all int.  A disk shard adds ``disk``
+            (:meth:`DiskStore.info <gear_flow.storage.disk_state.DiskStore.info>`:
+            bytes on disk and resident, the process's page-ins).
         """
         with self.lock:
-            return {
+            out = {
                 "shard": self.shard_id,
                 "size": self.size,
                 "episodes": len(self.index),
@@ -1279,6 +1283,9 @@ class Shard:
                 "write_pos": self.ring.write_pos,
                 **self.counters.as_dict(),
             }
+        if self.store is not None:
+            out["disk"] = self.store.info()
+        return out
 
     def nbytes(self) -> dict:
         """Resident bytes by part (data vs overhead).
@@ -1288,8 +1295,14 @@ class Shard:
         dict
             ``data``: bytes of the column rings; ``overhead``: per-item
             state, episode index and selector trees (a device tree counts its
-            host mirror too).  Both int.
+            host mirror too).  Both int.  A disk shard's are the bytes of its
+            files the page cache holds now.
         """
+        if self.store is not None:  # mapped files: what the page cache holds of them, not their size
+            return {
+                "data": self.tier.bytes_resident(rings=True) or 0,
+                "overhead": self.tier.bytes_resident(rings=False) or 0,
+            }
         over = self.active.nbytes + self.priority.nbytes + self.index.nbytes
         if self.step_episode is not None:
             over += self.step_episode.nbytes

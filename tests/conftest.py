@@ -38,17 +38,19 @@ def dist_client():
                 yield c
 
 
-@pytest.fixture(params=["local", "distributed", "owner-draw"])
-def make_table(request):
-    """``make_table(spec, **LocalTable kwargs)``: a LocalTable, or a DistributedTable over two workers whose
-    batches are drawn by the handle from the shards' published state where it can, or by their owners.
+@pytest.fixture(params=["local", "disk", "distributed", "owner-draw"])
+def make_table(request, tmp_path):
+    """``make_table(spec, **LocalTable kwargs)``: a LocalTable (in memory, or on the ``disk`` tier under
+    ``tmp_path``), or a DistributedTable over two workers whose batches are drawn by the handle from the
+    shards' published state where it can, or by their owners.
 
     For the distributed kind, making a table closes the one made before (suites
     use one table at a time; hypothesis makes one per example).
     """
     from dist_support import TableFactory
 
-    f = TableFactory(request.param, request.getfixturevalue("dist_client") if request.param != "local" else None)
+    local = request.param in ("local", "disk")
+    f = TableFactory(request.param, None if local else request.getfixturevalue("dist_client"), tmp=tmp_path)
     yield f
     f.close()
 

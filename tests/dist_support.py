@@ -130,15 +130,20 @@ class TableFactory:
     owners draw anyway -- not Uniform or Prioritized, or with ``max_times_sampled`` -- is the distributed
     kind's case already, and skips unless ``skip_same`` is False)."""
 
-    def __init__(self, kind: str, client=None, skip_same: bool = True):
+    def __init__(self, kind: str, client=None, skip_same: bool = True, tmp=None):
         self.kind = kind
         self.client = client
         self.skip_same = skip_same
         self.current = None
+        self.tmp = tmp
+        self.made = 0
 
     def __call__(self, spec, **kw):
         if self.kind == "local":
             return gf.LocalTable(spec, **kw)
+        if self.kind == "disk":  # a new directory per table (hypothesis makes one per example)
+            self.made += 1
+            return gf.LocalTable(spec, tier="disk", path=self.tmp / f"table-{self.made}", **kw)
         self.close()
         owner = self.kind == "owner-draw"
         if owner and self.skip_same and not (isinstance(kw.get("sampler", gf.Uniform()), (gf.Uniform, gf.Prioritized))

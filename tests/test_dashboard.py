@@ -82,6 +82,28 @@ def test_rows_and_rates_from_snapshots():
     assert snapshot({"t": _public(kind="MinSize")}, {}, {}, {}).tables["t"]["target_spi"] is None
 
 
+def test_disk_shards_show_their_bytes_on_disk_and_the_page_in_rate_once_per_worker():
+    from gear_flow.dashboard.page import table_data
+
+    def info(shard, worker, page_in):
+        return {**_info(shard, worker, 10, 5), "disk": {"bytes_on_disk": 1000 + shard, "page_in_bytes": page_in}}
+
+    pub = {**_public(), "placement": {0: "tcp://a", 1: "tcp://a", 2: "tcp://b"}}
+    a = snapshot({"t": pub}, {"t": [info(0, "tcp://a", 100), info(1, "tcp://a", 100), info(2, "tcp://b", 0)]},
+                 {}, {}, now=0)  # fmt: skip
+    b = snapshot({"t": pub}, {"t": [info(0, "tcp://a", 4196), info(1, "tcp://a", 4196), info(2, "tcp://b", 2048)]},
+                 {}, {}, now=2)  # fmt: skip
+    assert b.tables["t"]["disk_bytes"] == 3003
+    assert [r["disk_bytes"] for r in b.shards] == [1000, 1001, 1002]
+    r = rates(a, b)
+    assert r["page_in"]["t"] == (4096 + 2048) / 2  # worker a's counter once, not once per shard
+    cols = table_data(b, r)
+    assert cols["disk_s"] == ["2.93 kiB"] and cols["page_in_s"] == ["3.00 kiB/s"]
+    # memory tiers: nothing on disk, no page-ins
+    m = snapshot({"t": _public()}, {"t": [_info(0, "tcp://a", 1, 1)]}, {}, {}, now=0)
+    assert m.tables["t"]["disk_bytes"] == 0 and rates(m, m)["page_in"]["t"] == 0.0
+
+
 def test_no_route_without_dashboard(dist_client):
     """A scheduler without the dashboard gets no page and no polling; transport reports still work."""
     spec = make_spec(capacity=64, num_shards=2)

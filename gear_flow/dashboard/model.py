@@ -93,7 +93,9 @@ def shard_rows(name: str, public: dict, infos: list[dict], resident: dict) -> li
         ``lost``), ``size``, ``capacity`` (steps), ``steps``, ``bytes`` (stored
         steps times the step's bytes), ``inserted``, ``sampled``, ``evicted``
         (storage overwrites plus remover evictions), ``expired``,
-        ``stale_updates``.  Lost shards keep the coordinator's last size.
+        ``stale_updates``; for a disk shard ``disk_bytes`` (its files' blocks)
+        and ``page_in_bytes`` (read from storage by its worker process so far),
+        0 otherwise.  Lost shards keep the coordinator's last size.
     """
     per_step = step_bytes(public["config"])
     rows = []
@@ -116,6 +118,8 @@ def shard_rows(name: str, public: dict, infos: list[dict], resident: dict) -> li
                 "evicted": int(i["evicted"]) + int(i["removed"]),
                 "expired": int(i["expired"]),
                 "stale_updates": int(i["stale_updates"]),
+                "disk_bytes": int((i.get("disk") or {}).get("bytes_on_disk") or 0),
+                "page_in_bytes": int((i.get("disk") or {}).get("page_in_bytes") or 0),
             }
         )
     for s, addr in sorted(public["placement"].items(), key=lambda kv: int(kv[0])):
@@ -128,7 +132,10 @@ def shard_rows(name: str, public: dict, infos: list[dict], resident: dict) -> li
                     "state": "lost" if int(s) in _lost(public) else "unreachable",
                     "size": int(public["shard_size"].get(int(s), public["shard_size"].get(str(s), 0))),
                     "capacity": public["config"]["spec"]["capacity"],
-                    **dict.fromkeys(("steps", "bytes", "inserted", "sampled", "evicted", "expired"), 0),
+                    **dict.fromkeys(
+                        ("steps", "bytes", "inserted", "sampled", "evicted", "expired", "disk_bytes", "page_in_bytes"),
+                        0,
+                    ),
                     "stale_updates": 0,
                 }
             )
@@ -164,7 +171,8 @@ def table_row(name: str, public: dict, shards: list[dict], resident: dict) -> di
         the limiter), ``inserts_in_flight``, ``samples_per_insert`` (samples /
         inserts so far) and ``target_spi`` (the limiter's; None for limiters
         without a ratio), ``evicted``, ``expired``, ``stale_updates``,
-        ``lost`` (number of lost shards), ``shards``.
+        ``lost`` (number of lost shards), ``shards``, ``disk_bytes`` (its
+        disk shards' files; 0 on the memory tiers).
     """
     lim = public["rate_limiter"]
     ratio = lim["kind"] == "SampleToInsertRatio"
@@ -188,6 +196,7 @@ def table_row(name: str, public: dict, shards: list[dict], resident: dict) -> di
         "stale_updates": sum(r["stale_updates"] for r in shards),
         "lost": len(_lost(public)),
         "shards": len(public["placement"]),
+        "disk_bytes": sum(r.get("disk_bytes", 0) for r in shards),
     }
 
 
@@ -268,8 +277,10 @@ def rates(prev: Snapshot | None, cur: Snapshot) -> dict:
     Returns
     -------
     dict
-        ``{"tables": {name: (inserts/s, samples/s)}, "shards": {(name, shard): (inserts/s, samples/s)}}``.
-        A counter that went down (a shard restored elsewhere) counts as 0.
+        ``{"tables": {name: (inserts/s, samples/s)}, "shards": {(name, shard): (inserts/s, samples/s)},
+        "page_in": {name: bytes/s}}``: page-ins are counted once per worker
+        process of a table's disk shards.  A counter that went down (a shard
+        restored elsewhere, a restarted worker) counts as 0.
     """
     dt = (cur.time - prev.time) if prev is not None else 0.0
     before = {(r["table"], r["shard"]): r for r in prev.shards} if prev is not None else {}
@@ -289,4 +300,11 @@ def rates(prev: Snapshot | None, cur: Snapshot) -> dict:
         tables[name] = (a + i, b + s)
     for name in cur.tables:
         tables.setdefault(name, (0.0, 0.0))
-    return {"tables": tables, "shards": shards}
+    page_in = dict.fromkeys(cur.tables, 0.0)
+    if dt > 0:
+        was = {(r["table"], r["worker"]): r.get("page_in_bytes", 0) for r in prev.shards}
+        now = {(r["table"], r["worker"]): r.get("page_in_bytes", 0) for r in cur.shards}  # one per worker process
+        for (name, w), v in now.items():
+            if (name, w) in was:
+                page_in[name] = page_in.get(name, 0.0) + max(0, v - was[(name, w)]) / dt
+    return {"tables": tables, "shards": shards, "page_in": page_in}

@@ -111,7 +111,7 @@ async def info_async(table: DistributedTable) -> dict:
         else:
             shards.extend({**i, "worker": a} for i in r)
     shards.sort(key=lambda i: i["shard"])
-    skip = ("shard", "capacity", "write_pos", "worker", "longest_episode")
+    skip = ("shard", "capacity", "write_pos", "worker", "longest_episode", "disk")
     keys = [k for k in (shards[0] if shards else {}) if k not in skip]
     return {
         "name": table.name,

@@ -377,8 +377,13 @@ class DiskTier(HostTier):
                 pass
         return total
 
-    def bytes_resident(self) -> int | None:
+    def bytes_resident(self, rings: bool | None = None) -> int | None:
         """Bytes of the shard's mapped arrays now in memory (None where ``mincore`` is not available).
+
+        Parameters
+        ----------
+        rings : bool, optional
+            Only the column rings (True), only the rest (False); default all.
 
         Returns
         -------
@@ -386,7 +391,9 @@ class DiskTier(HostTier):
             Bytes.
         """
         total = 0
-        for a in self.arrays.values():
+        for name, a in self.arrays.items():
+            if rings is not None and name.startswith("ring-") != rings:
+                continue
             r = resident_bytes(a)
             if r is None:
                 return None

@@ -392,7 +392,7 @@ class DiskStore:
         self._hmap[at + len(body) : at + len(body) + 4] = zlib.crc32(body).to_bytes(4, "little")
         self._cur[0] = nxt  # the commit point: one aligned store
 
-    def begin_insert(self, writing_until: int, episodes_until: int) -> None:
+    def begin_insert(self, writing_until: int, episodes_until: int, episode_id_end: int) -> None:
         """Commit that an insert is about to write steps up to ``writing_until`` and episodes up to ``episodes_until``.
 
         Called by the shard under its lock, inside :meth:`writing`, before any
@@ -404,9 +404,12 @@ class DiskStore:
             Absolute position one past its last step.
         episodes_until : int
             Sequence number one past its last episode.
+        episode_id_end : int
+            One past its largest episode id (ids handed out are never handed out again, even by a cut insert).
         """
         self.h["writing_until"] = int(writing_until)
         self.h["episodes_until"] = int(episodes_until)
+        self.h["episode_id_end"] = max(int(self.h["episode_id_end"]), int(episode_id_end))
         self.h["clean"] = 0
         self._write(self.h)
 
@@ -584,7 +587,7 @@ class DiskStore:
     def _repair(self, w: int, until: int, next_seq: int, n_eps: int) -> int:
         """Drop an insert cut short: the episodes it was overwriting, its steps' items, its episodes' items."""
         s = self.shard
-        before = s.counters.evicted
+        committed = s.counters.evicted
         s._evict_steps_before(until - s.capacity)  # their steps were being overwritten
         if s.step_items:
             from .base import ring_slots
@@ -596,7 +599,11 @@ class DiskStore:
         s.active[slots] = 0
         for t in self.trees.values():  # their leaves may hold the cut insert's weights
             t.leaves[slots] = t._empty
-        return s.counters.evicted - before
+        # the cut insert may have dropped some of those episodes' items already (its first step), uncounted:
+        # what the last commit held, less what is left, is what it evicted
+        evicted = int(self.h["size"]) - int(np.count_nonzero(s.active))
+        s.counters.evicted = committed + evicted
+        return evicted
 
     # -- accounting ------------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
@@ -606,12 +613,18 @@ class DiskStore:
         -------
         dict
             ``path`` (str), ``bytes_on_disk`` (int), ``bytes_resident``
-            (int or None), ``clean`` (bool: nothing changed since the last flush).
+            (int or None: what the page cache holds of its files),
+            ``page_in_bytes`` (int or None: read from storage by this
+            process so far, all of its files), ``clean`` (bool: nothing
+            changed since the last flush).
         """
+        from .disk import page_in_bytes
+
         return {
             "path": str(self.directory),
             "bytes_on_disk": self.tier.bytes_on_disk(),
             "bytes_resident": self.tier.bytes_resident(),
+            "page_in_bytes": page_in_bytes(),
             "clean": bool(self.h["clean"]),
         }
 

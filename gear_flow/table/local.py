@@ -926,7 +926,9 @@ class LocalTable(DatasetMethods):
             ``capacity``, ``write_pos`` and its counters).
         """
         shards = [s.info() for s in self.shards]
-        totals = {k: sum(si[k] for si in shards) for k in shards[0] if k not in ("shard", "capacity", "write_pos")}
+        totals = {
+            k: sum(si[k] for si in shards) for k in shards[0] if k not in ("shard", "capacity", "write_pos", "disk")
+        }
         extra = {} if self.path is None else {"storage": self._storage_info()}
         return {
             **extra,

@@ -1,0 +1,301 @@
+"""The ``disk`` tier: parity with the host tier batch by batch, a table reopened from its files, a process
+killed mid-insert, corrupted and foreign files.
+
+The composition, property, fuzz, Reverb-semantics and chi-squared suites run on the
+disk tier too (the ``disk`` kind of the ``make_table`` fixture).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import episode, make_spec
+
+import gear_flow as gf
+from gear_flow import checkpoint as ck
+from gear_flow.errors import CheckpointError, SpecError
+from gear_flow.storage import disk_state
+
+SAMPLERS = {
+    "uniform": gf.Uniform,
+    "prioritized": lambda: gf.Prioritized(0.8, 0.5),
+    "fifo": gf.Fifo,
+    "lifo": gf.Lifo,
+    "max_heap": gf.MaxHeap,
+    "min_heap": gf.MinHeap,
+    "without_replacement": gf.WithoutReplacement,
+}
+
+
+def live_content(table) -> list:
+    """Every shard's live episodes (id, start, length, stamp) and their steps, in order, plus the trees."""
+    out = []
+    for s in table.shards:
+        arrays, meta = ck.snapshot_shard(s)
+        eps = [arrays[f"episode_{f}"].tolist() for f in ("episode_id", "start", "length", "stamp")]
+        steps = {}
+        for name in s.ring.columns:
+            col = arrays[f"col_{name}"]
+            steps[name] = [col[(st + np.arange(n)) % s.capacity].tolist() for st, n in zip(eps[1], eps[2])]
+        trees = {k: arrays[k].tolist() for k in ("sampler_tree", "remover_tree") if k in arrays}
+        out.append((eps, steps, arrays["active"].tolist(), arrays["priority"].tolist(), trees, meta["counters"]))
+    return out
+
+
+def same_batches(a, b, rounds: int, rng, update: bool = True) -> None:
+    """``a`` and ``b`` hand out the same batches (keys, data, probabilities, in order) under the same changes."""
+    for r in range(rounds):
+        x = a.sample(batch_size=6, length=3, boundary="pad_tail")
+        y = b.sample(batch_size=6, length=3, boundary="pad_tail")
+        assert x.keys.tolist() == y.keys.tolist()
+        for name in ("obs", "ep", "t"):
+            assert np.asarray(x[name]).tolist() == np.asarray(y[name]).tolist()
+        assert np.asarray(x.probabilities).tolist() == np.asarray(y.probabilities).tolist()
+        assert np.asarray(x.priorities).tolist() == np.asarray(y.priorities).tolist()
+        if update:
+            pr = rng.random(len(x.keys)) * 3
+            assert a.update_priorities(x.keys, pr) == b.update_priorities(y.keys, pr)
+        if r % 3 == 2:
+            assert a.delete(x.keys[:1]) == b.delete(y.keys[:1])
+
+
+@pytest.mark.parametrize("unit", ["step", "episode"])
+@pytest.mark.parametrize("sampler", list(SAMPLERS))
+def test_disk_tier_hands_out_what_the_host_tier_does_batch_by_batch_and_after_a_reopen(sampler, unit, tmp_path):
+    spec = make_spec(capacity=40, num_shards=2, item_unit=unit)
+    kw = dict(sampler=SAMPLERS[sampler](), seed=3, max_times_sampled=0 if unit == "step" else 12, timeout=5)
+    host = gf.LocalTable(spec, **kw)
+    disk = gf.LocalTable(spec, tier="disk", path=tmp_path / "t", **kw)
+    rng = np.random.default_rng(0)
+    tag = 1
+    for rnd in range(8):  # past the rings' capacity: evictions, wrapped windows
+        eps = [episode(tag + k, int(n)) for k, n in enumerate(rng.integers(2, 9, 3))]
+        tag += len(eps)
+        pr = rng.random(sum(len(e["t"]) for e in eps) if unit == "step" else len(eps)) + 0.1
+        a, b = host.insert(eps, priorities=pr), disk.insert(eps, priorities=pr)
+        assert a.first_keys.tolist() == b.first_keys.tolist()
+        same_batches(host, disk, 3, np.random.default_rng(rnd))
+    assert live_content(host) == live_content(disk)
+    assert host.info()["totals"] == disk.info()["totals"]
+    # reopened from its files, against the host table restored from a checkpoint taken at the same point
+    host.checkpoint(tmp_path / "ckpt")
+    disk.close()
+    host2 = gf.LocalTable.restore(tmp_path / "ckpt", seed=11)
+    disk2 = gf.LocalTable.open(tmp_path / "t", verify="full", seed=11)
+    assert live_content(host2) == live_content(disk2)
+    for rnd in range(3):
+        eps = [episode(tag + k, 5) for k in range(2)]
+        tag += 2
+        assert host2.insert(eps).first_keys.tolist() == disk2.insert(eps).first_keys.tolist()
+        same_batches(host2, disk2, 3, np.random.default_rng(100 + rnd))
+    assert live_content(host2) == live_content(disk2)
+
+
+def test_a_disk_table_reopens_with_its_counters_ids_and_limiter_and_grows_its_index(tmp_path):
+    spec = make_spec(capacity=1000, num_shards=1)
+    t = gf.LocalTable(
+        spec, tier="disk", path=tmp_path / "t", rate_limiter=gf.SampleToInsertRatio(2.0, 1, 10_000.0), seed=0, timeout=5
+    )
+    for k in range(100):  # the episode index grows from 64 records to 128: a new file, the old one goes
+        t.insert(episode(k + 1, 3))
+    t.sample(batch_size=4, length=1)
+    names = sorted(p.name for p in (tmp_path / "t" / "shard-0").glob("index-*.bin"))
+    assert names == ["index-128.bin"]
+    info = t.info()
+    t.close()
+    t2 = gf.LocalTable.open(tmp_path / "t")
+    assert t2.size == 300
+    assert t2.info()["totals"] == info["totals"]
+    assert t2.info()["rate_limiter"] == info["rate_limiter"]
+    r = t2.insert(episode(101, 2))
+    assert int(r.episode_ids[0]) == 100  # ids are never reused
+    with pytest.raises(gf.errors.TableClosedError):
+        t.insert(episode(1, 2))
+
+
+def test_disk_files_are_sparse_private_and_accounted(tmp_path):
+    spec = gf.TableSpec((gf.ColumnSpec("obs", (1024,), np.float32),), capacity=100_000)  # a 400 MB ring
+    t = gf.LocalTable(spec, tier="disk", path=tmp_path / "t")
+    t.insert({"obs": np.ones((10, 1024), np.float32)})
+    st = t.info()["storage"]
+    assert st["bytes_on_disk"] < 20 << 20, st  # the ring's blocks are allocated as written
+    assert st["bytes_resident"] is None or st["bytes_resident"] < 20 << 20
+    assert st["tier"] == "disk" and st["path"] == str(tmp_path / "t")
+    for p in (tmp_path / "t").rglob("*"):
+        assert p.stat().st_mode & 0o077 == 0, p  # replay data: private, as checkpoints are
+    t.flush()
+    assert t.info()["storage"]["clean"]
+
+
+def test_disk_table_arguments_get_one_line_errors(tmp_path):
+    spec = make_spec()
+    with pytest.raises(SpecError, match="needs a directory"):
+        gf.LocalTable(spec, tier="disk")
+    gf.LocalTable(spec, tier="disk", path=tmp_path / "t").close()
+    with pytest.raises(SpecError, match="already holds a table"):
+        gf.LocalTable(spec, tier="disk", path=tmp_path / "t")
+    with pytest.raises(SpecError, match="flush\\(\\) is for disk tables"):
+        gf.LocalTable(spec).flush()
+    with pytest.raises(SpecError, match="verify"):
+        gf.LocalTable.open(tmp_path / "t", verify="yes")
+    with pytest.raises(CheckpointError, match="no manifest"):
+        gf.LocalTable.open(tmp_path / "nothing")
+    gf.LocalTable(spec).checkpoint(tmp_path / "ck")
+    with pytest.raises(CheckpointError, match="not a disk table"):
+        gf.LocalTable.open(tmp_path / "ck")
+
+
+def _files(root: Path) -> dict:
+    return {str(p): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _filled(tmp_path, n_eps: int = 12) -> Path:
+    t = gf.LocalTable(make_spec(capacity=200, num_shards=2), tier="disk", path=tmp_path / "t", seed=0)
+    for k in range(n_eps):
+        t.insert(episode(k + 1, 6))
+    t.close()
+    return tmp_path / "t"
+
+
+def test_a_corrupted_header_is_refused_and_nothing_is_opened(tmp_path):
+    root = _filled(tmp_path)
+    path = root / "shard-1" / "header.bin"
+    raw = bytearray(path.read_bytes())
+    cur = int.from_bytes(raw[:8], "little")
+    raw[64 + cur * 512 + 40] ^= 0xFF  # a byte of the current slot's write position
+    path.write_bytes(bytes(raw))
+    before = _files(root)
+    with pytest.raises(CheckpointError, match=r"shard-1/header.bin is corrupted \(CRC32 mismatch\)"):
+        gf.LocalTable.open(root)
+    assert _files(root) == before  # shard 0 was checked, not opened: nothing written
+
+
+def test_a_corrupted_ring_is_found_by_a_full_verify_and_a_truncated_one_by_any_open(tmp_path):
+    root = _filled(tmp_path)
+    ring = root / "shard-0" / "ring-0.bin"
+    raw = bytearray(ring.read_bytes())
+    raw[12] ^= 0x01  # a bit of the first stored step's obs
+    ring.write_bytes(bytes(raw))
+    before = _files(root)
+    with pytest.raises(CheckpointError, match=r"ring-0.bin is corrupted at bytes \[0, \d+\) \(CRC32 mismatch\)"):
+        gf.LocalTable.open(root, verify="full")
+    ring.write_bytes(bytes(raw[:-4]))
+    with pytest.raises(CheckpointError, match=r"ring-0.bin has \d+ bytes, its layout says \d+"):
+        gf.LocalTable.open(root)
+    del before
+
+
+def test_a_layout_of_another_version_or_tampered_is_refused(tmp_path):
+    root = _filled(tmp_path)
+    path = root / "shard-0" / "layout.json"
+    d = json.loads(path.read_text())
+    d["version"] = 99
+    path.write_text(json.dumps(d))
+    with pytest.raises(CheckpointError, match="SHA-256 mismatch"):
+        gf.LocalTable.open(root)
+    d.pop("sha256")
+    d["sha256"] = disk_state.hashlib.sha256(disk_state._canonical(d)).hexdigest()
+    path.write_text(json.dumps(d))
+    with pytest.raises(CheckpointError, match="version 99; this gear_flow reads 'gear-flow-disk' version 1"):
+        gf.LocalTable.open(root)
+
+
+KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    import numpy as np
+    sys.path.insert(0, {tests!r})
+    from helpers import episode, make_spec
+    import gear_flow as gf
+
+    where, path, unit = sys.argv[1], sys.argv[2], sys.argv[3]
+    t = gf.LocalTable(make_spec(capacity=64, num_shards=1, item_unit=unit), tier="disk", path=path,
+                      sampler=gf.Prioritized(0.7, 0.4), seed=0)
+    shard = t.shards[0]
+    for k in range(40):  # 5 to 8 steps each, past the ring's 64: evictions on every insert
+        r = t.insert(episode(k + 1, 5 + k % 4), priorities=np.full(5 + k % 4 if unit == "step" else 1, k + 1.0))
+        print(int(r.episode_ids[0]), flush=True)
+        if k == 20:
+            t.update_priorities(r.first_keys, [100.0])
+    die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+    if where == "after_first_column":  # the ring's first column written, the others not
+        write = shard.ring.write_chunks
+        shard.ring.write_chunks = lambda pos, name, parts: (write(pos, name, parts), die())
+    elif where == "before_records":  # every column written, the episode records not
+        shard.index.append = die
+    elif where == "after_records":  # records appended, the items not added
+        shard._add_items = die
+    t.insert([episode(900, 7), episode(901, 9)])  # 16 steps: overwrites the oldest episodes' steps
+    print("not killed", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("unit", ["step", "episode"])
+@pytest.mark.parametrize("where", ["after_first_column", "before_records", "after_records"])
+def test_a_process_killed_mid_insert_reopens_with_every_completed_insert_and_without_the_torn_one(
+    where, unit, tmp_path
+):
+    tests = str(Path(__file__).parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLER.format(tests=tests), where, str(tmp_path / "t"), unit],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    completed = [int(x) for x in proc.stdout.split()]
+    assert completed == list(range(40))
+    # what the table must hold: the same completed inserts into a host table, then the episodes whose
+    # steps the torn insert (16 steps) was overwriting dropped
+    want = gf.LocalTable(make_spec(capacity=64, num_shards=1, item_unit=unit), sampler=gf.Prioritized(0.7, 0.4))
+    for k in range(40):
+        r = want.insert(episode(k + 1, 5 + k % 4), priorities=np.full(5 + k % 4 if unit == "step" else 1, k + 1.0))
+        if k == 20:
+            want.update_priorities(r.first_keys, [100.0])
+    ws = want.shards[0]
+    with ws.lock:
+        ws._evict_steps_before(ws.ring.write_pos + 16 - ws.capacity)
+    layout, header = disk_state.check(tmp_path / "t" / "shard-0")  # the header's checksum holds
+    assert header["writing_until"] == header["write_pos"] + 16
+    t = gf.LocalTable.open(tmp_path / "t", verify="full")
+    rec = t.info()["storage"]["recovered"]["0"]
+    assert rec["torn_steps"] == 16 and rec["torn_episodes"] == 2 and rec["evicted"] > 0
+    got, exp = live_content(t), live_content(want)
+    assert got[0][:4] == exp[0][:4]  # episodes, their steps, items' state and priorities, in order
+    assert got[0][4] == exp[0][4]  # the trees, rebuilt from their leaves
+    c = got[0][5]
+    assert c["inserted"] == c["evicted"] + t.size + c["removed"] + c["deleted"] + c["expired"]
+    # the table goes on: the torn slots are reused, ids are not
+    r = t.insert(episode(902, 4))
+    assert int(r.episode_ids[0]) == 42  # the torn insert's two ids are never handed out
+    live_tags = {tag for steps in got[0][1]["ep"] for tag in steps} | {902}
+    b = t.sample(batch_size=64, length=1)
+    assert set(np.asarray(b["ep"]).ravel().tolist()) <= live_tags
+    assert not {900, 901} & live_tags
+
+
+def test_ingest_parity_reopen_and_drop_cache_keep_batches(tmp_path):
+    """Batches drawn after the pages were dropped from the cache are the ones drawn from cached pages."""
+    spec = make_spec(capacity=500, num_shards=2)
+    t = gf.LocalTable(spec, tier="disk", path=tmp_path / "t", seed=5)
+    for k in range(60):
+        t.insert(episode(k + 1, 7))
+    t.flush()
+    state = t.rng.bit_generator.state
+    a = t.sample(batch_size=32, length=4)
+    for s in t.shards:
+        s.tier.drop_cache()
+    t.rng.bit_generator.state = state
+    b = t.sample(batch_size=32, length=4)
+    assert a.keys.tolist() == b.keys.tolist()
+    assert np.asarray(a["obs"]).tolist() == np.asarray(b["obs"]).tolist()
+    os.sync()
