@@ -440,3 +440,59 @@ def test_an_ingestion_the_limiter_can_never_admit_is_refused(client, dataset):
         assert table.info()["totals"]["inserted"] == 0 and table.info()["rate_limiter"]["inserts"] == 0
     finally:
         table.close()
+
+
+# -- a disk table: validated first, then inserted one partition at a time --------------------------------
+
+
+def _by_episode_id(table) -> list:
+    out = {}
+    for sh in table.shards:
+        for seq in sh.index.live():
+            start, n = int(sh.index.get("start", seq)), int(sh.index.get("length", seq))
+            out[int(sh.index.get("episode_id", seq))] = {c: sh.ring.read(c, start, n).tolist() for c in sh.ring.columns}
+    return sorted(out.items())
+
+
+def _peak_bytes(fn) -> int:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_ingest_into_a_disk_table_streams_partitions_and_stores_what_memory_would(dataset, fmt, tmp_path):
+    host = gf.LocalTable(spec(), seed=4)
+    disk = gf.LocalTable(spec(), tier="disk", path=tmp_path / "t", seed=4)
+    peaks = {}
+    reps = {}
+    for name, t in (("host", host), ("disk", disk)):
+        peaks[name] = _peak_bytes(
+            lambda t=t, name=name: reps.__setitem__(name, ingest(t, source(dataset, fmt), fmt=fmt, chunk_episodes=2))
+        )  # noqa: E501
+    a, b = reps["host"], reps["disk"]
+    assert b.ok, b.mismatches()
+    assert (b.episodes_stored, b.steps_stored) == (EPISODES, dataset["steps"])
+    assert b.stored_checksums == b.read_checksums == a.read_checksums
+    assert b.episode_ids.tolist() == a.episode_ids.tolist()
+    # every episode's steps, by id (the partitions were routed one insert at a time, not as one batch)
+    assert _by_episode_id(disk) == _by_episode_id(host)
+    # one partition (2 of 40 episodes) in memory at a time, not the dataset
+    assert peaks["disk"] < peaks["host"] / 3, peaks
+    disk.close()
+    again = gf.LocalTable.open(tmp_path / "t", verify="full", seed=4)
+    assert again.size == dataset["steps"]
+
+
+def test_a_malformed_partition_stops_a_disk_ingestion_before_anything_is_inserted(tmp_path, good):
+    src, fname = _minari(tmp_path, good, 5, _nan_at(2))  # a bad episode in the last partitions
+    table = gf.LocalTable(spec(), tier="disk", path=tmp_path / "t")
+    with pytest.raises(DatasetError, match="nothing was inserted") as ei:
+        ingest(table, src, chunk_episodes=1)
+    assert fname in str(ei.value)
+    assert table.size == 0 and table.info()["totals"]["inserted"] == 0

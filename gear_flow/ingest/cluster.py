@@ -39,7 +39,7 @@ import numpy as np
 
 from ..errors import DatasetError, GearFlowError, ShardLostError
 from .common import Plan, parse_partition
-from .dataflow import check_totals, nothing_inserted, part_info
+from .dataflow import check_totals, nothing_inserted, part_info, streams
 from .formats import FORMATS
 from .report import IngestReport, build_report, stored_summary
 
@@ -72,6 +72,20 @@ def _read_task(fmt: str, part, spec, gamma: float, strict: bool, options: dict):
 
 def _summary_task(parsed) -> dict:
     return parsed.summary()
+
+
+def _validate_task(fmt: str, part, spec, gamma: float, strict: bool, options: dict) -> dict:
+    """Read and check a partition, keeping only its summary (a streaming ingestion's first read)."""
+    return _read_task(fmt, part, spec, gamma, strict, options).summary()
+
+
+def _reread_task(fmt: str, part, spec, gamma: float, strict: bool, options: dict, before: dict):
+    """A streaming ingestion's second read of a partition, refused if it differs from the first."""
+    from .dataflow import check_reread
+
+    parsed = _read_task(fmt, part, spec, gamma, strict, options)
+    check_reread(before, parsed.summary())
+    return parsed
 
 
 def _stage_task(name: str, txn: str, parsed_list: list, offsets: list, first_id: int, first_stamp: int) -> dict:
@@ -261,6 +275,9 @@ def ingest_distributed(
             )
             plan = _gather_or_raise(client, [f2], table.name)[0]
     where = assign_partitions(plan.partitions, {a: len(s) for a, s in by_worker.items()})
+    if streams(table):
+        summaries, results = _stream_partitions(client, table, fmt, plan, where, gamma, strict, options, timeout, token)
+        return _finish(client, table, fmt, source, plan, summaries, results, t0, token)
     reads, sums = [], []
     for p, a in zip(plan.partitions, where):
         rf = client.submit(
@@ -299,6 +316,52 @@ def ingest_distributed(
         results = insert_partitions(client, table, reads, where, counts, timeout, token)
     finally:
         client.cancel(reads + sums)  # the parsed episodes leave the workers' memory
+    return _finish(client, table, fmt, source, plan, summaries, results, t0, token)
+
+
+def _stream_partitions(client, table, fmt, plan, where, gamma, strict, options, timeout, token) -> tuple:
+    """A streaming ingestion (:func:`~gear_flow.ingest.dataflow.streams`): every partition validated on its
+    worker keeping only summaries, then inserted in waves of one partition per worker, each wave a
+    transaction, each partition read again by the worker that stages it."""
+    spec = table.spec
+    checks = [
+        client.submit(_validate_task, fmt, p, spec, gamma, strict, options, workers=[a], allow_other_workers=False,
+                      pure=False, key=f"gear-flow-ingest-validate-{token}-{p.index}")
+        for p, a in zip(plan.partitions, where)
+    ]  # fmt: skip
+    summaries = _gather_or_raise(client, checks, table.name)
+    try:
+        check_totals(plan, summaries, strict)
+    except DatasetError as e:
+        raise nothing_inserted(e, table.name) from None
+    step = spec.item_unit == "step"
+    queues = defaultdict(list)
+    for i, a in enumerate(where):
+        queues[a].append(i)
+    results: dict[str, dict[str, Any]] = {}
+    wave = 0
+    while any(queues.values()):
+        now = [q.pop(0) for q in queues.values() if q]
+        reads = [
+            client.submit(_reread_task, fmt, plan.partitions[i], spec, gamma, strict, options, summaries[i],
+                          workers=[where[i]], allow_other_workers=False, pure=False,
+                          key=f"gear-flow-ingest-read-{token}-{plan.partitions[i].index}")
+            for i in now
+        ]  # fmt: skip
+        counts = [(int(summaries[i]["episodes"]), int(summaries[i]["steps" if step else "episodes"])) for i in now]
+        try:
+            got = insert_partitions(client, table, reads, [where[i] for i in now], counts, timeout, f"{token}-{wave}")
+        finally:
+            client.cancel(reads)  # this wave's episodes leave the workers' memory before the next is read
+        for a, r in got.items():
+            results.setdefault(a, {**r, "done": []})["done"].extend(r["done"])
+        wave += 1
+    return summaries, results
+
+
+def _finish(client, table, fmt, source, plan, summaries, results, t0, token) -> IngestReport:
+    """Read back what the shards hold of the ingested episodes and build the report."""
+    spec = table.spec
     done = {
         d["index"]: {**d, "worker": r["worker"], "local_shards": r["local_shards"]}
         for r in results.values()

@@ -217,21 +217,84 @@ def nothing_inserted(err: BaseException, table_name: str | None) -> BaseExceptio
 # -- local ---------------------------------------------------------------------------------------
 
 
+def streams(table) -> bool:
+    """Whether an ingestion into ``table`` streams: a ``disk`` table (a dataset larger than memory).
+
+    Such an ingestion reads every partition twice: once to validate the
+    whole dataset (nothing is inserted unless every partition is valid, as
+    always), keeping only each partition's summary, and once more to insert
+    it, one partition at a time (on each worker, for a distributed table), so
+    that no more than a partition per reader is ever in memory.  A file that
+    changed between the two reads stops the ingestion with a
+    :class:`~gear_flow.errors.DatasetError` naming it, before that
+    partition is inserted (the partitions inserted before it stay).
+
+    Parameters
+    ----------
+    table : LocalTable or DistributedTable
+        The table.
+
+    Returns
+    -------
+    bool
+        Its tier is ``disk``.
+    """
+    return getattr(getattr(table, "cfg", None) or getattr(table, "config", None), "tier", None) == "disk"
+
+
+def check_reread(before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
+    """Refuse a partition whose second read differs from its first (its file changed in between).
+
+    Parameters
+    ----------
+    before, after : mapping
+        :meth:`~gear_flow.ingest.common.ParsedPartition.summary` of the two reads.
+
+    Raises
+    ------
+    DatasetError
+        Its counts, ids or checksums differ.
+    """
+    same = [before[k] == after[k] for k in ("episodes", "steps", "lengths", "ids")]
+    same.append(np.array_equal(np.asarray(before["sums"], float), np.asarray(after["sums"], float), equal_nan=True))
+    if not all(same):
+        raise DatasetError(
+            before["path"], None, "the file changed while it was ingested (its second read differs from its first)"
+        )
+
+
 def _ingest_local(table, fmt: Format, source, gamma, strict, chunk, options, timeout, t0) -> IngestReport:
     spec = table.spec
+    stream = streams(table)
     try:
         plan = fmt.plan(source, chunk, **options)
-        parsed = [parse_partition(fmt, p, spec, gamma, strict, options) for p in plan.partitions]
-        summaries = [p.summary() for p in parsed]
+        parsed = summaries = []
+        if stream:  # validate everything, holding summaries only (see streams())
+            summaries = [parse_partition(fmt, p, spec, gamma, strict, options).summary() for p in plan.partitions]
+        else:
+            parsed = [parse_partition(fmt, p, spec, gamma, strict, options) for p in plan.partitions]
+            summaries = [p.summary() for p in parsed]
         check_totals(plan, summaries, strict)
     except DatasetError as e:
         raise nothing_inserted(e, None) from None
-    eps = [e for p in parsed for e in p.episodes]
     ids = np.zeros(0, np.int64)
     dest = np.zeros(0, np.int64)
-    if eps:
-        res = table.insert(eps, timeout=timeout)  # atomic: all episodes or none
-        ids, dest = res.episode_ids, res.shards
+    if stream:
+        got = []
+        for p, before in zip(plan.partitions, summaries):
+            part = parse_partition(fmt, p, spec, gamma, strict, options)
+            check_reread(before, part.summary())
+            if part.episodes:
+                res = table.insert(part.episodes, timeout=timeout)  # this partition, all or none
+                got.append((res.episode_ids, res.shards))
+            del part
+        if got:
+            ids, dest = (np.concatenate(x) for x in zip(*got))
+    else:
+        eps = [e for p in parsed for e in p.episodes]
+        if eps:
+            res = table.insert(eps, timeout=timeout)  # atomic: all episodes or none
+            ids, dest = res.episode_ids, res.shards
     by_shard = {int(s): ids[dest == s] for s in np.unique(dest)}
     stored = stored_summary(dict(enumerate(table.shards)), by_shard, spec.names)
     parts_info, off = [], 0
