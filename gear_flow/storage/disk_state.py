@@ -260,6 +260,14 @@ def _chunks(nbytes: int) -> int:
     return max(1, -(-nbytes // CHUNK))
 
 
+def _zero_crcs(nbytes: int) -> list[int]:
+    """Checksums of ``nbytes`` zero bytes, chunk by chunk (a new, sparse file's)."""
+    n = _chunks(nbytes)
+    full = zlib.crc32(bytes(CHUNK))
+    last = nbytes - (n - 1) * CHUNK
+    return [full] * (n - 1) + [zlib.crc32(bytes(last)) if last != CHUNK else full]
+
+
 def _crc_chunks(a: np.ndarray, which: np.ndarray | None = None) -> dict[int, int]:
     """CRC32 of the MiB chunks ``which`` (default all) of array ``a``'s bytes."""
     flat = a.reshape(-1).view(np.uint8)
@@ -483,9 +491,11 @@ class DiskStore:
         done = 0
         for name, a in tier.arrays.items():
             if name.startswith("ring-"):
-                which = self._dirty_ring_chunks(name, int(h["crc_pos"]), self.shard.ring.write_pos)
+                # a ring file is made sparse, all zeros: only what was written since the last flush is read (reading
+                # a hole of a shared mapping would fill the page cache with zero pages, gigabytes of them)
                 if name not in sums or len(sums[name]) != _chunks(a.nbytes):
-                    which = None
+                    sums[name] = _zero_crcs(a.nbytes)
+                which = self._dirty_ring_chunks(name, int(h["crc_pos"]), self.shard.ring.write_pos)
             else:
                 which = None
             new = _crc_chunks(a, which)
@@ -529,11 +539,12 @@ class DiskStore:
         for name, a in self.tier.arrays.items():
             if name not in sums:
                 continue
-            if name.startswith("ring-"):
+            if name.startswith("ring-"):  # what was written up to the last flush, less what changed since
                 skip = self._dirty_ring_chunks(name, int(h["crc_pos"]), int(h["writing_until"]))
+                written = self._dirty_ring_chunks(name, 0, int(h["crc_pos"]))
                 if skip is None:
                     continue
-                which = np.setdiff1d(np.arange(len(sums[name])), skip)
+                which = np.setdiff1d(np.arange(len(sums[name])) if written is None else written, skip)
             elif h["clean"]:
                 which = np.arange(len(sums[name]))
             else:  # changed since the flush, in place: its checksums no longer apply
