@@ -121,6 +121,20 @@ def test_a_disk_table_reopens_with_its_counters_ids_and_limiter_and_grows_its_in
         t.insert(episode(1, 2))
 
 
+def test_a_disk_table_is_a_checkpoint_that_restores_into_memory(tmp_path):
+    spec = make_spec(capacity=100, num_shards=2)
+    disk = gf.LocalTable(spec, tier="disk", path=tmp_path / "t", sampler=gf.Prioritized(0.5, 0.5), seed=1)
+    for k in range(30):
+        disk.insert(episode(k + 1, 5), priorities=np.arange(5.0) + k)
+    want = live_content(disk)
+    disk.close()
+    host = gf.LocalTable.restore(tmp_path / "t", seed=2)
+    assert host.cfg.tier == "host" and live_content(host) == want
+    assert host.insert(episode(99, 3)).episode_ids.tolist() == [30]
+    again = gf.LocalTable.open(tmp_path / "t", seed=2)  # the directory is still the disk table
+    assert live_content(again) == want
+
+
 def test_disk_files_are_sparse_private_and_accounted(tmp_path):
     spec = gf.TableSpec((gf.ColumnSpec("obs", (1024,), np.float32),), capacity=100_000)  # a 400 MB ring
     t = gf.LocalTable(spec, tier="disk", path=tmp_path / "t")

@@ -1042,7 +1042,9 @@ class LocalTable(DatasetMethods):
         """A table rebuilt from a checkpoint directory (verified before anything is built).
 
         Configuration, limiter state, ids and stamps are those of the
-        checkpoint, so keys and episode ids are never reused.
+        checkpoint, so keys and episode ids are never reused.  A disk
+        table's directory is a checkpoint too: its shards are copied into the
+        tier asked for (:meth:`open` reopens it in place instead).
 
         Parameters
         ----------
@@ -1073,6 +1075,8 @@ class LocalTable(DatasetMethods):
         from ..selectors import from_config as selector_from
 
         m = ck.read_manifest(path)
+        if m.get("kind") == "disk":  # a disk table is its own checkpoint: its shards copied into the tier asked for
+            return cls._restore_disk(path, tier, seed, timeout)
         cfg = m["table"]
         try:
             spec = TableSpec.from_dict(cfg["spec"])
@@ -1104,6 +1108,34 @@ class LocalTable(DatasetMethods):
             st["rr"] % len(table.shards),
         )
         return table
+
+    @classmethod
+    def _restore_disk(cls, path, tier, seed, timeout) -> LocalTable:
+        """:meth:`restore` from a disk table's directory: opened, each shard snapshotted into a new table, closed."""
+        from .. import checkpoint as ck
+
+        src = cls.open(path)
+        try:
+            cfg = src.config()
+            table = cls(
+                src.spec,
+                sampler=src.sampler_proto.clone(),
+                remover=src.remover_proto.clone(),
+                rate_limiter=copy.deepcopy(src.rate_limiter),
+                max_times_sampled=src.max_times_sampled,
+                boundary=cfg["boundary"],
+                routing=cfg["routing"],
+                tier=tier,
+                timeout=timeout,
+                seed=seed,
+                shard_ids=[s.shard_id for s in src.shards],
+            )
+            for a, b in zip(src.shards, table.shards):
+                ck.restore_shard(b, *ck.snapshot_shard(a))
+            table._next_episode_id, table._stamp, table._rr = src._next_episode_id, src._stamp, src._rr
+            return table
+        finally:
+            src.close()
 
     def nbytes(self) -> dict:
         """Bytes the table's shards hold, by part.
