@@ -217,7 +217,7 @@ def nothing_inserted(err: BaseException, table_name: str | None) -> BaseExceptio
 # -- local ---------------------------------------------------------------------------------------
 
 
-def streams(table) -> bool:
+def streams(table: LocalTable | DistributedTable) -> bool:
     """Whether an ingestion into ``table`` streams: a ``disk`` table (a dataset larger than memory).
 
     Such an ingestion reads every partition twice: once to validate the
