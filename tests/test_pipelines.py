@@ -104,3 +104,18 @@ def test_colocated_data_parallel_learners():
     for r in res:
         assert r["local_bytes"] > 0 and r["remote_bytes"] + r["shared_bytes"] > 0  # the other shard too
         assert sum(r["losses"][-5:]) < 0.5 * sum(r["losses"][:5])
+
+
+def test_bench_disk_quick_writes_ratios(tmp_path):
+    import bench_disk
+
+    out = tmp_path / "disk.json"
+    bench_disk.main(["--quick", "--out", str(out), "--dir", str(tmp_path / "tables")])
+    data = json.loads(out.read_text())
+    for name in ("warm", "cold", "reopen_warm", "reopen_cold"):
+        assert isinstance(data[name]["met"], bool) and data[name]["target"] > 0
+    assert data["warm"]["ratio"] > 0 and data["warm"]["host_gbps"] > 0
+    assert data["cold"]["ratio"] > 0 and data["cold"]["preadv_gbps"] > 0 and data["cold"]["same_windows"]
+    assert data["reopen_cold"]["seconds_median"] > 0 and data["reopen_cold"]["first_sample_s"] > 0
+    assert "beyond_ram" not in data  # only with --beyond-ram
+    assert not list((tmp_path / "tables").iterdir())  # the tables are deleted
