@@ -41,6 +41,7 @@ updates in order (a :class:`~gear_flow.PriorityWriter`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 import weakref
@@ -237,10 +238,10 @@ class Stream:
             copies = torch.cuda.Stream(dev)  # H2D copies overlap the learner's kernels on its own stream
         else:
             pool = [None if fresh else SampleBuffers(self.table.spec, self.columns, B, L, tier=tier) for _ in range(n)]
-        if self.readahead:
+        if getattr(self.table, "path", None) is not None or self.readahead:  # a disk table: on, or off if asked
             from .storage.disk import DiskTier
 
-            advised = DiskTier.readahead
+            advised = functools.partial(DiskTier.readahead, self.readahead)
         else:
             advised = contextlib.nullcontext
         seeds = self._seeds()

@@ -313,3 +313,29 @@ def test_ingest_parity_reopen_and_drop_cache_keep_batches(tmp_path):
     assert a.keys.tolist() == b.keys.tolist()
     assert np.asarray(a["obs"]).tolist() == np.asarray(b["obs"]).tolist()
     os.sync()
+
+
+def test_a_plain_sample_advises_its_windows_while_the_rings_are_cold_and_not_once_they_are_cached(tmp_path):
+    spec = gf.TableSpec((gf.ColumnSpec("obs", (1024,), np.float32),), capacity=4000)
+    t = gf.LocalTable(spec, tier="disk", path=tmp_path / "t", seed=0)
+    for k in range(10):
+        t.insert({"obs": np.full((300, 1024), k, np.float32)})
+    t.flush()
+    tier = t.shards[0].tier
+    tier.drop_cache()
+    cold = t.sample(batch_size=64, length=4)
+    assert tier.advised > 0  # the windows were announced before the gather touched them
+    assert tier.rings_cold()
+    np.asarray(tier.arrays["ring-0"]).sum()  # every page read: the ring is cached now
+    tier._measured_at = -np.inf  # (measured again at the next gather, not half a second later)
+    before = tier.advised
+    warm = t.sample(batch_size=64, length=4)
+    assert tier.advised == before and not tier.rings_cold()
+    with tier.readahead(True):  # asked for: advised even when cached (unless probed resident)
+        t.sample(batch_size=64, length=4)
+    off = tier.advised
+    with tier.readahead(False):  # refused: a page fault at a time, even cold
+        tier.drop_cache()
+        t.sample(batch_size=64, length=4)
+    assert tier.advised == off
+    assert np.asarray(cold["obs"]).shape == np.asarray(warm["obs"]).shape == (64, 4, 1024)

@@ -22,6 +22,7 @@ import math
 import mmap
 import os
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
@@ -35,8 +36,12 @@ PAGE = mmap.PAGESIZE
 #: mappings of rings are read at random (windows): the kernel's read-around on a fault would read pages no
 #: window asked for; batches say what they read next with :meth:`DiskTier.willneed` instead
 RING_ADVICE = getattr(mmap, "MADV_RANDOM", None)
-#: per thread: do this thread's gathers advise their windows first (:meth:`DiskTier.readahead`)?
+#: per thread: do this thread's gathers advise their windows first (:meth:`DiskTier.readahead`)?  None: while the
+#: rings are cold
 _READAHEAD = threading.local()
+#: seconds between two measures of a disk shard's residency (:meth:`DiskTier.rings_cold`): ``mincore`` of a 40 GB
+#: ring takes a few milliseconds
+RESIDENCY_EVERY = 0.5
 
 
 def _libc():
@@ -185,6 +190,8 @@ class DiskTier(HostTier):
         self._ring_at: dict[int, str] = {}
         #: ``madvise(MADV_WILLNEED)`` calls made for the windows of batches so far (:meth:`willneed_windows`)
         self.advised = 0
+        self._measured_at = -math.inf  # when rings_cold() last measured residency, and what it found
+        self._cold = True
 
     def empty(self, shape: tuple[int, ...], dtype: DTypeLike) -> np.ndarray:
         """Scratch host memory (what a disk shard keeps goes through :meth:`array`, which names its file).
@@ -347,29 +354,66 @@ class DiskTier(HostTier):
 
     @staticmethod
     @contextlib.contextmanager
-    def readahead(enabled: bool = True) -> Iterator[None]:
-        """Within the block, this thread's gathers from disk tiers advise their windows first.
+    def readahead(enabled: bool | None = True) -> Iterator[None]:
+        """Within the block, this thread's gathers from disk tiers advise their windows first (or never).
 
         Each :meth:`gather_columns` then asks the kernel for the pages of
         every window of the take (:meth:`willneed_windows`) before copying
         them, so that cold pages are read all at once rather than one page
         fault at a time.  A :class:`~gear_flow.Stream` over a disk table turns
-        it on for its own requests; a plain ``table.sample`` does not (on
-        cached pages the advice is a cost and no gain).  Per thread: the
-        gathers of a local table run on the thread that samples.
+        it on for its own requests.  Outside any block (or with None) a
+        gather advises while its rings are not wholly in the page cache
+        (:meth:`rings_cold`): on cached pages the advice is a cost and no
+        gain.  Per thread: the gathers of a local table run on the thread
+        that samples.
 
         Parameters
         ----------
-        enabled : bool, default True
-            On or off inside the block (blocks nest; the previous setting
-            comes back on leaving).
+        enabled : bool or None, default True
+            On, off, or decided by residency inside the block (blocks nest;
+            the previous setting comes back on leaving).
         """
-        before = getattr(_READAHEAD, "on", False)
-        _READAHEAD.on = bool(enabled)
+        before = getattr(_READAHEAD, "on", None)
+        _READAHEAD.on = None if enabled is None else bool(enabled)
         try:
             yield
         finally:
             _READAHEAD.on = before
+
+    def rings_cold(self) -> bool:
+        """Whether the rings' written pages are not all in the page cache, as last measured.
+
+        Measured (``mincore`` over every ring, a byte per page) at most every
+        :data:`RESIDENCY_EVERY` seconds and after :meth:`drop_cache`; where
+        residency cannot be asked, the rings count as cold.
+
+        Returns
+        -------
+        bool
+            True: a gather outside a :meth:`readahead` block advises its windows.
+        """
+        now = time.monotonic()
+        if now - self._measured_at >= RESIDENCY_EVERY:
+            self._measured_at = now
+            resident = self.bytes_resident(rings=True)
+            written = 0
+            for name in self.rings | {n for n in self.arrays if n.startswith("ring-")}:
+                try:
+                    written += self.path_of(name).stat().st_blocks * 512
+                except FileNotFoundError:
+                    pass
+            self._cold = resident is None or resident < 0.98 * min(written, self.ring_nbytes())
+        return self._cold
+
+    def ring_nbytes(self) -> int:
+        """Bytes of the ring files (their size, not what they hold).
+
+        Returns
+        -------
+        int
+            Bytes.
+        """
+        return sum(a.nbytes for n, a in self.arrays.items() if n.startswith("ring-"))
 
     def willneed_windows(
         self, srcs: Mapping[str, np.ndarray], src_start: np.ndarray, n_valid: np.ndarray, probe: bool = True
@@ -422,8 +466,10 @@ class DiskTier(HostTier):
         outs: Mapping[str, np.ndarray],
     ) -> None:
         """:meth:`HostTier.gather_columns <gear_flow.storage.base.HostTier.gather_columns>`, the windows
-        advised first (:meth:`willneed_windows`) inside a :meth:`readahead` block."""
-        if getattr(_READAHEAD, "on", False):
+        advised first (:meth:`willneed_windows`) inside a :meth:`readahead` block, or outside one while the
+        rings are cold (:meth:`rings_cold`)."""
+        on = getattr(_READAHEAD, "on", None)
+        if on or (on is None and self.rings_cold()):
             self.willneed_windows({name: srcs[name] for name in outs}, src_start, n_valid)
         super().gather_columns(srcs, src_start, dst_offset, n_valid, outs)
 
@@ -446,6 +492,7 @@ class DiskTier(HostTier):
         ``posix_fadvise(POSIX_FADV_DONTNEED)`` the cached pages themselves.
         """
         self.sync()
+        self._measured_at = -math.inf  # cold now: the next gather measures again
         for name, m in self.maps.items():
             if hasattr(mmap, "MADV_DONTNEED"):
                 m.madvise(mmap.MADV_DONTNEED)

@@ -268,11 +268,27 @@ def _zero_crcs(nbytes: int) -> list[int]:
     return [full] * (n - 1) + [zlib.crc32(bytes(last)) if last != CHUNK else full]
 
 
-def _crc_chunks(a: np.ndarray, which: np.ndarray | None = None) -> dict[int, int]:
-    """CRC32 of the MiB chunks ``which`` (default all) of array ``a``'s bytes."""
-    flat = a.reshape(-1).view(np.uint8)
-    idx = range(_chunks(flat.nbytes)) if which is None else which.tolist()
-    return {int(c): zlib.crc32(flat[c * CHUNK : (c + 1) * CHUNK]) for c in idx}
+def _crc_chunks(path: Path, nbytes: int, which: np.ndarray | None = None) -> dict[int, int]:
+    """CRC32 of the MiB chunks ``which`` (default all) of the first ``nbytes`` of file ``path``.
+
+    Read with ``pread`` in increasing order, not through the shard's mapping: the rings' mappings are advised
+    random-access, and reading 38 GB through them faulted 4 KiB at a time (62 MB/s, a flush of 504 s); a file read
+    in order gets the kernel's readahead, and cached pages are read from the cache either way.
+    """
+    idx = range(_chunks(nbytes)) if which is None else sorted(int(c) for c in which)
+    out = {}
+    buf = memoryview(bytearray(CHUNK))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        for c in idx:
+            want = max(0, min(CHUNK, nbytes - c * CHUNK))
+            got = os.preadv(fd, [buf[:want]], c * CHUNK) if want else 0
+            out[c] = zlib.crc32(buf[:got])
+    finally:
+        os.close(fd)
+    return out
 
 
 class DiskStore:
@@ -498,7 +514,7 @@ class DiskStore:
                 which = self._dirty_ring_chunks(name, int(h["crc_pos"]), self.shard.ring.write_pos)
             else:
                 which = None
-            new = _crc_chunks(a, which)
+            new = _crc_chunks(tier.path_of(name), a.nbytes, which)
             done += sum(min(CHUNK, a.nbytes - c * CHUNK) for c in new)
             if which is None:
                 sums[name] = [new[c] for c in range(_chunks(a.nbytes))]
@@ -549,7 +565,7 @@ class DiskStore:
                 which = np.arange(len(sums[name]))
             else:  # changed since the flush, in place: its checksums no longer apply
                 continue
-            for c, v in _crc_chunks(a, which).items():
+            for c, v in _crc_chunks(self.tier.path_of(name), a.nbytes, which).items():
                 if sums[name][c] != v:
                     raise CheckpointError(
                         f"disk shard {self.directory}: {name}.bin is corrupted at bytes "
