@@ -104,6 +104,24 @@ def gpu(fig):
     )
 
 
+def disk(fig):
+    d = _load("bench_disk")
+    names = [
+        ("warm", "warm: disk / host tier"),
+        ("cold", "cold: table.sample / os.preadv"),
+        ("cold_stream", "cold: Stream / os.preadv"),
+    ]
+    rows = [d.get(k, {}) for k, _ in names]
+    _bars(
+        fig.add_subplot(1, 1, 1),
+        [n for _, n in names],
+        [r.get("ratio", 0.0) for r in rows],
+        [(r.get("target"), bool(r.get("met"))) for r in rows],
+        "Disk tier, B=256 x L=64 windows (x its reference)",
+        "x reference (higher is better; line: target)",
+    )
+
+
 def draw_all(_app=None) -> list[Path]:
     """Draw every plot; returns the files written."""
     pictures = [
@@ -111,6 +129,7 @@ def draw_all(_app=None) -> list[Path]:
         ("distributed.png", distributed, (7, 3.5)),
         ("control_plane.png", control_plane, (7, 3.5)),
         ("gpu.png", gpu, (8, 4)),
+        ("disk.png", disk, (7, 3)),
     ]
     return figures.draw(pictures, axes=True)
 
