@@ -465,28 +465,37 @@ def _peak_bytes(fn) -> int:
         tracemalloc.stop()
 
 
+@pytest.fixture(scope="module")
+def larger(tmp_path_factory):
+    """Ten times the module's dataset: a partition's memory is then far above the ingestion's own overheads."""
+    out = tmp_path_factory.mktemp("cartpole-larger")
+    args = ["--out", str(out), "--episodes", str(10 * EPISODES), "--seed", "3", "--parquet-files", "3"]
+    return make_dataset.main(args)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_ingest_into_a_disk_table_streams_partitions_and_stores_what_memory_would(dataset, fmt, tmp_path):
-    host = gf.LocalTable(spec(), seed=4)
-    disk = gf.LocalTable(spec(), tier="disk", path=tmp_path / "t", seed=4)
-    peaks = {}
-    reps = {}
+def test_ingest_into_a_disk_table_streams_partitions_and_stores_what_memory_would(larger, fmt, tmp_path):
+    host = gf.LocalTable(spec(capacity=200_000), seed=4)
+    disk = gf.LocalTable(spec(capacity=200_000), tier="disk", path=tmp_path / "t", seed=4)
+    peaks, reps = {}, {}
     for name, t in (("host", host), ("disk", disk)):
-        peaks[name] = _peak_bytes(
-            lambda t=t, name=name: reps.__setitem__(name, ingest(t, source(dataset, fmt), fmt=fmt, chunk_episodes=2))
-        )  # noqa: E501
+
+        def run(t=t, name=name):
+            reps[name] = ingest(t, source(larger, fmt), fmt=fmt, chunk_episodes=4)
+
+        peaks[name] = _peak_bytes(run)
     a, b = reps["host"], reps["disk"]
     assert b.ok, b.mismatches()
-    assert (b.episodes_stored, b.steps_stored) == (EPISODES, dataset["steps"])
+    assert (b.episodes_stored, b.steps_stored) == (10 * EPISODES, larger["steps"])
     assert b.stored_checksums == b.read_checksums == a.read_checksums
     assert b.episode_ids.tolist() == a.episode_ids.tolist()
     # every episode's steps, by id (the partitions were routed one insert at a time, not as one batch)
     assert _by_episode_id(disk) == _by_episode_id(host)
-    # one partition (2 of 40 episodes) in memory at a time, not the dataset
-    assert peaks["disk"] < peaks["host"] / 3, peaks
+    # one partition (4 of 400 episodes) in memory at a time, not the dataset
+    assert peaks["disk"] < peaks["host"] / 5, peaks
     disk.close()
     again = gf.LocalTable.open(tmp_path / "t", verify="full", seed=4)
-    assert again.size == dataset["steps"]
+    assert again.size == larger["steps"]
 
 
 def test_a_malformed_partition_stops_a_disk_ingestion_before_anything_is_inserted(tmp_path, good):
