@@ -505,3 +505,22 @@ def test_a_malformed_partition_stops_a_disk_ingestion_before_anything_is_inserte
         ingest(table, src, chunk_episodes=1)
     assert fname in str(ei.value)
     assert table.size == 0 and table.info()["totals"]["inserted"] == 0
+
+
+def test_ingest_into_a_distributed_disk_table_streams_waves_on_the_owning_workers(client, larger, tmp_path):
+    table = DistributedTable.create(client, spec(capacity=200_000), tier="disk", path=tmp_path / "d", seed=0)
+    try:
+        rep = ingest(table, larger["paths"]["parquet"], chunk_episodes=8)
+        assert rep.ok, rep.mismatches()
+        assert (rep.episodes_stored, rep.steps_stored) == (10 * EPISODES, larger["steps"])
+        assert rep.stored_checksums == rep.read_checksums
+        for p in rep.partitions:  # read again and inserted by the worker that validated it, into its own shards
+            assert p["read_on"] == p["worker"] and all(table.placement[s] == p["worker"] for s in p["shards"])
+        assert sorted(rep.episode_ids.tolist()) == list(range(10 * EPISODES))  # one id each, waves or not
+        info = table.info()
+        assert info["size"] == info["coordinator_size"] == larger["steps"]
+        assert all(s["disk"]["bytes_on_disk"] > 0 for s in info["shards"])
+        b = table.sample(64, 6)
+        assert np.array_equal(np.diff(b["timestep"].numpy(), axis=1), np.ones((64, 5)))
+    finally:
+        table.close()

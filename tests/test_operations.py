@@ -50,7 +50,9 @@ WORKER_FIELDS = {
     "nbytes": ("name", "epoch"),
     "checkpoint": ("name", "directory", "epoch"),
     "restore": ("name", "config", "directory", "files", "tier", "epoch"),
-    "move_out": ("name", "shards", "move", "epoch"),
+    "reopen": ("name", "config", "directory", "shard", "epoch"),
+    "flush_disk": ("name", "epoch"),
+    "move_out": ("name", "shards", "move", "machine", "epoch"),
     "move_in": ("name", "config", "move", "source", "shards", "epoch"),
     "move_commit": ("name", "move", "epoch"),
     "move_release": ("name", "shards", "move", "epoch"),
@@ -87,7 +89,7 @@ HOST_METHODS = (
     "new_epoch", "candidates", "sample_part", "sequences", "finish_sample", "uncount", "draw_host", "count_drawn",
     "sample_all",
     "check_keys",
-    "update", "delete", "remove", "info", "checkpoint", "restore", "nbytes",
+    "update", "delete", "remove", "info", "checkpoint", "restore", "reopen", "flush_disk", "nbytes",
 )  # fmt: skip
 MOVE_STEPS = ("move_out", "move_thaw", "move_release", "move_commit", "move_abort")
 LANE_OPS = {
@@ -103,8 +105,8 @@ COORD_LANE_OPS = set(COORDINATOR_FIELDS) - {"lane", "move", "rebalance"}
 THROUGH = {"apply", "abort", "status", "finish_sample"}
 #: operations a table's move gate never holds or refuses (the table's lifecycle, a move's own steps)
 UNGATED = {
-    "create", "drop", "restore", "drop_shard", "move_out", "move_in", "move_commit", "move_release", "move_abort",
-    "move_thaw",
+    "create", "drop", "restore", "reopen", "drop_shard", "move_out", "move_in", "move_commit", "move_release",
+    "move_abort", "move_thaw",
 }  # fmt: skip
 #: the move's steps whose ``epoch`` is their argument (the new placement version), not the request's
 EPOCH_ARGUMENT = {"move_commit", "move_release"}
@@ -196,8 +198,8 @@ def test_which_operations_are_quick_whatever_their_arguments():
     assert set(small) | {"apply"} == QUICK_WHEN_SMALL
     never = set(protocol.WORKER) - ALWAYS_QUICK - QUICK_WHEN_SMALL
     assert never == {
-        "create", "drop", "drop_shard", "shared_layout", "lane", "delete", "checkpoint", "restore", "move_out",
-        "move_in", "move_commit", "move_release", "move_abort", "move_thaw", "draw_host",
+        "create", "drop", "drop_shard", "shared_layout", "lane", "delete", "checkpoint", "restore", "reopen",
+        "flush_disk", "move_out", "move_in", "move_commit", "move_release", "move_abort", "move_thaw", "draw_host",
     }  # fmt: skip
     for op in never:
         assert not plugin._quick(op, {"name": "t"}), op

@@ -254,6 +254,7 @@ class DistributedTable(DatasetMethods):
         max_times_sampled: int = 0,
         boundary: str | None = None,
         tier: str | None = None,
+        path: str | os.PathLike[str] | None = None,
         routing: str | None = None,
         timeout: float | None = None,
         seed: int | None = None,
@@ -273,6 +274,7 @@ class DistributedTable(DatasetMethods):
             max_times_sampled=max_times_sampled,
             boundary=boundary,
             tier=tier,
+            path=path,
             routing=routing,
             timeout=timeout,
             seed=seed,
@@ -425,9 +427,9 @@ class DistributedTable(DatasetMethods):
             self, batch_size, length, columns=columns, boundary=boundary, timeout=timeout, out=out, rng=rng
         )
 
-    @documented_as(sampling.flush)
-    def flush(self) -> None:
-        sampling.flush(self)
+    @documented_as(checkpoints.flush)
+    def flush(self, disk: bool = False) -> dict | None:
+        return checkpoints.flush(self, disk)
 
     # -- ride-along priority updates: gear_flow.distributed.pending ------------------------------------------------
     @documented_as(pending.defer_priorities)
@@ -592,9 +594,11 @@ class DistributedTable(DatasetMethods):
         ----------
         drop : bool, default True
             Also drop the shards from their workers and forget the table on
-            the coordinator; False only closes it (handles see
+            the coordinator (a ``disk`` table's files are removed, as other
+            tiers' memory is freed; a lost shard's files stay where its
+            worker left them); False only closes it (handles see
             :class:`~gear_flow.errors.TableClosedError`), leaving the data in
-            place.
+            place (a ``disk`` table's files flushed first, :meth:`flush`).
         """
 
         async def _close():
@@ -606,6 +610,11 @@ class DistributedTable(DatasetMethods):
             self._routes.clear()
             self._ctx.lanes.clear()  # its connections (here on the loop: asyncio transports are not thread-safe)
             await self._link.coordinator.close()
+            if not drop and self._config.get("tier") == "disk":  # kept: durable, as a local disk table closed
+                try:
+                    await checkpoints.flush_disk_async(self)
+                except (GearFlowError, Retry) as e:  # closing anyway: what was committed is in the page cache
+                    logger.warning("table %r: disk shards not flushed before closing: %s", self.name, e)
             if drop:  # every worker: one its shards moved off keeps the table's (empty) gate until then
                 workers = set(self._view.workers()) | set(await self._link.coordinator.workers())
                 await asyncio.gather(

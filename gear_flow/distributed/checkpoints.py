@@ -1,6 +1,11 @@
 """Checkpoints of a distributed table: per-worker snapshots, restores onto any workers, lost-shard restores.
 
-Functions over the handle they are given (:func:`checkpoint`,
+A ``disk`` table is its own checkpoint: :func:`flush` with ``disk=True`` makes
+its shards' files durable, and :func:`restore_shard` given the table's
+directory reopens a lost shard's files in place on a worker that sees them
+(:mod:`~gear_flow.distributed.host_disk`, the workers' side).
+
+Functions over the handle they are given (:func:`checkpoint`, :func:`flush`,
 :func:`restore_shard` and their ``*_async`` twins), or over the handle's class
 (:func:`restore`, which makes a new handle); the handle's methods of the same
 names call them.  They need all of the handle: its name and configuration, the
@@ -10,7 +15,6 @@ requests to the workers and the coordinator.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import uuid
@@ -25,7 +29,7 @@ from ..resources import advertised
 from .coordinator import GearFlowCoordinator
 from .pending import send_pending
 from .plugin import GearFlowWorker
-from .transport import Context, CoordinatorClient, Retry, WorkerLost, call
+from .transport import Context, CoordinatorClient, Retry, build_everywhere
 
 #: workers a checkpoint may lose (degraded table) before it gives up
 _LOSSES = 8
@@ -138,6 +142,92 @@ async def checkpoint_async(table: DistributedTable, path: str | os.PathLike[str]
     }
 
 
+def flush(table: DistributedTable, disk: bool = False) -> dict | None:
+    """Send what this handle keeps for the shards now; with ``disk``, then make a disk table's files durable.
+
+    Sends stored priority updates (``update_priorities(wait=False)``) and
+    the samples drawn here from published states to their owners, and
+    reports samples served under a lease to the coordinator (``info()``
+    then counts them).
+
+    ``disk=True`` is a ``disk`` table's checkpoint: every shard's worker
+    writes its dirty pages, records the checksums of what changed since its
+    last flush and commits its header, fsync'ed (one shard at a time under
+    its lock; the others serve on), as :meth:`LocalTable.flush
+    <gear_flow.LocalTable.flush>` does.  Without it what a shard committed
+    survives its worker's process (the page cache keeps it), not its
+    machine.  Lost shards are not flushed.
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle on the table (the handle itself, on its method of this
+        name).
+    disk : bool, default False
+        Also make the shards' files durable (a ``disk`` table only).
+
+    Returns
+    -------
+    dict or None
+        None without ``disk``; with it ``seconds`` (float, wall time),
+        ``bytes_checksummed`` (int) and ``shards`` (sorted ids flushed).
+
+    Raises
+    ------
+    SpecError
+        ``disk`` and the table is not on the ``disk`` tier.
+    ShardLostError
+        ``disk``, and a worker was lost meanwhile (a degraded table flushes
+        the shards left).
+    """
+    from .sampling import flush as send
+
+    if disk and table._config.get("tier") != "disk":
+        raise SpecError(
+            f"flush(disk=True) is for disk tables; table {table.name!r} is on the {table._config.get('tier')!r} tier "
+            "(see checkpoint())"
+        )
+    send(table)
+    return table._ctx.sync(flush_disk_async, table) if disk else None
+
+
+async def flush_disk_async(table: DistributedTable) -> dict:
+    """Make every live shard of a ``disk`` table durable (:meth:`flush` with ``disk=True``, the files only).
+
+    Parameters
+    ----------
+    table : DistributedTable
+        The handle on the table.
+
+    Returns
+    -------
+    dict
+        As :meth:`flush` with ``disk``.
+
+    Raises
+    ------
+    SpecError
+        The table is not on the ``disk`` tier.
+    ShardLostError
+        A worker was lost and the table is not degraded.
+    """
+    import time
+
+    t0 = time.perf_counter()
+    for _ in range(_LOSSES):
+        try:
+            res = await table._link.on_workers(
+                {a: ("flush_disk", dict(name=table.name)) for a in table._view.workers()}
+            )
+            break
+        except Retry:  # degraded, a worker lost (its shards marked lost), or shards moved: the shards as now
+            continue
+    else:
+        raise ShardLostError(-1, f"{_LOSSES} workers of table {table.name!r} were lost during its flush")
+    per = {int(s): n for r in res.values() for s, n in r.items()}
+    return {"seconds": time.perf_counter() - t0, "bytes_checksummed": sum(per.values()), "shards": sorted(per)}
+
+
 def restore(
     cls: type[DistributedTable],
     client: Client,
@@ -227,28 +317,14 @@ def restore(
         by_worker = defaultdict(dict)
         for s in shard_ids:
             by_worker[placement[s]][s] = m["files"][str(s)]
-        try:
-            got = await asyncio.gather(
-                *(
-                    call(ctx, a, "restore", name=name, config=cfg, directory=str(path), files=f)
-                    for a, f in by_worker.items()
-                ),
-                return_exceptions=True,
-            )
-            for r in got:
-                if isinstance(r, WorkerLost):
-                    raise ShardLostError(
-                        -1, f"worker {r.addr} was lost while the checkpoint was restored; nothing of it was built"
-                    ) from None
-                if isinstance(r, BaseException):
-                    raise r
+
+        async def counters():
             await coordinator.restore_state(m["state"])
             for s in missing:
                 await coordinator.mark_lost(s, "lost before the checkpoint was taken")
-        except BaseException:
-            await asyncio.gather(*(call(ctx, a, "drop", name=name) for a in by_worker), return_exceptions=True)
-            await asyncio.gather(coordinator.drop(), return_exceptions=True)
-            raise
+
+        args = {a: {"config": cfg, "directory": str(path), "files": f} for a, f in by_worker.items()}
+        await build_everywhere(ctx, name, "restore", args, "the checkpoint was restored", counters)
         return await coordinator.lookup()
 
     return cls(ctx, name, ctx.sync(go), seed=seed, timeout=timeout)
@@ -257,7 +333,7 @@ def restore(
 def restore_shard(
     table: DistributedTable, shard: int, path: str | os.PathLike[str], worker: str | None = None, replace: bool = False
 ) -> dict:
-    """Rebuild shard ``shard`` from checkpoint ``path`` on ``worker``.
+    """Rebuild shard ``shard`` from checkpoint ``path`` on ``worker``, or reopen a lost disk shard's files in place.
 
     A lost shard is restored; a live one is refused unless ``replace=True``
     (its items since the checkpoint would be dropped), and then replaced
@@ -265,6 +341,18 @@ def restore_shard(
     at the checkpoint: items it expired, removed or evicted since then are
     back too (a queue hands out again what that shard handed out since
     the checkpoint: at least once, not exactly once, across a restore).
+
+    A ``disk`` table is its own checkpoint: given the directory of its
+    files (``<root>/<name>``, or the shard's own ``<root>/<name>/shard-<id>``,
+    as ``worker`` sees it; a path with no checkpoint ``manifest.json`` as
+    this process sees it), ``worker`` reopens the lost shard's files in
+    place, copying nothing, with every insert the shard committed before its
+    worker was lost (an insert cut short is dropped, with the episodes it
+    was overwriting).  The files are checked first (layout, header,
+    sizes; that they are this shard of this table); nothing is hosted and
+    the shard stays lost when a check fails.  A live disk shard is never
+    reopened (its worker maps those files): restore a checkpoint to replace
+    it.
 
     Parameters
     ----------
@@ -275,11 +363,12 @@ def restore_shard(
         Id of the shard to rebuild.
     path : str or os.PathLike
         A checkpoint of this table (from :meth:`checkpoint`), visible to
-        the workers.
+        the workers, or a disk table's directory (see above).
     worker : str, optional
         Address of the worker to rebuild it on; default the least loaded
         live worker that may hold the table (its resource, if it was
-        created with one), empty workers included.
+        created with one), empty workers included.  An in-place reopen
+        needs a worker that sees the files: on their machine.
     replace : bool, default False
         Allow replacing a shard that is alive.
 
@@ -287,21 +376,29 @@ def restore_shard(
     -------
     dict
         ``shard``, ``worker`` (where it now lives), ``items_restored``,
-        ``inserted_at_checkpoint``; for a lost shard also
-        ``inserted_at_loss`` and ``lost_items`` (inserted after the
-        checkpoint, gone); for a replaced one ``dropped_items`` (what it
-        held) and ``inserted_since_checkpoint``.
+        ``inserted_at_checkpoint`` (of a reopened shard: its inserts in
+        its files); for a lost shard also ``inserted_at_loss`` and
+        ``lost_items`` (inserted after the checkpoint, gone; 0 for a
+        reopened shard unless an insert was cut short by the loss); for a
+        replaced one ``dropped_items`` (what it held) and
+        ``inserted_since_checkpoint``; for a reopened one ``reopened_s``
+        (seconds the worker took to check and reopen the files),
+        ``recovered`` (what reopening repaired, as
+        :attr:`DiskStore.recovered <gear_flow.storage.disk_state.DiskStore.recovered>`)
+        and ``directory`` (the shard's, as the worker sees it).
 
     Raises
     ------
     CheckpointError
-        ``path`` holds no checkpoint or its file fails verification.
+        ``path`` holds no checkpoint or its file fails verification; for
+        a disk table, no files of the shard where the worker looked, or
+        files that fail a check.
     ShardLostError
         The checkpoint has no file for ``shard``, or no live worker can
         take it.
     SpecError
         The table has no shard ``shard``, or it is alive and ``replace``
-        is False.
+        is False (a live disk shard: whatever ``replace``, for its files).
     """
     return table._ctx.sync(restore_shard_async, table, shard, path, worker, replace)
 
@@ -321,6 +418,21 @@ async def _restore_target(table: DistributedTable) -> str:
     return min(load, key=lambda a: (load[a], a))
 
 
+async def _shard_now(table: DistributedTable, shard: int) -> tuple[str, dict | None]:
+    """Where ``shard`` is placed, and its worker's info on it while it is alive (None: lost)."""
+    await table._link.refresh()
+    if shard not in table.placement:
+        raise SpecError(f"table {table.name!r} has no shard {shard} (shards 0..{table.spec.num_shards - 1})")
+    old = table.placement[shard]
+    if shard in table.lost:
+        return old, None
+    try:
+        infos = (await table._link.on_workers({old: ("info", dict(name=table.name))}))[old]
+    except (Retry, ShardLostError):  # its worker was lost just now (the shard is marked lost): restored as a lost one
+        return old, None
+    return old, next(i for i in infos if i["shard"] == shard)
+
+
 async def restore_shard_async(
     table: DistributedTable, shard: int, path: str | os.PathLike[str], worker: str | None = None, replace: bool = False
 ) -> dict:
@@ -334,7 +446,7 @@ async def restore_shard_async(
     shard : int
         Id of the shard to rebuild.
     path : str or os.PathLike
-        A checkpoint of this table.
+        A checkpoint of this table, or a disk table's directory.
     worker : str, optional
         Where to rebuild it; default the least loaded eligible worker.
     replace : bool, default False
@@ -355,42 +467,41 @@ async def restore_shard_async(
     from .. import checkpoint as ck
 
     path = Path(path).absolute()
-    m = ck.read_manifest(path)
-    entry = m["files"].get(str(shard))
-    if entry is None:
-        raise ShardLostError(shard, f"checkpoint {path} has no file for shard {shard}")
-    await table._link.refresh()
-    if shard not in table.placement:
-        raise SpecError(f"table {table.name!r} has no shard {shard} (shards 0..{table.spec.num_shards - 1})")
-    live = shard not in table.lost
-    old = table.placement[shard]
-    before = None
-    if live:
-        try:
-            before = next(
-                i
-                for i in (await table._link.on_workers({old: ("info", dict(name=table.name))}))[old]
-                if i["shard"] == shard
-            )
-        except (Retry, ShardLostError):  # its worker was lost just now (the shard is marked lost): restored
-            live, before = False, None  # as a lost one
-    if live:
-        if not replace:
-            raise SpecError(
-                f"shard {shard} of table {table.name!r} is alive on {old} with {before['size']} items; restoring it "
-                "would drop what was inserted since the checkpoint; pass replace=True (CLI: --replace) to replace it"
-            )
+    # a disk table's own files: no manifest (a disk table's directory on a worker need not be visible here)
+    in_place = table._config.get("tier") == "disk" and not (path / "manifest.json").exists()
+    if not in_place:
+        entry = ck.read_manifest(path)["files"].get(str(shard))
+        if entry is None:
+            raise ShardLostError(shard, f"checkpoint {path} has no file for shard {shard}")
+    old, before = await _shard_now(table, shard)
+    live = before is not None
+    if live and in_place:
+        raise SpecError(
+            f"shard {shard} of table {table.name!r} is alive on {old}, which maps its files; reopening them is for "
+            "a lost shard (restore a checkpoint with replace=True to replace a live one)"
+        )
+    if live and not replace:
+        raise SpecError(
+            f"shard {shard} of table {table.name!r} is alive on {old} with {before['size']} items; restoring it "
+            "would drop what was inserted since the checkpoint; pass replace=True (CLI: --replace) to replace it"
+        )
     if worker is None:
         worker = await _restore_target(table)
-    args = dict(name=table.name, config=table._config, directory=str(path), files={shard: entry})
+    if in_place:
+        op, args = "reopen", dict(name=table.name, config=table._config, directory=str(path), shard=shard)
+    else:
+        op, args = "restore", dict(name=table.name, config=table._config, directory=str(path), files={shard: entry})
     try:
-        restored = (await table._link.on_workers({worker: ("restore", args)}))[worker]
+        done = (await table._link.on_workers({worker: (op, args)}))[worker]
     except (Retry, ShardLostError):  # the target was lost before it could report the shard rebuilt
         raise ShardLostError(
             shard, f"worker {worker} was lost while it restored shard {shard}; nothing was restored"
         ) from None
-    meta = entry["meta"]
-    lost = await table._link.coordinator.shard_restored(shard, worker, restored[shard], meta["counters"]["inserted"])
+    if in_place:  # nothing committed is lost: the shard's own counters are what it holds
+        items, inserted = int(done["size"]), int(done["inserted"])
+    else:
+        items, inserted = done[shard], entry["meta"]["counters"]["inserted"]
+    lost = await table._link.coordinator.shard_restored(shard, worker, items, inserted)
     await table._link.refresh()  # the shard is the new worker's now, whatever happens to the old one
     if live and worker != old:  # the replaced copy must not stay behind on its old worker ...
         _, errors = await table._link.on_workers(
@@ -399,16 +510,13 @@ async def restore_shard_async(
         errors = [e for e in errors if not isinstance(e, (Retry, ShardLostError))]  # ... unless gone with it
         if errors:
             raise errors[0]
-    report = {
-        "shard": shard,
-        "worker": worker,
-        "items_restored": restored[shard],
-        "inserted_at_checkpoint": meta["counters"]["inserted"],
-    }
+    report = {"shard": shard, "worker": worker, "items_restored": items, "inserted_at_checkpoint": inserted}
+    if in_place:
+        report.update(reopened_s=done["seconds"], recovered=done["recovered"], directory=done["directory"])
     if lost:
         report["inserted_at_loss"] = lost["inserted_at_loss"]
-        report["lost_items"] = lost["inserted_at_loss"] - meta["counters"]["inserted"]
+        report["lost_items"] = lost["inserted_at_loss"] - inserted
     if before is not None:
         report["dropped_items"] = before["size"]
-        report["inserted_since_checkpoint"] = before["inserted"] - meta["counters"]["inserted"]
+        report["inserted_since_checkpoint"] = before["inserted"] - inserted
     return report

@@ -12,10 +12,11 @@ classmethods of the same names hand themselves over.
 
 from __future__ import annotations
 
-import asyncio
+import os
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import get as config_get
@@ -29,7 +30,7 @@ from ..spec import TableSpec
 from ..table.config import TableConfig, queue_setup
 from .coordinator import GearFlowCoordinator
 from .plugin import GearFlowWorker
-from .transport import Context, CoordinatorClient, call
+from .transport import Context, CoordinatorClient, build_everywhere
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -49,6 +50,7 @@ def create(
     max_times_sampled: int = 0,
     boundary: str | None = None,
     tier: str | None = None,
+    path: str | os.PathLike[str] | None = None,
     routing: str | None = None,
     timeout: float | None = None,
     seed: int | None = None,
@@ -59,9 +61,12 @@ def create(
 ) -> DistributedTable:
     """Create the table's shards on workers and register it with the scheduler.
 
-    Registers gear_flow's scheduler, worker and dashboard plugins on the
-    cluster (idempotent) and shares custom selector/limiter registrations
-    with it before the shards are built.
+    Registers gear_flow's plugins on the cluster (idempotent) and shares
+    custom selector/limiter registrations with it, registers the table's
+    name with the coordinator (a live table's is refused before any worker
+    builds anything), then builds the shards.  All or nothing: when a worker
+    cannot build its shards, every worker drops what it built (a disk
+    table's files included) and the coordinator forgets the name.
 
     Parameters
     ----------
@@ -89,13 +94,25 @@ def create(
     boundary : {"strict", "pad_tail", "pad_head"}, optional
         Default window boundary mode for :meth:`sample` (config
         ``table.boundary``).
-    tier : {"host", "shared", "pinned", "device"}, optional
+    tier : {"host", "shared", "pinned", "device", "disk"}, optional
         Storage tier of the shards (config ``table.tier``).  Host and
         pinned rings go to shared memory when config
         ``distributed.shared-memory`` is set, so handles on the same
         machine read them without the comm; with config
         ``distributed.tcp-lane`` set when the table is made, handles that
-        do not map a worker's rings draw over its TCP lane.
+        do not map a worker's rings draw over its TCP lane.  ``disk``: each
+        shard's arrays are memory-mapped files in
+        ``<root>/<name>/shard-<id>`` on its worker's local disk, its own
+        checkpoint (:mod:`~gear_flow.distributed.host_disk`): ``flush(disk=True)``
+        makes them durable, ``restore_shard(shard, "<root>/<name>")``
+        reopens a lost shard's files in place, ``close()`` removes them,
+        ``close(drop=False)`` flushes and keeps them.
+    path : str or os.PathLike, optional
+        The ``root`` of a ``disk`` table, the same directory on every worker
+        (absolute; a relative one is taken from this process's working
+        directory); default each worker's own config ``gear-flow.disk.path``,
+        read on the worker.  A worker with neither cannot host a disk
+        shard: the table is not created.
     routing : {"balanced", "round_robin"}, optional
         How episodes are spread over shards (config ``table.routing``).
     timeout : float, optional
@@ -130,8 +147,14 @@ def create(
     Raises
     ------
     SpecError
-        An invalid argument (named in the message), or a cluster with no
-        worker to place shards on.
+        An invalid argument (named in the message), a live table with that
+        name, a cluster with no worker to place shards on, or a worker that
+        cannot build its shards (named in the message; a disk table's
+        worker with no directory for it, or one holding that table's files
+        already).
+    ShardLostError
+        A worker was lost while it built its shards.  Either way nothing is
+        left on any worker, nor on the coordinator.
     """
     cfg = TableConfig.build(
         spec,
@@ -144,6 +167,8 @@ def create(
         tier=tier,
         timeout=timeout,
     )
+    if path is not None and getattr(cfg.tier, "name", cfg.tier) != "disk":
+        raise SpecError(f"path= is for disk tables; this one is on the {getattr(cfg.tier, 'name', cfg.tier)!r} tier")
     share_registrations(client)  # custom selectors/limiters, before the scheduler and workers rebuild them
     client.register_plugin(GearFlowCoordinator())
     client.register_plugin(GearFlowWorker())
@@ -168,17 +193,20 @@ def create(
         "shared_memory": shared,
         "tcp_lane": bool(config_get("distributed.tcp-lane")),
     }
+    if path is not None:  # one root for every worker; without it each worker reads its own gear-flow.disk.path
+        config["disk_path"] = str(Path(path).absolute())
     ctx = Context(client=client)
 
     async def setup():
         by_worker = defaultdict(list)
         for s, a in placement.items():
             by_worker[a].append(s)
-        await asyncio.gather(
-            *(call(ctx, a, "create", name=name, config=config, shard_ids=ids) for a, ids in by_worker.items())
-        )
         coordinator = CoordinatorClient(ctx, name)
+        # the name first: a live table's is refused before any worker builds (a disk table's worker would find
+        # the files of the table it names); from then on a failure takes back everything, everywhere
         await coordinator.register(config, placement)
+        args = {a: {"config": config, "shard_ids": ids} for a, ids in by_worker.items()}
+        await build_everywhere(ctx, name, "create", args, f"table {name!r} was created")
         return await coordinator.lookup()
 
     state = ctx.sync(setup)

@@ -14,6 +14,8 @@ over one registry of :class:`~gear_flow.distributed.host_tables.HostedTable`:
   ``delete``, ``remove``): :class:`~gear_flow.distributed.host_edits.HostEditor`;
 - checkpoints (``checkpoint``, ``restore``):
   :class:`~gear_flow.distributed.host_checkpoints.HostCheckpointer`;
+- a disk table's files (``reopen``, ``flush_disk``):
+  :class:`~gear_flow.distributed.host_disk.HostDisk`;
 - the planner's questions that gather nothing (``summaries``, ``candidates``,
   ``new_epoch``): :class:`~gear_flow.distributed.host_selection.HostSelection`;
 - samples (``sample_part``, ``sequences``, ``finish_sample``, ``uncount``,
@@ -35,6 +37,7 @@ from ..shard import Shard
 from . import host_moves
 from .facade import documented_as
 from .host_checkpoints import HostCheckpointer
+from .host_disk import HostDisk
 from .host_edits import HostEditor
 from .host_moves import MoveGate
 from .host_reader import HostReader
@@ -60,6 +63,8 @@ class ShardHost:
         Priority updates, deletes and removal.
     checkpointer : HostCheckpointer
         Checkpoints and restores.
+    disk : HostDisk
+        Disk shards reopened in place, and flushed.
     selection : HostSelection
         Summaries, candidates and epochs.
     sampler : HostSampler
@@ -82,6 +87,7 @@ class ShardHost:
         self.writer = HostWriter(self.tables)
         self.editor = HostEditor(self.tables)
         self.checkpointer = HostCheckpointer(self.tables)
+        self.disk = HostDisk(self.tables)
         self.selection = HostSelection(self.tables)
         self.sampler = HostSampler(self.tables, self.editor)
         #: this host's shards mapped from their published state, drawn for readers on other hosts
@@ -456,6 +462,15 @@ class ShardHost:
         self, name: str, config: dict, directory: str | os.PathLike[str], files: dict, tier: str | None = None
     ) -> dict:
         return self.checkpointer.restore(name, config, directory, files, tier)
+
+    # -- a disk table's files ----------------------------------------------------------------
+    @documented_as(HostDisk.reopen)
+    def reopen(self, name: str, config: dict, directory: str | os.PathLike[str], shard: int) -> dict:
+        return self.disk.reopen(name, config, directory, shard)
+
+    @documented_as(HostDisk.flush)
+    def flush_disk(self, name: str) -> dict:
+        return self.disk.flush(name)
 
 
 #: who a registry handler's first name means (:mod:`.operations` names handlers so that it imports no host code);

@@ -97,6 +97,9 @@ class HostCheckpointer:
         ------
         CheckpointError
             A file is missing or fails verification.
+        SpecError
+            A disk table's shard cannot have new files here (no directory
+            for disk tables, or its directory holds a shard already).
         """
         from pathlib import Path
 
@@ -105,28 +108,19 @@ class HostCheckpointer:
         cfg = TableConfig.from_dict(config)
         loaded = {int(i): ck.read_shard_file(Path(directory), e["file"], e["sha256"]) for i, e in files.items()}
 
-        def build(old: HostedTable | None) -> HostedTable:
-            if old is None:
-                t = HostedTable(name, cfg, sorted(loaded), tier)
-                for i in loaded:
-                    ck.restore_shard(t.shards[i], loaded[i], files[i]["meta"])
-                return t
-            # restored into the table hosted here, not a new one: its inserts staged and its two-phase samples
-            # drawn on the other shards go on (a new table's memory would answer their apply and finish as
-            # unknown, and a queue's items handed out would never expire)
-            built = {i: old.build_shard(i) for i in loaded}
+        def build(t: HostedTable) -> dict:
+            built = {}
             try:
-                for i, s in built.items():
-                    ck.restore_shard(s, loaded[i], files[i]["meta"])
+                for i in loaded:
+                    built[i] = t.build_shard(i)
+                    ck.restore_shard(built[i], loaded[i], files[i]["meta"])
             except BaseException:
-                old.release_shards(built.values())
+                t.release_shards(built.values())
                 raise
-            with old.lock:
-                replaced = {i: old.shards[i] for i in built if i in old.shards}
-                old.txns.retire(replaced)
-                old.shards.update(built)
-            old.release_shards(replaced.values())
-            return old
+            return built
 
-        t = self.tables.replace(name, build)
+        def fresh() -> HostedTable:
+            return HostedTable(name, cfg, [], tier, disk_path=config.get("disk_path"))
+
+        t = self.tables.adopt(name, fresh, build)
         return {i: t.shards[i].size for i in loaded}

@@ -2,7 +2,10 @@
 
 A move copies a shard whole (rings, priorities, episode index, times-sampled
 counters, stamps, selector trees: what a checkpoint holds) from its worker,
-the *source*, to another, the *destination*, so that its keys stay valid.  The
+the *source*, to another, the *destination*, so that its keys stay valid; a
+``disk`` shard moving between two workers of one machine is not copied, its
+files are reopened in place by the destination (into new files of the
+destination's when it is on another machine).  The
 coordinator drives it (:mod:`~gear_flow.distributed.moves`); this module is
 what each worker does:
 
@@ -36,6 +39,7 @@ from typing import TYPE_CHECKING
 
 from .. import config
 from ..errors import ShardMovedError, SpecError
+from . import disk_files
 from .operations import THROUGH
 
 if TYPE_CHECKING:
@@ -234,8 +238,13 @@ class MoveGate:
                 self._cv.notify_all()
 
 
-def move_out(host: ShardHost, name: str, shards: list[int], move: str) -> dict:
+def move_out(host: ShardHost, name: str, shards: list[int], move: str, machine: str | None = None) -> dict:
     """Seal table ``name`` here and snapshot ``shards`` for a move (the source's first step).
+
+    A disk shard moving to a worker on this machine is not copied: the
+    destination reopens its files in place (they are whole: every change
+    commits its header), and this worker leaves them alone when it lets the
+    shard go (:meth:`HostedTable.lend <gear_flow.distributed.host_tables.HostedTable.lend>`).
 
     Parameters
     ----------
@@ -247,12 +256,17 @@ def move_out(host: ShardHost, name: str, shards: list[int], move: str) -> dict:
         The shards that move.
     move : str
         The move's id.
+    machine : str, optional
+        The destination's machine
+        (:func:`~gear_flow.storage.shared.machine_id`); None: another one.
 
     Returns
     -------
     dict
         ``{shard: {"arrays": ..., "meta": ...}}``, as
-        :func:`gear_flow.checkpoint.snapshot_shard` makes them.
+        :func:`gear_flow.checkpoint.snapshot_shard` makes them, or
+        ``{shard: {"disk": its directory}}`` for a disk shard handed over in
+        place.
 
     Raises
     ------
@@ -261,6 +275,7 @@ def move_out(host: ShardHost, name: str, shards: list[int], move: str) -> dict:
         operations in progress did not finish in time (nothing is held).
     """
     from .. import checkpoint as ck
+    from ..storage.shared import machine_id
 
     t = host.table(name)
     ids = sorted({int(s) for s in shards})
@@ -270,12 +285,18 @@ def move_out(host: ShardHost, name: str, shards: list[int], move: str) -> dict:
     t.gate.seal(move, lambda: not t.txns.touches(set(ids)), DRAIN_S)
     try:
         hold(t, ids)  # readers on this host leave these shards' draws to this worker while they move
+        in_place = [i for i in ids if t.shards[i].store is not None and machine == machine_id()]
+        t.lend(move, in_place)
         out = {}
         for i in ids:
-            arrays, meta = ck.snapshot_shard(t.shards[i])
-            out[i] = {"arrays": arrays, "meta": meta}
+            if i in in_place:
+                out[i] = {"disk": str(t.shards[i].tier.directory)}
+            else:
+                arrays, meta = ck.snapshot_shard(t.shards[i])
+                out[i] = {"arrays": arrays, "meta": meta}
     except BaseException:
         resume(t)
+        t.end_move(move)
         t.gate.thaw(move)
         raise
     return out
@@ -334,6 +355,7 @@ def move_thaw(host: ShardHost, name: str, move: str) -> bool:
         return False
     if t.gate.sealed == move:
         resume(t)
+        t.end_move(move)  # the files of shards handed over in place are this worker's again
     return t.gate.thaw(move)
 
 
@@ -361,7 +383,8 @@ def move_release(host: ShardHost, name: str, shards: list[int], move: str, epoch
     t = host.tables.get(name)
     if t is None or t.gate.sealed != move:
         return False
-    t.remove_shards(shards)
+    t.remove_shards(shards)  # a disk shard's files: kept where the destination maps them, removed where copied
+    t.end_move(move)
     return t.gate.thaw(move, epoch)
 
 
@@ -380,7 +403,10 @@ def move_in(host: ShardHost, name: str, config: dict, move: str, snapshot: dict)
     move : str
         The move's id.
     snapshot : dict
-        What the source's :func:`move_out` answered.
+        What the source's :func:`move_out` answered: a disk shard handed
+        over in place is reopened from its files
+        (:func:`~gear_flow.distributed.disk_files.open_shard`), the others
+        are built from their copies (a disk shard in new files here).
 
     Returns
     -------
@@ -390,24 +416,31 @@ def move_in(host: ShardHost, name: str, config: dict, move: str, snapshot: dict)
     Raises
     ------
     SpecError
-        A shard of the snapshot is hosted here already.
+        A shard of the snapshot is hosted here already, or a disk shard
+        cannot have its files here.
     CheckpointError
-        The snapshot does not fit the table's spec.
+        The snapshot does not fit the table's spec, or a disk shard's
+        files fail a check.
     """
     from .. import checkpoint as ck
 
     check_absent(host, name, snapshot)
     t = host.hosted(name, config)
+    in_place = {int(i) for i, part in snapshot.items() if "disk" in part}
     built = {}
     try:
         for i, part in sorted(snapshot.items()):
+            if int(i) in in_place:
+                built[int(i)] = disk_files.open_shard(t, int(i), part["disk"])
+                continue
             s = t.build_shard(int(i))
             built[int(i)] = s
             ck.restore_shard(s, part["arrays"], part["meta"])
     except BaseException:
-        t.release_shards(built.values())
+        for i, s in built.items():  # the source's files stay as they are: it serves on from them
+            t.release_shards([s], disk_files.KEEP if i in in_place else disk_files.REMOVE)
         raise
-    t.set_aside(move, built)
+    t.set_aside(move, built, in_place)
     return {i: s.size for i, s in built.items()}
 
 

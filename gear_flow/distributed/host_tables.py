@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from ..errors import SpecError
 from ..shard import Shard
 from ..table.config import TableConfig
+from . import disk_files
 from .host_moves import MoveGate
 from .host_transactions import TransactionMemory
 
@@ -55,6 +56,10 @@ class HostedTable:
     shared : bool, default False
         Put host and pinned rings in shared-memory segments that readers on
         this machine map (``host`` becomes ``shared``).
+    disk_path : str, optional
+        A ``disk`` table's root directory, the same on every worker (what
+        ``create`` was given as ``path``); None: this worker's config
+        ``gear-flow.disk.path`` (:mod:`~gear_flow.distributed.disk_files`).
 
     Attributes
     ----------
@@ -71,8 +76,13 @@ class HostedTable:
     txns : TransactionMemory
         Its inserts and two-phase samples in progress, and their outcomes.
     lock : threading.Lock
-        Guards the shard sets: ``shards``' membership, ``incoming`` and
-        ``installed``.
+        Guards the shard sets: ``shards``' membership, ``incoming``,
+        ``installed`` and ``shared_files``.
+    shared_files : dict of str to set of int
+        Disk shards whose files the other end of a move maps too, by move:
+        the shards this worker hands over in place (its source) or reopened
+        in place for it (its destination).  Letting one of them go here
+        leaves the files alone (:data:`~gear_flow.distributed.disk_files.KEEP`).
 
     Examples
     --------
@@ -89,6 +99,7 @@ class HostedTable:
         shard_ids: Iterable[int],
         tier: str | StorageTier | None = None,
         shared: bool = False,
+        disk_path: str | None = None,
     ) -> None:
         self.name = name
         self.cfg = cfg
@@ -98,12 +109,58 @@ class HostedTable:
             tier = "shared"
         self.tier = tier
         self.shared = shared
-        self.shards: dict[int, Shard] = {int(i): self.build_shard(int(i)) for i in shard_ids}
+        self.disk_path = disk_path
         self.incoming: dict[str, dict[int, Shard]] = {}
         self.installed: OrderedDict[str, list[int]] = OrderedDict()
+        self.shared_files: dict[str, set[int]] = {}
+        self._installed_mapped: dict[str, set[int]] = {}  # of the moves in ``installed``: which came in place
         self.gate = MoveGate()
         self.txns = TransactionMemory(name, step=cfg.spec.item_unit == "step")
         self.lock = threading.Lock()
+        self.shards: dict[int, Shard] = {}
+        try:
+            for i in shard_ids:
+                self.shards[int(i)] = self.build_shard(int(i))
+        except BaseException:  # all or nothing: a disk shard built before the failure leaves no directory
+            self.release_shards(self.shards.values())
+            raise
+
+    @classmethod
+    def from_config(
+        cls, name: str, config: dict, shard_ids: Iterable[int], tier: str | StorageTier | None = None
+    ) -> HostedTable:
+        """The table as a worker is told of it: its configuration's dict, with the distributed settings.
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        config : dict
+            :meth:`TableConfig.to_dict`, plus ``shared_memory`` and
+            ``disk_path`` (both optional).
+        shard_ids : iterable of int
+            The shards to build here.
+        tier : str or StorageTier, optional
+            Storage tier; default the configuration's.
+
+        Returns
+        -------
+        HostedTable
+            The table, its shards built.
+
+        Raises
+        ------
+        SpecError
+            An invalid configuration, or a shard that cannot be built here.
+        """
+        return cls(
+            name,
+            TableConfig.from_dict(config),
+            shard_ids,
+            tier,
+            shared=bool(config.get("shared_memory")),
+            disk_path=config.get("disk_path"),
+        )
 
     @property
     def staged(self) -> Mapping[str, list]:
@@ -123,46 +180,96 @@ class HostedTable:
         Shard
             The shard, with clones of the table's selectors.
         """
-        cfg = self.cfg
         tier = self.tier
+        if disk_files.is_disk(tier):  # its own files: <root>/<table>/shard-<id>
+            tier = disk_files.new_tier(self.name, self.disk_path, int(i))
+        elif self.shared and tier == "pinned":
+            tier = shared_pinned()  # one page-locked segment set per shard
+        try:
+            return self.make_shard(i, tier)
+        except BaseException:
+            if disk_files.is_disk(tier):  # a shard that was never built leaves no directory
+                tier.release()
+                disk_files.remove_files(tier.directory)
+            raise
+
+    def make_shard(self, i: int, tier: str | StorageTier) -> Shard:
+        """Shard ``i`` of this table on ``tier`` as it is given (a new one, or one reopening its files).
+
+        Parameters
+        ----------
+        i : int
+            The shard's id.
+        tier : str or StorageTier
+            Its storage (a tier object is the shard's own).
+
+        Returns
+        -------
+        Shard
+            The shard, with clones of the table's selectors.
+        """
+        cfg = self.cfg
         return Shard(
             cfg.spec,
             int(i),
             cfg.sampler.clone(),
             cfg.remover.clone(),
             max_times_sampled=cfg.max_times_sampled,
-            tier=shared_pinned() if self.shared and tier == "pinned" else tier,  # one page-locked segment set per shard
+            tier=tier,
         )
 
     @staticmethod
-    def release_shards(shards: Iterable[Shard]) -> None:
-        """Unlink the shared-memory segments of ``shards`` (shards that are not in shared memory: nothing).
+    def release_shards(shards: Iterable[Shard], files: str = disk_files.REMOVE) -> None:
+        """Unlink the shared-memory segments of ``shards`` and unmap disk shards (other shards: nothing).
 
         Parameters
         ----------
         shards : iterable of Shard
             The shards.
+        files : {"remove", "keep", "flush"}, default "remove"
+            What becomes of a disk shard's files
+            (:func:`~gear_flow.distributed.disk_files.let_go`): removed, as a
+            memory tier's memory is freed, unless a caller says otherwise.
         """
         for s in shards:
             if s.published is not None:  # readers on this host stop drawing from it, before its segments go
                 with s.lock:
                     s.published.retire()
-            if hasattr(s.tier, "release"):
+            if s.store is not None:
+                disk_files.let_go(s, files)
+            elif hasattr(s.tier, "release"):
                 s.tier.release()
 
-    def release(self, shards: Iterable[int] | None = None) -> None:
-        """Unlink the shared-memory segments of ``shards`` (default: all).
+    def release(self, shards: Iterable[int] | None = None, files: str = disk_files.REMOVE) -> None:
+        """Unlink the shared-memory segments of ``shards`` (default: all, and those a move is bringing here) and
+        let their disk shards' files go as ``files`` says, but those the other end of a move maps too
+        (:attr:`shared_files`), which stay as they are.
 
         Parameters
         ----------
         shards : iterable of int, optional
             Shard ids; shards not hosted or not in shared memory are skipped.
+        files : {"remove", "keep", "flush"}, default "remove"
+            What becomes of the hosted disk shards' files
+            (:func:`~gear_flow.distributed.disk_files.let_go`); a move's
+            copy that is not installed yet has its files removed.
         """
         ids = sorted(self.shards if shards is None else shards)
-        self.release_shards(self.shards[i] for i in ids if i in self.shards)
+        # handed over in place by the move sealing the table (a seal whose lease ran out lends nothing)
+        lent = self.shared_files.get(self.gate.sealed, set()) if self.gate.sealed is not None else set()
+        for i in ids:
+            if i in self.shards:
+                self.release_shards([self.shards[i]], disk_files.KEEP if i in lent else files)
         if shards is None:
-            for built in self.incoming.values():
-                self.release_shards(built.values())
+            for move, built in self.incoming.items():
+                self._discard(move, built)
+
+    def _discard(self, move: str, built: dict[int, Shard]) -> None:
+        """Let go of the shards built here for ``move`` that it did not install: those reopened in place from
+        the source's files keep them, copies leave none."""
+        mapped = self.shared_files.get(move, set())
+        for i, s in built.items():
+            self.release_shards([s], disk_files.KEEP if i in mapped else disk_files.REMOVE)
 
     def shard(self, i: int) -> Shard:
         """Hosted shard ``i``.
@@ -282,7 +389,8 @@ class HostedTable:
             return sorted({int(s) for s in ids} & set(self.shards))
 
     def remove_shards(self, ids: Iterable[int]) -> list[int]:
-        """Forget the shards among ``ids`` hosted here and release their shared memory.
+        """Forget the shards among ``ids`` hosted here and release their shared memory and disk files
+        (those the other end of a move maps stay, :meth:`release`).
 
         Parameters
         ----------
@@ -301,7 +409,39 @@ class HostedTable:
                 del self.shards[i]
         return gone
 
-    def set_aside(self, move: str, built: dict[int, Shard]) -> None:
+    def lend(self, move: str, ids: Iterable[int]) -> None:
+        """Disk shards ``ids`` hosted here are handed over in place by ``move``: the destination maps their files.
+
+        Until the move ends (:meth:`end_move`), letting one of them go here
+        leaves its files as they are.
+
+        Parameters
+        ----------
+        move : str
+            The move's id.
+        ids : iterable of int
+            The shards.
+        """
+        with self.lock:
+            self.shared_files[move] = {int(i) for i in ids}
+
+    def end_move(self, move: str) -> set[int]:
+        """``move`` is over here (released, thawed or undone): forget which of its shards' files it shared.
+
+        Parameters
+        ----------
+        move : str
+            The move's id.
+
+        Returns
+        -------
+        set of int
+            The shards whose files it shared.
+        """
+        with self.lock:
+            return self.shared_files.pop(move, set())
+
+    def set_aside(self, move: str, built: dict[int, Shard], mapped: Iterable[int] = ()) -> None:
         """Keep ``built`` for ``move`` without hosting them yet (a copy built for it before is released).
 
         Parameters
@@ -310,12 +450,19 @@ class HostedTable:
             The move's id.
         built : dict of int to Shard
             The shards built for it.
+        mapped : iterable of int, optional
+            Those among them reopened in place from the source's files
+            (a disk shard moving on one machine).
         """
         with self.lock:
             old = self.incoming.pop(move, None)
+            old_mapped = self.shared_files.pop(move, set())
             self.incoming[move] = built
+            if mapped:
+                self.shared_files[move] = {int(i) for i in mapped}
         if old:
-            self.release_shards(old.values())
+            for i, s in old.items():
+                self.release_shards([s], disk_files.KEEP if i in old_mapped else disk_files.REMOVE)
 
     def built_for(self, move: str) -> tuple[dict[int, Shard] | None, list[int] | None]:
         """The shards set aside for ``move``, and those it installed.
@@ -352,10 +499,12 @@ class HostedTable:
         """
         with self.lock:
             self.incoming.pop(move, None)
+            # the files are this worker's now (the source lets go of them), unless the move is undone after all
+            self._installed_mapped[move] = self.shared_files.pop(move, set())
             self.shards.update(built)
             self.installed[move] = sorted(built)
             while len(self.installed) > keep:
-                self.installed.popitem(last=False)
+                self._installed_mapped.pop(self.installed.popitem(last=False)[0], None)
         return sorted(built)
 
     def uninstall(self, move: str) -> bool:
@@ -376,10 +525,11 @@ class HostedTable:
             # installed, and the coordinator could not place them here after all: they leave again (the
             # placement still names the source, which kept them)
             done = [i for i in self.installed.pop(move, ()) if i in self.shards]
-            gone = [self.shards.pop(i) for i in done]
-        if built:
-            self.release_shards(built.values())
-        self.release_shards(gone)
+            gone = {i: self.shards.pop(i) for i in done}
+            mapped = self.shared_files.pop(move, set()) | self._installed_mapped.pop(move, set())
+        # a disk shard that came in place maps the source's files, which the source serves on from
+        for i, s in {**(built or {}), **gone}.items():
+            self.release_shards([s], disk_files.KEEP if i in mapped else disk_files.REMOVE)
         return built is not None or bool(done)
 
 
@@ -442,7 +592,7 @@ class HostedTables(Mapping):
             The table's name.
         config : dict
             Its configuration (:meth:`TableConfig.to_dict`, plus
-            ``shared_memory``).
+            ``shared_memory`` and ``disk_path``).
         shard_ids : iterable of int
             Shards placed on this worker.
         tier : str, optional
@@ -456,17 +606,18 @@ class HostedTables(Mapping):
         Raises
         ------
         SpecError
-            An invalid configuration, or the table is already here with other
-            shards.
+            An invalid configuration, the table is already here with other
+            shards, or a disk table's shard cannot have its files here (no
+            directory for disk tables, or one left there); nothing is built.
         """
-        cfg = TableConfig.from_dict(config)
+        TableConfig.from_dict(config)
         with self._lock:
             if name in self._tables:
                 have = sorted(self._tables[name].shards)
                 if have != sorted(int(i) for i in shard_ids):
                     raise SpecError(f"table {name!r} already has shards {have} on this worker")
                 return have
-            self._tables[name] = HostedTable(name, cfg, shard_ids, tier, shared=bool(config.get("shared_memory")))
+            self._tables[name] = HostedTable.from_config(name, config, shard_ids, tier)
             return sorted(self._tables[name].shards)
 
     def hosted(self, name: str, config: dict) -> HostedTable:
@@ -478,7 +629,7 @@ class HostedTables(Mapping):
             The table's name.
         config : dict
             Its configuration (:meth:`TableConfig.to_dict`, plus
-            ``shared_memory``).
+            ``shared_memory`` and ``disk_path``).
 
         Returns
         -------
@@ -488,31 +639,53 @@ class HostedTables(Mapping):
         with self._lock:
             t = self._tables.get(name)
             if t is None:
-                cfg = TableConfig.from_dict(config)
-                t = self._tables[name] = HostedTable(name, cfg, [], shared=bool(config.get("shared_memory")))
+                t = self._tables[name] = HostedTable.from_config(name, config, [])
             return t
 
-    def replace(self, name: str, build: Callable[[HostedTable | None], HostedTable]) -> HostedTable:
-        """Put ``build(old)`` in place of table ``name`` (``old``: the table hosted now, or None), atomically.
+    def adopt(
+        self, name: str, fresh: Callable[[], HostedTable], build: Callable[[HostedTable], dict[int, Shard]]
+    ) -> HostedTable:
+        """Host the shards ``build(t)`` makes in table ``name`` (``t``: the table hosted now, or ``fresh()``), atomically.
+
+        Shards already hosted are replaced; the table's other shards are
+        kept, and so are its inserts staged and samples pending here (a
+        pending sample's parts drawn from a replaced shard finish on the copy
+        they were drawn from).  A replaced disk shard's files are removed.
+        When ``build`` raises, nothing changes (``build`` lets go of what it
+        built itself).
 
         Parameters
         ----------
         name : str
             The table's name.
+        fresh : callable
+            Makes the table with no shards, when it is not hosted here.
         build : callable
-            Makes the new table from the old one, under the registry's lock.
+            Builds the shards for the table it is given, under the
+            registry's lock: ``{shard: Shard}``.
 
         Returns
         -------
         HostedTable
-            The new table.
+            The table.
         """
         with self._lock:
-            t = self._tables[name] = build(self._tables.get(name))
-            return t
+            old = self._tables.get(name)
+            t = old if old is not None else fresh()
+            # built into the table hosted here, not a new one: its inserts staged and its two-phase samples drawn
+            # on the other shards go on (a new table's memory would answer their apply and finish as unknown, and
+            # a queue's items handed out would never expire)
+            built = build(t)
+            with t.lock:
+                replaced = {i: t.shards[i] for i in built if i in t.shards}
+                t.txns.retire(replaced)
+                t.shards.update(built)
+            self._tables[name] = t
+        t.release_shards(replaced.values())
+        return t
 
     def drop(self, name: str) -> bool:
-        """Forget table ``name`` here and release its shared memory.
+        """Forget table ``name`` here, release its shared memory and remove its disk shards' files.
 
         Parameters
         ----------
@@ -531,7 +704,7 @@ class HostedTables(Mapping):
         return t is not None
 
     def drop_shard(self, name: str, shard: int) -> bool:
-        """Forget one shard of a table here and release its shared memory.
+        """Forget one shard of a table here, release its shared memory and remove its files (a disk shard).
 
         Parameters
         ----------
@@ -550,8 +723,12 @@ class HostedTables(Mapping):
             return t is not None and bool(t.remove_shards([int(shard)]))
 
     def close(self) -> None:
-        """Forget every table and release its shared memory (the worker is closing)."""
+        """Forget every table and release its shared memory (the worker is closing).
+
+        Disk shards are flushed and their files stay: a worker that can see
+        them reopens them in place (``restore_shard``).
+        """
         with self._lock:
             tables, self._tables = list(self._tables.values()), {}
         for t in tables:
-            t.release()
+            t.release(files=disk_files.FLUSH)

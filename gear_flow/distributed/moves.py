@@ -61,6 +61,9 @@ SETTLE_S = 10.0
 def shard_bytes(g: TableGate) -> int:
     """Memory one shard of ``g`` may take on its worker: its rings full, with their per-item state.
 
+    A ``disk`` shard's rings are files, whose pages the kernel reads in and
+    evicts as sampled: only its per-item state counts.
+
     Parameters
     ----------
     g : TableGate
@@ -71,7 +74,8 @@ def shard_bytes(g: TableGate) -> int:
     int
         Bytes.
     """
-    return int(g.spec.capacity) * (int(g.spec.step_nbytes) + ITEM_OVERHEAD)
+    step = 0 if g.config.get("tier") == "disk" else int(g.spec.step_nbytes)
+    return int(g.spec.capacity) * (step + ITEM_OVERHEAD)
 
 
 class ShardMoves:

@@ -453,10 +453,20 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
         "ShardHost.restore",
         ungated=True,
     ),
+    # a lost disk shard's files reopened in place by a worker that can see them (its lifecycle, as a restore)
+    WorkerOp(
+        "reopen",
+        {"name": NAME, "config": mapping(text(), anything), "directory": text(4096), "shard": SHARD},
+        "ShardHost.reopen",
+        ungated=True,
+    ),
+    # a disk table's shards made durable (the data path's: a move holds it, as it holds a write)
+    WorkerOp("flush_disk", {"name": NAME}, "ShardHost.flush_disk"),
     # a move's steps (gear_flow.distributed.host_moves), sent by the coordinator (move_out: by the destination)
     WorkerOp(
         "move_out",
-        {"name": NAME, "shards": sequence(SHARD, 127), "move": TXN},
+        # ``machine``: the destination's (host_moves: a disk shard moving on one machine is handed over in place)
+        {"name": NAME, "shards": sequence(SHARD, 127), "move": TXN, "machine": optional(text())},
         "host_moves.move_out",
         ungated=True,
     ),

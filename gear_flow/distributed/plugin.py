@@ -264,11 +264,14 @@ class GearFlowWorker(WorkerPlugin):
         the coordinator."""
         if source == self.worker.address:
             raise ProtocolError(f"worker {source}: 'move_in': the source is this worker")
+        from ..storage.shared import machine_id
+
         host_moves.check_absent(self.host, name, shards)  # before the source is sealed for nothing
         resp = await self.worker.rpc(source).gear_flow(
             action="move_out",
             v=protocol.VERSION,
-            **wire.encode({"name": name, "shards": list(shards), "move": move}),
+            # this machine's id: a disk shard moving on one machine is handed over in place, not copied
+            **wire.encode({"name": name, "shards": list(shards), "move": move, "machine": machine_id()}),
         )
         snapshot = wire.unwrap(resp)
         loop = asyncio.get_running_loop()

@@ -10,7 +10,9 @@ when the handle runs on that worker) with NumPy arrays as serialized frames.
 A worker counts as lost when the connection fails or the scheduler no longer
 knows it; a slow reply is waited for again (``distributed.rpc-retries``
 times ``distributed.rpc-timeout``) as long as the scheduler still has the
-worker, then reported as a timeout, never silently as a loss.
+worker, then reported as a timeout, never silently as a loss.  A table's
+shards are built on its workers all or nothing (:func:`build_everywhere`:
+what ``create`` and ``restore`` send).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from distributed.core import Status
 
 from .. import config
-from ..errors import CoordinatorLostError, GearFlowError, ShardLostError, ShardMovedError
+from ..errors import CoordinatorLostError, GearFlowError, ShardLostError, ShardMovedError, SpecError
 from . import protocol, wire
 from .coordinator import COORD_LANE_OPS, admission_wait
 from .lane import LANE_ERRORS, RESENDABLE_OPS, Lanes, NotSent
@@ -1098,6 +1100,65 @@ def copy_pool() -> ThreadPoolExecutor:
         Two threads, made on first use.
     """
     return ThreadPoolExecutor(2, thread_name_prefix="gear-flow-copy")
+
+
+async def build_everywhere(
+    ctx: Context,
+    name: str,
+    op: str,
+    args: dict[str, dict],
+    what: str,
+    then: Callable[[], Awaitable[Any]] | None = None,
+) -> None:
+    """Run worker operation ``op`` on table ``name`` on every worker of ``args`` at once, then ``then()``: all or
+    nothing, the table registered with the coordinator already.
+
+    On any failure every one of those workers drops the table (a disk
+    table's files included) and the coordinator forgets it.
+
+    Parameters
+    ----------
+    ctx : Context
+        How to reach the workers and the scheduler.
+    name : str
+        The table's name.
+    op : str
+        The worker operation that builds its shards (``create``, ``restore``).
+    args : dict of str to dict
+        Per worker address, the operation's arguments besides ``name``.
+    what : str
+        What is being done, for the messages (``"table 't' was created"``).
+    then : callable, optional
+        What completes it once every worker built its part (the
+        coordinator's state of a restored table), taken back as well when
+        it fails.
+
+    Raises
+    ------
+    ShardLostError
+        A worker was lost meanwhile.
+    SpecError
+        A worker refused (named in the message).
+    GearFlowError
+        Another error of a worker's, or of ``then``.
+    """
+    try:
+        got = await asyncio.gather(
+            *(call(ctx, a, op, name=name, **kw) for a, kw in args.items()), return_exceptions=True
+        )
+        for a, r in zip(args, got):
+            if isinstance(r, WorkerLost):
+                raise ShardLostError(-1, f"worker {a} was lost while {what}; nothing of it was built") from None
+            if type(r) is SpecError:  # which worker refused (a typed subclass says enough itself)
+                raise SpecError(f"worker {a}: {r}") from None
+            if isinstance(r, BaseException):
+                raise r
+        if then is not None:
+            await then()
+    except BaseException:
+        await asyncio.gather(*(call(ctx, a, "drop", name=name) for a in args), return_exceptions=True)
+        await asyncio.gather(CoordinatorClient(ctx, name).drop(), return_exceptions=True)
+        raise
 
 
 def exchange(ctx: Context, batch: list, arrived: Callable[[str, str, str, Any], None], parallel: bool = False) -> None:
