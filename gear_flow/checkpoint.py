@@ -239,7 +239,14 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _fsync(path: Path) -> None:
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """``fsync`` a file or a directory by path (a directory: the names just created or renamed in it).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file or directory.
+    """
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -336,7 +343,7 @@ def commit(tmp: Path, final: Path, manifest: dict[str, Any]) -> Path:
         f.write(json.dumps(manifest, indent=1).encode())
         f.flush()
         os.fsync(f.fileno())
-    _fsync(tmp)
+    fsync_path(tmp)
     if final.exists():  # replace an older checkpoint at the same path atomically enough: old → trash, new → final
         trash = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:6]}")
         os.rename(final, trash)
@@ -344,7 +351,7 @@ def commit(tmp: Path, final: Path, manifest: dict[str, Any]) -> Path:
         shutil.rmtree(trash, ignore_errors=True)
     else:
         os.rename(tmp, final)
-    _fsync(final.parent)
+    fsync_path(final.parent)
     return final
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import DTypeLike
 
+from ..checkpoint import dir_mode, file_mode, fsync_path
 from ..errors import CheckpointError, SpecError
 from .base import HostTier, register_tier
 
@@ -79,18 +80,6 @@ def resident_bytes(a: np.ndarray) -> int | None:
     return int(np.count_nonzero(vec & 1)) * PAGE
 
 
-def _file_mode() -> int:
-    from ..checkpoint import file_mode
-
-    return file_mode()
-
-
-def _dir_mode() -> int:
-    from ..checkpoint import dir_mode
-
-    return dir_mode()
-
-
 def make_dir(path: str | os.PathLike[str]) -> Path:
     """Create ``path`` and its missing parents with the checkpoint directory mode (they hold replay data).
 
@@ -105,7 +94,7 @@ def make_dir(path: str | os.PathLike[str]) -> Path:
         The directory, as an absolute path.
     """
     path = Path(path).absolute()
-    mode = _dir_mode()
+    mode = dir_mode()
     for p in [*reversed(path.parents), path]:
         if not p.exists():
             p.mkdir(mode=mode, exist_ok=True)
@@ -125,19 +114,15 @@ def atomic_write(path: str | os.PathLike[str], text: str) -> None:
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, _file_mode())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode())
     try:
-        os.fchmod(fd, _file_mode())
+        os.fchmod(fd, file_mode())
         os.write(fd, text.encode())
         os.fsync(fd)
     finally:
         os.close(fd)
     os.rename(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(path.parent)
 
 
 class DiskTier(HostTier):
@@ -262,8 +247,8 @@ class DiskTier(HostTier):
         if not fresh and not path.exists():
             raise CheckpointError(f"disk shard {self.directory}: file {path.name} is missing")
         if fresh:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, _file_mode())
-            os.fchmod(fd, _file_mode())
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, file_mode())
+            os.fchmod(fd, file_mode())
         else:
             fd = os.open(path, os.O_RDWR)
         try:

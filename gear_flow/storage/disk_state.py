@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..checkpoint import file_mode, fsync_path
 from ..errors import CheckpointError
 from .disk import DiskTier, atomic_write
 
@@ -331,7 +332,7 @@ class DiskStore:
             t.place(tier.state(f"{role}-tree", t.tree.shape, np.float64), copy=tier.create)
         fd = os.open(self.directory / "header.bin", os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            os.fchmod(fd, _file_mode())
+            os.fchmod(fd, file_mode())
             os.ftruncate(fd, _SLOTS_AT + 2 * _SLOT_SIZE)
             import mmap
 
@@ -528,7 +529,7 @@ class DiskStore:
         h["clean"] = 1
         self._write(h)
         self._hmap.flush()
-        _fsync_dir(self.directory)
+        fsync_path(self.directory)
         return {"bytes_checksummed": done}
 
     def verify(self) -> dict[str, int]:
@@ -659,17 +660,3 @@ class DiskStore:
         """Flush, and forget the mappings (the files stay: :meth:`LocalTable.open` reopens them)."""
         self.flush()
         self.tier.release()
-
-
-def _file_mode() -> int:
-    from ..checkpoint import file_mode
-
-    return file_mode()
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
