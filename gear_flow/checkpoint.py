@@ -355,6 +355,50 @@ def commit(tmp: Path, final: Path, manifest: dict[str, Any]) -> Path:
     return final
 
 
+def make_dir(path: str | os.PathLike[str]) -> Path:
+    """Create ``path`` and its missing parents with :func:`dir_mode` (they hold replay data: checkpoints, disk
+    tables).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The directory.
+
+    Returns
+    -------
+    pathlib.Path
+        The directory, as an absolute path.
+    """
+    path = Path(path).absolute()
+    mode = dir_mode()
+    for p in [*reversed(path.parents), path]:
+        if not p.exists():
+            p.mkdir(mode=mode, exist_ok=True)
+            os.chmod(p, mode)  # mkdir's mode is narrowed by the umask
+    return path
+
+
+def atomic_write(path: str | os.PathLike[str], text: str) -> None:
+    """Replace file ``path`` by ``text`` atomically: a new file of :func:`file_mode`, fsync'ed, renamed over it,
+    the directory fsync'ed.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        The file.
+    text : str
+        Its new contents.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with _create(tmp, file_mode()) as f:
+        f.write(text.encode())
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+    fsync_path(path.parent)
+
+
 def temp_dir(final: str | os.PathLike[str]) -> Path:
     """A new private directory beside ``final`` to write a checkpoint into.
 
@@ -371,10 +415,7 @@ def temp_dir(final: str | os.PathLike[str]) -> Path:
     """
     final = Path(final)
     mode = dir_mode()
-    missing = [p for p in reversed(final.parents) if not p.exists()]
-    for p in missing:
-        p.mkdir(mode=mode, exist_ok=True)
-        os.chmod(p, mode)
+    make_dir(final.parent)
     tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir(mode=mode)
     os.chmod(tmp, mode)  # mkdir's mode is narrowed by the umask only; make it exact

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ..checkpoint import dir_mode, file_mode, fsync_path
+from ..checkpoint import file_mode, make_dir
 from ..errors import CheckpointError, SpecError
 from .base import HostTier, register_tier
 
@@ -80,51 +80,6 @@ def resident_bytes(a: np.ndarray) -> int | None:
     return int(np.count_nonzero(vec & 1)) * PAGE
 
 
-def make_dir(path: str | os.PathLike[str]) -> Path:
-    """Create ``path`` and its missing parents with the checkpoint directory mode (they hold replay data).
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        The directory.
-
-    Returns
-    -------
-    pathlib.Path
-        The directory, as an absolute path.
-    """
-    path = Path(path).absolute()
-    mode = dir_mode()
-    for p in [*reversed(path.parents), path]:
-        if not p.exists():
-            p.mkdir(mode=mode, exist_ok=True)
-            os.chmod(p, mode)  # mkdir's mode is narrowed by the umask
-    return path
-
-
-def atomic_write(path: str | os.PathLike[str], text: str) -> None:
-    """Replace file ``path`` by ``text`` atomically (a new file, fsync'ed, renamed over it; the directory fsync'ed).
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        The file.
-    text : str
-        Its new contents.
-    """
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode())
-    try:
-        os.fchmod(fd, file_mode())
-        os.write(fd, text.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.rename(tmp, path)
-    fsync_path(path.parent)
-
-
 class DiskTier(HostTier):
     """A shard's arrays as memory-mapped files in one directory (see the module docstring).
 
@@ -169,7 +124,6 @@ class DiskTier(HostTier):
             make_dir(self.directory)
         self.maps: dict[str, mmap.mmap] = {}
         self.arrays: dict[str, np.ndarray] = {}
-        self.rings: set[str] = set()
         #: address of each ring's mapping -> its name: a gather is handed the rings' byte views (same address)
         self._ring_at: dict[int, str] = {}
         #: ``madvise(MADV_WILLNEED)`` calls made for the windows of batches so far (:meth:`willneed_windows`)
@@ -270,7 +224,6 @@ class DiskTier(HostTier):
         if name.startswith("ring-"):
             self._ring_at[a.ctypes.data] = name
             if RING_ADVICE is not None:
-                self.rings.add(name)
                 m.madvise(RING_ADVICE)
         return a
 
@@ -394,16 +347,6 @@ class DiskTier(HostTier):
                     self._cold = True
                     break
         return self._cold
-
-    def ring_nbytes(self) -> int:
-        """Bytes of the ring files (their size, not what they hold).
-
-        Returns
-        -------
-        int
-            Bytes.
-        """
-        return sum(a.nbytes for n, a in self.arrays.items() if n.startswith("ring-"))
 
     def willneed_windows(
         self, srcs: Mapping[str, np.ndarray], src_start: np.ndarray, n_valid: np.ndarray, probe: bool = True
@@ -542,39 +485,33 @@ class DiskTier(HostTier):
 PROBES = 8
 
 
-def _pages_resident(base: int, nbytes: int, pages: np.ndarray) -> bool:
-    """Are the given pages of the ``nbytes`` mapped at page-aligned ``base`` all in the page cache?  False where
-    ``mincore`` cannot be asked."""
+def _ranges_resident(base: int, ranges: Iterable[tuple[int, int]]) -> bool:
+    """Are the page ranges ``[a, b)`` (page numbers) of the mapping at page-aligned ``base`` all in the page
+    cache?  One ``mincore`` a range; False where it cannot be asked."""
     if _LIBC is None:
         return False
-    vec = ctypes.create_string_buffer(1)
-    for p in np.unique(pages).tolist():
-        if p * PAGE >= nbytes:
-            continue
-        if _LIBC.mincore(ctypes.c_void_p(base + p * PAGE), ctypes.c_size_t(PAGE), vec) != 0 or not vec.raw[0] & 1:
-            return False
-    return True
-
-
-def _sampled_resident(base: int, src_start: np.ndarray, n_valid: np.ndarray, step_nbytes: int, capacity: int) -> bool:
-    """Are :data:`PROBES` of the windows (spread evenly over the batch) of the ring mapped at ``base`` wholly in
-    the page cache?  False where ``mincore`` cannot be asked.  Windows, not merged ranges: a warm batch then
-    costs a few system calls and no merge."""
-    if _LIBC is None:
-        return False
-    B = len(src_start)
-    for i in sorted({k * (B - 1) // max(PROBES - 1, 1) for k in range(min(PROBES, B))}):
-        s, n = int(src_start[i]), int(n_valid[i])
-        if n <= 0:
-            continue
-        a = s * step_nbytes // PAGE
-        b = -(-min(s + n, capacity) * step_nbytes // PAGE)  # a window's head: its part before any wrap
+    for a, b in ranges:
         vec = ctypes.create_string_buffer(b - a)
         if _LIBC.mincore(ctypes.c_void_p(base + a * PAGE), ctypes.c_size_t((b - a) * PAGE), vec) != 0:
             return False
         if any(not c & 1 for c in vec.raw[: b - a]):
             return False
     return True
+
+
+def _pages_resident(base: int, nbytes: int, pages: np.ndarray) -> bool:
+    """Are the given pages of the ``nbytes`` mapped at page-aligned ``base`` all in the page cache?"""
+    return _ranges_resident(base, ((p, p + 1) for p in np.unique(pages).tolist() if p * PAGE < nbytes))
+
+
+def _sampled_resident(base: int, src_start: np.ndarray, n_valid: np.ndarray, step_nbytes: int, capacity: int) -> bool:
+    """Are :data:`PROBES` of the windows (spread evenly over the batch) of the ring mapped at ``base`` wholly in
+    the page cache?  Windows, not merged ranges: a warm batch then costs a few system calls and no merge."""
+    B = len(src_start)
+    probed = sorted({k * (B - 1) // max(PROBES - 1, 1) for k in range(min(PROBES, B))})
+    # a window's head: its part before any wrap
+    spans = ((int(src_start[i]), min(int(src_start[i]) + int(n_valid[i]), capacity)) for i in probed if n_valid[i] > 0)
+    return _ranges_resident(base, ((s * step_nbytes // PAGE, -(-e * step_nbytes // PAGE)) for s, e in spans))
 
 
 def window_pages(

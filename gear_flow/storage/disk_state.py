@@ -55,9 +55,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..checkpoint import file_mode, fsync_path
+from ..checkpoint import atomic_write, file_mode, fsync_path
 from ..errors import CheckpointError
-from .disk import DiskTier, atomic_write
+from .disk import DiskTier
 
 if TYPE_CHECKING:
     from ..shard import Shard
@@ -517,11 +517,10 @@ class DiskStore:
                 which = None
             new = _crc_chunks(tier.path_of(name), a.nbytes, which)
             done += sum(min(CHUNK, a.nbytes - c * CHUNK) for c in new)
-            if which is None:
-                sums[name] = [new[c] for c in range(_chunks(a.nbytes))]
-            else:
-                for c, v in new.items():
-                    sums[name][c] = v
+            if len(sums.get(name, ())) != _chunks(a.nbytes):  # an array new since the last flush: every chunk is new
+                sums[name] = [0] * _chunks(a.nbytes)
+            for c, v in new.items():
+                sums[name][c] = v
         sums = {n: v for n, v in sums.items() if n in tier.arrays}
         atomic_write(path, json.dumps(sums))
         self._capture()
@@ -595,7 +594,7 @@ class DiskStore:
         torn_steps = int(h["writing_until"]) - int(h["write_pos"])
         torn_eps = int(h["episodes_until"]) - int(h["index_next"])
         evicted = 0
-        s.size = int(np.count_nonzero(s.active))
+        s.size = int(h["size"])  # what the repair's evictions count down from; counted from the items below
         if torn_steps > 0 or torn_eps > 0:
             evicted = self._repair(int(h["write_pos"]), int(h["writing_until"]), int(h["index_next"]), torn_eps)
         for t in self.trees.values():

@@ -175,8 +175,9 @@ class LocalTable(DatasetMethods):
         """One :class:`~gear_flow.storage.disk.DiskTier` per shard, under ``path`` (config ``disk.path``)."""
         from pathlib import Path
 
+        from ..checkpoint import make_dir
         from ..errors import SpecError
-        from ..storage.disk import DiskTier, make_dir
+        from ..storage.disk import DiskTier
 
         path = config.get("disk.path", path)
         if path is None:
@@ -192,13 +193,12 @@ class LocalTable(DatasetMethods):
     def _write_manifest(self) -> None:
         """The table's manifest in its directory (a disk table): configuration, limiter and table counters."""
         from .. import checkpoint as ck
-        from ..storage.disk import atomic_write
 
         with self._cond:
             state = {"next_episode_id": self._next_episode_id, "stamp": self._stamp, "rr": self._rr}
             cfg = self.config()
         files = {str(s.shard_id): {"dir": s.tier.directory.name} for s in self.shards}
-        atomic_write(self.path / "manifest.json", json.dumps(ck.new_manifest("disk", cfg, state, files), indent=1))
+        ck.atomic_write(self.path / "manifest.json", json.dumps(ck.new_manifest("disk", cfg, state, files), indent=1))
 
     # -- construction helpers ------------------------------------------------------
     @classmethod
@@ -366,8 +366,6 @@ class LocalTable(DatasetMethods):
 
         from .. import checkpoint as ck
         from ..errors import CheckpointError, SpecError
-        from ..rate_limiters import from_config as limiter_from
-        from ..selectors import from_config as selector_from
         from ..storage import disk_state
 
         if verify not in ("quick", "full"):
@@ -378,7 +376,6 @@ class LocalTable(DatasetMethods):
             raise CheckpointError(f"{root} holds a {m.get('kind')!r} checkpoint, not a disk table (LocalTable.restore)")
         cfg = m["table"]
         try:
-            spec = TableSpec.from_dict(cfg["spec"])
             shard_ids = sorted(int(k) for k in m["files"])
             headers = {}
             for i in shard_ids:
@@ -386,20 +383,8 @@ class LocalTable(DatasetMethods):
                 layout, headers[i] = disk_state.check(d)
                 if layout["shard"] != i or layout["table"]["spec"] != cfg["spec"]:
                     raise CheckpointError(f"{d} is not shard {i} of the table at {root}")
-            table = cls(
-                spec,
-                sampler=selector_from(cfg["sampler"]),
-                remover=selector_from(cfg["remover"]),
-                rate_limiter=limiter_from(cfg["rate_limiter"]),
-                max_times_sampled=cfg["max_times_sampled"],
-                boundary=cfg["boundary"],
-                routing=cfg["routing"],
-                tier="disk",
-                path=root,
-                timeout=timeout,
-                seed=seed,
-                shard_ids=shard_ids,
-                _open=True,
+            table = cls._from_config(
+                cfg, tier="disk", path=root, timeout=timeout, seed=seed, shard_ids=shard_ids, _open=True
             )
         except (KeyError, TypeError) as e:
             raise CheckpointError(f"{root}: the manifest does not describe a table ({e})") from None
@@ -946,10 +931,8 @@ class LocalTable(DatasetMethods):
 
     def _storage_info(self) -> dict:
         """A disk table's bytes on disk and resident, and the rate pages are read from storage."""
-        from ..storage.disk import page_in_bytes
-
         per = [s.store.info() for s in self.shards]
-        now, read = time.monotonic(), page_in_bytes()
+        now, read = time.monotonic(), per[0]["page_in_bytes"]  # this process's: the same for every shard
         rate = None
         if read is not None and self._page_ins is not None and now > self._page_ins[0]:
             rate = (read - self._page_ins[1]) / (now - self._page_ins[0])
@@ -1071,32 +1054,17 @@ class LocalTable(DatasetMethods):
         """
         from .. import checkpoint as ck
         from ..errors import CheckpointError
-        from ..rate_limiters import from_config as limiter_from
-        from ..selectors import from_config as selector_from
 
         m = ck.read_manifest(path)
         if m.get("kind") == "disk":  # a disk table is its own checkpoint: its shards copied into the tier asked for
             return cls._restore_disk(path, tier, seed, timeout)
         cfg = m["table"]
         try:
-            spec = TableSpec.from_dict(cfg["spec"])
             shard_ids = sorted(int(k) for k in m["files"])
             loaded = {
                 i: ck.read_shard_file(path, m["files"][str(i)]["file"], m["files"][str(i)]["sha256"]) for i in shard_ids
             }
-            table = cls(
-                spec,
-                sampler=selector_from(cfg["sampler"]),
-                remover=selector_from(cfg["remover"]),
-                rate_limiter=limiter_from(cfg["rate_limiter"]),
-                max_times_sampled=cfg["max_times_sampled"],
-                boundary=cfg["boundary"],
-                routing=cfg["routing"],
-                tier=tier,
-                timeout=timeout,
-                seed=seed,
-                shard_ids=shard_ids,
-            )
+            table = cls._from_config(cfg, tier=tier, timeout=timeout, seed=seed, shard_ids=shard_ids)
         except (KeyError, TypeError) as e:
             raise CheckpointError(f"{path}: the manifest does not describe a table ({e})") from None
         for s in table.shards:
@@ -1110,26 +1078,32 @@ class LocalTable(DatasetMethods):
         return table
 
     @classmethod
+    def _from_config(cls, cfg: dict, **kw: Any) -> LocalTable:
+        """A table of configuration ``cfg`` (:meth:`config`: spec, selectors, limiter with its counts, modes), with
+        ``kw`` for what a configuration does not choose (tier, path, seed, timeout, shard ids)."""
+        from ..rate_limiters import from_config as limiter_from
+        from ..selectors import from_config as selector_from
+
+        return cls(
+            TableSpec.from_dict(cfg["spec"]),
+            sampler=selector_from(cfg["sampler"]),
+            remover=selector_from(cfg["remover"]),
+            rate_limiter=limiter_from(cfg["rate_limiter"]),
+            max_times_sampled=cfg["max_times_sampled"],
+            boundary=cfg["boundary"],
+            routing=cfg["routing"],
+            **kw,
+        )
+
+    @classmethod
     def _restore_disk(cls, path, tier, seed, timeout) -> LocalTable:
         """:meth:`restore` from a disk table's directory: opened, each shard snapshotted into a new table, closed."""
         from .. import checkpoint as ck
 
         src = cls.open(path)
         try:
-            cfg = src.config()
-            table = cls(
-                src.spec,
-                sampler=src.sampler_proto.clone(),
-                remover=src.remover_proto.clone(),
-                rate_limiter=copy.deepcopy(src.rate_limiter),
-                max_times_sampled=src.max_times_sampled,
-                boundary=cfg["boundary"],
-                routing=cfg["routing"],
-                tier=tier,
-                timeout=timeout,
-                seed=seed,
-                shard_ids=[s.shard_id for s in src.shards],
-            )
+            ids = [s.shard_id for s in src.shards]
+            table = cls._from_config(src.config(), tier=tier, timeout=timeout, seed=seed, shard_ids=ids)
             for a, b in zip(src.shards, table.shards):
                 ck.restore_shard(b, *ck.snapshot_shard(a))
             table._next_episode_id, table._stamp, table._rr = src._next_episode_id, src._stamp, src._rr
