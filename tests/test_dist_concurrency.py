@@ -99,16 +99,18 @@ def test_a_request_sent_again_after_its_reply_was_lost_is_applied_once():
     host.close()
 
 
-def test_probabilities_stay_exact_while_writers_insert(dist_client):
-    """Writers insert and delete heavy items on both shards while a learner samples.
+@pytest.mark.parametrize("tier", ["host", "disk"])
+def test_probabilities_stay_exact_while_writers_insert(dist_client, tier, tmp_path):
+    """Writers insert and delete heavy items on both shards while a learner samples (in memory, and on disk).
 
     For the 40 fixed items, the reported probabilities say how often each
     should appear in every batch (``p_i = w_i * c_s`` with ``c_s`` read from the
     batch); the counts over all batches must match that (chi-square, p=1e-4).
     Reporting the planned mass instead of the mass at the draw fails this.
     """
+    disk = {"tier": "disk", "path": tmp_path / "d"} if tier == "disk" else {}
     t = DistributedTable.create(
-        dist_client, gf.TableSpec(X, capacity=100_000, num_shards=2), sampler=gf.Prioritized(1.0, 0.0), seed=3
+        dist_client, gf.TableSpec(X, capacity=100_000, num_shards=2), sampler=gf.Prioritized(1.0, 0.0), seed=3, **disk
     )
     try:
         rng = np.random.default_rng(0)
@@ -568,16 +570,18 @@ def test_a_stale_selection_is_retried_without_losing_items(dist_client):
         t.close()
 
 
+@pytest.mark.parametrize("tier", ["host", "disk"])
 @pytest.mark.parametrize("kind", ["local", "distributed"])
-def test_uniform_batches_stay_exact_while_a_writer_wraps_the_ring(kind, request):
+def test_uniform_batches_stay_exact_while_a_writer_wraps_the_ring(kind, tier, request, tmp_path):
     """A Uniform table without deletes draws by arithmetic over its rings (Uniform.draw) while a writer keeps
     overwriting them: every row is the step its episode id and timestep name, and the rows a shard gave a batch
-    report one probability (one draw, at the shard's size then)."""
+    report one probability (one draw, at the shard's size then).  In memory, and on disk."""
     spec = gf.TableSpec(X, capacity=600, num_shards=2)
+    disk = {"tier": "disk", "path": tmp_path / "d"} if tier == "disk" else {}
     if kind == "local":
-        t = gf.LocalTable(spec, sampler=gf.Uniform(), seed=1)
+        t = gf.LocalTable(spec, sampler=gf.Uniform(), seed=1, **disk)
     else:
-        t = DistributedTable.create(request.getfixturevalue("dist_client"), spec, sampler=gf.Uniform(), seed=1)
+        t = DistributedTable.create(request.getfixturevalue("dist_client"), spec, sampler=gf.Uniform(), seed=1, **disk)
     try:
         made = {}  # episode id -> the writer's number for it (its steps hold 1000 * number + timestep)
         stop, errors, inserts = threading.Event(), [], [0]
