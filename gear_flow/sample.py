@@ -18,8 +18,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import backend
+from .ops import rows as _rows
 from .spec import TableSpec
 
 if TYPE_CHECKING:
@@ -178,6 +180,10 @@ class SampleBatch:
                 td.set(keys[field], t)
         return td
 
+
+#: rows written without reported priorities or counts: NaN and -1 (:meth:`SampleBuffers.fill_rows`)
+NO_PRIORITIES = np.zeros(0, np.float64)
+NO_COUNTS = np.zeros(0, np.int64)
 
 #: SampleBatch field -> its key in :meth:`SampleBatch.to_tensordict` (TorchRL's names where it has them)
 TENSORDICT_NAMES = {
@@ -393,6 +399,77 @@ class SampleBuffers:
             a[...] = a[dsrc]
         for a in self._item_arrays():
             a[...] = a[src]
+
+    def fill_rows(
+        self,
+        off: int,
+        shard_id: int,
+        seqs: ArrayLike,
+        probabilities: ArrayLike,
+        episode_ids: ArrayLike,
+        timesteps: ArrayLike,
+        dst_offset: ArrayLike,
+        n_valid: ArrayLike,
+        priorities: ArrayLike | None = None,
+        times_sampled: ArrayLike | None = None,
+    ) -> None:
+        """Everything of rows ``off:off+n`` but the window bytes (gathered separately), in one compiled pass
+        (:func:`gear_flow.ops.rows.fill`; a shard's fused take calls it from compiled code).
+
+        Parameters
+        ----------
+        off : int
+            First row to fill.
+        shard_id : int
+            Shard the ``n`` rows come from (encoded into their keys).
+        seqs : array_like of int
+            ``[n]`` item seqs within the shard.
+        probabilities : array_like of float
+            ``[n]`` probability of each draw.
+        episode_ids : array_like of int
+            ``[n]`` table-wide episode id of each window.
+        timesteps : array_like of int
+            ``[n]`` index in its episode of each window's first valid step.
+        dst_offset : array_like of int
+            ``[n]`` first row of the window that holds data (padding before it).
+        n_valid : array_like of int
+            ``[n]`` steps of the window that hold data.
+        priorities : array_like of float, optional
+            ``[n]`` priorities when drawn; NaN when not reported.
+        times_sampled : array_like of int, optional
+            ``[n]`` times sampled, this sample included; -1 when not reported
+            (see :class:`SampleBatch`).
+
+        Raises
+        ------
+        IndexError
+            The rows do not fit the batch, or the arrays differ in length; nothing is written then.
+        """
+        i64 = np.int64
+        if not _rows.fill(
+            self.rows(), int(off), int(shard_id), np.asarray(seqs, i64), np.asarray(probabilities, np.float64),
+            1.0, np.asarray(episode_ids, i64), np.asarray(timesteps, i64), np.asarray(dst_offset, i64),
+            np.asarray(n_valid, i64), NO_PRIORITIES if priorities is None else np.asarray(priorities, np.float64),
+            NO_COUNTS if times_sampled is None else np.asarray(times_sampled, i64),
+        ):  # fmt: skip
+            raise IndexError(
+                f"fill_rows: {len(seqs)} rows from row {off} do not fit a batch of {len(self.keys)}, "
+                "or the row arrays differ in length"
+            )
+
+    def rows(self) -> tuple:
+        """The per-row arrays in the order :func:`gear_flow.ops.rows.fill` writes them.
+
+        Returns
+        -------
+        tuple of numpy.ndarray
+            ``keys``, ``probabilities``, ``episode_ids``, ``timesteps``,
+            ``priorities``, ``times_sampled``, ``mask``.
+        """
+        return (
+            self.keys, self.probabilities, self.episode_ids, self.timesteps, self.priorities, self.times_sampled,
+            self.mask,
+        )  # fmt: skip
 
     def _item_arrays(self) -> tuple:
         return (

@@ -27,6 +27,7 @@ import numpy as np
 from . import keys as keymod
 from .errors import EmptyTableError, nothing_to_sample
 from .ops import sequences
+from .sample import NO_COUNTS
 from .selectors.base import OrderedSelector, Selector, WeightedSelector
 from .spec import TableSpec
 from .storage import ColumnRing, EpisodeIndex, get_tier, windows
@@ -37,6 +38,7 @@ from .storage.windows import Windows
 from .tails import TailMass, valid_mass
 
 if TYPE_CHECKING:
+    from .sample import SampleBuffers
     from .storage.base import StorageTier
 
 logger = logging.getLogger(__name__)
@@ -172,6 +174,7 @@ class Shard:
         self.step_items = spec.item_unit == "step"
         self.tier = get_tier(tier)
         self.ring = ColumnRing(spec, self.tier)
+        self._last_pairs = None  # (buffers, columns, rows, pairs) of the last take (see _fused_pairs)
         self.index = EpisodeIndex()
         cap = self.capacity
         state = self.tier.state  # host memory, or the files of a disk shard
@@ -1053,6 +1056,92 @@ class Shard:
             if record:
                 self._record(slots)
             return win
+
+    def take_rows(
+        self,
+        slots: np.ndarray,
+        probs: np.ndarray,
+        scale: float,
+        length: int,
+        boundary: str,
+        rng: np.random.Generator,
+        out: SampleBuffers,
+        offset: int,
+        columns: Iterable[str],
+    ) -> None:
+        """:meth:`take` into a batch and its rows (keys, probabilities, episode ids, timesteps, mask, priorities
+        as drawn, times sampled), the sample recorded.
+
+        Step items are placed, gathered and written by one compiled call
+        (:func:`~gear_flow.storage.windows.take_steps`) on a tier that gathers
+        on the host, or placed and written by one and gathered by the tier's
+        :meth:`~gear_flow.storage.base.StorageTier.gather_columns` (a device
+        launch, a disk readahead, a parallel copy); episode items are placed
+        by :meth:`windows` (each window's position a draw of ``rng``).
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 ``[b]`` slots of live items; repeats allowed.
+        probs : numpy.ndarray
+            float64 ``[b]``: each draw's probability within the shard.
+        scale : float
+            The shard's share of the batch's mass (the rows report ``probs * scale``).
+        length : int
+            Steps per window (``L``).
+        boundary : {"strict", "pad_tail", "pad_head"}
+            Window boundary mode.
+        rng : numpy.random.Generator
+            Draws window positions within episode items.
+        out : SampleBuffers
+            The batch; rows ``offset:offset + b`` are written.
+        offset : int
+            Row of ``out`` for the first window.
+        columns : iterable of str
+            Columns to gather.
+        """
+        with self.lock:
+            counted = self.sample_counts(slots)  # this sample included (before it is recorded)
+            if not self.step_items:
+                prio = self.priority[slots]  # as drawn (an expiring take may clear it)
+                win = self.take(slots, length, boundary, rng, out.bytes, offset, columns, record=False)
+                out.fill_rows(offset, self.shard_id, win.seqs, probs * scale, win.episode_ids, win.timesteps,
+                              win.dst_offset, win.n_valid, prio, counted)  # fmt: skip
+                self._record(slots)
+                return
+            idx = self.index.arrays
+            args = (
+                slots, self.ring.write_pos, self.capacity, self.step_episode, idx["start"], idx["length"],
+                idx["episode_id"], self.index.size, length, boundary == "pad_head", self.priority, out.rows(), offset,
+                self.shard_id, probs, scale, NO_COUNTS if counted is None else counted,
+            )  # fmt: skip
+            pairs = self._fused_pairs(out, columns, len(slots))
+            if pairs is not None:
+                status = windows.take_steps(*args, pairs)
+            else:
+                status, res, src = windows.place_steps(*args)
+                if status == -1:
+                    b = len(slots)
+                    outs = {name: out.bytes[name][offset : offset + b] for name in columns}
+                    self.tier.gather_columns(self.ring.bytes, src, res[2], res[3], outs)
+            if status != -1:  # the checked path names what does not fit
+                if status == -4:
+                    out.fill_rows(offset, self.shard_id, slots, probs, slots, slots, slots, slots)
+                self.take(slots, length, boundary, rng, out.bytes, offset, columns, record=False)
+                raise IndexError(f"shard {self.shard_id}: a window of the take does not fit its ring or the batch")
+            self._record(slots)
+
+    def _fused_pairs(self, out: SampleBuffers, columns: Iterable[str], n: int) -> tuple | None:
+        """The tier's :meth:`~gear_flow.storage.base.StorageTier.fused_pairs` for a take of ``n`` rows into
+        ``out``, kept for the next take into the same buffers (a steady state's every batch): the rings are
+        the shard's for life and a batch's buffers do not change."""
+        columns = tuple(columns)
+        last = self._last_pairs
+        if last is not None and last[0] is out and last[2] == n and last[1] == columns:
+            return last[3]
+        pairs = self.tier.fused_pairs(self.ring.bytes, out.bytes, columns, n)
+        self._last_pairs = (out, columns, n, pairs)
+        return pairs
 
     def sample_counts(self, slots: np.ndarray) -> np.ndarray | None:
         """Times each of ``slots`` has been handed out once a sample taking them is recorded (call before the

@@ -42,7 +42,7 @@ def _gathers() -> list[str]:
 @pytest.mark.parametrize("tier", ["device", "pinned"])
 @pytest.mark.parametrize("num_shards", [1, 3])
 def test_table_sample_issues_one_gather_launch_per_shard_take(dev, monkeypatch, tier, num_shards):
-    """LocalTable.sample on a GPU tier: every Shard.take with windows is one ``gather_columns``
+    """LocalTable.sample on a GPU tier: every Shard.take_rows with windows is one ``gather_columns``
     launch (all four columns), never a launch per column; the batch equals the host tier's."""
     from gear_flow import ColumnSpec, LocalTable, Prioritized, TableSpec
     from gear_flow.shard import Shard
@@ -74,16 +74,15 @@ def test_table_sample_issues_one_gather_launch_per_shard_take(dev, monkeypatch, 
         t.insert(eps)
 
     takes = []  # launches issued inside each take that gathered windows
-    real_take = Shard.take
+    real_take = Shard.take_rows  # a sample's every take: windows, gather and rows
 
     def take(self, slots, *a, **kw):
         before = len(_gathers())
-        win = real_take(self, slots, *a, **kw)
+        real_take(self, slots, *a, **kw)
         if len(slots):
             takes.append(_gathers()[before:])
-        return win
 
-    monkeypatch.setattr(Shard, "take", take)
+    monkeypatch.setattr(Shard, "take_rows", take)
     for _ in range(3):
         takes.clear()
         cuda_emu.EmuKernel.log.clear()

@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import config
-from ..table.executor import fill_rows
 from .pending import send_pending
 from .transport import Retry
 
@@ -456,8 +455,8 @@ def draw_one(ex: RemoteSample, sh: Attached, s: int, o: int, n: int, scale: floa
         ex._copy_shared(sh, {"seqs": w.seqs, "src_abs": w.src_abs, "dst_offset": w.dst_offset,
                              "n_valid": w.n_valid}, o)  # fmt: skip
         if sel.unchanged(d.version):  # nothing read changed meanwhile, rings included
-            fill_rows(ex.out, o, s, w.seqs, d.probs * scale, w.episode_ids, w.timesteps, w.dst_offset, w.n_valid,
-                      ex.L, d.priorities, None)  # fmt: skip
+            ex.out.fill_rows(o, s, w.seqs, d.probs * scale, w.episode_ids, w.timesteps, w.dst_offset, w.n_valid,
+                             d.priorities, None)  # fmt: skip
             t._masses.update(ex.L, ex.boundary, s, d.mass)
             t._drawn.add(s, n)
             t.stats["reader_draws"] += n

@@ -51,7 +51,6 @@ from ..ops.gather import gather_windows
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
 from ..table.config import TableConfig
-from ..table.executor import fill_rows
 from ..table.validate import check_sample_args, sample_columns
 from . import reader_draw
 from .host_sampling import ShortBatchError, StaleSelectionError
@@ -1180,8 +1179,7 @@ class RemoteSample:
                     t.stats["shared_bytes"] += n * self.L * self.row_bytes
                 else:
                     t.stats["local_bytes"] += n * self.L * self.row_bytes
-                fill_rows(
-                    out,
+                out.fill_rows(
                     o,
                     s,
                     r["seqs"],
@@ -1190,7 +1188,6 @@ class RemoteSample:
                     r["timesteps"],
                     r["dst_offset"],
                     r["n_valid"],
-                    self.L,
                     r.get("priorities"),
                     r.get("times_sampled"),
                 )
@@ -1307,8 +1304,8 @@ class RemoteSample:
             tmp = SampleBuffers(t.spec, self.columns, k, self.L, tier=out.tier)
             sub = type(self)(t, tmp, self.L, self.boundary, self.columns, self.rng, self.txn, True, None)
             again = sub._copy_shared(sh, r, 0)
-            fill_rows(
-                tmp, 0, s, r["seqs"], r["p"], r["episode_ids"], r["timesteps"], r["dst_offset"], r["n_valid"], self.L,
+            tmp.fill_rows(
+                0, s, r["seqs"], r["p"], r["episode_ids"], r["timesteps"], r["dst_offset"], r["n_valid"],
                 r.get("priorities"), r.get("times_sampled"),
             )  # fmt: skip
             ok = np.setdiff1d(np.arange(k), again)

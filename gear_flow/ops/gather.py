@@ -189,7 +189,7 @@ def gather_columns(
     if not srcs:
         return
     if sum(out.nbytes for out in outs) < PARALLEL_MIN_BYTES:
-        if _gather_fused(tuple(zip(srcs, outs)), src_start, dst_offset, n_valid) < 0:
+        if _gather_fused(tuple(zip(srcs, outs)), src_start, dst_offset, n_valid, 0, len(src_start)) < 0:
             return
         for src, out in zip(srcs, outs):  # the first bad extent, named as gather_windows names it
             _check_pair(src, out, src_start, dst_offset, n_valid)
@@ -206,14 +206,15 @@ def gather_columns(
 
 
 @njit(nogil=True, cache=True)
-def _gather_fused(pairs, src_start, dst_offset, n_valid):
-    """Every (ring, output) pair's windows in one call: -1, or with nothing copied the first bad window
-    (or -2: an output whose rows or row bytes do not match)."""
+def _gather_fused(pairs, src_start, dst_offset, n_valid, off, rows):
+    """Every (ring, output) pair's windows in one call, into output rows ``off:off + B`` of outputs of ``rows``
+    rows: -1, or with nothing copied the first bad window (or -2: an output whose rows or row bytes do not
+    match)."""
     B = src_start.shape[0]
     bad = -1
     for pair in literal_unroll(pairs):
         if bad == -1:
-            if pair[1].shape[0] != B or pair[1].shape[2] != pair[0].shape[1]:
+            if pair[1].shape[0] != rows or off < 0 or off + B > rows or pair[1].shape[2] != pair[0].shape[1]:
                 bad = -2
             elif dst_offset.shape[0] != B or n_valid.shape[0] != B:
                 bad = -2
@@ -236,7 +237,7 @@ def _gather_fused(pairs, src_start, dst_offset, n_valid):
         L = out.shape[1]
         sf, of = src.reshape(-1), out.reshape(-1)
         for b in range(B):
-            _copy_window(sf, of, cap, nb, L, b, src_start[b], dst_offset[b], n_valid[b])
+            _copy_window(sf, of, cap, nb, L, off + b, src_start[b], dst_offset[b], n_valid[b])
     return -1 if touched != -1 else -3  # (both success; the result depends on the reads, so they stay)
 
 

@@ -9,13 +9,19 @@ gear_flow never imports CuPy or touches CUDA.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..backend import is_device_array
 from ..errors import SpecError
-from ..ops.gather import gather_columns, gather_windows, scatter_chunks, scatter_rows  # every take and insert
+from ..ops.gather import (  # every take and insert
+    PARALLEL_MIN_BYTES,
+    gather_columns,
+    gather_windows,
+    scatter_chunks,
+    scatter_rows,
+)
 from .reuse import Reuse
 
 #: large gather outputs of this process, handed out again once their replies are gone
@@ -157,6 +163,31 @@ class StorageTier(ABC):
         for name, out in outs.items():
             self.gather_windows(srcs[name], src_start, dst_offset, n_valid, out)
 
+    def fused_pairs(
+        self, srcs: Mapping[str, np.ndarray], outs: Mapping[str, np.ndarray], columns: Sequence[str], n: int
+    ) -> tuple | None:
+        """The ``(ring, output)`` pairs a compiled take may gather itself, or None: this tier's
+        :meth:`gather_columns` gathers (a kernel launch, a readahead, a parallel copy).
+
+        Parameters
+        ----------
+        srcs : mapping of str to numpy.ndarray
+            Column rings viewed as bytes (a shard's ``ring.bytes``).
+        outs : mapping of str to numpy.ndarray
+            A batch's whole column buffers, uint8 ``[B, L, step_nbytes]``.
+        columns : sequence of str
+            The columns of the take.
+        n : int
+            Windows the take gathers.
+
+        Returns
+        -------
+        tuple or None
+            ``((ring, output), ...)`` per column, in ``columns`` order, for
+            :func:`gear_flow.storage.windows.take_steps`; None here.
+        """
+        return None
+
     def empty_output(self, shape: tuple[int, ...], dtype: np.dtype | type = np.uint8) -> np.ndarray:
         """A buffer this tier's :meth:`gather_windows` can write.
 
@@ -262,6 +293,21 @@ class HostTier(StorageTier):
             return super().gather_columns(srcs, src_start, dst_offset, n_valid, outs)
         # the shard's own ring views and a batch's buffers: checked=True, the extents still are
         gather_columns([srcs[name] for name in outs], src_start, dst_offset, n_valid, list(outs.values()), True)
+
+    def fused_pairs(
+        self, srcs: Mapping[str, np.ndarray], outs: Mapping[str, np.ndarray], columns: Sequence[str], n: int
+    ) -> tuple | None:
+        """:meth:`StorageTier.fused_pairs`: every column's pair when this tier gathers with the numba twin and
+        the take is below :data:`~gear_flow.ops.gather.PARALLEL_MIN_BYTES` (the copy
+        :func:`~gear_flow.ops.gather.gather_columns` makes in one compiled call; larger takes copy in
+        parallel); None for a subclass that gathers its own way."""
+        cls = type(self)
+        if cls.gather_windows is not HostTier.gather_windows or cls.gather_columns is not HostTier.gather_columns:
+            return None
+        pairs = tuple([(srcs[name], outs[name]) for name in columns])
+        if n * sum([o.shape[1] * o.shape[2] for _, o in pairs]) >= PARALLEL_MIN_BYTES:
+            return None
+        return pairs
 
     def write_chunks(self, dst: np.ndarray, pos: int, parts: list) -> None:
         """:meth:`StorageTier.write_chunks` as one copy of all parts (:func:`gear_flow.ops.gather.scatter_chunks`):

@@ -15,6 +15,9 @@ from typing import Protocol
 import numpy as np
 from numba import njit
 
+from ..ops import rows as _rows
+from ..ops.gather import _gather_fused
+
 
 class IndexArrays(Protocol):
     """The episode index as windows read it: its record arrays and their length (an
@@ -248,3 +251,74 @@ def _step_windows(slots, hi, capacity, step_episode, starts, lengths, episode_id
             dst[b] = 0
         seqs[b], first[b], n_valid[b], ids[b], steps[b] = t, f, n, episode_ids[row], f - start
     return res
+
+
+@njit(nogil=True, cache=True)
+def place_steps(
+    slots, hi, capacity, step_episode, starts, lengths, episode_ids, size, length, pad_head, priority,
+    rows, off, shard, probs, scale, counted,
+):  # fmt: skip
+    """:func:`place` of step items and the batch's rows (:func:`gear_flow.ops.rows.fill`) in one call, each
+    row's priority read as drawn; the caller gathers the windows (:func:`take_steps` does it here too).
+
+    Parameters
+    ----------
+    slots, hi, capacity, step_episode, starts, lengths, episode_ids, size, length, pad_head
+        As :func:`_step_windows` takes them (the shard's ring and index arrays).
+    priority : numpy.ndarray
+        float64 ``[capacity]``: the shard's priorities.
+    rows, off, shard, probs, scale, counted
+        As :func:`gear_flow.ops.rows.fill` takes them.
+
+    Returns
+    -------
+    status : int
+        -1 done; -4: the rows do not fit the batch, nothing written.
+    windows : numpy.ndarray
+        int64 ``[6, n]``: seqs, absolute first steps, head padding, valid steps, episode ids, timesteps.
+    src_start : numpy.ndarray
+        int64 ``[n]``: the ring slot of each window's first valid step.
+    """
+    n = slots.shape[0]
+    prio = np.empty(n, np.float64)
+    for b in range(n):  # independent loads, before the geometry's (their cache misses overlap)
+        prio[b] = priority[slots[b]]
+    res = _step_windows(slots, hi, capacity, step_episode, starts, lengths, episode_ids, size, length, pad_head)
+    src = np.empty(n, np.int64)
+    for b in range(n):
+        src[b] = res[1, b] % capacity
+    if not _rows.fill(rows, off, shard, res[0], probs, scale, res[4], res[5], res[2], res[3], prio, counted):
+        return -4, res, src
+    return -1, res, src
+
+
+@njit(nogil=True, cache=True)
+def take_steps(
+    slots, hi, capacity, step_episode, starts, lengths, episode_ids, size, length, pad_head, priority,
+    rows, off, shard, probs, scale, counted, pairs,
+):  # fmt: skip
+    """:func:`place_steps` and the gather of every column, one call: the steady-state take of a shard whose
+    tier gathers on the host.
+
+    Parameters
+    ----------
+    slots, hi, capacity, step_episode, starts, lengths, episode_ids, size, length, pad_head, priority
+        As :func:`place_steps` takes them.
+    rows, off, shard, probs, scale, counted
+        As :func:`gear_flow.ops.rows.fill` takes them.
+    pairs : tuple
+        ``(ring bytes [cap, nbytes], output bytes [B, L, nbytes])`` per column.
+
+    Returns
+    -------
+    int
+        -1 done; -4 the rows do not fit the batch (nothing written); otherwise the rows are written and no
+        column byte is: a window or an output that does not fit (the caller's checked path names it).
+    """
+    status, res, src = place_steps(
+        slots, hi, capacity, step_episode, starts, lengths, episode_ids, size, length, pad_head, priority,
+        rows, off, shard, probs, scale, counted,
+    )  # fmt: skip
+    if status != -1:
+        return status
+    return _gather_fused(pairs, src, res[2], res[3], off, rows[0].shape[0])

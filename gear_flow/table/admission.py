@@ -137,6 +137,27 @@ class Admission:
             self.cond.notify_all()
             raise
 
+    def admit_now(self, kind: str, pred: Callable[[], bool]) -> bool:
+        """Whether a call may go ahead at once, without joining its line (call holding ``cond``).
+
+        True when the table is open, no call of ``kind`` is waiting (none is
+        passed over) and ``pred()`` holds; the caller then applies its
+        admission and does not call :meth:`done`.  False: it :meth:`wait` s.
+
+        Parameters
+        ----------
+        kind : {"insert", "sample"}
+            The call's line.
+        pred : callable
+            ``pred() -> bool``: whether the limiter admits the call now.
+
+        Returns
+        -------
+        bool
+            Admitted.
+        """
+        return not self.closed and not self._lines[kind] and pred()
+
     def done(self, kind: str) -> None:
         """The head of ``kind``'s line was admitted: the next one may go (call holding ``cond``).
 

@@ -16,67 +16,11 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..errors import nothing_to_sample
-from ..keys import encode as encode_keys
-from ..ops.gather import window_mask
 from . import planner, two_level
 
 if TYPE_CHECKING:
     from ..sample import SampleBuffers
     from ..shard import Shard
-
-
-def fill_rows(
-    out: SampleBuffers,
-    off: int,
-    shard_id: int,
-    seqs: ArrayLike,
-    probabilities: ArrayLike,
-    episode_ids: ArrayLike,
-    timesteps: ArrayLike,
-    dst_offset: ArrayLike,
-    n_valid: ArrayLike,
-    L: int,
-    priorities: ArrayLike | None = None,
-    times_sampled: ArrayLike | None = None,
-) -> None:
-    """Everything of rows ``off:off+n`` of a batch except the window bytes (gathered separately).
-
-    Parameters
-    ----------
-    out : SampleBuffers
-        The batch's buffers, written in place.
-    off : int
-        First row to fill.
-    shard_id : int
-        Shard the ``n`` rows come from (encoded into their keys).
-    seqs : array_like of int
-        ``[n]`` item seqs within the shard.
-    probabilities : array_like of float
-        ``[n]`` probability of each draw.
-    episode_ids : array_like of int
-        ``[n]`` table-wide episode id of each window.
-    timesteps : array_like of int
-        ``[n]`` index in its episode of each window's first valid step.
-    dst_offset : array_like of int
-        ``[n]`` first row of the window that holds data (padding before it).
-    n_valid : array_like of int
-        ``[n]`` steps of the window that hold data.
-    L : int
-        Window length.
-    priorities : array_like of float, optional
-        ``[n]`` priorities when drawn; NaN when not reported.
-    times_sampled : array_like of int, optional
-        ``[n]`` times sampled, this sample included; -1 when not reported
-        (see :class:`~gear_flow.SampleBatch`).
-    """
-    n = len(seqs)
-    out.priorities[off : off + n] = np.nan if priorities is None else priorities
-    out.times_sampled[off : off + n] = -1 if times_sampled is None else times_sampled
-    out.keys[off : off + n] = encode_keys(shard_id, np.asarray(seqs))
-    out.probabilities[off : off + n] = probabilities
-    out.episode_ids[off : off + n] = episode_ids
-    out.timesteps[off : off + n] = timesteps
-    window_mask(np.asarray(dst_offset), np.asarray(n_valid), L, out=out.mask[off : off + n])
 
 
 def summary(shard: Shard, kind: str, L: int = 1, boundary: str = "pad_tail") -> float:
@@ -201,19 +145,30 @@ class InProcess:
         self.columns = tuple(columns)
         self.horizon = horizon
         self.expired = {}
+        #: each shard's valid sampling mass as the last summary answered it (the next draw need not ask again)
+        self.masses = {}
 
     def __call__(self, req):
         if isinstance(req, planner.Summaries):
-            return {k: {i: summary(s, k, self.L, self.boundary) for i, s in self.shards.items()} for k in req.kinds}
+            got = {k: {i: summary(s, k, self.L, self.boundary) for i, s in self.shards.items()} for k in req.kinds}
+            self.masses.update(got.get("sampler", {}))
+            return got
         if isinstance(req, planner.Candidates):
             if req.role == "remover":
                 return {i: s.remover_candidates(req.n) for i, s in self.shards.items()}
             return {i: s.candidates(req.n, self.L, self.boundary, self.horizon) for i, s in self.shards.items()}
         if isinstance(req, planner.Draw):
-            offs = planner.offsets(req.counts, req.base)
-            for i in sorted(offs):
-                slots, q = self.shards[i].draw(req.counts[i], self.L, self.boundary, self.rng)
-                self._gather(i, slots, q * req.scale[i], offs[i])
+            off = req.base
+            for i in sorted(req.counts):  # (planner.offsets' order: counts are positive ints)
+                n = req.counts[i]
+                if not n:
+                    continue
+                # the mass as just summarised (under the same locks), once: a later round asks again
+                mass = self.masses.pop(i, None)
+                mass = None if req.by_count else mass
+                slots, q = self.shards[i].draw(n, self.L, self.boundary, self.rng, mass)
+                self._gather(i, slots, q, off, req.scale[i])
+                off += n
             return None
         if isinstance(req, planner.Sequences):
             return {
@@ -241,16 +196,10 @@ class InProcess:
             return k
         raise TypeError(f"unknown plan request {req!r}")
 
-    def _gather(self, i: int, slots: np.ndarray, p: np.ndarray, off: int) -> None:
+    def _gather(self, i: int, slots: np.ndarray, p: np.ndarray, off: int, scale: float = 1.0) -> None:
         s = self.shards[i]
         before = s.counters.expired
-        prio = s.priority[slots]  # as drawn (an expiring take may clear it)
-        counted = s.sample_counts(slots)  # this sample included
-        win = s.take(slots, self.L, self.boundary, self.rng, self.out.bytes, off, self.columns)
-        fill_rows(
-            self.out, off, i, win.seqs, p, win.episode_ids, win.timesteps, win.dst_offset, win.n_valid, self.L,
-            prio, counted,
-        )  # fmt: skip
+        s.take_rows(slots, p, scale, self.L, self.boundary, self.rng, self.out, off, self.columns)
         if s.counters.expired != before:
             self.expired[i] = self.expired.get(i, 0) + s.counters.expired - before
 
@@ -309,7 +258,15 @@ def sample_shards(
     """
     ex = InProcess(shards, rng, out, L, boundary, columns, horizon)
     try:
-        layout = planner.run(planner.sample(selection, B, rng), ex)
+        draw = None
+        if selection == "weighted":  # its plan's one draw, straight: the summary it asks, then the rule
+            ex.masses = {i: summary(s, "sampler", L, boundary) for i, s in shards.items()}
+            draw = planner.weighted_draw(dict(ex.masses), B, rng)
+        if draw is None:
+            layout = planner.run(planner.sample(selection, B, rng), ex)
+        else:
+            ex(draw)
+            layout = planner.Layout()
     except planner.NothingToSample:
         size = sum(s.size for s in shards.values())
         longest = max((s.longest_episode() for s in shards.values()), default=0)

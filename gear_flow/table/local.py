@@ -168,6 +168,7 @@ class LocalTable(DatasetMethods):
         self._stamp = 0
         self._evict_lock = threading.Lock()
         self._page_ins = None  # (time, bytes read from storage) at the last info(): the page-in rate
+        self._checked = {}  # sample arguments checked once: (B, L, boundary, columns, out) -> columns
         if self.path is not None and not _open:
             self._write_manifest()
 
@@ -266,6 +267,8 @@ class LocalTable(DatasetMethods):
     @property
     def size(self) -> int:
         """Items currently in the table."""
+        if len(self.shards) == 1:
+            return self.shards[0].size
         return sum(s.size for s in self.shards)
 
     def __len__(self) -> int:
@@ -719,20 +722,9 @@ class LocalTable(DatasetMethods):
         """
         self._check_open()
         boundary = self.boundary if boundary is None else boundary
-        check_sample_args(batch_size, length, boundary)
-        columns = sample_columns(self.spec, columns)
-        tier = self.shards[0].tier
-        if out is None:
-            out = SampleBuffers(self.spec, columns, batch_size, length, tier=tier)
-        elif not out.matches(columns, batch_size, length, tier=tier):
-            raise SpecError(
-                f"out buffers are for columns={out.columns}, batch_size={out.batch_size}, length={out.length}, "
-                f"tier={out.tier!r}; this call asks for columns={columns}, batch_size={batch_size}, length={length} "
-                f"from a {tier.name!r} table"
-            )
-        self.rate_limiter.check_sample_size(batch_size)
+        columns, out = self._sample_args(batch_size, length, boundary, columns, out)
         timeout = self.timeout if timeout is None else timeout
-        start, what, after = time.monotonic(), f"a sample of {batch_size}", None
+        start, what, after = None, None, None
         while True:
             left = timeout if after is None or timeout is None else max(0.0, start + timeout - time.monotonic())
             size, short = self._sample_admitted(out, batch_size, length, boundary, columns, rng, left, timeout,
@@ -741,6 +733,7 @@ class LocalTable(DatasetMethods):
                 break
             # nothing taken and the admission given back: it waits for the next insert, as Reverb's sample waits
             have, after = short
+            start = time.monotonic() if start is None else start
             what = f"a sample of {batch_size} (the items left may go {have} more times)"
             if timeout is not None and time.monotonic() - start >= timeout:  # (inserts keep coming, never enough)
                 raise timeout_error(what, self.rate_limiter, lambda: self.size)(timeout)
@@ -748,23 +741,53 @@ class LocalTable(DatasetMethods):
             self._cond.notify_all()
         return out.batch(size)
 
+    def _sample_args(self, B, L, boundary, columns, out) -> tuple:
+        """The checked columns and buffers of a sample; the checks of a ``(B, L, boundary, columns, out)``
+        seen before are not made again (none of them can fail a second time: a table's spec, tier and
+        limiter do not change, nor do a SampleBuffers' shapes)."""
+        try:
+            key = (type(B), B, type(L), L, boundary, columns if type(columns) is not list else tuple(columns), out)
+            known = self._checked.get(key)
+        except TypeError:  # unhashable columns: checked below, every time
+            key = known = None
+        if known is not None:
+            return known, out
+        check_sample_args(B, L, boundary)
+        columns = sample_columns(self.spec, columns)
+        tier = self.shards[0].tier
+        if out is None:
+            out = SampleBuffers(self.spec, columns, B, L, tier=tier)
+        elif not out.matches(columns, B, L, tier=tier):
+            raise SpecError(
+                f"out buffers are for columns={out.columns}, batch_size={out.batch_size}, length={out.length}, "
+                f"tier={out.tier!r}; this call asks for columns={columns}, batch_size={B}, length={L} "
+                f"from a {tier.name!r} table"
+            )
+        self.rate_limiter.check_sample_size(B)
+        if key is not None and key[-1] is not None:  # (new buffers each call: only the caller's are kept)
+            if len(self._checked) >= 64:
+                self._checked.clear()
+            self._checked[key] = columns
+        return columns, out
+
     def _sample_admitted(self, out, B, L, boundary, columns, rng, timeout, whole, what, after) -> tuple:
         """Admit and gather one batch: ``(size, None)``; or, when its items left cannot fill it
         (``max_times_sampled``), nothing taken and the admission given back, ``(None, (rows they could
         give, inserts stored when it was admitted))``.  ``after``: admitted once more inserts are stored;
         ``timeout`` what is left of the call's ``whole``."""
         adm = self._admission
-        locks = [s.lock for s in self.shards]
+        limiter = self.rate_limiter
         with self._cond:
-            self._wait(
-                "sample",
-                lambda: (after is None or adm.arrivals > after) and self.rate_limiter.can_sample(B, self.size),
-                timeout,
-                what,
-                None if after is None else whole,
-            )
-            self.rate_limiter.on_sample(B)
-            adm.done("sample")
+            if not (after is None and adm.admit_now("sample", lambda: limiter.can_sample(B, self.size))):
+                self._wait(
+                    "sample",
+                    lambda: (after is None or adm.arrivals > after) and limiter.can_sample(B, self.size),
+                    timeout,
+                    what or f"a sample of {B}",
+                    None if after is None else whole,
+                )
+                adm.done("sample")
+            limiter.on_sample(B)
             seen = adm.arrivals
             # Take the shard locks before any other call is admitted: an insert admitted
             # after this sample must not reach the shards before the sample has taken
@@ -772,8 +795,8 @@ class LocalTable(DatasetMethods):
             # briefly exceeds max_size and the remover evicts an item nobody sampled: a
             # Queue or Stack loses it and its consumer blocks forever.  Safe order: no
             # code takes ``_cond`` while holding a shard lock.
-            for lk in locks:
-                lk.acquire()
+            for sh in self.shards:
+                sh.lock.acquire()
         try:
             try:
                 with out.gather_stream():  # device buffers: gather on the learner's torch stream
@@ -783,8 +806,8 @@ class LocalTable(DatasetMethods):
                         self.cfg.beta, "the table",
                     )  # fmt: skip
             finally:
-                for lk in reversed(locks):
-                    lk.release()
+                for sh in reversed(self.shards):
+                    sh.lock.release()
         except planner.ShortOfItems as e:
             with self._cond:
                 self.rate_limiter.give_back_sample(B)

@@ -345,25 +345,63 @@ def _sequential(B: int, rng):
 def _weighted(B: int, rng):
     """Shards by valid mass; when no valid item has weight anywhere (every priority 0), by the
     number of valid items, and each shard then draws uniformly (Reverb: uniform, ``1/n``)."""
-    masses = (yield Summaries(("sampler",)))["sampler"]
+    draw = weighted_draw((yield Summaries(("sampler",)))["sampler"], B, rng)
+    if draw is None:
+        draw = weighted_draw((yield Summaries(("valid",)))["valid"], B, rng, by_count=True)
+    yield draw
+    return Layout()
+
+
+def weighted_draw(masses: dict, B: int, rng: np.random.Generator, by_count: bool = False) -> Draw | None:
+    """The one request of a weighted plan: counts ~ Multinomial(B, masses), each shard's share of the mass.
+
+    The rule of :func:`sample`'s ``weighted`` plan; an in-process table
+    answers its summaries itself and calls this directly (the same draws of
+    ``rng``, without the plan's round trips).
+
+    Parameters
+    ----------
+    masses : dict of int to float
+        Shard -> valid sampling mass (``by_count``: items whose window fits).
+    B : int
+        Items in the batch.
+    rng : numpy.random.Generator
+        Draws the counts (one shard: no draw).
+    by_count : bool, default False
+        ``masses`` are counts of valid items (no valid item has weight).
+
+    Returns
+    -------
+    Draw or None
+        None when no shard has mass (weigh them ``by_count`` then).
+
+    Raises
+    ------
+    NothingToSample
+        ``by_count`` and no shard has a valid item.
+    """
+    if len(masses) == 1:  # one shard: every row is its own (no generator draw, as multinomial_counts does)
+        ((s, total),) = masses.items()
+        total = float(total)
+        if not total > 0:
+            if by_count:
+                raise NothingToSample
+            return None
+        return Draw({s: B}, {s: 1.0}, 0, by_count)
     shards = sorted(masses)
     m = np.array([masses[s] for s in shards], dtype=np.float64)
     total = m.sum()
-    by_count = not total > 0
-    if by_count:
-        valid = (yield Summaries(("valid",)))["valid"]
-        m = np.array([valid.get(s, 0.0) for s in shards], dtype=np.float64)
-        total = m.sum()
     if not total > 0:
-        raise NothingToSample
+        if by_count:
+            raise NothingToSample
+        return None
     counts = two_level.multinomial_counts(m, B, rng)
-    yield Draw(
+    return Draw(
         {s: int(c) for s, c in zip(shards, counts) if c},
         {s: float(ms / total) for s, ms in zip(shards, m)},
         0,
         by_count,
     )
-    return Layout()
 
 
 def _epoch(B: int, rng):
