@@ -357,34 +357,42 @@ class Shard:
                 self.store.begin_insert(
                     w + n, self.index.next + len(batch.lengths), int(batch.episode_ids.max(initial=-1)) + 1
                 )
-            self._evict_steps_before(w + n - self.capacity)
-            for name in self.ring.columns:  # one ring write per column: GPU tiers batch the episodes
-                self.ring.write_chunks(w, name, [chunk[name] for chunk in batch.chunks])
-            self.ring.write_pos = w + n
-            starts = w + np.concatenate(([0], np.cumsum(batch.lengths)[:-1])).astype(np.int64)
-            ep_seqs = self.index.append(starts, batch.lengths, batch.stamps, batch.episode_ids)
-            if self.step_items:
-                step_slots = ring_slots(w, n, self.capacity)
-                self.step_episode[step_slots] = np.repeat(ep_seqs, batch.lengths)
-                slots, first_seqs = step_slots, starts
-            else:
-                slots, first_seqs = ep_seqs % self.capacity, ep_seqs
-            if batch.priorities is None:
-                pr = np.full(len(slots), self.max_priority)
-            else:
-                pr = batch.priorities
-                if len(pr):
-                    self.max_priority = max(self.max_priority, float(pr.max()))
-            if self.step_items:
-                within = np.arange(n, dtype=np.int64) - np.repeat(starts - w, batch.lengths)
-                stamps = np.repeat(np.asarray(batch.stamps, dtype=np.int64), batch.lengths) + within
-            else:
-                stamps = np.asarray(batch.stamps, dtype=np.int64)
-            self._touch(slots, stamps)
-            self._add_items(slots, pr)
-            self.counters.inserted_steps += n
-            self.counters.inserted_episodes += len(batch.lengths)
-            return keymod.encode(self.shard_id, first_seqs), len(slots)
+            with contextlib.ExitStack() as trees:  # evicted and inserted leaves: one repair of each tree
+                for sel in (self.sampler, self.remover):
+                    if isinstance(sel, WeightedSelector):
+                        trees.enter_context(sel.sums.one_repair())
+                return self._insert_locked(batch, w, n)
+
+    def _insert_locked(self, batch: EpisodeBatch, w: int, n: int) -> tuple[np.ndarray, int]:
+        """:meth:`insert` of ``n`` steps at write position ``w`` (the lock held, the write announced)."""
+        self._evict_steps_before(w + n - self.capacity)
+        for name in self.ring.columns:  # one ring write per column: GPU tiers batch the episodes
+            self.ring.write_chunks(w, name, [chunk[name] for chunk in batch.chunks])
+        self.ring.write_pos = w + n
+        starts = w + np.concatenate(([0], np.cumsum(batch.lengths)[:-1])).astype(np.int64)
+        ep_seqs = self.index.append(starts, batch.lengths, batch.stamps, batch.episode_ids)
+        if self.step_items:
+            step_slots = ring_slots(w, n, self.capacity)
+            self.step_episode[step_slots] = np.repeat(ep_seqs, batch.lengths)
+            slots, first_seqs = step_slots, starts
+        else:
+            slots, first_seqs = ep_seqs % self.capacity, ep_seqs
+        if batch.priorities is None:
+            pr = np.full(len(slots), self.max_priority)
+        else:
+            pr = batch.priorities
+            if len(pr):
+                self.max_priority = max(self.max_priority, float(pr.max()))
+        if self.step_items:
+            within = np.arange(n, dtype=np.int64) - np.repeat(starts - w, batch.lengths)
+            stamps = np.repeat(np.asarray(batch.stamps, dtype=np.int64), batch.lengths) + within
+        else:
+            stamps = np.asarray(batch.stamps, dtype=np.int64)
+        self._touch(slots, stamps)
+        self._add_items(slots, pr)
+        self.counters.inserted_steps += n
+        self.counters.inserted_episodes += len(batch.lengths)
+        return keymod.encode(self.shard_id, first_seqs), len(slots)
 
     def _touch(self, slots: np.ndarray, stamps: np.ndarray | None) -> None:
         """Record the stamps of an insert or update (None: stamps from this shard's own clock)."""

@@ -93,18 +93,37 @@ def set_leaves(tree, idx, values):
 
     Duplicate indices: applied in order, so the last value wins.
     """
-    P = tree.shape[0] // 2
-    for k in range(idx.shape[0]):
-        tree[idx[k] + P] = values[k]
+    write_leaves(tree, idx, values)
     _repair(tree, idx)
 
 
 @njit(cache=True, nogil=True)
 def set_leaves_const(tree, idx, value):
     """Set every ``leaf[idx[k]] = value`` (insert with one weight, removal with 0)."""
+    write_leaves_const(tree, idx, value)
+    _repair(tree, idx)
+
+
+@njit(cache=True, nogil=True)
+def write_leaves(tree, idx, values):
+    """:func:`set_leaves` without the repair: the parents are stale until :func:`repair` of ``idx``."""
+    P = tree.shape[0] // 2
+    for k in range(idx.shape[0]):
+        tree[idx[k] + P] = values[k]
+
+
+@njit(cache=True, nogil=True)
+def write_leaves_const(tree, idx, value):
+    """:func:`set_leaves_const` without the repair: the parents are stale until :func:`repair` of ``idx``."""
     P = tree.shape[0] // 2
     for k in range(idx.shape[0]):
         tree[idx[k] + P] = value
+
+
+@njit(cache=True, nogil=True)
+def repair(tree, idx):
+    """Recompute the ancestors of leaves ``idx`` (written by :func:`write_leaves`): one pass for leaves
+    written by several calls (an insert's evicted and inserted slots)."""
     _repair(tree, idx)
 
 

@@ -35,6 +35,7 @@ the device leaves bit for bit and is never copied back.  On the host tiers
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
@@ -187,6 +188,7 @@ class SumTree(_Tree):
     _combine = staticmethod(np.add)
 
     def __init__(self, ops: SelectionOps, capacity: int):
+        self._pending = None  # host, inside one_repair(): leaves written whose parents are not recomputed yet
         self._mass = 0.0  # device: the root on the host, None while its copy is in flight
         self._root = None  # device: pinned float64[1] the root is copied into after each change
         self._root_copied = None  # device: the event after that copy
@@ -205,10 +207,51 @@ class SumTree(_Tree):
         self._root_copied = ev
         self._mass = None
 
+    @contextmanager
+    def one_repair(self) -> Iterator[None]:
+        """Leaves set inside are written at once and their parents recomputed once, on the way out, for all
+        of them: an insert that overwrites ring slots removes the evicted items and weighs the new ones in
+        one pass over the tree, not two.  Reading the mass inside repairs first.  On the device (whose
+        kernels repair as they set) and when nested, nothing changes."""
+        if self.on_device or self._pending is not None:
+            yield
+            return
+        self._pending = []
+        try:
+            yield
+        finally:
+            self._repair_pending()
+            self._pending = None
+
+    def _repair_pending(self) -> None:
+        if self._pending:
+            idx = self._pending[0] if len(self._pending) == 1 else np.concatenate(self._pending)
+            self._pending.clear()
+            self.ops.repair(self.tree, idx)
+
+    def set(self, slots: np.ndarray, values: np.ndarray) -> None:
+        """``leaf[slots[k]] = values[k]`` (duplicates: the last wins), parents repaired (inside
+        :meth:`one_repair`: on its way out).
+
+        Parameters
+        ----------
+        slots : int64 array
+            Leaves to set.
+        values : float64 array
+            Their values, one per slot.
+        """
+        if self._pending is None:
+            return super().set(slots, values)
+        slots = np.asarray(slots, dtype=np.int64)
+        self.ops.write_leaves(self.tree, slots, np.asarray(values, dtype=np.float64))
+        self._pending.append(slots)
+
     @property
     def mass(self) -> float:
         """Total weight (the root); on the device the copy queued by the last change."""
         if not self.on_device:
+            if self._pending:
+                self._repair_pending()
             return float(self.tree[1])
         if self._mass is None:
             self._root_copied.synchronize()
@@ -226,6 +269,10 @@ class SumTree(_Tree):
             The weight they all get.
         """
         slots = np.asarray(slots, dtype=np.int64)
+        if self._pending is not None:
+            self.ops.write_leaves_const(self.tree, slots, float(value))
+            self._pending.append(slots)
+            return
         if not self.on_device:
             self.ops.set_leaves_const(self.tree, slots, float(value))
             return
@@ -302,6 +349,8 @@ class SumTree(_Tree):
         float
             The summed tail mass.
         """
+        if self._pending:  # (range sums read the parents)
+            self._repair_pending()
         if not self.on_device:
             return float(self.ops.ring_tail_mass(self.tree, capacity, starts, lengths, k))
         with self._device():

@@ -324,7 +324,7 @@ class HostTier(StorageTier):
             dtype, as a shard's validated episodes hold them;
             ``sum(T_k) <= capacity``.
         """
-        if not all(type(rows) is np.ndarray for rows in parts):  # device rows come to the host first
+        if set(map(type, parts)) != {np.ndarray}:  # device rows come to the host first
             parts = [rows.get() if is_device_array(rows) else rows for rows in parts]
         scatter_chunks(dst, pos, parts, checked=True)
 

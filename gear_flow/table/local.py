@@ -41,7 +41,7 @@ from .routing import route
 from .validate import (
     as_episode_list,
     check_batch,
-    check_episode,
+    check_episodes,
     check_keys,
     check_priorities,
     check_sample_args,
@@ -480,10 +480,8 @@ class LocalTable(DatasetMethods):
             The table is closed.
         """
         self._check_open()
-        eps = as_episode_list(episodes)
-        checked = [check_episode(self.spec, e, i) for i, e in enumerate(eps)]
-        lengths = np.array([t for _, t in checked], dtype=np.int64)
-        return self._insert(lengths, lambda sel: [checked[i][0] for i in sel], priorities, timeout, shard)
+        checked, lengths = check_episodes(self.spec, as_episode_list(episodes))
+        return self._insert(lengths, lambda sel: [checked[i] for i in sel], priorities, timeout, shard)
 
     def insert_batch(
         self,
