@@ -1,0 +1,228 @@
+"""The steady-state paths of a sample and an insert give what the general paths give.
+
+A sample's fused take (placement, gather and rows in one compiled call) against a shard's
+``take`` and ``fill_rows`` for the same slots, on every boundary, with and without the
+fused gather and on the disk tier; the sample arguments checked once still refuse what is
+wrong; the batched episode check against the per-episode one; one tree repair for an
+insert's evicted and inserted leaves against a repair per call; the weighted plan's draw
+taken straight against the plan's generator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gear_flow import ColumnSpec, LocalTable, Prioritized, SampleBuffers, TableSpec, Uniform
+from gear_flow.errors import InvalidDataError, SpecError
+from gear_flow.ops import gather, sumtree
+from gear_flow.sample import NO_COUNTS
+from gear_flow.table import planner
+from gear_flow.table.validate import check_episode, check_episodes
+
+ROWS = ("keys", "probabilities", "episode_ids", "timesteps", "priorities", "times_sampled", "mask")
+
+
+def _spec(obs: int = 3, capacity: int = 500) -> TableSpec:
+    return TableSpec(
+        (ColumnSpec("obs", (obs,), np.float32), ColumnSpec("reward", (), np.float32), ColumnSpec("done", (), np.bool_)),
+        capacity=capacity,
+    )
+
+
+def _episodes(n: int, seed: int, obs: int = 3, lo: int = 3, hi: int = 40) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    eps = []
+    for _ in range(n):
+        T = int(rng.integers(lo, hi))
+        eps.append(
+            {
+                "obs": rng.standard_normal((T, obs), dtype=np.float32),
+                "reward": rng.standard_normal(T, dtype=np.float32),
+                "done": np.arange(T) == T - 1,
+            }
+        )
+    return eps
+
+
+def _general(shard, slots, probs, scale, L, boundary, out, columns):
+    """What a take into a batch was before the fused path: place and gather, then the rows."""
+    prio = shard.priority[slots]
+    win = shard.take(slots, L, boundary, np.random.default_rng(0), out.bytes, 0, columns, record=False)
+    out.fill_rows(0, shard.shard_id, win.seqs, probs * scale, win.episode_ids, win.timesteps, win.dst_offset,
+                  win.n_valid, prio, None)  # fmt: skip
+
+
+@pytest.mark.parametrize("tier", ["host", "disk"])
+@pytest.mark.parametrize("boundary", ["pad_tail", "pad_head", "strict"])
+@pytest.mark.parametrize("L", [1, 4])
+@pytest.mark.parametrize("obs", [3, 4096])  # 4096 floats x 4 steps x 80 rows: above the fused gather's size
+def test_take_rows_is_take_and_fill_rows(tier, boundary, L, obs, tmp_path):
+    spec = _spec(obs)
+    kw = {"path": tmp_path / "t"} if tier == "disk" else {}
+    table = LocalTable(spec, sampler=Prioritized(0.6, 0.4), tier=tier, seed=0, **kw)
+    for i in range(4):  # the ring wraps: windows cross its end
+        table.insert(_episodes(8, i, obs), priorities=None)
+    shard = table.shards[0]
+    rng = np.random.default_rng(1)
+    B = 80
+    fits = shard.valid_fn(L, boundary)
+    live = np.flatnonzero(shard.active == 1)
+    if fits is not None:
+        live = live[fits(live)]
+    slots = rng.choice(live, B)
+    probs = rng.random(B)
+    cols = spec.names
+    got, ref = (SampleBuffers(spec, cols, B, L) for _ in range(2))
+    with shard.lock:
+        _general(shard, slots, probs, 0.5, L, boundary, ref, cols)
+        before = shard.counters.sampled
+        shard.take_rows(slots, probs, 0.5, L, boundary, np.random.default_rng(0), got, 0, cols)
+        assert shard.counters.sampled == before + B  # recorded
+    for name in cols:
+        np.testing.assert_array_equal(got.bytes[name], ref.bytes[name])
+    for f in ROWS:
+        np.testing.assert_array_equal(getattr(got, f), getattr(ref, f), err_msg=f)
+    table.close()
+
+
+def test_take_rows_at_an_offset_writes_only_its_rows():
+    spec = _spec()
+    table = LocalTable(spec, sampler=Uniform(), seed=0)
+    table.insert(_episodes(10, 0))
+    shard = table.shards[0]
+    out = SampleBuffers(spec, spec.names, 12, 2)
+    for f in ("keys", "episode_ids", "timesteps"):
+        getattr(out, f)[:] = -7
+    slots = np.flatnonzero(shard.active == 1)[:5]
+    with shard.lock:
+        shard.take_rows(slots, np.ones(5), 1.0, 2, "pad_tail", np.random.default_rng(0), out, 4, spec.names)
+    assert (out.keys[:4] == -7).all() and (out.keys[9:] == -7).all()
+    np.testing.assert_array_equal(out.keys[4:9] & ((1 << 56) - 1), slots)  # one shard: seq = slot before a wrap
+    with pytest.raises(IndexError), shard.lock:  # rows past the batch: nothing written, a clear error
+        shard.take_rows(slots, np.ones(5), 1.0, 2, "pad_tail", np.random.default_rng(0), out, 10, spec.names)
+    assert (out.keys[9:] == -7).all()
+
+
+def test_fill_rows_refuses_rows_that_do_not_fit():
+    out = SampleBuffers(_spec(), ("reward",), 4, 2)
+    out.keys[:] = -1
+    z = np.zeros(3, np.int64)
+    with pytest.raises(IndexError, match="do not fit"):
+        out.fill_rows(2, 0, z, np.ones(3), z, z, z, z + 1)
+    with pytest.raises(IndexError, match="do not fit"):
+        out.fill_rows(0, 0, z, np.ones(2), z, z, z, z + 1)  # probabilities of another length
+    assert (out.keys == -1).all()
+    out.fill_rows(1, 2, z + 5, np.ones(3), z, z, z, z + 1, None, NO_COUNTS)
+    assert list(out.keys) == [-1, (2 << 56) | 5, (2 << 56) | 5, (2 << 56) | 5]
+    assert np.isnan(out.priorities[1:]).all() and (out.times_sampled[1:] == -1).all()
+    assert out.mask[1:].tolist() == [[True, False]] * 3
+
+
+def test_sample_arguments_checked_once_still_refuse_what_is_wrong():
+    spec = _spec()
+    table = LocalTable(spec, sampler=Uniform(), seed=0)
+    table.insert(_episodes(5, 0))
+    buf = SampleBuffers(spec, ("obs",), 8, 3)
+    for _ in range(2):  # the second call takes the checked arguments
+        assert table.sample(8, 3, columns=["obs"], out=buf)["obs"].shape == (8, 3, 3)
+    with pytest.raises(SpecError, match="boundary"):
+        table.sample(8, 3, columns=["obs"], out=buf, boundary="edge")
+    with pytest.raises(SpecError, match="out buffers"):
+        table.sample(8, 2, columns=["obs"], out=buf)
+    with pytest.raises(SpecError, match="out buffers"):
+        table.sample(8, 3, columns=["obs", "reward"], out=buf)
+    one = SampleBuffers(spec, spec.names, 1, 1)
+    table.sample(1, 1, out=one)
+    with pytest.raises(SpecError, match="batch_size"):
+        table.sample(True, 1, out=one)  # equal to 1 and hashed as 1, yet not an integer batch size
+    with pytest.raises(SpecError, match="batch_size"):
+        table.sample(1.0, 1, out=one)
+    with pytest.raises(SpecError):
+        table.sample(8, 3, columns=[["obs"]])  # unhashable columns: checked every time
+
+
+def test_check_episodes_is_check_episode_of_each():
+    spec = _spec()
+    eps = _episodes(20, 3)
+    cols, lengths = check_episodes(spec, eps)  # every episode ready: kept as it is
+    assert [c is e for c, e in zip(cols, eps)] == [True] * 20
+    assert lengths.tolist() == [len(e["reward"]) for e in eps]
+    mixed = [dict(e) for e in eps]
+    mixed[7]["reward"] = mixed[7]["reward"].astype(np.float64)  # cast, as check_episode casts
+    mixed[9]["obs"] = np.asfortranarray(mixed[9]["obs"])  # made contiguous
+    mixed[11]["done"] = mixed[11]["done"].tolist()  # read as an array
+    cols, lengths = check_episodes(spec, mixed)
+    for i, (c, e) in enumerate(zip(cols, mixed)):
+        ref, T = check_episode(spec, e, i)
+        assert lengths[i] == T
+        for name in spec.names:
+            assert c[name].dtype == ref[name].dtype and c[name].flags.c_contiguous
+            np.testing.assert_array_equal(c[name], ref[name])
+    bad = [dict(e) for e in eps]
+    bad[4]["reward"] = bad[4]["reward"][:-1]
+    with pytest.raises(InvalidDataError, match="episode 4: columns have different lengths"):
+        check_episodes(spec, bad)
+    bad = [dict(e) for e in eps]
+    bad[6]["obs"] = bad[6]["obs"][:, :2]
+    with pytest.raises(InvalidDataError, match="episode 6, column 'obs'"):
+        check_episodes(spec, bad)
+    bad = [dict(e) for e in eps]
+    del bad[2]["done"]
+    with pytest.raises(InvalidDataError, match="missing"):
+        check_episodes(spec, bad)
+
+
+@pytest.mark.parametrize("n", [1, 7, 1000])
+def test_one_repair_gives_the_tree_a_repair_per_call_gives(n):
+    from gear_flow.backend import selection_ops
+    from gear_flow.selectors.trees import SumTree
+
+    rng = np.random.default_rng(n)
+    ref, got = SumTree(selection_ops("host"), n), SumTree(selection_ops("host"), n)
+    w = rng.random(n)
+    for t in (ref, got):
+        t.set(np.arange(n), w)
+    gone, new = rng.integers(0, n, n // 2 + 1), rng.integers(0, n, n // 3 + 1)
+    vals = rng.random(len(new))
+    ref.set_const(gone, 0.0)
+    ref.set(new, vals)
+    with got.one_repair():
+        got.set_const(gone, 0.0)
+        got.set(new, vals)
+        assert got.mass == ref.mass  # read inside: repaired first
+        got.set_const(new[:1], 2.0)
+    ref.set_const(new[:1], 2.0)
+    np.testing.assert_array_equal(got.tree, ref.tree)
+    tree = sumtree.new_tree(n)
+    sumtree.set_leaves(tree, np.arange(n), ref.tree[len(tree) // 2 : len(tree) // 2 + n])
+    np.testing.assert_array_equal(got.tree, tree)  # parents exactly the sums of their children
+
+
+@pytest.mark.parametrize("masses", [{0: 3.0}, {0: 1.0, 2: 0.0, 5: 2.5}, {1: 0.0, 3: 0.0}])
+def test_weighted_draw_is_the_plans_draw(masses):
+    a, b = np.random.default_rng(4), np.random.default_rng(4)
+    plan = planner.sample("weighted", 64, a)
+    next(plan)  # its summary of the masses
+    try:
+        got = planner.weighted_draw(dict(masses), 64, b)
+        if got is None:  # no mass anywhere: by the valid items' count
+            got = planner.weighted_draw({s: 2.0 for s in masses}, 64, b, by_count=True)
+    except planner.NothingToSample:
+        got = "nothing"
+    try:
+        want = plan.send({"sampler": dict(masses)})
+        if isinstance(want, planner.Summaries):
+            want = plan.send({"valid": {s: 2.0 for s in masses}})
+    except planner.NothingToSample:
+        want = "nothing"
+    assert got == want
+    assert a.random() == b.random()  # the same draws of the generator
+
+
+def test_gather_columns_still_refuses_outputs_of_other_rows():
+    src = np.zeros((10, 4), np.uint8)
+    out = np.zeros((3, 2, 4), np.uint8)
+    w = np.zeros(2, np.int64)
+    with pytest.raises(IndexError):
+        gather.gather_columns([src], w, w, w + 1, [out])  # 3 output rows for 2 windows
