@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from numba import njit
 
 from . import keys as keymod
 from .errors import EmptyTableError, nothing_to_sample
@@ -74,6 +75,31 @@ class EpisodeBatch:
     def num_steps(self) -> int:
         """Total steps of the batch (sum of ``lengths``)."""
         return int(self.lengths.sum())
+
+
+@njit(nogil=True, cache=True)
+def _apply_updates(seqs, priorities, stamps, clock, lo, capacity, active, touched, priority):
+    """The live items among ``seqs`` (at least ``lo``, active) get ``priorities`` and their stamps
+    (``stamps``, or when it is empty the shard's clock on from ``clock``, one a live item), in order (a
+    repeat: the last wins); returns the live ones' slots and priorities and the clock after them."""
+    n = seqs.shape[0]
+    slots = np.empty(n, np.int64)
+    pr = np.empty(n, np.float64)
+    k, nxt = 0, clock
+    for i in range(n):
+        s = seqs[i]
+        slot = s % capacity
+        if s >= lo and s >= 0 and active[slot] == 1:
+            st = stamps[i] if stamps.shape[0] else clock + k
+            touched[slot] = st
+            priority[slot] = priorities[i]
+            slots[k], pr[k] = slot, priorities[i]
+            nxt = max(nxt, st + 1)
+            k += 1
+    return slots[:k], pr[:k], nxt
+
+
+_NO_STAMPS = np.zeros(0, np.int64)
 
 
 @dataclass
@@ -549,12 +575,18 @@ class Shard:
             If a seq was never issued by this shard.
         """
         with self.lock, self.writing():
-            slots, live = self.resolve(seqs)
-            stale = int((~live).sum())
-            slots, pr = slots[live], priorities[live]
+            self.check_issued(seqs)
+            lo = self.live_seq_range()[0]
+            st = _NO_STAMPS if stamps is None else np.asarray(stamps, dtype=np.int64)
+            # one compiled pass: which items are live, their stamps and priorities written (the loads of
+            # their state overlap); the selectors then take the live ones
+            slots, pr, clock = _apply_updates(
+                np.asarray(seqs, dtype=np.int64), np.asarray(priorities, dtype=np.float64), st, self._clock, lo,
+                self.capacity, self.active, self.touched, self.priority,
+            )  # fmt: skip
+            stale = len(seqs) - len(slots)
             if len(slots):
-                self._touch(slots, None if stamps is None else np.asarray(stamps, dtype=np.int64)[live])
-                self.priority[slots] = pr
+                self._clock = int(clock)
                 if self.weighted and self.tails.entries:  # (no tail mass cached: no leaves to read)
                     old = self.sampler.leaf_weights(slots)
                     self.sampler.update(slots, pr)
@@ -759,6 +791,9 @@ class Shard:
                 if sel.without_replacement:
                     self._raise_empty(length, boundary)
                 return self._draw_uniform(n, length, boundary, rng)
+            if not sel.without_replacement and (boundary != "strict" or length <= 1):
+                out = sel.draw(rng.random(n))  # every window fits: the loop below takes one round, as here
+                return out, sel.drawn_weights(out) / mass
             valid = self.valid_fn(length, boundary)
             out = None
             got = 0

@@ -304,6 +304,8 @@ class HostTier(StorageTier):
         cls = type(self)
         if cls.gather_windows is not HostTier.gather_windows or cls.gather_columns is not HostTier.gather_columns:
             return None
+        if not columns:  # (no column to gather: the placement and the rows only)
+            return None
         pairs = tuple([(srcs[name], outs[name]) for name in columns])
         if n * sum([o.shape[1] * o.shape[2] for _, o in pairs]) >= PARALLEL_MIN_BYTES:
             return None

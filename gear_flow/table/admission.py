@@ -137,7 +137,7 @@ class Admission:
             self.cond.notify_all()
             raise
 
-    def admit_now(self, kind: str, pred: Callable[[], bool]) -> bool:
+    def admit_now(self, kind: str, pred: Callable[..., bool], *args: object) -> bool:
         """Whether a call may go ahead at once, without joining its line (call holding ``cond``).
 
         True when the table is open, no call of ``kind`` is waiting (none is
@@ -149,14 +149,16 @@ class Admission:
         kind : {"insert", "sample"}
             The call's line.
         pred : callable
-            ``pred() -> bool``: whether the limiter admits the call now.
+            ``pred(*args) -> bool``: whether the limiter admits the call now.
+        *args : object
+            Its arguments.
 
         Returns
         -------
         bool
             Admitted.
         """
-        return not self.closed and not self._lines[kind] and pred()
+        return not self.closed and not self._lines[kind] and pred(*args)
 
     def done(self, kind: str) -> None:
         """The head of ``kind``'s line was admitted: the next one may go (call holding ``cond``).

@@ -10,6 +10,7 @@ the probabilities it reports are those of one consistent state.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from ..writer import EpisodeWriter
 
 logger = logging.getLogger(__name__)
+_HOST = contextlib.nullcontext()  # host buffers gather in no stream (one reusable context, not one a sample)
 
 
 class LocalTable(DatasetMethods):
@@ -774,18 +776,10 @@ class LocalTable(DatasetMethods):
         give, inserts stored when it was admitted))``.  ``after``: admitted once more inserts are stored;
         ``timeout`` what is left of the call's ``whole``."""
         adm = self._admission
-        limiter = self.rate_limiter
         with self._cond:
-            if not (after is None and adm.admit_now("sample", lambda: limiter.can_sample(B, self.size))):
-                self._wait(
-                    "sample",
-                    lambda: (after is None or adm.arrivals > after) and limiter.can_sample(B, self.size),
-                    timeout,
-                    what or f"a sample of {B}",
-                    None if after is None else whole,
-                )
-                adm.done("sample")
-            limiter.on_sample(B)
+            if not (after is None and adm.admit_now("sample", self._can_sample, B)):
+                self._wait_to_sample(B, timeout, whole, what, after)
+            self.rate_limiter.on_sample(B)
             seen = adm.arrivals
             # Take the shard locks before any other call is admitted: an insert admitted
             # after this sample must not reach the shards before the sample has taken
@@ -797,7 +791,7 @@ class LocalTable(DatasetMethods):
                 sh.lock.acquire()
         try:
             try:
-                with out.gather_stream():  # device buffers: gather on the learner's torch stream
+                with out.gather_stream() if out.on_device else _HOST:  # device: on the learner's torch stream
                     size = self.size
                     expired = sample_shards(
                         self._by_id, self.cfg.plan, out, B, L, boundary, columns, self.rng if rng is None else rng,
@@ -820,9 +814,26 @@ class LocalTable(DatasetMethods):
                 self.rate_limiter.on_delete(sum(expired.values()))
         return size, None
 
+    def _can_sample(self, B: int) -> bool:
+        return self.rate_limiter.can_sample(B, self.size)
+
+    def _wait_to_sample(self, B, timeout, whole, what, after) -> None:
+        """:meth:`_sample_admitted`'s wait in line (holding ``_cond``), once a sample cannot go at once."""
+        adm = self._admission
+        self._wait(
+            "sample",
+            lambda: (after is None or adm.arrivals > after) and self._can_sample(B),
+            timeout,
+            what or f"a sample of {B}",
+            None if after is None else whole,
+        )
+        adm.done("sample")
+
     # -- priorities and deletes ------------------------------------------------------------------
     def _by_shard(self, keys):
         k = check_keys(keys, len(self.shards))
+        if len(self.shards) == 1:  # every key's shard is 0 (checked): the seqs are the keys
+            return k, np.zeros(len(k), dtype=np.int64), k
         shard, seq = decode(k)
         return k, shard, seq
 

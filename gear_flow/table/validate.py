@@ -8,11 +8,12 @@ from operator import attrgetter, eq, itemgetter, methodcaller
 from typing import Any
 
 import numpy as np
+from numba import njit
 from numpy.typing import ArrayLike
 
 from ..backend import is_device_array
 from ..errors import InvalidDataError, InvalidPriorityError, SpecError
-from ..keys import decode
+from ..keys import SHARD_SHIFT, decode
 from ..spec import BOUNDARIES, TableSpec
 
 
@@ -321,9 +322,9 @@ def check_priorities(priorities: ArrayLike | float | None, n: int, what: str = "
     p = p.reshape(-1)
     if len(p) != n:
         raise InvalidDataError(f"got {len(p)} priorities for {n} {what}")
-    bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
-    if len(bad):
-        raise InvalidPriorityError(int(bad[0]), float(p[bad[0]]))
+    bad = _first_bad_priority(p)
+    if bad >= 0:
+        raise InvalidPriorityError(int(bad), float(p[bad]))
     return p
 
 
@@ -379,14 +380,34 @@ def check_keys(keys: ArrayLike, num_shards: int) -> np.ndarray:
         k = k.astype(np.int64)
     if k.dtype.kind not in "iu":
         raise InvalidDataError(f"keys must be integers, got dtype {k.dtype}")
-    k = k.astype(np.int64).reshape(-1)
-    shard, _ = decode(k)
-    bad = np.flatnonzero((shard < 0) | (shard >= num_shards))
-    if len(bad):
+    k = k.astype(np.int64, copy=False).reshape(-1)
+    bad = _first_bad_shard(k, num_shards)
+    if bad >= 0:
         from ..errors import UnknownKeyError
 
-        raise UnknownKeyError(int(k[bad[0]]), f"it names shard {int(shard[bad[0]])}; this table has {num_shards}")
+        shard = int(decode(k[bad : bad + 1])[0][0])
+        raise UnknownKeyError(int(k[bad]), f"it names shard {shard}; this table has {num_shards}")
     return k
+
+
+@njit(nogil=True, cache=True)
+def _first_bad_shard(keys, num_shards):
+    """Index of the first key whose shard (its high bits, :mod:`gear_flow.keys`) is not below
+    ``num_shards`` or is negative, or -1: one pass, where NumPy makes four arrays."""
+    for i in range(keys.shape[0]):
+        s = keys[i] >> SHARD_SHIFT
+        if s < 0 or s >= num_shards:
+            return i
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _first_bad_priority(p):
+    """Index of the first priority that is NaN, infinite or negative, or -1."""
+    for i in range(p.shape[0]):
+        if not (p[i] >= 0.0 and p[i] < np.inf):
+            return i
+    return -1
 
 
 def sample_columns(spec: TableSpec, columns: str | Sequence[str] | None) -> tuple[str, ...]:
