@@ -223,5 +223,6 @@ def bench_insert(tier_name: str, reps: int, batch: int = 1024, steps: int | None
         copy_gbps=best["copy_gbps"],
         gear_reported_gbps=GEAR_COLLECTION_GBPS,
         meets_gear=best["gbps"] >= GEAR_COLLECTION_GBPS,
+        host_batch_ratio_to_pageable_h2d=out["batch_host"]["ratio_to_copy"],
     )
     return out

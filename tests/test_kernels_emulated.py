@@ -88,5 +88,9 @@ def test_gpu_check_runs_under_emulation(dev, monkeypatch, tmp_path):
         assert g["meets_target"] == (g["ratio_fused"] >= gpu_check.TARGET_RATIO), name
     assert s["sumtree"]["parity_with_twin"] and s["sumtree"]["topk_parity"]
     assert s["table_device"]["status"] == "failed"  # CPU torch: no CUDA tensors here
+    sel = s["table_selection"]  # the device tier's steady state, against its target, batch by batch as the host
+    assert sel["status"] == "ok" and sel["parity_with_host"], sel.get("error")
+    assert sel["target_ms"] == gpu_check.TABLE_SELECTION_MS == 0.3
+    assert sel["meets_target"] == (sel["device"]["sample_and_update_ms"] <= 0.3)
     assert s["dask_cuda"]["status"] in ("skipped", "failed")
     assert "gpu_check" in sys.modules
