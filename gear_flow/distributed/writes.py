@@ -40,7 +40,7 @@ from ..errors import ShardLostError, ShardMovedError, SpecError
 from ..storage.staging import stage_chunks, staged_bytes, staging_area
 from ..table import planner, routing
 from ..table.results import InsertResult
-from ..table.validate import as_episode_list, check_episode, check_priorities
+from ..table.validate import as_episode_list, check_episodes, check_priorities
 from .edits import evict_excess
 from .transactions import abort_insert, admission_args, apply_staged, insert_error, run_insert
 from .wire import array_bytes
@@ -96,16 +96,14 @@ def prepare_insert(
     InvalidPriorityError
         A priority that is NaN, infinite or negative.
     """
-    eps = as_episode_list(episodes)
-    checked = [check_episode(spec, e, i) for i, e in enumerate(eps)]
-    lengths = np.array([t for _, t in checked], dtype=np.int64)
+    checked, lengths = check_episodes(spec, as_episode_list(episodes))
     step_items = spec.item_unit == "step"
     n_items = int(lengths.sum()) if step_items else len(lengths)
     if isinstance(priorities, (list, tuple)) and priorities and np.ndim(priorities[0]) >= 1:
         priorities = np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1) for p in priorities])
     pr = check_priorities(priorities, n_items)
     item_off = np.concatenate(([0], np.cumsum(lengths if step_items else np.ones_like(lengths))))
-    return [c for c, _ in checked], lengths, n_items, item_off, pr
+    return checked, lengths, n_items, item_off, pr
 
 
 class Insert(NamedTuple):
