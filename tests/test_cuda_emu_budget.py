@@ -13,7 +13,8 @@ reused without a wait once the copy that last read it is seen done); a uniform
 sample of a ring without holes draws by arithmetic on the host
 (:meth:`gear_flow.selectors.Uniform.draw`), so it is the gather alone and
 no wait; an
-update is one launch and no wait.
+update is one launch and no wait; an insert that overwrites the ring changes the sampler's tree with
+one launch (the evicted items and the new ones together).
 """
 
 from __future__ import annotations
@@ -67,3 +68,28 @@ def test_a_steady_state_device_sample_launches_and_waits_within_bounds(emulated,
         for p in (2.0, 3.0):
             _, launches, waits = counted(lambda p=p: t.update_priorities(b.keys.numpy(), np.full(16, p)))
             assert tuple(launches) == UPDATE and waits == 0, (launches, waits)
+
+
+@pytest.mark.parametrize("sampler", ["prioritized", "uniform"])
+def test_an_insert_that_overwrites_the_ring_changes_each_tree_once(emulated, sampler):
+    """The evicted items' removal and the new items' weights are one update of the sampler's tree: one
+    upload and one launch per insert, however many episodes it overwrites; the table still samples as the
+    host tier does."""
+    from gear_flow import ColumnSpec, LocalTable, Prioritized, TableSpec, Uniform
+
+    spec = TableSpec((ColumnSpec("obs", (3,), np.float32),), capacity=120)
+    rng = np.random.default_rng(2)
+    sel = Prioritized(0.8, 0.4) if sampler == "prioritized" else Uniform()
+    t = LocalTable(spec, sampler=sel, tier="device", seed=4)
+    host = LocalTable(spec, sampler=sel, tier="host", seed=4)
+    for i in range(8):  # from the third on, each insert overwrites episodes at the ring's front
+        eps = [{"obs": rng.random((int(T), 3), dtype=np.float32)} for T in rng.integers(10, 25, 3)]
+        pr = rng.random(sum(len(e["obs"]) for e in eps)) + 0.1
+        host.insert(eps, priorities=pr)
+        _, launches, _ = counted(lambda eps=eps, pr=pr: t.insert(eps, priorities=pr))
+        trees = [x for x in launches if x[0] == "sumtree"]
+        assert trees == [("sumtree", "tree_update_block<SumOp, long long, double>")], (i, launches)
+        b, ref = t.sample(8, 2), host.sample(8, 2)
+        np.testing.assert_array_equal(b.keys.numpy(), ref.keys.numpy())
+        np.testing.assert_array_equal(b.probabilities.numpy(), ref.probabilities.numpy())
+    assert t.info()["totals"]["evicted"] > 0

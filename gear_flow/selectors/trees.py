@@ -209,25 +209,39 @@ class SumTree(_Tree):
 
     @contextmanager
     def one_repair(self) -> Iterator[None]:
-        """Leaves set inside are written at once and their parents recomputed once, on the way out, for all
-        of them: an insert that overwrites ring slots removes the evicted items and weighs the new ones in
-        one pass over the tree, not two.  Reading the mass inside repairs first.  On the device (whose
-        kernels repair as they set) and when nested, nothing changes."""
-        if self.on_device or self._pending is not None:
+        """Leaves set inside change the tree once, on the way out, for all of them: an insert that overwrites
+        ring slots removes the evicted items and weighs the new ones in one pass over the tree, not two (on
+        the host the leaves are written at once and their parents recomputed on the way out; on the device
+        the changes go up in one upload and one launch).  Reading the tree inside (its mass, a draw, a tail
+        mass) applies them first; leaf weights read the leaves (the host mirror on the device).  Nested:
+        the outermost applies.
+        """
+        if self._pending is not None:
             yield
             return
         self._pending = []
         try:
             yield
         finally:
-            self._repair_pending()
+            self._apply_pending()
             self._pending = None
 
-    def _repair_pending(self) -> None:
-        if self._pending:
-            idx = self._pending[0] if len(self._pending) == 1 else np.concatenate(self._pending)
-            self._pending.clear()
-            self.ops.repair(self.tree, idx)
+    def _apply_pending(self) -> None:
+        """What :meth:`one_repair` has held back: the host's repair of the leaves written, or the device's
+        one update of every ``(slots, values)`` set in order (repeats: the last wins, as within one)."""
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = None  # (the device's set below runs outside the hold)
+        try:
+            if self.on_device:
+                slots = np.concatenate([s for s, _ in pending])
+                super().set(slots, np.concatenate([v for _, v in pending]))
+            else:
+                self.ops.repair(self.tree, pending[0] if len(pending) == 1 else np.concatenate(pending))
+        finally:
+            pending.clear()
+            self._pending = pending
 
     def set(self, slots: np.ndarray, values: np.ndarray) -> None:
         """``leaf[slots[k]] = values[k]`` (duplicates: the last wins), parents repaired (inside
@@ -243,15 +257,20 @@ class SumTree(_Tree):
         if self._pending is None:
             return super().set(slots, values)
         slots = np.asarray(slots, dtype=np.int64)
-        self.ops.write_leaves(self.tree, slots, np.asarray(values, dtype=np.float64))
-        self._pending.append(slots)
+        values = np.asarray(values, dtype=np.float64)
+        if self.on_device:
+            self._pending.append((slots, values))
+            self.leaves[slots] = values  # the host mirror: leaf weights read inside see the change
+        else:
+            self.ops.write_leaves(self.tree, slots, values)
+            self._pending.append(slots)
 
     @property
     def mass(self) -> float:
         """Total weight (the root); on the device the copy queued by the last change."""
+        if self._pending:
+            self._apply_pending()
         if not self.on_device:
-            if self._pending:
-                self._repair_pending()
             return float(self.tree[1])
         if self._mass is None:
             self._root_copied.synchronize()
@@ -270,6 +289,8 @@ class SumTree(_Tree):
         """
         slots = np.asarray(slots, dtype=np.int64)
         if self._pending is not None:
+            if self.on_device:
+                return self.set(slots, np.full(len(slots), float(value)))
             self.ops.write_leaves_const(self.tree, slots, float(value))
             self._pending.append(slots)
             return
@@ -293,6 +314,8 @@ class SumTree(_Tree):
         value : float
             Their weight.
         """
+        if self._pending:
+            self._pending.clear()  # every leaf changes below
         if self.on_device:
             with self._device():
                 self._alloc()  # a zeroed tree, ordered after the old one's last use
@@ -317,6 +340,8 @@ class SumTree(_Tree):
         int64 array
             The drawn leaves (slots), on the host, in the order of ``uniforms``.
         """
+        if self._pending:  # (the descent reads the parents)
+            self._apply_pending()
         uniforms = np.asarray(uniforms, dtype=np.float64)
         n = len(uniforms)
         if not self.on_device:
@@ -350,7 +375,7 @@ class SumTree(_Tree):
             The summed tail mass.
         """
         if self._pending:  # (range sums read the parents)
-            self._repair_pending()
+            self._apply_pending()
         if not self.on_device:
             return float(self.ops.ring_tail_mass(self.tree, capacity, starts, lengths, k))
         with self._device():
