@@ -99,6 +99,26 @@ def _apply_updates(seqs, priorities, stamps, clock, lo, capacity, active, touche
     return slots[:k], pr[:k], nxt
 
 
+@njit(nogil=True, cache=True)
+def _place_steps(w, capacity, lengths, ep_seqs, stamps, step_episode, touched):
+    """The steps of episodes written back to back from absolute position ``w``: each slot gets its episode's
+    seq and its stamp (its episode's first item's stamp plus its index in the episode); returns the clock
+    after them (the largest stamp + 1, or -1 for none)."""
+    pos = w % capacity
+    nxt = -1
+    for e in range(lengths.shape[0]):
+        q, s0 = ep_seqs[e], stamps[e]
+        for t in range(lengths[e]):
+            step_episode[pos] = q
+            touched[pos] = s0 + t
+            pos += 1
+            if pos == capacity:
+                pos = 0
+        if lengths[e] > 0:
+            nxt = max(nxt, s0 + lengths[e])
+    return nxt
+
+
 _NO_STAMPS = np.zeros(0, np.int64)
 
 
@@ -397,24 +417,21 @@ class Shard:
         self.ring.write_pos = w + n
         starts = w + np.concatenate(([0], np.cumsum(batch.lengths)[:-1])).astype(np.int64)
         ep_seqs = self.index.append(starts, batch.lengths, batch.stamps, batch.episode_ids)
-        if self.step_items:
-            step_slots = ring_slots(w, n, self.capacity)
-            self.step_episode[step_slots] = np.repeat(ep_seqs, batch.lengths)
-            slots, first_seqs = step_slots, starts
+        stamps = np.asarray(batch.stamps, dtype=np.int64)
+        if self.step_items:  # each step's episode and stamp, run by run of the ring in one compiled pass
+            clock = _place_steps(w, self.capacity, np.asarray(batch.lengths, dtype=np.int64), ep_seqs, stamps,
+                                 self.step_episode, self.touched)  # fmt: skip
+            self._clock = max(self._clock, int(clock))
+            slots, first_seqs = ring_slots(w, n, self.capacity), starts
         else:
             slots, first_seqs = ep_seqs % self.capacity, ep_seqs
+            self._touch(slots, stamps)
         if batch.priorities is None:
             pr = np.full(len(slots), self.max_priority)
         else:
             pr = batch.priorities
             if len(pr):
                 self.max_priority = max(self.max_priority, float(pr.max()))
-        if self.step_items:
-            within = np.arange(n, dtype=np.int64) - np.repeat(starts - w, batch.lengths)
-            stamps = np.repeat(np.asarray(batch.stamps, dtype=np.int64), batch.lengths) + within
-        else:
-            stamps = np.asarray(batch.stamps, dtype=np.int64)
-        self._touch(slots, stamps)
         self._add_items(slots, pr)
         self.counters.inserted_steps += n
         self.counters.inserted_episodes += len(batch.lengths)

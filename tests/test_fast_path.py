@@ -226,3 +226,27 @@ def test_gather_columns_still_refuses_outputs_of_other_rows():
     w = np.zeros(2, np.int64)
     with pytest.raises(IndexError):
         gather.gather_columns([src], w, w, w + 1, [out])  # 3 output rows for 2 windows
+
+
+def test_an_insert_places_each_steps_episode_and_stamp_run_by_run():
+    """Across the ring's end: every slot written holds its episode's seq and its stamp (the episode's first
+    item's stamp plus its index in the episode), and the shard's clock is past the last one."""
+    spec = TableSpec((ColumnSpec("x", (), np.float32),), capacity=50)
+    table = LocalTable(spec, sampler=Uniform(), seed=0)
+    lengths = [7, 13, 9, 11, 16, 4, 20]
+    for T in lengths:  # the last inserts wrap the ring
+        table.insert({"x": np.zeros(T, np.float32)})
+    shard = table.shards[0]
+    seq, want_ep, want_stamp = 0, {}, {}
+    stamp = 0
+    for e, T in enumerate(lengths):
+        for t in range(T):
+            want_ep[seq % 50], want_stamp[seq % 50] = e, stamp + t
+            seq += 1
+        stamp += T
+    live = np.flatnonzero(shard.active == 1)
+    assert len(live) > 0 and shard.ring.write_pos == sum(lengths) > 50
+    for slot in live:  # in slot order
+        assert shard.step_episode[slot] == want_ep[slot], slot
+        assert shard.touched[slot] == want_stamp[slot], slot
+    assert shard._clock == sum(lengths)
