@@ -66,8 +66,13 @@ def _repair(tree, idx):
     what keeps a 10M-leaf tree as fast per update as a cache-resident one.
     Recomputing a shared ancestor twice is harmless.
     """
+    _repair_with(tree, idx, np.empty(idx.shape[0], dtype=np.int64))
+
+
+@njit(cache=True, nogil=True)
+def _repair_with(tree, idx, node):
+    """:func:`_repair` with ``node`` (int64, at least ``len(idx)``) as its scratch."""
     P = tree.shape[0] // 2
-    node = np.empty(idx.shape[0], dtype=np.int64)
     m = 0  # ancestors at the current level; neighbours that share one (sorted idx: inserts) kept once
     for k in range(idx.shape[0]):
         i = (idx[k] + P) // 2
@@ -121,10 +126,11 @@ def write_leaves_const(tree, idx, value):
 
 
 @njit(cache=True, nogil=True)
-def repair(tree, idx):
+def repair(tree, idx, scratch):
     """Recompute the ancestors of leaves ``idx`` (written by :func:`write_leaves`): one pass for leaves
-    written by several calls (an insert's evicted and inserted slots)."""
-    _repair(tree, idx)
+    written by several calls (an insert's evicted and inserted slots).  ``scratch``: int64, at least
+    ``len(idx)`` (a caller's reused buffer: a large insert's repair then allocates nothing)."""
+    _repair_with(tree, idx, scratch)
 
 
 @njit(cache=True, nogil=True)

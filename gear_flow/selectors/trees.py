@@ -188,7 +188,8 @@ class SumTree(_Tree):
     _combine = staticmethod(np.add)
 
     def __init__(self, ops: SelectionOps, capacity: int):
-        self._pending = None  # host, inside one_repair(): leaves written whose parents are not recomputed yet
+        self._pending = None  # inside one_repair(): the leaves set whose tree is not changed yet
+        self._repair_buf = np.zeros(0, dtype=np.int64)  # host: the held leaves and the repair's nodes, reused
         self._mass = 0.0  # device: the root on the host, None while its copy is in flight
         self._root = None  # device: pinned float64[1] the root is copied into after each change
         self._root_copied = None  # device: the event after that copy
@@ -237,8 +238,12 @@ class SumTree(_Tree):
             if self.on_device:
                 slots = np.concatenate([s for s, _ in pending])
                 super().set(slots, np.concatenate([v for _, v in pending]))
-            else:
-                self.ops.repair(self.tree, pending[0] if len(pending) == 1 else np.concatenate(pending))
+            else:  # the leaves' indices and the repair's nodes in two reused buffers (no fresh pages)
+                n = sum(map(len, pending))
+                if len(self._repair_buf) < 2 * n:
+                    self._repair_buf = np.empty(2 * n, dtype=np.int64)
+                idx = np.concatenate(pending, out=self._repair_buf[:n])
+                self.ops.repair(self.tree, idx, self._repair_buf[n : 2 * n])
         finally:
             pending.clear()
             self._pending = pending
