@@ -221,6 +221,7 @@ class Shard:
         self.tier = get_tier(tier)
         self.ring = ColumnRing(spec, self.tier)
         self._last_pairs = None  # (buffers, columns, rows, pairs) of the last take (see _fused_pairs)
+        self._buffers = [None, None, None]  # an insert's reused buffers (see _scratch)
         self.index = EpisodeIndex()
         cap = self.capacity
         state = self.tier.state  # host memory, or the files of a disk shard
@@ -422,12 +423,13 @@ class Shard:
             clock = _place_steps(w, self.capacity, np.asarray(batch.lengths, dtype=np.int64), ep_seqs, stamps,
                                  self.step_episode, self.touched)  # fmt: skip
             self._clock = max(self._clock, int(clock))
-            slots, first_seqs = ring_slots(w, n, self.capacity), starts
+            slots, first_seqs = ring_slots(w, n, self.capacity, out=self._scratch(1, n)), starts
         else:
             slots, first_seqs = ep_seqs % self.capacity, ep_seqs
             self._touch(slots, stamps)
         if batch.priorities is None:
-            pr = np.full(len(slots), self.max_priority)
+            pr = self._scratch(2, len(slots), np.float64)
+            pr.fill(self.max_priority)
         else:
             pr = batch.priorities
             if len(pr):
@@ -457,9 +459,21 @@ class Shard:
         self.size += len(slots)
         self.counters.inserted += len(slots)
 
+    def _scratch(self, i: int, n: int, dtype: type = np.int64) -> np.ndarray:
+        """Buffer ``i`` of this shard's inserts, ``[n]`` of ``dtype``: the slots an insert evicts (0) and
+        writes (1), its default priorities (2).  Reused (an insert holds the lock and nothing keeps them past
+        it), a large insert takes no fresh pages for them: in a Dask worker, whose allocator returns freed
+        memory at once, those page faults doubled the ring's bookkeeping."""
+        buf = self._buffers[i]
+        if buf is None or len(buf) < n or buf.dtype != dtype:
+            buf = self._buffers[i] = np.empty(max(n, 1024), dtype=dtype)
+        return buf[:n]
+
     def _drop_items(self, slots: np.ndarray) -> int:
         """Deactivate the active ones among ``slots``; returns how many."""
-        slots = slots[self.active[slots] == 1]
+        live = self.active[slots] == 1
+        if not live.all():
+            slots = slots[live]
         if len(slots):
             if self.weighted and self.tails.entries:
                 self.tails.change(slots, self.sampler.leaf_weights(slots), np.zeros(len(slots)))
@@ -484,7 +498,7 @@ class Shard:
             ln = idx.get("length", seqs)
             total = int(ln.sum())
             if total <= self.capacity and int(st[-1]) + int(ln[-1]) - int(st[0]) == total:  # back to back
-                return k, ring_slots(int(st[0]), total, self.capacity)
+                return k, ring_slots(int(st[0]), total, self.capacity, out=self._scratch(0, total))
             steps = np.arange(total, dtype=np.int64) + np.repeat(st - (np.cumsum(ln) - ln), ln)
             return k, steps % self.capacity
         return k, seqs % self.capacity

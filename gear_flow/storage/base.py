@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+from numba import njit
 
 from ..backend import is_device_array
 from ..errors import SpecError
@@ -28,7 +29,7 @@ from .reuse import Reuse
 _OUTPUTS = Reuse()
 
 
-def ring_slots(first: int, n: int, capacity: int) -> np.ndarray:
+def ring_slots(first: int, n: int, capacity: int, out: np.ndarray | None = None) -> np.ndarray:
     """Slots of ``n <= capacity`` consecutive ring positions from absolute position ``first``.
 
     Parameters
@@ -39,6 +40,9 @@ def ring_slots(first: int, n: int, capacity: int) -> np.ndarray:
         How many, at most ``capacity``.
     capacity : int
         The ring's size.
+    out : numpy.ndarray, optional
+        int64 ``[n]`` to write them into (a caller's reused buffer: a large
+        insert's slots then take no fresh pages).
 
     Returns
     -------
@@ -51,11 +55,18 @@ def ring_slots(first: int, n: int, capacity: int) -> np.ndarray:
     >>> ring_slots(8, 4, 10).tolist()
     [8, 9, 0, 1]
     """
-    s = first % capacity
-    out = np.arange(s, s + n, dtype=np.int64)
-    if s + n > capacity:
-        out[capacity - s :] -= capacity
+    out = np.empty(n, dtype=np.int64) if out is None else out
+    _fill_ring_slots(first % capacity, capacity, out)
     return out
+
+
+@njit(nogil=True, cache=True)
+def _fill_ring_slots(s, capacity, out):
+    for i in range(out.shape[0]):  # counting on from s, back to 0 at the ring's end (no division)
+        out[i] = s
+        s += 1
+        if s == capacity:
+            s = 0
 
 
 class StorageTier(ABC):
