@@ -250,3 +250,21 @@ def test_an_insert_places_each_steps_episode_and_stamp_run_by_run():
         assert shard.step_episode[slot] == want_ep[slot], slot
         assert shard.touched[slot] == want_stamp[slot], slot
     assert shard._clock == sum(lengths)
+
+
+def test_checked_sample_arguments_keep_no_buffers_alive():
+    import gc
+    import weakref
+
+    spec = _spec()
+    table = LocalTable(spec, sampler=Uniform(), seed=0)
+    table.insert(_episodes(5, 0))
+    a, b = SampleBuffers(spec, spec.names, 4, 2), SampleBuffers(spec, spec.names, 4, 2)
+    for buf in (a, b, a, b):  # two buffers of the same arguments, in turn: each checked, each filled
+        assert table.sample(4, 2, out=buf)["obs"].data_ptr() == buf.arrays["obs"].ctypes.data
+    gone = weakref.ref(a)
+    del a
+    gc.collect()
+    assert gone() is None
+    with pytest.raises(SpecError, match="out buffers"):  # other buffers of the same arguments are still checked
+        table.sample(4, 2, out=SampleBuffers(spec, ("obs",), 4, 2))

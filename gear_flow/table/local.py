@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -170,7 +171,7 @@ class LocalTable(DatasetMethods):
         self._stamp = 0
         self._evict_lock = threading.Lock()
         self._page_ins = None  # (time, bytes read from storage) at the last info(): the page-in rate
-        self._checked = {}  # sample arguments checked once: (B, L, boundary, columns, out) -> columns
+        self._checked = {}  # sample arguments checked once: (B, L, boundary, columns) -> (columns, its buffers)
         if self.path is not None and not _open:
             self._write_manifest()
 
@@ -746,12 +747,12 @@ class LocalTable(DatasetMethods):
         seen before are not made again (none of them can fail a second time: a table's spec, tier and
         limiter do not change, nor do a SampleBuffers' shapes)."""
         try:
-            key = (type(B), B, type(L), L, boundary, columns if type(columns) is not list else tuple(columns), out)
+            key = (type(B), B, type(L), L, boundary, columns if type(columns) is not list else tuple(columns))
             known = self._checked.get(key)
         except TypeError:  # unhashable columns: checked below, every time
             key = known = None
-        if known is not None:
-            return known, out
+        if known is not None and out is not None and known[1]() is out:  # (a weak reference: kept alive by no one)
+            return known[0], out
         check_sample_args(B, L, boundary)
         columns = sample_columns(self.spec, columns)
         tier = self.shards[0].tier
@@ -764,10 +765,10 @@ class LocalTable(DatasetMethods):
                 f"from a {tier.name!r} table"
             )
         self.rate_limiter.check_sample_size(B)
-        if key is not None and key[-1] is not None:  # (new buffers each call: only the caller's are kept)
+        if key is not None and out is not None:  # the buffers of a steady state (a call without: new ones)
             if len(self._checked) >= 64:
                 self._checked.clear()
-            self._checked[key] = columns
+            self._checked[key] = (columns, weakref.ref(out))
         return columns, out
 
     def _sample_admitted(self, out, B, L, boundary, columns, rng, timeout, whole, what, after) -> tuple:
