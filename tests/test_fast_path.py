@@ -268,3 +268,25 @@ def test_checked_sample_arguments_keep_no_buffers_alive():
     assert gone() is None
     with pytest.raises(SpecError, match="out buffers"):  # other buffers of the same arguments are still checked
         table.sample(4, 2, out=SampleBuffers(spec, ("obs",), 4, 2))
+
+
+def test_a_read_in_another_thread_leaves_held_changes_to_their_owner():
+    """Another thread reading the mass (an eviction plan's summary takes no shard lock) sees the tree as
+    it was and applies nothing; the owner's read applies them, and so does its leaving."""
+    import threading
+
+    from gear_flow.backend import selection_ops
+    from gear_flow.selectors.trees import SumTree
+
+    t = SumTree(selection_ops("host"), 8)
+    t.set(np.arange(8), np.ones(8))
+    seen = []
+    with t.one_repair():
+        t.set_const(np.arange(4), 3.0)
+        other = threading.Thread(target=lambda: seen.append(t.mass))
+        other.start()
+        other.join()
+        assert seen == [8.0] and t._pending  # the other thread applied nothing
+        assert t.mass == 16.0  # the owner's read applies them
+        t.set_const(np.arange(4, 8), 0.0)
+    assert t.mass == 12.0 and not t._pending

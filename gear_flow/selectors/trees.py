@@ -35,6 +35,7 @@ the device leaves bit for bit and is never copied back.  On the host tiers
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -189,6 +190,7 @@ class SumTree(_Tree):
 
     def __init__(self, ops: SelectionOps, capacity: int):
         self._pending = None  # inside one_repair(): the leaves set whose tree is not changed yet
+        self._owner = None  # the thread in one_repair()
         self._repair_buf = np.zeros(0, dtype=np.int64)  # host: the held leaves and the repair's nodes, reused
         self._mass = 0.0  # device: the root on the host, None while its copy is in flight
         self._root = None  # device: pinned float64[1] the root is copied into after each change
@@ -220,12 +222,18 @@ class SumTree(_Tree):
         if self._pending is not None:
             yield
             return
-        self._pending = []
+        self._pending, self._owner = [], threading.get_ident()
         try:
             yield
         finally:
             self._apply_pending()
             self._pending = None
+
+    def _held_here(self) -> bool:
+        """Changes are held back by :meth:`one_repair` in this thread: a read here applies them first.  A
+        read in another thread (one that does not take the shard's lock) leaves them to their owner and sees
+        the tree as it was, as it saw a tree mid-update before."""
+        return bool(self._pending) and self._owner == threading.get_ident()
 
     def _apply_pending(self) -> None:
         """What :meth:`one_repair` has held back: the host's repair of the leaves written, or the device's
@@ -273,7 +281,7 @@ class SumTree(_Tree):
     @property
     def mass(self) -> float:
         """Total weight (the root); on the device the copy queued by the last change."""
-        if self._pending:
+        if self._held_here():
             self._apply_pending()
         if not self.on_device:
             return float(self.tree[1])
@@ -345,7 +353,7 @@ class SumTree(_Tree):
         int64 array
             The drawn leaves (slots), on the host, in the order of ``uniforms``.
         """
-        if self._pending:  # (the descent reads the parents)
+        if self._held_here():  # (the descent reads the parents)
             self._apply_pending()
         uniforms = np.asarray(uniforms, dtype=np.float64)
         n = len(uniforms)
@@ -379,7 +387,7 @@ class SumTree(_Tree):
         float
             The summed tail mass.
         """
-        if self._pending:  # (range sums read the parents)
+        if self._held_here():  # (range sums read the parents)
             self._apply_pending()
         if not self.on_device:
             return float(self.ops.ring_tail_mass(self.tree, capacity, starts, lengths, k))

@@ -54,7 +54,8 @@ def summary(shard: Shard, kind: str, L: int = 1, boundary: str = "pad_tail") -> 
     if kind == "unseen":
         return float(shard.unseen(L, boundary))
     if kind == "remover":
-        return float(shard.remover.mass) if hasattr(shard.remover, "mass") else 0.0
+        with shard.lock:  # (an eviction plan holds no shard lock: a consistent read, not one mid-insert)
+            return float(shard.remover.mass) if hasattr(shard.remover, "mass") else 0.0
     if kind == "size":
         return float(shard.size)
     if kind == "valid":
