@@ -290,3 +290,47 @@ def test_a_read_in_another_thread_leaves_held_changes_to_their_owner():
         assert t.mass == 16.0  # the owner's read applies them
         t.set_const(np.arange(4, 8), 0.0)
     assert t.mass == 12.0 and not t._pending
+
+
+def test_a_large_join_split_between_threads_writes_what_one_join_writes():
+    """Many small parts of more than SPLIT_MIN_BYTES, across the ring's end: each thread's slice lands
+    where a single join puts it."""
+    from numba import get_num_threads
+
+    rng = np.random.default_rng(7)
+    parts = [rng.standard_normal((int(T), 512)).astype(np.float32) for T in rng.integers(1, 40, 400)]
+    n = sum(len(p) for p in parts)
+    assert n * 512 * 4 >= gather.SPLIT_MIN_BYTES and get_num_threads() >= 2
+    cap = n + 1000
+    for pos in (0, 500, cap - 3000):
+        ring = np.zeros((cap, 512), np.float32)
+        gather.scatter_chunks(ring, pos, parts, checked=True)
+        want = np.zeros_like(ring)
+        both = np.concatenate(parts)
+        idx = (pos + np.arange(n)) % cap
+        want[idx] = both
+        np.testing.assert_array_equal(ring, want)
+
+
+def _insert_in_child(table, eps, q):
+    table.insert(eps)
+    q.put(table.size)
+
+
+def test_a_child_forked_after_an_insert_can_insert():
+    """The helper threads of a large insert belong to the process that made them: a child forked after
+    one (a DataLoader worker) makes its own rather than waiting on threads it does not have."""
+    import multiprocessing as mp
+
+    spec = _spec(obs=2048, capacity=20_000)
+    eps = _episodes(200, 1, obs=2048, lo=20, hi=40)  # ~24 MB of obs: a split join
+    table = LocalTable(spec, sampler=Uniform(), seed=0)
+    table.insert(eps)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    child = ctx.Process(target=_insert_in_child, args=(table, eps, q))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 0, child.exitcode
+    table.insert(eps)  # the same second insert here: the child's table ends as this one
+    assert q.get(timeout=10) == table.size > 0

@@ -14,7 +14,10 @@ same for several columns, is the twin of its fused ``gather_columns``).
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numba import get_num_threads, literal_unroll, njit, prange
@@ -351,7 +354,19 @@ def _copy(dst: np.ndarray, src: np.ndarray) -> None:
 #: below this many bytes an insert's many small parts are joined by one thread (a second one's hand-off costs
 #: more than it saves)
 SPLIT_MIN_BYTES = 8 << 20
-_POOL: list = []  # the threads that join the other slices of a large insert (made on first use)
+_POOL: dict = {}  # process id -> the threads that join the other slices of a large insert (made on first use)
+_POOL_LOCK = threading.Lock()
+
+
+def _copy_pool(k: int) -> ThreadPoolExecutor:
+    """This process's helper threads (a child forked after an insert gets its own: the parent's threads
+    are not in it)."""
+    with _POOL_LOCK:
+        pool = _POOL.get(os.getpid())
+        if pool is None:
+            _POOL.clear()
+            pool = _POOL[os.getpid()] = ThreadPoolExecutor(max_workers=k - 1, thread_name_prefix="gear-flow-copy")
+        return pool
 
 
 def _concatenate(parts: list, out: np.ndarray) -> None:
@@ -367,16 +382,12 @@ def _concatenate(parts: list, out: np.ndarray) -> None:
     if k < 2 or out.nbytes < SPLIT_MIN_BYTES:
         np.concatenate(parts, axis=0, out=out)
         return
-    if not _POOL:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _POOL.append(ThreadPoolExecutor(max_workers=max(1, k - 1), thread_name_prefix="gear-flow-copy"))
+    pool = _copy_pool(k)
     ends = np.cumsum(np.fromiter(map(len, parts), dtype=np.int64, count=len(parts)))
     cuts = [len(parts) * i // k for i in range(k + 1)]
     rows = [0] + [int(ends[c - 1]) for c in cuts[1:]]
     futures = [
-        _POOL[0].submit(np.concatenate, parts[cuts[i] : cuts[i + 1]], 0, out[rows[i] : rows[i + 1]])
-        for i in range(1, k)
+        pool.submit(np.concatenate, parts[cuts[i] : cuts[i + 1]], 0, out[rows[i] : rows[i + 1]]) for i in range(1, k)
     ]
     try:
         np.concatenate(parts[: cuts[1]], axis=0, out=out[: rows[1]])
