@@ -13,9 +13,9 @@ episode ids and timesteps are computed on the host and stay there.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -218,6 +218,11 @@ class SampleBuffers:
         Storage tier of the table that fills the buffers (default ``"host"``).
         For ``pinned`` and ``device`` the column buffers are CuPy arrays on the
         current device and the batch's column tensors are CUDA tensors.
+    empty : callable, optional
+        ``empty(shape, dtype)`` makes each column buffer: a tier's
+        :meth:`~gear_flow.storage.base.StorageTier.empty_output`, so that a
+        worker's reply reuses large buffers once sent (fresh pages cost more
+        than the gather); default: the tier's array module's ``empty``.
 
     Attributes
     ----------
@@ -265,6 +270,7 @@ class SampleBuffers:
         batch_size: int,
         length: int,
         tier: str | StorageTier = "host",
+        empty: Callable[[tuple, type], Any] | None = None,
     ) -> None:
         self.columns = tuple(columns)
         self.batch_size = int(batch_size)
@@ -278,7 +284,8 @@ class SampleBuffers:
         self.arrays = {}
         for name in self.columns:
             c = spec.column(name)
-            raw = xp.empty((B, L, max(c.nbytes, 1)), dtype=np.uint8)
+            shape = (B, L, max(c.nbytes, 1))
+            raw = xp.empty(shape, dtype=np.uint8) if empty is None else empty(shape, np.uint8)
             self.bytes[name] = raw
             self.arrays[name] = raw.view(c.dtype).reshape(B, L, *c.shape)
         self.keys = np.empty(B, dtype=np.int64)

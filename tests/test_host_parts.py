@@ -180,3 +180,28 @@ def test_a_take_of_a_removed_item_is_stale_and_undoes_the_draws_before_it():
     assert [s.counters.sampled for _, s in sorted(t.shards.items())] == [0, 0]  # shard 0's count given back
     res = host.sample_part("t", 1, "pad_tail", ("x",), 0, slots={0: [1], 1: [0]}, geometry=True)
     assert "data" not in res[0] and "src_abs" in res[0] and res[0]["p"].tolist() == [1.0]
+
+
+def test_a_whole_batch_reply_takes_its_buffers_from_the_pool_once_the_last_one_is_sent():
+    """A worker's ``sample_all`` reply gathers into the tier's reused outputs: once nothing holds the last
+    reply (it was sent), the next one fills the same memory, not fresh pages."""
+    spec = gf.TableSpec((gf.ColumnSpec("obs", (4096,), np.float32),), capacity=256, num_shards=1)
+    host = ShardHost()
+    host.create("t", TableConfig.build(spec, sampler=gf.Uniform()).to_dict(), [0])
+    rows = np.arange(20 * 4096, dtype=np.float32).reshape(20, 4096)
+    host.write("t", "w", [{"shard": 0, "chunks": [{"obs": rows}], "lengths": np.array([20]),
+                          "episode_ids": np.arange(1), "stamps": np.arange(1), "priorities": None}])  # fmt: skip
+    from gear_flow.storage import base as storage_base
+
+    first = host.sample_all("t", 64, 1, "pad_tail", ("obs",), 0)  # 1 MB: a pooled size
+    kept = [b for bs in storage_base._OUTPUTS._kept.values() for b in bs]
+    assert any(np.shares_memory(first["data"]["obs"], b) for b in kept)  # the pool's, not the allocator's
+    del kept  # (references to the pool's buffers would keep them taken)
+    addr = first["data"]["obs"].ctypes.data
+    held = host.sample_all("t", 64, 1, "pad_tail", ("obs",), 1)
+    assert held["data"]["obs"].ctypes.data != addr  # the first still held: other memory
+    del first
+    again = host.sample_all("t", 64, 1, "pad_tail", ("obs",), 2)
+    assert again["data"]["obs"].ctypes.data == addr
+    got = again["data"]["obs"].view(np.float32).reshape(64, 4096)
+    np.testing.assert_array_equal(got, rows[again["timesteps"]])  # and holds this batch's rows

@@ -738,7 +738,12 @@ class HostSampler:
                 f"worker 'sample_all': out must be SampleBuffers for these columns, n and length, in "
                 f"{'device' if backend.output_on_device(t.tier) else 'host'} memory for a {t.tier!r} table"
             )
-        buf = SampleBuffers(t.spec, columns, n, length, tier=t.tier) if out is None else out
+        if out is None:  # the reply's buffers: large ones come back to a pool once sent (no fresh pages)
+            shard = next(iter(t.shards.values()), None)  # (none here: the draw below says so)
+            empty = None if shard is None else shard.tier.empty_output
+            buf = SampleBuffers(t.spec, columns, n, length, tier=t.tier, empty=empty)
+        else:
+            buf = out
         updated = self._ride_along(name, updates)
         locks = t.locked()
         try:
