@@ -266,17 +266,21 @@ def window_mask(dst_offset: np.ndarray, n_valid: np.ndarray, length: int, out: n
     """
     if out is None:
         out = np.empty((len(dst_offset), length), dtype=np.bool_)
+    elif out.shape != (len(dst_offset), length) or len(n_valid) != len(dst_offset):
+        raise ValueError(f"window_mask: out {out.shape} for {len(dst_offset)} windows of {length} steps")
     # compiled: every sample writes its batch's mask, and numpy's broadcast compares cost microseconds
-    _fill_mask(np.asarray(dst_offset, dtype=np.int64), np.asarray(n_valid, dtype=np.int64), out)
+    _fill_mask(np.asarray(dst_offset, dtype=np.int64), np.asarray(n_valid, dtype=np.int64), out, 0)
     return out
 
 
 @njit(nogil=True, cache=True)
-def _fill_mask(dst_offset, n_valid, out):
-    for b in range(out.shape[0]):
+def _fill_mask(dst_offset, n_valid, out, off):
+    """Rows ``off:off + B`` of a window mask, compiled (:func:`window_mask`; a batch's rows,
+    :func:`gear_flow.ops.rows.fill`): ``out[off + b, j] = dst_offset[b] <= j < dst_offset[b] + n_valid[b]``."""
+    for b in range(dst_offset.shape[0]):
         lo, hi = dst_offset[b], dst_offset[b] + n_valid[b]
         for j in range(out.shape[1]):
-            out[b, j] = lo <= j and j < hi
+            out[off + b, j] = lo <= j and j < hi
 
 
 def _desc(a) -> str:

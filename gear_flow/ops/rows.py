@@ -16,6 +16,7 @@ from numba import njit
 
 #: ``key = shard << SHARD_SHIFT | seq`` (:mod:`gear_flow.keys`, restated for compiled code)
 from ..keys import SHARD_SHIFT
+from .gather import _fill_mask
 
 
 @njit(nogil=True, cache=True)
@@ -65,7 +66,6 @@ def fill(rows, off, shard, seqs, probs, scale, ids, steps, dst, n_valid, prio, c
         if off + n > a:
             return False
     high = np.int64(shard) << SHARD_SHIFT
-    L = mask.shape[1]
     for b in range(n):
         r = off + b
         keys[r] = high | seqs[b]
@@ -74,7 +74,5 @@ def fill(rows, off, shard, seqs, probs, scale, ids, steps, dst, n_valid, prio, c
         timesteps[r] = steps[b]
         priorities[r] = prio[b] if prio.shape[0] else np.nan
         times_sampled[r] = counted[b] if counted.shape[0] else -1
-        lo, hi = dst[b], dst[b] + n_valid[b]
-        for j in range(L):
-            mask[r, j] = lo <= j and j < hi
+    _fill_mask(dst, n_valid, mask, off)
     return True
