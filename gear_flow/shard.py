@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -1198,9 +1199,12 @@ class Shard:
                     b = len(slots)
                     outs = {name: out.bytes[name][offset : offset + b] for name in columns}
                     self.tier.gather_columns(self.ring.bytes, src, res[2], res[3], outs)
+            if status == -4:
+                raise IndexError(
+                    f"shard {self.shard_id}: {len(slots)} rows from row {offset} do not fit a batch of "
+                    f"{len(out.keys)}, or not one probability per slot"
+                )
             if status != -1:  # the checked path names what does not fit
-                if status == -4:
-                    out.fill_rows(offset, self.shard_id, slots, probs, slots, slots, slots, slots)
                 self.take(slots, length, boundary, rng, out.bytes, offset, columns, record=False)
                 raise IndexError(f"shard {self.shard_id}: a window of the take does not fit its ring or the batch")
             self._record(slots)
@@ -1211,10 +1215,12 @@ class Shard:
         the shard's for life and a batch's buffers do not change."""
         columns = tuple(columns)
         last = self._last_pairs
-        if last is not None and last[0] is out and last[2] == n and last[1] == columns:
+        if last is not None and last[0]() is out and last[2] == n and last[1] == columns:
             return last[3]
         pairs = self.tier.fused_pairs(self.ring.bytes, out.bytes, columns, n)
-        self._last_pairs = (out, columns, n, pairs)
+        # the buffers by a weak reference, as a table's checked sample arguments hold them (the pairs of a
+        # host tier do hold their host buffers, as long as this is the last take)
+        self._last_pairs = (weakref.ref(out), columns, n, pairs)
         return pairs
 
     def sample_counts(self, slots: np.ndarray) -> np.ndarray | None:

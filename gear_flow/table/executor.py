@@ -262,7 +262,7 @@ def sample_shards(
         draw = None
         if selection == "weighted":  # its plan's one draw, straight: the summary it asks, then the rule
             ex.masses = {i: summary(s, "sampler", L, boundary) for i, s in shards.items()}
-            draw = planner.weighted_draw(dict(ex.masses), B, rng)
+            draw = planner.weighted_draw(ex.masses, B, rng)
         if draw is None:
             layout = planner.run(planner.sample(selection, B, rng), ex)
         else:
