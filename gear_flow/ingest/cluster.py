@@ -306,10 +306,7 @@ def ingest_distributed(
         )
     try:
         summaries = _gather_or_raise(client, sums, table.name)
-        try:
-            check_totals(plan, summaries, strict)
-        except DatasetError as e:
-            raise nothing_inserted(e, table.name) from None
+        _check_totals(plan, summaries, strict, table.name)
         # every partition is valid: one insert transaction, staged by each worker from its own partitions
         step = spec.item_unit == "step"
         counts = [(int(m["episodes"]), int(m["steps"]) if step else int(m["episodes"])) for m in summaries]
@@ -317,6 +314,15 @@ def ingest_distributed(
     finally:
         client.cancel(reads + sums)  # the parsed episodes leave the workers' memory
     return _finish(client, table, fmt, source, plan, summaries, results, t0, token)
+
+
+def _check_totals(plan, summaries, strict: bool, name: str) -> None:
+    """:func:`~gear_flow.ingest.dataflow.check_totals` of every partition's summary, before anything is
+    inserted: a dataset that fails it raises as nothing inserted into table ``name``."""
+    try:
+        check_totals(plan, summaries, strict)
+    except DatasetError as e:
+        raise nothing_inserted(e, name) from None
 
 
 def _stream_partitions(client, table, fmt, plan, where, gamma, strict, options, timeout, token) -> tuple:
@@ -330,10 +336,7 @@ def _stream_partitions(client, table, fmt, plan, where, gamma, strict, options, 
         for p, a in zip(plan.partitions, where)
     ]  # fmt: skip
     summaries = _gather_or_raise(client, checks, table.name)
-    try:
-        check_totals(plan, summaries, strict)
-    except DatasetError as e:
-        raise nothing_inserted(e, table.name) from None
+    _check_totals(plan, summaries, strict, table.name)
     step = spec.item_unit == "step"
     queues = defaultdict(list)
     for i, a in enumerate(where):
