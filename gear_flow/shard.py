@@ -21,6 +21,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -415,7 +416,7 @@ class Shard:
         """:meth:`insert` of ``n`` steps at write position ``w`` (the lock held, the write announced)."""
         self._evict_steps_before(w + n - self.capacity)
         for name in self.ring.columns:  # one ring write per column: GPU tiers batch the episodes
-            self.ring.write_chunks(w, name, [chunk[name] for chunk in batch.chunks])
+            self.ring.write_chunks(w, name, list(map(itemgetter(name), batch.chunks)))
         self.ring.write_pos = w + n
         starts = w + np.concatenate(([0], np.cumsum(batch.lengths)[:-1])).astype(np.int64)
         ep_seqs = self.index.append(starts, batch.lengths, batch.stamps, batch.episode_ids)

@@ -312,6 +312,65 @@ def test_a_large_join_split_between_threads_writes_what_one_join_writes():
         np.testing.assert_array_equal(ring, want)
 
 
+@pytest.mark.parametrize("row", [12, 20, 1024])
+def test_a_streamed_join_writes_every_byte_at_every_alignment(row):
+    """A large join of many small parts is written with non-temporal stores, 16 bytes at a time: rows of
+    12 and 20 bytes put every part's first byte at another offset from a 16-byte boundary, and parts of
+    one row are shorter than a store; the ring's bytes are those of one ``np.concatenate``, byte for
+    byte, and nothing outside the rows written changes."""
+    rng = np.random.default_rng(3)
+    lengths = [1, *rng.integers(1, 7000 // row + 2, 3000)]  # ~10 MB of parts of ~3.5 KB
+    parts = [rng.integers(0, 255, (int(T), row), dtype=np.uint8) for T in lengths]
+    n = sum(len(p) for p in parts)
+    assert n * row >= gather.SPLIT_MIN_BYTES
+    cap = n + 777
+    for pos in (0, 1, cap - n // 3):
+        ring = np.full((cap, row), 0xEE, np.uint8)
+        gather.scatter_chunks(ring, pos, parts, checked=True)
+        want = np.full_like(ring, 0xEE)
+        want[(pos + np.arange(n)) % cap] = np.concatenate(parts)
+        np.testing.assert_array_equal(ring, want)
+
+
+def test_a_join_of_parts_that_cannot_be_streamed_is_the_same_join():
+    """Parts that are not C-contiguous, or not exactly NumPy arrays, are joined by ``np.concatenate``
+    (the streamed copy reads each part as one run of bytes from its own address)."""
+
+    class Tagged(np.ndarray):
+        pass
+
+    rng = np.random.default_rng(4)
+    base = [rng.standard_normal((int(T), 1024), dtype=np.float32) for T in rng.integers(2, 40, 600)]
+    strided = [b[::2, :512] for b in base]
+    tagged = [b[:, :512].copy().view(Tagged) for b in base]
+    for parts in (strided, tagged, [*tagged[:-1], np.ascontiguousarray(tagged[-1])]):
+        n = sum(len(p) for p in parts)
+        assert n * 512 * 4 >= gather.SPLIT_MIN_BYTES
+        out = np.zeros((n, 512), np.float32)
+        gather._concatenate(parts, out)
+        np.testing.assert_array_equal(out, np.concatenate([np.asarray(p) for p in parts]))
+
+
+def test_data_addresses_are_the_arrays_own():
+    """The addresses read from the arrays are their ``ctypes.data``, views at an offset included; a
+    list holding anything but NumPy arrays has none."""
+    from gear_flow.ops._mem import data_addresses
+
+    a = np.arange(100, dtype=np.float64)
+    arrays = [a, a[7:], a.reshape(10, 10)[3], np.zeros(0), np.ones((2, 3), np.int8)]
+    assert data_addresses(arrays).tolist() == [x.ctypes.data for x in arrays]
+    assert data_addresses([a, np.ma.masked_array(a)]) is None
+
+
+def test_a_join_that_does_not_fill_its_output_writes_nothing():
+    """The streamed join checks the parts' bytes against the output's before it copies anything."""
+    parts = [np.ones((64, 1024), np.float32) for _ in range(40)]
+    out = np.zeros((64 * 40 + 1, 1024), np.float32)
+    with pytest.raises(ValueError, match="bytes of parts"):
+        gather._concatenate(parts, out)
+    assert not out.any()
+
+
 def _insert_in_child(table, eps, q):
     table.insert(eps)
     q.put(table.size)
@@ -334,3 +393,22 @@ def test_a_child_forked_after_an_insert_can_insert():
     assert child.exitcode == 0, child.exitcode
     table.insert(eps)  # the same second insert here: the child's table ends as this one
     assert q.get(timeout=10) == table.size > 0
+
+
+def test_the_episodes_and_priorities_a_shard_receives():
+    """``pick`` and ``item_rows`` give what one episode at a time gives, for all episodes (the list itself,
+    no copy), a run and scattered ones."""
+    from gear_flow.table.routing import item_rows, pick
+
+    items = [f"e{i}" for i in range(6)]
+    lengths = np.array([2, 1, 3, 1, 2, 4])
+    off = np.concatenate(([0], np.cumsum(lengths)))
+    pr = np.arange(off[-1], dtype=np.float64) / 10
+    for sel in ([0, 1, 2, 3, 4, 5], [1, 2, 3], [0, 2, 5], [4], []):
+        sel = np.array(sel, dtype=np.int64)
+        assert pick(items, sel) == [items[i] for i in sel]
+        want = [pr[off[i] : off[i + 1]] for i in sel]
+        np.testing.assert_array_equal(item_rows(pr, off, sel), np.concatenate(want) if want else [])
+        assert item_rows(None, off, sel) is None
+    assert pick(items, np.arange(6)) is items
+    assert pick(tuple(items), np.arange(6)) == items

@@ -841,12 +841,11 @@ def insert_parts(
     for s in np.unique(ins.dest):
         sel = np.flatnonzero(ins.dest == s)
         sel_of[int(s)] = sel
-        pr = ins.priorities
-        p = None if pr is None else np.concatenate([pr[ins.item_off[i] : ins.item_off[i + 1]] for i in sel])
+        p = routing.item_rows(ins.priorities, ins.item_off, sel)
         parts[table.placement[int(s)]].append(
             {
                 "shard": int(s),
-                "chunks": [ins.chunks[i] for i in sel],
+                "chunks": routing.pick(ins.chunks, sel),
                 "lengths": ins.lengths[sel],
                 "episode_ids": ids[sel],
                 "stamps": stamps[sel],

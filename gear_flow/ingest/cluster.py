@@ -100,7 +100,7 @@ def _stage_task(name: str, txn: str, parsed_list: list, offsets: list, first_id:
 
     from ..distributed.api import DistributedTable
     from ..distributed.plugin import PLUGIN_NAME
-    from ..table.routing import route
+    from ..table.routing import pick, route
 
     table = DistributedTable.attach(name)
     spec = table.spec
@@ -123,7 +123,7 @@ def _stage_task(name: str, txn: str, parsed_list: list, offsets: list, first_id:
             parts.append(
                 {
                     "shard": int(s),
-                    "chunks": [eps[i] for i in sel],
+                    "chunks": pick(eps, sel),
                     "lengths": lengths[sel],
                     "episode_ids": ids[sel],
                     "stamps": stamps[sel],

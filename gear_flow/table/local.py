@@ -19,6 +19,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,7 +40,7 @@ from .config import TableConfig, queue_setup
 from .datasets import DatasetMethods
 from .executor import evict_shards, sample_shards
 from .results import InsertResult, UpdateResult
-from .routing import route
+from .routing import item_rows, pick, route
 from .validate import (
     as_episode_list,
     check_batch,
@@ -484,7 +485,7 @@ class LocalTable(DatasetMethods):
         """
         self._check_open()
         checked, lengths = check_episodes(self.spec, as_episode_list(episodes))
-        return self._insert(lengths, lambda sel: [checked[i] for i in sel], priorities, timeout, shard)
+        return self._insert(lengths, partial(pick, checked), priorities, timeout, shard)
 
     def insert_batch(
         self,
@@ -589,7 +590,7 @@ class LocalTable(DatasetMethods):
         try:
             for s in np.unique(dest):
                 sel = np.flatnonzero(dest == s)
-                p = None if pr is None else np.concatenate([pr[item_off[i] : item_off[i + 1]] for i in sel])
+                p = item_rows(pr, item_off, sel)
                 batch = EpisodeBatch(chunks(sel), lengths[sel], ids[sel], stamps[sel], p)
                 fk, _ = self.shards[s].insert(batch)
                 first_keys[sel] = fk

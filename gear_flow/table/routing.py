@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from ..errors import CapacityError, SpecError
@@ -83,3 +85,52 @@ def route(
             "insert fewer steps per call; nothing was inserted"
         )
     return dest
+
+
+def pick(items: Sequence, sel: np.ndarray) -> list:
+    """The items of the episodes ``sel`` (ascending indices into ``items``): ``items`` itself when that is
+    all of them, as for every insert into one shard.
+
+    Parameters
+    ----------
+    items : sequence
+        One entry per episode of the call.
+    sel : numpy.ndarray
+        int64 ascending indices, the episodes one shard receives.
+
+    Returns
+    -------
+    list
+        ``[items[i] for i in sel]``.
+    """
+    if len(sel) == len(items) and type(items) is list:
+        return items
+    return list(map(items.__getitem__, sel.tolist()))
+
+
+def item_rows(values: np.ndarray | None, item_off: np.ndarray, sel: np.ndarray) -> np.ndarray | None:
+    """The per-item ``values`` (priorities) of the episodes ``sel``, in order: one slice when they are
+    consecutive episodes.
+
+    Parameters
+    ----------
+    values : numpy.ndarray or None
+        One value per item of the call, episode after episode (None: none given).
+    item_off : numpy.ndarray
+        int64 ``[E + 1]``: episode ``i``'s items are ``values[item_off[i]:item_off[i + 1]]``.
+    sel : numpy.ndarray
+        int64 ascending indices, the episodes one shard receives.
+
+    Returns
+    -------
+    numpy.ndarray or None
+        Their values back to back (None when ``values`` is).
+    """
+    if values is None:
+        return None
+    if not len(sel):
+        return values[:0]
+    first, last = int(sel[0]), int(sel[-1])
+    if last - first + 1 == len(sel):
+        return values[item_off[first] : item_off[last + 1]]
+    return np.concatenate([values[item_off[i] : item_off[i + 1]] for i in sel])
