@@ -122,6 +122,37 @@ def _place_steps(w, capacity, lengths, ep_seqs, stamps, step_episode, touched):
 
 
 _NO_STAMPS = np.zeros(0, np.int64)
+_NO_TIMES = np.zeros(0, np.int32)
+
+
+@njit(nogil=True, cache=True)
+def _activate(slots, priorities, active, priority, times_sampled):
+    """The items at ``slots`` become live with ``priorities``, sampled no times yet (``times_sampled``
+    empty: not counted); one pass where NumPy would index the slots once per array."""
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        active[s] = 1
+        priority[s] = priorities[i]
+        if times_sampled.shape[0]:
+            times_sampled[s] = 0
+
+
+@njit(nogil=True, cache=True)
+def _live_slots(active, slots, out):
+    """The slots among ``slots`` of a live item, in order, into ``out``; returns how many."""
+    k = 0
+    for i in range(slots.shape[0]):
+        if active[slots[i]] == 1:
+            out[k] = slots[i]
+            k += 1
+    return k
+
+
+@njit(nogil=True, cache=True)
+def _put(a, slots, value):
+    """``a[slots] = value``, compiled: an eviction's slots are tens of thousands."""
+    for i in range(slots.shape[0]):
+        a[slots[i]] = value
 
 
 @dataclass
@@ -223,7 +254,7 @@ class Shard:
         self.tier = get_tier(tier)
         self.ring = ColumnRing(spec, self.tier)
         self._last_pairs = None  # (buffers, columns, rows, pairs) of the last take (see _fused_pairs)
-        self._buffers = [None, None, None]  # an insert's reused buffers (see _scratch)
+        self._buffers = [None, None, None, None]  # an insert's reused buffers (see _scratch)
         self.index = EpisodeIndex()
         cap = self.capacity
         state = self.tier.state  # host memory, or the files of a disk shard
@@ -450,10 +481,15 @@ class Shard:
             self._clock = max(self._clock, int(stamps.max()) + 1)
 
     def _add_items(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        self.active[slots] = 1
-        self.priority[slots] = priorities
-        if self.times_sampled is not None:
-            self.times_sampled[slots] = 0
+        if priorities.shape != slots.shape:
+            raise ValueError(f"{len(priorities)} priorities for {len(slots)} items")
+        _activate(
+            slots,
+            priorities,
+            self.active,
+            self.priority,
+            _NO_TIMES if self.times_sampled is None else self.times_sampled,
+        )
         self.sampler.insert(slots, priorities)
         if self.weighted and self.tails.entries:  # (no window length cached: nothing to read the leaves for)
             self.tails.change(slots, np.zeros(len(slots)), self.sampler.leaf_weights(slots))
@@ -463,7 +499,7 @@ class Shard:
 
     def _scratch(self, i: int, n: int, dtype: type = np.int64) -> np.ndarray:
         """Buffer ``i`` of this shard's inserts, ``[n]`` of ``dtype``: the slots an insert evicts (0) and
-        writes (1), its default priorities (2).  Reused (an insert holds the lock and nothing keeps them past
+        writes (1), its default priorities (2), the live ones of the slots an eviction drops (3).  Reused (an insert holds the lock and nothing keeps them past
         it), a large insert takes no fresh pages for them: in a Dask worker, whose allocator returns freed
         memory at once, those page faults doubled the ring's bookkeeping."""
         buf = self._buffers[i]
@@ -473,13 +509,14 @@ class Shard:
 
     def _drop_items(self, slots: np.ndarray) -> int:
         """Deactivate the active ones among ``slots``; returns how many."""
-        live = self.active[slots] == 1
-        if not live.all():
-            slots = slots[live]
+        live = self._scratch(3, len(slots))
+        k = _live_slots(self.active, slots, live)
+        if k < len(slots):
+            slots = live[:k]
         if len(slots):
             if self.weighted and self.tails.entries:
                 self.tails.change(slots, self.sampler.leaf_weights(slots), np.zeros(len(slots)))
-            self.active[slots] = 0
+            _put(self.active, slots, 0)
             self.sampler.remove(slots)
             self.remover.remove(slots)
             self.size -= len(slots)
@@ -532,7 +569,7 @@ class Shard:
         self.counters.evicted += self._drop_items(slots)
         idx.pop_front(k)
         if self.step_items:
-            self.step_episode[slots] = -1
+            _put(self.step_episode, slots, -1)
 
     # -- keys ------------------------------------------------------------------
     def check_issued(self, seqs: np.ndarray) -> None:

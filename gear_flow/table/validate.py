@@ -155,10 +155,15 @@ def _ready_episodes(spec: TableSpec, eps: Sequence[Mapping]) -> np.ndarray | Non
             or set(map(attrgetter("flags.c_contiguous"), parts)) != _TRUE
         ):
             return None
-        for shape in set(map(attrgetter("shape"), parts)):  # a few distinct shapes
-            if len(shape) != 1 + len(c.shape) or shape[1:] != c.shape or shape[0] < 1:
-                return None
+        if c.shape:
+            for shape in set(map(attrgetter("shape"), parts)):  # a few distinct shapes
+                if len(shape) != 1 + len(c.shape) or shape[1:] != c.shape:
+                    return None
+        elif set(map(attrgetter("ndim"), parts)) != _ONE:  # (an int each: cheaper than a shape's tuple)
+            return None
         t = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+        if t.min() < 1:
+            return None
         if lengths is None:
             lengths = t
         elif not np.array_equal(lengths, t):
@@ -166,7 +171,7 @@ def _ready_episodes(spec: TableSpec, eps: Sequence[Mapping]) -> np.ndarray | Non
     return lengths
 
 
-_NDARRAY, _TRUE, _DICT = {np.ndarray}, {True}, {dict}
+_NDARRAY, _TRUE, _ONE, _DICT = {np.ndarray}, {True}, {1}, {dict}
 
 
 def check_batch(spec: TableSpec, columns: Mapping) -> tuple[dict, int, int]:
