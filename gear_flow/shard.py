@@ -141,10 +141,9 @@ def _activate(slots, priorities, active, priority, times_sampled):
 def _live_slots(active, slots, out):
     """The slots among ``slots`` of a live item, in order, into ``out``; returns how many."""
     k = 0
-    for i in range(slots.shape[0]):
-        if active[slots[i]] == 1:
-            out[k] = slots[i]
-            k += 1
+    for i in range(slots.shape[0]):  # (no branch: an eviction's slots are nearly all live, or none)
+        out[k] = slots[i]
+        k += active[slots[i]] == 1
     return k
 
 

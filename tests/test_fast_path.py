@@ -199,6 +199,31 @@ def test_one_repair_gives_the_tree_a_repair_per_call_gives(n):
     np.testing.assert_array_equal(got.tree, tree)  # parents exactly the sums of their children
 
 
+@pytest.mark.parametrize("n", [1, 2, 64, 1000, 4096])
+@pytest.mark.parametrize("runs", [1, 2, 5, 16, 17, 40])
+def test_a_repair_of_runs_of_leaves_is_the_tree_built_whole(n, runs):
+    """Leaves written as runs of consecutive slots (an insert's), overlapping, across the ring's end,
+    repeated, as many runs as the range repair takes and more (the general repair then): every node
+    is exactly the sum of its children, as a tree built from all leaves at once."""
+    rng = np.random.default_rng(n * 100 + runs)
+    tree = sumtree.new_tree(n)
+    sumtree.set_leaves(tree, np.arange(n), rng.random(n))
+    for _ in range(3):
+        parts = []
+        for _ in range(runs):
+            start, k = int(rng.integers(0, n)), int(rng.integers(1, max(2, n // 2)))
+            parts.append((start + np.arange(k)) % n)
+        idx = np.concatenate(parts)
+        if runs == 40:
+            idx = np.concatenate([idx, idx[::-1]])  # repeats, and descending slots
+        sumtree.write_leaves(tree, idx, rng.random(len(idx)))
+        sumtree.repair(tree, idx, np.empty(len(idx), np.int64))
+        P = len(tree) // 2
+        whole = sumtree.new_tree(n)
+        sumtree.set_leaves(whole, np.arange(n), tree[P : P + n])
+        np.testing.assert_array_equal(tree, whole)
+
+
 @pytest.mark.parametrize("masses", [{0: 3.0}, {0: 1.0, 2: 0.0, 5: 2.5}, {1: 0.0, 3: 0.0}])
 def test_weighted_draw_is_the_plans_draw(masses):
     a, b = np.random.default_rng(4), np.random.default_rng(4)

@@ -129,8 +129,63 @@ def write_leaves_const(tree, idx, value):
 def repair(tree, idx, scratch):
     """Recompute the ancestors of leaves ``idx`` (written by :func:`write_leaves`): one pass for leaves
     written by several calls (an insert's evicted and inserted slots).  ``scratch``: int64, at least
-    ``len(idx)`` (a caller's reused buffer: a large insert's repair then allocates nothing)."""
-    _repair_with(tree, idx, scratch)
+    ``len(idx)`` (a caller's reused buffer: a large insert's repair then allocates nothing).
+
+    Leaves that form a few runs of consecutive slots (an insert's: the evicted episodes' slots and the
+    written ones, each one run or two across the ring's end, and mostly the same slots) are repaired
+    as the union of their ranges, each ancestor once, where the general repair recomputes the
+    ancestors of every run (for an overwriting insert, each node twice).
+    """
+    if idx.shape[0] < 4 * _MAX_RUNS or not _repair_runs(tree, idx, scratch):
+        _repair_with(tree, idx, scratch)
+
+
+_MAX_RUNS = 16
+
+
+@njit(cache=True, nogil=True)
+def _repair_runs(tree, idx, runs):
+    """:func:`repair` of ``idx`` as at most ``_MAX_RUNS`` runs of consecutive leaves, their bounds kept in
+    ``runs`` (at least ``2 * _MAX_RUNS`` long); False, and nothing changed, for more runs."""
+    r, lo, prev = 0, idx[0], idx[0]
+    for k in range(1, idx.shape[0] + 1):
+        if k < idx.shape[0] and idx[k] == prev + 1:
+            prev = idx[k]
+            continue
+        if r == _MAX_RUNS:
+            return False
+        runs[2 * r], runs[2 * r + 1] = lo, prev
+        r += 1
+        if k < idx.shape[0]:
+            lo = prev = idx[k]
+    P = tree.shape[0] // 2
+    if P < 2:
+        return True  # the one leaf is the root
+    for j in range(2 * r):
+        runs[j] = (runs[j] + P) // 2  # the nodes of the leaves' parents
+    while True:
+        for j in range(1, r):  # ranges by their first node (insertion sort: a few of them)
+            a, b = runs[2 * j], runs[2 * j + 1]
+            i = j
+            while i > 0 and runs[2 * i - 2] > a:
+                runs[2 * i], runs[2 * i + 1] = runs[2 * i - 2], runs[2 * i - 1]
+                i -= 1
+            runs[2 * i], runs[2 * i + 1] = a, b
+        m = 0  # overlapping or adjacent ranges merged: each node once
+        for j in range(r):
+            if m and runs[2 * j] <= runs[2 * m - 1] + 1:
+                runs[2 * m - 1] = max(runs[2 * m - 1], runs[2 * j + 1])
+            else:
+                runs[2 * m], runs[2 * m + 1] = runs[2 * j], runs[2 * j + 1]
+                m += 1
+        r = m
+        for j in range(r):
+            for i in range(runs[2 * j], runs[2 * j + 1] + 1):
+                tree[i] = tree[2 * i] + tree[2 * i + 1]
+        if runs[0] == 1:  # the root: every range is at one depth, so this is [1, 1]
+            return True
+        for j in range(2 * r):
+            runs[j] //= 2
 
 
 @njit(cache=True, nogil=True)
