@@ -497,10 +497,11 @@ class Shard:
         self.counters.inserted += len(slots)
 
     def _scratch(self, i: int, n: int, dtype: type = np.int64) -> np.ndarray:
-        """Buffer ``i`` of this shard's inserts, ``[n]`` of ``dtype``: the slots an insert evicts (0) and
-        writes (1), its default priorities (2), the live ones of the slots an eviction drops (3).  Reused (an insert holds the lock and nothing keeps them past
-        it), a large insert takes no fresh pages for them: in a Dask worker, whose allocator returns freed
-        memory at once, those page faults doubled the ring's bookkeeping."""
+        """Buffer ``i`` of this shard's writes, ``[n]`` of ``dtype``: the slots an insert evicts (0) and
+        writes (1), its default priorities (2), the live ones among the slots any write drops (3).  Reused
+        (every write holds the lock, and nothing keeps them past it), a large insert takes no fresh pages for
+        them: in a Dask worker, whose allocator returns freed memory at once, those page faults doubled the
+        ring's bookkeeping."""
         buf = self._buffers[i]
         if buf is None or len(buf) < n or buf.dtype != dtype:
             buf = self._buffers[i] = np.empty(max(n, 1024), dtype=dtype)
