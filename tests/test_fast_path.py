@@ -420,6 +420,31 @@ def test_a_child_forked_after_an_insert_can_insert():
     assert q.get(timeout=10) == table.size > 0
 
 
+def test_a_list_insert_of_many_short_episodes_streams_its_large_column(monkeypatch):
+    """An insert of many short episodes whose column is larger than SPLIT_MIN_BYTES writes it with the
+    streamed join (once per thread; the small columns by np.concatenate), across the ring's end too, and
+    the ring then holds every step as inserted, in order."""
+    calls = []
+    stream = gather._stream_parts
+    monkeypatch.setattr(gather, "_stream_parts", lambda *a: (calls.append(len(a[2])), stream(*a)))
+    spec = _spec(obs=1024, capacity=12_000)
+    table = LocalTable(spec, sampler=Uniform(), seed=0)
+    for seed in (1, 2, 3):  # the third wraps the ring
+        eps = _episodes(300, seed, obs=1024, lo=10, hi=20)
+        calls.clear()
+        table.insert(eps)
+        n = sum(len(e["obs"]) for e in eps)
+        assert n * 1024 * 4 >= gather.SPLIT_MIN_BYTES
+        ring = table.shards[0].ring
+        if (ring.write_pos - n) // 12_000 == (ring.write_pos - 1) // 12_000:
+            assert sum(calls) == 300 and 1 <= len(calls) <= 2  # every part, in one call per thread
+        else:  # a side of the ring's end holding less than SPLIT_MIN_BYTES is joined by np.concatenate
+            assert 0 < sum(calls) < 300
+        for name in ("obs", "reward", "done"):
+            got = ring.read(name, ring.write_pos - n, n)
+            np.testing.assert_array_equal(got, np.concatenate([e[name] for e in eps]))
+
+
 def test_the_episodes_and_priorities_a_shard_receives():
     """``pick`` and ``item_rows`` give what one episode at a time gives, for all episodes (the list itself,
     no copy), a run and scattered ones."""
