@@ -338,11 +338,11 @@ def test_a_large_join_split_between_threads_writes_what_one_join_writes():
 
 
 @pytest.mark.parametrize("row", [12, 20, 1024])
-def test_a_streamed_join_writes_every_byte_at_every_alignment(row):
-    """A large join of many small parts is written with non-temporal stores, 16 bytes at a time: rows of
-    12 and 20 bytes put every part's first byte at another offset from a 16-byte boundary, and parts of
-    one row are shorter than a store; the ring's bytes are those of one ``np.concatenate``, byte for
-    byte, and nothing outside the rows written changes."""
+def test_a_compiled_join_writes_every_byte_at_every_alignment(row):
+    """A large join of many small parts is copied by compiled loops from the parts' addresses: rows of 12
+    and 20 bytes put every part's first byte at another offset from a word boundary, and parts of one row
+    are a few bytes; the ring's bytes are those of one ``np.concatenate``, byte for byte, and nothing
+    outside the rows written changes."""
     rng = np.random.default_rng(3)
     lengths = [1, *rng.integers(1, 7000 // row + 2, 3000)]  # ~10 MB of parts of ~3.5 KB
     parts = [rng.integers(0, 255, (int(T), row), dtype=np.uint8) for T in lengths]
@@ -357,9 +357,9 @@ def test_a_streamed_join_writes_every_byte_at_every_alignment(row):
         np.testing.assert_array_equal(ring, want)
 
 
-def test_a_join_of_parts_that_cannot_be_streamed_is_the_same_join():
+def test_a_join_of_parts_that_cannot_be_copied_from_their_addresses_is_the_same_join():
     """Parts that are not C-contiguous, or not exactly NumPy arrays, are joined by ``np.concatenate``
-    (the streamed copy reads each part as one run of bytes from its own address)."""
+    (the compiled copy reads each part as one run of bytes from its own address)."""
 
     class Tagged(np.ndarray):
         pass
@@ -388,7 +388,7 @@ def test_data_addresses_are_the_arrays_own():
 
 
 def test_a_join_that_does_not_fill_its_output_writes_nothing():
-    """The streamed join checks the parts' bytes against the output's before it copies anything."""
+    """The compiled join checks the parts' bytes against the output's before it copies anything."""
     parts = [np.ones((64, 1024), np.float32) for _ in range(40)]
     out = np.zeros((64 * 40 + 1, 1024), np.float32)
     with pytest.raises(ValueError, match="bytes of parts"):
@@ -420,13 +420,13 @@ def test_a_child_forked_after_an_insert_can_insert():
     assert q.get(timeout=10) == table.size > 0
 
 
-def test_a_list_insert_of_many_short_episodes_streams_its_large_column(monkeypatch):
-    """An insert of many short episodes whose column is larger than SPLIT_MIN_BYTES writes it with the
-    streamed join (once per thread; the small columns by np.concatenate), across the ring's end too, and
+def test_a_list_insert_of_many_short_episodes_joins_its_large_column_compiled(monkeypatch):
+    """An insert of many short episodes whose column is larger than SPLIT_MIN_BYTES joins it by the
+    compiled copy (once per thread; the small columns by np.concatenate), across the ring's end too, and
     the ring then holds every step as inserted, in order."""
     calls = []
-    stream = gather._stream_parts
-    monkeypatch.setattr(gather, "_stream_parts", lambda *a: (calls.append(len(a[2])), stream(*a)))
+    copy = gather._copy_parts
+    monkeypatch.setattr(gather, "_copy_parts", lambda *a: (calls.append(len(a[2])), copy(*a)))
     spec = _spec(obs=1024, capacity=12_000)
     table = LocalTable(spec, sampler=Uniform(), seed=0)
     for seed in (1, 2, 3):  # the third wraps the ring

@@ -3,7 +3,8 @@
 Numba compiles slice assignments of uint8 arrays to byte loops that run at a
 quarter of memcpy speed when not parallelised; these intrinsics emit LLVM's
 ``memcpy``/``memset`` instead (and, unlike calling libc through ctypes, they
-keep functions cacheable on disk).
+keep functions cacheable on disk).  :func:`data_addresses` gives compiled copies the addresses of many
+arrays at once.
 """
 
 from __future__ import annotations
@@ -59,52 +60,6 @@ def copy_from_address(typingctx, dst, dst_off, addr, n):
         cgutils.raw_memcpy(builder, _ptr(context, builder, sig.args[0], d, doff), src, cnt, 1)
 
     return types.void(dst, dst_off, addr, n), codegen
-
-
-@intrinsic
-def stream_from_address(typingctx, dst, dst_off, addr, n):
-    """Copy ``n`` bytes from address ``addr`` to ``dst`` (byte offset ``dst_off``) with non-temporal stores;
-    no bounds checks, and the caller keeps the buffer alive and ends its copies with :func:`store_fence`.
-
-    A plain store first reads the destination's cache line (read for ownership), so a copy into memory not
-    in cache moves each byte three times; a non-temporal store writes the line whole, and moves it twice.
-    This is what ``memcpy`` itself does above a size near the last-level cache, which a copy of many short
-    parts (the episodes of an insert) never reaches one part at a time.  The bytes before the destination's
-    first 16-byte boundary and after its last are copied plainly.
-    """
-
-    def codegen(context, builder, sig, args):
-        d, doff, a, cnt = args
-        i64 = ir.IntType(64)
-        dp = _ptr(context, builder, sig.args[0], d, doff)
-        sp = builder.inttoptr(a, ir.IntType(8).as_pointer())
-        head = builder.and_(builder.neg(builder.ptrtoint(dp, i64)), ir.Constant(i64, 15))
-        head = builder.select(builder.icmp_unsigned("<", head, cnt), head, cnt)
-        cgutils.raw_memcpy(builder, dp, sp, head, 1)
-        rest = builder.sub(cnt, head)
-        vec = ir.VectorType(i64, 2)
-        dv = builder.bitcast(builder.gep(dp, [head]), vec.as_pointer())
-        sv = builder.bitcast(builder.gep(sp, [head]), vec.as_pointer())
-        nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-        with cgutils.for_range(builder, builder.lshr(rest, ir.Constant(i64, 4))) as loop:
-            v = builder.load(builder.gep(sv, [loop.index]), align=1)
-            builder.store(v, builder.gep(dv, [loop.index]), align=16).set_metadata("nontemporal", nontemporal)
-        done = builder.add(head, builder.and_(rest, ir.Constant(i64, ~15)))
-        tail = builder.and_(rest, ir.Constant(i64, 15))
-        cgutils.raw_memcpy(builder, builder.gep(dp, [done]), builder.gep(sp, [done]), tail, 1)
-
-    return types.void(dst, dst_off, addr, n), codegen
-
-
-@intrinsic
-def store_fence(typingctx):
-    """Order every store before it, non-temporal ones included, before any after it (they are weakly
-    ordered: another thread must not be told a copy is done before its bytes are visible)."""
-
-    def codegen(context, builder, sig, args):
-        builder.fence("seq_cst")
-
-    return types.void(), codegen
 
 
 @intrinsic

@@ -23,7 +23,7 @@ from operator import attrgetter
 import numpy as np
 from numba import get_num_threads, literal_unroll, njit, prange
 
-from ._mem import copy_bytes, copy_from_address, data_addresses, store_fence, stream_from_address, zero_bytes
+from ._mem import copy_bytes, copy_from_address, data_addresses, zero_bytes
 
 #: below this many output bytes one thread copies: a parallel region costs tens of
 #: microseconds, and much more when the cores are oversubscribed (Dask workers,
@@ -375,19 +375,19 @@ def _copy_pool(k: int) -> ThreadPoolExecutor:
 
 
 def _concatenate(parts: list, out: np.ndarray) -> None:
-    """``np.concatenate(parts, out=out)`` of parts of ``out``'s dtype and row shape; when it is large, written
-    with non-temporal stores, in one slice per thread numba may use.
+    """``np.concatenate(parts, out=out)`` of parts of ``out``'s dtype and row shape; when it is large, by one
+    compiled loop per thread numba may use, each over a slice of the parts.
 
-    An insert of many short episodes joins each column's parts into ring
-    memory that is not in cache.  Plain stores read each destination line
-    before writing it; non-temporal stores (:func:`~._mem.stream_from_address`,
-    what ``memcpy`` does for one large copy) do not, and the slices run on two
-    threads at once with the GIL released: 1,024 parts of 64 KB on this
-    project's 2-core machine take 1.5 ms this way, 2.4 ms as two threads'
-    ``np.concatenate`` and 3.1 ms as one.  The parts' addresses are read from
-    the arrays themselves (:func:`~._mem.data_addresses`), where asking each
-    for them would cost a microsecond of Python per part; parts that are not
-    C-contiguous NumPy arrays go through ``np.concatenate`` on as many threads.
+    ``np.concatenate`` releases the GIL only around each part's copy, so two
+    threads joining halves of many short episodes contend for it between
+    parts; a compiled loop over the parts' addresses copies them all with the
+    GIL released.  1,024 parts of 64 KB on this project's 2-core machine, the
+    second core free: 1.7 ms, where two threads' ``np.concatenate`` take 2.5
+    ms and one 3.1 ms.  The parts' addresses are read from the arrays
+    themselves (:func:`~._mem.data_addresses`), where asking each for them
+    would cost a microsecond of Python per part; parts that are not
+    C-contiguous NumPy arrays go through ``np.concatenate`` on as many
+    threads.
     """
     if out.nbytes < SPLIT_MIN_BYTES:
         np.concatenate(parts, axis=0, out=out)
@@ -409,9 +409,7 @@ def _concatenate(parts: list, out: np.ndarray) -> None:
     cuts = [0, *np.searchsorted(ends, [out.nbytes * i // k for i in range(1, k)], side="right").tolist(), len(parts)]
     at = [0 if c == 0 else int(ends[c - 1]) for c in cuts]
     dst = out.reshape(-1).view(np.uint8)
-    _on_threads(
-        _stream_parts, [(dst, at[i], addr[cuts[i] : cuts[i + 1]], size[cuts[i] : cuts[i + 1]]) for i in range(k)]
-    )
+    _on_threads(_copy_parts, [(dst, at[i], addr[cuts[i] : cuts[i + 1]], size[cuts[i] : cuts[i + 1]]) for i in range(k)])
 
 
 _C_CONTIGUOUS, _NBYTES = attrgetter("flags.c_contiguous"), attrgetter("nbytes")
@@ -429,13 +427,12 @@ def _on_threads(fn, calls: list) -> None:
 
 
 @njit(nogil=True, cache=True)
-def _stream_parts(dst, at, addr, size):
+def _copy_parts(dst, at, addr, size):
     """Copy ``size[k]`` bytes from address ``addr[k]`` for every ``k``, back to back into ``dst`` from byte
-    ``at``, with non-temporal stores, fenced before returning."""
+    ``at``."""
     for k in range(addr.shape[0]):
-        stream_from_address(dst, at, addr[k], size[k])
+        copy_from_address(dst, at, addr[k], size[k])
         at += size[k]
-    store_fence()
 
 
 def scatter_chunks(dst: np.ndarray, pos: int, parts: Sequence[np.ndarray], checked: bool = False) -> None:
