@@ -444,10 +444,12 @@ def scatter_chunks(dst: np.ndarray, pos: int, parts: Sequence[np.ndarray], check
     region's start and end barrier cost tens of microseconds on a quiet
     machine and far more when workers share its cores (each thread then waits
     at the barrier for one that has no core).  Smaller parts (an insert of
-    many short episodes) are copied by one ``numpy.concatenate`` into the
-    ring per side of its end: its loop over the parts runs in C at the
-    memory's speed, where a parallel copy first needs each part's address, a
-    microsecond of Python per part, as long as copying 20 KB.
+    many short episodes) are joined into the ring per side of its end
+    (:func:`_concatenate`): by ``numpy.concatenate`` below
+    ``SPLIT_MIN_BYTES``, and above it by compiled copies on as many threads
+    as numba may use, from addresses read off the parts in bulk (asking each
+    part for its address would cost a microsecond of Python, as long as
+    copying 20 KB).
 
     Parameters
     ----------
