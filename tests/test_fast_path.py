@@ -420,15 +420,17 @@ def test_a_child_forked_after_an_insert_can_insert():
     assert q.get(timeout=10) == table.size > 0
 
 
-def test_a_list_insert_of_many_short_episodes_joins_its_large_column_compiled(monkeypatch):
+@pytest.mark.parametrize("tier", ["host", "disk"])
+def test_a_list_insert_of_many_short_episodes_joins_its_large_column_compiled(tier, monkeypatch, tmp_path):
     """An insert of many short episodes whose column is larger than SPLIT_MIN_BYTES joins it by the
-    compiled copy (once per thread; the small columns by np.concatenate), across the ring's end too, and
-    the ring then holds every step as inserted, in order."""
+    compiled copy (once per thread; the small columns by np.concatenate), across the ring's end too, into
+    memory or a disk shard's mapped files, and the ring then holds every step as inserted, in order."""
     calls = []
     copy = gather._copy_parts
     monkeypatch.setattr(gather, "_copy_parts", lambda *a: (calls.append(len(a[2])), copy(*a)))
     spec = _spec(obs=1024, capacity=12_000)
-    table = LocalTable(spec, sampler=Uniform(), seed=0)
+    kw = {"path": tmp_path / "t"} if tier == "disk" else {}
+    table = LocalTable(spec, sampler=Uniform(), tier=tier, seed=0, **kw)
     for seed in (1, 2, 3):  # the third wraps the ring
         eps = _episodes(300, seed, obs=1024, lo=10, hi=20)
         calls.clear()
