@@ -133,6 +133,10 @@ def test_lost_scheduler_is_a_clear_error(tmp_path):
                 assert time.monotonic() - t0 < 60
                 assert isinstance(ei.value, gf.GearFlowError), f"untranslated: {ei.value!r}"
                 assert "scheduler" in str(ei.value)
+                # the client closes itself once its timeout of redialling passes; closing it here meanwhile
+                # races that close inside distributed (its connection pool cancels a dial twice: "Cannot
+                # change state of expiring Timeout"), so the block ends once the client has closed
+                wait_for(lambda: c.status == "closed", "the client to give up on the killed scheduler", deadline=60)
     finally:
         for p in (sched, worker):
             try:
