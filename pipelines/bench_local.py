@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
@@ -238,12 +239,55 @@ def bench_latency(args, eps, rows, results):
         )
 
 
+def _floor_state(n: int, B: int, rng) -> dict:
+    """Per-item arrays of ``n`` items with the dtypes a shard keeps, and rows for ``B``, for
+    :func:`_floor_once`."""
+    return {
+        "episode": rng.integers(0, 10_000, n),
+        "priority": rng.random(n) + 0.01,
+        "reward": rng.standard_normal(n, dtype=np.float32),
+        "done": np.zeros(n, np.bool_),
+        "active": np.ones(n, np.uint8),
+        "touched": np.zeros(n, np.int64),
+        "rows": [np.empty(B, np.int64), np.empty(B), np.empty(B, np.float32), np.empty(B, np.bool_)],
+    }
+
+
+def _floor_once(tree, fl: dict, slots, rng) -> None:
+    """A prioritized draw and update of ``len(slots)`` items as compiled work only: the sum tree's find, the
+    reads a sample makes at each drawn item, the writes an update makes, and the tree's set."""
+    from gear_flow.ops import sumtree
+
+    sumtree.find(tree, rng.random(len(slots)) * tree[1], slots)
+    _floor_take(slots, fl["episode"], fl["priority"], fl["reward"], fl["done"], *fl["rows"])
+    p = rng.random(len(slots)) + 0.01
+    _floor_update(slots, p, fl["active"], fl["touched"], fl["priority"])
+    sumtree.set_leaves(tree, slots, p**0.6)
+
+
+@njit(cache=True)
+def _floor_take(slots, episode, priority, reward, done, o_ep, o_pr, o_rw, o_dn):
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        o_ep[i], o_pr[i], o_rw[i], o_dn[i] = episode[s], priority[s], reward[s], done[s]
+
+
+@njit(cache=True)
+def _floor_update(slots, new, active, touched, priority):
+    for i in range(slots.shape[0]):
+        s = slots[i]
+        if active[s] == 1:
+            touched[s] = i
+            priority[s] = new[i]
+
+
 def bench_fixed_cost(args, rows, results):
     """What one call costs beyond the work inside it, each next to that bare work timed alternately in one run.
 
     * a uniform sample of B=256 tiny steps (L=1) against ``np.take`` of the same rows from each column;
     * a prioritized sample + update of B=1024 against a bare numba sum tree's draw and update of as many
-      leaves (``gear_flow.ops.sumtree``, the table's own kernels without the table);
+      leaves (``gear_flow.ops.sumtree``, the table's own kernels without the table), and the same memory
+      work as the table's compiled alone (the draw, the reads and writes at each item), against the same;
     * an insert of 1,024 episodes of 64 reference steps against a single-thread copy of the same bytes
       into a cold destination.
     """
@@ -324,7 +368,24 @@ def bench_fixed_cost(args, rows, results):
             "note": f"numba find + set_leaves {1e3 * bare:.3f} ms",
         }
     )
-    table = buf = tree = None
+    # ... and the same memory work compiled without the table (what bounds that ratio): the draw, the take's
+    # reads of each item's episode, priority and two columns, the update's `active`, `touched` and priority
+    fl = _floor_state(cap, B, rng)
+    _floor_once(tree, fl, slots, rng)
+
+    ts, ref = alternate([lambda: _floor_once(tree, fl, slots, rng), bare_once], repeat=args.repeat * 10)
+    floor_ms, bare = float(np.median(ts)), float(np.median(ref))
+    out["prioritized_update_floor"] = {"B": B, "ms": 1e3 * floor_ms, "bare_ms": 1e3 * bare, "ratio": floor_ms / bare}
+    rows.append(
+        {
+            "path": f"  the same memory work compiled, no table, B={B}",
+            "ms": 1e3 * floor_ms,
+            "ratio": floor_ms / bare,
+            "target": "(info)",
+            "note": f"numba find + set_leaves {1e3 * bare:.3f} ms",
+        }
+    )
+    table = buf = tree = fl = None
     gc.collect()
 
     # -- insert 1,024 episodes of 64 reference steps against a cold-destination copy ------------------------
