@@ -387,9 +387,12 @@ def test_data_addresses_are_the_arrays_own():
     assert data_addresses([a, np.ma.masked_array(a)]) is None
 
 
-def test_a_join_that_does_not_fill_its_output_writes_nothing():
-    """The compiled join checks the parts' bytes against the output's before it copies anything."""
-    parts = [np.ones((64, 1024), np.float32) for _ in range(40)]
+@pytest.mark.parametrize("strided", [False, True])
+def test_a_join_that_does_not_fill_its_output_writes_nothing(strided):
+    """A large join checks the parts' bytes against the output's before it copies anything, by compiled
+    copies or (parts not C-contiguous) by threads of np.concatenate."""
+    parts = [np.ones((64, 2048 if strided else 1024), np.float32) for _ in range(40)]
+    parts = [p[:, ::2] for p in parts] if strided else parts
     out = np.zeros((64 * 40 + 1, 1024), np.float32)
     with pytest.raises(ValueError, match="bytes of parts"):
         gather._concatenate(parts, out)

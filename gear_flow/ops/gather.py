@@ -392,22 +392,22 @@ def _concatenate(parts: list, out: np.ndarray) -> None:
     if out.nbytes < SPLIT_MIN_BYTES:
         np.concatenate(parts, axis=0, out=out)
         return
-    k = min(get_num_threads(), len(parts))
-    addr = None
-    if out.flags.c_contiguous and set(map(_C_CONTIGUOUS, parts)) == {True}:
-        addr = data_addresses(parts)
-    if addr is None:
-        ends = np.cumsum(np.fromiter(map(len, parts), dtype=np.int64, count=len(parts)))
-        cuts = [len(parts) * i // k for i in range(k + 1)]
-        rows = [0] + [int(ends[c - 1]) for c in cuts[1:]]
-        _on_threads(np.concatenate, [(parts[cuts[i] : cuts[i + 1]], 0, out[rows[i] : rows[i + 1]]) for i in range(k)])
-        return
     size = np.fromiter(map(_NBYTES, parts), dtype=np.int64, count=len(parts))
     ends = np.cumsum(size)
     if int(ends[-1]) != out.nbytes:
         raise ValueError(f"concatenate: {int(ends[-1])} bytes of parts for {out.nbytes} bytes of output")
+    k = min(get_num_threads(), len(parts))  # slices of about as many bytes each, cut between parts
     cuts = [0, *np.searchsorted(ends, [out.nbytes * i // k for i in range(1, k)], side="right").tolist(), len(parts)]
-    at = [0 if c == 0 else int(ends[c - 1]) for c in cuts]
+    at = [0 if c == 0 else int(ends[c - 1]) for c in cuts]  # each slice's first byte in out
+    addr = None
+    if out.flags.c_contiguous and set(map(_C_CONTIGUOUS, parts)) == {True}:
+        addr = data_addresses(parts)
+    if addr is None:
+        row = out.nbytes // out.shape[0]
+        _on_threads(
+            np.concatenate, [(parts[cuts[i] : cuts[i + 1]], 0, out[at[i] // row : at[i + 1] // row]) for i in range(k)]
+        )
+        return
     dst = out.reshape(-1).view(np.uint8)
     _on_threads(_copy_parts, [(dst, at[i], addr[cuts[i] : cuts[i + 1]], size[cuts[i] : cuts[i + 1]]) for i in range(k)])
 
