@@ -11,6 +11,7 @@ to the new item.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 from numpy.typing import ArrayLike
 
 SHARD_SHIFT = 56
@@ -52,3 +53,15 @@ def decode(keys: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """
     keys = np.asarray(keys, dtype=np.int64)
     return keys >> np.int64(SHARD_SHIFT), keys & np.int64(SEQ_MASK)
+
+
+@njit(inline="always", cache=True)
+def key_of(shard, seq):
+    """The key of one item, for compiled code (:func:`encode`'s rule)."""
+    return (np.int64(shard) << SHARD_SHIFT) | seq
+
+
+@njit(inline="always", cache=True)
+def shard_of(key):
+    """The shard of one key, for compiled code (:func:`decode`'s rule); negative for a negative key."""
+    return key >> SHARD_SHIFT

@@ -14,8 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-#: ``key = shard << SHARD_SHIFT | seq`` (:mod:`gear_flow.keys`, restated for compiled code)
-from ..keys import SHARD_SHIFT
+from ..keys import key_of
 from .gather import _fill_mask
 
 
@@ -65,10 +64,9 @@ def fill(rows, off, shard, seqs, probs, scale, ids, steps, dst, n_valid, prio, c
               priorities.shape[0], times_sampled.shape[0], mask.shape[0]):  # fmt: skip
         if off + n > a:
             return False
-    high = np.int64(shard) << SHARD_SHIFT
     for b in range(n):
         r = off + b
-        keys[r] = high | seqs[b]
+        keys[r] = key_of(shard, seqs[b])
         probabilities[r] = probs[b] * scale
         episode_ids[r] = ids[b]
         timesteps[r] = steps[b]

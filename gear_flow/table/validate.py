@@ -13,7 +13,7 @@ from numpy.typing import ArrayLike
 
 from ..backend import is_device_array
 from ..errors import InvalidDataError, InvalidPriorityError, SpecError
-from ..keys import SHARD_SHIFT, decode
+from ..keys import decode, shard_of
 from ..spec import BOUNDARIES, TableSpec
 
 
@@ -400,7 +400,7 @@ def _first_bad_shard(keys, num_shards):
     """Index of the first key whose shard (its high bits, :mod:`gear_flow.keys`) is not below
     ``num_shards`` or is negative, or -1: one pass, where NumPy makes four arrays."""
     for i in range(keys.shape[0]):
-        s = keys[i] >> SHARD_SHIFT
+        s = shard_of(keys[i])
         if s < 0 or s >= num_shards:
             return i
     return -1
