@@ -467,3 +467,67 @@ def test_the_episodes_and_priorities_a_shard_receives():
         assert item_rows(None, off, sel) is None
     assert pick(items, np.arange(6)) is items
     assert pick(tuple(items), np.arange(6)) == items
+
+
+def test_large_list_inserts_with_writers_and_a_sampler_running_store_every_step(make_table):
+    """Two writers insert lists of many short episodes whose large column exceeds SPLIT_MIN_BYTES per shard
+    (the compiled join, on each kind of table: in process, on disk, in the workers), while a sampler draws;
+    every window sampled meanwhile and after is its episode's steps, byte for byte, and every step is
+    counted."""
+    import threading
+
+    W = 1024  # floats a step: ~300 episodes of ~15 steps per shard are ~18 MB of obs
+    spec = TableSpec(
+        (ColumnSpec("obs", (W,), np.float32), ColumnSpec("ep", (), np.int64), ColumnSpec("t", (), np.int64)),
+        capacity=12_000,
+        num_shards=2,
+    )
+    t = make_table(spec, seed=0, sampler=Uniform())
+
+    def episodes(first_tag: int, seed: int) -> list[dict]:
+        rng = np.random.default_rng(seed)
+        eps = []
+        for tag in range(first_tag, first_tag + 600):
+            n = int(rng.integers(10, 20))
+            steps = np.arange(n)
+            eps.append({"obs": np.repeat((tag * 64 + steps).astype(np.float32)[:, None], W, axis=1),
+                        "ep": np.full(n, tag, np.int64), "t": steps.astype(np.int64)})  # fmt: skip
+        return eps
+
+    def check(b) -> None:
+        obs, ep, ts, mask = b["obs"].numpy(), b["ep"].numpy(), b["t"].numpy(), b.mask.numpy()
+        for r in range(len(b)):
+            v = mask[r]
+            assert v.any() and np.all(ep[r, v] == ep[r, v][0])
+            want = (ep[r, v][:, None] * 64 + ts[r, v][:, None]).astype(np.float32)
+            assert np.array_equal(obs[r, v], np.broadcast_to(want, (int(v.sum()), W)))
+
+    batches = [episodes(1_000, 1), episodes(2_000, 2)]
+    stop, errors = threading.Event(), []
+
+    def sampler():
+        try:
+            while not stop.is_set():
+                if t.size:
+                    check(t.sample(16, 4, timeout=5))
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    def writer(eps):
+        try:
+            t.insert(eps, timeout=60)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    th = [threading.Thread(target=sampler)] + [threading.Thread(target=writer, args=(e,)) for e in batches]
+    for x in th:
+        x.start()
+    for x in th[1:]:
+        x.join(120)
+    stop.set()
+    th[0].join(60)
+    assert not errors, errors
+    steps = sum(len(e["t"]) for eps in batches for e in eps)
+    assert steps * W * 4 / 2 >= 2 * gather.SPLIT_MIN_BYTES and t.size == steps  # every step stored (no eviction)
+    for _ in range(5):
+        check(t.sample(64, 8))
