@@ -93,6 +93,40 @@ def test_find_never_returns_zero_weight_at_right_edge():
     assert out[0] == 3 and out[1] == 21
 
 
+def _descend(tree: np.ndarray, u: float) -> int:
+    """One target's descent with the branch, as the rule reads (and as the CUDA twin takes it)."""
+    P, i = len(tree) // 2, 1
+    while i < P:
+        left = tree[2 * i]
+        if (u < left and left > 0.0) or tree[2 * i + 1] <= 0.0:
+            i = 2 * i
+        else:
+            u -= left
+            i = 2 * i + 1
+    return i - P
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 64, 1000, 4097])
+def test_find_takes_the_leaves_of_the_rule_with_its_branch(n):
+    """The compiled descent takes no branch; target by target it lands where the branching rule does, for
+    float weights with zero runs and targets on interval edges, at the root and past it (rounding)."""
+    rng = np.random.default_rng(300 + n)
+    w = rng.random(n) * (rng.random(n) < 0.6)
+    w[rng.integers(0, n, n // 8)] = 0.0
+    if w.sum() == 0:
+        w[-1] = 0.25
+    tree = _tree_from(w)
+    root = tree[1]
+    edges = np.cumsum(w)[:-1]
+    targets = np.concatenate(
+        [rng.random(3000) * root, edges, np.nextafter(edges, 0), [0.0, root, np.nextafter(root, 0)]]
+    )
+    out = np.empty(len(targets), dtype=np.int64)
+    sumtree.find(tree, targets, out)
+    assert out.tolist() == [_descend(tree, float(u)) for u in targets]
+    assert np.all(w[out] > 0)
+
+
 def test_find_distribution_is_proportional():
     rng = np.random.default_rng(7)
     w = np.array([0.0, 1.0, 0.0, 3.0, 6.0, 0.0, 0.0])

