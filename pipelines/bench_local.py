@@ -188,7 +188,8 @@ def bench_latency(args, eps, rows, results):
     Two variants: the reference columns (what a learner gets; at 10M steps the
     table holds 10.4 GB) and tiny steps (5 bytes) where selection, not the
     copy, dominates.  Both fill the table completely with the reference
-    episodes (reused), and both sample B windows of L steps.
+    episodes (reused), and both sample B windows of L steps.  The two
+    capacities' tables are both built, then timed in turn.
     """
     B, L = args.batch_size, args.length
     tiny = (gf.ColumnSpec("reward", (), np.float32), gf.ColumnSpec("done", (), np.bool_))
@@ -198,7 +199,7 @@ def bench_latency(args, eps, rows, results):
             continue
         names = [c.name for c in cols]
         src = [{k: e[k] for k in names} for e in eps]
-        lat = {}
+        calls = []  # both tables built, then timed in turn: the VM's drift weighs on both capacities alike
         for cap in (args.small_capacity, args.large_capacity):
             spec = gf.TableSpec(cols, capacity=cap)
             table = gf.LocalTable(spec, sampler=gf.Prioritized(0.6, 0.4), seed=0)
@@ -215,11 +216,10 @@ def bench_latency(args, eps, rows, results):
                 b = table.sample(B, L, out=out)
                 table.update_priorities(b.keys, rng.random(B) + 0.01)
 
-            ts = timeit(once, repeat=args.repeat * 2)
-            lat[cap] = float(np.median(ts))
-            table = out = None
-            gc.collect()
-        small, large = lat[args.small_capacity], lat[args.large_capacity]
+            calls.append(once)
+        small, large = (float(np.median(ts)) for ts in alternate(calls, repeat=args.repeat * 2))
+        table = out = once = calls = None
+        gc.collect()
         results["latency"][variant] = {
             "small_capacity": args.small_capacity,
             "large_capacity": args.large_capacity,
