@@ -110,3 +110,44 @@ def test_episode_reads_of_a_device_ring_wait_for_the_inserts(emulated):
             np.testing.assert_array_equal(
                 s_dev.ring.read("obs", int(a), int(t)), s_host.ring.read("obs", int(a), int(t))
             )
+
+
+def test_a_device_rings_large_list_insert_holds_every_episode_in_order(emulated, monkeypatch):
+    """A list insert of many short episodes into a ``device`` ring is joined on the host into its page-locked
+    staging buffer by the host ring's join (compiled copies above ``SPLIT_MIN_BYTES``): the ring holds what
+    the host ring holds, wrapping included, and the join ran compiled for the staging buffer."""
+    from gear_flow import ColumnSpec, LocalTable, TableSpec, Uniform
+    from gear_flow.ops import gather
+
+    spec = TableSpec((ColumnSpec("obs", (256,), np.float32), ColumnSpec("reward", (), np.float32)), capacity=25_000)
+    rng = np.random.default_rng(4)
+    lists = [
+        [{"obs": rng.random((T, 256), dtype=np.float32), "reward": rng.random(T, dtype=np.float32)}
+         for T in rng.integers(5, 16, 1000)]
+        for _ in range(3)
+    ]  # fmt: skip
+    joined = []
+    compiled = gather._copy_parts
+
+    def counted(dst, at, addr, size):
+        joined.append(int(size.sum()))
+        compiled(dst, at, addr, size)
+
+    monkeypatch.setattr(gather, "_copy_parts", counted)
+    tables = {t: LocalTable(spec, sampler=Uniform(), tier=t, seed=7) for t in ("host", "device")}
+    for eps in lists:  # ~10 MB of obs per insert; the third wraps the ring (every row written)
+        tables["host"].insert(eps)
+    joined.clear()
+    for eps in lists:
+        tables["device"].insert(eps)
+    # every insert's obs (not the 40 KB of rewards) joined into the staging buffer by compiled copies, whole
+    assert sum(joined) == sum(e["obs"].nbytes for eps in lists for e in eps)
+    for name in ("obs", "reward"):
+        host = tables["host"].shards[0].ring.bytes[name]
+        dev = tables["device"].shards[0].ring.bytes[name]
+        np.testing.assert_array_equal(dev.get() if hasattr(dev, "get") else np.asarray(dev), host, err_msg=name)
+    for _ in range(3):
+        got, ref = tables["device"].sample(16, 4), tables["host"].sample(16, 4)
+        np.testing.assert_array_equal(got.keys.numpy(), ref.keys.numpy())
+        for name in ("obs", "reward"):
+            np.testing.assert_array_equal(got[name].cpu().numpy(), ref[name].numpy(), err_msg=name)

@@ -372,7 +372,7 @@ def test_a_join_of_parts_that_cannot_be_copied_from_their_addresses_is_the_same_
         n = sum(len(p) for p in parts)
         assert n * 512 * 4 >= gather.SPLIT_MIN_BYTES
         out = np.zeros((n, 512), np.float32)
-        gather._concatenate(parts, out)
+        gather.join_parts(parts, out)
         np.testing.assert_array_equal(out, np.concatenate([np.asarray(p) for p in parts]))
 
 
@@ -395,7 +395,7 @@ def test_a_join_that_does_not_fill_its_output_writes_nothing(strided):
     parts = [p[:, ::2] for p in parts] if strided else parts
     out = np.zeros((64 * 40 + 1, 1024), np.float32)
     with pytest.raises(ValueError, match="bytes of parts"):
-        gather._concatenate(parts, out)
+        gather.join_parts(parts, out)
     assert not out.any()
 
 

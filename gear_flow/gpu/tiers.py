@@ -28,6 +28,7 @@ import numpy as np
 
 from ..backend import require_gpu
 from ..errors import InvalidDataError
+from ..ops.gather import join_parts
 from ..storage.base import StorageTier
 
 if TYPE_CHECKING:
@@ -308,7 +309,7 @@ class DeviceTier(_GpuTier):
             n = sum(int(p.shape[0]) for p in parts)
             stage = self._insert_stage.take(n * int(np.prod(dst.shape[1:], dtype=np.int64)) * dst.dtype.itemsize)
             rows = stage.view(dst.dtype).reshape((n, *dst.shape[1:]))
-            np.concatenate([np.asarray(p, dtype=dst.dtype).reshape((-1, *dst.shape[1:])) for p in parts], out=rows)
+            join_parts(parts, rows)  # (the shard's validated episodes: the ring's dtype and row shape)
             self.write_rows(dst, pos, rows)  # from page-locked memory: asynchronous, ordered by the fence
             self._insert_stage.sent(self._fence)
 

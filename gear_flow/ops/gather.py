@@ -374,7 +374,7 @@ def _copy_pool(k: int) -> ThreadPoolExecutor:
         return pool
 
 
-def _concatenate(parts: list, out: np.ndarray) -> None:
+def join_parts(parts: list, out: np.ndarray) -> None:
     """``np.concatenate(parts, out=out)`` of parts of ``out``'s dtype and row shape; when it is large, by one
     compiled loop per thread numba may use, each over a slice of the parts.
 
@@ -387,7 +387,20 @@ def _concatenate(parts: list, out: np.ndarray) -> None:
     themselves (:func:`~._mem.data_addresses`), where asking each for them
     would cost a microsecond of Python per part; parts that are not
     C-contiguous NumPy arrays go through ``np.concatenate`` on as many
-    threads.
+    threads.  A host ring's insert joins its episodes into the ring with it,
+    and a GPU tier's into its page-locked staging buffer.
+
+    Parameters
+    ----------
+    parts : list of numpy.ndarray
+        Rows ``[n_k, *row]`` of ``out``'s dtype and row shape.
+    out : numpy.ndarray
+        ``[sum(n_k), *row]``, written in place.
+
+    Raises
+    ------
+    ValueError
+        If the parts' bytes are not ``out``'s (nothing is written).
     """
     if out.nbytes < SPLIT_MIN_BYTES:
         np.concatenate(parts, axis=0, out=out)
@@ -445,7 +458,7 @@ def scatter_chunks(dst: np.ndarray, pos: int, parts: Sequence[np.ndarray], check
     machine and far more when workers share its cores (each thread then waits
     at the barrier for one that has no core).  Smaller parts (an insert of
     many short episodes) are joined into the ring per side of its end
-    (:func:`_concatenate`): by ``numpy.concatenate`` below
+    (:func:`join_parts`): by ``numpy.concatenate`` below
     ``SPLIT_MIN_BYTES``, and above it by compiled copies on as many threads
     as numba may use, from addresses read off the parts in bulk (asking each
     part for its address would cost a microsecond of Python, as long as
@@ -491,15 +504,15 @@ def scatter_chunks(dst: np.ndarray, pos: int, parts: Sequence[np.ndarray], check
     ):
         first = min(n, cap - pos)
         if first == n:
-            _concatenate(parts, dst[pos : pos + n])
+            join_parts(parts, dst[pos : pos + n])
             return
         k, before = 0, 0  # the part that crosses the ring's end, and the rows before it
         while before + parts[k].shape[0] <= first:
             before += parts[k].shape[0]
             k += 1
         cut = first - before
-        _concatenate([*parts[:k], parts[k][:cut]], dst[pos:])
-        _concatenate([parts[k][cut:], *parts[k + 1 :]], dst[: n - first])
+        join_parts([*parts[:k], parts[k][:cut]], dst[pos:])
+        join_parts([parts[k][cut:], *parts[k + 1 :]], dst[: n - first])
         return
     dst_off, addr, size = [], [], []
     for rows in parts:  # a part that crosses the ring's end is two copies
