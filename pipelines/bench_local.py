@@ -217,7 +217,7 @@ def bench_latency(args, eps, rows, results):
                 table.update_priorities(b.keys, rng.random(B) + 0.01)
 
             calls.append(once)
-        small, large = (float(np.median(ts)) for ts in alternate(calls, repeat=args.repeat * 2))
+        small, large = (float(np.median(ts)) for ts in alternate(calls, repeat=args.repeat * 10))
         table = out = once = calls = None
         gc.collect()
         results["latency"][variant] = {
