@@ -30,6 +30,7 @@ from numba import njit
 from . import keys as keymod
 from .errors import EmptyTableError, nothing_to_sample
 from .ops import sequences
+from .ops._mem import prefetch, prefetch_write
 from .sample import NO_COUNTS
 from .selectors.base import OrderedSelector, Selector, WeightedSelector
 from .spec import TableSpec
@@ -87,6 +88,11 @@ def _apply_updates(seqs, priorities, stamps, clock, lo, capacity, active, touche
     n = seqs.shape[0]
     slots = np.empty(n, np.int64)
     pr = np.empty(n, np.float64)
+    for i in range(n):  # every item's state on its way before the pass that waits for it (a window at a time)
+        slot = seqs[i] % capacity
+        prefetch(active, slot)
+        prefetch_write(touched, slot)
+        prefetch_write(priority, slot)
     k, nxt = 0, clock
     for i in range(n):
         s = seqs[i]

@@ -86,8 +86,9 @@ def _prefetch(builder, context, arrtype, arr, index, write: int) -> None:
 
 @intrinsic
 def prefetch(typingctx, arr, index):
-    """Start loading the cache line of ``arr[index]`` (a 1-d array) without waiting for it: a later load
-    finds it on its way or there.  No bounds check, and none needed: a prefetch never faults."""
+    """Start loading the cache line of element ``index`` of ``arr`` (counted from its first: a C-contiguous
+    array's flat index) without waiting for it: a later load finds it on its way or there.  No bounds check,
+    and none needed: a prefetch never faults."""
 
     def codegen(context, builder, sig, args):
         _prefetch(builder, context, sig.args[0], args[0], args[1], 0)
