@@ -534,3 +534,29 @@ def test_set_leaves_of_many_leaves_equals_one_at_a_time(n, k):
     assert many.tolist() == single.tolist()
     P = len(many) // 2
     assert all(many[i] == many[2 * i] + many[2 * i + 1] for i in range(1, P))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 64, 1000, 4097])
+@pytest.mark.parametrize("k", [1, 7, 300, 5000])
+def test_max_tree_set_of_many_leaves_equals_the_tree_built_from_its_leaves(n, k):
+    """The max tree's parents are repaired level by level for all the leaves at once (upper levels whole):
+    node for node the tree built bottom-up from the final leaves (repeats: the last value wins), -inf
+    leaves kept."""
+    rng = np.random.default_rng(n * 17 + k)
+    tree = maxtree.new_tree(n)
+    start = np.arange(n, dtype=np.int64)[rng.random(n) < 0.7]
+    maxtree.set_leaves(tree, start, rng.random(len(start)))
+    idx = rng.integers(0, n, k)
+    vals = np.where(rng.random(k) < 0.1, -np.inf, rng.random(k))
+    maxtree.set_leaves(tree, idx, vals)
+    P = len(tree) // 2
+    built = np.full(2 * P, -np.inf)
+    built[P:] = tree[P:]
+    leaves = np.full(P, -np.inf)
+    leaves[start] = tree[P + start]
+    for i, v in zip(idx.tolist(), vals.tolist()):
+        leaves[i] = v
+    assert tree[P:].tolist() == leaves.tolist()
+    for i in range(P - 1, 0, -1):
+        built[i] = max(built[2 * i], built[2 * i + 1])
+    assert tree.tolist() == built.tolist()

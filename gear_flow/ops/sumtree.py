@@ -77,6 +77,27 @@ def _repair(tree, idx):
 @njit(cache=True, nogil=True)
 def _repair_with(tree, idx, node):
     """:func:`_repair` with ``node`` (int64, at least ``len(idx)``) as its scratch."""
+    repair_levels(tree, idx, node, False)
+
+
+@njit(cache=True, nogil=True)
+def repair_levels(tree, idx, node, largest):
+    """Recompute the ancestors of leaves ``idx`` level by level, each node the sum of its two children or,
+    with ``largest``, the larger (a max tree, :mod:`gear_flow.ops.maxtree`, laid out as this one).
+
+    See :func:`_repair`: what holds for a sum holds for a maximum.
+
+    Parameters
+    ----------
+    tree : numpy.ndarray
+        float64 ``[2 * P]``, written in place.
+    idx : numpy.ndarray
+        int64 leaves written since the last repair (repeats allowed).
+    node : numpy.ndarray
+        int64 scratch, at least ``len(idx)``.
+    largest : bool
+        Each node the larger of its children instead of their sum.
+    """
     P = tree.shape[0] // 2
     m = 0  # ancestors at the current level; neighbours that share one (sorted idx: inserts) kept once
     for k in range(idx.shape[0]):
@@ -93,19 +114,26 @@ def _repair_with(tree, idx, node):
             # whose children did not change gets its value again (1,024 leaves of 10M: 56 -> 45 us a set)
             while level >= 1:
                 for i in range(level, 2 * level):
-                    tree[i] = tree[2 * i] + tree[2 * i + 1]
+                    tree[i] = _combine(tree[2 * i], tree[2 * i + 1], largest)
                 level //= 2
             return
         j = 0
         for k in range(m):  # node[j] with j <= k: written only once read
             i = node[k]
-            tree[i] = tree[2 * i] + tree[2 * i + 1]
+            tree[i] = _combine(tree[2 * i], tree[2 * i + 1], largest)
             if j == 0 or node[j - 1] != i // 2:
                 node[j] = i // 2
                 prefetch_write(tree, i // 2)  # the next level's write, on its way a level ahead (as find's)
                 j += 1
         m = j  # sorted idx: the work halves level by level (2n nodes in all, not n per level)
         level //= 2
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _combine(a, b, largest):
+    if largest:
+        return a if a >= b else b
+    return a + b
 
 
 @njit(cache=True, nogil=True)
