@@ -278,6 +278,25 @@ def test_topk_matches_argsort(n, k):
     assert np.array_equal(out_v[:found], ref_v)
 
 
+@pytest.mark.parametrize("kind", ["real", "ties", "sparse"])
+@pytest.mark.parametrize("k", [100, 1000, 5000])
+def test_topk_of_a_large_tree_matches_argsort(kind, k):
+    """Frontiers cut to ``k`` at every level below the top (each cut a selection over up to ``2k`` nodes):
+    real values, a few tied values, and mostly empty leaves."""
+    rng = np.random.default_rng(k + len(kind))
+    n = 100_000
+    v = {"real": rng.random(n), "ties": rng.integers(0, 5, n).astype(np.float64),
+         "sparse": np.where(rng.random(n) < 0.97, -np.inf, rng.random(n))}[kind]  # fmt: skip
+    tree = _maxtree_from(v)
+    out_i = np.empty(k, dtype=np.int64)
+    out_v = np.empty(k, dtype=np.float64)
+    found = maxtree.topk(tree, k, out_i, out_v)
+    ref_i, ref_v = _topk_ref(v, k)
+    assert found == len(ref_i)
+    assert out_i[:found].tolist() == ref_i.tolist()
+    assert out_v[:found].tolist() == ref_v.tolist()
+
+
 @pytest.mark.parametrize("n", [64, 1000, 4096, 100_000])
 def test_topk_all_equal(n):
     """Every priority equal (the default max-priority insert): ties by index, nothing lost."""

@@ -5,9 +5,10 @@ their children (the twin's ``a if a >= b else b``), empty leaves hold ``-inf``.
 
 :func:`topk` returns exactly the twin's answer: the ``k`` largest leaves that
 are not ``-inf``, descending, ties broken by the lower index first.  The twin
-walks the tree best-first; the device selects on the leaves alone (a radix
-select over a unique 96-bit key ``(value, ~index)``, then a bitonic sort of the
-``k`` winners), so :func:`topk_flat` serves a plain priority array as well.
+descends the tree keeping the best ``k`` nodes of each level; the device
+selects on the leaves alone (a radix select over a unique 96-bit key
+``(value, ~index)``, then a bitonic sort of the ``k`` winners), so
+:func:`topk_flat` serves a plain priority array as well.
 
 Examples
 --------
