@@ -3,8 +3,9 @@
 Numba compiles slice assignments of uint8 arrays to byte loops that run at a
 quarter of memcpy speed when not parallelised; these intrinsics emit LLVM's
 ``memcpy``/``memset`` instead (and, unlike calling libc through ctypes, they
-keep functions cacheable on disk); :func:`prefetch` emits LLVM's ``prefetch``.  :func:`data_addresses` gives compiled copies the addresses of many
-arrays at once.
+keep functions cacheable on disk); :func:`prefetch` emits LLVM's ``prefetch``.
+:func:`data_addresses` gives compiled copies the addresses of many arrays at
+once.
 """
 
 from __future__ import annotations
@@ -78,9 +79,7 @@ def _prefetch(builder, context, arrtype, arr, index, write: int) -> None:
     i8p = ir.IntType(8).as_pointer()
     addr = builder.bitcast(builder.gep(a.data, [index]), i8p)
     i32 = ir.IntType(32)
-    fn = cgutils.get_or_insert_function(
-        builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0i8"
-    )
+    fn = builder.module.declare_intrinsic("llvm.prefetch", [i8p], ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
     builder.call(fn, [addr, ir.Constant(i32, write), ir.Constant(i32, 3), ir.Constant(i32, 1)])
 
 
