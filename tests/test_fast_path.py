@@ -171,6 +171,14 @@ def test_check_episodes_is_check_episode_of_each():
     del bad[2]["done"]
     with pytest.raises(InvalidDataError, match="missing"):
         check_episodes(spec, bad)
+    bad = [dict(e) for e in eps]
+    bad[5]["extra"] = bad[5]["reward"]  # one key too many
+    with pytest.raises(InvalidDataError, match="unknown"):
+        check_episodes(spec, bad)
+    bad = [dict(e) for e in eps]
+    bad[8]["dones"] = bad[8].pop("done")  # as many keys, one of them not a column
+    with pytest.raises(InvalidDataError, match="missing"):
+        check_episodes(spec, bad)
 
 
 @pytest.mark.parametrize("n", [1, 7, 1000])
