@@ -579,3 +579,30 @@ def test_max_tree_set_of_many_leaves_equals_the_tree_built_from_its_leaves(n, k)
     for i in range(P - 1, 0, -1):
         built[i] = max(built[2 * i], built[2 * i + 1])
     assert tree.tolist() == built.tolist()
+
+
+@pytest.mark.parametrize("kind", ["real", "ties", "sparse"])
+@pytest.mark.parametrize("n", [1, 5, 1000, 100_000])
+def test_leaves_equal_finds_what_a_scan_of_the_leaves_finds(kind, n):
+    """The leaves equal to a value, found from the root through the subtrees at or above it: the scan's
+    answer, ascending, for present, absent, largest and smallest values; -1 (the caller scans) once a
+    level holds more such nodes than the room given, never a partial answer."""
+    rng = np.random.default_rng(n + len(kind))
+    v = {"real": rng.random(n), "ties": rng.integers(0, 5, n).astype(np.float64),
+         "sparse": np.where(rng.random(n) < 0.9, -np.inf, rng.integers(0, 3, n).astype(np.float64))}[kind]  # fmt: skip
+    tree = _maxtree_from(v)
+    finite = v[np.isfinite(v)]
+    values = [*finite[:3].tolist(), float(finite.max()) if len(finite) else 1.0, 0.5, 7.0]
+    for value in values:
+        want = np.flatnonzero(v == value)
+        out = np.empty(n + 1, dtype=np.int64)  # room enough: the exact answer
+        found = maxtree.leaves_equal(tree, value, n, out)
+        assert out[:found].tolist() == want.tolist()
+        small = np.empty(2, dtype=np.int64)
+        got = maxtree.leaves_equal(tree, value, n, small)
+        above = int((v >= value).sum())
+        if above > 2:  # more candidates than room at the leaves' level at least
+            assert got == -1
+        else:
+            assert small[:got].tolist() == want.tolist()
+    assert maxtree.leaves_equal(tree, -np.inf, n, np.empty(4, dtype=np.int64)) == -1

@@ -131,3 +131,47 @@ def topk(tree, k, out_idx, out_val):
         out_idx[j] = nodes[order[j]] - P
         out_val[j] = vals[order[j]]
     return m
+
+
+@njit(cache=True, nogil=True)
+def leaves_equal(tree, value, capacity, out):
+    """The leaves below ``capacity`` that equal ``value``, ascending, into ``out``; returns how many.
+
+    Descends level by level through the nodes whose maximum is at least
+    ``value`` (the ancestors of the leaves at or above it), each level's reads
+    prefetched a level ahead, where a scan reads every leaf.  Returns -1, with
+    ``out`` undefined, when a level holds more such nodes than ``out`` has
+    room for (many ties: the caller scans the leaves), or for ``value`` of
+    ``-inf``.
+    """
+    P = tree.shape[0] // 2
+    limit = out.shape[0]
+    if value == -np.inf or limit == 0:
+        return -1
+    if not tree[1] >= value:
+        return 0
+    cur = np.empty(limit, dtype=np.int64)
+    nxt = np.empty(limit, dtype=np.int64)
+    cur[0], m = 1, 1
+    while cur[0] < P:
+        c = 0
+        for j in range(m):  # children in order: the frontier stays ascending
+            left = 2 * cur[j]
+            for child in (left, left + 1):
+                if tree[child] >= value:
+                    if c == limit:
+                        return -1
+                    nxt[c] = child
+                    c += 1
+        if c == 0:
+            return 0
+        if 2 * nxt[0] < P:
+            for j in range(c):
+                prefetch(tree, 2 * nxt[j])
+        cur, nxt, m = nxt, cur, c
+    k = 0
+    for j in range(m):
+        if tree[cur[j]] == value and cur[j] - P < capacity:
+            out[k] = cur[j] - P
+            k += 1
+    return k

@@ -421,6 +421,33 @@ class MaxTree(_Tree):
     def __init__(self, ops: SelectionOps, capacity: int):
         super().__init__(ops, ops.maxtree, capacity)
 
+    def equal(self, value: float, limit: int) -> np.ndarray:
+        """The slots whose leaf equals ``value``, ascending.
+
+        A host tree finds them from the root through the subtrees whose maximum
+        is at least ``value`` (:func:`gear_flow.ops.maxtree.leaves_equal`), as
+        long as no level holds more than ``limit`` of those; otherwise, and on
+        the device, the leaves (a device tree's host mirror) are scanned.
+
+        Parameters
+        ----------
+        value : float
+            The value (not ``-inf``: every empty leaf holds that).
+        limit : int
+            The most nodes a level of the search may hold before the scan is cheaper.
+
+        Returns
+        -------
+        numpy.ndarray
+            int64 slots, ascending.
+        """
+        if not self.on_device:
+            out = np.empty(max(int(limit), 1), dtype=np.int64)
+            found = self.ops.leaves_equal(self.tree, float(value), self.capacity, out)
+            if found >= 0:
+                return out[:found]
+        return np.flatnonzero(self.leaves == value)
+
     def topk(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` largest leaves that are not ``-inf``, descending (ties: lower index first).
 
