@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import time
 
 import dask
@@ -82,15 +83,28 @@ def handed(
 @contextlib.contextmanager
 def own_cluster(cfg: dict | None = None, n: int = 2):
     """A cluster of the test's own (it closes or kills one of the workers): ``n`` worker processes on
-    127.0.0.1, a 5 s connect timeout (a dead worker is given up on soon), ``cfg`` set."""
-    with (
-        dask.config.set({"distributed.comm.timeouts.connect": "5s", **(cfg or {})}),
-        LocalCluster(
-            n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        yield client
+    127.0.0.1, a 5 s connect timeout (a dead worker is given up on soon), ``cfg`` set.
+
+    Once it is closed, what its first workers left behind goes (``sweep`` of their pids).  A killed
+    worker leaves its shared segments and lane directory, as after a crash, and its nanny's
+    replacement sweeps them when it starts; the cluster can close before that replacement starts,
+    and the suite's check for leftovers at its end should not depend on some later test starting a
+    worker."""
+    from gear_flow.storage.shared import sweep
+
+    pids: list[int] = []
+    try:
+        with (
+            dask.config.set({"distributed.comm.timeouts.connect": "5s", **(cfg or {})}),
+            LocalCluster(
+                n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+            ) as cluster,
+            Client(cluster) as client,
+        ):
+            pids.extend(client.run(os.getpid).values())
+            yield client
+    finally:
+        sweep(pids)
 
 
 def wait_for(pred, what, deadline=60.0):
