@@ -9,11 +9,9 @@ import threading
 import time
 import zipfile
 
-import dask
 import numpy as np
 import pytest
-from dist_support import kill, tables_here
-from distributed import Client, LocalCluster
+from dist_support import kill, own_cluster, tables_here
 from helpers import COLUMNS, episode, reconcile
 
 import gear_flow as gf
@@ -132,12 +130,8 @@ def test_checkpoint_while_writers_and_samplers_run(tmp_path):
 
 @pytest.fixture
 def cluster3():
-    with dask.config.set({"distributed.comm.timeouts.connect": "3s"}):
-        with (
-            LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=None) as c,
-            Client(c) as cl,
-        ):
-            yield cl
+    with own_cluster({"distributed.comm.timeouts.connect": "3s"}, n=3) as cl:  # (its tests kill a worker)
+        yield cl
 
 
 def test_distributed_checkpoint_restore_elsewhere_and_after_a_kill(cluster3, tmp_path):

@@ -14,7 +14,7 @@ import dask
 import numpy as np
 import pytest
 import torch
-from dist_support import wait_for
+from dist_support import own_cluster, wait_for
 from distributed import Client, LocalCluster
 from helpers import COLUMNS, Catalog, check_windows, chi2_critical, episode
 
@@ -299,29 +299,25 @@ def test_ucx_transport_over_tcp():
 
 
 def test_lost_worker_error_and_degraded_mode():
-    with dask.config.set({"distributed.comm.timeouts.connect": "3s"}):
-        with (
-            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None) as cluster,
-            Client(cluster) as c,
-        ):
-            strict = DistributedTable.create(c, spec(), seed=9, name="strict")
-            soft = DistributedTable.create(c, spec(), seed=9, name="soft", degraded=True)
-            for t in (strict, soft):
-                t.insert([episode(i + 1, 20) for i in range(4)])
-            victim = strict.placement[1]
-            assert soft.placement[1] == victim
-            pid = c.run(os.getpid, workers=[victim])[victim]
-            os.kill(pid, signal.SIGKILL)
-            with pytest.raises(gf.ShardLostError, match="shard"):
-                strict.sample(8, 2)
-            with pytest.raises(gf.ShardLostError):
-                strict.insert([episode(9, 5)])
-            b = soft.sample(8, 2)  # degraded: keeps serving from shard 0
-            assert set(decode(b.keys.numpy())[0].tolist()) == {0}
-            info = soft.info()
-            assert 1 in info["lost"] and info["lost"][1]["size_at_loss"] == 40
-            res = soft.insert([episode(10, 5)])
-            assert set(res.shards.tolist()) == {0}
+    with own_cluster({"distributed.comm.timeouts.connect": "3s"}) as c:
+        strict = DistributedTable.create(c, spec(), seed=9, name="strict")
+        soft = DistributedTable.create(c, spec(), seed=9, name="soft", degraded=True)
+        for t in (strict, soft):
+            t.insert([episode(i + 1, 20) for i in range(4)])
+        victim = strict.placement[1]
+        assert soft.placement[1] == victim
+        pid = c.run(os.getpid, workers=[victim])[victim]
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(gf.ShardLostError, match="shard"):
+            strict.sample(8, 2)
+        with pytest.raises(gf.ShardLostError):
+            strict.insert([episode(9, 5)])
+        b = soft.sample(8, 2)  # degraded: keeps serving from shard 0
+        assert set(decode(b.keys.numpy())[0].tolist()) == {0}
+        info = soft.info()
+        assert 1 in info["lost"] and info["lost"][1]["size_at_loss"] == 40
+        res = soft.insert([episode(10, 5)])
+        assert set(res.shards.tolist()) == {0}
 
 
 def test_cli_info_and_list(client):
