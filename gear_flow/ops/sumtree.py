@@ -71,13 +71,7 @@ def _repair(tree, idx):
     already (every leaf written since the last repair is among ``idx``), so
     levels no longer than the list are recomputed whole.
     """
-    _repair_with(tree, idx, np.empty(idx.shape[0], dtype=np.int64))
-
-
-@njit(cache=True, nogil=True)
-def _repair_with(tree, idx, node):
-    """:func:`_repair` with ``node`` (int64, at least ``len(idx)``) as its scratch."""
-    repair_levels(tree, idx, node, False)
+    repair_levels(tree, idx, np.empty(idx.shape[0], dtype=np.int64), False)
 
 
 @njit(cache=True, nogil=True)
@@ -181,7 +175,7 @@ def repair(tree, idx, scratch):
     ancestors of every run (for an overwriting insert, each node twice).
     """
     if idx.shape[0] < 4 * _MAX_RUNS or not _repair_runs(tree, idx, scratch):
-        _repair_with(tree, idx, scratch)
+        repair_levels(tree, idx, scratch, False)
 
 
 _MAX_RUNS = 16
