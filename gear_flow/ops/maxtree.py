@@ -90,6 +90,32 @@ def _keep_best(v, n, m, k):
             hi = store - 1
 
 
+#: the least finite value: a node at least this holds a leaf that is set (empty leaves hold ``-inf``)
+_FINITE = -np.finfo(np.float64).max
+
+
+@njit(cache=True, nogil=True)
+def _children(tree, nodes, m, least, out, vals):
+    """One level of a descent by frontier (:func:`topk`, :func:`leaves_equal`): the children of
+    ``nodes[:m]`` whose value is at least ``least``, in order, into ``out`` and their values into ``vals``,
+    each one's own children prefetched; returns how many, or -1 when more than ``out`` has room for."""
+    P = tree.shape[0] // 2
+    c = 0
+    for j in range(m):
+        left = 2 * nodes[j]
+        for child in (left, left + 1):
+            x = tree[child]
+            if x >= least:
+                if c == out.shape[0]:
+                    return -1
+                out[c], vals[c] = child, x
+                c += 1
+    if c and 2 * out[0] < P:  # the next level's reads on their way
+        for j in range(c):
+            prefetch(tree, 2 * out[j])
+    return c
+
+
 @njit(cache=True, nogil=True)
 def topk(tree, k, out_idx, out_val):
     """The ``k`` largest finite leaves, in descending order (ties: lower index first).
@@ -109,17 +135,7 @@ def topk(tree, k, out_idx, out_val):
     v2 = np.empty(2 * k + 2, dtype=np.float64)
     n[0], v[0], m = 1, tree[1], 1
     while n[0] < P:
-        c = 0
-        for j in range(m):
-            left = 2 * n[j]
-            for child in (left, left + 1):
-                x = tree[child]
-                if x != -np.inf:
-                    n2[c], v2[c] = child, x
-                    c += 1
-        if 2 * n2[0] < P:  # the next level's reads on their way
-            for j in range(c):
-                prefetch(tree, 2 * n2[j])
+        c = _children(tree, n, m, _FINITE, n2, v2)  # (never past 2k + 2: at most 2k children)
         n, n2, v, v2, m = n2, n, v2, v, c
         if m > k:
             _keep_best(v, n, m, k)
@@ -152,22 +168,12 @@ def leaves_equal(tree, value, capacity, out):
         return 0
     cur = np.empty(limit, dtype=np.int64)
     nxt = np.empty(limit, dtype=np.int64)
+    vals = np.empty(limit, dtype=np.float64)
     cur[0], m = 1, 1
     while cur[0] < P:
-        c = 0
-        for j in range(m):  # children in order: the frontier stays ascending
-            left = 2 * cur[j]
-            for child in (left, left + 1):
-                if tree[child] >= value:
-                    if c == limit:
-                        return -1
-                    nxt[c] = child
-                    c += 1
-        if c == 0:
-            return 0
-        if 2 * nxt[0] < P:
-            for j in range(c):
-                prefetch(tree, 2 * nxt[j])
+        c = _children(tree, cur, m, value, nxt, vals)  # in order: the frontier stays ascending
+        if c <= 0:
+            return c  # none left (0), or more than ``out`` has room for (-1)
         cur, nxt, m = nxt, cur, c
     k = 0
     for j in range(m):
