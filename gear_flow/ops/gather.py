@@ -408,7 +408,7 @@ def join_parts(parts: list, out: np.ndarray) -> None:
     size = np.fromiter(map(_NBYTES, parts), dtype=np.int64, count=len(parts))
     ends = np.cumsum(size)
     if int(ends[-1]) != out.nbytes:
-        raise ValueError(f"concatenate: {int(ends[-1])} bytes of parts for {out.nbytes} bytes of output")
+        raise ValueError(f"join_parts: {int(ends[-1])} bytes of parts for {out.nbytes} bytes of output")
     k = min(get_num_threads(), len(parts))  # slices of about as many bytes each, cut between parts
     cuts = [0, *np.searchsorted(ends, [out.nbytes * i // k for i in range(1, k)], side="right").tolist(), len(parts)]
     at = [0 if c == 0 else int(ends[c - 1]) for c in cuts]  # each slice's first byte in out
