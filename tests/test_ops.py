@@ -606,3 +606,71 @@ def test_leaves_equal_finds_what_a_scan_of_the_leaves_finds(kind, n):
         else:
             assert small[:got].tolist() == want.tolist()
     assert maxtree.leaves_equal(tree, -np.inf, n, np.empty(4, dtype=np.int64)) == -1
+
+
+def _stamped_ref(leaves: np.ndarray, touched: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Values and stamps of every node, built bottom-up by the rule itself: the larger value, equal values
+    the lesser stamp, equal again the left child (stamps past ``touched``: none, the largest int64)."""
+    P = len(leaves)
+    v = np.full(2 * P, -np.inf)
+    st = np.full(2 * P, np.iinfo(np.int64).max, dtype=np.int64)
+    v[P:] = leaves
+    st[P : P + len(touched)] = touched
+    for i in range(P - 1, 0, -1):
+        a, b = 2 * i, 2 * i + 1
+        pick = a if (v[a], -st[a]) >= (v[b], -st[b]) else b
+        v[i], st[i] = v[pick], st[pick]
+    return v, st
+
+
+@pytest.mark.parametrize("kind", ["real", "ties", "all equal", "sparse"])
+@pytest.mark.parametrize("n", [1, 2, 5, 1000, 4097])
+def test_stamped_max_tree_ranks_ties_by_stamp_through_updates(kind, n):
+    """A heap's tree with stamps, changed batch by batch as a shard changes it (each batch's stamps written
+    to ``touched`` first, repeats in a batch: the last wins): node for node the tree built from its final
+    leaves by the rule, and its top k, for every k, what a lexicographic sort of (value descending,
+    stamp, slot) gives.  ``restamp`` of the same values gives the same stamps."""
+    rng = np.random.default_rng(n * 7 + len(kind))
+    draw = {"real": lambda m: rng.random(m), "ties": lambda m: rng.integers(0, 4, m).astype(np.float64),
+            "all equal": lambda m: np.ones(m),
+            "sparse": lambda m: np.where(rng.random(m) < 0.8, -np.inf, rng.integers(0, 3, m).astype(np.float64))}[kind]  # fmt: skip
+    tree = maxtree.new_tree(n)
+    stamps = maxtree.new_stamps(tree)
+    touched = np.zeros(n, dtype=np.int64)
+    clock = 0
+    for _ in range(6):
+        m = int(rng.integers(1, 2 * n + 2))
+        idx = rng.integers(0, n, m)
+        touched[idx] = clock + np.arange(m)  # (repeats: the last stamp, as the shard writes them)
+        clock += m
+        maxtree.set_leaves_stamped(tree, stamps, touched, idx, draw(m))
+    P = len(tree) // 2
+    v, st = _stamped_ref(tree[P:].copy(), touched)
+    assert tree.tolist() == v.tolist()
+    assert stamps[1:].tolist() == st[1:P].tolist()
+    again = maxtree.new_stamps(tree)
+    maxtree.restamp(tree, again, touched)
+    assert again[1:].tolist() == stamps[1:].tolist()
+    leaves = tree[P : P + n]
+    live = np.flatnonzero(np.isfinite(leaves))
+    order = live[np.lexsort((live, touched[live], -leaves[live]))]
+    for k in sorted({1, 2, 3, n // 2 + 1, n, n + 5}):
+        out_i, out_v = np.empty(k, dtype=np.int64), np.empty(k)
+        found = maxtree.topk_stamped(tree, stamps, touched, k, out_i, out_v)
+        assert out_i[:found].tolist() == order[:k].tolist()
+        assert out_v[:found].tolist() == leaves[order[:k]].tolist()
+
+
+def test_stamped_top_k_of_a_large_all_equal_tree_is_the_least_stamped():
+    """Equal priorities everywhere, stamps in no slot order (updates reorder them): the k least stamped
+    slots, in stamp order, from 100k leaves and at frontiers cut at every level."""
+    rng = np.random.default_rng(5)
+    n = 100_000
+    touched = rng.permutation(n).astype(np.int64) * 3
+    tree = maxtree.new_tree(n)
+    stamps = maxtree.new_stamps(tree)
+    maxtree.set_leaves_stamped(tree, stamps, touched, np.arange(n, dtype=np.int64), np.ones(n))
+    for k in (1, 100, 5000):
+        out_i, out_v = np.empty(k, dtype=np.int64), np.empty(k)
+        assert maxtree.topk_stamped(tree, stamps, touched, k, out_i, out_v) == k
+        assert out_i.tolist() == np.argsort(touched)[:k].tolist()

@@ -71,15 +71,16 @@ def _repair(tree, idx):
     already (every leaf written since the last repair is among ``idx``), so
     levels no longer than the list are recomputed whole.
     """
-    repair_levels(tree, idx, np.empty(idx.shape[0], dtype=np.int64), False)
+    repair_levels(tree, idx, np.empty(idx.shape[0], dtype=np.int64), False, None, None)
 
 
 @njit(cache=True, nogil=True)
-def repair_levels(tree, idx, node, largest):
+def repair_levels(tree, idx, node, largest, stamps, touched):
     """Recompute the ancestors of leaves ``idx`` level by level, each node the sum of its two children or,
-    with ``largest``, the larger (a max tree, :mod:`gear_flow.ops.maxtree`, laid out as this one).
+    with ``largest``, the larger (a max tree, :mod:`gear_flow.ops.maxtree`, laid out as this one); a max
+    tree with ``stamps`` also keeps, per node, the least stamp among its leaves of the largest value.
 
-    See :func:`_repair`: what holds for a sum holds for a maximum.
+    See :func:`_repair`: what holds for a sum holds for a maximum, and for the stamp that breaks its ties.
 
     Parameters
     ----------
@@ -91,6 +92,13 @@ def repair_levels(tree, idx, node, largest):
         int64 scratch, at least ``len(idx)``.
     largest : bool
         Each node the larger of its children instead of their sum.
+    stamps : numpy.ndarray or None
+        int64 ``[P]``, the internal nodes' stamps (:func:`gear_flow.ops.maxtree.new_stamps`), written in
+        place; None for a tree without them (a type of its own to numba: that tree's repair compiles
+        without them).
+    touched : numpy.ndarray or None
+        int64, the leaves' own stamps (leaf ``j``'s is ``touched[j]``; past its end, none); read only
+        with ``stamps``.
     """
     P = tree.shape[0] // 2
     m = 0  # ancestors at the current level; neighbours that share one (sorted idx: inserts) kept once
@@ -99,6 +107,8 @@ def repair_levels(tree, idx, node, largest):
         if m == 0 or node[m - 1] != i:
             node[m] = i
             prefetch_write(tree, i)
+            if stamps is not None:
+                prefetch_write(stamps, i)
             m += 1
     level = P // 2
     while level >= 1:
@@ -108,26 +118,52 @@ def repair_levels(tree, idx, node, largest):
             # whose children did not change gets its value again (1,024 leaves of 10M: 56 -> 45 us a set)
             while level >= 1:
                 for i in range(level, 2 * level):
-                    tree[i] = _combine(tree[2 * i], tree[2 * i + 1], largest)
+                    fix_node(tree, i, largest, stamps, touched, P)
                 level //= 2
             return
         j = 0
         for k in range(m):  # node[j] with j <= k: written only once read
             i = node[k]
-            tree[i] = _combine(tree[2 * i], tree[2 * i + 1], largest)
+            fix_node(tree, i, largest, stamps, touched, P)
             if j == 0 or node[j - 1] != i // 2:
                 node[j] = i // 2
                 prefetch_write(tree, i // 2)  # the next level's write, on its way a level ahead (as find's)
+                if stamps is not None:
+                    prefetch_write(stamps, i // 2)
                 j += 1
         m = j  # sorted idx: the work halves level by level (2n nodes in all, not n per level)
         level //= 2
 
 
+@njit(cache=True, nogil=True)
+def fix_node(tree, i, largest, stamps, touched, P):
+    """Node ``i`` from its children: their sum, or the larger; with ``stamps``, the child of the larger value
+    or, the values equal, of the lesser stamp (equal again: the left one) gives its value and its stamp."""
+    a, b = tree[2 * i], tree[2 * i + 1]
+    if not largest:
+        tree[i] = a + b
+    elif stamps is None:
+        tree[i] = a if a >= b else b
+    else:
+        sa, sb = stamp_of(stamps, touched, 2 * i, P), stamp_of(stamps, touched, 2 * i + 1, P)
+        if a > b or (a == b and sa <= sb):
+            tree[i], stamps[i] = a, sa
+        else:
+            tree[i], stamps[i] = b, sb
+
+
 @njit(cache=True, nogil=True, inline="always")
-def _combine(a, b, largest):
-    if largest:
-        return a if a >= b else b
-    return a + b
+def stamp_of(stamps, touched, i, P):
+    """The stamp of node ``i`` of a stamped max tree: an internal node's own, a leaf's from ``touched``
+    (none, the largest int64, for a leaf past it)."""
+    if i < P:
+        return stamps[i]
+    j = i - P
+    return touched[j] if j < touched.shape[0] else _NONE
+
+
+#: the stamp of no item (a leaf past the shard's slots): it loses every tie
+_NONE = np.iinfo(np.int64).max
 
 
 @njit(cache=True, nogil=True)
@@ -175,7 +211,7 @@ def repair(tree, idx, scratch):
     ancestors of every run (for an overwriting insert, each node twice).
     """
     if idx.shape[0] < 4 * _MAX_RUNS or not _repair_runs(tree, idx, scratch):
-        repair_levels(tree, idx, scratch, False)
+        repair_levels(tree, idx, scratch, False, None, None)
 
 
 _MAX_RUNS = 16

@@ -36,7 +36,7 @@ the device leaves bit for bit and is never copied back.  On the host tiers
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import numpy as np
@@ -404,6 +404,13 @@ class MaxTree(_Tree):
         The tier's operations (:func:`gear_flow.backend.selection_ops`).
     capacity : int
         Slots (leaves) the tree holds.
+    touched : callable, optional
+        Returns the per-slot stamps (int64 ``[capacity]``, written before a
+        slot's :meth:`set`) that break ties, the least first, once
+        :meth:`keep_stamps` is called: a host tree then keeps stamps of its own
+        (:func:`gear_flow.ops.maxtree.new_stamps`) and :meth:`topk` ranks by
+        them.  Until then, on the device (whose kernels have none) and without
+        ``touched``, ties rank by slot.
 
     Examples
     --------
@@ -413,13 +420,96 @@ class MaxTree(_Tree):
     >>> t.set(np.array([0, 1, 3]), np.array([2.0, 5.0, 2.0]))
     >>> [a.tolist() for a in t.topk(2)]
     [[1, 0], [5.0, 2.0]]
+    >>> stamps = np.array([7, 0, 0, 3])
+    >>> s = MaxTree(backend.selection_ops("host"), 4, touched=lambda: stamps)
+    >>> s.set(np.array([0, 1, 3]), np.array([2.0, 5.0, 2.0]))
+    >>> s.keep_stamps()
+    True
+    >>> [a.tolist() for a in s.topk(2)]
+    [[1, 3], [5.0, 2.0]]
     """
 
     _empty = -np.inf
     _combine = staticmethod(np.maximum)
 
-    def __init__(self, ops: SelectionOps, capacity: int):
+    def __init__(self, ops: SelectionOps, capacity: int, touched: Callable[[], np.ndarray] | None = None):
         super().__init__(ops, ops.maxtree, capacity)
+        self._touched = touched
+        self.stamps = None  # the internal nodes' stamps, once kept
+        #: the stamps do not match the values (just kept, or the values came from elsewhere: :meth:`load`,
+        #: :meth:`place`, :meth:`rebuild`): they are recomputed before the next :meth:`topk`
+        self._stale = False
+
+    def keep_stamps(self) -> bool:
+        """Rank ties by stamp from now on (a host tree given ``touched``): stamps are kept for every node.
+
+        They cost a second array, half the tree's size, and about as much
+        memory traffic again on every :meth:`set`; a heap asks for them once
+        its ties are many (all priorities equal: the common case), when
+        collecting and sorting the ties of each batch costs O(N).
+
+        Returns
+        -------
+        bool
+            Whether the tree ranks ties by stamp.
+        """
+        if self.stamps is None and self._touched is not None and not self.on_device:
+            self.stamps = self.ops.new_stamps(self.tree)
+            self._stale = True
+        return self.stamps is not None
+
+    @property
+    def stamped(self) -> bool:
+        """Whether :meth:`topk` ranks ties by stamp (:meth:`keep_stamps`)."""
+        return self.stamps is not None
+
+    def set(self, slots: np.ndarray, values: np.ndarray) -> None:
+        """``leaf[slots[k]] = values[k]`` (duplicates: the last wins), parents (and their stamps) repaired.
+
+        Parameters
+        ----------
+        slots : numpy.ndarray
+            int64 slots; with stamps, their stamps already written to ``touched``.
+        values : numpy.ndarray
+            float64, one a slot (``-inf``: empty).
+        """
+        if self.stamps is None or self._stale:
+            super().set(slots, values)
+            return
+        slots = np.asarray(slots, dtype=np.int64)
+        values = np.asarray(values, dtype=np.float64)
+        self.ops.set_leaves_stamped(self.tree, self.stamps, self._touched(), slots, values)
+
+    def _restamp(self) -> None:
+        if self._stale:
+            self.ops.restamp(self.tree, self.stamps, self._touched())
+            self._stale = False
+
+    def load(self, tree: np.ndarray) -> None:
+        """Replace the tree by a host array of the same shape (checkpoints); stamps recomputed when next read.
+
+        Parameters
+        ----------
+        tree : numpy.ndarray
+            float64, of the tree's shape.
+        """
+        super().load(tree)
+        self._stale = self.stamps is not None
+
+    def place(self, array: np.ndarray, copy: bool = True) -> None:
+        """Keep the tree in ``array`` (see :meth:`_Tree.place`); stamps recomputed when next read."""
+        super().place(array, copy)
+        self._stale = self.stamps is not None
+
+    def rebuild(self) -> None:
+        """Recompute every internal node from the leaves (see :meth:`_Tree.rebuild`); stamps when next read."""
+        super().rebuild()
+        self._stale = self.stamps is not None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tree plus its stamps or, on the device, its host mirror."""
+        return super().nbytes + (0 if self.stamps is None else int(self.stamps.nbytes))
 
     def equal(self, value: float, limit: int) -> np.ndarray:
         """The slots whose leaf equals ``value``, ascending.
@@ -449,7 +539,8 @@ class MaxTree(_Tree):
         return np.flatnonzero(self.leaves == value)
 
     def topk(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The ``k`` largest leaves that are not ``-inf``, descending (ties: lower index first).
+        """The ``k`` largest leaves that are not ``-inf``, descending (ties: least stamp first when
+        :attr:`stamped`, then lower index first).
 
         Parameters
         ----------
@@ -467,7 +558,11 @@ class MaxTree(_Tree):
         if not self.on_device:
             idx = np.empty(k, dtype=np.int64)
             val = np.empty(k, dtype=np.float64)
-            found = self.ops.topk(self.tree, k, idx, val)
+            if self.stamps is None:
+                found = self.ops.topk(self.tree, k, idx, val)
+            else:
+                self._restamp()
+                found = self.ops.topk_stamped(self.tree, self.stamps, self._touched(), k, idx, val)
             return idx[:found], val[:found]
         want = min(k, self.tree.shape[0] // 2)
         if not want:
