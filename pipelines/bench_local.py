@@ -288,6 +288,11 @@ def _floor_update(slots, new, active, touched, priority):
             priority[s] = new[i]
 
 
+def _row(path: str, ours: float, ref: float, target: str, note: str) -> dict:
+    """One printed row of a time (seconds) against its reference's."""
+    return {"path": path, "ms": 1e3 * ours, "ratio": ours / ref, "target": target, "note": note}
+
+
 def bench_fixed_cost(args, rows, results):
     """What one call costs beyond the work inside it, each next to that bare work timed alternately in one run.
 
@@ -295,6 +300,8 @@ def bench_fixed_cost(args, rows, results):
     * a prioritized sample + update of B=1024 against a bare numba sum tree's draw and update of as many
       leaves (``gear_flow.ops.sumtree``, the table's own kernels without the table), and the same memory
       work as the table's compiled alone (the draw, the reads and writes at each item), against the same;
+    * a MaxHeap sample + update of B=256 with every priority equal (the ties broken by stamp) against the
+      same with distinct priorities;
     * an insert of 1,024 episodes of 64 reference steps against a single-thread copy of the same bytes
       into a cold destination.
     """
@@ -335,15 +342,8 @@ def bench_fixed_cost(args, rows, results):
     ts, ref = alternate([sample_uniform, take], repeat=args.repeat * 20)
     ours, bare = float(np.median(ts)), float(np.median(ref))
     out["uniform_tiny"] = {"B": B, "us": 1e6 * ours, "np_take_us": 1e6 * bare, "ratio": ours / bare, "target": 5.0}
-    rows.append(
-        {
-            "path": f"uniform sample B={B} L=1, tiny steps, vs np.take",
-            "ms": 1e3 * ours,
-            "ratio": ours / bare,
-            "target": "<= 5",
-            "note": f"np.take of both columns {1e6 * bare:.1f} us",
-        }
-    )
+    note = f"np.take of both columns {1e6 * bare:.1f} us"
+    rows.append(_row(f"uniform sample B={B} L=1, tiny steps, vs np.take", ours, bare, "<= 5", note))
     table = buf = None
     gc.collect()
 
@@ -366,15 +366,8 @@ def bench_fixed_cost(args, rows, results):
     ts, ref = alternate([table_once, bare_once], repeat=args.repeat * 10)
     ours, bare = float(np.median(ts)), float(np.median(ref))
     out["prioritized_update"] = {"B": B, "ms": 1e3 * ours, "bare_ms": 1e3 * bare, "ratio": ours / bare, "target": 1.1}
-    rows.append(
-        {
-            "path": f"prioritized sample + update B={B} L=1 vs a bare sum tree",
-            "ms": 1e3 * ours,
-            "ratio": ours / bare,
-            "target": "<= 1.1",
-            "note": f"numba find + set_leaves {1e3 * bare:.3f} ms",
-        }
-    )
+    note = f"numba find + set_leaves {1e3 * bare:.3f} ms"
+    rows.append(_row(f"prioritized sample + update B={B} L=1 vs a bare sum tree", ours, bare, "<= 1.1", note))
     # ... and the same memory work compiled without the table (what bounds that ratio): the draw, the take's
     # reads of each item's episode, priority and two columns, the update's `active`, `touched` and priority
     fl = _floor_state(cap, B, rng)
@@ -383,16 +376,30 @@ def bench_fixed_cost(args, rows, results):
     ts, ref = alternate([lambda: _floor_once(tree, fl, slots, rng), bare_once], repeat=args.repeat * 10)
     floor_ms, bare = float(np.median(ts)), float(np.median(ref))
     out["prioritized_update_floor"] = {"B": B, "ms": 1e3 * floor_ms, "bare_ms": 1e3 * bare, "ratio": floor_ms / bare}
-    rows.append(
-        {
-            "path": f"  the same memory work compiled, no table, B={B}",
-            "ms": 1e3 * floor_ms,
-            "ratio": floor_ms / bare,
-            "target": "(info)",
-            "note": f"numba find + set_leaves {1e3 * bare:.3f} ms",
-        }
-    )
+    note = f"numba find + set_leaves {1e3 * bare:.3f} ms"
+    rows.append(_row(f"  the same memory work compiled, no table, B={B}", floor_ms, bare, "(info)", note))
     table = buf = tree = fl = None
+    gc.collect()
+
+    # -- MaxHeap, B=256: every priority equal against distinct priorities -----------------------------------
+    B = 256
+    heaps = {"equal": filled(gf.MaxHeap(), False), "distinct": filled(gf.MaxHeap(), True)}
+    bufs = {k: gf.SampleBuffers(t.spec, t.spec.names, B, 1) for k, t in heaps.items()}
+
+    def heap_once(kind):
+        b = heaps[kind].sample(B, 1, out=bufs[kind])
+        heaps[kind].update_priorities(b.keys, 1.0 if kind == "equal" else rng.random(B) + 0.01)
+
+    for kind in heaps:  # (the first batch of many ties moves them into the tree: once, O(N))
+        heap_once(kind)
+    ts, ref = alternate([lambda: heap_once("equal"), lambda: heap_once("distinct")], repeat=args.repeat * 10)
+    ours, bare = float(np.median(ts)), float(np.median(ref))
+    out["heap_ties"] = {"B": B, "ms": 1e3 * ours, "distinct_ms": 1e3 * bare, "ratio": ours / bare, "target": 2.0}
+    note = f"distinct priorities {1e3 * bare:.3f} ms"
+    rows.append(
+        _row(f"MaxHeap sample + update B={B}, all priorities equal, vs distinct ones", ours, bare, "<= 2", note)
+    )
+    heaps = bufs = None
     gc.collect()
 
     # -- insert 1,024 episodes of 64 reference steps against a cold-destination copy ------------------------
