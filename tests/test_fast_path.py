@@ -384,15 +384,54 @@ def test_a_join_of_parts_that_cannot_be_copied_from_their_addresses_is_the_same_
         np.testing.assert_array_equal(out, np.concatenate([np.asarray(p) for p in parts]))
 
 
-def test_data_addresses_are_the_arrays_own():
-    """The addresses read from the arrays are their ``ctypes.data``, views at an offset included; a
-    list holding anything but NumPy arrays has none."""
-    from gear_flow.ops._mem import data_addresses
+def _odd_arrays():
+    """Arrays whose headers say different things: views at an offset, strided, Fortran order, empty,
+    read-only, 3-d, another byte order, another dtype object equal to float32."""
+    a = np.arange(120, dtype=np.float32)
+    ro = a.reshape(40, 3)[2:]
+    ro.flags.writeable = False
+    meta = np.dtype(np.float32, metadata={"unit": "m"})
+    return [a, a[7:], a.reshape(10, 12)[3], a.reshape(40, 3)[::2], np.asfortranarray(a.reshape(12, 10)), np.zeros(0),
+            np.zeros((0, 3), np.float32), ro, np.ones((2, 3, 4), np.int8), a.reshape(40, 3).astype(">f4"),
+            a.reshape(40, 3).astype(meta), a.reshape(40, 3, 1), a.reshape(30, 4)]  # fmt: skip
 
-    a = np.arange(100, dtype=np.float64)
-    arrays = [a, a[7:], a.reshape(10, 10)[3], np.zeros(0), np.ones((2, 3), np.int8)]
-    assert data_addresses(arrays).tolist() == [x.ctypes.data for x in arrays]
-    assert data_addresses([a, np.ma.masked_array(a)]) is None
+
+def test_array_headers_are_what_the_arrays_say():
+    """Each array's address, rank, shape, dtype object and flags read off its object are its own attributes;
+    a list holding anything but exactly NumPy arrays has none."""
+    from gear_flow.ops import _mem
+
+    arrays = _odd_arrays()
+    head = _mem.array_headers(arrays)
+    assert head[:, _mem.DATA].tolist() == [x.ctypes.data for x in arrays]
+    assert head[:, _mem.NDIM].tolist() == [x.ndim for x in arrays]
+    assert head[:, _mem.DESCR].tolist() == [id(x.dtype) for x in arrays]
+    assert head[:, _mem.FLAGS].tolist() == [x.flags.num for x in arrays]
+    shapes = [[_mem.word_at_py(int(h[_mem.DIMS]) + 8 * d) for d in range(x.ndim)] for h, x in zip(head, arrays)]
+    assert shapes == [list(x.shape) for x in arrays]
+    a = arrays[0]
+    for other in (np.ma.masked_array(a), a.view(np.matrix), 3.0, [1.0], None):
+        assert _mem.array_headers([a, other]) is None
+
+
+@pytest.mark.parametrize("shape", [(), (3,)])
+def test_ready_lengths_read_off_the_headers_are_what_asking_the_arrays_gives(shape, monkeypatch):
+    """An insert's check of one column over many episodes, from the arrays' headers, accepts and measures
+    exactly what asking each array does: ready parts with one odd part among them, at each place."""
+    from gear_flow.table import validate
+
+    c = ColumnSpec("x", shape, np.float32)
+    rng = np.random.default_rng(3)
+    ready = [rng.standard_normal((int(t), *shape), dtype=np.float32) for t in rng.integers(1, 6, 9)]
+    cases = [list(ready)]
+    for odd in [*_odd_arrays(), ready[0].tolist(), np.ma.masked_array(ready[0])]:
+        for at in (0, 4, 9):
+            cases.append([*ready[:at], odd, *ready[at:]])
+    got = [validate._ready_lengths(parts, c) for parts in cases]
+    monkeypatch.setattr(validate, "array_headers", lambda parts: None)  # the arrays asked instead
+    want = [validate._ready_lengths(parts, c) for parts in cases]
+    assert [None if g is None else g.tolist() for g in got] == [None if w is None else w.tolist() for w in want]
+    assert got[0] is not None and sum(g is not None for g in got) > 1
 
 
 @pytest.mark.parametrize("strided", [False, True])
@@ -405,6 +444,16 @@ def test_a_join_that_does_not_fill_its_output_writes_nothing(strided):
     with pytest.raises(ValueError, match="bytes of parts"):
         gather.join_parts(parts, out)
     assert not out.any()
+
+
+def test_a_join_of_parts_of_another_row_shape_is_refused_not_copied_as_bytes():
+    """Parts of the output's dtype and bytes but another row shape are not copied byte for byte: the join
+    goes to ``np.concatenate``, which refuses them."""
+    parts = [np.ones((64, 1024), np.float32) for _ in range(39)] + [np.ones((128, 512), np.float32)]
+    out = np.zeros((64 * 40, 1024), np.float32)
+    assert out.nbytes >= gather.SPLIT_MIN_BYTES and sum(p.nbytes for p in parts) == out.nbytes
+    with pytest.raises(ValueError):
+        gather.join_parts(parts, out)
 
 
 def _insert_in_child(table, eps, q):

@@ -4,8 +4,8 @@ Numba compiles slice assignments of uint8 arrays to byte loops that run at a
 quarter of memcpy speed when not parallelised; these intrinsics emit LLVM's
 ``memcpy``/``memset`` instead (and, unlike calling libc through ctypes, they
 keep functions cacheable on disk); :func:`prefetch` emits LLVM's ``prefetch``.
-:func:`data_addresses` gives compiled copies the addresses of many arrays at
-once.
+:func:`array_headers` reads what many arrays say of themselves (address, shape,
+dtype, flags) in one compiled pass, for checks and copies of many small arrays.
 """
 
 from __future__ import annotations
@@ -107,35 +107,89 @@ def prefetch_write(typingctx, arr, index):
     return types.void(arr, index), codegen
 
 
-#: Byte offset of a NumPy array's data pointer in the array object: NumPy's ``PyArrayObject_fields`` (its
-#: public C struct, ABI-stable across NumPy 1 and 2) is the interpreter's object header, then ``data``.
-#: None where that does not hold on this interpreter (checked once, against ``ndarray.ctypes.data``).
-_DATA_FIELD: list = []
+#: The layout of a NumPy array object: the interpreter's object header (its type pointer last), then NumPy's
+#: ``PyArrayObject_fields`` (its public C struct, ABI-stable across NumPy 1 and 2): ``data``, ``int nd``,
+#: ``dimensions``, ``strides``, ``base``, ``descr``, ``int flags``, a word each.  ``[header size]`` once
+#: checked against arrays on this interpreter, ``[None]`` where it does not hold.
+_LAYOUT: list = []
+#: the columns of :func:`array_headers`
+DATA, NDIM, DIMS, DESCR, FLAGS = range(5)
+#: NumPy's ``NPY_ARRAY_C_CONTIGUOUS`` flag
+C_CONTIGUOUS = 0x1
 
 
-def data_addresses(arrays: list) -> np.ndarray | None:
-    """The address of each array's first byte, for arrays that are exactly ``numpy.ndarray``: a few
-    nanoseconds an array, where ``ndarray.ctypes.data`` costs most of a microsecond (a copy of a thousand
-    short episodes would spend as long asking for their addresses as copying them).
+def _layout() -> int | None:
+    if not _LAYOUT:
+        head = object.__basicsize__
+        probes = [np.arange(6.0).reshape(3, 2)[::2], np.zeros((2, 3, 4), np.int8), np.ones(5, np.float32)]
+        ok = True
+        for p in probes:
+            h = np.empty((1, 5), dtype=np.int64)
+            if not _headers(np.array([id(p)], dtype=np.int64), head, id(np.ndarray), h):
+                ok = False
+                break
+            dims = [word_at_py(int(h[0, DIMS]) + 8 * k) for k in range(p.ndim)]
+            ok = ok and (int(h[0, DATA]), int(h[0, NDIM]), dims, int(h[0, DESCR]), int(h[0, FLAGS])) == (
+                p.ctypes.data,
+                p.ndim,
+                list(p.shape),
+                id(p.dtype),
+                p.flags.num,
+            )
+        _LAYOUT.append(head if ok else None)
+    return _LAYOUT[0]
 
-    Returns None when the layout is not the one expected on this interpreter, so that the caller copies
-    another way.  The caller keeps the arrays alive while it uses the addresses.
+
+def array_headers(arrays: list) -> np.ndarray | None:
+    """What each array's object says of it, read off the objects in one compiled pass: a few nanoseconds an
+    array, where asking each for an attribute costs tens of nanoseconds to most of a microsecond (an insert
+    of a thousand short episodes would spend as long on its checks and the copy's addresses as on the copy).
+
+    Returns None when some object is not exactly a ``numpy.ndarray``, or when the layout is not the one
+    expected on this interpreter (checked once against arrays' own attributes), so that the caller asks
+    the arrays instead.  The caller keeps the arrays alive while it uses the addresses.
+
+    Parameters
+    ----------
+    arrays : list
+        The objects.
+
+    Returns
+    -------
+    numpy.ndarray or None
+        int64 ``[n, 5]``, columns :data:`DATA` (the first byte's address), :data:`NDIM`, :data:`DIMS` (the
+        address of the shape's ``ndim`` words: :func:`word_at` reads them), :data:`DESCR` (the dtype
+        object's ``id``) and :data:`FLAGS` (``flags.num``: :data:`C_CONTIGUOUS` is a bit of it).
     """
-    if not _DATA_FIELD:
-        probe = np.arange(3)
-        field = object.__basicsize__
-        seen = _read_words(np.array([id(probe)], dtype=np.int64), field)[0]
-        _DATA_FIELD.append(field if seen == probe.ctypes.data else None)
-    field = _DATA_FIELD[0]
-    if field is None or set(map(type, arrays)) != {np.ndarray}:
+    head = _layout()
+    if head is None:
         return None
-    return _read_words(np.fromiter(map(id, arrays), dtype=np.int64, count=len(arrays)), field)
+    out = np.empty((len(arrays), 5), dtype=np.int64)
+    ids = np.fromiter(map(id, arrays), dtype=np.int64, count=len(arrays))
+    return out if _headers(ids, head, id(np.ndarray), out) else None
 
 
 @njit(cache=True)
-def _read_words(ids, field):
-    """The word at ``field`` bytes into each object (the caller holds the GIL and the objects)."""
-    out = np.empty(ids.shape[0], dtype=np.int64)
+def _headers(ids, head, ndarray, out):
+    """:func:`array_headers` of the objects at ``ids`` into ``out``; False, ``out`` partly written, at the
+    first whose type is not ``ndarray`` (the caller holds the GIL and the objects)."""
     for i in range(ids.shape[0]):
-        out[i] = word_at(ids[i] + field)
-    return out
+        if word_at(ids[i] + head - 8) != ndarray:  # the header's last word: the type (read before any field)
+            return False
+        at = ids[i] + head
+        out[i, 0] = word_at(at)  # data
+        out[i, 1] = word_at(at + 8) & 0xFFFFFFFF  # nd, an int: the low half of its word
+        out[i, 2] = word_at(at + 16)  # dimensions
+        out[i, 3] = word_at(at + 40)  # descr
+        out[i, 4] = word_at(at + 48) & 0xFFFFFFFF  # flags, an int
+    return True
+
+
+@njit(cache=True)
+def _word(addr):
+    return word_at(addr)
+
+
+def word_at_py(addr: int) -> int:
+    """:func:`word_at` from Python (checks)."""
+    return int(_word(addr))

@@ -23,7 +23,19 @@ from operator import attrgetter
 import numpy as np
 from numba import get_num_threads, literal_unroll, njit, prange
 
-from ._mem import copy_bytes, copy_from_address, data_addresses, zero_bytes
+from ._mem import (
+    C_CONTIGUOUS,
+    DATA,
+    DESCR,
+    DIMS,
+    FLAGS,
+    NDIM,
+    array_headers,
+    copy_bytes,
+    copy_from_address,
+    word_at,
+    zero_bytes,
+)
 
 #: below this many output bytes one thread copies: a parallel region costs tens of
 #: microseconds, and much more when the cores are oversubscribed (Dask workers,
@@ -384,10 +396,10 @@ def join_parts(parts: list, out: np.ndarray) -> None:
     GIL released.  1,024 parts of 64 KB on this project's 2-core machine, the
     second core free: 1.7 ms, where two threads' ``np.concatenate`` take 2.5
     ms and one 3.1 ms.  The parts' addresses are read from the arrays
-    themselves (:func:`~._mem.data_addresses`), where asking each for them
-    would cost a microsecond of Python per part; parts that are not
-    C-contiguous NumPy arrays go through ``np.concatenate`` on as many
-    threads.  A host ring's insert joins its episodes into the ring with it,
+    themselves with their sizes (:func:`~._mem.array_headers`), where
+    asking each for them would cost a microsecond of Python per part; parts
+    that are not C-contiguous NumPy arrays of ``out``'s dtype go through
+    ``np.concatenate`` on as many threads.  A host ring's insert joins its episodes into the ring with it,
     and a GPU tier's into its page-locked staging buffer.
 
     Parameters
@@ -405,27 +417,46 @@ def join_parts(parts: list, out: np.ndarray) -> None:
     if out.nbytes < SPLIT_MIN_BYTES:
         np.concatenate(parts, axis=0, out=out)
         return
-    size = np.fromiter(map(_NBYTES, parts), dtype=np.int64, count=len(parts))
+    head = array_headers(parts) if out.flags.c_contiguous else None
+    size = np.empty(len(parts), dtype=np.int64)
+    if head is None or not _copyable(head, id(out.dtype), out.dtype.itemsize, np.array(out.shape), size):
+        head = None  # not all C-contiguous NumPy arrays of out's dtype and rank: their own sizes
+        size = np.fromiter(map(_NBYTES, parts), dtype=np.int64, count=len(parts))
     ends = np.cumsum(size)
     if int(ends[-1]) != out.nbytes:
         raise ValueError(f"join_parts: {int(ends[-1])} bytes of parts for {out.nbytes} bytes of output")
     k = min(get_num_threads(), len(parts))  # slices of about as many bytes each, cut between parts
     cuts = [0, *np.searchsorted(ends, [out.nbytes * i // k for i in range(1, k)], side="right").tolist(), len(parts)]
     at = [0 if c == 0 else int(ends[c - 1]) for c in cuts]  # each slice's first byte in out
-    addr = None
-    if out.flags.c_contiguous and set(map(_C_CONTIGUOUS, parts)) == {True}:
-        addr = data_addresses(parts)
-    if addr is None:
+    if head is None:
         row = out.nbytes // out.shape[0]
         _on_threads(
             np.concatenate, [(parts[cuts[i] : cuts[i + 1]], 0, out[at[i] // row : at[i + 1] // row]) for i in range(k)]
         )
         return
+    addr = np.ascontiguousarray(head[:, DATA])
     dst = out.reshape(-1).view(np.uint8)
     _on_threads(_copy_parts, [(dst, at[i], addr[cuts[i] : cuts[i + 1]], size[cuts[i] : cuts[i + 1]]) for i in range(k)])
 
 
-_C_CONTIGUOUS, _NBYTES = attrgetter("flags.c_contiguous"), attrgetter("nbytes")
+@njit(cache=True)
+def _copyable(head, descr, itemsize, shape, size):
+    """Every part (:func:`~._mem.array_headers`) C-contiguous, of dtype ``descr`` and the row shape of
+    ``shape`` (the output's): True, and each one's bytes in ``size``; else False (the caller asks the
+    parts)."""
+    for i in range(head.shape[0]):
+        if head[i, FLAGS] & C_CONTIGUOUS == 0 or head[i, DESCR] != descr or head[i, NDIM] != shape.shape[0]:
+            return False
+        n = itemsize * word_at(head[i, DIMS])
+        for d in range(1, shape.shape[0]):
+            if word_at(head[i, DIMS] + 8 * d) != shape[d]:
+                return False
+            n *= shape[d]
+        size[i] = n
+    return True
+
+
+_NBYTES = attrgetter("nbytes")
 
 
 def _on_threads(fn, calls: list) -> None:

@@ -13,6 +13,7 @@ from numpy.typing import ArrayLike
 from ..backend import is_device_array
 from ..errors import InvalidDataError, InvalidPriorityError, SpecError
 from ..keys import decode, shard_of
+from ..ops._mem import C_CONTIGUOUS, DESCR, DIMS, FLAGS, NDIM, array_headers, word_at
 from ..spec import BOUNDARIES, TableSpec
 
 
@@ -153,26 +154,57 @@ def _ready_episodes(spec: TableSpec, eps: Sequence[Mapping]) -> np.ndarray | Non
             parts = list(map(itemgetter(c.name), eps))
         except KeyError:
             return None
-        if (
-            set(map(type, parts)) != _NDARRAY
-            or set(map(attrgetter("dtype"), parts)) != {c.dtype}
-            or set(map(attrgetter("flags.c_contiguous"), parts)) != _TRUE
-        ):
-            return None
-        if c.shape:
-            for shape in set(map(attrgetter("shape"), parts)):  # a few distinct shapes
-                if len(shape) != 1 + len(c.shape) or shape[1:] != c.shape:
-                    return None
-        elif set(map(attrgetter("ndim"), parts)) != _ONE:  # (an int each: cheaper than a shape's tuple)
-            return None
-        t = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
-        if t.min() < 1:
+        t = _ready_lengths(parts, c)
+        if t is None:
             return None
         if lengths is None:
             lengths = t
         elif not np.array_equal(lengths, t):
             return None
     return lengths
+
+
+def _ready_lengths(parts: list, c) -> np.ndarray | None:
+    """The steps of each of one column's ``parts`` when every one is ready to store as it is (a C-contiguous
+    NumPy array of the column's dtype, ``[T >= 1, *shape]``), else None: read off the arrays' objects in
+    one compiled pass (:func:`~gear_flow.ops._mem.array_headers`: 1,024 episodes of 4 columns in ~0.1 ms,
+    where asking the arrays took 0.47 ms), or asked of them where those cannot be read or disagree (a
+    dtype object that is not the column's own)."""
+    head = array_headers(parts)
+    if head is not None:
+        t = np.empty(len(parts), dtype=np.int64)
+        if _rows_ready(head, id(c.dtype), np.array(c.shape, dtype=np.int64), t):
+            return t
+    if (
+        set(map(type, parts)) != _NDARRAY
+        or set(map(attrgetter("dtype"), parts)) != {c.dtype}
+        or set(map(attrgetter("flags.c_contiguous"), parts)) != _TRUE
+    ):
+        return None
+    if c.shape:
+        for shape in set(map(attrgetter("shape"), parts)):  # a few distinct shapes
+            if len(shape) != 1 + len(c.shape) or shape[1:] != c.shape:
+                return None
+    elif set(map(attrgetter("ndim"), parts)) != _ONE:  # (an int each: cheaper than a shape's tuple)
+        return None
+    t = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
+    return t if t.min() >= 1 else None
+
+
+@njit(cache=True)
+def _rows_ready(head, descr, shape, steps):
+    """:func:`_ready_lengths`'s rule on the arrays' headers: True, and each one's ``T`` in ``steps``; False at
+    the first that breaks it."""
+    for i in range(head.shape[0]):
+        if head[i, FLAGS] & C_CONTIGUOUS == 0 or head[i, DESCR] != descr or head[i, NDIM] != 1 + shape.shape[0]:
+            return False
+        for d in range(shape.shape[0]):
+            if word_at(head[i, DIMS] + 8 * (d + 1)) != shape[d]:
+                return False
+        steps[i] = word_at(head[i, DIMS])
+        if steps[i] < 1:
+            return False
+    return True
 
 
 _NDARRAY, _TRUE, _ONE, _DICT = {np.ndarray}, {True}, {1}, {dict}
