@@ -217,3 +217,33 @@ def test_device_tier_checkpoint_round_trip_keeps_the_samples(dev, tmp_path):
         np.testing.assert_array_equal(s.sampler.sums.leaves, t.sampler.sums.leaves)
         assert s.sampler.mass == t.sampler.mass
     _same_batch(b.sample(8, 3), a.sample(8, 3), "restored")
+
+
+@pytest.mark.parametrize("heap", [MaxHeap, MinHeap])
+def test_device_tier_heaps_with_many_ties_match_host(dev, heap, tmp_path):
+    """Ties past what a batch collects cheaply (every priority equal, then updates to the same one): once
+    a batch has met them, the host tree and the device tree's host twin rank them by stamp; batch by batch
+    the device tier hands out the host tier's, and a device table restored from a checkpoint builds its
+    twin again from the leaves."""
+    spec = _spec("step", capacity=4096, num_shards=1)
+    tables = {t: LocalTable(spec, sampler=heap(), remover=Fifo(), tier=t, seed=5) for t in ("host", "device")}
+    rng = np.random.default_rng(2)
+    eps = _episodes(rng, 150, 10, 30)  # ~3,000 items of one priority
+    for t in tables.values():
+        t.insert(eps, priorities=1.0)
+    for rnd in range(8):
+        ref = tables["host"].sample(9, 2)
+        _same_batch(tables["device"].sample(9, 2), ref, f"round {rnd}")
+        keys = ref.keys.numpy()
+        pr = np.where(np.arange(9) % 3 == 0, 1.0, 0.5 + rnd)  # a third back among the ties, behind them
+        for t in tables.values():
+            t.update_priorities(keys, pr)
+        if rnd == 3:
+            for t in tables.values():
+                t.insert(_episodes(np.random.default_rng(rnd), 3), priorities=1.0)
+    assert all(s.sampler.maxes.stamped for t in tables.values() for s in t.shards)
+    tables["device"].checkpoint(tmp_path / "ck")
+    restored = LocalTable.restore(tmp_path / "ck", tier="device", seed=5)
+    for rnd in range(3):
+        ref = tables["host"].sample(40, 1)
+        _same_batch(restored.sample(40, 1), ref, f"restored, round {rnd}")

@@ -16,6 +16,7 @@ from parity_cases import Dev  # noqa: E402
 from selection_cases import (  # noqa: E402, F401  collected by pytest from this module
     test_device_shard_removers_match_host,
     test_device_tier_checkpoint_round_trip_keeps_the_samples,
+    test_device_tier_heaps_with_many_ties_match_host,
     test_device_tier_matches_host_with_max_times_sampled_and_epochs,
     test_device_tier_table_matches_host_tier,
 )

@@ -20,7 +20,8 @@ value, each leaf its item's stamp (the shard's ``touched``), and
 argument; the stamps cost a second array and as much memory traffic again on
 each set, so a tree whose ties are few goes without.
 
-Twin of ``kernels/topk.cu`` (which has no stamps: a device heap sorts its ties).
+Twin of ``kernels/topk.cu``, which has no stamps: a device heap's tree with many
+ties keeps a host twin with them (:class:`gear_flow.selectors.trees.MaxTree`).
 """
 
 from __future__ import annotations

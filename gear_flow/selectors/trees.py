@@ -42,6 +42,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..backend import SelectionOps
+from ..ops import maxtree as host_maxtree
 
 
 class _Tree:
@@ -407,10 +408,12 @@ class MaxTree(_Tree):
     touched : callable, optional
         Returns the per-slot stamps (int64 ``[capacity]``, written before a
         slot's :meth:`set`) that break ties, the least first, once
-        :meth:`keep_stamps` is called: a host tree then keeps stamps of its own
+        :meth:`keep_stamps` is called: the tree then keeps stamps of its own
         (:func:`gear_flow.ops.maxtree.new_stamps`) and :meth:`topk` ranks by
-        them.  Until then, on the device (whose kernels have none) and without
-        ``touched``, ties rank by slot.
+        them.  On the device, whose kernels have none, a host twin of the tree
+        (built from the leaves' host mirror, then set with it) keeps them and
+        answers :meth:`topk`.  Until then, and without ``touched``, ties rank
+        by slot.
 
     Examples
     --------
@@ -436,6 +439,7 @@ class MaxTree(_Tree):
         super().__init__(ops, ops.maxtree, capacity)
         self._touched = touched
         self.stamps = None  # the internal nodes' stamps, once kept
+        self._ranked = None  # the host tree the stamps are for: this one, or on the device its host twin
         #: the stamps do not match the values (just kept, or the values came from elsewhere: :meth:`load`,
         #: :meth:`place`, :meth:`rebuild`): they are recomputed before the next :meth:`topk`
         self._stale = False
@@ -453,8 +457,9 @@ class MaxTree(_Tree):
         bool
             Whether the tree ranks ties by stamp.
         """
-        if self.stamps is None and self._touched is not None and not self.on_device:
-            self.stamps = self.ops.new_stamps(self.tree)
+        if self.stamps is None and self._touched is not None:
+            self._ranked = host_maxtree.new_tree(self.capacity) if self.on_device else self.tree
+            self.stamps = host_maxtree.new_stamps(self._ranked)
             self._stale = True
         return self.stamps is not None
 
@@ -473,16 +478,19 @@ class MaxTree(_Tree):
         values : numpy.ndarray
             float64, one a slot (``-inf``: empty).
         """
-        if self.stamps is None or self._stale:
-            super().set(slots, values)
-            return
-        slots = np.asarray(slots, dtype=np.int64)
-        values = np.asarray(values, dtype=np.float64)
-        self.ops.set_leaves_stamped(self.tree, self.stamps, self._touched(), slots, values)
+        if self.stamps is None or self._stale or self.on_device:
+            super().set(slots, values)  # (the device tree and its mirror, kept for checkpoints and parity)
+        if self.stamps is not None and not self._stale:
+            slots = np.asarray(slots, dtype=np.int64)
+            values = np.asarray(values, dtype=np.float64)
+            host_maxtree.set_leaves_stamped(self._ranked, self.stamps, self._touched(), slots, values)
 
     def _restamp(self) -> None:
         if self._stale:
-            self.ops.restamp(self.tree, self.stamps, self._touched())
+            if self.on_device:  # the twin's leaves from the mirror (equal to the device's bit for bit)
+                P = self._ranked.shape[0] // 2
+                self._ranked[P : P + self.capacity] = self.leaves
+            host_maxtree.restamp(self._ranked, self.stamps, self._touched())
             self._stale = False
 
     def load(self, tree: np.ndarray) -> None:
@@ -499,7 +507,8 @@ class MaxTree(_Tree):
     def place(self, array: np.ndarray, copy: bool = True) -> None:
         """Keep the tree in ``array`` (see :meth:`_Tree.place`); stamps recomputed when next read."""
         super().place(array, copy)
-        self._stale = self.stamps is not None
+        if self.stamps is not None:
+            self._ranked, self._stale = self.tree, True
 
     def rebuild(self) -> None:
         """Recompute every internal node from the leaves (see :meth:`_Tree.rebuild`); stamps when next read."""
@@ -508,8 +517,10 @@ class MaxTree(_Tree):
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the tree plus its stamps or, on the device, its host mirror."""
-        return super().nbytes + (0 if self.stamps is None else int(self.stamps.nbytes))
+        """Bytes of the tree plus its stamps and, on the device, its host mirror and twin."""
+        if self.stamps is None:
+            return super().nbytes
+        return super().nbytes + int(self.stamps.nbytes) + (int(self._ranked.nbytes) if self.on_device else 0)
 
     def equal(self, value: float, limit: int) -> np.ndarray:
         """The slots whose leaf equals ``value``, ascending.
@@ -555,14 +566,16 @@ class MaxTree(_Tree):
             Their values, on the host.
         """
         k = max(int(k), 0)
+        if self.stamps is not None:  # ties by stamp, on the host (the tree, or the device tree's twin)
+            self._restamp()
+            idx = np.empty(k, dtype=np.int64)
+            val = np.empty(k, dtype=np.float64)
+            found = host_maxtree.topk_stamped(self._ranked, self.stamps, self._touched(), k, idx, val)
+            return idx[:found], val[:found]
         if not self.on_device:
             idx = np.empty(k, dtype=np.int64)
             val = np.empty(k, dtype=np.float64)
-            if self.stamps is None:
-                found = self.ops.topk(self.tree, k, idx, val)
-            else:
-                self._restamp()
-                found = self.ops.topk_stamped(self.tree, self.stamps, self._touched(), k, idx, val)
+            found = self.ops.topk(self.tree, k, idx, val)
             return idx[:found], val[:found]
         want = min(k, self.tree.shape[0] // 2)
         if not want:
