@@ -114,8 +114,8 @@ def test_episode_reads_of_a_device_ring_wait_for_the_inserts(emulated):
 
 def test_a_device_rings_large_list_insert_holds_every_episode_in_order(emulated, monkeypatch):
     """A list insert of many short episodes into a ``device`` ring is joined on the host into its page-locked
-    staging buffer by the host ring's join (compiled copies above ``SPLIT_MIN_BYTES``): the ring holds what
-    the host ring holds, wrapping included, and the join ran compiled for the staging buffer."""
+    staging buffer by the host ring's join (compiled copies for many parts): the ring holds what the host
+    ring holds, wrapping included, and the join ran compiled for the staging buffer."""
     from gear_flow import ColumnSpec, LocalTable, TableSpec, Uniform
     from gear_flow.ops import gather
 
@@ -140,8 +140,8 @@ def test_a_device_rings_large_list_insert_holds_every_episode_in_order(emulated,
     joined.clear()
     for eps in lists:
         tables["device"].insert(eps)
-    # every insert's obs (not the 40 KB of rewards) joined into the staging buffer by compiled copies, whole
-    assert sum(joined) == sum(e["obs"].nbytes for eps in lists for e in eps)
+    # every insert's obs and rewards (1,000 parts each) joined into the staging buffer by compiled copies, whole
+    assert sum(joined) == sum(e["obs"].nbytes + e["reward"].nbytes for eps in lists for e in eps)
     for name in ("obs", "reward"):
         host = tables["host"].shards[0].ring.bytes[name]
         dev = tables["device"].shards[0].ring.bytes[name]

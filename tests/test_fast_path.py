@@ -482,12 +482,13 @@ def test_a_child_forked_after_an_insert_can_insert():
 
 @pytest.mark.parametrize("tier", ["host", "disk"])
 def test_a_list_insert_of_many_short_episodes_joins_its_large_column_compiled(tier, monkeypatch, tmp_path):
-    """An insert of many short episodes whose column is larger than SPLIT_MIN_BYTES joins it by the
-    compiled copy (once per thread; the small columns by np.concatenate), across the ring's end too, into
-    memory or a disk shard's mapped files, and the ring then holds every step as inserted, in order."""
-    calls = []
+    """An insert of many short episodes joins each column by the compiled copy: a column larger than
+    SPLIT_MIN_BYTES once per thread, a small one on this thread; across the ring's end, each side of it
+    holding as many parts, into memory or a disk shard's mapped files; and the ring then holds every step
+    as inserted, in order."""
+    calls = []  # per call: the parts it copied, and the ring column it copied them into
     copy = gather._copy_parts
-    monkeypatch.setattr(gather, "_copy_parts", lambda *a: (calls.append(len(a[2])), copy(*a)))
+    monkeypatch.setattr(gather, "_copy_parts", lambda *a: (calls.append((len(a[2]), _base(a[0]))), copy(*a)))
     spec = _spec(obs=1024, capacity=12_000)
     kw = {"path": tmp_path / "t"} if tier == "disk" else {}
     table = LocalTable(spec, sampler=Uniform(), tier=tier, seed=0, **kw)
@@ -498,13 +499,23 @@ def test_a_list_insert_of_many_short_episodes_joins_its_large_column_compiled(ti
         n = sum(len(e["obs"]) for e in eps)
         assert n * 1024 * 4 >= gather.SPLIT_MIN_BYTES
         ring = table.shards[0].ring
+        into = {name: [k for k, base in calls if base == _base(ring.columns[name])] for name in ring.columns}
+        assert sum(map(len, into.values())) == len(calls)
         if (ring.write_pos - n) // 12_000 == (ring.write_pos - 1) // 12_000:
-            assert sum(calls) == 300 and 1 <= len(calls) <= 2  # every part, in one call per thread
-        else:  # a side of the ring's end holding less than SPLIT_MIN_BYTES is joined by np.concatenate
-            assert 0 < sum(calls) < 300
+            assert sum(into["obs"]) == 300 and 1 <= len(into["obs"]) <= 2  # every part, in one call per thread
+            assert into["reward"] == into["done"] == [300]  # small columns: one call
+        else:  # each side of the ring's end as many parts as it holds (the one across it cut in two)
+            assert sum(into["obs"]) == 301 and all(sum(into[c]) in (0, 301) for c in ("reward", "done"))
         for name in ("obs", "reward", "done"):
             got = ring.read(name, ring.write_pos - n, n)
             np.testing.assert_array_equal(got, np.concatenate([e[name] for e in eps]))
+
+
+def _base(a: np.ndarray) -> int:
+    """The address of the memory ``a`` is a view of (its outermost base's first byte)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return np.asarray(a).__array_interface__["data"][0]
 
 
 def test_the_episodes_and_priorities_a_shard_receives():

@@ -386,21 +386,24 @@ def _copy_pool(k: int) -> ThreadPoolExecutor:
         return pool
 
 
-def join_parts(parts: list, out: np.ndarray) -> None:
-    """``np.concatenate(parts, out=out)`` of parts of ``out``'s dtype and row shape; when it is large, by one
-    compiled loop per thread numba may use, each over a slice of the parts.
+def join_parts(parts: list, out: np.ndarray, copyable: tuple | None = None) -> None:
+    """``np.concatenate(parts, out=out)`` of parts of ``out``'s dtype and row shape; many parts by a compiled
+    loop over their addresses, and a large join by one such loop per thread numba may use, each over a
+    slice of the parts.
 
     ``np.concatenate`` releases the GIL only around each part's copy, so two
     threads joining halves of many short episodes contend for it between
     parts; a compiled loop over the parts' addresses copies them all with the
     GIL released.  1,024 parts of 64 KB on this project's 2-core machine, the
     second core free: 1.7 ms, where two threads' ``np.concatenate`` take 2.5
-    ms and one 3.1 ms.  The parts' addresses are read from the arrays
-    themselves with their sizes (:func:`~._mem.array_headers`), where
-    asking each for them would cost a microsecond of Python per part; parts
-    that are not C-contiguous NumPy arrays of ``out``'s dtype go through
-    ``np.concatenate`` on as many threads.  A host ring's insert joins its episodes into the ring with it,
-    and a GPU tier's into its page-locked staging buffer.
+    ms and one 3.1 ms; 1,024 parts of 4 bytes: ~20 us, where it takes ~80.
+    The parts' addresses are read from the arrays themselves with their
+    sizes (:func:`~._mem.array_headers`), where asking each for them would
+    cost a microsecond of Python per part; parts that are not C-contiguous
+    NumPy arrays of ``out``'s dtype and row shape go through
+    ``np.concatenate``, a large join on as many threads.  A host ring's
+    insert joins its episodes into the ring with it, and a GPU tier's into
+    its page-locked staging buffer.
 
     Parameters
     ----------
@@ -408,35 +411,72 @@ def join_parts(parts: list, out: np.ndarray) -> None:
         Rows ``[n_k, *row]`` of ``out``'s dtype and row shape.
     out : numpy.ndarray
         ``[sum(n_k), *row]``, written in place.
+    copyable : tuple of numpy.ndarray, optional
+        ``(addresses, bytes)`` of each part, C-contiguous and of ``out``'s
+        dtype and row shape, as :func:`copyable_parts` gives them (a caller
+        that read them already).
 
     Raises
     ------
     ValueError
         If the parts' bytes are not ``out``'s (nothing is written).
     """
-    if out.nbytes < SPLIT_MIN_BYTES:
+    large = out.nbytes >= SPLIT_MIN_BYTES
+    if not large and len(parts) < COMPILED_JOIN_MIN_PARTS:
         np.concatenate(parts, axis=0, out=out)
         return
-    head = array_headers(parts) if out.flags.c_contiguous else None
-    size = np.empty(len(parts), dtype=np.int64)
-    if head is None or not _copyable(head, id(out.dtype), out.dtype.itemsize, np.array(out.shape), size):
-        head = None  # not all C-contiguous NumPy arrays of out's dtype and rank: their own sizes
+    if copyable is None:
+        copyable = copyable_parts(parts, out)
+    if copyable is None:
         size = np.fromiter(map(_NBYTES, parts), dtype=np.int64, count=len(parts))
+    else:
+        addr, size = copyable
     ends = np.cumsum(size)
     if int(ends[-1]) != out.nbytes:
         raise ValueError(f"join_parts: {int(ends[-1])} bytes of parts for {out.nbytes} bytes of output")
-    k = min(get_num_threads(), len(parts))  # slices of about as many bytes each, cut between parts
+    k = min(get_num_threads(), len(parts)) if large else 1  # slices of about as many bytes, cut between parts
     cuts = [0, *np.searchsorted(ends, [out.nbytes * i // k for i in range(1, k)], side="right").tolist(), len(parts)]
     at = [0 if c == 0 else int(ends[c - 1]) for c in cuts]  # each slice's first byte in out
-    if head is None:
+    if copyable is None:
         row = out.nbytes // out.shape[0]
         _on_threads(
             np.concatenate, [(parts[cuts[i] : cuts[i + 1]], 0, out[at[i] // row : at[i + 1] // row]) for i in range(k)]
         )
         return
-    addr = np.ascontiguousarray(head[:, DATA])
     dst = out.reshape(-1).view(np.uint8)
     _on_threads(_copy_parts, [(dst, at[i], addr[cuts[i] : cuts[i + 1]], size[cuts[i] : cuts[i + 1]]) for i in range(k)])
+
+
+#: from this many parts on, a join below ``SPLIT_MIN_BYTES`` is one compiled loop (``np.concatenate`` costs
+#: ~80 ns a part)
+COMPILED_JOIN_MIN_PARTS = 32
+
+
+def copyable_parts(parts: list, out: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Each part's address and bytes when every part is a C-contiguous NumPy array of ``out``'s dtype and row
+    shape and ``out`` is C-contiguous (read off the arrays' headers: :func:`~._mem.array_headers`), else None.
+
+    Parameters
+    ----------
+    parts : list
+        The parts of a join.
+    out : numpy.ndarray
+        Its output.
+
+    Returns
+    -------
+    tuple of numpy.ndarray or None
+        int64 ``(addresses, bytes)``, one each a part.
+    """
+    if not out.flags.c_contiguous:
+        return None
+    head = array_headers(parts)
+    if head is None:
+        return None
+    size = np.empty(len(parts), dtype=np.int64)
+    if not _copyable(head, id(out.dtype), out.dtype.itemsize, np.array(out.shape), size):
+        return None
+    return np.ascontiguousarray(head[:, DATA]), size
 
 
 @njit(cache=True)
@@ -517,7 +557,9 @@ def scatter_chunks(dst: np.ndarray, pos: int, parts: Sequence[np.ndarray], check
         for rows in parts:
             check_rows(dst, pos, rows)
     cap = dst.shape[0]
-    n = sum(map(len, parts))
+    row = dst.nbytes // cap
+    copyable = copyable_parts(parts, dst) if checked and len(parts) >= COMPILED_JOIN_MIN_PARTS else None
+    n = sum(map(len, parts)) if copyable is None else int(copyable[1].sum()) // row
     if n > cap:
         raise IndexError(f"scatter_rows: {n} rows do not fit a ring of {cap}")
     if not 0 <= pos < cap:
@@ -526,7 +568,6 @@ def scatter_chunks(dst: np.ndarray, pos: int, parts: Sequence[np.ndarray], check
         for rows in parts:
             _scatter(dst, pos, rows)
         return
-    row = dst.nbytes // cap
     total = n * row
     if (
         total < len(parts) * (PARALLEL_MIN_BYTES // 4)
@@ -535,7 +576,7 @@ def scatter_chunks(dst: np.ndarray, pos: int, parts: Sequence[np.ndarray], check
     ):
         first = min(n, cap - pos)
         if first == n:
-            join_parts(parts, dst[pos : pos + n])
+            join_parts(parts, dst[pos : pos + n], copyable)
             return
         k, before = 0, 0  # the part that crosses the ring's end, and the rows before it
         while before + parts[k].shape[0] <= first:
