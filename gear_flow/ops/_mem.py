@@ -186,6 +186,37 @@ def _headers(ids, head, ndarray, out):
 
 
 @njit(cache=True)
+def rows_of(head, descr, row_shape, rows):
+    """Whether every array (:func:`array_headers`) is C-contiguous, of the dtype object ``descr`` and of
+    shape ``[n, *row_shape]``: True, each one's ``n`` in ``rows``; False at the first that is not.
+
+    Parameters
+    ----------
+    head : numpy.ndarray
+        :func:`array_headers` of the arrays.
+    descr : int
+        ``id`` of the dtype (an array of an equal dtype held by another object is not accepted).
+    row_shape : numpy.ndarray
+        int64, the shape of a row.
+    rows : numpy.ndarray
+        int64, one an array, written.
+
+    Returns
+    -------
+    bool
+        Every array such.
+    """
+    for i in range(head.shape[0]):
+        if head[i, FLAGS] & C_CONTIGUOUS == 0 or head[i, DESCR] != descr or head[i, NDIM] != 1 + row_shape.shape[0]:
+            return False
+        for d in range(row_shape.shape[0]):
+            if word_at(head[i, DIMS] + 8 * (d + 1)) != row_shape[d]:
+                return False
+        rows[i] = word_at(head[i, DIMS])
+    return True
+
+
+@njit(cache=True)
 def _word(addr):
     return word_at(addr)
 

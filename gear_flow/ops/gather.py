@@ -23,19 +23,7 @@ from operator import attrgetter
 import numpy as np
 from numba import get_num_threads, literal_unroll, njit, prange
 
-from ._mem import (
-    C_CONTIGUOUS,
-    DATA,
-    DESCR,
-    DIMS,
-    FLAGS,
-    NDIM,
-    array_headers,
-    copy_bytes,
-    copy_from_address,
-    word_at,
-    zero_bytes,
-)
+from ._mem import DATA, array_headers, copy_bytes, copy_from_address, rows_of, zero_bytes
 
 #: below this many output bytes one thread copies: a parallel region costs tens of
 #: microseconds, and much more when the cores are oversubscribed (Dask workers,
@@ -473,27 +461,10 @@ def copyable_parts(parts: list, out: np.ndarray) -> tuple[np.ndarray, np.ndarray
     head = array_headers(parts)
     if head is None:
         return None
-    size = np.empty(len(parts), dtype=np.int64)
-    if not _copyable(head, id(out.dtype), out.dtype.itemsize, np.array(out.shape), size):
+    rows = np.empty(len(parts), dtype=np.int64)
+    if not rows_of(head, id(out.dtype), np.array(out.shape[1:], dtype=np.int64), rows):
         return None
-    return np.ascontiguousarray(head[:, DATA]), size
-
-
-@njit(cache=True)
-def _copyable(head, descr, itemsize, shape, size):
-    """Every part (:func:`~._mem.array_headers`) C-contiguous, of dtype ``descr`` and the row shape of
-    ``shape`` (the output's): True, and each one's bytes in ``size``; else False (the caller asks the
-    parts)."""
-    for i in range(head.shape[0]):
-        if head[i, FLAGS] & C_CONTIGUOUS == 0 or head[i, DESCR] != descr or head[i, NDIM] != shape.shape[0]:
-            return False
-        n = itemsize * word_at(head[i, DIMS])
-        for d in range(1, shape.shape[0]):
-            if word_at(head[i, DIMS] + 8 * d) != shape[d]:
-                return False
-            n *= shape[d]
-        size[i] = n
-    return True
+    return np.ascontiguousarray(head[:, DATA]), rows * (out.dtype.itemsize * int(np.prod(out.shape[1:])))
 
 
 _NBYTES = attrgetter("nbytes")

@@ -13,7 +13,7 @@ from numpy.typing import ArrayLike
 from ..backend import is_device_array
 from ..errors import InvalidDataError, InvalidPriorityError, SpecError
 from ..keys import decode, shard_of
-from ..ops._mem import C_CONTIGUOUS, DESCR, DIMS, FLAGS, NDIM, array_headers, word_at
+from ..ops._mem import array_headers, rows_of
 from ..spec import BOUNDARIES, TableSpec
 
 
@@ -173,7 +173,7 @@ def _ready_lengths(parts: list, c) -> np.ndarray | None:
     head = array_headers(parts)
     if head is not None:
         t = np.empty(len(parts), dtype=np.int64)
-        if _rows_ready(head, id(c.dtype), np.array(c.shape, dtype=np.int64), t):
+        if rows_of(head, id(c.dtype), np.array(c.shape, dtype=np.int64), t) and t.min() >= 1:
             return t
     if (
         set(map(type, parts)) != _NDARRAY
@@ -189,22 +189,6 @@ def _ready_lengths(parts: list, c) -> np.ndarray | None:
         return None
     t = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
     return t if t.min() >= 1 else None
-
-
-@njit(cache=True)
-def _rows_ready(head, descr, shape, steps):
-    """:func:`_ready_lengths`'s rule on the arrays' headers: True, and each one's ``T`` in ``steps``; False at
-    the first that breaks it."""
-    for i in range(head.shape[0]):
-        if head[i, FLAGS] & C_CONTIGUOUS == 0 or head[i, DESCR] != descr or head[i, NDIM] != 1 + shape.shape[0]:
-            return False
-        for d in range(shape.shape[0]):
-            if word_at(head[i, DIMS] + 8 * (d + 1)) != shape[d]:
-                return False
-        steps[i] = word_at(head[i, DIMS])
-        if steps[i] < 1:
-            return False
-    return True
 
 
 _NDARRAY, _TRUE, _ONE, _DICT = {np.ndarray}, {True}, {1}, {dict}
