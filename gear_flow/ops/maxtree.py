@@ -85,8 +85,9 @@ def set_leaves_stamped(tree, stamps, touched, idx, values):
 
 @njit(cache=True, nogil=True)
 def restamp(tree, stamps, touched):
-    """Every internal node's stamp recomputed from the leaves' (``touched``), bottom up: a tree whose
-    values came from elsewhere (a checkpoint, a disk shard) gets its stamps (the values are unchanged)."""
+    """Every internal node's value and stamp recomputed from its children, bottom up, the leaves' stamps
+    from ``touched``: a tree whose values came from elsewhere (a checkpoint, a disk shard, a device tree's
+    leaves) gets its stamps (a consistent tree keeps its values)."""
     P = tree.shape[0] // 2
     for i in range(P - 1, 0, -1):
         fix_node(tree, i, True, stamps, touched, P)

@@ -445,10 +445,11 @@ class MaxTree(_Tree):
         self._stale = False
 
     def keep_stamps(self) -> bool:
-        """Rank ties by stamp from now on (a host tree given ``touched``): stamps are kept for every node.
+        """Rank ties by stamp from now on (a tree given ``touched``): stamps are kept for every node.
 
         They cost a second array, half the tree's size, and about as much
-        memory traffic again on every :meth:`set`; a heap asks for them once
+        memory traffic again on every :meth:`set`; on the device, a host twin
+        of the tree as well, set with every change.  A heap asks for them once
         its ties are many (all priorities equal: the common case), when
         collecting and sorting the ties of each batch costs O(N).
 
@@ -478,9 +479,9 @@ class MaxTree(_Tree):
         values : numpy.ndarray
             float64, one a slot (``-inf``: empty).
         """
-        if self.stamps is None or self._stale or self.on_device:
-            super().set(slots, values)  # (the device tree and its mirror, kept for checkpoints and parity)
-        if self.stamps is not None and not self._stale:
+        if self.stamps is None or self._stale or self.on_device:  # (a device tree and its mirror: always)
+            super().set(slots, values)
+        if self.stamps is not None and not self._stale:  # the tree, or the device tree's twin, with stamps
             slots = np.asarray(slots, dtype=np.int64)
             values = np.asarray(values, dtype=np.float64)
             host_maxtree.set_leaves_stamped(self._ranked, self.stamps, self._touched(), slots, values)
