@@ -500,11 +500,11 @@ def scatter_chunks(dst: np.ndarray, pos: int, parts: Sequence[np.ndarray], check
     machine and far more when workers share its cores (each thread then waits
     at the barrier for one that has no core).  Smaller parts (an insert of
     many short episodes) are joined into the ring per side of its end
-    (:func:`join_parts`): by ``numpy.concatenate`` below
-    ``SPLIT_MIN_BYTES``, and above it by compiled copies on as many threads
-    as numba may use, from addresses read off the parts in bulk (asking each
-    part for its address would cost a microsecond of Python, as long as
-    copying 20 KB).
+    (:func:`join_parts`): by compiled copies from addresses read off the
+    parts in bulk (asking each part for its address would cost a microsecond
+    of Python, as long as copying 20 KB), on as many threads as numba may use
+    above ``SPLIT_MIN_BYTES``; a few parts by ``numpy.concatenate``.  The
+    parts' headers are read once, for the count of their rows and the copy.
 
     Parameters
     ----------
