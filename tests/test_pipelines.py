@@ -33,10 +33,11 @@ def test_bench_local_quick_writes_ratios(tmp_path):
     assert data["memory"]["accounted_per_raw"] > 1.0
     assert set(data["latency"]) == {"reference", "tiny"}
     fixed = data["fixed_cost"]  # each call next to its bare work, both measured in the run
-    for path in ("uniform_tiny", "prioritized_update", "insert_short_episodes"):
+    for path in ("uniform_tiny", "prioritized_update", "heap_ties", "insert_short_episodes"):
         assert fixed[path]["ratio"] > 0 and fixed[path]["target"] > 0
     assert fixed["uniform_tiny"]["np_take_us"] > 0 and fixed["insert_short_episodes"]["memcpy_gbps"] > 0
     assert fixed["prioritized_update_floor"]["ratio"] > 0 and fixed["prioritized_update_floor"]["bare_ms"] > 0
+    assert fixed["heap_ties"]["distinct_ms"] > 0
 
 
 @pytest.mark.slow
