@@ -38,6 +38,8 @@ def test_ties_below_better_items_also_in_insertion_order(num_shards, make_table)
         one_by_one(t, [float(v)], p)
     assert values(t.sample(7)) == [1.0, 4.0, 0.0, 2.0, 3.0, 5.0, 6.0]
     assert values(t.sample(4)) == [1.0, 4.0, 0.0, 2.0]  # the cut falls inside the tie
+    assert values(t.sample(2)) == [1.0, 4.0]  # the cut falls between two values: the tie is whole or not there
+    assert values(t.sample(6)) == [1.0, 4.0, 0.0, 2.0, 3.0, 5.0]
 
 
 @pytest.mark.parametrize("num_shards", [1, 2])

@@ -64,10 +64,14 @@ class _Heap(OrderedSelector):
     def candidates(
         self, n: int, valid: Callable[[np.ndarray], np.ndarray] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        idx, val = self._top(n, valid)
-        if self.maxes.stamped:  # the tree ranked ties by stamp: these are the best n, in order
+        if self.maxes.stamped:  # the tree ranks ties by stamp: these are the best n, in order
+            idx, val = self._top(n, valid)
             return idx, np.column_stack([val, -self.shard.item_touched(idx).astype(np.float64)])
-        if len(idx) == n and n:
+        # one more than asked: whether the cut falls inside a tie (with fewer, every valid item is here)
+        idx, val = self._top(n + 1 if n else 0, valid)
+        cut_in_tie = n and len(idx) == n + 1 and val[n] == val[n - 1]
+        idx, val = idx[:n], val[:n]
+        if cut_in_tie:
             # the tree ranked ties by slot: the items tied with the worst one kept compete on their stamps,
             # all of them, found from the root while they are few (a scan of every leaf cost 3 ms a batch
             # at 10M items), by a scan when many
