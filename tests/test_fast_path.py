@@ -599,3 +599,25 @@ def test_large_list_inserts_with_writers_and_a_sampler_running_store_every_step(
     assert steps * W * 4 / 2 >= 2 * gather.SPLIT_MIN_BYTES and t.size == steps  # every step stored (no eviction)
     for _ in range(5):
         check(t.sample(64, 8))
+
+
+def test_one_shards_merge_of_candidates_is_the_general_merge():
+    """A single shard's candidates, best first (as ordered selectors give them) or not, one or two key
+    columns with ties, fewer or more than asked: the merge's shortcut for one shard chooses and places
+    what the general merge (the same shard beside an empty one) does."""
+    from gear_flow.table import two_level
+
+    rng = np.random.default_rng(0)
+    shortcuts = 0
+    for _ in range(2000):
+        c, n, cols = int(rng.integers(0, 12)), int(rng.integers(1, 20)), int(rng.integers(1, 3))
+        keys = rng.integers(0, 3, (c, cols) if cols == 2 else c).astype(np.float64)
+        if rng.random() < 0.6:  # best first
+            keys = keys[np.lexsort((-keys[:, 1], -keys[:, 0]))] if cols == 2 else np.sort(keys)[::-1].copy()
+        slots = rng.permutation(100)[:c].astype(np.int64)
+        one = two_level.merge_candidates_with_positions([(slots, keys)], n)
+        empty = (np.zeros(0, np.int64), np.zeros((0, cols)) if cols == 2 else np.zeros(0))
+        both = two_level.merge_candidates_with_positions([(slots, keys), empty], n)
+        assert one[0][0].tolist() == both[0][0].tolist() and one[1][0].tolist() == both[1][0].tolist()
+        shortcuts += two_level._best_first(keys)
+    assert 1000 < shortcuts < 2000

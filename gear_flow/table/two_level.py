@@ -120,6 +120,12 @@ def merge_candidates_with_positions(
         Per shard, the batch position (0..n-1, best first) of each chosen
         slot.
     """
+    if len(per_shard) == 1 and _best_first(per_shard[0][1]):
+        # one shard whose candidates come best first (as every ordered selector gives them): the merge keeps
+        # them in order, repeated to n when fewer (the lexsort below cost a local heap's batch 30 us)
+        slots = per_shard[0][0]
+        take = np.arange(n) % len(slots) if len(slots) else np.zeros(0, dtype=np.int64)
+        return [slots[take]], [np.arange(len(take))]
     shard_of = np.concatenate([np.full(len(s), i) for i, (s, _) in enumerate(per_shard)] or [np.zeros(0, int)])
     pos = np.concatenate([np.arange(len(s)) for s, _ in per_shard] or [np.zeros(0, int)])
     cols = max((np.shape(k)[1] for _, k in per_shard if np.ndim(k) == 2), default=1)
@@ -134,6 +140,22 @@ def merge_candidates_with_positions(
     chosen = [per_shard[i][0][pos[order[shard_of[order] == i]]] for i in range(len(per_shard))]
     where = [rank[shard_of[order] == i] for i in range(len(per_shard))]
     return chosen, where
+
+
+def _best_first(keys) -> bool:
+    """Whether order keys ``[c]`` or ``[c, 2]`` never rise from one row to the next (column by column)."""
+    k = np.asarray(keys, dtype=np.float64)
+    if len(k) < 2:
+        return True
+    if k.ndim == 1:
+        return bool(np.all(k[:-1] >= k[1:]))
+    a, b = k[:-1], k[1:]
+    order = np.zeros(len(a), dtype=bool)  # row i decided: it comes before row i + 1, or ties it
+    tied = np.ones(len(a), dtype=bool)
+    for j in range(k.shape[1]):
+        order |= tied & (a[:, j] > b[:, j])
+        tied &= a[:, j] == b[:, j]
+    return bool(np.all(order | tied))
 
 
 def importance_weights(probabilities: np.ndarray, beta: float, out: np.ndarray) -> np.ndarray:
