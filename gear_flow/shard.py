@@ -80,6 +80,18 @@ class EpisodeBatch:
         return int(self.lengths.sum())
 
 
+def _unique(a: np.ndarray) -> np.ndarray:
+    """``np.unique`` of 1-d ``a``, ascending, by a sort: a few hundred slots in 2 us, where ``np.unique`` (which
+    hashes first) took 12 us, a sixth of a without-replacement batch."""
+    s = np.sort(a)
+    if len(s) < 2:
+        return s
+    keep = np.empty(len(s), dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
+
+
 @njit(nogil=True, cache=True)
 def _apply_updates(seqs, priorities, stamps, clock, lo, capacity, active, touched, priority):
     """The live items among ``seqs`` (at least ``lo``, active) get ``priorities`` and their stamps
@@ -696,7 +708,7 @@ class Shard:
         """
         with self.lock, self.writing():
             slots, live = self.resolve(seqs)
-            n = self._drop_items(np.unique(slots[live]))
+            n = self._drop_items(_unique(slots[live]))
             stale = int((~live).sum())
             self.counters.deleted += n
             self.counters.stale_deletes += stale
@@ -878,7 +890,7 @@ class Shard:
                 m = n - got
                 s = sel.draw(rng.random(m))  # on the device: uniforms up, slots down
                 if sel.without_replacement:
-                    s = np.unique(s)
+                    s = _unique(s)
                     self._consume(s)  # invalid ones are skipped for this epoch
                     if valid is not None:
                         s = s[valid(s)]
@@ -1297,7 +1309,7 @@ class Shard:
         self.counters.sampled += len(slots)
         if self.times_sampled is not None:
             np.add.at(self.times_sampled, slots, 1)
-            done = np.unique(slots[self.times_sampled[slots] >= self.max_times_sampled])
+            done = _unique(slots[self.times_sampled[slots] >= self.max_times_sampled])
             self.counters.expired += self._drop_items(done)
 
     def _still_there(self, slots: np.ndarray, seqs: np.ndarray) -> np.ndarray:
@@ -1345,7 +1357,7 @@ class Shard:
             int64 ``[b]`` their sequence numbers at draw time.
         """
         with self.lock:
-            slots = np.unique(slots[self._still_there(slots, seqs)])
+            slots = _unique(slots[self._still_there(slots, seqs)])
             if len(slots) and getattr(self.sampler, "without_replacement", False):
                 old = self.sampler.leaf_weights(slots)
                 self.sampler.insert(slots, self.priority[slots])

@@ -621,3 +621,16 @@ def test_one_shards_merge_of_candidates_is_the_general_merge():
         assert one[0][0].tolist() == both[0][0].tolist() and one[1][0].tolist() == both[1][0].tolist()
         shortcuts += two_level._best_first(keys)
     assert 1000 < shortcuts < 2000
+
+
+def test_the_shards_unique_is_numpys():
+    """The sort-based unique of a shard's slots (a without-replacement draw's, a delete's, an expiry's) gives
+    ``np.unique``'s answer and dtype, empty, single and repeated slots included."""
+    from gear_flow.shard import _unique
+
+    rng = np.random.default_rng(8)
+    for n in (0, 1, 2, 3, 17, 256, 5000):
+        for hi in (1, 4, 10_000_000):
+            a = rng.integers(0, hi, n)
+            got, want = _unique(a), np.unique(a)
+            assert got.dtype == want.dtype and got.tolist() == want.tolist()
