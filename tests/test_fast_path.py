@@ -634,3 +634,15 @@ def test_the_shards_unique_is_numpys():
             a = rng.integers(0, hi, n)
             got, want = _unique(a), np.unique(a)
             assert got.dtype == want.dtype and got.tolist() == want.tolist()
+
+
+def test_the_shards_a_call_touches_are_numpys_unique():
+    """The shards a multi-shard insert, update or delete visits, ascending, are ``np.unique`` of its keys'
+    shards, for none, one and many shards."""
+    from gear_flow.table.local import _present
+
+    rng = np.random.default_rng(9)
+    for n in (0, 1, 5, 1024):
+        for k in (1, 2, 7, 64):
+            s = rng.integers(0, k, n)
+            assert _present(s).tolist() == np.unique(s).tolist()
