@@ -637,12 +637,12 @@ def test_the_shards_unique_is_numpys():
 
 
 def test_the_shards_a_call_touches_are_numpys_unique():
-    """The shards a multi-shard insert, update or delete visits, ascending, are ``np.unique`` of its keys'
-    shards, for none, one and many shards."""
-    from gear_flow.table.local import _present
+    """The shards a multi-shard insert, update or delete visits (local or distributed), ascending, are
+    ``np.unique`` of its keys' shards, for none, one and many shards."""
+    from gear_flow.keys import shards_present
 
     rng = np.random.default_rng(9)
     for n in (0, 1, 5, 1024):
         for k in (1, 2, 7, 64):
             s = rng.integers(0, k, n)
-            assert _present(s).tolist() == np.unique(s).tolist()
+            assert shards_present(s).tolist() == np.unique(s).tolist()

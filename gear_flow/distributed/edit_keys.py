@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..errors import ShardLostError, ShardMovedError, SpecError
-from ..keys import decode
+from ..keys import decode, shards_present
 from ..selectors import MaxHeap, MinHeap
 from ..table.results import UpdateResult
 from ..table.validate import check_keys, check_priorities
@@ -78,7 +78,7 @@ def group(table: DistributedTable, keys: ArrayLike) -> tuple:
     k = check_keys(keys, table.spec.num_shards)
     shard, seq = decode(k)
     now = table._view.now()  # one reading of the placement for the whole grouping
-    present = np.unique(shard).tolist()
+    present = shards_present(shard).tolist()
     lost = [s for s in present if s in now.lost]
     if lost and not table.degraded:
         raise ShardLostError(lost[0], "keys name a lost shard")

@@ -37,6 +37,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..errors import ShardLostError, ShardMovedError, SpecError
+from ..keys import shards_present
 from ..storage.staging import stage_chunks, staged_bytes, staging_area
 from ..table import planner, routing
 from ..table.results import InsertResult
@@ -811,7 +812,7 @@ def routed(table: DistributedTable, ins: Insert) -> Insert:
     """
     dest = route(table, ins.lengths, ins.shard)
     items_of = ins.item_off[1:] - ins.item_off[:-1]
-    return ins._replace(dest=dest, per_shard={int(s): int(items_of[dest == s].sum()) for s in np.unique(dest)})
+    return ins._replace(dest=dest, per_shard={int(s): int(items_of[dest == s].sum()) for s in shards_present(dest)})
 
 
 def insert_parts(
@@ -838,7 +839,7 @@ def insert_parts(
     stamps = adm["first_stamp"] + ins.item_off[:-1]
     parts = defaultdict(list)
     sel_of = {}
-    for s in np.unique(ins.dest):
+    for s in shards_present(ins.dest):
         sel = np.flatnonzero(ins.dest == s)
         sel_of[int(s)] = sel
         p = routing.item_rows(ins.priorities, ins.item_off, sel)
