@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from .. import config
-from ..keys import decode
+from ..keys import decode, shards_present
 
 
 class MassCache:
@@ -184,7 +184,7 @@ class IssuedKeys:
         Parameters
         ----------
         keys : numpy.ndarray
-            int64 item keys.
+            int64 item keys, validated (each names a shard of the table).
 
         Returns
         -------
@@ -196,4 +196,4 @@ class IssuedKeys:
         if not len(keys):
             return True
         shard, seq = decode(np.asarray(keys, dtype=np.int64))
-        return all(int(seq[shard == s].max()) <= self.hi.get(s, -1) for s in np.unique(shard).tolist())
+        return all(int(seq[shard == s].max()) <= self.hi.get(s, -1) for s in shards_present(shard).tolist())
