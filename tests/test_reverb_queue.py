@@ -243,3 +243,50 @@ def test_items_deleted_from_a_queue_wait_no_more(make_table):
     assert t.sample(3)["tag"].numpy()[:, 0].tolist() == [1, 3, 4]
     t.insert([{"tag": np.array([k])} for k in range(5, 9)], timeout=2.0)  # the whole room is free
     assert t.sample(4)["tag"].numpy()[:, 0].tolist() == [5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("unit", ["step", "episode"])
+def test_a_fifo_with_expiry_hands_out_every_item_once_in_order_through_wraps_and_deletes(unit, make_table):
+    """A Fifo sampler whose items go once (a queue without a size limit): batches of every size between
+    inserts and deletes, the ring wrapping four times; every batch is the oldest items not yet handed out
+    or deleted, in insertion order (the scans start past the items consumed before)."""
+    from collections import deque
+
+    from gear_flow import Fifo
+
+    t = make_table(x_spec(capacity=64, item_unit=unit), sampler=Fifo(), remover=Fifo(), max_times_sampled=1,
+                   seed=0, timeout=10)  # fmt: skip
+    rng = np.random.default_rng(3)
+    live, keys, v = deque(), {}, 0.0
+    for _ in range(60):
+        for _ in range(int(rng.integers(1, 6))):
+            keys[v] = int(t.insert(one(v)).first_keys[0])
+            live.append(v)
+            v += 1.0
+        while len(live) > 64:  # the ring overwrote the oldest
+            live.popleft()
+        if len(live) > 2 and rng.random() < 0.3:
+            gone = live[1]
+            t.delete([keys[gone]])
+            live.remove(gone)
+        b = int(rng.integers(1, len(live) + 1))
+        got = t.sample(b)["x"].numpy()[:, 0].tolist()
+        assert got == [live.popleft() for _ in range(b)]
+
+
+def test_a_fifo_scan_starts_past_the_items_it_found_inactive(monkeypatch):
+    """A queue's batch scans from where the batch before found its first live item, so it passes over only
+    the items handed out since, not every consumed item still in the ring."""
+    from gear_flow import Fifo
+    from gear_flow.selectors import fifo
+
+    starts = []
+    scan = fifo._scan
+    monkeypatch.setattr(fifo, "_scan", lambda active, cap, lo, *a: (starts.append(lo), scan(active, cap, lo, *a))[1])
+    t = LocalTable(x_spec(capacity=4096), sampler=Fifo(), remover=Fifo(), max_times_sampled=1, seed=0, timeout=5)
+    t.insert([one(float(v)) for v in range(3000)])
+    assert t.sample(1000)["x"].numpy()[:, 0].tolist() == [float(v) for v in range(1000)]
+    assert t.sample(5)["x"].numpy()[:, 0].tolist() == [1000.0, 1001.0, 1002.0, 1003.0, 1004.0]
+    starts.clear()
+    assert t.sample(5)["x"].numpy()[:, 0].tolist() == [1005.0, 1006.0, 1007.0, 1008.0, 1009.0]
+    assert starts and min(starts) == 1000  # where the batch before met its first live item
