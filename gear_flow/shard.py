@@ -92,6 +92,38 @@ def _unique(a: np.ndarray) -> np.ndarray:
     return s[keep]
 
 
+def _unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(a, return_inverse=True)`` of 1-d ``a`` by a stable sort (see :func:`_unique`)."""
+    order = np.argsort(a, kind="stable")
+    s = a[order]
+    first = np.empty(len(s), dtype=bool)
+    if len(s):
+        first[0] = True
+        np.not_equal(s[1:], s[:-1], out=first[1:])
+    inv = np.empty(len(a), dtype=np.int64)
+    inv[order] = np.cumsum(first) - 1
+    return s[first], inv
+
+
+@njit(nogil=True, cache=True)
+def _counts_after(slots, times_sampled, out):
+    """``out[i]``: the times ``slots[i]`` will have been handed out once a sample taking ``slots`` (in order,
+    repeats counted one by one) is recorded: its count so far plus its occurrences up to and including i."""
+    order = np.argsort(slots, kind="mergesort")  # stable: repeats keep their batch order
+    run = 0
+    for j in range(order.shape[0]):
+        i = order[j]
+        run = run + 1 if j and slots[order[j - 1]] == slots[i] else 1
+        out[i] = times_sampled[slots[i]] + run
+
+
+@njit(nogil=True, cache=True)
+def _count_sampled(times_sampled, slots):
+    """``np.add.at(times_sampled, slots, 1)``: each occurrence counts."""
+    for i in range(slots.shape[0]):
+        times_sampled[slots[i]] += 1
+
+
 @njit(nogil=True, cache=True)
 def _apply_updates(seqs, priorities, stamps, clock, lo, capacity, active, touched, priority):
     """The live items among ``seqs`` (at least ``lo``, active) get ``priorities`` and their stamps
@@ -971,7 +1003,7 @@ class Shard:
                     )
                     break
                 cand, p = self.draw(2 * (n - got) + 8, length, boundary, rng, mass=0.0 if by_count else mass)
-                uniq, inv = np.unique(cand, return_inverse=True)
+                uniq, inv = _unique_inverse(cand)
                 used = np.zeros(len(uniq), np.int64) if self.times_sampled is None else self.times_sampled[uniq]
                 used = used.astype(np.int64)
                 if carry:  # a second chunk: what the first ones handed out counts
@@ -1296,19 +1328,14 @@ class Shard:
         """
         if self.times_sampled is None:
             return None
-        slots = np.asarray(slots, dtype=np.int64)
-        order = np.argsort(slots, kind="stable")
-        ranked = slots[order]
-        starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]]) if len(ranked) else np.zeros(0, np.int64)
-        rank = np.arange(len(ranked)) - np.repeat(starts, np.diff(np.r_[starts, len(ranked)]))
-        occurrence = np.empty(len(slots), dtype=np.int64)
-        occurrence[order] = rank
-        return self.times_sampled[slots].astype(np.int64) + occurrence + 1
+        out = np.empty(len(slots), dtype=np.int64)
+        _counts_after(np.asarray(slots, dtype=np.int64), self.times_sampled, out)
+        return out
 
     def _record(self, slots: np.ndarray) -> None:
         self.counters.sampled += len(slots)
         if self.times_sampled is not None:
-            np.add.at(self.times_sampled, slots, 1)
+            _count_sampled(self.times_sampled, np.asarray(slots, dtype=np.int64))
             done = _unique(slots[self.times_sampled[slots] >= self.max_times_sampled])
             self.counters.expired += self._drop_items(done)
 

@@ -646,3 +646,31 @@ def test_the_shards_a_call_touches_are_numpys_unique():
         for k in (1, 2, 7, 64):
             s = rng.integers(0, k, n)
             assert shards_present(s).tolist() == np.unique(s).tolist()
+
+
+def test_a_shards_sample_counts_and_records_are_numpys():
+    """The counts a sample reports (each occurrence of a repeated item one more) and records (``np.add.at``),
+    and the unique draws with their inverse, as NumPy's formulas give them, for none, one and many
+    repeats."""
+    from gear_flow.shard import _count_sampled, _counts_after, _unique_inverse
+
+    rng = np.random.default_rng(10)
+    for n in (0, 1, 2, 9, 300):
+        for hi in (1, 3, 50, 10_000):
+            slots = rng.integers(0, hi, n)
+            times = rng.integers(0, 5, hi).astype(np.int32)
+            order = np.argsort(slots, kind="stable")
+            ranked = slots[order]
+            starts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]]) if n else np.zeros(0, np.int64)
+            occurrence = np.empty(n, dtype=np.int64)
+            occurrence[order] = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
+            got = np.empty(n, dtype=np.int64)
+            _counts_after(slots, times, got)
+            assert got.tolist() == (times[slots].astype(np.int64) + occurrence + 1).tolist()
+            want = times.copy()
+            np.add.at(want, slots, 1)
+            _count_sampled(times, slots)
+            assert times.tolist() == want.tolist()
+            u, inv = _unique_inverse(slots)
+            wu, winv = np.unique(slots, return_inverse=True)
+            assert u.tolist() == wu.tolist() and inv.tolist() == winv.tolist() and inv.dtype == np.int64
