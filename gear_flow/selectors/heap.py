@@ -66,15 +66,21 @@ class _Heap(OrderedSelector):
     ) -> tuple[np.ndarray, np.ndarray]:
         if self.maxes.stamped:  # the tree ranks ties by stamp: these are the best n, in order
             idx, val = self._top(n, valid)
-            return idx, np.column_stack([val, -self.shard.item_touched(idx).astype(np.float64)])
+            touched = self.shard.item_touched(idx)
+        else:
+            idx, val, touched = self._by_slot(n, valid)
+        return idx, np.column_stack([val, -touched.astype(np.float64)])
+
+    def _by_slot(self, n: int, valid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`candidates` from a tree that ranks ties by slot: the best ``n`` slots, their values and
+        stamps, ordered by (value, stamp)."""
         # one more than asked: whether the cut falls inside a tie (with fewer, every valid item is here)
         idx, val = self._top(n + 1 if n else 0, valid)
         cut_in_tie = n and len(idx) == n + 1 and val[n] == val[n - 1]
         idx, val = idx[:n], val[:n]
         if cut_in_tie:
-            # the tree ranked ties by slot: the items tied with the worst one kept compete on their stamps,
-            # all of them, found from the root while they are few (a scan of every leaf cost 3 ms a batch
-            # at 10M items), by a scan when many
+            # the items tied with the worst one kept compete on their stamps, all of them, found from the
+            # root while they are few (a scan of every leaf cost 3 ms a batch at 10M items), by a scan when many
             worst = val[-1]
             limit = 8 * n + 1024
             tied = self.maxes.equal(worst, limit)
@@ -91,8 +97,7 @@ class _Heap(OrderedSelector):
             val = np.concatenate([val[val > worst], np.full(len(tied), worst)])
         touched = self.shard.item_touched(idx)
         order = np.lexsort((touched, -val))
-        idx, val, touched = idx[order], val[order], touched[order]
-        return idx, np.column_stack([val, -touched.astype(np.float64)])
+        return idx[order], val[order], touched[order]
 
 
 class MaxHeap(_Heap):
