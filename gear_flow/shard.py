@@ -1279,15 +1279,13 @@ class Shard:
                 idx["episode_id"], self.index.size, length, boundary == "pad_head", self.priority, out.rows(), offset,
                 self.shard_id, probs, scale, NO_COUNTS if counted is None else counted,
             )  # fmt: skip
-            pairs = self._fused_pairs(out, columns, len(slots))
-            if pairs is not None:
-                status = windows.take_steps(*args, pairs)
-            else:
-                status, res, src = windows.place_steps(*args)
-                if status == -1:
-                    b = len(slots)
-                    outs = {name: out.bytes[name][offset : offset + b] for name in columns}
-                    self.tier.gather_columns(self.ring.bytes, src, res[2], res[3], outs)
+            b = len(slots)
+
+            def gather(src, dst, nv):
+                outs = {name: out.bytes[name][offset : offset + b] for name in columns}
+                self.tier.gather_columns(self.ring.bytes, src, dst, nv, outs)
+
+            status = windows.take_step_rows(args, self._fused_pairs(out, columns, b), gather)
             if status == -4:
                 raise IndexError(
                     f"shard {self.shard_id}: {len(slots)} rows from row {offset} do not fit a batch of "

@@ -38,6 +38,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import config
+from ..ops.gather import gather_columns
+from ..sample import NO_COUNTS
+from ..storage import windows
+from ..storage.base import HostTier
 from .pending import send_pending
 from .transport import Retry
 
@@ -442,6 +446,8 @@ def draw_one(ex: RemoteSample, sh: Attached, s: int, o: int, n: int, scale: floa
     """
     t, sel = ex.t, sh.selection
     step_items = t.spec.item_unit == "step"
+    if step_items and not ex.out.on_device:
+        return _take_here(ex, sh, s, o, n, scale, rng)
     find = None
     if ex.out.on_device:  # a pinned table: this process's GPU descends the page-locked tree, as it gathers
         from ..gpu.shared import state_find
@@ -464,6 +470,42 @@ def draw_one(ex: RemoteSample, sh: Attached, s: int, o: int, n: int, scale: floa
             return True
         t.stats["reader_redraws"] += 1
     return False
+
+
+def _take_here(ex: RemoteSample, sh: Attached, s: int, o: int, n: int, scale: float, rng: np.random.Generator) -> bool:
+    """:func:`draw_one` of step items into host buffers: the items drawn from the published state
+    (:meth:`~gear_flow.storage.shared_selection.MappedState.draw_slots`), then placed, their rows written
+    and their windows gathered from the mapped rings as the owner's take does
+    (:func:`~gear_flow.storage.windows.take_step_rows`: one compiled call for a small batch)."""
+    t, sel, out, L = ex.t, sh.selection, ex.out, ex.L
+    idx = sel.index
+    for _ in range(ATTEMPTS):
+        d = sel.draw_slots(n, L, ex.boundary, rng, sh.capacity, True)
+        if d is None:
+            return False
+        args = (
+            d.slots, d.hi, sh.capacity, sel.step_episode, idx["start"], idx["length"], idx["episode_id"],
+            sel.index_size, L, ex.boundary == "pad_head", sel.priority, out.rows(), o, s, d.probs, scale, NO_COUNTS,
+        )  # fmt: skip
+
+        def gather(src, dst, nv):
+            cols = ex.columns
+            gather_columns([sh.bytes[c] for c in cols], src, dst, nv, [out.bytes[c][o : o + n] for c in cols], True)
+
+        if windows.take_step_rows(args, _HOST.fused_pairs(sh.bytes, out.bytes, ex.columns, n), gather) != -1:
+            return False  # a window that does not fit: torn (the owner draws)
+        if sel.unchanged(d.version):  # nothing read changed meanwhile, rings included
+            t._masses.update(L, ex.boundary, s, d.mass)
+            t._drawn.add(s, n)
+            t.stats["reader_draws"] += n
+            t.stats["shared_bytes"] += n * L * ex.row_bytes
+            return True
+        t.stats["reader_redraws"] += 1
+    return False
+
+
+#: the rule a reader's take of mapped shared rings follows: they are host memory, gathered as the host tier's
+_HOST = HostTier()
 
 
 def fresh_masses(ex: RemoteSample, kinds: tuple) -> dict | None:

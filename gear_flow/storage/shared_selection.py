@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
+from numba import njit
 
 from ..tails import valid_mass
 from . import windows
@@ -309,7 +310,7 @@ class MappedState:
                 return float(pairs[2 * k + 1])
         return None
 
-    def draw(
+    def draw_slots(
         self,
         n: int,
         length: int,
@@ -318,9 +319,10 @@ class MappedState:
         capacity: int,
         step_items: bool,
         find: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
-    ) -> Draw | None:
-        """Draw ``n`` items from the state as it is now, and place their windows; as the owner's
-        :meth:`~gear_flow.shard.Shard.draw` and :meth:`~gear_flow.shard.Shard.windows` do.
+    ) -> Drawn | None:
+        """Draw ``n`` items from the state as it is now, as the owner's :meth:`~gear_flow.shard.Shard.draw`
+        does; their windows are placed by :meth:`draw`, or by a compiled take
+        (:func:`~gear_flow.storage.windows.take_steps`) over the same mapped arrays.
 
         Strict windows are drawn by rejection against the whole tree, and each
         probability is the item's weight over the valid mass read (the total
@@ -351,7 +353,7 @@ class MappedState:
 
         Returns
         -------
-        Draw or None
+        Drawn or None
             None when this state cannot be drawn from here now: the owner is
             writing, the index grew (map the layout again: :attr:`regrown`),
             the tail mass of this length is not published, no valid item has
@@ -366,33 +368,61 @@ class MappedState:
             return None
         total = float(self.tree[1])
         mass = self._valid(total, length, boundary)
-        strict = boundary == "strict" and length > 1
         if mass is None or not mass > 0:
             return None
-        index = windows.MappedIndex(self.index, self.index_size)
         hi = int(h[WRITE_POS]) if step_items else int(h[INDEX_NEXT])
-
+        strict = boundary == "strict" and length > 1
+        steps = self.step_episode if step_items else windows.NO_STEPS
+        idx = self.index
         out = np.empty(n, dtype=np.int64)
         got, rounds = 0, 0
         while got < n:
             s = np.empty(n - got, dtype=np.int64)
             find(self.tree, rng.random(n - got) * total, s)
-            if np.any(s >= capacity):  # a leaf past the shard's: torn
+            got = _keep(s, out, got, capacity, strict, hi, steps, idx["start"], idx["length"], self.index_size,
+                        step_items, length)  # fmt: skip
+            if got < 0:  # a leaf past the shard's: torn
                 return None
-            if strict:
-                s = s[windows.fits(s, hi, capacity, self.step_episode, index, step_items, length)]
-            out[got : got + len(s)] = s
-            got += len(s)
             rounds += 1
             if got < n and rounds > MAX_ROUNDS:  # mostly tails, or torn: the owner draws
                 return None
         P = self.tree.shape[0] // 2
-        probs = self.tree[P + out] / mass
-        win = windows.place(out, hi, capacity, self.step_episode, index, step_items, length, boundary, rng)
+        return Drawn(out, self.tree[P + out] / mass, mass, v, hi)
+
+    def draw(
+        self,
+        n: int,
+        length: int,
+        boundary: str,
+        rng: np.random.Generator,
+        capacity: int,
+        step_items: bool,
+        find: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
+    ) -> Draw | None:
+        """:meth:`draw_slots`, and the drawn items' windows placed as the owner's
+        :meth:`~gear_flow.shard.Shard.windows` places them.
+
+        Parameters
+        ----------
+        n, length, boundary, rng, capacity, step_items, find
+            As :meth:`draw_slots` takes them (``rng`` also places episode
+            items' windows).
+
+        Returns
+        -------
+        Draw or None
+            None as :meth:`draw_slots` says, or when a placed window is torn
+            (the gather would refuse it).
+        """
+        d = self.draw_slots(n, length, boundary, rng, capacity, step_items, find)
+        if d is None:
+            return None
+        index = windows.MappedIndex(self.index, self.index_size)
+        win = windows.place(d.slots, d.hi, capacity, self.step_episode, index, step_items, length, boundary, rng)
         dst, nv = win.dst_offset, win.n_valid
         if np.any((nv < 0) | (dst < 0) | (dst + nv > length)):  # torn: the gather would refuse it
             return None
-        return Draw(win, probs, self.priority[out].copy(), mass, v)
+        return Draw(win, d.probs, self.priority[d.slots].copy(), d.mass, d.version)
 
     def mass(self, length: int, boundary: str) -> float | None:
         """The shard's valid mass now (total weight minus the published tail mass of strict windows).
@@ -454,6 +484,46 @@ class MappedState:
 #: rejection rounds a reader's strict draw takes before leaving the draw to the owner (whose own rejection
 #: goes on): a round keeps the drawn items whose windows fit, most of them unless the tails hold most weight
 MAX_ROUNDS = 16
+
+
+@njit(nogil=True, cache=True)
+def _keep(s, out, got, capacity, strict, hi, step_episode, starts, lengths, size, step_items, length):
+    """One rejection round of a reader's draw: the drawn leaves ``s`` that are items whose windows fit (all of
+    them unless ``strict``) appended to ``out`` from ``got``; returns the new count, or -1 for a leaf past the
+    shard's (what was read is torn)."""
+    for i in range(s.shape[0]):
+        if s[i] >= capacity:
+            return -1
+    for i in range(s.shape[0]):
+        if not strict or windows.fits_one(s[i], hi, capacity, step_episode, starts, lengths, size, step_items,
+                                          length):  # fmt: skip
+            out[got] = s[i]
+            got += 1
+    return got
+
+
+class Drawn(NamedTuple):
+    """A reader's draw of items from a shard's published state (:meth:`MappedState.draw_slots`).
+
+    Parameters
+    ----------
+    slots : numpy.ndarray
+        int64: the drawn items' slots.
+    probs : numpy.ndarray
+        float64: each item's probability within the shard, ``w_i / m_s``.
+    mass : float
+        The shard's valid mass read (``m_s``).
+    version : int
+        The state's version read; :meth:`MappedState.unchanged` checks it after the gather.
+    hi : int
+        The next sequence number the shard had issued (places the windows).
+    """
+
+    slots: np.ndarray
+    probs: np.ndarray
+    mass: float
+    version: int
+    hi: int
 
 
 class Draw(NamedTuple):

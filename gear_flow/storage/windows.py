@@ -8,7 +8,7 @@ functions over its mapping of the same arrays, so the two never differ.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -17,7 +17,7 @@ from numba import literal_unroll, njit
 
 from ..ops import rows as _rows
 from ..ops._mem import prefetch
-from ..ops.gather import _gather_fused
+from ..ops.gather import _first_bad, _gather_fused
 
 
 class IndexArrays(Protocol):
@@ -142,11 +142,33 @@ def fits(
     numpy.ndarray
         bool ``[n]``.
     """
-    seqs = slot_seqs(hi, slots, capacity)
+    slots = np.asarray(slots, dtype=np.int64)
+    out = np.empty(len(slots), dtype=np.bool_)
+    steps = step_episode if step_items else NO_STEPS
+    _fits_mask(slots, hi, capacity, steps, index.arrays["start"], index.arrays["length"], index.size, step_items, length,
+               out)  # fmt: skip
+    return out
+
+
+#: ``step_episode`` of a shard whose items are episodes (compiled code takes an array either way)
+NO_STEPS = np.zeros(0, dtype=np.int64)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def fits_one(slot, hi, capacity, step_episode, starts, lengths, size, step_items, length):
+    """:func:`fits` of one item, for compiled code: the rule every strict draw keeps its items by, the owner's
+    and a reader's of the published state."""
+    seq = hi - 1 - ((hi - 1 - slot) % capacity)
     if step_items:
-        rows = step_episode[slots] % index.size
-        return index.arrays["start"][rows] + index.arrays["length"][rows] - seqs >= length
-    return index.arrays["length"][seqs % index.size] >= length
+        row = step_episode[slot] % size
+        return starts[row] + lengths[row] - seq >= length
+    return lengths[seq % size] >= length
+
+
+@njit(nogil=True, cache=True)
+def _fits_mask(slots, hi, capacity, step_episode, starts, lengths, size, step_items, length, out):
+    for i in range(slots.shape[0]):
+        out[i] = fits_one(slots[i], hi, capacity, step_episode, starts, lengths, size, step_items, length)
 
 
 def place(
@@ -333,3 +355,41 @@ def take_steps(
     if status != -1:
         return status
     return _gather_fused(pairs, src, res[2], res[3], off, rows[0].shape[0])
+
+
+def take_step_rows(
+    args: tuple, pairs: tuple | None, gather: Callable[[np.ndarray, np.ndarray, np.ndarray], None]
+) -> int:
+    """The take of step items into a batch: :func:`take_steps` (placed, rows written and gathered by one
+    compiled call) when the gather is the compiled one's, else :func:`place_steps` and ``gather`` of the
+    placed windows.  The owner's take (:meth:`gear_flow.shard.Shard.take_rows`) and a reader's of a
+    shard's published state (:mod:`gear_flow.distributed.reader_draw`) both take this way.
+
+    Parameters
+    ----------
+    args : tuple
+        :func:`place_steps`'s arguments (the shard's ring, index and priorities, or a reader's mapping
+        of them, and the batch's rows).
+    pairs : tuple or None
+        ``(ring bytes, output bytes)`` per column for :func:`take_steps`
+        (:meth:`~gear_flow.storage.base.StorageTier.fused_pairs`); None: ``gather`` copies.
+    gather : callable
+        ``gather(src_start, dst_offset, n_valid)``: every column's windows into the batch's rows (a tier's
+        parallel copy, a device launch, a readahead); called only when every window fits.
+
+    Returns
+    -------
+    int
+        -1 done; -4 the rows do not fit the batch (nothing written); otherwise the rows are written and no
+        column byte is: the first window that does not fit its ring or the batch (-2: an output).
+    """
+    if pairs is not None:
+        return take_steps(*args, pairs)
+    status, res, src = place_steps(*args)
+    if status != -1:
+        return status
+    bad = _first_bad(args[2], args[8], src, res[2], res[3])
+    if bad >= 0:
+        return bad
+    gather(src, res[2], res[3])
+    return -1
