@@ -648,6 +648,37 @@ def test_the_shards_a_call_touches_are_numpys_unique():
             assert shards_present(s).tolist() == np.unique(s).tolist()
 
 
+def test_the_highest_seq_of_each_shard_and_what_a_handle_has_seen_issued():
+    """``highest_seqs`` is each shard's largest seq among the keys (-1 for a shard none names), and a handle's
+    issued keys cover exactly the keys at or below the highest seq its samples showed of their shard, for
+    none, one and many shards and keys of any shape."""
+    from gear_flow.distributed.masses import IssuedKeys
+    from gear_flow.keys import decode, encode, highest_seqs
+
+    rng = np.random.default_rng(11)
+    for n in (0, 1, 7, 1024):
+        for k in (1, 3, 40):
+            keys = (
+                encode(rng.integers(0, k, n), rng.integers(0, 10**9, n)).reshape(-1, 1)
+                if n
+                else np.zeros((0, 1), np.int64)
+            )
+            shard, seq = decode(keys.ravel())
+            want = [
+                int(seq[shard == s].max()) if (shard == s).any() else -1
+                for s in range(int(shard.max()) + 1 if n else 0)
+            ]
+            assert highest_seqs(keys).tolist() == want
+            seen = IssuedKeys()
+            seen.note(keys)
+            assert seen.hi == {s: m for s, m in enumerate(want) if m >= 0}
+            assert seen.covers(keys)
+            for s, m in seen.hi.items():
+                assert seen.covers(encode(s, [0, m]))
+                assert not seen.covers(encode(s, [m + 1]))
+            assert not seen.covers(encode(k + 1, [0])) and seen.covers(np.zeros(0, np.int64))
+
+
 def test_a_shards_sample_counts_and_records_are_numpys():
     """The counts a sample reports (each occurrence of a repeated item one more) and records (``np.add.at``),
     and the unique draws with their inverse, as NumPy's formulas give them, for none, one and many

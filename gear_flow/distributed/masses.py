@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from .. import config
-from ..keys import decode, shards_present
+from ..keys import highest_seqs
 
 
 class MassCache:
@@ -169,12 +169,9 @@ class IssuedKeys:
         keys : numpy.ndarray
             int64 item keys, any shape.
         """
-        if not len(keys):
-            return
-        k = np.sort(np.asarray(keys, dtype=np.int64).ravel())
-        shard, seq = decode(k)
-        last = np.flatnonzero(np.diff(shard, append=-1))  # the largest key of each shard: its last in order
-        for s, m in zip(shard[last].tolist(), seq[last].tolist()):
+        top = highest_seqs(keys)
+        for s in np.flatnonzero(top >= 0).tolist():
+            m = int(top[s])
             if m > self.hi.get(s, -1):
                 self.hi[s] = m
 
@@ -193,7 +190,5 @@ class IssuedKeys:
             has seen its shard issue (also for no keys); False means the
             workers must check them.
         """
-        if not len(keys):
-            return True
-        shard, seq = decode(np.asarray(keys, dtype=np.int64))
-        return all(int(seq[shard == s].max()) <= self.hi.get(s, -1) for s in shards_present(shard).tolist())
+        top = highest_seqs(keys)
+        return all(int(top[s]) <= self.hi.get(s, -1) for s in np.flatnonzero(top >= 0).tolist())
