@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 from numba import njit
 
+from ..ops import sumtree
 from ..tails import valid_mass
 from . import windows
 from .windows import Windows
@@ -359,9 +360,7 @@ class MappedState:
             the tail mass of this length is not published, no valid item has
             weight, or what was read is torn.  The owner draws then.
         """
-        if find is None:
-            from ..ops.sumtree import find  # (numba: compiled on first use)
-
+        find = sumtree.find if find is None else find
         h = self.header
         v = int(h[VERSION])
         if v & 1 or self.regrown():
