@@ -39,7 +39,7 @@ from .storage.base import ring_slots
 from .storage.disk_state import DiskStore
 from .storage.shared_selection import SelectionState, shareable
 from .storage.windows import Windows
-from .tails import TailMass, valid_mass
+from .tails import LISTED_BELOW, TailMass, valid_mass
 
 if TYPE_CHECKING:
     from .sample import SampleBuffers
@@ -871,7 +871,11 @@ class Shard:
 
         Strict windows are drawn by rejection against the full tree; the
         returned probability is renormalised by the exact valid mass, so it is
-        the probability of the distribution actually sampled.  When no valid
+        the probability of the distribution actually sampled.  When the items
+        whose windows fit hold less than
+        :data:`~gear_flow.tails.LISTED_BELOW` of the weight, those items are
+        listed and drawn among by their weights instead (the same
+        distribution; rejection would keep too few of its draws to end).  When no valid
         item has any weight (every priority 0) the draw is uniform over the
         valid items, as in Reverb (the planner then weighs shards by
         :meth:`valid_count`).
@@ -916,6 +920,10 @@ class Shard:
                 out = sel.draw(rng.random(n))  # every window fits: the loop below takes one round, as here
                 return out, sel.drawn_weights(out) / mass
             valid = self.valid_fn(length, boundary)
+            if valid is not None and not sel.without_replacement and mass < LISTED_BELOW * sel.mass:
+                listed = self._draw_listed(n, length, boundary, rng, mass)
+                if listed is not None:
+                    return listed
             out = None
             got = 0
             rounds = 0
@@ -1043,6 +1051,20 @@ class Shard:
             got += 1
             masses[got] = w.sum()
         return got
+
+    def _draw_listed(self, n, length, boundary, rng, mass) -> tuple[np.ndarray, np.ndarray] | None:
+        """:meth:`draw`'s ``n`` draws among the listed items whose windows fit, each by its weight (what
+        rejection against the whole tree draws, when it keeps fewer than :data:`~gear_flow.tails.LISTED_BELOW`
+        of its draws); None when none of them has weight."""
+        live = self._valid_slots(length, boundary)
+        w = self.sampler.leaf_weights(live).astype(np.float64)
+        cum = np.cumsum(w)
+        if not len(w) or not cum[-1] > 0:
+            return None
+        i = np.searchsorted(cum, rng.random(n) * cum[-1], side="right")
+        last = int(np.flatnonzero(w > 0)[-1])  # a target rounded onto the total: the last item with weight
+        i = np.where(i < len(w), i, last)
+        return live[i], w[i] / mass
 
     def _valid_slots(self, length: int, boundary: str) -> np.ndarray:
         slots = np.flatnonzero(self.active)

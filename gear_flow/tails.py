@@ -100,6 +100,12 @@ class TailMass:
         self.entries.clear()
 
 
+#: the share of a sampler's total weight below which a strict draw with replacement lists the items whose
+#: windows fit and draws among them, where rejection against the whole tree would keep fewer than one draw in
+#: a hundred (its rounds, each drawing only what is still missing, would not end); owners and readers alike
+LISTED_BELOW = 0.01
+
+
 def valid_mass(total: float, tail: float) -> float:
     """The mass of the items whose strict window fits: ``total - tail``, 0.0 when within rounding of zero.
 

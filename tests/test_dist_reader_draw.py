@@ -223,6 +223,35 @@ def test_a_seed_gives_the_same_batch_whoever_draws_it(dist_client, boundary, ite
         t.close()
 
 
+def test_a_strict_draw_whose_items_hold_almost_no_weight_is_the_owners_listed_draw(dist_client):
+    """Strict windows whose items hold just under ``LISTED_BELOW`` of the weight: the owners list those items
+    and draw among them, so the handle leaves every such part to its owner (a rejection draw here, which
+    would often succeed in its rounds of one item, would give another batch for the seed), and the batch is
+    the one the owners draw for the seed."""
+    from gear_flow.tails import LISTED_BELOW
+
+    t = table(dist_client, True)
+    cat = Catalog()
+    try:
+        lengths = [1 + tag % 4 for tag in range(1, 41)]  # windows of 4 fit only the first step of 4-step episodes
+        pr = [np.where(np.arange(n) == 0, 1.0, 40.0) if n == 4 else np.full(n, 40.0) for n in lengths]
+        share = sum(float(p[0] ** ALPHA) for p, n in zip(pr, lengths) if n == 4) / sum((p**ALPHA).sum() for p in pr)
+        assert 0.5 * LISTED_BELOW < share < LISTED_BELOW
+        cat.insert(t, list(zip(range(1, 41), lengths)), priorities=pr)
+        with dask.config.set({"gear-flow.distributed.reader-draw": False}):
+            owners = DistributedTable.attach(t.name, client=dist_client)
+        t.sample(1, 4)  # the owners publish the tail mass of this length
+        for step in range(40):
+            a = t.sample(1, 4, rng=np.random.default_rng(step))
+            b = owners.sample(1, 4, rng=np.random.default_rng(step))
+            check_windows(a, cat, 4, "strict", "step")
+            for f in ("keys", "probabilities", "timesteps", "episode_ids"):
+                assert np.array_equal(getattr(a, f).numpy(), getattr(b, f).numpy()), (step, f)
+        assert t.stats["reader_draws"] == 0 and t.stats["reader_fallbacks"] >= 40, t.stats
+    finally:
+        t.close()
+
+
 READER = """
 import sys
 import numpy as np

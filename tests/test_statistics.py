@@ -105,6 +105,40 @@ def test_prioritized_strict_windows_mixed_lengths(item_unit, make_table):
     assert chi2(counts, expected) < chi2_critical(len(keys) - 1)
 
 
+@pytest.mark.parametrize("item_unit", ["step", "episode"])
+def test_prioritized_strict_windows_whose_items_hold_almost_no_weight(item_unit, make_table):
+    """Strict windows whose items hold ~1e-5 of the weight (heavy items whose windows do not fit): every draw
+    is an item whose window fits, drawn by its weight, with its probability; rejection against the whole
+    tree, drawing each round only what was still missing, gave up with an EmptyTableError (an owner's
+    draw) or a sample redone until it failed (a distributed handle's)."""
+    L, alpha = 3, 1.0
+    rng = np.random.default_rng(4)
+    t = make_table(make_spec(capacity=64, num_shards=2, item_unit=item_unit), sampler=Prioritized(alpha, 0.5), seed=17)
+    lengths = [1, 4, 2, 5, 1, 4, 3, 1, 6, 2]
+    keys, weights, pr = [], [], []
+    for n in lengths:
+        for j in range(n if item_unit == "step" else 1):
+            fits = (n - j if item_unit == "step" else n) >= L
+            pr.append(rng.uniform(0.5, 2.0) * 1e-4 if fits else 10.0)
+    r = t.insert([episode(i + 1, n) for i, n in enumerate(lengths)], priorities=pr)
+    off = 0
+    for i, n in enumerate(lengths):
+        for j in range(n if item_unit == "step" else 1):
+            if (n - j if item_unit == "step" else n) >= L:
+                keys.append(int(r.first_keys[i]) + j)
+                weights.append(pr[off + j] ** alpha)
+        off += n if item_unit == "step" else 1
+    w = np.array(weights)
+    assert w.sum() / (np.array(pr) ** alpha).sum() < 1e-4
+    n_batches, B = 30, 512
+    counts = _draw_counts(t, keys, n_batches, B, length=L)  # KeyError if an item whose window does not fit is drawn
+    expected = w / w.sum() * n_batches * B
+    assert chi2(counts, expected) < chi2_critical(len(keys) - 1)
+    b = t.sample(B, length=L)
+    want = dict(zip(keys, w / w.sum()))
+    assert np.allclose(b.probabilities.numpy(), [want[k] for k in b.keys.tolist()], rtol=1e-6, atol=0)
+
+
 def test_uniform_two_level_exact_with_unequal_shards(make_table):
     t = make_table(x_spec(capacity=64, num_shards=2), sampler=Uniform(), seed=5)
     a = t.insert([scalar_episode(1) for _ in range(4)], shard=0)

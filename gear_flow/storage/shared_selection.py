@@ -39,7 +39,7 @@ import numpy as np
 from numba import njit
 
 from ..ops import sumtree
-from ..tails import valid_mass
+from ..tails import LISTED_BELOW, valid_mass
 from . import windows
 from .windows import Windows
 
@@ -358,7 +358,9 @@ class MappedState:
             None when this state cannot be drawn from here now: the owner is
             writing, the index grew (map the layout again: :attr:`regrown`),
             the tail mass of this length is not published, no valid item has
-            weight, or what was read is torn.  The owner draws then.
+            weight, the valid items hold less than
+            :data:`~gear_flow.tails.LISTED_BELOW` of the weight (the owner
+            lists them), or what was read is torn.  The owner draws then.
         """
         find = sumtree.find if find is None else find
         h = self.header
@@ -367,10 +369,10 @@ class MappedState:
             return None
         total = float(self.tree[1])
         mass = self._valid(total, length, boundary)
-        if mass is None or not mass > 0:
-            return None
-        hi = int(h[WRITE_POS]) if step_items else int(h[INDEX_NEXT])
         strict = boundary == "strict" and length > 1
+        if mass is None or not mass > 0 or strict and mass < LISTED_BELOW * total:
+            return None  # (the owner lists the valid items then: rejection here would draw other items)
+        hi = int(h[WRITE_POS]) if step_items else int(h[INDEX_NEXT])
         steps = self.step_episode if step_items else windows.NO_STEPS
         idx = self.index
         out = np.empty(n, dtype=np.int64)
