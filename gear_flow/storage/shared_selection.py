@@ -322,8 +322,8 @@ class MappedState:
         find: Callable[[np.ndarray, np.ndarray, np.ndarray], None] | None = None,
     ) -> Drawn | None:
         """Draw ``n`` items from the state as it is now, as the owner's :meth:`~gear_flow.shard.Shard.draw`
-        does; their windows are placed by :meth:`draw`, or by a compiled take
-        (:func:`~gear_flow.storage.windows.take_steps`) over the same mapped arrays.
+        does; their windows are placed by :meth:`draw`, or by the owner's take
+        (:func:`~gear_flow.storage.windows.take_step_rows`) over the same mapped arrays.
 
         Strict windows are drawn by rejection against the whole tree, and each
         probability is the item's weight over the valid mass read (the total
