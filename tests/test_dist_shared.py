@@ -157,3 +157,57 @@ def test_a_reader_whose_owner_is_killed(degraded):
     while left := [n for n in leftover_segments() if int(n.split("_")[1]) in ours]:
         assert time.monotonic() < end, f"segments of this test's processes remain: {left}"
         time.sleep(0.05)
+
+
+def _dev_shm_huge() -> str:
+    """The ``huge=`` option /dev/shm is mounted with (``never`` when not given: tmpfs's default)."""
+    with open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 3 and parts[1] == "/dev/shm":
+                opts = dict(o.split("=", 1) for o in parts[3].split(",") if "=" in o)
+                huge = opts.get("huge", "never")
+    return huge
+
+
+def _pmd_mapped_kb(addr: int) -> int:
+    """kB of the mapping holding ``addr`` that this process maps in 2 MB pages (``/proc/self/smaps``)."""
+    inside, kb = False, 0
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and head in ("ShmemPmdMapped:", "FilePmdMapped:"):
+                kb += int(line.split()[1])
+    return kb
+
+
+def test_rings_are_mapped_in_huge_pages_where_dev_shm_allows_them():
+    """A segment of the shared tier reads back intact through a reader's mapping; where /dev/shm is mounted
+    with huge pages allowed (``huge=advise``: the segments ask for them), the owner's mapping and the
+    reader's map it in 2 MB pages, where 4 KB pages cost a gather a TLB miss per 4 KB of every window
+    (the first process to touch a page decides its size: a reader fills its page tables when it maps
+    the rings, before the owner has written them, so both ask); with ``huge=never`` (tmpfs's default)
+    the advice changes nothing."""
+    from gear_flow.storage.shared import SharedTier, map_readonly
+
+    tier = SharedTier()
+    a, b = tier.empty((16 << 20,), np.uint8), tier.empty((16 << 20,), np.uint8)
+    try:
+        a[:] = np.arange(len(a)) % 251  # written, then mapped by a reader
+        ma = map_readonly(tier.describe(a)["segment"])
+        mb = map_readonly(tier.describe(b)["segment"])  # mapped by a reader (its page tables filled), then written
+        b[:] = np.arange(len(b)) % 241
+        ra, rb = np.frombuffer(ma, np.uint8), np.frombuffer(mb, np.uint8)
+        assert np.array_equal(ra[::4093], a[::4093]) and np.array_equal(rb[::4093], b[::4093])
+        assert not ra.flags.writeable and not rb.flags.writeable
+        if _dev_shm_huge() in ("advise", "always", "within_size"):
+            kb = [_pmd_mapped_kb(x.ctypes.data) for x in (a, ra, b, rb)]
+            assert min(kb) >= 8 << 10, kb
+        del ra, rb
+        ma.close()
+        mb.close()
+    finally:
+        tier.release()
