@@ -44,8 +44,9 @@ from .base import HostTier, register_tier
 PREFIX = "gf_"
 #: where this machine's segments live (and the fast lanes' socket directories: :func:`private_dir`)
 SHM_DIR = "/dev/shm"
-#: readers map segments with their page tables filled at once (Linux ``MAP_POPULATE``): otherwise the first
-#: batches pay a page fault per 4 KB of every window they copy, until the whole ring has been touched once
+#: readers map segments with their page tables filled at once (Linux ``MAP_POPULATE``; now by
+#: :data:`MADV_POPULATE_READ` after asking for huge pages, these flags where the kernel lacks it): otherwise the
+#: first batches pay a page fault per 4 KB of every window they copy, until the whole ring has been touched once
 MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 #: ``madvise`` advice that fills a mapping's page tables now (Linux 5.14; its value where Python does not name
 #: it): a reader asks for 2 MB pages first (:func:`advise_huge`), then populates, as ``MAP_POPULATE`` did
@@ -276,7 +277,8 @@ class Attached:
 
 
 def map_readonly(name: str, size: int | None = None) -> mmap.mmap:
-    """Map another process's segment ``name`` read-only (page tables filled: :data:`MAP_FLAGS`).
+    """Map another process's segment ``name`` read-only, asking for 2 MB pages (:func:`advise_huge`), then
+    with its page tables filled (:data:`MADV_POPULATE_READ`; :data:`MAP_FLAGS` on a kernel without it).
 
     Mapped outside multiprocessing's resource tracker: the segment is its
     owner's, and a tracker shared with the owner must keep tracking it for
