@@ -33,6 +33,7 @@ import asyncio
 import logging
 import threading
 from collections import defaultdict
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -47,6 +48,7 @@ from .transport import Retry
 
 if TYPE_CHECKING:
     from ..storage.shared import Attached
+    from ..storage.shared_selection import Draw, Drawn
     from .api import DistributedTable
     from .sampling import RemoteSample
 
@@ -445,24 +447,20 @@ def draw_one(ex: RemoteSample, sh: Attached, s: int, o: int, n: int, scale: floa
         Whether the rows are filled; False: its owner draws them.
     """
     t, sel = ex.t, sh.selection
-    step_items = t.spec.item_unit == "step"
-    if step_items and not ex.out.on_device:
-        return _take_here(ex, sh, s, o, n, scale, rng)
-    find = None
-    if ex.out.on_device:  # a pinned table: this process's GPU descends the page-locked tree, as it gathers
-        from ..gpu.shared import state_find
+    if t.spec.item_unit == "step" and not ex.out.on_device:
+        take = _take_steps
+    else:
+        find = None
+        if ex.out.on_device:  # a pinned table: this process's GPU descends the page-locked tree, as it gathers
+            from ..gpu.shared import state_find
 
-        find = state_find(sel)
+            find = state_find(sel)
+        take = partial(_take_placed, find=find)
     for _ in range(ATTEMPTS):
-        d = sel.draw(n, ex.L, ex.boundary, rng, sh.capacity, step_items, find)
+        d = take(ex, sh, s, o, n, scale, rng)
         if d is None:
             return False
-        w = d.windows
-        ex._copy_shared(sh, {"seqs": w.seqs, "src_abs": w.src_abs, "dst_offset": w.dst_offset,
-                             "n_valid": w.n_valid}, o)  # fmt: skip
         if sel.unchanged(d.version):  # nothing read changed meanwhile, rings included
-            ex.out.fill_rows(o, s, w.seqs, d.probs * scale, w.episode_ids, w.timesteps, w.dst_offset, w.n_valid,
-                             d.priorities, None)  # fmt: skip
             t._masses.update(ex.L, ex.boundary, s, d.mass)
             t._drawn.add(s, n)
             t.stats["reader_draws"] += n
@@ -472,36 +470,48 @@ def draw_one(ex: RemoteSample, sh: Attached, s: int, o: int, n: int, scale: floa
     return False
 
 
-def _take_here(ex: RemoteSample, sh: Attached, s: int, o: int, n: int, scale: float, rng: np.random.Generator) -> bool:
-    """:func:`draw_one` of step items into host buffers: the items drawn from the published state
-    (:meth:`~gear_flow.storage.shared_selection.MappedState.draw_slots`), then placed, their rows written
+def _take_steps(
+    ex: RemoteSample, sh: Attached, s: int, o: int, n: int, scale: float, rng: np.random.Generator
+) -> Drawn | None:
+    """One attempt of :func:`draw_one` for step items into host buffers: the items drawn from the published
+    state (:meth:`~gear_flow.storage.shared_selection.MappedState.draw_slots`), then placed, their rows written
     and their windows gathered from the mapped rings as the owner's take does
-    (:func:`~gear_flow.storage.windows.take_step_rows`: one compiled call for a small batch)."""
-    t, sel, out, L = ex.t, sh.selection, ex.out, ex.L
+    (:func:`~gear_flow.storage.windows.take_step_rows`: one compiled call for a small batch); None when
+    the state cannot be drawn from here or a window is torn (the owner draws)."""
+    sel, out, L = sh.selection, ex.out, ex.L
+    d = sel.draw_slots(n, L, ex.boundary, rng, sh.capacity, True)
+    if d is None:
+        return None
     idx = sel.index
-    for _ in range(ATTEMPTS):
-        d = sel.draw_slots(n, L, ex.boundary, rng, sh.capacity, True)
-        if d is None:
-            return False
-        args = (
-            d.slots, d.hi, sh.capacity, sel.step_episode, idx["start"], idx["length"], idx["episode_id"],
-            sel.index_size, L, ex.boundary == "pad_head", sel.priority, out.rows(), o, s, d.probs, scale, NO_COUNTS,
-        )  # fmt: skip
+    args = (
+        d.slots, d.hi, sh.capacity, sel.step_episode, idx["start"], idx["length"], idx["episode_id"],
+        sel.index_size, L, ex.boundary == "pad_head", sel.priority, out.rows(), o, s, d.probs, scale, NO_COUNTS,
+    )  # fmt: skip
 
-        def gather(src, dst, nv):
-            cols = ex.columns
-            gather_columns([sh.bytes[c] for c in cols], src, dst, nv, [out.bytes[c][o : o + n] for c in cols], True)
+    def gather(src, dst, nv):
+        cols = ex.columns
+        gather_columns([sh.bytes[c] for c in cols], src, dst, nv, [out.bytes[c][o : o + n] for c in cols], True)
 
-        if windows.take_step_rows(args, _HOST.fused_pairs(sh.bytes, out.bytes, ex.columns, n), gather) != -1:
-            return False  # a window that does not fit: torn (the owner draws)
-        if sel.unchanged(d.version):  # nothing read changed meanwhile, rings included
-            t._masses.update(L, ex.boundary, s, d.mass)
-            t._drawn.add(s, n)
-            t.stats["reader_draws"] += n
-            t.stats["shared_bytes"] += n * L * ex.row_bytes
-            return True
-        t.stats["reader_redraws"] += 1
-    return False
+    return (
+        d if windows.take_step_rows(args, _HOST.fused_pairs(sh.bytes, out.bytes, ex.columns, n), gather) == -1 else None
+    )
+
+
+def _take_placed(
+    ex: RemoteSample, sh: Attached, s: int, o: int, n: int, scale: float, rng: np.random.Generator, find=None
+) -> Draw | None:
+    """One attempt of :func:`draw_one` for episode items, or into a pinned table's device buffers: drawn and
+    placed (:meth:`~gear_flow.storage.shared_selection.MappedState.draw`, ``find`` the GPU's descent for a
+    pinned table), gathered from the mapped rings and the rows written; None when the state cannot be drawn
+    from here (the owner draws)."""
+    d = sh.selection.draw(n, ex.L, ex.boundary, rng, sh.capacity, ex.t.spec.item_unit == "step", find)
+    if d is None:
+        return None
+    w = d.windows
+    ex._copy_shared(sh, {"seqs": w.seqs, "src_abs": w.src_abs, "dst_offset": w.dst_offset, "n_valid": w.n_valid}, o)
+    ex.out.fill_rows(o, s, w.seqs, d.probs * scale, w.episode_ids, w.timesteps, w.dst_offset, w.n_valid,
+                     d.priorities, None)  # fmt: skip
+    return d
 
 
 #: the rule a reader's take of mapped shared rings follows: they are host memory, gathered as the host tier's
