@@ -97,6 +97,14 @@ def _unique_inverse(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return s[first], inv
 
 
+def _by_weight(w: np.ndarray, cum: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Items of weights ``w`` (``cum``: their running sum, its total > 0) drawn by the uniforms ``u``: each the
+    item whose cumulative range holds ``u * total``, so never one of weight 0; a target rounded onto the total
+    takes the last item with weight."""
+    i = np.searchsorted(cum, u * cum[-1], side="right")
+    return np.where(i < len(w), i, np.flatnonzero(w > 0)[-1])
+
+
 def _run_starts(s: np.ndarray) -> np.ndarray:
     """Of sorted ``s``, where each run of equal values starts (True there)."""
     first = np.empty(len(s), dtype=bool)
@@ -1040,9 +1048,7 @@ class Shard:
         w[k >= limit] = 0.0
         while got < n and w.sum() > 0:
             cum = np.cumsum(w)
-            i = min(int(np.searchsorted(cum, rng.random() * cum[-1], side="right")), len(w) - 1)
-            while not w[i] > 0:
-                i -= 1
+            i = int(_by_weight(w, cum, rng.random(1))[0])
             slots[got], probs[got] = live[i], w[i] / cum[-1]
             masses[got] = cum[-1]  # (the listed mass, for this draw)
             k[i] += 1
@@ -1061,9 +1067,7 @@ class Shard:
         cum = np.cumsum(w)
         if not len(w) or not cum[-1] > 0:
             return None
-        i = np.searchsorted(cum, rng.random(n) * cum[-1], side="right")
-        last = int(np.flatnonzero(w > 0)[-1])  # a target rounded onto the total: the last item with weight
-        i = np.where(i < len(w), i, last)
+        i = _by_weight(w, cum, rng.random(n))
         return live[i], w[i] / mass
 
     def _valid_slots(self, length: int, boundary: str) -> np.ndarray:
