@@ -150,6 +150,12 @@ def fits(
     return out
 
 
+@njit(nogil=True, cache=True, inline="always")
+def slot_seq(hi, slot, capacity):
+    """:func:`slot_seqs` of one slot, for compiled code."""
+    return hi - 1 - ((hi - 1 - slot) % capacity)
+
+
 #: ``step_episode`` of a shard whose items are episodes (compiled code takes an array either way)
 NO_STEPS = np.zeros(0, dtype=np.int64)
 
@@ -158,7 +164,7 @@ NO_STEPS = np.zeros(0, dtype=np.int64)
 def fits_one(slot, hi, capacity, step_episode, starts, lengths, size, step_items, length):
     """:func:`fits` of one item, for compiled code: the rule every strict draw keeps its items by, the owner's
     and a reader's of the published state."""
-    seq = hi - 1 - ((hi - 1 - slot) % capacity)
+    seq = slot_seq(hi, slot, capacity)
     if step_items:
         row = step_episode[slot] % size
         return starts[row] + lengths[row] - seq >= length
@@ -261,7 +267,7 @@ def _step_windows(slots, hi, capacity, step_episode, starts, lengths, episode_id
     for b in range(B):
         ids[b] = step_episode[slots[b]]
     for b in range(B):
-        t = hi - 1 - ((hi - 1 - slots[b]) % capacity)
+        t = slot_seq(hi, slots[b], capacity)
         row = ids[b] % size
         start = starts[row]
         if pad_head:
