@@ -360,3 +360,27 @@ def test_a_flush_returns_only_once_an_earlier_flush_in_flight_has_reached_the_ow
         assert info["totals"]["sampled"] == 16, info["totals"]
     finally:
         t.close()
+
+
+def test_a_sample_given_up_says_why_its_last_attempt_was_redone(dist_client):
+    """An owner's stale selection (or a reader's torn windows) redoes the sample; given up, the error names
+    the last attempt's reason in the owner's words, not a guess at lost workers."""
+    from gear_flow.distributed.host_sampling import StaleSelectionError
+    from gear_flow.distributed.sampling import RemoteSample, redone_too_often
+    from gear_flow.distributed.transport import Retry
+
+    t = table(dist_client, False)
+    try:
+        out = gf.SampleBuffers(t.spec, t.spec.names, 4, 1)
+        part = RemoteSample(t, out, 1, "strict", tuple(t.spec.names), np.random.default_rng(0), None, True, None)
+        part.raise_errors([])  # no error: nothing raised
+        why = "shard 1: a chosen item was removed before the gather"
+        with pytest.raises(Retry) as redo:
+            part.raise_errors([StaleSelectionError(why)])
+        assert str(redo.value) == why
+        assert str(redone_too_often(t, redo.value)).endswith(f"was redone 8 times and given up; the last time: {why}")
+        assert str(redone_too_often(t, Retry())).endswith("the last time: workers lost or shards moved meanwhile")
+        with pytest.raises(ValueError, match="not a stale one"):  # any other error as it came
+            part.raise_errors([ValueError("not a stale one")])
+    finally:
+        t.close()

@@ -221,22 +221,26 @@ def time_left(table: DistributedTable, timeout: float | None, start: float) -> f
     return None if timeout is None else max(0.0, timeout - (time.monotonic() - start))
 
 
-def redone_too_often(table: DistributedTable) -> GearFlowError:
+def redone_too_often(table: DistributedTable, last: BaseException | None = None) -> GearFlowError:
     """The error of a sample given up after :data:`_ATTEMPTS` attempts.
 
     Parameters
     ----------
     table : DistributedTable
         The handle.
+    last : BaseException, optional
+        The last attempt's reason to redo it (a :class:`Retry` or a shard's
+        :class:`StaleSelectionError`); None or one without words: shards lost or
+        moved since it was placed.
 
     Returns
     -------
     GearFlowError
-        Saying why.
+        Saying why, in the last attempt's words.
     """
+    why = str(last) if last is not None and str(last) else "workers lost or shards moved meanwhile"
     return GearFlowError(
-        f"a sample of table {table.name!r} was redone {_ATTEMPTS} times (workers lost or shards moved "
-        "meanwhile each time) and given up"
+        f"a sample of table {table.name!r} was redone {_ATTEMPTS} times and given up; the last time: {why}"
     )
 
 
@@ -515,7 +519,7 @@ def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers |
         while True:
             attempt += 1
             if attempt == _ATTEMPTS:
-                raise redone_too_often(t)
+                raise redone_too_often(t, Retry("the shards' placement moved again while the batch was admitted"))
             # the grant's placement (or a draw's Retry) may show a shard lost since the call was checked: a
             # table that is not degraded refuses then too, where the plan would have drawn from the others
             view.check_not_lost()
@@ -547,9 +551,7 @@ def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers |
                 lost_at = _lost_at_grant(t, grant) if exclusive else None
             except (Retry, StaleSelectionError) as e:
                 if attempt == _ATTEMPTS - 1:
-                    if isinstance(e, Retry):  # internal: never the caller's
-                        raise redone_too_often(t) from None
-                    raise
+                    raise redone_too_often(t, e) from None
     except BaseException:
         yield GiveBack(grant)
         raise
@@ -1175,7 +1177,9 @@ class RemoteSample:
                         if self.record and counts is not None:  # a weighted draw: redraw just those rows
                             repairs.append((a, s, o, torn, calls[a][1]))
                         else:
-                            errors.append(Retry())
+                            errors.append(
+                                Retry(f"shard {s}: windows read from shared memory were written over meanwhile")
+                            )
                     t.stats["shared_bytes"] += n * self.L * self.row_bytes
                 else:
                     t.stats["local_bytes"] += n * self.L * self.row_bytes
@@ -1215,7 +1219,9 @@ class RemoteSample:
         if errors:  # the parts that arrived are recorded in book(), so undo() can give them back
             self.t._masses.clear()
             e = errors[0]
-            raise Retry() if isinstance(e, (StaleSelectionError, Retry)) else e
+            if isinstance(e, (StaleSelectionError, Retry)):  # its words kept: a sample given up names them
+                raise Retry(str(e))
+            raise e
 
     def _copy_received(self, data: dict, o: int, n: int) -> None:
         for c in self.columns:
@@ -1321,4 +1327,4 @@ class RemoteSample:
                 await t._link.on_workers({a: ("uncount", dict(name=t.name, counts={s: given}))})  # the torn draws
                 return
             t.stats["shared_conflicts"] += len(torn)
-        raise Retry()
+        raise Retry(f"shard {s}: windows read from shared memory were written over again as they were redrawn")

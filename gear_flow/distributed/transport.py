@@ -1648,7 +1648,7 @@ class TableLink:
                 self.view.mark_lost(s, (await self.coordinator.mark_lost(s, detail))[s])
         await self.refresh()
         if not shards:  # those workers hold none of the table's shards any more (moved): redone as placed now
-            raise Retry()
+            raise Retry(f"shards moved off {sorted(addrs)}")
         if not self.view.degraded:
             raise ShardLostError(
                 shards[0],
@@ -1656,4 +1656,4 @@ class TableLink:
                 "create the table with degraded=True to keep serving from the other shards",
             )
         logger.warning("table %r: shards %s lost (worker(s) %s); serving from the rest", self.name, shards, addrs)
-        raise Retry()
+        raise Retry(f"shard(s) {shards} lost with worker(s) {sorted(addrs)}; served from the rest")
