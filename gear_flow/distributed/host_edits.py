@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import SpecError
+from ..ops.seeds import generator
 from ..table.executor import evict_on, summary
 
 if TYPE_CHECKING:
@@ -195,7 +196,7 @@ class HostEditor:
             shard's capacity, seqs without slots or not one per slot, or a
             shard not here.
         """
-        rng = np.random.default_rng(seed)
+        rng = generator(seed)
         t = self.tables.table(name)
         if (counts is None) == (slots is None):
             raise SpecError("worker 'remove': give exactly one of counts and slots")

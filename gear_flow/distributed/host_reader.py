@@ -30,6 +30,7 @@ import numpy as np
 
 from ..errors import GearFlowError, ProtocolError
 from ..ops.gather import gather_windows
+from ..ops.seeds import generator
 from ..storage.shared import PREFIX, Attached, machine_id
 
 if TYPE_CHECKING:
@@ -158,7 +159,7 @@ class HostReader:
             lay, counts, scale = part["layout"], part["counts"], part["scale"]
             if not (isinstance(lay, Mapping) and isinstance(lay.get("shards"), Mapping)):
                 raise ProtocolError("worker 'draw_host': a part's layout is not a worker's shared_layout")
-            rng = np.random.default_rng(part["seed"])
+            rng = generator(part["seed"])
             for s in sorted(counts):
                 shard_lay = lay["shards"].get(s, lay["shards"].get(str(s)))
                 if lay.get("machine") != here or shard_lay is None:

@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import backend
 from ..errors import GearFlowError, ProtocolError
+from ..ops.seeds import generator
 from ..sample import SampleBuffers
 from ..shard import Shard
 from ..table.executor import sample_shards
@@ -451,7 +452,7 @@ class HostSampler:
         t = self.tables.table(name)
         if t.cfg.plan != "sequential":
             raise ProtocolError(f"worker 'sequences': table {name!r} samples by {t.cfg.plan!r}, not item by item")
-        rng = np.random.default_rng(seed)
+        rng = generator(seed)
         locks = t.locked()
         try:
             if by_count and any(s.valid_mass(length, boundary) > 0 for s in t.shards.values()):
@@ -558,7 +559,7 @@ class HostSampler:
             the caller retries.
         """
         t = self.tables.table(name)
-        rng = np.random.default_rng(seed)
+        rng = generator(seed)
         req = PartRequest.checked(
             t,
             length,
@@ -755,7 +756,7 @@ class HostSampler:
                 length,
                 boundary,
                 tuple(columns),
-                np.random.default_rng(seed),
+                generator(seed),
                 t.cfg.beta,
                 f"table {name!r}",
                 horizon,

@@ -40,6 +40,7 @@ import numpy as np
 
 from .. import config
 from ..ops.gather import gather_columns
+from ..ops.seeds import generator
 from ..sample import NO_COUNTS
 from ..storage import windows
 from ..storage.base import HostTier
@@ -372,13 +373,13 @@ def draw_parts(ex: RemoteSample, here: list, offs: dict, counts: dict, scale: di
     mapped = ex.published_here()
     left = {}
     for a, shards, seed in here:
-        rng = np.random.default_rng(seed)
+        rng = generator(seed)
         for k, s in enumerate(shards):
             sh = mapped.get(s)
             if sh is None or not draw_one(ex, sh, s, offs[s], int(counts[s]), float(scale[s]), rng):
                 t.stats["reader_fallbacks"] += 1
                 left[s] = offs[s]
-                if k == 0 and rng.bit_generator.state == np.random.default_rng(seed).bit_generator.state:
+                if k == 0 and rng.bit_generator.state == generator(seed).bit_generator.state:
                     ex.seeds[a] = seed  # nothing drawn with it yet: its owner draws with it, as it would have
     if here:  # what this batch drew here, and the updates it carried to no owner: soon
         flush_soon(t)
