@@ -82,6 +82,61 @@ def shards_present(shards: ArrayLike) -> np.ndarray:
     return np.flatnonzero(np.bincount(s)) if len(s) else np.zeros(0, dtype=np.int64)
 
 
+def shard_parts(shards: ArrayLike) -> list[tuple[int, np.ndarray]]:
+    """Indices grouped by shard in one compiled counting pass: ``[(shard, its indices), ...]``, the shards
+    ascending (:func:`shards_present`'s), each one's indices in their order.
+
+    Splitting a batch's keys by shard took a mask and a ``flatnonzero`` per shard (32 keys over 8
+    shards: 12 us); this is one call and a slice per shard.
+
+    Parameters
+    ----------
+    shards : array_like of int
+        Shard ids, each ``>= 0`` (validated keys' shards).
+
+    Returns
+    -------
+    list of (int, numpy.ndarray)
+        Each shard present and its int64 indices into ``shards``, ascending.
+
+    Examples
+    --------
+    >>> [(s, i.tolist()) for s, i in shard_parts([2, 0, 2, 5])]
+    [(0, [1]), (2, [0, 2]), (5, [3])]
+    """
+    s = np.asarray(shards, dtype=np.int64).reshape(-1)
+    if not len(s):
+        return []
+    present, order, bounds = _by_shard(s)
+    return [(c, order[bounds[j] : bounds[j + 1]]) for j, c in enumerate(present.tolist())]
+
+
+@njit(nogil=True, cache=True)
+def _by_shard(s):
+    """The shards present, every index grouped by shard (stable) and each group's bounds."""
+    counts = np.zeros(s.max() + 1, np.int64)
+    for i in range(s.shape[0]):
+        counts[s[i]] += 1
+    k = 0
+    for c in range(counts.shape[0]):
+        k += counts[c] > 0
+    present = np.empty(k, np.int64)
+    bounds = np.empty(k + 1, np.int64)
+    start = np.empty(counts.shape[0], np.int64)  # each shard's next place in order
+    j, total = 0, 0
+    for c in range(counts.shape[0]):
+        if counts[c]:
+            present[j], bounds[j], start[c] = c, total, total
+            total += counts[c]
+            j += 1
+    bounds[k] = total
+    order = np.empty(s.shape[0], np.int64)
+    for i in range(s.shape[0]):  # stable: each shard's indices in their order
+        order[start[s[i]]] = i
+        start[s[i]] += 1
+    return present, order, bounds
+
+
 def highest_seqs(keys: ArrayLike) -> np.ndarray:
     """The highest sequence number of each shard among ``keys``, in one compiled pass (a batch's keys, where
     a sort, a decode and a diff made six arrays).

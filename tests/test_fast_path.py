@@ -648,6 +648,22 @@ def test_the_shards_a_call_touches_are_numpys_unique():
             assert shards_present(s).tolist() == np.unique(s).tolist()
 
 
+def test_keys_split_by_shard_as_a_mask_per_shard_splits_them():
+    """``shard_parts`` gives the shards present ascending and each one's indices in their order, as a mask
+    and ``flatnonzero`` per shard did, for none, one and many shards (a shard past the others included)."""
+    from gear_flow.keys import shard_parts
+
+    rng = np.random.default_rng(12)
+    for n in (0, 1, 5, 32, 1024):
+        for k in (1, 2, 8, 127):
+            s = rng.integers(0, k, n)
+            got = shard_parts(s)
+            assert [c for c, _ in got] == np.unique(s).tolist()
+            for c, idx in got:
+                assert idx.tolist() == np.flatnonzero(s == c).tolist()
+    assert [(c, i.tolist()) for c, i in shard_parts(np.array([[126], [0], [126]]))] == [(0, [1]), (126, [0, 2])]
+
+
 def test_the_highest_seq_of_each_shard_and_what_a_handle_has_seen_issued():
     """``highest_seqs`` is each shard's largest seq among the keys (-1 for a shard none names), and a handle's
     issued keys cover exactly the keys at or below the highest seq its samples showed of their shard, for

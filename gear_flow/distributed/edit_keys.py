@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..errors import ShardLostError, ShardMovedError, SpecError
-from ..keys import decode, shards_present
+from ..keys import decode, shard_parts
 from ..selectors import MaxHeap, MinHeap
 from ..table.results import UpdateResult
 from ..table.validate import check_keys, check_priorities
@@ -78,16 +78,15 @@ def group(table: DistributedTable, keys: ArrayLike) -> tuple:
     k = check_keys(keys, table.spec.num_shards)
     shard, seq = decode(k)
     now = table._view.now()  # one reading of the placement for the whole grouping
-    present = shards_present(shard).tolist()
-    lost = [s for s in present if s in now.lost]
+    parts = shard_parts(shard)
+    lost = [s for s, _ in parts if s in now.lost]
     if lost and not table.degraded:
         raise ShardLostError(lost[0], "keys name a lost shard")
     by = defaultdict(dict)
     idx = defaultdict(dict)
-    for s in present:
+    for s, m in parts:
         if s in now.lost:
             continue
-        m = np.flatnonzero(shard == s)
         by[now.shards[s]][s] = seq[m]
         idx[now.shards[s]][s] = m
     return k, by, idx, int(np.isin(shard, lost).sum()) if lost else 0

@@ -27,7 +27,7 @@ from numpy.typing import ArrayLike
 
 from .. import config
 from ..errors import CapacityError, SpecError
-from ..keys import decode, shards_present
+from ..keys import decode, shard_parts, shards_present
 from ..rate_limiters import RateLimiter
 from ..rate_limiters import to_config as limiter_to_config
 from ..sample import SampleBatch, SampleBuffers
@@ -881,7 +881,7 @@ class LocalTable(DatasetMethods):
             raise SpecError("priorities must not be None")
         self.cfg.check_priorities(pr)
         # each shard's part (one shard: every key, check_keys saw to it)
-        parts = [(0, slice(None))] if len(self.shards) == 1 else [(s, shard == s) for s in shards_present(shard)]
+        parts = [(0, slice(None))] if len(self.shards) == 1 else shard_parts(shard)
         for s, m in parts:  # unknown keys raise before any shard (or the stamp clock) is touched
             self.shards[s].check_issued(seq[m])
         with self._cond:  # one clock for inserts and updates: heap ties go to the least recently touched
@@ -917,11 +917,12 @@ class LocalTable(DatasetMethods):
         """
         self._check_open()
         k, shard, seq = self._by_shard(keys)
-        for s in shards_present(shard):
-            self.shards[s].resolve(seq[shard == s])
+        parts = shard_parts(shard)
+        for s, m in parts:
+            self.shards[s].resolve(seq[m])
         deleted = stale = 0
-        for s in shards_present(shard):
-            d, st = self.shards[s].delete(seq[shard == s])
+        for s, m in parts:
+            d, st = self.shards[s].delete(seq[m])
             deleted += d
             stale += st
         with self._cond:
