@@ -717,9 +717,12 @@ class Shard:
             if len(slots):
                 self._clock = int(clock)
                 if self.weighted and self.tails.entries:  # (no tail mass cached: no leaves to read)
-                    old = self.sampler.leaf_weights(slots)
+                    # each slot's change once: a repeated key (a batch drawn with replacement) changes its
+                    # item's weight once, to the last value, and counted per repeat it moved the tail mass more
+                    once = _unique(slots)
+                    old = self.sampler.leaf_weights(once)
                     self.sampler.update(slots, pr)
-                    self.tails.change(slots, old, self.sampler.leaf_weights(slots))
+                    self.tails.change(once, old, self.sampler.leaf_weights(once))
                 else:
                     self.sampler.update(slots, pr)
                 self.remover.update(slots, pr)

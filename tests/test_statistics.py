@@ -139,6 +139,25 @@ def test_prioritized_strict_windows_whose_items_hold_almost_no_weight(item_unit,
     assert np.allclose(b.probabilities.numpy(), [want[k] for k in b.keys.tolist()], rtol=1e-6, atol=0)
 
 
+def test_a_key_repeated_in_an_update_changes_the_strict_windows_mass_once(make_table):
+    """An update whose keys repeat (a batch drawn with replacement does) changes each item's weight once, to
+    its last value: strict windows keep reporting their weight over the weight of the items whose windows fit,
+    once that mass is cached (the first strict batch of the length).  Each repeat had moved the cached mass
+    again: step 2's window does not fit, and updating it twice made the reported probabilities 1/3 and 1."""
+    t = make_table(make_spec(capacity=64, num_shards=1), sampler=Prioritized(1.0, 0.0), seed=3)
+    k = int(t.insert([episode(1, 3)], priorities=[1.0, 3.0, 1.0]).first_keys[0])
+
+    def drawn():
+        b = t.sample(256, length=2, boundary="strict")
+        return dict(zip(b.keys.tolist(), b.probabilities.tolist()))
+
+    assert drawn() == pytest.approx({k: 0.25, k + 1: 0.75}, rel=1e-12)
+    t.update_priorities([k + 2, k + 2], [2.0, 2.0])  # the step whose window does not fit, twice
+    assert drawn() == pytest.approx({k: 0.25, k + 1: 0.75}, rel=1e-12)
+    t.update_priorities([k, k, k + 1, k], [5.0, 6.0, 3.0, 7.0])  # the last value wins: 7 and 3
+    assert drawn() == pytest.approx({k: 0.7, k + 1: 0.3}, rel=1e-12)
+
+
 def test_uniform_two_level_exact_with_unequal_shards(make_table):
     t = make_table(x_spec(capacity=64, num_shards=2), sampler=Uniform(), seed=5)
     a = t.insert([scalar_episode(1) for _ in range(4)], shard=0)
