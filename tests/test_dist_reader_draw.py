@@ -223,6 +223,36 @@ def test_a_seed_gives_the_same_batch_whoever_draws_it(dist_client, boundary, ite
         t.close()
 
 
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized"])
+def test_a_part_left_to_its_owner_is_drawn_with_the_seed_from_the_start(dist_client, sampler):
+    """A strict draw whose windows seldom fit gives up here after its rejection rounds and leaves the part to
+    the owner: the owner draws its worker's whole part (two shards here) with the seed, from the start, as it
+    would have drawn it; the batch is the owners', row for row.  The owner had drawn it with a fresh seed, and
+    the worker's other shard stayed drawn here: the batch of the first seed already differed."""
+    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=4)
+    kind = gf.Uniform() if sampler == "uniform" else gf.Prioritized(1.0, 0.5)
+    with dask.config.set({"gear-flow.distributed.reader-draw": True, "gear-flow.distributed.mass-max-age": 0}):
+        t = DistributedTable.create(dist_client, spec, sampler=kind, seed=0)
+    try:
+        with dask.config.set({"gear-flow.distributed.reader-draw": False}):
+            owners = DistributedTable.attach(t.name, client=dist_client)
+        for s in range(4):  # a window of 5 steps fits 3 items in 45 of each shard (above the listed draw's share)
+            eps = [{"x": 100 * s + 10 * e + np.arange(5, dtype=np.float32)} for e in range(3)]
+            t.insert(eps + [{"x": np.full(1, -1.0, np.float32)}] * 30, priorities=1.0, shard=s)
+        t.sample(8, 5, boundary="strict")  # the owners publish this length's tail mass
+        left = t.stats["reader_fallbacks"]
+        for step in range(10):
+            a = t.sample(6, 5, boundary="strict", rng=np.random.default_rng(step))
+            b = owners.sample(6, 5, boundary="strict", rng=np.random.default_rng(step))
+            for f in ("keys", "probabilities", "mask", "timesteps", "episode_ids"):
+                assert np.array_equal(getattr(a, f).numpy(), getattr(b, f).numpy()), (step, f)
+            assert np.array_equal(a["x"].numpy(), b["x"].numpy()), step
+            assert (a["x"].numpy() >= 0).all()  # every window fits: one episode's 5 steps
+        assert t.stats["reader_fallbacks"] > left and t.stats["reader_draws"] > 0, t.stats  # both paths ran
+    finally:
+        t.close()
+
+
 def test_a_strict_draw_whose_items_hold_almost_no_weight_is_the_owners_listed_draw(dist_client):
     """Strict windows whose items hold just under ``LISTED_BELOW`` of the weight: the owners list those items
     and draw among them, so the handle leaves every such part to its owner (a rejection draw here, which

@@ -9,9 +9,11 @@ version is read again.  A version that moved means the owner wrote during the
 draw: the shard is drawn again (up to :data:`ATTEMPTS` times), and after that,
 or whenever the state cannot be drawn from here (the owner is writing, no
 weight is left, the tail mass of a new window length is not published yet, the
-episode index grew into new segments), the shard's owner draws that part as
-before (``reader_fallbacks`` in the handle's stats, ``reader_redraws`` for
-the draws made again).
+episode index grew into new segments), the owner of that shard draws its
+worker's whole part, with the seed it would have drawn it with: a seed gives
+the same batch whoever draws it (``reader_fallbacks`` in the handle's stats
+counts the shards left to their owners, ``reader_redraws`` the draws made
+again).
 
 The probability reported is the draw's own: the plan's first level
 ``m_s / M`` (the masses read here, or the owner's last) times ``w_i / m'_s``
@@ -349,7 +351,11 @@ def plan(ex: RemoteSample, offs: dict, counts: dict) -> tuple[list, dict]:
 
 def draw_parts(ex: RemoteSample, here: list, offs: dict, counts: dict, scale: dict) -> dict:
     """Draw the parts :func:`plan` chose into ``ex``'s batch, each worker's shards in its owner's order with
-    its owner's seed (as :func:`~gear_flow.distributed.host_sampling.HostSampler.sample_part` draws them).
+    its owner's seed (as :meth:`~gear_flow.distributed.host_sampling.HostSampler.sample_part` draws them).
+
+    A worker's part is drawn here whole or not at all: when one of its shards cannot be drawn here, its owner
+    draws the whole part with the seed (the rows written here are overwritten), as it would have drawn it, so
+    that a seed gives the same batch whoever draws it.
 
     Parameters
     ----------
@@ -374,13 +380,20 @@ def draw_parts(ex: RemoteSample, here: list, offs: dict, counts: dict, scale: di
     left = {}
     for a, shards, seed in here:
         rng = generator(seed)
-        for k, s in enumerate(shards):
+        drawn = []
+        for s in shards:
             sh = mapped.get(s)
-            if sh is None or not draw_one(ex, sh, s, offs[s], int(counts[s]), float(scale[s]), rng):
-                t.stats["reader_fallbacks"] += 1
-                left[s] = offs[s]
-                if k == 0 and rng.bit_generator.state == generator(seed).bit_generator.state:
-                    ex.seeds[a] = seed  # nothing drawn with it yet: its owner draws with it, as it would have
+            d = None if sh is None else draw_one(ex, sh, s, offs[s], int(counts[s]), float(scale[s]), rng)
+            if d is None:
+                break
+            drawn.append((s, d))
+        else:
+            for s, d in drawn:
+                book(ex, s, int(counts[s]), d.mass)
+            continue
+        t.stats["reader_fallbacks"] += len(shards)
+        ex.seeds[a] = seed  # its owner draws the worker's part with it, from the start
+        left.update((s, offs[s]) for s in shards)
     if here:  # what this batch drew here, and the updates it carried to no owner: soon
         flush_soon(t)
     return left
@@ -422,7 +435,9 @@ def host_groups(ex: RemoteSample, by: dict, mapped: dict) -> dict[str, str]:
     return out
 
 
-def draw_one(ex: RemoteSample, sh: Attached, s: int, o: int, n: int, scale: float, rng: np.random.Generator) -> bool:
+def draw_one(
+    ex: RemoteSample, sh: Attached, s: int, o: int, n: int, scale: float, rng: np.random.Generator
+) -> Drawn | Draw | None:
     """Draw shard ``s``'s ``n`` rows at row ``o`` of the batch from its published state.
 
     Parameters
@@ -444,8 +459,8 @@ def draw_one(ex: RemoteSample, sh: Attached, s: int, o: int, n: int, scale: floa
 
     Returns
     -------
-    bool
-        Whether the rows are filled; False: its owner draws them.
+    Drawn or Draw or None
+        The draw whose rows are filled (not booked yet: :func:`book`); None: its owner draws them.
     """
     t, sel = ex.t, sh.selection
     if t.spec.item_unit == "step" and not ex.out.on_device:
@@ -460,15 +475,33 @@ def draw_one(ex: RemoteSample, sh: Attached, s: int, o: int, n: int, scale: floa
     for _ in range(ATTEMPTS):
         d = take(ex, sh, s, o, n, scale, rng)
         if d is None:
-            return False
+            return None
         if sel.unchanged(d.version):  # nothing read changed meanwhile, rings included
-            t._masses.update(ex.L, ex.boundary, s, d.mass)
-            t._drawn.add(s, n)
-            t.stats["reader_draws"] += n
-            t.stats["shared_bytes"] += n * ex.L * ex.row_bytes
-            return True
+            return d
         t.stats["reader_redraws"] += 1
-    return False
+    return None
+
+
+def book(ex: RemoteSample, s: int, n: int, mass: float) -> None:
+    """Book ``n`` rows drawn here from shard ``s`` at its valid ``mass``: the mass kept for the next plan, the
+    samples for its owner's count, the handle's stats.
+
+    Parameters
+    ----------
+    ex : RemoteSample
+        The sample's executor.
+    s : int
+        The shard.
+    n : int
+        Its rows.
+    mass : float
+        Its valid mass read at the draw.
+    """
+    t = ex.t
+    t._masses.update(ex.L, ex.boundary, s, mass)
+    t._drawn.add(s, n)
+    t.stats["reader_draws"] += n
+    t.stats["shared_bytes"] += n * ex.L * ex.row_bytes
 
 
 def _take_steps(
