@@ -96,3 +96,32 @@ def test_a_learner_on_another_host_sends_one_request_per_host(boundary):
             assert info["totals"]["sampled"] == info["rate_limiter"]["samples"] == 64 * 21, info
         finally:
             t.close()
+
+
+def test_a_part_a_host_leaves_to_its_owner_is_drawn_with_the_owners_seed():
+    """Strict windows that seldom fit: a worker drawing for its host gives up on some shards after its
+    rejection rounds, and their owners draw the parts: each worker's whole part, with the seed it would have
+    drawn it with, so the batches are the owners', row for row.  They were drawn with fresh seeds, and the
+    worker's other shards stayed drawn by its host's worker: the batches differed."""
+    with two_hosts(2) as c, Client(c) as client:
+        spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=8)
+        with dask.config.set({"gear-flow.distributed.mass-max-age": 0}):
+            t = DistributedTable.create(client, spec, sampler=gf.Prioritized(1.0, 0.5), seed=0)
+        with dask.config.set({"gear-flow.distributed.reader-draw": False}):
+            owners = DistributedTable.attach(t.name, client=client)
+        try:
+            for s in range(8):  # a window of 5 steps fits 3 items in 45 of each shard
+                eps = [{"x": 100 * s + 10 * e + np.arange(5, dtype=np.float32)} for e in range(3)]
+                t.insert(eps + [{"x": np.full(1, -1.0, np.float32)}] * 30, priorities=1.0, shard=s)
+            t.sample(16, 5, boundary="strict")  # the routes learnt, each owner's tail published
+            before = dict(t.requests)
+            for step in range(10):
+                a = t.sample(12, 5, boundary="strict", rng=np.random.default_rng(step))
+                b = owners.sample(12, 5, boundary="strict", rng=np.random.default_rng(step))
+                for f in ("keys", "probabilities", "weights", "mask", "timesteps", "episode_ids"):
+                    assert np.array_equal(getattr(a, f).numpy(), getattr(b, f).numpy()), (step, f)
+                assert np.array_equal(a["x"].numpy(), b["x"].numpy()) and (a["x"].numpy() >= 0).all(), step
+            sent = {op: n - before.get(op, 0) for op, n in t.requests.items()}
+            assert sent["draw_host"] > 0 and sent["sample_part"] > 0, sent  # drawn by hosts, and left to owners
+        finally:
+            t.close()

@@ -150,7 +150,9 @@ class HostReader:
         dict
             Per shard drawn, the part as ``sample_part`` answers it (with
             ``data``, ``mass``, and ``drawn_here``); ``fallback``: the shards
-            their owners must draw.
+            their owners must draw, every shard of a worker one of whose
+            shards could not be drawn here (its owner draws the worker's
+            part with its seed, as it would have drawn it).
         """
         here = machine_id()
         out: dict[Any, Any] = {}
@@ -160,23 +162,25 @@ class HostReader:
             if not (isinstance(lay, Mapping) and isinstance(lay.get("shards"), Mapping)):
                 raise ProtocolError("worker 'draw_host': a part's layout is not a worker's shared_layout")
             rng = generator(part["seed"])
-            for s in sorted(counts):
+            drawn = {}
+            for s in sorted(counts):  # the worker's part whole or not at all: its owner draws it with the seed
                 shard_lay = lay["shards"].get(s, lay["shards"].get(str(s)))
                 if lay.get("machine") != here or shard_lay is None:
-                    fallback.append(s)
-                    continue
+                    break
                 check_layout(shard_lay, s, columns)
                 try:
                     sh = self.mapping(shard_lay, s)
                 except (GearFlowError, OSError, ValueError):  # gone, or not this host's after all
-                    fallback.append(s)
-                    continue
+                    break
                 r = _draw_part(sh, spec, int(counts[s]), length, boundary, rng, columns) if sh.owner_alive() else None
                 if r is None:
-                    fallback.append(s)
-                    continue
+                    break
                 r["p"] = r["p"] * float(scale[s])
-                out[s] = r
+                drawn[s] = r
+            else:
+                out.update(drawn)
+                continue
+            fallback.extend(sorted(counts))
         if fallback:
             out["fallback"] = fallback
         return out

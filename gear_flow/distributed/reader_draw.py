@@ -338,8 +338,8 @@ def plan(ex: RemoteSample, offs: dict, counts: dict) -> tuple[list, dict]:
     for s in offs:
         by[t.placement[s]].append(s)
     here, left = [], {}
-    for a, shards in by.items():
-        seed = int(ex.rng.integers(2**63))
+    for a, shards in by.items():  # (a seed given already: a part its host's worker left to its owner)
+        seed = ex.seeds.pop(a) if a in ex.seeds else int(ex.rng.integers(2**63))
         drawn = [s for s in shards if int(counts.get(s, 0)) > 0]
         if drawn and all(s in published_here for s in drawn):
             here.append((a, sorted(drawn), seed))

@@ -875,6 +875,8 @@ class RemoteSample:
         #: seeds drawn for workers whose part this process meant to draw itself and left to them
         #: (:func:`~gear_flow.distributed.reader_draw.plan`): their owner draws with them
         self.seeds: dict[str, int] = {}
+        #: the seeds of the workers whose part another worker of their host was asked to draw
+        self.host_seeds: dict[str, int] = {}
 
     def published_here(self) -> dict:
         """The shards this attempt may draw itself (:func:`~gear_flow.distributed.reader_draw.published`),
@@ -977,12 +979,28 @@ class RemoteSample:
                 await self._redraw(a, mapped[a][s], s, o, torn, args)
         self.raise_errors(errors)
         if self.fallback:  # parts a worker could not draw for its host: their owners draw them
-            left, self.fallback, self.no_host_draw = self.fallback, [], True
+            left, self.no_host_draw = self.left_by_hosts(), True
             try:
                 await self._draw_parts(part, {s: offs[s] for s in left}, counts=counts, scale=scale)
             finally:
                 self.no_host_draw = False
         return None
+
+    def left_by_hosts(self) -> list[int]:
+        """The shards of the parts that workers drawing for their host left to the owners (``fallback``), taken;
+        each of those workers' seeds is kept for its owner's request, which draws the part with it, as it
+        would have drawn it without a host's worker.
+
+        Returns
+        -------
+        list of int
+            The shards.
+        """
+        left, self.fallback = self.fallback, []
+        for a in {self.t.placement[s] for s in left}:
+            if a in self.host_seeds:
+                self.seeds[a] = self.host_seeds[a]
+        return left
 
     def part_calls(
         self,
@@ -1037,6 +1055,7 @@ class RemoteSample:
         for a, shards in by.items():
             seed = self.seeds.pop(a) if a in self.seeds else int(self.rng.integers(2**63))
             if a in hosts:  # another host's worker: one worker there draws for all of them
+                self.host_seeds[a] = seed  # its owner's, should that worker leave the part to it
                 host_parts[hosts[a]][a] = {"layout": t._routes.far(a), "counts": {s: counts[s] for s in shards},
                                            "scale": {s: scale[s] for s in shards}, "seed": seed}  # fmt: skip
                 continue

@@ -163,7 +163,7 @@ class ThreadSample(RemoteSample):
         if errors:  # undone by the caller; the event loop's path sends again (the kept masses still hold)
             raise errors[0]
         if self.fallback:  # parts a worker could not draw for its host: their owners draw them
-            left, self.fallback, self.no_host_draw = self.fallback, [], True
+            left, self.no_host_draw = self.left_by_hosts(), True
             try:
                 self._draw_parts_here({s: offs[s] for s in left}, counts, scale, by_count)
             finally:
