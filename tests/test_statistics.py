@@ -158,6 +158,18 @@ def test_a_key_repeated_in_an_update_changes_the_strict_windows_mass_once(make_t
     assert drawn() == pytest.approx({k: 0.7, k + 1: 0.3}, rel=1e-12)
 
 
+def test_strict_windows_holding_a_billionth_of_the_weight_are_drawn_by_it(make_table):
+    """Fitting items that hold less than 1e-9 of a shard's weight still have weight: they are drawn by it, with
+    their probabilities, not uniformly as items of no weight are.  A remainder of the cached tail mass that
+    small was taken for nothing: 0.5 and 0.5 where 0.25 and 0.75."""
+    t = make_table(make_spec(capacity=64, num_shards=1), sampler=Prioritized(1.0, 0.0), seed=5)
+    k = int(t.insert([episode(1, 3)], priorities=[1e-6, 3e-6, 1e4]).first_keys[0])
+    b = t.sample(4000, length=2, boundary="strict")
+    assert dict(zip(b.keys.tolist(), b.probabilities.tolist())) == pytest.approx({k: 0.25, k + 1: 0.75}, rel=1e-9)
+    counts = np.array([(b.keys.numpy() == k).sum(), (b.keys.numpy() == k + 1).sum()])
+    assert chi2(counts, np.array([0.25, 0.75]) * 4000) < chi2_critical(1)
+
+
 def test_uniform_two_level_exact_with_unequal_shards(make_table):
     t = make_table(x_spec(capacity=64, num_shards=2), sampler=Uniform(), seed=5)
     a = t.insert([scalar_episode(1) for _ in range(4)], shard=0)
