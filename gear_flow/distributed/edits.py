@@ -62,7 +62,13 @@ def update_priorities(
     planned with them.  Other handles see the update once that sample (or
     :meth:`flush`, :meth:`checkpoint`, :meth:`close`) has sent it.  Only for weighted samplers without heap
     ties (``Prioritized``, ``Uniform``) and keys this handle has seen
-    issued; otherwise the call waits as with ``wait=True``.
+    issued; otherwise the call waits as with ``wait=True``.  A handle that
+    draws its batches itself from the shards' published state (on the
+    workers' machine, ``distributed.reader-draw``, the default) sends no
+    request per sample: its stored updates go to the owners in the
+    background, at most ``distributed.reader-flush`` seconds later (sooner
+    once many are stored), and a batch drawn before they arrive is drawn
+    with the priorities as they were (:mod:`~gear_flow.distributed.reader_draw`).
 
     A handle's updates reach each worker in the order they were made,
     whichever thread makes them: an update with ``wait=True`` first sends
