@@ -857,9 +857,10 @@ class Shard:
             else:
                 tail = self.tails.get(length)
             mass = valid_mass(total, tail)
-            if mass == 0.0:  # within the cached tails' drift of nothing: the fitting items' own weights say (a
-                # remainder of 4e-6 in 1e4 is not nothing; O(capacity), as the uniform draw when they hold none)
-                mass = float(self.sampler.leaf_weights(self._valid_slots(length, boundary)).sum())
+            if mass == 0.0:  # within the cached tails' drift of nothing: the fitting items' own weights say
+                mass = self.tails.valid_listed(
+                    length, lambda: self.sampler.leaf_weights(self._valid_slots(length, boundary)).sum()
+                )
             return mass
 
     def _tail_mass_exact(self, length: int) -> float:

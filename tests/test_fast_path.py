@@ -721,3 +721,39 @@ def test_a_shards_sample_counts_and_records_are_numpys():
             u, inv = _unique_inverse(slots)
             wu, winv = np.unique(slots, return_inverse=True)
             assert u.tolist() == wu.tolist() and inv.tolist() == winv.tolist() and inv.dtype == np.int64
+
+
+def test_a_listed_valid_mass_is_kept_until_a_slot_changes():
+    """``TailMass.valid_listed`` sums the fitting items once and keeps the sum until a slot's weight changes,
+    the cache is cleared, or the entry is computed again or dropped: a shard asks it on every plan while its
+    cached remainder is within drift of zero, and each sum is O(capacity)."""
+    from gear_flow.tails import TailMass
+
+    calls = []
+
+    def listed(value):
+        def compute():
+            calls.append(value)
+            return value
+
+        return compute
+
+    tm = TailMass(lambda L: 1.0, lambda slots: np.zeros(len(slots), np.int64), max_entries=1, refresh_every=10)
+    tm.get(2)
+    assert tm.valid_listed(2, listed(4e-6)) == 4e-6 and tm.valid_listed(2, listed(9.0)) == 4e-6
+    tm.change(np.array([3]), np.array([1.0]), np.array([2.0]))  # a weight changed: summed again
+    assert tm.valid_listed(2, listed(5e-6)) == 5e-6
+    tm.change(np.zeros(0, np.int64), np.zeros(0), np.zeros(0))  # no slot: kept
+    assert tm.valid_listed(2, listed(9.0)) == 5e-6
+    tm.clear()
+    tm.get(2)
+    assert tm.valid_listed(2, listed(6e-6)) == 6e-6
+    tm.get(3)  # the one entry of 2 dropped for 3: its sum with it
+    tm.get(2)
+    assert tm.valid_listed(2, listed(7e-6)) == 7e-6
+    for _ in range(10):  # the entry's changes reach refresh_every: computed again, summed again
+        tm.change(np.array([1]), np.array([1.0]), np.array([1.0]))
+    tm.valid_listed(2, listed(0.5))
+    tm.get(2)
+    assert tm.valid_listed(2, listed(8e-6)) == 8e-6
+    assert calls == [4e-6, 5e-6, 6e-6, 7e-6, 0.5, 8e-6]
