@@ -438,8 +438,10 @@ class MappedState:
         Returns
         -------
         float or None
-            None while the owner writes (or wrote meanwhile), or when the tail
-            mass of this length is not published.
+            None while the owner writes (or wrote meanwhile), when the tail
+            mass of this length is not published, or when what is left of
+            the total is within the tail mass's drift of zero (the owner
+            sums the fitting items then).
         """
         v = int(self.header[VERSION])
         if v & 1:
@@ -454,7 +456,10 @@ class MappedState:
         tail = self.tail(length)
         if tail is None:
             return None
-        return valid_mass(total, tail)
+        mass = valid_mass(total, tail)
+        # within the published tails' drift of nothing: the owner tells a tiny remainder from none by summing
+        # the fitting items (Shard.valid_mass), so its plans and draws are the ones a seed gives
+        return mass if mass > 0 else None
 
     def regrown(self) -> bool:
         """Whether the owner's episode index grew into new segments since this mapping (map the layout again).
