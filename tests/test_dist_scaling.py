@@ -205,6 +205,23 @@ def test_retiring_a_shard_holder_under_writers_and_samplers_moves_its_shard(data
         t.close()
 
 
+def test_retiring_a_shard_holder_with_an_empty_worker_moves_the_shard_to_a_worker_that_stays():
+    """``retire_workers`` of the worker holding a shard and of a worker holding none (as ``adapt`` retires a
+    fresh worker with a holder): the shard goes to the worker that stays, never to the other one leaving;
+    it went to the empty worker, which then left with it (the shard lost)."""
+    with own_cluster(n=3) as client:
+        ws = sorted(workers_of(client))
+        holder, empty, stays = ws[-1], ws[0], ws[1]
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=100, num_shards=1), workers=[holder])
+        t.insert(tagged(range(10)))
+        assert set(client.retire_workers(workers=[holder, empty])) == {holder, empty}
+        info = t.info()
+        assert t.placement == {0: stays} and not info["lost"] and info["size"] == 10, info
+        assert sorted(client.run(_tags_on, t.name, workers=[stays])[stays][0]) == list(range(10))
+        assert len(t.sample(16)) == 16
+        t.close()
+
+
 def test_a_moved_shard_keeps_its_items_priorities_counters_and_keys():
     """A prioritized table with ``max_times_sampled``: the moved shard's rings, priorities, sum trees,
     episode index, times-sampled counts and stamps are the same on its new worker, and a key issued before

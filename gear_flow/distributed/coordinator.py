@@ -158,8 +158,8 @@ class GearFlowCoordinator(SchedulerPlugin):
             choose.pop("attribute", None)
             addrs = list(sched.workers_to_close(**choose))
         holders = [a for a in addrs if self.moves.held_by(a)]
-        if holders:
-            left, refused = await self.moves.evacuate(holders)
+        if holders:  # every worker of this retirement leaves: none of them may take a leaving holder's shards
+            left, refused = await self.moves.evacuate(addrs)
             for line in refused:
                 sched.log_event("gear-flow", {"action": "retirement-refused", "detail": line})
             addrs = [a for a in addrs if a not in holders or a in left]
