@@ -353,6 +353,18 @@ class Shard:
             return self.store.writing()
         return self.published.writing() if self.published is not None else contextlib.nullcontext()
 
+    def episode_id_end(self) -> int:
+        """One past the largest episode id this shard holds (ids are handed out in order: its newest
+        episode's), 0 when it holds none.
+
+        Returns
+        -------
+        int
+            The id.
+        """
+        idx = self.index
+        return int(idx.get("episode_id", idx.next - 1)) + 1 if idx.next > idx.first else 0
+
     # -- ShardState protocol (for selectors) ----------------------------------
     def live_seq_range(self) -> tuple[int, int]:
         """Half-open range ``[lo, hi)`` of the sequence numbers that may be live.

@@ -393,8 +393,7 @@ class DiskStore:
         h["episodes_until"] = idx.next
         h["size"] = s.size
         h["clock"] = s._clock
-        if idx.next > idx.first:
-            h["episode_id_end"] = max(h["episode_id_end"], int(idx.get("episode_id", idx.next - 1)) + 1)
+        h["episode_id_end"] = max(h["episode_id_end"], s.episode_id_end())
         h["sampler_epoch"] = int(getattr(s.sampler, "epoch", 0))
         h["remover_epoch"] = int(getattr(s.remover, "epoch", 0))
         h["max_priority"] = float(s.max_priority)

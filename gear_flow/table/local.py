@@ -1030,8 +1030,7 @@ class LocalTable(DatasetMethods):
         tmp = ck.temp_dir(final)
         files, pause, nbytes = {}, 0.0, 0
         try:
-            with self._cond:  # table counters consistent with the shards' snapshots
-                state = {"next_episode_id": self._next_episode_id, "stamp": self._stamp, "rr": self._rr}
+            with self._cond:
                 cfg = self.config()
             for s in self.shards:
                 ts = time.perf_counter()
@@ -1040,6 +1039,10 @@ class LocalTable(DatasetMethods):
                 name, digest = ck.write_shard_file(tmp, s.shard_id, arrays)
                 nbytes += sum(a.nbytes for a in arrays.values())
                 files[str(s.shard_id)] = {"file": name, "sha256": digest, "meta": meta}
+            with (
+                self._cond
+            ):  # after the snapshots: inserts go on meanwhile, and ids and stamps they took are past these
+                state = {"next_episode_id": self._next_episode_id, "stamp": self._stamp, "rr": self._rr}
             ck.commit(tmp, final, ck.new_manifest("local", cfg, state, files))
         except BaseException:
             import shutil
@@ -1105,11 +1108,11 @@ class LocalTable(DatasetMethods):
         for s in table.shards:
             ck.restore_shard(s, loaded[s.shard_id], m["files"][str(s.shard_id)]["meta"])
         st = m["state"]
-        table._next_episode_id, table._stamp, table._rr = (
-            st["next_episode_id"],
-            st["stamp"],
-            st["rr"] % len(table.shards),
-        )
+        # past every id and stamp the shards hold too (a checkpoint that read its counters before them: an
+        # earlier version's, written while inserts went on), as open() takes them
+        table._next_episode_id = max([int(st["next_episode_id"])] + [s.episode_id_end() for s in table.shards])
+        table._stamp = max([int(st["stamp"])] + [s._clock for s in table.shards])
+        table._rr = int(st["rr"]) % len(table.shards)
         return table
 
     @classmethod
