@@ -11,7 +11,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from dist_support import kill, own_cluster, tables_here
+from dist_support import kill, own_cluster, tables_here, wait_for
 from helpers import COLUMNS, episode, reconcile
 
 import gear_flow as gf
@@ -267,6 +267,45 @@ def test_kill_while_writers_and_samplers_run_then_restore(cluster3, tmp_path):
     assert rep["lost_items"] == after[1]  # exactly what reached shard 1 after the checkpoint
     info = t.info()
     assert not info["lost"] and info["size"] == info["coordinator_size"]
+
+
+def test_a_distributed_checkpoint_taken_while_a_writer_inserts_restores_the_snapshots_sizes(dist_client, tmp_path):
+    """A writer inserts while the workers snapshot their shards: the restored coordinator counts what the
+    shards hold, so a table of ``max_size`` filled to it removes nothing.  Its sizes were the coordinator's
+    after the snapshots: it counted the writer's later inserts, held more than its shards and evicted early."""
+    M = 20_000
+    spec = gf.TableSpec((gf.ColumnSpec("tag", (), np.int64),), capacity=40_000, num_shards=2, max_size=M)
+    t = DistributedTable.create(dist_client, spec, seed=0)
+    stop = threading.Event()
+    stored = []
+
+    def write():
+        h = DistributedTable.attach(t.name, dist_client)
+        i = 0
+        while not stop.is_set():
+            h.insert([{"tag": np.arange(i, i + 20)}, {"tag": np.arange(i + 20, i + 40)}])
+            i += 40
+            stored.append(40)
+
+    th = threading.Thread(target=write)
+    th.start()
+    try:
+        wait_for(lambda: sum(stored) >= 2000, "the writer under way")
+        t.checkpoint(tmp_path / "ck")
+    finally:
+        stop.set()
+        th.join()
+    r = DistributedTable.restore(dist_client, tmp_path / "ck", name="restored")
+    try:
+        info = r.info()
+        assert info["coordinator_size"] == info["size"] > 0, info
+        room = M - info["size"]
+        r.insert([{"tag": np.arange(room)}])  # exactly up to max_size
+        info = r.info()
+        assert info["size"] == info["coordinator_size"] == M and info["totals"]["removed"] == 0, info
+    finally:
+        r.close()
+        t.close()
 
 
 @pytest.mark.parametrize("damage", ["flip", "missing-shard"])

@@ -45,8 +45,9 @@ def checkpoint(table: DistributedTable, path: str | os.PathLike[str]) -> dict:
 
     Each worker snapshots its shards under their locks (the only pause: a
     memory copy) and writes them while sampling and inserting continue;
-    the coordinator's counters are recorded after the snapshots so that
-    restored tables never reuse episode ids.  The directory appears only
+    the coordinator's episode id and stamp counters are recorded after the
+    snapshots so that restored tables never reuse them, and the sizes are
+    the snapshots' own (inserts go on meanwhile).  The directory appears only
     once complete (written to a temporary sibling, then renamed); on
     failure nothing is left behind.  Lost shards are not in it.
 
@@ -125,9 +126,12 @@ async def checkpoint_async(table: DistributedTable, path: str | os.PathLike[str]
         files = {str(s): e for r in res.values() for s, e in r.items()}
         st = await table._link.coordinator.lookup()
         cfg = {**table._config, "rate_limiter": st["rate_limiter_config"]}
-        state = {k: st[k] for k in ("size", "shard_size", "shard_inserted", "next_episode_id", "next_stamp")}
-        state["shard_size"] = {str(k): v for k, v in state["shard_size"].items() if int(k) not in table.lost}
-        state["shard_inserted"] = {str(k): v for k, v in state["shard_inserted"].items()}
+        state = {k: st[k] for k in ("next_episode_id", "next_stamp")}  # past every id and stamp snapshotted
+        # what each snapshot holds and had received, not the coordinator's counts now (inserts went on meanwhile:
+        # a restored coordinator counting them held more than its shards, and evicted to max_size too early)
+        state["shard_size"] = {s: int(e["meta"]["size"]) for s, e in files.items()}
+        state["shard_inserted"] = {str(k): v for k, v in st["shard_inserted"].items()}
+        state["shard_inserted"].update((s, int(e["meta"]["counters"]["inserted"])) for s, e in files.items())
         state["size"] = sum(state["shard_size"].values())
         ck.commit(tmp, final, ck.new_manifest("distributed", cfg, state, files))
     except BaseException:
