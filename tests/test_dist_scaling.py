@@ -222,6 +222,26 @@ def test_retiring_a_shard_holder_with_an_empty_worker_moves_the_shard_to_a_worke
         t.close()
 
 
+@pytest.mark.parametrize("edit", ["update", "delete"])
+def test_an_edit_from_a_handle_that_has_not_seen_its_keys_follows_a_shard_moved_meanwhile(edit):
+    """Keys on two workers, edited (waited) by a handle that has not seen them issued, right after another
+    handle moved one of their shards: the keys are checked and applied where the shard is now.  The moved
+    worker's keys were sent back to it with the placement learnt since, and it refused them as not its
+    shard's (SpecError)."""
+    with own_cluster(n=3) as client:
+        ws = sorted(workers_of(client))
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=100, num_shards=2), sampler=gf.Prioritized(), workers=ws[:2])  # fmt: skip
+        r = t.insert([{"tag": np.arange(5)}, {"tag": np.arange(5, 10)}])
+        keys = np.concatenate([fk + np.arange(5) for fk in r.first_keys])  # 5 keys on each shard
+        assert sorted(r.shards.tolist()) == [0, 1]
+        h = DistributedTable.attach(t.name, client)
+        t.move_shards([0], ws[2])
+        res = h.delete(keys) if edit == "delete" else h.update_priorities(keys, np.full(len(keys), 2.0))
+        assert (res.applied, res.stale) == (10, 0)
+        assert t.info()["size"] == (0 if edit == "delete" else 10)
+        t.close()
+
+
 def test_a_moved_shard_keeps_its_items_priorities_counters_and_keys():
     """A prioritized table with ``max_times_sampled``: the moved shard's rings, priorities, sum trees,
     episode index, times-sampled counts and stamps are the same on its new worker, and a key issued before

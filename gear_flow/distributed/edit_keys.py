@@ -127,7 +127,7 @@ def grouped_update(table: DistributedTable, keys: ArrayLike, priorities: ArrayLi
 
 class CheckKeys(NamedTuple):
     """Check an edit's keys on every worker of ``by`` before any applies it (:func:`checked`); answered with
-    ``(by, keys on lost shards)``.
+    ``(by, keys on lost shards, the moved workers' refusals)``.
 
     Parameters
     ----------
@@ -197,10 +197,11 @@ def update_steps(
         Yields the requests; returns the :class:`~gear_flow.table.results.UpdateResult`
         (``applied`` items updated, ``stale`` keys ignored).
     """
+    moved = []
     if len(by) > 1 and not table._issued.covers(k):
         # unknown keys anywhere must stop the whole call before any worker applies it (skipped when
         # every key is one this handle has seen issued: then no worker can find it unknown)
-        by, lost = yield CheckKeys(by)
+        by, lost, moved = yield CheckKeys(by)
         on_lost += lost
     stamps = None
     if heap_ties(table) and len(k):  # heap ties across shards follow the table-wide insert/update clock
@@ -213,7 +214,7 @@ def update_steps(
     except BaseException:
         table._masses.clear()
         raise
-    again = moved_keys(table, idx, errors, attempt)
+    again = moved_keys(table, idx, errors + moved, attempt)
     done = updated_all(table, np.delete(k, again), res, plans, on_lost)
     if not len(again):
         return done
@@ -378,7 +379,7 @@ def updated_all(table: DistributedTable, k: np.ndarray, res: dict, plans: list, 
     return UpdateResult(len(k) - stale, stale)
 
 
-async def checked(table: DistributedTable, by: dict) -> tuple[dict, int]:
+async def checked(table: DistributedTable, by: dict) -> tuple[dict, int, list]:
     """``check_keys`` on every worker of ``by``: an unknown key anywhere raises before any worker applies
     the edit.
 
@@ -391,16 +392,17 @@ async def checked(table: DistributedTable, by: dict) -> tuple[dict, int]:
 
     Returns
     -------
-    tuple of (dict, int)
-        ``by`` less the workers lost meanwhile (a degraded table), and the
-        number of keys they held (stale, as those of shards already lost).
+    tuple of (dict, int, list)
+        ``by`` less the workers lost meanwhile (a degraded table) and those whose shards moved; the number
+        of keys the lost ones held (stale, as those of shards already lost); and the moved ones'
+        :class:`~.transport.Moved` refusals (their keys go where the shards are now, :func:`moved_keys`:
+        sent to the old worker with the placement learnt since, they were refused as not its shards).
     """
     res, errors = await table._link.on_workers(
         {a: ("check_keys", dict(name=table.name, seqs_by_shard=s)) for a, s in by.items()}, partial=True
     )
     lost = lost_keys(by, res, errors)
-    moved = Moved.among(errors)  # the call itself finds them moved
-    return {a: s for a, s in by.items() if a in res or a in moved}, lost
+    return {a: s for a, s in by.items() if a in res}, lost, [e for e in errors if isinstance(e, Moved)]
 
 
 def lost_keys(by: dict, res: dict, errors: list) -> int:

@@ -215,8 +215,9 @@ async def delete_async(table: DistributedTable, keys: ArrayLike) -> UpdateResult
 async def _delete_grouped(
     table: DistributedTable, k: np.ndarray, by: dict, idx: dict, on_lost: int, attempt: int = 0
 ) -> UpdateResult:
+    moved = []
     if len(by) > 1:
-        by, lost = await checked(table, by)
+        by, lost, moved = await checked(table, by)
         on_lost += lost
     res, errors = await table._link.on_workers(
         {a: ("delete", dict(name=table.name, seqs_by_shard=s)) for a, s in by.items()}, partial=True
@@ -226,7 +227,7 @@ async def _delete_grouped(
     if d:  # what the workers that answered removed, even when another was lost: the sizes stay agreed
         await table._link.coordinator.removed(d, per)
     st = sum(r[1] for r in res.values()) + on_lost + lost_keys(by, res, errors)
-    again = moved_keys(table, idx, errors, attempt)
+    again = moved_keys(table, idx, errors + moved, attempt)
     if not len(again):
         return UpdateResult(d, st)
     more = await _delete_grouped(table, *group(table, k[again]), attempt + 1)  # where those shards are now
