@@ -242,6 +242,38 @@ def test_an_edit_from_a_handle_that_has_not_seen_its_keys_follows_a_shard_moved_
         t.close()
 
 
+def test_fresh_handles_sample_a_table_whose_shard_keeps_moving():
+    """A ``max_times_sampled`` table (its samples ask the owners) whose shard moves every 0.05 s, sampled by 100
+    fresh handles: each first sample probes the workers' layouts, and a probe refused by a worker that is
+    moving the shard is asked again next time, the sample redone as placed now.  The refusal reached the
+    caller (ShardMovedError, 13 samples in 200)."""
+    with own_cluster(n=3) as client:
+        ws = sorted(workers_of(client))
+        spec = gf.TableSpec(TAG, capacity=10_000, num_shards=2)
+        t = DistributedTable.create(client, spec, workers=ws[:2], max_times_sampled=3)
+        t.insert([{"tag": np.arange(1000)} for _ in range(8)])
+        stop, moves = threading.Event(), []
+
+        def move():
+            m = DistributedTable.attach(t.name, client)
+            while not stop.is_set():
+                m.move_shards([0], next(w for w in ws if w not in m.placement.values()))
+                moves.append(1)
+                stop.wait(0.05)  # (the pace of the moves, not a barrier)
+
+        th = threading.Thread(target=move)
+        th.start()
+        try:
+            for _ in range(100):
+                h = DistributedTable.attach(t.name, client)
+                assert len(h.sample(4)) == 4
+        finally:
+            stop.set()
+            th.join(60)
+        assert len(moves) > 5
+        t.close()
+
+
 def test_a_moved_shard_keeps_its_items_priorities_counters_and_keys():
     """A prioritized table with ``max_times_sampled``: the moved shard's rings, priorities, sum trees,
     episode index, times-sampled counts and stamps are the same on its new worker, and a key issued before

@@ -1515,8 +1515,8 @@ class TableLink:
 
             try:
                 lay = await call(ctx, addr, "shared_layout", table=self.name, name=self.name)
-            except WorkerLost:  # only a probe: the request that follows finds (and reports) the loss
-                return None
+            except (WorkerLost, ShardMovedError):  # only a probe, asked again next time: the request that
+                return None  # follows finds (and reports) the loss, or is refused as planned before a move and redone
             if (
                 lay["machine"] != machine_id()
                 and lay["shards"]
@@ -1536,7 +1536,7 @@ class TableLink:
         if got is None and not local and tcp:
             try:  # not mapped here: its draws (windows included) and control requests over its TCP lane
                 lane = await call(ctx, addr, "lane", table=self.name, name=self.name)
-            except WorkerLost:
+            except (WorkerLost, ShardMovedError):
                 return None
             except GearFlowError as e:  # e.g. a worker of an older gear_flow: the comm
                 logger.info("table %r: no TCP lane to %s (%s); using the comm", self.name, addr, e)
