@@ -274,6 +274,49 @@ def test_fresh_handles_sample_a_table_whose_shard_keeps_moving():
         t.close()
 
 
+def test_deletes_racing_scale_downs_apply_every_key_of_a_live_item():
+    """One-step items deleted one key at a time, each once, while the cluster scales down (its worker's shard
+    moved first, then the worker gone) and up again, over the comm: every delete applies.  A delete sent to a
+    worker that had handed its shards over and closed was counted stale, its item left live (3 in 30,000
+    over 16 scale-downs)."""
+    with own_cluster({**plane("comm")}, n=3) as client:
+        cluster = client.cluster
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=20_000, num_shards=3))
+        keys = t.insert(tagged(range(15_000))).first_keys.tolist()
+        stop, bad, done = threading.Event(), [], []
+
+        def delete():
+            h = DistributedTable.attach(t.name, client)
+            for k in keys:
+                if stop.is_set():
+                    return
+                res = h.delete([k])
+                done.append(1)
+                if (res.applied, res.stale) != (1, 0):
+                    bad.append((k, res))
+
+        th = threading.Thread(target=delete)
+        th.start()
+        try:
+            for _ in range(6):
+                mark = len(done)
+                wait_for(lambda: len(done) >= mark + 300, "deletes before the scale-down")  # noqa: B023
+                cluster.scale(2)  # SpecCluster: retire_workers, the shard moved first
+                wait_for(lambda: len(client.scheduler_info()["workers"]) == 2, "the scale-down")
+                mark = len(done)
+                wait_for(lambda: len(done) >= mark + 300, "deletes after it")  # noqa: B023
+                cluster.scale(3)
+                client.wait_for_workers(3, timeout=60)
+                t.rebalance()
+        finally:
+            stop.set()
+            th.join(120)
+        assert not bad, bad[:5]
+        info = t.info()
+        assert not info["lost"] and info["size"] == len(keys) - len(done), info
+        t.close()
+
+
 def test_a_moved_shard_keeps_its_items_priorities_counters_and_keys():
     """A prioritized table with ``max_times_sampled``: the moved shard's rings, priorities, sum trees,
     episode index, times-sampled counts and stamps are the same on its new worker, and a key issued before

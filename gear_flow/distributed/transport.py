@@ -1647,8 +1647,8 @@ class TableLink:
                 detail = f"worker {now.shards[s]} unreachable"
                 self.view.mark_lost(s, (await self.coordinator.mark_lost(s, detail))[s])
         await self.refresh()
-        if not shards:  # those workers hold none of the table's shards any more (moved): redone as placed now
-            raise Retry(f"shards moved off {sorted(addrs)}")
+        if not shards:  # those workers hold none of the table's shards any more (moved): redone as placed now,
+            raise Moved(addrs)  # nothing of it lost (an edit's keys sent again, not counted stale)
         if not self.view.degraded:
             raise ShardLostError(
                 shards[0],
