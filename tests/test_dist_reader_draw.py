@@ -43,6 +43,20 @@ def check_rows(b, L):
         assert not obs[r, ~mask[r]].any()
 
 
+def same_batches(t, owners, seeds: int, B: int, L: int) -> list:
+    """One seed, one batch: each seed's strict batch of the handle drawing itself and of ``owners``, row for
+    row in order (every field and the ``x`` column); returns the handle's batches."""
+    out = []
+    for step in range(seeds):
+        a = t.sample(B, L, boundary="strict", rng=np.random.default_rng(step))
+        b = owners.sample(B, L, boundary="strict", rng=np.random.default_rng(step))
+        for f in ("keys", "probabilities", "mask", "timesteps", "episode_ids"):
+            assert np.array_equal(getattr(a, f).numpy(), getattr(b, f).numpy()), (step, f)
+        assert np.array_equal(a["x"].numpy(), b["x"].numpy()), step
+        out.append(a)
+    return out
+
+
 def fill(t, cat, tags):
     per = np.arange(1.0, K + 1) if t.spec.item_unit == "step" else np.array([2.0])
     return cat.insert(t, [(tag, K) for tag in tags], priorities=[per] * len(tags))
@@ -241,12 +255,7 @@ def test_a_part_left_to_its_owner_is_drawn_with_the_seed_from_the_start(dist_cli
             t.insert(eps + [{"x": np.full(1, -1.0, np.float32)}] * 30, priorities=1.0, shard=s)
         t.sample(8, 5, boundary="strict")  # the owners publish this length's tail mass
         left = t.stats["reader_fallbacks"]
-        for step in range(10):
-            a = t.sample(6, 5, boundary="strict", rng=np.random.default_rng(step))
-            b = owners.sample(6, 5, boundary="strict", rng=np.random.default_rng(step))
-            for f in ("keys", "probabilities", "mask", "timesteps", "episode_ids"):
-                assert np.array_equal(getattr(a, f).numpy(), getattr(b, f).numpy()), (step, f)
-            assert np.array_equal(a["x"].numpy(), b["x"].numpy()), step
+        for a in same_batches(t, owners, 10, 6, 5):
             assert (a["x"].numpy() >= 0).all()  # every window fits: one episode's 5 steps
         assert t.stats["reader_fallbacks"] > left and t.stats["reader_draws"] > 0, t.stats  # both paths ran
     finally:
@@ -267,12 +276,7 @@ def test_a_shard_whose_strict_windows_hold_a_billionth_of_its_weight_is_planned_
         t.insert({"x": np.arange(3, dtype=np.float32)}, priorities=[1e-6, 3e-6, 1e4], shard=0)
         t.insert([{"x": 10 + np.arange(4, dtype=np.float32)}] * 4, priorities=1e-6, shard=1)
         t.sample(8, 2, boundary="strict")  # the owners publish this length's tail mass
-        for step in range(8):
-            a = t.sample(64, 2, boundary="strict", rng=np.random.default_rng(step))
-            b = owners.sample(64, 2, boundary="strict", rng=np.random.default_rng(step))
-            for f in ("keys", "probabilities", "mask", "timesteps", "episode_ids"):
-                assert np.array_equal(getattr(a, f).numpy(), getattr(b, f).numpy()), (step, f)
-            assert np.array_equal(a["x"].numpy(), b["x"].numpy()), step
+        same_batches(t, owners, 8, 64, 2)
         assert t.stats["reader_draws"] > 0, t.stats  # shard 1's parts drawn from its published state
     finally:
         t.close()

@@ -1515,8 +1515,10 @@ class TableLink:
 
             try:
                 lay = await call(ctx, addr, "shared_layout", table=self.name, name=self.name)
-            except (WorkerLost, ShardMovedError):  # only a probe, asked again next time: the request that
-                return None  # follows finds (and reports) the loss, or is refused as planned before a move and redone
+            # only a probe, asked again next time: the request that follows finds (and reports) the loss, or is
+            # refused as planned before a move and redone as placed now
+            except (WorkerLost, ShardMovedError):
+                return None
             if (
                 lay["machine"] != machine_id()
                 and lay["shards"]
@@ -1647,8 +1649,10 @@ class TableLink:
                 detail = f"worker {now.shards[s]} unreachable"
                 self.view.mark_lost(s, (await self.coordinator.mark_lost(s, detail))[s])
         await self.refresh()
-        if not shards:  # those workers hold none of the table's shards any more (moved): redone as placed now,
-            raise Moved(addrs)  # nothing of it lost (an edit's keys sent again, not counted stale)
+        # those workers hold none of the table's shards any more: moved, redone as placed now and nothing of it
+        # lost (an edit's keys are sent again, not counted stale)
+        if not shards:
+            raise Moved(addrs)
         if not self.view.degraded:
             raise ShardLostError(
                 shards[0],

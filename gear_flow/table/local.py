@@ -1039,9 +1039,8 @@ class LocalTable(DatasetMethods):
                 name, digest = ck.write_shard_file(tmp, s.shard_id, arrays)
                 nbytes += sum(a.nbytes for a in arrays.values())
                 files[str(s.shard_id)] = {"file": name, "sha256": digest, "meta": meta}
-            with (
-                self._cond
-            ):  # after the snapshots: inserts go on meanwhile, and ids and stamps they took are past these
+            # after the snapshots: inserts go on meanwhile, and the ids and stamps they took are past these
+            with self._cond:
                 state = {"next_episode_id": self._next_episode_id, "stamp": self._stamp, "rr": self._rr}
             ck.commit(tmp, final, ck.new_manifest("local", cfg, state, files))
         except BaseException:
