@@ -43,6 +43,29 @@ def test_n_step_items_are_exactly_the_created_ones_across_chunks():
     assert [n for _, n in w.chunks] == [8, 8, 8, 8, 6]  # 2 rows shared by consecutive chunks
 
 
+def test_an_item_created_on_the_rows_kept_by_a_flush_goes_in_with_them():
+    """After an explicit ``flush`` the writer keeps ``overlap`` rows: an item created on them is inserted
+    with them when the episode ends (it was lost: nothing was pending), and one reaching before them is
+    refused (it marked the wrong step: the index wrapped round to the last row)."""
+    spec = gf.TableSpec((gf.ColumnSpec("t", (), np.int64),), capacity=256)
+    table = gf.LocalTable(spec, sampler=gf.Prioritized(alpha=1.0), seed=0)
+    w = gf.TrajectoryWriter(table, chunk_length=16, overlap=2, items="created")
+    for t in range(10):
+        w.append({"t": t})
+        if t == 5:
+            w.create_item(2, priority=1.0)  # window 4, 5
+    w.flush()  # rows 0..9 inserted with the item at 4; rows 8, 9 kept
+    with pytest.raises(gf.SpecError, match="create the item before flushing"):
+        w.create_item(3, priority=1.0)  # window 7..9: step 7 went with the chunk
+    w.create_item(2, priority=1.0)  # window 8, 9
+    w.end_episode()
+    b = table.sample(500, 2, boundary="strict")
+    assert sorted(set(b["t"].numpy()[:, 0].tolist())) == [4, 8]
+    assert [n for _, n in w.chunks] == [10, 2]
+    with pytest.raises(gf.InvalidDataError, match="priority must be a number"):
+        gf.TrajectoryWriter(table, chunk_length=4, overlap=1).append({"t": 0}, priority="a")
+
+
 def test_sequences_every_period_steps():
     table = gf.LocalTable(gf.TableSpec(COLS, capacity=512), sampler=gf.Prioritized(alpha=1.0), seed=1)
     w = gf.TrajectoryWriter(table, chunk_length=12, overlap=7, items="created")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import InvalidPriorityError, SpecError, TableClosedError
+from ..errors import InvalidDataError, InvalidPriorityError, SpecError, TableClosedError
 from .buffer import BufferedWriter, StepBuffer, check_step
 
 if TYPE_CHECKING:
@@ -147,7 +147,9 @@ class TrajectoryWriter(BufferedWriter):
             Every column, one step's value.
         priority : float, optional
             With ``items="steps"``: this step's item priority (default: the
-            table's, as for an insert without priorities).  Not allowed with
+            table's, as for an insert without priorities, when no step of its
+            chunk has one; else the largest given in the chunk, as one insert
+            takes one priority per item or none).  Not allowed with
             ``items="created"`` (use :meth:`create_item`).
 
         Returns
@@ -163,7 +165,10 @@ class TrajectoryWriter(BufferedWriter):
             raise SpecError("with items='created' priorities are given to create_item, not append")
         vals = check_step(self.spec, step)
         if priority is not None:
-            p = float(priority)
+            try:
+                p = float(priority)
+            except (TypeError, ValueError):
+                raise InvalidDataError(f"priority must be a number, got {priority!r}") from None
             if not np.isfinite(p) or p < 0:
                 raise InvalidPriorityError(self._rows.n, p)
         if self._rows.n >= self.chunk_length:
@@ -178,7 +183,9 @@ class TrajectoryWriter(BufferedWriter):
         Parameters
         ----------
         length : int
-            ``1 <= length <= overlap + 1`` and at most :attr:`episode_steps`.
+            ``1 <= length <= overlap + 1`` and at most :attr:`episode_steps`;
+            right after a :meth:`flush`, at most the ``overlap`` rows it kept
+            (the item's first steps went with that chunk: create it before).
         priority : float
             Its priority, ``> 0`` (0 would make it unsampleable).
 
@@ -192,7 +199,15 @@ class TrajectoryWriter(BufferedWriter):
             raise SpecError(f"item length ({length!r}) must be an integer in [1, overlap + 1 = {self.overlap + 1}]")
         if length > self._steps:
             raise SpecError(f"item length {length} exceeds the {self._steps} steps of the current episode")
-        p = float(priority)
+        if length > len(self._prio):  # its first steps went with the last chunk, and only overlap rows were kept
+            raise SpecError(
+                f"item length {length} reaches before the {len(self._prio)} rows kept since the last flush: "
+                "create the item before flushing"
+            )
+        try:
+            p = float(priority)
+        except (TypeError, ValueError):
+            raise SpecError(f"item priority ({priority!r}) must be a finite number > 0") from None
         if not np.isfinite(p) or p <= 0:
             raise SpecError(f"item priority ({priority!r}) must be a finite number > 0")
         self._prio[len(self._prio) - length] = p
@@ -234,7 +249,8 @@ class TrajectoryWriter(BufferedWriter):
         -------
         None
         """
-        if self.pending > 0:
+        # an item created on the rows kept since the last chunk goes in with them: they are its chunk
+        if self.pending > 0 or (self.items == "created" and any(p > 0 for p in self._prio)):
             self._insert(self._rows.n)
         self._rows.clear()
         self._prio, self._head, self._steps = [], 0, 0
