@@ -72,6 +72,27 @@ def test_ingest_export_ingest_gives_an_identical_table(tmp_path, dataset, fmt):
     assert_same(contents(table), contents(again))
 
 
+def test_exports_that_re_ingesting_would_not_rebuild_are_refused(tmp_path):
+    """D4RL marks episodes only by ``done`` and ``truncated``: an episode ending on a step flagged neither, or
+    flagged before its last step, is refused (it was merged with the next on re-ingest, the report saying
+    ok).  Parquet writes a vector column ``x`` as ``x_0``, ``x_1``, ...: a table with a column named like one
+    of them is refused (its values were read back into the other)."""
+    table = gf.LocalTable(_spec())
+    ep = {n: np.zeros((5, *table.spec.column(n).shape), table.spec.column(n).dtype) for n in table.spec.names}
+    table.insert([ep, {**ep, "done": np.arange(5) == 4}])
+    with pytest.raises(gf.SpecError, match="ends on a step flagged neither"):
+        export(table, tmp_path / "a.hdf5", "d4rl")
+    flagged = gf.LocalTable(_spec())
+    flagged.insert([{**ep, "done": np.arange(5) >= 2}])
+    with pytest.raises(gf.SpecError, match="before its last step"):
+        export(flagged, tmp_path / "b.hdf5", "d4rl")
+    cols = (gf.ColumnSpec("obs__x", (2,), np.float32), gf.ColumnSpec("obs__x_0", (), np.float32))
+    names = {c.name for c in table.spec.columns if not c.name.startswith("obs") and not c.name.startswith("next_obs")}
+    spec = gf.TableSpec(cols + tuple(c for c in table.spec.columns if c.name in names), capacity=100)
+    with pytest.raises(gf.SpecError, match="'obs__x' and 'obs__x_0'"):
+        export(gf.LocalTable(spec), tmp_path / "c", "parquet")
+
+
 def test_minari_loads_the_exported_dataset(tmp_path, dataset, monkeypatch):
     minari = pytest.importorskip("minari")
     table = gf.LocalTable(_spec())

@@ -72,7 +72,8 @@ def check_exportable(spec: TableSpec, fmt: str) -> None:
     ------
     SpecError
         A needed column is missing, D4RL with a Dict observation, or Parquet
-        with observations of more than one dimension.
+        with observations of more than one dimension or a column whose name
+        is another's flattened one (``x`` and ``x_0``).
     """
     names = spec.names
     missing = [n for n in EXPORTED if n not in names] + ([] if obs_columns(names) else ["obs"])
@@ -85,6 +86,15 @@ def check_exportable(spec: TableSpec, fmt: str) -> None:
     for n in obs_columns(names) + obs_columns(names, "next_obs"):
         if fmt == "parquet" and len(spec.column(n).shape) > 1:
             raise SpecError(f"column {n!r} has shape {spec.column(n).shape}: Parquet export writes 1-D observations")
+    if fmt == "parquet":  # a vector column c is written as c_0, c_1, ...: a column named so would be read as part of it
+        flat = [n for n in names if n not in ("rtg", "timestep")]
+        for a in flat:
+            for b in flat:
+                if b.startswith(a + "_") and b[len(a) + 1 :].isdigit():
+                    raise SpecError(
+                        f"columns {a!r} and {b!r}: Parquet export writes a vector column {a!r} as {a}_0, {a}_1, ..., "
+                        f"and {b!r} would be read back as one of them; rename one"
+                    )
 
 
 def _sums(cols: dict[str, list]) -> dict[str, float]:
@@ -195,6 +205,15 @@ def write_d4rl(out: Path, part: int, episodes: list[tuple[int, dict[str, np.ndar
     """
     import h5py
 
+    for k, ep in episodes:  # D4RL's episodes end where terminals or timeouts say, and nowhere else
+        ends = np.asarray(ep["done"], bool).reshape(len(ep["reward"]), -1).any(1)
+        ends |= np.asarray(ep["truncated"], bool).reshape(len(ep["reward"]), -1).any(1)
+        if not ends[-1] or ends[:-1].any():
+            why = "has done or truncated before its last step" if ends[-1] else "ends on a step flagged neither"
+            raise SpecError(
+                f"episode {k} of the export {why}: D4RL files mark episodes only by done and truncated, so "
+                "re-ingesting it would not rebuild it; set them, or export to minari or parquet"
+            )
     (out / "parts").mkdir(exist_ok=True)
     path = out / "parts" / f"part-{part:05d}.hdf5"
     keep = [n for n in D4RL_KEYS if n in names]
