@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -101,6 +101,18 @@ def _sums(cols: dict[str, list]) -> dict[str, float]:
     return {n: math.fsum(float(np.sum(a, dtype=np.float64)) for a in arrs) for n, arrs in cols.items()}
 
 
+def _episode_sums(read: Callable[[str], np.ndarray], lengths: Sequence[int], keep: Sequence[str]) -> dict[str, float]:
+    """Per column, what was read back summed as the table side sums it (:func:`_sums`' rule): each episode's
+    rows by ``np.sum`` (whose rounding depends on how the rows are grouped), the episodes by ``math.fsum``;
+    ``read(column)`` gives the column's rows, ``[steps, *shape]``, episodes back to back."""
+    bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    out = {}
+    for n in keep:
+        a = np.ascontiguousarray(read(n))
+        out[n] = math.fsum(float(np.sum(a[bounds[i] : bounds[i + 1]], dtype=np.float64)) for i in range(len(lengths)))
+    return out
+
+
 # -- parquet -------------------------------------------------------------------------------------
 
 
@@ -147,11 +159,15 @@ def write_parquet(
     path = out / f"part-{part:05d}.parquet"
     pq.write_table(table, path)
     back = pq.read_table(path)
-    sums = {}
-    for n in keep:
+
+    def read(n):  # a vector column's sub-columns side by side again, [steps, d], as the table held it
         c = rename.get(n, n)
         sub = [x for x in back.column_names if x == c or (x.startswith(c + "_") and x[len(c) + 1 :].isdigit())]
-        sums[n] = math.fsum(float(np.sum(back.column(x).to_numpy(), dtype=np.float64)) for x in sub)
+        if sub == [c]:
+            return back.column(c).to_numpy()
+        return np.stack([back.column(x).to_numpy() for x in sorted(sub, key=lambda x: int(x[len(c) + 1 :]))], 1)
+
+    sums = _episode_sums(read, [len(ep["reward"]) for _, ep in episodes], keep)
     return {"file": path.name, "rows": back.num_rows, "sums": sums}
 
 
@@ -221,7 +237,7 @@ def write_d4rl(out: Path, part: int, episodes: list[tuple[int, dict[str, np.ndar
         for n in keep:
             f.create_dataset(D4RL_KEYS[n], data=np.concatenate([ep[n] for _, ep in episodes]))
     with h5py.File(path, "r") as f:
-        sums = {n: float(np.sum(f[D4RL_KEYS[n]][()], dtype=np.float64)) for n in keep}
+        sums = _episode_sums(lambda n: f[D4RL_KEYS[n]][()], [len(ep["reward"]) for _, ep in episodes], keep)
         rows = f[D4RL_KEYS["reward"]].shape[0]
     spans, off = [], 0
     for k, ep in episodes:
