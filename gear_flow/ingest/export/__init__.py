@@ -17,7 +17,6 @@ what was read back from the written files (exactly: ``math.fsum``).
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -28,7 +27,7 @@ import numpy as np
 
 from ...errors import SpecError
 from ..shards import read_episodes, run_on_shards
-from .writers import WRITERS, check_exportable
+from .writers import WRITERS, check_exportable, checksums
 
 if TYPE_CHECKING:
     import dask.dataframe
@@ -113,7 +112,7 @@ def _write(shards: dict, fmt: str, out: str, part: int, order: dict, names) -> d
     if not eps:
         return {"file": None, "sums": {}, "table_sums": {}}
     info = WRITERS[fmt][0](Path(out), part, eps, names)
-    info["table_sums"] = {n: math.fsum(float(np.sum(ep[n], dtype=np.float64)) for _, ep in eps) for n in info["sums"]}
+    info["table_sums"] = checksums({n: [ep[n] for _, ep in eps] for n in info["sums"]})
     return info
 
 

@@ -97,20 +97,30 @@ def check_exportable(spec: TableSpec, fmt: str) -> None:
                     )
 
 
-def _sums(cols: dict[str, list]) -> dict[str, float]:
+def checksums(cols: dict[str, list]) -> dict[str, float]:
+    """An export's checksum of each column, on the table's side and the written side alike: each episode's
+    array by ``np.sum`` (whose rounding depends on how the rows are grouped: both sides group them so), the
+    episodes by ``math.fsum``.
+
+    Parameters
+    ----------
+    cols : dict of str to list of numpy.ndarray
+        Per column, its episodes' arrays ``[steps, *shape]``.
+
+    Returns
+    -------
+    dict of str to float
+        Per column, the checksum.
+    """
     return {n: math.fsum(float(np.sum(a, dtype=np.float64)) for a in arrs) for n, arrs in cols.items()}
 
 
-def _episode_sums(read: Callable[[str], np.ndarray], lengths: Sequence[int], keep: Sequence[str]) -> dict[str, float]:
-    """Per column, what was read back summed as the table side sums it (:func:`_sums`' rule): each episode's
-    rows by ``np.sum`` (whose rounding depends on how the rows are grouped), the episodes by ``math.fsum``;
-    ``read(column)`` gives the column's rows, ``[steps, *shape]``, episodes back to back."""
+def _read_checksums(read: Callable[[str], np.ndarray], lengths: Sequence[int], keep: Sequence[str]) -> dict[str, float]:
+    """:func:`checksums` of what was read back: ``read(column)`` gives the column's rows, ``[steps, *shape]``,
+    episodes of ``lengths`` back to back."""
     bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    out = {}
-    for n in keep:
-        a = np.ascontiguousarray(read(n))
-        out[n] = math.fsum(float(np.sum(a[bounds[i] : bounds[i + 1]], dtype=np.float64)) for i in range(len(lengths)))
-    return out
+    rows = {n: np.ascontiguousarray(read(n)) for n in keep}
+    return checksums({n: [a[bounds[i] : bounds[i + 1]] for i in range(len(lengths))] for n, a in rows.items()})
 
 
 # -- parquet -------------------------------------------------------------------------------------
@@ -167,7 +177,7 @@ def write_parquet(
             return back.column(c).to_numpy()
         return np.stack([back.column(x).to_numpy() for x in sorted(sub, key=lambda x: int(x[len(c) + 1 :]))], 1)
 
-    sums = _episode_sums(read, [len(ep["reward"]) for _, ep in episodes], keep)
+    sums = _read_checksums(read, [len(ep["reward"]) for _, ep in episodes], keep)
     return {"file": path.name, "rows": back.num_rows, "sums": sums}
 
 
@@ -237,7 +247,7 @@ def write_d4rl(out: Path, part: int, episodes: list[tuple[int, dict[str, np.ndar
         for n in keep:
             f.create_dataset(D4RL_KEYS[n], data=np.concatenate([ep[n] for _, ep in episodes]))
     with h5py.File(path, "r") as f:
-        sums = _episode_sums(lambda n: f[D4RL_KEYS[n]][()], [len(ep["reward"]) for _, ep in episodes], keep)
+        sums = _read_checksums(lambda n: f[D4RL_KEYS[n]][()], [len(ep["reward"]) for _, ep in episodes], keep)
         rows = f[D4RL_KEYS["reward"]].shape[0]
     spans, off = [], 0
     for k, ep in episodes:
@@ -365,7 +375,7 @@ def write_minari(out: Path, part: int, episodes: list[tuple[int, dict[str, np.nd
     return {
         "file": f"parts/{path.name}",
         "episodes": [(k, len(ep["reward"])) for k, ep in episodes],
-        "sums": _sums(sums),
+        "sums": checksums(sums),
         "leaves": leaves,
         "action": (
             act[0].shape[1:],
