@@ -44,12 +44,13 @@ from .base import HostTier, register_tier
 PREFIX = "gf_"
 #: where this machine's segments live (and the fast lanes' socket directories: :func:`private_dir`)
 SHM_DIR = "/dev/shm"
-#: readers map segments with their page tables filled at once (Linux ``MAP_POPULATE``; now by
-#: :data:`MADV_POPULATE_READ` after asking for huge pages, these flags where the kernel lacks it): otherwise the
-#: first batches pay a page fault per 4 KB of every window they copy, until the whole ring has been touched once
+#: a reader's mapping flags where the kernel lacks :data:`MADV_POPULATE_READ`: page tables filled at once (Linux
+#: ``MAP_POPULATE``), or the first batches pay a page fault per 4 KB of every window they copy, until the whole
+#: ring has been touched once
 MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 #: ``madvise`` advice that fills a mapping's page tables now (Linux 5.14; its value where Python does not name
-#: it): a reader asks for 2 MB pages first (:func:`advise_huge`), then populates, as ``MAP_POPULATE`` did
+#: it): a reader asks for 2 MB pages first (:func:`advise_huge`) and then populates, so the pages it allocates
+#: are huge ones where ``/dev/shm`` allows them (``MAP_POPULATE`` fills the tables before any advice can apply)
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 #: header fields (int64): absolute write position, and the end of the write in progress
 WRITE_POS, WRITING_UNTIL = 0, 1
