@@ -134,30 +134,38 @@ def _count_sampled(times_sampled, slots):
 
 
 @njit(nogil=True, cache=True)
-def _apply_updates(seqs, priorities, stamps, clock, lo, capacity, active, touched, priority):
+def _apply_updates(seqs, priorities, stamps, stamp0, clock, lo, hi, capacity, active, touched, priority):
     """The live items among ``seqs`` (at least ``lo``, active) get ``priorities`` and their stamps
-    (``stamps``, or when it is empty the shard's clock on from ``clock``, one a live item), in order (a
-    repeat: the last wins); returns the live ones' slots and priorities and the clock after them."""
+    (``stamps``; when it is empty ``stamp0 + i`` for the ``i``-th seq, or with ``stamp0`` < 0 the shard's
+    clock on from ``clock``, one a live item), in order (a repeat: the last wins).  Returns the live ones'
+    slots and priorities, the clock after them and their largest priority (-1.0: none); or, with nothing
+    written, a clock of -1 when a seq is not below ``hi`` (never issued: the caller names it)."""
     n = seqs.shape[0]
-    slots = np.empty(n, np.int64)
-    pr = np.empty(n, np.float64)
     for i in range(n):  # every item's state on its way before the pass that waits for it (a window at a time)
+        if seqs[i] >= hi:
+            return seqs[:0], priorities[:0], -1, -1.0
         slot = seqs[i] % capacity
         prefetch(active, slot)
         prefetch_write(touched, slot)
         prefetch_write(priority, slot)
-    k, nxt = 0, clock
+    slots = np.empty(n, np.int64)
+    pr = np.empty(n, np.float64)
+    k, nxt, top = 0, clock, -1.0
     for i in range(n):
         s = seqs[i]
         slot = s % capacity
         if s >= lo and s >= 0 and active[slot] == 1:
-            st = stamps[i] if stamps.shape[0] else clock + k
+            if stamps.shape[0]:
+                st = stamps[i]
+            else:
+                st = stamp0 + i if stamp0 >= 0 else clock + k
             touched[slot] = st
             priority[slot] = priorities[i]
             slots[k], pr[k] = slot, priorities[i]
             nxt = max(nxt, st + 1)
+            top = max(top, priorities[i])
             k += 1
-    return slots[:k], pr[:k], nxt
+    return slots[:k], pr[:k], nxt, top
 
 
 @njit(nogil=True, cache=True)
@@ -690,7 +698,9 @@ class Shard:
         live = (seqs >= lo) & (seqs >= 0) & (self.active[slots] == 1)
         return slots, live
 
-    def update_priorities(self, seqs: np.ndarray, priorities: np.ndarray, stamps: np.ndarray | None = None) -> int:
+    def update_priorities(
+        self, seqs: np.ndarray, priorities: np.ndarray, stamps: np.ndarray | int | None = None
+    ) -> int:
         """Apply validated priorities to the live items among ``seqs``.
 
         Parameters
@@ -699,11 +709,12 @@ class Shard:
             int64 ``[n]`` item sequence numbers.
         priorities : numpy.ndarray
             float64 ``[n]``, validated (finite, non-negative).
-        stamps : numpy.ndarray, optional
+        stamps : numpy.ndarray or int, optional
             int64 ``[n]``: the table-wide stamp of each update (from the clock
             that stamps inserts), so heap ties go to the least recently
-            inserted or updated item across shards; None stamps them from
-            this shard's clock (exact within the shard only).
+            inserted or updated item across shards; an int: the first of
+            ``n`` consecutive stamps; None stamps them from this shard's clock
+            (exact within the shard only).
 
         Returns
         -------
@@ -716,15 +727,19 @@ class Shard:
             If a seq was never issued by this shard.
         """
         with self.lock, self.writing():
-            self.check_issued(seqs)
-            lo = self.live_seq_range()[0]
-            st = _NO_STAMPS if stamps is None else np.asarray(stamps, dtype=np.int64)
-            # one compiled pass: which items are live, their stamps and priorities written (the loads of
-            # their state overlap); the selectors then take the live ones
-            slots, pr, clock = _apply_updates(
-                np.asarray(seqs, dtype=np.int64), np.asarray(priorities, dtype=np.float64), st, self._clock, lo,
-                self.capacity, self.active, self.touched, self.priority,
+            lo, hi = self.live_seq_range()
+            if stamps is None or isinstance(stamps, (int, np.integer)):
+                st, st0 = _NO_STAMPS, -1 if stamps is None else int(stamps)
+            else:
+                st, st0 = np.asarray(stamps, dtype=np.int64), -1
+            # one compiled pass: every seq issued (else nothing written), which items are live, their stamps
+            # and priorities written (the loads of their state overlap); the selectors then take the live ones
+            slots, pr, clock, top = _apply_updates(
+                np.asarray(seqs, dtype=np.int64), np.asarray(priorities, dtype=np.float64), st, st0, self._clock,
+                lo, hi, self.capacity, self.active, self.touched, self.priority,
             )  # fmt: skip
+            if clock < 0:
+                self.check_issued(seqs)  # (raises, naming the first such key)
             stale = len(seqs) - len(slots)
             if len(slots):
                 self._clock = int(clock)
@@ -738,7 +753,7 @@ class Shard:
                 else:
                     self.sampler.update(slots, pr)
                 self.remover.update(slots, pr)
-                self.max_priority = max(self.max_priority, float(pr.max()))
+                self.max_priority = max(self.max_priority, top)
             self.counters.stale_updates += stale
             return stale
 

@@ -395,6 +395,35 @@ def test_gather_windows_matches_reference(dtype, shape, capacity):
     assert np.array_equal(out, _gather_ref(src, src_start, dst_offset, n_valid, L))
 
 
+@pytest.mark.parametrize("L", [1, 2, 3])
+def test_gather_columns_of_whole_windows_copies_every_row_size(L):
+    """Columns whose windows are all whole and at most 16 bytes are copied as fixed-size blocks; every size
+    from 1 to 20 bytes, beside a batch with one padded window (each column then copied window by window),
+    gives numpy's rows, in order."""
+    rng = np.random.default_rng(L)
+    cap, B = 50, 33
+    srcs = [rng.integers(0, 256, (cap, nb), dtype=np.uint8) for nb in range(1, 21)]
+    starts = rng.integers(0, cap - L + 1, B)
+    whole = (starts, np.zeros(B, np.int64), np.full(B, L, np.int64))
+    padded = (starts, np.r_[1, np.zeros(B - 1, np.int64)], np.r_[L - 1, np.full(B - 1, L, np.int64)])
+    for src_start, dst_offset, n_valid in (whole, padded):
+        outs = [np.full((B, L, s.shape[1]), 7, dtype=np.uint8) for s in srcs]
+        gather.gather_columns(srcs, src_start, dst_offset, n_valid, outs)
+        for s, out in zip(srcs, outs):
+            assert np.array_equal(out, _gather_ref(s, src_start, dst_offset, n_valid, L))
+
+
+def test_mod_near_is_the_remainder_near_its_base_and_far_from_it():
+    from gear_flow.storage.windows import mod_near
+
+    rng = np.random.default_rng(3)
+    for m in (1, 7, 1000, 10_000_000):
+        for ref in (0, 5, m - 1, 3 * m + 2, 10**15 + 11):
+            base = ref - ref % m
+            xs = np.r_[ref + rng.integers(-m + 1, m, 50), ref - 5 * m - 3, ref + 9 * m + 1, -1, -m - 2]
+            assert [mod_near(int(x), m, base) for x in xs] == [int(x) % m for x in xs]
+
+
 def test_gather_window_across_ring_end():
     src = np.arange(10, dtype=np.int64)
     out = np.full((1, 6), -1, dtype=np.int64)

@@ -350,6 +350,22 @@ def test_unknown_keys_raise_and_nothing_applied():
     assert t.info()["totals"]["stale_updates"] == 0
 
 
+def test_a_shards_update_with_an_unissued_seq_raises_and_writes_nothing():
+    """A shard checks its seqs in the pass that writes them: one never issued, anywhere in the batch, raises
+    before any item's priority, stamp or the shard's clock changes (a table's one-shard update relies on it)."""
+    t = LocalTable(x_spec(capacity=64), sampler=Prioritized(1.0, 0.0), seed=0)
+    t.insert([scalar_episode(4)], priorities=1.0)
+    sh = t.shards[0]
+    before = (sh.priority.copy(), sh.touched.copy(), sh._clock, sh.sampler.mass)
+    with pytest.raises(UnknownKeyError):
+        sh.update_priorities(np.array([0, 1, 4, 2]), np.array([5.0, 6.0, 7.0, 8.0]), 100)
+    assert np.array_equal(sh.priority, before[0]) and np.array_equal(sh.touched, before[1])
+    assert (sh._clock, sh.sampler.mass) == before[2:]
+    assert sh.update_priorities(np.array([0, 3, 0]), np.array([5.0, 6.0, 7.0]), 100) == 0
+    assert sh.priority[[0, 3]].tolist() == [7.0, 6.0] and sh.touched[[0, 3]].tolist() == [102, 101]
+    assert sh.max_priority == 7.0 and sh._clock == 103
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), -1e-9, -3.0])
 def test_invalid_priority_names_index_and_applies_nothing(bad):
     t = LocalTable(x_spec(capacity=64, num_shards=2), sampler=Prioritized(1.0, 0.0), seed=0)

@@ -226,23 +226,60 @@ def _gather_fused(pairs, src_start, dst_offset, n_valid, off, rows):
                 bad = _first_bad(pair[0].shape[0], pair[1].shape[1], src_start, dst_offset, n_valid)
     if bad != -1:
         return bad if bad >= 0 else B
-    # read each window's first byte before any copy: these loads are independent, so their cache misses
-    # overlap, where a copy that waits for its row before the next copy starts takes them one at a time
-    # (256 one-float rows of a 10M-step ring: 8.7 -> 3.9 us, numpy.take's speed)
+    # a column whose windows are all whole, in one piece, of at most 16 bytes: fixed-size copies in line
+    # (_copy_small); any other: each window's first byte read before any copy, as these loads are
+    # independent, so their cache misses overlap, where a copy that waits for its row before the next copy
+    # starts takes them one at a time (256 one-float rows of a 10M-step ring: 8.7 -> 3.9 us)
     touched = 0
     for pair in literal_unroll(pairs):
-        flat, row = pair[0].reshape(-1), pair[0].shape[1]
+        src, out = pair
+        cap, nb, L = src.shape[0], src.shape[1], out.shape[1]
+        sf, of = src.reshape(-1), out.reshape(-1)
+        if L * nb <= 16 and _all_whole(cap, L, src_start, dst_offset, n_valid):
+            _copy_small(sf, of, nb, L, src_start, off)
+            continue
         for b in range(B):
             if n_valid[b] > 0:
-                touched += flat[src_start[b] * row]
-    for pair in literal_unroll(pairs):
-        src, out = pair
-        cap, nb = src.shape[0], src.shape[1]
-        L = out.shape[1]
-        sf, of = src.reshape(-1), out.reshape(-1)
+                touched += sf[src_start[b] * nb]
         for b in range(B):
             _copy_window(sf, of, cap, nb, L, off + b, src_start[b], dst_offset[b], n_valid[b])
     return -1 if touched != -1 else -3  # (both success; the result depends on the reads, so they stay)
+
+
+@njit(nogil=True, cache=True)
+def _all_whole(cap, L, src_start, dst_offset, n_valid):
+    """Every window holds ``L`` steps, no padding, and does not cross its ring's end."""
+    for b in range(src_start.shape[0]):
+        if dst_offset[b] != 0 or n_valid[b] != L or src_start[b] > cap - L:
+            return False
+    return True
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _copy_small(sf, of, nb, L, src_start, off):
+    """Whole windows (:func:`_all_whole`) of ``L`` rows of ``nb`` bytes, at most 16 in all, into output rows
+    from ``off``.  A copy of a size known when compiled is a load and a store in line, where one of a size
+    read at run time is a call to ``memcpy``: 1,024 one-float and one-flag rows 14.5 -> 2.3 us."""
+    W = L * nb
+    if W == 1:
+        _copy_rows(sf, of, nb, src_start, off, 1)
+    elif W == 2:
+        _copy_rows(sf, of, nb, src_start, off, 2)
+    elif W == 4:
+        _copy_rows(sf, of, nb, src_start, off, 4)
+    elif W == 8:
+        _copy_rows(sf, of, nb, src_start, off, 8)
+    elif W == 16:
+        _copy_rows(sf, of, nb, src_start, off, 16)
+    else:  # (3, 5-7, 9-15 bytes: rare row sizes, each a call)
+        _copy_rows(sf, of, nb, src_start, off, W)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _copy_rows(sf, of, nb, src_start, off, W):
+    """:func:`_copy_small`'s copies of ``W`` bytes (inlined: a constant ``W`` stays one)."""
+    for b in range(src_start.shape[0]):
+        copy_bytes(of, (off + b) * W, sf, src_start[b] * nb, W)
 
 
 def window_mask(dst_offset: np.ndarray, n_valid: np.ndarray, length: int, out: np.ndarray | None = None) -> np.ndarray:

@@ -156,6 +156,23 @@ def slot_seq(hi, slot, capacity):
     return hi - 1 - ((hi - 1 - slot) % capacity)
 
 
+@njit(nogil=True, cache=True, inline="always")
+def mod_near(x, m, base):
+    """``x % m`` for compiled loops, without a division where ``base`` (a multiple of ``m``, once per batch)
+    lies within ``m`` of ``x``: a batch's slots, seqs and episode rows all lie within one ring's length of
+    each other, and a 64-bit division per item and per use cost the geometry of B=1024 steps 7.3 -> 5.9 us.
+    Any other ``x`` is divided: the result is ``x % m`` either way (the one number in ``[0, m)`` congruent
+    to it)."""
+    r = x - base
+    if r < 0:
+        r += m
+    elif r >= m:
+        r -= m
+    if r < 0 or r >= m:
+        r = x % m
+    return r
+
+
 #: ``step_episode`` of a shard whose items are episodes (compiled code takes an array either way)
 NO_STEPS = np.zeros(0, dtype=np.int64)
 
@@ -266,9 +283,12 @@ def _step_windows(slots, hi, capacity, step_episode, starts, lengths, episode_id
     # one in the same pass made a chain that took them one at a time: 256 items of a 10M-step shard 10.9 -> 3.5 us)
     for b in range(B):
         ids[b] = step_episode[slots[b]]
+    top = hi - 1  # slot_seq's rule, each (hi - 1 - slot) % capacity taken near the batch's one multiple
+    near_t = top - top % capacity
+    near_e = ids[0] - ids[0] % size if B else 0
     for b in range(B):
-        t = slot_seq(hi, slots[b], capacity)
-        row = ids[b] % size
+        t = top - mod_near(top - slots[b], capacity, near_t)
+        row = mod_near(ids[b], size, near_e)
         start = starts[row]
         if pad_head:
             f = max(start, t - length + 1)
@@ -314,8 +334,9 @@ def place_steps(
         prio[b] = priority[slots[b]]
     res = _step_windows(slots, hi, capacity, step_episode, starts, lengths, episode_ids, size, length, pad_head)
     src = np.empty(n, np.int64)
+    near = (hi - 1) - (hi - 1) % capacity  # (every window's first step is within the ring's length of hi)
     for b in range(n):
-        src[b] = res[1, b] % capacity
+        src[b] = mod_near(res[1, b], capacity, near)
     if not _rows.fill(rows, off, shard, res[0], probs, scale, res[4], res[5], res[2], res[3], prio, counted):
         return -4, res, src
     return -1, res, src

@@ -885,8 +885,12 @@ class LocalTable(DatasetMethods):
         for s, m in parts:  # unknown keys raise before any shard (or the stamp clock) is touched
             self.shards[s].check_issued(seq[m])
         with self._cond:  # one clock for inserts and updates: heap ties go to the least recently touched
-            stamps = self._stamp + np.arange(len(k), dtype=np.int64)
+            first = self._stamp
             self._stamp += len(k)
+        if len(parts) == 1:  # one shard's consecutive stamps, from the first
+            stale = self.shards[parts[0][0]].update_priorities(seq[parts[0][1]], pr[parts[0][1]], first)
+            return UpdateResult(len(k) - stale, stale)
+        stamps = first + np.arange(len(k), dtype=np.int64)
         stale = 0
         for s, m in parts:
             stale += self.shards[s].update_priorities(seq[m], pr[m], stamps[m])
