@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit
 
 from . import keys as keymod
-from .errors import EmptyTableError, nothing_to_sample
+from .errors import EmptyTableError, SpecError, nothing_to_sample
 from .ops import sequences
 from .ops._mem import prefetch, prefetch_write
 from .sample import NO_COUNTS
@@ -732,6 +732,8 @@ class Shard:
                 st, st0 = _NO_STAMPS, -1 if stamps is None else int(stamps)
             else:
                 st, st0 = np.asarray(stamps, dtype=np.int64), -1
+                if st.shape != (len(seqs),):  # (read one per seq, unchecked, by the compiled pass)
+                    raise SpecError(f"{len(st)} stamps for {len(seqs)} seqs")
             # one compiled pass: every seq issued (else nothing written), which items are live, their stamps
             # and priorities written (the loads of their state overlap); the selectors then take the live ones
             slots, pr, clock, top = _apply_updates(

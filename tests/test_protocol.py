@@ -171,6 +171,9 @@ def test_updates_and_selections_are_checked_by_the_worker(dist_client, tables):
         for bad in ([float("nan")], [float("inf")], [-1.0]):
             refused(raw_worker(t, "update", dict(name=t.name, seqs_by_shard={0: np.array([0])},
                                                  prios_by_shard={0: np.array(bad)})), "'prios_by_shard'")  # fmt: skip
+        one = dict(name=t.name, seqs_by_shard={0: np.array([0, 1])}, prios_by_shard={0: np.array([5.0, 6.0])})
+        for stamps in ({0: np.array([100])}, {0: np.array([100, 101, 102])}, {1: np.array([100, 101])}):
+            refused(raw_worker(t, "update", dict(one, stamps_by_shard=stamps)), "stamps are not one per key")
         refused(raw_worker(t, "candidates", dict(name=t.name, n=4)), "is not ordered")
         refused(raw_worker(t, "summaries", dict(name=t.name, kinds=["unseen"])), "without epochs")
         refused(raw_worker(t, "sample_part", dict(name=t.name, length=1)), "'boundary'")

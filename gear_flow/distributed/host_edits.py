@@ -106,6 +106,9 @@ class HostEditor:
             len(np.asarray(seqs_by_shard[i])) != len(np.asarray(prios_by_shard[i])) for i in seqs_by_shard
         ):
             raise SpecError("worker 'update': one priority per key, for the same shards")
+        for i, st in (stamps_by_shard or {}).items():  # (the compiled update reads one per key, unchecked)
+            if i not in seqs_by_shard or len(np.asarray(st)) != len(np.asarray(seqs_by_shard[i])):
+                raise SpecError(f"worker 'update': shard {i!r}'s stamps are not one per key of that shard")
         self.check_keys(name, seqs_by_shard)
         t = self.tables.table(name)
         for i in seqs_by_shard:
