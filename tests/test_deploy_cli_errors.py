@@ -44,6 +44,10 @@ def one_line(r, command: str) -> str:
         (["info", "--scheduler", "tcp://127.0.0.1:1", "--table", "t", "--timeout", "1s"], {},
          "cannot reach the scheduler at tcp://127.0.0.1:1 within 1s"),
         (["create", "--spec", "missing.yaml"], {}, "table file missing.yaml does not exist"),
+        (["local", "--workers", "-1"], {}, "argument --workers: -1 must be at least 1"),
+        (["local", "--threads", "0"], {}, "argument --threads: 0 must be at least 1"),
+        (["local", "--port", "70000"], {}, "argument --port: 70000 is not a port (0 for any free one, up to 65535)"),
+        (["info", "--scheduler", "tcp://127.0.0.1:1"], {}, "the following arguments are required: --table"),
         # 192.0.2.1 (TEST-NET-1) is on no machine
         (["local", "--host", "192.0.2.1", "--port", "0"], {},
          "cannot listen on 192.0.2.1:0 (Cannot assign requested address): pass --host an address of this machine"),

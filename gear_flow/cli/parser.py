@@ -37,6 +37,36 @@ With TLS (cluster/tls/make_certs.py), add --tls-dir DIR to every command, or
 """
 
 
+def _count(text: str) -> int:
+    """An argument that counts processes or threads: an int of at least 1 (0 is no default here)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} must be at least 1")
+    return n
+
+
+def _port(text: str) -> int:
+    """A TCP port to listen on: 0 (any free one) to 65535."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 0 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{n} is not a port (0 for any free one, up to 65535)")
+    return n
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors in one line, as every other ``gear-flow`` error (``--help`` shows the
+    usage); its sub-commands' parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``gear-flow`` parser: one subcommand per ``cmd_*`` function, each with the connection options.
 
@@ -47,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         ``cmd_*`` function, called with the parsed arguments).
     """
     fmt = argparse.RawDescriptionHelpFormatter
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="gear-flow", formatter_class=fmt, epilog=QUICKSTART,
         description="gear_flow: distributed experience replay tables on Dask. Start a local cluster, "
                     "or connect to one (--scheduler), and create, fill, inspect and sample tables.",
@@ -67,8 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("local", formatter_class=fmt, help="start a local Dask cluster with gear_flow; print its address",
                         description="Start a Dask cluster of worker processes on this machine with gear_flow set up, "
                         "print the scheduler's address and keep running until Ctrl-C (or SIGTERM).")  # fmt: skip
-    sp.add_argument("--workers", type=int, help="worker processes (default: 2; with --gpu one per GPU)")
-    sp.add_argument("--threads", type=int, help="threads per worker (default: 2; with --gpu 1)")
+    sp.add_argument("--workers", type=_count, help="worker processes (default: 2; with --gpu one per GPU)")
+    sp.add_argument("--threads", type=_count, help="threads per worker (default: 2; with --gpu 1)")
     sp.add_argument("--gpu", action="store_true",
                     help="a dask-cuda LocalCUDACluster: one worker per GPU (needs dask-cuda and a GPU)")  # fmt: skip
     sp.add_argument("--rmm-pool-size",
@@ -76,7 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "it (default: gear-flow.gpu.rmm-pool-size, none)")  # fmt: skip
     sp.add_argument("--memory-limit", default="auto", help="memory per worker (default: %(default)s)")
     sp.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    sp.add_argument("--port", type=int, default=8786, help="scheduler port, 0 for any free port (default: %(default)s)")
+    sp.add_argument(
+        "--port", type=_port, default=8786, help="scheduler port, 0 for any free port (default: %(default)s)"
+    )
     sp.add_argument("--protocol", choices=["tcp", "tls", "ucx"], help="default: tls with --tls-dir, else tcp")
     sp.add_argument(
         "--resources",
