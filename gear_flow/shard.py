@@ -1144,7 +1144,7 @@ class Shard:
 
     def new_epoch(self) -> None:
         """WithoutReplacement: make every live item drawable again."""
-        with self.lock:
+        with self.lock, self.writing():
             self.sampler.new_epoch()
             self.tails.clear()
 
@@ -1395,11 +1395,19 @@ class Shard:
         return out
 
     def _record(self, slots: np.ndarray) -> None:
-        self.counters.sampled += len(slots)
-        if self.times_sampled is not None:
-            _count_sampled(self.times_sampled, np.asarray(slots, dtype=np.int64))
-            done = _unique(slots[self.times_sampled[slots] >= self.max_times_sampled])
-            self.counters.expired += self._drop_items(done)
+        with self._counting():
+            self.counters.sampled += len(slots)
+            if self.times_sampled is not None:
+                _count_sampled(self.times_sampled, np.asarray(slots, dtype=np.int64))
+                done = _unique(slots[self.times_sampled[slots] >= self.max_times_sampled])
+                self.counters.expired += self._drop_items(done)
+
+    def _counting(self) -> contextlib.AbstractContextManager:
+        """The block in which a sample's counts (and expiries) change: on a disk shard :meth:`writing`, so
+        that they are committed with the header (a process killed after the sample reopens with the
+        counts of the items its files hold); elsewhere none (a published state has no expiry, and its
+        readers read no count: a version change would only make them draw again)."""
+        return self.store.writing() if self.store is not None else contextlib.nullcontext()
 
     def _still_there(self, slots: np.ndarray, seqs: np.ndarray) -> np.ndarray:
         """Mask of items (slot, seq) that are still the live occupant of their slot."""
@@ -1460,7 +1468,7 @@ class Shard:
         n : int
             Samples to subtract from ``counters.sampled``.
         """
-        with self.lock:
+        with self.lock, self._counting():
             self.counters.sampled -= int(n)
 
     def count_drawn(self, n: int) -> None:
@@ -1471,7 +1479,7 @@ class Shard:
         n : int
             Samples to add to ``counters.sampled``.
         """
-        with self.lock:
+        with self.lock, self._counting():
             self.counters.sampled += int(n)
 
     # -- removal by the remover -------------------------------------------------------

@@ -297,6 +297,39 @@ def test_a_process_killed_mid_insert_reopens_with_every_completed_insert_and_wit
     assert not {900, 901} & live_tags
 
 
+SAMPLE_KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    import numpy as np
+    import gear_flow as gf
+
+    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=100, num_shards=2)
+    t = gf.LocalTable(spec, tier="disk", path=sys.argv[1], max_times_sampled=2, seed=0)
+    t.insert([{{"x": np.arange(10, dtype=np.float32)}}, {{"x": np.arange(7, dtype=np.float32)}}])
+    t.flush()
+    for _ in range(3):  # each item handed out twice expires
+        t.sample(batch_size=5, length=1)
+    c = t.info()["totals"]
+    print(t.size, c["sampled"], c["expired"], flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def test_a_process_killed_after_samples_reopens_with_their_counts_and_expiries(tmp_path):
+    """A sample's counts and the items it expired are committed with the shard's header: the files a
+    killed process leaves hold the same size, sampled and expired counts it reported."""
+    proc = subprocess.run([sys.executable, "-c", SAMPLE_KILLER.format(), str(tmp_path / "t")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    size, sampled, expired = map(int, proc.stdout.split())
+    assert sampled == 15 and expired > 0
+    t = gf.LocalTable.open(tmp_path / "t", verify="full")
+    c = t.info()["totals"]
+    assert (t.size, c["sampled"], c["expired"]) == (size, sampled, expired)
+    assert c["inserted"] == c["evicted"] + t.size + c["removed"] + c["deleted"] + c["expired"]
+
+
 def test_ingest_parity_reopen_and_drop_cache_keep_batches(tmp_path):
     """Batches drawn after the pages were dropped from the cache are the ones drawn from cached pages."""
     spec = make_spec(capacity=500, num_shards=2)
