@@ -201,10 +201,37 @@ def test_a_corrupted_ring_is_found_by_a_full_verify_and_a_truncated_one_by_any_o
     before = _files(root)
     with pytest.raises(CheckpointError, match=r"ring-0.bin is corrupted at bytes \[0, \d+\) \(CRC32 mismatch\)"):
         gf.LocalTable.open(root, verify="full")
+    assert _files(root) == before  # verified before anything was mapped: nothing written
     ring.write_bytes(bytes(raw[:-4]))
     with pytest.raises(CheckpointError, match=r"ring-0.bin has \d+ bytes, its layout says \d+"):
         gf.LocalTable.open(root)
-    del before
+
+
+@pytest.mark.parametrize("name", ["priority", "active", "touched", "step_episode", "sampler-tree", "index-64"])
+def test_a_full_verify_finds_a_flipped_bit_in_every_file_and_writes_nothing(name, tmp_path):
+    """Every array of a cleanly closed shard is checked, not only the rings, and a refused open leaves every
+    file as it was (the second shard's, whose first shard was fine, included)."""
+    root = _filled(tmp_path)
+    path = root / "shard-1" / f"{name}.bin"
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 3] ^= 0x10
+    path.write_bytes(bytes(raw))
+    before = _files(root)
+    with pytest.raises(CheckpointError, match=rf"shard-1: {name}.bin is corrupted at bytes \[0, \d+\)"):
+        gf.LocalTable.open(root, verify="full")
+    assert _files(root) == before
+    gf.LocalTable.open(root).close()  # a quick open does not read the arrays
+
+
+@pytest.mark.parametrize("sums", [{"priority": []}, {"priority": 7}, [1, 2], {"active": [0, 1]}])
+def test_checksums_that_do_not_describe_the_files_are_refused_in_one_line(sums, tmp_path):
+    root = _filled(tmp_path)
+    path = root / "shard-0" / "checksums.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **sums} if isinstance(sums, dict) else sums))
+    before = _files(root)
+    with pytest.raises(CheckpointError, match="checksums.json is corrupted: not one checksum per MiB"):
+        gf.LocalTable.open(root, verify="full")
+    assert _files(root) == before
 
 
 def test_a_layout_of_another_version_or_tampered_is_refused(tmp_path):

@@ -257,6 +257,116 @@ def _arrays(layout: dict[str, Any], header: dict[str, Any]) -> dict[str, tuple[s
     return out
 
 
+def verify_files(directory: str | os.PathLike[str], layout: dict[str, Any], header: dict[str, Any]) -> dict[str, int]:
+    """:func:`verify` of a shard's files as :func:`check` read them, before anything maps or changes them
+    (``LocalTable.open(verify="full")``: a refused open leaves every file as it was).
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        The shard's directory.
+    layout, header : dict
+        As :func:`check` returns them.
+
+    Returns
+    -------
+    dict
+        ``bytes_verified``.
+
+    Raises
+    ------
+    CheckpointError
+        A chunk's checksum differs, or the checksums do not describe the files.
+    """
+    nbytes = {
+        n: max(1, int(np.prod(shape)) * np.dtype(dt).itemsize) for n, (dt, shape) in _arrays(layout, header).items()
+    }
+    try:
+        capacity = int(layout["table"]["spec"]["capacity"])
+    except (KeyError, TypeError, ValueError):
+        raise CheckpointError(f"disk shard {directory}: its layout names no capacity") from None
+    return verify(directory, nbytes, capacity, header)
+
+
+def verify(
+    directory: str | os.PathLike[str], nbytes: dict[str, int], capacity: int, h: dict[str, Any]
+) -> dict[str, int]:
+    """Recompute the checksums of every MiB of a shard's files that has not changed since the last flush.
+
+    A ring's chunks written up to the last flush, less those written since; every other array's, when
+    the header is clean (unchanged since the flush: an array changed in place has no checksums that apply).
+
+    Parameters
+    ----------
+    directory : str or os.PathLike
+        The shard's directory (its ``checksums.json`` and array files).
+    nbytes : dict of str to int
+        Each array's name and size in bytes.
+    capacity : int
+        The shard's ring positions.
+    h : dict
+        The header that says what changed since the flush.
+
+    Returns
+    -------
+    dict
+        ``bytes_verified``.
+
+    Raises
+    ------
+    CheckpointError
+        A chunk's checksum differs (its array and byte range named), or ``checksums.json`` is not a
+        list of one checksum per MiB of each array it names.
+    """
+    path = Path(directory) / "checksums.json"
+    try:
+        sums = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {"bytes_verified": 0}
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is corrupted: {e}") from None
+    bad = not isinstance(sums, dict) or any(
+        n in nbytes and (not isinstance(v, list) or len(v) != _chunks(nbytes[n])) for n, v in sums.items()
+    )
+    if bad:
+        raise CheckpointError(f"{path} is corrupted: not one checksum per MiB of each array it names")
+    done = 0
+    for name, size in nbytes.items():
+        if name not in sums:
+            continue
+        if name.startswith("ring-"):  # what was written up to the last flush, less what changed since
+            skip = _ring_chunks(size, capacity, int(h["crc_pos"]), int(h["writing_until"]))
+            written = _ring_chunks(size, capacity, 0, int(h["crc_pos"]))
+            if skip is None:
+                continue
+            which = np.setdiff1d(np.arange(len(sums[name])) if written is None else written, skip)
+        elif h["clean"]:
+            which = np.arange(len(sums[name]))
+        else:  # changed since the flush, in place: its checksums no longer apply
+            continue
+        for c, v in _crc_chunks(Path(directory) / f"{name}.bin", size, which).items():
+            if sums[name][c] != v:
+                raise CheckpointError(
+                    f"disk shard {directory}: {name}.bin is corrupted at bytes "
+                    f"[{c * CHUNK}, {min(size, (c + 1) * CHUNK)}) (CRC32 mismatch)"
+                )
+            done += min(CHUNK, size - c * CHUNK)
+    return {"bytes_verified": done}
+
+
+def _ring_chunks(nbytes: int, capacity: int, lo: int, hi: int) -> np.ndarray | None:
+    """Chunks of a ring array of ``nbytes`` holding positions ``[lo, hi)`` (None: all)."""
+    if hi - lo >= capacity:
+        return None
+    if hi <= lo:
+        return np.zeros(0, dtype=np.int64)
+    nb = nbytes // capacity
+    s, e = lo % capacity, (lo % capacity) + (hi - lo)
+    spans = [(s, min(e, capacity))] + ([(0, e - capacity)] if e > capacity else [])
+    out = [np.arange((a0 * nb) // CHUNK, -(-(b0 * nb) // CHUNK)) for a0, b0 in spans]
+    return np.unique(np.concatenate(out))
+
+
 def _chunks(nbytes: int) -> int:
     return max(1, -(-nbytes // CHUNK))
 
@@ -475,17 +585,7 @@ class DiskStore:
     # -- flush and checksums ---------------------------------------------------------------------
     def _dirty_ring_chunks(self, name: str, lo: int, hi: int) -> np.ndarray | None:
         """Chunks of ring array ``name`` holding positions ``[lo, hi)`` (None: all)."""
-        cap = self.shard.capacity
-        if hi - lo >= cap:
-            return None
-        if hi <= lo:
-            return np.zeros(0, dtype=np.int64)
-        a = self.tier.arrays[name]
-        nb = a.nbytes // cap
-        s, e = lo % cap, (lo % cap) + (hi - lo)
-        spans = [(s, min(e, cap))] + ([(0, e - cap)] if e > cap else [])
-        out = [np.arange((a0 * nb) // CHUNK, -(-(b0 * nb) // CHUNK)) for a0, b0 in spans]
-        return np.unique(np.concatenate(out))
+        return _ring_chunks(self.tier.arrays[name].nbytes, self.shard.capacity, lo, hi)
 
     def flush(self) -> dict[str, int]:
         """Make the shard durable: dirty pages written, checksums of what changed, the header clean and fsync'ed.
@@ -529,49 +629,6 @@ class DiskStore:
         self._hmap.flush()
         fsync_path(self.directory)
         return {"bytes_checksummed": done}
-
-    def verify(self) -> dict[str, int]:
-        """Recompute the checksums of every MiB that has not changed since the last flush.
-
-        Returns
-        -------
-        dict
-            ``bytes_verified``.
-
-        Raises
-        ------
-        CheckpointError
-            A chunk's checksum differs (its array and byte range named).
-        """
-        path = self.directory / "checksums.json"
-        try:
-            sums = json.loads(path.read_bytes())
-        except FileNotFoundError:
-            return {"bytes_verified": 0}
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{path} is corrupted: {e}") from None
-        h, done = self.h, 0
-        for name, a in self.tier.arrays.items():
-            if name not in sums:
-                continue
-            if name.startswith("ring-"):  # what was written up to the last flush, less what changed since
-                skip = self._dirty_ring_chunks(name, int(h["crc_pos"]), int(h["writing_until"]))
-                written = self._dirty_ring_chunks(name, 0, int(h["crc_pos"]))
-                if skip is None:
-                    continue
-                which = np.setdiff1d(np.arange(len(sums[name])) if written is None else written, skip)
-            elif h["clean"]:
-                which = np.arange(len(sums[name]))
-            else:  # changed since the flush, in place: its checksums no longer apply
-                continue
-            for c, v in _crc_chunks(self.tier.path_of(name), a.nbytes, which).items():
-                if sums[name][c] != v:
-                    raise CheckpointError(
-                        f"disk shard {self.directory}: {name}.bin is corrupted at bytes "
-                        f"[{c * CHUNK}, {min(a.nbytes, (c + 1) * CHUNK)}) (CRC32 mismatch)"
-                    )
-                done += min(CHUNK, a.nbytes - c * CHUNK)
-        return {"bytes_verified": done}
 
     # -- reopening ------------------------------------------------------------------------------
     def _reopen(self) -> None:

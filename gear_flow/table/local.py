@@ -390,14 +390,13 @@ class LocalTable(DatasetMethods):
                 layout, headers[i] = disk_state.check(d)
                 if layout["shard"] != i or layout["table"]["spec"] != cfg["spec"]:
                     raise CheckpointError(f"{d} is not shard {i} of the table at {root}")
+                if verify == "full":  # the files as the last commit left them, before a reopen changes any
+                    disk_state.verify_files(d, layout, headers[i])
             table = cls._from_config(
                 cfg, tier="disk", path=root, timeout=timeout, seed=seed, shard_ids=shard_ids, _open=True
             )
         except (KeyError, TypeError) as e:
             raise CheckpointError(f"{root}: the manifest does not describe a table ({e})") from None
-        if verify == "full":
-            for s in table.shards:
-                s.store.verify()
         st = m["state"]
         table._next_episode_id = max(
             [int(st["next_episode_id"])] + [int(h["episode_id_end"]) for h in headers.values()]
