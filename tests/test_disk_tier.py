@@ -234,6 +234,31 @@ def test_checksums_that_do_not_describe_the_files_are_refused_in_one_line(sums, 
     assert _files(root) == before
 
 
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda m: m["state"].__setitem__("rr", "x"), r"state 'rr' is 'x', not a count"),
+        (lambda m: m["state"].__setitem__("stamp", -4), r"state 'stamp' is -4, not a count"),
+        (lambda m: m["table"].__setitem__("sampler", {"kind": "fifo", "params": {}}),
+         r"shard-0 is not shard 0 of the table at .* \(laid out for another sampler\)"),
+        (lambda m: m["table"].__setitem__("max_times_sampled", 3), r"laid out for another max times sampled"),
+        (lambda m: m["files"].pop("1"), r"the manifest lists shards \[0\] of a table of 2"),
+    ],
+)  # fmt: skip
+def test_a_manifest_its_shards_disagree_with_is_refused_in_one_line_and_nothing_written(edit, match, tmp_path):
+    """The manifest's counters, its shard list and the selectors its shards' files were laid out for are
+    checked before any shard is mapped (a sampler other than the trees' opened silently with it)."""
+    root = _filled(tmp_path)
+    m = json.loads((root / "manifest.json").read_text())
+    edit(m)
+    (root / "manifest.json").write_text(json.dumps(m))
+    before = _files(root)
+    with pytest.raises(CheckpointError, match=match) as e:
+        gf.LocalTable.open(root)
+    assert "\n" not in str(e.value)
+    assert _files(root) == before
+
+
 def test_a_layout_of_another_version_or_tampered_is_refused(tmp_path):
     root = _filled(tmp_path)
     path = root / "shard-0" / "layout.json"

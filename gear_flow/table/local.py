@@ -58,6 +58,18 @@ logger = logging.getLogger(__name__)
 _HOST = contextlib.nullcontext()  # host buffers gather in no stream (one reusable context, not one a sample)
 
 
+#: what a disk shard's files are laid out for (its layout records them; the manifest must agree)
+_LAID_OUT = ("spec", "sampler", "remover", "max_times_sampled")
+
+
+def _count_of(state: dict, key: str) -> int:
+    """A disk table's counter from its manifest: an int >= 0 (ValueError otherwise, named)."""
+    v = state[key]
+    if type(v) is not int or v < 0:
+        raise ValueError(f"state {key!r} is {v!r}, not a count")
+    return v
+
+
 class LocalTable(DatasetMethods):
     """Replay table whose shards live in this process.
 
@@ -382,27 +394,36 @@ class LocalTable(DatasetMethods):
         if m.get("kind") != "disk":
             raise CheckpointError(f"{root} holds a {m.get('kind')!r} checkpoint, not a disk table (LocalTable.restore)")
         cfg = m["table"]
-        try:
+        try:  # everything checked before any shard is mapped: a refused open writes nothing
+            next_id, stamp, rr = (_count_of(m["state"], k) for k in ("next_episode_id", "stamp", "rr"))
             shard_ids = sorted(int(k) for k in m["files"])
+            n = int(cfg["spec"]["num_shards"])
+            if shard_ids != list(range(n)):
+                raise CheckpointError(f"{root}: the manifest lists shards {shard_ids} of a table of {n}")
             headers = {}
             for i in shard_ids:
                 d = root / m["files"][str(i)]["dir"]
                 layout, headers[i] = disk_state.check(d)
-                if layout["shard"] != i or layout["table"]["spec"] != cfg["spec"]:
-                    raise CheckpointError(f"{d} is not shard {i} of the table at {root}")
+                # the spec and selectors a shard's files were laid out for (trees, counts), as the manifest says
+                other = [k for k in _LAID_OUT if layout["table"].get(k) != cfg.get(k)]
+                if layout["shard"] != i or other:
+                    why = f" (laid out for another {other[0].replace('_', ' ')})" if other else ""
+                    raise CheckpointError(f"{d} is not shard {i} of the table at {root}{why}")
                 if verify == "full":  # the files as the last commit left them, before a reopen changes any
                     disk_state.verify_files(d, layout, headers[i])
+        except CheckpointError:
+            raise
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{root}: the manifest does not describe a table ({e})") from None
+        try:
             table = cls._from_config(
                 cfg, tier="disk", path=root, timeout=timeout, seed=seed, shard_ids=shard_ids, _open=True
             )
         except (KeyError, TypeError) as e:
             raise CheckpointError(f"{root}: the manifest does not describe a table ({e})") from None
-        st = m["state"]
-        table._next_episode_id = max(
-            [int(st["next_episode_id"])] + [int(h["episode_id_end"]) for h in headers.values()]
-        )
-        table._stamp = max([int(st["stamp"])] + [s._clock for s in table.shards])
-        table._rr = int(st["rr"]) % len(table.shards)
+        table._next_episode_id = max([next_id] + [int(h["episode_id_end"]) for h in headers.values()])
+        table._stamp = max([stamp] + [s._clock for s in table.shards])
+        table._rr = rr % len(table.shards)
         return table
 
     def __enter__(self) -> LocalTable:
