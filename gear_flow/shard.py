@@ -962,8 +962,7 @@ class Shard:
                     self._raise_empty(length, boundary)
                 return self._draw_uniform(n, length, boundary, rng)
             if not sel.without_replacement and (boundary != "strict" or length <= 1):
-                out = sel.draw(rng.random(n))  # every window fits: the loop below takes one round, as here
-                return out, sel.drawn_weights(out) / mass
+                return sel.draw_probs(rng.random(n), mass)  # every window fits: the loop below's one round
             valid = self.valid_fn(length, boundary)
             if valid is not None and not sel.without_replacement and mass < LISTED_BELOW * sel.mass:
                 listed = self._draw_listed(n, length, boundary, rng, mass)

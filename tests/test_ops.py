@@ -127,6 +127,24 @@ def test_find_takes_the_leaves_of_the_rule_with_its_branch(n):
     assert np.all(w[out] > 0)
 
 
+@pytest.mark.parametrize("n", [1, 5, 1000, 4097])
+def test_draw_probs_is_find_of_uniforms_times_mass_and_each_weight_over_denom(n):
+    """The fused draw lands where find of ``uniforms * mass`` does, in order, and reports each drawn leaf's
+    weight over ``denom``, bit for bit as numpy divides them; zero-weight runs are never drawn."""
+    rng = np.random.default_rng(700 + n)
+    w = rng.random(n) * (rng.random(n) < 0.6)
+    w[-1] = 0.25 if w.sum() == 0 else w[-1]
+    tree = _tree_from(w)
+    u = np.r_[rng.random(2000), 0.0, np.nextafter(1.0, 0)]
+    want = np.empty(len(u), dtype=np.int64)
+    sumtree.find(tree, u * tree[1], want)
+    out, probs = np.empty(len(u), dtype=np.int64), np.empty(len(u))
+    sumtree.draw_probs(tree, u, tree[1], 0.7 * tree[1], out, probs)
+    assert out.tolist() == want.tolist()
+    assert probs.tolist() == (w[want] / (0.7 * tree[1])).tolist()
+    assert np.all(w[out] > 0)
+
+
 def test_find_distribution_is_proportional():
     rng = np.random.default_rng(7)
     w = np.array([0.0, 1.0, 0.0, 3.0, 6.0, 0.0, 0.0])

@@ -502,3 +502,25 @@ def test_a_selector_given_as_a_name_or_a_class_is_refused_with_the_fix(given, hi
         SpecError, match=r"sampler must be a Selector instance, got .*" + hint.replace("(", r"\(").replace(")", r"\)")
     ):
         LocalTable(x_spec(), sampler=given)
+
+
+class _Reversed(Prioritized):
+    """A selector of its own draw: the mirror image of the tree's (each uniform u drawn as 1 - u)."""
+
+    def draw(self, uniforms):
+        return super().draw(np.nextafter(1.0, 0.0) - np.asarray(uniforms))
+
+
+def test_a_selector_that_draws_its_own_way_is_asked_to_draw():
+    """A sample draws with the selector's own draw (the fused draw of the tree's weights is for selectors
+    that keep the tree's): a selector overriding draw gets its slots, and their weights over the mass."""
+    tables = [LocalTable(x_spec(capacity=64), sampler=s, seed=3) for s in (Prioritized(1.0, 0.0), _Reversed(1.0, 0.0))]
+    for t in tables:
+        t.insert([scalar_episode(8)], priorities=np.arange(1.0, 9.0))
+    plain, mirrored = (t.sample(400) for t in tables)
+    steps = [np.asarray(b["x"]).ravel() for b in (plain, mirrored)]
+    assert steps[0].mean() > 4 and steps[1].mean() > 4  # both by weight (the heavy steps are the last)
+    assert not np.array_equal(steps[0], steps[1])
+    p = np.arange(1.0, 9.0) / 36.0
+    for b in (plain, mirrored):
+        assert np.allclose(b.probabilities.numpy(), p[decode(b.keys.numpy())[1]])

@@ -283,9 +283,32 @@ def find(tree, targets, out):
     same leaves.
     """
     P = tree.shape[0] // 2
-    n = targets.shape[0]
-    u = targets.copy()
-    node = np.ones(n, dtype=np.int64)
+    node = np.ones(targets.shape[0], dtype=np.int64)
+    _descend(tree, targets.copy(), node)
+    for k in range(node.shape[0]):
+        out[k] = node[k] - P
+
+
+@njit(cache=True, nogil=True)
+def draw_probs(tree, uniforms, mass, denom, out, probs):
+    """:func:`find` of ``uniforms * mass`` into ``out``, and each drawn leaf's weight over ``denom`` into
+    ``probs``: a weighted sample's slots and probabilities in one call, each weight read where the descent
+    found it (a leaf just read), where a second pass read every drawn leaf again and two arrays were made
+    for the products and the quotients."""
+    P = tree.shape[0] // 2
+    node = np.ones(uniforms.shape[0], dtype=np.int64)
+    _descend(tree, uniforms * mass, node)
+    for k in range(node.shape[0]):
+        out[k] = node[k] - P
+        probs[k] = tree[node[k]] / denom
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _descend(tree, u, node):
+    """:func:`find`'s descent of every target ``u[k]`` (changed in place) from the root ``node[k] = 1``
+    down to its leaf's node."""
+    P = tree.shape[0] // 2
+    n = u.shape[0]
     width = 1
     while width < P:
         ahead = 2 * width < P  # the children are not leaves yet: their children are read next
@@ -301,8 +324,6 @@ def find(tree, targets, out):
             if ahead:
                 prefetch(tree, 2 * child)
         width *= 2
-    for k in range(n):
-        out[k] = node[k] - P
 
 
 @njit(cache=True, nogil=True)

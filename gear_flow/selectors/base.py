@@ -342,6 +342,30 @@ class WeightedSelector(Selector):
         """
         return self.sums.draw(uniforms)
 
+    def draw_probs(self, uniforms: np.ndarray, denom: float) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`draw`, and each drawn slot's weight (:meth:`drawn_weights`) over ``denom``: its probability
+        when ``denom`` is the mass it was drawn among.
+
+        Parameters
+        ----------
+        uniforms : numpy.ndarray
+            float64 ``[n]`` in ``[0, 1)``; the tree's mass must be > 0.
+        denom : float
+            What each weight is divided by.
+
+        Returns
+        -------
+        slots : numpy.ndarray
+            int64 ``[n]``, as :meth:`draw` returns them.
+        probs : numpy.ndarray
+            float64 ``[n]``.
+        """
+        cls = type(self)
+        if cls.draw is WeightedSelector.draw and cls.drawn_weights is WeightedSelector.drawn_weights:
+            return self.sums.draw_probs(uniforms, denom)  # the tree's own draw and weights, in one call
+        slots = self.draw(uniforms)  # a selector's own (Uniform's arithmetic, a custom one's)
+        return slots, self.drawn_weights(slots) / denom
+
     def drawn_weights(self, slots: np.ndarray) -> np.ndarray:
         """The weights of slots :meth:`draw` just returned (a drawn slot's probability is its weight over the
         mass); :meth:`leaf_weights` unless a selector knows them without reading its tree.

@@ -369,6 +369,36 @@ class SumTree(_Tree):
             self.ops.sample(self.tree, self._cp.asarray(uniforms), out)
             return out.get()
 
+    def draw_probs(self, uniforms: np.ndarray, denom: float) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`draw`, and each drawn leaf's weight over ``denom``.
+
+        Host: one compiled call (:func:`gear_flow.ops.sumtree.draw_probs`).  Device: the
+        draw, then the weights from the host mirror of the leaves.
+
+        Parameters
+        ----------
+        uniforms : float64 array
+            Values in ``[0, 1)``, one per draw.
+        denom : float
+            What each weight is divided by (the mass the draw was among).
+
+        Returns
+        -------
+        slots : numpy.ndarray
+            int64, as :meth:`draw` returns them.
+        probs : numpy.ndarray
+            float64 ``weight / denom`` of each.
+        """
+        if self.on_device:
+            out = self.draw(uniforms)
+            return out, self.leaves[out] / denom
+        if self._held_here():  # (the descent reads the parents)
+            self._apply_pending()
+        uniforms = np.asarray(uniforms, dtype=np.float64)
+        out, probs = np.empty(len(uniforms), dtype=np.int64), np.empty(len(uniforms))
+        self.ops.draw_probs(self.tree, uniforms, self.mass, float(denom), out, probs)
+        return out, probs
+
     def ring_tail_mass(self, capacity: int, starts: np.ndarray, lengths: np.ndarray, k: int) -> float:
         """Mass of the last ``min(k, length)`` leaves of each ring segment, summed in order.
 
