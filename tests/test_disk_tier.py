@@ -359,26 +359,30 @@ SAMPLE_KILLER = textwrap.dedent(
     t = gf.LocalTable(spec, tier="disk", path=sys.argv[1], max_times_sampled=2, seed=0)
     t.insert([{{"x": np.arange(10, dtype=np.float32)}}, {{"x": np.arange(7, dtype=np.float32)}}])
     t.flush()
+    r = t.insert({{"x": np.arange(6, dtype=np.float32)}})  # after the manifest was written
     for _ in range(3):  # each item handed out twice expires
         t.sample(batch_size=5, length=1)
-    c = t.info()["totals"]
-    print(t.size, c["sampled"], c["expired"], flush=True)
+    t.delete(r.first_keys)
+    c, lim = t.info()["totals"], t.info()["rate_limiter"]
+    print(t.size, c["sampled"], c["expired"], lim["inserts"], lim["samples"], lim["deletes"], flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
     """
 )
 
 
 def test_a_process_killed_after_samples_reopens_with_their_counts_and_expiries(tmp_path):
-    """A sample's counts and the items it expired are committed with the shard's header: the files a
-    killed process leaves hold the same size, sampled and expired counts it reported."""
+    """A sample's counts and the items it expired are committed with the shard's header, and the limiter's
+    counts come back with what the shards committed after the manifest was last written: the files a
+    killed process leaves hold the size, counts and limiter counts it reported."""
     proc = subprocess.run([sys.executable, "-c", SAMPLE_KILLER.format(), str(tmp_path / "t")],
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    size, sampled, expired = map(int, proc.stdout.split())
-    assert sampled == 15 and expired > 0
+    size, sampled, expired, *limiter = map(int, proc.stdout.split())
+    assert sampled == 15 and expired > 0 and limiter[0] == 23
     t = gf.LocalTable.open(tmp_path / "t", verify="full")
-    c = t.info()["totals"]
+    c, lim = t.info()["totals"], t.info()["rate_limiter"]
     assert (t.size, c["sampled"], c["expired"]) == (size, sampled, expired)
+    assert [lim["inserts"], lim["samples"], lim["deletes"]] == limiter
     assert c["inserted"] == c["evicted"] + t.size + c["removed"] + c["deleted"] + c["expired"]
 
 

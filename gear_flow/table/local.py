@@ -214,8 +214,21 @@ class LocalTable(DatasetMethods):
         with self._cond:
             state = {"next_episode_id": self._next_episode_id, "stamp": self._stamp, "rr": self._rr}
             cfg = self.config()
+            # the shards' counts when the limiter's were taken: a reopen after a kill adds what the shards
+            # committed since (their headers are committed with every change, the manifest only here)
+            state["counted"] = self._limiter_counts()
         files = {str(s.shard_id): {"dir": s.tier.directory.name} for s in self.shards}
         ck.atomic_write(self.path / "manifest.json", json.dumps(ck.new_manifest("disk", cfg, state, files), indent=1))
+
+    def _limiter_counts(self) -> dict[str, int]:
+        """What the limiter counts, as the shards count it: items inserted, handed out, and removed other than
+        by a ring's overwrite (deleted, expired, and evicted by the remover: ``on_delete``'s)."""
+        c = [s.counters for s in self.shards]
+        return {
+            "inserts": sum(x.inserted for x in c),
+            "samples": sum(x.sampled for x in c),
+            "deletes": sum(x.deleted + x.expired + x.removed for x in c),
+        }
 
     # -- construction helpers ------------------------------------------------------
     @classmethod
@@ -396,6 +409,8 @@ class LocalTable(DatasetMethods):
         cfg = m["table"]
         try:  # everything checked before any shard is mapped: a refused open writes nothing
             next_id, stamp, rr = (_count_of(m["state"], k) for k in ("next_episode_id", "stamp", "rr"))
+            counted = m["state"].get("counted")  # (none in a manifest of an older release)
+            counted = None if counted is None else {k: _count_of(counted, k) for k in ("inserts", "samples", "deletes")}
             shard_ids = sorted(int(k) for k in m["files"])
             n = int(cfg["spec"]["num_shards"])
             if shard_ids != list(range(n)):
@@ -424,6 +439,9 @@ class LocalTable(DatasetMethods):
         table._next_episode_id = max([next_id] + [int(h["episode_id_end"]) for h in headers.values()])
         table._stamp = max([stamp] + [s._clock for s in table.shards])
         table._rr = rr % len(table.shards)
+        if counted is not None:  # what the shards committed after the manifest was written (a kill since)
+            now, lim = table._limiter_counts(), table.rate_limiter
+            lim.restore({k: getattr(lim.state, k) + now[k] - counted[k] for k in now})
         return table
 
     def __enter__(self) -> LocalTable:
