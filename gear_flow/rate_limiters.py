@@ -18,6 +18,7 @@ timeout) under its own condition variable.
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 from abc import ABC
 from collections.abc import Mapping
@@ -371,11 +372,19 @@ class SampleToInsertRatio(RateLimiter):
             min_diff, max_diff = offset - error_buffer, offset + error_buffer
         else:
             try:
-                min_diff, max_diff = (float(x) for x in error_buffer)
-            except (TypeError, ValueError):
+                pair = tuple(error_buffer)
+            except TypeError:
+                pair = ()
+            if len(pair) != 2 or any(isinstance(x, bool) or not isinstance(x, numbers.Real) for x in pair):
                 raise SpecError(
-                    f"error_buffer ({error_buffer!r}) must be a number or a (min_diff, max_diff) pair"
-                ) from None
+                    f"error_buffer ({error_buffer!r}) must be a number or a (min_diff, max_diff) pair of numbers"
+                )
+            min_diff, max_diff = (float(x) for x in pair)
+        if not (math.isfinite(min_diff) and math.isfinite(max_diff)):  # (NaN compares false: never admitted)
+            raise SpecError(
+                f"error_buffer {error_buffer!r} gives min_diff {min_diff:g} and max_diff {max_diff:g}; both must be "
+                "finite numbers"
+            )
         super().__init__(samples_per_insert, min_size_to_sample, min_diff, max_diff)
         spi = self.samples_per_insert
         if max_diff - min_diff < 2 * max(1.0, spi):

@@ -177,6 +177,16 @@ class Stream:
         readahead: bool | None = None,
         device: str | torch.device | None = None,
     ):
+        from .table.config import check_timeout
+        from .table.validate import check_sample_args, sample_columns
+
+        # every argument checked here, not at the first batch (nor, for a timeout, once in the table's line)
+        check_sample_args(batch_size, length, table.boundary if boundary is None else boundary)
+        columns = sample_columns(table.spec, columns)
+        check_timeout(timeout)
+        for name, v in (("num_batches", num_batches), ("seed", seed)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0):
+                raise SpecError(f"{name} ({v!r}) must be None or an integer >= 0")
         if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise SpecError(f"prefetch ({prefetch!r}) must be a positive integer")
         if readahead is not None and not isinstance(readahead, (bool, np.bool_)):
@@ -190,9 +200,7 @@ class Stream:
         self.table = table
         self.batch_size = batch_size
         self.length = length
-        self.columns = tuple(
-            table.spec.names if columns is None else ((columns,) if isinstance(columns, str) else columns)
-        )
+        self.columns = tuple(columns)
         self.boundary = boundary
         self.prefetch = prefetch
         self.num_batches = num_batches

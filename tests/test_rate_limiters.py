@@ -101,7 +101,11 @@ def test_max_diff_below_offset_accepted():
     assert (lim.min_diff, lim.max_diff) == (0.0, 9.0)
 
 
-@pytest.mark.parametrize("eb", [0, -3, float("nan"), float("inf"), "x", None, (1,), (1, 2, 3)])
+@pytest.mark.parametrize(
+    "eb",
+    [0, -3, float("nan"), float("inf"), "x", None, (1,), (1, 2, 3), (float("nan"), 5.0), (-5.0, float("nan")),
+     (-float("inf"), float("inf")), ("1", "5"), (True, 5)],
+)  # fmt: skip
 def test_error_buffer_bad_values(eb):
     with pytest.raises(SpecError):
         SampleToInsertRatio(1.0, 1, eb)
@@ -142,6 +146,45 @@ def test_rate_limiter_must_be_a_limiter():
 
 
 # ---------------------------------------------------------------------------- MinSize
+
+
+@pytest.mark.parametrize("bad", ["1", [1], float("nan"), -1, True])
+def test_a_calls_bad_timeout_is_refused_before_it_joins_a_line(bad):
+    """A call's own timeout is checked as the table's is: refused with nothing applied, and no place left
+    behind in a line (which blocked every later call of its kind), nor a wait that never ends (NaN)."""
+    t = LocalTable(x_spec(capacity=64), rate_limiter=MinSize(1))
+    with pytest.raises(SpecError, match="timeout"):
+        t.sample(1, timeout=bad)  # empty: it would have waited
+    with pytest.raises(SpecError, match="timeout"):
+        t.insert([scalar_episode(2)], timeout=bad)
+    assert t.info()["waiting"] == {"insert": 0, "sample": 0} and t.size == 0
+    t.insert([scalar_episode(3)])
+    assert len(t.sample(2, timeout=SHORT).keys) == 2
+
+
+def test_a_sample_short_of_items_times_out_when_its_call_began_plus_its_timeout():
+    """A sample admitted and found short of items (max_times_sampled) waits for inserts within its one
+    timeout, counted from its call, not from the first time it came up short."""
+    t = LocalTable(x_spec(capacity=64), sampler=Fifo(), remover=Fifo(), max_times_sampled=1, rate_limiter=MinSize(3))
+    started, errors = threading.Event(), []
+
+    def sample():
+        started.set()
+        try:
+            t.sample(5, timeout=1.0)
+        except RateLimitTimeout:
+            errors.append(time.monotonic() - t0)
+
+    t0 = time.monotonic()
+    th = threading.Thread(target=sample)
+    th.start()
+    started.wait()
+    while t.info()["waiting"]["sample"] == 0:  # waiting for 3 items (the limiter's)
+        time.sleep(0.005)
+    time.sleep(0.6)  # (the scenario: items come late, most of the timeout spent)
+    t.insert([scalar_episode(3)])  # admitted now, and 3 items are short of 5: it waits again, what is left
+    th.join()
+    assert errors and errors[0] < 1.5, errors
 
 
 def test_min_size_blocks_sampling_until_reached():

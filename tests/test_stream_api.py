@@ -96,3 +96,23 @@ def test_dataloader_workers_refuse_a_local_table():
         _loader_keys(ds, 1)
     assert len(list(torch.utils.data.DataLoader(ds, batch_size=None, num_workers=0))) == 2
     assert np.isfinite(table.info()["totals"]["sampled"])
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"batch_size": -1}, "batch_size"), ({"batch_size": None}, "batch_size"), ({"length": 0}, "length"),
+        ({"boundary": "sideways"}, "boundary"), ({"num_batches": -1}, "num_batches"),
+        ({"num_batches": 1.5}, "num_batches"), ({"num_batches": "3"}, "num_batches"), ({"seed": -1}, "seed"),
+        ({"timeout": "x"}, "timeout"), ({"timeout": float("nan")}, "timeout"), ({"columns": 5}, "columns"),
+        ({"columns": ["nope"]}, "nope"),
+    ],
+)  # fmt: skip
+def test_a_streams_bad_arguments_are_refused_when_it_is_made(kw, match):
+    """Each is a SpecError from the constructor, as the table's own sample gives it, not a TypeError or
+    ValueError at the first batch (a timeout of another type: a place left in the table's line)."""
+    t = gf.LocalTable(make_spec(capacity=64), seed=0)
+    t.insert(episode(1, 8))
+    with pytest.raises(gf.SpecError, match=match):
+        gf.Stream(t, **{"batch_size": 2, **kw})
+    assert t.info()["waiting"] == {"insert": 0, "sample": 0}

@@ -122,8 +122,8 @@ class Admission:
         line = self._lines[kind]
         ticket = next(self._tickets)
         line.append(ticket)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        try:
+        try:  # (from here on the ticket leaves its line however this ends)
+            deadline = None if timeout is None else time.monotonic() + timeout
             while True:
                 self.check_open()
                 if line[0] == ticket and pred():

@@ -30,6 +30,31 @@ SELECTION_KINDS = ("weighted", "epoch", "ordered")
 TIERS = ("host", "shared", "pinned", "device", "disk")
 
 
+def check_timeout(t: object) -> float | None:
+    """A timeout, the table's default or a call's: None (forever) or a number of seconds >= 0.
+
+    Parameters
+    ----------
+    t : object
+        The value given.
+
+    Returns
+    -------
+    float or None
+        ``t``.
+
+    Raises
+    ------
+    SpecError
+        Anything else: a string, a bool, a negative number or NaN (which no deadline is ever past).
+    """
+    import numbers
+
+    if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or not t >= 0):
+        raise SpecError(f"timeout ({t!r}) must be None or a number of seconds >= 0")
+    return t
+
+
 @dataclass(frozen=True)
 class TableConfig:
     """Spec, selectors, limiter and defaults of a table; validated, immutable.
@@ -172,9 +197,7 @@ class TableConfig:
             raise SpecError(f"routing {self.routing!r} must be one of {ROUTINGS}")
         if isinstance(self.tier, str) and self.tier not in TIERS:
             raise SpecError(f"storage tier {self.tier!r} is unknown; available: {sorted(TIERS)}")
-        t = self.timeout
-        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t >= 0):
-            raise SpecError(f"timeout ({t!r}) must be None or a number of seconds >= 0")
+        check_timeout(self.timeout)
 
     def _check_remover_honoured(self) -> None:
         """Refuse a remover that the storage cannot honour.

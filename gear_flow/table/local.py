@@ -36,7 +36,7 @@ from ..shard import EpisodeBatch, Shard
 from ..spec import TableSpec
 from . import planner
 from .admission import Admission, timeout_error
-from .config import TableConfig, queue_setup
+from .config import TableConfig, check_timeout, queue_setup
 from .datasets import DatasetMethods
 from .executor import evict_shards, sample_shards
 from .results import InsertResult, UpdateResult
@@ -461,7 +461,7 @@ class LocalTable(DatasetMethods):
         ``reported``: the timeout the error names (a call waiting again: its whole, not what was left)."""
         make = timeout_error(what, self.rate_limiter, lambda: self.size)
         timed_out = make if reported is None else (lambda _left: make(reported))
-        self._admission.wait(kind, pred, self.timeout if timeout is None else timeout, timed_out)
+        self._admission.wait(kind, pred, self.timeout if timeout is None else check_timeout(timeout), timed_out)
 
     @property
     def admitted_size(self) -> int:
@@ -582,6 +582,7 @@ class LocalTable(DatasetMethods):
     def _insert(self, lengths: np.ndarray, chunks, priorities, timeout, shard) -> InsertResult:
         """Admit, route and store validated episodes of ``lengths``; ``chunks(sel)`` gives the row
         chunks of episodes ``sel`` (in order) for one shard."""
+        check_timeout(timeout)  # (before anything is counted or any line joined)
         step_items = self.spec.item_unit == "step"
         n_items = int(lengths.sum()) if step_items else len(lengths)
         if isinstance(priorities, (list, tuple)) and priorities and np.ndim(priorities[0]) >= 1:
@@ -763,8 +764,8 @@ class LocalTable(DatasetMethods):
         self._check_open()
         boundary = self.boundary if boundary is None else boundary
         columns, out = self._sample_args(batch_size, length, boundary, columns, out)
-        timeout = self.timeout if timeout is None else timeout
-        start, what, after = None, None, None
+        timeout = self.timeout if timeout is None else check_timeout(timeout)
+        start, what, after = time.monotonic(), None, None
         while True:
             left = timeout if after is None or timeout is None else max(0.0, start + timeout - time.monotonic())
             size, short = self._sample_admitted(out, batch_size, length, boundary, columns, rng, left, timeout,
@@ -773,7 +774,6 @@ class LocalTable(DatasetMethods):
                 break
             # nothing taken and the admission given back: it waits for the next insert, as Reverb's sample waits
             have, after = short
-            start = time.monotonic() if start is None else start
             what = f"a sample of {batch_size} (the items left may go {have} more times)"
             if timeout is not None and time.monotonic() - start >= timeout:  # (inserts keep coming, never enough)
                 raise timeout_error(what, self.rate_limiter, lambda: self.size)(timeout)

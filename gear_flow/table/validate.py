@@ -453,12 +453,17 @@ def sample_columns(spec: TableSpec, columns: str | Sequence[str] | None) -> tupl
     Raises
     ------
     SpecError
-        A name that is not a column of the spec.
+        A name that is not a column of the spec, or not names at all.
     """
     if columns is None:
         return spec.names
-    columns = (columns,) if isinstance(columns, str) else tuple(columns)
+    try:
+        columns = (columns,) if isinstance(columns, str) else tuple(columns)
+    except TypeError:
+        raise SpecError(f"columns ({columns!r}) must be a column name, a sequence of them or None") from None
     for c in columns:
+        if not isinstance(c, str):
+            raise SpecError(f"columns ({columns!r}) must be a column name, a sequence of them or None")
         spec.column(c)
     return columns
 
