@@ -187,6 +187,28 @@ def test_a_sample_short_of_items_times_out_when_its_call_began_plus_its_timeout(
     assert errors and errors[0] < 1.5, errors
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_limiter_counts_every_removal_the_ring_overwrite_included(seed):
+    """A LocalTable's limiter counts each item removed, however (a ring's overwrite, the remover, a delete,
+    an expiry), as a DistributedTable's does: inserts - deletes is the size, and its counts are the shards'."""
+    rng = np.random.default_rng(seed)
+    spec = x_spec(capacity=50, num_shards=int(rng.integers(1, 4)), max_size=int(rng.integers(20, 200)))
+    t = LocalTable(spec, max_times_sampled=int(rng.integers(0, 4)), seed=seed)
+    keys = np.zeros(0, np.int64)
+    for _ in range(200):
+        op = rng.integers(0, 3)
+        if op == 0 or t.size < 10:
+            t.insert([scalar_episode(int(rng.integers(1, 9)))])
+        elif op == 1:
+            keys = t.sample(4).keys.numpy()
+        else:
+            t.delete(keys[:2])
+        lim, c = t.info()["rate_limiter"], t.info()["totals"]
+        assert lim["inserts"] - lim["deletes"] == t.size
+        assert (lim["inserts"], lim["samples"]) == (c["inserted"], c["sampled"])
+        assert lim["deletes"] == c["evicted"] + c["removed"] + c["deleted"] + c["expired"]
+
+
 def test_min_size_blocks_sampling_until_reached():
     t = LocalTable(x_spec(capacity=20), rate_limiter=MinSize(5), seed=0)
     t.insert(scalar_episode(4))

@@ -221,13 +221,13 @@ class LocalTable(DatasetMethods):
         ck.atomic_write(self.path / "manifest.json", json.dumps(ck.new_manifest("disk", cfg, state, files), indent=1))
 
     def _limiter_counts(self) -> dict[str, int]:
-        """What the limiter counts, as the shards count it: items inserted, handed out, and removed other than
-        by a ring's overwrite (deleted, expired, and evicted by the remover: ``on_delete``'s)."""
+        """What the limiter counts, as the shards count it: items inserted, handed out and removed (evicted by
+        a ring's overwrite or the remover, deleted, expired)."""
         c = [s.counters for s in self.shards]
         return {
             "inserts": sum(x.inserted for x in c),
             "samples": sum(x.sampled for x in c),
-            "deletes": sum(x.deleted + x.expired + x.removed for x in c),
+            "deletes": sum(x.evicted + x.removed + x.deleted + x.expired for x in c),
         }
 
     # -- construction helpers ------------------------------------------------------
@@ -626,18 +626,24 @@ class LocalTable(DatasetMethods):
             for lk in held:
                 lk.acquire()
         first_keys = np.empty(len(lengths), dtype=np.int64)
+        evicted = 0  # items the rings' overwrite removed: deletes to the limiter, as every removal is
         try:
             for s in shards_present(dest):
                 sel = np.flatnonzero(dest == s)
                 p = item_rows(pr, item_off, sel)
                 batch = EpisodeBatch(chunks(sel), lengths[sel], ids[sel], stamps[sel], p)
+                before = self.shards[s].counters.evicted
                 fk, _ = self.shards[s].insert(batch)
+                evicted += self.shards[s].counters.evicted - before
                 first_keys[sel] = fk
         finally:
             for lk in reversed(held):
                 lk.release()
             with self._cond:
                 adm.landed(n_items)
+                if evicted:
+                    self.rate_limiter.on_delete(evicted)
+                    self.rate_limiter.forget(evicted)
         self._enforce_max_size()
         with self._cond:
             self._cond.notify_all()
