@@ -113,6 +113,17 @@ def _tags(n0: int, n: int) -> list[dict]:
     return [{"tag": np.array([tag], np.int64)} for tag in range(n0, n0 + n)]
 
 
+def test_a_batch_more_than_the_table_can_ever_hold_is_refused_at_once(make_table):
+    """With max_size 3 and max_times_sampled 1 no batch of 4 can ever be filled: it is refused at once (it
+    waited for inserts forever, first in line, so a batch of 1 behind it timed out too); one of 3 goes."""
+    t = make_table(gf.TableSpec(TAG, capacity=64, num_shards=2, max_size=3), sampler=gf.Fifo(), max_times_sampled=1,
+                   seed=0)  # fmt: skip
+    with pytest.raises(gf.SpecError, match="a sample of 4 items can never be filled: .* 3 rows in all"):
+        t.sample(4, timeout=None)
+    t.insert(_tags(0, 3))
+    assert sorted(t.sample(3, timeout=5)["tag"].numpy()[:, 0].tolist()) == [0, 1, 2]
+
+
 @pytest.mark.parametrize("kind", sorted(SAMPLERS))
 def test_a_batch_the_items_left_cannot_fill_waits_for_inserts_and_takes_nothing(make_table, kind):
     """3 items that may each go once and a batch of 5: the batch times out and nothing of it was taken (the

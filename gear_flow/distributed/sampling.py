@@ -443,7 +443,7 @@ def sample_args(
             f"tier={out.tier!r}; this call asks for columns={columns}, batch_size={batch_size}, length={length} "
             f"from a {backend.tier_name(cfg.tier)!r} table"
         )
-    cfg.rate_limiter.check_sample_size(batch_size)
+    cfg.check_sample_size(batch_size)
     table._view.check_not_lost()
     rng = table.rng if rng is None else rng
     return SampleArgs(batch_size, length, boundary, columns, rng, timeout, time.monotonic())

@@ -275,6 +275,30 @@ class TableConfig:
         """
         return size > self.spec.max_size and not self.lossless
 
+    def check_sample_size(self, n: int) -> None:
+        """Reject a sample of ``n`` items that could never be admitted or filled.
+
+        Parameters
+        ----------
+        n : int
+            Items in the sample.
+
+        Raises
+        ------
+        SpecError
+            The limiter could never admit it (:meth:`RateLimiter.check_sample_size`), or, with
+            ``max_times_sampled``, it asks for more rows than the most items the table holds could give
+            (``max_size * max_times_sampled``): it would wait for inserts forever, first in line.
+        """
+        self.rate_limiter.check_sample_size(n)
+        most = self.spec.max_size * self.max_times_sampled
+        if self.max_times_sampled and n > most:
+            raise SpecError(
+                f"a sample of {n} items can never be filled: the table holds at most {self.spec.max_size} items "
+                f"(max_size) and each is handed out at most {self.max_times_sampled} times (max_times_sampled), "
+                f"{most} rows in all; sample fewer"
+            )
+
     def check_priorities(self, priorities: np.ndarray) -> None:
         """Reject (validated, finite, >= 0) priorities that the sampler or remover cannot represent.
 

@@ -809,7 +809,7 @@ class LocalTable(DatasetMethods):
                 f"tier={out.tier!r}; this call asks for columns={columns}, batch_size={B}, length={L} "
                 f"from a {tier.name!r} table"
             )
-        self.rate_limiter.check_sample_size(B)
+        self.cfg.check_sample_size(B)
         if key is not None and out is not None:  # the buffers of a steady state (a call without: new ones)
             if len(self._checked) >= 64:
                 self._checked.clear()
