@@ -26,6 +26,7 @@ from gear_flow import (
     Prioritized,
     RateLimitTimeout,
     SampleToInsertRatio,
+    TableClosedError,
 )
 
 DURATION = 1.0  # seconds per configuration, at least ...
@@ -195,3 +196,36 @@ def test_concurrent_use(config, make_table):
     assert min(inserted) > 0 and min(sampled) > 0
     assert counts["updates"] > 0 and counts["deletes"] > 0, (counts, inserted, sampled)
     assert tot["removed"] + tot["evicted"] > 0
+
+
+def test_consumers_of_a_table_emptied_under_them_wait_for_the_next_item_and_never_find_it_empty():
+    """Three consumers of a max_times_sampled=1 Fifo table fed one item at a time: a consumer admitted while
+    the item was there and beaten to it (expired by another's sample before it had the shard's lock) waits
+    for the next insert, as a batch short of items does: it never raises EmptyTableError, and every item
+    goes exactly once."""
+    spec = make_spec(capacity=64, max_size=8)
+    t = LocalTable(spec, sampler=Fifo(), remover=Fifo(), max_times_sampled=1, rate_limiter=MinSize(1), seed=0)
+    n, got, errors = 200, [], []
+
+    def consumer():
+        while True:
+            try:
+                got.append(int(t.sample(1, timeout=30)["ep"].numpy()[0, 0]))
+            except TableClosedError:
+                return
+            except Exception as e:  # noqa: BLE001  (any error is the failure)
+                errors.append(repr(e))
+                return
+
+    threads = [threading.Thread(target=consumer) for _ in range(3)]
+    for th in threads:
+        th.start()
+    for i in range(n):
+        t.insert(episode(i, 1))
+        while t.size and not errors:  # the item taken before the next (the consumers race for each one)
+            time.sleep(0)
+    t.close()
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert sorted(got) == list(range(n)) and len(got) == n

@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .. import config
-from ..errors import CapacityError, SpecError
+from ..errors import CapacityError, EmptyTableError, SpecError
 from ..keys import decode, shard_parts, shards_present
 from ..rate_limiters import RateLimiter
 from ..rate_limiters import to_config as limiter_to_config
@@ -826,7 +826,7 @@ class LocalTable(DatasetMethods):
             if not (after is None and adm.admit_now("sample", self._can_sample, B)):
                 self._wait_to_sample(B, timeout, whole, what, after)
             self.rate_limiter.on_sample(B)
-            seen = adm.arrivals
+            seen, had = adm.arrivals, self.size
             # Take the shard locks before any other call is admitted: an insert admitted
             # after this sample must not reach the shards before the sample has taken
             # (and, with max_times_sampled, expired) its items.  Otherwise the table
@@ -851,6 +851,17 @@ class LocalTable(DatasetMethods):
                 self.rate_limiter.give_back_sample(B)
                 self._cond.notify_all()
             return None, (e.have, seen)
+        except EmptyTableError:
+            if size or not had:  # items none of whose windows fit, or none when admitted: the call's own error
+                with self._cond:
+                    self.rate_limiter.give_back_sample(B)
+                raise
+            # admitted with items that a sample (expiring them) or a delete took before it had the shards'
+            # locks: as a batch short of items, it gives its admission back and waits for the next insert
+            with self._cond:
+                self.rate_limiter.give_back_sample(B)
+                self._cond.notify_all()
+            return None, (0, seen)
         except BaseException:
             with self._cond:
                 self.rate_limiter.give_back_sample(B)
