@@ -367,6 +367,22 @@ def test_a_leased_batch_that_fails_is_never_reported_as_served(client):
         t.close()
 
 
+def test_a_handles_delete_ends_its_lease_so_min_size_holds_for_its_next_batch(client):
+    """MinSize(5): 9 items, a batch (admitted with a lease), 5 deleted by the same handle: its next batch is
+    asked of the coordinator, which finds 4 items and times it out, as a LocalTable does (the lease served it)."""
+    t = DistributedTable.create(client, spec(capacity=32), rate_limiter=gf.MinSize(5), seed=5, name="lease-del")
+    try:
+        r = t.insert([episode(i + 1, 1) for i in range(9)])
+        t.sample(2, timeout=0)
+        assert t.delete(np.asarray(r.first_keys)[:5]).applied == 5
+        with pytest.raises(gf.RateLimitTimeout, match=r"\(size 4,"):
+            t.sample(2, timeout=0)
+        t.insert([episode(20, 1)])
+        assert len(t.sample(2, timeout=0).keys) == 2
+    finally:
+        t.close()
+
+
 def test_the_leased_samples_of_a_dropped_handle_are_counted(client):
     """A handle dropped without flush or close (a task that samples a few batches and returns): the
     batches it served under its lease still reach the table's count, reported once it is collected."""

@@ -209,6 +209,10 @@ async def delete_async(table: DistributedTable, keys: ArrayLike) -> UpdateResult
         As :meth:`delete`.
     """
     table._masses.clear()  # this handle's own writes show in its next sample's plan
+    # and its next sample is admitted by the coordinator: a lease (MinSize) was granted for the size before
+    # the delete, which may leave the table below its min_size_to_sample (another handle's delete reaches
+    # its leases when they end, distributed.sample-lease-seconds)
+    table._lease.revoke()
     return await _delete_grouped(table, *group(table, keys))
 
 

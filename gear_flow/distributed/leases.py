@@ -101,6 +101,11 @@ class Lease:
         with self._lock:
             self._size, self._left, self._since = n, int(batches), time.monotonic()
 
+    def revoke(self) -> None:
+        """The lease covers no more batches (the handle changed the table: its next admission is asked)."""
+        with self._lock:
+            self._left = 0
+
     def take(self, n: int) -> bool:
         """Take one batch of ``n`` from the lease, if it covers it (same size, not used up, still fresh).
 
