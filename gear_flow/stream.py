@@ -55,6 +55,7 @@ from numpy.typing import ArrayLike
 from . import backend
 from .errors import SpecError
 from .sample import SampleBatch, SampleBuffers
+from .table.admission import WAIT_CANCELLED
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -260,7 +261,10 @@ class Stream:
         # make the stream's batches the table's consecutive samples (a queue's items in order, whatever the depth)
         turns = _Turns() if shards and not fresh else None
 
+        cancel = threading.Event()  # set on leaving: a request still waiting in an in-process table gives up
+
         def request(i, slot, rng, free):
+            WAIT_CANCELLED.set(cancel)  # (this executor thread's context)
             if staged:
                 slot.reuse()  # its page-locked memory may still be read by the copy of an earlier batch
             if turns is not None:
@@ -317,6 +321,10 @@ class Stream:
                 f.cancel()
             if turns is not None:  # a request waiting for the turn of a cancelled one gives up
                 turns.close()
+            cancel.set()  # and one waiting for the limiter (a drained queue, no timeout) gives up, nothing taken
+            admission = getattr(self.table, "_admission", None)
+            if admission is not None:
+                admission.wake()
             ex.shutdown(wait=True, cancel_futures=True)
             if staged:  # no copy may still read the staging buffers once they are freed
                 copies.synchronize()

@@ -116,3 +116,28 @@ def test_a_streams_bad_arguments_are_refused_when_it_is_made(kw, match):
     with pytest.raises(gf.SpecError, match=match):
         gf.Stream(t, **{"batch_size": 2, **kw})
     assert t.info()["waiting"] == {"insert": 0, "sample": 0}
+
+
+def test_leaving_a_stream_whose_request_waits_in_a_drained_queue_returns():
+    """A learner that stops while a prefetched request waits for a queue's next item (no timeout): leaving
+    the stream gives that request up, with nothing taken, where it waited for good (and so did the exit)."""
+    t = gf.LocalTable.queue(make_spec(capacity=64), 8)
+    t.insert([episode(i, 1) for i in range(2)])
+    got, done = [], threading.Event()
+
+    def learner():
+        with gf.Stream(t, batch_size=1, prefetch=2) as s:  # endless; the table's timeout: None
+            for b in s:
+                got.append(int(b["ep"].numpy()[0, 0]))
+                if len(got) == 2:
+                    while t.info()["waiting"]["sample"] == 0:  # the next request is in the table, waiting
+                        threading.Event().wait(0.01)
+                    break
+        done.set()
+
+    th = threading.Thread(target=learner, daemon=True)
+    th.start()
+    assert done.wait(60), "the stream did not close"
+    assert got == [0, 1] and t.info()["waiting"] == {"insert": 0, "sample": 0}
+    t.insert([episode(2, 1)])  # the item the given-up request would have taken is still there
+    assert t.sample(1, timeout=5)["ep"].numpy()[0, 0] == 2

@@ -21,17 +21,27 @@ No I/O: a plain condition variable, tickets and two lines.
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING
 
 from ..errors import RateLimitTimeout, TableClosedError
 
 if TYPE_CHECKING:
     from ..rate_limiters import RateLimiter
+
+#: an event that, once set, makes this thread's waiting calls give up (``concurrent.futures.CancelledError``,
+#: the call applied nothing): a caller that may abandon calls it made on another thread sets it there (a
+#: Stream's prefetching requests, left blocked by a learner that stopped) and, to cancel them, sets the event
+#: and :meth:`Admission.wake` s the waiters
+WAIT_CANCELLED: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
+    "gear_flow_wait_cancelled", default=None
+)
 
 KINDS = ("insert", "sample")
 
@@ -124,8 +134,11 @@ class Admission:
         line.append(ticket)
         try:  # (from here on the ticket leaves its line however this ends)
             deadline = None if timeout is None else time.monotonic() + timeout
+            cancelled = WAIT_CANCELLED.get()
             while True:
                 self.check_open()
+                if cancelled is not None and cancelled.is_set():
+                    raise CancelledError(f"a waiting {kind} was given up by its caller")
                 if line[0] == ticket and pred():
                     return
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -136,6 +149,11 @@ class Admission:
             line.remove(ticket)
             self.cond.notify_all()
             raise
+
+    def wake(self) -> None:
+        """Wake every waiting call to look again (one whose :data:`WAIT_CANCELLED` event is set gives up)."""
+        with self.cond:
+            self.cond.notify_all()
 
     def admit_now(self, kind: str, pred: Callable[..., bool], *args: object) -> bool:
         """Whether a call may go ahead at once, without joining its line (call holding ``cond``).
