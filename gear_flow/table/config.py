@@ -287,12 +287,13 @@ class TableConfig:
         ------
         SpecError
             The limiter could never admit it (:meth:`RateLimiter.check_sample_size`), or, with
-            ``max_times_sampled``, it asks for more rows than the most items the table holds could give
+            ``max_times_sampled`` on a table that evicts down to ``max_size`` (not a Queue or Stack, which
+            keep every item an insert brings), it asks for more rows than its items could ever give
             (``max_size * max_times_sampled``): it would wait for inserts forever, first in line.
         """
         self.rate_limiter.check_sample_size(n)
         most = self.spec.max_size * self.max_times_sampled
-        if self.max_times_sampled and n > most:
+        if self.max_times_sampled and not self.lossless and n > most:  # (a queue keeps what an insert brings)
             raise SpecError(
                 f"a sample of {n} items can never be filled: the table holds at most {self.spec.max_size} items "
                 f"(max_size) and each is handed out at most {self.max_times_sampled} times (max_times_sampled), "
