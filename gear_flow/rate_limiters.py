@@ -422,8 +422,10 @@ class Queue(RateLimiter):
     no item is dropped.  Where we differ from Reverb on purpose: a batch is
     admitted whole or waits (atomic), and an insert that would make a shard's
     ring overwrite an item still waiting raises
-    :class:`~gear_flow.errors.CapacityError` instead of dropping it (give the
-    shards a capacity of at least ``size`` plus the longest episode).
+    :class:`~gear_flow.errors.CapacityError` instead of dropping it (a Queue
+    consumed in order needs a capacity of ``size`` plus the longest episode;
+    an item left waiting while the ring goes round, a Stack's bottom one,
+    blocks inserts when the ring comes back to it, whatever the capacity).
 
     Parameters
     ----------

@@ -657,8 +657,9 @@ class LocalTable(DatasetMethods):
         if lost:
             raise CapacityError(
                 f"shard {shard}: storing {int(lengths.sum())} steps would overwrite {lost} item(s) still waiting "
-                f"to be sampled: its ring holds {s.capacity} steps and {self.rate_limiter!r} never drops an item; "
-                f"build the table with a larger capacity (at least max_size plus the longest episode) or sample first"
+                f"to be sampled: its ring holds {s.capacity} steps, reused in the order they were written, and "
+                f"{self.rate_limiter!r} never drops an item; sample the oldest waiting items first (a Stack's "
+                f"bottom, a Queue's item others were deleted around), or build the table with a larger capacity"
             )
 
     def writer(
