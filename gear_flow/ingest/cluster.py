@@ -115,24 +115,50 @@ def _stage_task(name: str, txn: str, parsed_list: list, offsets: list, first_id:
         if not len(lengths):
             done.append({"index": index, "episode_ids": ids, "shards": ids, "lengths": lengths})
             continue
-        dest = np.array(local, dtype=np.int64)[route(lengths, len(local), spec.capacity, table.routing, k)]
         per = lengths if step else np.ones_like(lengths)
         stamps = first_stamp + item_off + np.concatenate(([0], np.cumsum(per)[:-1]))
-        for s in np.unique(dest):
-            sel = np.flatnonzero(dest == s)
-            parts.append(
-                {
-                    "shard": int(s),
-                    "chunks": pick(eps, sel),
-                    "lengths": lengths[sel],
-                    "episode_ids": ids[sel],
-                    "stamps": stamps[sel],
-                    "priorities": None,
-                }
-            )
+        dest = np.empty(len(lengths), dtype=np.int64)
+        for g in _fitting_groups(lengths, len(local), spec.capacity, table.routing, k):
+            dest[g] = np.array(local, dtype=np.int64)[route(lengths[g], len(local), spec.capacity, table.routing, k)]
+            for s in np.unique(dest[g]):  # a group's part of each shard: an insert of its own, in order
+                sel = g[np.flatnonzero(dest[g] == s)]
+                parts.append(
+                    {
+                        "shard": int(s),
+                        "chunks": pick(eps, sel),
+                        "lengths": lengths[sel],
+                        "episode_ids": ids[sel],
+                        "stamps": stamps[sel],
+                        "priorities": None,
+                    }
+                )
         done.append({"index": index, "episode_ids": ids, "shards": dest, "lengths": lengths})
     get_worker().plugins[PLUGIN_NAME].host.stage(name, txn, parts)
     return {"worker": get_worker().address, "local_shards": local, "done": done}
+
+
+def _fitting_groups(lengths: np.ndarray, n_shards: int, capacity: int, routing: str, k: int) -> list[np.ndarray]:
+    """A partition's episodes as one group, or, when routing them at once would put more than a shard's
+    capacity on a shard (a dataset larger than the table), as consecutive groups of at most one shard's
+    capacity each: its oldest episodes are then evicted as separate inserts would evict them (the local
+    ingest's rule, :func:`gear_flow.ingest.dataflow.insert_fitting`).  An episode longer than a shard's
+    capacity stays in a group of its own, for :func:`~gear_flow.table.routing.route` to refuse by name."""
+    from ..errors import CapacityError
+    from ..table.routing import route
+
+    everything = np.arange(len(lengths))
+    try:
+        route(lengths, n_shards, capacity, routing, k)
+        return [everything]
+    except CapacityError:
+        pass
+    groups, start, steps = [], 0, 0
+    for i, n in enumerate(lengths.tolist()):
+        if steps + n > capacity and i > start:
+            groups.append(everything[start:i])
+            start, steps = i, 0
+        steps += n
+    return groups + [everything[start:]]
 
 
 def _stored_task(name: str, ids_by_shard: dict, names) -> dict:

@@ -263,6 +263,45 @@ def check_reread(before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
         )
 
 
+def insert_fitting(table, episodes: list, timeout: float | None) -> list:
+    """``table.insert`` of validated ``episodes``: one call, all or none; or, when that call would put more
+    than a shard's capacity on a shard (a dataset larger than the table), consecutive calls of at most one
+    shard's capacity each, so that the oldest episodes are evicted as the report says
+    (``episodes_stored``), whatever the partitions, rather than the insert refused after earlier
+    partitions went in.  A Queue or Stack, which never drops a waiting item, is not split.
+
+    Parameters
+    ----------
+    table : LocalTable
+        The table.
+    episodes : list of dict
+        Episodes cast to its columns, each at most a shard's capacity (checked: the call raises otherwise).
+    timeout : float or None
+        Each call's.
+
+    Returns
+    -------
+    list of InsertResult
+        One per call, in order.
+    """
+    from ..errors import CapacityError
+
+    try:
+        return [table.insert(episodes, timeout=timeout)]
+    except CapacityError:
+        cap = table.spec.capacity
+        lengths = [len(next(iter(e.values()))) for e in episodes]
+        if table.cfg.lossless or max(lengths) > cap:
+            raise
+    groups, steps = [[]], 0
+    for e, n in zip(episodes, lengths):
+        if steps + n > cap:
+            groups, steps = groups + [[]], 0
+        groups[-1].append(e)
+        steps += n
+    return [table.insert(g, timeout=timeout) for g in groups]
+
+
 def _ingest_local(table, fmt: Format, source, gamma, strict, chunk, options, timeout, t0) -> IngestReport:
     spec = table.spec
     stream = streams(table)
@@ -285,16 +324,15 @@ def _ingest_local(table, fmt: Format, source, gamma, strict, chunk, options, tim
             part = parse_partition(fmt, p, spec, gamma, strict, options)
             check_reread(before, part.summary())
             if part.episodes:
-                res = table.insert(part.episodes, timeout=timeout)  # this partition, all or none
-                got.append((res.episode_ids, res.shards))
+                got += [(r.episode_ids, r.shards) for r in insert_fitting(table, part.episodes, timeout)]
             del part
         if got:
             ids, dest = (np.concatenate(x) for x in zip(*got))
     else:
         eps = [e for p in parsed for e in p.episodes]
         if eps:
-            res = table.insert(eps, timeout=timeout)  # atomic: all episodes or none
-            ids, dest = res.episode_ids, res.shards
+            got = [(r.episode_ids, r.shards) for r in insert_fitting(table, eps, timeout)]
+            ids, dest = (np.concatenate(x) for x in zip(*got))
     by_shard = {int(s): ids[dest == s] for s in np.unique(dest)}
     stored = stored_summary(dict(enumerate(table.shards)), by_shard, spec.names)
     parts_info, off = [], 0
