@@ -553,3 +553,55 @@ def test_a_dataset_larger_than_the_table_evicts_its_oldest_episodes_whatever_the
         assert rewards.min() >= 50 and rewards.max() <= 69
     finally:
         t.close()
+
+
+def test_datasets_in_edge_cases_are_read_or_refused_in_one_line(client, tmp_path):
+    """An empty Minari dataset Minari wrote is 0 episodes (its main file has no bytes); an HDF5 file with
+    no episode group and no metadata.json is not Minari's (it read as 0 episodes, ok); one path in a list
+    is that path, several D4RL paths are refused (a bare TypeError); a bag element that is no episode is
+    refused by name (KeyError, AttributeError); a step table with an episode in two partitions is refused
+    on both tables (it went in as pieces, none ended). Nothing is inserted by a refused call."""
+    import dask.bag as db
+    import dask.dataframe as dd
+    import gymnasium as gym
+    import pandas as pd
+    from minari.dataset.minari_storage import MinariStorage
+
+    from gear_flow.ingest import insert_collection
+
+    t = gf.LocalTable(gf.TableSpec(episode_columns(3), capacity=100))
+    (tmp_path / "empty" / "data").mkdir(parents=True)
+    MinariStorage.new(tmp_path / "empty" / "data", observation_space=gym.spaces.Box(-1, 1, (3,), np.float32),
+                      action_space=gym.spaces.Discrete(2), data_format="hdf5")  # fmt: skip
+    assert ingest(t, tmp_path / "empty").episodes_read == 0
+    n = 8
+    with h5py.File(tmp_path / "main_data.hdf5", "w") as h:  # a D4RL file under Minari's file name
+        h["observations"], h["actions"] = np.zeros((n, 3), np.float32), np.zeros(n, np.int64)
+        h["rewards"], h["terminals"], h["timeouts"] = np.ones(n, np.float32), np.arange(n) == n - 1, np.zeros(n, bool)
+    with pytest.raises(DatasetError, match="holds no episode_\\* group and there is no metadata.json"):
+        ingest(t, tmp_path / "main_data.hdf5", fmt="minari")
+    (tmp_path / "main_data.hdf5").rename(tmp_path / "d4rl.hdf5")
+    assert ingest(t, [tmp_path / "d4rl.hdf5"], fmt="d4rl").episodes_read == 1
+    with pytest.raises(gf.SpecError, match="a d4rl dataset is one file; got 2 paths"):
+        ingest(t, [tmp_path / "d4rl.hdf5"] * 2, fmt="d4rl")
+    before = t.size
+    ep = {"obs": np.zeros((3, 3), np.float32), "action": np.zeros(3, np.int64), "reward": np.ones(3, np.float32),
+          "done": np.array([False, False, True])}  # fmt: skip
+    for bad in ({k: v for k, v in ep.items() if k != "reward"}, [1, 2]):
+        with pytest.raises(DatasetError, match="partition 0, episode 1: a (dict|list) without 'reward'"):
+            insert_collection(t, db.from_sequence([ep, bad], npartitions=1))
+    frame = pd.DataFrame({"episode_id": [0] * 5, "step": range(5), "reward": np.ones(5, np.float32),
+                          "terminal": [False] * 4 + [True], "truncated": [False] * 5, "action": np.zeros(5, np.int64),
+                          **{f"obs_{i}": np.zeros(5, np.float32) for i in range(3)}})  # fmt: skip
+    split = dd.from_pandas(frame, npartitions=2, sort=False)
+    assert split.npartitions == 2
+    d = DistributedTable.create(client, gf.TableSpec(episode_columns(3), capacity=100), seed=0)
+    try:
+        for table in (t, d):
+            with pytest.raises(DatasetError, match="the episode is in partitions 0 and 1"):
+                insert_collection(table, split)
+        assert d.info()["size"] == 0
+    finally:
+        d.close()
+    assert t.size == before
+    assert insert_collection(t, dd.from_pandas(frame, npartitions=1)) == 1

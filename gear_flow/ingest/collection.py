@@ -230,6 +230,13 @@ def _parse(part, spec, gamma: float, strict: bool, kind: str, cmap, label: str) 
     else:
         pairs = []
         for j, e in enumerate(part):
+            if not isinstance(e, Mapping) or "reward" not in e:
+                raise DatasetError(
+                    label,
+                    j,
+                    f"a {type(e).__name__} without 'reward': each element must be a dict of an episode's "
+                    "obs (or obs__<key>), action, reward and done",
+                )
             raw = {r: e.get(k) for r, k in (("obs", "obs"), ("action", "action"), ("reward", "reward"))}
             raw["terminal"] = e.get("done", e.get("terminal"))
             raw["truncated"] = e.get("truncated", np.zeros(len(np.asarray(e["reward"])), bool))
@@ -238,6 +245,34 @@ def _parse(part, spec, gamma: float, strict: bool, kind: str, cmap, label: str) 
             raw["next_obs"] = e.get("next_obs")
             pairs.append((j, make_episode(label, j, **raw, want_next=nxt, strict=strict)))
     return [fit_to_table(spec, label, sid, ep, gamma) for sid, ep in pairs]
+
+
+def _one_partition_each(frame, cmap, client) -> None:
+    """Refuse a step table with an episode in two partitions (each partition is parsed alone, so such an
+    episode went in as two or more, none of them ended): its episode column read once more, nothing else.
+    ``client``: the Dask client to compute with, or True for in-process."""
+    from .parquet import DEFAULT
+
+    epc = (cmap or DEFAULT).episode
+    if epc not in frame.columns:
+        return  # (the parse names the missing column)
+    col = frame[epc].to_delayed()
+    if client is True:
+        import dask
+
+        per = dask.compute(*col, scheduler="sync")
+    else:
+        per = client.gather(client.compute(list(col)))
+    seen: dict = {}
+    for i, ids in enumerate(per):
+        for e in np.unique(np.asarray(ids)).tolist():
+            if seen.setdefault(e, i) != i:
+                raise DatasetError(
+                    f"partition {i}",
+                    e,
+                    f"the episode is in partitions {seen[e]} and {i} (each episode's rows must "
+                    "be in one partition: repartition by episode); nothing was inserted",
+                )
 
 
 def insert_collection(
@@ -286,6 +321,8 @@ def insert_collection(
     parts = collection.to_delayed()
     if hasattr(parts, "ravel"):
         parts = list(parts.ravel())
+    if kind == "frame":
+        _one_partition_each(collection, columns, is_local(table) or table.client)
     if is_local(table):
         import dask
 

@@ -116,6 +116,13 @@ def ingest(
     name = detect_format(source) if fmt is None else fmt
     if name not in FORMATS:
         raise SpecError(f"fmt {name!r} must be one of {sorted(FORMATS)}")
+    if isinstance(source, list) and name != "parquet":  # (one path in a list, as the CLI gives it: that path)
+        if len(source) != 1:
+            raise SpecError(
+                f"a {name} dataset is one {'directory' if name == 'minari' else 'file'}; got {len(source)} paths: "
+                "ingest them one at a time (several files in one call are for Parquet)"
+            )
+        source = source[0]
     gamma, strict, chunk = resolve(gamma, strict, chunk_episodes)
     check_table_columns(table.spec)
     if frame_backend is not None and (name != "parquet" or frame_backend not in parquet.FRAME_READERS):

@@ -151,9 +151,15 @@ def plan(source: str | os.PathLike[str], chunk_episodes: int, **_: object) -> Pl
                 f"data_format {fmt!r} without {MAIN_FILE}; expected hdf5 (with {MAIN_FILE}), arrow or parquet",
             )
         idx, steps = minari_arrow.episodes(main)
+    elif main.stat().st_size == 0 and meta_path is not None and meta.get("total_episodes") == 0:
+        idx, steps = [], []  # Minari writes an empty dataset's main file with no bytes at all
     else:
         with _h5(main) as f, guard(main, None):
             idx = sorted(int(m.group(1)) for k in f.keys() if (m := _EPISODE_RE.match(k)))
+            if not idx and meta_path is None:  # no episode and nothing saying there are none: not Minari's
+                raise DatasetError(
+                    main, None, f"holds no episode_* group and there is no {METADATA_FILE}: not a Minari dataset"
+                )
             steps = []
             for i in idx:
                 g = f[f"episode_{i}"]
