@@ -718,7 +718,7 @@ async def _sample_plan(table, out, B, L, boundary, columns, rng, grant: SampleGr
         layout = await planner.run_async(planner.sample(t._cfg.plan, B, rng), ex)
     except planner.NothingToSample:
         await ex.undo()
-        await _raise_empty(t, L, boundary)
+        await _raise_empty(t, B, L, boundary)
     except BaseException:
         await ex.undo()
         raise
@@ -797,12 +797,19 @@ async def _sample_one_worker(table, addr, out, B, L, boundary, columns, rng, hor
     return out, res["expired"]
 
 
-async def _raise_empty(table, L, boundary):
+async def _raise_empty(table, B, L, boundary):
     t = table
     res = await t._link.on_workers({a: ("info", dict(name=t.name)) for a in t._view.workers()})
     infos = [i for r in res.values() for i in r]
     longest = max((i["longest_episode"] for i in infos), default=0)
-    raise nothing_to_sample(f"table {t.name!r}", sum(i["size"] for i in infos), longest, L, boundary)
+    size = sum(i["size"] for i in infos)
+    if not size or L == 1 or boundary != "strict":
+        # admitted (the limiter saw items), then emptied by a delete or another sample's expiry before the
+        # draw (every item holds such a window: by the time of these infos maybe filled again): nothing was
+        # taken, and as a batch short of items it gives its admission back and waits for an insert; strict
+        # windows of several steps that no item holds now raise, as they do on a LocalTable
+        raise planner.ShortOfItems(0, B)
+    raise nothing_to_sample(f"table {t.name!r}", size, longest, L, boundary)
 
 
 # -- the executor ------------------------------------------------------------------------------------------------
