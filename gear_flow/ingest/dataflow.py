@@ -270,7 +270,7 @@ def check_reread(before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
         )
 
 
-def insert_fitting(table, episodes: list, timeout: float | None) -> list:
+def insert_fitting(table: LocalTable, episodes: list, timeout: float | None) -> list:
     """``table.insert`` of validated ``episodes``: one call, all or none; or, when that call would put more
     than a shard's capacity on a shard (a dataset larger than the table), consecutive calls of at most one
     shard's capacity each, so that the oldest episodes are evicted as the report says
