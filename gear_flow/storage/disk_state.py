@@ -235,9 +235,8 @@ def check(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, 
     """
     layout = read_layout(directory)
     header = read_header(directory)
-    for name, (dtype, shape) in _arrays(layout, header).items():
+    for name, want in _file_sizes(layout, header).items():
         path = Path(directory) / f"{name}.bin"
-        want = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
         try:
             have = path.stat().st_size
         except FileNotFoundError:
@@ -250,11 +249,12 @@ def check(directory: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, 
     return layout, header
 
 
-def _arrays(layout: dict[str, Any], header: dict[str, Any]) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Every array file of a shard: the layout's, and the episode index of the header's size."""
-    out = {n: (a["dtype"], tuple(a["shape"])) for n, a in layout["arrays"].items()}
-    out[f"index-{header['index_size']}"] = ("<i8", (len(INDEX_FIELDS), int(header["index_size"])))
-    return out
+def _file_sizes(layout: dict[str, Any], header: dict[str, Any]) -> dict[str, int]:
+    """The bytes of every array file of a shard, the layout's and the episode index of the header's size (at
+    least 1: an empty array's file too)."""
+    arrays = {n: (a["dtype"], tuple(a["shape"])) for n, a in layout["arrays"].items()}
+    arrays[f"index-{header['index_size']}"] = ("<i8", (len(INDEX_FIELDS), int(header["index_size"])))
+    return {n: max(1, int(np.prod(shape)) * np.dtype(dt).itemsize) for n, (dt, shape) in arrays.items()}
 
 
 def verify_files(directory: str | os.PathLike[str], layout: dict[str, Any], header: dict[str, Any]) -> dict[str, int]:
@@ -278,9 +278,7 @@ def verify_files(directory: str | os.PathLike[str], layout: dict[str, Any], head
     CheckpointError
         A chunk's checksum differs, or the checksums do not describe the files.
     """
-    nbytes = {
-        n: max(1, int(np.prod(shape)) * np.dtype(dt).itemsize) for n, (dt, shape) in _arrays(layout, header).items()
-    }
+    nbytes = _file_sizes(layout, header)
     try:
         capacity = int(layout["table"]["spec"]["capacity"])
     except (KeyError, TypeError, ValueError):
