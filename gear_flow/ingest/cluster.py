@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import DatasetError, GearFlowError, ShardLostError
-from .common import Plan, parse_partition
+from .common import Plan, capacity_groups, parse_partition
 from .dataflow import check_totals, nothing_inserted, part_info, streams
 from .formats import FORMATS
 from .report import IngestReport, build_report, stored_summary
@@ -140,25 +140,16 @@ def _stage_task(name: str, txn: str, parsed_list: list, offsets: list, first_id:
 def _fitting_groups(lengths: np.ndarray, n_shards: int, capacity: int, routing: str, k: int) -> list[np.ndarray]:
     """A partition's episodes as one group, or, when routing them at once would put more than a shard's
     capacity on a shard (a dataset larger than the table), as consecutive groups of at most one shard's
-    capacity each: its oldest episodes are then evicted as separate inserts would evict them (the local
-    ingest's rule, :func:`gear_flow.ingest.dataflow.insert_fitting`).  An episode longer than a shard's
+    capacity each (:func:`~gear_flow.ingest.common.capacity_groups`); an episode longer than a shard's
     capacity stays in a group of its own, for :func:`~gear_flow.table.routing.route` to refuse by name."""
     from ..errors import CapacityError
     from ..table.routing import route
 
-    everything = np.arange(len(lengths))
     try:
         route(lengths, n_shards, capacity, routing, k)
-        return [everything]
+        return [np.arange(len(lengths))]
     except CapacityError:
-        pass
-    groups, start, steps = [], 0, 0
-    for i, n in enumerate(lengths.tolist()):
-        if steps + n > capacity and i > start:
-            groups.append(everything[start:i])
-            start, steps = i, 0
-        steps += n
-    return groups + [everything[start:]]
+        return capacity_groups(lengths.tolist(), capacity)
 
 
 def _stored_task(name: str, ids_by_shard: dict, names) -> dict:

@@ -373,6 +373,40 @@ def combine_sums(per_episode: Sequence[np.ndarray | None], names: Sequence[str])
     return {n: math.fsum(m[:, j].tolist()) for j, n in enumerate(names)}
 
 
+def capacity_groups(lengths: Sequence[int], capacity: int) -> list[np.ndarray]:
+    """Episodes of ``lengths`` as consecutive groups of at most ``capacity`` steps each (an episode longer
+    than that in a group of its own): the inserts a dataset larger than the table goes in as, so that
+    none puts more than a shard's capacity on a shard, whatever the routing, and the oldest episodes are
+    evicted as separate inserts evict them (both tables' ingest: ``dataflow.insert_fitting``,
+    ``cluster._fitting_groups``).
+
+    Parameters
+    ----------
+    lengths : sequence of int
+        Each episode's steps, in order.
+    capacity : int
+        A shard's.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        int64 indices into ``lengths``, each group's, in order.
+
+    Examples
+    --------
+    >>> [g.tolist() for g in capacity_groups([5, 5, 20, 20, 5, 30], 25)]
+    [[0, 1], [2], [3, 4], [5]]
+    """
+    everything = np.arange(len(lengths))
+    groups, start, steps = [], 0, 0
+    for i, n in enumerate(lengths):
+        if steps + n > capacity and i > start:
+            groups.append(everything[start:i])
+            start, steps = i, 0
+        steps += n
+    return groups + [everything[start:]]
+
+
 def check_table_columns(spec: TableSpec) -> None:
     """Every column of the table must be one the readers can produce.
 

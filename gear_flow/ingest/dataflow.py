@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import DatasetError, SpecError
 from . import parquet
-from .common import Format, Plan, check_table_columns, parse_partition, resolve
+from .common import Format, Plan, capacity_groups, check_table_columns, parse_partition, resolve
 from .formats import FORMATS, detect_format
 from .report import IngestReport, build_report, stored_summary
 
@@ -296,17 +296,11 @@ def insert_fitting(table: LocalTable, episodes: list, timeout: float | None) -> 
     try:
         return [table.insert(episodes, timeout=timeout)]
     except CapacityError:
-        cap = table.spec.capacity
         lengths = [len(next(iter(e.values()))) for e in episodes]
-        if table.cfg.lossless or max(lengths) > cap:
+        if table.cfg.lossless or max(lengths) > table.spec.capacity:
             raise
-    groups, steps = [[]], 0
-    for e, n in zip(episodes, lengths):
-        if steps + n > cap:
-            groups, steps = groups + [[]], 0
-        groups[-1].append(e)
-        steps += n
-    return [table.insert(g, timeout=timeout) for g in groups]
+    groups = capacity_groups(lengths, table.spec.capacity)
+    return [table.insert([episodes[i] for i in g], timeout=timeout) for g in groups]
 
 
 def _ingest_local(table, fmt: Format, source, gamma, strict, chunk, options, timeout, t0) -> IngestReport:
