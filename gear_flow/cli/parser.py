@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from ..spec import BOUNDARIES
 from .commands import (
@@ -37,26 +38,24 @@ With TLS (cluster/tls/make_certs.py), add --tls-dir DIR to every command, or
 """
 
 
-def _count(text: str) -> int:
-    """An argument that counts processes or threads: an int of at least 1 (0 is no default here)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} must be at least 1")
-    return n
+def _whole(lo: int, hi: int | None, why: str) -> Callable[[str], int]:
+    """An argument type: a whole number from ``lo`` to ``hi`` (None: no bound), else ``why`` names the range."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if n < lo or (hi is not None and n > hi):
+            raise argparse.ArgumentTypeError(f"{n} {why}")
+        return n
+
+    return parse
 
 
-def _port(text: str) -> int:
-    """A TCP port to listen on: 0 (any free one) to 65535."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 0 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"{n} is not a port (0 for any free one, up to 65535)")
-    return n
+#: processes or threads (0 is no default here); a TCP port to listen on
+_count = _whole(1, None, "must be at least 1")
+_port = _whole(0, 65535, "is not a port (0 for any free one, up to 65535)")
 
 
 class _Parser(argparse.ArgumentParser):
