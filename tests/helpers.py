@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 
 import numpy as np
 
-from gear_flow import ColumnSpec, LocalTable, TableSpec
+from gear_flow import ColumnSpec, GearFlowError, LocalTable, RateLimitTimeout, TableSpec
 from gear_flow.keys import decode
 
 COLUMNS = (
@@ -207,3 +208,46 @@ class Script:
 
     def kinds(self):
         return [k for k, _ in self.seen]
+
+
+def delete_race(table, deleter, items: int = 80, seed: int = 0) -> tuple[list[int], list[int], list[str]]:
+    """A producer inserting one-step items ``{"x": i}`` into ``table`` and deleting each on ``deleter`` (a
+    handle of the same table) as soon as it is stored, while a consumer samples one at a time.
+
+    Returns
+    -------
+    tuple of (list of int, list of int, list of str)
+        The values the consumer got, in order; the values whose delete applied; the errors either met
+        (a rate limiter's timeout is the workload's, not an error).
+    """
+    got, deleted, errors, done = [], [], [], threading.Event()
+    rng = np.random.default_rng(seed)
+
+    def producer():
+        for i in range(items):
+            try:
+                k = np.asarray(table.insert({"x": np.full(1, i, np.float32)}, timeout=2).first_keys)[:1]
+                if deleter.delete(k).applied == 1:
+                    deleted.append(i)
+            except RateLimitTimeout:
+                pass
+            except Exception as e:  # surfaced by the caller
+                errors.append(repr(e))
+            threading.Event().wait(float(rng.uniform(0, 0.01)))  # (the workload's pace, not a barrier)
+        done.set()
+
+    def consumer():
+        while not done.is_set():
+            try:
+                got.extend(int(v) for v in table.sample(1, timeout=0.2)["x"].numpy().ravel())
+            except RateLimitTimeout:
+                pass
+            except GearFlowError as e:  # EmptyTableError; a sample redone too often
+                errors.append(repr(e))
+
+    threads = [threading.Thread(target=f) for f in (producer, consumer)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+    return got, deleted, errors

@@ -13,9 +13,9 @@ import time
 
 import numpy as np
 import pytest
-from helpers import x_spec
+from helpers import delete_race, x_spec
 
-from gear_flow import LocalTable, RateLimitTimeout, SampleToInsertRatio
+from gear_flow import Fifo, LocalTable, RateLimitTimeout, SampleToInsertRatio
 
 SHORT = 0.05
 
@@ -290,3 +290,23 @@ def test_a_fifo_scan_starts_past_the_items_it_found_inactive(monkeypatch):
     starts.clear()
     assert t.sample(5)["x"].numpy()[:, 0].tolist() == [1005.0, 1006.0, 1007.0, 1008.0, 1009.0]
     assert starts and min(starts) == 1000  # where the batch before met its first live item
+
+
+@pytest.mark.parametrize("kind", ["queue", "fifo"])
+def test_an_item_a_sample_hands_out_and_expires_is_never_also_reported_deleted(make_table, kind):
+    """A producer deleting each item as it is stored, a consumer sampling it: each item is either handed
+    out (and expired: it goes out once) or deleted, never both, as if the two came one after the other.
+    A worker's delete of an item that a sample gathered and has not committed waits for that commit."""
+    spec = x_spec(capacity=64, num_shards=2)
+    if kind == "queue":
+        t = make_table.queue(spec, 8, seed=0)
+    else:
+        t = make_table(spec, sampler=Fifo(), max_times_sampled=1, seed=0,
+                       rate_limiter=SampleToInsertRatio(1.0, 1, 2.0))  # fmt: skip
+    got, deleted, errors = delete_race(t, t)
+    assert errors == []
+    assert len(got) > 0 and len(deleted) > 0  # both raced for the items
+    assert len(got) == len(set(got))  # each went out once
+    assert sorted(set(got) & set(deleted)) == []
+    info = t.info()["totals"]
+    assert info["expired"] == len(got) and info["deleted"] == len(deleted)

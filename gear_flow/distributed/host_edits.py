@@ -14,6 +14,8 @@ import numpy as np
 from ..errors import SpecError
 from ..ops.seeds import generator
 from ..table.executor import evict_on, summary
+from .host_sampling import release
+from .host_transactions import SampleHolds
 
 if TYPE_CHECKING:
     from .host_tables import HostedTables
@@ -151,15 +153,26 @@ class HostEditor:
         ------
         UnknownKeyError
             A seq never issued.
+        SampleHolds
+            A sample gathered but not yet finished here holds one of the
+            items: nothing was deleted; the caller asks again once it finished.
         """
         self.check_keys(name, seqs_by_shard)
         t = self.tables.table(name)
-        d, st = {}, 0
-        for i, seqs in seqs_by_shard.items():
-            a, b = t.shard(i).delete(np.asarray(seqs, np.int64))
-            d[int(i)] = a
-            st += b
-        return d, st
+        seqs_by_shard = {i: np.asarray(seqs, np.int64) for i, seqs in seqs_by_shard.items()}
+        locks = t.locked(sorted(seqs_by_shard))  # no part is gathered and made pending meanwhile
+        try:
+            for i, seqs in seqs_by_shard.items():
+                if t.txns.holds(int(i), seqs):
+                    raise SampleHolds(f"table {name!r}: shard {i}'s items are held by a sample being finished")
+            d, st = {}, 0
+            for i, seqs in seqs_by_shard.items():
+                a, b = t.shard(i).delete(seqs)
+                d[int(i)] = a
+                st += b
+            return d, st
+        finally:
+            release(locks)
 
     def remove(
         self,

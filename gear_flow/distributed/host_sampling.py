@@ -308,6 +308,23 @@ def _serve_part(t: HostedTable, req: PartRequest, rng: np.random.Generator) -> d
     return res
 
 
+def _finish_parts(t: HostedTable, parts: list, commit: bool) -> dict[int, int]:
+    """Commit or undo a sample's pending ``parts``; ``{shard: items expired}`` or ``{shard: items undone}``."""
+    out: dict[int, int] = {}
+    for i, sl, seqs, drawn in parts:
+        s = i if isinstance(i, Shard) else t.shards[i]  # a copy replaced since the draw: finished on it
+        i = s.shard_id
+        if commit:
+            k = s.record_samples(sl, seqs)
+            if k:
+                out[i] = out.get(i, 0) + k
+        else:
+            if drawn:
+                s.unconsume(sl, seqs)
+            out[i] = out.get(i, 0) + len(sl)
+    return out
+
+
 def _choose(
     t: HostedTable, s: Shard, i: int, req: PartRequest, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray] | None:
@@ -618,19 +635,11 @@ class HostSampler:
         parts, done = t.txns.take_pending(txn, commit)
         if parts is None:
             return done
-        out = {}
-        for i, sl, seqs, drawn in parts:
-            s = i if isinstance(i, Shard) else t.shards[i]  # a copy replaced since the draw: finished on it
-            i = s.shard_id
-            if commit:
-                k = s.record_samples(sl, seqs)
-                if k:
-                    out[i] = out.get(i, 0) + k
-            else:
-                if drawn:
-                    s.unconsume(sl, seqs)
-                out[i] = out.get(i, 0) + len(sl)
-        t.txns.finished(txn, commit, out)
+        out: dict | None = None
+        try:
+            out = _finish_parts(t, parts, commit)
+        finally:  # its items are released to the deletes waiting for them, applied or not
+            t.txns.finished(txn, commit, out)
         return out
 
     def uncount(self, name: str, counts: dict[int, int]) -> None:

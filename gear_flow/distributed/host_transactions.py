@@ -3,11 +3,12 @@
 An insert is staged (kept, nothing visible), applying (being written),
 applied (its result remembered) or aborted (a tombstone: a stage, write or
 apply of it that arrives later, sent before the abort, is refused).  A
-two-phase sample's gathered parts are pending until its finish, whose outcome
-is then remembered.  The coordinator's recovery and a request sent again after
-its reply was lost both ask this memory, which is why outcomes are kept for
-the last :data:`REMEMBER` transactions and why a resent request is answered as
-the first one.  Every field changes only through :class:`TransactionMemory`'s
+two-phase sample's gathered parts are pending until its finish has applied
+them, whose outcome is then remembered; a delete of an item they hold waits
+for that (:meth:`TransactionMemory.holds`).  The coordinator's recovery and a
+request sent again after its reply was lost both ask this memory, which is
+why outcomes are kept for the last :data:`REMEMBER` transactions and why a
+resent request is answered as the first one.  Every field changes only through :class:`TransactionMemory`'s
 methods, under its one lock.
 """
 
@@ -19,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..errors import SpecError
 
 if TYPE_CHECKING:
@@ -26,6 +29,14 @@ if TYPE_CHECKING:
 
 #: transactions whose outcome a worker remembers (for the coordinator's recovery, and a request sent again)
 REMEMBER = 4096
+
+
+class SampleHolds(Exception):
+    """A delete met an item that a sample gathered here and has not finished holds: nothing was deleted.
+
+    Never leaves the worker: its operation is asked again once the sample
+    finished (:meth:`~gear_flow.distributed.plugin.GearFlowWorker.run`).
+    """
 
 
 def remember(memo: OrderedDict, txn: str, outcome: object) -> None:
@@ -82,6 +93,7 @@ class TransactionMemory:
         self._applying: set[str] = set()
         self._aborted: OrderedDict[str, bool] = OrderedDict()
         self._pending: dict[str, list] = {}  # sample txn -> [(shard, slots, seqs, drawn)]
+        self._finishing: dict[str, list] = {}  # taken by a finish not yet applied: still held from deletes
         self._finished: OrderedDict[str, tuple[bool, dict]] = OrderedDict()
 
     @property
@@ -280,12 +292,14 @@ class TransactionMemory:
         with self._lock:
             parts = self._pending.pop(txn, None)
             if parts is not None:
+                self._finishing[txn] = parts
                 return parts, {}
             done = self._finished.get(txn)
             return None, dict(done[1]) if done is not None and done[0] == bool(commit) else {}
 
-    def finished(self, txn: str, commit: bool, result: dict) -> None:
-        """Remember how sample ``txn`` finished (a finish sent again answers with it).
+    def finished(self, txn: str, commit: bool, result: dict | None) -> None:
+        """Remember how sample ``txn`` finished (a finish sent again answers with it); its parts are no longer
+        held.
 
         Parameters
         ----------
@@ -293,11 +307,40 @@ class TransactionMemory:
             The sample's transaction id.
         commit : bool
             Whether it was committed.
-        result : dict
-            The finish's result.
+        result : dict or None
+            The finish's result; None when it raised (nothing is remembered).
         """
         with self._lock:
-            remember(self._finished, txn, (bool(commit), dict(result)))
+            self._finishing.pop(txn, None)
+            if result is not None:
+                remember(self._finished, txn, (bool(commit), dict(result)))
+
+    def holds(self, shard: int, seqs: np.ndarray) -> bool:
+        """Whether a sample gathered but not yet finished here holds one of ``seqs``' items of ``shard``.
+
+        A delete of such an item waits for the finish: the sample may hand it
+        out (and expire it), and the delete must then find it gone, as it
+        would after the sample on a LocalTable.  The caller holds the shard's
+        lock, under which a part is gathered and made pending.
+
+        Parameters
+        ----------
+        shard : int
+            The shard's id.
+        seqs : numpy.ndarray
+            int64 item sequence numbers.
+
+        Returns
+        -------
+        bool
+            Whether one is held.
+        """
+        with self._lock:
+            held = [
+                p[2] for where in (self._pending, self._finishing) for parts in where.values() for p in parts
+                if p[0] == shard
+            ]  # fmt: skip
+        return bool(held) and bool(np.isin(seqs, np.concatenate(held)).any())
 
     # -- what a move waits for ---------------------------------------------------------------
     def joins(self, txn: Any) -> bool:
@@ -336,4 +379,4 @@ class TransactionMemory:
                 return True
             if any(s in shards for parts in self._staged.values() for s, _ in parts):
                 return True
-            return any(p[0] in shards for parts in self._pending.values() for p in parts)
+            return any(p[0] in shards for w in (self._pending, self._finishing) for parts in w.values() for p in parts)

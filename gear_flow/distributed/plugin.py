@@ -30,6 +30,7 @@ from ..errors import GearFlowError, ProtocolError
 from . import host_moves, protocol, wire
 from .host import OPS, ShardHost
 from .host_sampling import release
+from .host_transactions import SampleHolds
 from .lane import LaneServer
 from .openmp import short_spin
 from .operations import ALWAYS, EPOCH_ARGUMENT, WORKER_OPS
@@ -204,8 +205,10 @@ class GearFlowWorker(WorkerPlugin):
         CPU tiers run right here on the event loop when every shard lock of
         their table can be taken without waiting; everything else, and those
         when a lock is held (a write or gather in progress), runs in the
-        plugin's threads.  No version or schema check: in-process callers
-        are trusted.
+        plugin's threads.  A delete of an item that a sample gathered here
+        and has not finished waits for that finish (as a move's gate is
+        waited for: it never fails for it).  No version or schema check:
+        in-process callers are trusted.
 
         Parameters
         ----------
@@ -227,6 +230,13 @@ class GearFlowWorker(WorkerPlugin):
             The operation's own errors.
         """
         epoch = None if op in EPOCH_ARGUMENT else kwargs.pop("epoch", None)
+        while True:
+            try:
+                return await self._gated(op, epoch, kwargs)
+            except SampleHolds:  # a delete of an item a sample here hands out: after that sample's finish
+                await asyncio.sleep(GATE_POLL_S)
+
+    async def _gated(self, op: str, epoch: Any, kwargs: dict) -> Any:
         gated = self.host.gate_of(op, kwargs.get("name"), kwargs.get("txn"))
         if gated is None:
             return await self._run(op, kwargs)

@@ -55,7 +55,7 @@ from ..table.validate import check_sample_args, sample_columns
 from . import reader_draw
 from .host_sampling import ShortBatchError, StaleSelectionError
 from .pending import book_reply, pending_calls, ride_along, settle
-from .transport import Moved, Retry, TableLink, copy_pool
+from .transport import Moved, Retry, Stale, TableLink, copy_pool
 
 if TYPE_CHECKING:
     from .api import DistributedTable
@@ -484,8 +484,10 @@ def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers |
     admitted again; a batch the items left cannot fill given back and
     waited for again once items arrive (as Reverb's sample waits for
     inserts); a draw that met a moved shard, a lost worker or a stale
-    selection drawn again (up to :data:`_ATTEMPTS` times); the grant given
-    back on every failure; the expired items counted.  The event loop
+    selection drawn again (up to :data:`_ATTEMPTS` times; an exclusive
+    sample's stale selection, an item a delete took, as often as that
+    happens while the caller's time lasts); the grant given back on every
+    failure; the expired items counted.  The event loop
     (:class:`LoopSampler`) and the caller's thread
     (:class:`~gear_flow.distributed.thread_sample.ThreadSampler`) answer it
     (:func:`gear_flow.table.planner.run_async`, :func:`~gear_flow.table.planner.run`).
@@ -550,7 +552,18 @@ def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers |
                 grant = yield from _admit(t, B, left, after=after)
                 lost_at = _lost_at_grant(t, grant) if exclusive else None
             except (Retry, StaleSelectionError) as e:
-                if attempt == _ATTEMPTS - 1:
+                if exclusive and isinstance(e, (StaleSelectionError, Stale)):
+                    # a delete (or an eviction) took an item it chose: nothing was taken, and the table
+                    # changed, so it is planned again as often as that happens while the caller's time lasts
+                    # (an attempt counts shards moving, which each redo must get past)
+                    if time_left(t, call.timeout, call.start) == 0.0:
+                        raise RateLimitTimeout(
+                            f"a sample of {B} on table {t.name!r} was not served within "
+                            f"{t.timeout if call.timeout is None else call.timeout} s: the items it chose were "
+                            f"removed each time ({e})"
+                        ) from None
+                    attempt -= 1
+                elif attempt == _ATTEMPTS - 1:
                     raise redone_too_often(t, e) from None
     except BaseException:
         yield GiveBack(grant)
@@ -1237,15 +1250,19 @@ class RemoteSample:
 
         Raises
         ------
+        Stale
+            A stale selection (the table changed since the plan).
         Retry
-            A stale selection or a retry.
+            A retry (shards moved, a worker lost).
         Exception
             Any other error, as it came.
         """
         if errors:  # the parts that arrived are recorded in book(), so undo() can give them back
             self.t._masses.clear()
             e = errors[0]
-            if isinstance(e, (StaleSelectionError, Retry)):  # its words kept: a sample given up names them
+            if isinstance(e, StaleSelectionError):  # its words kept: a sample given up names them
+                raise Stale(str(e))
+            if isinstance(e, Retry):
                 raise Retry(str(e))
             raise e
 

@@ -92,6 +92,11 @@ class Retry(Exception):
     """Internal: the shard set changed (degraded mode) or a selection went stale; redo the operation."""
 
 
+class Stale(Retry):
+    """Internal: a selection went stale (the table changed since its plan: an item chosen was removed or
+    written over); redone as placed, as often as that happens where the operation allows."""
+
+
 class Moved(Retry):
     """Internal: workers refused requests planned before shards moved (the handle knows the new placement
     now); what was asked of them is redone as placed now, nothing of it counts as lost.
