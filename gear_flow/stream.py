@@ -321,7 +321,9 @@ class Stream:
                 f.cancel()
             if turns is not None:  # a request waiting for the turn of a cancelled one gives up
                 turns.close()
-            cancel.set()  # and one waiting for the limiter (a drained queue, no timeout) gives up, nothing taken
+            # and one waiting for the limiter (a drained queue, no timeout) gives up, nothing taken: in a LocalTable
+            # when woken, in a DistributedTable between two turns of its wait at the coordinator
+            cancel.set()
             admission = getattr(self.table, "_admission", None)
             if admission is not None:
                 admission.wake()

@@ -37,9 +37,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Generator, Sequence
+from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -50,6 +52,7 @@ from ..errors import EmptyTableError, GearFlowError, RateLimitTimeout, SpecError
 from ..ops.gather import gather_windows
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
+from ..table.admission import WAIT_CANCELLED
 from ..table.config import TableConfig
 from ..table.validate import check_sample_args, sample_columns
 from . import reader_draw
@@ -68,6 +71,12 @@ logger = logging.getLogger(__name__)
 #: the coordinator's answers to an admission that was never granted (the limiter counted nothing of it):
 #: it did not come in time, its client went away, or it was refused at once
 REFUSED = (RateLimitTimeout, SpecError)
+
+#: seconds a sample whose caller may give it up (a :class:`~gear_flow.stream.Stream`'s prefetching request,
+#: :data:`~gear_flow.table.admission.WAIT_CANCELLED`) waits at the coordinator before it asks again: the
+#: coordinator's line has no cancel, so such a wait is cut into turns, and the caller's event is looked at
+#: between them
+CANCEL_TURN_S = 0.25
 #: copies of gathered windows at least this large run off the event loop
 OFF_LOOP_BYTES = 1 << 20
 
@@ -380,6 +389,9 @@ class SampleArgs(NamedTuple):
         The call's timeout (None: the handle's).
     start : float
         ``time.monotonic()`` when the call began.
+    cancelled : threading.Event or None
+        The caller's :data:`~gear_flow.table.admission.WAIT_CANCELLED`
+        event: once set, a wait for admission gives up.
     """
 
     batch_size: int
@@ -389,6 +401,7 @@ class SampleArgs(NamedTuple):
     rng: np.random.Generator
     timeout: float | None
     start: float
+    cancelled: threading.Event | None = None
 
 
 def sample_args(
@@ -446,21 +459,37 @@ def sample_args(
     cfg.check_sample_size(batch_size)
     table._view.check_not_lost()
     rng = table.rng if rng is None else rng
-    return SampleArgs(batch_size, length, boundary, columns, rng, timeout, time.monotonic())
+    return SampleArgs(batch_size, length, boundary, columns, rng, timeout, time.monotonic(), WAIT_CANCELLED.get())
 
 
-def _admit(table: DistributedTable, n: int, timeout: float | None, after: int | None = None) -> Steps:
+def _admit(
+    table: DistributedTable,
+    n: int,
+    timeout: float | None,
+    after: int | None = None,
+    cancelled: threading.Event | None = None,
+) -> Steps:
     """The coordinator's admission of a batch of ``n``, with a new lease when the limiter gives one, and
     the placement it was granted at learnt; ``after``: the ``arrivals`` of a grant whose items left could not
-    fill the batch (granted once more have arrived).  Returns the grant, open."""
-    args = admission_args(table, n, timeout)
-    if after is not None:
-        args["after"] = after
-    try:
-        adm = yield Admit(args)
-    except REFUSED:  # never granted, so the leased samples it reported were not counted: kept for the next
-        table._lease.not_reported(args["done"])
-        raise
+    fill the batch (granted once more have arrived).  With ``cancelled`` (the caller may give it up) the wait
+    is asked for in turns of :data:`CANCEL_TURN_S`, and ends in ``CancelledError`` once the event is set,
+    nothing taken.  Returns the grant, open."""
+    start = time.monotonic()
+    while True:
+        left = time_left(table, timeout, start)
+        last = cancelled is None or (left is not None and left <= CANCEL_TURN_S)
+        if cancelled is not None and cancelled.is_set():
+            raise CancelledError(f"a waiting sample of table {table.name!r} was given up by its caller")
+        args = admission_args(table, n, left if last else CANCEL_TURN_S)
+        if after is not None:
+            args["after"] = after
+        try:
+            adm = yield Admit(args)
+            break
+        except REFUSED as e:  # never granted, so the leased samples it reported were not counted: kept for the next
+            table._lease.not_reported(args["done"])
+            if last or not isinstance(e, RateLimitTimeout):
+                raise
     grant = SampleGrant(table._link, n, adm)
     try:
         yield Refresh(adm["version"])
@@ -513,7 +542,7 @@ def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers |
     if leases_ok(t._cfg) and t._lease.take(B):
         grant = SampleGrant(t._link, B, None)
     else:
-        grant = yield from _admit(t, B, call.timeout)
+        grant = yield from _admit(t, B, call.timeout, cancelled=call.cancelled)
     lost_at = _lost_at_grant(t, grant) if exclusive else None
     expired = {}
     try:
@@ -529,7 +558,7 @@ def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers |
                 # admitted counting items of a shard lost since (each item goes out once): given back and
                 # waited for again, or the shards left would make up the batch with an item twice
                 yield GiveBack(grant)
-                grant = yield from _admit(t, B, time_left(t, call.timeout, call.start))
+                grant = yield from _admit(t, B, time_left(t, call.timeout, call.start), cancelled=call.cancelled)
                 lost_at = _lost_at_grant(t, grant)
                 if set(view.lost) != lost_at:  # the placement moved again meanwhile
                     continue
@@ -549,7 +578,7 @@ def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers |
                         f"a sample of {B} on table {t.name!r} was not admitted within "
                         f"{t.timeout if call.timeout is None else call.timeout} s: too few items left for it"
                     ) from None
-                grant = yield from _admit(t, B, left, after=after)
+                grant = yield from _admit(t, B, left, after=after, cancelled=call.cancelled)
                 lost_at = _lost_at_grant(t, grant) if exclusive else None
             except (Retry, StaleSelectionError) as e:
                 if exclusive and isinstance(e, (StaleSelectionError, Stale)):
