@@ -412,6 +412,19 @@ def test_nan_rewards_are_kept_when_not_strict(tmp_path, good):
         ingest(gf.LocalTable(spec()), src)
 
 
+def test_early_end_flags_are_kept_as_the_file_has_them_when_not_strict(tmp_path, good):
+    """strict=False stores an episode whose end flag comes before its last step as the file has it (neither
+    cut nor repaired: the episode is the file's); strict refuses it and says how to keep it."""
+    src, _ = _minari(tmp_path, good, 1, lambda e: e.update(terminations=np.r_[True, e["terminations"][1:]]))
+    with pytest.raises(DatasetError, match=r"step 0, before .*\(pass strict=False to keep them\)"):
+        ingest(gf.LocalTable(spec()), src)
+    rep = ingest(gf.LocalTable(spec()), src, strict=False)
+    assert rep.episodes_stored == len(good) and rep.steps_stored == sum(len(e["rewards"]) for e in good)
+    eps = list(read_minari(src, strict=False))
+    assert [len(e["done"]) for e in eps] == [len(e["rewards"]) for e in good]  # none cut
+    assert eps[1]["done"].tolist() == [True, *good[1]["terminations"][1:].tolist()]  # nor repaired
+
+
 def _drop_on(name, dask_worker=None):
     return dask_worker.plugins["gear-flow"].host.drop(name)
 

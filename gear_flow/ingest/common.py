@@ -215,7 +215,8 @@ def resolve(
         (default: ``gear-flow.ingest.gamma``).
     strict : bool, optional
         Reject non-finite rewards/observations and end flags before an
-        episode's last step, instead of repairing or cutting the episode
+        episode's last step; False stores them as the file has them (the
+        episode is the file's, its ends where the file's episode ends)
         (default: ``gear-flow.ingest.strict``).
     chunk_episodes : int, optional
         Most episodes per partition (read by one task), a positive integer

@@ -219,7 +219,8 @@ def make_episode(
         terminated episode's last next observation is zeros (never
         bootstrapped from); a truncated one without it is an error.
     strict : bool, default True
-        Reject non-finite observations or rewards and end flags before the last step.
+        Reject non-finite observations or rewards and end flags before the
+        last step; False keeps them as given.
 
     Returns
     -------
@@ -298,7 +299,7 @@ def make_episode(
                 path,
                 episode,
                 f"an end flag is set at step {early[0]}, before the episode's last step ({T - 1}); "
-                "strict=True requires episodes to end only at their last step",
+                "strict=True requires episodes to end only at their last step (pass strict=False to keep them)",
             )
     out = {k: np.ascontiguousarray(a[:T]) for k, a in obs_cols.items()}
     out["action"] = np.ascontiguousarray(act.astype(np.int64) if act.dtype.kind in "biu" else act)
