@@ -425,6 +425,27 @@ def test_early_end_flags_are_kept_as_the_file_has_them_when_not_strict(tmp_path,
     assert eps[1]["done"].tolist() == [True, *good[1]["terminations"][1:].tolist()]  # nor repaired
 
 
+@pytest.mark.parametrize("kind", ["uint64", "int32"])
+def test_parquet_episode_ids_of_any_integer_type_are_read_in_partitions(tmp_path, kind):
+    """Episode ids of the file's own type, uint64 ids at and above 2**63 included, are read the same whether
+    the file is one partition or one partition per episode (a partition's row filter compares in the
+    column's type)."""
+    ids = [7, 2**63 + 5, 2**64 - 1] if kind == "uint64" else [-4, 7, 2**31 - 1]
+    col = [i for i in ids for _ in range(2)]
+    n = len(col)
+    pq.write_table(pa.table({"episode_id": pa.array(col, getattr(pa, kind)()), "step": [0, 1] * 3,
+                             "obs_0": np.arange(n, dtype=np.float32), "action": np.zeros(n, np.int64),
+                             "reward": np.ones(n, np.float32), "terminal": [False, True] * 3,
+                             "truncated": np.zeros(n, bool)}), tmp_path / "p.parquet")  # fmt: skip
+    read = {}
+    for chunk in (3, 1):
+        rep = ingest(gf.LocalTable(gf.TableSpec(episode_columns(1), capacity=100)), tmp_path / "p.parquet",
+                     chunk_episodes=chunk)  # fmt: skip
+        assert rep.episodes_read == 3 and rep.steps_stored == n
+        read[chunk] = [e["obs"][:, 0].tolist() for e in read_parquet(tmp_path / "p.parquet", chunk_episodes=chunk)]
+    assert read[1] == read[3] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+
+
 def _drop_on(name, dask_worker=None):
     return dask_worker.plugins["gear-flow"].host.drop(name)
 

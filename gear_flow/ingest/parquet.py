@@ -283,10 +283,19 @@ def read(
     cmap = columns or DEFAULT
     epc = cmap.episode
     with guard(part.path, None if not part.selector else f"{part.selector[0]}..{part.selector[-1]}"):
-        frame = FRAME_READERS[backend_name](part.path, [(epc, "in", list(part.selector))] if part.selector else None)
+        filters = [(epc, "in", _ids_as_stored(part.path, epc, part.selector))] if part.selector else None
+        frame = FRAME_READERS[backend_name](part.path, filters)
     if part.selector:  # filters may only prune row groups with some engines: keep exactly this chunk's rows
         frame = frame[frame[epc].isin(list(part.selector))]
     return frame_episodes(frame, part.path, strict, cmap, next_obs)
+
+
+def _ids_as_stored(path: str, column: str, ids: Sequence[int]) -> np.ndarray:
+    """Episode ids in the file's own integer type: a row filter compares in the type of its values, so ids of
+    a uint64 column at or above 2**63 (or any id of a narrower column) must not be taken as int64."""
+    import pyarrow.parquet as pq
+
+    return np.asarray(ids, dtype=pq.read_schema(path).field(column).type.to_pandas_dtype())
 
 
 def frame_episodes(
