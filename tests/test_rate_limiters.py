@@ -157,7 +157,7 @@ def test_a_calls_bad_timeout_is_refused_before_it_joins_a_line(bad):
         t.sample(1, timeout=bad)  # empty: it would have waited
     with pytest.raises(SpecError, match="timeout"):
         t.insert([scalar_episode(2)], timeout=bad)
-    assert t.info()["waiting"] == {"insert": 0, "sample": 0} and t.size == 0
+    assert t.info()["waiting"] == {"inserts": 0, "samples": 0} and t.size == 0
     t.insert([scalar_episode(3)])
     assert len(t.sample(2, timeout=SHORT).keys) == 2
 
@@ -179,7 +179,7 @@ def test_a_sample_short_of_items_times_out_when_its_call_began_plus_its_timeout(
     th = threading.Thread(target=sample)
     th.start()
     started.wait()
-    while t.info()["waiting"]["sample"] == 0:  # waiting for 3 items (the limiter's)
+    while t.info()["waiting"]["samples"] == 0:  # waiting for 3 items (the limiter's)
         time.sleep(0.005)
     time.sleep(0.6)  # (the scenario: items come late, most of the timeout spent)
     t.insert([scalar_episode(3)])  # admitted now, and 3 items are short of 5: it waits again, what is left

@@ -209,7 +209,7 @@ def test_a_waiter_that_times_out_leaves_the_line():
     q.insert(one(0))
     with pytest.raises(RateLimitTimeout):
         q.insert(one(1), timeout=SHORT)
-    assert q.info()["waiting"] == {"insert": 0, "sample": 0}
+    assert q.info()["waiting"] == {"inserts": 0, "samples": 0}
     later = Call(lambda: q.insert(one(2)))
     assert values(q.sample(1)) == [0.0]
     later.outcome()

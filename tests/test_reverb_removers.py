@@ -84,7 +84,7 @@ def test_a_stack_keeps_its_bottom_item_or_refuses_the_insert():
         s.insert({"x": np.array([4.0], np.float32)})
     after = s.info()
     assert after["rate_limiter"] == before["rate_limiter"] and after["totals"] == before["totals"]
-    assert after["waiting"] == {"insert": 0, "sample": 0}
+    assert after["waiting"] == {"inserts": 0, "samples": 0}
     assert values(s.sample(1)) == [0.0]  # still there, handed out once
     s.insert({"x": np.array([4.0], np.float32)})  # the ring has room again
     assert values(s.sample(1)) == [4.0]

@@ -1000,8 +1000,8 @@ class LocalTable(DatasetMethods):
         dict
             ``size``, ``max_size``, ``num_shards``, ``item_unit``;
             ``sampler`` and ``remover`` (their reprs); ``rate_limiter`` (its
-            state); ``waiting`` (``{"insert": n, "sample": n}`` blocked
-            calls); ``totals`` (each per-shard counter summed); ``shards``
+            state); ``waiting`` (``{"inserts": n, "samples": n}`` blocked
+            calls, as a DistributedTable's); ``totals`` (each per-shard counter summed); ``shards``
             (per shard: ``shard``, ``size``, ``episodes``, ``steps_stored``,
             ``capacity``, ``write_pos`` and its counters).
         """
@@ -1019,7 +1019,7 @@ class LocalTable(DatasetMethods):
             "sampler": repr(self.sampler_proto),
             "remover": repr(self.remover_proto),
             "rate_limiter": self.rate_limiter.info(),
-            "waiting": {k: self._admission.waiting(k) for k in ("insert", "sample")},
+            "waiting": {f"{k}s": self._admission.waiting(k) for k in ("insert", "sample")},
             "totals": totals,
             "shards": shards,
         }
