@@ -321,12 +321,9 @@ class Stream:
                 f.cancel()
             if turns is not None:  # a request waiting for the turn of a cancelled one gives up
                 turns.close()
-            # and one waiting for the limiter (a drained queue, no timeout) gives up, nothing taken: in a LocalTable
-            # when woken, in a DistributedTable between two turns of its wait at the coordinator
+            # and one waiting for the limiter (a drained queue, no timeout) gives up, nothing taken, at its next
+            # look at the event (admission.CANCEL_TURN_S)
             cancel.set()
-            admission = getattr(self.table, "_admission", None)
-            if admission is not None:
-                admission.wake()
             ex.shutdown(wait=True, cancel_futures=True)
             if staged:  # no copy may still read the staging buffers once they are freed
                 copies.synchronize()

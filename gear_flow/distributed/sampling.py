@@ -52,7 +52,7 @@ from ..errors import EmptyTableError, GearFlowError, RateLimitTimeout, SpecError
 from ..ops.gather import gather_windows
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
-from ..table.admission import WAIT_CANCELLED
+from ..table.admission import CANCEL_TURN_S, WAIT_CANCELLED
 from ..table.config import TableConfig
 from ..table.validate import check_sample_args, sample_columns
 from . import reader_draw
@@ -72,11 +72,6 @@ logger = logging.getLogger(__name__)
 #: it did not come in time, its client went away, or it was refused at once
 REFUSED = (RateLimitTimeout, SpecError)
 
-#: seconds a sample whose caller may give it up (a :class:`~gear_flow.stream.Stream`'s prefetching request,
-#: :data:`~gear_flow.table.admission.WAIT_CANCELLED`) waits at the coordinator before it asks again: the
-#: coordinator's line has no cancel, so such a wait is cut into turns, and the caller's event is looked at
-#: between them
-CANCEL_TURN_S = 0.25
 #: copies of gathered windows at least this large run off the event loop
 OFF_LOOP_BYTES = 1 << 20
 
@@ -471,8 +466,9 @@ def _admit(
 ) -> Steps:
     """The coordinator's admission of a batch of ``n``, with a new lease when the limiter gives one, and
     the placement it was granted at learnt; ``after``: the ``arrivals`` of a grant whose items left could not
-    fill the batch (granted once more have arrived).  With ``cancelled`` (the caller may give it up) the wait
-    is asked for in turns of :data:`CANCEL_TURN_S`, and ends in ``CancelledError`` once the event is set,
+    fill the batch (granted once more have arrived).  With ``cancelled`` (the caller may give it up: the
+    coordinator's line has no cancel) the wait is asked for in turns of
+    :data:`~gear_flow.table.admission.CANCEL_TURN_S`, and ends in ``CancelledError`` once the event is set,
     nothing taken.  Returns the grant, open."""
     start = time.monotonic()
     while True:

@@ -37,13 +37,17 @@ if TYPE_CHECKING:
 
 #: an event that, once set, makes this thread's waiting calls give up (``concurrent.futures.CancelledError``,
 #: the call applied nothing): a caller that may abandon calls it made on another thread sets it there (a
-#: Stream's prefetching requests, left blocked by a learner that stopped) and, to cancel them, sets the event
-#: and :meth:`Admission.wake` s the waiters
+#: Stream's prefetching requests, left blocked by a learner that stopped) and, to cancel them, sets the event.
+#: Such a call looks at it at least every :data:`CANCEL_TURN_S` while it waits (a DistributedTable's between
+#: turns of its wait at the coordinator), so that setting it is all the caller does
 WAIT_CANCELLED: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
     "gear_flow_wait_cancelled", default=None
 )
 
 KINDS = ("insert", "sample")
+
+#: seconds between two looks of a waiting call at its :data:`WAIT_CANCELLED` event
+CANCEL_TURN_S = 0.25
 
 
 class Admission:
@@ -144,16 +148,13 @@ class Admission:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise timed_out(timeout)
+                if cancelled is not None:  # (set by its caller, who does not notify this condition)
+                    remaining = CANCEL_TURN_S if remaining is None else min(remaining, CANCEL_TURN_S)
                 self.cond.wait(remaining)
         except BaseException:
             line.remove(ticket)
             self.cond.notify_all()
             raise
-
-    def wake(self) -> None:
-        """Wake every waiting call to look again (one whose :data:`WAIT_CANCELLED` event is set gives up)."""
-        with self.cond:
-            self.cond.notify_all()
 
     def admit_now(self, kind: str, pred: Callable[..., bool], *args: object) -> bool:
         """Whether a call may go ahead at once, without joining its line (call holding ``cond``).
