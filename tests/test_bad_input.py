@@ -152,7 +152,12 @@ def test_batch_larger_than_a_shard(table):
         (float("inf"), InvalidPriorityError, r"priority\[0\] = inf"),
         ("high", InvalidDataError, "priorities must be numbers"),
         ({"a": 1}, InvalidDataError, "priorities must be numbers"),
-        ([[1.0, 2.0], [1.0]], InvalidDataError, "got 3 priorities for 5 items"),
+        ([[1.0, 2.0], [1.0]], InvalidDataError, "got 1 priorities for episode 1's 3 items"),
+        # as many as the items, each array not its episode's: the concatenation would shift them
+        ([[1.0, 2.0, 3.0], [4.0, 5.0]], InvalidDataError, "got 3 priorities for episode 0's 2 items"),
+        ([[1.0, 2.0], [3.0, 4.0, 5.0], [6.0]], InvalidDataError, "got 3 priority arrays for 2 episodes"),
+        ([[1.0, 2.0], ["a", 1.0, 1.0]], InvalidDataError, "priorities of episode 1 must be numbers"),
+        ([[1.0, 2.0], [1.0, float("nan"), 1.0]], InvalidPriorityError, r"priority\[3\] = nan"),
     ],
 )
 def test_bad_insert_priorities(table, priorities, exc, match):
@@ -161,6 +166,23 @@ def test_bad_insert_priorities(table, priorities, exc, match):
     with pytest.raises(exc, match=match):
         t.insert([episode(7, 2), episode(8, 3)], priorities)
     assert_same(snapshot(t), before)
+
+
+@pytest.mark.parametrize("item_unit", ["step", "episode"])
+def test_one_priority_array_per_episode_must_be_that_episodes(make_table, item_unit):
+    """Per-episode priorities, as many as the items but not each its episode's, are refused by every table
+    kind, nothing stored: concatenated, they would have shifted to the next episode's items."""
+    t = make_table(make_spec(capacity=CAP, num_shards=2, item_unit=item_unit), sampler=Prioritized(), seed=0)
+    eps = [episode(7, 2), episode(8, 3)]
+    bad = [[1.0, 2.0, 3.0], [4.0, 5.0]] if item_unit == "step" else [[1.0, 2.0], []]
+    with pytest.raises(InvalidDataError, match="priorities for episode 0's"):
+        t.insert(eps, bad)
+    assert t.info()["size"] == 0 and t.info()["totals"]["inserted"] == 0
+    good = [[1.0, 2.0], [3.0, 4.0, 5.0]] if item_unit == "step" else [[1.0], [2.0]]
+    t.insert(eps, good)
+    b = t.sample(64, 1)  # every row's priority is its own item's
+    for tag, step, pr in zip(b["ep"].numpy()[:, 0], b["t"].numpy()[:, 0], b.priorities.numpy()):
+        assert pr == good[int(tag) - 7][int(step) if item_unit == "step" else 0]
 
 
 @pytest.mark.parametrize("shard", [2, -1, "0", 1.0, True])

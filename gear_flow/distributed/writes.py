@@ -41,7 +41,7 @@ from ..keys import shards_present
 from ..storage.staging import stage_chunks, staged_bytes, staging_area
 from ..table import planner, routing
 from ..table.results import InsertResult
-from ..table.validate import as_episode_list, check_episodes, check_priorities
+from ..table.validate import as_episode_list, check_episodes, insert_priorities
 from .edits import evict_excess
 from .transactions import abort_insert, admission_args, apply_staged, insert_error, run_insert
 from .wire import array_bytes
@@ -100,9 +100,7 @@ def prepare_insert(
     checked, lengths = check_episodes(spec, as_episode_list(episodes))
     step_items = spec.item_unit == "step"
     n_items = int(lengths.sum()) if step_items else len(lengths)
-    if isinstance(priorities, (list, tuple)) and priorities and np.ndim(priorities[0]) >= 1:
-        priorities = np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1) for p in priorities])
-    pr = check_priorities(priorities, n_items)
+    pr = insert_priorities(priorities, lengths, step_items)
     item_off = np.concatenate(([0], np.cumsum(lengths if step_items else np.ones_like(lengths))))
     return checked, lengths, n_items, item_off, pr
 

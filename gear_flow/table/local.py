@@ -48,6 +48,7 @@ from .validate import (
     check_keys,
     check_priorities,
     check_sample_args,
+    insert_priorities,
     sample_columns,
 )
 
@@ -585,9 +586,7 @@ class LocalTable(DatasetMethods):
         check_timeout(timeout)  # (before anything is counted or any line joined)
         step_items = self.spec.item_unit == "step"
         n_items = int(lengths.sum()) if step_items else len(lengths)
-        if isinstance(priorities, (list, tuple)) and priorities and np.ndim(priorities[0]) >= 1:
-            priorities = np.concatenate([np.asarray(p, dtype=np.float64).reshape(-1) for p in priorities])
-        pr = check_priorities(priorities, n_items)
+        pr = insert_priorities(priorities, lengths, step_items)
         if pr is not None:
             self.cfg.check_priorities(pr)
         dest = route(lengths, len(self.shards), self.spec.capacity, self.routing, self._rr, shard)

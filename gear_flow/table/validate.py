@@ -353,6 +353,59 @@ def check_priorities(priorities: ArrayLike | float | None, n: int, what: str = "
     return p
 
 
+def insert_priorities(priorities: Any, lengths: np.ndarray, step_items: bool) -> np.ndarray | None:
+    """An insert's priorities, one per item, checked: the one rule of both tables' inserts.
+
+    Parameters
+    ----------
+    priorities : None, float, array_like or sequence of array_like
+        None (each shard's running max), one value for all, a flat array over
+        all items of all episodes, or one array per episode (its steps' for
+        step items, one value for an episode item).
+    lengths : numpy.ndarray
+        int64 ``[E]``, the episodes' steps.
+    step_items : bool
+        Items are steps (else episodes).
+
+    Returns
+    -------
+    numpy.ndarray or None
+        float64 ``[items]``; None when ``priorities`` is None.
+
+    Raises
+    ------
+    InvalidDataError
+        Not numbers; not one per item; one array per episode where an array
+        is not its episode's (or not one array per episode).
+    InvalidPriorityError
+        A value that is NaN, infinite or negative (named by its item).
+
+    Examples
+    --------
+    >>> insert_priorities([[1.0, 2.0], [3.0]], np.array([2, 1]), True).tolist()
+    [1.0, 2.0, 3.0]
+    >>> insert_priorities([[1.0], [2.0, 3.0]], np.array([2, 1]), True)
+    Traceback (most recent call last):
+    ...
+    gear_flow.errors.InvalidDataError: got 1 priorities for episode 0's 2 items
+    """
+    per_episode = lengths if step_items else np.ones_like(lengths)
+    if isinstance(priorities, (list, tuple)) and priorities and np.ndim(priorities[0]) >= 1:
+        if len(priorities) != len(lengths):
+            raise InvalidDataError(f"got {len(priorities)} priority arrays for {len(lengths)} episodes")
+        arrays = []
+        for i, (p, k) in enumerate(zip(priorities, per_episode.tolist())):
+            try:
+                a = np.asarray(to_host(p), dtype=np.float64).reshape(-1)
+            except (TypeError, ValueError) as e:
+                raise InvalidDataError(f"priorities of episode {i} must be numbers, got {p!r} ({e})") from None
+            if len(a) != k:  # each its own episode's: concatenated, a wrong one would shift the rest
+                raise InvalidDataError(f"got {len(a)} priorities for episode {i}'s {k} items")
+            arrays.append(a)
+        priorities = np.concatenate(arrays)
+    return check_priorities(priorities, int(per_episode.sum()))
+
+
 def to_host(x: Any) -> Any:
     """``x`` in host memory.
 
