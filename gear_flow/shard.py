@@ -1147,6 +1147,28 @@ class Shard:
             self.sampler.new_epoch()
             self.tails.clear()
 
+    def goes_left(self, length: int, boundary: str) -> int:
+        """With ``max_times_sampled``: the times the live items whose window fits may still go, summed (the
+        most rows of batches drawn before an insert); without, the number of such items.
+
+        Parameters
+        ----------
+        length : int
+            Steps per window (``L``).
+        boundary : {"strict", "pad_tail", "pad_head"}
+            Window boundary mode.
+
+        Returns
+        -------
+        int
+            The sum of ``max_times_sampled - times_sampled`` over those items.
+        """
+        with self.lock:
+            slots = self._valid_slots(length, boundary)
+            if self.times_sampled is None:
+                return len(slots)
+            return int((self.max_times_sampled - self.times_sampled[slots]).sum())
+
     def unseen(self, length: int, boundary: str) -> int:
         """WithoutReplacement: items still drawable in this epoch (valid for the window).
 

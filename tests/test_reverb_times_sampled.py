@@ -201,3 +201,25 @@ def test_batches_taken_while_a_writer_inserts_hand_every_item_out_exactly_max_ti
         assert rows == [tag for tag in range(n) for _ in range(mts)]
     info = t.info()
     assert info["size"] == 0 and info["totals"]["expired"] == n, info
+
+
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_a_without_replacement_batch_the_items_left_cannot_fill_takes_nothing(make_table, num_shards):
+    """WithoutReplacement with max_times_sampled=1: 6 items can fill no batch of 7 (each goes once, and a
+    new epoch brings none back); the batch waits and times out with nothing taken, where it expired all six
+    and raised EmptyTableError (local) or handed one out twice (distributed).  A batch of 6 then takes each
+    once; with max_times_sampled=2 a batch of 7 straddles two epochs, no item out more than twice."""
+    for mts in (1, 2):
+        t = make_table(gf.TableSpec(TAG, capacity=64, num_shards=num_shards), sampler=gf.WithoutReplacement(),
+                       max_times_sampled=mts, seed=0)  # fmt: skip
+        t.insert([{"tag": np.arange(2 * i, 2 * i + 2, dtype=np.int64)} for i in range(3)])
+        if mts == 1:
+            with pytest.raises(gf.RateLimitTimeout, match="items left"):
+                t.sample(7, timeout=0.3)
+            info = t.info()
+            assert info["size"] == 6 and info["totals"]["expired"] == 0 and info["totals"]["sampled"] == 0
+            assert sorted(t.sample(6)["tag"].numpy()[:, 0].tolist()) == list(range(6))
+        else:
+            out = Counter(t.sample(7)["tag"].numpy()[:, 0].tolist())
+            assert sum(out.values()) == 7 and set(out) == set(range(6)) and max(out.values()) == 2
+        assert t.info()["totals"]["expired"] == (6 if mts == 1 else 1)

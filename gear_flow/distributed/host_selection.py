@@ -58,7 +58,7 @@ class HostSelection:
         kinds : sequence of str
             ``sampler`` (sampling mass of the windows that fit), ``unseen``
             (epoch items left), ``remover`` (remover mass), ``size``, ``valid``
-            (items whose window fits).
+            (items whose window fits), ``goes`` (the times those may still go).
         length : int, optional
             Window length (default 1).
         boundary : str, optional

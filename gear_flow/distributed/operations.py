@@ -273,7 +273,7 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
         "summaries",
         {
             "name": NAME,
-            "kinds": sequence(choice("sampler", "unseen", "remover", "size", "valid"), 5),
+            "kinds": sequence(choice("sampler", "unseen", "remover", "size", "valid", "goes"), 6),
             "length": optional(LENGTH),
             "boundary": optional(BOUNDARY),
         },

@@ -231,10 +231,10 @@ class TableConfig:
     @property
     def plan(self) -> str:
         """The sample plan (:func:`gear_flow.table.planner.sample`): the selection; with ``max_times_sampled``
-        ``sequential`` for a weighted sampler (drawn item by item, as Reverb) and ``ordered_limited`` for an
-        ordered one (a batch the items left cannot fill waits)."""
-        if self.max_times_sampled > 0 and self.selection in ("weighted", "ordered"):
-            return {"weighted": "sequential", "ordered": "ordered_limited"}[self.selection]
+        ``sequential`` for a weighted sampler (drawn item by item, as Reverb), ``ordered_limited`` for an
+        ordered one and ``epoch_limited`` for an epoch one (a batch the items left cannot fill waits)."""
+        if self.max_times_sampled > 0 and self.selection in ("weighted", "ordered", "epoch"):
+            return {"weighted": "sequential", "ordered": "ordered_limited", "epoch": "epoch_limited"}[self.selection]
         return self.selection
 
     @property

@@ -30,10 +30,11 @@ def summary(shard: Shard, kind: str, L: int = 1, boundary: str = "pad_tail") -> 
     ----------
     shard : Shard
         The shard (its lock held by the caller).
-    kind : {"sampler", "unseen", "remover", "size", "valid"}
+    kind : {"sampler", "unseen", "remover", "size", "valid", "goes"}
         Sampling mass of the windows that fit; epoch items not yet seen;
         remover mass (0 for a remover without one); items stored; items
-        whose window fits.
+        whose window fits; the times those may still go
+        (:meth:`~gear_flow.shard.Shard.goes_left`).
     L : int, default 1
         Window length, in steps.
     boundary : str, default "pad_tail"
@@ -60,6 +61,8 @@ def summary(shard: Shard, kind: str, L: int = 1, boundary: str = "pad_tail") -> 
         return float(shard.size)
     if kind == "valid":
         return float(shard.valid_count(L, boundary))
+    if kind == "goes":
+        return float(shard.goes_left(L, boundary))
     raise ValueError(f"unknown summary kind {kind!r}")
 
 

@@ -85,10 +85,11 @@ class Summaries:
     kinds : tuple of str
         Each of ``sampler`` (mass of the items whose window fits),
         ``unseen`` (epoch items not yet handed out), ``remover`` (remover
-        mass), ``size`` (items), ``valid`` (items whose window fits).
+        mass), ``size`` (items), ``valid`` (items whose window fits),
+        ``goes`` (the times those may still go, ``max_times_sampled``).
     """
 
-    kinds: tuple[str, ...]  # "sampler" | "unseen" | "remover" | "size" | "valid"
+    kinds: tuple[str, ...]  # "sampler" | "unseen" | "remover" | "size" | "valid" | "goes"
 
 
 @dataclass(frozen=True)
@@ -267,12 +268,15 @@ def sample(selection: str, batch_size: int, rng: np.random.Generator) -> Plan:
     a batch item by item): every shard's :class:`Sequences`, interleaved draw
     by draw by the shards' masses at that draw, one :class:`Take`.
     ``ordered_limited`` (an ordered sampler with ``max_times_sampled``): as
-    ordered, each candidate listed as often as it may still go.  Both raise
-    :class:`ShortOfItems` when the items left cannot fill the batch.
+    ordered, each candidate listed as often as it may still go.
+    ``epoch_limited`` (an epoch sampler with ``max_times_sampled``): as epoch,
+    once the shards' ``goes`` summary says the items left can fill it.  All
+    three raise :class:`ShortOfItems` when the items left cannot fill the
+    batch.
 
     Parameters
     ----------
-    selection : {"weighted", "epoch", "ordered", "ordered_limited", "sequential"}
+    selection : {"weighted", "epoch", "epoch_limited", "ordered", "ordered_limited", "sequential"}
         What the sampler needs (:attr:`TableConfig.plan`); anything else
         plans as ``weighted``.
     batch_size : int
@@ -300,8 +304,8 @@ def sample(selection: str, batch_size: int, rng: np.random.Generator) -> Plan:
     """
     if selection in ("ordered", "ordered_limited"):
         return (yield from _ordered(batch_size, selection == "ordered_limited"))
-    if selection == "epoch":
-        return (yield from _epoch(batch_size, rng))
+    if selection in ("epoch", "epoch_limited"):
+        return (yield from _epoch(batch_size, rng, selection == "epoch_limited"))
     if selection == "sequential":
         return (yield from _sequential(batch_size, rng))
     return (yield from _weighted(batch_size, rng))
@@ -404,8 +408,16 @@ def weighted_draw(masses: dict, B: int, rng: np.random.Generator, by_count: bool
     )
 
 
-def _epoch(B: int, rng):
-    """WithoutReplacement: a uniform subset of the global epoch; a new epoch on every shard when it runs out."""
+def _epoch(B: int, rng, limited: bool = False):
+    """WithoutReplacement: a uniform subset of the global epoch; a new epoch on every shard when it runs out.
+    ``limited`` (``max_times_sampled``): a batch more than the times the items left may still go (each epoch
+    takes its items once, and the next the items still left) takes nothing (:class:`ShortOfItems`)."""
+    if limited:
+        goes = int(round(sum((yield Summaries(("goes",)))["goes"].values())))
+        if goes == 0:
+            raise NothingToSample
+        if goes < B:
+            raise ShortOfItems(goes, B)
     done, fresh = 0, False
     while done < B:
         unseen = (yield Summaries(("unseen",)))["unseen"]
