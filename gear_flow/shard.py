@@ -1141,11 +1141,25 @@ class Shard:
         self.sampler.consume(slots)
         self.tails.change(slots, old, self.sampler.leaf_weights(slots))
 
-    def new_epoch(self) -> None:
-        """WithoutReplacement: make every live item drawable again."""
+    def new_epoch(self, drawn: np.ndarray | None = None) -> None:
+        """WithoutReplacement: make every live item drawable again.
+
+        Parameters
+        ----------
+        drawn : numpy.ndarray, optional
+            int64 slots a sample whose draws are not counted yet drew before
+            this epoch (repeats: as often): those it drew as often as their
+            items may still go (``max_times_sampled``) stay out of the new
+            epoch, as they would had it counted them.
+        """
         with self.lock, self.writing():
             self.sampler.new_epoch()
             self.tails.clear()
+            if drawn is not None and len(drawn) and self.times_sampled is not None:
+                slots, times = np.unique(np.asarray(drawn, dtype=np.int64), return_counts=True)
+                spent = slots[(self.active[slots] == 1) & (self.times_sampled[slots] + times >= self.max_times_sampled)]
+                if len(spent):
+                    self._consume(spent)
 
     def goes_left(self, length: int, boundary: str) -> int:
         """With ``max_times_sampled``: the times the live items whose window fits may still go, summed (the

@@ -223,3 +223,28 @@ def test_a_without_replacement_batch_the_items_left_cannot_fill_takes_nothing(ma
             out = Counter(t.sample(7)["tag"].numpy()[:, 0].tolist())
             assert sum(out.values()) == 7 and set(out) == set(range(6)) and max(out.values()) == 2
         assert t.info()["totals"]["expired"] == (6 if mts == 1 else 1)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_without_replacement_never_hands_an_item_out_more_than_max_times_sampled(make_table, seed):
+    """Random inserts and batches of 1-5 on a WithoutReplacement table with max_times_sampled=2: no item goes
+    out more than twice, also in a batch that straddles epochs, where an item drawn before the new epoch may
+    not be drawn again in it once it went as often as it may (a distributed batch counts its draws only at
+    its finish); a batch the items left cannot fill takes nothing."""
+    t = make_table(gf.TableSpec(TAG, capacity=256, num_shards=2), sampler=gf.WithoutReplacement(),
+                   max_times_sampled=2, seed=seed)  # fmt: skip
+    rng, out, tag = np.random.default_rng(seed), Counter(), 0
+    for _ in range(40):
+        k = int(rng.integers(0, 3))
+        if k:
+            t.insert([{"tag": np.array([tag + j], np.int64)} for j in range(k)])
+            tag += k
+        before = t.info()["totals"]
+        try:
+            b = t.sample(int(rng.integers(1, 6)), timeout=0.05)
+        except gf.RateLimitTimeout:
+            assert t.info()["totals"] == before  # nothing taken
+            continue
+        out.update(b["tag"].numpy()[:, 0].tolist())
+        assert max(out.values()) <= 2, out.most_common(3)
+    assert sum(out.values()) > 40 and 2 in out.values()

@@ -302,8 +302,8 @@ class ShardHost:
         return self.selection.summaries(name, kinds, length, boundary)
 
     @documented_as(HostSelection.new_epoch)
-    def new_epoch(self, name: str) -> None:
-        self.selection.new_epoch(name)
+    def new_epoch(self, name: str, txn: str | None = None) -> None:
+        self.selection.new_epoch(name, txn)
 
     @documented_as(HostSelection.candidates)
     def candidates(

@@ -85,16 +85,22 @@ class HostSelection:
         length, boundary = length or 1, boundary or "pad_tail"
         return {k: {i: summary(s, k, length, boundary) for i, s in t.shards.items()} for k in kinds}
 
-    def new_epoch(self, name: str) -> None:
+    def new_epoch(self, name: str, txn: str | None = None) -> None:
         """Start a new epoch on every shard of ``name`` here (WithoutReplacement: all items unseen again).
 
         Parameters
         ----------
         name : str
             The table.
+        txn : str, optional
+            The sample (gathered first, counted at its finish) whose batch
+            goes on in the new epoch: the items its pending parts here drew
+            as often as they may still go stay out of it.
         """
-        for s in self.tables.table(name).shards.values():
-            s.new_epoch()
+        t = self.tables.table(name)
+        drawn = t.txns.pending_slots(txn) if txn is not None else {}
+        for i, s in t.shards.items():
+            s.new_epoch(drawn.get(i))
 
     def candidates(
         self,

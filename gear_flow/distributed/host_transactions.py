@@ -315,6 +315,26 @@ class TransactionMemory:
             if result is not None:
                 remember(self._finished, txn, (bool(commit), dict(result)))
 
+    def pending_slots(self, txn: str) -> dict[int, np.ndarray]:
+        """The slots sample ``txn``'s pending parts drew, per shard (repeats as drawn; a replaced copy's left out).
+
+        Parameters
+        ----------
+        txn : str
+            The sample's transaction id.
+
+        Returns
+        -------
+        dict of int to numpy.ndarray
+            ``{shard: int64 slots}``; empty when nothing is pending.
+        """
+        with self._lock:
+            parts = [p for p in self._pending.get(txn, ()) if isinstance(p[0], int)]
+        out: dict[int, list] = {}
+        for i, slots, _, _ in parts:
+            out.setdefault(i, []).append(np.asarray(slots, dtype=np.int64))
+        return {i: np.concatenate(a) for i, a in out.items()}
+
     def holds(self, shard: int, seqs: np.ndarray) -> bool:
         """Whether a sample gathered but not yet finished here holds one of ``seqs``' items of ``shard``.
 

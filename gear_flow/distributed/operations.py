@@ -283,7 +283,7 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
         quick=ALWAYS,
     ),
     # not resendable: a new epoch sent twice would start two
-    WorkerOp("new_epoch", {"name": NAME}, "ShardHost.new_epoch", lane=True, quick=ALWAYS),
+    WorkerOp("new_epoch", {"name": NAME, "txn": optional(TXN)}, "ShardHost.new_epoch", lane=True, quick=ALWAYS),
     WorkerOp(
         "candidates",
         {

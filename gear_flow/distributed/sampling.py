@@ -962,7 +962,9 @@ class RemoteSample:
             res = await t._link.on_workers({a: ("candidates", args) for a in workers})
             return {s: c for r in res.values() for s, c in r.items()}
         if isinstance(req, planner.NewEpoch):
-            await t._link.on_workers({a: ("new_epoch", dict(name=t.name)) for a in workers})
+            # a batch gathered first goes on in the new epoch: its items drawn as often as they may still go stay out
+            args = dict(name=t.name) if self.record else dict(name=t.name, txn=self.txn)
+            await t._link.on_workers({a: ("new_epoch", args) for a in workers})
             return None
         if isinstance(req, planner.Draw):
             return await self._draw_parts(
