@@ -15,7 +15,10 @@ priority)`` makes the window of the last ``length`` steps an item, as Reverb's
 ``TrajectoryWriter.create_item`` does, for n-step transitions
 (``length=n + 1`` after every step) or sequences every ``period`` steps.  The
 other starts are stored with priority 0, which a ``Prioritized`` sampler never
-draws; sample windows of the item's ``length``.  Each created item is inserted
+draws while some item has weight; sample windows of the item's ``length``.
+Keep the created items' priorities above 0 (a TD error plus a small epsilon):
+once every priority is 0, the sampler draws uniformly over every stored start
+(Reverb's rule for a table whose priorities are all 0), the others included.  Each created item is inserted
 exactly once, in the chunk that holds its whole window.
 """
 
