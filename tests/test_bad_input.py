@@ -281,6 +281,11 @@ def _keys(r):
         ("shard", UnknownKeyError, "names shard 5; this table has 2"),
         ("future", UnknownKeyError, "has issued item seqs below"),
         ("negative", UnknownKeyError, "names shard -1"),
+        (
+            np.array([2**64 - 1, 0], np.uint64),
+            UnknownKeyError,
+            r"key 0xffffffffffffffff is unknown.*keys are below 2\*\*63",
+        ),
     ],
 )
 def test_bad_keys(table, keys, exc, match):

@@ -458,6 +458,10 @@ def check_keys(keys: ArrayLike, num_shards: int) -> np.ndarray:
         k = k.astype(np.int64)
     if k.dtype.kind not in "iu":
         raise InvalidDataError(f"keys must be integers, got dtype {k.dtype}")
+    if k.dtype.kind == "u" and k.size and k.max() > np.iinfo(np.int64).max:  # (int64 would wrap it negative)
+        from ..errors import UnknownKeyError
+
+        raise UnknownKeyError(int(k.max()), "keys are below 2**63 (an int64 shard << 56 | seq)")
     k = k.astype(np.int64, copy=False).reshape(-1)
     bad = _first_bad_shard(k, num_shards)
     if bad >= 0:
