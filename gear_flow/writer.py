@@ -74,7 +74,7 @@ class EpisodeWriter(BufferedWriter):
         self._rows = StepBuffer(self.spec)
         self._prio: list[float] | None = None
         self._closed = False
-        #: (episode_id, length, truncated) of every episode this writer ended
+        #: (episode_id, length, truncated) of every episode this writer ended (one open at close: truncated)
         self.ended: list[tuple[int, int, bool]] = []
 
     @property
@@ -192,4 +192,6 @@ class EpisodeWriter(BufferedWriter):
         return n
 
     def _flush(self) -> None:
-        self.end_episode()
+        # an episode still open when the writer closes was cut, not ended by its environment: truncated in
+        # `ended`, as a VectorWriter's open episodes are at its close
+        self.end_episode(truncated=True)
