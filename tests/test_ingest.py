@@ -561,26 +561,30 @@ def test_ingest_into_a_distributed_disk_table_streams_waves_on_the_owning_worker
 
 
 @pytest.mark.parametrize("kind", ["local", "local-disk", "distributed", "distributed-disk"])
-@pytest.mark.parametrize("chunk", [1, 2, 5])
+@pytest.mark.parametrize("chunk, unit", [(1, "episode"), (2, "episode"), (5, "episode"), (2, "step"), (5, "step")])
 def test_a_dataset_larger_than_the_table_evicts_its_oldest_episodes_whatever_the_partitions(
-    client, tmp_path, kind, chunk
+    client, tmp_path, kind, chunk, unit
 ):
     """Episodes of 5, 5, 20, 20, 5, 5, 5, 5 steps into one shard of 25: however the dataset is cut into
-    partitions, and on either table and tier, it goes in as inserts of at most a shard's capacity and
-    the table keeps the newest episodes, in order, as the report says (a partition of 40 steps was refused
-    after earlier ones went in, or the whole refused, depending on the partitions and the table)."""
+    partitions, on either table and tier, with episode or step items, it goes in as inserts of at most a
+    shard's capacity and the table keeps the newest episodes, in order, as the report says (a partition of
+    40 steps was refused after earlier ones went in, or the whole refused, depending on the partitions and
+    the table; a DistributedTable of step items refused any dataset of more steps than it holds at its
+    admission, 'can never be stored')."""
     lens = [5, 5, 20, 20, 5, 5, 5, 5]
     n, ends = sum(lens), np.cumsum(lens) - 1
     with h5py.File(tmp_path / "ds.hdf5", "w") as h:
         h["observations"] = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
         h["actions"], h["rewards"] = np.zeros(n, np.int64), np.arange(n, dtype=np.float32)
         h["terminals"], h["timeouts"] = np.isin(np.arange(n), ends), np.zeros(n, bool)
-    s = gf.TableSpec(episode_columns(3), capacity=25, num_shards=1, item_unit="episode")
+    s = gf.TableSpec(episode_columns(3), capacity=25, num_shards=1, item_unit=unit)
     disk = {"tier": "disk", "path": tmp_path / "t"} if kind.endswith("disk") else {}
     t = gf.LocalTable(s, **disk) if kind.startswith("local") else DistributedTable.create(client, s, **disk)
     try:
         r = ingest(t, tmp_path / "ds.hdf5", chunk_episodes=chunk)
-        assert r.episodes_read == 8 and r.episodes_stored == t.info()["size"] == 4
+        assert r.episodes_read == 8 and r.episodes_stored == 4 and r.steps_stored == 20
+        assert t.info()["size"] == (4 if unit == "episode" else 20)
+        assert t.info()["totals"]["inserted"] == (8 if unit == "episode" else 70)
         b = t.sample(16, 5, boundary="pad_tail")
         assert set(b.episode_ids.tolist()) <= {4, 5, 6, 7}  # the newest four, steps 50..69
         rewards = b["reward"].numpy()[b.mask.numpy()]

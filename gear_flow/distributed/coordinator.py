@@ -358,9 +358,10 @@ class GearFlowCoordinator(SchedulerPlugin):
         except OwnerGone:
             raise RateLimitTimeout(f"{what} on table {g.name!r}: its client went away") from None
 
-    async def _admit_insert(self, name, n, episodes, per_shard=None, timeout=None, owner=""):
+    async def _admit_insert(self, name, n, episodes, per_shard=None, timeout=None, owner="", grouped=False):
         g = self._table(name)
-        gate_checks.check_insert(g, n, episodes, per_shard or {})  # never admissible: refused at once, nothing queued
+        # never admissible: refused at once, nothing queued
+        gate_checks.check_insert(g, n, episodes, per_shard or {}, bool(grouped))
         w = g.request("insert", n, owner or "", episodes=episodes, per_shard=per_shard or {})
         return await self._wait(g, w, timeout, f"an insert of {n} items")
 

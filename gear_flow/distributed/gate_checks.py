@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import ProtocolError
+from ..rate_limiters import Queue
 
 if TYPE_CHECKING:
     from .gate import TableGate
@@ -30,7 +31,7 @@ def _shards(g: TableGate, per_shard: dict, op: str, field: str) -> None:
         raise ProtocolError(f"coordinator {op!r}: field {field!r} names shard(s) {unknown} of no table shard")
 
 
-def check_insert(g: TableGate, n: int, episodes: int, per_shard: dict) -> None:
+def check_insert(g: TableGate, n: int, episodes: int, per_shard: dict, grouped: bool = False) -> None:
     """Refuse an insert that can never be admitted, before it is queued.
 
     Parameters
@@ -43,6 +44,10 @@ def check_insert(g: TableGate, n: int, episodes: int, per_shard: dict) -> None:
         Episodes of the insert.
     per_shard : dict
         ``{shard: items}`` routed to each shard.
+    grouped : bool, default False
+        An ingestion's insert, staged as consecutive groups of at most a
+        shard's capacity: it may hold more items than the table, the newest
+        kept (not for a Queue or Stack, which keeps every item).
 
     Raises
     ------
@@ -54,7 +59,8 @@ def check_insert(g: TableGate, n: int, episodes: int, per_shard: dict) -> None:
         ``n`` exceeds what the limiter admits at once.
     """
     room = g.spec.capacity * g.spec.num_shards
-    if n > room or episodes > room or (g.spec.item_unit == "episode" and n != episodes):
+    too_many = (n > room or episodes > room) and not (grouped and not isinstance(g.limiter, Queue))
+    if too_many or (g.spec.item_unit == "episode" and n != episodes):
         raise ProtocolError(
             f"coordinator 'admit_insert': {n} items in {episodes} episodes can never be stored by table "
             f"{g.name!r} ({g.spec.num_shards} shards of {g.spec.capacity} steps)"

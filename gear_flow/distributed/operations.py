@@ -528,6 +528,7 @@ COORDINATOR_OPS: Mapping[str, CoordinatorOp] = _by_name(
             "per_shard": PER_SHARD,
             "timeout": TIMEOUT,
             "owner": optional(text()),
+            "grouped": optional(boolean),
         },
         "_admit_insert",
     ),

@@ -71,7 +71,12 @@ def commit_counts(applied: dict) -> dict:
 
 
 def admission_args(
-    table: DistributedTable, n: int, episodes: int, per_shard: dict[int, int], timeout: float | None
+    table: DistributedTable,
+    n: int,
+    episodes: int,
+    per_shard: dict[int, int],
+    timeout: float | None,
+    grouped: bool = False,
 ) -> dict:
     """The coordinator's ``admit_insert`` arguments for an insert of ``n`` items in ``episodes`` episodes.
 
@@ -87,13 +92,17 @@ def admission_args(
         Items routed to each shard.
     timeout : float or None
         Seconds the admission may wait (None: the coordinator's default).
+    grouped : bool, default False
+        An ingestion's insert, staged in groups of at most a shard's capacity
+        (it may hold more items than the table: the newest are kept).
 
     Returns
     -------
     dict
         The request's fields.
     """
-    return dict(n=n, episodes=episodes, per_shard=per_shard, timeout=timeout, owner=table._ctx.owner)
+    args = dict(n=n, episodes=episodes, per_shard=per_shard, timeout=timeout, owner=table._ctx.owner)
+    return {**args, "grouped": True} if grouped else args
 
 
 async def admit_insert(

@@ -646,6 +646,7 @@ class CoordinatorClient:
         per_shard: dict[int, int] | None = None,
         timeout: float | None = None,
         owner: str | None = None,
+        grouped: bool = False,
     ) -> Any:
         """Wait for the rate limiter to admit an insert of ``n`` items in ``episodes`` episodes.
 
@@ -662,6 +663,9 @@ class CoordinatorClient:
             long the request may be held).
         owner : str, optional
             Who holds the admission (released if it leaves).
+        grouped : bool, default False
+            An ingestion's insert, staged in groups of at most a shard's
+            capacity (it may hold more items than the table).
 
         Returns
         -------
@@ -670,8 +674,9 @@ class CoordinatorClient:
             ``version`` … (awaitable of it on the event loop).
         """
         timeout = self._waits(timeout)
+        extra = {"grouped": True} if grouped else {}  # (sent only when set)
         return self._send(
-            "admit_insert", timeout, n=n, episodes=episodes, per_shard=per_shard, timeout=timeout, owner=owner
+            "admit_insert", timeout, n=n, episodes=episodes, per_shard=per_shard, timeout=timeout, owner=owner, **extra
         )
 
     def commit_insert(

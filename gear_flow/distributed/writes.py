@@ -590,7 +590,8 @@ def held_insert_steps(
         Staging failed on a worker: nothing was stored, the admission was given back.
     """
     timeout = table.timeout if timeout is None else timeout
-    grant = yield from _admitted(table, admission_args(table, n_items, episodes, per_shard, timeout))
+    # its parts are staged in groups of at most a shard's capacity: it may hold more than the table
+    grant = yield from _admitted(table, admission_args(table, n_items, episodes, per_shard, timeout, grouped=True))
     return (yield from _stored(table, grant, StoreHeld(grant.adm)))
 
 
