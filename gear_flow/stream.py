@@ -47,13 +47,13 @@ import time
 import weakref
 from collections import deque
 from concurrent.futures import CancelledError, ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from . import backend
-from .errors import SpecError
+from .errors import GearFlowError, SpecError
 from .sample import SampleBatch, SampleBuffers
 from .table.admission import WAIT_CANCELLED
 
@@ -112,8 +112,9 @@ class Stream:
         table's own timeout, config ``table.timeout``).
     copy : bool, default False
         Yield batches that own their memory (otherwise a local table's
-        batches view ``prefetch + 2`` buffers used in turn: keep a batch past
-        the next ``prefetch + 1`` only as a copy).
+        batches view ``prefetch + 2`` buffers used in turn: a batch is valid
+        until the learner takes the second batch after it; keep it longer
+        only as a copy).
     as_tensordict : bool, default False
         Yield ``tensordict.TensorDict`` objects (:meth:`SampleBatch.to_tensordict
         <gear_flow.SampleBatch.to_tensordict>`, TorchRL's key names) instead of
@@ -227,11 +228,15 @@ class Stream:
         return np.random.SeedSequence(None if self.seed is None else [self.seed, self.rank])
 
     def __iter__(self):
+        if self._closed:  # (its requests would take a queue's items for no one)
+            raise GearFlowError("this Stream is closed: make a new one to sample again")
         gen = self._batches()
         self._iters.add(gen)
         return gen
 
     def _batches(self):
+        if self._closed:  # an iterator made before close() and first run after it: it takes nothing
+            return
         entered = time.perf_counter()  # the learner's first next() is waiting from here
         # a remote table's batches arrive in fresh frames: reusable buffers would only add a copy
         fresh = getattr(self.table, "returns_fresh_batches", False)
@@ -430,7 +435,8 @@ class Stream:
         self.close()
 
     def dataset(self) -> StreamDataset:
-        """This stream as a ``torch.utils.data.IterableDataset`` (use ``DataLoader(ds, batch_size=None)``).
+        """This stream as a ``torch.utils.data.IterableDataset``: ``DataLoader(ds, batch_size=None,
+        collate_fn=gear_flow.stream_loader.as_is)``, or :meth:`loader`.
 
         With ``num_workers > 0`` (distributed tables only) every loader worker
         attaches its own handle and draws with its own seed; together they
@@ -443,6 +449,33 @@ class Stream:
         from .stream_loader import StreamDataset
 
         return StreamDataset(self)
+
+    def loader(self, num_workers: int = 0, **kwargs: Any) -> torch.utils.data.DataLoader:
+        """A ``torch.utils.data.DataLoader`` of :meth:`dataset`, each batch handed over as the stream made it.
+
+        Its ``collate_fn`` is :func:`~gear_flow.stream_loader.as_is`: torch's
+        default for ``batch_size=None`` rebuilds every mapping it is given,
+        which a ``TensorDict`` (``as_tensordict=True``) does not survive.
+
+        Parameters
+        ----------
+        num_workers : int, default 0
+            Loader processes (distributed tables only; see :meth:`dataset`).
+        **kwargs
+            Other ``DataLoader`` arguments (``pin_memory``, ``prefetch_factor``
+            ...); not ``batch_size`` nor ``collate_fn``.
+
+        Returns
+        -------
+        torch.utils.data.DataLoader
+        """
+        import torch.utils.data
+
+        from .stream_loader import as_is
+
+        return torch.utils.data.DataLoader(
+            self.dataset(), batch_size=None, collate_fn=as_is, num_workers=num_workers, **kwargs
+        )
 
 
 def _copy(b: SampleBatch) -> SampleBatch:

@@ -1,7 +1,8 @@
 """A :class:`~gear_flow.Stream` as a ``torch.utils.data.IterableDataset``, loader workers included.
 
-With ``DataLoader(stream.dataset(), batch_size=None, num_workers=W)`` each of
-the ``W`` loader processes (forked or spawned) runs its own stream:
+With ``stream.loader(num_workers=W)`` (``DataLoader(stream.dataset(),
+batch_size=None, collate_fn=as_is, num_workers=W)``) each of the ``W`` loader
+processes (forked or spawned) runs its own stream:
 
 * it attaches its **own handle** to the distributed table, through its own
   ``distributed.Client`` to the table's scheduler (a handle, its client and
@@ -20,7 +21,7 @@ with threads).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch.utils.data
@@ -29,6 +30,24 @@ from .errors import GearFlowError
 
 if TYPE_CHECKING:
     from .stream import Stream
+
+
+def as_is(batch: Any) -> Any:
+    """A ``DataLoader``'s ``collate_fn`` that hands each batch over unchanged (torch's default for
+    ``batch_size=None`` rebuilds every mapping, and fails on a ``TensorDict``).
+
+    Parameters
+    ----------
+    batch : object
+        A stream's batch.
+
+    Returns
+    -------
+    object
+        ``batch``.
+    """
+    return batch
+
 
 #: Stream constructor arguments a loader worker copies from the learner's stream
 _ARGS = ("batch_size", "length", "columns", "boundary", "prefetch", "timeout", "rank", "world_size", "as_tensordict")

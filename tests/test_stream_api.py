@@ -143,3 +143,31 @@ def test_leaving_a_stream_whose_request_waits_in_a_drained_queue_returns(make_ta
     t.insert([episode(2, 1)])  # the item the given-up request would have taken is still there
     assert t.sample(1, timeout=5)["ep"].numpy()[0, 0] == 2
     assert t.info()["totals"]["sampled"] == 3
+
+
+def test_a_closed_stream_takes_nothing_more(make_table):
+    """A stream iterated again after its `with` block (closed) raises, and an iterator made before the close
+    and first run after it yields nothing: neither takes a queue's items (both took up to `prefetch`
+    batches for no one)."""
+    t = make_table.queue(make_spec(capacity=256), 64)
+    t.insert([episode(i, 1) for i in range(40)])
+    with gf.Stream(t, batch_size=1, prefetch=3, num_batches=2) as s:
+        assert [int(b["ep"].numpy()[0, 0]) for b in s] == [0, 1]
+        early = iter(s)
+    size = t.info()["size"]
+    with pytest.raises(gf.GearFlowError, match="this Stream is closed"):
+        iter(s)
+    assert list(early) == []
+    assert t.info()["size"] == size and t.info()["totals"]["sampled"] == 40 - size
+
+
+def test_tensordict_batches_come_through_the_streams_data_loader(make_table):
+    """`stream.loader()` hands a TensorDict batch over as the stream made it (torch's default conversion
+    for batch_size=None rebuilds every mapping, and failed on a TensorDict at the first batch)."""
+    pytest.importorskip("tensordict")
+    t = make_table(make_spec(capacity=256), seed=0)
+    t.insert([episode(i, 8) for i in range(10)])
+    s = gf.Stream(t, batch_size=4, length=2, as_tensordict=True, num_batches=3, seed=0)
+    got = list(s.loader())
+    assert len(got) == 3 and all(tuple(b.batch_size) == (4,) for b in got)
+    assert all(b["ep"].shape == (4, 2) for b in got)
