@@ -30,7 +30,8 @@ def test_admitted_learnt_staged_where_held_and_evicted_past_max_size():
     got = planner.run(held_insert_steps(handle(), 10, 2, {0: 0, 1: 0}, None), s)
     assert got == ({"a": "applied"}, MAX_SIZE + 1)
     assert s.kinds() == ["AdmitInsert", "Learn", "StoreHeld", "Evict"]
-    assert s.seen[0][1].args == dict(n=10, episodes=2, per_shard={0: 0, 1: 0}, timeout=5.0, owner="me")
+    # (grouped: its parts are staged in groups of at most a shard's capacity, it may hold more than the table)
+    assert s.seen[0][1].args == dict(n=10, episodes=2, per_shard={0: 0, 1: 0}, timeout=5.0, owner="me", grouped=True)
     assert s.seen[1][1].version == 2 and s.seen[2][1].adm is ADM and s.seen[3][1].size == MAX_SIZE + 1
 
 

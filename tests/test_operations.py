@@ -30,7 +30,7 @@ WORKER_FIELDS = {
     "abort": ("name", "txn", "epoch"),
     "status": ("name", "txn", "epoch"),
     "summaries": ("name", "kinds", "length", "boundary", "epoch"),
-    "new_epoch": ("name", "epoch"),
+    "new_epoch": ("name", "txn", "epoch"),
     "candidates": ("name", "n", "role", "length", "boundary", "horizon", "epoch"),
     "sample_part": (
         "name", "length", "boundary", "columns", "seed", "counts", "scale", "slots", "txn", "record", "out",
@@ -63,7 +63,7 @@ COORDINATOR_FIELDS = {
     "register": ("config", "placement"),
     "lookup": (),
     "list": (),
-    "admit_insert": ("n", "episodes", "per_shard", "timeout", "owner"),
+    "admit_insert": ("n", "episodes", "per_shard", "timeout", "owner", "grouped"),
     "commit_insert": ("txn", "items", "evicted", "unsettled", "unreached"),
     "abort_insert": ("txn", "unreached"),
     "admit_sample": ("n", "timeout", "done", "lease", "exclusive", "owner", "after"),

@@ -646,7 +646,7 @@ class CoordinatorClient:
         per_shard: dict[int, int] | None = None,
         timeout: float | None = None,
         owner: str | None = None,
-        grouped: bool = False,
+        grouped: bool | None = None,
     ) -> Any:
         """Wait for the rate limiter to admit an insert of ``n`` items in ``episodes`` episodes.
 
@@ -663,7 +663,7 @@ class CoordinatorClient:
             long the request may be held).
         owner : str, optional
             Who holds the admission (released if it leaves).
-        grouped : bool, default False
+        grouped : bool, optional
             An ingestion's insert, staged in groups of at most a shard's
             capacity (it may hold more items than the table).
 
