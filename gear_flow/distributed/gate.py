@@ -171,6 +171,7 @@ class TableGate:
         self.spec = cfg.spec
         self.ordered = cfg.selection == "ordered"
         self.exclusive = cfg.exclusive
+        self.lossless = cfg.lossless  # a Queue or Stack: every item is to be handed out
         self.limiter = cfg.fresh_limiter()
         self.placement = {int(k): v for k, v in placement.items()}
         self.size = 0

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import ProtocolError
-from ..rate_limiters import Queue
 
 if TYPE_CHECKING:
     from .gate import TableGate
@@ -59,7 +58,7 @@ def check_insert(g: TableGate, n: int, episodes: int, per_shard: dict, grouped: 
         ``n`` exceeds what the limiter admits at once.
     """
     room = g.spec.capacity * g.spec.num_shards
-    too_many = (n > room or episodes > room) and not (grouped and not isinstance(g.limiter, Queue))
+    too_many = (n > room or episodes > room) and (g.lossless or not grouped)
     if too_many or (g.spec.item_unit == "episode" and n != episodes):
         raise ProtocolError(
             f"coordinator 'admit_insert': {n} items in {episodes} episodes can never be stored by table "
