@@ -499,6 +499,14 @@ def _admit(
     return grant
 
 
+def _time_up(table: DistributedTable, call: SampleArgs, what: str, why: str) -> RateLimitTimeout:
+    """The error of a sample whose caller's time ran out while it was redone: not ``what`` within it, ``why``."""
+    timeout = table.timeout if call.timeout is None else call.timeout
+    return RateLimitTimeout(
+        f"a sample of {call.batch_size} on table {table.name!r} was not {what} within {timeout} s: {why}"
+    )
+
+
 def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers | None) -> Steps:
     """One sample, sans I/O: the requests it makes (:class:`Admit`, :class:`Refresh`, :class:`Gather`,
     :class:`GiveBack`, :class:`Finish`, :class:`Removed`), yielded to an executor that answers each, or
@@ -570,10 +578,7 @@ def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers |
                 yield GiveBack(grant)
                 left = time_left(t, call.timeout, call.start)
                 if left == 0.0:  # inserts keep coming, never enough: the caller's time is up
-                    raise RateLimitTimeout(
-                        f"a sample of {B} on table {t.name!r} was not admitted within "
-                        f"{t.timeout if call.timeout is None else call.timeout} s: too few items left for it"
-                    ) from None
+                    raise _time_up(t, call, "admitted", "too few items left for it") from None
                 grant = yield from _admit(t, B, left, after=after, cancelled=call.cancelled)
                 lost_at = _lost_at_grant(t, grant) if exclusive else None
             except (Retry, StaleSelectionError) as e:
@@ -582,11 +587,7 @@ def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers |
                     # changed, so it is planned again as often as that happens while the caller's time lasts
                     # (an attempt counts shards moving, which each redo must get past)
                     if time_left(t, call.timeout, call.start) == 0.0:
-                        raise RateLimitTimeout(
-                            f"a sample of {B} on table {t.name!r} was not served within "
-                            f"{t.timeout if call.timeout is None else call.timeout} s: the items it chose were "
-                            f"removed each time ({e})"
-                        ) from None
+                        raise _time_up(t, call, "served", f"the items it chose were removed each time ({e})") from None
                     attempt -= 1
                 elif attempt == _ATTEMPTS - 1:
                     raise redone_too_often(t, e) from None
