@@ -205,3 +205,21 @@ def test_a_whole_batch_reply_takes_its_buffers_from_the_pool_once_the_last_one_i
     assert again["data"]["obs"].ctypes.data == addr
     got = again["data"]["obs"].view(np.float32).reshape(64, 4096)
     np.testing.assert_array_equal(got, rows[again["timesteps"]])  # and holds this batch's rows
+
+
+def test_a_whole_batch_finding_its_admitted_items_gone_takes_nothing_and_waits_as_on_a_local_table():
+    """A worker's ``sample_all`` whose table a delete emptied after the coordinator admitted the batch gives
+    the admission back to wait for an insert (``ShortBatchError``), as a LocalTable's sample does and a
+    sample over several workers does; stored items none of whose windows fit are still the call's error."""
+    spec = gf.TableSpec(X, capacity=16, num_shards=1)
+    host = ShardHost()
+    host.create("t", TableConfig.build(spec, sampler=gf.Fifo(), max_times_sampled=1).to_dict(), [0])
+    with pytest.raises(host_sampling.ShortBatchError, match="admitted for are gone"):
+        host.sample_all("t", 1, 1, "strict", ("x",), 0)
+    host.write("t", "w", [part(0, 2)])
+    with pytest.raises(gf.WindowTooLongError):
+        host.sample_all("t", 1, 3, "strict", ("x",), 0)
+    got = host.sample_all("t", 2, 1, "strict", ("x",), 0)
+    assert got["data"]["x"].view(np.float32).ravel().tolist() == [0.0, 1.0] and got["expired"] == {0: 2}
+    with pytest.raises(host_sampling.ShortBatchError):  # both expired: gone as by a delete
+        host.sample_all("t", 1, 1, "strict", ("x",), 0)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import backend
-from ..errors import GearFlowError, ProtocolError
+from ..errors import EmptyTableError, GearFlowError, ProtocolError
 from ..ops.seeds import generator
 from ..sample import SampleBuffers
 from ..shard import Shard
@@ -734,11 +734,12 @@ class HostSampler:
         ProtocolError
             Bad ``columns`` or ``out``.
         EmptyTableError
-            Nothing can be sampled.
+            Nothing can be sampled from the items stored.
         ShortBatchError
             The items left may go fewer than ``n`` times (``max_times_sampled``;
-            a queue's below ``horizon``): nothing taken, the admission is given
-            back and waits for items to arrive.
+            a queue's below ``horizon``), or a delete took every item since the
+            admission: nothing taken, the admission is given back and waits for
+            items to arrive.
         """
         t = self.tables.table(name)
         check_sample_args(n, length, boundary)
@@ -772,6 +773,15 @@ class HostSampler:
             )
         except ShortOfItems as e:
             raise ShortBatchError(f"table {name!r}: the items left may go {e.have} times, for a batch of {n}") from None
+        except EmptyTableError:
+            if any(s.size for s in t.shards.values()):  # items none of whose windows fit: the call's own error
+                raise
+            # admitted with items that a delete (or another sample's expiry) took before this draw had the
+            # shards' locks: nothing was taken, and as on a LocalTable the batch gives its admission back
+            # and waits for an insert
+            raise ShortBatchError(
+                f"table {name!r}: the items it was admitted for are gone, for a batch of {n}"
+            ) from None
         finally:
             release(locks)
         res = {"expired": expired}
