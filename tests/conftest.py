@@ -23,6 +23,36 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# -- worker processes ------------------------------------------------------------------------------
+@pytest.fixture(scope="session", autouse=True)
+def _workers_fork_from_a_server():
+    """The suite's in-process clusters start their workers from a fork server, as distributed's own suite
+    does: a worker then costs a fork of a process that has imported distributed, numpy and the worker's
+    plugin once, where a spawned one starts an interpreter and imports them again (about 1.4 s of CPU each,
+    and the suite starts some two hundred; nothing of the package starts a thread or draws from a global
+    generator at import, so the forks share no state that matters).  The server starts here, before any
+    test changes the environment, with the variables a nanny sets before it spawns
+    (``distributed.nanny.pre-spawn-environ``), so its workers see what spawned ones would.  The launch
+    scripts' tests keep Dask's default (spawn), as their users run them."""
+    import multiprocessing.forkserver
+    import os
+
+    import dask
+    from distributed.utils import get_mp_context
+
+    dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
+    ctx = get_mp_context()  # (sets distributed's own preload list, which the next line replaces)
+    ctx.set_forkserver_preload(["distributed", "numpy", "pandas", "gear_flow.distributed.plugin"])
+    saved = dict(os.environ)
+    os.environ.update({k: str(v) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()})
+    try:
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    yield
+
+
 # -- the same suites against the local and the distributed table ---------------------------------
 @pytest.fixture(scope="session")
 def dist_client():

@@ -206,7 +206,8 @@ def test_a_disk_shard_that_fails_a_check_is_not_reopened_and_stays_lost(tmp_path
                 t.restore_shard(1, path, worker=survivor)
             assert "\n" not in str(e.value)
             assert coordinator(t).lookup() == state  # still lost, nothing placed
-            assert client.run(_hosted, t.name) == {survivor: [0]}
+            hosted = client.run(_hosted, t.name)  # (the killed worker's nanny may have started a new one)
+            assert hosted.pop(survivor) == [0] and all(v == [] for v in hosted.values()), hosted
             assert {p: p.read_bytes() for p in files} == files
         header.write_bytes(good)
         rep = t.restore_shard(1, tmp_path / "disk-c" / "shard-1", worker=survivor)

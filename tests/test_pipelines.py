@@ -43,9 +43,11 @@ def test_bench_local_quick_writes_ratios(tmp_path):
 @pytest.mark.slow
 def test_bench_distributed_quick(tmp_path):
     """Run as its users run it, in a process of its own: its UCX rows load distributed-ucxx, whose threads
-    must not outlive the benchmark in the test process (faulthandler on: a native crash names its thread)."""
+    must not outlive the benchmark in the test process (faulthandler on: a native crash names its thread).
+    Its nine clusters' workers fork from a server, as the suite's own clusters do (what it checks is that
+    every path runs and reports; --quick times nothing it asserts on)."""
     out = tmp_path / "d.json"
-    env = dict(os.environ, PYTHONFAULTHANDLER="1")
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", DASK_DISTRIBUTED__WORKER__MULTIPROCESSING_METHOD="forkserver")
     r = subprocess.run(
         [sys.executable, str(PIPELINES / "bench_distributed.py"), "--quick", "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=280,
