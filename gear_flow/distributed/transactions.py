@@ -101,8 +101,7 @@ def admission_args(
     dict
         The request's fields.
     """
-    args = dict(n=n, episodes=episodes, per_shard=per_shard, timeout=timeout, owner=table._ctx.owner)
-    return {**args, "grouped": True} if grouped else args
+    return dict(n=n, episodes=episodes, per_shard=per_shard, timeout=timeout, owner=table._ctx.owner, grouped=grouped)
 
 
 async def admit_insert(

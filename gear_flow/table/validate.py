@@ -11,7 +11,7 @@ from numba import njit
 from numpy.typing import ArrayLike
 
 from ..backend import is_device_array
-from ..errors import InvalidDataError, InvalidPriorityError, SpecError
+from ..errors import InvalidDataError, InvalidPriorityError, SpecError, UnknownKeyError
 from ..keys import decode, shard_of
 from ..ops._mem import array_headers, rows_of
 from ..spec import BOUNDARIES, TableSpec
@@ -459,14 +459,10 @@ def check_keys(keys: ArrayLike, num_shards: int) -> np.ndarray:
     if k.dtype.kind not in "iu":
         raise InvalidDataError(f"keys must be integers, got dtype {k.dtype}")
     if k.dtype.kind == "u" and k.size and k.max() > np.iinfo(np.int64).max:  # (int64 would wrap it negative)
-        from ..errors import UnknownKeyError
-
         raise UnknownKeyError(int(k.max()), "keys are below 2**63 (an int64 shard << 56 | seq)")
     k = k.astype(np.int64, copy=False).reshape(-1)
     bad = _first_bad_shard(k, num_shards)
     if bad >= 0:
-        from ..errors import UnknownKeyError
-
         shard = int(decode(k[bad : bad + 1])[0][0])
         raise UnknownKeyError(int(k[bad]), f"it names shard {shard}; this table has {num_shards}")
     return k
