@@ -190,6 +190,7 @@ def _place_steps(w, capacity, lengths, ep_seqs, stamps, step_episode, touched):
 
 _NO_STAMPS = np.zeros(0, np.int64)
 _NO_TIMES = np.zeros(0, np.int32)
+_NO_BLOCK = contextlib.nullcontext()  # (reusable: one for every block that needs none, not one per call)
 
 
 @njit(nogil=True, cache=True)
@@ -359,7 +360,7 @@ class Shard:
         """
         if self.store is not None:  # a disk shard commits its header at the end of the block
             return self.store.writing()
-        return self.published.writing() if self.published is not None else contextlib.nullcontext()
+        return self.published.writing() if self.published is not None else _NO_BLOCK
 
     def episode_id_end(self) -> int:
         """One past the largest episode id this shard holds (ids are handed out in order: its newest
@@ -875,7 +876,7 @@ class Shard:
             remainder is within rounding of zero).
         """
         sel = self.sampler
-        assert isinstance(sel, WeightedSelector)
+        assert self.weighted  # (the flag set at bind: an ABC's isinstance each call is slow)
         with self.lock:
             total = sel.mass
             if boundary != "strict" or length <= 1 or total <= 0:
@@ -953,7 +954,7 @@ class Shard:
             none is left in the epoch).
         """
         sel = self.sampler
-        assert isinstance(sel, WeightedSelector)
+        assert self.weighted  # (the flag set at bind: an ABC's isinstance each call is slow)
         with self.lock:
             if mass is None:
                 mass = self.valid_mass(length, boundary)
@@ -1442,7 +1443,7 @@ class Shard:
         that they are committed with the header (a process killed after the sample reopens with the
         counts of the items its files hold); elsewhere none (a published state has no expiry, and its
         readers read no count: a version change would only make them draw again)."""
-        return self.store.writing() if self.store is not None else contextlib.nullcontext()
+        return self.store.writing() if self.store is not None else _NO_BLOCK
 
     def _still_there(self, slots: np.ndarray, seqs: np.ndarray) -> np.ndarray:
         """Mask of items (slot, seq) that are still the live occupant of their slot."""

@@ -73,6 +73,26 @@ class Uniform(WeightedSelector):
             return super().draw(uniforms)
         return _ring_leaves(np.asarray(uniforms, dtype=np.float64), mass, n, lo % self.capacity, self.capacity)
 
+    def draw_probs(self, uniforms: np.ndarray, denom: float) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`draw`, and each drawn slot's probability ``1 / denom`` (a live item weighs 1).
+
+        Parameters
+        ----------
+        uniforms : numpy.ndarray
+            float64 ``[n]`` in ``[0, 1)``; the tree's mass must be > 0.
+        denom : float
+            The mass the slots were drawn among.
+
+        Returns
+        -------
+        slots : numpy.ndarray
+            int64 ``[n]``, as :meth:`draw` returns them.
+        probs : numpy.ndarray
+            float64 ``[n]``, each ``1.0 / denom`` (what :meth:`drawn_weights` over ``denom`` gives, bit for bit).
+        """
+        slots = self.draw(uniforms)
+        return slots, np.full(len(slots), 1.0 / denom)
+
     def drawn_weights(self, slots: np.ndarray) -> np.ndarray:
         """Ones: a live item weighs 1 and a draw returns live items only (no read of the tree's leaves, a
         cache miss each in a large shard).

@@ -190,6 +190,19 @@ class Admission:
         self._lines[kind].popleft()
         self.cond.notify_all()
 
+    def wake(self) -> None:
+        """Wake the waiting calls after a change that may admit one (call *not* holding ``cond``).
+
+        Only a call in a line waits on ``cond``, and it joins its line and
+        reads the state under ``cond``: one that joins after the change sees
+        it, and one that joined before is in a line when this looks.  So
+        with both lines empty there is no one to wake, and a steady state
+        with no call blocked does not take ``cond`` once more per call.
+        """
+        if self._lines["insert"] or self._lines["sample"]:
+            with self.cond:
+                self.cond.notify_all()
+
     def admitted(self, n: int) -> None:
         """An insert of ``n`` items was admitted and is being written (call holding ``cond``): inserts
         admitted after it see its items in :attr:`in_flight`.

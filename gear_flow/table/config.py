@@ -228,7 +228,7 @@ class TableConfig:
             return "ordered"
         return "epoch" if getattr(self.sampler, "without_replacement", False) else "weighted"
 
-    @property
+    @cached_property
     def plan(self) -> str:
         """The sample plan (:func:`gear_flow.table.planner.sample`): the selection; with ``max_times_sampled``
         ``sequential`` for a weighted sampler (drawn item by item, as Reverb), ``ordered_limited`` for an

@@ -162,18 +162,7 @@ class InProcess:
                 return {i: s.remover_candidates(req.n) for i, s in self.shards.items()}
             return {i: s.candidates(req.n, self.L, self.boundary, self.horizon) for i, s in self.shards.items()}
         if isinstance(req, planner.Draw):
-            off = req.base
-            for i in sorted(req.counts):  # (planner.offsets' order: counts are positive ints)
-                n = req.counts[i]
-                if not n:
-                    continue
-                # the mass as just summarised (under the same locks), once: a later round asks again
-                mass = self.masses.pop(i, None)
-                mass = None if req.by_count else mass
-                slots, q = self.shards[i].draw(n, self.L, self.boundary, self.rng, mass)
-                self._gather(i, slots, q, off, req.scale[i])
-                off += n
-            return None
+            return self.draw(req)
         if isinstance(req, planner.Sequences):
             return {
                 i: s.draw_sequence(req.n, self.L, self.boundary, self.rng, req.by_count) for i, s in self.shards.items()
@@ -199,6 +188,27 @@ class InProcess:
                     k += evict_on(self.shards[i], counts=parts[i], rng=self.rng)
             return k
         raise TypeError(f"unknown plan request {req!r}")
+
+    def draw(self, req: planner.Draw) -> None:
+        """Answer a :class:`planner.Draw`: each shard's items drawn and gathered at the rows the plan gives them.
+
+        Parameters
+        ----------
+        req : planner.Draw
+            Counts, shares of the mass and the first row.
+        """
+        off = req.base
+        counts = req.counts
+        for i in sorted(counts) if len(counts) > 1 else counts:  # (planner.offsets' order: positive ints)
+            n = counts[i]
+            if not n:
+                continue
+            # the mass as just summarised (under the same locks), once: a later round asks again
+            mass = self.masses.pop(i, None)
+            mass = None if req.by_count else mass
+            slots, q = self.shards[i].draw(n, self.L, self.boundary, self.rng, mass)
+            self._gather(i, slots, q, off, req.scale[i])
+            off += n
 
     def _gather(self, i: int, slots: np.ndarray, p: np.ndarray, off: int, scale: float = 1.0) -> None:
         s = self.shards[i]
@@ -264,18 +274,18 @@ def sample_shards(
     try:
         draw = None
         if selection == "weighted":  # its plan's one draw, straight: the summary it asks, then the rule
-            ex.masses = {i: summary(s, "sampler", L, boundary) for i, s in shards.items()}
+            ex.masses = {i: s.valid_mass(L, boundary) for i, s in shards.items()}  # (summary's "sampler")
             draw = planner.weighted_draw(ex.masses, B, rng)
         if draw is None:
             layout = planner.run(planner.sample(selection, B, rng), ex)
         else:
-            ex(draw)
-            layout = planner.Layout()
+            ex.draw(draw)  # (every row in place: no layout)
+            layout = None
     except planner.NothingToSample:
         size = sum(s.size for s in shards.values())
         longest = max((s.longest_episode() for s in shards.values()), default=0)
         raise nothing_to_sample(who, size, longest, L, boundary) from None
-    if layout.rows_at is not None:
+    if layout is not None and layout.rows_at is not None:
         out.permute(planner.sources(layout.rows_at))
     two_level.importance_weights(out.probabilities, beta, out.weights)
     return ex.expired

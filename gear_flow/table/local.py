@@ -644,8 +644,7 @@ class LocalTable(DatasetMethods):
                     self.rate_limiter.on_delete(evicted)
                     self.rate_limiter.forget(evicted)
         self._enforce_max_size()
-        with self._cond:
-            self._cond.notify_all()
+        self._admission.wake()
         return InsertResult(ids, first_keys, dest, n_items)
 
     def _check_ring_room(self, shard: int, lengths: np.ndarray) -> None:
@@ -783,8 +782,7 @@ class LocalTable(DatasetMethods):
             what = f"a sample of {batch_size} (the items left may go {have} more times)"
             if timeout is not None and time.monotonic() - start >= timeout:  # (inserts keep coming, never enough)
                 raise timeout_error(what, self.rate_limiter, lambda: self.size)(timeout)
-        with self._cond:
-            self._cond.notify_all()
+        self._admission.wake()
         return out.batch(size)
 
     def _sample_args(self, B, L, boundary, columns, out) -> tuple:
