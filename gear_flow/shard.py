@@ -882,10 +882,10 @@ class Shard:
             if boundary != "strict" or length <= 1 or total <= 0:
                 return total
             if self.published is not None and not self.published.publishes(length):
-                with self.writing():  # a new window length: its tail mass is published for the readers
-                    tail = self.tails.get(length)
+                with self.writing():  # a new window length (or one recomputed): published for the readers
+                    tail = self.tails.get(length, total)
             else:
-                tail = self.tails.get(length)
+                tail = self.tails.get(length, total)
             mass = valid_mass(total, tail)
             if mass == 0.0:  # within the cached tails' drift of nothing: the fitting items' own weights say
                 mass = self.tails.valid_listed(

@@ -10,7 +10,11 @@ that would dominate sampling.  :class:`TailMass` caches it for the few window
 lengths in use and keeps each cached value current by adding the weight
 deltas of the slots that change (inserts, removals, priority updates, draws
 without replacement).  To bound floating-point drift an entry is recomputed
-from the tree after ``refresh_every`` slot changes.
+from the tree after ``refresh_every`` slot changes, and before it is used
+whenever the rounding its updates may have made is not small against the mass
+it leaves (``total - tail``): a tail of 1e20 lowered to 1 keeps an error of
+~1e4, which the 8 of weight left to the fitting items would otherwise read as
+their mass.
 """
 
 from __future__ import annotations
@@ -19,6 +23,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 import numpy as np
+
+#: the rounding of a float64 sum, per unit of the magnitudes it adds (a bound: twice the unit roundoff)
+_EPS = 2 * np.finfo(np.float64).eps
+
+#: a cached tail mass whose rounding bound exceeds this share of what it leaves of the total is recomputed
+DRIFT = 1e-9
 
 
 class TailMass:
@@ -47,33 +57,59 @@ class TailMass:
         self.reach = reach
         self.max_entries = max_entries
         self.refresh_every = refresh_every
-        self.entries: OrderedDict[int, list] = OrderedDict()  # L -> [mass, changes]
+        self.entries: OrderedDict[int, list] = OrderedDict()  # L -> [mass, changes, rounding bound]
         #: L -> the valid mass summed from the fitting items themselves (:meth:`valid_listed`), until a slot changes
         self.listed: dict[int, float] = {}
 
-    def get(self, length: int) -> float:
+    def get(self, length: int, total: float | None = None) -> float:
         """The tail mass for window length ``length``, cached (computed on a miss or when due).
 
         Parameters
         ----------
         length : int
             Window length ``L``, in steps.
+        total : float, optional
+            The sampler's total weight: the entry is recomputed unless its
+            rounding is within :data:`DRIFT` of what it leaves (``total -
+            tail``).
 
         Returns
         -------
         float
             ``sum(w_i for reach_i < L)`` over live items, exact up to the
-            drift of at most ``refresh_every`` incremental updates.
+            drift of at most ``refresh_every`` incremental updates (and, given
+            ``total``, to ``DRIFT`` of the mass left).
         """
         e = self.entries.get(length)
-        if e is None or e[1] >= self.refresh_every:
-            e = [self.compute(length), 0]
+        if e is None or e[1] >= self.refresh_every or (total is not None and not self._close(e, total)):
+            e = [self.compute(length), 0, 0.0]
             self.entries[length] = e
             self.listed.pop(length, None)
             if len(self.entries) > self.max_entries:
                 self.listed.pop(self.entries.popitem(last=False)[0], None)
         self.entries.move_to_end(length)
         return e[0]
+
+    @staticmethod
+    def _close(e: list, total: float) -> bool:
+        """Whether an entry's rounding bound is within :data:`DRIFT` of the mass it leaves of ``total``."""
+        return e[2] <= DRIFT * max(total - e[0], 0.0)
+
+    def exact_entries(self, total: float) -> list[tuple[int, float]]:
+        """``(L, tail mass)`` of the cached entries that :meth:`get` with this ``total`` would return as they
+        are (what a shard publishes to the readers of its selection state; they leave the others to it).
+
+        Parameters
+        ----------
+        total : float
+            The sampler's total weight.
+
+        Returns
+        -------
+        list of tuple
+            In the cache's order, least recently used first.
+        """
+        return [(L, e[0]) for L, e in self.entries.items() if e[1] < self.refresh_every and self._close(e, total)]
 
     def change(self, slots: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
         """Weights at ``slots`` went from ``old`` to ``new``: update every cached entry.
@@ -96,7 +132,11 @@ class TailMass:
         for L, e in self.entries.items():
             m = r < L
             if m.any():
-                e[0] += float(delta[m].sum())
+                d = delta[m]
+                mass = e[0] + float(d.sum())
+                # the sum's rounding (pairwise: log2 of its terms' count, times their magnitudes) and the add's
+                e[2] += _EPS * (len(d).bit_length() * float(np.abs(d).sum()) + abs(e[0]) + abs(mass))
+                e[0] = mass
             e[1] += len(slots)
 
     def clear(self) -> None:

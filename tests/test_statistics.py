@@ -170,6 +170,27 @@ def test_strict_windows_holding_a_billionth_of_the_weight_are_drawn_by_it(make_t
     assert chi2(counts, np.array([0.25, 0.75]) * 4000) < chi2_critical(1)
 
 
+def test_a_huge_weight_lowered_where_no_window_fits_leaves_strict_probabilities_exact(make_table):
+    """The cached tail mass of strict windows follows each weight change by adding its delta: lowering two
+    steps whose windows do not fit from 1e20 to 1 left it ~1e4 off (the rounding of 2e20), so shard 0
+    reported 1/16384-ish probabilities, or, with the error below zero, took almost every draw.  It is now
+    recomputed before use when its rounding is not small against the mass it leaves."""
+    t = make_table(make_spec(capacity=64, num_shards=2), sampler=Prioritized(1.0, 0.0), seed=6)
+    a = t.insert([episode(1, 2), episode(2, 2)], priorities=[1.0, 1e20, 3.0, 1e20], shard=0)
+    b = t.insert([episode(3, 2)], priorities=[4.0, 0.0], shard=1)
+    t.sample(4, length=2, boundary="strict")  # the tail mass of L=2 cached on each shard
+    k1, k2, k3 = int(a.first_keys[0]), int(a.first_keys[1]), int(b.first_keys[0])
+    t.update_priorities([k1 + 1, k2 + 1], [1.0, 1.0])  # the steps whose windows do not fit: 1e20 -> 1
+    got = t.sample(4000, length=2, boundary="strict")
+    keys = got.keys.numpy()
+    assert dict(zip(keys.tolist(), got.probabilities.tolist())) == pytest.approx(
+        {k1: 1 / 8, k2: 3 / 8, k3: 4 / 8}, rel=1e-9
+    )
+    counts = np.array([(keys == k).sum() for k in (k1, k2, k3)])
+    assert counts.sum() == 4000
+    assert chi2(counts, np.array([1, 3, 4]) / 8 * 4000) < chi2_critical(2)
+
+
 def test_uniform_two_level_exact_with_unequal_shards(make_table):
     t = make_table(x_spec(capacity=64, num_shards=2), sampler=Uniform(), seed=5)
     a = t.insert([scalar_episode(1) for _ in range(4)], shard=0)

@@ -204,9 +204,10 @@ class SelectionState:
             idx.generation,
         )
         h[SIZE] = s.size
-        entries = list(s.tails.entries.items())[-MAX_TAILS:]
+        # (an entry whose rounding is not small against what it leaves is left to the owner's recompute)
+        entries = s.tails.exact_entries(s.sampler.mass)[-MAX_TAILS:] if s.weighted and s.tails.entries else []
         pairs = h[TAILS:].view(np.float64)
-        for k, (length, (mass, _)) in enumerate(entries):
+        for k, (length, mass) in enumerate(entries):
             h[TAILS + 2 * k] = int(length)
             pairs[2 * k + 1] = float(mass)
         h[N_TAILS] = len(entries)
