@@ -63,6 +63,30 @@ def test_update_priorities_never_blocks_and_applies_in_order():
     assert s.priority[int(seq[0]) % s.capacity] == 20.0  # the last update won
 
 
+def test_priority_write_back_refuses_keys_that_are_not_integers(make_table):
+    """A PriorityWriter, and a stream's update (a distributed table's stored to ride on its next sample), cast
+    float keys to int64: a float64 key of shard 1 had lost its low bits and set another item's priority, and
+    2.9 set item 2's, where the table's own update refuses them.  They now refuse them as the table does, at
+    the call, nothing queued or applied."""
+    t = make_table(make_spec(capacity=64, num_shards=2), sampler=gf.Prioritized(1.0, 0.4), seed=0)
+    res = t.insert([episode(1, 10), episode(2, 10)], priorities=1.0)
+    key = int(res.first_keys[1]) + 5  # item 5 of shard 1: 2**56 + 5 is not a float64
+    with gf.PriorityWriter(t, backlog=0) as pw:
+        for bad in (torch.tensor([key], dtype=torch.float64), np.array([2.9]), [float(key)]):
+            with pytest.raises(gf.InvalidDataError, match="keys must be integers"):
+                pw.update(bad, [7.0])
+        assert pw.pending == 0
+    assert (pw.applied, pw.stale) == (0, 0)
+    with gf.Stream(t, 4, 1, num_batches=2) as stream:
+        for b in stream:
+            with pytest.raises(gf.InvalidDataError, match="keys must be integers"):
+                stream.update_priorities(b.keys.double(), torch.full((4,), 7.0))
+            stream.update_priorities(b.keys, torch.full((4,), 1.0))  # the same keys as integers go through
+    assert stream.priority_writes["pending"] == 0
+    got = t.sample(400, 1)  # every item kept its priority 1: each drawn with probability 1/20
+    assert got.probabilities.numpy() == pytest.approx(np.full(400, 1 / 20), rel=1e-12)
+
+
 def _loader_keys(dataset, workers: int, context: str | None = None) -> list[list[int]]:
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers, multiprocessing_context=context)
     out = []

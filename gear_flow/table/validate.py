@@ -430,6 +430,39 @@ def to_host(x: Any) -> Any:
     return x
 
 
+def integer_keys(keys: ArrayLike) -> np.ndarray:
+    """Item keys as int64, flattened: integers below ``2**63`` (:func:`check_keys` without its table's shards).
+
+    A key that is not an integer is refused, never cast: a float64 key of a
+    shard above 0 has lost its low bits and would name another item.
+
+    Parameters
+    ----------
+    keys : array_like of int
+        Host or device keys, any shape.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 ``[n]`` (a view of ``keys`` where it can be one).
+
+    Raises
+    ------
+    InvalidDataError
+        Keys that are not integers.
+    UnknownKeyError
+        An unsigned key of ``2**63`` or more (no table issues one).
+    """
+    k = np.asarray(to_host(keys))
+    if k.size == 0:  # no keys ([] reads as float64): nothing to apply
+        k = k.astype(np.int64)
+    if k.dtype.kind not in "iu":
+        raise InvalidDataError(f"keys must be integers, got dtype {k.dtype}")
+    if k.dtype.kind == "u" and k.size and k.max() > np.iinfo(np.int64).max:  # (int64 would wrap it negative)
+        raise UnknownKeyError(int(k.max()), "keys are below 2**63 (an int64 shard << 56 | seq)")
+    return k.astype(np.int64, copy=False).reshape(-1)
+
+
 def check_keys(keys: ArrayLike, num_shards: int) -> np.ndarray:
     """Validate item keys: integers whose encoded shard exists.
 
@@ -452,15 +485,7 @@ def check_keys(keys: ArrayLike, num_shards: int) -> np.ndarray:
     UnknownKeyError
         A key naming a shard outside ``[0, num_shards)``.
     """
-    keys = to_host(keys)
-    k = np.asarray(keys)
-    if k.size == 0:  # no keys ([] reads as float64): nothing to apply
-        k = k.astype(np.int64)
-    if k.dtype.kind not in "iu":
-        raise InvalidDataError(f"keys must be integers, got dtype {k.dtype}")
-    if k.dtype.kind == "u" and k.size and k.max() > np.iinfo(np.int64).max:  # (int64 would wrap it negative)
-        raise UnknownKeyError(int(k.max()), "keys are below 2**63 (an int64 shard << 56 | seq)")
-    k = k.astype(np.int64, copy=False).reshape(-1)
+    k = integer_keys(keys)
     bad = _first_bad_shard(k, num_shards)
     if bad >= 0:
         shard = int(decode(k[bad : bad + 1])[0][0])

@@ -25,6 +25,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..errors import SpecError, TableClosedError
+from ..table.validate import integer_keys
 
 if TYPE_CHECKING:
     from ..distributed.api import DistributedTable
@@ -86,8 +87,14 @@ class PriorityWriter:
         Returns
         -------
         None
+
+        Raises
+        ------
+        InvalidDataError
+            Keys that are not integers (refused as the table refuses them, not
+            cast to another item's); nothing was queued.
         """
-        k = host_copy(keys, np.int64)
+        k = key_copy(keys)
         p = host_copy(priorities, np.float64)
         if k.shape != p.shape:
             raise SpecError(f"{len(k)} keys but {len(p)} priorities; nothing was queued")
@@ -176,6 +183,28 @@ class PriorityWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(wait=exc_type is None)
+
+
+def key_copy(keys: ArrayLike) -> np.ndarray:
+    """A flat int64 host copy of item keys, checked as a table checks them
+    (:func:`~gear_flow.table.validate.integer_keys`).
+
+    Parameters
+    ----------
+    keys : array_like or torch.Tensor
+        Any shape; a tensor may be on a device.
+
+    Returns
+    -------
+    numpy.ndarray
+        1-D int64, owning its memory.
+
+    Raises
+    ------
+    InvalidDataError
+        Keys that are not integers.
+    """
+    return np.array(integer_keys(keys), copy=True)
 
 
 def host_copy(x: ArrayLike, dtype: type) -> np.ndarray:
