@@ -194,6 +194,43 @@ def test_bad_insert_shard(table, shard):
     assert_same(snapshot(t), before)
 
 
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda t: t.insert(episode(7, 3), shard=True),
+        lambda t: t.insert(episode(7, 3), shard=1.0),
+        lambda t: t.insert_batch({k: v[None] for k, v in episode(7, 2).items()}, shard=np.float64(0.0)),
+        lambda t: t.insert(episode(7, 3), timeout=-1),
+        lambda t: t.insert(episode(7, 3), timeout="1"),
+        lambda t: t.sample(2, timeout=-1),
+        lambda t: t.sample(2, timeout=float("nan")),
+        lambda t: t.sample(2, timeout="1"),
+    ],
+    ids=[
+        "shard-True",
+        "shard-1.0",
+        "batch-shard-0.0",
+        "insert-timeout--1",
+        "insert-timeout-str",
+        "sample-timeout--1",
+        "sample-timeout-nan",
+        "sample-timeout-str",
+    ],  # fmt: skip
+)
+def test_a_shard_or_timeout_that_is_not_one_is_refused_by_every_table(make_table, call):
+    """A distributed table took ``shard=True`` and ``shard=1.0`` for shard 1 (a membership test: True == 1),
+    sampled with a negative, NaN or string timeout, and sent a negative one to its coordinator, which refused
+    it with a message about its wire field; a LocalTable refuses them all at the call.  Every table now does,
+    with the same SpecError, nothing inserted or sampled."""
+    t = make_table(make_spec(capacity=CAP, num_shards=2), seed=0)
+    t.insert([episode(1, 3), episode(2, 3)])
+    before = t.info()
+    with pytest.raises(SpecError, match=r"shard .* must be in \[0, 2\)|timeout .* must be None or a number"):
+        call(t)
+    after = t.info()
+    assert (after["size"], after["totals"]) == (before["size"], before["totals"])
+
+
 def test_allowed_casts():
     """int64/float64 into float32, bool into anything numeric, small ints into wider ints."""
     spec = TableSpec((ColumnSpec("f", (2,), np.float32), ColumnSpec("i", (), np.int64)), capacity=8)

@@ -43,7 +43,7 @@ from numpy.typing import ArrayLike
 from ..config import get as config_get
 from ..errors import GearFlowError
 from ..sample import SampleBatch, SampleBuffers
-from ..table.config import TableConfig
+from ..table.config import TableConfig, check_timeout
 from ..table.datasets import DatasetMethods
 from ..table.results import InsertResult, UpdateResult
 from . import (
@@ -191,7 +191,7 @@ class DistributedTable(DatasetMethods):
         self.boundary = self._cfg.boundary
         self.routing = self._cfg.routing
         self.degraded = bool(self._config.get("degraded", False))
-        self.timeout = self._cfg.timeout if timeout is None else timeout
+        self.timeout = self._cfg.timeout if timeout is None else check_timeout(timeout)
         self.rng = np.random.default_rng(seed)
         self._rr = 0
         #: where each shard is, which are lost, at which version: read by callers' threads, changed by the loop

@@ -53,7 +53,7 @@ from ..ops.gather import gather_windows
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
 from ..table.admission import CANCEL_TURN_S, WAIT_CANCELLED
-from ..table.config import TableConfig
+from ..table.config import TableConfig, check_timeout
 from ..table.validate import check_sample_args, sample_columns
 from . import reader_draw
 from .host_sampling import ShortBatchError, StaleSelectionError
@@ -436,14 +436,15 @@ def sample_args(
     Raises
     ------
     SpecError
-        Invalid ``batch_size``, ``length``, ``boundary``, ``columns`` or
-        ``out``, or a batch larger than the limiter allows.
+        Invalid ``batch_size``, ``length``, ``boundary``, ``timeout``,
+        ``columns`` or ``out``, or a batch larger than the limiter allows.
     ShardLostError
         A shard is lost and the table is not ``degraded``.
     """
     cfg = table._cfg
     boundary = table.boundary if boundary is None else boundary
     check_sample_args(batch_size, length, boundary)
+    check_timeout(timeout)
     columns = sample_columns(table.spec, columns)
     if out is not None and not out.matches(columns, batch_size, length, cfg.tier):
         raise SpecError(

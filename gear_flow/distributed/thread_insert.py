@@ -337,7 +337,7 @@ def insert(
     GearFlowError
         Staging failed on a worker; nothing of the insert was stored.
     """
-    ins = prepare(table, episodes, priorities, shard)
+    ins = prepare(table, episodes, priorities, shard, timeout)
     if _in_thread(table, ins):  # the caller's thread writes (an actor into its own worker's shards), or sends them
         return planner.run(insert_steps(table, ins, timeout), ThreadInserter(table))  # over the workers' lanes
     return table._ctx.sync(planner.run_async, insert_steps(table, ins, timeout), LoopInserter(table))

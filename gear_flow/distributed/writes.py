@@ -40,6 +40,7 @@ from ..errors import ShardLostError, ShardMovedError, SpecError
 from ..keys import shards_present
 from ..storage.staging import stage_chunks, staged_bytes, staging_area
 from ..table import planner, routing
+from ..table.config import check_timeout
 from ..table.results import InsertResult
 from ..table.validate import as_episode_list, check_episodes, insert_priorities
 from .edits import evict_excess
@@ -254,6 +255,8 @@ def route(table: DistributedTable, lengths: np.ndarray, shard: int | None) -> np
     SpecError
         ``shard`` out of range.
     """
+    if shard is not None:  # (True or 1.0 would pass the membership test below as shard 1)
+        shard = routing.check_shard(shard, table.spec.num_shards)
     alive = [s for s in sorted(table.placement) if s not in table.lost]
     if not alive:
         raise ShardLostError(-1, f"table {table.name!r} has no shard left", stored=False)
@@ -302,7 +305,7 @@ async def insert_async(
     InvalidDataError, InvalidPriorityError, CapacityError, SpecError, RateLimitTimeout, ShardLostError
         As :meth:`insert`.
     """
-    ins = prepare(table, episodes, priorities, shard)
+    ins = prepare(table, episodes, priorities, shard, timeout)
     return await planner.run_async(insert_steps(table, ins, timeout), LoopInserter(table))
 
 
@@ -763,7 +766,11 @@ class LoopInserter:
 
 
 def prepare(
-    table: DistributedTable, episodes: Mapping | Sequence[Mapping], priorities: Priorities, shard: int | None
+    table: DistributedTable,
+    episodes: Mapping | Sequence[Mapping],
+    priorities: Priorities,
+    shard: int | None,
+    timeout: float | None = None,
 ) -> Insert:
     """Validate and route an insert (nothing sent yet).
 
@@ -777,12 +784,15 @@ def prepare(
         As ``insert``'s.
     shard : int or None
         Put every episode on this shard.
+    timeout : float or None
+        The call's timeout (checked as a LocalTable checks it).
 
     Returns
     -------
     Insert
         Validated and routed.
     """
+    check_timeout(timeout)  # (before anything of the handle changes)
     table._masses.clear()  # this handle's own writes show in its next sample's plan
     table._view.check_not_lost(stored=False)
     chunks, lengths, n_items, item_off, pr = prepare_insert(table.spec, episodes, priorities)

@@ -11,6 +11,32 @@ from ..errors import CapacityError, SpecError
 ROUTINGS = ("balanced", "round_robin")
 
 
+def check_shard(shard: object, num_shards: int) -> int:
+    """A shard a caller names (``insert(shard=...)``): an integer in ``[0, num_shards)``, not a bool or a float
+    that compares equal to one.
+
+    Parameters
+    ----------
+    shard : object
+        The value given.
+    num_shards : int
+        The table's shards.
+
+    Returns
+    -------
+    int
+        ``shard``.
+
+    Raises
+    ------
+    SpecError
+        Anything else.
+    """
+    if isinstance(shard, bool) or not isinstance(shard, (int, np.integer)) or not 0 <= shard < num_shards:
+        raise SpecError(f"shard {shard} must be in [0, {num_shards})")
+    return int(shard)
+
+
 def route(
     lengths: np.ndarray, num_shards: int, capacity: int, policy: str, start: int, shard: int | None = None
 ) -> np.ndarray:
@@ -64,8 +90,7 @@ def route(
         )
     n = len(lengths)
     if shard is not None:
-        if isinstance(shard, bool) or not isinstance(shard, (int, np.integer)) or not 0 <= shard < num_shards:
-            raise SpecError(f"shard {shard} must be in [0, {num_shards})")
+        check_shard(shard, num_shards)
         dest = np.full(n, shard, dtype=np.int64)
     elif policy == "round_robin" or num_shards == 1:
         dest = (start + np.arange(n)) % num_shards
