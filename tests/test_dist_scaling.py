@@ -242,6 +242,60 @@ def test_an_edit_from_a_handle_that_has_not_seen_its_keys_follows_a_shard_moved_
         t.close()
 
 
+def _priorities_on(name, dask_worker=None):
+    """``{tag: priority}`` of this worker's live items, read from its shards."""
+    t = dask_worker.plugins["gear-flow"].host.tables.get(name)
+    out = {}
+    for s in (t.shards if t is not None else {}).values():
+        with s.lock:
+            live = s.active == 1
+            out.update(zip(s.ring.columns["tag"][live].tolist(), s.priority[live].tolist()))
+    return out
+
+
+def test_updates_stored_before_another_handle_moved_their_shard_are_applied_in_order(dist_client):
+    """A learner stores updates to ride on its next sample (``wait=False``); another handle moves one of their
+    shards.  Its flush sent them to the old worker, which refused them as planned before the move, and returned
+    with them still stored; and its next waited update, sent after them (to keep call order) and grouped
+    before it learnt the move from that refusal, went out as planned at the new placement, so the old worker
+    answered that the shard was not there (SpecError).  Stored updates are now sent again where their shards
+    are, and an edit's requests say the placement it was grouped at: both apply, the later value last."""
+    ws = sorted(workers_of(dist_client))
+    t = DistributedTable.create(dist_client, gf.TableSpec(TAG, capacity=100, num_shards=2), sampler=gf.Prioritized(1.0, 0.0), workers=ws, seed=0)  # fmt: skip
+    try:
+        t.insert([{"tag": np.arange(50)}, {"tag": np.arange(50, 100)}])
+        home = t.placement[0]
+        learner = DistributedTable.attach(t.name, dist_client, seed=0)
+        b = learner.sample(256)
+        keys, first = np.unique(b.keys.numpy(), return_index=True)
+        tags = b["tag"].numpy()[first, 0]
+        assert {int(s) for s in keys >> 56} == {0, 1}
+
+        def priorities():
+            got = {}
+            for per in dist_client.run(_priorities_on, t.name).values():
+                got.update(per)
+            return np.array([got[x] for x in tags])
+
+        assert learner.update_priorities(keys, 7.0, wait=False) is None  # stored: rides on the next sample
+        t.move_shards([0], next(w for w in ws if w != home))
+        learner.flush()
+        assert (priorities() == 7.0).all()  # every stored update applied, the moved shard's included
+
+        b = learner.sample(256)  # (this handle's record of the keys it saw issued began again with the move)
+        keys, first = np.unique(b.keys.numpy(), return_index=True)
+        tags = b["tag"].numpy()[first, 0]
+        assert learner.update_priorities(keys, 5.0, wait=False) is None
+        t.move_shards([0], home)  # and back
+        res = learner.update_priorities(keys, 9.0)  # sent after the stored ones, each where its shard is now
+        assert (res.applied, res.stale) == (len(keys), 0)
+        learner.flush()
+        assert (priorities() == 9.0).all()  # the later value last, on both shards
+        assert learner.info()["size"] == 100
+    finally:
+        t.close()
+
+
 def test_fresh_handles_sample_a_table_whose_shard_keeps_moving():
     """A ``max_times_sampled`` table (its samples ask the owners) whose shard moves every 0.05 s, sampled by 100
     fresh handles: each first sample probes the workers' layouts, and a probe refused by a worker that is

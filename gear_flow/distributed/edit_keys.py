@@ -14,7 +14,7 @@ on the event loop by :class:`LoopUpdater` or in the caller's thread by
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -51,6 +51,61 @@ def heap_ties(table: DistributedTable) -> bool:
     return any(isinstance(x, (MaxHeap, MinHeap)) for x in (table._cfg.sampler, table._cfg.remover))
 
 
+class ByWorker(dict):
+    """An edit's ``{worker: {shard: seqs}}``, grouped at placement ``version``, which its requests carry.
+
+    A request says the placement it was planned at, so that a worker whose
+    shards changed since refuses it and its keys go again where the shards
+    are now (:func:`moved_keys`).  The handle's own version is the one it
+    knows when it sends; an edit grouped before the handle learnt a move
+    (an update whose handle sent its stored updates first, and was refused
+    as placed before the move) went out as planned at the new placement, and
+    the old worker answered that the shard was not there.
+
+    Parameters
+    ----------
+    items : mapping
+        ``{worker: {shard: seqs}}``.
+    version : int
+        The placement version it was grouped at.
+    """
+
+    def __init__(self, items: dict, version: int) -> None:
+        super().__init__(items)
+        self.version = version
+
+    def only(self, addrs: Iterable[str]) -> ByWorker:
+        """The workers of this grouping that are among ``addrs``, at the same version.
+
+        Parameters
+        ----------
+        addrs : iterable of str
+            Workers to keep.
+
+        Returns
+        -------
+        ByWorker
+            The kept part.
+        """
+        keep = set(addrs)
+        return ByWorker({a: s for a, s in self.items() if a in keep}, self.version)
+
+    def request(self, **args: object) -> dict:
+        """A request's arguments, with the placement version this grouping was planned at.
+
+        Parameters
+        ----------
+        **args : object
+            The request's arguments.
+
+        Returns
+        -------
+        dict
+            ``args`` and ``epoch``.
+        """
+        return {**args, "epoch": self.version}
+
+
 def group(table: DistributedTable, keys: ArrayLike) -> tuple:
     """Keys checked and grouped by the worker of their shard, as the handle last saw the placement.
 
@@ -65,8 +120,9 @@ def group(table: DistributedTable, keys: ArrayLike) -> tuple:
     -------
     tuple
         ``(k, by, idx, on_lost)``: the flat int64 keys; ``{worker: {shard:
-        seqs}}``; ``{worker: {shard: indices into k}}``; the number of keys
-        on lost shards (left out of ``by``).
+        seqs}}`` (a :class:`ByWorker`, at the placement read); ``{worker:
+        {shard: indices into k}}``; the number of keys on lost shards (left
+        out of ``by``).
 
     Raises
     ------
@@ -89,7 +145,7 @@ def group(table: DistributedTable, keys: ArrayLike) -> tuple:
             continue
         by[now.shards[s]][s] = seq[m]
         idx[now.shards[s]][s] = m
-    return k, by, idx, int(np.isin(shard, lost).sum()) if lost else 0
+    return k, ByWorker(by, now.version), idx, int(np.isin(shard, lost).sum()) if lost else 0
 
 
 def grouped_update(table: DistributedTable, keys: ArrayLike, priorities: ArrayLike | float) -> tuple:
@@ -312,7 +368,7 @@ def moved_keys(table: DistributedTable, idx: dict, errors: list, attempt: int = 
 
 
 def update_calls(
-    table: DistributedTable, by: dict, idx: dict, pr: np.ndarray, stamps: np.ndarray | None, plans: list
+    table: DistributedTable, by: ByWorker, idx: dict, pr: np.ndarray, stamps: np.ndarray | None, plans: list
 ) -> dict:
     """The ``update`` request of each worker of ``by`` (its shards' seqs, their priorities ``pr[idx]``).
 
@@ -337,7 +393,7 @@ def update_calls(
     return {
         a: (
             "update",
-            dict(
+            by.request(
                 name=table.name,
                 seqs_by_shard=s,
                 prios_by_shard={i: pr[idx[a][i]] for i in s},
@@ -399,10 +455,10 @@ async def checked(table: DistributedTable, by: dict) -> tuple[dict, int, list]:
         sent to the old worker with the placement learnt since, they were refused as not its shards).
     """
     res, errors = await table._link.on_workers(
-        {a: ("check_keys", dict(name=table.name, seqs_by_shard=s)) for a, s in by.items()}, partial=True
+        {a: ("check_keys", by.request(name=table.name, seqs_by_shard=s)) for a, s in by.items()}, partial=True
     )
     lost = lost_keys(by, res, errors)
-    return {a: s for a, s in by.items() if a in res}, lost, [e for e in errors if isinstance(e, Moved)]
+    return by.only(res), lost, [e for e in errors if isinstance(e, Moved)]
 
 
 def lost_keys(by: dict, res: dict, errors: list) -> int:

@@ -224,7 +224,7 @@ async def _delete_grouped(
         by, lost, moved = await checked(table, by)
         on_lost += lost
     res, errors = await table._link.on_workers(
-        {a: ("delete", dict(name=table.name, seqs_by_shard=s)) for a, s in by.items()}, partial=True
+        {a: ("delete", by.request(name=table.name, seqs_by_shard=s)) for a, s in by.items()}, partial=True
     )
     per = {s: k for r in res.values() for s, k in r[0].items() if k}
     d = sum(per.values())

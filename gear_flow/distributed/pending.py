@@ -25,7 +25,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .edit_keys import grouped_update, heap_ties
-from .transport import Retry
+from .transport import Moved, Retry
 
 if TYPE_CHECKING:
     from .api import DistributedTable
@@ -463,6 +463,10 @@ async def hold_pending(table: DistributedTable, shards: set[int]) -> None:
         await table._pending.settled(shards)  # in a sample in flight: applied, or stored again and sent next
 
 
+#: rounds of :func:`send_pending` while workers refuse the stored updates as placed before a move
+MOVED_SENDS = 8
+
+
 async def send_pending(table: DistributedTable, exclude: set | frozenset = frozenset()) -> None:
     """Send the stored updates now (those of workers in ``exclude`` stay), one request per worker.
 
@@ -473,21 +477,28 @@ async def send_pending(table: DistributedTable, exclude: set | frozenset = froze
     exclude : set of str, optional
         Workers whose updates stay stored.
     """
-    calls = pending_calls(table, exclude)
-    if not calls:
-        return
-    try:
-        res, errors = await table._link.on_workers(calls, partial=True)
-    except BaseException:
-        for _, (_, args) in calls.items():  # nothing is known applied: sent again next time
-            settle(table, args, False)
-        table._masses.clear()
-        raise
-    for a, (_, args) in calls.items():
-        if a in res:
-            book_reply(table, args["masses"] or [], res[a])
-        settle(table, args, a in res)  # a lost shard's updates are dropped, the others kept
-    errors = [e for e in errors if not isinstance(e, Retry)]  # degraded: the lost shards are marked
-    if errors:
-        table._masses.clear()
-        raise errors[0]
+    for _ in range(MOVED_SENDS):
+        calls = pending_calls(table, exclude)
+        if not calls:
+            return
+        try:
+            res, errors = await table._link.on_workers(calls, partial=True)
+        except BaseException:
+            for _, (_, args) in calls.items():  # nothing is known applied: sent again next time
+                settle(table, args, False)
+            table._masses.clear()
+            raise
+        for a, (_, args) in calls.items():
+            if a in res:
+                book_reply(table, args["masses"] or [], res[a])
+            settle(table, args, a in res)  # a lost shard's updates are dropped, the others kept
+        moved = Moved.among(errors)
+        errors = [e for e in errors if not isinstance(e, Retry)]  # degraded: the lost shards are marked
+        if errors:
+            table._masses.clear()
+            raise errors[0]
+        if not moved:
+            return
+        # refused as placed before their shards moved (the placement learnt since): sent again where they
+        # are now, so that a flush, or an update sent after them, finds them applied
+    # (shards that kept moving: what is left stays stored for the next send)
