@@ -249,13 +249,14 @@ def column_dtype(value: DTypeLike, who: str = "column") -> np.dtype:
     Returns
     -------
     numpy.dtype
-        The dtype; its kind is one of :data:`DTYPE_KINDS`.
+        The dtype in the native byte order; its kind is one of :data:`DTYPE_KINDS`.
 
     Raises
     ------
     SpecError
-        Naming ``who``, ``value`` and what is allowed: not a dtype, or not a
-        bool/integer/float/complex one.
+        Naming ``who``, ``value`` and what is allowed: not a dtype, not a
+        bool/integer/float/complex one, or one torch cannot hold (extended
+        precision).
 
     Examples
     --------
@@ -270,7 +271,12 @@ def column_dtype(value: DTypeLike, who: str = "column") -> np.dtype:
         ) from None
     if dtype.kind not in DTYPE_KINDS or dtype.hasobject or dtype.itemsize == 0:
         raise SpecError(f"{who}: dtype {dtype} is not allowed; use a bool, integer, float or complex dtype")
-    return dtype
+    if (dtype.kind == "f" and dtype.itemsize > 8) or (dtype.kind == "c" and dtype.itemsize > 16):
+        # (a batch reaches the learner as torch tensors, and torch has no such type: its samples would fail)
+        raise SpecError(f"{who}: dtype {dtype} has no torch counterpart; use float64 or complex128")
+    # a non-native byte order is the same numbers: stored, and handed to torch (which takes only the
+    # native order), in the native one (an insert's values are cast to it)
+    return dtype.newbyteorder("=") if not dtype.isnative else dtype
 
 
 def _positive_int(name: str, value) -> None:

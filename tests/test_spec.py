@@ -41,7 +41,9 @@ def test_shapes_normalised(shape, expected):
     assert all(type(s) is int for s in c.shape)
 
 
-@pytest.mark.parametrize("dtype", ["U5", "S3", object, "M8[s]", "m8[s]", "V8", "not-a-dtype", [("a", "f4")]])
+@pytest.mark.parametrize(
+    "dtype", ["U5", "S3", object, "M8[s]", "m8[s]", "V8", "not-a-dtype", [("a", "f4")], np.longdouble, np.clongdouble]
+)
 def test_bad_dtypes(dtype):
     with pytest.raises(SpecError, match="dtype"):
         ColumnSpec("x", (), dtype)
@@ -55,6 +57,21 @@ def test_good_dtypes(dtype):
     assert c.dtype == np.dtype(dtype)
     assert isinstance(c.dtype, np.dtype)
     assert c.nbytes == 6 * np.dtype(dtype).itemsize
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">i8", ">c16", ">u2"])
+def test_a_non_native_byte_order_is_the_native_dtype(make_table, dtype):
+    """A column declared big-endian was kept so, and every sample of it failed in torch (which takes only the
+    native order) after the sample had been applied: with max_times_sampled=1 its items expired unseen.  It
+    is now the same type in the native order, and big-endian values inserted come back as they went in."""
+    c = ColumnSpec("x", (2,), dtype)
+    assert c.dtype == np.dtype(dtype).newbyteorder("=") and c.dtype.isnative
+    t = make_table(TableSpec((c,), capacity=16), max_times_sampled=1, seed=0)
+    values = (np.arange(8).reshape(4, 2) + 1).astype(dtype)
+    t.insert({"x": values})
+    got = t.sample(4, 1)["x"].numpy()[:, 0]
+    assert got[np.argsort(got[:, 0].real)].tolist() == values.astype(c.dtype).tolist()
+    assert t.info()["size"] == 0  # each handed out once, then gone
 
 
 def test_column_frozen():
@@ -158,7 +175,7 @@ def test_dict_round_trip(item_unit):
     d2 = json.loads(json.dumps(d))  # JSON-able
     back = TableSpec.from_dict(d2)
     assert back == spec
-    assert back.column("c").dtype == np.dtype(">f8")
+    assert back.column("c").dtype == np.dtype(">f8").newbyteorder("=")  # (a column's dtype is native)
     assert back.column("obs").shape == (84, 84, 3)
     assert back.max_size == 777 and back.item_unit == item_unit
 
