@@ -322,7 +322,7 @@ def commit(tmp: Path, final: Path, manifest: dict[str, Any]) -> Path:
     """Write the manifest into ``tmp``, fsync, and atomically rename ``tmp`` to ``final``.
 
     An older checkpoint at ``final`` is moved aside first and removed once the
-    new one is in place.
+    new one is in place; anything else there is refused (:func:`check_replaceable`).
 
     Parameters
     ----------
@@ -344,6 +344,7 @@ def commit(tmp: Path, final: Path, manifest: dict[str, Any]) -> Path:
         f.flush()
         os.fsync(f.fileno())
     fsync_path(tmp)
+    check_replaceable(final)  # (again: something may have been put there while the shards were written)
     if final.exists():  # replace an older checkpoint at the same path atomically enough: old → trash, new → final
         trash = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:6]}")
         os.rename(final, trash)
@@ -399,8 +400,44 @@ def atomic_write(path: str | os.PathLike[str], text: str) -> None:
     fsync_path(path.parent)
 
 
+def check_replaceable(final: str | os.PathLike[str]) -> None:
+    """Refuse to write a checkpoint where something other than a checkpoint is: only nothing, or a checkpoint
+    of a local or distributed table (which the new one replaces), may be at ``final``.
+
+    Parameters
+    ----------
+    final : str or os.PathLike
+        Where the checkpoint will go.
+
+    Raises
+    ------
+    CheckpointError
+        ``final`` is a file (or a link), a directory that is neither empty
+        nor a gear_flow checkpoint (a user's files), or a disk table's own
+        directory.
+    """
+    final = Path(final)
+    if not final.exists() and not final.is_symlink():
+        return
+    if final.is_symlink() or not final.is_dir():
+        what = "a file"
+    elif not any(final.iterdir()):  # an empty directory made for it: nothing to lose
+        return
+    else:
+        try:  # (any version of the format: an older checkpoint is replaced as well)
+            m = json.loads((final / "manifest.json").read_text())
+            kind = m.get("kind") if isinstance(m, dict) and m.get("format") == FORMAT else None
+        except (OSError, ValueError):
+            kind = None
+        if kind in ("local", "distributed"):
+            return
+        what = "a disk table's directory" if kind == "disk" else "a directory that is not a gear_flow checkpoint"
+    raise CheckpointError(f"{final} is {what}; a checkpoint replaces only an older checkpoint (nothing was written)")
+
+
 def temp_dir(final: str | os.PathLike[str]) -> Path:
-    """A new private directory beside ``final`` to write a checkpoint into.
+    """A new private directory beside ``final`` to write a checkpoint into, once :func:`check_replaceable`
+    agrees that one may go there.
 
     Parameters
     ----------
@@ -412,8 +449,14 @@ def temp_dir(final: str | os.PathLike[str]) -> Path:
     -------
     pathlib.Path
         ``.<name>.tmp-<random>`` beside ``final``, mode exactly :func:`dir_mode`.
+
+    Raises
+    ------
+    CheckpointError
+        Something other than a checkpoint is at ``final``.
     """
     final = Path(final)
+    check_replaceable(final)
     mode = dir_mode()
     make_dir(final.parent)
     tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")

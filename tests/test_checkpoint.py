@@ -90,6 +90,38 @@ def test_corrupted_checkpoint_is_refused(tmp_path, damage):
         gf.LocalTable.restore(d)
 
 
+def test_a_checkpoint_replaces_only_an_older_checkpoint(make_table, tmp_path):
+    """A checkpoint's path held a user's files, a file, or a disk table's own directory: the checkpoint moved
+    it aside and deleted it.  Only nothing, an empty directory or an older checkpoint may be there now; the
+    rest is refused with a CheckpointError and left as it was."""
+    t = make_table(gf.TableSpec(COLUMNS, capacity=64, num_shards=2), seed=0)
+    t.insert([episode(1, 5), episode(2, 3)])
+    tmp_path = tmp_path / "here"  # (a disk kind's own table is beside it)
+    tmp_path.mkdir()
+    mine = tmp_path / "results"
+    mine.mkdir()
+    (mine / "important.txt").write_text("keep me")
+    note = tmp_path / "notes.txt"
+    note.write_text("notes")
+    disk = gf.LocalTable(gf.TableSpec(COLUMNS, capacity=64), tier="disk", path=tmp_path / "disk-table", seed=0)
+    disk.insert(episode(3, 4))
+    disk.flush()
+    for where, what in ((mine, "not a gear_flow checkpoint"), (note, "is a file"), (tmp_path / "disk-table", "disk")):
+        with pytest.raises(CheckpointError, match=what):
+            t.checkpoint(where)
+    assert (mine / "important.txt").read_text() == "keep me" and note.read_text() == "notes"
+    disk.close()
+    assert gf.LocalTable.open(tmp_path / "disk-table").size == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk-table", "notes.txt", "results"]  # nothing left
+    empty = tmp_path / "ckpt"
+    empty.mkdir()
+    t.checkpoint(empty)  # an empty directory made for it
+    t.insert(episode(4, 2))
+    t.checkpoint(empty)  # and the older checkpoint there replaced
+    assert json.loads((empty / "manifest.json").read_text())["kind"] in ("local", "distributed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "disk-table", "notes.txt", "results"]
+
+
 def test_mismatched_table_is_refused(tmp_path):
     local_table().checkpoint(tmp_path / "ck")
     m = json.loads((tmp_path / "ck" / "manifest.json").read_text())
