@@ -121,6 +121,29 @@ def test_a_disk_table_reopens_with_its_counters_ids_and_limiter_and_grows_its_in
         t.insert(episode(1, 2))
 
 
+def test_a_disk_table_open_in_one_table_is_refused_to_another_until_it_is_closed(tmp_path):
+    """A disk table opened again while it was open, in this process or another, handed out the same keys and
+    episode ids and wrote the same ring slots as the first: the size after both inserted 3 steps was 8, not
+    11, and one insert's steps were gone.  The directory is now locked while a table has it open."""
+    t = gf.LocalTable(make_spec(capacity=64), tier="disk", path=tmp_path / "t", seed=0)
+    t.insert(episode(1, 5))
+    t.flush()
+    with pytest.raises(CheckpointError, match="is open in another table"):
+        gf.LocalTable.open(tmp_path / "t")
+    code = f"import gear_flow as gf; gf.LocalTable.open({str(tmp_path / 't')!r})"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert other.returncode == 1 and "is open in another table" in other.stderr.splitlines()[-1]
+    r = t.insert(episode(2, 3))
+    assert (int(r.first_keys[0]), int(r.episode_ids[0])) == (5, 1)
+    t.close()
+    t2 = gf.LocalTable.open(tmp_path / "t")  # closed: the next may open it
+    assert t2.size == 8
+    assert int(t2.insert(episode(3, 3)).episode_ids[0]) == 2
+    t2.close()
+    other = subprocess.run([sys.executable, "-c", code + ".close()"], capture_output=True, text=True, timeout=120)
+    assert other.returncode == 0, other.stderr[-2000:]
+
+
 def test_a_disk_table_is_a_checkpoint_that_restores_into_memory(tmp_path):
     spec = make_spec(capacity=100, num_shards=2)
     disk = gf.LocalTable(spec, tier="disk", path=tmp_path / "t", sampler=gf.Prioritized(0.5, 0.5), seed=1)

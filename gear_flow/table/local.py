@@ -56,6 +56,44 @@ if TYPE_CHECKING:
     from ..writer import EpisodeWriter
 
 logger = logging.getLogger(__name__)
+
+
+def _lock_directory(root):
+    """An exclusive lock on a disk table's directory (``flock`` of its ``.lock`` file), held while a table has
+    it open: a second table on the same files, in this process or another, would hand out the same keys and
+    episode ids and write the same ring slots.  Released when the returned file is closed (or its process
+    ends).
+
+    Parameters
+    ----------
+    root : pathlib.Path
+        The table's directory.
+
+    Returns
+    -------
+    file
+        The open ``.lock`` file: closing it releases the lock.
+
+    Raises
+    ------
+    CheckpointError
+        A table has the directory open.
+    """
+    import fcntl
+
+    from ..checkpoint import file_mode
+    from ..errors import CheckpointError
+
+    # (private, as every file of the table: its files hold replay data)
+    f = os.fdopen(os.open(root / ".lock", os.O_RDWR | os.O_CREAT, file_mode()), "r+b")
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise CheckpointError(f"{root} is open in another table (in this process or another); close it first") from None
+    return f
+
+
 _HOST = contextlib.nullcontext()  # host buffers gather in no stream (one reusable context, not one a sample)
 
 
@@ -205,8 +243,14 @@ class LocalTable(DatasetMethods):
             raise SpecError(f"{root} already holds a table; open it with LocalTable.open({str(root)!r})")
         if not opening:
             make_dir(root)
+        self._dir_lock = _lock_directory(root)
+        try:
+            tiers = {i: DiskTier(root / f"shard-{i}", create=not opening) for i in ids}
+        except BaseException:
+            self._dir_lock.close()
+            raise
         self.path = root
-        return {i: DiskTier(root / f"shard-{i}", create=not opening) for i in ids}
+        return tiers
 
     def _write_manifest(self) -> None:
         """The table's manifest in its directory (a disk table): configuration, limiter and table counters."""
@@ -315,9 +359,12 @@ class LocalTable(DatasetMethods):
             closed = self._admission.closed
             self._admission.close()
         if self.path is not None and not closed:
-            self._flush()
-            for s in self.shards:
-                s.tier.release()
+            try:
+                self._flush()
+                for s in self.shards:
+                    s.tier.release()
+            finally:
+                self._dir_lock.close()  # (another table may open the directory now)
 
     def flush(self) -> dict:
         """Make a disk table durable: its files hold everything inserted so far, checksummed (no pickle).
