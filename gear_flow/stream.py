@@ -387,13 +387,13 @@ class Stream:
         -------
         None
         """
-        from .writers.priorities import PriorityWriter, host_copy, key_copy
+        from .writers.priorities import PriorityWriter, key_copy, priority_copy
 
         with self._writer_lock:
             w = self._writer
             defer = getattr(self.table, "defer_priorities", None)
             if defer is not None and (w is None or w.collect(wait=False) == 0):  # nothing queued before it
-                k, p = key_copy(keys), host_copy(priorities, np.float64)
+                k, p = key_copy(keys), priority_copy(priorities)
                 if k.shape == p.shape and defer(k, p):
                     self._deferred += 1
                     return

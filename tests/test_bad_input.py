@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from helpers import episode, make_spec, shard_state
 
+import gear_flow as gf
 from gear_flow import (
     CapacityError,
     ColumnSpec,
@@ -158,6 +159,8 @@ def test_batch_larger_than_a_shard(table):
         ([[1.0, 2.0], [3.0, 4.0, 5.0], [6.0]], InvalidDataError, "got 3 priority arrays for 2 episodes"),
         ([[1.0, 2.0], ["a", 1.0, 1.0]], InvalidDataError, "priorities of episode 1 must be numbers"),
         ([[1.0, 2.0], [1.0, float("nan"), 1.0]], InvalidPriorityError, r"priority\[3\] = nan"),
+        (np.array([1 + 5j, 2, 3, 4, 5]), InvalidDataError, "priorities must be real numbers"),
+        ([np.ones(2), np.array([1, 1 + 1j, 1])], InvalidDataError, "priorities of episode 1 must be real numbers"),
     ],
 )
 def test_bad_insert_priorities(table, priorities, exc, match):
@@ -229,6 +232,37 @@ def test_a_shard_or_timeout_that_is_not_one_is_refused_by_every_table(make_table
         call(t)
     after = t.info()
     assert (after["size"], after["totals"]) == (before["size"], before["totals"])
+
+
+def test_values_that_a_cast_would_change_are_refused_by_every_table(make_table):
+    """Complex priorities given as an array kept their real part only (a list of them was refused), an unsigned
+    2**63 + 5 stored into an int64 column wrapped round to a negative number, as 300 into an int8 one, and a
+    writer's priorities that were not numbers raised a bare ValueError.  Each is now an InvalidDataError of the
+    call, nothing applied; integers that fit still cast."""
+    spec = TableSpec((ColumnSpec("x", (), np.int64), ColumnSpec("small", (), np.int8)), capacity=CAP, num_shards=2)
+    t = make_table(spec, sampler=Prioritized(1.0, 0.0), seed=0)
+    r = t.insert({"x": np.arange(4), "small": np.arange(4, dtype=np.int8)}, priorities=1.0)
+    before = t.info()
+    with pytest.raises(InvalidDataError, match="priorities must be real numbers"):
+        t.insert({"x": np.arange(2), "small": np.zeros(2, np.int8)}, np.array([1 + 5j, 2 + 0j]))
+    with pytest.raises(InvalidDataError, match="priorities must be real numbers"):
+        t.update_priorities(r.first_keys[:1], np.array([3 + 5j]))
+    with pytest.raises(InvalidDataError, match="value 9223372036854775813 does not fit int64"):
+        t.insert({"x": np.array([2**63 + 5], np.uint64), "small": np.zeros(1, np.int8)})
+    with pytest.raises(InvalidDataError, match="value 300 does not fit int8"):
+        t.insert({"x": np.arange(2), "small": np.array([1, 300])})
+    with pytest.raises(InvalidDataError, match="priorities must be numbers"):
+        gf.PriorityWriter(t).update(r.first_keys[:1], ["a"])
+    w = gf.VectorWriter(t, 2)
+    for bad in (["a", "b"], [1 + 1j, 1.0]):
+        with pytest.raises(InvalidDataError, match="priorities must be"):
+            w.append({"x": np.array([1, 2]), "small": np.array([1, 2], np.int8)}, priorities=bad)
+    after = t.info()
+    assert (after["size"], after["totals"]) == (before["size"], before["totals"])
+    got = t.sample(4, 1)
+    assert got.priorities.numpy().tolist() == [1.0] * 4  # no update was applied
+    t.insert({"x": np.array([7], np.uint64), "small": np.array([-128])})  # in range: cast as before
+    assert t.info()["size"] == 5
 
 
 def test_allowed_casts():

@@ -286,6 +286,13 @@ def _column(value, c, where: str, lead: int, shape_text: str):
             f"{where}: dtype {a.dtype} cannot be stored as {c.dtype} "
             "(allowed: dtypes that cast safely or within the same kind)"
         )
+    if a.dtype.kind in "iu" and c.dtype.kind in "iu" and a.size and not np.can_cast(a.dtype, c.dtype, "safe"):
+        # integers cast within their kind must fit: one that does not would wrap round to another number
+        lo, hi, info = int(a.min()), int(a.max()), np.iinfo(c.dtype)
+        if lo < info.min or hi > info.max:
+            raise InvalidDataError(
+                f"{where}: value {lo if lo < info.min else hi} does not fit {c.dtype} [{info.min}, {info.max}]"
+            )
     return a
 
 
@@ -307,6 +314,42 @@ def _as_array(value, what: str) -> np.ndarray:
         return np.asarray(value)
     except (TypeError, ValueError) as e:
         raise InvalidDataError(f"{what}: cannot be read as an array ({e})") from None
+
+
+def real_numbers(values: Any, what: str) -> np.ndarray:
+    """``values`` (host or device) as float64, refused unless they are real numbers.
+
+    A complex value is refused, not cast: its imaginary part would be
+    dropped (NumPy casts an array of them with only a warning).
+
+    Parameters
+    ----------
+    values : array_like, float, torch.Tensor or CuPy array
+        The values, any shape.
+    what : str
+        Names them in the message (``"priorities"``).
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, the shape of ``values`` (a view where it can be one).
+
+    Raises
+    ------
+    InvalidDataError
+        Values that are not numbers, or complex ones.
+    """
+    v = to_host(values)
+    try:
+        a = np.asarray(v)
+    except (TypeError, ValueError) as e:
+        raise InvalidDataError(f"{what} must be numbers, got {values!r} ({e})") from None
+    if a.dtype.kind == "c" or (a.dtype.kind == "O" and any(isinstance(x, complex) for x in a.reshape(-1))):
+        raise InvalidDataError(f"{what} must be real numbers, got complex ones")
+    try:
+        return a.astype(np.float64, copy=False)
+    except (TypeError, ValueError) as e:
+        raise InvalidDataError(f"{what} must be numbers, got {values!r} ({e})") from None
 
 
 def check_priorities(priorities: ArrayLike | float | None, n: int, what: str = "items") -> np.ndarray | None:
@@ -337,11 +380,7 @@ def check_priorities(priorities: ArrayLike | float | None, n: int, what: str = "
     """
     if priorities is None:
         return None
-    priorities = to_host(priorities)
-    try:
-        p = np.asarray(priorities, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        raise InvalidDataError(f"priorities must be numbers, got {priorities!r} ({e})") from None
+    p = real_numbers(priorities, "priorities")
     if p.ndim == 0:
         p = np.full(n, float(p))
     p = p.reshape(-1)
@@ -395,10 +434,7 @@ def insert_priorities(priorities: Any, lengths: np.ndarray, step_items: bool) ->
             raise InvalidDataError(f"got {len(priorities)} priority arrays for {len(lengths)} episodes")
         arrays = []
         for i, (p, k) in enumerate(zip(priorities, per_episode.tolist())):
-            try:
-                a = np.asarray(to_host(p), dtype=np.float64).reshape(-1)
-            except (TypeError, ValueError) as e:
-                raise InvalidDataError(f"priorities of episode {i} must be numbers, got {p!r} ({e})") from None
+            a = real_numbers(p, f"priorities of episode {i}").reshape(-1)
             if len(a) != k:  # each its own episode's: concatenated, a wrong one would shift the rest
                 raise InvalidDataError(f"got {len(a)} priorities for episode {i}'s {k} items")
             arrays.append(a)

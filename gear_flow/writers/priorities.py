@@ -25,7 +25,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..errors import SpecError, TableClosedError
-from ..table.validate import integer_keys
+from ..table.validate import integer_keys, real_numbers
 
 if TYPE_CHECKING:
     from ..distributed.api import DistributedTable
@@ -92,10 +92,11 @@ class PriorityWriter:
         ------
         InvalidDataError
             Keys that are not integers (refused as the table refuses them, not
-            cast to another item's); nothing was queued.
+            cast to another item's), or priorities that are not real numbers;
+            nothing was queued.
         """
         k = key_copy(keys)
-        p = host_copy(priorities, np.float64)
+        p = priority_copy(priorities)
         if k.shape != p.shape:
             raise SpecError(f"{len(k)} keys but {len(p)} priorities; nothing was queued")
         self._submit(self.table.update_priorities, k, p)
@@ -207,21 +208,23 @@ def key_copy(keys: ArrayLike) -> np.ndarray:
     return np.array(integer_keys(keys), copy=True)
 
 
-def host_copy(x: ArrayLike, dtype: type) -> np.ndarray:
-    """A flat host copy of ``x`` as ``dtype``.
+def priority_copy(priorities: ArrayLike) -> np.ndarray:
+    """A flat float64 host copy of priorities, checked as a table checks them
+    (:func:`~gear_flow.table.validate.real_numbers`: numbers, none complex).
 
     Parameters
     ----------
-    x : array_like or torch.Tensor
+    priorities : array_like or torch.Tensor
         Any shape; a tensor may be on a device.
-    dtype : type
-        NumPy dtype of the copy.
 
     Returns
     -------
     numpy.ndarray
-        1-D, owning its memory.
+        1-D float64, owning its memory.
+
+    Raises
+    ------
+    InvalidDataError
+        Values that are not real numbers.
     """
-    if hasattr(x, "detach"):  # a torch tensor (possibly on a device)
-        x = x.detach().cpu().numpy()
-    return np.array(x, dtype=dtype, copy=True).reshape(-1)
+    return np.array(real_numbers(priorities, "priorities"), copy=True).reshape(-1)

@@ -24,6 +24,7 @@ from numpy.typing import ArrayLike
 
 from ..errors import InvalidDataError, InvalidPriorityError, SpecError, TableClosedError
 from ..table.results import InsertResult
+from ..table.validate import real_numbers
 from .buffer import BufferedWriter, check_step
 
 if TYPE_CHECKING:
@@ -130,7 +131,7 @@ class VectorWriter(BufferedWriter):
             raise InvalidDataError(f"done must be {N} booleans, got {d.dtype} of shape {d.shape}; nothing was appended")
         p = None
         if priorities is not None:
-            p = np.asarray(priorities, dtype=np.float64)
+            p = real_numbers(priorities, "priorities")
             if p.shape != (N,):
                 raise InvalidDataError(f"priorities must have shape ({N},), got {p.shape}; nothing was appended")
             bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
