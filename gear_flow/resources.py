@@ -15,7 +15,7 @@ Examples
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .errors import SpecError
@@ -61,6 +61,47 @@ def advertised(client: Client) -> dict[str, dict[str, float]]:
         Per worker address, its advertised resources (empty for a worker with none).
     """
     return client.run_on_scheduler(_on_scheduler)
+
+
+def placement_workers(client: Client, workers: Iterable[str] | None) -> list[str]:
+    """The workers a table's shards are placed on (a new table's, a restored one's): those given, each a
+    worker of the cluster now, else every worker the scheduler knows.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A client of the cluster.
+    workers : iterable of str or None
+        Worker addresses, or None for all.
+
+    Returns
+    -------
+    list of str
+        The addresses, in the order given (sorted for all).
+
+    Raises
+    ------
+    SpecError
+        ``workers`` is not a collection of addresses (a bare string), names
+        no worker, or names one the cluster does not have; or the cluster has
+        no worker.
+    """
+    known = advertised(client)
+    if workers is None:
+        addrs = sorted(known)
+    else:
+        if isinstance(workers, (str, bytes)) or not isinstance(workers, Iterable):
+            raise SpecError(f"workers ({workers!r}) must be a list of worker addresses")
+        addrs = list(workers)
+        bad = [a for a in addrs if not isinstance(a, str) or a not in known]
+        if bad:
+            bad = bad[0]
+            raise SpecError(f"{bad!r} is not a worker of this cluster (its workers: {sorted(known)})")
+    if not addrs:
+        raise SpecError(
+            "no worker to place shards on" if workers is not None else "the cluster has no workers to place shards on"
+        )
+    return addrs
 
 
 def describe(adv: Mapping[str, Mapping[str, float]]) -> str:

@@ -183,7 +183,7 @@ class Stream:
         from .table.validate import check_sample_args, sample_columns
 
         # every argument checked here, not at the first batch (nor, for a timeout, once in the table's line)
-        check_sample_args(batch_size, length, table.boundary if boundary is None else boundary)
+        check_sample_args(batch_size, length, table.boundary if boundary is None else boundary, table.spec.capacity)
         columns = sample_columns(table.spec, columns)
         check_timeout(timeout)
         for name, v in (("num_batches", num_batches), ("seed", seed)):

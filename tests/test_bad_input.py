@@ -208,6 +208,13 @@ def test_bad_insert_shard(table, shard):
         lambda t: t.sample(2, timeout=-1),
         lambda t: t.sample(2, timeout=float("nan")),
         lambda t: t.sample(2, timeout="1"),
+        lambda t: t.sample(2, rng="x"),
+        lambda t: t.sample(2, rng=3),
+        lambda t: t.sample(2, length=10**10, boundary="pad_tail"),
+        lambda t: t.sample(2, length=CAP + 1, boundary="pad_head"),
+        lambda t: t.writer(shard=True),
+        lambda t: t.writer(shard=5),
+        lambda t: t.writer(timeout=-1),
     ],
     ids=[
         "shard-True",
@@ -218,20 +225,32 @@ def test_bad_insert_shard(table, shard):
         "sample-timeout--1",
         "sample-timeout-nan",
         "sample-timeout-str",
+        "rng-str",
+        "rng-int",
+        "length-1e10",
+        "length-over-capacity",
+        "writer-shard-True",
+        "writer-shard-5",
+        "writer-timeout",
     ],  # fmt: skip
 )
-def test_a_shard_or_timeout_that_is_not_one_is_refused_by_every_table(make_table, call):
+def test_an_argument_no_call_could_use_is_refused_at_once_by_every_table(make_table, call):
     """A distributed table took ``shard=True`` and ``shard=1.0`` for shard 1 (a membership test: True == 1),
     sampled with a negative, NaN or string timeout, and sent a negative one to its coordinator, which refused
-    it with a message about its wire field; a LocalTable refuses them all at the call.  Every table now does,
-    with the same SpecError, nothing inserted or sampled."""
+    it with a message about its wire field; a LocalTable refuses them all at the call.  Every table sampled with
+    a generator that is not one into an AttributeError from deep in the draw, tried to allocate 224 GiB for a
+    padded window of 10**10 steps (MemoryError), and made a writer with a shard or a timeout that only the
+    insert at the end of its first episode refused.  Every table now refuses each at the call with a
+    SpecError, nothing inserted or sampled."""
     t = make_table(make_spec(capacity=CAP, num_shards=2), seed=0)
     t.insert([episode(1, 3), episode(2, 3)])
     before = t.info()
-    with pytest.raises(SpecError, match=r"shard .* must be in \[0, 2\)|timeout .* must be None or a number"):
+    match = r"shard .* must be in \[0, 2\)|timeout .* must be None or a number|rng|is longer than a shard holds"
+    with pytest.raises(SpecError, match=match):
         call(t)
     after = t.info()
     assert (after["size"], after["totals"]) == (before["size"], before["totals"])
+    assert len(t.sample(2, length=CAP, boundary="pad_tail", rng=np.random.default_rng(1))) == 2  # the longest one
 
 
 def test_values_that_a_cast_would_change_are_refused_by_every_table(make_table):

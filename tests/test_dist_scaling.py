@@ -296,6 +296,52 @@ def test_updates_stored_before_another_handle_moved_their_shard_are_applied_in_o
         t.close()
 
 
+def test_placement_arguments_that_name_no_worker_or_shard_are_refused_at_once(dist_client, tmp_path):
+    """create and restore took a bare address for a list of workers (each character an address: a raw
+    ValueError), an address that is no worker (a minute's wait, then ShardLostError 'shard -1 is lost') and
+    an empty list (ZeroDivisionError); move_shards took True for shard 1 (and moved it) and '1' for ['1'];
+    restore_shard took True for shard 1 and reported shard 7 of 2 as missing from the checkpoint.  Each is
+    now a SpecError at the call, nothing placed, moved or restored."""
+    ws = sorted(workers_of(dist_client))
+    spec = gf.TableSpec(TAG, capacity=100, num_shards=2)
+    hosted = dist_client.run(_tables_here)  # (the suite's cluster: other tests' tables may be there)
+    t = DistributedTable.create(dist_client, spec, workers=ws, seed=0)
+    try:
+        t.insert([{"tag": np.arange(10)}, {"tag": np.arange(10, 20)}])
+        ck = t.checkpoint(tmp_path / "ck")["path"]
+        placed = dict(t.placement)
+        for bad, match in (
+            ([True], "shard True"),
+            ("1", "iterable of shard ids"),
+            ([-1], "shard -1"),
+            ([2.0], "shard 2.0"),
+        ):
+            with pytest.raises(gf.SpecError, match=match):
+                t.move_shards(bad, ws[0])
+        for shard in (True, 7):
+            with pytest.raises(gf.SpecError, match=f"shard {shard} must be in"):
+                t.restore_shard(shard, ck, replace=True)
+        assert t.placement == placed and t.info()["size"] == 20 and t.info()["lost"] == {}
+    finally:
+        t.close()
+    for workers, match in (
+        (ws[0], "must be a list of worker addresses"),
+        (["tcp://127.0.0.1:1"], "is not a worker of this cluster"),
+        ([None], "None is not a worker"),
+        ([], "no worker to place shards on"),
+    ):
+        with pytest.raises(gf.SpecError, match=match):
+            DistributedTable.create(dist_client, spec, workers=workers)
+        with pytest.raises(gf.SpecError, match=match):
+            DistributedTable.restore(dist_client, ck, workers=workers)
+    assert dist_client.run(_tables_here) == hosted  # nothing left on any worker
+
+
+def _tables_here(dask_worker=None):
+    plugin = dask_worker.plugins.get("gear-flow")  # (none before a first table)
+    return [] if plugin is None else sorted(plugin.host.tables)
+
+
 def test_fresh_handles_sample_a_table_whose_shard_keeps_moving():
     """A ``max_times_sampled`` table (its samples ask the owners) whose shard moves every 0.05 s, sampled by 100
     fresh handles: each first sample probes the workers' layouts, and a probe refused by a worker that is

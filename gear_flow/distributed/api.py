@@ -41,11 +41,12 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..config import get as config_get
-from ..errors import GearFlowError
+from ..errors import GearFlowError, SpecError
 from ..sample import SampleBatch, SampleBuffers
 from ..table.config import TableConfig, check_timeout
 from ..table.datasets import DatasetMethods
 from ..table.results import InsertResult, UpdateResult
+from ..table.routing import check_shard
 from . import (
     checkpoints,
     construction,
@@ -578,7 +579,11 @@ class DistributedTable(DatasetMethods):
             there is nowhere to move them, or the move failed: they stay
             where they were.
         """
-        shards = sorted(int(s) for s in shards)
+        if isinstance(shards, (str, bytes)) or not isinstance(shards, Iterable):
+            raise SpecError(f"shards ({shards!r}) must be an iterable of shard ids")
+        shards = sorted(check_shard(s, self.spec.num_shards) for s in shards)
+        if worker is not None and not isinstance(worker, str):
+            raise SpecError(f"worker ({worker!r}) must be a worker's address or None")
 
         async def run():
             version = await self._link.coordinator.move(shards, worker)

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING
 from ..dashboard import GearFlowDashboard
 from ..errors import ShardLostError, SpecError
 from ..registry_share import share as share_registrations
-from ..resources import advertised
+from ..resources import placement_workers
+from ..table.routing import check_shard
 from .coordinator import GearFlowCoordinator
 from .pending import send_pending
 from .plugin import GearFlowWorker
@@ -301,7 +302,7 @@ def restore(
     client.register_plugin(GearFlowCoordinator())
     client.register_plugin(GearFlowWorker())
     client.register_plugin(GearFlowDashboard())
-    addrs = list(workers) if workers is not None else sorted(advertised(client))
+    addrs = placement_workers(client, workers)
     shard_ids = sorted(int(k) for k in m["files"])
     # shards lost when a degraded table was checkpointed: restored lost too (restore_shard rebuilds them)
     missing = sorted(set(range(int(cfg["spec"]["num_shards"]))) - set(shard_ids))
@@ -470,6 +471,9 @@ async def restore_shard_async(
 
     from .. import checkpoint as ck
 
+    shard = check_shard(shard, table.spec.num_shards)  # (not True for 1, nor 7 of 2 reported as a missing file)
+    if worker is not None and not isinstance(worker, str):
+        raise SpecError(f"worker ({worker!r}) must be a worker's address or None")
     path = Path(path).absolute()
     # a disk table's own files: no manifest (a disk table's directory on a worker need not be visible here)
     in_place = table._config.get("tier") == "disk" and not (path / "manifest.json").exists()

@@ -24,7 +24,7 @@ from ..dashboard import GearFlowDashboard
 from ..errors import SpecError
 from ..rate_limiters import RateLimiter
 from ..registry_share import share as share_registrations
-from ..resources import advertised, check_resources
+from ..resources import check_resources, placement_workers
 from ..selectors import Selector
 from ..spec import TableSpec
 from ..table.config import TableConfig, queue_setup
@@ -175,9 +175,7 @@ def create(
     client.register_plugin(GearFlowDashboard())  # the /gear-flow dashboard page (where there is a dashboard)
     if workers is None and resources is not None:
         workers = workers_with_resource(client, resources)
-    addrs = list(workers) if workers is not None else sorted(advertised(client))
-    if not addrs:
-        raise SpecError("the cluster has no workers to place shards on")
+    addrs = placement_workers(client, workers)
     placement = {i: addrs[i % len(addrs)] for i in range(spec.num_shards)}
     name = name or f"table-{uuid.uuid4().hex[:8]}"
     # host and pinned rings go to shared memory (pinned: page-locked there, read by the host's GPUs)

@@ -54,7 +54,7 @@ from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
 from ..table.admission import CANCEL_TURN_S, WAIT_CANCELLED
 from ..table.config import TableConfig, check_timeout
-from ..table.validate import check_sample_args, sample_columns
+from ..table.validate import check_rng, check_sample_args, sample_columns
 from . import reader_draw
 from .host_sampling import ShortBatchError, StaleSelectionError
 from .pending import book_reply, pending_calls, ride_along, settle
@@ -443,8 +443,9 @@ def sample_args(
     """
     cfg = table._cfg
     boundary = table.boundary if boundary is None else boundary
-    check_sample_args(batch_size, length, boundary)
+    check_sample_args(batch_size, length, boundary, table.spec.capacity)
     check_timeout(timeout)
+    check_rng(rng)
     columns = sample_columns(table.spec, columns)
     if out is not None and not out.matches(columns, batch_size, length, cfg.tier):
         raise SpecError(

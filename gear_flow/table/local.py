@@ -47,6 +47,7 @@ from .validate import (
     check_episodes,
     check_keys,
     check_priorities,
+    check_rng,
     check_sample_args,
     insert_priorities,
     sample_columns,
@@ -816,6 +817,7 @@ class LocalTable(DatasetMethods):
         self._check_open()
         boundary = self.boundary if boundary is None else boundary
         columns, out = self._sample_args(batch_size, length, boundary, columns, out)
+        check_rng(rng)
         timeout = self.timeout if timeout is None else check_timeout(timeout)
         start, what, after = time.monotonic(), None, None
         while True:
@@ -843,7 +845,7 @@ class LocalTable(DatasetMethods):
             key = known = None
         if known is not None and out is not None and known[1]() is out:  # (a weak reference: kept alive by no one)
             return known[0], out
-        check_sample_args(B, L, boundary)
+        check_sample_args(B, L, boundary, self.spec.capacity)
         columns = sample_columns(self.spec, columns)
         tier = self.shards[0].tier
         if out is None:

@@ -582,7 +582,7 @@ def sample_columns(spec: TableSpec, columns: str | Sequence[str] | None) -> tupl
     return columns
 
 
-def check_sample_args(batch_size: int, length: int, boundary: str | None) -> None:
+def check_sample_args(batch_size: int, length: int, boundary: str | None, capacity: int | None = None) -> None:
     """Validate the scalar arguments of a sample.
 
     Parameters
@@ -590,9 +590,13 @@ def check_sample_args(batch_size: int, length: int, boundary: str | None) -> Non
     batch_size : int
         Must be a positive integer (not a bool).
     length : int
-        Must be a positive integer (not a bool).
+        Must be a positive integer (not a bool), at most ``capacity``.
     boundary : str or None
         Must be one of ``strict``, ``pad_tail``, ``pad_head``.
+    capacity : int, optional
+        Steps a shard holds: no window is longer (a padded one of more steps
+        would be padding beyond it, and its batch's buffers could not be
+        allocated).
 
     Raises
     ------
@@ -604,3 +608,22 @@ def check_sample_args(batch_size: int, length: int, boundary: str | None) -> Non
             raise SpecError(f"{name} ({v!r}) must be a positive integer")
     if boundary not in BOUNDARIES:
         raise SpecError(f"boundary {boundary!r} must be one of {BOUNDARIES}")
+    if capacity is not None and length > capacity:
+        raise SpecError(f"length ({length}) is longer than a shard holds ({capacity} steps): no window is that long")
+
+
+def check_rng(rng: object) -> None:
+    """A call's generator: None (the table's) or a :class:`numpy.random.Generator`.
+
+    Parameters
+    ----------
+    rng : object
+        The value given.
+
+    Raises
+    ------
+    SpecError
+        Anything else.
+    """
+    if rng is not None and not isinstance(rng, np.random.Generator):
+        raise SpecError(f"rng ({rng!r}) must be a numpy.random.Generator or None")
