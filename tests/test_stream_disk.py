@@ -150,8 +150,8 @@ def test_leaving_early_or_a_failing_request_stops_every_request(tmp_path):
         for i, _ in enumerate(stream):
             if i == 2:
                 break
-    with pytest.raises(EmptyTableError):  # no episode holds a strict window of 500 steps
-        next(iter(gf.Stream(t, 8, 500, boundary="strict", prefetch=4, num_batches=6)))
+    with pytest.raises(EmptyTableError):  # no episode holds a strict window of a whole shard's 256 steps
+        next(iter(gf.Stream(t, 8, 256, boundary="strict", prefetch=4, num_batches=6)))
     time.sleep(0.05)
     assert [th.name for th in threading.enumerate() if th.name.startswith("gear-flow-stream")] == []
 
