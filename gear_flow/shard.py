@@ -788,6 +788,40 @@ class Shard:
             self.counters.stale_deletes += stale
             return n, stale
 
+    def roll_back(self, first_id: int, count: int) -> int:
+        """Take back the items of the live episodes whose ids are in ``[first_id, first_id + count)``, as if
+        they had never been inserted: an insert across shards that a kill cut short, whose part this shard
+        had committed (:meth:`~gear_flow.table.local.LocalTable.open` drops such an insert whole, as a shard
+        drops its own torn insert).  They count neither as inserted nor as removed.
+
+        Parameters
+        ----------
+        first_id : int
+            The insert's first episode id.
+        count : int
+            Its episodes.
+
+        Returns
+        -------
+        int
+            Items taken back.
+        """
+        with self.lock, self.writing():
+            eps = self.index.live()
+            ids = self.index.get("episode_id", eps)
+            eps = eps[(ids >= first_id) & (ids < first_id + count)]
+            if not len(eps):
+                return 0
+            if self.step_items:
+                starts, lengths = self.index.get("start", eps), self.index.get("length", eps)
+                seqs = np.concatenate([np.arange(a, a + n, dtype=np.int64) for a, n in zip(starts, lengths)])
+            else:
+                seqs = eps.astype(np.int64)
+            slots, live = self.resolve(seqs)
+            n = self._drop_items(_unique(slots[live]))
+            self.counters.inserted -= n
+            return n
+
     # -- window geometry ----------------------------------------------------------
     def windows(self, slots: np.ndarray, length: int, boundary: str, rng: np.random.Generator) -> Windows:
         """Window placement for the items at ``slots`` (nothing changes).

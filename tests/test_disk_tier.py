@@ -372,6 +372,61 @@ def test_a_process_killed_mid_insert_reopens_with_every_completed_insert_and_wit
     assert not {900, 901} & live_tags
 
 
+ACROSS_KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    import numpy as np
+    sys.path.insert(0, {tests!r})
+    from helpers import episode, make_spec
+    import gear_flow as gf
+
+    where, path = sys.argv[1], sys.argv[2]
+    t = gf.LocalTable(make_spec(capacity=64, num_shards=2), tier="disk", path=path, seed=0)
+    for k in range(6):  # inserts across both shards that complete
+        r = t.insert([episode(2 * k + 1, 3), episode(2 * k + 2, 4)])
+        print(t.size, flush=True)
+    die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+    second, insert = t.shards[1], t.shards[1].insert
+    if where == "second_shard":  # shard 0 has committed its part, shard 1 has not begun
+        second.insert = die
+    else:  # both have committed their parts, the call has not returned
+        second.insert = lambda batch: (insert(batch), die())
+    t.insert([episode(900, 5), episode(901, 6)])
+    print("not killed", flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("where", ["second_shard", "after_both"])
+def test_an_insert_across_shards_cut_short_by_a_kill_is_dropped_whole(where, tmp_path):
+    """Each shard commits its own part of an insert: a process killed after shard 0 had committed its part of
+    an insert across two shards reopened with that part, the insert half applied, where a reopen drops an
+    insert cut short.  The table now keeps a record of such an insert until every shard has its part, and a
+    reopen that finds it takes back the parts committed: the insert is dropped whole, counted nowhere."""
+    tests = str(Path(__file__).parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", ACROSS_KILLER.format(tests=tests), where, str(tmp_path / "t")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert [int(x) for x in proc.stdout.split()] == [7 * (k + 1) for k in range(6)]
+    t = gf.LocalTable.open(tmp_path / "t")
+    assert t.size == 42 and [s.size for s in t.shards] == [18, 24]
+    assert t.info()["storage"]["rolled_back"] == (11 if where == "after_both" else 5)
+    assert not (tmp_path / "t" / "insert.intent").exists()
+    b = t.sample(batch_size=256, length=1)
+    assert not {900, 901} & set(np.asarray(b["ep"]).ravel().tolist())
+    c, lim = t.info()["totals"], t.info()["rate_limiter"]
+    assert c["inserted"] == t.size + c["evicted"] + c["removed"] + c["deleted"] + c["expired"] == 42
+    assert lim["inserts"] == 42  # the insert taken back is counted nowhere
+    assert int(t.insert(episode(3, 2)).episode_ids[0]) == 14  # its ids are never handed out
+    t.close()
+    t = gf.LocalTable.open(tmp_path / "t")  # and stays taken back
+    assert t.size == 44 and t.info()["storage"]["rolled_back"] == 0
+
+
 SAMPLE_KILLER = textwrap.dedent(
     """
     import os, signal, sys

@@ -59,6 +59,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+#: a disk table's record of an insert across shards under way, removed once every shard has its part
+_INTENT = "insert.intent"
+
+
 def _lock_directory(root):
     """An exclusive lock on a disk table's directory (``flock`` of its ``.lock`` file), held while a table has
     it open: a second table on the same files, in this process or another, would hand out the same keys and
@@ -224,6 +228,7 @@ class LocalTable(DatasetMethods):
         self._stamp = 0
         self._evict_lock = threading.Lock()
         self._page_ins = None  # (time, bytes read from storage) at the last info(): the page-in rate
+        self._rolled_back = 0  # (a reopened disk table's: see _roll_back_cut_insert)
         self._checked = {}  # sample arguments checked once: (B, L, boundary, columns) -> (columns, its buffers)
         if self.path is not None and not _open:
             self._write_manifest()
@@ -485,7 +490,8 @@ class LocalTable(DatasetMethods):
             )
         except (KeyError, TypeError) as e:
             raise CheckpointError(f"{root}: the manifest does not describe a table ({e})") from None
-        table._next_episode_id = max([next_id] + [int(h["episode_id_end"]) for h in headers.values()])
+        table._rolled_back, cut_end = table._roll_back_cut_insert()  # (before the limiter's counts are taken)
+        table._next_episode_id = max([next_id, cut_end] + [int(h["episode_id_end"]) for h in headers.values()])
         table._stamp = max([stamp] + [s._clock for s in table.shards])
         table._rr = rr % len(table.shards)
         if counted is not None:  # what the shards committed after the manifest was written (a kill since)
@@ -675,7 +681,9 @@ class LocalTable(DatasetMethods):
         first_keys = np.empty(len(lengths), dtype=np.int64)
         evicted = 0  # items the rings' overwrite removed: deletes to the limiter, as every removal is
         try:
-            for s in shards_present(dest):
+            parts = shards_present(dest)
+            intent = self._begin_across(ids, len(parts))
+            for s in parts:
                 sel = np.flatnonzero(dest == s)
                 p = item_rows(pr, item_off, sel)
                 batch = EpisodeBatch(chunks(sel), lengths[sel], ids[sel], stamps[sel], p)
@@ -683,6 +691,8 @@ class LocalTable(DatasetMethods):
                 fk, _ = self.shards[s].insert(batch)
                 evicted += self.shards[s].counters.evicted - before
                 first_keys[sel] = fk
+            if intent is not None:  # every shard has its part: nothing to take back
+                intent.unlink()
         finally:
             for lk in reversed(held):
                 lk.release()
@@ -918,6 +928,46 @@ class LocalTable(DatasetMethods):
                 self.rate_limiter.on_delete(sum(expired.values()))
         return size, None
 
+    def _begin_across(self, ids: np.ndarray, n_shards: int):
+        """A disk table's insert across ``n_shards`` > 1 shards: its record (:data:`_INTENT`, its episode ids)
+        before any shard writes, for a reopen after a kill that cut it short (:meth:`_roll_back_cut_insert`);
+        None for any other insert.  Each shard commits its own part: without the record, the parts of the
+        shards written before the kill stayed and the insert was half applied."""
+        if self.path is None or n_shards < 2:
+            return None
+        from ..checkpoint import file_mode
+
+        intent = self.path / _INTENT
+        fd = os.open(intent, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode())
+        with os.fdopen(fd, "wb") as f:  # (kept by the page cache across a kill, as the shards' commits are)
+            f.write(json.dumps({"first_episode_id": int(ids[0]), "episodes": len(ids)}).encode())
+        return intent
+
+    def _roll_back_cut_insert(self) -> tuple[int, int]:
+        """On reopening a disk table: an insert across shards that a kill cut short (its :data:`_INTENT` left)
+        is taken back from the shards that had committed their parts, so it is dropped whole.
+
+        Returns
+        -------
+        tuple of int
+            Items taken back, and the end of the insert's episode ids (never handed out again; 0 for none).
+        """
+        intent = self.path / _INTENT
+        if not intent.exists():
+            return 0, 0
+        try:
+            m = json.loads(intent.read_text())
+            first, count = int(m["first_episode_id"]), int(m["episodes"])
+        except (OSError, ValueError, KeyError, TypeError):  # cut while written: before any shard was
+            first, count = 0, 0
+        n = sum(s.roll_back(first, count) for s in self.shards) if count else 0
+        intent.unlink()
+        if n:
+            logger.warning(
+                "table %s: an insert across shards cut short by a kill was taken back (%d items)", self.path, n
+            )
+        return n, first + count
+
     def _can_sample(self, B: int) -> bool:
         return self.rate_limiter.can_sample(B, self.size)
 
@@ -1089,6 +1139,8 @@ class LocalTable(DatasetMethods):
             "page_in_bytes_per_s": rate,
             "clean": all(p["clean"] for p in per),
             "recovered": {str(s.shard_id): s.store.recovered for s in self.shards if s.store.recovered},
+            # items of an insert across shards that a kill cut short, taken back when the table was reopened
+            "rolled_back": self._rolled_back,
         }
 
     # -- checkpoints ----------------------------------------------------------------------------
