@@ -420,7 +420,7 @@ def check_replaceable(final: str | os.PathLike[str]) -> None:
     if not final.exists() and not final.is_symlink():
         return
     if final.is_symlink() or not final.is_dir():
-        what = "a file"
+        what = "a link" if final.is_symlink() else "a file"
     elif not any(final.iterdir()):  # an empty directory made for it: nothing to lose
         return
     else:

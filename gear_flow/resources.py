@@ -95,8 +95,7 @@ def placement_workers(client: Client, workers: Iterable[str] | None) -> list[str
         addrs = list(workers)
         bad = [a for a in addrs if not isinstance(a, str) or a not in known]
         if bad:
-            bad = bad[0]
-            raise SpecError(f"{bad!r} is not a worker of this cluster (its workers: {sorted(known)})")
+            raise SpecError(f"{bad[0]!r} is not a worker of this cluster (its workers: {sorted(known)})")
     if not addrs:
         raise SpecError(
             "no worker to place shards on" if workers is not None else "the cluster has no workers to place shards on"

@@ -90,6 +90,8 @@ class Uniform(WeightedSelector):
         probs : numpy.ndarray
             float64 ``[n]``, each ``1.0 / denom`` (what :meth:`drawn_weights` over ``denom`` gives, bit for bit).
         """
+        if type(self).drawn_weights is not Uniform.drawn_weights:  # a subclass that weighs its draws itself
+            return super().draw_probs(uniforms, denom)
         slots = self.draw(uniforms)
         return slots, np.full(len(slots), 1.0 / denom)
 
