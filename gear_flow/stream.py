@@ -389,6 +389,8 @@ class Stream:
         """
         from .writers.priorities import PriorityWriter, key_copy, priority_copy
 
+        if self._closed:  # (a writer made now would run on, unclosed, and its failures reach no one)
+            raise GearFlowError("this Stream is closed: update the table's priorities with table.update_priorities")
         with self._writer_lock:
             w = self._writer
             defer = getattr(self.table, "defer_priorities", None)
@@ -414,7 +416,12 @@ class Stream:
     def close(self) -> None:
         """Stop: requests in flight are cancelled or awaited, queued priority updates written.
 
-        Call it from the thread that iterates (or after iterating).
+        Call it from the thread that iterates (or after iterating).  Batches
+        already drawn and not yet handed over (up to ``prefetch``) are dropped
+        with the stream: on a table whose items go once (a Queue, a Stack,
+        ``max_times_sampled``) their items are gone, as a Reverb client's
+        in-flight samples are; a consumer that must see every item runs the
+        stream to its ``num_batches``.
 
         Returns
         -------
@@ -547,7 +554,7 @@ class _Waits:
     def recent(self) -> np.ndarray:
         with self._lock:
             k = self._count % WAIT_HISTORY
-            if self._count <= WAIT_HISTORY:
+            if self._count < WAIT_HISTORY:  # (at exactly WAIT_HISTORY, k is 0 and the buffer is full)
                 return self._recent[:k].copy()
             return np.concatenate([self._recent[k:], self._recent[:k]])
 

@@ -18,9 +18,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .errors import InvalidDataError, SpecError, TableClosedError
-from .table.config import check_timeout
 from .table.results import InsertResult
-from .table.routing import check_shard
 from .writers.buffer import BufferedWriter, StepBuffer, check_step
 
 if TYPE_CHECKING:
@@ -68,12 +66,8 @@ class EpisodeWriter(BufferedWriter):
             isinstance(max_episode_length, bool) or not isinstance(max_episode_length, int) or max_episode_length < 1
         ):
             raise SpecError(f"max_episode_length ({max_episode_length!r}) must be a positive integer or None")
-        self.table = table
-        self.spec = table.spec
-        # (checked here, as the insert would check them: not at the end of an episode already buffered)
+        self._target(table, shard, timeout)
         self.max_episode_length = max_episode_length
-        self.shard = None if shard is None else check_shard(shard, table.spec.num_shards)
-        self.timeout = check_timeout(timeout)
         self._rows = StepBuffer(self.spec)
         self._prio: list[float] | None = None
         self._closed = False

@@ -215,6 +215,8 @@ def test_bad_insert_shard(table, shard):
         lambda t: t.writer(shard=True),
         lambda t: t.writer(shard=5),
         lambda t: t.writer(timeout=-1),
+        lambda t: gf.TrajectoryWriter(t, 4, shard=5),
+        lambda t: gf.VectorWriter(t, 2, timeout="soon"),
     ],
     ids=[
         "shard-True",
@@ -232,6 +234,8 @@ def test_bad_insert_shard(table, shard):
         "writer-shard-True",
         "writer-shard-5",
         "writer-timeout",
+        "trajectory-writer-shard",
+        "vector-writer-timeout",
     ],  # fmt: skip
 )
 def test_an_argument_no_call_could_use_is_refused_at_once_by_every_table(make_table, call):

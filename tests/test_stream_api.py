@@ -87,6 +87,30 @@ def test_priority_write_back_refuses_keys_that_are_not_integers(make_table):
     assert got.probabilities.numpy() == pytest.approx(np.full(400, 1 / 20), rel=1e-12)
 
 
+def test_a_closed_stream_takes_no_update_and_its_wait_times_hold_at_a_full_history():
+    """A closed stream's update_priorities started a new background writer that nothing closed (a failed update
+    reached no one); and after exactly WAIT_HISTORY batches wait_times() was empty and stats() raised
+    IndexError (the history's ring had just come round).  A closed stream now refuses the update, and a full
+    history is the whole ring."""
+    from gear_flow.stream import WAIT_HISTORY, _Waits
+
+    table = gf.LocalTable(make_spec(capacity=64), sampler=gf.Prioritized(1.0), seed=0)
+    table.insert([episode(1, 10)])
+    with gf.Stream(table, 4, 1, num_batches=2) as stream:
+        keys = [b.keys.clone() for b in stream]
+    with pytest.raises(gf.GearFlowError, match="this Stream is closed"):
+        stream.update_priorities(keys[0], torch.full((4,), 2.0))
+    assert stream.priority_writes["pending"] == 0
+    waits = _Waits()
+    for n in range(1, WAIT_HISTORY + 2):
+        waits.record(n * 1e-6)
+        if n >= WAIT_HISTORY - 1:
+            got = waits.recent()
+            assert len(got) == min(n, WAIT_HISTORY) and got[-1] == n * 1e-6  # the newest last
+    stream._waits = waits
+    assert stream.stats()["wait_p50_s"] > 0
+
+
 def _loader_keys(dataset, workers: int, context: str | None = None) -> list[list[int]]:
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers, multiprocessing_context=context)
     out = []

@@ -269,3 +269,56 @@ def test_priority_writer_raises_a_failed_write_on_the_learner():
         pw.drain()
     pw.update(np.array([0]), [2.0])  # the writer goes on after a failed write
     pw.close()
+
+
+WRITERS = {
+    "episode": (lambda t: t.writer(timeout=0.05), lambda w, i: w.append(step(0, i))),
+    "trajectory": (lambda t: gf.TrajectoryWriter(t, chunk_length=8, timeout=0.05), lambda w, i: w.append(step(0, i))),
+    "vector": (
+        lambda t: gf.VectorWriter(t, num_envs=2, timeout=0.05),
+        lambda w, i: w.append({"obs": np.array([[0, i, 0], [1, i, 0]], np.float32), "t": np.array([i, i])}),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(WRITERS))
+def test_a_close_whose_insert_failed_can_be_retried_and_loses_nothing(make_table, kind):
+    """A writer whose close() failed on its last insert (the queue full) was marked closed anyway: a retried
+    close() returned at once and the buffered steps were never inserted, with no error or warning.  The
+    writer now stays open until its close goes in."""
+    make, append = WRITERS[kind]
+    t = make_table.queue(gf.TableSpec(COLS, capacity=64), 8)
+    t.insert({"obs": np.zeros((8, 3), np.float32), "t": np.arange(8)})  # full
+    w = make(t)
+    for i in range(3):
+        append(w, i)
+    with pytest.raises(gf.RateLimitTimeout):
+        w.close()
+    assert t.sample(8, 1, timeout=5)["t"].numpy()[:, 0].tolist() == list(range(8))  # a learner empties it
+    w.close()  # retried: what it held goes in
+    got = t.sample(t.info()["size"], 1, timeout=5)["obs"].numpy()[:, 0, 1].tolist()
+    assert sorted(got) == ([0, 0, 1, 1, 2, 2] if kind == "vector" else [0, 1, 2])
+    with pytest.raises(gf.TableClosedError):  # and is closed now
+        append(w, 3)
+
+
+def test_vector_episodes_that_end_together_beyond_what_one_insert_may_hold_go_in_one_by_one(make_table):
+    """Every episode ending on the same step went in as one insert: on a Queue of 8, two 5-step episodes that
+    each fit made a 10-item insert that can never be admitted, and the writer raised that SpecError on every
+    later append, inserting nothing.  They now go in one each when together they cannot."""
+    t = make_table.queue(gf.TableSpec(COLS, capacity=64), 8)
+    w = gf.VectorWriter(t, num_envs=2, timeout=5)
+    taken = []
+
+    def learner():
+        while len(taken) < 10:
+            taken.extend(t.sample(1, 1, timeout=10)["t"].numpy()[:, 0].tolist())
+
+    th = threading.Thread(target=learner)
+    th.start()
+    for i in range(5):
+        w.append({"obs": np.array([[0, i, 0], [1, i, 0]], np.float32), "t": np.array([i, 10 + i])}, done=[i == 4] * 2)
+    th.join(30)
+    assert not th.is_alive()
+    assert taken == [0, 1, 2, 3, 4, 10, 11, 12, 13, 14]  # each episode whole, in the order they ended
+    assert [(e, n) for e, _, n, _ in w.ended] == [(0, 5), (1, 5)] and w.pending.tolist() == [0, 0]

@@ -148,6 +148,32 @@ class BufferedWriter:
     _unit = "steps"
     _closed: bool
 
+    def _target(self, table, shard: int | None, timeout: float | None) -> None:
+        """The table the writer inserts into, and the ``shard`` and ``timeout`` of its inserts, checked now
+        as the insert would check them: not when the first insert, with steps already buffered, fails.
+
+        Parameters
+        ----------
+        table : LocalTable or DistributedTable
+            The table.
+        shard : int or None
+            Every insert's shard.
+        timeout : float or None
+            Every insert's timeout.
+
+        Raises
+        ------
+        SpecError
+            A shard the table does not have, or a timeout that is not one.
+        """
+        from ..table.config import check_timeout
+        from ..table.routing import check_shard
+
+        self.table = table
+        self.spec = table.spec
+        self.shard = None if shard is None else check_shard(shard, table.spec.num_shards)
+        self.timeout = check_timeout(timeout)
+
     def _flush(self) -> None:  # pragma: no cover - abstract by intent
         raise NotImplementedError
 
@@ -162,12 +188,14 @@ class BufferedWriter:
         raise NotImplementedError
 
     def close(self) -> None:
-        """Insert what is pending and refuse further appends."""
+        """Insert what is pending and refuse further appends.
+
+        A close whose insert fails (the limiter timed out, the table refused it) raises and leaves the
+        writer open with what it holds: a later ``close`` inserts it, or :meth:`discard` drops it.
+        """
         if not self._closed:
-            try:
-                self._flush()
-            finally:
-                self._closed = True
+            self._flush()  # (closed only once it went in: a retried close would otherwise drop it unsaid)
+            self._closed = True
 
     def __enter__(self):
         return self

@@ -9,7 +9,8 @@ next chunk.  Each chunk is one insert (all or nothing, the limiter's unit of
 admission); the table stores it as an episode of its own.
 
 Items (the keys that carry priorities and that sampling draws) are either
-every step (``items="steps"``, the default) or only the starts the caller
+every stored row (``items="steps"``, the default: with an overlap, a shared
+row is an item in both chunks that hold it) or only the starts the caller
 creates (``items="created"``): after appending a step, ``create_item(length,
 priority)`` makes the window of the last ``length`` steps an item, as Reverb's
 ``TrajectoryWriter.create_item`` does, for n-step transitions
@@ -62,8 +63,14 @@ class TrajectoryWriter(BufferedWriter):
         Rows a chunk shares with the next one, ``0 <= overlap < chunk_length``.
         With ``items="created"``, items may be at most ``overlap + 1`` steps long.
     items : {"steps", "created"}
-        Every step is an item, or only the starts given to :meth:`create_item`
-        (needs a ``Prioritized`` sampler with ``alpha > 0``).
+        Every stored row is an item, or only the starts given to
+        :meth:`create_item` (needs a ``Prioritized`` sampler with ``alpha >
+        0``).  With ``"steps"`` and ``overlap > 0`` a shared row is stored in
+        both chunks and is an item in both: sample ``strict`` windows of
+        ``overlap + 1`` steps (its copy at the end of the earlier chunk holds
+        no whole one) to draw each step once; a uniform draw of shorter
+        windows favours the shared rows, and a Queue hands each of them out
+        twice.  For items every step once, use ``overlap=0`` or ``"created"``.
     shard : int, optional
         Insert into this shard.
     timeout : float, optional
@@ -115,13 +122,10 @@ class TrajectoryWriter(BufferedWriter):
                     f"items='created' needs a Prioritized sampler with alpha > 0 (got {sampler!r}): "
                     "the starts that are no item are stored with priority 0"
                 )
-        self.table = table
-        self.spec = table.spec
+        self._target(table, shard, timeout)
         self.chunk_length = chunk_length
         self.overlap = overlap
         self.items = items
-        self.timeout = timeout
-        self.shard = shard
         self._rows = StepBuffer(self.spec)
         self._prio: list[float | None] = []
         self._head = 0  # rows at the buffer's start that the previous chunk already inserted

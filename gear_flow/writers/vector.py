@@ -76,12 +76,9 @@ class VectorWriter(BufferedWriter):
         m = max_episode_length
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1):
             raise SpecError(f"max_episode_length ({m!r}) must be a positive integer or None")
-        self.table = table
-        self.spec = table.spec
+        self._target(table, shard, timeout)
         self.num_envs = num_envs
         self.max_episode_length = m
-        self.shard = shard
-        self.timeout = timeout
         self._env = np.arange(num_envs)
         self._n = np.zeros(num_envs, dtype=np.int64)  # steps of each environment's episode in progress
         self._steps = {c.name: np.empty((num_envs, 16, *c.shape), dtype=c.dtype) for c in self.spec.columns}
@@ -180,21 +177,41 @@ class VectorWriter(BufferedWriter):
         return self.flush() if self._ending else None
 
     def flush(self) -> InsertResult | None:
-        """Insert the episodes that ended and are not inserted yet (one insert).
+        """Insert the episodes that ended and are not inserted yet: one insert, or, when the limiter could
+        never admit them together (a Queue smaller than their items), one each.
 
         Returns
         -------
         InsertResult or None
+            Every episode inserted, in the order they ended.
         """
         if not self._ending:
             return None
         envs = [e for e, _ in self._ending]
+        prio = self._priorities(envs)
+        try:
+            return self._insert(envs, prio)
+        except SpecError:  # (the episodes are checked and the shard and timeout too: only their sum is left)
+            if len(envs) == 1:
+                raise
+        # one insert each (the priorities as the joint insert would have given them), each kept once it went in
+        done = []
+        for i, e in enumerate(envs):
+            p = None if prio is None else prio[i : i + 1] if isinstance(prio, np.ndarray) else [prio[i]]
+            done.append(self._insert([e], p))
+        return InsertResult(
+            *(np.concatenate([getattr(r, f) for r in done]) for f in ("episode_ids", "first_keys", "shards")),
+            sum(r.num_items for r in done),
+        )
+
+    def _insert(self, envs: list[int], priorities) -> InsertResult:
+        """Insert the ended episodes of ``envs`` (the first ones of :attr:`_ending`) as one call."""
         episodes = [{k: a[e, : self._n[e]] for k, a in self._steps.items()} for e in envs]  # views: insert copies
-        res = self.table.insert(episodes, self._priorities(envs), timeout=self.timeout, shard=self.shard)
-        for (e, trunc), eid in zip(self._ending, res.episode_ids):
+        res = self.table.insert(episodes, priorities, timeout=self.timeout, shard=self.shard)
+        for (e, trunc), eid in zip(self._ending[: len(envs)], res.episode_ids):
             self.ended.append((e, int(eid), int(self._n[e]), trunc))
         self._n[envs] = 0
-        self._ending = []
+        self._ending = self._ending[len(envs) :]
         return res
 
     def _priorities(self, envs: list[int]):
