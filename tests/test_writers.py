@@ -160,7 +160,9 @@ def test_vector_writer_bad_input_appends_nothing():
 @pytest.mark.parametrize("item_unit", ["step", "episode"])
 def test_vector_writer_long_episodes_and_priorities_in_order(item_unit):
     """Episodes outgrow the writer's first 16 steps per environment, some steps come with priorities and
-    some without: every step lands in order, with its own priority or its episode's largest (1.0 if none)."""
+    some without: every step lands in order, with its own priority or its episode's largest, and an episode
+    given none the table's default (the running largest), whichever episodes end beside it.  Such an episode
+    ending beside one given priorities got 1.0, where alone it got the default."""
     rng = np.random.default_rng(3)
     N = 5
     table = gf.LocalTable.queue(gf.TableSpec(COLS, capacity=4096, item_unit=item_unit), 4096)
@@ -168,9 +170,12 @@ def test_vector_writer_long_episodes_and_priorities_in_order(item_unit):
     t = np.zeros(N, int)
     mine = [[] for _ in range(N)]  # (env, t, priority or None) of the episode in progress
     inserted = []  # per inserted episode, in insertion order: its steps
+    ended = [[] for _ in range(N)]  # per environment, its ended episodes in order
     for step in range(160):
         done = rng.random(N) < 0.03
         prio = (rng.random(N) + 0.5) if step % 3 else None
+        if step >= 110:  # the last steps without priorities: whole episodes given none, beside ones given some
+            prio = None
         w.append({"obs": np.stack([[i, t[i], step] for i in range(N)]).astype(np.float32), "t": t.copy()},
                  done=done, priorities=prio)  # fmt: skip
         for i in range(N):
@@ -178,10 +183,11 @@ def test_vector_writer_long_episodes_and_priorities_in_order(item_unit):
         t += 1
         for i in range(N):
             if done[i] or len(mine[i]) == 45:
-                inserted.append(mine[i])
+                ended[i].append(mine[i])
                 mine[i], t[i] = [], 0
+    inserted = [ended[e].pop(0) for e, _, _, _ in w.ended]  # in the order the writer inserted them
     assert max(len(e) for e in inserted) == 45 and w.pending.tolist() == [len(m) for m in mine]
-    assert [e[1] for e in w.ended] == list(range(len(inserted)))  # episode ids in insertion order
+    assert not any(ended) and [e[1] for e in w.ended] == list(range(len(inserted)))  # ids in insertion order
     b = table.sample(table.size, 1, timeout=0)
     obs, got = b["obs"].numpy()[:, 0], b.priorities.numpy()
     if item_unit == "step":
@@ -189,11 +195,13 @@ def test_vector_writer_long_episodes_and_priorities_in_order(item_unit):
     else:  # an episode item's window starts at a step drawn in it
         assert [int(r[0]) for r in obs] == [ep[0][0] for ep in inserted]
         assert all(0 <= int(r[1]) < len(ep) for r, ep in zip(obs, inserted))
-    expect_p = []
+    expect_p, running = [], 1.0  # the table's default: the largest priority given so far (1.0 at first)
     for ep in inserted:
         given = [p for _, _, p in ep if p is not None]
-        top = max(given, default=1.0)
+        top = max(given, default=running)
         expect_p += [top if p is None else p for _, _, p in ep] if item_unit == "step" else [top]
+        running = max(running, top)
+    assert any(not any(p is not None for _, _, p in ep) for ep in inserted)  # some episode was given none
     np.testing.assert_allclose(got, expect_p)
 
 

@@ -177,46 +177,54 @@ class VectorWriter(BufferedWriter):
         return self.flush() if self._ending else None
 
     def flush(self) -> InsertResult | None:
-        """Insert the episodes that ended and are not inserted yet: one insert, or, when the limiter could
-        never admit them together (a Queue smaller than their items), one each.
+        """Insert the episodes that ended and are not inserted yet: one insert for those given priorities and
+        one for those given none (which take the table's default, as an ``insert`` without priorities does);
+        one each where the limiter could never admit a group together (a Queue smaller than its items).
 
         Returns
         -------
         InsertResult or None
-            Every episode inserted, in the order they ended.
+            Every episode inserted.
         """
         if not self._ending:
             return None
         envs = [e for e, _ in self._ending]
+        some = [e for e in envs if not np.isnan(self._prio[e, : self._n[e]]).all()]
+        return _joined([self._insert_group(g) for g in (some, [e for e in envs if e not in some]) if g])
+
+    def _insert_group(self, envs: list[int]) -> InsertResult:
+        """The ended episodes of ``envs`` as one insert, or one each when the limiter could never admit them
+        together (each kept once it went in)."""
         prio = self._priorities(envs)
         try:
             return self._insert(envs, prio)
         except SpecError:  # (the episodes are checked and the shard and timeout too: only their sum is left)
             if len(envs) == 1:
                 raise
-        # one insert each (the priorities as the joint insert would have given them), each kept once it went in
-        done = []
-        for i, e in enumerate(envs):
-            p = None if prio is None else prio[i : i + 1] if isinstance(prio, np.ndarray) else [prio[i]]
-            done.append(self._insert([e], p))
-        return InsertResult(
-            *(np.concatenate([getattr(r, f) for r in done]) for f in ("episode_ids", "first_keys", "shards")),
-            sum(r.num_items for r in done),
+        return _joined(
+            [  # (the priorities as the joint insert gives them)
+                self._insert(
+                    [e], None if prio is None else prio[i : i + 1] if isinstance(prio, np.ndarray) else [prio[i]]
+                )
+                for i, e in enumerate(envs)
+            ]
         )
 
     def _insert(self, envs: list[int], priorities) -> InsertResult:
-        """Insert the ended episodes of ``envs`` (the first ones of :attr:`_ending`) as one call."""
+        """Insert the ended episodes of ``envs`` as one call; they leave :attr:`_ending` once it went in."""
         episodes = [{k: a[e, : self._n[e]] for k, a in self._steps.items()} for e in envs]  # views: insert copies
         res = self.table.insert(episodes, priorities, timeout=self.timeout, shard=self.shard)
-        for (e, trunc), eid in zip(self._ending[: len(envs)], res.episode_ids):
-            self.ended.append((e, int(eid), int(self._n[e]), trunc))
+        truncated = dict(self._ending)
+        for e, eid in zip(envs, res.episode_ids):
+            self.ended.append((e, int(eid), int(self._n[e]), truncated[e]))
         self._n[envs] = 0
-        self._ending = self._ending[len(envs) :]
+        self._ending = [(e, t) for e, t in self._ending if e not in set(envs)]
         return res
 
     def _priorities(self, envs: list[int]):
-        """The insert's priorities: None when no step of these episodes had one; else a step without one
-        gets the largest of its episode (1.0 if none), and an episode item the largest of its steps."""
+        """The insert's priorities: None when no step of these episodes had one (the table's default); else a
+        step without one gets the largest of its episode, and an episode item the largest of its steps
+        (:meth:`flush` groups the episodes so that each given any has one)."""
         prio = [self._prio[e, : self._n[e]] for e in envs]
         given = [p[~np.isnan(p)] for p in prio]
         if not any(len(g) for g in given):
@@ -256,3 +264,13 @@ class VectorWriter(BufferedWriter):
 
     def _flush(self) -> None:
         self.end_episodes()
+
+
+def _joined(results: list[InsertResult]) -> InsertResult:
+    """Several inserts' results as one (their episodes in the order of the inserts)."""
+    if len(results) == 1:
+        return results[0]
+    return InsertResult(
+        *(np.concatenate([getattr(r, f) for r in results]) for f in ("episode_ids", "first_keys", "shards")),
+        sum(r.num_items for r in results),
+    )
