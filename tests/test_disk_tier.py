@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -142,6 +143,28 @@ def test_a_disk_table_open_in_one_table_is_refused_to_another_until_it_is_closed
     t2.close()
     other = subprocess.run([sys.executable, "-c", code + ".close()"], capture_output=True, text=True, timeout=120)
     assert other.returncode == 0, other.stderr[-2000:]
+
+
+def test_a_forked_child_does_not_keep_a_disk_tables_directory_locked(tmp_path):
+    """A flock belongs to every copy of its descriptor: a child forked while the table was open (a DataLoader's
+    worker) kept the directory locked after the table was closed, for as long as it lived.  A forked child
+    now drops its copy at once; the parent's lock holds until it closes."""
+    t = gf.LocalTable(make_spec(capacity=64), tier="disk", path=tmp_path / "t", seed=0)
+    t.insert(episode(1, 4))
+    pid = os.fork()
+    if pid == 0:  # a worker that never touches the table
+        time.sleep(60)
+        os._exit(0)
+    try:
+        code = f"import gear_flow as gf; gf.LocalTable.open({str(tmp_path / 't')!r}).close()"
+        other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert other.returncode == 1 and "is open in another table" in other.stderr  # the parent's lock holds
+        t.close()
+        other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert other.returncode == 0, other.stderr[-2000:]  # closed: open again, the child still alive
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
 
 
 def test_a_disk_table_is_a_checkpoint_that_restores_into_memory(tmp_path):
@@ -425,6 +448,40 @@ def test_an_insert_across_shards_cut_short_by_a_kill_is_dropped_whole(where, tmp
     t.close()
     t = gf.LocalTable.open(tmp_path / "t")  # and stays taken back
     assert t.size == 44 and t.info()["storage"]["rolled_back"] == 0
+
+
+MAX_SIZE_KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    import numpy as np
+    import gear_flow as gf
+
+    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=100, max_size=20)
+    t = gf.LocalTable(spec, tier="disk", path=sys.argv[1], seed=0)
+    for k in range(4):
+        t.insert({{"x": np.full(5, k, np.float32)}})
+    t._enforce_max_size = lambda: os.kill(os.getpid(), signal.SIGKILL)  # after the shard commits, before eviction
+    t.insert({{"x": np.full(8, 9, np.float32)}})
+    """
+)
+
+
+def test_a_process_killed_before_its_insert_evicted_to_max_size_reopens_within_max_size(tmp_path):
+    """An insert whose shard had committed before a kill that came before the table evicted down to max_size
+    reopened with 28 items of a max_size of 20.  A reopen now evicts down to it, as the insert would have."""
+    proc = subprocess.run(
+        [sys.executable, "-c", MAX_SIZE_KILLER.format(), str(tmp_path / "t")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    t = gf.LocalTable.open(tmp_path / "t")
+    assert t.size == 20
+    got = sorted(t.sample(20, 1, boundary="pad_tail")["x"].numpy()[:, 0].tolist())
+    assert set(got) <= {1.0, 2.0, 3.0, 9.0} and got.count(9.0) > 0  # the oldest went, as Fifo evicts them
+    c = t.info()["totals"]
+    assert c["inserted"] == t.size + c["evicted"] + c["removed"] + c["deleted"] + c["expired"] == 28
 
 
 SAMPLE_KILLER = textwrap.dedent(

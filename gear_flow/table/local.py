@@ -90,13 +90,29 @@ def _lock_directory(root):
     from ..errors import CheckpointError
 
     # (private, as every file of the table: its files hold replay data)
-    f = os.fdopen(os.open(root / ".lock", os.O_RDWR | os.O_CREAT, file_mode()), "r+b")
+    f = os.fdopen(os.open(root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, file_mode()), "r+b")
     try:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         f.close()
         raise CheckpointError(f"{root} is open in another table (in this process or another); close it first") from None
+    _HELD_LOCKS.add(f)
     return f
+
+
+#: the directory locks this process holds: a forked child (a DataLoader's worker) closes its copies at once,
+#: for a flock belongs to every copy of its descriptor and the directory would stay locked while any child
+#: lived, after the table was closed or its process killed (a child that execs has them closed by O_CLOEXEC)
+_HELD_LOCKS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _drop_inherited_locks() -> None:
+    for f in list(_HELD_LOCKS):
+        f.close()  # (the child's copy of the descriptor: the parent's lock stays while it holds its own)
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_drop_inherited_locks)
 
 
 _HOST = contextlib.nullcontext()  # host buffers gather in no stream (one reusable context, not one a sample)
@@ -497,6 +513,8 @@ class LocalTable(DatasetMethods):
         if counted is not None:  # what the shards committed after the manifest was written (a kill since)
             now, lim = table._limiter_counts(), table.rate_limiter
             lim.restore({k: getattr(lim.state, k) + now[k] - counted[k] for k in now})
+        # an insert whose shards committed before a kill that came before the table evicted down to max_size
+        table._enforce_max_size()
         return table
 
     def __enter__(self) -> LocalTable:
