@@ -484,6 +484,31 @@ def test_a_process_killed_before_its_insert_evicted_to_max_size_reopens_within_m
     assert c["inserted"] == t.size + c["evicted"] + c["removed"] + c["deleted"] + c["expired"] == 28
 
 
+def test_a_table_restored_onto_disk_and_killed_before_a_flush_reopens_with_its_counts_once(tmp_path):
+    """A restore onto the disk tier wrote the new table's manifest (the checkpoint's limiter counts beside
+    shards that held nothing yet) before filling the shards: killed before its first flush, it reopened with
+    the limiter counting every restored insert and sample twice (32 inserts of 16).  The manifest is written
+    again once the shards are filled."""
+    t = gf.LocalTable(make_spec(capacity=64, num_shards=2), seed=0)
+    t.insert([episode(1, 10), episode(2, 6)])
+    t.sample(batch_size=3)
+    t.checkpoint(tmp_path / "ck")
+    child = textwrap.dedent(
+        f"""
+        import os, signal, dask.config, gear_flow as gf
+        with dask.config.set({{"gear-flow.disk.path": {str(tmp_path / "d")!r}}}):
+            gf.LocalTable.restore({str(tmp_path / "ck")!r}, tier="disk")
+        os.kill(os.getpid(), signal.SIGKILL)  # before any flush or close
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    r = gf.LocalTable.open(tmp_path / "d")
+    c, lim = r.info()["totals"], r.info()["rate_limiter"]
+    assert (r.size, c["inserted"], lim["inserts"], c["sampled"], lim["samples"]) == (16, 16, 16, 3, 3)
+    r.close()
+
+
 SAMPLE_KILLER = textwrap.dedent(
     """
     import os, signal, sys

@@ -1288,6 +1288,8 @@ class LocalTable(DatasetMethods):
         table._next_episode_id = max([int(st["next_episode_id"])] + [s.episode_id_end() for s in table.shards])
         table._stamp = max([int(st["stamp"])] + [s._clock for s in table.shards])
         table._rr = int(st["rr"]) % len(table.shards)
+        if table.path is not None:  # a disk table: its manifest as filled (written empty, with the limiter's
+            table._write_manifest()  # restored counts, a reopen after a kill counted the shards' items twice)
         return table
 
     @classmethod
