@@ -509,6 +509,40 @@ def test_a_table_restored_onto_disk_and_killed_before_a_flush_reopens_with_its_c
     r.close()
 
 
+DELETE_KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    import numpy as np
+    import gear_flow as gf
+
+    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64)
+    t = gf.LocalTable(spec, tier="disk", path=sys.argv[1], sampler=gf.Prioritized(1.0), seed=0)
+    r = t.insert([{{"x": np.full(5, k, np.float32)}} for k in range(6)])
+    t.flush()
+    # the items deactivated, their weights not yet taken from the tree, nothing committed
+    t.shards[0].sampler.remove = lambda slots: os.kill(os.getpid(), signal.SIGKILL)
+    t.delete(r.first_keys[0] + np.arange(5))
+    """
+)
+
+
+def test_a_process_killed_inside_a_delete_reopens_without_the_items_and_with_them_counted(tmp_path):
+    """A delete deactivates its items, then takes their weights from the sampler's tree, then commits: killed
+    in between, the table reopened with the items gone from its size but not counted deleted (30 inserted
+    against 25 held and none removed, the limiter still counting 30), and with their weight still in the tree,
+    drawable.  A reopen now empties the leaves of items that are not there and counts what a removal cut
+    short took as deleted."""
+    proc = subprocess.run(
+        [sys.executable, "-c", DELETE_KILLER.format(), str(tmp_path / "t")], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    t = gf.LocalTable.open(tmp_path / "t")
+    c, lim = t.info()["totals"], t.info()["rate_limiter"]
+    assert t.size == 25 and c["inserted"] == t.size + c["evicted"] + c["removed"] + c["deleted"] + c["expired"]
+    assert lim["inserts"] - lim["deletes"] == 25
+    assert 0.0 not in t.sample(2000, 1)["x"].numpy()[:, 0].tolist()  # the deleted episode is never drawn
+
+
 SAMPLE_KILLER = textwrap.dedent(
     """
     import os, signal, sys

@@ -651,9 +651,18 @@ class DiskStore:
         s.size = int(h["size"])  # what the repair's evictions count down from; counted from the items below
         if torn_steps > 0 or torn_eps > 0:
             evicted = self._repair(int(h["write_pos"]), int(h["writing_until"]), int(h["index_next"]), torn_eps)
+        gone = s.active == 0
         for t in self.trees.values():
+            # a removal cut short (a delete's, an expiry's) may have deactivated items before emptying their
+            # leaves: no weight stays on an item that is not there (a draw would hand a deleted item out)
+            t.leaves[gone] = t._empty
             t.rebuild()
         s.size = int(np.count_nonzero(s.active))
+        cut = int(h["size"]) - s.size
+        if torn_steps <= 0 and torn_eps <= 0 and cut > 0:
+            # ... and before its commit counted them: they are gone, counted as deleted (the limiter's deletes
+            # follow the shard's, see LocalTable.open), so that every item inserted is counted once somewhere
+            s.counters.deleted += cut
         for stray in self.directory.glob("index-*.bin"):  # an index grown by an insert that was cut short
             if stray.stem != self._index_name:
                 stray.unlink()
