@@ -81,7 +81,7 @@ class TailMass:
             ``total``, to ``DRIFT`` of the mass left).
         """
         e = self.entries.get(length)
-        if e is None or e[1] >= self.refresh_every or (total is not None and not self._close(e, total)):
+        if e is None or not self._usable(e, total):
             e = [self.compute(length), 0, 0.0]
             self.entries[length] = e
             self.listed.pop(length, None)
@@ -90,10 +90,10 @@ class TailMass:
         self.entries.move_to_end(length)
         return e[0]
 
-    @staticmethod
-    def _close(e: list, total: float) -> bool:
-        """Whether an entry's rounding bound is within :data:`DRIFT` of the mass it leaves of ``total``."""
-        return e[2] <= DRIFT * max(total - e[0], 0.0)
+    def _usable(self, e: list, total: float | None) -> bool:
+        """Whether an entry may be used as it is: not due for its periodic recompute, and (given the sampler's
+        ``total``) its rounding bound within :data:`DRIFT` of the mass it leaves."""
+        return e[1] < self.refresh_every and (total is None or e[2] <= DRIFT * max(total - e[0], 0.0))
 
     def exact_entries(self, total: float) -> list[tuple[int, float]]:
         """``(L, tail mass)`` of the cached entries that :meth:`get` with this ``total`` would return as they
@@ -109,7 +109,7 @@ class TailMass:
         list of tuple
             In the cache's order, least recently used first.
         """
-        return [(L, e[0]) for L, e in self.entries.items() if e[1] < self.refresh_every and self._close(e, total)]
+        return [(L, e[0]) for L, e in self.entries.items() if self._usable(e, total)]
 
     def change(self, slots: np.ndarray, old: np.ndarray, new: np.ndarray) -> None:
         """Weights at ``slots`` went from ``old`` to ``new``: update every cached entry.

@@ -953,11 +953,10 @@ class LocalTable(DatasetMethods):
         shards written before the kill stayed and the insert was half applied."""
         if self.path is None or n_shards < 2:
             return None
-        from ..checkpoint import file_mode
+        from .. import checkpoint as ck
 
         intent = self.path / _INTENT
-        fd = os.open(intent, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode())
-        with os.fdopen(fd, "wb") as f:  # (kept by the page cache across a kill, as the shards' commits are)
+        with ck._create(intent, ck.file_mode()) as f:  # (kept by the page cache across a kill, as commits are)
             f.write(json.dumps({"first_episode_id": int(ids[0]), "episodes": len(ids)}).encode())
         return intent
 

@@ -218,7 +218,8 @@ class VectorWriter(BufferedWriter):
         for e, eid in zip(envs, res.episode_ids):
             self.ended.append((e, int(eid), int(self._n[e]), truncated[e]))
         self._n[envs] = 0
-        self._ending = [(e, t) for e, t in self._ending if e not in set(envs)]
+        went = set(envs)
+        self._ending = [(e, t) for e, t in self._ending if e not in went]
         return res
 
     def _priorities(self, envs: list[int]):
@@ -229,7 +230,7 @@ class VectorWriter(BufferedWriter):
         given = [p[~np.isnan(p)] for p in prio]
         if not any(len(g) for g in given):
             return None
-        default = [float(g.max()) if len(g) else 1.0 for g in given]
+        default = [float(g.max()) for g in given]
         if self.spec.item_unit == "episode":
             return np.array(default)
         return [np.where(np.isnan(p), m, p) for p, m in zip(prio, default)]
