@@ -484,29 +484,82 @@ def test_a_process_killed_before_its_insert_evicted_to_max_size_reopens_within_m
     assert c["inserted"] == t.size + c["evicted"] + c["removed"] + c["deleted"] + c["expired"] == 28
 
 
-def test_a_table_restored_onto_disk_and_killed_before_a_flush_reopens_with_its_counts_once(tmp_path):
+@pytest.mark.parametrize("source", ["checkpoint", "disk table"])
+def test_a_table_restored_onto_disk_and_killed_before_a_flush_reopens_with_its_counts_once(tmp_path, source):
     """A restore onto the disk tier wrote the new table's manifest (the checkpoint's limiter counts beside
     shards that held nothing yet) before filling the shards: killed before its first flush, it reopened with
     the limiter counting every restored insert and sample twice (32 inserts of 16).  The manifest is written
-    again once the shards are filled."""
-    t = gf.LocalTable(make_spec(capacity=64, num_shards=2), seed=0)
+    again once the shards are filled, from a checkpoint and from another disk table alike; the new table's
+    directory given as ``disk_path`` or by config."""
+    kw = {"tier": "disk", "path": tmp_path / "src"} if source == "disk table" else {}
+    t = gf.LocalTable(make_spec(capacity=64, num_shards=2), seed=0, **kw)
     t.insert([episode(1, 10), episode(2, 6)])
     t.sample(batch_size=3)
-    t.checkpoint(tmp_path / "ck")
-    child = textwrap.dedent(
-        f"""
-        import os, signal, dask.config, gear_flow as gf
-        with dask.config.set({{"gear-flow.disk.path": {str(tmp_path / "d")!r}}}):
-            gf.LocalTable.restore({str(tmp_path / "ck")!r}, tier="disk")
-        os.kill(os.getpid(), signal.SIGKILL)  # before any flush or close
-        """
-    )
-    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    if source == "checkpoint":
+        t.checkpoint(tmp_path / "src")
+    t.close()
+    for how in ("argument", "config"):
+        dest = tmp_path / how
+        call = (
+            f"gf.LocalTable.restore({str(tmp_path / 'src')!r}, tier='disk', disk_path={str(dest)!r})"
+            if how == "argument"
+            else f"""dask.config.set({{"gear-flow.disk.path": {str(dest)!r}}})
+            gf.LocalTable.restore({str(tmp_path / "src")!r}, tier="disk")"""
+        )
+        child = textwrap.dedent(
+            f"""
+            import os, signal, dask.config, gear_flow as gf
+            {call}
+            os.kill(os.getpid(), signal.SIGKILL)  # before any flush or close
+            """
+        )
+        proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+        r = gf.LocalTable.open(dest)
+        c, lim = r.info()["totals"], r.info()["rate_limiter"]
+        assert (r.size, c["inserted"], lim["inserts"], c["sampled"], lim["samples"]) == (16, 16, 16, 3, 3)
+        r.close()
+
+
+CREATION_KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    import numpy as np
+    import gear_flow as gf
+
+    gf.LocalTable._write_manifest = lambda self: os.kill(os.getpid(), signal.SIGKILL)  # shards made, no manifest
+    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=2)
+    gf.LocalTable(spec, tier="disk", path=sys.argv[1])
+    """
+)
+
+
+def test_a_disk_table_whose_creation_was_cut_short_is_named_by_open_and_created_again(tmp_path):
+    """A process killed while creating a disk table (its shard files made, its manifest not yet written)
+    left a directory that open() refused (no manifest) and a new table refused too (a shard there): the user
+    had to find and remove the files.  open() now says what happened, and a new table removes what the cut
+    creation left (its shard directories, and only those) and is made."""
+    root = tmp_path / "t"
+    proc = subprocess.run([sys.executable, "-c", CREATION_KILLER, str(root)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    r = gf.LocalTable.open(tmp_path / "d")
-    c, lim = r.info()["totals"], r.info()["rate_limiter"]
-    assert (r.size, c["inserted"], lim["inserts"], c["sampled"], lim["samples"]) == (16, 16, 16, 3, 3)
-    r.close()
+    assert (root / "shard-1" / "layout.json").exists() and not (root / "manifest.json").exists()
+    (root / "notes.txt").write_text("the user's")
+    with pytest.raises(CheckpointError, match="creation of a disk table there was cut short"):
+        gf.LocalTable.open(root)
+    t = gf.LocalTable(make_spec(capacity=32, num_shards=1), tier="disk", path=root, seed=0)
+    assert not (root / "shard-1").exists() and (root / "notes.txt").read_text() == "the user's"
+    t.insert([episode(1, 5)])
+    t.close()
+    t = gf.LocalTable.open(root)
+    assert t.size == 5 and [s.shard_id for s in t.shards] == [0]
+    t.close()
+    # shard files that no creation of a table left (another's, e.g. a distributed table's) are never removed
+    other = tmp_path / "o"
+    gf.LocalTable(make_spec(capacity=32), tier="disk", path=other).close()
+    os.unlink(other / "manifest.json")
+    with pytest.raises(SpecError, match="already holds a disk shard"):
+        gf.LocalTable(make_spec(capacity=32), tier="disk", path=other)
+    assert (other / "shard-0" / "layout.json").exists()
 
 
 DELETE_KILLER = textwrap.dedent(

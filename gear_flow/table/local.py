@@ -61,6 +61,10 @@ logger = logging.getLogger(__name__)
 
 #: a disk table's record of an insert across shards under way, removed once every shard has its part
 _INTENT = "insert.intent"
+#: a disk table's record of its creation under way (the shard directories it makes), removed once its manifest
+#: is written: a creation cut short (a kill) left shard files that no manifest described, which open() refused
+#: (no manifest) and a new table refused to overwrite (a shard there); the next creation removes them
+_CREATING = "creating.json"
 
 
 def _lock_directory(root):
@@ -120,6 +124,35 @@ _HOST = contextlib.nullcontext()  # host buffers gather in no stream (one reusab
 
 #: what a disk shard's files are laid out for (its layout records them; the manifest must agree)
 _LAID_OUT = ("spec", "sampler", "remover", "max_times_sampled")
+
+
+def _begin_creation(root, dirs: list[str]) -> None:
+    """Record that a disk table is being created in ``root`` (whose lock the caller holds) with shard
+    directories ``dirs``, after removing what a creation there cut short left (the shard directories its
+    record names; nothing else is touched).
+
+    Raises
+    ------
+    SpecError
+        ``root`` holds a table (a manifest) after all: one created since the caller looked.
+    """
+    import shutil
+
+    from .. import checkpoint as ck
+    from ..errors import SpecError
+
+    if (root / "manifest.json").exists():
+        raise SpecError(f"{root} already holds a table; open it with LocalTable.open({str(root)!r})")
+    rec = root / _CREATING
+    if rec.exists():
+        try:
+            left = json.loads(rec.read_text())["dirs"]
+        except (OSError, ValueError, KeyError, TypeError):
+            left = []
+        for name in left:
+            if isinstance(name, str) and name.startswith("shard-") and "/" not in name:
+                shutil.rmtree(root / name, ignore_errors=True)
+    ck.atomic_write(rec, json.dumps({"dirs": dirs}))
 
 
 def _count_of(state: dict, key: str) -> int:
@@ -248,6 +281,7 @@ class LocalTable(DatasetMethods):
         self._checked = {}  # sample arguments checked once: (B, L, boundary, columns) -> (columns, its buffers)
         if self.path is not None and not _open:
             self._write_manifest()
+            os.unlink(self.path / _CREATING)  # (the manifest describes the table now)
 
     def _disk_tiers(self, path, ids: list[int], opening: bool) -> dict:
         """One :class:`~gear_flow.storage.disk.DiskTier` per shard, under ``path`` (config ``disk.path``)."""
@@ -267,6 +301,8 @@ class LocalTable(DatasetMethods):
             make_dir(root)
         self._dir_lock = _lock_directory(root)
         try:
+            if not opening:
+                _begin_creation(root, [f"shard-{i}" for i in ids])
             tiers = {i: DiskTier(root / f"shard-{i}", create=not opening) for i in ids}
         except BaseException:
             self._dir_lock.close()
@@ -473,6 +509,11 @@ class LocalTable(DatasetMethods):
         if verify not in ("quick", "full"):
             raise SpecError(f"verify ({verify!r}) must be 'quick' or 'full'")
         root = Path(path).absolute()
+        if (root / _CREATING).exists() and not (root / "manifest.json").exists():
+            raise CheckpointError(
+                f"{root}: the creation of a disk table there was cut short (its process ended before the table "
+                "was made); it holds no data: create the table again with this path"
+            )
         m = ck.read_manifest(root)
         if m.get("kind") != "disk":
             raise CheckpointError(f"{root} holds a {m.get('kind')!r} checkpoint, not a disk table (LocalTable.restore)")
@@ -1233,6 +1274,7 @@ class LocalTable(DatasetMethods):
         tier: str | None = None,
         seed: int | None = None,
         timeout: float | None = None,
+        disk_path: str | os.PathLike[str] | None = None,
     ) -> LocalTable:
         """A table rebuilt from a checkpoint directory (verified before anything is built).
 
@@ -1245,13 +1287,16 @@ class LocalTable(DatasetMethods):
         ----------
         path : str or os.PathLike
             A directory written by :meth:`checkpoint`.
-        tier : {"host", "pinned", "device"}, optional
+        tier : {"host", "pinned", "device", "disk"}, optional
             Storage tier of the rebuilt shards (config ``table.tier``; the
             checkpoint does not choose it).
         seed : int, optional
             Seeds the table's random generator.
         timeout : float, optional
             Default seconds a blocking call waits (config ``table.timeout``).
+        disk_path : str or os.PathLike, optional
+            The new table's directory when ``tier`` is ``"disk"`` (config
+            ``disk.path``); it must not hold a table yet.
 
         Returns
         -------
@@ -1268,15 +1313,16 @@ class LocalTable(DatasetMethods):
         from ..errors import CheckpointError
 
         m = ck.read_manifest(path)
+        kw = {"tier": tier, "timeout": timeout, "seed": seed, "path": disk_path}
         if m.get("kind") == "disk":  # a disk table is its own checkpoint: its shards copied into the tier asked for
-            return cls._restore_disk(path, tier, seed, timeout)
+            return cls._restore_disk(path, kw)
         cfg = m["table"]
         try:
             shard_ids = sorted(int(k) for k in m["files"])
             loaded = {
                 i: ck.read_shard_file(path, m["files"][str(i)]["file"], m["files"][str(i)]["sha256"]) for i in shard_ids
             }
-            table = cls._from_config(cfg, tier=tier, timeout=timeout, seed=seed, shard_ids=shard_ids)
+            table = cls._from_config(cfg, shard_ids=shard_ids, **kw)
         except (KeyError, TypeError) as e:
             raise CheckpointError(f"{path}: the manifest does not describe a table ({e})") from None
         for s in table.shards:
@@ -1287,9 +1333,15 @@ class LocalTable(DatasetMethods):
         table._next_episode_id = max([int(st["next_episode_id"])] + [s.episode_id_end() for s in table.shards])
         table._stamp = max([int(st["stamp"])] + [s._clock for s in table.shards])
         table._rr = int(st["rr"]) % len(table.shards)
-        if table.path is not None:  # a disk table: its manifest as filled (written empty, with the limiter's
-            table._write_manifest()  # restored counts, a reopen after a kill counted the shards' items twice)
+        table._filled()
         return table
+
+    def _filled(self) -> None:
+        """A restored table's shards are filled: a disk table's manifest is written again, as filled (it was
+        written empty, with the limiter's restored counts, and a reopen after a kill counted the shards' items
+        twice)."""
+        if self.path is not None:
+            self._write_manifest()
 
     @classmethod
     def _from_config(cls, cfg: dict, **kw: Any) -> LocalTable:
@@ -1310,17 +1362,19 @@ class LocalTable(DatasetMethods):
         )
 
     @classmethod
-    def _restore_disk(cls, path, tier, seed, timeout) -> LocalTable:
-        """:meth:`restore` from a disk table's directory: opened, each shard snapshotted into a new table, closed."""
+    def _restore_disk(cls, path, kw: dict) -> LocalTable:
+        """:meth:`restore` from a disk table's directory: opened, each shard snapshotted into a new table (made
+        with ``kw``), closed."""
         from .. import checkpoint as ck
 
         src = cls.open(path)
         try:
             ids = [s.shard_id for s in src.shards]
-            table = cls._from_config(src.config(), tier=tier, timeout=timeout, seed=seed, shard_ids=ids)
+            table = cls._from_config(src.config(), shard_ids=ids, **kw)
             for a, b in zip(src.shards, table.shards):
                 ck.restore_shard(b, *ck.snapshot_shard(a))
             table._next_episode_id, table._stamp, table._rr = src._next_episode_id, src._stamp, src._rr
+            table._filled()
             return table
         finally:
             src.close()
