@@ -9,10 +9,13 @@ Layout of a checkpoint directory::
 A shard is *snapshotted* under its lock (a memory copy of its arrays: the
 only pause writers and samplers see), then written outside the lock, so
 sampling and inserting continue while the files are written.  Files go to a
-temporary directory that is fsync'ed and atomically renamed into place; a
+temporary directory that is fsync'ed and atomically renamed into place (over
+an older checkpoint: exchanged with it); a
 reader verifies every checksum and the format version before touching a table,
 and a mismatch (corruption, other version, other columns or capacity) raises
-:class:`~gear_flow.errors.CheckpointError`.
+:class:`~gear_flow.errors.CheckpointError`.  What a writer killed mid-way left
+beside the path is removed by the next checkpoint to it, or put in place when
+it is a whole checkpoint that a kill kept from its place.
 
 Checkpoints hold the replay data itself, so they are private by default: files
 are created ``0600`` and directories ``0700`` (whatever the umask), set by
@@ -345,15 +348,34 @@ def commit(tmp: Path, final: Path, manifest: dict[str, Any]) -> Path:
         os.fsync(f.fileno())
     fsync_path(tmp)
     check_replaceable(final)  # (again: something may have been put there while the shards were written)
-    if final.exists():  # replace an older checkpoint at the same path atomically enough: old → trash, new → final
-        trash = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:6]}")
-        os.rename(final, trash)
-        os.rename(tmp, final)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.rename(tmp, final)
-    fsync_path(final.parent)
+    try:
+        if final.exists() and _exchange(tmp, final):  # the new one in place and the old one at tmp, in one step
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif final.exists():  # (no exchange here) old -> aside, new -> final; a kill between: see _sweep
+            trash = final.with_name(f".{final.name}.old-{uuid.uuid4().hex[:6]}")
+            os.rename(final, trash)
+            os.rename(tmp, final)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        fsync_path(final.parent)
+    finally:
+        _release(tmp)
     return final
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap directories ``a`` and ``b`` atomically (``renameat2(RENAME_EXCHANGE)``); False where the system
+    or file system cannot."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    fn.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint)
+    return fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
 
 
 def make_dir(path: str | os.PathLike[str]) -> Path:
@@ -437,7 +459,10 @@ def check_replaceable(final: str | os.PathLike[str]) -> None:
 
 def temp_dir(final: str | os.PathLike[str]) -> Path:
     """A new private directory beside ``final`` to write a checkpoint into, once :func:`check_replaceable`
-    agrees that one may go there.
+    agrees that one may go there; held (``flock``) until :func:`commit` or :func:`discard`.
+
+    What a checkpoint to ``final`` whose process ended mid-way left beside it is dealt with first
+    (:func:`_sweep`): its directories, each as large as a checkpoint, stayed forever.
 
     Parameters
     ----------
@@ -459,10 +484,95 @@ def temp_dir(final: str | os.PathLike[str]) -> Path:
     check_replaceable(final)
     mode = dir_mode()
     make_dir(final.parent)
-    tmp = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir(mode=mode)
-    os.chmod(tmp, mode)  # mkdir's mode is narrowed by the umask only; make it exact
+    _sweep(final)
+    token = uuid.uuid4().hex[:8]
+    new, tmp = final.with_name(f".{final.name}.new-{token}"), final.with_name(f".{final.name}.tmp-{token}")
+    new.mkdir(mode=mode)
+    os.chmod(new, mode)  # mkdir's mode is narrowed by the umask only; make it exact
+    fd = _hold(new)
+    os.rename(new, tmp)  # held before it has a name a sweep takes (the lock goes with the directory)
+    _HELD[str(tmp)] = fd
     return tmp
+
+
+def discard(tmp: Path) -> None:
+    """Remove a checkpoint's temporary directory (:func:`temp_dir`) that will not be committed, and let it go.
+
+    Parameters
+    ----------
+    tmp : pathlib.Path
+        The directory.
+    """
+    shutil.rmtree(tmp, ignore_errors=True)
+    _release(tmp)
+
+
+#: the temporary directories of the checkpoints this process is writing -> the descriptor that holds each
+#: (``flock``): a checkpoint to the same path begun meanwhile, here or in another process of a machine that
+#: shares the lock, leaves them alone
+_HELD: dict[str, int] = {}
+
+
+def _hold(d: Path) -> int | None:
+    """A descriptor of directory ``d`` holding an exclusive ``flock`` on it; None where the file system has no
+    such locks (the directory is then never taken for a dead writer's: see :func:`_sweep`)."""
+    import fcntl
+
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _release(d: Path) -> None:
+    fd = _HELD.pop(str(d), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _drop_inherited() -> None:
+    """In a forked child: close its copies of the descriptors (a flock belongs to every copy, and a child that
+    outlived a killed writer kept its directory from being swept)."""
+    for fd in _HELD.values():
+        if fd is not None:
+            os.close(fd)
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_drop_inherited)
+
+
+def _sweep(final: Path) -> None:
+    """Deal with what checkpoints to ``final`` whose processes ended mid-way left beside it.
+
+    A temporary directory that no live writer holds is removed; one that holds a whole checkpoint (its
+    manifest written) when nothing is at ``final`` was cut between its commit's two renames (where
+    ``renameat2`` cannot exchange them) and is renamed into place, for it is the newest checkpoint.  An older
+    checkpoint moved aside by such a commit is removed once ``final`` holds one.  A directory this process
+    cannot lock (a live writer, or a file system without locks) is left alone.
+    """
+    for d in sorted(final.parent.glob(f".{final.name}.tmp-*")) + sorted(final.parent.glob(f".{final.name}.old-*")):
+        if not d.is_dir() or d.is_symlink():
+            continue
+        fd = _hold(d)
+        if fd is None:
+            continue
+        try:
+            if d.name.startswith(f".{final.name}.tmp-") and (d / "manifest.json").exists() and not final.exists():
+                os.rename(d, final)
+                fsync_path(final.parent)
+            elif d.name.startswith(f".{final.name}.tmp-") or final.exists():
+                shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass  # (another process got to it first)
+        finally:
+            os.close(fd)
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -484,6 +594,8 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         No manifest, not JSON, or another format or version.
     """
     mpath = Path(path) / "manifest.json"
+    if not mpath.exists() and not Path(path).exists():
+        _sweep(Path(path).absolute())  # (a checkpoint killed between its commit's renames: put in place)
     if not mpath.exists():
         raise CheckpointError(f"{path} is not a gear_flow checkpoint (no manifest.json)")
     try:

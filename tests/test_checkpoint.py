@@ -15,6 +15,7 @@ from dist_support import kill, own_cluster, tables_here, wait_for
 from helpers import COLUMNS, episode, reconcile
 
 import gear_flow as gf
+from gear_flow import checkpoint as ck
 from gear_flow.distributed import DistributedTable
 from gear_flow.errors import CheckpointError
 
@@ -65,6 +66,59 @@ def test_files_hold_no_pickle_and_manifest_is_versioned(tmp_path):
         with np.load(tmp_path / "ck" / e["file"], allow_pickle=False) as z:
             assert all(z[k].dtype != object for k in z.files)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left behind
+
+
+CHECKPOINT_KILLER = """
+import os, signal, sys
+import numpy as np
+import gear_flow as gf
+from gear_flow import checkpoint as ck
+
+where, final = sys.argv[1], sys.argv[2]
+spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=2)
+t = gf.LocalTable(spec, seed=0)
+t.insert({"x": np.full(7, 2.0, np.float32)})
+die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+if where == "writing":
+    ck.write_shard_file = die  # the temporary directory made, the shards not yet written
+else:  # between the commit's two renames: the older checkpoint moved aside, the new one not yet in place
+    ck._exchange = lambda a, b: False
+    rename = os.rename
+    ck.os.rename = lambda a, b: die() if str(b) == final else rename(a, b)
+t.checkpoint(final)
+"""
+
+
+@pytest.mark.parametrize("where", ["writing", "between_renames"])
+def test_a_checkpoint_killed_mid_way_leaves_nothing_behind_once_the_next_one_begins(tmp_path, where):
+    """A process killed while writing a checkpoint left its temporary directory (as large as the checkpoint)
+    beside the path for ever, one more for every such kill.  A checkpoint to that path, or a restore from it,
+    now removes what a dead writer left; a whole new checkpoint that a kill kept from its place (between the
+    two renames of a file system that cannot exchange them) is put in place, being the newest; a live writer's
+    directory is left alone."""
+    import subprocess
+    import sys
+
+    final = tmp_path / "ck"
+    older = gf.LocalTable(gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64, num_shards=2), seed=0)
+    older.insert({"x": np.full(3, 1.0, np.float32)})
+    older.checkpoint(final)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHECKPOINT_KILLER, where, str(final)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    left = sorted(p.name.split("-")[0] for p in tmp_path.iterdir() if p.name.startswith(".ck."))
+    assert left == ([".ck.tmp"] if where == "writing" else [".ck.old", ".ck.tmp"])
+    live = ck.temp_dir(tmp_path / "other")  # another checkpoint's directory, being written: never taken
+    assert gf.LocalTable.restore(final).size == (3 if where == "writing" else 7)  # the newest whole one
+    older.insert({"x": np.full(2, 1.0, np.float32)})
+    older.checkpoint(final)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ck.")]
+    assert gf.LocalTable.restore(final).size == 5
+    swept = ck.temp_dir(tmp_path / "other")
+    assert live.exists() and swept != live
+    ck.discard(live), ck.discard(swept)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "manifest", "version", "missing"])

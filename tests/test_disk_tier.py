@@ -540,7 +540,9 @@ def test_a_disk_table_whose_creation_was_cut_short_is_named_by_open_and_created_
     had to find and remove the files.  open() now says what happened, and a new table removes what the cut
     creation left (its shard directories, and only those) and is made."""
     root = tmp_path / "t"
-    proc = subprocess.run([sys.executable, "-c", CREATION_KILLER, str(root)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", CREATION_KILLER, str(root)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     assert (root / "shard-1" / "layout.json").exists() and not (root / "manifest.json").exists()
     (root / "notes.txt").write_text("the user's")

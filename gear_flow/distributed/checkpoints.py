@@ -16,7 +16,6 @@ requests to the workers and the coordinator.
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable
@@ -120,7 +119,7 @@ async def checkpoint_async(table: DistributedTable, path: str | os.PathLike[str]
                 break
             except Retry:  # degraded: a worker was lost while writing (its shards now marked lost): the
                 # checkpoint is written again, of the shards left, into a new directory
-                shutil.rmtree(tmp, ignore_errors=True)
+                ck.discard(tmp)
                 tmp = ck.temp_dir(final)
         else:
             raise ShardLostError(-1, f"{_LOSSES} workers of table {table.name!r} were lost during its checkpoint")
@@ -136,7 +135,7 @@ async def checkpoint_async(table: DistributedTable, path: str | os.PathLike[str]
         state["size"] = sum(state["shard_size"].values())
         ck.commit(tmp, final, ck.new_manifest("distributed", cfg, state, files))
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        ck.discard(tmp)
         raise
     pause = max((e["pause_s"] for e in files.values()), default=0.0)
     return {

@@ -1260,9 +1260,7 @@ class LocalTable(DatasetMethods):
                 state = {"next_episode_id": self._next_episode_id, "stamp": self._stamp, "rr": self._rr}
             ck.commit(tmp, final, ck.new_manifest("local", cfg, state, files))
         except BaseException:
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
+            ck.discard(tmp)
             raise
         return {"path": str(final), "pause_s": pause, "seconds": time.perf_counter() - t0, "bytes": nbytes}
 
