@@ -1172,9 +1172,12 @@ class Shard:
         return slots[rng.integers(len(slots), size=n)], np.full(n, 1.0 / len(slots))
 
     def _consume(self, slots: np.ndarray) -> None:
-        old = self.sampler.leaf_weights(slots)
-        self.sampler.consume(slots)
-        self.tails.change(slots, old, self.sampler.leaf_weights(slots))
+        # a change of the selection state as any other (a disk shard's header not clean first: a kill after a
+        # flush and before the sample's counts left a clean header over a changed tree, refused as corrupted)
+        with self._counting():
+            old = self.sampler.leaf_weights(slots)
+            self.sampler.consume(slots)
+            self.tails.change(slots, old, self.sampler.leaf_weights(slots))
 
     def new_epoch(self, drawn: np.ndarray | None = None) -> None:
         """WithoutReplacement: make every live item drawable again.
@@ -1473,8 +1476,8 @@ class Shard:
                 self.counters.expired += self._drop_items(done)
 
     def _counting(self) -> contextlib.AbstractContextManager:
-        """The block in which a sample's counts (and expiries) change: on a disk shard :meth:`writing`, so
-        that they are committed with the header (a process killed after the sample reopens with the
+        """The block in which a sample's counts, expiries and epoch (the items it consumed) change: on a disk
+        shard :meth:`writing`, so that they are committed with the header (a process killed after the sample reopens with the
         counts of the items its files hold); elsewhere none (a published state has no expiry, and its
         readers read no count: a version change would only make them draw again)."""
         return self.store.writing() if self.store is not None else _NO_BLOCK
@@ -1523,7 +1526,7 @@ class Shard:
         seqs : numpy.ndarray
             int64 ``[b]`` their sequence numbers at draw time.
         """
-        with self.lock:
+        with self.lock, self._counting():
             slots = _unique(slots[self._still_there(slots, seqs)])
             if len(slots) and getattr(self.sampler, "without_replacement", False):
                 old = self.sampler.leaf_weights(slots)

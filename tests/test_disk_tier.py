@@ -521,6 +521,63 @@ def test_a_table_restored_onto_disk_and_killed_before_a_flush_reopens_with_its_c
         r.close()
 
 
+TORN_OVER_FLUSHED = textwrap.dedent(
+    """
+    import os, signal, sys
+    import numpy as np
+    import gear_flow as gf
+
+    spec = gf.TableSpec((gf.ColumnSpec("obs", (1024,), np.float32),), capacity=1024)  # 4 MiB: 4 checksum chunks
+    t = gf.LocalTable(spec, tier="disk", path=sys.argv[1], seed=0)
+    for k in range(11):
+        t.insert({"obs": np.full((100, 1024), k, np.float32)})  # 1,100 steps: the ring wrapped
+    t.flush()  # every chunk checksummed
+    t.shards[0].index.append = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)  # the ring written
+    t.insert({"obs": np.full((300, 1024), 99, np.float32)})  # slots 76..375: chunks the flush checksummed
+    """
+)
+
+WOR_DRAW_KILLER = textwrap.dedent(
+    """
+    import os, signal, sys
+    import numpy as np
+    import gear_flow as gf
+    from gear_flow.shard import Shard
+
+    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=100)
+    t = gf.LocalTable(spec, tier="disk", path=sys.argv[1], seed=0, sampler=gf.WithoutReplacement())
+    t.insert({"x": np.arange(20, dtype=np.float32)})
+    t.flush()  # a clean header, every array checksummed
+    Shard._record = lambda self, slots: os.kill(os.getpid(), signal.SIGKILL)  # drawn (consumed), not counted
+    t.sample(batch_size=4)
+    """
+)
+
+
+@pytest.mark.parametrize("case", ["torn insert", "without-replacement draw"])
+def test_a_table_killed_mid_change_after_a_flush_passes_a_full_verify(tmp_path, case):
+    """Two changes a full verify took for corruption.  An insert cut short over ring chunks the last flush
+    checksummed: the reopen took it back, but its commit forgot those chunks had changed, and once the table
+    was closed cleanly ``open(verify="full")`` refused the ring (CRC32 mismatch).  A WithoutReplacement draw
+    took its items out of the sampler's tree (its mapped file) before the header was marked changed: killed
+    before the sample's counts were committed, the header said clean over a changed tree, refused too.  The
+    reopen now checksums the chunks the cut insert wrote, and a draw's consumption is a change as any other."""
+    root = tmp_path / "t"
+    child = TORN_OVER_FLUSHED if case == "torn insert" else WOR_DRAW_KILLER
+    proc = subprocess.run([sys.executable, "-c", child, str(root)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    t = gf.LocalTable.open(root, verify="full")
+    size = t.size
+    assert size == (700 if case == "torn insert" else 20)
+    t.close()
+    t = gf.LocalTable.open(root, verify="full")  # closed cleanly: every checksum applies, and matches
+    assert t.size == size
+    if case == "torn insert":
+        got = t.sample(700, 1, boundary="pad_tail")["obs"].numpy()[:, 0, 0]
+        assert 99.0 not in set(got.tolist())
+    t.close()
+
+
 CREATION_KILLER = textwrap.dedent(
     """
     import os, signal, sys
