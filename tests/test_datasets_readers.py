@@ -188,6 +188,21 @@ def test_d4rl_fractional_actions_into_int_column_and_truncation_without_next_obs
         DatasetError, match=r"episode 1: action\[1\] = 0\.5 is not a whole number.*nothing was inserted"
     ):
         ingest(gf.LocalTable(gf.TableSpec(episode_columns(3), capacity=100)), p)
+    # whole numbers that the column's type does not hold were cast, wrapping round (300 stored as 44 in int8,
+    # -1 as 255 in uint8), where the same values from an integer file were refused
+    for value, dtype, shown in (
+        (300.0, np.int8, "300"),
+        (-1.0, np.uint8, "-1"),
+        (2.0**63, np.int64, "9223372036854775808"),
+    ):
+        with h5py.File(p, "a") as f:
+            f["actions"][5] = value
+        table = gf.LocalTable(gf.TableSpec(episode_columns(3, action_dtype=dtype), capacity=100))
+        with pytest.raises(
+            DatasetError, match=rf"episode 1: action: value {shown} does not fit .*nothing was inserted"
+        ):
+            ingest(table, p)
+        assert table.size == 0
     q = tmp_path / "nonext.hdf5"
     _d4rl(q, next_obs=False)
     with pytest.raises(DatasetError, match=r"episode 1 \(rows 4\.\.8\).*no next observation"):

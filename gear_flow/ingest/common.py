@@ -448,13 +448,22 @@ def wants_next(spec: TableSpec) -> bool:
 
 
 def _integral(path, episode, name, a: np.ndarray, dtype) -> np.ndarray:
-    """Float values into an integer column: only when every value is a whole number (d4rl stores floats)."""
+    """Float values into an integer column: only when every value is a whole number (d4rl stores floats) that
+    the column's type holds (a cast of one that it does not wraps round to another number: 300 into int8 is 44)."""
     bad = np.flatnonzero(~np.isfinite(a.reshape(len(a), -1)).all(axis=1) | (a.reshape(len(a), -1) % 1 != 0).any(axis=1))
     if len(bad):
         raise DatasetError(
             path,
             episode,
             f"{name}[{bad[0]}] = {a[bad[0]].tolist()!r} is not a whole number; the table's {name!r} is {dtype}",
+        )
+    info = np.iinfo(dtype)
+    # the bounds as floats hold exactly: the least is -2**(bits - 1) or 0, one past the largest 2**bits(-1)
+    out = (a < float(info.min)) | (a >= float(info.max) + 1.0)
+    if out.any():
+        v = a.reshape(-1)[np.flatnonzero(out.reshape(-1))[0]]
+        raise DatasetError(
+            path, episode, f"{name}: value {v:.0f} does not fit the table's {name!r}, {dtype} [{info.min}, {info.max}]"
         )
     return a.astype(dtype)
 
