@@ -346,7 +346,12 @@ class SampleBuffers:
         return self
 
     def matches(
-        self, columns: Sequence[str], batch_size: int, length: int, tier: str | StorageTier | None = None
+        self,
+        columns: Sequence[str],
+        batch_size: int,
+        length: int,
+        tier: str | StorageTier | None = None,
+        spec: TableSpec | None = None,
     ) -> bool:
         """Can these buffers hold a sample of ``(columns, batch_size, length)`` from a table of ``tier``?
 
@@ -360,15 +365,58 @@ class SampleBuffers:
             ``L`` of the sample.
         tier : str or StorageTier, optional
             The table's tier; None: memory kind not checked.
+        spec : TableSpec, optional
+            The table's columns; None: their dtypes and shapes not checked.
 
         Returns
         -------
         bool
             Same columns (in order), ``B`` and ``L``, and (with ``tier``)
-            the same memory kind (host or device) as the tier's output.
+            the same memory kind (host or device) as the tier's output, and
+            (with ``spec``) each column's dtype and step shape.
         """
         same = tuple(columns) == self.columns and batch_size == self.batch_size and length == self.length
-        return same and (tier is None or backend.output_on_device(tier) == self.on_device)
+        same = same and (tier is None or backend.output_on_device(tier) == self.on_device)
+        if same and spec is not None:  # buffers made for another table: a gather would store other bytes
+            for name in self.columns:
+                c, a = spec.column(name), self.arrays[name]
+                if a.dtype != c.dtype or tuple(a.shape[2:]) != c.shape:
+                    return False
+        return same
+
+    def check(
+        self, spec: TableSpec, columns: Sequence[str], batch_size: int, length: int, tier: str | StorageTier
+    ) -> None:
+        """Raise unless these buffers :meth:`matches` a sample of ``(columns, batch_size, length)`` from a table
+        of ``spec`` and ``tier``.
+
+        Parameters
+        ----------
+        spec : TableSpec
+            The table's columns.
+        columns : sequence of str
+            Columns of the sample, in order.
+        batch_size, length : int
+            ``B`` and ``L`` of the sample.
+        tier : str or StorageTier
+            The table's tier.
+
+        Raises
+        ------
+        SpecError
+            Naming what the buffers are for and what the call asks.
+        """
+        if self.matches(columns, batch_size, length, tier, spec):
+            return
+        from .errors import SpecError
+
+        mine = ", ".join(f"{n} {self.arrays[n].dtype}{tuple(self.arrays[n].shape[2:])}" for n in self.columns)
+        asked = ", ".join(f"{n} {spec.column(n).dtype}{spec.column(n).shape}" for n in columns)
+        raise SpecError(
+            f"out buffers are for columns ({mine}), batch_size={self.batch_size}, length={self.length}, "
+            f"tier={self.tier!r}; this call asks for columns ({asked}), batch_size={batch_size}, length={length} "
+            f"from a {backend.tier_name(tier)!r} table"
+        )
 
     def gather_stream(self) -> contextlib.AbstractContextManager:
         """Context in which a table gathers into these buffers.

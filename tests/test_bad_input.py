@@ -358,6 +358,27 @@ def test_bad_out_buffers(table):
         t.sample(4, length=2, out=SampleBuffers(spec, ["obs"], 4, 2))
 
 
+def test_out_buffers_made_for_other_columns_are_refused_by_every_table(make_table):
+    """Buffers of the same names, B and L made for another table were taken: a column of another dtype and
+    the same row size came back as that dtype holding the table's bits (an int32 obs of float32 bits,
+    1099956224), one of another row size failed inside the gather (IndexError).  Both are refused, naming
+    what the buffers and the table hold, and nothing is consumed (a Fifo queue hands out its first item)."""
+    t = make_table(
+        make_spec(capacity=CAP), sampler=gf.Fifo(), remover=gf.Fifo(), rate_limiter=gf.Queue(8), max_times_sampled=1
+    )
+    t.insert([episode(1, 1), episode(2, 1)])
+    other = {
+        "same row size": (gf.ColumnSpec("obs", (3,), np.int32), gf.ColumnSpec("ep", (), np.int64)),
+        "other row size": (gf.ColumnSpec("obs", (6,), np.float32), gf.ColumnSpec("ep", (), np.int64)),
+    }
+    for cols in other.values():
+        buf = SampleBuffers(gf.TableSpec(cols, capacity=CAP), ["obs", "ep"], 1, 1)
+        with pytest.raises(SpecError, match=r"out buffers are for columns \(obs (int32\(3,\)|float32\(6,\))"):
+            t.sample(1, 1, columns=["obs", "ep"], out=buf)
+    assert t.sample(1, 1)["ep"].numpy().tolist() == [[1]]
+    assert t.sample(1, 1, out=SampleBuffers(t.spec, t.spec.names, 1, 1))["ep"].numpy().tolist() == [[2]]
+
+
 # ---------------------------------------------------------------------------- keys and priorities
 
 

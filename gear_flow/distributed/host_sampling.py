@@ -744,7 +744,7 @@ class HostSampler:
         t = self.tables.table(name)
         check_sample_args(n, length, boundary)
         columns = check_columns(t.spec, columns, "sample_all")
-        if out is not None and not (isinstance(out, SampleBuffers) and out.matches(columns, n, length, t.tier)):
+        if out is not None and not (isinstance(out, SampleBuffers) and out.matches(columns, n, length, t.tier, t.spec)):
             raise ProtocolError(
                 f"worker 'sample_all': out must be SampleBuffers for these columns, n and length, in "
                 f"{'device' if backend.output_on_device(t.tier) else 'host'} memory for a {t.tier!r} table"

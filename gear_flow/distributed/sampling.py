@@ -447,12 +447,8 @@ def sample_args(
     check_timeout(timeout)
     check_rng(rng)
     columns = sample_columns(table.spec, columns)
-    if out is not None and not out.matches(columns, batch_size, length, cfg.tier):
-        raise SpecError(
-            f"out buffers are for columns={out.columns}, batch_size={out.batch_size}, length={out.length}, "
-            f"tier={out.tier!r}; this call asks for columns={columns}, batch_size={batch_size}, length={length} "
-            f"from a {backend.tier_name(cfg.tier)!r} table"
-        )
+    if out is not None:
+        out.check(table.spec, columns, batch_size, length, cfg.tier)
     cfg.check_sample_size(batch_size)
     table._view.check_not_lost()
     rng = table.rng if rng is None else rng

@@ -919,12 +919,8 @@ class LocalTable(DatasetMethods):
         tier = self.shards[0].tier
         if out is None:
             out = SampleBuffers(self.spec, columns, B, L, tier=tier)
-        elif not out.matches(columns, B, L, tier=tier):
-            raise SpecError(
-                f"out buffers are for columns={out.columns}, batch_size={out.batch_size}, length={out.length}, "
-                f"tier={out.tier!r}; this call asks for columns={columns}, batch_size={B}, length={L} "
-                f"from a {tier.name!r} table"
-            )
+        else:
+            out.check(self.spec, columns, B, L, tier)
         self.cfg.check_sample_size(B)
         if key is not None and out is not None:  # the buffers of a steady state (a call without: new ones)
             if len(self._checked) >= 64:
