@@ -425,12 +425,13 @@ def test_early_end_flags_are_kept_as_the_file_has_them_when_not_strict(tmp_path,
     assert eps[1]["done"].tolist() == [True, *good[1]["terminations"][1:].tolist()]  # nor repaired
 
 
-@pytest.mark.parametrize("kind", ["uint64", "int32"])
+@pytest.mark.parametrize("kind", ["uint64", "int32", "int64"])
 def test_parquet_episode_ids_of_any_integer_type_are_read_in_partitions(tmp_path, kind):
     """Episode ids of the file's own type, uint64 ids at and above 2**63 included, are read the same whether
     the file is one partition or one partition per episode (a partition's row filter compares in the
-    column's type)."""
-    ids = [7, 2**63 + 5, 2**64 - 1] if kind == "uint64" else [-4, 7, 2**31 - 1]
+    column's type), and in the file's order: ids written in another order than ascending were read in file
+    order as one partition and ascending as several (30, 10, 20 came as 10, 20, 30)."""
+    ids = {"uint64": [7, 2**63 + 5, 2**64 - 1], "int32": [-4, 7, 2**31 - 1], "int64": [30, 10, 20]}[kind]
     col = [i for i in ids for _ in range(2)]
     n = len(col)
     pq.write_table(pa.table({"episode_id": pa.array(col, getattr(pa, kind)()), "step": [0, 1] * 3,

@@ -171,7 +171,11 @@ def plan(
             ids = pf.read(columns=[epc]).column(epc).to_numpy()
         if ids.dtype.kind not in "iu":
             raise DatasetError(path, None, f"{epc!r} has dtype {ids.dtype}; expected integers")
-        uniq, counts = np.unique(ids, return_counts=True)
+        uniq, first, counts = np.unique(ids, return_index=True, return_counts=True)
+        # in the file's order (first appearance, as a whole-file read gives them): chunked by sorted id, a file of
+        # more episodes than a chunk was read, and inserted, in another order than a smaller one
+        order = np.argsort(first, kind="stable")
+        uniq, counts = uniq[order], counts[order]
         for e in uniq.tolist():
             if e in seen:
                 raise DatasetError(path, e, f"the episode also has rows in {seen[e]}; an episode must lie in one file")
