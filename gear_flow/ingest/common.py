@@ -511,6 +511,10 @@ def fit_to_table(
             hint = " (the file has no such observation)" if is_obs_column(c.name) else ""
             raise DatasetError(path, episode, f"the dataset has no column {c.name!r}{hint}; it has {sorted(ep)}")
         a = ep[c.name]
+        if c.shape == () and a.ndim == 2 and a.shape[1] == 1:
+            # a scalar per step: the readers give 1-d observations as [T, 1] (make_episode), which a table of
+            # scalar observations (episode_columns(obs_dim=())) refused, its own exports included
+            a = a[:, 0]
         if c.dtype.kind in "iu" and a.dtype.kind == "f":
             a = _integral(path, episode, c.name, a, c.dtype)
         have[c.name] = a
