@@ -147,6 +147,36 @@ def test_minari_loads_the_exported_dataset(tmp_path, dataset, monkeypatch):
         assert np.array_equal(m.terminations, e["done"]) and np.array_equal(m.truncations, e["truncated"])
 
 
+@pytest.mark.parametrize(
+    "shape, acts, space",
+    [
+        ((), [[-3, -1], [1, 0, 0]], "Discrete(5, start=-3)"),
+        ((2,), [[[0, 3], [2, 1]], [[1, 1]]], "MultiDiscrete([3 3], start=[0 1])"),
+    ],
+)
+def test_a_minari_export_names_an_action_space_that_holds_its_actions(tmp_path, monkeypatch, shape, acts, space):
+    """The action space was Discrete(largest + 1) from 0: negative actions fell outside it, and integer
+    actions of shape (2,) got a space of scalars.  It is now the least that holds them: Discrete from the
+    least value, MultiDiscrete element by element; Minari loads every action inside it, and the export
+    ingests back exactly."""
+    minari = pytest.importorskip("minari")
+    spec = gf.TableSpec(episode_columns(2, np.int64, shape), capacity=50)
+    table = gf.LocalTable(spec)
+    for a in acts:
+        T, r = len(a), np.ones(len(a), np.float32)
+        table.insert({"obs": np.zeros((T, 2), np.float32), "action": np.array(a), "reward": r, "done": np.arange(T) == T - 1,
+                      "truncated": np.zeros(T, bool), "rtg": r[::-1].cumsum()[::-1], "timestep": np.arange(T)})  # fmt: skip
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
+    assert export(table, tmp_path / "gf" / "acts-v0", "minari", dataset_id="gf/acts-v0").ok
+    ds = minari.load_dataset("gf/acts-v0")
+    assert str(ds.action_space) == space
+    got = [m.actions for m in ds.iterate_episodes()]
+    assert [g.tolist() for g in got] == acts and all(ds.action_space.contains(x) for g in got for x in g)
+    again = gf.LocalTable(spec)
+    assert ingest(again, tmp_path / "gf" / "acts-v0", fmt="minari").ok
+    assert_same(contents(table), contents(again))
+
+
 def test_episodes_frame_and_local_select(dataset):
     table = gf.LocalTable(_spec())
     rep = ingest(table, dataset["paths"]["minari"])

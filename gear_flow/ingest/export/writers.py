@@ -377,14 +377,18 @@ def write_minari(out: Path, part: int, episodes: list[tuple[int, dict[str, np.nd
         "episodes": [(k, len(ep["reward"])) for k, ep in episodes],
         "sums": checksums(sums),
         "leaves": leaves,
-        "action": (
-            act[0].shape[1:],
-            act[0].dtype.str,
-            int(max(a.max() for a in act)) if act[0].dtype.kind in "iu" else None,
-        )
-        if act
-        else None,
+        "action": (act[0].shape[1:], act[0].dtype.str, *_int_range(act)) if act else None,
     }
+
+
+def _int_range(act: list[np.ndarray]) -> tuple:
+    """Integer actions' least and largest values, element by element (lists shaped as one action); floats: None."""
+    if act[0].dtype.kind not in "iu":
+        return None, None
+    return (
+        np.min([a.min(axis=0) for a in act], axis=0).tolist(),
+        np.max([a.max(axis=0) for a in act], axis=0).tolist(),
+    )
 
 
 def _box(shape, dtype: str) -> dict:
@@ -441,11 +445,16 @@ def finish_minari(out: Path, parts: list[dict], info: dict) -> list[str]:
             f[f"episode_{k}"] = h5py.ExternalLink(file, f"episode_{k}")
     leaves = next(p["leaves"] for p in parts if p["leaves"])
     acts = [p["action"] for p in parts if p["action"] is not None]
-    shape, dt, hi = acts[0]
-    if hi is not None:
-        act = {"type": "Discrete", "dtype": "int64", "start": 0, "n": max(a[2] for a in acts) + 1}
-    else:
+    shape, dt, lo, hi = acts[0]
+    if hi is None:
         act = _box(shape, dt)
+    else:  # the least space that holds every action: from the least value (negative ones too), each element's own
+        lo = np.min([a[2] for a in acts], axis=0).astype(np.int64)
+        hi = np.max([a[3] for a in acts], axis=0).astype(np.int64)
+        if lo.ndim == 0:
+            act = {"type": "Discrete", "dtype": "int64", "start": int(lo), "n": int(hi - lo + 1)}
+        else:
+            act = {"type": "MultiDiscrete", "dtype": "int64", "nvec": (hi - lo + 1).tolist(), "start": lo.tolist()}
     meta = {
         "dataset_id": info["dataset_id"],
         "total_episodes": len(eps),
