@@ -152,7 +152,15 @@ class SampleBatch:
             names, ``index`` (keys, for ``update_priorities``), ``_weight``
             (importance weights), ``priority``, ``probability``,
             ``times_sampled``, ``mask`` ``[B, L]``, ``episode_id`` and
-            ``timestep``.  The tensors are the batch's own (no copy).
+            ``timestep``.  The tensors are the batch's own (no copy).  A
+            column whose key is a field's default key (``timestep`` of
+            :func:`~gear_flow.ingest.episode_columns`, a ``priority`` column)
+            keeps it, and that field is left out unless ``names`` gives it a key.
+
+        Raises
+        ------
+        SpecError
+            ``names`` or ``columns`` give a column and a field the same key.
         """
         try:
             from tensordict import TensorDict
@@ -160,7 +168,8 @@ class SampleBatch:
             raise ImportError(
                 "SampleBatch.to_tensordict needs tensordict: pip install 'gear-flow[tensordict]'"
             ) from None
-        keys = {**TENSORDICT_NAMES, **(names or {})}
+        names = names or {}
+        keys = {**TENSORDICT_NAMES, **names}
         B = len(self)
         fields = {
             "keys": self.keys,
@@ -173,11 +182,25 @@ class SampleBatch:
             "timesteps": self.timesteps,
         }
         td = TensorDict({}, batch_size=[B])
+        taken = {}
         for name, t in self.data.items():
-            td.set((columns or {}).get(name, name), t)
+            key = (columns or {}).get(name, name)
+            td.set(key, t)
+            taken[key if isinstance(key, tuple) else (key,)] = name
         for field, t in fields.items():
+            key = keys[field]
+            name = taken.get(key if isinstance(key, tuple) else (key,))
+            if name is not None:  # the user's column wins a default key (it was overwritten by the field)
+                if field in names or name in (columns or {}):
+                    from .errors import SpecError
+
+                    raise SpecError(
+                        f"column {name!r} and the batch's {field} would both be TensorDict key {key!r}; "
+                        "give one of them another key (columns= or names=)"
+                    )
+                continue
             if t is not None:
-                td.set(keys[field], t)
+                td.set(key, t)
         return td
 
 

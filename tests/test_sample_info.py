@@ -52,3 +52,32 @@ def test_batch_as_a_tensordict_with_torchrl_names():
     with gf.Stream(table, 4, 2, num_batches=2, as_tensordict=True) as stream:
         tds = list(stream)
     assert [tuple(t.batch_size) for t in tds] == [(4,), (4,)] and "index" in tds[0].keys()
+
+
+def test_a_column_named_like_a_batch_field_keeps_its_tensordict_key():
+    """A column whose name is a per-item field's key (``timestep`` of episode_columns, a ``priority`` the
+    user keeps per step) was overwritten by the field in the TensorDict: ``td["timestep"]`` was the windows' first
+    timesteps ``[B]``, not the column ``[B, L]``.  The column keeps its key, the field is left out unless
+    ``names`` gives it one, and a key given twice on purpose is refused."""
+    pytest.importorskip("tensordict")
+    from gear_flow.errors import SpecError
+    from gear_flow.ingest import episode_columns
+
+    spec = gf.TableSpec((*episode_columns(2), gf.ColumnSpec("priority", (3,), np.float32)), capacity=64)
+    table = gf.LocalTable(spec, seed=0)
+    T = 5
+    table.insert({"obs": np.zeros((T, 2), np.float32), "action": np.zeros(T, np.int64), "reward": np.ones(T, np.float32),
+                  "done": np.arange(T) == T - 1, "truncated": np.zeros(T, bool), "rtg": np.zeros(T, np.float32),
+                  "timestep": np.arange(T) + 100, "priority": np.ones((T, 3), np.float32)})  # fmt: skip
+    b = table.sample(4, 2, boundary="pad_tail")
+    td = b.to_tensordict()
+    assert td["timestep"].shape == (4, 2) and torch.equal(td["timestep"], b["timestep"])
+    assert td["priority"].shape == (4, 2, 3) and torch.equal(td["priority"], b["priority"])
+    assert torch.equal(td["mask"], b.mask) and torch.equal(td["index"], b.keys)  # the other fields as before
+    td = b.to_tensordict(names={"timesteps": "window_start", "priorities": "item_priority"})
+    assert torch.equal(td["window_start"], b.timesteps) and td["item_priority"].data_ptr() == b.priorities.data_ptr()
+    assert torch.equal(td["timestep"], b["timestep"])
+    with pytest.raises(SpecError, match="column 'timestep' and the batch's timesteps would both be"):
+        b.to_tensordict(names={"timesteps": "timestep"})
+    with pytest.raises(SpecError, match="column 'reward' and the batch's weights would both be"):
+        b.to_tensordict(columns={"reward": "_weight"})
