@@ -1477,9 +1477,9 @@ class Shard:
 
     def _counting(self) -> contextlib.AbstractContextManager:
         """The block in which a sample's counts, expiries and epoch (the items it consumed) change: on a disk
-        shard :meth:`writing`, so that they are committed with the header (a process killed after the sample reopens with the
-        counts of the items its files hold); elsewhere none (a published state has no expiry, and its
-        readers read no count: a version change would only make them draw again)."""
+        shard :meth:`writing`, so that they are committed with the header (a process killed after the sample
+        reopens with the counts of the items its files hold); elsewhere none (a published state has no expiry,
+        and its readers read no count: a version change would only make them draw again)."""
         return self.store.writing() if self.store is not None else _NO_BLOCK
 
     def _still_there(self, slots: np.ndarray, seqs: np.ndarray) -> np.ndarray:

@@ -519,6 +519,9 @@ def test_a_table_restored_onto_disk_and_killed_before_a_flush_reopens_with_its_c
         c, lim = r.info()["totals"], r.info()["rate_limiter"]
         assert (r.size, c["inserted"], lim["inserts"], c["sampled"], lim["samples"]) == (16, 16, 16, 3, 3)
         r.close()
+    with pytest.raises(SpecError, match="disk_path is the directory of a disk table"):
+        gf.LocalTable.restore(tmp_path / "src", tier="host", disk_path=tmp_path / "x")
+    assert not (tmp_path / "x").exists()
 
 
 TORN_OVER_FLUSHED = textwrap.dedent(

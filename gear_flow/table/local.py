@@ -1307,6 +1307,8 @@ class LocalTable(DatasetMethods):
         from ..errors import CheckpointError
 
         m = ck.read_manifest(path)
+        if disk_path is not None and config.get("table.tier", tier) != "disk":
+            raise SpecError(f"disk_path is the directory of a disk table; this restore is onto the {tier!r} tier")
         kw = {"tier": tier, "timeout": timeout, "seed": seed, "path": disk_path}
         if m.get("kind") == "disk":  # a disk table is its own checkpoint: its shards copied into the tier asked for
             return cls._restore_disk(path, kw)
