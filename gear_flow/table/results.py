@@ -38,7 +38,9 @@ class UpdateResult:
     Attributes
     ----------
     applied : int
-        Items updated (or deleted).
+        An update: the keys applied, a repeated key each time (its last
+        value kept), so that ``applied + stale`` is the number of keys.  A
+        delete: the items removed, a repeated key once.
     stale : int
         Keys ignored because their item was already gone (evicted, expired,
         deleted, or on a lost shard).
