@@ -1084,8 +1084,11 @@ class Shard:
             masses[0] = max(full, 0.0)
             got, gone, carry = 0, 0.0, {}  # carry: slot -> times gone, over the draws so far
             limit = self.max_times_sampled or n + 1  # no limit: nothing goes out
-            while got < n and full - gone > full * 1e-9 and full > 0:
-                if (full - gone) / full < 0.05:  # rejection would mostly draw what is out
+            while got < n and full > 0:
+                # rejection would mostly draw what is out; and below 1e-9 of the mass, what is left is lost in
+                # the rounding of what went out (an item of weight 1e-10 beside one of 1: the batch that both
+                # could fill stopped at one, and waited for inserts for ever): the items left are listed
+                if (full - gone) / full < 0.05:
                     got = self._draw_left(
                         n, length, boundary, rng, not by_count, limit, carry, slots, probs, masses, got
                     )

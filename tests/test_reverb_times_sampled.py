@@ -60,20 +60,24 @@ def _weighted_table(make_table, sampler, mts, priorities):
     return t
 
 
-@pytest.mark.parametrize("kind", ["uniform", "prioritized", "one_heavy"])
+@pytest.mark.parametrize("kind", ["uniform", "prioritized", "one_heavy", "tiny"])
 @pytest.mark.parametrize("mts", [1, 2])
 def test_a_weighted_batch_draws_each_item_from_those_left(make_table, kind, mts):
     """Each row, in batch order, is an item still allowed then, with the probability ``w / M`` of the items
     left at that draw (replayed here); no item goes more than ``mts`` times, and the table ends empty.
     ``one_heavy``: once the heavy item is out, 4 of its 1000 parts are left, and the shard draws from the
-    items left, listed, instead of by rejection."""
-    priorities = [1000.0, 1.0, 1.0, 1.0, 1.0] if kind == "one_heavy" else PRIORITIES
+    items left, listed, instead of by rejection.  ``tiny``: items of weight 1e-10 and 1e-12 beside ones of
+    1 were taken for no mass once the others were out (below 1e-9 of it), and a batch they could fill
+    waited for inserts for ever."""
+    priorities = {"one_heavy": [1000.0, 1.0, 1.0, 1.0, 1.0], "tiny": [1.0, 1.0, 1e-10, 1e-12, 1.0]}.get(
+        kind, PRIORITIES
+    )
     sampler = gf.Uniform() if kind == "uniform" else gf.Prioritized(1.0, 0.0)
     t = _weighted_table(make_table, sampler, mts, priorities)
     weight = {tag: (1.0 if kind == "uniform" else p) for tag, p in enumerate(priorities)}
     used = dict.fromkeys(weight, 0)
     for n in {1: (3, 2), 2: (3, 4, 3)}[mts]:  # every time every item may go, over a few batches
-        b = t.sample(n)
+        b = t.sample(n, timeout=30)  # (a batch that waits for inserts here never gets them)
         for tag, p, times in zip(b["tag"].numpy()[:, 0].tolist(), b.probabilities.tolist(), b.times_sampled.tolist()):
             left = {k: w for k, w in weight.items() if used[k] < mts}
             assert tag in left, (tag, used)
