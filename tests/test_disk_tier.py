@@ -581,6 +581,44 @@ def test_a_table_killed_mid_change_after_a_flush_passes_a_full_verify(tmp_path, 
     t.close()
 
 
+QUEUE_DELETE_KILLER = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    import gear_flow as gf
+
+    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=64)
+    make = gf.LocalTable.queue if sys.argv[2] == "queue" else gf.LocalTable.stack
+    t = make(spec, 3, tier="disk", path=sys.argv[1])
+    r = t.insert([{"x": np.array([float(i)], np.float32)} for i in range(3)])
+    t.delete([int(r.first_keys[1])])  # unsampled: it waits no more
+    assert t.info()["rate_limiter"]["inserts"] == 2 and t.size == 2
+    os._exit(0)  # the process ends without close, as after a kill
+    """
+)
+
+
+@pytest.mark.parametrize("kind", ["queue", "stack"])
+def test_a_disk_queue_killed_after_a_delete_reopens_with_the_deleted_item_no_longer_waiting(tmp_path, kind):
+    """A queue's limiter forgets an item deleted unsampled (it no longer waits).  Reopened after its process
+    ended without a close, the limiter took back the deletes the shards had committed since the manifest but
+    not the forgetting: it counted 3 items waiting of 2 held, refused an insert of 1 (RateLimitTimeout) and
+    stayed one short for good.  The manifest now keeps the count of items removed unsampled too, and the
+    reopen forgets those removed since, as the calls would have (a clean close always did)."""
+    root = tmp_path / "q"
+    proc = subprocess.run(
+        [sys.executable, "-c", QUEUE_DELETE_KILLER, str(root), kind], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    t = gf.LocalTable.open(root)
+    lim = t.info()["rate_limiter"]
+    assert (t.size, lim["inserts"], lim["samples"], lim["deletes"]) == (2, 2, 0, 1)
+    t.insert({"x": np.array([9.0], np.float32)}, timeout=5.0)  # the room the deleted item left
+    got = t.sample(3, 1, timeout=5.0)["x"].numpy()[:, 0].tolist()
+    assert got == ([0.0, 2.0, 9.0] if kind == "queue" else [9.0, 2.0, 0.0])
+    t.close()
+
+
 CREATION_KILLER = textwrap.dedent(
     """
     import os, signal, sys

@@ -155,6 +155,10 @@ def _begin_creation(root, dirs: list[str]) -> None:
     ck.atomic_write(rec, json.dumps({"dirs": dirs}))
 
 
+#: the counts a disk table's manifest keeps of its shards when it took its limiter's (see LocalTable.open)
+_COUNTED = ("inserts", "samples", "deletes", "unsampled")
+
+
 def _count_of(state: dict, key: str) -> int:
     """A disk table's counter from its manifest: an int >= 0 (ValueError otherwise, named)."""
     v = state[key]
@@ -331,6 +335,8 @@ class LocalTable(DatasetMethods):
             "inserts": sum(x.inserted for x in c),
             "samples": sum(x.sampled for x in c),
             "deletes": sum(x.evicted + x.removed + x.deleted + x.expired for x in c),
+            # of those, the ones that left unsampled (a queue no longer counts them as waiting: forget())
+            "unsampled": sum(x.evicted + x.removed + x.deleted for x in c),
         }
 
     # -- construction helpers ------------------------------------------------------
@@ -520,8 +526,8 @@ class LocalTable(DatasetMethods):
         cfg = m["table"]
         try:  # everything checked before any shard is mapped: a refused open writes nothing
             next_id, stamp, rr = (_count_of(m["state"], k) for k in ("next_episode_id", "stamp", "rr"))
-            counted = m["state"].get("counted")  # (none in a manifest of an older release)
-            counted = None if counted is None else {k: _count_of(counted, k) for k in ("inserts", "samples", "deletes")}
+            counted = m["state"].get("counted")  # (none in a manifest of an older release; nor "unsampled")
+            counted = None if counted is None else {k: _count_of(counted, k) for k in _COUNTED if k in counted}
             shard_ids = sorted(int(k) for k in m["files"])
             n = int(cfg["spec"]["num_shards"])
             if shard_ids != list(range(n)):
@@ -553,7 +559,9 @@ class LocalTable(DatasetMethods):
         table._rr = rr % len(table.shards)
         if counted is not None:  # what the shards committed after the manifest was written (a kill since)
             now, lim = table._limiter_counts(), table.rate_limiter
-            lim.restore({k: getattr(lim.state, k) + now[k] - counted[k] for k in now})
+            lim.restore({k: getattr(lim.state, k) + now[k] - counted[k] for k in ("inserts", "samples", "deletes")})
+            if "unsampled" in counted:  # items deleted or evicted since: a queue's wait no more, as they would have
+                lim.forget(now["unsampled"] - counted["unsampled"])
         # an insert whose shards committed before a kill that came before the table evicted down to max_size
         table._enforce_max_size()
         return table
