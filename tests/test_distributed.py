@@ -169,6 +169,22 @@ def test_updates_stale_and_unknown_keys(client):
         t.close()
 
 
+def test_closing_a_dropped_table_again_does_nothing(client):
+    """A second close() of the handle that dropped the table raised SpecError ("no distributed table"),
+    where closing a file, or a LocalTable, twice does nothing; a with-block around a table closed inside it
+    raised on exit.  Other calls still say the table is gone."""
+    with DistributedTable.create(client, spec(capacity=100), seed=3) as t:
+        t.insert([episode(1, 5)])
+        t.close()
+        t.close()
+        with pytest.raises(gf.errors.SpecError, match="no distributed table"):
+            t.insert([episode(2, 5)])
+    t.close()
+    t = DistributedTable.create(client, spec(capacity=100), seed=3)  # the cluster serves a new one
+    assert t.size == 0
+    t.close()
+
+
 def test_global_rate_limiter_and_timeout(client):
     t = DistributedTable.create(client, spec(), rate_limiter=gf.MinSize(50), seed=4, timeout=0.5)
     try:

@@ -205,6 +205,8 @@ class DistributedTable(DatasetMethods):
         self._link = TableLink(ctx, name, self._view, self._routes, self._config, self.requests)
         #: the admission lease; its unreported samples outlive the handle, reported if it is dropped first
         self._lease = Lease()
+        #: this handle closed the table and dropped it: closing again does nothing (as a file's close)
+        self._dropped = False
         weakref.finalize(self, report_dropped, ctx, name, self._lease.unreported).atexit = False
         #: bytes of windows gathered in-process (co-located), from shared memory, or received over the comm;
         #: bytes of inserted episodes written in-process, sent over the comm, or handed over in shared memory;
@@ -604,7 +606,11 @@ class DistributedTable(DatasetMethods):
             worker left them); False only closes it (handles see
             :class:`~gear_flow.errors.TableClosedError`), leaving the data in
             place (a ``disk`` table's files flushed first, :meth:`flush`).
+            Once this handle has dropped the table, closing it again does
+            nothing.
         """
+        if self._dropped:
+            return
 
         async def _close():
             try:  # the stored updates, and the samples drawn here that the owners have not counted yet
@@ -626,6 +632,7 @@ class DistributedTable(DatasetMethods):
                     *(call(self._ctx, a, "drop", name=self.name) for a in sorted(workers)), return_exceptions=True
                 )
                 await self._link.coordinator.drop()
+                self._dropped = True
 
         self._ctx.sync(_close)
 
