@@ -283,6 +283,7 @@ class LocalTable(DatasetMethods):
         self._page_ins = None  # (time, bytes read from storage) at the last info(): the page-in rate
         self._rolled_back = 0  # (a reopened disk table's: see _roll_back_cut_insert)
         self._checked = {}  # sample arguments checked once: (B, L, boundary, columns) -> (columns, its buffers)
+        self._settled = None  # a disk table's counts at a moment no call was under way (see _write_manifest)
         if self.path is not None and not _open:
             self._write_manifest()
             os.unlink(self.path / _CREATING)  # (the manifest describes the table now)
@@ -314,18 +315,31 @@ class LocalTable(DatasetMethods):
         self.path = root
         return tiers
 
-    def _write_manifest(self) -> None:
-        """The table's manifest in its directory (a disk table): configuration, limiter and table counters."""
+    def _write_manifest(self, settled: bool = False) -> None:
+        """The table's manifest in its directory (a disk table): configuration, limiter and table counters.
+
+        The limiter's counts go beside the shards' counts of the same moment, one at which no call was under
+        way (``settled``: the table's creation, a restore's end, an open; else the last such moment's): a
+        reopen after a kill adds to the former what the shards committed since (their headers are committed
+        with every change, the manifest only here).  Taken while a call was under way, the two disagreed (an
+        insert admitted counts in the limiter before its shards store it) and a reopen counted it twice.
+        """
         from .. import checkpoint as ck
 
         with self._cond:
             state = {"next_episode_id": self._next_episode_id, "stamp": self._stamp, "rr": self._rr}
             cfg = self.config()
-            # the shards' counts when the limiter's were taken: a reopen after a kill adds what the shards
-            # committed since (their headers are committed with every change, the manifest only here)
-            state["counted"] = self._limiter_counts()
+            if settled or self._settled is None:
+                self._settled = (cfg["rate_limiter"]["state"], self._limiter_counts())
+            cfg["rate_limiter"] = {**cfg["rate_limiter"], "state": dict(self._settled[0])}
+            state["counted"] = dict(self._settled[1])
         files = {str(s.shard_id): {"dir": s.tier.directory.name} for s in self.shards}
         ck.atomic_write(self.path / "manifest.json", json.dumps(ck.new_manifest("disk", cfg, state, files), indent=1))
+
+    def _settle(self) -> None:
+        """Take the limiter's and the shards' counts as they are (no call under way) for the next manifests."""
+        with self._cond:
+            self._settled = (limiter_to_config(self.rate_limiter)["state"], self._limiter_counts())
 
     def _limiter_counts(self) -> dict[str, int]:
         """What the limiter counts, as the shards count it: items inserted, handed out and removed (evicted by
@@ -564,6 +578,7 @@ class LocalTable(DatasetMethods):
                 lim.forget(now["unsampled"] - counted["unsampled"])
         # an insert whose shards committed before a kill that came before the table evicted down to max_size
         table._enforce_max_size()
+        table._settle()
         return table
 
     def __enter__(self) -> LocalTable:
@@ -1345,7 +1360,7 @@ class LocalTable(DatasetMethods):
         written empty, with the limiter's restored counts, and a reopen after a kill counted the shards' items
         twice)."""
         if self.path is not None:
-            self._write_manifest()
+            self._write_manifest(settled=True)
 
     @classmethod
     def _from_config(cls, cfg: dict, **kw: Any) -> LocalTable:
