@@ -272,6 +272,21 @@ class RateLimiter(ABC):  # noqa: B024  (abstract by intent: use a subclass)
         """
         self.state.deletes += int(k)
 
+    def settle(self, size: int) -> None:
+        """A restored table holds ``size`` items: counts that say how many items wait are made to agree.
+
+        A checkpoint takes the limiter's counts and the shards' snapshots at different moments, and calls
+        under way between them made the two differ: a :class:`Queue` restored with 3 items counted 2 waiting,
+        and one of them never went out.  Other limiters' counts are history, not the table's content: they
+        are left as they are.
+
+        Parameters
+        ----------
+        size : int
+            Items the restored table holds.
+        """
+        del size
+
     def forget(self, k: int) -> None:
         """``k`` items left the table unsampled (deleted, evicted, lost): a :class:`Queue` no longer counts
         them as waiting; other limiters count them as deletes only (:meth:`on_delete`, Reverb's).
@@ -458,6 +473,17 @@ class Queue(RateLimiter):
             Items; negative for items brought back (a lost shard restored).
         """
         self.state.inserts -= int(k)
+
+    def settle(self, size: int) -> None:
+        """Every item of a queue waits (each goes once, and leaves when it goes): ``inserts - samples`` is
+        made ``size``, the items of the restored table (see :meth:`RateLimiter.settle`).
+
+        Parameters
+        ----------
+        size : int
+            Items the restored table holds.
+        """
+        self.state.inserts = self.state.samples + int(size)
 
 
 class Stack(Queue):

@@ -394,6 +394,56 @@ def test_a_distributed_checkpoint_taken_while_a_writer_inserts_restores_the_snap
         t.close()
 
 
+def test_a_queue_checkpointed_while_an_insert_lands_restores_every_item_as_waiting(tmp_path, dist_client):
+    """A checkpoint takes the limiter's counts and the shards' snapshots at different moments: an insert that
+    landed between them (before the snapshots of a local table, after the workers' of a distributed one)
+    left a restored queue counting fewer or more items waiting than it held (3 held, 2 waiting: one never
+    went out).  A restored queue's limiter counts its items as waiting, local and distributed alike."""
+    spec = gf.TableSpec((gf.ColumnSpec("tag", (), np.int64),), capacity=64, num_shards=2)
+    # local: the insert lands after the limiter's counts were taken, before the shards are snapshotted
+    t = gf.LocalTable.queue(spec, 8)
+    t.insert([{"tag": np.array([1])}, {"tag": np.array([2])}])
+    snap, landed = ck.snapshot_shard, []
+
+    def racing(shard):
+        if not landed:
+            landed.append(t.insert([{"tag": np.array([3])}]))
+        return snap(shard)
+
+    ck.snapshot_shard = racing
+    try:
+        t.checkpoint(tmp_path / "local")
+    finally:
+        ck.snapshot_shard = snap
+    r = gf.LocalTable.restore(tmp_path / "local")
+    assert r.size == 3 and r.info()["rate_limiter"]["inserts"] - r.info()["rate_limiter"]["samples"] == 3
+    assert r.sample(3, 1, timeout=10)["tag"].numpy().ravel().tolist() == [1, 2, 3]
+    # distributed: the insert lands after the workers' snapshots, before the coordinator's counts are read
+    d = DistributedTable.queue(dist_client, spec, 8)
+    d.insert([{"tag": np.array([1])}, {"tag": np.array([2])}])
+    coord, lookup, landed = d._link.coordinator, d._link.coordinator.lookup, []
+
+    async def racing_lookup(*a, **k):
+        if not landed:
+            landed.append(await d.insert_async([{"tag": np.array([3])}]))
+        return await lookup(*a, **k)
+
+    coord.lookup = racing_lookup
+    try:
+        d.checkpoint(tmp_path / "dist")
+    finally:
+        coord.lookup = lookup
+    assert landed
+    r = DistributedTable.restore(dist_client, tmp_path / "dist", name="restored-queue")
+    try:
+        lim = r.info()["rate_limiter"]
+        assert r.size == 2 and lim["inserts"] - lim["samples"] == 2, lim  # the snapshots' items, all waiting
+        assert r.sample(2, 1, timeout=10)["tag"].numpy().ravel().tolist() == [1, 2]
+    finally:
+        r.close()
+        d.close()
+
+
 @pytest.mark.parametrize("damage", ["flip", "missing-shard"])
 def test_a_distributed_restore_that_fails_leaves_nothing_behind(dist_client, tmp_path, damage):
     """One shard's file fails verification on its worker (the other worker's shard loads), or the manifest

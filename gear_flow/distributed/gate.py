@@ -618,6 +618,7 @@ class TableGate:
         self.shard_inserted = {int(k): int(v) for k, v in state["shard_inserted"].items()}
         self.next_episode_id = int(state["next_episode_id"])
         self.next_stamp = int(state["next_stamp"])
+        self.limiter.settle(self.size)  # (a queue's items waiting: as many as its shards restored hold)
         self.arrived()
 
     def shard_restored(self, shard: int, worker: str, size: int, inserted: int) -> dict | None:

@@ -1356,9 +1356,11 @@ class LocalTable(DatasetMethods):
         return table
 
     def _filled(self) -> None:
-        """A restored table's shards are filled: a disk table's manifest is written again, as filled (it was
-        written empty, with the limiter's restored counts, and a reopen after a kill counted the shards' items
+        """A restored table's shards are filled: the limiter's counts of waiting items agree with them
+        (:meth:`RateLimiter.settle`), and a disk table's manifest is written again, as filled (it was written
+        empty, with the limiter's restored counts, and a reopen after a kill counted the shards' items
         twice)."""
+        self.rate_limiter.settle(self.size)
         if self.path is not None:
             self._write_manifest(settled=True)
 
