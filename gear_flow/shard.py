@@ -1006,28 +1006,37 @@ class Shard:
             out = None
             got = 0
             rounds = 0
-            while got < n:
-                m = n - got
-                s = sel.draw(rng.random(m))  # on the device: uniforms up, slots down
-                if sel.without_replacement:
-                    s = _unique(s)
-                    self._consume(s)  # invalid ones are skipped for this epoch
-                    if valid is not None:
+            unfit = []  # without replacement: drawn, their window does not fit, out of this call's draws only
+            try:
+                while got < n:
+                    m = n - got
+                    s = sel.draw(rng.random(m))  # on the device: uniforms up, slots down
+                    if sel.without_replacement:
+                        s = _unique(s)
+                        self._consume(s)
+                        if valid is not None:
+                            ok = valid(s)
+                            unfit.append(s[~ok])
+                            s = s[ok]
+                    elif valid is not None:
                         s = s[valid(s)]
-                elif valid is not None:
-                    s = s[valid(s)]
-                if out is None:
-                    if len(s) == n:  # every draw valid at once (the usual case): the draw's own array
-                        out, got = s, n
-                        break
-                    out = np.empty(n, dtype=np.int64)
-                out[got : got + len(s)] = s
-                got += len(s)
-                rounds += 1
-                if got < n and (sel.mass <= 0 or rounds > 10_000):
-                    raise EmptyTableError(
-                        f"shard {self.shard_id}: could draw only {got} of {n} items (remaining mass {sel.mass:g})"
-                    )
+                    if out is None:
+                        if len(s) == n:  # every draw valid at once (the usual case): the draw's own array
+                            out, got = s, n
+                            break
+                        out = np.empty(n, dtype=np.int64)
+                    out[got : got + len(s)] = s
+                    got += len(s)
+                    rounds += 1
+                    if got < n and (sel.mass <= 0 or rounds > 10_000):
+                        raise EmptyTableError(
+                            f"shard {self.shard_id}: could draw only {got} of {n} items (remaining mass {sel.mass:g})"
+                        )
+            finally:
+                # back in the epoch: a draw of a window they do not fit does not hand them out (taken out for
+                # good, those the rejection happened to hit were lost to the epoch, a random few of them)
+                if unfit:
+                    self._restore_epoch(np.concatenate(unfit))
             if out is None:  # n == 0
                 out = np.zeros(0, dtype=np.int64)
             probs = (
@@ -1529,12 +1538,18 @@ class Shard:
         seqs : numpy.ndarray
             int64 ``[b]`` their sequence numbers at draw time.
         """
-        with self.lock, self._counting():
+        with self.lock:
             slots = _unique(slots[self._still_there(slots, seqs)])
             if len(slots) and getattr(self.sampler, "without_replacement", False):
-                old = self.sampler.leaf_weights(slots)
-                self.sampler.insert(slots, self.priority[slots])
-                self.tails.change(slots, old, self.sampler.leaf_weights(slots))
+                self._restore_epoch(slots)
+
+    def _restore_epoch(self, slots: np.ndarray) -> None:
+        """Live items ``slots`` (distinct) drawn without replacement and not handed out join the epoch again
+        (call holding :attr:`lock`)."""
+        with self._counting():
+            old = self.sampler.leaf_weights(slots)
+            self.sampler.insert(slots, self.priority[slots])
+            self.tails.change(slots, old, self.sampler.leaf_weights(slots))
 
     def uncount(self, n: int) -> None:
         """Forget ``n`` samples counted by a sample that was then abandoned (no expiry involved).

@@ -351,6 +351,21 @@ def test_without_replacement_strict_skips_short_items():
     assert all(g == sorted(valid) for g in got)
 
 
+@pytest.mark.parametrize("num_shards", [1, 2])
+def test_a_strict_batch_without_replacement_leaves_the_items_it_cannot_use_in_the_epoch(make_table, num_shards):
+    """A strict batch drew by rejection and took every item it hit out of the epoch, those whose window did
+    not fit too: a random few of them were lost to the epoch without being handed out (after one window of
+    3 of 8 items, 6 were left, neither 7 nor 2).  They stay in the epoch for windows they fit."""
+    t = make_table(x_spec(capacity=100, num_shards=num_shards), sampler=WithoutReplacement(), seed=0)
+    r = t.insert([scalar_episode(1, 0), scalar_episode(5, 10), scalar_episode(2, 20)])
+    every = {int(k) + j for k, n in zip(r.first_keys, (1, 5, 2)) for j in range(n)}
+    for _ in range(3):  # (each epoch: one strict window of 3, then the other 7 steps one by one)
+        first = t.sample(1, length=3).keys.numpy().tolist()
+        b = t.sample(7, length=1)
+        assert np.allclose(b.probabilities.numpy(), 1 / 7)
+        assert sorted(first + b.keys.numpy().tolist()) == sorted(every)
+
+
 # ---------------------------------------------------------------------------- removers (max_size eviction)
 # Tables accept only a Fifo remover (ring storage cannot honour the others, see
 # test_reverb_removers.py); the planner's rules for every remover are still

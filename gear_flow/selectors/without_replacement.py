@@ -13,10 +13,12 @@ class WithoutReplacement(WeightedSelector):
     An epoch ends when every live item has been drawn; the table then starts
     the next one on all shards at once (epochs are global).  Items inserted
     during an epoch join it.  A batch that straddles two epochs may contain an
-    item twice (once per epoch).  In strict-window mode, items whose window does
-    not fit the requested length are skipped for the epoch.  The probability
-    reported for a draw is ``1 / U`` with ``U`` the items not yet drawn in the
-    epoch when the batch was drawn; importance weights are 1.
+    item twice (once per epoch).  In strict-window mode a batch is drawn among
+    the items whose window fits the requested length; the others stay in the
+    epoch for batches of windows they fit (when no item whose window fits is
+    left, the next epoch begins, for every item).  The probability reported for a
+    draw is ``1 / U`` with ``U`` the items not yet drawn in the epoch (whose
+    window fits) when the batch was drawn; importance weights are 1.
 
     Examples
     --------
