@@ -151,3 +151,31 @@ def test_a_device_rings_large_list_insert_holds_every_episode_in_order(emulated,
         np.testing.assert_array_equal(got.keys.numpy(), ref.keys.numpy())
         for name in ("obs", "reward"):
             np.testing.assert_array_equal(got[name].cpu().numpy(), ref[name].numpy(), err_msg=name)
+
+
+@pytest.mark.parametrize("tier", ["device", "pinned"])
+@pytest.mark.parametrize("episodes", [1, 3])
+def test_an_insert_from_a_page_locked_buffer_refilled_at_once_keeps_the_values_it_was_given(emulated, tier, episodes):
+    """An actor hands its pinned buffer (a torch tensor's ``.numpy()``) to ``insert`` and refills it as soon
+    as the call returns.  A device table's insert of one episode copied from it asynchronously (a copy from
+    page-locked memory reads it when it runs): the ring got the refilled values (2.0 where 1.0 was
+    inserted).  Several episodes went through a staging buffer and were right."""
+    import cupy as cp
+
+    tables = _tables(tier)
+    T = 8
+    buf = np.frombuffer(cp.cuda.alloc_pinned_memory(episodes * T * 3 * 4), dtype=np.float32).reshape(episodes, T, 3)
+    for value in (1.0, 2.0):
+        buf[...] = value
+        for t in tables.values():
+            t.insert(
+                [
+                    {"obs": buf[k], "reward": np.zeros(T, np.float32), "done": np.arange(T) == T - 1}
+                    for k in range(episodes)
+                ]
+            )
+        buf[...] = -1.0  # the actor's next trajectory, written into the same buffer
+    for t in tables.values():
+        t.rng = np.random.default_rng(0)
+    _same(tables[tier].sample(16, 2), tables["host"].sample(16, 2))
+    assert -1.0 not in tables[tier].sample(16, 2)["obs"].cpu().numpy()

@@ -240,10 +240,28 @@ class DeviceTier(_GpuTier):
         IndexError
             If the rows do not match the ring's row shape and dtype or do not fit.
         """
-        from ..ops.gather import check_rows
-
         if isinstance(rows, self._cp.ndarray):
             return self._write_device(dst, pos, rows)
+        self._write_host(dst, pos, rows)
+        if self._page_locked(rows):
+            # the copy reads page-locked memory when it runs, not when it is queued: a caller's pinned buffer
+            # (an actor's torch tensor) refilled once insert() returned put the new values in the ring
+            self._fence.synchronize()
+
+    def _page_locked(self, rows: np.ndarray) -> bool:
+        """Whether host array ``rows`` lies in page-locked memory (a copy from it is asynchronous)."""
+        cp = self._cp
+        try:
+            kind = cp.cuda.runtime.pointerGetAttributes(int(rows.ctypes.data)).type
+        except Exception:  # (memory CUDA has never heard of: pageable)  # noqa: BLE001
+            return False
+        return kind == cp.cuda.runtime.memoryTypeHost
+
+    def _write_host(self, dst: cupy.ndarray, pos: int, rows: np.ndarray) -> None:
+        """:meth:`write_rows` of host rows, asynchronous: a page-locked source must stay as it is until the
+        fence (the insert stage's is kept until then, see :meth:`write_chunks`)."""
+        from ..ops.gather import check_rows
+
         cap = dst.shape[0]
         rows = np.ascontiguousarray(rows)
         check_rows(dst, pos, rows)  # the same extents as the host twin checks
@@ -310,7 +328,7 @@ class DeviceTier(_GpuTier):
             stage = self._insert_stage.take(n * int(np.prod(dst.shape[1:], dtype=np.int64)) * dst.dtype.itemsize)
             rows = stage.view(dst.dtype).reshape((n, *dst.shape[1:]))
             join_parts(parts, rows)  # (the shard's validated episodes: the ring's dtype and row shape)
-            self.write_rows(dst, pos, rows)  # from page-locked memory: asynchronous, ordered by the fence
+            self._write_host(dst, pos, rows)  # from page-locked memory: asynchronous, ordered by the fence
             self._insert_stage.sent(self._fence)
 
     def read_rows(self, src: cupy.ndarray, pos: int, n: int) -> np.ndarray:
