@@ -175,8 +175,11 @@ __global__ void tree_sample(const double* __restrict__ tree, long long P, const 
 // ---- mass --------------------------------------------------------------------------------
 
 // The twin's range_sum(tree, lo, hi), same order of additions.
+// The range is clamped to the leaves [0, P): no bound reads outside the tree (the twin's rule).
 __device__ double range_sum(const double* __restrict__ tree, long long P, long long lo, long long hi) {
     double s = 0.0;
+    lo = lo < 0 ? 0 : lo;
+    hi = hi > P ? P : hi;
     long long a = lo + P;
     long long b = hi + P;
     while (a < b) {

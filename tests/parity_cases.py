@@ -221,6 +221,26 @@ def test_sumtree_range_sums_and_ring_tail_mass(dev, n):
     assert st.ring_tail_mass(d, cap, np.zeros(0, np.int64), np.zeros(0, np.int64), 3) == 0.0
 
 
+def test_sumtree_range_sums_stay_inside_the_tree_and_their_output(dev):
+    """A range past the leaves read outside the tree (the device summed guard memory: 1008 for 8 ones), and an
+    ``out`` shorter than the ranges was written past its end.  Ranges are clamped to the leaves on the device
+    and in the twin alike; a short ``out`` is refused."""
+    st, _, _ = _gpu_ops()
+    tree = sumtree_cpu.new_tree(8)
+    sumtree_cpu.set_leaves(tree, np.arange(8), np.ones(8))
+    big = dev.to(np.full(32, 1000.0))
+    d = big[:16]
+    d[...] = dev.to(tree)
+    for lo, hi in ((0, 9), (-3, 4), (6, 1 << 40), (9, 12)):
+        want = float(min(hi, 8) - max(lo, 0)) if min(hi, 8) > max(lo, 0) else 0.0
+        assert sumtree_cpu.range_sum(tree, lo, hi) == want
+        assert st.range_sum(d, lo, hi) == want
+    buf = dev.to(np.full(6, -7.0))
+    with pytest.raises(InvalidDataError, match="out"):
+        st.range_sums(d, np.zeros(5, np.int64), np.full(5, 8, np.int64), buf[:1])
+    assert (dev.host(buf) == -7.0).all()
+
+
 # ---- max tree and top-k ------------------------------------------------------------------------
 
 
@@ -373,6 +393,7 @@ def test_gather_windows_rejects_what_the_twin_rejects(dev):
         (np.array([0, 8]), good[1], good[2]),  # start past the ring
         (good[0], np.array([0, 1]), good[2]),  # runs past the window
         (good[0], good[1], np.array([-1, 0])),
+        (good[0], np.array([0, 2**63 - 1]), np.array([3, 1])),  # offset + steps wrapped negative in int64 and passed
     ):
         with pytest.raises(IndexError, match="window 1|window 0"):
             gather_cpu.gather_windows(np.zeros((8, 4), np.uint8), s, d, n, np.zeros((2, 3, 4), np.uint8))
@@ -382,6 +403,8 @@ def test_gather_windows_rejects_what_the_twin_rejects(dev):
         ga.gather_windows(np.zeros((8, 4), np.uint8), *good, out)  # ordinary host memory
     with pytest.raises(InvalidDataError, match="bytes"):
         ga.gather_windows(src, *good, dev.xp.zeros((2, 3, 5), dtype=np.uint8))
+    with pytest.raises(InvalidDataError, match=r"\[2, 3, 2\] entries"):  # ragged: NumPy's bare ValueError before
+        ga.gather_windows(src, good[0], np.zeros(3, np.int64), good[2], out)
 
 
 # ---- storage tiers -----------------------------------------------------------------------------------

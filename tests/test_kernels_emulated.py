@@ -29,6 +29,7 @@ from parity_cases import (  # noqa: F401  collected by pytest from this module
     test_sumtree_empty_update_is_a_no_op,
     test_sumtree_find,
     test_sumtree_range_sums_and_ring_tail_mass,
+    test_sumtree_range_sums_stay_inside_the_tree_and_their_output,
     test_sumtree_rebuild,
     test_sumtree_sample_matches_twin_on_same_uniforms,
     test_sumtree_set_leaves,

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..backend import require_gpu
-from ..errors import InvalidDataError
 from ..ops.gather import join_parts
 from ..storage.base import StorageTier
 
@@ -121,12 +120,12 @@ class _GpuTier(StorageTier):
         return dev
 
     def _windows(self, src_start, dst_offset, n_valid, L: int, cap: int):
-        from .ops.gather import check_windows, upload_windows
+        from .ops.gather import check_windows, host_windows, upload_windows
 
         cp = self._cp
         if any(isinstance(x, cp.ndarray) for x in (src_start, dst_offset, n_valid)):
             return upload_windows(src_start, dst_offset, n_valid)
-        w = np.stack([np.asarray(x, dtype=np.int64).reshape(-1) for x in (src_start, dst_offset, n_valid)])
+        w = host_windows(src_start, dst_offset, n_valid)
         check_windows(w, L, cap)
         return self._upload(w)
 
@@ -159,7 +158,15 @@ class _GpuTier(StorageTier):
         :meth:`gather_windows` is.  Host windows are checked before anything
         is launched.
         """
-        from .ops.gather import check_windows, column_table, launch_columns, pack_params, split_params, upload_windows
+        from .ops.gather import (
+            check_windows,
+            column_table,
+            host_windows,
+            launch_columns,
+            pack_params,
+            split_params,
+            upload_windows,
+        )
 
         names = list(outs)
         if not names:
@@ -172,9 +179,7 @@ class _GpuTier(StorageTier):
                 win = upload_windows(src_start, dst_offset, n_valid)  # on the device already: not checked
                 desc = self._upload(table.desc)
             else:
-                w = np.stack([np.asarray(x, dtype=np.int64).reshape(-1) for x in (src_start, dst_offset, n_valid)])
-                if w.shape[1] != table.B:
-                    raise InvalidDataError(f"{w.shape[1]} windows for an output of {table.B}")
+                w = host_windows(src_start, dst_offset, n_valid, table.B)
                 check_windows(w, table.L, table.cap)
                 desc, win = split_params(table, self._upload(pack_params(table, w)))
             launch_columns(table, desc, win)

@@ -106,7 +106,8 @@ def _copy_windows(src, src_start, dst_offset, n_valid, out) -> None:
 def _first_bad(cap, L, src_start, dst_offset, n_valid):
     for b in range(src_start.shape[0]):
         s, d, n = src_start[b], dst_offset[b], n_valid[b]
-        if s < 0 or s >= cap or d < 0 or n < 0 or d + n > L or n > cap:
+        # d > L - n, not d + n > L: a sum near 2**63 wrapped negative and passed (a write 2**63 bytes away)
+        if s < 0 or s >= cap or d < 0 or n < 0 or d > L - n or n > cap:
             return b
     return -1
 

@@ -328,9 +328,11 @@ def _descend(tree, u, node):
 
 @njit(cache=True, nogil=True)
 def range_sum(tree, lo, hi):
-    """Sum of leaves ``lo <= i < hi``."""
+    """Sum of leaves ``lo <= i < hi``, the range clamped to the leaves ``[0, P)`` (a bound past them read
+    outside the tree)."""
     P = tree.shape[0] // 2
     s = 0.0
+    lo, hi = max(lo, 0), min(hi, P)
     a = lo + P
     b = hi + P
     while a < b:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ...errors import InvalidDataError
 from .. import loader
@@ -135,7 +136,7 @@ def check_windows(w: np.ndarray, L: int, cap: int) -> None:
     if not w.shape[1]:
         return
     s, d, n = w
-    bad = (s < 0) | (s >= cap) | (d < 0) | (n < 0) | (d + n > L) | (n > cap)
+    bad = (s < 0) | (s >= cap) | (d < 0) | (n < 0) | (d > L - n) | (n > cap)  # (d + n may wrap in int64)
     if bad.any():
         b = int(np.flatnonzero(bad)[0])
         raise IndexError(
@@ -182,11 +183,47 @@ def upload_windows(
     import cupy
 
     if any(isinstance(x, cupy.ndarray) for x in (src_start, dst_offset, n_valid)):
-        return cupy.stack([cupy.asarray(x, dtype=np.int64).reshape(-1) for x in (src_start, dst_offset, n_valid)])
-    w = np.stack([np.asarray(x, dtype=np.int64).reshape(-1) for x in (src_start, dst_offset, n_valid)])
+        parts = [cupy.asarray(x, dtype=np.int64).reshape(-1) for x in (src_start, dst_offset, n_valid)]
+        _same_lengths(parts)
+        return cupy.stack(parts)
+    w = host_windows(src_start, dst_offset, n_valid)
     if L is not None and cap is not None:
         check_windows(w, L, cap)
     return cupy.asarray(w)
+
+
+def host_windows(src_start: ArrayLike, dst_offset: ArrayLike, n_valid: ArrayLike, B: int | None = None) -> np.ndarray:
+    """Host window arrays as one int64 ``[3, B]`` array, one window per entry of each.
+
+    Parameters
+    ----------
+    src_start, dst_offset, n_valid : array_like
+        Integer ``[B]`` each (cast to int64).
+    B : int, optional
+        Windows the output holds; None: not checked.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64 ``[3, B]``: rows ``src_start``, ``dst_offset``, ``n_valid``.
+
+    Raises
+    ------
+    InvalidDataError
+        Arrays of different lengths (NumPy's own error was raised before), or not ``B`` windows.
+    """
+    parts = [np.asarray(x, dtype=np.int64).reshape(-1) for x in (src_start, dst_offset, n_valid)]
+    _same_lengths(parts)
+    if B is not None and parts[0].shape[0] != B:
+        raise InvalidDataError(f"{parts[0].shape[0]} windows for an output of {B}")
+    return np.stack(parts)
+
+
+def _same_lengths(parts: list) -> None:
+    if len({int(p.shape[0]) for p in parts}) != 1:
+        raise InvalidDataError(
+            f"src_start, dst_offset and n_valid have {[int(p.shape[0]) for p in parts]} entries; one each per window"
+        )
 
 
 def launcher(src: np.ndarray | cupy.ndarray, out: cupy.ndarray, windows: cupy.ndarray) -> Callable[[], None]:
@@ -507,9 +544,7 @@ def gather_columns(
         windows = upload_windows(src_start, dst_offset, n_valid)
         desc = cupy.asarray(table.desc)
     else:
-        w = np.stack([np.asarray(x, dtype=np.int64).reshape(-1) for x in (src_start, dst_offset, n_valid)])
-        if w.shape[1] != table.B:
-            raise InvalidDataError(f"{w.shape[1]} windows for an output of {table.B}")
+        w = host_windows(src_start, dst_offset, n_valid, table.B)
         check_windows(w, table.L, table.cap)
         desc, windows = split_params(table, cupy.asarray(pack_params(table, w)))
     launch_columns(table, desc, windows)

@@ -392,14 +392,15 @@ def range_sums(
     tree : cupy.ndarray
         float64 ``[2 * P]`` device tree.
     lo, hi : array_like or cupy.ndarray
-        int64 ``[n]`` half-open leaf ranges.
+        int64 ``[n]`` half-open leaf ranges, clamped to the leaves ``[0, P)``.
     out : cupy.ndarray
         float64 ``[>= n]``, written in place.
 
     Raises
     ------
     InvalidDataError
-        A bad tree or ``out``, or ``lo`` and ``hi`` of different lengths.
+        A bad tree, an ``out`` shorter than ``n``, or ``lo`` and ``hi`` of
+        different lengths.
     """
     P = check_tree(tree)
     lo = device_array(lo, (np.int64,), "lo")
@@ -407,7 +408,7 @@ def range_sums(
     n = int(lo.shape[0])
     if hi.shape[0] != n:
         raise InvalidDataError(f"lo has {n} entries, hi {hi.shape[0]}")
-    check_out(out, np.float64, "out")
+    check_out(out, np.float64, "out", at_least=n, of="ranges")
     if n:
         loader.function(_MOD, "tree_range_sums")((blocks(n),), (THREADS,), (tree, i64(P), lo, hi, i64(n), out))
 
