@@ -110,6 +110,45 @@ def test_distributed_create_shares_registrations_itself(dist_client):
             t.close()
 
 
+def _tables_on_cluster(client) -> tuple:
+    def coordinator(dask_scheduler):
+        p = dask_scheduler.plugins.get("gear-flow-coordinator")
+        return sorted(n for n, g in p.tables.items() if not g.closed)
+
+    def worker(dask_worker):
+        return sorted(dask_worker.plugins["gear-flow"].host.tables)
+
+    return client.run_on_scheduler(coordinator), sorted(set().union(*client.run(worker).values()))
+
+
+def test_a_distributed_restore_this_process_cannot_build_leaves_nothing_on_the_cluster(dist_client, tmp_path):
+    """A checkpoint of a table with a part that a restoring process has not registered (the cluster has, from
+    another client): the restore built the table on the coordinator and every worker, then failed building
+    the handle there (unknown kind) and left the table on the cluster, its name refused to a retry.  The
+    configuration is now built by the restoring process first: refused before the cluster builds anything."""
+    with registered_kinds({"late": Late}):
+        t = gf.DistributedTable.create(dist_client, make_spec(capacity=32, num_shards=2), sampler=Late())
+        t.insert([episode(1, 4)])
+        t.checkpoint(tmp_path / "ck")
+        t.close()
+        before = _tables_on_cluster(dist_client)
+        child = (  # a client of its own, without the registration
+            "import sys, gear_flow as gf\nfrom distributed import Client\n"
+            "with Client(sys.argv[1]) as c:\n"
+            "    try:\n        gf.DistributedTable.restore(c, sys.argv[2], name='cannot-build')\n"
+            "    except gf.errors.SpecError as e:\n        print('refused:', e)\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", child, dist_client.scheduler.address, str(tmp_path / "ck")],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert "refused: unknown selector kind 'late'" in out.stdout, out.stdout + out.stderr[-2000:]
+        assert _tables_on_cluster(dist_client) == before and "cannot-build" not in before[0]
+        r = gf.DistributedTable.restore(dist_client, tmp_path / "ck", name="cannot-build")  # the name is free
+        assert r.size == 4
+        r.close()
+
+
 def test_a_limiter_given_to_two_tables_counts_for_each():
     lim = gf.SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=2, error_buffer=4)
     a = gf.LocalTable(make_spec(capacity=64), rate_limiter=lim)

@@ -25,6 +25,7 @@ from ..dashboard import GearFlowDashboard
 from ..errors import ShardLostError, SpecError
 from ..registry_share import share as share_registrations
 from ..resources import placement_workers
+from ..table.config import TableConfig
 from ..table.routing import check_shard
 from .coordinator import GearFlowCoordinator
 from .pending import send_pending
@@ -297,6 +298,14 @@ def restore(
 
         raise CheckpointError(f"{path} holds a {m.get('kind')!r} checkpoint; use LocalTable.restore")
     cfg = m["table"]
+    try:  # the handle is built from it here: a configuration this process cannot build (a selector whose kind
+        TableConfig.from_dict(cfg)  # it has not registered) is refused before the cluster builds the table
+    except SpecError:  # (naming the unknown kind)
+        raise
+    except (KeyError, TypeError, ValueError) as e:
+        from ..errors import CheckpointError
+
+        raise CheckpointError(f"{path}: the manifest does not describe a table ({e})") from None
     share_registrations(client)
     client.register_plugin(GearFlowCoordinator())
     client.register_plugin(GearFlowWorker())
