@@ -12,6 +12,7 @@ available, keyword arguments still are.
 
 from __future__ import annotations
 
+import math
 import os
 
 _fn = os.path.join(os.path.dirname(__file__), "gear-flow.yaml")
@@ -88,8 +89,69 @@ def get(key: str, value: object = None) -> object:
     if value is not None:
         return value
     if _dask_config is not None:
-        return _dask_config.get(f"gear-flow.{key}")
+        return _checked(key, _dask_config.get(f"gear-flow.{key}"))
     node = defaults["gear-flow"]
     for part in key.split("."):
         node = node[part]
     return node
+
+
+#: keys whose configured value may be null though their default is not (null: the library's own default)
+_NULLABLE = frozenset({"distributed.omp-spin-count"})
+#: keys of whole numbers (the other numbers may have a fraction: seconds, a discount)
+_WHOLE = frozenset(
+    {"distributed.rpc-retries", "distributed.sample-lease", "distributed.omp-spin-count", "ingest.chunk_episodes"}
+)
+#: keys of one of a few words (the table's own are checked, with their arguments, where they are used)
+_CHOICES = {"distributed.scale-down": ("keep", "move")}
+
+
+def _default(key: str) -> object:
+    node: object = defaults["gear-flow"]
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _checked(key: str, v: object) -> object:
+    """A configured value of ``key``, refused unless it is of its default's kind: a flag for a flag, a number
+    >= 0 for a number (a whole one for a count), one of its words for a choice.  A default of null says
+    nothing (the key's user checks it).  A string for a number, or a negative timeout, failed far from the
+    setting: a TypeError inside the event loop, or a request that waited -15 s."""
+    d = _default(key)
+    if d is None or isinstance(d, dict) or (v is None and key in _NULLABLE):
+        return v
+    bad = None
+    if isinstance(d, bool):
+        bad = None if isinstance(v, bool) else "true or false"
+    elif isinstance(d, (int, float)):
+        whole = key in _WHOLE
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        bad = None if ok and (not whole or v == int(v)) else ("a whole number >= 0" if whole else "a number >= 0")
+    elif key in _CHOICES and v not in _CHOICES[key]:
+        bad = " or ".join(repr(c) for c in _CHOICES[key])
+    if bad is not None:
+        from .errors import SpecError
+
+        raise SpecError(f"gear-flow.{key} = {v!r} (configuration) must be {bad}")
+    return v
+
+
+def check_section(section: str) -> None:
+    """Check every configured key of ``gear-flow.<section>`` (:func:`get` does so for the key it reads): a call
+    that sets a table up refuses a bad value at once, not at the first request that reads it.
+
+    Parameters
+    ----------
+    section : str
+        ``"distributed"``, ``"ingest"``, ...
+
+    Raises
+    ------
+    SpecError
+        Naming the first key whose value is not of its default's kind.
+    """
+    for key in _default(section) or {}:
+        get(f"{section}.{key}")

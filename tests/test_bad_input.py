@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -528,3 +529,43 @@ def test_column_name_string_and_bool_exponents():
     for kw in ({"beta": True}, {"alpha": False}):
         with pytest.raises(SpecError):
             Prioritized(**kw)
+
+
+def test_configured_values_of_the_wrong_kind_are_refused_naming_the_key(dist_client):
+    """A string or a negative number for a configured seed, timeout or count was refused by NumPy deep inside
+    the table's construction (seed: TypeError, ValueError), by a TypeError inside the event loop
+    (rpc-timeout 'abc'), after a request waited -15 s (rpc-timeout -5), at the first sample (sample-lease
+    -1), or never (scale-down 'bogus').  Each is refused when a table is set up, naming the key, and the
+    cluster builds nothing."""
+    import dask
+
+    from gear_flow import config
+    from gear_flow.distributed import DistributedTable
+
+    spec = make_spec(capacity=CAP)
+    for bad in ("abc", -1, 1.5):
+        with dask.config.set({"gear-flow.table.seed": bad}):
+            with pytest.raises(SpecError, match=r"gear-flow.table.seed \(configuration\) = "):
+                LocalTable(spec)
+    with pytest.raises(SpecError, match="seed = 'x' must be an integer >= 0"):
+        LocalTable(spec, seed="x")
+    with pytest.raises(SpecError, match="seed = -2 must be an integer >= 0"):
+        DistributedTable.create(dist_client, make_spec(capacity=CAP, num_shards=2), seed=-2)
+
+    def names(dask_scheduler):
+        p = dask_scheduler.plugins.get("gear-flow-coordinator")
+        return sorted(p.tables) if p is not None else []
+
+    tables = dist_client.run_on_scheduler(names)
+    cases = [("rpc-timeout", "abc"), ("rpc-timeout", -5), ("rpc-retries", 1.5), ("sample-lease", -1),
+             ("admission-timeout", -5), ("mass-max-age", -1.0), ("reader-flush", "x"), ("scale-down", "bogus"),
+             ("shared-memory", "yes"), ("move-timeout", float("inf"))]  # fmt: skip
+    for key, bad in cases:
+        with dask.config.set({f"gear-flow.distributed.{key}": bad}):
+            with pytest.raises(
+                SpecError, match=rf"gear-flow.distributed.{key} = {re.escape(repr(bad))} \(configuration\)"
+            ):
+                DistributedTable.create(dist_client, make_spec(capacity=CAP, num_shards=2), name=f"bad-{key}")
+    assert dist_client.run_on_scheduler(names) == tables
+    with dask.config.set({"gear-flow.distributed.omp-spin-count": None, "gear-flow.distributed.rpc-timeout": 30.5}):
+        assert config.get("distributed.omp-spin-count") is None and config.get("distributed.rpc-timeout") == 30.5

@@ -47,6 +47,7 @@ from ..table.config import TableConfig, check_timeout
 from ..table.datasets import DatasetMethods
 from ..table.results import InsertResult, UpdateResult
 from ..table.routing import check_shard
+from ..table.validate import seeded_rng
 from . import (
     checkpoints,
     construction,
@@ -193,7 +194,7 @@ class DistributedTable(DatasetMethods):
         self.routing = self._cfg.routing
         self.degraded = bool(self._config.get("degraded", False))
         self.timeout = self._cfg.timeout if timeout is None else check_timeout(timeout)
-        self.rng = np.random.default_rng(seed)
+        self.rng = seeded_rng(seed)
         self._rr = 0
         #: where each shard is, which are lost, at which version: read by callers' threads, changed by the loop
         self._view = TableView(name, state, self.degraded)

@@ -21,12 +21,14 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from ..config import check_section
 from ..dashboard import GearFlowDashboard
 from ..errors import ShardLostError, SpecError
 from ..registry_share import share as share_registrations
 from ..resources import placement_workers
 from ..table.config import TableConfig
 from ..table.routing import check_shard
+from ..table.validate import seeded_rng
 from .coordinator import GearFlowCoordinator
 from .pending import send_pending
 from .plugin import GearFlowWorker
@@ -298,6 +300,8 @@ def restore(
 
         raise CheckpointError(f"{path} holds a {m.get('kind')!r} checkpoint; use LocalTable.restore")
     cfg = m["table"]
+    check_section("distributed")
+    seeded_rng(seed)
     try:  # the handle is built from it here: a configuration this process cannot build (a selector whose kind
         TableConfig.from_dict(cfg)  # it has not registered) is refused before the cluster builds the table
     except SpecError:  # (naming the unknown kind)

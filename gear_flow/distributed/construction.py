@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..config import check_section
 from ..config import get as config_get
 from ..dashboard import GearFlowDashboard
 from ..errors import SpecError
@@ -28,6 +29,7 @@ from ..resources import check_resources, placement_workers
 from ..selectors import Selector
 from ..spec import TableSpec
 from ..table.config import TableConfig, queue_setup
+from ..table.validate import seeded_rng
 from .coordinator import GearFlowCoordinator
 from .plugin import GearFlowWorker
 from .transport import Context, CoordinatorClient, build_everywhere
@@ -169,6 +171,8 @@ def create(
     )
     if path is not None and getattr(cfg.tier, "name", cfg.tier) != "disk":
         raise SpecError(f"path= is for disk tables; this one is on the {getattr(cfg.tier, 'name', cfg.tier)!r} tier")
+    check_section("distributed")  # (before anything is built: a bad value was first read by a later request)
+    seeded_rng(seed)
     share_registrations(client)  # custom selectors/limiters, before the scheduler and workers rebuild them
     client.register_plugin(GearFlowCoordinator())
     client.register_plugin(GearFlowWorker())
@@ -325,6 +329,8 @@ def attach(
     SpecError
         No table of that name is registered with the coordinator.
     """
+    check_section("distributed")
+    seeded_rng(seed)
     if client is None:
         from distributed import get_worker
 

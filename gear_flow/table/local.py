@@ -51,6 +51,7 @@ from .validate import (
     check_sample_args,
     insert_priorities,
     sample_columns,
+    seeded_rng,
 )
 
 if TYPE_CHECKING:
@@ -273,7 +274,7 @@ class LocalTable(DatasetMethods):
             for i in ids
         ]
         self._by_id = {s.shard_id: s for s in self.shards}
-        self.rng = np.random.default_rng(config.get("table.seed", seed))
+        self.rng = seeded_rng(seed, "table.seed")
         self._admission = Admission()
         self._cond = self._admission.cond
         self._rr = 0

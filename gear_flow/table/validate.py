@@ -612,6 +612,39 @@ def check_sample_args(batch_size: int, length: int, boundary: str | None, capaci
         raise SpecError(f"length ({length}) is longer than a shard holds ({capacity} steps): no window is that long")
 
 
+def seeded_rng(seed: object, key: str | None = None) -> np.random.Generator:
+    """A table's generator from ``seed``, or (``key``, when ``seed`` is None) the configuration's seed.
+
+    Parameters
+    ----------
+    seed : object
+        The caller's ``seed``: None, a non-negative int, or anything else
+        :func:`numpy.random.default_rng` takes.
+    key : str, optional
+        The configuration key read when ``seed`` is None (``"table.seed"``);
+        None: fresh entropy then.
+
+    Returns
+    -------
+    numpy.random.Generator
+        The generator.
+
+    Raises
+    ------
+    SpecError
+        A seed NumPy refuses (a string, a fraction, a negative number), naming
+        the argument or the configuration key it came from.
+    """
+    from .. import config
+
+    value = seed if key is None else config.get(key, seed)
+    try:
+        return np.random.default_rng(value)
+    except (TypeError, ValueError) as e:
+        where = "seed" if seed is not None or key is None else f"gear-flow.{key} (configuration)"
+        raise SpecError(f"{where} = {value!r} must be an integer >= 0 or None ({e})") from None
+
+
 def check_rng(rng: object) -> None:
     """A call's generator: None (the table's) or a :class:`numpy.random.Generator`.
 
