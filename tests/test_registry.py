@@ -113,10 +113,11 @@ def test_distributed_create_shares_registrations_itself(dist_client):
 def _tables_on_cluster(client) -> tuple:
     def coordinator(dask_scheduler):
         p = dask_scheduler.plugins.get("gear-flow-coordinator")
-        return sorted(n for n, g in p.tables.items() if not g.closed)
+        return sorted(n for n, g in p.tables.items() if not g.closed) if p is not None else []
 
     def worker(dask_worker):
-        return sorted(dask_worker.plugins["gear-flow"].host.tables)
+        p = dask_worker.plugins.get("gear-flow")
+        return sorted(p.host.tables) if p is not None else []
 
     return client.run_on_scheduler(coordinator), sorted(set().union(*client.run(worker).values()))
 
@@ -147,6 +148,39 @@ def test_a_distributed_restore_this_process_cannot_build_leaves_nothing_on_the_c
         r = gf.DistributedTable.restore(dist_client, tmp_path / "ck", name="cannot-build")  # the name is free
         assert r.size == 4
         r.close()
+
+
+class _NoBeta(gf.Prioritized):
+    """params() name beta (Prioritized's), the constructor takes none."""
+
+    def __init__(self, alpha=0.9):
+        super().__init__(alpha, 0.4)
+
+
+class _NotJson(gf.Prioritized):
+    def __init__(self, alpha=0.9, beta=0.4, extra=None):
+        super().__init__(alpha, beta)
+        self.extra = np.float32(1.5) if extra is None else extra
+
+    def params(self):
+        return {**super().params(), "extra": self.extra}
+
+
+@pytest.mark.parametrize("part", [_NoBeta, _NotJson])
+def test_a_part_its_own_params_cannot_rebuild_is_refused_before_anything_is_made(part, tmp_path, dist_client):
+    """Each shard gets ``type(part)(**part.params())``, and checkpoints and distributed tables carry the params
+    as JSON: a subclass whose params() were not its constructor's arguments failed with a bare TypeError while
+    the shards were built (a disk table's files half made), params that were not JSON at the first checkpoint,
+    naming neither.  Refused at once, naming the part, on every table, nothing made."""
+    match = rf"sampler {part.__name__}: its params\(\) must be JSON-able keyword arguments"
+    with pytest.raises(gf.errors.SpecError, match=match):
+        gf.LocalTable(make_spec(capacity=32), sampler=part())
+    with pytest.raises(gf.errors.SpecError, match=match):
+        gf.LocalTable(make_spec(capacity=32), sampler=part(), tier="disk", path=tmp_path / "t")
+    assert not (tmp_path / "t").exists()
+    with pytest.raises(gf.errors.SpecError, match=match):
+        gf.DistributedTable.create(dist_client, make_spec(capacity=32, num_shards=2), sampler=part())
+    assert _tables_on_cluster(dist_client)[1] == []
 
 
 def test_a_limiter_given_to_two_tables_counts_for_each():

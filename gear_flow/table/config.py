@@ -7,6 +7,7 @@ validated values; nobody builds a throw-away table to validate its arguments.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
@@ -173,6 +174,8 @@ class TableConfig:
                 elif isinstance(sel, str) and sel.lower() in REGISTRY:
                     hint = f"; use {role}=gear_flow.{REGISTRY[sel.lower()].__name__}()"
                 raise SpecError(f"{role} must be a Selector instance, got {sel!r}{hint}")
+        for role, part in (("sampler", self.sampler), ("remover", self.remover), ("rate_limiter", self.rate_limiter)):
+            _check_rebuilds(role, part)
         if not self.remover.can_remove:
             raise SpecError(
                 f"{self.remover!r} cannot be used as a remover; use Fifo, Lifo, MinHeap, MaxHeap, Uniform or Prioritized"
@@ -435,3 +438,22 @@ def queue_setup(spec: TableSpec, size: int, lifo: bool = False) -> tuple[TableSp
     sel, lim = (Lifo, Stack) if lifo else (Fifo, Queue)
     spec = TableSpec(spec.columns, spec.capacity, spec.num_shards, spec.item_unit, size)
     return spec, {"sampler": sel(), "remover": sel(), "rate_limiter": lim(size), "max_times_sampled": 1}
+
+
+def _check_rebuilds(role: str, part: object) -> None:
+    """Refuse a selector or limiter that its own ``params()`` cannot rebuild: each shard gets
+    ``type(part)(**part.params())``, and checkpoints and distributed tables carry the params as JSON.  A
+    subclass whose ``params()`` were not its constructor's arguments failed with a bare TypeError in the
+    shards' construction (a disk table's files half made), params that were not JSON at its first
+    checkpoint, naming neither."""
+    if not isinstance(part, (Selector, RateLimiter)):
+        return  # (refused with its own message by the caller)
+    try:
+        params = part.params()
+        json.dumps(params)
+        type(part)(**params)
+    except (TypeError, ValueError) as e:
+        raise SpecError(
+            f"{role} {type(part).__name__}: its params() must be JSON-able keyword arguments of its constructor "
+            f"that rebuild it ({e})"
+        ) from None
