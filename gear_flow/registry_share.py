@@ -89,10 +89,45 @@ def share(client: Client) -> bool:
     bool
         Whether there was anything to send (nothing is sent without custom
         registrations; sending the same set again is a no-op).
+
+    Raises
+    ------
+    SpecError
+        A registered class cannot be imported on the scheduler or a worker
+        (nothing is sent).
     """
     entries = {f: ks for f, ks in custom().items() if ks}
     if not entries:
         return False
+    classes = sorted({(c.__module__, c.__qualname__) for ks in entries.values() for c in ks.values()})
+    # the classes travel by reference: where one cannot be imported, the plugin failed to unpickle there with a
+    # bare Exception(ModuleNotFoundError) and logged tracebacks; asked first, by name, it is said plainly
+    missing = {"the scheduler": client.run_on_scheduler(_missing, classes), **client.run(_missing, classes)}
+    missing = {where: m for where, m in missing.items() if m}
+    if missing:
+        from .errors import SpecError
+
+        where, what = next(iter(missing.items()))
+        raise SpecError(
+            f"custom selector/limiter classes {what} cannot be imported on {where}"
+            f"{f' (and {len(missing) - 1} more processes)' if len(missing) > 1 else ''}: registered classes travel "
+            "by reference, so their module must be importable on the scheduler and every worker"
+        )
     client.register_plugin(RegistrySchedulerPlugin(entries))
     client.register_plugin(RegistryWorkerPlugin(entries))
     return True
+
+
+def _missing(classes: list) -> list[str]:
+    """Of ``classes`` ((module, qualified name) pairs), those this process cannot import, as dotted names."""
+    import importlib
+
+    out = []
+    for module, qualname in classes:
+        try:
+            obj = importlib.import_module(module)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+        except Exception:  # noqa: BLE001  (whatever stops the import: the class is not there)
+            out.append(f"{module}.{qualname}")
+    return out

@@ -183,6 +183,23 @@ def test_a_part_its_own_params_cannot_rebuild_is_refused_before_anything_is_made
     assert _tables_on_cluster(dist_client)[1] == []
 
 
+def test_a_part_the_cluster_cannot_import_is_refused_naming_it(dist_client, tmp_path, monkeypatch):
+    """Registered classes travel to the scheduler and workers by reference: one whose module only this process
+    can import failed inside Dask's plugin registration with a bare Exception(ModuleNotFoundError) and logged
+    tracebacks.  It is refused naming the class and where it cannot be imported, nothing sent or built."""
+    (tmp_path / "only_here.py").write_text("import gear_flow as gf\n\nclass Hidden(gf.Uniform):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import only_here
+
+    before = _tables_on_cluster(dist_client)
+    with registered_kinds({"hidden": only_here.Hidden}):
+        with pytest.raises(
+            gf.errors.SpecError, match=r"\['only_here.Hidden'\] cannot be imported on (the scheduler|tcp://)"
+        ):
+            gf.DistributedTable.create(dist_client, make_spec(capacity=32, num_shards=2), sampler=only_here.Hidden())
+    assert _tables_on_cluster(dist_client) == before
+
+
 def test_a_limiter_given_to_two_tables_counts_for_each():
     lim = gf.SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=2, error_buffer=4)
     a = gf.LocalTable(make_spec(capacity=64), rate_limiter=lim)
