@@ -330,3 +330,25 @@ def test_vector_episodes_that_end_together_beyond_what_one_insert_may_hold_go_in
     assert not th.is_alive()
     assert taken == [0, 1, 2, 3, 4, 10, 11, 12, 13, 14]  # each episode whole, in the order they ended
     assert [(e, n) for e, _, n, _ in w.ended] == [(0, 5), (1, 5)] and w.pending.tolist() == [0, 0]
+
+
+def test_vector_episodes_that_end_together_are_returned_in_environment_order_and_overflow_one_by_one(make_table):
+    """Two ways episodes ending on one step went wrong.  Some given priorities and others none go in as two
+    inserts, and the result listed them insert by insert: env 1's episode first, where ``append`` promises one
+    row per ended environment in environment order.  And episodes that each fit a shard's ring but together
+    did not (two of 6 steps, capacity 10) made one insert refused with CapacityError on every later append:
+    the writer inserted nothing again.  Rows come in environment order; such episodes go in one by one."""
+    t = make_table(gf.TableSpec(COLS, capacity=64), sampler=gf.Prioritized(1.0), seed=0)
+    w = gf.VectorWriter(t, num_envs=2)
+    w.append({"obs": np.zeros((2, 3), np.float32), "t": np.array([0, 10])}, done=[True, False], priorities=[1.0, 2.0])
+    r = w.append({"obs": np.zeros((2, 3), np.float32), "t": np.array([1, 11])}, done=[True, True])
+    env = {eid: e for e, eid, _, _ in w.ended}
+    assert [env[int(i)] for i in r.episode_ids] == [0, 1]
+    assert r.shards.tolist() == [0, 0] and len(set(r.first_keys.tolist())) == 2
+
+    t = make_table(gf.TableSpec(COLS, capacity=10), seed=0)
+    w = gf.VectorWriter(t, num_envs=2)
+    for i in range(6):
+        r = w.append({"obs": np.zeros((2, 3), np.float32), "t": np.array([i, 10 + i])}, done=[i == 5] * 2)
+    assert [(e, n) for e, _, n, _ in w.ended] == [(0, 6), (1, 6)] and w.pending.tolist() == [0, 0]
+    assert len(r.episode_ids) == 2 and t.size == 6  # the second overwrote the first in the ring of 10

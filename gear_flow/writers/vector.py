@@ -6,8 +6,10 @@ episodes in progress in one ``[N, T, *shape]`` array per column (row ``i``:
 environment ``i``'s episode so far); ``append(steps, done)`` writes row ``i``
 of every column to environment ``i``'s next step, one assignment per column
 for all N environments, then inserts the episodes of the environments whose
-``done[i]`` is set, all in **one** insert (one transaction: all of them or
-none).  An environment's next step then starts its next episode.
+``done[i]`` is set in **one** insert (one transaction: all of them or none),
+or two when some were given priorities and others none (those take the table's
+default, as an ``insert`` without priorities gives it).  An environment's next
+step then starts its next episode.
 
 Memory: N rows of the longest episode in progress (``T`` doubles when an
 episode outgrows it); ``max_episode_length`` bounds it.
@@ -22,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..errors import InvalidDataError, InvalidPriorityError, SpecError, TableClosedError
+from ..errors import CapacityError, InvalidDataError, InvalidPriorityError, SpecError, TableClosedError
 from ..table.results import InsertResult
 from ..table.validate import real_numbers
 from .buffer import BufferedWriter, check_step
@@ -190,7 +192,8 @@ class VectorWriter(BufferedWriter):
             return None
         envs = [e for e, _ in self._ending]
         some = [e for e in envs if not np.isnan(self._prio[e, : self._n[e]]).all()]
-        return _joined([self._insert_group(g) for g in (some, [e for e in envs if e not in some]) if g])
+        groups = [g for g in (some, [e for e in envs if e not in some]) if g]
+        return _joined([self._insert_group(g) for g in groups], [e for g in groups for e in g], envs)
 
     def _insert_group(self, envs: list[int]) -> InsertResult:
         """The ended episodes of ``envs`` as one insert, or one each when the limiter could never admit them
@@ -198,8 +201,8 @@ class VectorWriter(BufferedWriter):
         prio = self._priorities(envs)
         try:
             return self._insert(envs, prio)
-        except SpecError:  # (the episodes are checked and the shard and timeout too: only their sum is left)
-            if len(envs) == 1:
+        except (SpecError, CapacityError):  # (the episodes, shard and timeout are checked: only their sum is
+            if len(envs) == 1:  # left, too many for the limiter or for a shard's ring, each of them not)
                 raise
         return _joined(
             [  # (the priorities as the joint insert gives them)
@@ -267,11 +270,14 @@ class VectorWriter(BufferedWriter):
         self.end_episodes()
 
 
-def _joined(results: list[InsertResult]) -> InsertResult:
-    """Several inserts' results as one (their episodes in the order of the inserts)."""
+def _joined(results: list[InsertResult], went: list[int] | None = None, order: list[int] | None = None) -> InsertResult:
+    """Several inserts' results as one: their episodes in the order of the inserts, or, given the environment
+    of each (``went``, in that order), in environment order ``order``."""
     if len(results) == 1:
         return results[0]
-    return InsertResult(
-        *(np.concatenate([getattr(r, f) for r in results]) for f in ("episode_ids", "first_keys", "shards")),
-        sum(r.num_items for r in results),
-    )
+    parts = [np.concatenate([getattr(r, f) for r in results]) for f in ("episode_ids", "first_keys", "shards")]
+    if went is not None:
+        at = {e: i for i, e in enumerate(went)}
+        pick = np.array([at[e] for e in order], dtype=np.int64)
+        parts = [a[pick] for a in parts]
+    return InsertResult(*parts, sum(r.num_items for r in results))
