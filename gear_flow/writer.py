@@ -125,6 +125,8 @@ class EpisodeWriter(BufferedWriter):
         vals = check_step(self.spec, step)
         if priority is not None:
             try:
+                if isinstance(priority, (str, bytes)):  # (float() reads "9" as a number: text is not one)
+                    raise TypeError(priority)
                 p = float(priority)
             except (TypeError, ValueError):
                 raise InvalidDataError(f"priority must be a number, got {priority!r}; nothing was appended") from None

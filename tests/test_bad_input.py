@@ -569,3 +569,23 @@ def test_configured_values_of_the_wrong_kind_are_refused_naming_the_key(dist_cli
     assert dist_client.run_on_scheduler(names) == tables
     with dask.config.set({"gear-flow.distributed.omp-spin-count": None, "gear-flow.distributed.rpc-timeout": 30.5}):
         assert config.get("distributed.omp-spin-count") is None and config.get("distributed.rpc-timeout") == 30.5
+
+
+def test_priorities_given_as_text_or_none_are_refused_as_not_numbers(make_table):
+    """NumPy's cast read the text of a number as one: insert(priorities="7.5"), update_priorities(k, "4"),
+    insert_batch with ["2", "3"] and a writer's priority="9" were stored as numbers, while "abc" was refused;
+    [None] * n was reported as a NaN priority.  Text and None are refused as not numbers, nothing applied."""
+    t = make_table(make_spec(capacity=CAP, num_shards=2), sampler=Prioritized(1.0), seed=0)
+    keys = t.insert([episode(1, 2)], priorities=[1.0, 2.0]).first_keys[0] + np.arange(2)
+    before = t.info()["totals"]
+    for bad in ("7.5", ["1", "2"], [None, None], np.array(["1", "2"]), b"3"):
+        with pytest.raises(InvalidDataError, match="priorities must be numbers"):
+            t.insert([episode(2, 2)], priorities=bad)
+        with pytest.raises(InvalidDataError, match="priorities must be numbers"):
+            t.update_priorities(keys, bad)
+    with pytest.raises(InvalidDataError, match="priorities must be numbers"):
+        t.insert_batch({"obs": np.zeros((2, 1, 3), np.float32), "ep": np.zeros((2, 1), np.int64),
+                        "t": np.zeros((2, 1), np.int32), "done": np.ones((2, 1), bool)}, priorities=["2", "3"])  # fmt: skip
+    with t.writer() as w, pytest.raises(InvalidDataError, match="priority must be a number"):
+        w.append({k: v[0] for k, v in episode(3, 1).items()}, priority="9")
+    assert t.info()["totals"] == before and t.size == 2

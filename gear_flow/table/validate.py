@@ -346,6 +346,9 @@ def real_numbers(values: Any, what: str) -> np.ndarray:
         raise InvalidDataError(f"{what} must be numbers, got {values!r} ({e})") from None
     if a.dtype.kind == "c" or (a.dtype.kind == "O" and any(isinstance(x, complex) for x in a.reshape(-1))):
         raise InvalidDataError(f"{what} must be real numbers, got complex ones")
+    # text and None are not numbers, whatever NumPy's cast makes of them ("7.5" became 7.5, None NaN)
+    if a.dtype.kind in "USV" or (a.dtype.kind == "O" and any(x is None or isinstance(x, (str, bytes)) for x in a.flat)):
+        raise InvalidDataError(f"{what} must be numbers, got {values!r}")
     try:
         return a.astype(np.float64, copy=False)
     except (TypeError, ValueError) as e:
