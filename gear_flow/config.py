@@ -13,6 +13,7 @@ available, keyword arguments still are.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 
 _fn = os.path.join(os.path.dirname(__file__), "gear-flow.yaml")
@@ -125,10 +126,10 @@ def _checked(key: str, v: object) -> object:
         return v
     bad = None
     if isinstance(d, bool):
-        bad = None if isinstance(v, bool) else "true or false"
+        bad = None if isinstance(v, bool) or type(v).__name__ == "bool_" else "true or false"  # (NumPy's too)
     elif isinstance(d, (int, float)):
         whole = key in _WHOLE
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+        ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v >= 0  # (NumPy's too)
         bad = None if ok and (not whole or v == int(v)) else ("a whole number >= 0" if whole else "a number >= 0")
     elif key in _CHOICES and v not in _CHOICES[key]:
         bad = " or ".join(repr(c) for c in _CHOICES[key])
