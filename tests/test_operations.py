@@ -108,8 +108,9 @@ UNGATED = {
     "create", "drop", "restore", "reopen", "drop_shard", "move_out", "move_in", "move_commit", "move_release",
     "move_abort", "move_thaw",
 }  # fmt: skip
-#: the move's steps whose ``epoch`` is their argument (the new placement version), not the request's
-EPOCH_ARGUMENT = {"move_commit", "move_release"}
+#: the operations whose ``epoch`` is their argument (the new placement version), not the request's: a move's
+#: steps, and a restore's drop of the copy it replaced
+EPOCH_ARGUMENT = {"move_commit", "move_release", "drop_shard"}
 #: the worker operations that run on the event loop whatever their size
 ALWAYS_QUICK = {
     "summaries", "uncount", "count_drawn", "info", "status", "finish_sample", "new_epoch", "nbytes", "abort"

@@ -254,7 +254,7 @@ def _valid(t, op) -> dict:
     base = {"name": t.name}
     return {
         "create": {**base, "config": {}, "shard_ids": [0]},
-        "drop_shard": {**base, "shard": 0},
+        "drop_shard": {**base, "shard": 0, "epoch": 1},
         "stage": {**base, "txn": "t" * 8, "parts": []},
         "apply": {**base, "txn": "t" * 8},
         "write": {**base, "txn": "t" * 8, "parts": []},

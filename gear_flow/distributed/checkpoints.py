@@ -525,7 +525,7 @@ async def restore_shard_async(
     await table._link.refresh()  # the shard is the new worker's now, whatever happens to the old one
     if live and worker != old:  # the replaced copy must not stay behind on its old worker ...
         _, errors = await table._link.on_workers(
-            {old: ("drop_shard", dict(name=table.name, shard=shard))}, partial=True
+            {old: ("drop_shard", dict(name=table.name, shard=shard, epoch=table._view.version))}, partial=True
         )
         errors = [e for e in errors if not isinstance(e, (Retry, ShardLostError))]  # ... unless gone with it
         if errors:

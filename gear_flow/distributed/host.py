@@ -103,8 +103,8 @@ class ShardHost:
         return self.tables.drop(name)
 
     @documented_as(HostedTables.drop_shard)
-    def drop_shard(self, name: str, shard: int) -> bool:
-        return self.tables.drop_shard(name, shard)
+    def drop_shard(self, name: str, shard: int, epoch: int) -> bool:
+        return self.tables.drop_shard(name, shard, epoch)
 
     @documented_as(HostedTables.close)
     def close(self) -> None:

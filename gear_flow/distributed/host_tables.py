@@ -703,7 +703,7 @@ class HostedTables(Mapping):
             t.release()
         return t is not None
 
-    def drop_shard(self, name: str, shard: int) -> bool:
+    def drop_shard(self, name: str, shard: int, epoch: int) -> bool:
         """Forget one shard of a table here, release its shared memory and remove its files (a disk shard).
 
         Parameters
@@ -712,6 +712,10 @@ class HostedTables(Mapping):
             The table's name.
         shard : int
             The shard's id.
+        epoch : int
+            The placement version at which the shard left this worker (a restore put it elsewhere): a request
+            planned before it is refused as stale (ShardMovedError, which its handle retries where the shard
+            is now), as after a move; it met a bare SpecError ("not on this worker").
 
         Returns
         -------
@@ -720,7 +724,10 @@ class HostedTables(Mapping):
         """
         with self._lock:
             t = self._tables.get(name)
-            return t is not None and bool(t.remove_shards([int(shard)]))
+        if t is None:
+            return False
+        t.gate.advance(epoch)  # (waits for the requests in progress: none planned before sees the shard gone)
+        return bool(t.remove_shards([int(shard)]))
 
     def close(self) -> None:
         """Forget every table and release its shared memory (the worker is closing).

@@ -228,7 +228,13 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
         ungated=True,
     ),
     WorkerOp("drop", {"name": NAME}, "ShardHost.drop", ungated=True),
-    WorkerOp("drop_shard", {"name": NAME, "shard": SHARD}, "ShardHost.drop_shard", ungated=True),
+    WorkerOp(
+        "drop_shard",
+        {"name": NAME, "shard": SHARD, "epoch": EPOCH},
+        "ShardHost.drop_shard",
+        ungated=True,
+        epoch_argument=True,
+    ),
     WorkerOp("shared_layout", {"name": NAME}, "ShardHost.shared_layout"),
     # where handles on other machines (or without shared memory) ask for the worker's TCP lane
     WorkerOp("lane", {"name": NAME}, "GearFlowWorker._lane"),
@@ -507,8 +513,8 @@ THROUGH: frozenset[str] = frozenset(op.name for op in WORKER_OPS.values() if op.
 #: operations that are not the table's data path (lifecycle, a move's own steps): never held or refused by a
 #: move gate; each one's ``ungated`` claim
 UNGATED: frozenset[str] = frozenset(op.name for op in WORKER_OPS.values() if op.ungated)
-#: a move's steps whose ``epoch`` is their argument (the new placement version), not the request's; each one's
-#: ``epoch_argument`` claim
+#: a move's steps, and a restore's drop of the copy it replaced, whose ``epoch`` is their argument (the new
+#: placement version), not the request's; each one's ``epoch_argument`` claim
 EPOCH_ARGUMENT: frozenset[str] = frozenset(op.name for op in WORKER_OPS.values() if op.epoch_argument)
 
 #: coordinator operation -> its record (``name`` is checked for every operation that names a table)
