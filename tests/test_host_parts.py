@@ -86,7 +86,7 @@ def test_hosted_tables_is_a_read_only_mapping_changed_by_its_methods():
         tables["u"] = tables["t"]  # type: ignore[index]
     with pytest.raises(SpecError, match="no table 'u' on this worker"):
         host.table("u")
-    assert host.drop_shard("t", 1) and not host.drop_shard("t", 1)
+    assert host.drop_shard("t", 1, 1) and not host.drop_shard("t", 1, 1)
     assert sorted(host.table("t").shards) == [0]
     assert host.drop("t") and not host.drop("t")
 
