@@ -563,11 +563,12 @@ def _sweep(final: Path) -> None:
         fd = _hold(d)
         if fd is None:
             continue
+        written_here = d.name.startswith(f".{final.name}.tmp-")  # (else moved aside by a commit)
         try:
-            if d.name.startswith(f".{final.name}.tmp-") and (d / "manifest.json").exists() and not final.exists():
+            if written_here and (d / "manifest.json").exists() and not final.exists():
                 os.rename(d, final)
                 fsync_path(final.parent)
-            elif d.name.startswith(f".{final.name}.tmp-") or final.exists():
+            elif written_here or final.exists():
                 shutil.rmtree(d, ignore_errors=True)
         except OSError:
             pass  # (another process got to it first)

@@ -327,11 +327,11 @@ class LocalTable(DatasetMethods):
         """
         from .. import checkpoint as ck
 
+        if settled or self._settled is None:
+            self._settle()
         with self._cond:
             state = {"next_episode_id": self._next_episode_id, "stamp": self._stamp, "rr": self._rr}
             cfg = self.config()
-            if settled or self._settled is None:
-                self._settled = (cfg["rate_limiter"]["state"], self._limiter_counts())
             cfg["rate_limiter"] = {**cfg["rate_limiter"], "state": dict(self._settled[0])}
             state["counted"] = dict(self._settled[1])
         files = {str(s.shard_id): {"dir": s.tier.directory.name} for s in self.shards}

@@ -181,7 +181,8 @@ class VectorWriter(BufferedWriter):
     def flush(self) -> InsertResult | None:
         """Insert the episodes that ended and are not inserted yet: one insert for those given priorities and
         one for those given none (which take the table's default, as an ``insert`` without priorities does);
-        one each where the limiter could never admit a group together (a Queue smaller than its items).
+        one each where a group could never go in together (a Queue smaller than its items, a shard's ring
+        shorter than their steps).
 
         Returns
         -------
@@ -196,8 +197,8 @@ class VectorWriter(BufferedWriter):
         return _joined([self._insert_group(g) for g in groups], [e for g in groups for e in g], envs)
 
     def _insert_group(self, envs: list[int]) -> InsertResult:
-        """The ended episodes of ``envs`` as one insert, or one each when the limiter could never admit them
-        together (each kept once it went in)."""
+        """The ended episodes of ``envs`` as one insert, or one each when they could never go in together (the
+        limiter or a shard's ring refuses their sum; each kept once it went in)."""
         prio = self._priorities(envs)
         try:
             return self._insert(envs, prio)
