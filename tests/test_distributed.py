@@ -185,6 +185,57 @@ def test_closing_a_dropped_table_again_does_nothing(client):
     t.close()
 
 
+def _shard_state(name, dask_worker=None):
+    t = dask_worker.plugins["gear-flow"].host.tables.get(name)
+    if t is None:
+        return {}
+    return {i: (s.active.copy(), s.priority.copy()) for i, s in t.shards.items()}
+
+
+def test_close_without_drop_refuses_every_handles_reads_and_changes_and_keeps_the_data(client):
+    """After ``close(drop=False)`` another handle's sample (served by its admission lease, without asking the
+    coordinator), priority update and delete raised nothing and changed the shards; the docstring promises
+    TableClosedError to every handle, as a closed LocalTable refuses them.  Every call of either handle is
+    refused now, the shards' items and priorities are those before the close, and the data stays until a
+    close that drops it."""
+    t = DistributedTable.create(client, spec(capacity=1000), sampler=gf.Prioritized(), rate_limiter=gf.MinSize(1),
+                                seed=0)  # fmt: skip
+    h = None
+    try:
+        r = t.insert([episode(e + 1, 10) for e in range(10)])
+        keys = np.asarray(r.first_keys)
+        h = DistributedTable.attach(t.name, client=client, seed=1, timeout=3)
+        for _ in range(3):
+            h.sample(8, 1)  # admitted once, with a lease
+        before = {k: v for d in client.run(_shard_state, t.name).values() for k, v in d.items()}
+        assert sorted(before) == [0, 1] and sum(int(a.sum()) for a, _ in before.values()) == 100
+        t.close(drop=False)
+        for handle in (h, t):
+            calls = {
+                "sample": lambda x: x.sample(8, 1),
+                "update_priorities": lambda x: x.update_priorities(keys, np.full(len(keys), 7.0)),
+                "delete": lambda x: x.delete(keys[:2]),
+                "insert": lambda x: x.insert([episode(99, 3)]),
+            }
+            for what, call in calls.items():
+                with pytest.raises(gf.TableClosedError):
+                    call(handle)
+                    pytest.fail(f"{what} was not refused")
+        after = {k: v for d in client.run(_shard_state, t.name).values() for k, v in d.items()}
+        assert sorted(after) == [0, 1]
+        for s in before:
+            np.testing.assert_array_equal(after[s][0], before[s][0])
+            np.testing.assert_array_equal(after[s][1], before[s][1])
+    finally:
+        if h is not None:
+            h.close(drop=False)
+        t.close()
+    assert all(
+        t.name not in d
+        for d in client.run(lambda dask_worker=None: list(dask_worker.plugins["gear-flow"].host.tables)).values()
+    )
+
+
 def test_global_rate_limiter_and_timeout(client):
     t = DistributedTable.create(client, spec(), rate_limiter=gf.MinSize(50), seed=4, timeout=0.5)
     try:

@@ -21,6 +21,7 @@ from gear_flow.distributed.protocol import EPOCH
 WORKER_FIELDS = {
     "create": ("name", "config", "shard_ids", "tier", "epoch"),
     "drop": ("name", "epoch"),
+    "close_table": ("name", "epoch"),
     "drop_shard": ("name", "shard", "epoch"),
     "shared_layout": ("name", "epoch"),
     "lane": ("name", "epoch"),
@@ -85,7 +86,7 @@ COORDINATOR_FIELDS = {
 }
 #: worker operation -> the ShardHost method or host_moves function plugin.OPS runs it with
 HOST_METHODS = (
-    "create", "drop", "drop_shard", "shared_layout", "stage", "apply", "write", "abort", "status", "summaries",
+    "create", "drop", "close_table", "drop_shard", "shared_layout", "stage", "apply", "write", "abort", "status", "summaries",
     "new_epoch", "candidates", "sample_part", "sequences", "finish_sample", "uncount", "draw_host", "count_drawn",
     "sample_all",
     "check_keys",
@@ -105,7 +106,7 @@ COORD_LANE_OPS = set(COORDINATOR_FIELDS) - {"lane", "move", "rebalance"}
 THROUGH = {"apply", "abort", "status", "finish_sample"}
 #: operations a table's move gate never holds or refuses (the table's lifecycle, a move's own steps)
 UNGATED = {
-    "create", "drop", "restore", "reopen", "drop_shard", "move_out", "move_in", "move_commit", "move_release",
+    "create", "drop", "close_table", "restore", "reopen", "drop_shard", "move_out", "move_in", "move_commit", "move_release",
     "move_abort", "move_thaw",
 }  # fmt: skip
 #: the operations whose ``epoch`` is their argument (the new placement version), not the request's: a move's
@@ -113,8 +114,10 @@ UNGATED = {
 EPOCH_ARGUMENT = {"move_commit", "move_release", "drop_shard"}
 #: the worker operations that run on the event loop whatever their size
 ALWAYS_QUICK = {
-    "summaries", "uncount", "count_drawn", "info", "status", "finish_sample", "new_epoch", "nbytes", "abort"
+    "summaries", "uncount", "count_drawn", "info", "status", "finish_sample", "new_epoch", "nbytes", "abort", "close_table"
 }  # fmt: skip
+#: gated operations a table closed without being dropped still runs: reads, durability, earlier draws' counts
+AFTER_CLOSE = {"shared_layout", "lane", "info", "nbytes", "checkpoint", "flush_disk", "count_drawn", "uncount"}
 #: those that do when small (and their table's locks are free)
 QUICK_WHEN_SMALL = {
     "sample_all", "sequences", "sample_part", "update", "check_keys", "candidates", "remove", "write", "stage", "apply"
@@ -162,11 +165,13 @@ def test_move_gate_claims():
     assert operations.THROUGH == THROUGH
     assert operations.UNGATED == UNGATED
     assert operations.EPOCH_ARGUMENT == EPOCH_ARGUMENT
-    for derived in (operations.THROUGH, operations.UNGATED, operations.EPOCH_ARGUMENT):
+    assert operations.AFTER_CLOSE == AFTER_CLOSE
+    for derived in (operations.THROUGH, operations.UNGATED, operations.EPOCH_ARGUMENT, operations.AFTER_CLOSE):
         assert isinstance(derived, frozenset)
     # a move's step that takes the new placement version names it, and only those do
     assert {op.name for op in WORKER_OPS.values() if "epoch" in op.fields} == EPOCH_ARGUMENT
     assert not operations.THROUGH & operations.UNGATED
+    assert not operations.AFTER_CLOSE & (operations.THROUGH | operations.UNGATED)
 
 
 def test_coordinator_tables():
@@ -287,6 +292,9 @@ def test_a_record_refuses_a_claim_it_cannot_make():
         WorkerOp("x", {}, "Host.info")
     with pytest.raises(ValueError, match="passes no gate"):
         WorkerOp("x", {}, "ShardHost.info", through=True, ungated=True)
+    for claim in ({"through": True}, {"ungated": True}):
+        with pytest.raises(ValueError, match="after_close is for the other gated operations"):
+            WorkerOp("x", {}, "ShardHost.info", after_close=True, **claim)
     with pytest.raises(ValueError, match="epoch"):
         WorkerOp("x", {}, "host_moves.move_commit", epoch_argument=True)
     with pytest.raises(ValueError, match="epoch"):

@@ -622,13 +622,18 @@ class DistributedTable(DatasetMethods):
             self._routes.clear()
             self._ctx.lanes.clear()  # its connections (here on the loop: asyncio transports are not thread-safe)
             await self._link.coordinator.close()
+            workers = set(self._view.workers()) | set(await self._link.coordinator.workers())
+            if not drop:  # every handle's reads and changes refused where the shards are (their data kept)
+                await asyncio.gather(
+                    *(call(self._ctx, a, "close_table", name=self.name) for a in sorted(workers)),
+                    return_exceptions=True,
+                )
             if not drop and self._config.get("tier") == "disk":  # kept: durable, as a local disk table closed
                 try:
                     await checkpoints.flush_disk_async(self)
                 except (GearFlowError, Retry) as e:  # closing anyway: what was committed is in the page cache
                     logger.warning("table %r: disk shards not flushed before closing: %s", self.name, e)
             if drop:  # every worker: one its shards moved off keeps the table's (empty) gate until then
-                workers = set(self._view.workers()) | set(await self._link.coordinator.workers())
                 await asyncio.gather(
                     *(call(self._ctx, a, "drop", name=self.name) for a in sorted(workers)), return_exceptions=True
                 )

@@ -102,6 +102,10 @@ class ShardHost:
     def drop(self, name: str) -> bool:
         return self.tables.drop(name)
 
+    @documented_as(HostedTables.close_table)
+    def close_table(self, name: str) -> bool:
+        return self.tables.close_table(name)
+
     @documented_as(HostedTables.drop_shard)
     def drop_shard(self, name: str, shard: int, epoch: int) -> bool:
         return self.tables.drop_shard(name, shard, epoch)

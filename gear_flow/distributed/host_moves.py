@@ -38,9 +38,9 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from .. import config
-from ..errors import ShardMovedError, SpecError
+from ..errors import ShardMovedError, SpecError, TableClosedError
 from . import disk_files
-from .operations import THROUGH
+from .operations import AFTER_CLOSE, THROUGH
 
 if TYPE_CHECKING:
     from .host import ShardHost
@@ -81,9 +81,12 @@ class MoveGate:
         refused.
     sealed : str or None
         The move holding the table, if any.
+    closed : str or None
+        Why the table refuses its data path (:meth:`close`), if it does.
     """
 
     def __init__(self) -> None:
+        self.closed: str | None = None
         self._cv = threading.Condition()
         self._active = 0
         self._draining: str | None = None
@@ -118,11 +121,17 @@ class MoveGate:
         ------
         ShardMovedError
             ``epoch`` is older than this worker's shard set.
+        TableClosedError
+            The table is closed and ``op`` is neither one of
+            :data:`~gear_flow.distributed.operations.AFTER_CLOSE` nor a later
+            step of a transaction begun before.
         """
         with self._cv:
             while True:
                 self._expire()
                 through = op in THROUGH or joins
+                if self.closed is not None and not through and op not in AFTER_CLOSE:
+                    raise TableClosedError(self.closed)
                 if not through and epoch is not None and epoch < self.epoch:
                     raise ShardMovedError(self.epoch, "this worker's shards of the table changed since the request")
                 held = self.sealed is not None or (self._draining is not None and not through)
@@ -140,6 +149,18 @@ class MoveGate:
             logger.warning("move %s: neither released nor thawed within its lease; the table serves on", self.sealed)
             self.sealed = None
             self._cv.notify_all()
+
+    def close(self, name: str) -> None:
+        """Refuse the table's data path from now on (``close(drop=False)``); operations in progress finish.
+
+        Parameters
+        ----------
+        name : str
+            The table's name, for the message.
+        """
+        with self._cv:
+            self.closed = f"table {name!r} is closed"
+            self._cv.notify_all()  # (a request waiting out a move is refused now, not after it)
 
     def leave(self) -> None:
         """An operation let in by :meth:`enter` is done."""

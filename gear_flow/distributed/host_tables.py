@@ -703,6 +703,32 @@ class HostedTables(Mapping):
             t.release()
         return t is not None
 
+    def close_table(self, name: str) -> bool:
+        """Close table ``name`` here and keep its shards (``close(drop=False)``): its gate refuses the data path
+        from now on (:class:`~gear_flow.errors.TableClosedError`), and readers on this host stop drawing from
+        its published state, so that their draws come here and are refused too.
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+
+        Returns
+        -------
+        bool
+            Whether the table was here.
+        """
+        with self._lock:
+            t = self._tables.get(name)
+        if t is None:
+            return False
+        t.gate.close(name)
+        for s in list(t.shards.values()):
+            if s.published is not None:
+                with s.lock:
+                    s.published.hold()
+        return True
+
     def drop_shard(self, name: str, shard: int, epoch: int) -> bool:
         """Forget one shard of a table here, release its shared memory and remove its files (a disk shard).
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import dask.config
 
 from .. import config
-from ..errors import GearFlowError, SpecError
+from ..errors import GearFlowError, SpecError, TableClosedError
 from ..resources import has_resources
 from . import protocol, wire
 from .host_moves import seal_lease
@@ -301,9 +301,14 @@ class ShardMoves:
             A shard is lost, unknown, or not with the others; ``dest`` is
             not a live worker or is the source; or the move failed (the
             message says why): the shards are where they were.
+        TableClosedError
+            The table is closed (its shards stay where they are: a table closed
+            elsewhere would open again at the destination).
         """
         shards = sorted({int(s) for s in shards})
         async with self._locks[g.name]:
+            if g.closed:
+                raise TableClosedError(f"table {g.name!r} is closed; not moved")
             for s in shards:
                 if s not in g.placement or s in g.lost:
                     raise SpecError(f"table {g.name!r}: shard {s} is not a live shard; not moved")

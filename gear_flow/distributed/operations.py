@@ -114,6 +114,14 @@ class WorkerOp:
         move's step installs or releases at, not the version the request was
         planned at: the worker hands it to the handler instead of checking
         it.  Exactly the operations that name ``epoch`` in :attr:`fields`.
+    after_close : bool, default False
+        It still runs on a table closed without being dropped
+        (``close(drop=False)``): a read of the table's state (its info, a
+        checkpoint), making it durable, or the count of draws made before
+        the close.  Every other gated operation that starts no later step of
+        a transaction is refused with
+        :class:`~gear_flow.errors.TableClosedError` there, as a closed
+        LocalTable refuses its calls.
 
     Examples
     --------
@@ -130,6 +138,7 @@ class WorkerOp:
     through: bool = False
     ungated: bool = False
     epoch_argument: bool = False
+    after_close: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fields", MappingProxyType(dict(self.fields)))  # frozen through and through
@@ -143,6 +152,11 @@ class WorkerOp:
             raise ValueError(f"worker operation {self.name!r}: only a lane operation is sent again (lane=True)")
         if self.through and self.ungated:
             raise ValueError(f"worker operation {self.name!r}: an ungated operation passes no gate to go through")
+        if self.after_close and (self.through or self.ungated):
+            raise ValueError(
+                f"worker operation {self.name!r}: a closed table lets a transaction's later steps and its "
+                "lifecycle through anyway; after_close is for the other gated operations"
+            )
         if self.epoch_argument != ("epoch" in self.fields):
             raise ValueError(
                 f"worker operation {self.name!r}: an operation whose epoch is its argument names an 'epoch' field, "
@@ -228,6 +242,8 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
         ungated=True,
     ),
     WorkerOp("drop", {"name": NAME}, "ShardHost.drop", ungated=True),
+    # close(drop=False): every handle's data path refused from now on, the data kept (a LocalTable's close)
+    WorkerOp("close_table", {"name": NAME}, "ShardHost.close_table", ungated=True, quick=ALWAYS),
     WorkerOp(
         "drop_shard",
         {"name": NAME, "shard": SHARD, "epoch": EPOCH},
@@ -235,9 +251,9 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
         ungated=True,
         epoch_argument=True,
     ),
-    WorkerOp("shared_layout", {"name": NAME}, "ShardHost.shared_layout"),
+    WorkerOp("shared_layout", {"name": NAME}, "ShardHost.shared_layout", after_close=True),
     # where handles on other machines (or without shared memory) ask for the worker's TCP lane
-    WorkerOp("lane", {"name": NAME}, "GearFlowWorker._lane"),
+    WorkerOp("lane", {"name": NAME}, "GearFlowWorker._lane", after_close=True),
     # an insert's steps are resent safely: the transaction memory (host_transactions) stages a txn's parts
     # once, answers a write or apply sent again with its first result, and refuses one after its abort
     WorkerOp(
@@ -362,6 +378,7 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
         "ShardHost.uncount",
         lane=True,
         quick=ALWAYS,
+        after_close=True,  # draws made before the close, taken back
     ),
     # not resendable: its draws are counted by the reader that asked (it would count them twice)
     WorkerOp(
@@ -392,6 +409,7 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
         "ShardHost.count_drawn",
         lane=True,
         quick=ALWAYS,
+        after_close=True,  # draws made before the close
     ),
     WorkerOp(
         "sample_all",
@@ -444,9 +462,9 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
         "ShardHost.remove",
         quick="few_removals",
     ),
-    WorkerOp("info", {"name": NAME}, "ShardHost.info", quick=ALWAYS),
-    WorkerOp("nbytes", {"name": NAME}, "ShardHost.nbytes", quick=ALWAYS),
-    WorkerOp("checkpoint", {"name": NAME, "directory": text(4096)}, "ShardHost.checkpoint"),
+    WorkerOp("info", {"name": NAME}, "ShardHost.info", quick=ALWAYS, after_close=True),
+    WorkerOp("nbytes", {"name": NAME}, "ShardHost.nbytes", quick=ALWAYS, after_close=True),
+    WorkerOp("checkpoint", {"name": NAME, "directory": text(4096)}, "ShardHost.checkpoint", after_close=True),
     WorkerOp(
         "restore",
         {
@@ -467,7 +485,7 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
         ungated=True,
     ),
     # a disk table's shards made durable (the data path's: a move holds it, as it holds a write)
-    WorkerOp("flush_disk", {"name": NAME}, "ShardHost.flush_disk"),
+    WorkerOp("flush_disk", {"name": NAME}, "ShardHost.flush_disk", after_close=True),
     # a move's steps (gear_flow.distributed.host_moves), sent by the coordinator (move_out: by the destination)
     WorkerOp(
         "move_out",
@@ -513,6 +531,9 @@ THROUGH: frozenset[str] = frozenset(op.name for op in WORKER_OPS.values() if op.
 #: operations that are not the table's data path (lifecycle, a move's own steps): never held or refused by a
 #: move gate; each one's ``ungated`` claim
 UNGATED: frozenset[str] = frozenset(op.name for op in WORKER_OPS.values() if op.ungated)
+#: gated operations a table closed without being dropped still runs (reads, durability, counts of earlier
+#: draws); each one's ``after_close`` claim
+AFTER_CLOSE: frozenset[str] = frozenset(op.name for op in WORKER_OPS.values() if op.after_close)
 #: a move's steps, and a restore's drop of the copy it replaced, whose ``epoch`` is their argument (the new
 #: placement version), not the request's; each one's ``epoch_argument`` claim
 EPOCH_ARGUMENT: frozenset[str] = frozenset(op.name for op in WORKER_OPS.values() if op.epoch_argument)
