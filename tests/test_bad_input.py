@@ -289,6 +289,69 @@ def test_values_that_a_cast_would_change_are_refused_by_every_table(make_table):
     assert t.info()["size"] == 5
 
 
+def test_every_way_in_applies_the_inserts_rule_of_what_a_cast_may_change(make_table):
+    """The writers checked only that a dtype casts within its kind: 300 appended to an int8 column was stored
+    as 44, 2**40 to an int32 one as 0.  Unsigned columns refused signed integers that fit (an int64 [0, 255]
+    into uint8, Python ints), so a table with uint8 actions could not ingest its own export; a float that
+    overflows a narrower float was stored as inf; a tensor that requires grad raised torch's bare
+    RuntimeError.  Every way in (insert, insert_batch, both writers) now refuses the same values with one
+    line, nothing applied, and takes the others."""
+    import torch
+
+    spec = TableSpec(
+        (ColumnSpec("u", (2,), np.uint8), ColumnSpec("small", (), np.int8), ColumnSpec("h", (), np.float16)),
+        capacity=CAP,
+        num_shards=2,
+    )
+    t = make_table(spec, sampler=Fifo(), seed=0)
+    ok = {"u": np.array([0, 255]), "small": -128, "h": 1.5}
+
+    def lead(step, n):
+        """``step``'s values with ``n`` leading dimensions of 1 (tensors stay tensors)."""
+        return {k: v[(None,) * n] if torch.is_tensor(v) else np.asarray(v)[(None,) * n] for k, v in step.items()}
+
+    def ways(step):
+        """Each way in, with one step of ``step``'s values."""
+        yield "insert", lambda: t.insert(lead(step, 1))
+        yield "insert_batch", lambda: t.insert_batch(lead(step, 2))
+
+        def episode_writer():
+            with t.writer() as w:
+                w.append(step)
+
+        yield "writer", episode_writer
+        yield "vector writer", lambda: gf.VectorWriter(t, 1).append(lead(step, 1), done=[True])
+
+    bad = {
+        "value 300 does not fit int8": {**ok, "small": 300},
+        "value -1 does not fit uint8": {**ok, "u": np.array([-1, 3])},
+        "value 256 does not fit uint8": {**ok, "u": [0, 256]},
+        "value 70000.0 does not fit float16 \\(it would become inf\\)": {**ok, "h": 70000.0},
+        "value -1000000.0 does not fit float16 \\(it would become -inf\\)": {**ok, "h": np.float64(-1e6)},
+    }
+    for message, step in bad.items():
+        for way, call in ways(step):
+            with pytest.raises(InvalidDataError, match=message) as e:
+                call()
+            assert "\n" not in str(e.value), way
+    assert t.size == 0
+    for way, call in ways(ok):
+        call()
+    steps = [
+        ok,
+        {**ok, "h": np.inf, "u": [7, 8]},
+        {"u": torch.tensor([1, 2]), "small": 5, "h": torch.ones((), requires_grad=True)},
+    ]
+    for step in steps[1:]:
+        for way, call in ways(step):
+            call()
+    assert t.size == 12
+    b = t.sample(12, 1)
+    assert b["u"].numpy()[:, 0].tolist() == [[0, 255]] * 4 + [[7, 8]] * 4 + [[1, 2]] * 4
+    assert b["small"].numpy().ravel().tolist() == [-128] * 8 + [5] * 4
+    assert b["h"].numpy().ravel().tolist() == [1.5] * 4 + [np.inf] * 4 + [1.0] * 4
+
+
 def test_allowed_casts():
     """int64/float64 into float32, bool into anything numeric, small ints into wider ints."""
     spec = TableSpec((ColumnSpec("f", (2,), np.float32), ColumnSpec("i", (), np.int64)), capacity=8)

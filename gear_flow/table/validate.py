@@ -274,26 +274,78 @@ def _ready(value, c, lead: int):
 
 
 def _column(value, c, where: str, lead: int, shape_text: str):
-    """``value`` read as an array of ``lead`` leading dimensions then ``c.shape``, numeric and castable to
-    ``c.dtype`` (not yet cast), or an error naming ``where`` and, for the shape, ``shape_text``."""
-    a = _as_array(value, where)
+    """``value`` read as an array of ``lead`` leading dimensions then ``c.shape``, checked storable as
+    ``c.dtype`` (:func:`storable`; not yet cast), or an error naming ``where`` and, for the shape,
+    ``shape_text``."""
+    a = as_array(value, where)
     if a.dtype.kind not in "biufc":
         raise InvalidDataError(f"{where}: dtype {a.dtype} is not numeric")
     if a.ndim != lead + len(c.shape) or tuple(a.shape[lead:]) != c.shape:
         raise InvalidDataError(f"{where}: shape {tuple(a.shape)} must be {shape_text}")
-    if not np.can_cast(a.dtype, c.dtype, "same_kind"):
+    storable(a, c.dtype, where)
+    return a
+
+
+def storable(a: np.ndarray, dtype: np.dtype, where: str) -> None:
+    """Refuse values whose cast to a column's ``dtype`` would change them beyond rounding: the one rule of
+    every way in (inserts, batches, writers).
+
+    Allowed: dtypes that cast safely or within their kind (float64 into a
+    float32 column rounds), and integers of either sign into an integer
+    column when every value fits it.  Refused: a cast across kinds that
+    loses (float into int, anything into bool, complex into real), an
+    integer that would wrap round, and a finite value that would become
+    infinite in a narrower float.
+
+    Parameters
+    ----------
+    a : numpy.ndarray or device array
+        Numeric values.
+    dtype : numpy.dtype
+        The column's.
+    where : str
+        Names the values in the message.
+
+    Raises
+    ------
+    InvalidDataError
+        The first such value or dtype, named.
+    """
+    dtype = np.dtype(dtype)
+    ints = a.dtype.kind in "iu" and dtype.kind in "iu"
+    if not (ints or np.can_cast(a.dtype, dtype, "same_kind")):
         raise InvalidDataError(
-            f"{where}: dtype {a.dtype} cannot be stored as {c.dtype} "
+            f"{where}: dtype {a.dtype} cannot be stored as {dtype} "
             "(allowed: dtypes that cast safely or within the same kind)"
         )
-    if a.dtype.kind in "iu" and c.dtype.kind in "iu" and a.size and not np.can_cast(a.dtype, c.dtype, "safe"):
-        # integers cast within their kind must fit: one that does not would wrap round to another number
-        lo, hi, info = int(a.min()), int(a.max()), np.iinfo(c.dtype)
+    if not a.size or np.can_cast(a.dtype, dtype, "safe"):
+        return
+    if ints:  # an integer cast within its kind, or across signs, must fit: one that does not wraps round
+        lo, hi, info = int(a.min()), int(a.max()), np.iinfo(dtype)
         if lo < info.min or hi > info.max:
             raise InvalidDataError(
-                f"{where}: value {lo if lo < info.min else hi} does not fit {c.dtype} [{info.min}, {info.max}]"
+                f"{where}: value {lo if lo < info.min else hi} does not fit {dtype} [{info.min}, {info.max}]"
             )
-    return a
+    elif dtype.kind == "f" and a.dtype.kind in "iuf":  # a finite value past the float's range becomes inf
+        top = float(np.finfo(dtype).max)
+        with np.errstate(invalid="ignore"):
+            lo, hi = float(a.min()), float(a.max())  # (NaN: no comparison holds; an inf given stays one)
+        bad = _overflows(a, dtype) if hi > top or lo < -top else None
+        if bad is not None:
+            raise InvalidDataError(f"{where}: value {bad[0]!r} does not fit {dtype} (it would become {bad[1]})")
+
+
+def _overflows(a, dtype) -> tuple[float, float] | None:
+    """The first finite value of ``a`` that is infinite cast to ``dtype``, and what it becomes; None if none
+    (values past the largest float that round to it are kept)."""
+    host = to_host(a)
+    with np.errstate(over="ignore"):
+        cast = np.asarray(host).astype(dtype)
+    bad = np.flatnonzero(np.isinf(cast) & np.isfinite(host))
+    if not len(bad):
+        return None
+    i = int(bad[0])
+    return host.reshape(-1)[i].item(), float(cast.reshape(-1)[i])
 
 
 def _contiguous(a, dtype):
@@ -305,9 +357,32 @@ def _contiguous(a, dtype):
     return np.ascontiguousarray(a, dtype=dtype)
 
 
-def _as_array(value, what: str) -> np.ndarray:
-    """``np.asarray(value)``, with NumPy's own errors (ragged nesting, ...) translated; device
-    arrays (CuPy, trajectories an actor produced on a GPU) are kept as they are."""
+def as_array(value: Any, what: str) -> Any:
+    """``np.asarray(value)``, with NumPy's own errors (ragged nesting, ...) translated.
+
+    Device arrays (CuPy, trajectories an actor produced on a GPU) are kept as
+    they are; a torch tensor that requires grad is read detached (its values
+    are what a table stores).
+
+    Parameters
+    ----------
+    value : array_like, torch.Tensor or device array
+        The values.
+    what : str
+        Names them in the message.
+
+    Returns
+    -------
+    numpy.ndarray or device array
+        The values as an array.
+
+    Raises
+    ------
+    InvalidDataError
+        They cannot be read as an array.
+    """
+    if getattr(value, "requires_grad", False):  # a tensor still in an autograd graph: its values are stored
+        value = value.detach()
     if is_device_array(value):
         return value
     try:

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import InvalidDataError
 from ..spec import TableSpec
+from ..table.validate import as_array, storable
 
 logger = logging.getLogger(__name__)
 
@@ -52,18 +53,16 @@ def check_step(spec: TableSpec, step: Mapping, lead: tuple[int, ...] = ()) -> di
         )
     vals = {}
     for c in spec.columns:
-        try:
-            v = np.asarray(step[c.name])
-        except (TypeError, ValueError) as e:  # ragged nesting etc.: report as bad data
-            raise InvalidDataError(f"step column {c.name!r}: cannot be read as an array ({e})") from None
+        where = f"step column {c.name!r}"
+        v = as_array(step[c.name], where)  # ragged nesting etc.: reported as bad data
         if v.dtype.kind not in "biufc":
-            raise InvalidDataError(f"step column {c.name!r}: dtype {v.dtype} is not numeric; nothing was appended")
+            raise InvalidDataError(f"{where}: dtype {v.dtype} is not numeric; nothing was appended")
         if v.shape != (*lead, *c.shape):
-            raise InvalidDataError(
-                f"step column {c.name!r}: shape {v.shape} must be {(*lead, *c.shape)}; nothing was appended"
-            )
-        if not np.can_cast(v.dtype, c.dtype, "same_kind"):
-            raise InvalidDataError(f"step column {c.name!r}: dtype {v.dtype} cannot be stored as {c.dtype}")
+            raise InvalidDataError(f"{where}: shape {v.shape} must be {(*lead, *c.shape)}; nothing was appended")
+        try:  # an insert's rule: a value the cast would change (wrap round, overflow) is refused
+            storable(v, c.dtype, where)
+        except InvalidDataError as e:
+            raise InvalidDataError(f"{e}; nothing was appended") from None
         vals[c.name] = v
     return vals
 
