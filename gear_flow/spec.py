@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import keyword
 import math
+import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -72,10 +73,16 @@ class ColumnSpec:
             raise SpecError(f"column name {self.name!r} must be a Python identifier")
         if self.name in RESERVED:
             raise SpecError(f"column name {self.name!r} is reserved; reserved names: {sorted(RESERVED)}")
-        try:
-            shape = tuple(int(s) for s in (self.shape if isinstance(self.shape, Iterable) else (self.shape,)))
-        except (TypeError, ValueError):
-            raise SpecError(f"column {self.name!r}: shape {self.shape!r} must be a tuple of ints") from None
+        dims = (
+            self.shape
+            if isinstance(self.shape, Iterable) and not isinstance(self.shape, (str, bytes))
+            else (self.shape,)
+        )
+        dims = tuple(dims)
+        # whole numbers only: int() would make 2.5 a 2, "3" a 3 and True a 1
+        if not all(isinstance(s, numbers.Integral) and not isinstance(s, (bool, np.bool_)) for s in dims):
+            raise SpecError(f"column {self.name!r}: shape {self.shape!r} must be a tuple of ints")
+        shape = tuple(int(s) for s in dims)
         if any(s <= 0 for s in shape):
             raise SpecError(f"column {self.name!r}: shape {shape} must have positive dimensions")
         dtype = column_dtype(self.dtype, f"column {self.name!r}")

@@ -31,6 +31,13 @@ def test_bad_shapes(shape):
         ColumnSpec("x", shape, np.float32)
 
 
+@pytest.mark.parametrize("shape", [2.5, (2.5, 4), (4.0,), ("3",), "34", (True,), (np.True_, 2)])
+def test_shapes_that_int_would_round_or_read_are_refused(shape):
+    """int() made a shape of 2.5 a 2, ("3",) a 3, "34" a (3, 4) and True a 1, silently."""
+    with pytest.raises(SpecError, match=r"must be a tuple of ints$"):
+        ColumnSpec("x", shape, np.float32)
+
+
 @pytest.mark.parametrize(
     "shape, expected",
     [((), ()), (4, (4,)), ([2, 3], (2, 3)), ((np.int64(5),), (5,)), ((1, 1, 1), (1, 1, 1))],
