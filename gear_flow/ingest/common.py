@@ -374,6 +374,25 @@ def combine_sums(per_episode: Sequence[np.ndarray | None], names: Sequence[str])
     return {n: math.fsum(m[:, j].tolist()) for j, n in enumerate(names)}
 
 
+def same_checksum(a: float | None, b: float | None) -> bool:
+    """Whether two checksums of :func:`combine_sums` agree: equal, or both NaN (a column holding a NaN, or
+    both infinities, sums to NaN on either side, though its values are the same bit for bit).
+
+    Parameters
+    ----------
+    a, b : float or None
+        The checksums (None: the column is missing on that side).
+
+    Returns
+    -------
+    bool
+        They agree.
+    """
+    if a is None or b is None:
+        return a is b
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
 def capacity_groups(lengths: Sequence[int], capacity: int) -> list[np.ndarray]:
     """Episodes of ``lengths`` as consecutive groups of at most ``capacity`` steps each (an episode longer
     than that in a group of its own): the inserts a dataset larger than the table goes in as, so that

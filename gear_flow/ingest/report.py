@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .common import combine_sums, episode_sums
+from .common import combine_sums, episode_sums, same_checksum
 
 if TYPE_CHECKING:
     from ..shard import Shard
@@ -115,7 +115,7 @@ class IngestReport:
         if self.steps_stored != self.steps_read:
             out.append(f"steps: read {self.steps_read}, stored {self.steps_stored}")
         for n, v in self.read_checksums.items():
-            if self.stored_checksums.get(n) != v:
+            if not same_checksum(self.stored_checksums.get(n), v):
                 out.append(f"checksum of {n!r}: read {v!r}, stored {self.stored_checksums.get(n)!r}")
         return out
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ...errors import SpecError
+from ..common import same_checksum
 from ..shards import read_episodes, run_on_shards
 from .writers import WRITERS, check_exportable, checksums
 
@@ -85,7 +86,7 @@ class ExportReport:
         return [
             f"checksum of {n!r}: table {v!r}, written {self.written_checksums.get(n)!r}"
             for n, v in self.table_checksums.items()
-            if self.written_checksums.get(n) != v
+            if not same_checksum(self.written_checksums.get(n), v)
         ]
 
     @property
