@@ -236,6 +236,29 @@ def test_close_without_drop_refuses_every_handles_reads_and_changes_and_keeps_th
     )
 
 
+def test_a_closed_tables_name_is_taken_until_a_close_drops_it(client):
+    """After ``close(drop=False)`` the coordinator accepted the name again while every worker still hosted the
+    closed table, and took the new table's create for a repeat of the old one's: the "new" table refused its
+    inserts as closed.  The name is refused with one line saying how to drop the kept table; a handle attached
+    to it drops it, and then the name makes a new, empty table."""
+    t = DistributedTable.create(client, spec(capacity=100), name="kept-name", seed=0)
+    t.insert([episode(1, 5)])
+    t.close(drop=False)
+    with pytest.raises(gf.errors.SpecError, match=r"'kept-name' already exists, closed but not dropped") as e:
+        DistributedTable.create(client, spec(capacity=100), name="kept-name", seed=0)
+    assert "\n" not in str(e.value)
+    h = DistributedTable.attach("kept-name", client=client)
+    assert h.info()["size"] == 5  # the data kept
+    h.close()
+    t = DistributedTable.create(client, spec(capacity=100), name="kept-name", seed=0)
+    try:
+        assert t.size == 0
+        t.insert([episode(2, 3)])
+        assert t.sample(3, 1)["ep"].numpy().ravel().tolist() == [2, 2, 2]
+    finally:
+        t.close()
+
+
 def test_global_rate_limiter_and_timeout(client):
     t = DistributedTable.create(client, spec(), rate_limiter=gf.MinSize(50), seed=4, timeout=0.5)
     try:

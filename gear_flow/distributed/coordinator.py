@@ -323,8 +323,13 @@ class GearFlowCoordinator(SchedulerPlugin):
 
     # -- registry ---------------------------------------------------------------------------------
     async def _register(self, name, config, placement):
-        if name in self.tables and not self.tables[name].closed:
-            raise SpecError(f"a distributed table named {name!r} already exists")
+        if name in self.tables:  # a closed one's data stays on its workers until a close() drops it
+            kept = (
+                ", closed but not dropped (its data is kept on the workers: attach to it and close() it to drop it)"
+                if self.tables[name].closed
+                else ""
+            )
+            raise SpecError(f"a distributed table named {name!r} already exists{kept}")
         g = TableGate(name, config, placement)  # validates the configuration
         if sorted(g.placement) != list(range(g.spec.num_shards)):
             raise ProtocolError(
