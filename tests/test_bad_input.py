@@ -335,7 +335,7 @@ def test_every_way_in_applies_the_inserts_rule_of_what_a_cast_may_change(make_ta
                 call()
             assert "\n" not in str(e.value), way
     assert t.size == 0
-    for way, call in ways(ok):
+    for _way, call in ways(ok):
         call()
     steps = [
         ok,
@@ -343,7 +343,7 @@ def test_every_way_in_applies_the_inserts_rule_of_what_a_cast_may_change(make_ta
         {"u": torch.tensor([1, 2]), "small": 5, "h": torch.ones((), requires_grad=True)},
     ]
     for step in steps[1:]:
-        for way, call in ways(step):
+        for _way, call in ways(step):
             call()
     assert t.size == 12
     b = t.sample(12, 1)
