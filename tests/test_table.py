@@ -607,3 +607,26 @@ def test_without_replacement_table_sample_probability_counts_all_shards():
     t.insert([scalar_episode(3), scalar_episode(5)])
     b = t.sample(4)
     assert np.allclose(b.probabilities.numpy(), 1 / 8)
+
+
+def test_closing_a_shared_tier_table_unlinks_its_segments():
+    """LocalTable(tier="shared").close() left every segment in /dev/shm: 20 create/close cycles of a
+    10,000 x 256 float32 table kept about 195 MiB of tmpfs until the process exited.  The close unlinks them;
+    the table refuses its calls as any closed table."""
+    import os
+
+    from gear_flow import ColumnSpec, TableSpec
+
+    def mine():
+        return {n for n in os.listdir("/dev/shm") if n.startswith(f"gf_{os.getpid()}_")}
+
+    before = mine()
+    spec = TableSpec((ColumnSpec("obs", (256,), np.float32),), capacity=10_000, num_shards=2)
+    for _ in range(3):
+        with LocalTable(spec, tier="shared", seed=0) as t:
+            t.insert([{"obs": np.ones((10, 256), np.float32)}])
+            assert len(mine() - before) >= 2  # the two shards' rings, at least
+            assert t.sample(4, 1)["obs"].numpy().sum() == 4 * 256
+        assert mine() == before
+        with pytest.raises(TableClosedError):
+            t.sample(1)

@@ -432,11 +432,17 @@ class LocalTable(DatasetMethods):
         """Refuse further calls and wake every blocked caller with TableClosedError.
 
         A disk table is flushed first (:meth:`flush`) and its files stay:
-        :meth:`open` reopens it.
+        :meth:`open` reopens it.  A table on a ``shared`` tier unlinks its
+        named segments (the memory goes with the last mapping).
         """
         with self._cond:
             closed = self._admission.closed
             self._admission.close()
+        if self.path is None and not closed:  # named memory outlives the process's references otherwise
+            for s in self.shards:
+                release = getattr(s.tier, "release", None)
+                if release is not None:
+                    release()
         if self.path is not None and not closed:
             try:
                 self._flush()
