@@ -175,6 +175,8 @@ def test_minari_loads_the_exported_dataset(tmp_path, dataset, monkeypatch):
     [
         ((), [[-3, -1], [1, 0, 0]], "Discrete(5, start=-3)"),
         ((2,), [[[0, 3], [2, 1]], [[1, 1]]], "MultiDiscrete([3 3], start=[0 1])"),
+        # both ends of int64: no Discrete counts them (n wrapped round to a negative number): int64's Box
+        ((), [[-(2**63), 2**63 - 1]], "Box(-9223372036854775808, 9223372036854775807, (), int64)"),
     ],
 )
 def test_a_minari_export_names_an_action_space_that_holds_its_actions(tmp_path, monkeypatch, shape, acts, space):

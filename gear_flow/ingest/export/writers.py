@@ -452,10 +452,14 @@ def finish_minari(out: Path, parts: list[dict], info: dict) -> list[str]:
     else:  # the least space that holds every action: from the least value (negative ones too), each element's own
         lo = np.min([a[2] for a in acts], axis=0).astype(np.int64)
         hi = np.max([a[3] for a in acts], axis=0).astype(np.int64)
-        if lo.ndim == 0:
-            act = {"type": "Discrete", "dtype": "int64", "start": int(lo), "n": int(hi - lo + 1)}
+        # counted in Python's ints: a span past int64's (actions at both its ends) wrapped round to a negative n
+        n = np.reshape([int(h) - int(low) + 1 for h, low in zip(hi.ravel().tolist(), lo.ravel().tolist())], lo.shape)
+        if max(n.ravel().tolist(), default=0) > np.iinfo(np.int64).max:  # no Discrete counts it: the dtype's Box
+            act = _box(shape, dt)
+        elif lo.ndim == 0:
+            act = {"type": "Discrete", "dtype": "int64", "start": int(lo), "n": int(n)}
         else:
-            act = {"type": "MultiDiscrete", "dtype": "int64", "nvec": (hi - lo + 1).tolist(), "start": lo.tolist()}
+            act = {"type": "MultiDiscrete", "dtype": "int64", "nvec": n.tolist(), "start": lo.tolist()}
     meta = {
         "dataset_id": info["dataset_id"],
         "total_episodes": len(eps),
