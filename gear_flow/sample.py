@@ -64,7 +64,9 @@ class SampleBatch:
     timesteps : torch.Tensor
         int64 ``[B]``: index within its episode of the window's first valid step.
     table_size : int
-        Items in the table when the batch was drawn.
+        Items in the table when the batch was drawn; a distributed table's
+        as its coordinator counted them when it admitted the batch (a batch
+        served under an admission lease: when the lease was granted).
     length : int
         ``L``, the window length.
     priorities : torch.Tensor or None
@@ -572,8 +574,7 @@ class SampleBuffers:
         Parameters
         ----------
         table_size : int
-            Items in the table when the batch was drawn (-1: not known, as
-            distributed tables report).
+            Items in the table when the batch was drawn (-1: not known).
 
         Returns
         -------

@@ -12,6 +12,7 @@ from gear_flow import (
     LocalTable,
     MaxHeap,
     MinHeap,
+    MinSize,
     Prioritized,
     SampleToInsertRatio,
     SpecError,
@@ -285,6 +286,27 @@ def test_an_ordered_batch_larger_than_the_table_cycles_where_reverb_repeats_the_
     b = t.sample(5, timeout=0)
     assert _keys_values(b)[1] == [0.0, 1.0, 2.0, 0.0, 1.0]
     assert b.table_size == 3
+
+
+@pytest.mark.parametrize("limiter", ["ratio", "min_size"])
+def test_every_kind_of_table_reports_the_size_its_batch_was_drawn_from(make_table, limiter):
+    """A distributed batch reported table_size -1 (Reverb's SampleInfo.table_size, which docs/migration.md maps
+    ours to), a local one the table's size.  Every kind reports the items counted when the batch was admitted:
+    15, then 20 after an insert.  A distributed MinSize table's batches served under an admission lease report
+    the size at the lease's grant, so they see the insert once the lease (16 batches) is used up."""
+    if limiter == "ratio":  # admitted batch by batch (no lease), never held back
+        kw = {"rate_limiter": SampleToInsertRatio(1e6, 1, 1e9)}
+    else:
+        kw = {"rate_limiter": MinSize(1)}
+    t = make_table(x_spec(capacity=40, num_shards=2), sampler=Uniform(), seed=0, **kw)
+    t.insert([scalar_episode(5, 10 * e) for e in range(3)])
+    assert [t.sample(4, 1).table_size for _ in range(3)] == [15, 15, 15]
+    t.insert([scalar_episode(5, 100)])
+    sizes = [t.sample(4, 1).table_size for _ in range(18)]
+    if limiter == "ratio" or isinstance(t, LocalTable):
+        assert sizes == [20] * 18
+    else:
+        assert sizes == sorted(sizes) and set(sizes) <= {15, 20} and sizes[-1] == 20, sizes
 
 
 @pytest.mark.parametrize("num_shards", [1, 2])

@@ -243,7 +243,8 @@ class TableGate:
             ``first_episode_id``, ``first_stamp``, ``version``; for a sample
             ``txn``, ``horizon`` (ordered tables, else None), ``version``,
             ``lease`` (batches the client may serve without asking; MinSize
-            limiters only), ``arrivals`` (what ``after`` names); for a hold
+            limiters only), ``arrivals`` (what ``after`` names), ``size``
+            (the items counted, the batch's ``table_size``); for a hold
             ``txn`` and ``size``.
 
         Raises
@@ -352,6 +353,7 @@ class TableGate:
             "version": self.version,
             "lease": lease if isinstance(self.limiter, MinSize) and lease > 0 else 0,
             "arrivals": self.arrivals,
+            "size": self.size,  # (the batch's table_size)
         }
 
     # -- insert transactions -----------------------------------------------------------------------------

@@ -85,10 +85,12 @@ class Lease:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._size, self._left, self._since = 0, 0, 0.0
+        #: the table's items when the lease was granted: the ``table_size`` of the batches served under it
+        self.table_size = -1
         #: outlives the handle: a dropped handle's count is reported by :func:`report_dropped`
         self.unreported = LeasedSamples()
 
-    def granted(self, n: int, batches: int) -> None:
+    def granted(self, n: int, batches: int, table_size: int = -1) -> None:
         """An admission of a batch of ``n`` came with a lease of ``batches`` more (0: none).
 
         Parameters
@@ -97,9 +99,12 @@ class Lease:
             The batch size the lease covers.
         batches : int
             Batches of that size it covers.
+        table_size : int, default -1
+            The table's items at the admission (-1: not known).
         """
         with self._lock:
             self._size, self._left, self._since = n, int(batches), time.monotonic()
+            self.table_size = int(table_size)
 
     def revoke(self) -> None:
         """The lease covers no more batches (the handle changed the table: its next admission is asked)."""

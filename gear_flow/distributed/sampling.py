@@ -119,13 +119,16 @@ class SampleGrant:
         The batch's rows.
     adm : dict or None
         The coordinator's ``admit_sample`` answer (``txn``, ``horizon``,
-        ``arrivals``, ``version``, ``lease``); None: under the lease.
+        ``arrivals``, ``version``, ``lease``, ``size``); None: under the lease.
+    leased_size : int, default -1
+        Under the lease: the table's items when the lease was granted.
     """
 
-    def __init__(self, link: TableLink, n: int, adm: dict | None) -> None:
+    def __init__(self, link: TableLink, n: int, adm: dict | None, leased_size: int = -1) -> None:
         self._link = link
         self.n = n
         self.adm = adm
+        self._leased_size = int(leased_size)
         self.open = adm is not None
 
     @property
@@ -142,6 +145,11 @@ class SampleGrant:
     def horizon(self) -> int | None:
         """The admission's stamp: ordered selectors consider only items stamped before it."""
         return None if self.adm is None else self.adm.get("horizon")
+
+    @property
+    def table_size(self) -> int:
+        """The table's items when the batch was admitted (under the lease: when the lease was granted)."""
+        return self._leased_size if self.adm is None else int(self.adm.get("size", -1))
 
     @property
     def arrivals(self) -> int | None:
@@ -248,7 +256,7 @@ def redone_too_often(table: DistributedTable, last: BaseException | None = None)
     )
 
 
-def served(table: DistributedTable, out: SampleBuffers) -> SampleBatch:
+def served(table: DistributedTable, out: SampleBuffers, table_size: int) -> SampleBatch:
     """Count a batch served and note the keys it issued.
 
     Parameters
@@ -257,6 +265,8 @@ def served(table: DistributedTable, out: SampleBuffers) -> SampleBatch:
         The handle.
     out : SampleBuffers
         The batch's buffers, filled.
+    table_size : int
+        The table's items when the batch was admitted.
 
     Returns
     -------
@@ -266,7 +276,7 @@ def served(table: DistributedTable, out: SampleBuffers) -> SampleBatch:
     table.stats["batches"] += 1
     table._issued.note(out.keys)
     maybe_report(table)
-    return out.batch(-1)
+    return out.batch(table_size)
 
 
 def flush(table: DistributedTable) -> None:
@@ -493,7 +503,7 @@ def _admit(
         except Exception as e:  # noqa: BLE001 - the refresh's error is the caller's
             logger.info("table %r: an admission not given back (%s)", table.name, e)
         raise
-    table._lease.granted(n, adm.get("lease", 0))
+    table._lease.granted(n, adm.get("lease", 0), adm.get("size", -1))
     return grant
 
 
@@ -542,7 +552,7 @@ def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers |
     # be admitted once this one's expiries are counted); they never take leases
     exclusive = t._cfg.exclusive
     if leases_ok(t._cfg) and t._lease.take(B):
-        grant = SampleGrant(t._link, B, None)
+        grant = SampleGrant(t._link, B, None, t._lease.table_size)
     else:
         grant = yield from _admit(t, B, call.timeout, cancelled=call.cancelled)
     lost_at = _lost_at_grant(t, grant) if exclusive else None
@@ -598,7 +608,7 @@ def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers |
         yield Finish(grant, expired)
     elif expired:
         yield Removed(expired)
-    return served(t, out)
+    return served(t, out, grant.table_size)
 
 
 class LoopSampler:
