@@ -320,7 +320,8 @@ def insert(
         A priority that is NaN, infinite or negative, or one the sampler
         or remover cannot represent.
     CapacityError
-        An episode longer than a shard's capacity.
+        An episode longer than a shard's capacity, or more steps on one
+        shard in one call than its capacity (insert fewer per call).
     SpecError
         ``shard`` out of range, or more items than the limiter admits at once.
     RateLimitTimeout

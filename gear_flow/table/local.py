@@ -655,8 +655,10 @@ class LocalTable(DatasetMethods):
             A priority that is NaN, infinite or negative, or one the sampler
             or remover cannot represent.
         CapacityError
-            An episode longer than a shard's capacity, or (queue, stack) an
-            insert that would overwrite items not yet handed out.
+            An episode longer than a shard's capacity, more steps on one
+            shard in one call than its capacity (insert fewer per call), or
+            (queue, stack) an insert that would overwrite items not yet
+            handed out.
         SpecError
             ``shard`` out of range, or more items than the limiter admits at
             once.
