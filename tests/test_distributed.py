@@ -259,6 +259,31 @@ def test_a_closed_tables_name_is_taken_until_a_close_drops_it(client):
         t.close()
 
 
+def test_an_old_handles_close_leaves_a_new_table_of_its_name_alone(client):
+    """A learner's handle on "reused" outlived the table: the driver dropped it and created a new "reused",
+    and the old handle's close() (a with-block's exit) dropped the new table on every worker and on the
+    coordinator, its data gone.  A handle is on one creation of its table: once that is gone, closing the
+    handle touches nothing, and the new table keeps its items."""
+    t = DistributedTable.create(client, spec(capacity=100), name="reused", seed=0)
+    t.insert([episode(1, 5)])
+    old = DistributedTable.attach("reused", client=client)
+    assert len(old.sample(4, 1)) == 4
+    t.close()
+    new = DistributedTable.create(client, spec(capacity=100), name="reused", seed=0)
+    try:
+        new.insert([episode(3, 8)])
+        old.close()
+        old.close()
+        assert new.size == 8
+        assert new.sample(8, 1)["ep"].numpy().ravel().tolist() == [3] * 8
+    finally:
+        new.close()
+    gone = DistributedTable.create(client, spec(capacity=100), name="reused", seed=0)
+    other = DistributedTable.attach("reused", client=client)
+    gone.close()
+    other.close()  # its table dropped by another handle, none made since: nothing to do, no error
+
+
 def test_global_rate_limiter_and_timeout(client):
     t = DistributedTable.create(client, spec(), rate_limiter=gf.MinSize(50), seed=4, timeout=0.5)
     try:

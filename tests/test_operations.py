@@ -80,8 +80,8 @@ COORDINATOR_FIELDS = {
     "shard_restored": ("shard", "worker", "size", "inserted"),
     "move": ("shards", "worker"),
     "rebalance": (),
-    "close": (),
-    "drop": (),
+    "close": ("created",),
+    "drop": ("created",),
     "lane": (),
 }
 #: worker operation -> the ShardHost method or host_moves function plugin.OPS runs it with

@@ -188,6 +188,8 @@ class DistributedTable(DatasetMethods):
         self._ctx = ctx
         self.name = name
         self._config = state["config"]
+        #: the creation of the table this handle is on (a name dropped and used again names another)
+        self._created = state.get("created")
         self._cfg = TableConfig.from_dict(self._config)
         self.spec = self._cfg.spec
         self.boundary = self._cfg.boundary
@@ -614,6 +616,11 @@ class DistributedTable(DatasetMethods):
             return
 
         async def _close():
+            if not await self._still_there():  # dropped by another handle, maybe created again under its name:
+                self._routes.clear()  # nothing of the cluster is this handle's to flush, close or drop
+                self._ctx.lanes.clear()
+                self._dropped = True
+                return
             try:  # the stored updates, and the samples drawn here that the owners have not counted yet
                 await reader_draw.flush(self)
             except (GearFlowError, Retry) as e:  # closing anyway
@@ -621,7 +628,7 @@ class DistributedTable(DatasetMethods):
             # the shards' mappings go now, not when the handle is collected: a closed table holds no segment
             self._routes.clear()
             self._ctx.lanes.clear()  # its connections (here on the loop: asyncio transports are not thread-safe)
-            await self._link.coordinator.close()
+            await self._link.coordinator.close(self._created)
             workers = set(self._view.workers()) | set(await self._link.coordinator.workers())
             if not drop:  # every handle's reads and changes refused where the shards are (their data kept)
                 await asyncio.gather(
@@ -637,10 +644,18 @@ class DistributedTable(DatasetMethods):
                 await asyncio.gather(
                     *(call(self._ctx, a, "drop", name=self.name) for a in sorted(workers)), return_exceptions=True
                 )
-                await self._link.coordinator.drop()
+                await self._link.coordinator.drop(self._created)
                 self._dropped = True
 
         self._ctx.sync(_close)
+
+    async def _still_there(self) -> bool:
+        """Whether the coordinator still has this handle's creation of the table."""
+        try:
+            state = await self._link.coordinator.lookup()
+        except SpecError:  # no table of that name any more
+            return False
+        return state.get("created") == self._created
 
     def __enter__(self) -> DistributedTable:
         """The handle itself; the table is closed and dropped on exit."""

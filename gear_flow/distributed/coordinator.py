@@ -544,13 +544,17 @@ class GearFlowCoordinator(SchedulerPlugin):
     async def _rebalance(self, name):
         return await self.moves.rebalance(self._table(name))
 
-    async def _close(self, name):
-        self._table(name).close()
+    async def _close(self, name, created=None):
+        g = self._table(name)
+        if created is not None and created != g.created:
+            raise SpecError(f"table {name!r} was dropped and created again since; this handle's table is gone")
+        g.close()
         return True
 
-    async def _drop(self, name):
-        g = self.tables.pop(name, None)
-        if g is not None:
+    async def _drop(self, name, created=None):
+        g = self.tables.get(name)
+        if g is not None and (created is None or created == g.created):  # (another creation: left as it is)
+            del self.tables[name]
             g.close()
         return True
 

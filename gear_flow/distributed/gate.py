@@ -188,6 +188,9 @@ class TableGate:
         #: per shard, how often it was rebuilt (lost, or restored from a checkpoint; a move keeps it whole)
         self.incarnation = {s: 0 for s in self.placement}
         self.closed = False
+        #: this creation of the table: a name dropped and used again names another, which an old handle's
+        #: close must not touch
+        self.created = uuid.uuid4().hex
         self.txns: dict[str, Txn] = {}  # in admission order
         self.inserts: deque[Waiter] = deque()
         self.samples: deque[Waiter] = deque()
@@ -765,7 +768,8 @@ class TableGate:
             ``shard_size``, ``rate_limiter`` (its ``info()``),
             ``rate_limiter_config`` (to rebuild it), ``lost``,
             ``shard_inserted``, ``next_episode_id``, ``next_stamp``,
-            ``version``, ``incarnation``, ``closed``, ``inserts_in_flight`` (count),
+            ``version``, ``incarnation``, ``closed``, ``created`` (this creation's
+            id), ``inserts_in_flight`` (count),
             ``unsettled_inserts`` (committed inserts with a part whose worker
             did not answer its apply, not yet known) and ``waiting``
             (``{"inserts": n, "samples": n}`` blocked).
@@ -788,6 +792,7 @@ class TableGate:
             "version": self.version,
             "incarnation": dict(self.incarnation),
             "closed": self.closed,
+            "created": self.created,
             "inserts_in_flight": sum(1 for t in self.txns.values() if not t.committed),
             "unsettled_inserts": len(self.unsettled),
             "waiting": {"inserts": len(self.inserts), "samples": len(self.samples)},

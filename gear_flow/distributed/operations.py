@@ -605,8 +605,8 @@ COORDINATOR_OPS: Mapping[str, CoordinatorOp] = _by_name(
     # a move and a rebalance take the comm: they run for as long as their shards take to copy between workers
     CoordinatorOp("move", {"shards": sequence(SHARD, 127), "worker": optional(text())}, "_move", lane=False),
     CoordinatorOp("rebalance", {}, "_rebalance", lane=False),
-    CoordinatorOp("close", {}, "_close"),
-    CoordinatorOp("drop", {}, "_drop"),
+    CoordinatorOp("close", {"created": optional(text(64))}, "_close"),
+    CoordinatorOp("drop", {"created": optional(text(64))}, "_drop"),
     # how a handle finds the coordinator's lane, so never sent over it
     CoordinatorOp("lane", {}, "_lane", table=False, lane=False),
 )

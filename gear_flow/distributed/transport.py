@@ -607,25 +607,37 @@ class CoordinatorClient:
         """
         return self._send("rebalance")
 
-    def close(self) -> Any:
+    def close(self, created: str | None = None) -> Any:
         """Close the table: waiting and later requests are refused.
 
+        Parameters
+        ----------
+        created : str, optional
+            The creation of the table the caller means (``created`` of its
+            state): another one of the same name is refused.
+
         Returns
         -------
         object
             True (awaitable of it on the event loop).
         """
-        return self._send("close")
+        return self._send("close", created=created)
 
-    def drop(self) -> Any:
+    def drop(self, created: str | None = None) -> Any:
         """Forget the table.
 
+        Parameters
+        ----------
+        created : str, optional
+            The creation of the table the caller means: another one of the
+            same name is left as it is.
+
         Returns
         -------
         object
             True (awaitable of it on the event loop).
         """
-        return self._send("drop")
+        return self._send("drop", created=created)
 
     def lane(self) -> Any:
         """The coordinator's lane: how a handle reaches it without the comm.
