@@ -48,6 +48,13 @@ def one_line(r, command: str) -> str:
         (["local", "--threads", "0"], {}, "argument --threads: 0 must be at least 1"),
         (["local", "--port", "70000"], {}, "argument --port: 70000 is not a port (0 for any free one, up to 65535)"),
         (["info", "--scheduler", "tcp://127.0.0.1:1"], {}, "the following arguments are required: --table"),
+        # an empty host (an unset "$GEAR_FLOW_HOST") bound every listener to every interface
+        (["local", "--host", "", "--port", "0"], {},
+         "host '' must be an address of this machine (default 127.0.0.1); an empty one would listen on every "
+         "interface: give 0.0.0.0 if that is meant"),
+        # a malformed dashboard address met Dask's traceback ("unexpected RuntimeError")
+        (["local", "--dashboard-address", ":abc", "--port", "0"], {},
+         "dashboard address ':abc': port 'abc' must be a number from 0 to 65535"),
         # 192.0.2.1 (TEST-NET-1) is on no machine
         (["local", "--host", "192.0.2.1", "--port", "0"], {},
          "cannot listen on 192.0.2.1:0 (Cannot assign requested address): pass --host an address of this machine"),

@@ -18,7 +18,7 @@ import shlex
 import sys
 
 from ..errors import GearFlowError
-from .net import environ, http_address, is_loopback, listen_host, scheduler_host
+from .net import environ, http_address, http_off, is_loopback, listen_host, scheduler_host
 from .ucx import ucx_environment
 
 #: what --dry-run prints for an address this machine cannot work out (an interface it lacks, a
@@ -53,7 +53,8 @@ def settings(
     if role == "scheduler":
         dashboard = http_address(dash, listen, 8787)
     else:  # workers: a random port on the same address, or nothing
-        dashboard = http_address(None if dash is None or dash.lower() != "none" else dash, listen, 0)
+        http_address(dash, listen, 8787)  # (checked as the scheduler's is: a bad value is refused here too)
+        dashboard = None if http_off(dash) else http_address(None, listen, 0)
     export = ucx_environment(listen) if environ("GEAR_FLOW_PROTOCOL") == "ucx" else {}
     return {"gf_listen": listen, "gf_dashboard": dashboard or ""}, export, notes
 

@@ -25,7 +25,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ..config import get as config_get
-from ..errors import DeployError
+from ..errors import DeployError, SpecError
 from .gpu import has_gpu
 from .net import http_address, join_host_port
 
@@ -40,7 +40,13 @@ NO_HTTP = "gear_flow.deploy.no_http"
 
 def _listeners(host: str, dashboard_address: str | None, no_dashboard: bool) -> dict:
     """Keyword arguments putting every listener on ``host``, with the gear_flow preloads."""
+    if not isinstance(host, str) or not host.strip():  # Dask binds "" to every interface
+        raise SpecError(
+            f"host {host!r} must be an address of this machine (default 127.0.0.1); an empty one would listen "
+            "on every interface: give 0.0.0.0 if that is meant"
+        )
     dashboard = None if no_dashboard else http_address(dashboard_address, host, 8787)
+    no_dashboard = dashboard is None  # ("none": no HTTP server at all, as the launch scripts' GEAR_FLOW_DASHBOARD)
     # Dask starts an HTTP server even without a dashboard: the no_http preload stops it
     no_http = [NO_HTTP] if no_dashboard else []
     return {
@@ -50,6 +56,24 @@ def _listeners(host: str, dashboard_address: str | None, no_dashboard: bool) -> 
         "scheduler_kwargs": {"dashboard": not no_dashboard, "preload": [PRELOAD, *no_http]},
         "preload": [PRELOAD, *no_http],
     }
+
+
+def _with(ours: dict, theirs: dict) -> dict:
+    """``ours`` with a caller's more arguments: theirs win, but a ``preload`` (the workers', or the scheduler's
+    in ``scheduler_kwargs``) is added to gear_flow's, which the tables need, and ``scheduler_kwargs`` merge."""
+
+    def preloads(mine, more):
+        return [*mine, *([more] if isinstance(more, str) else list(more or []))]
+
+    out = {**ours, **{k: v for k, v in theirs.items() if k not in ("preload", "scheduler_kwargs")}}
+    if "preload" in theirs:
+        out["preload"] = preloads(ours.get("preload", []), theirs["preload"])
+    if "scheduler_kwargs" in theirs:
+        sched = {**ours.get("scheduler_kwargs", {}), **dict(theirs["scheduler_kwargs"] or {})}
+        if "preload" in (theirs["scheduler_kwargs"] or {}):
+            sched["preload"] = preloads(ours.get("scheduler_kwargs", {}).get("preload", []), sched["preload"])
+        out["scheduler_kwargs"] = sched
+    return out
 
 
 def _ucx_setup(host: str) -> None:
@@ -91,11 +115,12 @@ def local_cluster(
     protocol : str, optional
         ``tcp`` (default; ``tls`` with ``security``) or ``ucx``.
     dashboard_address : str, optional
-        ``":8787"`` (on ``host``), ``"HOST:PORT"``, or ``"none"``.
+        ``":8787"`` (on ``host``), ``"HOST:PORT"``, or ``"none"`` (as ``no_dashboard``).
     no_dashboard : bool
         No HTTP server at all in the scheduler and the workers.
     **kwargs
-        More ``LocalCluster`` arguments.
+        More ``LocalCluster`` arguments; a ``preload`` (or ``scheduler_kwargs``' one) is added to
+        gear_flow's, other ``scheduler_kwargs`` are merged into its own.
 
     Returns
     -------
@@ -116,7 +141,7 @@ def local_cluster(
     return LocalCluster(
         n_workers=n_workers, threads_per_worker=threads_per_worker, processes=True, memory_limit=memory_limit,
         scheduler_port=port, protocol=protocol, security=security, resources=resources,
-        **_listeners(host, dashboard_address, no_dashboard), **kwargs,
+        **_with(_listeners(host, dashboard_address, no_dashboard), kwargs),
     )  # fmt: skip
 
 
@@ -212,9 +237,8 @@ def cuda_cluster_kwargs(
         # resource is plain cudaMalloc, and CuPy's own pool is faster than that)
         "rmm_pool_size": pool,
         "rmm_allocator_external_lib_list": libs if pool is not None and libs else None,
-        **_listeners(host, dashboard_address, no_dashboard),
     }
-    return {**out, **kwargs}
+    return _with({**out, **_listeners(host, dashboard_address, no_dashboard)}, kwargs)
 
 
 def local_cuda_cluster(

@@ -116,10 +116,21 @@ def scheduler_host(address: str | None = None, scheduler_file: str | None = None
         The host part; None when neither gives an address.
     """
     if not address and scheduler_file and Path(scheduler_file).is_file():
-        address = json.loads(Path(scheduler_file).read_text()).get("address")
+        try:
+            info = json.loads(Path(scheduler_file).read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:  # (Dask writes it in place: read while it starts)
+            raise SpecError(
+                f"scheduler file {scheduler_file} is not Dask's JSON ({e}); is the scheduler still starting?"
+            ) from None
+        address = info.get("address") if isinstance(info, dict) else None
+        if not isinstance(address, str):
+            raise SpecError(f"scheduler file {scheduler_file} names no address (a JSON object with a text 'address')")
     if not address:
         return None
-    return urlsplit(address if "://" in address else f"tcp://{address}").hostname
+    try:
+        return urlsplit(address if "://" in address else f"tcp://{address}").hostname
+    except ValueError as e:
+        raise SpecError(f"scheduler address {address!r} cannot be read ({e})") from None
 
 
 def listen_host(role: str, host: str | None = None, interface: str | None = None, scheduler: str | None = None,
@@ -205,17 +216,46 @@ def http_address(value: str | None, host: str, default_port: int) -> str | None:
     -------
     str or None
         The address to serve HTTP on; None for ``none``/``off``/``false``/``no``.
+
+    Raises
+    ------
+    SpecError
+        Not an address of that form, or a port outside 0 to 65535.
     """
     if value is None or value == "":
         return join_host_port(host, default_port)
-    if str(value).lower() in ("none", "off", "false", "no"):
+    if http_off(value):
         return None
     value = str(value)
-    if value.startswith(":"):
-        return join_host_port(host, value[1:])
-    if value.isdigit():
-        return join_host_port(host, value)
-    return value
+    if value.startswith(":") or value.isdigit():
+        return join_host_port(host, _port(value.removeprefix(":"), value))
+    there, sep, port = value.rpartition(":")
+    if not sep or not there.strip("[]") or (":" in there and not there.startswith("[")):
+        raise SpecError(f"dashboard address {value!r} must be :PORT, PORT, HOST:PORT ([IPv6]:PORT) or none")
+    return join_host_port(there.strip("[]"), _port(port, value))
+
+
+def _port(text: str, value: str) -> int:
+    """``text`` as a port number (0 to 65535), or an error naming the whole address ``value``."""
+    if not text.isdigit() or int(text) > 65535:
+        raise SpecError(f"dashboard address {value!r}: port {text!r} must be a number from 0 to 65535")
+    return int(text)
+
+
+def http_off(value: str | None) -> bool:
+    """Whether a configured dashboard address asks for no HTTP server: ``none``, ``off``, ``false`` or ``no``.
+
+    Parameters
+    ----------
+    value : str or None
+        ``GEAR_FLOW_DASHBOARD``, ``--dashboard-address``, ``dashboard_address=``.
+
+    Returns
+    -------
+    bool
+        True for those words, in any case.
+    """
+    return value is not None and str(value).strip().lower() in ("none", "off", "false", "no")
 
 
 def environ(name: str) -> str | None:
