@@ -38,8 +38,9 @@ def _public(size=5, lost=(), waiting=(0, 0), kind="SampleToInsertRatio", inserts
     return {
         "config": {"spec": spec},
         "placement": {0: "tcp://a", 1: "tcp://b"},
-        "lost": {s: {} for s in lost},
-        "shard_size": {0: 3, 1: 2},
+        # as the coordinator keeps a lost shard: its count gone to 0, its size at the loss kept
+        "lost": {s: {"size_at_loss": 2, "inserted_at_loss": 4} for s in lost},
+        "shard_size": {0: 3, 1: 0 if 1 in lost else 2},
         "size": size,
         "rate_limiter": {"kind": kind, "samples_per_insert": 2.0, "inserts": inserts, "samples": samples},
         "waiting": {"inserts": waiting[0], "samples": waiting[1]},
@@ -73,7 +74,7 @@ def test_rows_and_rates_from_snapshots():
     assert (row["blocked_inserts"], row["blocked_samples"], row["lost"]) == (2, 1, 1)
     assert row["samples_per_insert"] == 2.0 and row["target_spi"] == 2.0
     assert row["evicted"] == 3 and row["stale_updates"] == 4
-    # the lost shard keeps a row, with the coordinator's last size
+    # the lost shard keeps a row, with the size the coordinator counted at its loss (it showed 0)
     assert [(r["shard"], r["state"], r["size"]) for r in b.shards] == [(0, "ok", 3), (1, "lost", 2)]
     r = rates(a, b)
     assert r["shards"][("t", 0)] == (10.0, 10.0) and r["tables"]["t"] == (10.0, 10.0)
@@ -123,6 +124,48 @@ def test_no_route_without_dashboard(dist_client):
         assert [b for k, b in reports if k[0] == t.name] == [1]  # (other tables' handles may report too)
     finally:
         t.close()
+
+
+def _reports_seen(dask_scheduler=None, calls=()) -> list:
+    """Each call's answer from the scheduler's stats handler, then the tables its reports are of."""
+    p = dask_scheduler.plugins["gear-flow-dashboard"]
+    answers = [p.handle_stats(**c) for c in calls]
+    return [a["status"] for a in answers], sorted({k[0] for k in p.reports})
+
+
+def _age_reports(dask_scheduler=None, by=0.0) -> int:
+    p = dask_scheduler.plugins["gear-flow-dashboard"]
+    for row in p.reports.values():
+        row["time"] -= by
+    p.handle_stats(table="nowhere", learner="x", stats={})  # a report: the ones past their age go
+    return len(p.reports)
+
+
+def test_learner_reports_are_checked_and_do_not_outlive_their_table_or_their_age(dist_client):
+    """Without a served dashboard nothing pruned the learners' reports: 200 short-lived handles left 200
+    entries on the scheduler, a dropped table's stayed for good; and counters of None, text or NaN raised out
+    of the handler where its docstring promises an error reply.  Bad counters are answered with an error, a
+    report of a table the coordinator does not hold is not kept, a dropped table's go, and so do those not
+    renewed for REPORT_TTL_S."""
+    dist_client.register_plugin(GearFlowDashboard())
+    t = DistributedTable.create(dist_client, make_spec(capacity=64, num_shards=2))
+    try:
+        calls = [dict(table=t.name, learner=f"h{i}", stats={"batches": i, "remote_bytes": 8.0}) for i in range(3)]
+        calls += [
+            dict(table=t.name, learner="bad", stats={"batches": v}) for v in (None, "abc", float("nan"), -1, 2.5, True)
+        ]
+        calls += [dict(table="no-such-table", learner="h", stats={"batches": 1})]
+        answers, tables = dist_client.run_on_scheduler(_reports_seen, calls=calls)
+        assert answers == ["OK"] * 3 + ["error"] * 6 + ["OK"]
+        assert t.name in tables and "no-such-table" not in tables
+        from gear_flow.dashboard.plugin import REPORT_TTL_S
+
+        assert dist_client.run_on_scheduler(_age_reports, by=REPORT_TTL_S + 1) == 0
+        report_stats(t)
+        assert t.name in dist_client.run_on_scheduler(_reports_seen)[1]
+    finally:
+        t.close()
+    assert t.name not in dist_client.run_on_scheduler(_reports_seen, calls=[dict(table="x", learner="y", stats={})])[1]
 
 
 def _colocated_learner(name: str) -> dict:

@@ -95,7 +95,7 @@ def shard_rows(name: str, public: dict, infos: list[dict], resident: dict) -> li
         (storage overwrites plus remover evictions), ``expired``,
         ``stale_updates``; for a disk shard ``disk_bytes`` (its files' blocks)
         and ``page_in_bytes`` (read from storage by its worker process so far),
-        0 otherwise.  Lost shards keep the coordinator's last size.
+        0 otherwise.  Lost shards keep the size the coordinator counted at their loss.
     """
     per_step = step_bytes(public["config"])
     rows = []
@@ -130,7 +130,7 @@ def shard_rows(name: str, public: dict, infos: list[dict], resident: dict) -> li
                     "shard": int(s),
                     "worker": addr,
                     "state": "lost" if int(s) in _lost(public) else "unreachable",
-                    "size": int(public["shard_size"].get(int(s), public["shard_size"].get(str(s), 0))),
+                    "size": _last_size(public, int(s)),
                     "capacity": public["config"]["spec"]["capacity"],
                     **dict.fromkeys(
                         ("steps", "bytes", "inserted", "sampled", "evicted", "expired", "disk_bytes", "page_in_bytes"),
@@ -198,6 +198,16 @@ def table_row(name: str, public: dict, shards: list[dict], resident: dict) -> di
         "shards": len(public["placement"]),
         "disk_bytes": sum(r.get("disk_bytes", 0) for r in shards),
     }
+
+
+def _last_size(public: dict, s: int) -> int:
+    """The coordinator's last size of shard ``s``: a lost shard's at its loss (its count went to 0 then)."""
+    lost = public.get("lost") or {}
+    entry = lost.get(s, lost.get(str(s)))
+    if entry and "size_at_loss" in entry:
+        return int(entry["size_at_loss"])
+    sizes = public["shard_size"]
+    return int(sizes.get(s, sizes.get(str(s), 0)))
 
 
 def learner_rows(reports: dict, now: float | None = None) -> list[dict]:

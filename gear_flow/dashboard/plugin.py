@@ -40,6 +40,10 @@ DASHBOARD_NAME = "gear-flow-dashboard"
 #: the page's route, under the dashboard's prefix
 ROUTE = "/gear-flow"
 COORDINATOR_NAME = "gear-flow-coordinator"  # gear_flow.distributed.coordinator.COORDINATOR_NAME
+#: a learner's report not renewed for this long is dropped (its handle is gone: a task that sampled and
+#: returned, a restarted actor), and at most this many are kept, the oldest dropped first
+REPORT_TTL_S = 600.0
+MAX_REPORTS = 1024
 
 
 class GearFlowDashboard(SchedulerPlugin):
@@ -110,13 +114,36 @@ class GearFlowDashboard(SchedulerPlugin):
         -------
         dict
             ``{"status": "OK"}``, or ``{"status": "error", "error": message}``
-            when an argument has the wrong type.
+            when an argument has the wrong type or a counter is not a
+            whole number >= 0.  A report of a table the coordinator does not
+            hold is not kept; reports older than :data:`REPORT_TTL_S`, and
+            past :data:`MAX_REPORTS` the oldest, are dropped.
         """
         if not isinstance(table, str) or not isinstance(learner, str) or not isinstance(stats, dict):
             return {"status": "error", "error": "gear_flow_stats needs table, learner (str) and stats (dict)"}
-        row = {k: int(stats.get(k, 0)) for k in TRANSPORT_KEYS}
-        self.reports[(table, learner)] = {**row, "time": time.time()}
+        bad = [k for k in TRANSPORT_KEYS if k in stats and not _count(stats[k])]
+        if bad:
+            return {"status": "error", "error": f"gear_flow_stats: {bad[0]} must be a whole number >= 0"}
+        now = time.time()
+        if table in self._tables():
+            self.reports[(table, learner)] = {**{k: int(stats.get(k, 0)) for k in TRANSPORT_KEYS}, "time": now}
+        self._prune(now)
         return {"status": "OK"}
+
+    def _tables(self) -> dict:
+        coord = self.scheduler.plugins.get(COORDINATOR_NAME)
+        return dict(getattr(coord, "tables", {}) or {}) if coord is not None else {}
+
+    def _prune(self, now: float) -> None:
+        """Drop the reports of tables gone, those not renewed for :data:`REPORT_TTL_S`, and the oldest past
+        :data:`MAX_REPORTS`: the learners of a long-lived table come and go."""
+        tables = self._tables()
+        for key, row in list(self.reports.items()):
+            if key[0] not in tables or now - row["time"] > REPORT_TTL_S:
+                del self.reports[key]
+        if len(self.reports) > MAX_REPORTS:
+            for key, _ in sorted(self.reports.items(), key=lambda kv: kv[1]["time"])[: len(self.reports) - MAX_REPORTS]:
+                del self.reports[key]
 
     # -- polling -------------------------------------------------------------------------------------
     async def _poll_loop(self) -> None:
@@ -140,12 +167,8 @@ class GearFlowDashboard(SchedulerPlugin):
         Snapshot
             The new poll (also appended to :attr:`history`, its rates to :attr:`series`).
         """
-        coord = self.scheduler.plugins.get(COORDINATOR_NAME)
-        gates = dict(getattr(coord, "tables", {}) or {}) if coord is not None else {}
-        tables = {name: g.public() for name, g in gates.items() if not g.closed}
-        for name in list(self.reports):
-            if name[0] not in tables:
-                self.reports.pop(name)
+        tables = {name: g.public() for name, g in self._tables().items() if not g.closed}
+        self._prune(time.time())
         infos: dict = {}
         resident: dict = {}
         calls = []
@@ -258,3 +281,12 @@ def add_page(scheduler: Scheduler, plugin: GearFlowDashboard) -> bool:
     app.start()
     logger.info("gear_flow dashboard: page %s added", ROUTE)
     return True
+
+
+def _count(v: object) -> bool:
+    """A counter's value: a whole number >= 0 (an int, or a float without a fraction; not a bool)."""
+    if isinstance(v, bool):
+        return False
+    if isinstance(v, int):
+        return v >= 0
+    return isinstance(v, float) and v.is_integer() and v >= 0
