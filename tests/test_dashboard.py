@@ -168,6 +168,26 @@ def test_learner_reports_are_checked_and_do_not_outlive_their_table_or_their_age
     assert t.name not in dist_client.run_on_scheduler(_reports_seen, calls=[dict(table="x", learner="y", stats={})])[1]
 
 
+def _pace(dask_scheduler=None) -> tuple:
+    p = dask_scheduler.plugins["gear-flow-dashboard"]
+    return p.interval, p.history_len, p.history.maxlen
+
+
+def test_the_pages_pace_is_the_schedulers_configuration():
+    """GearFlowDashboard(interval=5, history=10) registered as docs/dashboard.md shows changed nothing: the
+    preload's plugin, added first, stays (1 s, 600 polls).  The pace is configuration read where the
+    scheduler runs, which the preload's plugin takes; the docstring says a later registration changes nothing."""
+    from distributed import Client
+
+    from gear_flow.deploy.local import local_cluster
+
+    with dask.config.set({"gear-flow.dashboard.interval": 5.0, "gear-flow.dashboard.history": 10}):
+        with local_cluster(1, 1, dashboard_address="127.0.0.1:0", memory_limit="1GB") as cluster, Client(cluster) as c:
+            assert c.run_on_scheduler(_pace) == (5.0, 10, 10)
+            c.register_plugin(GearFlowDashboard(interval=3.0))
+            assert c.run_on_scheduler(_pace) == (5.0, 10, 10)
+
+
 def _colocated_learner(name: str) -> dict:
     t = DistributedTable.attach(name)
     for _ in range(3):

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
+from ..config import get as config_get
+from ..errors import SpecError
 from .model import TRANSPORT_KEYS, Snapshot, rates, snapshot
 
 if TYPE_CHECKING:
@@ -51,10 +53,22 @@ class GearFlowDashboard(SchedulerPlugin):
 
     Parameters
     ----------
-    interval : float, default 1.0
-        Seconds between polls of the tables (and the page's refresh).
-    history : int, default 600
-        Polls kept for the time series (600 at 1 s: ten minutes).
+    interval : float, optional
+        Seconds between polls of the tables (and the page's refresh);
+        default ``gear-flow.dashboard.interval`` (1.0) where the scheduler
+        runs.
+    history : int, optional
+        Polls kept for the time series; default
+        ``gear-flow.dashboard.history`` (600: ten minutes at 1 s).
+
+    Notes
+    -----
+    One plugin of this name serves a scheduler, and the first one added
+    stays: gear_flow's scheduler preload (``local_cluster``, ``gear-flow
+    local``, ``start-scheduler.sh``) adds one, and so does every table's
+    ``create``.  To poll at another pace, set the two configuration keys
+    where the scheduler runs (``DASK_GEAR_FLOW__DASHBOARD__INTERVAL=5``);
+    a plugin registered later with other arguments changes nothing.
 
     Examples
     --------
@@ -65,9 +79,8 @@ class GearFlowDashboard(SchedulerPlugin):
     name = DASHBOARD_NAME
     idempotent = True
 
-    def __init__(self, interval: float = 1.0, history: int = 600):
-        self.interval = float(interval)
-        self.history_len = int(history)
+    def __init__(self, interval: float | None = None, history: int | None = None):
+        self._asked = (interval, history)  # (None: the scheduler's configuration, read when it starts)
 
     async def start(self, scheduler: Scheduler) -> None:
         """Register the stats handler; add the page and start polling where the dashboard is served.
@@ -77,6 +90,11 @@ class GearFlowDashboard(SchedulerPlugin):
         scheduler : distributed.Scheduler
             The scheduler the plugin was added to.
         """
+        interval, history = self._asked
+        self.interval = float(config_get("dashboard.interval", interval))
+        self.history_len = int(config_get("dashboard.history", history))
+        if not self.interval > 0 or self.history_len < 1:
+            raise SpecError(f"dashboard interval {self.interval} s and history {self.history_len} must be positive")
         self.scheduler = scheduler
         self.reports: dict = {}
         self.history: deque[Snapshot] = deque(maxlen=self.history_len)
