@@ -119,6 +119,30 @@ def test_transaction_memory_forgets_the_oldest_outcomes():
     assert memory.status("x0") == {"state": "unknown"} and memory.status(f"x{REMEMBER}") == {"state": "aborted"}
 
 
+def test_the_memory_of_applied_inserts_is_bounded_in_bytes_and_never_applies_twice():
+    """Each applied insert's result (every episode's first key) was kept for the last 4,096 inserts whatever
+    its size: inserts of 32,768 one-step episodes held 131 KB each per worker, 0.5 GB at the bound for a
+    table of 64 KB.  Past REMEMBER_BYTES of arrays the oldest results go (the newest is always kept); a
+    forgotten insert's apply sent again is refused, never applied twice."""
+    from gear_flow.distributed.host_transactions import REMEMBER_BYTES
+
+    memory = TransactionMemory("t", step=False)
+    keys = np.arange(1 << 20)  # 8 MiB of first keys (one array: the test holds no more)
+    for i in range(20):
+        memory.stage(f"a{i}", [])
+        assert memory.begin_apply(f"a{i}") == (None, [])
+        memory.end_apply(f"a{i}", {"first_keys": {0: keys}, "items": {0: len(keys)}, "evicted": {}})
+    kept = [i for i in range(20) if memory.status(f"a{i}")["state"] == "applied"]
+    assert kept == list(range(20 - REMEMBER_BYTES // keys.nbytes, 20))
+    assert memory.status("a0") == {"state": "unknown"}
+    with pytest.raises(SpecError, match="is not staged on this worker"):
+        memory.begin_apply("a0")
+    memory.stage("huge", [])
+    memory.begin_apply("huge")
+    memory.end_apply("huge", {"first_keys": {0: np.zeros(REMEMBER_BYTES)}})  # larger than the bound: kept alone
+    assert memory.status("huge")["state"] == "applied" and memory.status("a19") == {"state": "unknown"}
+
+
 def test_an_apply_that_fails_leaves_its_insert_neither_applying_nor_applied():
     memory = TransactionMemory("t", step=False)
     memory.stage("a", [])

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 #: transactions whose outcome a worker remembers (for the coordinator's recovery, and a request sent again)
 REMEMBER = 4096
+#: ... and the bytes of the arrays those outcomes hold at most (an insert of many episodes remembers each
+#: one's first key): past either bound the oldest is forgotten, the newest always kept
+REMEMBER_BYTES = 64 << 20
 
 
 class SampleHolds(Exception):
@@ -39,21 +42,75 @@ class SampleHolds(Exception):
     """
 
 
-def remember(memo: OrderedDict, txn: str, outcome: object) -> None:
-    """Keep ``txn``'s outcome in ``memo``, forgetting the oldest beyond :data:`REMEMBER`.
+class Memo:
+    """Transactions' outcomes in the order they ended, bounded by :data:`REMEMBER` of them and
+    :data:`REMEMBER_BYTES` of the arrays they hold (the newest always kept); its owner's lock guards it.
+
+    Examples
+    --------
+    >>> m = Memo()
+    >>> remember(m, "t1", {"first_keys": {0: np.arange(4)}})
+    >>> "t1" in m, m.get("t2"), m.nbytes
+    (True, None, 32)
+    """
+
+    def __init__(self) -> None:
+        self._outcomes: OrderedDict[str, object] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+        #: bytes of the arrays the outcomes kept hold
+        self.nbytes = 0
+
+    def __contains__(self, txn: object) -> bool:
+        return txn in self._outcomes
+
+    def __len__(self) -> int:
+        return len(self._outcomes)
+
+    def __getitem__(self, txn: str) -> object:
+        return self._outcomes[txn]
+
+    def get(self, txn: str, default: object = None) -> object:
+        """``txn``'s outcome, or ``default`` when it is not (or no longer) remembered."""
+        return self._outcomes.get(txn, default)
+
+    def put(self, txn: str, outcome: object) -> None:
+        """Keep ``txn``'s outcome, forgetting the oldest ones past either bound."""
+        if txn in self._outcomes:
+            del self._outcomes[txn]
+            self.nbytes -= self._sizes.pop(txn)
+        self._outcomes[txn] = outcome
+        self._sizes[txn] = n = _array_bytes(outcome)
+        self.nbytes += n
+        while len(self._outcomes) > 1 and (len(self._outcomes) > REMEMBER or self.nbytes > REMEMBER_BYTES):
+            old, _ = self._outcomes.popitem(last=False)
+            self.nbytes -= self._sizes.pop(old)
+
+
+def _array_bytes(x: object) -> int:
+    """Bytes of the NumPy arrays in ``x`` (dicts, lists and tuples of them, at any depth)."""
+    if isinstance(x, np.ndarray):
+        return int(x.nbytes)
+    if isinstance(x, dict):
+        return sum(_array_bytes(v) for v in x.values())
+    if isinstance(x, (list, tuple)):
+        return sum(_array_bytes(v) for v in x)
+    return 0
+
+
+def remember(memo: Memo, txn: str, outcome: object) -> None:
+    """Keep ``txn``'s outcome in ``memo``, forgetting the oldest past :data:`REMEMBER` outcomes or
+    :data:`REMEMBER_BYTES` of their arrays.
 
     Parameters
     ----------
-    memo : OrderedDict
+    memo : Memo
         An outcome memory (the caller holds the lock that guards it).
     txn : str
         The transaction.
     outcome : object
         What a request sent again for ``txn`` is answered with.
     """
-    memo[txn] = outcome
-    while len(memo) > REMEMBER:
-        memo.popitem(last=False)
+    memo.put(txn, outcome)
 
 
 def _items(batches: list, step: bool) -> dict[int, int]:
@@ -89,12 +146,12 @@ class TransactionMemory:
         self.step = step
         self._lock = threading.Lock()
         self._staged: dict[str, list] = {}  # insert txn -> [(shard, EpisodeBatch)]
-        self._applied: OrderedDict[str, dict] = OrderedDict()
+        self._applied = Memo()  # insert txn -> its apply's result
         self._applying: set[str] = set()
-        self._aborted: OrderedDict[str, bool] = OrderedDict()
+        self._aborted = Memo()  # tombstones
         self._pending: dict[str, list] = {}  # sample txn -> [(shard, slots, seqs, drawn)]
         self._finishing: dict[str, list] = {}  # taken by a finish not yet applied: still held from deletes
-        self._finished: OrderedDict[str, tuple[bool, dict]] = OrderedDict()
+        self._finished = Memo()  # sample txn -> (committed, result)
 
     @property
     def staged(self) -> Mapping[str, list]:
