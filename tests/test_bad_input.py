@@ -527,6 +527,8 @@ def test_stale_key_in_a_batch_does_not_block_the_rest(table):
         ({"max_times_sampled": -1}, "max_times_sampled"),
         ({"max_times_sampled": True}, "max_times_sampled"),
         ({"max_times_sampled": 1.0}, "max_times_sampled"),
+        # each item's count is an int32: a larger limit let the counts wrap round to negative numbers
+        ({"max_times_sampled": 2**31}, r"max_times_sampled \(2147483648\) must be at most 2147483647 \(0: no limit\)$"),
         ({"boundary": "both"}, "boundary"),
         ({"routing": "random"}, "routing 'random'"),
         ({"tier": "gpu"}, "storage tier 'gpu' is unknown"),
@@ -537,6 +539,8 @@ def test_bad_construction(kw, match):
     spec = args.pop("spec")
     with pytest.raises(SpecError, match=match):
         LocalTable(spec, **args)
+    if kw.get("max_times_sampled") == 2**31:  # the largest is taken
+        LocalTable(spec, max_times_sampled=2**31 - 1).close()
 
 
 @pytest.mark.parametrize(

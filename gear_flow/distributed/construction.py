@@ -92,7 +92,7 @@ def create(
     rate_limiter : RateLimiter, default MinSize(1)
         Global limiter, held by the scheduler's coordinator.
     max_times_sampled : int, default 0
-        Remove an item after this many samples (0: never).
+        Remove an item after this many samples (0: never; at most 2**31 - 1).
     boundary : {"strict", "pad_tail", "pad_head"}, optional
         Default window boundary mode for :meth:`sample` (config
         ``table.boundary``).

@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 SELECTION_KINDS = ("weighted", "epoch", "ordered")
 TIERS = ("host", "shared", "pinned", "device", "disk")
 
+#: the largest ``max_times_sampled``: each item's count of samples is an int32, and a draw never takes an item
+#: more often than its count has left, so no count passes it
+MAX_TIMES_SAMPLED = 2**31 - 1
+
 
 def check_timeout(t: object) -> float | None:
     """A timeout, the table's default or a call's: None (forever) or a number of seconds >= 0.
@@ -69,7 +73,7 @@ class TableConfig:
     rate_limiter : RateLimiter
         Prototype of the table's global limiter.
     max_times_sampled : int
-        Remove an item after this many samples (0: never).
+        Remove an item after this many samples (0: never; at most 2**31 - 1).
     boundary, routing, tier : str
         Defaults, after the ``dask.config`` fallbacks (``tier`` may also be a
         StorageTier instance).
@@ -130,7 +134,7 @@ class TableConfig:
         rate_limiter : RateLimiter, default MinSize(1)
             The table's limiter (a prototype).
         max_times_sampled : int, default 0
-            Remove an item after this many samples (0: never).
+            Remove an item after this many samples (0: never; at most 2**31 - 1).
         boundary : {"strict", "pad_tail", "pad_head"}, optional
             Config ``table.boundary`` when None.
         routing : {"balanced", "round_robin"}, optional
@@ -184,6 +188,8 @@ class TableConfig:
         m = self.max_times_sampled
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
             raise SpecError(f"max_times_sampled ({m!r}) must be an integer >= 0")
+        if m > MAX_TIMES_SAMPLED:  # each item's count is an int32 (as Reverb's): past it, it would wrap round
+            raise SpecError(f"max_times_sampled ({m}) must be at most {MAX_TIMES_SAMPLED} (0: no limit)")
         if not isinstance(self.rate_limiter, RateLimiter):
             raise SpecError(f"rate_limiter must be a RateLimiter, got {self.rate_limiter!r}")
         self.rate_limiter.check_table(self.spec.max_size)

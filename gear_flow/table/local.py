@@ -182,7 +182,7 @@ class LocalTable(DatasetMethods):
     rate_limiter : RateLimiter, default MinSize(1)
         Global across the shards.
     max_times_sampled : int, default 0
-        Remove an item after this many samples (0: never).
+        Remove an item after this many samples (0: never; at most 2**31 - 1).
     boundary : {"strict", "pad_tail", "pad_head"}, optional
         Default window boundary mode for ``sample`` (config ``table.boundary``).
     tier : {"host", "pinned", "device", "disk"}, optional
