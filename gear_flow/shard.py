@@ -338,16 +338,20 @@ class Shard:
         self.lock = threading.RLock()
         self.sampler = sampler
         self.remover = remover
-        sampler.bind(self)
-        remover.bind(self)
+        # the shard as its parts hold it (selectors, tail masses, published state, files): weakly, so that a
+        # shard is in no reference cycle and is freed (its rings' memory, a disk shard's mapped files) as soon
+        # as its table lets go of it, not at some later pass of the cyclic GC
+        me = weakref.proxy(self)
+        sampler.bind(me)
+        remover.bind(me)
         self.weighted = isinstance(sampler, WeightedSelector)
-        self.tails = TailMass(self._tail_mass_exact, self._reach)
+        self.tails = TailMass(lambda k: me._tail_mass_exact(k), lambda a: me._reach(a))
         #: the selection state readers on this host draw from (None: only the owner draws; see
         #: :mod:`~gear_flow.storage.shared_selection`)
-        self.published = SelectionState(self) if shareable(self) else None
+        self.published = SelectionState(me) if shareable(self) else None
         #: the files of a disk shard: commits after each change, flushes, recovery (None on other tiers; see
         #: :mod:`~gear_flow.storage.disk_state`)
-        self.store = DiskStore(self) if getattr(self.tier, "persistent", False) else None
+        self.store = DiskStore(me) if getattr(self.tier, "persistent", False) else None
 
     def writing(self) -> contextlib.AbstractContextManager:
         """The block in which the shard's selection state changes (call holding :attr:`lock`): readers

@@ -248,6 +248,41 @@ def test_disk_shards_move_in_place_on_one_machine_and_are_copied_to_another(tmp_
         assert layouts(tmp_path) == []
 
 
+def _open_under(root: str, dask_worker=None) -> int:
+    """Descriptors this process holds of files under ``root`` (deleted ones included) or mappings of them."""
+    import os
+
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith(root)
+        except OSError:
+            pass
+    with open("/proc/self/maps") as f:
+        return n + sum(root in line for line in f)
+
+
+def test_a_dropped_disk_tables_files_are_let_go_at_once(dist_client, tmp_path):
+    """Dropped, a disk table's files were removed but the workers kept them open and mapped (90 deleted files,
+    292 MiB of disk after five cycles) until Python's cyclic GC happened to run: every shard was in reference
+    cycles with its selectors, its tail masses and its files.  A shard is in none now: once close() drops the
+    table, no worker holds a descriptor or a mapping of its files."""
+    root = str(tmp_path / "w")
+    dist_client.run(_set, {"gear-flow.disk.path": root})
+    try:
+        for _ in range(2):
+            t = DistributedTable.create(dist_client, make_spec(capacity=100, num_shards=2), tier="disk",
+                                        sampler=gf.Prioritized(), name="disk-let-go")  # fmt: skip
+            t.insert([episode(k + 1, 4) for k in range(6)])
+            t.sample(4, 2)
+            assert sum(dist_client.run(_open_under, root).values()) > 0
+            t.close()
+            assert layouts(tmp_path) == []
+            assert dist_client.run(_open_under, root) == dict.fromkeys(dist_client.run(_open_under, root), 0)
+    finally:
+        dist_client.run(_set, {"gear-flow.disk.path": None})
+
+
 def test_a_worker_without_a_disk_path_refuses_the_table_and_nothing_is_left(dist_client, tmp_path):
     """One worker has ``gear-flow.disk.path``, the other none: ``create(tier="disk")`` fails with one line
     naming the worker, and neither worker, the coordinator nor the disk keeps anything of it; with a path on

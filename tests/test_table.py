@@ -630,3 +630,28 @@ def test_closing_a_shared_tier_table_unlinks_its_segments():
         assert mine() == before
         with pytest.raises(TableClosedError):
             t.sample(1)
+
+
+@pytest.mark.parametrize("tier", ["host", "shared", "disk"])
+@pytest.mark.parametrize("sampler", [Prioritized(), Uniform(), Fifo(), WithoutReplacement()])
+def test_a_table_let_go_of_is_freed_without_the_cyclic_gc(tmp_path, tier, sampler):
+    """Every shard was in reference cycles (its selectors, its tail masses, its published state and its files
+    held it back): a closed table nobody referenced kept its rings' memory, and a disk table its files open
+    and mapped, until a pass of Python's cyclic GC, which large arrays do not prompt.  With the cyclic GC off,
+    the last reference gone frees the shards."""
+    import gc
+    import weakref
+
+    kw = {"path": tmp_path / "t"} if tier == "disk" else {}
+    gc.collect()
+    gc.disable()
+    try:
+        t = LocalTable(make_spec(capacity=64, num_shards=2), sampler=sampler.clone(), tier=tier, seed=0, **kw)
+        t.insert([episode(k + 1, 5) for k in range(4)])
+        t.sample(4, 2)
+        shards = [weakref.ref(s) for s in t.shards]
+        t.close()
+        del t
+        assert [s() for s in shards] == [None, None]
+    finally:
+        gc.enable()
