@@ -38,6 +38,26 @@ def test_work_runs_only_when_the_host_waits(emulated):
     assert s.pending == 0 and _raw(b, 8) == np.int64(7).tobytes()
 
 
+def test_memory_is_reclaimed_only_after_the_work_queued_before_it_went(emulated):
+    """As CUDA's stream-ordered allocators: an array whose last reference goes while work queued before still
+    writes it through its address (a copy, a gather through a table of pointers) keeps its memory until that
+    work has run; it was freed at once, and the queued write scribbled on host memory reused meanwhile (heap
+    corruption, a crash in a later test).  Then it is reclaimed."""
+    from cuda_emu import streams
+
+    cp = emulated
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        src, dst = cp.arange(1 << 16, dtype=np.uint8), cp.zeros(1 << 16, dtype=np.uint8)
+        s.synchronize()
+        ptr = dst.data.ptr
+        cp.cuda.runtime.memcpyAsync(ptr, src.data.ptr, 1 << 16, cp.cuda.runtime.memcpyDefault, s.ptr)  # queued
+    del dst
+    assert ptr in streams.DEVICE  # held: the copy writes it when the stream runs
+    s.synchronize()
+    assert ptr not in streams.DEVICE  # reclaimed once it ran
+
+
 def test_event_synchronize_runs_its_stream_up_to_the_record_only(emulated):
     cp = emulated
     s = cp.cuda.Stream(non_blocking=True)

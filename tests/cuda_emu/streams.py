@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import sys
 import threading
 import time
 import weakref
@@ -131,8 +132,10 @@ class Stream:
                         fn()
                     finally:
                         self._done += 1
+                        fn = None  # (what it held may be reclaimed once the queue has run)
             finally:
                 self._running = False
+            reclaim()
 
     @property
     def pending(self) -> int:
@@ -297,16 +300,32 @@ def synchronize_device() -> None:
 
 
 class _Ranges:
-    """Address ranges of live allocations of one kind (pinned host or device)."""
+    """Address ranges of live allocations of one kind (pinned host or device).
+
+    An allocation is reclaimed as CUDA's stream-ordered allocators (CuPy's per-stream pool, RMM's pool,
+    ``cudaFreeAsync``) reclaim it: once no array refers to it *and* every queue has run the work issued
+    before, not at the moment its last array goes.  A kernel queued before then (a gather reaching a ring
+    through a table of pointers, a copy into it) may still read or write it, as on a GPU; freeing its host
+    buffer at once would let that work scribble on memory the host has reused.
+    """
 
     def __init__(self):
         self._r: dict[int, int] = {}
+        self._held: dict[int, object] = {}  # start -> the buffer, kept until reclaimed
 
     def add(self, owner, start: int, nbytes: int) -> None:
-        """A range that lives as long as ``owner`` (None: until :meth:`remove`)."""
+        """A range that lives as long as ``owner`` and the work queued before it went (None: until
+        :meth:`remove`)."""
         self._r[start] = start + nbytes
         if owner is not None:
-            weakref.finalize(owner, self._r.pop, start, None)
+            self._held[start] = owner
+            reclaim()
+
+    def _reclaim(self) -> None:
+        for start in list(self._held):
+            if sys.getrefcount(self._held[start]) <= 2:  # the dict's and getrefcount's argument: nothing else
+                del self._held[start]
+                self._r.pop(start, None)
 
     def remove(self, start: int) -> bool:
         return self._r.pop(start, None) is not None
@@ -320,6 +339,14 @@ class _Ranges:
 
 PINNED = _Ranges()
 DEVICE = _Ranges()
+
+
+def reclaim() -> None:
+    """Reclaim the allocations no array refers to, once no queue holds work issued before (see :class:`_Ranges`)."""
+    with LOCK:
+        if all(s._done >= s._issued for s in list(Stream._live)):
+            PINNED._reclaim()
+            DEVICE._reclaim()
 
 
 def is_pinned(ptr: int) -> bool:
