@@ -211,3 +211,48 @@ def test_rings_are_mapped_in_huge_pages_where_dev_shm_allows_them():
         mb.close()
     finally:
         tier.release()
+
+
+_CLIENT = """
+import sys, numpy as np, gear_flow as gf
+from distributed import Client
+with Client(sys.argv[1]) as c:
+    spec = gf.TableSpec((gf.ColumnSpec("obs", (1024,), np.float32),), capacity=20_000, num_shards=2)
+    with gf.DistributedTable.create(c, spec) as t:
+        t.insert([{"obs": np.ones((1000, 1024), np.float32)} for _ in range(10)])  # 40 MB, staged in shared memory
+    print("inserted", flush=True)
+    sys.stdin.readline()  # (exits when told: its segments are unlinked then)
+"""
+
+
+def _staging_mapped(pid: int, dask_worker=None) -> int:
+    """MiB this worker maps of client ``pid``'s staging segments."""
+    total = 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if f"/dev/shm/gf_{pid}_" in line:
+                lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+                total += hi - lo
+    return total >> 20
+
+
+def test_a_departed_clients_staging_memory_is_let_go_of(dist_client):
+    """A client process that inserted through shared memory and exited left each worker mapping its (unlinked)
+    staging segment, the memory held until eight other segments were mapped there or the worker restarted.
+    The workers let go of the mappings of segments their clients unlinked within a sweep."""
+    import subprocess
+    import sys
+
+    from dist_support import wait_for
+
+    p = subprocess.Popen([sys.executable, "-c", _CLIENT, dist_client.scheduler.address], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert p.stdout.readline().strip() == "inserted"
+        assert sum(dist_client.run(_staging_mapped, p.pid).values()) >= 40  # its segment, mapped by the workers
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.wait(120) == 0
+    finally:
+        p.kill()
+    wait_for(lambda: sum(dist_client.run(_staging_mapped, p.pid).values()) == 0, "its staging let go of", 30)

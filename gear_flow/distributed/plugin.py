@@ -23,10 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
+from tornado.ioloop import PeriodicCallback
 
 from .. import backend
 from ..config import get as config_get
 from ..errors import GearFlowError, ProtocolError
+from ..storage import staging
 from . import host_moves, protocol, wire
 from .host import OPS, ShardHost
 from .host_sampling import release
@@ -44,6 +46,8 @@ PLUGIN_NAME = "gear-flow"
 
 #: how often an operation the event loop holds back (a move seals its table) looks again, in seconds
 GATE_POLL_S = 0.005
+#: seconds between sweeps of the staging segments a worker keeps mapped (a departed client's are let go of)
+STAGING_SWEEP_S = 5.0
 
 
 #: operations that run on the event loop when small and their shards' locks are free: a hop to the thread
@@ -184,6 +188,10 @@ class GearFlowWorker(WorkerPlugin):
         self.ran = {"loop": 0, "pool": 0}
         self.lane = LaneServer(self.serve)  # listens once a same-machine handle asks (shared_layout)
         worker.handlers["gear_flow"] = self.handle
+        # the staging segments of clients that left (closed, exited) are let go of, whoever inserts next
+        pc = PeriodicCallback(staging.forget_unlinked, STAGING_SWEEP_S * 1000)
+        worker.periodic_callbacks["gear-flow-staging"] = pc
+        pc.start()
 
     def teardown(self, worker: Worker) -> None:
         """Stop the thread pool, unregister the handler, free every shard (shared segments included).
@@ -193,6 +201,9 @@ class GearFlowWorker(WorkerPlugin):
         worker : distributed.Worker
             The worker this plugin was set up on.
         """
+        pc = worker.periodic_callbacks.pop("gear-flow-staging", None)
+        if pc is not None:
+            pc.stop()
         self.lane.close()  # first: no lane request may reach the thread pool once it is shut down
         self.executor.shutdown(wait=False)
         worker.handlers.pop("gear_flow", None)

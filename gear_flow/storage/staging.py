@@ -18,6 +18,7 @@ from __future__ import annotations
 import atexit
 import math
 import mmap
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SpecError
-from .shared import PREFIX, map_readonly, segment_name
+from .shared import PREFIX, SHM_DIR, map_readonly, segment_name
 
 #: arrays start at multiples of this many bytes in a staging segment
 ALIGN = 64
@@ -244,12 +245,29 @@ def read_staged(segment: Any, chunks: Sequence[Any], where: str) -> list[dict]:
     return out
 
 
+def forget_unlinked() -> int:
+    """Let go of the kept mappings of staging segments their clients have unlinked (a client that closed or
+    exited): their memory goes with the last view of them, not with the worker.
+
+    Returns
+    -------
+    int
+        Mappings let go of.
+    """
+    with _maps_lock:
+        gone = [s for s in _maps if not os.path.exists(os.path.join(SHM_DIR, s))]
+        for s in gone:
+            del _maps[s]  # views still in use keep their mapping alive
+    return len(gone)
+
+
 def _map(segment: str, where: str) -> mmap.mmap:
     with _maps_lock:
         m = _maps.get(segment)
         if m is not None:
             _maps.move_to_end(segment)
             return m
+    forget_unlinked()
     try:
         m = map_readonly(segment)
     except FileNotFoundError:
