@@ -70,11 +70,32 @@ class Memo:
         return self._outcomes[txn]
 
     def get(self, txn: str, default: object = None) -> object:
-        """``txn``'s outcome, or ``default`` when it is not (or no longer) remembered."""
+        """``txn``'s outcome, or ``default`` when it is not (or no longer) remembered.
+
+        Parameters
+        ----------
+        txn : str
+            The transaction.
+        default : object, optional
+            What to answer for one not remembered.
+
+        Returns
+        -------
+        object
+            The outcome, or ``default``.
+        """
         return self._outcomes.get(txn, default)
 
     def put(self, txn: str, outcome: object) -> None:
-        """Keep ``txn``'s outcome, forgetting the oldest ones past either bound."""
+        """Keep ``txn``'s outcome, forgetting the oldest ones past either bound.
+
+        Parameters
+        ----------
+        txn : str
+            The transaction.
+        outcome : object
+            What a request sent again for it is answered with.
+        """
         if txn in self._outcomes:
             del self._outcomes[txn]
             self.nbytes -= self._sizes.pop(txn)
