@@ -328,6 +328,9 @@ def storable(a: np.ndarray, dtype: np.dtype, where: str) -> None:
             )
     elif dtype.kind == "f" and a.dtype.kind in "iuf":  # a finite value past the float's range becomes inf
         top = float(np.finfo(dtype).max)
+        source = np.iinfo(a.dtype) if a.dtype.kind in "iu" else np.finfo(a.dtype)
+        if float(source.max) <= top:  # (int64 into float32: no value can; only float16 is that narrow)
+            return
         with np.errstate(invalid="ignore"):
             lo, hi = float(a.min()), float(a.max())  # (NaN: no comparison holds; an inf given stays one)
         bad = _overflows(a, dtype) if hi > top or lo < -top else None
