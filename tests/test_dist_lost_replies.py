@@ -763,3 +763,29 @@ def test_a_waiting_update_a_live_worker_does_not_answer_in_time_fails_once(share
             assert (r.applied, r.stale) == (2, 0) and t.stats["updates_in_thread"] == here + 1
         finally:
             t.close()
+
+
+def test_a_request_to_a_worker_that_died_fails_once_the_scheduler_knows_not_at_the_connect_timeout():
+    """A request to a worker killed meanwhile waited out Dask's connect timeout (30 s by default, retrying the
+    refused connection) before ShardLostError, though the scheduler removed the worker within a second.  The
+    request asks the coordinator about its worker once early (transport.EARLY_PROBE_S) and fails as soon as
+    the worker is gone."""
+    import os
+    import time
+
+    from dist_support import kill
+    from helpers import make_spec
+
+    from gear_flow.distributed.transport import WorkerLost, call
+
+    with own_cluster({"distributed.comm.timeouts.connect": "30s"}) as client:
+        t = DistributedTable.create(client, make_spec(capacity=50, num_shards=2), seed=0)
+        victim = t.placement[1]
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        kill(pid)
+        wait_for(lambda: victim not in client.scheduler_info()["workers"], "the scheduler removed the worker")
+        start = time.monotonic()
+        with dask.config.set({"distributed.comm.timeouts.connect": "30s"}):
+            with pytest.raises(WorkerLost):
+                t._ctx.sync(call, t._ctx, victim, "info", table=t.name, name=t.name)
+        assert time.monotonic() - start < 10

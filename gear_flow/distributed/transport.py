@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 COMM_ERRORS = (OSError, asyncio.TimeoutError)
+#: seconds into a worker request at which the coordinator is asked once whether the worker is still there (a
+#: killed one's connection is otherwise retried until Dask's connect timeout); later, every rpc-timeout
+EARLY_PROBE_S = 2.0
 
 
 def pool_closed(e: BaseException, rpc: Any) -> bool:
@@ -1010,7 +1013,9 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
 
     A slow reply is awaited ``distributed.rpc-retries + 1`` times
     ``distributed.rpc-timeout`` seconds as long as the scheduler still has the
-    worker.
+    worker; with ``table``, the coordinator is also asked once after
+    :data:`EARLY_PROBE_S`, so that a request to a worker killed meanwhile
+    fails once the scheduler has removed it, not at Dask's connect timeout.
 
     Parameters
     ----------
@@ -1070,7 +1075,18 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
         else:
             watch["timer"] = loop.call_later(timeout, slow)
 
+    def early() -> None:
+        watch["probe"] = asyncio.ensure_future(probe())
+
+    async def probe() -> None:
+        # a worker killed mid-request is removed by the scheduler within about a second, while a connection to
+        # it is retried until Dask's connect timeout (30 s): asked about once early, a lost one fails it then
+        if await worker_alive(ctx, table, addr, timeout) is False and watch["why"] is None:
+            watch["why"] = "lost"
+            task.cancel()
+
     watch["timer"] = loop.call_later(timeout, slow)
+    watch["early"] = loop.call_later(EARLY_PROBE_S, early) if table is not None and EARLY_PROBE_S < timeout else None
     reply = resp = None
     try:
         lane = ctx.lanes.route(addr, op, wire.array_bytes(args) if op in ("stage", "write") else 0)
@@ -1100,8 +1116,11 @@ async def call(ctx: Context, addr: str, op: str, *, table: str | None = None, **
         raise CoordinatorLostError(f"worker {addr}: this client has closed its connections ({e})") from e
     finally:
         watch["timer"].cancel()
-        if watch["checker"] is not None and not watch["checker"].done():
-            watch["checker"].cancel()
+        if watch["early"] is not None:
+            watch["early"].cancel()
+        for job in (watch["checker"], watch.get("probe")):
+            if job is not None and not job.done():
+                job.cancel()
     # the reply is decoded outside the comm's errors: an operation's own error that is an OSError (a
     # RateLimitTimeout is a TimeoutError, a CoordinatorLostError a ConnectionError) is never a lost worker
     if reply is not None:
