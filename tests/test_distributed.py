@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -282,6 +283,72 @@ def test_an_old_handles_close_leaves_a_new_table_of_its_name_alone(client):
     other = DistributedTable.attach("reused", client=client)
     gone.close()
     other.close()  # its table dropped by another handle, none made since: nothing to do, no error
+
+
+def test_closing_at_once_from_several_handles_raises_nothing(client):
+    """Handles closing a closed table at once from threads (some dropping it) met SpecError "no distributed
+    table" now and then: one checked that the table was there, another dropped it, then the first closed it.
+    None raises; the table is gone after."""
+    for r in range(4):
+        t = DistributedTable.create(client, spec(capacity=100), name=f"racing-{r}", seed=0)
+        t.insert([episode(1, 5)])
+        t.close(drop=False)
+        handles = [DistributedTable.attach(t.name, client=client) for _ in range(4)]
+        errors = []
+
+        def close(h, drop, errors):
+            try:
+                h.close(drop=drop)
+            except Exception as e:  # noqa: BLE001 - collected: the assertion names it
+                errors.append(e)
+
+        threads = [threading.Thread(target=close, args=(h, i % 2 == 0, errors)) for i, h in enumerate(handles)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        assert errors == []
+        assert t.name not in client.run_on_scheduler(lambda dask_scheduler=None: list(
+            dask_scheduler.plugins["gear-flow-coordinator"].tables))  # fmt: skip
+
+
+def test_a_closed_tables_shard_is_not_restored_open(client, tmp_path):
+    """restore_shard onto another worker of a table closed with drop=False was accepted, and the new copy
+    served updates and deletes (size 40 to 39) where every handle must meet TableClosedError."""
+    t = DistributedTable.create(client, spec(capacity=100), seed=0)
+    try:
+        t.insert([episode(k + 1, 10) for k in range(4)])
+        t.checkpoint(tmp_path / "ck")
+        t.close(drop=False)
+        with pytest.raises(gf.TableClosedError, match="restore_shard is refused"):
+            t.restore_shard(0, tmp_path / "ck", replace=True)
+        assert t.info()["size"] == 40
+    finally:
+        t.close()
+
+
+def _size_in_task(table):
+    return table.size
+
+
+def test_a_handle_sent_to_a_task_attaches_there_and_not_to_a_table_made_since(client):
+    """The handle's docstring: sent to a task, it attaches there.  The scheduler now reads a task's graph, and
+    unpickling the handle there (no worker) failed the submit.  And a handle on a table dropped and made again
+    under its name attached to the new one in the task, where its close dropped that one.  The handle
+    attaches where its task runs, and refuses a table made since it was sent."""
+    t = DistributedTable.create(client, spec(capacity=100), name="sent", seed=0)
+    t.insert([episode(1, 5)])
+    assert client.submit(_size_in_task, t, pure=False).result() == 5
+    old = pickle.dumps(t)
+    t.close()
+    new = DistributedTable.create(client, spec(capacity=100), name="sent", seed=0)
+    try:
+        new.insert([episode(2, 8)])
+        with pytest.raises(gf.errors.SpecError, match="'sent' was dropped since this handle was sent"):
+            client.submit(_size_in_task, pickle.loads(old), pure=False).result()
+        assert new.size == 8
+    finally:
+        new.close()
 
 
 def test_global_rate_limiter_and_timeout(client):

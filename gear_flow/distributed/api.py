@@ -628,7 +628,13 @@ class DistributedTable(DatasetMethods):
             # the shards' mappings go now, not when the handle is collected: a closed table holds no segment
             self._routes.clear()
             self._ctx.lanes.clear()  # its connections (here on the loop: asyncio transports are not thread-safe)
-            await self._link.coordinator.close(self._created)
+            try:
+                await self._link.coordinator.close(self._created)
+            except SpecError:  # another handle dropped it meanwhile (closing at once): nothing left to do
+                if await self._still_there():
+                    raise
+                self._dropped = True
+                return
             workers = set(self._view.workers()) | set(await self._link.coordinator.workers())
             if not drop:  # every handle's reads and changes refused where the shards are (their data kept)
                 await asyncio.gather(
@@ -666,8 +672,8 @@ class DistributedTable(DatasetMethods):
         self.close()
 
     def __reduce__(self):
-        # a handle travels by name; the receiver attaches to the table from its own context
-        return (_attach_here, (self.name,))
+        # a handle travels by name and creation; the receiver attaches to the table from its own context
+        return (_attach_here, (self.name, self._created))
 
 
 def _forgets_placement(name, pending, routes, ctx, masses, issued):
@@ -690,5 +696,62 @@ def _forgets_placement(name, pending, routes, ctx, masses, issued):
     return forget
 
 
-def _attach_here(name):
-    return DistributedTable.attach(name)
+def _attach_here(name, created=None):
+    """A handle sent to a task, unpickled: attached to the table from this worker's task; unpickled elsewhere
+    (the scheduler reading a task's graph on its way, a worker before the task runs), a stand-in that attaches
+    on its first use in the task."""
+    from distributed import get_worker
+
+    try:
+        get_worker()
+    except ValueError:
+        return _Sent(name, created)
+    return _attach_checked(name, created)
+
+
+def _attach_checked(name, created):
+    """A handle on table ``name`` from this worker's task, refused if the table was dropped since the handle
+    was sent (its name maybe used again): the handle was on that one, and must not act on another."""
+    t = DistributedTable.attach(name)
+    if created is not None and t._created != created:
+        raise SpecError(f"table {name!r} was dropped since this handle was sent (a table of that name now is another)")
+    return t
+
+
+class _Sent:
+    """A handle on its way to a task (see :func:`_attach_here`): it attaches on first use, where a worker's
+    task runs it, and stands for the handle from then on."""
+
+    def __init__(self, name: str, created: str | None) -> None:
+        self.name, self.created, self._table = name, created, None
+
+    def __reduce__(self):
+        return (_attach_here, (self.name, self.created))
+
+    def _attached(self) -> DistributedTable:
+        if self._table is None:
+            from distributed import get_worker
+
+            try:
+                get_worker()
+            except ValueError:
+                raise GearFlowError(
+                    f"a handle on table {self.name!r} unpickled outside a worker task attaches nowhere: "
+                    f"use DistributedTable.attach({self.name!r}, client=...)"
+                ) from None
+            self._table = _attach_checked(self.name, self.created)
+        return self._table
+
+    def __getattr__(self, attr: str):
+        if attr.startswith("__"):  # (pickle, copy and the like look for these: not the handle's)
+            raise AttributeError(attr)
+        return getattr(self._attached(), attr)
+
+    def __len__(self) -> int:
+        return len(self._attached())
+
+    def __enter__(self) -> DistributedTable:
+        return self._attached().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._attached().__exit__(*exc)
