@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from ..config import check_section
 from ..dashboard import GearFlowDashboard
-from ..errors import ShardLostError, SpecError
+from ..errors import ShardLostError, SpecError, TableClosedError
 from ..registry_share import share as share_registrations
 from ..resources import placement_workers
 from ..table.config import TableConfig
@@ -416,6 +416,8 @@ def restore_shard(
     SpecError
         The table has no shard ``shard``, or it is alive and ``replace``
         is False (a live disk shard: whatever ``replace``, for its files).
+    TableClosedError
+        The table is closed (``close(drop=False)``).
     """
     return table._ctx.sync(restore_shard_async, table, shard, path, worker, replace)
 
@@ -484,6 +486,8 @@ async def restore_shard_async(
     from .. import checkpoint as ck
 
     shard = check_shard(shard, table.spec.num_shards)  # (not True for 1, nor 7 of 2 reported as a missing file)
+    if (await table._link.coordinator.lookup()).get("closed"):  # the new copy would serve the data path open
+        raise TableClosedError(f"table {table.name!r} is closed; restore_shard is refused (restore it as a new table)")
     if worker is not None and not isinstance(worker, str):
         raise SpecError(f"worker ({worker!r}) must be a worker's address or None")
     path = Path(path).absolute()
