@@ -222,6 +222,23 @@ def test_retiring_a_shard_holder_with_an_empty_worker_moves_the_shard_to_a_worke
         t.close()
 
 
+def test_a_closed_tables_kept_shards_keep_their_worker_from_retiring():
+    """A table closed but not dropped keeps its data on its workers; retire_workers of its worker retired it
+    at once (its shards counted as none, moves of a closed table being refused), and the shards were lost:
+    size 40, then 0.  The worker stays, with a line saying why, and the data with it."""
+    with own_cluster(n=2) as client:
+        ws = sorted(workers_of(client))
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=100, num_shards=2), workers=[ws[0]])
+        t.insert(tagged(range(40)))
+        t.close(drop=False)
+        assert client.retire_workers(workers=[ws[0]]) == {}
+        assert ws[0] in workers_of(client)
+        h = DistributedTable.attach(t.name, client=client)
+        info = h.info()
+        assert info["size"] == 40 and not info["lost"], info
+        h.close()
+
+
 @pytest.mark.parametrize("edit", ["update", "delete"])
 def test_an_edit_from_a_handle_that_has_not_seen_its_keys_follows_a_shard_moved_meanwhile(edit):
     """Keys on two workers, edited (waited) by a handle that has not seen them issued, right after another

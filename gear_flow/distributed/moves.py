@@ -110,9 +110,7 @@ class ShardMoves:
             Table name -> its shards there (tables with none left out).
         """
         out = {}
-        for name, g in self.tables.items():
-            if g.closed:
-                continue
+        for name, g in self.tables.items():  # (a table closed but not dropped keeps its shards: they count)
             mine = sorted(s for s, a in g.placement.items() if a == addr and s not in g.lost)
             if mine:
                 out[name] = mine
@@ -173,6 +171,12 @@ class ShardMoves:
             why = None
             for name, shards in sorted(self.held_by(src).items()):
                 g = self.tables[name]
+                if g.closed:  # its data is kept where it is, and a move would open it at the destination
+                    why = (
+                        f"table {name!r} is closed but not dropped: its shards {shards} on {src} stay there "
+                        "(drop it, attaching and closing a handle, to let the worker go)"
+                    )
+                    break
                 need = shard_bytes(g)
                 moves = []
                 for s in shards:
