@@ -90,7 +90,9 @@ class DistributedTable(DatasetMethods):
     The API mirrors :class:`~gear_flow.LocalTable`: ``insert``,
     ``insert_batch``, ``writer``, ``sample``, ``update_priorities``,
     ``delete``, ``info``, ``checkpoint``/``restore``, ``close``.  A handle
-    pickles by name: sent to a task, it attaches there to the same table.
+    pickles by name and creation: sent to a task, it attaches there to the
+    same table (on its first use, where it was unpickled before the task
+    ran), and refuses a table made since under that name.
     Each blocking method has an ``*_async`` twin for use inside a running
     event loop.
 
