@@ -702,13 +702,18 @@ def _attach_here(name, created=None):
     """A handle sent to a task, unpickled: attached to the table from this worker's task; unpickled elsewhere
     (the scheduler reading a task's graph on its way, a worker before the task runs), a stand-in that attaches
     on its first use in the task."""
+    return _attach_checked(name, created) if _in_task() else _Sent(name, created)
+
+
+def _in_task() -> bool:
+    """Whether this thread runs a worker's task (where a handle can attach from its worker)."""
     from distributed import get_worker
 
     try:
         get_worker()
     except ValueError:
-        return _Sent(name, created)
-    return _attach_checked(name, created)
+        return False
+    return True
 
 
 def _attach_checked(name, created):
@@ -732,15 +737,11 @@ class _Sent:
 
     def _attached(self) -> DistributedTable:
         if self._table is None:
-            from distributed import get_worker
-
-            try:
-                get_worker()
-            except ValueError:
+            if not _in_task():
                 raise GearFlowError(
                     f"a handle on table {self.name!r} unpickled outside a worker task attaches nowhere: "
                     f"use DistributedTable.attach({self.name!r}, client=...)"
-                ) from None
+                )
             self._table = _attach_checked(self.name, self.created)
         return self._table
 

@@ -49,7 +49,7 @@ class Memo:
     Examples
     --------
     >>> m = Memo()
-    >>> remember(m, "t1", {"first_keys": {0: np.arange(4)}})
+    >>> m.put("t1", {"first_keys": {0: np.arange(4)}})
     >>> "t1" in m, m.get("t2"), m.nbytes
     (True, None, 32)
     """
@@ -116,22 +116,6 @@ def _array_bytes(x: object) -> int:
     if isinstance(x, (list, tuple)):
         return sum(_array_bytes(v) for v in x)
     return 0
-
-
-def remember(memo: Memo, txn: str, outcome: object) -> None:
-    """Keep ``txn``'s outcome in ``memo``, forgetting the oldest past :data:`REMEMBER` outcomes or
-    :data:`REMEMBER_BYTES` of their arrays.
-
-    Parameters
-    ----------
-    memo : Memo
-        An outcome memory (the caller holds the lock that guards it).
-    txn : str
-        The transaction.
-    outcome : object
-        What a request sent again for ``txn`` is answered with.
-    """
-    memo.put(txn, outcome)
 
 
 def _items(batches: list, step: bool) -> dict[int, int]:
@@ -275,7 +259,7 @@ class TransactionMemory:
         """
         with self._lock:
             if result is not None:
-                remember(self._applied, txn, result)
+                self._applied.put(txn, result)
             self._applying.discard(txn)
 
     def forget(self, txn: str) -> bool:
@@ -294,7 +278,7 @@ class TransactionMemory:
         with self._lock:
             staged = self._staged.pop(txn, None) is not None
             if txn not in self._applied and txn not in self._applying:
-                remember(self._aborted, txn, True)
+                self._aborted.put(txn, True)
         return staged
 
     def status(self, txn: str) -> dict:
@@ -391,7 +375,7 @@ class TransactionMemory:
         with self._lock:
             self._finishing.pop(txn, None)
             if result is not None:
-                remember(self._finished, txn, (bool(commit), dict(result)))
+                self._finished.put(txn, (bool(commit), dict(result)))
 
     def pending_slots(self, txn: str) -> dict[int, np.ndarray]:
         """The slots sample ``txn``'s pending parts drew, per shard (repeats as drawn; a replaced copy's left out).
