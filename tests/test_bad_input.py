@@ -289,6 +289,32 @@ def test_values_that_a_cast_would_change_are_refused_by_every_table(make_table):
     assert t.info()["size"] == 5
 
 
+def test_keys_cast_to_a_narrower_integer_are_refused_by_every_table(make_table):
+    """Keys cast to int32 (or any integer narrower than 64 bits) were taken as they came: a key of shard 1
+    lost its shard's bits and named an item of shard 0, whose priority was set (or which was deleted) in its
+    place, and the call reported every key applied.  Such keys are now refused with one line, nothing applied,
+    by update_priorities, delete and a PriorityWriter; int64 and uint64 keys still apply."""
+    import torch
+
+    t = make_table(make_spec(capacity=CAP, num_shards=2), sampler=Prioritized(1.0, 0.0), seed=0)
+    r = t.insert([episode(1, 6), episode(2, 6)], priorities=1.0)
+    assert r.shards.tolist() == [0, 1]
+    keys = int(r.first_keys[1]) + np.arange(4)  # items 0-3 of shard 1: as int32, items 0-3 of shard 0
+    before = t.info()
+    for bad in (keys.astype(np.int32), keys.astype(np.uint32), keys.astype(np.int16), torch.tensor(keys).int()):
+        with pytest.raises(InvalidDataError, match="keys must be 64-bit integers .* got dtype u?int(32|16)"):
+            t.update_priorities(bad, 9.0)
+        with pytest.raises(InvalidDataError, match="keys must be 64-bit integers"):
+            t.delete(bad)
+        with pytest.raises(InvalidDataError, match="keys must be 64-bit integers"):
+            gf.PriorityWriter(t).update(bad, np.full(4, 9.0))
+    after = t.info()
+    assert (after["size"], after["totals"]) == (before["size"], before["totals"])
+    assert t.sample(12, 1).priorities.numpy().tolist() == [1.0] * 12  # no item's priority was set
+    assert t.update_priorities(keys.astype(np.uint64), 2.0).applied == 4
+    assert t.delete(keys[:2]).applied == 2 and t.info()["size"] == 10
+
+
 def test_every_way_in_applies_the_inserts_rule_of_what_a_cast_may_change(make_table):
     """The writers checked only that a dtype casts within its kind: 300 appended to an int8 column was stored
     as 44, 2**40 to an int32 one as 0.  Unsigned columns refused signed integers that fit (an int64 [0, 255]

@@ -550,8 +550,9 @@ def to_host(x: Any) -> Any:
 def integer_keys(keys: ArrayLike) -> np.ndarray:
     """Item keys as int64, flattened: integers below ``2**63`` (:func:`check_keys` without its table's shards).
 
-    A key that is not an integer is refused, never cast: a float64 key of a
-    shard above 0 has lost its low bits and would name another item.
+    A key that is not a 64-bit integer is refused, never cast: a float64 key
+    of a shard above 0 has lost its low bits, and an int32 one its high bits
+    (its shard), and either would name another item.
 
     Parameters
     ----------
@@ -566,7 +567,7 @@ def integer_keys(keys: ArrayLike) -> np.ndarray:
     Raises
     ------
     InvalidDataError
-        Keys that are not integers.
+        Keys that are not 64-bit integers (a narrower type: keys cast, whose high bits are lost).
     UnknownKeyError
         An unsigned key of ``2**63`` or more (no table issues one).
     """
@@ -575,6 +576,11 @@ def integer_keys(keys: ArrayLike) -> np.ndarray:
         k = k.astype(np.int64)
     if k.dtype.kind not in "iu":
         raise InvalidDataError(f"keys must be integers, got dtype {k.dtype}")
+    if k.dtype.itemsize < 8:  # (a cast cut them: a shard above 0's key became another shard's, or a seq another)
+        raise InvalidDataError(
+            f"keys must be 64-bit integers as the table issues them (shard << 56 | seq), got dtype {k.dtype}: "
+            "keys cast to a narrower type lose their high bits and name other items"
+        )
     if k.dtype.kind == "u" and k.size and k.max() > np.iinfo(np.int64).max:  # (int64 would wrap it negative)
         raise UnknownKeyError(int(k.max()), "keys are below 2**63 (an int64 shard << 56 | seq)")
     return k.astype(np.int64, copy=False).reshape(-1)
@@ -598,7 +604,7 @@ def check_keys(keys: ArrayLike, num_shards: int) -> np.ndarray:
     Raises
     ------
     InvalidDataError
-        Keys that are not integers.
+        Keys that are not 64-bit integers.
     UnknownKeyError
         A key naming a shard outside ``[0, num_shards)``.
     """
