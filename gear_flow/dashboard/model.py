@@ -172,7 +172,8 @@ def table_row(name: str, public: dict, shards: list[dict], resident: dict) -> di
         inserts so far) and ``target_spi`` (the limiter's; None for limiters
         without a ratio), ``evicted``, ``expired``, ``stale_updates``,
         ``lost`` (number of lost shards), ``shards``, ``disk_bytes`` (its
-        disk shards' files; 0 on the memory tiers).
+        disk shards' files; 0 on the memory tiers), ``closed`` (closed with
+        ``drop=False``: its data stays on the workers until it is dropped).
     """
     lim = public["rate_limiter"]
     ratio = lim["kind"] == "SampleToInsertRatio"
@@ -197,6 +198,7 @@ def table_row(name: str, public: dict, shards: list[dict], resident: dict) -> di
         "lost": len(_lost(public)),
         "shards": len(public["placement"]),
         "disk_bytes": sum(r.get("disk_bytes", 0) for r in shards),
+        "closed": bool(public.get("closed")),
     }
 
 

@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 TABLE_COLUMNS = [
     ("table", "table"),
+    ("state", "state"),
     ("size", "size"),
     ("max_size", "max size"),
     ("capacity", "capacity (steps)"),
@@ -114,6 +115,7 @@ def table_data(snap: Snapshot, rate: dict[str, dict]) -> dict[str, list]:
             "insert_rate": round(ins, 1),
             "sample_rate": round(smp, 1),
             "spi_s": spi,
+            "state": "closed, not dropped" if r.get("closed") else "open",
         }
         for f, _ in TABLE_COLUMNS:
             out[f].append(vals[f])
@@ -281,9 +283,12 @@ class GearFlowPage:
         if self.select.value not in names:  # the fullest table first
             self.select.value = max(names, key=lambda n: (snap.tables[n]["size"], n)) if names else ""
         lost = sum(r["lost"] for r in snap.tables.values())
+        closed = sum(1 for r in snap.tables.values() if r.get("closed"))
         summary = f"{len(names)} table(s), {len(snap.shards)} shard(s), {len(snap.learners)} learner(s) reporting" + (
             f", <b>{lost} shard(s) lost</b>" if lost else ""
         )
+        if closed:
+            summary += f", {closed} closed but not dropped (their data stays on the workers until dropped)"
         self.header.text = f"<h2>gear_flow replay tables</h2><p>{summary}</p>"
         self.tables.data = table_data(snap, rate)
         self.shards.data = shard_data(snap, rate)

@@ -185,7 +185,9 @@ class GearFlowDashboard(SchedulerPlugin):
         Snapshot
             The new poll (also appended to :attr:`history`, its rates to :attr:`series`).
         """
-        tables = {name: g.public() for name, g in self._tables().items() if not g.closed}
+        # a table closed with drop=False too: its shards hold their memory (and keep their workers from
+        # being retired) until it is dropped, which is what an operator looking here needs to see
+        tables = {name: g.public() for name, g in self._tables().items()}
         self._prune(time.time())
         infos: dict = {}
         resident: dict = {}
