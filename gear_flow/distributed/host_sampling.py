@@ -26,7 +26,7 @@ from ..ops.seeds import generator
 from ..sample import SampleBuffers
 from ..shard import Shard
 from ..table.executor import sample_shards
-from ..table.planner import ShortOfItems
+from ..table.planner import ShortOfItems, short_not_empty
 from ..table.validate import check_sample_args
 
 if TYPE_CHECKING:
@@ -774,11 +774,8 @@ class HostSampler:
         except ShortOfItems as e:
             raise ShortBatchError(f"table {name!r}: the items left may go {e.have} times, for a batch of {n}") from None
         except EmptyTableError:
-            if any(s.size for s in t.shards.values()):  # items none of whose windows fit: the call's own error
+            if not short_not_empty(sum(s.size for s in t.shards.values()), length, boundary):
                 raise
-            # admitted with items that a delete (or another sample's expiry) took before this draw had the
-            # shards' locks: nothing was taken, and as on a LocalTable the batch gives its admission back
-            # and waits for an insert
             raise ShortBatchError(
                 f"table {name!r}: the items it was admitted for are gone, for a batch of {n}"
             ) from None

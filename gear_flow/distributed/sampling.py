@@ -850,11 +850,7 @@ async def _raise_empty(table, B, L, boundary):
     infos = [i for r in res.values() for i in r]
     longest = max((i["longest_episode"] for i in infos), default=0)
     size = sum(i["size"] for i in infos)
-    if not size or L == 1 or boundary != "strict":
-        # admitted (the limiter saw items), then emptied by a delete or another sample's expiry before the
-        # draw (every item holds such a window: by the time of these infos maybe filled again): nothing was
-        # taken, and as a batch short of items it gives its admission back and waits for an insert; strict
-        # windows of several steps that no item holds now raise, as they do on a LocalTable
+    if planner.short_not_empty(size, L, boundary):  # (admitted: the limiter saw items)
         raise planner.ShortOfItems(0, B)
     raise nothing_to_sample(f"table {t.name!r}", size, longest, L, boundary)
 

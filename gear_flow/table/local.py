@@ -996,12 +996,10 @@ class LocalTable(DatasetMethods):
                 self._cond.notify_all()
             return None, (e.have, seen)
         except EmptyTableError:
-            if size or not had:  # items none of whose windows fit, or none when admitted: the call's own error
-                with self._cond:
+            if not had or not planner.short_not_empty(size, L, boundary):  # none when admitted, or
+                with self._cond:  # items none of whose windows fit: the call's own error
                     self.rate_limiter.give_back_sample(B)
                 raise
-            # admitted with items that a sample (expiring them) or a delete took before it had the shards'
-            # locks: as a batch short of items, it gives its admission back and waits for the next insert
             with self._cond:
                 self.rate_limiter.give_back_sample(B)
                 self._cond.notify_all()

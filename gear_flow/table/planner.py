@@ -76,6 +76,40 @@ class ShortOfItems(Exception):
         self.have, self.want = int(have), int(want)
 
 
+def short_not_empty(size: int, length: int, boundary: str) -> bool:
+    """Whether a batch admitted with items, whose draw then found nothing to take, is short of items rather
+    than facing the call's own :class:`~gear_flow.errors.EmptyTableError`.
+
+    A delete, or another sample's expiry, can take every item between the admission and the draw: nothing
+    was taken, and as a batch short of items it gives its admission back and waits for the next insert, as
+    Reverb's sample waits.  That is so when nothing is stored now, or when every stored item holds the
+    batch's windows (one step, or windows padded at the episode's ends: a ``size`` read after the draw
+    counts items stored since).  Strict windows of several steps that no stored episode holds are the
+    call's own error.  The one rule of every table's sample (local, a worker's one-call sample, and a
+    distributed plan).
+
+    Parameters
+    ----------
+    size : int
+        Items stored, read at the draw or after it.
+    length : int
+        The batch's window length, in steps.
+    boundary : str
+        Its boundary mode.
+
+    Returns
+    -------
+    bool
+        True: the batch waits for an insert; False: the error is raised.
+
+    Examples
+    --------
+    >>> short_not_empty(0, 4, "strict"), short_not_empty(9, 1, "strict"), short_not_empty(9, 4, "strict")
+    (True, True, False)
+    """
+    return size == 0 or length == 1 or boundary != "strict"
+
+
 @dataclass(frozen=True)
 class Summaries:
     """Ask every shard for one number per kind; answered with ``{kind: {shard: float}}``.
