@@ -122,11 +122,34 @@ def test_connection_errors_are_clear(monkeypatch, capsys):
 
 
 def test_bench_runs_a_pipelines_script(tmp_path):
-    out = tmp_path / "bench.json"
-    r = subprocess.run([sys.executable, "-m", "gear_flow", "bench", "local", "--", "--no-peers", "--out", str(out)],
+    # the repository the gear_flow under test runs its pipelines/ from (a snapshot when PYTHONPATH says so)
+    import gear_flow
+
+    results = Path(gear_flow.__file__).resolve().parents[1] / "benchmarks" / "results"
+
+    def recorded():
+        return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in results.glob("*.json")}
+
+    before = recorded()
+    r = subprocess.run([sys.executable, "-m", "gear_flow", "bench", "local", "--", "--no-peers"],
                        capture_output=True, text=True, timeout=240, cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert "bench_local.py --quick --no-peers" in r.stdout and json.loads(out.read_text())
+    out = tmp_path.resolve() / "bench_local.json"
+    assert f"bench_local.py --quick --out {out} --no-peers" in r.stdout and f"wrote {out}" in r.stdout
+    assert json.loads(out.read_text())["args"]["quick"]
+    # a quick run from the CLI leaves the recorded results (which docs/benchmarks.md draws) as they were
+    assert recorded() == before
+
+
+def test_bench_out_option_is_passed_to_the_script(tmp_path, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd: calls.append(cmd) or 0)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["bench", "distributed", "--full", "--out", "runs/d.json"]) == 0
+    script = str(ROOT / "pipelines" / "bench_distributed.py")
+    assert calls[0][1:] == [script, "--out", str(tmp_path.resolve() / "runs" / "d.json")]
+    assert cli.main(["bench", "distributed"]) == 0
+    assert calls[1][2:4] == ["--quick", "--out"] and calls[1][4] == str(tmp_path.resolve() / "bench_distributed.json")
 
 
 def test_dask_subcommand_entry_point():

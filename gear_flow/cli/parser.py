@@ -31,7 +31,7 @@ Start here (one machine; on a cluster see docs/deployment.md, "Running on a clus
   gear-flow ingest --table replay data/cartpole/minari/cartpole-mixed-v0
   gear-flow info --table replay
   gear-flow sample --table replay --batch-size 32 --length 8
-  gear-flow bench local                                # benchmarks (pipelines/, --quick sizes)
+  gear-flow bench local                                # benchmarks (--quick sizes), to ./bench_local.json
 
 With TLS (cluster/tls/make_certs.py), add --tls-dir DIR to every command, or
 `source cluster/env.sh` once: it exports the certificates in Dask's configuration.
@@ -264,6 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "  gear-flow bench table --scheduler tls://10.0.0.5:8786 --tls-dir certs --table replay")  # fmt: skip
     sp.add_argument("which", choices=["local", "distributed", "table"], help="which benchmark")
     sp.add_argument("--full", action="store_true", help="local/distributed: the reference sizes (minutes)")
+    sp.add_argument("--out", metavar="PATH", help="local/distributed: where the script writes its JSON (default: "
+                    "./bench_<which>.json; the recorded benchmarks/results/ are written only by running "
+                    "python pipelines/bench_<which>.py itself)")  # fmt: skip
     sp.add_argument("extra", nargs="*", help="local/distributed: more arguments for the script (after --)")
     _add_connection(sp)
     g = sp.add_argument_group("table")
