@@ -152,6 +152,23 @@ def test_bench_out_option_is_passed_to_the_script(tmp_path, monkeypatch, capsys)
     assert calls[1][2:4] == ["--quick", "--out"] and calls[1][4] == str(tmp_path.resolve() / "bench_distributed.json")
 
 
+def test_bench_passes_what_follows_double_dash_after_options(monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(subprocess, "call", lambda cmd: calls.append(cmd) or 0)
+    # the help's own example: `--` after an option
+    assert cli.main(["bench", "distributed", "--full", "--", "--repeat", "10"]) == 0
+    assert calls[-1][-2:] == ["--repeat", "10"] and "--quick" not in calls[-1]
+    assert cli.main(["bench", "local", "--", "--no-peers"]) == 0
+    assert calls[-1][-1] == "--no-peers"
+    # what argparse does not know is still refused in one line, before anything runs
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "local", "--bogus", "--", "--no-peers"])
+    assert e.value.code == 2 and "unrecognized arguments: --bogus -- --no-peers" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["list", "--", "x"])
+    assert len(calls) == 2
+
+
 def test_dask_subcommand_entry_point():
     eps = [ep for ep in entry_points(group="dask_cli") if ep.name == "gear-flow"]
     if not eps:

@@ -50,7 +50,15 @@ def main(argv: list[str] | None = None) -> int:
         stderr, or the traceback with ``--debug`` / ``GEAR_FLOW_DEBUG=1``),
         130 when interrupted.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if rest:
+        # argparse fills bench's "*" positional (empty) together with the one before it, so what follows a
+        # `--` placed after an option (`bench distributed --full -- --repeat 10`) is left over: it is the extra
+        if getattr(args, "cmd", None) == "bench" and rest[0] == "--":
+            args.extra = [*args.extra, *rest[1:]]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
     debug = args.debug or os.environ.get("GEAR_FLOW_DEBUG", "") not in ("", "0")
     if not debug and args.cmd != "local":
         # distributed logs connection trouble as multi-line warnings; the error below says it in one
