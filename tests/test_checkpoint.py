@@ -433,6 +433,35 @@ def test_a_distributed_checkpoint_taken_while_a_writer_inserts_restores_the_snap
         t.close()
 
 
+def test_a_distributed_checkpoint_reports_the_bytes_it_wrote_as_a_local_one_does(dist_client, tmp_path, capsys):
+    """``bytes`` is the array bytes of the shard files on both tables (it was missing from a distributed
+    checkpoint, and ``gear-flow checkpoint`` printed 0.0 MB for every table of a cluster)."""
+    from gear_flow import cli
+
+    def array_bytes(path):
+        files = json.loads((path / "manifest.json").read_text())["files"]
+        return sum(a.nbytes for e in files.values() for a in np.load(path / e["file"]).values())
+
+    spec = gf.TableSpec(COLUMNS, capacity=40_000, num_shards=2)  # 1 MB of rings: the CLI's MB is not 0.0
+    eps = [episode(i + 1, 100) for i in range(20)]
+    lt = gf.LocalTable(spec, seed=0)
+    lt.insert(eps)
+    local = lt.checkpoint(tmp_path / "local")
+    t = DistributedTable.create(dist_client, spec, seed=0)
+    try:
+        t.insert(eps)
+        res = t.checkpoint(tmp_path / "dist")
+        on_disk = sum(os.path.getsize(tmp_path / "dist" / f"shard-{s}.npz") for s in res["shards"])
+        assert res["bytes"] == array_bytes(tmp_path / "dist") == local["bytes"] == array_bytes(tmp_path / "local")
+        assert 0.95 * on_disk < res["bytes"] < on_disk, (res["bytes"], on_disk)
+        capsys.readouterr()
+        argv = ["checkpoint", "--scheduler", dist_client.scheduler.address, "--table", t.name, str(tmp_path / "cli")]
+        assert cli.main(argv) == 0
+        assert f": {array_bytes(tmp_path / 'cli') / 1e6:.1f} MB in " in capsys.readouterr().out
+    finally:
+        t.close()
+
+
 def test_a_queue_checkpointed_while_an_insert_lands_restores_every_item_as_waiting(tmp_path, dist_client):
     """A checkpoint takes the limiter's counts and the shards' snapshots at different moments: an insert that
     landed between them (before the snapshots of a local table, after the workers' of a distributed one)
