@@ -555,9 +555,11 @@ def from_config(cfg: Mapping[str, Any]) -> RateLimiter:
         cls = REGISTRY[cfg["kind"]]
     except KeyError:
         raise SpecError(f"unknown rate limiter kind {cfg.get('kind')!r}; known: {sorted(REGISTRY)}") from None
-    params = dict(cfg.get("params", {}))
-    if isinstance(params.get("error_buffer"), list):
-        params["error_buffer"] = tuple(params["error_buffer"])
-    lim = cls(**params)
+    from .selectors import construct
+
+    params = cfg.get("params", {})
+    if isinstance(params, Mapping) and isinstance(params.get("error_buffer"), list):
+        params = {**params, "error_buffer": tuple(params["error_buffer"])}
+    lim = construct("rate limiter", cfg["kind"], cls, params)
     lim.restore(cfg.get("state", {}))
     return lim

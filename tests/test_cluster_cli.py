@@ -105,6 +105,21 @@ def test_table_file_errors(tmp_path):
         cli.load_table_file(str(tmp_path / "t.yaml"))
 
 
+def test_create_with_a_bad_selector_or_limiter_parameter_is_one_line_before_connecting(monkeypatch, capsys):
+    monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)  # refused before any connection is tried
+    base = ["create", "--name", "x", "--obs-dim", "4", "--capacity", "100"]
+    for opts, expected in (
+        (["--rate-limiter", "min_size:foo=1"], "SpecError: rate limiter 'min_size' has no parameter foo; "
+                                               "its parameters: min_size_to_sample=1"),
+        (["--rate-limiter", "sample_to_insert_ratio:samples_per_insert=2"],
+         "SpecError: rate limiter 'sample_to_insert_ratio' needs min_size_to_sample, error_buffer;"),
+        (["--sampler", "prioritized:gamma=1"], "SpecError: selector 'prioritized' has no parameter gamma;"),
+    ):  # fmt: skip
+        assert cli.main(base + opts) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"gear-flow create: {expected}") and err.count("\n") == 1, err
+
+
 def test_connection_errors_are_clear(monkeypatch, capsys):
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
     for argv, expected in (

@@ -186,6 +186,9 @@ def cmd_create(args: argparse.Namespace) -> int:
         opts["workers"] = args.workers.split(",")
     if args.degraded:
         opts["degraded"] = True
+    # built before connecting: a bad kind or parameter is the user's one-line error, with no cluster needed
+    parts = {key: reg.from_config(opts[key]) for key, reg in (("sampler", selectors), ("remover", selectors),
+             ("rate_limiter", rate_limiters)) if key in opts}  # fmt: skip
     with connect(args) as client:
         if "num_shards" not in spec:  # one shard per worker it can go on
             spec["num_shards"] = default_num_shards(client, opts.get("workers"), opts.get("resources"))
@@ -193,9 +196,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         spec.setdefault("max_size", None)
         kw = {k: opts[k] for k in ("name", "boundary", "tier", "routing", "timeout", "resources", "workers",
                                    "max_times_sampled", "degraded") if k in opts}  # fmt: skip
-        for key, reg in (("sampler", selectors), ("remover", selectors), ("rate_limiter", rate_limiters)):
-            if key in opts:
-                kw[key] = reg.from_config(opts[key])
+        kw.update(parts)
         table = DistributedTable.create(client, TableSpec.from_dict(spec), **kw)
         print(f"created table {table.name!r}: {table.spec.num_shards} shard(s) of {table.spec.capacity} steps")
         print(format_info(table.info()))
