@@ -475,13 +475,21 @@ class Stream:
         Returns
         -------
         torch.utils.data.DataLoader
+
+        Raises
+        ------
+        SpecError
+            ``num_workers > 0`` for a :class:`~gear_flow.LocalTable`: refused
+            here, not from inside a loader worker at the first batch.
         """
         import torch.utils.data
 
         from .stream_loader import as_is
 
+        dataset = self.dataset()
+        dataset.check_workers(num_workers)
         return torch.utils.data.DataLoader(
-            self.dataset(), batch_size=None, collate_fn=as_is, num_workers=num_workers, **kwargs
+            dataset, batch_size=None, collate_fn=as_is, num_workers=num_workers, **kwargs
         )
 
 

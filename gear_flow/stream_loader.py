@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch.utils.data
 
-from .errors import GearFlowError
+from .errors import SpecError
 
 if TYPE_CHECKING:
     from .stream import Stream
@@ -86,12 +86,34 @@ class StreamDataset(torch.utils.data.IterableDataset):
             return iter(self.stream)
         return self._in_worker(info.id, info.num_workers)
 
-    def _in_worker(self, worker: int, workers: int):
-        if self.attach is None:
-            raise GearFlowError(
-                "a LocalTable cannot be read by DataLoader workers (each would sample a frozen copy); "
-                "use num_workers=0 or a DistributedTable"
+    def check_workers(self, num_workers: int) -> None:
+        """Refuse ``num_workers > 0`` loader processes for a table that is not distributed.
+
+        Parameters
+        ----------
+        num_workers : int
+            The ``DataLoader``'s ``num_workers``.
+
+        Returns
+        -------
+        None
+
+        Raises
+        ------
+        SpecError
+            ``num_workers > 0`` and the stream's table lives in this process
+            (a :class:`~gear_flow.LocalTable`).
+        """
+        if self.attach is None and isinstance(num_workers, int) and num_workers > 0:
+            raise SpecError(
+                f"num_workers={num_workers}: a LocalTable cannot be read by DataLoader workers (each would sample "
+                "a frozen copy of it); use num_workers=0 (the stream already prefetches with threads) or a "
+                "DistributedTable"
             )
+
+    def _in_worker(self, worker: int, workers: int):
+        # a DataLoader made here (not by Stream.loader, which checks first) finds out in its worker
+        self.check_workers(workers)
         from distributed import Client
 
         from .distributed import DistributedTable

@@ -139,6 +139,14 @@ def test_dataloader_workers_attach_their_own_handles(dist_client):
 def test_dataloader_workers_refuse_a_local_table():
     table = gf.LocalTable(make_spec(capacity=64))
     table.insert([episode(1, 10)])
+    stream = gf.Stream(table, 4, 2, num_batches=2)
+    # Stream.loader refuses at the call, in one line, before any worker starts or any batch is drawn
+    with pytest.raises(gf.SpecError, match=r"^num_workers=2: a LocalTable cannot be read by DataLoader workers") as e:
+        stream.loader(num_workers=2)
+    assert "\n" not in str(e.value) and "use num_workers=0" in str(e.value) and "or a DistributedTable" in str(e.value)
+    assert table.info()["totals"]["sampled"] == 0
+    assert len(list(stream.loader())) == 2
+    # a DataLoader made by hand finds out in its worker
     ds = gf.Stream(table, 4, 2, num_batches=2).dataset()
     with pytest.raises(gf.GearFlowError, match="LocalTable cannot be read by DataLoader workers"):
         _loader_keys(ds, 1)
