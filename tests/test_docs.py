@@ -3,6 +3,7 @@ plots drawn from the committed results, links that lead somewhere."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -59,6 +60,46 @@ def test_the_pages_show_every_picture_drawn_at_build_time(site, page, names):
 def _runnable_blocks():
     """The README's code blocks marked ``<!-- runnable: FILE -->``, with the file each is kept equal to."""
     return re.findall(r"<!-- runnable: (\S+) -->\n```python\n(.*?)```", README, flags=re.S)
+
+
+#: every module's Examples run by the stdlib's doctest, in a process of their own (some register kinds)
+_DOCTESTS = r"""
+import doctest, importlib, json, sys
+from pathlib import Path
+import gear_flow
+
+root = Path(gear_flow.__file__).parent
+report = {"tried": 0, "failed": {}, "skipped": {}}
+finder, runner = doctest.DocTestFinder(), doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+for path in sorted(root.rglob("*.py")):
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    if parts[-1] == "__main__":  # importing it runs the command line
+        continue
+    name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        if (e.name or "gear_flow").split(".")[0] == "gear_flow":
+            raise
+        report["skipped"][name] = e.name  # an optional package (cupy, cudf, ...) absent here
+        continue
+    for test in finder.find(module, name):
+        said = []
+        result = runner.run(test, out=said.append)
+        report["tried"] += result.attempted
+        if result.failed:
+            report["failed"][test.name] = "".join(said)
+print(json.dumps(report))
+"""
+
+
+def test_the_packages_docstring_examples_run_as_written():
+    """The Examples sections are doctests: a wrong one fails here (the docs site shows them, it runs none)."""
+    r = subprocess.run([sys.executable, "-c", _DOCTESTS], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    report = json.loads(r.stdout.splitlines()[-1])
+    assert not report["failed"], "\n".join(report["failed"].values())
+    assert report["tried"] > 200, report  # the walk found the modules (249 examples when written)
 
 
 def test_the_readme_is_short_and_its_examples_are_the_docs_examples():

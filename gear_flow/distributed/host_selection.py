@@ -40,7 +40,7 @@ class HostSelection:
     >>> tables.create("t", TableConfig.build(TableSpec((ColumnSpec("x", ()),), capacity=8)).to_dict(), [0])
     [0]
     >>> HostSelection(tables).summaries("t", ("size",))
-    {'size': {0: 0}}
+    {'size': {0: 0.0}}
     """
 
     def __init__(self, tables: HostedTables) -> None:
