@@ -16,7 +16,7 @@
    dataset mean and best return, the DT's evaluation return, batches/s and
    table statistics.
 
-    python pipelines/offline_dt.py [--steps 1500] [--scheduler tcp://...] [--out runs/offline_dt]
+    python pipelines/offline_dt.py [--steps 1000] [--scheduler tcp://...] [--out runs/offline_dt]
 """
 
 from __future__ import annotations

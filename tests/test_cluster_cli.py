@@ -120,6 +120,19 @@ def test_create_with_a_bad_selector_or_limiter_parameter_is_one_line_before_conn
         assert err.startswith(f"gear-flow create: {expected}") and err.count("\n") == 1, err
 
 
+def test_messages_quote_what_the_user_typed_with_units(capsys):
+    # --resources: the user's text, not the internal KIND: form it is parsed in
+    for text in ("replay", "replay=x", "replay=1 gpu"):
+        assert cli.main(["local", "--resources", text]) == 2
+        err = capsys.readouterr().err
+        assert err == f"gear-flow local: --resources {text!r}: give NAME=AMOUNT pairs (numbers), e.g. " \
+                      "--resources replay=1,learner=1\n", err  # fmt: skip
+    # a bare --timeout is seconds, and the message says so
+    assert cli.main(["list", "--scheduler", "tcp://127.0.0.1:1", "--timeout", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach the scheduler at tcp://127.0.0.1:1 within 0.5 s (" in err and err.count("\n") == 1, err
+
+
 def test_connection_errors_are_clear(monkeypatch, capsys):
     monkeypatch.delenv("DASK_SCHEDULER_ADDRESS", raising=False)
     for argv, expected in (

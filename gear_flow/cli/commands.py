@@ -59,9 +59,9 @@ def cmd_local(args: argparse.Namespace) -> int:
         raise CLIError("--protocol tls needs --tls-dir (cluster/tls/make_certs.py makes one)")
     if args.rmm_pool_size is not None and not args.gpu:
         raise CLIError("--rmm-pool-size is for GPU workers: add --gpu")
+    resources = _resources(args.resources)
     if protocol != "ucx":  # UCX binds its own way; Dask reports that clearly enough
         _check_port_free(args.host, args.port, "scheduler")
-    resources = dict(parse_kind("x:" + args.resources.replace(" ", ","))["params"]) if args.resources else None
     common = {"memory_limit": args.memory_limit, "host": args.host, "port": args.port, "protocol": protocol,
               "security": sec, "resources": resources, "dashboard_address": args.dashboard_address,
               "no_dashboard": args.no_dashboard}  # fmt: skip
@@ -355,6 +355,19 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
             print(f"shard {m['shard']}: {m['source']} -> {m['destination']}")
         print(f"table {args.table!r}: {len(moves)} shard(s) moved" + ("" if moves else " (already balanced)"))
     return 0
+
+
+def _resources(text: str | None) -> dict | None:
+    """``--resources "replay=1,learner=1"`` (commas or spaces) as the workers' Dask resources, or None."""
+    if not text:
+        return None
+    try:  # the KEY=VALUE list of a KIND:KEY=VALUE,... option; errors quote what the user typed, not that form
+        res = parse_kind("resources:" + text.replace(" ", ","))["params"]
+    except ValueError:
+        res = {}
+    if not res or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in res.values()):
+        raise CLIError(f"--resources {text!r}: give NAME=AMOUNT pairs (numbers), e.g. --resources replay=1,learner=1")
+    return dict(res)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

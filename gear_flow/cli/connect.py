@@ -113,6 +113,7 @@ def connect(args: argparse.Namespace) -> Client:
         As above.
     """
     import dask.config
+    from dask.utils import parse_timedelta
     from distributed import Client
 
     sec = security_from_args(args)
@@ -150,8 +151,12 @@ def connect(args: argparse.Namespace) -> Client:
     except (OSError, TimeoutError) as e:
         hint = ("; with TLS, check that the certificates are signed by the cluster's CA" if addr.startswith("tls://")
                 else "")  # fmt: skip
+        try:  # the option's text may be a bare number, in seconds: say the unit
+            waited = f"{parse_timedelta(args.timeout, default='s'):g} s"
+        except (TypeError, ValueError):
+            waited = str(args.timeout)
         raise CLIError(
-            f"cannot reach the scheduler at {addr or args.scheduler_file} within {args.timeout} "
+            f"cannot reach the scheduler at {addr or args.scheduler_file} within {waited} "
             f"({first_line(e) or type(e).__name__}): is it running, and is the address right? "
             f"(--timeout to wait longer{hint})"
         ) from e
