@@ -21,12 +21,13 @@ No I/O: a plain condition variable, tickets and two lines.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING
 
@@ -227,6 +228,17 @@ class Admission:
         self.in_flight -= int(n)
         self.arrivals += 1
 
+    def withdrawn(self, n: int) -> None:
+        """An admitted insert of ``n`` items will not write after all (interrupted before it reached the
+        shards): its items leave :attr:`in_flight`, and it is no arrival (call holding ``cond``).
+
+        Parameters
+        ----------
+        n : int
+            Its items.
+        """
+        self.in_flight -= int(n)
+
     def waiting(self, kind: str) -> int:
         """Calls of ``kind`` waiting now (including one being admitted).
 
@@ -269,3 +281,67 @@ def timeout_error(what: str, limiter: RateLimiter, size: Callable[[], int]) -> C
         )
 
     return make
+
+
+def acquire_all(locks: Sequence) -> None:
+    """Acquire ``locks`` in order, all or none.
+
+    An acquire that raises (a ``KeyboardInterrupt`` while it waits: a notebook's interrupt, a signal
+    handler's exception) releases the locks already taken.  Without that the interrupted caller kept
+    them for good, and every later call on those shards hung.
+
+    Parameters
+    ----------
+    locks : sequence of lock
+        In the order to take them (ascending shard ids: the one order every caller keeps).
+
+    Examples
+    --------
+    >>> a, b = threading.RLock(), threading.RLock()
+    >>> acquire_all([a, b]); a.release(); b.release()
+    """
+    taken = 0
+    try:
+        for lk in locks:
+            lk.acquire()
+            taken += 1
+    except BaseException:
+        for lk in reversed(locks[:taken]):
+            lk.release()
+        raise
+
+
+@contextlib.contextmanager
+def through_interrupts(lock) -> Iterator[None]:
+    """Hold ``lock`` for a call's bookkeeping after its effect, even when interrupted while waiting for it.
+
+    A call that has written or taken items must count them: an interrupt (a ``KeyboardInterrupt``) raised
+    while it waited for the table's condition, held by a sample waiting for a long insert's shards, left
+    an insert forever in flight, or a sample's given-back count uncounted.  The interrupt is raised once
+    the block is done.
+
+    Parameters
+    ----------
+    lock : lock or threading.Condition
+        What the bookkeeping holds.
+
+    Examples
+    --------
+    >>> lk = threading.Lock()
+    >>> with through_interrupts(lk):
+    ...     lk.locked()
+    True
+    """
+    deferred = None
+    while True:
+        try:
+            lock.acquire()
+            break
+        except BaseException as e:  # (while it waited: the lock is not held)
+            deferred = e
+    try:
+        yield
+    finally:
+        lock.release()
+    if deferred is not None:
+        raise deferred

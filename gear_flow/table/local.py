@@ -35,7 +35,7 @@ from ..selectors import Selector
 from ..shard import EpisodeBatch, Shard
 from ..spec import TableSpec
 from . import planner
-from .admission import Admission, timeout_error
+from .admission import Admission, acquire_all, through_interrupts, timeout_error
 from .config import TableConfig, check_timeout, queue_setup
 from .datasets import DatasetMethods
 from .executor import evict_shards, sample_shards
@@ -767,10 +767,16 @@ class LocalTable(DatasetMethods):
             # find them stored (a Queue would otherwise hand out an item twice or block).
             # Same order as sample(): _cond, then shard locks in ascending order.
             held = [self.shards[int(s)].lock for s in shards_present(dest)]
-            for lk in held:
-                lk.acquire()
+            try:
+                acquire_all(held)
+            except BaseException:  # interrupted while it waited: nothing written, so nothing counted
+                self.rate_limiter.give_back_insert(n_items)
+                adm.withdrawn(n_items)
+                self._cond.notify_all()
+                raise
         first_keys = np.empty(len(lengths), dtype=np.int64)
         evicted = 0  # items the rings' overwrite removed: deletes to the limiter, as every removal is
+        stored = 0  # items the shards took: an insert that raised before some (an interrupt) counts only those
         try:
             parts = shards_present(dest)
             intent = self._begin_across(ids, len(parts))
@@ -780,6 +786,7 @@ class LocalTable(DatasetMethods):
                 batch = EpisodeBatch(chunks(sel), lengths[sel], ids[sel], stamps[sel], p)
                 before = self.shards[s].counters.evicted
                 fk, _ = self.shards[s].insert(batch)
+                stored += int(item_off[sel + 1].sum() - item_off[sel].sum())
                 evicted += self.shards[s].counters.evicted - before
                 first_keys[sel] = fk
             if intent is not None:  # every shard has its part: nothing to take back
@@ -787,8 +794,11 @@ class LocalTable(DatasetMethods):
         finally:
             for lk in reversed(held):
                 lk.release()
-            with self._cond:
+            with through_interrupts(self._cond):  # written (or not): counted either way
                 adm.landed(n_items)
+                if stored < n_items:
+                    self.rate_limiter.give_back_insert(n_items - stored)
+                    self._cond.notify_all()
                 if evicted:
                     self.rate_limiter.on_delete(evicted)
                     self.rate_limiter.forget(evicted)
@@ -848,7 +858,7 @@ class LocalTable(DatasetMethods):
             return
         excess = self.size - self.spec.max_size
         removed = evict_shards(self._by_id, excess, self.remover_proto.deterministic, self.rng)
-        with self._cond:
+        with through_interrupts(self._cond):
             self.rate_limiter.on_delete(removed)
             self.rate_limiter.forget(removed)  # unsampled: a queue's no longer wait
 
@@ -977,8 +987,12 @@ class LocalTable(DatasetMethods):
             # briefly exceeds max_size and the remover evicts an item nobody sampled: a
             # Queue or Stack loses it and its consumer blocks forever.  Safe order: no
             # code takes ``_cond`` while holding a shard lock.
-            for sh in self.shards:
-                sh.lock.acquire()
+            try:
+                acquire_all([sh.lock for sh in self.shards])
+            except BaseException:  # interrupted while it waited: nothing taken, so nothing counted
+                self.rate_limiter.give_back_sample(B)
+                self._cond.notify_all()
+                raise
         try:
             try:
                 with out.gather_stream() if out.on_device else _HOST:  # device: on the learner's torch stream
@@ -991,25 +1005,25 @@ class LocalTable(DatasetMethods):
                 for sh in reversed(self.shards):
                     sh.lock.release()
         except planner.ShortOfItems as e:
-            with self._cond:
+            with through_interrupts(self._cond):
                 self.rate_limiter.give_back_sample(B)
                 self._cond.notify_all()
             return None, (e.have, seen)
         except EmptyTableError:
             if not had or not planner.short_not_empty(size, L, boundary):  # none when admitted, or
-                with self._cond:  # items none of whose windows fit: the call's own error
+                with through_interrupts(self._cond):  # items none of whose windows fit: the call's own error
                     self.rate_limiter.give_back_sample(B)
                 raise
-            with self._cond:
+            with through_interrupts(self._cond):
                 self.rate_limiter.give_back_sample(B)
                 self._cond.notify_all()
             return None, (0, seen)
         except BaseException:
-            with self._cond:
+            with through_interrupts(self._cond):
                 self.rate_limiter.give_back_sample(B)
             raise
         if expired:  # the limiter's counts change under its lock, taken (as always) before no shard lock
-            with self._cond:
+            with through_interrupts(self._cond):
                 self.rate_limiter.on_delete(sum(expired.values()))
         return size, None
 
@@ -1165,7 +1179,7 @@ class LocalTable(DatasetMethods):
             d, st = self.shards[s].delete(seq[m])
             deleted += d
             stale += st
-        with self._cond:
+        with through_interrupts(self._cond):
             self.rate_limiter.on_delete(deleted)
             self.rate_limiter.forget(deleted)  # unsampled (a queue's sampled items are gone): no longer waiting
             self._cond.notify_all()

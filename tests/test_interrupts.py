@@ -1,0 +1,125 @@
+"""A KeyboardInterrupt (a notebook's interrupt, Ctrl-C) raised in a LocalTable call while it waits leaves the
+table as if the call had not been made: no lock kept, nothing counted, later calls served.
+
+The interrupt is a real SIGINT sent to the main thread once it is seen blocked (its stack inside the wait),
+while another thread holds the shard lock it waits for.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+import pytest
+from helpers import episode, make_spec
+
+import gear_flow as gf
+from gear_flow.table.admission import acquire_all
+
+pytestmark = pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread()
+    or signal.getsignal(signal.SIGINT) is not signal.default_int_handler,
+    reason="the interrupt is raised by Python's own SIGINT handler in the main thread",
+)
+
+
+def _interrupt_once_blocked_in(func_name: str, timeout: float = 30.0) -> threading.Thread:
+    """A thread that sends SIGINT to the main thread once the main thread's stack is in ``func_name``."""
+    main = threading.main_thread().ident
+    seen = threading.Event()
+
+    def watch():
+        while not seen.wait(0.002):  # (polls the main thread's stack: it blocks in a lock, nothing to notify)
+            frame = sys._current_frames().get(main)
+            while frame is not None:
+                if frame.f_code.co_name == func_name:
+                    seen.set()
+                    signal.pthread_kill(main, signal.SIGINT)
+                    return
+                frame = frame.f_back
+
+    th = threading.Thread(target=watch, daemon=True)
+    th.start()
+    return th
+
+
+class _Holder:
+    """Holds a shard's lock on its own thread until released."""
+
+    def __init__(self, lock):
+        self.taken, self.go = threading.Event(), threading.Event()
+        self.th = threading.Thread(target=self._run, args=(lock,), daemon=True)
+        self.th.start()
+        assert self.taken.wait(10)
+
+    def _run(self, lock):
+        with lock:
+            self.taken.set()
+            self.go.wait(60)
+
+    def release(self):
+        self.go.set()
+        self.th.join(10)
+
+
+def _free(lock) -> bool:
+    """Whether another thread can take ``lock`` now (the main thread does not hold it)."""
+    out = []
+    th = threading.Thread(target=lambda: out.append(lock.acquire(timeout=5) and (lock.release() or True)))
+    th.start()
+    th.join(10)
+    return out == [True]
+
+
+@pytest.mark.parametrize("tier", ["host", "disk"])
+def test_a_sample_interrupted_while_it_waits_for_a_shards_lock_keeps_no_lock_and_counts_nothing(tier, tmp_path):
+    """A sample interrupted while it waited for shard 1's lock (held by a long insert) kept shard 0's lock for
+    good, so every later call hung (a sample with timeout=1 still waiting after 10 s), and the limiter counted
+    the batch it never took: on a Queue an item was left that no sample could take."""
+    kw = {"tier": "disk", "path": tmp_path / "t"} if tier == "disk" else {}
+    t = gf.LocalTable.queue(make_spec(capacity=64, num_shards=2), 100, **kw)
+    t.insert([episode(1, 3)], shard=0)
+    before = dict(vars(t.rate_limiter.state))
+    holder = _Holder(t.shards[1].lock)
+    watcher = _interrupt_once_blocked_in(acquire_all.__name__)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            t.sample(1)
+    finally:
+        watcher.join(10)
+        holder.release()
+    assert _free(t.shards[0].lock) and _free(t.shards[1].lock)
+    assert dict(vars(t.rate_limiter.state)) == before
+    got = [
+        int(t.sample(1, timeout=5).timesteps.numpy().ravel()[0]) for _ in range(3)
+    ]  # every item still goes out, in order
+    assert got == [0, 1, 2] and t.size == 0
+    t.close()
+
+
+@pytest.mark.parametrize("tier", ["host", "disk"])
+def test_an_insert_interrupted_while_it_waits_for_a_shards_lock_counts_nothing(tier, tmp_path):
+    """An insert interrupted while it waited for its shard's lock (held by a long sample's gather) stayed
+    counted: the limiter's inserts and the items in flight one item above what the table stored, for good (the
+    limiter then admitted against a size the table never reached)."""
+    kw = {"tier": "disk", "path": tmp_path / "t"} if tier == "disk" else {}
+    t = gf.LocalTable(make_spec(capacity=64, num_shards=1), rate_limiter=gf.SampleToInsertRatio(1.0, 1, 3.0), **kw)
+    step = episode(1, 1)
+    t.insert([step])
+    before = dict(vars(t.rate_limiter.state))
+    holder = _Holder(t.shards[0].lock)
+    watcher = _interrupt_once_blocked_in(acquire_all.__name__)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            t.insert([step])
+    finally:
+        watcher.join(10)
+        holder.release()
+    assert _free(t.shards[0].lock)
+    assert dict(vars(t.rate_limiter.state)) == before
+    assert t._admission.in_flight == 0 and t.admitted_size == t.size == 1
+    for _ in range(3):  # the limiter's 3 inserts ahead of the samples, all there to take
+        t.insert([step], timeout=5)
+    assert t.size == 4 and dict(vars(t.rate_limiter.state))["inserts"] == before["inserts"] + 3
+    t.close()
