@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+import time
 
 import numpy as np
 import pytest
@@ -209,6 +210,8 @@ def test_bad_insert_shard(table, shard):
         lambda t: t.sample(2, timeout=-1),
         lambda t: t.sample(2, timeout=float("nan")),
         lambda t: t.sample(2, timeout="1"),
+        lambda t: t.sample(2, timeout=1e10),
+        lambda t: t.insert(episode(7, 3), timeout=1e10),
         lambda t: t.sample(2, rng="x"),
         lambda t: t.sample(2, rng=3),
         lambda t: t.sample(2, length=10**10, boundary="pad_tail"),
@@ -228,6 +231,8 @@ def test_bad_insert_shard(table, shard):
         "sample-timeout--1",
         "sample-timeout-nan",
         "sample-timeout-str",
+        "sample-timeout-1e10",
+        "insert-timeout-1e10",
         "rng-str",
         "rng-int",
         "length-1e10",
@@ -250,12 +255,40 @@ def test_an_argument_no_call_could_use_is_refused_at_once_by_every_table(make_ta
     t = make_table(make_spec(capacity=CAP, num_shards=2), seed=0)
     t.insert([episode(1, 3), episode(2, 3)])
     before = t.info()
-    match = r"shard .* must be in \[0, 2\)|timeout .* must be None or a number|rng|is longer than a shard holds"
+    match = r"shard .* must be in \[0, 2\)|timeout .* must be (None or a number|at most 1e\+07 s)|rng|is longer than a"
     with pytest.raises(SpecError, match=match):
         call(t)
     after = t.info()
     assert (after["size"], after["totals"]) == (before["size"], before["totals"])
     assert len(t.sample(2, length=CAP, boundary="pad_tail", rng=np.random.default_rng(1))) == 2  # the longest one
+
+
+def test_a_timeout_of_inf_waits_on_every_table(make_table):
+    """timeout=inf passed the check ("None or a number of seconds >= 0") and then failed: a LocalTable's call
+    that had to wait raised OverflowError at once, a distributed one a ProtocolError about its wire field (even
+    one admitted at once).  inf now waits as long as the longest timeout (MAX_TIMEOUT_S, about 116 days), as a
+    call's timeout, a writer's and a table's default; a finite one past that is refused (above)."""
+    import threading
+
+    from gear_flow.table.config import MAX_TIMEOUT_S
+
+    t = make_table(make_spec(capacity=CAP, num_shards=2), rate_limiter=gf.MinSize(1), timeout=float("inf"), seed=0)
+    assert t.timeout == MAX_TIMEOUT_S
+    got = []
+    th = threading.Thread(target=lambda: got.append(len(t.sample(2, timeout=float("inf")))))
+    th.start()
+    deadline = time.monotonic() + 60
+    while not t.info()["waiting"]["samples"] and th.is_alive() and time.monotonic() < deadline:
+        th.join(0.01)  # (until the sample is seen waiting: the insert must be what it waits for)
+    assert t.info()["waiting"]["samples"] == 1, got
+    t.insert(episode(1, 3), timeout=float("inf"))
+    th.join(60)
+    assert got == [2]
+    w = t.writer(timeout=float("inf"))
+    for step in range(2):
+        w.append({k: v[step] for k, v in episode(2, 2).items()})
+    w.end_episode()
+    assert t.info()["size"] == 5
 
 
 def test_values_that_a_cast_would_change_are_refused_by_every_table(make_table):

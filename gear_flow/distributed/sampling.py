@@ -454,7 +454,7 @@ def sample_args(
     cfg = table._cfg
     boundary = table.boundary if boundary is None else boundary
     check_sample_args(batch_size, length, boundary, table.spec.capacity)
-    check_timeout(timeout)
+    timeout = check_timeout(timeout)  # (inf: its seconds)
     check_rng(rng)
     columns = sample_columns(table.spec, columns)
     if out is not None:

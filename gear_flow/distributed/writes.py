@@ -495,7 +495,7 @@ def insert_steps(
     generator
         Yields the requests; returns the :class:`~gear_flow.table.results.InsertResult`.
     """
-    timeout = table.timeout if timeout is None else timeout
+    timeout = table.timeout if timeout is None else check_timeout(timeout)  # (inf: its seconds)
     for attempt in itertools.count():  # rerouted and moved_insert bound it
         try:
             return (yield from _insert_once(table, ins, timeout))
@@ -592,7 +592,7 @@ def held_insert_steps(
     Unstored
         Staging failed on a worker: nothing was stored, the admission was given back.
     """
-    timeout = table.timeout if timeout is None else timeout
+    timeout = table.timeout if timeout is None else check_timeout(timeout)  # (inf: its seconds)
     # its parts are staged in groups of at most a shard's capacity: it may hold more than the table
     grant = yield from _admitted(table, admission_args(table, n_items, episodes, per_shard, timeout, grouped=True))
     return (yield from _stored(table, grant, StoreHeld(grant.adm)))

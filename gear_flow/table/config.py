@@ -35,8 +35,15 @@ TIERS = ("host", "shared", "pinned", "device", "disk")
 MAX_TIMES_SAMPLED = 2**31 - 1
 
 
+#: the longest timeout in seconds (about 116 days), what ``inf`` stands for: a deadline further off overflowed
+#: the platform's clock in a wait (OverflowError at 1e10 s), and the distributed protocol carries no more
+MAX_TIMEOUT_S = 1e7
+
+
 def check_timeout(t: object) -> float | None:
     """A timeout, the table's default or a call's: None (forever) or a number of seconds >= 0.
+
+    ``inf`` stands for :data:`MAX_TIMEOUT_S`; a finite one beyond it is refused.
 
     Parameters
     ----------
@@ -46,17 +53,27 @@ def check_timeout(t: object) -> float | None:
     Returns
     -------
     float or None
-        ``t``.
+        ``t``; :data:`MAX_TIMEOUT_S` for ``inf``.
 
     Raises
     ------
     SpecError
-        Anything else: a string, a bool, a negative number or NaN (which no deadline is ever past).
+        Anything else: a string, a bool, a negative number, NaN (which no deadline is ever past), or a
+        finite number of seconds beyond :data:`MAX_TIMEOUT_S`.
+
+    Examples
+    --------
+    >>> check_timeout(2.5), check_timeout(float("inf")), check_timeout(None)
+    (2.5, 10000000.0, None)
     """
     import numbers
 
     if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or not t >= 0):
         raise SpecError(f"timeout ({t!r}) must be None or a number of seconds >= 0")
+    if t is not None and t == float("inf"):
+        return MAX_TIMEOUT_S
+    if t is not None and t > MAX_TIMEOUT_S:
+        raise SpecError(f"timeout ({t!r}) must be at most {MAX_TIMEOUT_S:g} s (inf means that long)")
     return t
 
 
@@ -206,7 +223,7 @@ class TableConfig:
             raise SpecError(f"routing {self.routing!r} must be one of {ROUTINGS}")
         if isinstance(self.tier, str) and self.tier not in TIERS:
             raise SpecError(f"storage tier {self.tier!r} is unknown; available: {sorted(TIERS)}")
-        check_timeout(self.timeout)
+        object.__setattr__(self, "timeout", check_timeout(self.timeout))  # (frozen: inf read as its seconds)
 
     def _check_remover_honoured(self) -> None:
         """Refuse a remover that the storage cannot honour.
