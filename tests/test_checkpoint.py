@@ -462,6 +462,30 @@ def test_a_distributed_checkpoint_reports_the_bytes_it_wrote_as_a_local_one_does
         t.close()
 
 
+def test_each_table_refuses_the_others_checkpoint_in_one_line_and_builds_nothing(dist_client, tmp_path):
+    """LocalTable.restore of a distributed table's checkpoint built the table, loaded every shard and then
+    failed with a bare KeyError 'stamp' (a distributed checkpoint's state names it next_stamp); onto the disk
+    tier it left a half-made disk table in disk_path.  It is refused before anything is built with a
+    CheckpointError naming the restore to use, as DistributedTable.restore refuses a local one."""
+    spec = gf.TableSpec(COLUMNS, capacity=64, num_shards=2)
+    t = DistributedTable.create(dist_client, spec, seed=0)
+    try:
+        t.insert([episode(1, 6), episode(2, 6)])
+        t.checkpoint(tmp_path / "dist")
+    finally:
+        t.close()
+    lt = gf.LocalTable(spec, seed=0)
+    lt.insert([episode(1, 6)])
+    lt.checkpoint(tmp_path / "local")
+    for kw in ({}, {"tier": "disk", "disk_path": tmp_path / "disk"}):
+        with pytest.raises(CheckpointError, match="holds a 'distributed' checkpoint; use DistributedTable.restore"):
+            gf.LocalTable.restore(tmp_path / "dist", **kw)
+    assert not (tmp_path / "disk").exists()
+    with pytest.raises(CheckpointError, match="holds a 'local' checkpoint; use LocalTable.restore"):
+        DistributedTable.restore(dist_client, tmp_path / "local")
+    assert gf.LocalTable.restore(tmp_path / "local").size == 6
+
+
 def test_a_queue_checkpointed_while_an_insert_lands_restores_every_item_as_waiting(tmp_path, dist_client):
     """A checkpoint takes the limiter's counts and the shards' snapshots at different moments: an insert that
     landed between them (before the snapshots of a local table, after the workers' of a distributed one)

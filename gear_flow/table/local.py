@@ -1345,12 +1345,16 @@ class LocalTable(DatasetMethods):
         ------
         CheckpointError
             No checkpoint at ``path``, a manifest that does not describe a
-            table, or a file that fails verification.
+            table, a distributed table's checkpoint
+            (:meth:`DistributedTable.restore <gear_flow.distributed.DistributedTable.restore>`
+            restores it), or a file that fails verification.
         """
         from .. import checkpoint as ck
         from ..errors import CheckpointError
 
         m = ck.read_manifest(path)
+        if m.get("kind") not in ("local", "disk"):  # (before anything is built: a distributed one's state differs)
+            raise CheckpointError(f"{path} holds a {m.get('kind')!r} checkpoint; use DistributedTable.restore")
         if disk_path is not None and config.get("table.tier", tier) != "disk":
             raise SpecError(f"disk_path is the directory of a disk table; this restore is onto the {tier!r} tier")
         kw = {"tier": tier, "timeout": timeout, "seed": seed, "path": disk_path}
