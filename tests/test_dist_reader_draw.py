@@ -443,3 +443,28 @@ def test_a_sample_given_up_says_why_its_last_attempt_was_redone(dist_client):
             part.raise_errors([ValueError("not a stale one")])
     finally:
         t.close()
+
+
+def test_a_batch_after_an_update_that_waited_draws_with_it_and_reports_it(dist_client):
+    """docs/distributed.md: a handle drawing itself sends nothing per sample, so an update with wait=False
+    reaches the owners in the background; one with wait=True is applied before it returns, and the very next
+    batch drawn from the published state reports the new priority and draws the item by it (K items of one
+    episode on each shard, one raised to 1000: its probability is its weight over the table's)."""
+    t = table(dist_client, True)
+    cat = Catalog()
+    try:
+        fill(t, cat, range(1, 3))
+        first = t.sample(4, 1)  # the routes learnt, the shards mapped: the batches below are the handle's own
+        key = int(first.keys.numpy()[0])
+        t.update_priorities(np.array([key]), [1000.0], wait=True)
+        before = t.stats["reader_draws"]
+        b = t.sample(64, 1)
+        assert t.stats["reader_draws"] - before == 64, t.stats  # drawn by the handle, from the published state
+        hit = b.keys.numpy() == key
+        w = np.arange(1.0, K + 1) ** ALPHA
+        mass = 2 * w.sum() - w[int(first.timesteps.numpy().ravel()[0])] + 1000.0**ALPHA
+        assert hit.sum() > 32, hit.sum()  # p = 1000**0.7 / mass ~ 0.94
+        np.testing.assert_allclose(b.probabilities.numpy()[hit], 1000.0**ALPHA / mass, rtol=1e-9)
+        assert (b.priorities.numpy()[hit] == 1000.0).all()
+    finally:
+        t.close()

@@ -15,7 +15,7 @@ def main():
         table.insert(episodes)  # routed to the shards, written on the workers
         with gf.Stream(table, batch_size=64, length=8, prefetch=2, num_batches=10) as stream:  # an external learner
             for batch in stream:
-                stream.update_priorities(batch.keys, batch.weights.numpy() + 0.5)  # rides on the next sample
+                stream.update_priorities(batch.keys, batch.weights.numpy() + 0.5)  # never blocks
         print(table.info()["size"], "steps in", len(table.placement), "shards")
 
 
