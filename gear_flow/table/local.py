@@ -274,6 +274,7 @@ class LocalTable(DatasetMethods):
             for i in ids
         ]
         self._by_id = {s.shard_id: s for s in self.shards}
+        self._locks = tuple(s.lock for s in self.shards)  # a sample takes them all, in this order
         self.rng = seeded_rng(seed, "table.seed")
         self._admission = Admission()
         self._cond = self._admission.cond
@@ -988,7 +989,7 @@ class LocalTable(DatasetMethods):
             # Queue or Stack loses it and its consumer blocks forever.  Safe order: no
             # code takes ``_cond`` while holding a shard lock.
             try:
-                acquire_all([sh.lock for sh in self.shards])
+                acquire_all(self._locks)
             except BaseException:  # interrupted while it waited: nothing taken, so nothing counted
                 self.rate_limiter.give_back_sample(B)
                 self._cond.notify_all()
