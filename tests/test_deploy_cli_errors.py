@@ -42,7 +42,7 @@ def one_line(r, command: str) -> str:
          "data/nowhere does not exist on this machine: check the path; if only the workers see it (they read "
          "the files), pass --format minari|d4rl|parquet"),
         (["info", "--scheduler", "tcp://127.0.0.1:1", "--table", "t", "--timeout", "1s"], {},
-         "cannot reach the scheduler at tcp://127.0.0.1:1 within 1s"),
+         "cannot reach the scheduler at tcp://127.0.0.1:1 within 1 s"),
         (["create", "--spec", "missing.yaml"], {}, "table file missing.yaml does not exist"),
         (["local", "--workers", "-1"], {}, "argument --workers: -1 must be at least 1"),
         (["local", "--threads", "0"], {}, "argument --threads: 0 must be at least 1"),

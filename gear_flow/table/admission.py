@@ -312,7 +312,7 @@ def acquire_all(locks: Sequence) -> None:
 
 
 @contextlib.contextmanager
-def through_interrupts(lock) -> Iterator[None]:
+def through_interrupts(lock: threading.Lock | threading.RLock | threading.Condition) -> Iterator[None]:
     """Hold ``lock`` for a call's bookkeeping after its effect, even when interrupted while waiting for it.
 
     A call that has written or taken items must count them: an interrupt (a ``KeyboardInterrupt``) raised
