@@ -168,6 +168,48 @@ def test_the_coordinator_marks_a_killed_workers_shards_lost_without_a_table_call
         assert info["size"] == info["coordinator_size"] and 1 in info["lost"]
 
 
+def test_calls_waiting_for_the_limiter_of_a_table_that_is_not_degraded_are_refused_when_a_shard_is_lost():
+    """A sample waiting for a MinSize limiter and an insert waiting for a full Queue, on tables that are not
+    degraded, were not told when a shard's worker died: each waited out its whole timeout and then raised
+    RateLimitTimeout (with timeout None, the admission's hour), while a call made after the loss raised
+    ShardLostError at once.  The coordinator now refuses the waiting calls with ShardLostError when it marks
+    the shard lost; the insert's error says nothing of it was stored."""
+    with (
+        LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as c,
+        Client(c) as client,
+    ):
+        spec = gf.TableSpec(TAG, capacity=64, num_shards=2)
+        few = DistributedTable.create(client, spec, rate_limiter=gf.MinSize(3), seed=0)
+        full = DistributedTable.queue(client, spec, 1, seed=0)
+        few.insert(tagged([1]))
+        full.insert(tagged([2]))
+        assert few.placement[1] == full.placement[1]
+        got = {}
+
+        def call(name, fn):
+            t0 = time.monotonic()
+            try:
+                fn()
+                got[name] = "returned"
+            except Exception as e:  # noqa: BLE001 - what the waiting call raised is the result
+                got[name] = (type(e).__name__, getattr(e, "stored", None), time.monotonic() - t0)
+
+        threads = [
+            threading.Thread(target=call, args=("sample", lambda: few.sample(1, timeout=60))),
+            threading.Thread(target=call, args=("insert", lambda: full.insert(tagged([3]), timeout=60))),
+        ]
+        for th in threads:
+            th.start()
+        waiting = lambda: (few.info()["waiting"]["samples"], full.info()["waiting"]["inserts"])  # noqa: E731
+        wait_for(lambda: waiting() == (1, 1), "the sample and the insert to wait for their limiters")
+        client.run(_kill_self, workers=[few.placement[1]], wait=False)
+        for th in threads:
+            th.join(90)
+        assert got["sample"][:2] == ("ShardLostError", None), got
+        assert got["insert"][:2] == ("ShardLostError", False), got
+        assert got["sample"][2] < 40 and got["insert"][2] < 40, got  # refused at the loss, not at their timeouts
+
+
 def test_ride_along_updates_of_a_killed_workers_shard_are_dropped_not_retried_forever():
     """Updates stored with wait=False for a shard whose worker then dies (degraded table): the samples
     that follow serve from the live shard, the lost shard's updates are dropped (never put back after

@@ -48,7 +48,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import TableClosedError
+from ..errors import ShardLostError, TableClosedError
 from ..rate_limiters import MinSize, Queue
 from ..table.config import TableConfig
 
@@ -565,7 +565,8 @@ class TableGate:
         return txns, hold
 
     def mark_lost(self, shard: int, detail: str) -> None:
-        """Record ``shard`` as lost (once): its items leave ``size``, ``version`` is bumped.
+        """Record ``shard`` as lost (once): its items leave ``size``, ``version`` is bumped; a table that is not
+        degraded refuses the inserts and samples waiting for its limiter with :class:`ShardLostError`.
 
         Parameters
         ----------
@@ -589,6 +590,16 @@ class TableGate:
         self.forget_waiting(int(size))
         self.incarnation[shard] = self.incarnation.get(shard, 0) + 1
         self.version += 1
+        if not self.config.get("degraded"):
+            # a table that is not degraded refuses every call while a shard is lost (a new one at its handle):
+            # the inserts and samples already waiting for the limiter are refused too, where they waited out
+            # their timeouts (or the admission's hour) and then said the limiter had not admitted them
+            why = f"table {self.name!r} lost shard(s) {sorted(self.lost)} while the call waited for its limiter"
+            for q in (self.inserts, self.samples):
+                for w in [w for w in q if w.kind in ("insert", "sample")]:
+                    q.remove(w)
+                    if not w.fut.done():
+                        w.fut.set_exception(ShardLostError(shard, why, stored=False if w.kind == "insert" else None))
         self.pump()
 
     def take_stamps(self, n: int) -> int:

@@ -48,7 +48,7 @@ import numpy as np
 
 from .. import backend, config
 from ..dashboard.report import maybe_report
-from ..errors import EmptyTableError, GearFlowError, RateLimitTimeout, SpecError, nothing_to_sample
+from ..errors import EmptyTableError, GearFlowError, RateLimitTimeout, ShardLostError, SpecError, nothing_to_sample
 from ..ops.gather import gather_windows
 from ..sample import SampleBatch, SampleBuffers
 from ..table import planner, two_level
@@ -490,7 +490,7 @@ def _admit(
         try:
             adm = yield Admit(args)
             break
-        except REFUSED as e:  # never granted, so the leased samples it reported were not counted: kept for the next
+        except (*REFUSED, ShardLostError) as e:  # never granted: the leased samples it reported were not counted
             table._lease.not_reported(args["done"])
             if last or not isinstance(e, RateLimitTimeout):
                 raise

@@ -509,7 +509,13 @@ def insert_steps(
 def _admitted(table: DistributedTable, args: dict) -> Generator[object, object, InsertGrant]:
     """An admission (``admit_insert``'s ``args``), the placement it was granted at learnt (given back when
     that fails)."""
-    grant = InsertGrant((yield AdmitInsert(args)))
+    try:
+        grant = InsertGrant((yield AdmitInsert(args)))
+    except ShardLostError:
+        # refused while it waited (a shard was lost and the table is not degraded): the placement is
+        # learnt first, or the insert would be routed again over the shard this handle still takes for live
+        yield Learn(-1)
+        raise
     try:
         yield Learn(grant.adm["version"])
     except BaseException as e:  # admitted, and nothing sent: the admission is given back
