@@ -44,7 +44,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -554,11 +554,7 @@ class TableGate:
         hold : dict or None
             Its exclusive hold (``txn``, ``owner``, ``n``), if it had it.
         """
-        for q in self._queues:
-            for w in [w for w in q if w.owner == owner]:
-                q.remove(w)
-                if not w.fut.done():
-                    w.fut.set_exception(OwnerGone(owner))
+        self._refuse(lambda w: w.owner == owner, lambda w: OwnerGone(owner))
         txns = [t for t in self.txns.values() if t.owner == owner and not t.committed]
         hold = self.holder if self.holder is not None and self.holder["owner"] == owner else None
         self.pump()
@@ -595,12 +591,20 @@ class TableGate:
             # the inserts and samples already waiting for the limiter are refused too, where they waited out
             # their timeouts (or the admission's hour) and then said the limiter had not admitted them
             why = f"table {self.name!r} lost shard(s) {sorted(self.lost)} while the call waited for its limiter"
-            for q in (self.inserts, self.samples):
-                for w in [w for w in q if w.kind in ("insert", "sample")]:
-                    q.remove(w)
-                    if not w.fut.done():
-                        w.fut.set_exception(ShardLostError(shard, why, stored=False if w.kind == "insert" else None))
+            self._refuse(
+                lambda w: w.kind in ("insert", "sample"),
+                lambda w: ShardLostError(shard, why, stored=False if w.kind == "insert" else None),
+            )
         self.pump()
+
+    def _refuse(self, which: Callable[[Waiter], bool], error: Callable[[Waiter], Exception]) -> None:
+        """Take the waiters ``which`` selects out of their lines, each failed with ``error(waiter)`` (one
+        granted meanwhile keeps its grant); the caller pumps the lines after."""
+        for q in self._queues:
+            for w in [w for w in q if which(w)]:
+                q.remove(w)
+                if not w.fut.done():
+                    w.fut.set_exception(error(w))
 
     def take_stamps(self, n: int) -> int:
         """``n`` table-wide stamps (the insert clock) for priority updates; heap ties follow them across shards.

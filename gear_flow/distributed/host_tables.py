@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import SpecError
 from ..shard import Shard
+from ..table.admission import acquire_all
 from ..table.config import TableConfig
 from . import disk_files
 from .host_moves import MoveGate
@@ -311,8 +312,7 @@ class HostedTable:
             :func:`~gear_flow.distributed.host_sampling.release`).
         """
         locks = [self.shards[i].lock for i in sorted(self.shards if ids is None else ids)]
-        for lk in locks:
-            lk.acquire()
+        acquire_all(locks)
         return locks
 
     def try_locked(self) -> list[threading.RLock] | None:
