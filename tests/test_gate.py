@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import gear_flow as gf
-from gear_flow.distributed.gate import OwnerGone, TableGate
+from gear_flow.distributed.gate import TICKETS_KEPT, OwnerGone, TableGate, Withdrawn
 from gear_flow.table.config import TableConfig
 
 
@@ -265,5 +265,62 @@ def test_a_queue_sample_finished_from_a_lost_shard_counts_its_items_even_after_t
         waiting = g.limiter.state.inserts - g.limiter.state.samples
         assert (g.size, waiting) == (5, 5)  # shard 0's 2 and the 3 restored: all waiting, all sampleable
         assert g.request("sample", 5, "learner", exclusive=True).fut.done()
+
+    run(go)
+
+
+def test_a_withdrawn_ticket_leaves_its_line_or_gives_its_grant_back():
+    """What a caller's withdraw (its call cancelled or interrupted before the answer reached it) does, by where
+    the request is: waiting, it leaves its line (its lease's samples counted: they were served); granted, an
+    insert is aborted, a sample's count given back and an exclusive hold released; not come yet, it is refused
+    when it comes."""
+
+    async def go():
+        m = _gate(gf.MinSize(2))  # (leases: MinSize only)
+        waiting = m.request("sample", 1, "c", "t-wait", done=3)
+        assert m.withdraw_ticket("t-wait") == "waiting" and not m.samples
+        with pytest.raises(Withdrawn):
+            waiting.fut.result()
+        assert (m.limiter.state.inserts, m.limiter.state.samples) == (0, 3)
+
+        g = _gate(gf.Queue(2), sampler=gf.Fifo())
+        waiting = g.request("sample", 1, "c", "t-wait")
+        assert g.withdraw_ticket("t-wait") == "waiting" and not g.samples
+        later = g.request("sample", 1, "c2")
+        r = g.request("insert", 1, "p").fut.result()
+        g.commit_insert(r["txn"], {0: 1}, {})
+        assert granted([later]) == [True]  # the item went to the sample still waiting, not the withdrawn one
+
+        ins = g.request("insert", 1, "p", "t-ins")
+        assert granted([ins]) == [True] and g.admitted == 2
+        assert g.withdraw_ticket("t-ins") == "granted"
+        assert g.admitted == 1 and ins.fut.result()["txn"] not in g.txns and g.limiter.state.inserts == 1
+
+        r = g.request("insert", 1, "p").fut.result()
+        g.commit_insert(r["txn"], {1: 1}, {})
+        before = g.limiter.state.samples
+        smp = g.request("sample", 1, "c", "t-smp", exclusive=True)
+        assert granted([smp]) == [True] and g.holder is not None and g.limiter.state.samples == before + 1
+        assert g.withdraw_ticket("t-smp") == "granted"
+        assert g.holder is None and g.limiter.state.samples == before  # the item is there for the next sample
+        assert g.withdraw_ticket("t-smp") == "unknown"  # once
+
+        assert m.withdraw_ticket("t-early") == "unknown"  # the withdraw overtook its request
+        early = m.request("sample", 1, "c", "t-early", done=2)
+        with pytest.raises(Withdrawn):
+            early.fut.result()
+        assert not m.samples and m.limiter.state.samples == 5
+
+    run(go)
+
+
+def test_a_table_remembers_only_the_latest_tickets():
+    async def go():
+        g = _gate(gf.MinSize(1))
+        for i in range(TICKETS_KEPT + 5):
+            g.request("insert", 1, "p", f"t{i}")
+            g.withdraw_ticket(f"never-{i}")
+        assert len(g.granted) == len(g.withdrawn) == TICKETS_KEPT
+        assert "t4" not in g.granted and f"t{TICKETS_KEPT + 4}" in g.granted
 
     run(go)

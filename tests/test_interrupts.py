@@ -7,11 +7,14 @@ while another thread holds the shard lock it waits for.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
 import threading
+import time
 
 import pytest
+from dist_support import coordinator, wait_for
 from helpers import episode, make_spec
 
 import gear_flow as gf
@@ -132,3 +135,79 @@ def test_an_insert_interrupted_while_it_waits_for_a_shards_lock_counts_nothing(t
         t.insert([step], timeout=5)
     assert t.size == 4 and dict(vars(t.rate_limiter.state))["inserts"] == before["inserts"] + 3
     t.close()
+
+
+def _interrupt_once(pred, timeout: float = 60.0) -> threading.Thread:
+    """A thread that sends SIGINT to the main thread once ``pred()`` holds (the call is seen waiting)."""
+    main = threading.main_thread().ident
+
+    def watch():
+        end = time.monotonic() + timeout
+        while not pred() and time.monotonic() < end:
+            time.sleep(0.01)  # polling what the table reports, not a barrier
+        signal.pthread_kill(main, signal.SIGINT)
+
+    th = threading.Thread(target=watch, daemon=True)
+    th.start()
+    return th
+
+
+def test_a_sample_interrupted_while_it_waits_for_an_empty_queue_is_withdrawn(make_table):
+    """A distributed sample interrupted while it waited at the coordinator (an empty Queue) stayed in the
+    coordinator's line: the next insert's item was granted to it, counted as handed out to nobody, and the
+    next sample waited out its timeout with the item stored.  It is withdrawn: the next item goes to the next
+    sample, and the limiter counts only the samples served."""
+    t = make_table.queue(make_spec(capacity=64, num_shards=2), 4)
+    t.insert([episode(1, 1)])
+    assert t.sample(1, timeout=10).timesteps.numpy().ravel().tolist() == [0]  # (a first call's set-up done)
+    samples = t.info()["rate_limiter"]["samples"]
+    watcher = _interrupt_once(lambda: t.info()["waiting"]["samples"] == 1)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            t.sample(1, timeout=60)
+    finally:
+        watcher.join(70)
+    wait_for(lambda: t.info()["waiting"]["samples"] == 0, "the interrupted sample to leave the line", 20)
+    t.insert([episode(7, 1)])
+    got = t.sample(1, timeout=10)
+    assert got.data["ep"].numpy().ravel().tolist() == [7]
+    assert t.info()["rate_limiter"]["samples"] == samples + 1 and t.size == 0
+
+
+def test_cancelled_distributed_calls_waiting_at_the_coordinator_are_withdrawn(dist_client):
+    """A ``sample_async`` cancelled while it waited for an empty Queue, and an ``insert_async`` cancelled while
+    it waited for room in a full one, stayed in the coordinator's lines: the next item was granted to the
+    abandoned sample (the next sample then timed out with the item stored), and the abandoned insert was
+    admitted once room was made, so the queue counted as full for good (the next insert timed out)."""
+    from gear_flow.distributed import DistributedTable
+
+    spec = make_spec(capacity=64, num_shards=2)
+    t = DistributedTable.queue(dist_client, spec, 2)
+    lines = coordinator(t, blocking=False)
+
+    async def cancelled_while_waiting(call, kind):
+        task = asyncio.ensure_future(call)
+        while (await lines.lookup())["waiting"][kind] == 0:
+            await asyncio.sleep(0.01)  # polling the coordinator's line, not a barrier
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        end = time.monotonic() + 20  # well before the call's own timeout would take it out of the line
+        while (await lines.lookup())["waiting"][kind]:
+            assert time.monotonic() < end, f"the cancelled call stayed in the coordinator's line of {kind}"
+            await asyncio.sleep(0.01)
+
+    try:
+        dist_client.sync(cancelled_while_waiting, t.sample_async(1, timeout=60), "samples")
+        t.insert([episode(1, 1)])
+        assert t.sample(1, timeout=10).data["ep"].numpy().ravel().tolist() == [1]
+        t.insert([episode(2, 1), episode(3, 1)])  # full
+        dist_client.sync(cancelled_while_waiting, t.insert_async([episode(4, 1)], timeout=60), "inserts")
+        assert t.sample(1, timeout=10).data["ep"].numpy().ravel().tolist() == [2]
+        t.insert([episode(5, 1)], timeout=10)  # the room the sample made, not taken by the cancelled insert
+        got = [t.sample(1, timeout=10).data["ep"].numpy().ravel().tolist() for _ in range(2)]
+        assert got == [[3], [5]] and t.size == 0
+        state = t.info()["rate_limiter"]
+        assert (state["inserts"], state["samples"]) == (4, 4)
+    finally:
+        t.close()

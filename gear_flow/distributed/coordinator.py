@@ -28,7 +28,7 @@ from .. import config
 from ..errors import GearFlowError, ProtocolError, RateLimitTimeout, SpecError
 from ..storage.shared import machine_id
 from . import gate_checks, protocol, wire
-from .gate import OwnerGone, TableGate
+from .gate import OwnerGone, TableGate, Withdrawn
 from .lane import LaneServer
 from .moves import ShardMoves
 from .operations import COORDINATOR_OPS
@@ -255,7 +255,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         action : str, optional
             The operation: ``register``, ``lookup``, ``admit_insert``,
             ``commit_insert``, ``abort_insert``, ``admit_sample``,
-            ``admit_hold``, ``sample_finished``, ``count_samples``,
+            ``admit_hold``, ``withdraw``, ``sample_finished``, ``count_samples``,
             ``stamps``, ``removed``, ``mark_lost``, ``worker_alive``,
             ``workers``, ``restore_state``, ``shard_restored``, ``move``,
             ``rebalance``, ``close``,
@@ -362,12 +362,16 @@ class GearFlowCoordinator(SchedulerPlugin):
             ) from None
         except OwnerGone:
             raise RateLimitTimeout(f"{what} on table {g.name!r}: its client went away") from None
+        except Withdrawn:  # (the answer goes to nobody: its caller gave the call up)
+            raise GearFlowError(f"{what} on table {g.name!r} was withdrawn by its caller") from None
 
-    async def _admit_insert(self, name, n, episodes, per_shard=None, timeout=None, owner="", grouped=False):
+    async def _admit_insert(
+        self, name, n, episodes, per_shard=None, timeout=None, owner="", grouped=False, ticket=None
+    ):
         g = self._table(name)
         # never admissible: refused at once, nothing queued
         gate_checks.check_insert(g, n, episodes, per_shard or {}, bool(grouped))
-        w = g.request("insert", n, owner or "", episodes=episodes, per_shard=per_shard or {})
+        w = g.request("insert", n, owner or "", ticket, episodes=episodes, per_shard=per_shard or {})
         return await self._wait(g, w, timeout, f"an insert of {n} items")
 
     async def _commit_insert(self, name, txn, items, evicted, unsettled=None, unreached=None):
@@ -406,7 +410,9 @@ class GearFlowCoordinator(SchedulerPlugin):
             self.recovery.abort_parts(g, txn, unreached)
         return aborted
 
-    async def _admit_sample(self, name, n, timeout=None, done=0, lease=0, exclusive=False, owner="", after=None):
+    async def _admit_sample(
+        self, name, n, timeout=None, done=0, lease=0, exclusive=False, owner="", after=None, ticket=None
+    ):
         """Admit a sample of ``n``; ``done`` counts leased samples already served.
 
         With a MinSize limiter (no sample/insert ratio to keep) the caller may be
@@ -419,16 +425,21 @@ class GearFlowCoordinator(SchedulerPlugin):
         g = self._table(name)
         gate_checks.check_sample(g, n)
         w = g.request(
-            "sample", n, owner or "", done=done or 0, lease=lease or 0, exclusive=bool(exclusive), after=after
+            "sample", n, owner or "", ticket, done=done or 0, lease=lease or 0, exclusive=bool(exclusive), after=after
         )
         what = f"a sample of {n}" if after is None else f"a sample of {n} (too few items left for it, and none since)"
         return await self._wait(g, w, timeout, what)
 
-    async def _admit_hold(self, name, timeout=None, owner=""):
+    async def _admit_hold(self, name, timeout=None, owner="", ticket=None):
         """Hold the table for an eviction (no other eviction, nor an exclusive sample, in progress); returns
         the size then."""
         g = self._table(name)
-        return await self._wait(g, g.request("hold", 0, owner or ""), timeout, "an eviction")
+        return await self._wait(g, g.request("hold", 0, owner or "", ticket), timeout, "an eviction")
+
+    async def _withdraw(self, name, ticket):
+        """The caller of the admission with ``ticket`` gave it up before its answer reached it: taken out of
+        its line, or its grant given back (:meth:`.TableGate.withdraw_ticket`)."""
+        return self._table(name).withdraw_ticket(ticket)  # (an insert's caller never had the txn: no parts)
 
     async def _sample_finished(self, name, txn, rollback=0, expired=None):
         g = self._table(name)

@@ -37,13 +37,20 @@ a request may ask at all is checked first, by
 * **Owners**: every request names its owner (a client id, or a worker address
   for handles in tasks).  When an owner goes away its waiters are dropped, its
   exclusive hold is released and its unfinished inserts are recovered.
+* **Tickets**: a request may carry a ticket its caller chose.  A caller whose
+  call was cancelled or interrupted before the answer reached it withdraws the
+  ticket: a request still waiting leaves its line, and one granted meanwhile is
+  given back (an insert aborted; a sample's count given back, its hold
+  released), where the grant would go to nobody and a Queue's item would stay
+  counted for good.  A withdraw that overtakes its request is remembered, and
+  the request refused when it comes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,9 +59,17 @@ from ..errors import ShardLostError, TableClosedError
 from ..rate_limiters import MinSize, Queue
 from ..table.config import TableConfig
 
+#: granted tickets (and tickets withdrawn before their request came) a table remembers, the latest: a withdraw
+#: follows its request within a round trip, while this many other admissions are rare
+TICKETS_KEPT = 1024
+
 
 class OwnerGone(Exception):
     """Internal: the request's owner disconnected while it waited."""
+
+
+class Withdrawn(Exception):
+    """Internal: the request's caller withdrew it (its call was cancelled or interrupted)."""
 
 
 @dataclass
@@ -106,6 +121,8 @@ class Waiter:
         ``exclusive``, ``done`` (leased samples to count), ``lease`` and
         ``after`` (granted only once :attr:`TableGate.arrivals` exceeds it) of a
         sample.
+    ticket : str or None
+        What its caller withdraws it by (:meth:`TableGate.withdraw_ticket`).
     """
 
     kind: str  # "insert" | "sample"
@@ -113,6 +130,7 @@ class Waiter:
     owner: str
     fut: asyncio.Future
     extra: dict = field(default_factory=dict)
+    ticket: str | None = None
 
 
 class TableGate:
@@ -202,6 +220,10 @@ class TableGate:
         #: committed inserts whose part on a worker that did not answer its apply is not known yet:
         #: txn -> {shard: items routed there}
         self.unsettled: dict[str, dict[int, int]] = {}
+        #: ticket -> (kind, n, txn) of the latest grants made to requests with a ticket (what a withdraw gives
+        #: back), and the tickets withdrawn before their request came (refused when it does)
+        self.granted: OrderedDict[str, tuple[str, int, str]] = OrderedDict()
+        self.withdrawn: OrderedDict[str, None] = OrderedDict()
 
     # -- derived sizes ----------------------------------------------------------------------------
     @property
@@ -223,7 +245,7 @@ class TableGate:
         return max(0, self.size - sum(t.n for t in self.txns.values() if t.committed))
 
     # -- admission ----------------------------------------------------------------------------------
-    def request(self, kind: str, n: int, owner: str, **extra: Any) -> Waiter:
+    def request(self, kind: str, n: int, owner: str, ticket: str | None = None, **extra: Any) -> Waiter:
         """Queue a request and serve what can be served; its future resolves with the grant.
 
         Parameters
@@ -235,6 +257,9 @@ class TableGate:
             Items to insert or sample.
         owner : str
             Client id or worker address asking.
+        ticket : str, optional
+            What the caller may withdraw it by (:meth:`withdraw_ticket`); one
+            withdrawn already fails with :class:`Withdrawn`, nothing queued.
         **extra
             Kept in :attr:`Waiter.extra`: ``episodes``, ``per_shard`` of an
             insert; ``exclusive``, ``done``, ``lease``, ``after`` of a sample.
@@ -257,7 +282,12 @@ class TableGate:
         """
         if self.closed:
             raise TableClosedError(f"table {self.name!r} is closed")
-        w = Waiter(kind, int(n), owner, asyncio.get_running_loop().create_future(), extra)
+        w = Waiter(kind, int(n), owner, asyncio.get_running_loop().create_future(), extra, ticket)
+        if ticket is not None and ticket in self.withdrawn:  # its withdraw came first
+            del self.withdrawn[ticket]
+            w.fut.set_exception(Withdrawn())
+            self._count_unreported(w)
+            return w
         self._queue(kind).append(w)
         self.pump()
         return w
@@ -285,6 +315,50 @@ class TableGate:
         if not w.fut.done():
             w.fut.cancel()
         self.pump()
+
+    def withdraw_ticket(self, ticket: str) -> str:
+        """The caller of the request with ``ticket`` gave it up before its answer reached it: a request still
+        waiting leaves its line (failed with :class:`Withdrawn`), one granted is given back (an insert aborted,
+        a sample's count given back and its hold released, a hold released).
+
+        A sample's ``done`` (samples its caller served under a lease, reported with it) is counted either way:
+        they were handed out, and its caller does not report them again.
+
+        Parameters
+        ----------
+        ticket : str
+            The request's ticket.
+
+        Returns
+        -------
+        str
+            ``"waiting"`` (taken out of its line), ``"granted"`` (its grant given
+            back) or ``"unknown"`` (not come yet, or answered otherwise: a
+            request with it that comes later is refused).
+        """
+        for q in self._queues:
+            for w in q:
+                if w.ticket == ticket and not w.fut.done():
+                    q.remove(w)
+                    w.fut.set_exception(Withdrawn())
+                    self._count_unreported(w)
+                    self.pump()
+                    return "waiting"
+        got = self.granted.pop(ticket, None)
+        if got is None:
+            _keep(self.withdrawn, ticket, None)
+            return "unknown"
+        kind, n, txn = got
+        if kind == "insert":
+            self.abort_insert(txn)  # nothing was sent: its caller never had the txn
+        else:  # the sample's count given back (the limiter's state as if never granted); a hold released
+            self.sample_finished(txn, n if kind == "sample" else 0)
+        return "granted"
+
+    def _count_unreported(self, w: Waiter) -> None:
+        done = int(w.extra.get("done", 0)) if w.kind == "sample" else 0
+        if done:
+            self.limiter.on_sample(done)
 
     def _can(self, w: Waiter) -> bool:
         if w.kind == "insert":
@@ -319,7 +393,10 @@ class TableGate:
                     w = q.popleft()
                     if w.fut.done():
                         continue
-                    w.fut.set_result(self._grant(w))
+                    grant = self._grant(w)
+                    if w.ticket is not None:
+                        _keep(self.granted, w.ticket, (w.kind, w.n, grant["txn"]))
+                    w.fut.set_result(grant)
                     progress = True
 
     def _grant(self, w: Waiter) -> dict:
@@ -812,3 +889,10 @@ class TableGate:
             "unsettled_inserts": len(self.unsettled),
             "waiting": {"inserts": len(self.inserts), "samples": len(self.samples)},
         }
+
+
+def _keep(record: OrderedDict, key: str, value: Any) -> None:
+    """Note ``key`` in a record of the latest :data:`TICKETS_KEPT` (the oldest forgotten)."""
+    record[key] = value
+    if len(record) > TICKETS_KEPT:
+        record.popitem(last=False)

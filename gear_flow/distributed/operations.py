@@ -63,6 +63,8 @@ from .protocol import (
     UPDATES,
 )
 
+#: what a caller may withdraw an admission by (``withdraw``): chosen by the caller, one per request
+TICKET = optional(text(64))
 #: who may run a worker operation: a :class:`~gear_flow.distributed.host.ShardHost` method, a move's step
 #: (:mod:`gear_flow.distributed.host_moves`), or the plugin itself (what needs the worker, not only its host)
 HANDLER_OWNERS = ("ShardHost", "host_moves", "GearFlowWorker")
@@ -556,6 +558,7 @@ COORDINATOR_OPS: Mapping[str, CoordinatorOp] = _by_name(
             "timeout": TIMEOUT,
             "owner": optional(text()),
             "grouped": optional(boolean),
+            "ticket": TICKET,
         },
         "_admit_insert",
     ),
@@ -581,10 +584,13 @@ COORDINATOR_OPS: Mapping[str, CoordinatorOp] = _by_name(
             "exclusive": optional(boolean),
             "owner": optional(text()),
             "after": optional(integer(0, 1 << 62)),
+            "ticket": TICKET,
         },
         "_admit_sample",
     ),
-    CoordinatorOp("admit_hold", {"timeout": TIMEOUT, "owner": optional(text())}, "_admit_hold"),
+    CoordinatorOp("admit_hold", {"timeout": TIMEOUT, "owner": optional(text()), "ticket": TICKET}, "_admit_hold"),
+    # an admission its caller gave up before the answer reached it (the ticket it was sent with)
+    CoordinatorOp("withdraw", {"ticket": text(64)}, "_withdraw"),
     CoordinatorOp(
         "sample_finished",
         {"txn": optional(TXN), "rollback": optional(integer(0, MAX_COUNT)), "expired": PER_SHARD},

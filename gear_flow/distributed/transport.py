@@ -21,6 +21,7 @@ import asyncio
 import functools
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -466,6 +467,38 @@ class CoordinatorClient:
             return coord_here(self.ctx, op, self.name, wait, **kw)
         return coord(self.ctx, op, self.name, **kw)
 
+    def _admit(self, op: str, wait: float | None, **kw: Any) -> Any:
+        """An admission sent with a ticket (the caller's, or a new one), withdrawn at the coordinator when its
+        answer never reaches the caller: the call cancelled or interrupted while it waited there, or its reply
+        lost.  Else a waiting request would stay in its line, and the grant it gets go to nobody (a Queue's
+        item counted as handed out, an insert's room taken, for good)."""
+        if kw.get("ticket") is None:
+            kw["ticket"] = uuid.uuid4().hex
+        if self.blocking:
+            try:
+                return self._send(op, wait, **kw)
+            except BaseException as e:
+                self._withdraw_unanswered(e, kw["ticket"])
+                raise
+        return self._admit_async(op, kw)
+
+    async def _admit_async(self, op: str, kw: dict) -> Any:
+        try:
+            return await self._send(op, **kw)
+        except BaseException as e:
+            self._withdraw_unanswered(e, kw["ticket"])
+            raise
+
+    def _withdraw_unanswered(self, e: BaseException, ticket: str) -> None:
+        # the coordinator's own answers are GearFlowErrors (the request is out of its line then); a lost
+        # connection, a cancel or an interrupt leave it there
+        if isinstance(e, GearFlowError) and not isinstance(e, CoordinatorLostError):
+            return
+        try:  # from the event loop or a caller's thread; never waited for
+            self.ctx.loop.add_callback(_withdraw, self.ctx, self.name, ticket)
+        except RuntimeError:  # the loop is closed: so is the client, which the coordinator releases
+            pass
+
     # -- a table's life ------------------------------------------------------------------------------------------
     def register(self, config: dict, placement: dict[int, str]) -> Any:
         """Register the table with its configuration and placement (shard ids may be ints).
@@ -662,6 +695,7 @@ class CoordinatorClient:
         timeout: float | None = None,
         owner: str | None = None,
         grouped: bool | None = None,
+        ticket: str | None = None,
     ) -> Any:
         """Wait for the rate limiter to admit an insert of ``n`` items in ``episodes`` episodes.
 
@@ -681,6 +715,9 @@ class CoordinatorClient:
         grouped : bool, optional
             An ingestion's insert, staged in groups of at most a shard's
             capacity (it may hold more items than the table).
+        ticket : str, optional
+            What it is withdrawn by when its answer never reaches the caller
+            (a new one when None).
 
         Returns
         -------
@@ -690,9 +727,10 @@ class CoordinatorClient:
         """
         timeout = self._waits(timeout)
         extra = {"grouped": True} if grouped else {}  # (sent only when set)
-        return self._send(
-            "admit_insert", timeout, n=n, episodes=episodes, per_shard=per_shard, timeout=timeout, owner=owner, **extra
-        )
+        return self._admit(
+            "admit_insert", timeout, n=n, episodes=episodes, per_shard=per_shard, timeout=timeout, owner=owner,
+            ticket=ticket, **extra,
+        )  # fmt: skip
 
     def commit_insert(
         self,
@@ -768,6 +806,7 @@ class CoordinatorClient:
         exclusive: bool | None = None,
         owner: str | None = None,
         after: int | None = None,
+        ticket: str | None = None,
     ) -> Any:
         """Wait for the rate limiter to admit a sample of ``n``.
 
@@ -788,6 +827,9 @@ class CoordinatorClient:
             Who holds the admission (released if it leaves).
         after : int, optional
             Admit once more items arrived than this count of arrivals.
+        ticket : str, optional
+            What it is withdrawn by when its answer never reaches the caller
+            (a new one when None).
 
         Returns
         -------
@@ -796,12 +838,12 @@ class CoordinatorClient:
             ``arrivals`` … (awaitable of it on the event loop).
         """
         timeout = self._waits(timeout)
-        return self._send(
+        return self._admit(
             "admit_sample", timeout, n=n, timeout=timeout, done=done, lease=lease, exclusive=exclusive, owner=owner,
-            after=after,
+            after=after, ticket=ticket,
         )  # fmt: skip
 
-    def admit_hold(self, timeout: float | None = None, owner: str | None = None) -> Any:
+    def admit_hold(self, timeout: float | None = None, owner: str | None = None, ticket: str | None = None) -> Any:
         """Wait for the table's exclusive hold (an eviction: no sample or insert meanwhile).
 
         Parameters
@@ -810,6 +852,9 @@ class CoordinatorClient:
             Seconds the admission may wait.
         owner : str, optional
             Who holds it (released if it leaves).
+        ticket : str, optional
+            What it is withdrawn by when its answer never reaches the caller
+            (a new one when None).
 
         Returns
         -------
@@ -817,7 +862,23 @@ class CoordinatorClient:
             The hold: ``txn`` and the table's ``size`` (awaitable of it on the event loop).
         """
         timeout = self._waits(timeout)
-        return self._send("admit_hold", timeout, timeout=timeout, owner=owner)
+        return self._admit("admit_hold", timeout, timeout=timeout, owner=owner, ticket=ticket)
+
+    def withdraw(self, ticket: str) -> Any:
+        """Withdraw the admission sent with ``ticket``, whose answer never reached its caller: taken out of its
+        line, or its grant given back.
+
+        Parameters
+        ----------
+        ticket : str
+            The admission's ticket.
+
+        Returns
+        -------
+        object
+            ``"waiting"``, ``"granted"`` or ``"unknown"`` (awaitable of it on the event loop).
+        """
+        return self._send("withdraw", ticket=ticket)
 
     def sample_finished(
         self, txn: str | None = None, rollback: int | None = None, expired: dict[int, int] | None = None
@@ -875,6 +936,14 @@ class CoordinatorClient:
 
 #: :func:`_coord_reply`'s answer for a request that never left: the comm serves it
 _BY_COMM = object()
+
+
+async def _withdraw(ctx: Context, name: str | None, ticket: str) -> None:
+    """Withdraw the admission sent with ``ticket`` (:meth:`CoordinatorClient.withdraw`), in the background."""
+    try:
+        await CoordinatorClient(ctx, name).withdraw(ticket)
+    except Exception as e:  # noqa: BLE001 - nobody waits for it; a coordinator gone has released the client
+        logger.info("table %r: an admission not withdrawn (%s)", name, e)
 
 
 def _coord_reply(ctx: Context, lane: str, op: str, name: str | None, reply: Any) -> Any:
