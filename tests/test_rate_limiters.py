@@ -480,3 +480,12 @@ def test_uniform_table_with_ratio_limiter_threads_reach_the_ratio():
     st = t.rate_limiter.state
     diff = st.inserts * spi - st.samples
     assert t.rate_limiter.min_diff - 2 * spi <= diff <= t.rate_limiter.max_diff
+
+
+def test_a_timeout_error_quotes_the_calls_timeout(make_table):
+    """A distributed sample quoted the time it had left when it asked the coordinator ("within
+    0.09999862 s" for timeout=0.1); every kind of table quotes the call's own."""
+    t = make_table(x_spec(capacity=20), rate_limiter=MinSize(3), seed=0)
+    with pytest.raises(RateLimitTimeout) as e:
+        t.sample(2, timeout=0.1)
+    assert "a sample of 2" in str(e.value) and "within 0.1 s" in str(e.value), str(e.value)

@@ -116,7 +116,8 @@ class DistributedTable(DatasetMethods):
         None: fresh entropy.
     timeout : float, optional
         Default seconds a blocking call of this handle waits; None: the
-        table's configured ``timeout`` (None there: forever).
+        table's configured ``timeout`` (None there: until admitted, for at
+        most config ``distributed.admission-timeout``, an hour by default).
 
     Attributes
     ----------
@@ -138,7 +139,8 @@ class DistributedTable(DatasetMethods):
         Whether the table keeps serving from the remaining shards after a
         shard's worker is lost.
     timeout : float or None
-        Default seconds a blocking call waits (None: forever).
+        Default seconds a blocking call waits (None: until admitted, for at
+        most config ``distributed.admission-timeout``).
     rng : numpy.random.Generator
         This handle's random generator.
     stats : dict of str to int

@@ -357,7 +357,7 @@ class GearFlowCoordinator(SchedulerPlugin):
                 return w.fut.result()
             g.withdraw(w)
             raise RateLimitTimeout(
-                f"{what} on table {g.name!r} was not admitted by {g.limiter!r} within {timeout} s "
+                f"{what} on table {g.name!r} was not admitted by {g.limiter!r} within {round(timeout, 3):g} s "
                 f"(size {g.size}, inserts {g.limiter.state.inserts}, samples {g.limiter.state.samples})"
             ) from None
         except OwnerGone:
