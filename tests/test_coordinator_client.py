@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import re
 
 import pytest
 
@@ -39,6 +41,12 @@ class _Recorder(CoordinatorClient):
 
     def _send(self, op, wait=0.0, **kw):  # what the real one sends, before the None fields are dropped
         self.sent.append((op, wait, kw))
+        return None if self.blocking else asyncio.sleep(0)
+
+
+def _answered(got):
+    """What a client's method gave: the answer, or (on the event loop) the awaitable's."""
+    return asyncio.run(got) if inspect.iscoroutine(got) else got
 
 
 def test_admissions_from_a_callers_thread_may_be_held_as_long_as_their_timeout():
@@ -50,7 +58,26 @@ def test_admissions_from_a_callers_thread_may_be_held_as_long_as_their_timeout()
     assert [(op, wait) for op, wait, _ in c.sent] == [
         ("admit_sample", 2.5), ("admit_insert", 7.0), ("admit_hold", 1.5), ("lookup", 0.0)
     ]  # fmt: skip
+    ticket = c.sent[1][2].pop("ticket")
     assert c.sent[1][2] == dict(n=3, episodes=1, per_shard={0: 3}, timeout=7.0, owner="me")
+    assert re.fullmatch("[0-9a-f]{32}", ticket)
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["callers-thread", "event-loop"])
+def test_every_admission_carries_a_ticket_of_its_own_or_the_callers(blocking):
+    """What the caller withdraws it by when its answer never comes (the coordinator's ``withdraw``)."""
+    c = _Recorder(blocking)
+    for got in (
+        c.admit_sample(4),
+        c.admit_sample(4),
+        c.admit_insert(3, 1),
+        c.admit_hold(),
+        c.admit_sample(2, ticket="mine"),
+    ):
+        _answered(got)
+    tickets = [kw["ticket"] for _, _, kw in c.sent]
+    assert len(set(tickets[:4])) == 4 and tickets[4] == "mine"
+    assert [op for op, _, _ in c.sent] == ["admit_sample", "admit_sample", "admit_insert", "admit_hold", "admit_sample"]
 
 
 def test_an_admission_from_a_callers_thread_carries_the_wait_the_coordinator_gives_it():
@@ -60,8 +87,8 @@ def test_an_admission_from_a_callers_thread_carries_the_wait_the_coordinator_giv
 
     here, loop = _Recorder(blocking=True), _Recorder(blocking=False)
     for c in (here, loop):
-        c.admit_sample(4)
-        c.admit_insert(3, 1)
+        _answered(c.admit_sample(4))
+        _answered(c.admit_insert(3, 1))
     wait = config.get("distributed.admission-timeout")
     assert [(w, kw["timeout"]) for _, w, kw in here.sent] == [(wait, wait), (wait, wait)]
     assert [kw["timeout"] for _, _, kw in loop.sent] == [None, None]
