@@ -32,7 +32,9 @@ def _workers_fork_from_a_server():
     and the suite starts some two hundred; nothing of the package starts a thread or draws from a global
     generator at import, so the forks share no state that matters).  The server starts here, before any
     test changes the environment, with the variables a nanny sets before it spawns
-    (``distributed.nanny.pre-spawn-environ``), so its workers see what spawned ones would.  The launch
+    (``distributed.nanny.pre-spawn-environ``), so its workers see what spawned ones would.  It also loads
+    numba's typing and lowering registries (``forkserver_preload``): about 0.5 s of CPU that each worker's
+    first insert or sample paid, measured in a worker.  The launch
     scripts' tests keep Dask's default (spawn), as their users run them."""
     import multiprocessing.forkserver
     import os
@@ -42,9 +44,13 @@ def _workers_fork_from_a_server():
 
     dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
     ctx = get_mp_context()  # (sets distributed's own preload list, which the next line replaces)
-    ctx.set_forkserver_preload(["distributed", "numpy", "pandas", "gear_flow.distributed.plugin"])
+    # forkserver_preload (here, in tests/): numba's registries loaded once, not at each worker's first compile
+    ctx.set_forkserver_preload(["distributed", "numpy", "pandas", "gear_flow.distributed.plugin", "forkserver_preload"])
     saved = dict(os.environ)
     os.environ.update({k: str(v) for k, v in dask.config.get("distributed.nanny.pre-spawn-environ").items()})
+    # the server imports its preload with the path it starts with (Python 3.11 does not pass it this process's)
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, saved.get("PYTHONPATH")) if p)
     try:
         multiprocessing.forkserver.ensure_running()
     finally:

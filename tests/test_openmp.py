@@ -130,6 +130,8 @@ def test_dask_workers_get_the_short_spin():
     ) as cluster, Client(cluster) as client:  # fmt: skip
         client.run(clear)
         assert sorted(client.run(state).values()) == [(None, False), (None, False)]
+        # (the suite's workers fork from a server that loaded numba's registries, conftest: OpenMP still not)
+        assert list(client.run(lambda: "forkserver_preload" in sys.modules).values()) == [True, True]
         spec = gf.TableSpec((gf.ColumnSpec("x", (256,), np.float32),), capacity=50_000, num_shards=2)
         with dask.config.set({"gear-flow.distributed.shared-memory": False}):  # the workers gather the windows
             t = DistributedTable.create(client, spec, sampler=gf.Uniform(), seed=0)
