@@ -14,7 +14,31 @@ def _gpu_usable() -> bool:
         return False
 
 
+#: the files that took longest in a run of the suite (``--durations=0``, summed per file), which the workers
+#: take first: run last, one of them kept one worker busy minutes after the other had finished (xdist's
+#: ``loadfile`` hands out whole files, by default the files with the most tests first).  A file missing here only
+#: lengthens that tail.
+LONGEST_FILES = (
+    "test_dist_owners.py", "test_pipelines.py", "test_distributed.py", "test_dist_concurrency.py", "test_ingest.py",
+    "test_dist_lost_replies.py", "test_cluster_processes.py", "test_docs.py", "test_dist_scaling.py",
+    "test_device_selection.py", "test_deploy_ucx.py", "test_offline_dt.py", "test_kernels_emulated.py",
+)  # fmt: skip
+
+
+def pytest_configure(config):
+    if hasattr(config.option, "loadscopereorder"):  # (xdist's controller: hand the files out in the order below)
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(item.path.name, []).append(item)
+    first = {name: i for i, name in enumerate(LONGEST_FILES)}
+    # the longest first, then the others with the most tests first (xdist's own order), each file's tests in
+    # their order
+    order = sorted(files, key=lambda f: (first.get(f, len(first)), -len(files[f]) if f not in first else 0))
+    items[:] = [item for f in order for item in files[f]]
     if _gpu_usable():
         return
     skip = pytest.mark.skip(reason="no usable CUDA device")
