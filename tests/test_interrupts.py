@@ -211,3 +211,85 @@ def test_cancelled_distributed_calls_waiting_at_the_coordinator_are_withdrawn(di
         assert (state["inserts"], state["samples"]) == (4, 4)
     finally:
         t.close()
+
+
+def _cancel_once_answered(monkeypatch, module, op, commit=None):
+    """Wrap ``module.call`` (a worker request) so that the task set in the returned dict is cancelled once a
+    request ``op`` (with ``commit`` when given) has been answered: as ``asyncio.wait_for`` timing out while the
+    replies come back."""
+    real, target = module.call, {}
+
+    async def call(ctx, addr, what, **kw):
+        got = await real(ctx, addr, what, **kw)
+        if what == op and (commit is None or kw.get("commit") == commit) and target.get("task") is not None:
+            target.pop("task").cancel()
+        return got
+
+    monkeypatch.setattr(module, "call", call)
+    return target
+
+
+def _settled(t, n):
+    info = t.info()
+    return (info["size"], info["coordinator_size"], info["waiting"]) == (n, n, {"inserts": 0, "samples": 0})
+
+
+def test_an_insert_cancelled_once_its_parts_are_applied_is_committed(dist_client, monkeypatch):
+    """An ``insert_async`` cancelled while its apply replies came back (a two-worker insert) was neither
+    committed nor aborted: its items stayed on the workers uncounted by the coordinator, and its open
+    transaction kept the Queue's horizon below them, so nothing was handed out again (the next sample timed
+    out).  Begun, the apply goes to its end and the insert is committed: the cancel came too late, and the
+    call returns what it stored."""
+    from gear_flow.distributed import DistributedTable, transactions
+
+    t = DistributedTable.queue(dist_client, make_spec(capacity=64, num_shards=2), 8)
+    try:
+        target = _cancel_once_answered(monkeypatch, transactions, "apply")
+
+        async def cancelled():
+            target["task"] = task = asyncio.ensure_future(t.insert_async([episode(i, 1) for i in (10, 11, 12, 13)]))
+            try:
+                return await task
+            except asyncio.CancelledError:
+                return "cancelled"
+
+        got = dist_client.sync(cancelled)
+        assert "task" not in target and _settled(t, 4), t.info()  # (workers and coordinator agree)
+        assert got != "cancelled" and got.num_items == 4 and sorted(set(got.shards.tolist())) == [0, 1]
+        assert t.info()["rate_limiter"]["inserts"] == 4
+        assert [t.sample(1, timeout=10).data["ep"].numpy().ravel().tolist() for _ in range(4)] == [
+            [10],
+            [11],
+            [12],
+            [13],
+        ]
+    finally:
+        t.close()
+
+
+def test_a_queue_sample_cancelled_once_a_worker_committed_it_returns_its_batch(dist_client, monkeypatch):
+    """A Queue's ``sample_async`` cancelled once one worker had committed its part of the batch (its items
+    handed out) gave its grant back as if nothing had been: those items were delivered to nobody, and the
+    coordinator went on counting them (2 items stored on the workers, 4 at the coordinator).  Begun, the
+    commit goes to its end and the batch is returned: every item goes out once, in order."""
+    from gear_flow.distributed import DistributedTable, transport
+
+    t = DistributedTable.queue(dist_client, make_spec(capacity=64, num_shards=2), 8)
+    try:
+        t.insert([episode(i, 1) for i in (10, 11, 12, 13)])
+        target = _cancel_once_answered(monkeypatch, transport, "finish_sample", commit=True)
+
+        async def cancelled():
+            target["task"] = task = asyncio.ensure_future(t.sample_async(2, timeout=10))
+            try:
+                return await task
+            except asyncio.CancelledError:
+                return "cancelled"
+
+        got = dist_client.sync(cancelled)
+        assert "task" not in target and _settled(t, 2), t.info()  # (workers and coordinator agree)
+        assert got != "cancelled" and got.data["ep"].numpy().ravel().tolist() == [10, 11]
+        assert t.info()["rate_limiter"]["samples"] == 2
+        assert [t.sample(1, timeout=10).data["ep"].numpy().ravel().tolist() for _ in range(2)] == [[12], [13]]
+    finally:
+        t.close()

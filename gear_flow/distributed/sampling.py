@@ -58,7 +58,7 @@ from ..table.validate import check_rng, check_sample_args, sample_columns
 from . import reader_draw
 from .host_sampling import ShortBatchError, StaleSelectionError
 from .pending import book_reply, pending_calls, ride_along, settle
-from .transport import Moved, Retry, Stale, TableLink, copy_pool
+from .transport import Moved, Retry, Stale, TableLink, copy_pool, through_cancel
 
 if TYPE_CHECKING:
     from .api import DistributedTable
@@ -649,11 +649,11 @@ class LoopSampler:
         if isinstance(req, Refresh):
             return await link.refresh(req.version)
         if isinstance(req, GiveBack):
-            return await req.grant.give_back()
-        if isinstance(req, Finish):
-            return await req.grant.finish(req.expired)
+            return await through_cancel(req.grant.give_back())
+        if isinstance(req, Finish):  # (the items a batch took: counted, and its hold released, to their ends)
+            return await through_cancel(req.grant.finish(req.expired))
         if isinstance(req, Removed):
-            return await link.coordinator.removed(sum(req.expired.values()), req.expired)
+            return await through_cancel(link.coordinator.removed(sum(req.expired.values()), req.expired))
         raise TypeError(f"not a sample's request: {req!r}")
 
     async def _draw(self, grant: SampleGrant, out: SampleBuffers | None) -> tuple:
@@ -764,17 +764,21 @@ async def _sample_plan(table, out, B, L, boundary, columns, rng, grant: SampleGr
     try:
         layout = await planner.run_async(planner.sample(t._cfg.plan, B, rng), ex)
     except planner.NothingToSample:
-        await ex.undo()
+        await through_cancel(ex.undo())
         await _raise_empty(t, B, L, boundary)
-    except BaseException:
-        await ex.undo()
+    except BaseException:  # (a cancel too: what was drawn is given back, to its end)
+        await through_cancel(ex.undo())
         raise
     finally:
         _SAMPLING.n -= 1
     if exclusive:  # every part arrived: commit the sample on the workers (count, expire)
-        res, errors = await t._link.on_workers(
-            {a: ("finish_sample", dict(name=t.name, txn=grant.txn, commit=True)) for a in ex.sent},
-            partial=True,
+        # begun, the commit goes to its end through a cancel, and the batch is returned: some workers may have
+        # handed their items out already, which cannot be taken back (through_cancel)
+        res, errors = await through_cancel(
+            t._link.on_workers(
+                {a: ("finish_sample", dict(name=t.name, txn=grant.txn, commit=True)) for a in ex.sent},
+                partial=True,
+            )
         )
         for r in res.values():
             for s, k in r.items():
@@ -819,8 +823,11 @@ async def _sample_one_worker(table, addr, out, B, L, boundary, columns, rng, hor
         if out is None:
             out = SampleBuffers(t.spec, columns, B, L, tier=t._cfg.tier)
         args["out"] = out  # co-located: gathered straight into the learner's buffers
+    sent = t._link.on_workers({addr: ("sample_all", args)})
     try:
-        res = (await t._link.on_workers({addr: ("sample_all", args)}))[addr]
+        # a sample that changes the table (its items leave, or are counted) is committed by the worker as it
+        # draws: sent, it goes to its end through a cancel, and the batch is returned (through_cancel)
+        res = (await (through_cancel(sent) if t._cfg.exclusive else sent))[addr]
     except BaseException:
         settle(t, upd, False)
         raise

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ..errors import GearFlowError, ShardLostError
 from ..table import planner
 from .edits import evict_excess
-from .transport import NotAnswered, Retry, WorkerLost, call
+from .transport import NotAnswered, Retry, WorkerLost, call, through_cancel
 
 if TYPE_CHECKING:
     from .api import DistributedTable
@@ -514,6 +514,12 @@ class LoopTransaction:
         object
             Its answer.
         """
+        if isinstance(req, Send) and all(op == "stage" for op, _ in req.calls.values()):
+            return await self.send(req.calls)  # (cancelled while staging: the steps abort everywhere)
+        # a write, an apply, a commit or an abort begun goes to its end through a cancel (through_cancel)
+        return await through_cancel(self._answer(req))
+
+    async def _answer(self, req: object) -> object:
         t = self.t
         if isinstance(req, Send):
             return await self.send(req.calls)

@@ -314,6 +314,34 @@ class Context:
         return self.client.sync(fn, *args, **kwargs)
 
 
+async def through_cancel(aw: Awaitable[T]) -> T:
+    """``aw``'s answer, awaited to its end even when the awaiting task is cancelled meanwhile: the cancel came
+    too late, and the task goes on as if it had not come.
+
+    For a step a call has begun on the workers and cannot take back (an insert's apply, an exclusive sample's
+    commit, an abort): a cancel there would leave some workers with the step done and the coordinator not
+    told, where finishing it keeps them agreeing (and the caller gets what was done: the insert stored, the
+    batch its items left the queue for).
+
+    Parameters
+    ----------
+    aw : awaitable
+        The step.
+
+    Returns
+    -------
+    object
+        Its answer.
+    """
+    fut = asyncio.ensure_future(aw)
+    while True:
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            if fut.cancelled():  # the step itself was cancelled (its loop closing): nothing to wait for
+                raise
+
+
 async def coord(ctx: Context, op: str, name: str | None, **kw: Any) -> Any:
     """One request to the coordinator on the scheduler.
 

@@ -45,6 +45,7 @@ from ..table.results import InsertResult
 from ..table.validate import as_episode_list, check_episodes, insert_priorities
 from .edits import evict_excess
 from .transactions import abort_insert, admission_args, apply_staged, insert_error, run_insert
+from .transport import through_cancel
 from .wire import array_bytes
 
 logger = logging.getLogger(__name__)
@@ -719,10 +720,10 @@ class LoopInserter:
             return await t._link.coordinator.admit_insert(**req.args)
         if isinstance(req, Learn):
             return await t._link.refresh(req.version)
-        if isinstance(req, Abort):
-            return await abort_insert(t, req.txn, req.addrs, req.cause)
+        if isinstance(req, Abort):  # (begun, they go to their ends through a cancel)
+            return await through_cancel(abort_insert(t, req.txn, req.addrs, req.cause))
         if isinstance(req, Evict):
-            return await evict_excess(t, req.size)
+            return await through_cancel(evict_excess(t, req.size))
         if isinstance(req, LearnMoved):
             return await t._link.moved(req.epoch)
         raise TypeError(f"not an insert's request: {req!r}")
