@@ -279,6 +279,32 @@ def test_priority_writer_raises_a_failed_write_on_the_learner():
     pw.close()
 
 
+def test_priority_writer_close_counts_every_write_and_raises_the_first_failure(make_table):
+    """close() stopped at the first failed write: the writes queued after it stayed pending (``pending`` 2),
+    one that reached the table was never counted (``applied`` 1 of 2), a second failure (a NaN priority)
+    was never raised and a second close() returned None.  close() now collects every write, counts each,
+    and raises the first failure naming the other; a second close() does nothing."""
+    t = make_table(gf.TableSpec(COLS, capacity=64), sampler=gf.Prioritized(1.0), seed=0)
+    r = t.insert([{"obs": np.zeros((4, 3), np.float32), "t": np.arange(4)}])
+    k = int(r.first_keys[0])  # one episode: its items' keys are k, k + 1, ...
+    pw = gf.PriorityWriter(t, backlog=None)
+    gate = threading.Event()
+    pw.call(gate.wait, 10)  # holds the writes below on the thread, so no update() raises a failure
+    pw.update([k], [2.0])  # applied
+    pw.update([k + 1], [-1.0])  # fails
+    pw.update([k + 2], [5.0])  # applied
+    pw.update([k + 3], [float("nan")])  # fails as well
+    assert pw.pending == 5
+    gate.set()
+    with pytest.raises(gf.InvalidPriorityError, match=r"= -1\.0 is invalid.*1 later write failed") as e:
+        pw.close()
+    assert e.value.value == -1.0 and "\n" not in str(e.value)
+    assert pw.pending == 0 and pw.applied == 2 and pw.stale == 0
+    pw.close()  # already closed: nothing left to raise
+    with pytest.raises(gf.TableClosedError):
+        pw.update([k], [1.0])
+
+
 WRITERS = {
     "episode": (lambda t: t.writer(timeout=0.05), lambda w, i: w.append(step(0, i))),
     "trajectory": (lambda t: gf.TrajectoryWriter(t, chunk_length=8, timeout=0.05), lambda w, i: w.append(step(0, i))),

@@ -10,7 +10,9 @@ that must keep that order (publishing weights after the updates they
 reflect) go through the same thread with :meth:`PriorityWriter.call`.
 
 A failed write is raised in the learner's thread at its next ``update``,
-``call``, ``collect`` or ``drain``, never lost.
+``call``, ``collect`` or ``drain``, or by ``close``, never lost: ``close``
+waits for every queued write, counts each, and raises the first failure
+(naming how many more failed).
 """
 
 from __future__ import annotations
@@ -162,28 +164,70 @@ class PriorityWriter:
     def close(self, wait: bool = True) -> None:
         """Stop the thread: after the pending writes (``wait``) or dropping those not started.
 
+        With ``wait``, every pending write is waited for and accounted for
+        (``applied``, ``stale``), a failed one included, so nothing is left
+        pending; then the first failure is raised.  A second ``close`` does
+        nothing.
+
         Parameters
         ----------
         wait : bool
+            Wait for every pending write, else cancel those not started
+            (the one running still finishes).
 
         Returns
         -------
         None
+
+        Raises
+        ------
+        Exception
+            The first write that failed (``wait`` only), its message naming
+            how many later writes failed as well, if any.
         """
         if self._closed:
             return
         self._closed = True
         try:
             if wait:
-                self.drain()
+                self._collect_all()
         finally:
             self._ex.shutdown(wait=True, cancel_futures=not wait)
+
+    def _collect_all(self) -> None:
+        """Collect every pending write, going on past failures; raise the first failure."""
+        # close() is the learner's last chance to hear of a failed write: stopping at the first
+        # one (as drain does) would leave the later writes uncounted and their failures unraised.
+        failures: list[Exception] = []
+        while True:
+            try:
+                self.collect(wait=True)  # pops a write before its result: each failure comes once
+                break
+            except Exception as e:
+                failures.append(e)
+        if failures:
+            first = failures[0]
+            if len(failures) > 1:
+                _mention_more(first, failures[1:])
+            raise first
 
     def __enter__(self) -> PriorityWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.close(wait=exc_type is None)
+
+
+def _mention_more(first: Exception, more: list[Exception]) -> None:
+    """Append to ``first``'s one-line message how many later writes failed as well, and the next one."""
+    nxt = more[0]
+    what = f"{len(more)} later write{'s' if len(more) > 1 else ''} failed as well, the next with {type(nxt).__name__}: {nxt}"
+    what = " ".join(what.split())  # one line, whatever the later message holds
+    if first.args and isinstance(first.args[0], str):
+        # the same exception (type and attributes kept for handlers), its message extended
+        first.args = (f"{first.args[0]} ({what})", *first.args[1:])
+    else:
+        first.add_note(what)
 
 
 def key_copy(keys: ArrayLike) -> np.ndarray:
