@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -630,6 +632,25 @@ def test_closing_a_shared_tier_table_unlinks_its_segments():
         assert mine() == before
         with pytest.raises(TableClosedError):
             t.sample(1)
+
+
+def test_a_shared_tier_table_closed_under_its_readers_keeps_their_memory_mapped():
+    """LocalTable(tier="shared").close() unmapped the rings and selection arrays at once, while the table's
+    arrays still pointed at them: info() after close() crashed the process (SIGSEGV), and so did most calls
+    racing a close (a Stream consuming while another thread closed the table).  The close unlinks the
+    segments; their memory stays mapped until the arrays over it are gone.  (In a process of its own: the
+    failure is a crash.)"""
+    code = """
+import numpy as np, gear_flow as gf
+spec = gf.TableSpec((gf.ColumnSpec("x", (4,), np.float32),), capacity=64)
+t = gf.LocalTable(spec, tier="shared")
+t.insert({"x": np.ones((10, 4), np.float32)})
+held = t.shards[0].step_episode  # what a call racing the close reads
+t.close()
+print(t.info()["size"], len(held.tolist()))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.split() == ["10", "64"], (r.returncode, r.stdout, r.stderr[-2000:])
 
 
 @pytest.mark.parametrize("tier", ["host", "shared", "disk"])

@@ -125,6 +125,10 @@ class SharedTier(HostTier):
         seg = shared_memory.SharedMemory(create=True, size=size, name=segment_name())
         advise_huge(getattr(seg, "_mmap", None))  # before any page is touched (the mapping is the owner's)
         a = np.ndarray(shape, dtype=dtype, buffer=seg.buf)
+        # the mapping lives as long as the array (and its views): NumPy keeps no export on the segment's
+        # buffer, so closing it while the array lives (the segment dropped at release) would unmap memory a
+        # call racing the table's close, or info() after it, still reads (a segfault)
+        weakref.finalize(a, seg.close).atexit = False  # (at exit the process's mappings go with it)
         self.segments[id(a)] = seg
         self.names[id(a)] = seg.name
         return a
@@ -161,7 +165,7 @@ class SharedTier(HostTier):
                 pass
 
     def release(self) -> None:
-        """Unlink every segment (mappings stay valid until their arrays are gone)."""
+        """Unlink every segment (mappings stay valid until their arrays are gone: :meth:`empty`)."""
         for seg in self.segments.values():
             try:
                 seg.unlink()
