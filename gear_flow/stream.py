@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 import time
 import weakref
@@ -53,7 +54,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from . import backend
-from .errors import GearFlowError, SpecError
+from .errors import GearFlowError, SpecError, TableClosedError
 from .sample import SampleBatch, SampleBuffers
 from .table.admission import WAIT_CANCELLED
 
@@ -77,6 +78,26 @@ def _dist_rank() -> tuple[int, int]:
     except ImportError:
         pass
     return 0, 1
+
+
+#: the cancel events of the streams not finished yet (what their waiting requests look at)
+_LIVE_CANCELS: weakref.WeakSet[threading.Event] = weakref.WeakSet()
+#: set once the interpreter exits (:func:`_cancel_live_streams`)
+_EXITING = threading.Event()
+
+
+def _cancel_live_streams() -> None:
+    """At interpreter exit, before Python joins the threads (an unfinished stream still referenced is
+    collected only after): a stream's request waiting for the limiter without a timeout held the exit for
+    ever.  Each gives up at its next look at its event (:data:`~gear_flow.table.admission.CANCEL_TURN_S`)."""
+    _EXITING.set()
+    for cancel in list(_LIVE_CANCELS):
+        cancel.set()
+
+
+# (threading's own hook, the one concurrent.futures uses to stop its pools at exit: run before the threads are
+# joined, and after this was registered, before concurrent.futures joins the request threads)
+threading._register_atexit(_cancel_live_streams)
 
 
 class Stream:
@@ -267,6 +288,7 @@ class Stream:
         turns = _Turns() if shards and not fresh else None
 
         cancel = threading.Event()  # set on leaving: a request still waiting in an in-process table gives up
+        _LIVE_CANCELS.add(cancel)  # (and at interpreter exit)
 
         def request(i, slot, rng, free):
             WAIT_CANCELLED.set(cancel)  # (this executor thread's context)
@@ -335,8 +357,12 @@ class Stream:
             # a distributed table's samples served under an admission lease get counted now; a LocalTable's
             # flush() is a disk table's durable write of its files (or an error on another tier): not the stream's
             flush = None if shards else getattr(self.table, "flush", None)
-            if flush is not None:
-                flush()
+            # (not at interpreter exit: the client's event loop that would carry it is gone, and it would wait)
+            if flush is not None and not sys.is_finalizing() and not _EXITING.is_set():
+                try:
+                    flush()
+                except (TableClosedError, SpecError):  # (no disk flush asked: the table was closed or dropped)
+                    pass  # nothing left to count them in, as a LocalTable's stream closed after its table
 
     def stats(self) -> dict:
         """How long the learner waited for its batches: the seconds each ``next()`` on this stream blocked.

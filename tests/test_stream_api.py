@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -199,6 +201,54 @@ def test_leaving_a_stream_whose_request_waits_in_a_drained_queue_returns(make_ta
     t.insert([episode(2, 1)])  # the item the given-up request would have taken is still there
     assert t.sample(1, timeout=5)["ep"].numpy()[0, 0] == 2
     assert t.info()["totals"]["sampled"] == 3
+
+
+_EXIT_WITH_A_STREAM_WAITING = """
+import sys
+import numpy as np
+import gear_flow as gf
+
+if __name__ == "__main__":
+    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.int64),), capacity=64)
+    if sys.argv[1] == "local":
+        t = gf.LocalTable.queue(spec, 16)
+    else:  # a cluster and client left open too, as a plain script leaves them
+        from distributed import Client, LocalCluster
+
+        cluster = LocalCluster(n_workers=1, threads_per_worker=1, host="127.0.0.1", dashboard_address=None)
+        t = gf.DistributedTable.queue(Client(cluster), spec, 16)
+    t.insert([{"x": np.array([7])}])
+    it = iter(gf.Stream(t, batch_size=1, prefetch=2))  # (the table's timeout: None)
+    print(next(it)["x"].ravel().tolist(), flush=True)  # the next request now waits for an item
+"""
+
+
+@pytest.mark.parametrize("kind", ["local", "distributed"])
+def test_a_script_that_ends_with_an_unfinished_stream_exits(kind, tmp_path):
+    """A script that ended with an unfinished stream still referenced, its next request waiting for a queue's
+    item, never exited: Python joins the request threads before it collects the stream (which gives them up);
+    on a DistributedTable the stream's last report of its samples then waited for the client's event loop,
+    gone by then.  At exit the requests give up and the report is left."""
+    script = tmp_path / "ends.py"
+    script.write_text(_EXIT_WITH_A_STREAM_WAITING)
+    r = subprocess.run([sys.executable, str(script), kind], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.split() == ["[7]"], (r.returncode, r.stdout, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def test_a_stream_closed_after_its_table_returns(make_table):
+    """A stream closed after its table was closed: a LocalTable's returned, a DistributedTable's raised
+    SpecError ("no distributed table ...", its last report of the samples it served going to a table no longer
+    there), and one left to the garbage collector printed that as an ignored exception."""
+    t = make_table(make_spec(capacity=64, num_shards=2), seed=0)  # (MinSize: a distributed handle's leases)
+    t.insert([episode(i, 1) for i in range(8)])
+    s = gf.Stream(t, batch_size=2, prefetch=2)
+    it = iter(s)
+    assert len(next(it)["ep"]) == 2
+    t.close()
+    s.close()
+    with pytest.raises(gf.GearFlowError, match="this Stream is closed"):
+        iter(s)
 
 
 def test_a_closed_stream_takes_nothing_more(make_table):
