@@ -229,6 +229,20 @@ def _cancel_once_answered(monkeypatch, module, op, commit=None):
     return target
 
 
+def _run_cancelled(client, target, call):
+    """``call()``'s coroutine run as the task ``target`` names (the wrapped request cancels it): its answer, or
+    ``"cancelled"``."""
+
+    async def run():
+        target["task"] = task = asyncio.ensure_future(call())
+        try:
+            return await task
+        except asyncio.CancelledError:
+            return "cancelled"
+
+    return client.sync(run)
+
+
 def _settled(t, n):
     info = t.info()
     return (info["size"], info["coordinator_size"], info["waiting"]) == (n, n, {"inserts": 0, "samples": 0})
@@ -246,14 +260,7 @@ def test_an_insert_cancelled_once_its_parts_are_applied_is_committed(dist_client
     try:
         target = _cancel_once_answered(monkeypatch, transactions, "apply")
 
-        async def cancelled():
-            target["task"] = task = asyncio.ensure_future(t.insert_async([episode(i, 1) for i in (10, 11, 12, 13)]))
-            try:
-                return await task
-            except asyncio.CancelledError:
-                return "cancelled"
-
-        got = dist_client.sync(cancelled)
+        got = _run_cancelled(dist_client, target, lambda: t.insert_async([episode(i, 1) for i in (10, 11, 12, 13)]))
         assert "task" not in target and _settled(t, 4), t.info()  # (workers and coordinator agree)
         assert got != "cancelled" and got.num_items == 4 and sorted(set(got.shards.tolist())) == [0, 1]
         assert t.info()["rate_limiter"]["inserts"] == 4
@@ -279,14 +286,7 @@ def test_a_queue_sample_cancelled_once_a_worker_committed_it_returns_its_batch(d
         t.insert([episode(i, 1) for i in (10, 11, 12, 13)])
         target = _cancel_once_answered(monkeypatch, transport, "finish_sample", commit=True)
 
-        async def cancelled():
-            target["task"] = task = asyncio.ensure_future(t.sample_async(2, timeout=10))
-            try:
-                return await task
-            except asyncio.CancelledError:
-                return "cancelled"
-
-        got = dist_client.sync(cancelled)
+        got = _run_cancelled(dist_client, target, lambda: t.sample_async(2, timeout=10))
         assert "task" not in target and _settled(t, 2), t.info()  # (workers and coordinator agree)
         assert got != "cancelled" and got.data["ep"].numpy().ravel().tolist() == [10, 11]
         assert t.info()["rate_limiter"]["samples"] == 2
