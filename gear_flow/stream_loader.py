@@ -13,6 +13,17 @@ processes (forked or spawned) runs its own stream:
   batches that own their memory (they travel to the main process through
   torch's shared memory).
 
+What that means for a table whose items go out once (a Queue, a Stack,
+``max_times_sampled``):
+
+* the batches arrive in the order the ``DataLoader`` takes them from its
+  workers (in turn), each worker's in its table's order: not the table's
+  order across workers;
+* a learner that stops early drops what is in flight, as
+  :meth:`Stream.close <gear_flow.Stream.close>` drops its prefetched
+  batches: each worker's ``prefetch`` requests and the loader's
+  ``prefetch_factor`` batches per worker, whose items have left the table.
+
 A :class:`~gear_flow.LocalTable` lives in the learner's process: loader
 workers would sample a frozen copy of it, so ``num_workers > 0`` is refused
 with one clear error; use ``num_workers=0`` (the stream already prefetches
