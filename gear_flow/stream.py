@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import sys
 import threading
 import time
 import weakref
@@ -358,7 +357,7 @@ class Stream:
             # flush() is a disk table's durable write of its files (or an error on another tier): not the stream's
             flush = None if shards else getattr(self.table, "flush", None)
             # (not at interpreter exit: the client's event loop that would carry it is gone, and it would wait)
-            if flush is not None and not sys.is_finalizing() and not _EXITING.is_set():
+            if flush is not None and not _EXITING.is_set():
                 try:
                     flush()
                 except (TableClosedError, SpecError):  # (no disk flush asked: the table was closed or dropped)

@@ -336,14 +336,10 @@ class TableGate:
             back) or ``"unknown"`` (not come yet, or answered otherwise: a
             request with it that comes later is refused).
         """
-        for q in self._queues:
-            for w in q:
-                if w.ticket == ticket and not w.fut.done():
-                    q.remove(w)
-                    w.fut.set_exception(Withdrawn())
-                    self._count_unreported(w)
-                    self.pump()
-                    return "waiting"
+        for w in self._refuse(lambda w: w.ticket == ticket, lambda w: Withdrawn()):
+            self._count_unreported(w)
+            self.pump()
+            return "waiting"
         got = self.granted.pop(ticket, None)
         if got is None:
             _keep(self.withdrawn, ticket, None)
@@ -674,14 +670,17 @@ class TableGate:
             )
         self.pump()
 
-    def _refuse(self, which: Callable[[Waiter], bool], error: Callable[[Waiter], Exception]) -> None:
+    def _refuse(self, which: Callable[[Waiter], bool], error: Callable[[Waiter], Exception]) -> list[Waiter]:
         """Take the waiters ``which`` selects out of their lines, each failed with ``error(waiter)`` (one
-        granted meanwhile keeps its grant); the caller pumps the lines after."""
+        granted meanwhile keeps its grant); the caller pumps the lines after.  Returns those it failed."""
+        failed = []
         for q in self._queues:
             for w in [w for w in q if which(w)]:
                 q.remove(w)
                 if not w.fut.done():
                     w.fut.set_exception(error(w))
+                    failed.append(w)
+        return failed
 
     def take_stamps(self, n: int) -> int:
         """``n`` table-wide stamps (the insert clock) for priority updates; heap ties follow them across shards.
