@@ -293,3 +293,90 @@ def test_a_queue_sample_cancelled_once_a_worker_committed_it_returns_its_batch(d
         assert [t.sample(1, timeout=10).data["ep"].numpy().ravel().tolist() for _ in range(2)] == [[12], [13]]
     finally:
         t.close()
+
+
+def _interrupt_at(monkeypatch, where: str) -> list:
+    """A real SIGINT to this (main) thread at one point of a blocking distributed insert over the workers'
+    lanes; the returned list gets ``where`` once it was sent.
+
+    ``parts``: in the insert's own steps, after its admission, while its parts are cut (no request under way);
+    ``write``, ``apply``: once the workers' replies to that request were read; ``commit``: as the commit is
+    about to go to the coordinator."""
+    from gear_flow.distributed import thread_insert, writes
+    from gear_flow.distributed.transport import CoordinatorClient
+
+    fired = []
+
+    def fire():
+        if not fired and threading.current_thread() is threading.main_thread():
+            fired.append(where)
+            signal.raise_signal(signal.SIGINT)
+
+    if where == "parts":
+        real_parts = writes.insert_parts
+
+        def insert_parts(*args, **kw):
+            fire()
+            return real_parts(*args, **kw)
+
+        monkeypatch.setattr(writes, "insert_parts", insert_parts)
+    elif where in ("write", "apply"):
+        real_lanes = thread_insert._over_lanes
+
+        def over_lanes(table, requests):
+            got = real_lanes(table, requests)
+            if any(op == where for _, op, _ in requests):
+                fire()
+            return got
+
+        monkeypatch.setattr(thread_insert, "_over_lanes", over_lanes)
+    else:
+        real_commit = CoordinatorClient.commit_insert
+
+        def commit_insert(self, *args, **kw):
+            if self.blocking:
+                fire()
+            return real_commit(self, *args, **kw)
+
+        monkeypatch.setattr(CoordinatorClient, "commit_insert", commit_insert)
+    return fired
+
+
+@pytest.mark.parametrize("where", ["parts", "write", "apply", "commit"])
+def test_a_blocking_insert_interrupted_midway_leaves_workers_and_coordinator_agreeing(dist_client, monkeypatch, where):
+    """A blocking insert sent over the workers' lanes from the caller's thread, interrupted by a SIGINT in the
+    middle: in its own steps after its admission, it stayed in flight at the coordinator for good (the
+    queue's next items never went out); once its single worker had written its part, its admission was given
+    back with the items stored (2 more on the workers than the coordinator counted); once its workers had
+    applied, or just before its commit, it was never committed (in flight for good, its items uncounted).
+    Interrupted in its own steps, it is given back; interrupted once the workers may hold its items, it is
+    finished in the background, stored and counted; the caller gets the KeyboardInterrupt either way, and
+    every item goes out once, in order."""
+    import dask
+
+    from gear_flow.distributed import DistributedTable
+
+    lanes = {"gear-flow.distributed.shared-memory": False, "gear-flow.distributed.tcp-lane": True}
+    with dask.config.set(lanes):
+        t = DistributedTable.queue(dist_client, make_spec(capacity=64, num_shards=2), 16, timeout=10)
+        try:
+            t.insert([episode(1, 1)], shard=0)  # (the event loop's path: each learns its worker's lane)
+            t.insert([episode(2, 1)], shard=1)
+            t.insert([episode(3, 1), episode(4, 1)])
+            assert t.stats["insert_in_thread"] == 1
+            fired = _interrupt_at(monkeypatch, where)
+            with pytest.raises(KeyboardInterrupt):
+                t.insert([episode(10, 1), episode(11, 1)], shard=0 if where == "write" else None)
+            assert fired == [where]
+            monkeypatch.undo()
+            stored = [] if where == "parts" else [10, 11]
+            n = 4 + len(stored)
+            wait_for(
+                lambda: _settled(t, n) and t.info()["inserts_in_flight"] == 0, "workers and coordinator to agree", 20
+            )
+            t.insert([episode(12, 1)])
+            got = [t.sample(1).data["ep"].numpy().ravel().tolist()[0] for _ in range(n + 1)]
+            assert got == [1, 2, 3, 4, *stored, 12]
+            assert t.size == 0 and t.info()["rate_limiter"]["inserts"] == n + 1
+        finally:
+            t.close()

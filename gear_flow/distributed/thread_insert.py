@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 from numpy.typing import ArrayLike
 
 from ..errors import GearFlowError
+from ..interrupts import HeldInterrupts
 from ..table import planner
 from ..table.results import InsertResult
 from ..table.validate import check_batch, to_host
@@ -49,6 +50,7 @@ from .transactions import (
     LoopTransaction,
     Send,
     commit_counts,
+    revocable,
     transaction_steps,
 )
 from .transport import reply_timeout
@@ -60,6 +62,7 @@ from .writes import (
     LoopInserter,
     Priorities,
     Store,
+    Unstored,
     insert_steps,
     prepare,
 )
@@ -119,10 +122,14 @@ class ThreadInserter:
     ----------
     table : DistributedTable
         The handle.
+    interrupts : HeldInterrupts, optional
+        The call's interrupts (:mod:`gear_flow.interrupts`), held in its
+        transaction's steps as in the insert's.
     """
 
-    def __init__(self, table: DistributedTable) -> None:
+    def __init__(self, table: DistributedTable, interrupts: HeldInterrupts | None = None) -> None:
         self.t = table
+        self.interrupts = interrupts
 
     def __call__(self, req: object) -> object:
         """Answer one request of the steps.
@@ -141,10 +148,18 @@ class ThreadInserter:
         if isinstance(req, Store):
             return self.store(req.txn, req.parts)
         if isinstance(req, AdmitInsert):
+            self._interrupted()  # (nothing asked yet)
             return t._link.coordinator_here.admit_insert(**req.args)
         if isinstance(req, Learn):
+            self._interrupted()  # (the steps give the admission back)
             return t._link.refresh_here(req.version)
         return ctx.sync(LoopInserter(t).__call__, req)  # an abort, an eviction, a move learnt: the event loop's
+
+    def _interrupted(self) -> None:
+        """Deliver an interrupt held while the steps ran (:mod:`gear_flow.interrupts`): here, before a request
+        is sent, where the steps act on it."""
+        if self.interrupts is not None:
+            self.interrupts.check()
 
     def store(self, txn: str, parts: dict) -> tuple[dict, int]:
         """:class:`~gear_flow.distributed.writes.Store`'s answer from the caller's thread: the transaction's
@@ -165,13 +180,18 @@ class ThreadInserter:
         """
         t, ctx = self.t, self.t._ctx
         paths = {}
-        if not _writes_here(t, list(parts)):
-            paths = _lane_paths(t, {a: array_bytes([p["chunks"] for p in ps]) for a, ps in parts.items()})
-            if paths is None:  # the placement changed since the insert was routed: the event loop's path
-                return ctx.sync(LoopInserter(t).store, txn, parts)
+        try:
+            self._interrupted()
+            if not _writes_here(t, list(parts)):
+                paths = _lane_paths(t, {a: array_bytes([p["chunks"] for p in ps]) for a, ps in parts.items()})
+        except BaseException as e:  # nothing sent yet: the steps give the admission back
+            raise Unstored(e, sorted(parts)) from None
+        if paths is None:  # the placement changed since the insert was routed: the event loop's path
+            return ctx.sync(LoopInserter(t).store, txn, parts)
+        if paths:
             t.stats["insert_remote_bytes"] += sum(n for _, n in paths.values())
-        tx = LaneTransaction(t, paths)
-        applied, size = planner.run(transaction_steps(t, txn, parts), tx)
+        tx = LaneTransaction(t, paths, self.interrupts)
+        applied, size = planner.run(transaction_steps(t, txn, parts), tx, tx.hand_over, self.interrupts)
         if tx.in_thread:
             t.stats["insert_in_thread"] += 1
         return applied, size
@@ -190,11 +210,17 @@ class LaneTransaction:
         The handle.
     paths : dict
         ``{worker: (lane, bytes)}`` of the workers reached by a lane (:func:`_lane_paths`).
+    interrupts : HeldInterrupts, optional
+        The call's interrupts (:mod:`gear_flow.interrupts`): one held while the steps ran is delivered as a
+        request is about to go (:meth:`hand_over` then says what becomes of it).
     """
 
-    def __init__(self, table: DistributedTable, paths: dict[str, tuple[str, int]]) -> None:
+    def __init__(
+        self, table: DistributedTable, paths: dict[str, tuple[str, int]], interrupts: HeldInterrupts | None = None
+    ) -> None:
         self.t = table
         self.paths = paths
+        self.interrupts = interrupts
         #: every request went, and was answered, from this thread
         self.in_thread = True
 
@@ -212,6 +238,8 @@ class LaneTransaction:
             Its answer.
         """
         t, ctx = self.t, self.t._ctx
+        if self.interrupts is not None and isinstance(req, (Send, Commit)):
+            self.interrupts.check()
         if isinstance(req, Send):
             return self.send(req.calls)
         if isinstance(req, Commit):
@@ -221,6 +249,43 @@ class LaneTransaction:
             )  # fmt: skip
         self.in_thread = False
         return ctx.sync(LoopTransaction(t).__call__, req)
+
+    def hand_over(self, steps: planner.Plan, req: object, error: BaseException) -> bool:
+        """Hand the transaction's ``steps`` to the event loop when an interrupt came while this thread carried
+        a step the workers cannot take back (:func:`~gear_flow.distributed.transactions.revocable`).
+
+        The interrupt is a KeyboardInterrupt (Ctrl-C, a notebook's stop), or a SystemExit a signal's handler
+        raised: not an error of the step.  Stopped there, some workers would hold their part written (or
+        applied) and the coordinator not know it, for good: the table's size, the limiter's counts and the
+        transactions in flight drifting.  The event loop asks ``req`` again (a write, an apply or an abort
+        sent twice is applied once, a commit repeated is ignored) and finishes the steps in the background,
+        through any cancel (:class:`~gear_flow.distributed.transactions.LoopTransaction`), as it finishes an
+        ``insert_async`` cancelled there; the caller gets the interrupt at once.  Requests the event loop
+        answers already (an abort everywhere, a lost worker, an eviction) go to their end there.
+
+        Parameters
+        ----------
+        steps : generator
+            The transaction's steps, left waiting for ``req``'s answer.
+        req : object
+            The request the interrupt came in.
+        error : BaseException
+            What ``req``'s answer raised.
+
+        Returns
+        -------
+        bool
+            True when the event loop has taken ``steps`` (``error`` is then raised to the caller).
+        """
+        if isinstance(error, Exception) or not isinstance(req, (Send, Commit)) or revocable(req):
+            return False
+        t = self.t
+        try:
+            t._ctx.loop.add_callback(_finish, t, steps, req)
+        except RuntimeError:  # the loop is closed (and the client with it): nothing can finish it
+            return False
+        self.in_thread = False
+        return True
 
     def send(self, calls: dict) -> dict:
         """:class:`~gear_flow.distributed.transactions.Send`'s answer from this thread.
@@ -256,6 +321,15 @@ class LaneTransaction:
             self.in_thread = False
             out.update(ctx.sync(t._link.again, list(broken), LoopTransaction(t).send, broken))
         return out
+
+
+async def _finish(table: DistributedTable, steps: planner.Plan, req: object) -> None:
+    """The rest of a transaction a caller's thread handed over (:meth:`LaneTransaction.hand_over`): ``req``
+    asked again, then the steps answered on the event loop; nobody waits for it."""
+    try:
+        await planner.run_async(planner.resumed(steps, req), LoopTransaction(table))
+    except Exception as e:  # noqa: BLE001 - its caller was interrupted; the error says what was stored
+        logger.info("table %r: an interrupted insert finished in the background: %s", table.name, e)
 
 
 def _over_lanes(table: DistributedTable, requests: list[tuple[str, str, dict]]) -> list:
@@ -340,7 +414,8 @@ def insert(
     """
     ins = prepare(table, episodes, priorities, shard, timeout)
     if _in_thread(table, ins):  # the caller's thread writes (an actor into its own worker's shards), or sends them
-        return planner.run(insert_steps(table, ins, timeout), ThreadInserter(table))  # over the workers' lanes
+        with HeldInterrupts() as interrupts:  # over the workers' lanes; an interrupt comes where the steps act on it
+            return planner.run(insert_steps(table, ins, timeout), ThreadInserter(table, interrupts), None, interrupts)
     return table._ctx.sync(planner.run_async, insert_steps(table, ins, timeout), LoopInserter(table))
 
 

@@ -488,6 +488,26 @@ def apply_steps(table: DistributedTable, txn: str, addrs: Iterable[str]) -> Gene
     return res, size
 
 
+def revocable(req: object) -> bool:
+    """Whether a cancel or an interrupt may stop request ``req`` of :func:`transaction_steps` midway: only
+    staging, which the steps then abort everywhere.  A write, an apply, a commit or an abort begun is carried
+    to its end (:class:`LoopTransaction`, and
+    :class:`~gear_flow.distributed.thread_insert.LaneTransaction` by handing it to the event loop): stopped
+    midway, some workers would hold the step done and the coordinator would not know it.
+
+    Parameters
+    ----------
+    req : object
+        A request of the steps.
+
+    Returns
+    -------
+    bool
+        True for a :class:`Send` of stages only.
+    """
+    return isinstance(req, Send) and all(op == "stage" for op, _ in req.calls.values())
+
+
 class LoopTransaction:
     """Answers :func:`transaction_steps` on the event loop: each worker's request over the comm (in-process
     when it is this worker).
@@ -514,7 +534,7 @@ class LoopTransaction:
         object
             Its answer.
         """
-        if isinstance(req, Send) and all(op == "stage" for op, _ in req.calls.values()):
+        if revocable(req):
             return await self.send(req.calls)  # (cancelled while staging: the steps abort everywhere)
         # a write, an apply, a commit or an abort begun goes to its end through a cancel (through_cancel)
         return await through_cancel(self._answer(req))

@@ -564,6 +564,8 @@ def _insert_once(
     try:
         applied, _ = yield from _stored(table, grant, Store(grant.txn, parts))
     except Unstored as e:
+        if not isinstance(e.cause, Exception):  # a cancel or an interrupt before anything was sent: the caller's
+            raise e.cause from None
         raise insert_error(table, e.cause, e.workers) from None
     return insert_result(ins, ids, sel_of, applied)
 

@@ -41,11 +41,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..ops import sequences
 from . import two_level
+
+if TYPE_CHECKING:
+    from ..interrupts import HeldInterrupts
 
 #: a plan: a generator that yields requests (Summaries, Candidates, Draw, Sequences, Take, NewEpoch, Evict),
 #: is sent their answers, and returns its result
@@ -564,7 +568,12 @@ def evict(excess: int, ordered: bool, rng: np.random.Generator) -> Plan:
 
 
 # -- drivers ------------------------------------------------------------------------------------------------
-def run(plan: Plan, answer: Callable[[object], object]) -> object:
+def run(
+    plan: Plan,
+    answer: Callable[[object], object],
+    hand_over: Callable[[Plan, object, BaseException], bool] | None = None,
+    interrupts: HeldInterrupts | None = None,
+) -> object:
     """Drive ``plan`` with a synchronous ``answer(request)``.
 
     Also drives any generator written the same way (the distributed
@@ -580,6 +589,16 @@ def run(plan: Plan, answer: Callable[[object], object]) -> object:
         ``answer(request)`` returns the request's answer (an executor such
         as :class:`~gear_flow.table.executor.InProcess`); its exceptions
         are thrown into ``plan``.
+    hand_over : callable, optional
+        ``hand_over(plan, request, error)``, asked first when ``answer``
+        raises: True when it has taken ``plan``, left waiting for
+        ``request``'s answer, to finish elsewhere (:func:`resumed`); the
+        error is then raised here, not thrown in (a distributed insert
+        interrupted in a step it cannot take back).
+    interrupts : HeldInterrupts, optional
+        The call's interrupts (:mod:`gear_flow.interrupts`): held while
+        ``plan``'s code runs, let in while ``answer`` runs (which delivers
+        one held meanwhile where it can act on it).
 
     Returns
     -------
@@ -587,14 +606,58 @@ def run(plan: Plan, answer: Callable[[object], object]) -> object:
         The plan's result (:class:`Layout`, or the count removed).
     """
     got, error = None, None
+    live = True
+    while True:
+        if interrupts is not None:
+            live = interrupts.hold()
+        try:
+            req = plan.send(got) if error is None else plan.throw(error)
+        except StopIteration as stop:
+            if interrupts is not None:
+                interrupts.restore(live)
+            return stop.value
+        except BaseException:
+            if interrupts is not None:
+                interrupts.restore(live)
+            raise
+        try:
+            if interrupts is not None:
+                interrupts.restore(live)
+            got, error = answer(req), None
+        except BaseException as e:  # noqa: BLE001 - thrown into the plan, which raises it on or handles it
+            if hand_over is not None and hand_over(plan, req, e):
+                raise
+            got, error = None, e
+
+
+def resumed(plan: Plan, req: object) -> Plan:
+    """``plan``, left waiting for ``req``'s answer (:func:`run`'s ``hand_over``), as a plan of its own that
+    asks ``req`` again first and then goes on as ``plan``.
+
+    Parameters
+    ----------
+    plan : Plan
+        A plan suspended at ``req``.
+    req : object
+        The request it waits on.
+
+    Returns
+    -------
+    Plan
+        Yields ``req``, then ``plan``'s requests; returns ``plan``'s result.
+    """
+    try:
+        got, error = (yield req), None
+    except BaseException as e:  # noqa: BLE001 - thrown into the plan, as run does
+        got, error = None, e
     while True:
         try:
             req = plan.send(got) if error is None else plan.throw(error)
         except StopIteration as stop:
             return stop.value
         try:
-            got, error = answer(req), None
-        except BaseException as e:  # noqa: BLE001 - thrown into the plan, which raises it on or handles it
+            got, error = (yield req), None
+        except BaseException as e:  # noqa: BLE001 - thrown into the plan, as run does
             got, error = None, e
 
 
