@@ -153,6 +153,32 @@ def test_an_apply_that_fails_leaves_its_insert_neither_applying_nor_applied():
     assert memory.status("a") == {"state": "unknown"} and not memory.touches(set())
 
 
+@pytest.mark.parametrize("op", ["write", "apply"])
+def test_a_request_sent_again_while_the_first_is_applied_waits_for_it_and_writes_once(op):
+    """A write or apply sent again (its lane's reply lost, or its caller interrupted, so the step goes again
+    over the comm) while the first was still being written: a write staged the episodes again and wrote them
+    twice (4 items of a 2-item insert), an apply was refused as 'not staged' while the first wrote.  The second
+    waits for the first and answers its result."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    host = host_with()
+    if op == "apply":
+        host.stage("t", "a", [part(0, 2)])
+    lock = host.table("t").shards[0].lock
+    with ThreadPoolExecutor(2) as pool:
+        with lock:  # the first request's write waits for the shard; its insert is being applied meanwhile
+            call = (lambda: host.write("t", "a", [part(0, 2)])) if op == "write" else (lambda: host.apply("t", "a"))
+            first = pool.submit(call)
+            while host.status("t", "a")["state"] != "applying":
+                threading.Event().wait(0.001)  # polling the memory's state, not a barrier
+            second = pool.submit(call)
+            assert not second.done()
+        a, b = first.result(10), second.result(10)
+    assert a is b and a["items"] == {0: 2}
+    assert host.table("t").shards[0].size == 2 and host.status("t", "a") == {"state": "applied", "result": a}
+
+
 # -- two-phase samples --------------------------------------------------------------------------------
 def test_a_two_phase_sample_is_pending_until_finished_and_a_finish_sent_again_changes_nothing():
     host = host_with(max_times_sampled=1)

@@ -150,6 +150,8 @@ class TransactionMemory:
         self.table = table
         self.step = step
         self._lock = threading.Lock()
+        #: an apply's end (a request sent again while its first was applied waits for it: :meth:`_wait_applied`)
+        self._applied_now = threading.Condition(self._lock)
         self._staged: dict[str, list] = {}  # insert txn -> [(shard, EpisodeBatch)]
         self._applied = Memo()  # insert txn -> its apply's result
         self._applying: set[str] = set()
@@ -191,6 +193,7 @@ class TransactionMemory:
         """
         items = _items(batches, self.step)
         with self._lock:
+            self._wait_applied(txn)
             prior = self._staged.get(txn)
             if prior is not None and _items(prior, self.step) == items:
                 return sum(items.values())  # sent again (its reply was lost): staged once
@@ -237,6 +240,7 @@ class TransactionMemory:
             ``txn`` is neither staged nor applied here, or was aborted.
         """
         with self._lock:
+            self._wait_applied(txn)
             if txn in self._applied:
                 return self._applied[txn], None
             self._refuse_aborted(txn)
@@ -261,6 +265,15 @@ class TransactionMemory:
             if result is not None:
                 self._applied.put(txn, result)
             self._applying.discard(txn)
+            self._applied_now.notify_all()
+
+    def _wait_applied(self, txn: str) -> None:
+        """Wait (the lock held, released meanwhile) while insert ``txn`` is being applied: a stage, write or apply
+        of it sent again (its reply lost, or its caller interrupted) while the first one writes then answers as
+        the first one does, where it staged the episodes again and wrote them twice, or was refused as not
+        staged while they were written."""
+        while txn in self._applying:
+            self._applied_now.wait()
 
     def forget(self, txn: str) -> bool:
         """Forget staged insert ``txn`` and leave a tombstone unless it was applied or is being applied.

@@ -201,10 +201,17 @@ class HostWriter:
         SpecError, CapacityError
             As :meth:`stage`.
         """
-        done = self.tables.table(name).txns.applied(txn)
+        txns = self.tables.table(name).txns
+        done = txns.applied(txn)
         if done is not None:  # sent again (its reply was lost): written once, the same answer
             return done
-        self.stage(name, txn, parts)  # (refuses an aborted txn)
+        try:
+            self.stage(name, txn, parts)  # (refuses an aborted txn; waits for the same write being applied)
+        except SpecError:
+            done = txns.applied(txn)  # sent again while the first was applied: its answer
+            if done is None:
+                raise
+            return done
         return self.apply(name, txn)
 
     def forget(self, name: str, txn: str) -> bool:
