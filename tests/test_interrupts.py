@@ -380,3 +380,29 @@ def test_a_blocking_insert_interrupted_midway_leaves_workers_and_coordinator_agr
             assert t.size == 0 and t.info()["rate_limiter"]["inserts"] == n + 1
         finally:
             t.close()
+
+
+def test_held_interrupts_come_at_the_next_request_or_at_the_calls_end():
+    """While a plan's code runs, SIGINT is only recorded; it comes where the answer checks, or when the call
+    ends; while a request is answered it comes at once; the handler replaced is back after the call."""
+    from gear_flow.interrupts import HeldInterrupts
+
+    before = signal.getsignal(signal.SIGINT)
+    with HeldInterrupts() as interrupts:
+        assert signal.getsignal(signal.SIGINT) is not before
+        live = interrupts.hold()
+        signal.raise_signal(signal.SIGINT)  # (its handler has run by the next line)
+        assert live
+        interrupts.restore(live)
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.check()
+        interrupts.check()  # delivered once
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)  # let in: at once
+    assert signal.getsignal(signal.SIGINT) is before
+    with pytest.raises(KeyboardInterrupt):
+        with HeldInterrupts() as interrupts:
+            interrupts.hold()
+            signal.raise_signal(signal.SIGINT)
+            ended = True
+    assert ended and signal.getsignal(signal.SIGINT) is before

@@ -117,3 +117,53 @@ def test_an_executors_error_is_thrown_into_the_generator_it_drives():
 
     with pytest.raises(KeyError):
         planner.run(unhandled(), answer)
+
+
+def _steps(log):
+    """A plan of three requests that records each answer, and what was thrown into it."""
+    for req in ("a", "b", "c"):
+        try:
+            log.append((req, (yield req)))
+        except KeyError as e:
+            log.append((req, f"thrown {e}"))
+    return "done"
+
+
+def test_a_plan_handed_over_midway_is_resumed_at_its_request_elsewhere():
+    """``run``'s ``hand_over`` takes the plan at the request whose answer raised (the error is raised, not
+    thrown in); ``resumed`` asks that request again and goes on, errors thrown in as ``run`` does."""
+    log, taken = [], []
+
+    def answer(req):
+        if req == "b":
+            raise KeyboardInterrupt
+        return req.upper()
+
+    def hand_over(plan, req, error):
+        taken.append((plan, req, type(error)))
+        return not isinstance(error, Exception)
+
+    plan = _steps(log)
+    with pytest.raises(KeyboardInterrupt):
+        planner.run(plan, answer, hand_over)
+    assert log == [("a", "A")] and [(r, e) for _, r, e in taken] == [("b", KeyboardInterrupt)]
+
+    def again(req):
+        if req == "c":
+            raise KeyError("lost")
+        return req * 2
+
+    assert planner.run(planner.resumed(taken[0][0], "b"), again) == "done"
+    assert log == [("a", "A"), ("b", "bb"), ("c", "thrown 'lost'")]
+
+
+def test_an_error_hand_over_declines_is_thrown_into_the_plan():
+    log = []
+
+    def answer(req):
+        if req == "a":
+            raise KeyError("x")
+        return req
+
+    assert planner.run(_steps(log), answer, lambda plan, req, e: False) == "done"
+    assert log == [("a", "thrown 'x'"), ("b", "b"), ("c", "c")]

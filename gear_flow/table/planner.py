@@ -646,19 +646,15 @@ def resumed(plan: Plan, req: object) -> Plan:
     Plan
         Yields ``req``, then ``plan``'s requests; returns ``plan``'s result.
     """
-    try:
-        got, error = (yield req), None
-    except BaseException as e:  # noqa: BLE001 - thrown into the plan, as run does
-        got, error = None, e
     while True:
-        try:
-            req = plan.send(got) if error is None else plan.throw(error)
-        except StopIteration as stop:
-            return stop.value
         try:
             got, error = (yield req), None
         except BaseException as e:  # noqa: BLE001 - thrown into the plan, as run does
             got, error = None, e
+        try:
+            req = plan.send(got) if error is None else plan.throw(error)
+        except StopIteration as stop:
+            return stop.value
 
 
 async def run_async(plan: Plan, answer: Callable[[object], Awaitable[object]]) -> object:
