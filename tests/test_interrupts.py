@@ -383,26 +383,53 @@ def test_a_blocking_insert_interrupted_midway_leaves_workers_and_coordinator_agr
 
 
 def test_held_interrupts_come_at_the_next_request_or_at_the_calls_end():
-    """While a plan's code runs, SIGINT is only recorded; it comes where the answer checks, or when the call
-    ends; while a request is answered it comes at once; the handler replaced is back after the call."""
+    """A SIGINT that finds the main thread in a plan's code (or the driver's) is only recorded; it comes where
+    an answer checks, or when the call ends; one that finds it answering a request comes at once; the handler
+    replaced is back after the call."""
     from gear_flow.interrupts import HeldInterrupts
+    from gear_flow.table import planner
 
-    before = signal.getsignal(signal.SIGINT)
-    with HeldInterrupts() as interrupts:
-        assert signal.getsignal(signal.SIGINT) is not before
-        live = interrupts.hold()
+    before, seen = signal.getsignal(signal.SIGINT), []
+
+    def plan():
         signal.raise_signal(signal.SIGINT)  # (its handler has run by the next line)
-        assert live
-        interrupts.restore(live)
+        seen.append("went on")
+        seen.append((yield "a"))
+        return "done"
+
+    def answer(req):
         with pytest.raises(KeyboardInterrupt):
             interrupts.check()
         interrupts.check()  # delivered once
         with pytest.raises(KeyboardInterrupt):
-            signal.raise_signal(signal.SIGINT)  # let in: at once
-    assert signal.getsignal(signal.SIGINT) is before
+            signal.raise_signal(signal.SIGINT)  # answering: at once
+        return req.upper()
+
+    with HeldInterrupts() as interrupts:
+        assert signal.getsignal(signal.SIGINT) is not before
+        assert planner.run(plan(), answer, None, interrupts) == "done"
+    assert seen == ["went on", "A"] and signal.getsignal(signal.SIGINT) is before
+
+    def last_step():
+        yield "a"
+        signal.raise_signal(signal.SIGINT)
+        seen.append("ended")
+        return 1
+
     with pytest.raises(KeyboardInterrupt):
         with HeldInterrupts() as interrupts:
-            interrupts.hold()
-            signal.raise_signal(signal.SIGINT)
-            ended = True
-    assert ended and signal.getsignal(signal.SIGINT) is before
+            planner.run(last_step(), lambda req: None, None, interrupts)
+    assert seen[-1] == "ended" and signal.getsignal(signal.SIGINT) is before
+
+    def interrupted(req):
+        raise KeyboardInterrupt
+
+    def hand_over(plan, req, error):
+        signal.raise_signal(signal.SIGINT)  # a second one while the first is handed over: held, not raised here
+        seen.append("handed")
+        return True
+
+    with pytest.raises(KeyboardInterrupt):
+        with HeldInterrupts() as interrupts:
+            planner.run(last_step(), interrupted, hand_over, interrupts)
+    assert seen[-1] == "handed" and signal.getsignal(signal.SIGINT) is before

@@ -597,8 +597,8 @@ def run(
         interrupted in a step it cannot take back).
     interrupts : HeldInterrupts, optional
         The call's interrupts (:mod:`gear_flow.interrupts`): held while
-        ``plan``'s code runs, let in while ``answer`` runs (which delivers
-        one held meanwhile where it can act on it).
+        this function's code and ``plan``'s run, let in while ``answer``
+        runs (which delivers one held meanwhile where it can act on it).
 
     Returns
     -------
@@ -606,24 +606,13 @@ def run(
         The plan's result (:class:`Layout`, or the count removed).
     """
     got, error = None, None
-    live = True
     while True:
-        if interrupts is not None:
-            live = interrupts.hold()
         try:
             req = plan.send(got) if error is None else plan.throw(error)
         except StopIteration as stop:
-            if interrupts is not None:
-                interrupts.restore(live)
             return stop.value
-        except BaseException:
-            if interrupts is not None:
-                interrupts.restore(live)
-            raise
         try:
-            if interrupts is not None:
-                interrupts.restore(live)
-            got, error = answer(req), None
+            got, error = (answer(req) if interrupts is None else interrupts.let_in(answer, req)), None
         except BaseException as e:  # noqa: BLE001 - thrown into the plan, which raises it on or handles it
             if hand_over is not None and hand_over(plan, req, e):
                 raise
