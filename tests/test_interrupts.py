@@ -433,3 +433,31 @@ def test_held_interrupts_come_at_the_next_request_or_at_the_calls_end():
         with HeldInterrupts() as interrupts:
             planner.run(last_step(), interrupted, hand_over, interrupts)
     assert seen[-1] == "handed" and signal.getsignal(signal.SIGINT) is before
+
+
+def test_an_interrupt_as_a_call_goes_to_the_event_loop_cancels_it_there(dist_client):
+    """A blocking call hands its coroutine to the client's event loop and waits; interrupted before the loop
+    had started it (the loop busy), Dask's own sync failed its cancel (``NameError: cannot access free variable
+    'future'``, logged by tornado) and the coroutine then ran for a caller gone (a Queue's sample taking its
+    items for nobody).  It is cancelled before it runs."""
+    from gear_flow.distributed.transport import Context
+
+    ctx, ran, busy = Context(client=dist_client), [], threading.Event()
+
+    async def call():
+        ran.append("ran")
+
+    dist_client.loop.add_callback(busy.wait, 30)  # the loop's thread held until released
+    watcher = _interrupt_once_blocked_in("wait")
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ctx.sync(call)
+    finally:
+        watcher.join(10)
+        busy.set()
+
+    async def after():
+        await asyncio.sleep(0.05)  # (a few turns of the loop: a task started then has run)
+        return "after"
+
+    assert ctx.sync(after) == "after" and ran == []

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -130,6 +131,14 @@ class Moved(Retry):
             Their addresses.
         """
         return set().union(*(e.addrs for e in errors if isinstance(e, Moved)))
+
+
+async def _awaited(fn: Callable[..., Awaitable[T]], args: tuple, kwargs: dict, gone: threading.Event) -> T:
+    """``fn(*args, **kwargs)`` awaited (:meth:`Context.sync`'s task: ``fn`` may return any awaitable), unless
+    its caller is ``gone`` by the time the loop starts it (a cancel then comes after the task's first step)."""
+    if gone.is_set():
+        raise asyncio.CancelledError
+    return await fn(*args, **kwargs)
 
 
 class Context:
@@ -306,12 +315,37 @@ class Context:
         -------
         object
             What ``fn`` returned; its exception is raised here.
-        """
-        if self.worker is not None:
-            from distributed.utils import sync
 
-            return sync(self.loop, fn, *args, **kwargs)
-        return self.client.sync(fn, *args, **kwargs)
+        Raises
+        ------
+        RuntimeError
+            Called from the event loop itself (it would wait for ever), or the loop is closed.
+
+        Notes
+        -----
+        Not ``distributed.utils.sync`` (what ``Client.sync`` calls): it starts the coroutine one turn of the
+        loop after its callback, and an interrupt (Ctrl-C) that comes before then fails its cancel with a
+        ``NameError`` logged by tornado, the coroutine then running to its end for a caller gone (a Queue's
+        sample taking its items for nobody).  Here an interrupt while the caller waits cancels the call
+        whenever it comes: one the loop has not started yet never starts; and a hop takes one turn of the loop
+        less.
+        """
+        loop = self.loop.asyncio_loop
+        if self.in_loop():
+            raise RuntimeError("sync() called from thread of running loop")
+        gone = threading.Event()
+        coro = _awaited(fn, args, kwargs, gone)
+        try:
+            fut = asyncio.run_coroutine_threadsafe(coro, loop)
+        except RuntimeError:  # the loop is closed
+            coro.close()
+            raise
+        try:
+            return fut.result()
+        except BaseException:  # interrupted while it waits: the call is cancelled on the loop (done: nothing)
+            gone.set()
+            fut.cancel()
+            raise
 
 
 async def through_cancel(aw: Awaitable[T]) -> T:
