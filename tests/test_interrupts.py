@@ -439,7 +439,8 @@ def test_an_interrupt_as_a_call_goes_to_the_event_loop_cancels_it_there(dist_cli
     """A blocking call hands its coroutine to the client's event loop and waits; interrupted before the loop
     had started it (the loop busy), Dask's own sync failed its cancel (``NameError: cannot access free variable
     'future'``, logged by tornado) and the coroutine then ran for a caller gone (a Queue's sample taking its
-    items for nobody).  It is cancelled before it runs."""
+    items for nobody).  It is cancelled before it runs.  A step a call has begun and nothing may stop midway
+    (``sync_to_end``: an insert's abort or eviction) runs to its end all the same."""
     from gear_flow.distributed.transport import Context
 
     ctx, ran, busy = Context(client=dist_client), [], threading.Event()
@@ -461,3 +462,16 @@ def test_an_interrupt_as_a_call_goes_to_the_event_loop_cancels_it_there(dist_cli
         return "after"
 
     assert ctx.sync(after) == "after" and ran == []
+
+    # a step a call has begun (an abort, an eviction): interrupted as it goes to the loop, it still runs there
+    dist_client.loop.add_callback(busy.clear)
+    assert ctx.sync(after) == "after"
+    dist_client.loop.add_callback(busy.wait, 30)
+    watcher = _interrupt_once_blocked_in("wait")
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ctx.sync_to_end(call)
+    finally:
+        watcher.join(10)
+        busy.set()
+    assert ctx.sync(after) == "after" and ran == ["ran"]

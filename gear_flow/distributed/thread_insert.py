@@ -153,7 +153,7 @@ class ThreadInserter:
         if isinstance(req, Learn):
             self._interrupted()  # (the steps give the admission back)
             return t._link.refresh_here(req.version)
-        return ctx.sync(LoopInserter(t).__call__, req)  # an abort, an eviction, a move learnt: the event loop's
+        return ctx.sync_to_end(LoopInserter(t).__call__, req)  # an abort, an eviction, a move learnt: the loop's
 
     def _interrupted(self) -> None:
         """Deliver an interrupt held while the steps ran (:mod:`gear_flow.interrupts`): here, before a request
@@ -187,7 +187,7 @@ class ThreadInserter:
         except BaseException as e:  # nothing sent yet: the steps give the admission back
             raise Unstored(e, sorted(parts)) from None
         if paths is None:  # the placement changed since the insert was routed: the event loop's path
-            return ctx.sync(LoopInserter(t).store, txn, parts)
+            return ctx.sync_to_end(LoopInserter(t).store, txn, parts)
         if paths:
             t.stats["insert_remote_bytes"] += sum(n for _, n in paths.values())
         tx = LaneTransaction(t, paths, self.interrupts)
@@ -248,7 +248,7 @@ class LaneTransaction:
                 **commit_counts(req.res),
             )  # fmt: skip
         self.in_thread = False
-        return ctx.sync(LoopTransaction(t).__call__, req)
+        return ctx.sync_to_end(LoopTransaction(t).__call__, req)
 
     def hand_over(self, steps: planner.Plan, req: object, error: BaseException) -> bool:
         """Hand the transaction's ``steps`` to the event loop when an interrupt came while this thread carried
@@ -319,7 +319,7 @@ class LaneTransaction:
                 out[here] = e
         if broken:  # over the comm, from the event loop (a worker removed meanwhile is found lost there)
             self.in_thread = False
-            out.update(ctx.sync(t._link.again, list(broken), LoopTransaction(t).send, broken))
+            out.update(ctx.sync_to_end(t._link.again, list(broken), LoopTransaction(t).send, broken))
         return out
 
 

@@ -280,7 +280,7 @@ class ThreadSampler:
         if isinstance(req, GiveBack):
             return req.grant.give_back_here()
         if isinstance(req, Finish):
-            return t._ctx.sync(req.grant.finish, req.expired)
+            return t._ctx.sync_to_end(req.grant.finish, req.expired)
         if isinstance(req, Removed):
             return link.coordinator_here.removed(sum(req.expired.values()), req.expired)
         raise TypeError(f"not a sample's request: {req!r}")
@@ -300,7 +300,7 @@ class ThreadSampler:
             raise
         except BaseException as e:  # what was drawn is given back, as on the event loop's path
             try:
-                ctx.sync(ex.undo)
+                ctx.sync_to_end(ex.undo)
             except Exception as u:  # noqa: BLE001 - e.g. a worker gone: its counts leave with it
                 logger.info("table %r: a sample's draws not given back (%s)", t.name, u)
             if isinstance(e, ShardMovedError):  # planned before shards moved: the event loop's path, as placed now

@@ -18,12 +18,13 @@ what ``create`` and ``restore`` send).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -133,10 +134,10 @@ class Moved(Retry):
         return set().union(*(e.addrs for e in errors if isinstance(e, Moved)))
 
 
-async def _awaited(fn: Callable[..., Awaitable[T]], args: tuple, kwargs: dict, gone: threading.Event) -> T:
+async def _awaited(fn: Callable[..., Awaitable[T]], args: tuple, kwargs: dict, gone: threading.Event | None) -> T:
     """``fn(*args, **kwargs)`` awaited (:meth:`Context.sync`'s task: ``fn`` may return any awaitable), unless
     its caller is ``gone`` by the time the loop starts it (a cancel then comes after the task's first step)."""
-    if gone.is_set():
+    if gone is not None and gone.is_set():
         raise asyncio.CancelledError
     return await fn(*args, **kwargs)
 
@@ -302,7 +303,8 @@ class Context:
         self.loop.add_callback(self.lanes.close_path, path)  # its asyncio connections belong to the loop
 
     def sync(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
-        """Run coroutine function ``fn`` on this context's event loop and wait for its result.
+        """Run coroutine function ``fn`` on this context's event loop and wait for its result; interrupted while
+        it waits (Ctrl-C), the call is cancelled there.
 
         Parameters
         ----------
@@ -324,27 +326,49 @@ class Context:
         Notes
         -----
         Not ``distributed.utils.sync`` (what ``Client.sync`` calls): it starts the coroutine one turn of the
-        loop after its callback, and an interrupt (Ctrl-C) that comes before then fails its cancel with a
+        loop after its callback, and an interrupt that comes before then fails its cancel with a
         ``NameError`` logged by tornado, the coroutine then running to its end for a caller gone (a Queue's
         sample taking its items for nobody).  Here an interrupt while the caller waits cancels the call
-        whenever it comes: one the loop has not started yet never starts; and a hop takes one turn of the loop
-        less.
+        whenever it comes: one the loop has not started yet never starts (a step begun on the workers still
+        goes to its end, :func:`through_cancel`); and a hop takes one turn of the loop less.  A step of a call
+        that nothing may stop midway goes by :meth:`sync_to_end`.
         """
-        loop = self.loop.asyncio_loop
-        if self.in_loop():
-            raise RuntimeError("sync() called from thread of running loop")
         gone = threading.Event()
-        coro = _awaited(fn, args, kwargs, gone)
-        try:
-            fut = asyncio.run_coroutine_threadsafe(coro, loop)
-        except RuntimeError:  # the loop is closed
-            coro.close()
-            raise
+        fut = self._start(_awaited(fn, args, kwargs, gone))
         try:
             return fut.result()
         except BaseException:  # interrupted while it waits: the call is cancelled on the loop (done: nothing)
             gone.set()
             fut.cancel()
+            raise
+
+    def sync_to_end(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """As :meth:`sync`, for a step a call has begun and nothing may stop midway (an abort, an eviction, a
+        sample's finish, a request sent again): interrupted while it waits, the caller gets the interrupt at
+        once and the step goes on to its end on the loop, started there if it was not yet.
+
+        Parameters
+        ----------
+        fn : callable
+            A coroutine function.
+        *args, **kwargs
+            Passed to ``fn``.
+
+        Returns
+        -------
+        object
+            What ``fn`` returned; its exception is raised here.
+        """
+        return self._start(_awaited(fn, args, kwargs, None)).result()
+
+    def _start(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        if self.in_loop():
+            coro.close()
+            raise RuntimeError("sync() called from thread of running loop")
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, self.loop.asyncio_loop)
+        except RuntimeError:  # the loop is closed
+            coro.close()
             raise
 
 
@@ -463,7 +487,8 @@ def coord_here(ctx: Context, op: str, name: str | None, wait: float | None = 0.0
         got = _coord_reply(ctx, lane, op, name, ctx.lanes.read_one(sent))
         if got is not _BY_COMM:
             return got
-    return ctx.sync(coord, ctx, op, name, **kw)
+    # once asked, to its end (an admission its caller gave up is withdrawn: CoordinatorClient._admit)
+    return ctx.sync_to_end(coord, ctx, op, name, **kw)
 
 
 class CoordinatorClient:

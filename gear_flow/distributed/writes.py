@@ -641,8 +641,8 @@ class HeldInserter:
         t = self.t
         if isinstance(req, StoreHeld):
             addrs = list(self.stage(req.adm))
-            return t._ctx.sync(apply_staged, t, req.adm["txn"], addrs)
-        return t._ctx.sync(LoopInserter(t).__call__, req)
+            return t._ctx.sync_to_end(apply_staged, t, req.adm["txn"], addrs)
+        return t._ctx.sync_to_end(LoopInserter(t).__call__, req)
 
 
 def insert_held(
