@@ -105,6 +105,32 @@ def test_ordered_samples_see_only_the_committed_prefix():
     run(go)
 
 
+def test_a_commit_sent_again_after_its_insert_left_the_transactions_is_ignored():
+    """A commit sent again (its reply lost, or its caller interrupted and the commit finished from the event
+    loop) once its insert was committed and trimmed from the transactions was refused as 'no insert in flight',
+    and the steps after it (the eviction to max_size) never ran.  The latest commits are remembered: the repeat
+    is ignored, nothing counted twice; a made-up transaction is still refused."""
+    from gear_flow.distributed.gate_checks import check_commit
+    from gear_flow.errors import ProtocolError
+
+    async def go():
+        g = _gate(gf.MinSize(1))
+        r = g.request("insert", 2, "p").fut.result()
+        check_commit(g, r["txn"], {0: 2}, {})
+        assert g.commit_insert(r["txn"], {0: 2}, {}) and not g.txns  # committed, and gone from the transactions
+        check_commit(g, r["txn"], {0: 2}, {})
+        assert not g.commit_insert(r["txn"], {0: 2}, {}) and g.size == 2 and g.limiter.state.inserts == 2
+        with pytest.raises(ProtocolError, match="no insert 'made-up' is in flight"):
+            check_commit(g, "made-up", {0: 2}, {})
+        for _ in range(TICKETS_KEPT):  # the latest are remembered, the oldest forgotten
+            x = g.request("insert", 1, "p").fut.result()
+            g.commit_insert(x["txn"], {0: 1}, {})
+        with pytest.raises(ProtocolError, match="is in flight"):
+            check_commit(g, r["txn"], {0: 2}, {})
+
+    run(go)
+
+
 @pytest.mark.parametrize("kind", [gf.Queue, gf.Stack])
 def test_a_queue_sample_waits_until_as_many_items_as_it_takes_are_visible(kind):
     """A Queue's limiter counts an insert when it is admitted: with one item committed and one in flight it

@@ -59,8 +59,9 @@ from ..errors import ShardLostError, TableClosedError
 from ..rate_limiters import MinSize, Queue
 from ..table.config import TableConfig
 
-#: granted tickets (and tickets withdrawn before their request came) a table remembers, the latest: a withdraw
-#: follows its request within a round trip, while this many other admissions are rare
+#: granted tickets (and tickets withdrawn before their request came), and committed inserts, a table remembers,
+#: the latest: a withdraw (or a commit sent again) follows its request within a round trip, while this many other
+#: admissions are rare
 TICKETS_KEPT = 1024
 
 
@@ -224,6 +225,9 @@ class TableGate:
         #: back), and the tickets withdrawn before their request came (refused when it does)
         self.granted: OrderedDict[str, tuple[str, int, str]] = OrderedDict()
         self.withdrawn: OrderedDict[str, None] = OrderedDict()
+        #: the latest inserts committed and gone from ``txns``: a commit of one sent again (its reply lost, or
+        #: its caller interrupted and the commit finished from the event loop) is ignored, as one still there is
+        self.committed: OrderedDict[str, None] = OrderedDict()
 
     # -- derived sizes ----------------------------------------------------------------------------
     @property
@@ -558,6 +562,7 @@ class TableGate:
             if not first.committed:
                 break
             del self.txns[first.txn]
+            _keep(self.committed, first.txn, None)
 
     # -- samples -----------------------------------------------------------------------------------------------
     def sample_finished(self, txn: str, rollback: int = 0) -> None:

@@ -116,6 +116,8 @@ def check_commit(g: TableGate, txn: str, items: dict, evicted: dict, unsettled: 
         raise ProtocolError(f"coordinator 'commit_insert': {strangers} hold no shard of table {g.name!r}")
     t = g.txns.get(txn)
     if t is None:
+        if txn in g.committed:  # committed already: a repeat, ignored (TableGate.commit_insert)
+            return
         raise ProtocolError(f"coordinator 'commit_insert': no insert {txn!r} is in flight on table {g.name!r}")
     _shards(g, items, "commit_insert", "items")
     _shards(g, evicted, "commit_insert", "evicted")
