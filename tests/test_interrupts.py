@@ -443,35 +443,29 @@ def test_an_interrupt_as_a_call_goes_to_the_event_loop_cancels_it_there(dist_cli
     (``sync_to_end``: an insert's abort or eviction) runs to its end all the same."""
     from gear_flow.distributed.transport import Context
 
-    ctx, ran, busy = Context(client=dist_client), [], threading.Event()
+    ctx, ran = Context(client=dist_client), []
 
     async def call():
         ran.append("ran")
-
-    dist_client.loop.add_callback(busy.wait, 30)  # the loop's thread held until released
-    watcher = _interrupt_once_blocked_in("wait")
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            ctx.sync(call)
-    finally:
-        watcher.join(10)
-        busy.set()
 
     async def after():
         await asyncio.sleep(0.05)  # (a few turns of the loop: a task started then has run)
         return "after"
 
-    assert ctx.sync(after) == "after" and ran == []
+    def interrupted_as_it_goes(sync):
+        busy = threading.Event()
+        dist_client.loop.add_callback(busy.wait, 30)  # the loop's thread held until released
+        watcher = _interrupt_once_blocked_in("wait")
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                sync(call)
+        finally:
+            watcher.join(10)
+            busy.set()
+        assert ctx.sync(after) == "after"
 
+    interrupted_as_it_goes(ctx.sync)
+    assert ran == []
     # a step a call has begun (an abort, an eviction): interrupted as it goes to the loop, it still runs there
-    dist_client.loop.add_callback(busy.clear)
-    assert ctx.sync(after) == "after"
-    dist_client.loop.add_callback(busy.wait, 30)
-    watcher = _interrupt_once_blocked_in("wait")
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            ctx.sync_to_end(call)
-    finally:
-        watcher.join(10)
-        busy.set()
-    assert ctx.sync(after) == "after" and ran == ["ran"]
+    interrupted_as_it_goes(ctx.sync_to_end)
+    assert ran == ["ran"]

@@ -345,19 +345,8 @@ class Context:
     def sync_to_end(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """As :meth:`sync`, for a step a call has begun and nothing may stop midway (an abort, an eviction, a
         sample's finish, a request sent again): interrupted while it waits, the caller gets the interrupt at
-        once and the step goes on to its end on the loop, started there if it was not yet.
-
-        Parameters
-        ----------
-        fn : callable
-            A coroutine function.
-        *args, **kwargs
-            Passed to ``fn``.
-
-        Returns
-        -------
-        object
-            What ``fn`` returned; its exception is raised here.
+        once and the step goes on to its end on the loop, started there if it was not yet.  Parameters, return
+        and errors as :meth:`sync`'s.
         """
         return self._start(_awaited(fn, args, kwargs, None)).result()
 
