@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 from dist_support import coordinator, wait_for
 from helpers import episode, make_spec
@@ -469,3 +470,24 @@ def test_an_interrupt_as_a_call_goes_to_the_event_loop_cancels_it_there(dist_cli
     # a step a call has begun (an abort, an eviction): interrupted as it goes to the loop, it still runs there
     interrupted_as_it_goes(ctx.sync_to_end)
     assert ran == ["ran"]
+
+
+def test_a_delete_cancelled_once_its_workers_removed_the_items_is_counted(dist_client, monkeypatch):
+    """A ``delete_async`` cancelled (a blocking ``delete`` interrupted) once its workers had removed the items
+    never told the coordinator: the workers held 4 items fewer than the coordinator counted, for good, and a
+    Queue's sample of what the coordinator counted then timed out with the items it had stored.  Begun on the
+    workers, the removal goes to its end and is counted: the cancel came too late, and the call returns it."""
+    from gear_flow.distributed import DistributedTable, transport
+
+    t = DistributedTable.create(dist_client, make_spec(capacity=64, num_shards=2))
+    try:
+        t.insert([episode(i, 2) for i in range(4)])
+        keys = np.unique(t.sample(32).keys.numpy())[:4]
+        assert len(keys) == 4
+        target = _cancel_once_answered(monkeypatch, transport, "delete")
+
+        got = _run_cancelled(dist_client, target, lambda: t.delete_async(keys))
+        assert "task" not in target and _settled(t, 4), t.info()  # (workers and coordinator agree)
+        assert got != "cancelled" and got.applied == 4 and t.info()["rate_limiter"]["deletes"] == 4
+    finally:
+        t.close()

@@ -32,7 +32,7 @@ from . import pending
 from .edit_keys import LoopUpdater, checked, group, grouped_update, lost_keys, moved_keys, update_steps
 from .pending import PENDING_MAX
 from .thread_update import update_here
-from .transport import Retry
+from .transport import Retry, through_cancel
 
 if TYPE_CHECKING:
     from .api import DistributedTable
@@ -223,6 +223,20 @@ async def _delete_grouped(
     if len(by) > 1:
         by, lost, moved = await checked(table, by)
         on_lost += lost
+    # the workers' delete and the coordinator's count of it: one step, begun on the workers, so to its end through
+    # a cancel (a blocking delete interrupted there left the coordinator counting items the workers had removed)
+    res, errors, d = await through_cancel(_removed_everywhere(table, by))
+    st = sum(r[1] for r in res.values()) + on_lost + lost_keys(by, res, errors)
+    again = moved_keys(table, idx, errors + moved, attempt)
+    if not len(again):
+        return UpdateResult(d, st)
+    more = await _delete_grouped(table, *group(table, k[again]), attempt + 1)  # where those shards are now
+    return UpdateResult(d + more.applied, st + more.stale)
+
+
+async def _removed_everywhere(table: DistributedTable, by: dict) -> tuple[dict, list, int]:
+    """The workers delete ``by``'s items, then the coordinator counts what they removed: ``(replies, errors,
+    items removed)``."""
     res, errors = await table._link.on_workers(
         {a: ("delete", by.request(name=table.name, seqs_by_shard=s)) for a, s in by.items()}, partial=True
     )
@@ -230,12 +244,7 @@ async def _delete_grouped(
     d = sum(per.values())
     if d:  # what the workers that answered removed, even when another was lost: the sizes stay agreed
         await table._link.coordinator.removed(d, per)
-    st = sum(r[1] for r in res.values()) + on_lost + lost_keys(by, res, errors)
-    again = moved_keys(table, idx, errors + moved, attempt)
-    if not len(again):
-        return UpdateResult(d, st)
-    more = await _delete_grouped(table, *group(table, k[again]), attempt + 1)  # where those shards are now
-    return UpdateResult(d + more.applied, st + more.stale)
+    return res, errors, d
 
 
 class Hold:
