@@ -345,8 +345,19 @@ class Context:
     def sync_to_end(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """As :meth:`sync`, for a step a call has begun and nothing may stop midway (an abort, an eviction, a
         sample's finish, a request sent again): interrupted while it waits, the caller gets the interrupt at
-        once and the step goes on to its end on the loop, started there if it was not yet.  Parameters, return
-        and errors as :meth:`sync`'s.
+        once and the step goes on to its end on the loop, started there if it was not yet.
+
+        Parameters
+        ----------
+        fn : callable
+            The step: a coroutine function, called with ``*args`` and ``**kwargs``.
+        *args, **kwargs
+            Its arguments.
+
+        Returns
+        -------
+        object
+            The step's answer (its error raised here; a RuntimeError as :meth:`sync` raises one).
         """
         return self._start(_awaited(fn, args, kwargs, None)).result()
 
