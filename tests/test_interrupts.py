@@ -456,7 +456,9 @@ def test_an_interrupt_as_a_call_goes_to_the_event_loop_cancels_it_there(dist_cli
     def interrupted_as_it_goes(sync):
         busy = threading.Event()
         dist_client.loop.add_callback(busy.wait, 30)  # the loop's thread held until released
-        watcher = _interrupt_once_blocked_in("wait")
+        watcher = _interrupt_once_blocked_in(
+            "result"
+        )  # (concurrent.futures.Future.result: not the watcher's own start)
         try:
             with pytest.raises(KeyboardInterrupt):
                 sync(call)
@@ -491,3 +493,30 @@ def test_a_delete_cancelled_once_its_workers_removed_the_items_is_counted(dist_c
         assert got != "cancelled" and got.applied == 4 and t.info()["rate_limiter"]["deletes"] == 4
     finally:
         t.close()
+
+
+def test_a_step_its_caller_stopped_waiting_for_is_kept_until_it_ends(dist_client):
+    """asyncio keeps tasks weakly: a step on the event loop whose caller was interrupted (it goes on to its end
+    there), waiting on something only it held (a lane reply's reader), was collected midway ("Task was
+    destroyed but it is pending!": a sample's finish or give-back in the hunt).  The context keeps it."""
+    import gc
+    import weakref
+
+    from gear_flow.distributed.transport import Context
+
+    ctx, seen = Context(client=dist_client), []
+
+    async def step():
+        seen.append(weakref.ref(asyncio.current_task()))
+        await asyncio.get_running_loop().create_future()  # nothing else holds what it waits for
+
+    watcher = _interrupt_once_blocked_in("result")  # (concurrent.futures.Future.result: not the watcher's own start)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ctx.sync_to_end(step)
+    finally:
+        watcher.join(10)
+    gc.collect()
+    task = seen[0]()
+    assert task is not None and not task.done()
+    dist_client.loop.add_callback(task.cancel)

@@ -326,6 +326,7 @@ class LaneTransaction:
 async def _finish(table: DistributedTable, steps: planner.Plan, req: object) -> None:
     """The rest of a transaction a caller's thread handed over (:meth:`LaneTransaction.hand_over`): ``req``
     asked again, then the steps answered on the event loop; nobody waits for it."""
+    table._ctx.keep_running()
     try:
         await planner.run_async(planner.resumed(steps, req), LoopTransaction(table))
     except Exception as e:  # noqa: BLE001 - its caller was interrupted; the error says what was stored

@@ -134,12 +134,24 @@ class Moved(Retry):
         return set().union(*(e.addrs for e in errors if isinstance(e, Moved)))
 
 
-async def _awaited(fn: Callable[..., Awaitable[T]], args: tuple, kwargs: dict, gone: threading.Event | None) -> T:
+async def _awaited(
+    ctx: Context, fn: Callable[..., Awaitable[T]], args: tuple, kwargs: dict, gone: threading.Event | None
+) -> T:
     """``fn(*args, **kwargs)`` awaited (:meth:`Context.sync`'s task: ``fn`` may return any awaitable), unless
-    its caller is ``gone`` by the time the loop starts it (a cancel then comes after the task's first step)."""
+    its caller is ``gone`` by the time the loop starts it (a cancel then comes after the task's first step);
+    the task kept until it ends (:meth:`Context.keep_running`)."""
     if gone is not None and gone.is_set():
         raise asyncio.CancelledError
+    ctx.keep_running()
     return await fn(*args, **kwargs)
+
+
+def _ended(running: set, task: asyncio.Task) -> None:
+    """A kept task's end: let go of it, and take its error, which nobody may be waiting for any more (a caller
+    interrupted: its future cancelled, the error would be reported as never retrieved)."""
+    running.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("a step on the event loop ended with %r", task.exception())
 
 
 class Context:
@@ -196,6 +208,7 @@ class Context:
         self.epoch: int | None = None
         self._coord_lane: asyncio.Future | None = None  # the coordinator's lane, once looked for
         self._coord_lane_dropped = False  # it failed: the comm from then on
+        self._running: set[asyncio.Task] = set()  # tasks kept until they end (keep_running)
 
     async def coord_lane(self) -> str | None:
         """The coordinator's lane this context uses (looked for on first use), or None: the comm.
@@ -334,13 +347,28 @@ class Context:
         that nothing may stop midway goes by :meth:`sync_to_end`.
         """
         gone = threading.Event()
-        fut = self._start(_awaited(fn, args, kwargs, gone))
+        fut = self._start(_awaited(self, fn, args, kwargs, gone))
         try:
             return fut.result()
         except BaseException:  # interrupted while it waits: the call is cancelled on the loop (done: nothing)
             gone.set()
             fut.cancel()
             raise
+
+    def keep_running(self) -> None:
+        """Keep the calling task (on this context's loop) until it ends.
+
+        asyncio keeps tasks weakly: a step whose caller stopped waiting
+        (interrupted, or a hand-over nobody waits for) and whose lane
+        connection holds it only weakly was collected midway ("Task was
+        destroyed but it is pending"), a sample's finish or give-back among
+        them.  Its error at the end is taken here, so none is reported as
+        never retrieved.
+        """
+        task = asyncio.current_task()
+        if task is not None and task not in self._running:
+            self._running.add(task)
+            task.add_done_callback(functools.partial(_ended, self._running))
 
     def sync_to_end(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
         """As :meth:`sync`, for a step a call has begun and nothing may stop midway (an abort, an eviction, a
@@ -359,7 +387,7 @@ class Context:
         object
             The step's answer (its error raised here; a RuntimeError as :meth:`sync` raises one).
         """
-        return self._start(_awaited(fn, args, kwargs, None)).result()
+        return self._start(_awaited(self, fn, args, kwargs, None)).result()
 
     def _start(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         if self.in_loop():
@@ -1027,6 +1055,7 @@ _BY_COMM = object()
 
 async def _withdraw(ctx: Context, name: str | None, ticket: str) -> None:
     """Withdraw the admission sent with ``ticket`` (:meth:`CoordinatorClient.withdraw`), in the background."""
+    ctx.keep_running()
     try:
         await CoordinatorClient(ctx, name).withdraw(ticket)
     except Exception as e:  # noqa: BLE001 - nobody waits for it; a coordinator gone has released the client
