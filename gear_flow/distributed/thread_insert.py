@@ -122,12 +122,13 @@ class ThreadInserter:
     ----------
     table : DistributedTable
         The handle.
-    interrupts : HeldInterrupts, optional
+    interrupts : HeldInterrupts
         The call's interrupts (:mod:`gear_flow.interrupts`), held in its
-        transaction's steps as in the insert's.
+        transaction's steps as in the insert's; one held is delivered before
+        a request is sent, where the steps act on it.
     """
 
-    def __init__(self, table: DistributedTable, interrupts: HeldInterrupts | None = None) -> None:
+    def __init__(self, table: DistributedTable, interrupts: HeldInterrupts) -> None:
         self.t = table
         self.interrupts = interrupts
 
@@ -148,18 +149,12 @@ class ThreadInserter:
         if isinstance(req, Store):
             return self.store(req.txn, req.parts)
         if isinstance(req, AdmitInsert):
-            self._interrupted()  # (nothing asked yet)
+            self.interrupts.check()  # (nothing asked yet)
             return t._link.coordinator_here.admit_insert(**req.args)
         if isinstance(req, Learn):
-            self._interrupted()  # (the steps give the admission back)
+            self.interrupts.check()  # (the steps give the admission back)
             return t._link.refresh_here(req.version)
         return ctx.sync_to_end(LoopInserter(t).__call__, req)  # an abort, an eviction, a move learnt: the loop's
-
-    def _interrupted(self) -> None:
-        """Deliver an interrupt held while the steps ran (:mod:`gear_flow.interrupts`): here, before a request
-        is sent, where the steps act on it."""
-        if self.interrupts is not None:
-            self.interrupts.check()
 
     def store(self, txn: str, parts: dict) -> tuple[dict, int]:
         """:class:`~gear_flow.distributed.writes.Store`'s answer from the caller's thread: the transaction's
@@ -181,7 +176,7 @@ class ThreadInserter:
         t, ctx = self.t, self.t._ctx
         paths = {}
         try:
-            self._interrupted()
+            self.interrupts.check()
             if not _writes_here(t, list(parts)):
                 paths = _lane_paths(t, {a: array_bytes([p["chunks"] for p in ps]) for a, ps in parts.items()})
         except BaseException as e:  # nothing sent yet: the steps give the admission back
@@ -210,14 +205,12 @@ class LaneTransaction:
         The handle.
     paths : dict
         ``{worker: (lane, bytes)}`` of the workers reached by a lane (:func:`_lane_paths`).
-    interrupts : HeldInterrupts, optional
+    interrupts : HeldInterrupts
         The call's interrupts (:mod:`gear_flow.interrupts`): one held while the steps ran is delivered as a
         request is about to go (:meth:`hand_over` then says what becomes of it).
     """
 
-    def __init__(
-        self, table: DistributedTable, paths: dict[str, tuple[str, int]], interrupts: HeldInterrupts | None = None
-    ) -> None:
+    def __init__(self, table: DistributedTable, paths: dict[str, tuple[str, int]], interrupts: HeldInterrupts) -> None:
         self.t = table
         self.paths = paths
         self.interrupts = interrupts
@@ -238,7 +231,7 @@ class LaneTransaction:
             Its answer.
         """
         t, ctx = self.t, self.t._ctx
-        if self.interrupts is not None and isinstance(req, (Send, Commit)):
+        if isinstance(req, (Send, Commit)):
             self.interrupts.check()
         if isinstance(req, Send):
             return self.send(req.calls)
