@@ -520,3 +520,44 @@ def test_a_step_its_caller_stopped_waiting_for_is_kept_until_it_ends(dist_client
     task = seen[0]()
     assert task is not None and not task.done()
     dist_client.loop.add_callback(task.cancel)
+
+
+def test_a_checkpoint_cancelled_while_its_workers_write_waits_for_them_before_removing_its_files(
+    dist_client, monkeypatch, tmp_path
+):
+    """A ``checkpoint_async`` cancelled (a blocking ``checkpoint`` interrupted) while its workers wrote removed
+    its temporary directory under them: each worker still writing failed (a ``FileNotFoundError`` traceback in
+    its log per interrupted checkpoint).  The cancel now waits for the workers' writes to end, then removes
+    what they wrote and is raised: nothing is left on disk, and no worker's write fails."""
+    from gear_flow.distributed import DistributedTable, transport
+
+    t = DistributedTable.create(dist_client, make_spec(capacity=64, num_shards=2))
+    assert len(t._view.workers()) == 2
+    try:
+        t.insert([episode(i, 2) for i in range(4)])
+        real, target, sent, answers = transport.call, {}, [], []
+        first_answered = asyncio.Event()
+
+        async def call(ctx, addr, what, **kw):
+            if what != "checkpoint":
+                return await real(ctx, addr, what, **kw)
+            sent.append(addr)
+            if len(sent) > 1:  # the second worker writes once the call is cancelled
+                await first_answered.wait()
+            got = await real(ctx, addr, what, **kw)
+            answers.append(addr)
+            if len(answers) == 1:
+                target.pop("task").cancel()
+                first_answered.set()
+            return got
+
+        monkeypatch.setattr(transport, "call", call)
+        final = tmp_path / "ckpt"
+        got = _run_cancelled(dist_client, target, lambda: t.checkpoint_async(final))
+        assert got == "cancelled"
+        assert len(answers) == 2  # both workers' writes ended before the call did (before: only the first's)
+        assert not final.exists() and list(tmp_path.iterdir()) == []  # what they wrote removed
+        monkeypatch.setattr(transport, "call", real)
+        assert t.checkpoint(final)["shards"] == [0, 1]  # (the table goes on)
+    finally:
+        t.close()

@@ -33,7 +33,7 @@ from ..table.validate import seeded_rng
 from .coordinator import GearFlowCoordinator
 from .pending import send_pending
 from .plugin import GearFlowWorker
-from .transport import Context, CoordinatorClient, Retry, build_everywhere
+from .transport import Context, CoordinatorClient, Retry, build_everywhere, ended_before_cancel
 
 #: workers a checkpoint may lose (degraded table) before it gives up
 _LOSSES = 8
@@ -121,8 +121,11 @@ async def checkpoint_async(table: DistributedTable, path: str | os.PathLike[str]
     try:
         for _ in range(_LOSSES):
             try:
-                res = await table._link.on_workers(
-                    {a: ("checkpoint", dict(name=table.name, directory=str(tmp))) for a in table._view.workers()}
+                # a cancel waits for the workers' writes: the directory is removed below, not under them
+                res = await ended_before_cancel(
+                    table._link.on_workers(
+                        {a: ("checkpoint", dict(name=table.name, directory=str(tmp))) for a in table._view.workers()}
+                    )
                 )
                 break
             except Retry:  # degraded: a worker was lost while writing (its shards now marked lost): the

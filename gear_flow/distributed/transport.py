@@ -428,6 +428,46 @@ async def through_cancel(aw: Awaitable[T]) -> T:
                 raise
 
 
+async def ended_before_cancel(aw: Awaitable[T]) -> T:
+    """``aw``'s answer; a cancel of the awaiting task meanwhile is raised only once ``aw`` has ended.
+
+    For a step whose work on the workers the caller must not clean up after while it goes on (a checkpoint's
+    files, written into a directory the cancelled call removes): the cancel still stops the call, after the
+    step, and what the step did is the caller's to discard.
+
+    Parameters
+    ----------
+    aw : awaitable
+        The step.
+
+    Returns
+    -------
+    object
+        Its answer, when no cancel came meanwhile.
+
+    Raises
+    ------
+    asyncio.CancelledError
+        The task was cancelled while the step went on (the step's own error, if any, is dropped for it).
+    """
+    fut = asyncio.ensure_future(aw)
+    cancel = None
+    while not fut.done():
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError as e:
+            if fut.cancelled():  # the step itself was cancelled (its loop closing): nothing to wait for
+                raise
+            cancel = e
+        except BaseException:  # the step's error: raised below, unless a cancel came first
+            pass
+    if cancel is not None:
+        if not fut.cancelled():
+            fut.exception()  # (taken: the cancel is what the caller gets)
+        raise cancel
+    return fut.result()
+
+
 async def coord(ctx: Context, op: str, name: str | None, **kw: Any) -> Any:
     """One request to the coordinator on the scheduler.
 
