@@ -371,6 +371,34 @@ def run(workers: int, plane: str, args, eps, rows, results):
     rows.extend(insert_rows(res, tag))
 
 
+def _preload_forked_workers() -> None:
+    """With workers forked from a server (``distributed.worker.multiprocessing-method: forkserver``), the
+    server imports what every worker here imports (torch for its batches, the worker plugin) once, where
+    each of the run's clusters' workers would import it again (a few seconds of CPU each).  Importing torch
+    loads GNU OpenMP, which reads its spin count then: the server starts with the count the worker plugin
+    gives a spawned worker (:func:`gear_flow.distributed.openmp.short_spin`), so that forked workers wait as
+    spawned ones do.  Dask's default, spawn, is left as it is."""
+    import multiprocessing.forkserver
+    import os
+
+    import dask
+    from distributed.utils import get_mp_context
+
+    from gear_flow.distributed.openmp import short_spin
+
+    if dask.config.get("distributed.worker.multiprocessing-method") != "forkserver":
+        return
+    # (Dask's own list, set by get_mp_context, is distributed and the packages it imports)
+    get_mp_context().set_forkserver_preload(["distributed", "numpy", "pandas", "torch", "gear_flow.distributed.plugin"])
+    saved = dict(os.environ)
+    try:
+        short_spin()  # in this process's environment, which the server starts with, and only for it
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--episodes", type=int, default=REFERENCE["episodes"])
@@ -394,6 +422,7 @@ def main(argv=None):
         args.memcpy_pool_mb = 16
         args.batch_size, args.length = 32, 16
         args.learner_rounds = 1
+    _preload_forked_workers()
     eps = make_episodes(args.episodes, args.episode_length)
     rows, results = [], {"args": vars(args)}
     local = gf.LocalTable(gf.TableSpec(reference_columns(), capacity=args.episodes * args.episode_length), seed=0)
