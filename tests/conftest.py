@@ -48,6 +48,26 @@ def pytest_collection_modifyitems(config, items):
 
 
 # -- worker processes ------------------------------------------------------------------------------
+#: Dask's own diagnostics, at a slower pace in the suite's clusters (each process's event-loop tick every 20 ms,
+#: each worker's statistical profiler every 10 ms, the system monitor every 0.5 s): nothing of gear_flow reads
+#: them, and on the suite's 2 cores an idle 2-worker cluster spent 13-14 % of a core on them (under 4 % after), with
+#: two such clusters (``dist_client``, one per xdist worker) alive the whole run.  The launch scripts' tests
+#: start their processes with the deployment's own settings, untouched.
+QUIET_DIAGNOSTICS = {
+    "distributed.admin.tick.interval": "500ms",
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.system-monitor.interval": "2s",
+}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _quiet_diagnostics():
+    import dask
+
+    dask.config.set(QUIET_DIAGNOSTICS)
+    yield
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _workers_fork_from_a_server():
     """The suite's in-process clusters start their workers from a fork server, as distributed's own suite
