@@ -438,12 +438,12 @@ async def ended_before_cancel(aw: Awaitable[T]) -> T:
     Parameters
     ----------
     aw : awaitable
-        The step.
+        The step, awaited to its end whatever comes meanwhile.
 
     Returns
     -------
     object
-        Its answer, when no cancel came meanwhile.
+        The step's answer, when no cancel came meanwhile.
 
     Raises
     ------
