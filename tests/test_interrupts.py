@@ -561,3 +561,93 @@ def test_a_checkpoint_cancelled_while_its_workers_write_waits_for_them_before_re
         assert t.checkpoint(final)["shards"] == [0, 1]  # (the table goes on)
     finally:
         t.close()
+
+
+def _reply_held(monkeypatch, transport, op, interrupt):
+    """Wrap the coordinator requests (``transport.coord``) so that the first request ``op`` is sent and answered,
+    then ``interrupt()`` runs and the answer is held back until the returned event is set: a reply still on its
+    way when the caller gives up."""
+    real, released = transport.coord, threading.Event()
+
+    async def coord(ctx, what, name, **kw):
+        got = await real(ctx, what, name, **kw)
+        if what == op and not released.is_set():
+            interrupt()
+            while not released.is_set():  # (polls a condition the test's main thread sets)
+                await asyncio.sleep(0.01)
+        return got
+
+    monkeypatch.setattr(transport, "coord", coord)
+    return released
+
+
+@pytest.mark.parametrize("restore", [False, True])
+def test_a_create_or_restore_interrupted_as_its_name_is_registered_leaves_the_name_free(
+    dist_client, monkeypatch, tmp_path, restore
+):
+    """A blocking create (or restore) interrupted while the coordinator's answer to its registration was on its
+    way left the name registered, with no worker holding the table, for good: attaching said the worker has no
+    such table, and creating it again that the name is taken (a hunt's interrupted restores: 1 in 20).  The
+    registration now ends, then everything is taken back."""
+    from dist_support import tables_here
+
+    from gear_flow.distributed import DistributedTable, transport
+
+    spec, name = make_spec(capacity=64, num_shards=2), f"held-{int(restore)}"
+    if restore:
+        t = DistributedTable.create(dist_client, spec)
+        t.insert([episode(i, 2) for i in range(4)])
+        t.checkpoint(tmp_path / "ck")
+        t.close()
+    main = threading.main_thread().ident
+    released = _reply_held(monkeypatch, transport, "register", lambda: signal.pthread_kill(main, signal.SIGINT))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            if restore:
+                DistributedTable.restore(dist_client, tmp_path / "ck", name=name)
+            else:
+                DistributedTable.create(dist_client, spec, name=name)
+    finally:
+        released.set()
+    names = lambda: transport.CoordinatorClient.of(dist_client).list()  # noqa: E731
+    wait_for(lambda: name not in names(), "the interrupted call to take its name back")
+    assert all(name not in held for held in dist_client.run(tables_here).values())
+    monkeypatch.undo()
+    t = DistributedTable.create(dist_client, spec, name=name)  # the name is free
+    t.insert([episode(9, 2)])
+    assert t.info()["size"] == 2
+    t.close()
+
+
+def test_a_create_interrupted_while_its_workers_build_drops_nothing_before_it_is_built(dist_client, monkeypatch):
+    """A blocking create interrupted once one worker had built its shards, the other still building: the
+    takeback sent each worker its drop at once, so a worker still building kept its part for a table the
+    coordinator no longer knew.  The takeback now waits for every worker's build to end, then drops them."""
+    from dist_support import tables_here
+
+    from gear_flow.distributed import DistributedTable, transport
+
+    main, real, released, sent, answered = threading.main_thread().ident, transport.call, threading.Event(), [], []
+
+    async def call(ctx, addr, what, **kw):
+        if what == "create":
+            sent.append(addr)
+            while len(sent) > 1 and not released.is_set():  # the second worker builds once the caller gave up
+                await asyncio.sleep(0.01)  # (polls a condition the test's main thread sets)
+        got = await real(ctx, addr, what, **kw)
+        if what == "create":
+            answered.append(addr)
+            if len(answered) == 1:
+                signal.pthread_kill(main, signal.SIGINT)
+        return got
+
+    monkeypatch.setattr(transport, "call", call)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            DistributedTable.create(dist_client, make_spec(capacity=64, num_shards=2), name="built-held")
+    finally:
+        released.set()
+    names = lambda: transport.CoordinatorClient.of(dist_client).list()  # noqa: E731
+    wait_for(lambda: "built-held" not in names(), "the interrupted create to be taken back")
+    assert len(answered) == 2  # both workers' builds ended before the drops (before: the held one's cut off)
+    wait_for(lambda: all("built-held" not in h for h in dist_client.run(tables_here).values()), "the drops")

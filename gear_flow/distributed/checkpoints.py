@@ -362,9 +362,6 @@ def restore(
     coordinator = CoordinatorClient(ctx, name)
 
     async def go():
-        # the name first: the coordinator refuses a live table's before any worker loads (and replaces) its
-        # shards; from then on a failure takes back everything, from the workers and the coordinator
-        await coordinator.register(cfg, placement)
         by_worker = defaultdict(dict)
         for s in shard_ids:
             by_worker[placement[s]][s] = m["files"][str(s)]
@@ -373,10 +370,15 @@ def restore(
             await coordinator.restore_state(m["state"])
             for s in missing:
                 await coordinator.mark_lost(s, "lost before the checkpoint was taken")
+            return await coordinator.lookup()
 
+        # the name first: the coordinator refuses a live table's before any worker loads (and replaces) its
+        # shards; from then on a failure takes back everything, from the workers and the coordinator
         args = {a: {"config": cfg, "directory": str(path), "files": f} for a, f in by_worker.items()}
-        await build_everywhere(ctx, name, "restore", args, "the checkpoint was restored", counters)
-        return await coordinator.lookup()
+        return await build_everywhere(
+            ctx, name, lambda: coordinator.register(cfg, placement), "restore", args, "the checkpoint was restored",
+            counters,
+        )  # fmt: skip
 
     return cls(ctx, name, ctx.sync(go), seed=seed, timeout=timeout)
 

@@ -206,10 +206,11 @@ def create(
         coordinator = CoordinatorClient(ctx, name)
         # the name first: a live table's is refused before any worker builds (a disk table's worker would find
         # the files of the table it names); from then on a failure takes back everything, everywhere
-        await coordinator.register(config, placement)
         args = {a: {"config": config, "shard_ids": ids} for a, ids in by_worker.items()}
-        await build_everywhere(ctx, name, "create", args, f"table {name!r} was created")
-        return await coordinator.lookup()
+        return await build_everywhere(
+            ctx, name, lambda: coordinator.register(config, placement), "create", args, f"table {name!r} was created",
+            coordinator.lookup,
+        )  # fmt: skip
 
     state = ctx.sync(setup)
     return cls(ctx, name, state, seed=seed)

@@ -1371,16 +1371,20 @@ def copy_pool() -> ThreadPoolExecutor:
 async def build_everywhere(
     ctx: Context,
     name: str,
+    register: Callable[[], Awaitable[Any]],
     op: str,
     args: dict[str, dict],
     what: str,
-    then: Callable[[], Awaitable[Any]] | None = None,
-) -> None:
-    """Run worker operation ``op`` on table ``name`` on every worker of ``args`` at once, then ``then()``: all or
-    nothing, the table registered with the coordinator already.
+    then: Callable[[], Awaitable[T]] | None = None,
+) -> T | None:
+    """Register table ``name`` with the coordinator, run worker operation ``op`` on every worker of ``args`` at
+    once, then ``then()``: all or nothing.
 
-    On any failure every one of those workers drops the table (a disk
-    table's files included) and the coordinator forgets it.
+    Once the name is registered, any failure, or a cancel (an ``*_async`` call cancelled, a blocking one
+    interrupted), has every one of those workers drop the table (a disk table's files included) and the
+    coordinator forget it.  A cancel first lets the step under way end, so that nothing is dropped before it
+    is built: a worker still building when its drop came kept its part, and a registration whose answer the
+    cancel cut off left the name taken at the coordinator, for good, with no worker holding it.
 
     Parameters
     ----------
@@ -1388,6 +1392,8 @@ async def build_everywhere(
         How to reach the workers and the scheduler.
     name : str
         The table's name.
+    register : callable
+        Registers the name with the coordinator (refused for a live table's, before any worker builds).
     op : str
         The worker operation that builds its shards (``create``, ``restore``).
     args : dict of str to dict
@@ -1396,21 +1402,36 @@ async def build_everywhere(
         What is being done, for the messages (``"table 't' was created"``).
     then : callable, optional
         What completes it once every worker built its part (the
-        coordinator's state of a restored table), taken back as well when
-        it fails.
+        coordinator's state of a restored table, the table's lookup), taken
+        back as well when it fails.
+
+    Returns
+    -------
+    object
+        ``then()``'s answer (None without ``then``).
 
     Raises
     ------
     ShardLostError
         A worker was lost meanwhile.
     SpecError
-        A worker refused (named in the message).
+        The name is taken, or a worker refused (named in the message).
     GearFlowError
         Another error of a worker's, or of ``then``.
+    asyncio.CancelledError
+        Cancelled: nothing of it is left.
     """
+    registered = False
+
+    async def claim() -> None:
+        nonlocal registered
+        await register()
+        registered = True
+
     try:
-        got = await asyncio.gather(
-            *(call(ctx, a, op, name=name, **kw) for a, kw in args.items()), return_exceptions=True
+        await ended_before_cancel(claim())
+        got = await ended_before_cancel(
+            asyncio.gather(*(call(ctx, a, op, name=name, **kw) for a, kw in args.items()), return_exceptions=True)
         )
         for a, r in zip(args, got):
             if isinstance(r, WorkerLost):
@@ -1419,11 +1440,11 @@ async def build_everywhere(
                 raise SpecError(f"worker {a}: {r}") from None
             if isinstance(r, BaseException):
                 raise r
-        if then is not None:
-            await then()
+        return None if then is None else await ended_before_cancel(then())
     except BaseException:
-        await asyncio.gather(*(call(ctx, a, "drop", name=name) for a in args), return_exceptions=True)
-        await asyncio.gather(CoordinatorClient(ctx, name).drop(), return_exceptions=True)
+        if registered:
+            await asyncio.gather(*(call(ctx, a, "drop", name=name) for a in args), return_exceptions=True)
+            await asyncio.gather(CoordinatorClient(ctx, name).drop(), return_exceptions=True)
         raise
 
 
