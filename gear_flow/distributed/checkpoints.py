@@ -33,7 +33,7 @@ from ..table.validate import seeded_rng
 from .coordinator import GearFlowCoordinator
 from .pending import send_pending
 from .plugin import GearFlowWorker
-from .transport import Context, CoordinatorClient, Retry, build_everywhere, ended_before_cancel
+from .transport import Context, CoordinatorClient, Retry, build_everywhere, ended_before_cancel, through_cancel
 
 #: workers a checkpoint may lose (degraded table) before it gives up
 _LOSSES = 8
@@ -551,25 +551,33 @@ async def restore_shard_async(
         op, args = "reopen", dict(name=table.name, config=table._config, directory=str(path), shard=shard)
     else:
         op, args = "restore", dict(name=table.name, config=table._config, directory=str(path), files={shard: entry})
-    try:
-        done = (await table._link.on_workers({worker: (op, args)}))[worker]
-    except (Retry, ShardLostError):  # the target was lost before it could report the shard rebuilt
-        raise ShardLostError(
-            shard, f"worker {worker} was lost while it restored shard {shard}; nothing was restored"
-        ) from None
-    if in_place:  # nothing committed is lost: the shard's own counters are what it holds
-        items, inserted = int(done["size"]), int(done["inserted"])
-    else:
-        items, inserted = done[shard], entry["meta"]["counters"]["inserted"]
-    lost = await table._link.coordinator.shard_restored(shard, worker, items, inserted)
-    await table._link.refresh()  # the shard is the new worker's now, whatever happens to the old one
-    if live and worker != old:  # the replaced copy must not stay behind on its old worker ...
-        _, errors = await table._link.on_workers(
-            {old: ("drop_shard", dict(name=table.name, shard=shard, epoch=table._view.version))}, partial=True
-        )
-        errors = [e for e in errors if not isinstance(e, (Retry, ShardLostError))]  # ... unless gone with it
-        if errors:
-            raise errors[0]
+
+    async def rebuilt() -> tuple:
+        """The shard rebuilt on ``worker``, the coordinator told, the replaced copy dropped: begun on the worker,
+        it goes to its end through a cancel (a cancel between its steps left the coordinator counting what the
+        shard held before, or the replaced copy on its old worker counted beside the new one)."""
+        try:
+            done = (await table._link.on_workers({worker: (op, args)}))[worker]
+        except (Retry, ShardLostError):  # the target was lost before it could report the shard rebuilt
+            raise ShardLostError(
+                shard, f"worker {worker} was lost while it restored shard {shard}; nothing was restored"
+            ) from None
+        if in_place:  # nothing committed is lost: the shard's own counters are what it holds
+            items, inserted = int(done["size"]), int(done["inserted"])
+        else:
+            items, inserted = done[shard], entry["meta"]["counters"]["inserted"]
+        lost = await table._link.coordinator.shard_restored(shard, worker, items, inserted)
+        await table._link.refresh()  # the shard is the new worker's now, whatever happens to the old one
+        if live and worker != old:  # the replaced copy must not stay behind on its old worker ...
+            _, errors = await table._link.on_workers(
+                {old: ("drop_shard", dict(name=table.name, shard=shard, epoch=table._view.version))}, partial=True
+            )
+            errors = [e for e in errors if not isinstance(e, (Retry, ShardLostError))]  # ... unless gone with it
+            if errors:
+                raise errors[0]
+        return done, items, inserted, lost
+
+    done, items, inserted, lost = await through_cancel(rebuilt())
     report = {"shard": shard, "worker": worker, "items_restored": items, "inserted_at_checkpoint": inserted}
     if in_place:
         report.update(reopened_s=done["seconds"], recovered=done["recovered"], directory=done["directory"])
