@@ -474,6 +474,40 @@ def test_an_interrupt_as_a_call_goes_to_the_event_loop_cancels_it_there(dist_cli
     assert ran == ["ran"]
 
 
+def test_an_interrupt_landing_as_the_call_is_handed_to_the_loop_cancels_it_once_started(dist_client, monkeypatch):
+    """An interrupt that landed once the loop had started the call but before the caller held the call's future
+    (the loop's thread quicker than the caller's, on a busy host) left the call running to its end for a caller
+    gone: a create's name registered and its table built for nobody (a CI run: its name never freed).  It is
+    cancelled there as well."""
+    from gear_flow.distributed.transport import Context
+
+    ctx, started, ended = Context(client=dist_client), threading.Event(), []
+    main, real = threading.main_thread().ident, Context._start
+
+    async def call():
+        started.set()
+        try:
+            await asyncio.sleep(30)  # (what a cancel cuts short)
+            ended.append("ran to its end")
+        except asyncio.CancelledError:
+            ended.append("cancelled")
+            raise
+
+    def start(self, coro):
+        fut = real(self, coro)
+        assert started.wait(10)
+        signal.pthread_kill(main, signal.SIGINT)  # lands before the future is returned to the caller
+        threading.Event().wait(10)  # (interrupted)
+        return fut
+
+    monkeypatch.setattr(Context, "_start", start)
+    with pytest.raises(KeyboardInterrupt):
+        ctx.sync(call)
+    monkeypatch.undo()
+    wait_for(lambda: ended, "the call to end")
+    assert ended == ["cancelled"]
+
+
 def test_a_delete_cancelled_once_its_workers_removed_the_items_is_counted(dist_client, monkeypatch):
     """A ``delete_async`` cancelled (a blocking ``delete`` interrupted) once its workers had removed the items
     never told the coordinator: the workers held 4 items fewer than the coordinator counted, for good, and a

@@ -21,7 +21,6 @@ import asyncio
 import concurrent.futures
 import functools
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
@@ -134,14 +133,41 @@ class Moved(Retry):
         return set().union(*(e.addrs for e in errors if isinstance(e, Moved)))
 
 
+class _Caller:
+    """A blocking caller's hold on its call's task on the loop (:meth:`Context.sync`), so that an interrupt
+    cancels the call wherever it lands: before the loop started it (it never starts), or once started, even
+    before the caller holds the call's future (an interrupt landing as the call is handed to the loop left it
+    running to its end for a caller gone: a create's name registered and its table built for nobody)."""
+
+    __slots__ = ("gone", "task")
+
+    def __init__(self) -> None:
+        self.gone = False
+        self.task: asyncio.Task | None = None
+
+    def leave(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The caller stopped waiting (from its own thread): the call is cancelled on ``loop``."""
+        self.gone = True  # (read by the call's first step, which runs on the loop's thread)
+        try:
+            loop.call_soon_threadsafe(self._cancel)
+        except RuntimeError:  # the loop is closed: nothing runs there any more
+            pass
+
+    def _cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+
 async def _awaited(
-    ctx: Context, fn: Callable[..., Awaitable[T]], args: tuple, kwargs: dict, gone: threading.Event | None
+    ctx: Context, fn: Callable[..., Awaitable[T]], args: tuple, kwargs: dict, caller: _Caller | None
 ) -> T:
     """``fn(*args, **kwargs)`` awaited (:meth:`Context.sync`'s task: ``fn`` may return any awaitable), unless
-    its caller is ``gone`` by the time the loop starts it (a cancel then comes after the task's first step);
-    the task kept until it ends (:meth:`Context.keep_running`)."""
-    if gone is not None and gone.is_set():
-        raise asyncio.CancelledError
+    its ``caller`` is gone by the time the loop starts it (else the task is the caller's to cancel); the task
+    kept until it ends (:meth:`Context.keep_running`)."""
+    if caller is not None:
+        if caller.gone:
+            raise asyncio.CancelledError
+        caller.task = asyncio.current_task()
     ctx.keep_running()
     return await fn(*args, **kwargs)
 
@@ -341,18 +367,16 @@ class Context:
         Not ``distributed.utils.sync`` (what ``Client.sync`` calls): it starts the coroutine one turn of the
         loop after its callback, and an interrupt that comes before then fails its cancel with a
         ``NameError`` logged by tornado, the coroutine then running to its end for a caller gone (a Queue's
-        sample taking its items for nobody).  Here an interrupt while the caller waits cancels the call
-        whenever it comes: one the loop has not started yet never starts (a step begun on the workers still
+        sample taking its items for nobody).  Here an interrupt cancels the call whenever it comes, as the call
+        is handed to the loop or while the caller waits: one the loop has not started yet never starts (a step begun on the workers still
         goes to its end, :func:`through_cancel`); and a hop takes one turn of the loop less.  A step of a call
         that nothing may stop midway goes by :meth:`sync_to_end`.
         """
-        gone = threading.Event()
-        fut = self._start(_awaited(self, fn, args, kwargs, gone))
+        caller = _Caller()
         try:
-            return fut.result()
-        except BaseException:  # interrupted while it waits: the call is cancelled on the loop (done: nothing)
-            gone.set()
-            fut.cancel()
+            return self._start(_awaited(self, fn, args, kwargs, caller)).result()
+        except BaseException:  # interrupted: the call is cancelled on the loop (done: nothing)
+            caller.leave(self.loop.asyncio_loop)
             raise
 
     def keep_running(self) -> None:
