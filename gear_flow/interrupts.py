@@ -23,14 +23,26 @@ it calls on an answer's error, the signal is only recorded, and delivered at
 the next request (:meth:`HeldInterrupts.check`) or when the call ends.  The
 rule is read from the stack, not from a flag the driver sets and clears, so
 no bytecode between the two leaves a gap.
+
+A :class:`~gear_flow.table.LocalTable` call meets the same problem in its own
+process: landing in its bookkeeping (a sum tree half repaired, a Queue's item
+taken but still counted, an admission left heading its line), the interrupt
+left the table broken for good.  Its mutating steps are sections
+(:func:`holds_interrupts`), the waits inside them let interrupts in
+(:func:`lets_interrupts_in`), and a handler put in once for the process
+(:func:`guard_sigint`, by each table built in the main thread) holds a SIGINT
+that finds the main thread in a section until the outermost section ends.
+Put in and out per call, a handler cost more than a tiny sample itself.
 """
 
 from __future__ import annotations
 
+import functools
 import signal
+import sys
 import threading
-from collections.abc import Callable
-from types import FrameType, TracebackType
+from collections.abc import Callable, Collection
+from types import CodeType, FrameType, TracebackType
 from typing import Any, TypeVar
 
 from .table import planner
@@ -75,15 +87,10 @@ class HeldInterrupts:
             self._handler(*pending)  # with an error, an interrupt among them, reports that one)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        f = frame
-        while f is not None:
-            if f.f_code is _LET_IN:  # a request being answered: at once
-                break
-            if f.f_code is _HELD:  # the steps' own code: at the next request
-                self._pending = (signum, frame)
-                return
-            f = f.f_back
-        self._handler(signum, frame)
+        if _held_at(frame, _HELD, _LET_IN):  # the steps' own code: at the next request
+            self._pending = (signum, frame)
+            return
+        self._handler(signum, frame)  # a request being answered, or no call of this one's: at once
 
     def let_in(self, answer: Callable[[Any], T], req: Any) -> T:
         """``answer(req)``, interrupts let in while it runs (:func:`~gear_flow.table.planner.run` answers each
@@ -111,6 +118,117 @@ class HeldInterrupts:
             self._handler(*pending)
 
 
+def _held_at(frame: FrameType | None, held: Collection[CodeType], let_in: Collection[CodeType]) -> bool:
+    """Whether a signal that found the main thread at ``frame`` waits: the innermost frame running one of
+    ``held`` or ``let_in`` decides (none: it does not)."""
+    f = frame
+    while f is not None:
+        if f.f_code in let_in:
+            return False
+        if f.f_code in held:
+            return True
+        f = f.f_back
+    return False
+
+
 #: the frames that decide: a request being answered lets interrupts in, the driver's own code holds them
-_LET_IN = HeldInterrupts.let_in.__code__
-_HELD = planner.run.__code__
+_LET_IN = (HeldInterrupts.let_in.__code__,)
+_HELD = (planner.run.__code__,)
+
+
+class _Sections:
+    """The process's SIGINT handler while a section may run (:func:`guard_sigint`): a signal that finds the
+    main thread in a section is held until the outermost one ends; anywhere else Python's own handler runs."""
+
+    def __init__(self) -> None:
+        self.held: set[CodeType] = set()  # the sections' code (one: the wrapper's)
+        self.let_in: set[CodeType] = set()  # the waits inside them
+        self.pending: tuple[int, FrameType | None] | None = None  # (a plain attribute: read at each section's end)
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if _held_at(frame, self.held, self.let_in):
+            self.pending = (signum, frame)
+            return
+        signal.default_int_handler(signum, frame)
+
+    def ended(self, frame: FrameType | None) -> None:
+        """A section ended with an interrupt held: delivered, unless inside an outer section (whose end does)."""
+        if not _held_at(frame, self.held, ()):
+            deliver_held()
+
+
+_SECTIONS = _Sections()
+
+
+def guard_sigint() -> None:
+    """Put the handler that holds interrupts in sections in for the process, once: from the main thread, in
+    place of Python's own (which it calls outside sections); a handler of the program's own is left alone.
+
+    Examples
+    --------
+    >>> guard_sigint()
+    """
+    if threading.current_thread() is threading.main_thread() and (
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ):
+        signal.signal(signal.SIGINT, _SECTIONS.on_signal)
+
+
+def holds_interrupts(fn: Callable[..., T]) -> Callable[..., T]:
+    """Make ``fn`` a section: a SIGINT that finds the main thread inside it (and not in a wait it lets
+    interrupts into) raises its KeyboardInterrupt once the outermost section ends, its work done.
+
+    Parameters
+    ----------
+    fn : callable
+        A step that leaves its object broken when cut short between any two bytecodes.
+
+    Returns
+    -------
+    callable
+        ``fn`` as a section.
+    """
+
+    @functools.wraps(fn)
+    def section(*args: Any, **kwargs: Any) -> T:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            # no call between this test and the return: a signal is handled at a call (or a loop's jump), so
+            # one that comes later finds no section and is raised in the caller
+            if _SECTIONS.pending is not None:
+                _SECTIONS.ended(sys._getframe(1))
+
+    _SECTIONS.held.add(section.__code__)
+    return section
+
+
+def deliver_held() -> None:
+    """Raise an interrupt held meanwhile, now: where a wait inside a section can stop (between a lock's
+    tries); nothing in another thread than the main one (whose section delivers it) or with none held.
+
+    Examples
+    --------
+    >>> deliver_held()
+    """
+    if _SECTIONS.pending is not None and threading.current_thread() is threading.main_thread():
+        pending, _SECTIONS.pending = _SECTIONS.pending, None
+        signal.default_int_handler(*pending)
+
+
+def lets_interrupts_in(fn: Callable[..., T]) -> Callable[..., T]:
+    """Mark ``fn`` as a wait inside a section where an interrupt comes at once (its caller undoes what it
+    began: an admission's wait, a lock's acquire); returns ``fn`` itself.
+
+    Parameters
+    ----------
+    fn : callable
+        The wait.
+
+    Returns
+    -------
+    callable
+        ``fn``, unchanged.
+    """
+    _SECTIONS.let_in.add(fn.__code__)
+    return fn

@@ -138,6 +138,80 @@ def test_an_insert_interrupted_while_it_waits_for_a_shards_lock_counts_nothing(t
     t.close()
 
 
+def _signalled_as_it_runs(monkeypatch, cls, name: str) -> list:
+    """Wrap method ``cls.name`` so that its first run sends SIGINT to the main thread and then goes on: the
+    interrupt lands at its next call, inside that step of a table's call (where a Ctrl-C can land)."""
+    real, main, sent = getattr(cls, name), threading.main_thread().ident, []
+
+    def step(self, *args, **kwargs):
+        if not sent and threading.get_ident() == main:
+            sent.append(name)
+            signal.pthread_kill(main, signal.SIGINT)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, step)
+    return sent
+
+
+def test_a_prioritized_insert_interrupted_in_its_sum_tree_repair_is_stored_whole(monkeypatch):
+    """A Ctrl-C that landed in an insert's sum-tree repair (SumTree._apply_pending) left the tree's inner sums
+    stale for good: the draws and the probabilities they reported no longer matched the priorities.  The
+    insert's steps hold the interrupt: it is raised once the insert is stored whole."""
+    from gear_flow.selectors.trees import SumTree
+
+    t = gf.LocalTable(make_spec(capacity=64, num_shards=1), sampler=gf.Prioritized(1.0))
+    t.insert([episode(i, 1) for i in range(3)])
+    sent = _signalled_as_it_runs(monkeypatch, SumTree, "_apply_pending")
+    with pytest.raises(KeyboardInterrupt):
+        t.insert([episode(3, 1)])
+    monkeypatch.undo()
+    assert sent == ["_apply_pending"]
+    assert t.size == 4 and t.info()["rate_limiter"]["inserts"] == 4
+    b = t.sample(400)
+    assert np.allclose(b.probabilities.numpy(), 0.25)  # four equal priorities (before: 1/3, the root stale)
+    assert sorted(set(b.data["ep"].numpy().ravel().tolist())) == [0, 1, 2, 3]
+    t.close()
+
+
+def test_a_queue_sample_interrupted_in_its_commit_takes_its_item_once(monkeypatch):
+    """A Ctrl-C that landed in a Queue sample's commit (Shard._drop_items) left the item taken but counted:
+    the table's size one above its items for good, and the next sample of the last item waited out its
+    timeout.  The sample's steps hold the interrupt: it is raised once the item is taken and counted."""
+    from gear_flow.shard import Shard
+
+    q = gf.LocalTable.queue(make_spec(capacity=64, num_shards=1), 16)
+    q.insert([episode(i, 1) for i in range(3)])
+    sent = _signalled_as_it_runs(monkeypatch, Shard, "_drop_items")
+    with pytest.raises(KeyboardInterrupt):
+        q.sample(1)
+    monkeypatch.undo()
+    assert sent == ["_drop_items"] and q.size == 2
+    got = [int(q.sample(1, timeout=5).data["ep"].numpy().ravel()[0]) for _ in range(2)]
+    assert got == [1, 2] and q.size == 0  # in order, the interrupted call's item 0 taken once
+    q.insert([episode(9, 1)])
+    assert q.sample(1, timeout=5).data["ep"].numpy().ravel().tolist() == [9]
+    q.close()
+
+
+def test_a_table_leaves_a_programs_own_sigint_handler_alone():
+    """Built in the main thread, a table puts its handler in only in place of Python's own: one of the
+    program's is left as it is (it decides what a Ctrl-C does)."""
+
+    def own(signum, frame):
+        raise SystemExit(1)
+
+    signal.signal(signal.SIGINT, own)
+    t = gf.LocalTable(make_spec(capacity=8, num_shards=1))
+    assert signal.getsignal(signal.SIGINT) is own
+    t.close()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    t = gf.LocalTable(make_spec(capacity=8, num_shards=1))
+    assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):  # outside a call: at once, as Python's own
+        signal.raise_signal(signal.SIGINT)
+    t.close()
+
+
 def _interrupt_once(pred, timeout: float = 60.0) -> threading.Thread:
     """A thread that sends SIGINT to the main thread once ``pred()`` holds (the call is seen waiting)."""
     main = threading.main_thread().ident

@@ -32,6 +32,7 @@ from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING
 
 from ..errors import RateLimitTimeout, TableClosedError
+from ..interrupts import deliver_held, lets_interrupts_in
 
 if TYPE_CHECKING:
     from ..rate_limiters import RateLimiter
@@ -49,6 +50,8 @@ KINDS = ("insert", "sample")
 
 #: seconds between two looks of a waiting call at its :data:`WAIT_CANCELLED` event
 CANCEL_TURN_S = 0.25
+#: how often a wait for a lock raises an interrupt held meanwhile (s)
+HELD_TURN_S = 0.05
 
 
 class Admission:
@@ -100,6 +103,7 @@ class Admission:
         if self.closed:
             raise TableClosedError("the table is closed")
 
+    @lets_interrupts_in  # (wherever it lands the call leaves its line: nothing to hold it for)
     def wait(
         self,
         kind: str,
@@ -303,7 +307,10 @@ def acquire_all(locks: Sequence) -> None:
     taken = 0
     try:
         for lk in locks:
-            lk.acquire()
+            # a table's call holds interrupts here (a section): one held meanwhile is raised between tries,
+            # where no lock is half taken (raised as the acquire returned, it left that lock held for good)
+            while not lk.acquire(timeout=HELD_TURN_S):
+                deliver_held()
             taken += 1
     except BaseException:
         for lk in reversed(locks[:taken]):

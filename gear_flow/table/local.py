@@ -27,6 +27,7 @@ from numpy.typing import ArrayLike
 
 from .. import config
 from ..errors import CapacityError, EmptyTableError, SpecError
+from ..interrupts import guard_sigint, holds_interrupts
 from ..keys import decode, shard_parts, shards_present
 from ..rate_limiters import RateLimiter
 from ..rate_limiters import to_config as limiter_to_config
@@ -277,6 +278,7 @@ class LocalTable(DatasetMethods):
         self._locks = tuple(s.lock for s in self.shards)  # a sample takes them all, in this order
         self.rng = seeded_rng(seed, "table.seed")
         self._admission = Admission()
+        guard_sigint()  # (its calls' sections hold an interrupt to their end)
         self._cond = self._admission.cond
         self._rr = 0
         self._next_episode_id = 0
@@ -726,6 +728,7 @@ class LocalTable(DatasetMethods):
 
         return self._insert(lengths, chunks, priorities, timeout, shard)
 
+    @holds_interrupts
     def _insert(self, lengths: np.ndarray, chunks, priorities, timeout, shard) -> InsertResult:
         """Admit, route and store validated episodes of ``lengths``; ``chunks(sel)`` gives the row
         chunks of episodes ``sel`` (in order) for one shard."""
@@ -971,6 +974,7 @@ class LocalTable(DatasetMethods):
             self._checked[key] = (columns, weakref.ref(out))
         return columns, out
 
+    @holds_interrupts
     def _sample_admitted(self, out, B, L, boundary, columns, rng, timeout, whole, what, after) -> tuple:
         """Admit and gather one batch: ``(size, None)``; or, when its items left cannot fill it
         (``max_times_sampled``), nothing taken and the admission given back, ``(None, (rows they could
@@ -1090,6 +1094,7 @@ class LocalTable(DatasetMethods):
         shard, seq = decode(k)
         return k, shard, seq
 
+    @holds_interrupts
     def update_priorities(self, keys: ArrayLike, priorities: ArrayLike | float) -> UpdateResult:
         """Set priorities by key, all or nothing for invalid input.
 
@@ -1147,6 +1152,7 @@ class LocalTable(DatasetMethods):
             stale += self.shards[s].update_priorities(seq[m], pr[m], stamps[m])
         return UpdateResult(len(k) - stale, stale)
 
+    @holds_interrupts
     def delete(self, keys: ArrayLike) -> UpdateResult:
         """Remove items by key (stale keys ignored and counted, unknown keys raise).
 
