@@ -424,6 +424,24 @@ class Context:
             raise
 
 
+async def _to_its_end(aw: Awaitable[T]) -> tuple[asyncio.Future[T], asyncio.CancelledError | None]:
+    """``aw`` awaited to its end through any cancel of the awaiting task: its ended future, and the cancel that
+    came meanwhile (None: none); what :func:`through_cancel` and :func:`ended_before_cancel` each do with that
+    cancel is their whole difference."""
+    fut = asyncio.ensure_future(aw)
+    cancel = None
+    while not fut.done():
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError as e:
+            if fut.cancelled():  # the step itself was cancelled (its loop closing): nothing to wait for
+                raise
+            cancel = e
+        except BaseException:  # the step's error: its future holds it
+            pass
+    return fut, cancel
+
+
 async def through_cancel(aw: Awaitable[T]) -> T:
     """``aw``'s answer, awaited to its end even when the awaiting task is cancelled meanwhile: the cancel came
     too late, and the task goes on as if it had not come.
@@ -443,13 +461,8 @@ async def through_cancel(aw: Awaitable[T]) -> T:
     object
         Its answer.
     """
-    fut = asyncio.ensure_future(aw)
-    while True:
-        try:
-            return await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            if fut.cancelled():  # the step itself was cancelled (its loop closing): nothing to wait for
-                raise
+    fut, _ = await _to_its_end(aw)
+    return fut.result()
 
 
 async def ended_before_cancel(aw: Awaitable[T]) -> T:
@@ -474,20 +487,9 @@ async def ended_before_cancel(aw: Awaitable[T]) -> T:
     asyncio.CancelledError
         The task was cancelled while the step went on (the step's own error, if any, is dropped for it).
     """
-    fut = asyncio.ensure_future(aw)
-    cancel = None
-    while not fut.done():
-        try:
-            await asyncio.shield(fut)
-        except asyncio.CancelledError as e:
-            if fut.cancelled():  # the step itself was cancelled (its loop closing): nothing to wait for
-                raise
-            cancel = e
-        except BaseException:  # the step's error: raised below, unless a cancel came first
-            pass
+    fut, cancel = await _to_its_end(aw)
     if cancel is not None:
-        if not fut.cancelled():
-            fut.exception()  # (taken: the cancel is what the caller gets)
+        fut.exception()  # (taken: the cancel is what the caller gets)
         raise cancel
     return fut.result()
 
