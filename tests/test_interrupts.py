@@ -582,6 +582,45 @@ def test_an_interrupt_landing_as_the_call_is_handed_to_the_loop_cancels_it_once_
     assert ended == ["cancelled"]
 
 
+def test_a_sample_interrupted_between_two_reader_drawn_parts_counts_none_of_it(dist_client):
+    """A sample drawn from the shards' published states in the caller's thread, interrupted once one worker's
+    part was drawn and booked, before the next: the grant was given back (the limiter never counted the
+    batch), but the booked part still reached its owner's count: the shards counted more samples than the
+    limiter, for good.  A sample's reader draws are counted once the sample stands."""
+    from gear_flow.distributed import DistributedTable, reader_draw
+
+    t = DistributedTable.create(dist_client, make_spec(capacity=64, num_shards=2), sampler=gf.Prioritized(0.6))
+    t.insert([episode(i, 3) for i in range(8)])
+    for _ in range(3):
+        t.sample(4, timeout=10)
+    real, calls = reader_draw.generator, []
+
+    def generator(seed):  # the second worker's part: the first one's is drawn and booked already
+        calls.append(seed)
+        if len(calls) == 2 and threading.current_thread() is threading.main_thread():
+            signal.raise_signal(signal.SIGINT)
+        return real(seed)
+
+    def counts():
+        t.flush()
+        info = t.info()
+        return info["rate_limiter"]["samples"], info["totals"]["sampled"]
+
+    drawn = t.stats["reader_draws"]
+    reader_draw.generator = generator
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            t.sample(4, timeout=10)
+    finally:
+        reader_draw.generator = real
+    assert len(calls) == 2 and t.stats["reader_draws"] > drawn  # (landed after a part drawn in this thread)
+    wait_for(lambda: len(set(counts())) == 1, "the shards' sample counts to be the limiter's", 10)
+    assert counts() == (12, 12)
+    t.sample(4, timeout=10)
+    wait_for(lambda: counts() == (16, 16), "the next sample to be counted alike", 10)
+    t.close()
+
+
 def test_a_delete_cancelled_once_its_workers_removed_the_items_is_counted(dist_client, monkeypatch):
     """A ``delete_async`` cancelled (a blocking ``delete`` interrupted) once its workers had removed the items
     never told the coordinator: the workers held 4 items fewer than the coordinator counted, for good, and a

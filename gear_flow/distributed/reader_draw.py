@@ -484,7 +484,7 @@ def draw_one(
 
 def book(ex: RemoteSample, s: int, n: int, mass: float) -> None:
     """Book ``n`` rows drawn here from shard ``s`` at its valid ``mass``: the mass kept for the next plan, the
-    samples for its owner's count, the handle's stats.
+    samples for its owner's count once the sample stands (:meth:`RemoteSample.stands`), the handle's stats.
 
     Parameters
     ----------
@@ -499,7 +499,7 @@ def book(ex: RemoteSample, s: int, n: int, mass: float) -> None:
     """
     t = ex.t
     t._masses.update(ex.L, ex.boundary, s, mass)
-    t._drawn.add(s, n)
+    ex.drawn_by_readers[s] = ex.drawn_by_readers.get(s, 0) + n  # (its owner's count once the sample stands)
     t.stats["reader_draws"] += n
     t.stats["shared_bytes"] += n * ex.L * ex.row_bytes
 

@@ -798,6 +798,7 @@ async def _sample_plan(table, out, B, L, boundary, columns, rng, grant: SampleGr
             for s, k in ex.counted.get(a, {}).items():
                 if s in t.lost or now.get(s, 0) != ex.incarnation.get(s, 0):
                     ex.expired[s] = ex.expired.get(s, 0) + k
+    ex.stands()
     if layout.rows_at is not None:
         out.permute(planner.sources(layout.rows_at))
     two_level.importance_weights(out.probabilities, t._cfg.beta, out.weights)
@@ -917,6 +918,10 @@ class RemoteSample:
         self.record = record
         self.horizon = horizon
         self.counted = defaultdict(dict)  # worker -> {shard: rows} gathered (to undo on a retry)
+        #: shard -> rows drawn from published states (here, or by a worker for its host), for their owners'
+        #: counts once the sample stands (:meth:`stands`); booked at once, an attempt undone or interrupted
+        #: after them left the owners counting samples never served
+        self.drawn_by_readers: dict[int, int] = {}
         self.sent = set()  # workers asked for parts (pending parts to undo, record=False)
         self.expired = {}
         self.stale = []  # shards planned with a mass older than the maximum age: refreshed with the draw
@@ -1242,8 +1247,7 @@ class RemoteSample:
             for s, r in parts.items():
                 o, n = offs[s], len(r["seqs"])
                 if r.get("drawn_here"):  # drawn for its host by another of its workers: its owner counts it later
-                    t._drawn.add(s, n)
-                    reader_draw.flush_soon(t)
+                    self.drawn_by_readers[s] = self.drawn_by_readers.get(s, 0) + n
                 else:
                     self.counted[a][s] = self.counted[a].get(s, 0) + n
                 if "data" in r:
@@ -1354,6 +1358,16 @@ class RemoteSample:
                 )
         self.counted.clear()
         self.sent.clear()
+        self.drawn_by_readers.clear()
+
+    def stands(self) -> None:
+        """The sample is whole and goes to its caller: the rows readers drew for it are counted for their
+        owners (the handle reports them soon, :func:`~gear_flow.distributed.reader_draw.flush_soon`)."""
+        if self.drawn_by_readers:
+            for s, n in self.drawn_by_readers.items():
+                self.t._drawn.add(s, n)
+            self.drawn_by_readers.clear()
+            reader_draw.flush_soon(self.t)
 
     # -- windows read from a same-machine worker's shared rings (its seqlock says which rows were torn) ------
     def _copy_shared(self, sh, r, o: int) -> np.ndarray:

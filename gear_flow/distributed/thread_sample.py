@@ -311,6 +311,7 @@ class ThreadSampler:
             if ex.lost_reply is not None:  # the worker may have drawn: never drawn again silently
                 _raise_lost_reply(t, *ex.lost_reply)
             raise NotHere from e  # the event loop's path retries it, or raises its error
+        ex.stands()
         two_level.importance_weights(out.probabilities, t._cfg.beta, out.weights)
         return out, ex.expired
 
