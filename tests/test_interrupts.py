@@ -823,3 +823,67 @@ def test_a_shard_restore_cancelled_once_its_worker_rebuilt_the_shard_is_counted(
         assert got["dropped_items"] > got["items_restored"]  # (the replace took the later inserts out)
     finally:
         t.close()
+
+
+def test_a_shard_restore_begun_while_an_interrupted_one_still_ends_waits_for_it(dist_client, monkeypatch, tmp_path):
+    """A ``restore_shard`` interrupted once begun goes on to its end in the background; the caller's next one
+    (trying again) was planned against the placement from before it, so the two dropped each other's copy or
+    counted one beside the other: the workers' size off the coordinator's, for good (a hunt of interrupted
+    shard restores: its last 2 breaks).  A restore of a shard now waits for the one under way."""
+    from gear_flow.distributed import DistributedTable, transport
+
+    t = DistributedTable.create(dist_client, make_spec(capacity=64, num_shards=2))
+    try:
+        t.insert([episode(i, 2) for i in range(4)])
+        t.checkpoint(tmp_path / "ck")
+        t.insert([episode(i, 2) for i in range(4, 8)])
+        old = t.placement[0]
+        other = next(a for a in dist_client.scheduler_info()["workers"] if a != old)
+        real, first, sent = transport.call, {}, []
+
+        async def call(ctx, addr, what, **kw):
+            sent.append((addr, what))
+            if what == "restore" and not first:  # the first restore's rebuild held until the second one began
+                first["held"] = True
+                while not first.get("go"):
+                    await asyncio.sleep(0.01)  # (polls a flag the test's coroutine sets)
+            return await real(ctx, addr, what, **kw)
+
+        def waits_for_the_lock(task) -> bool:
+            c = task.get_coro()
+            while c is not None:
+                if getattr(c, "cr_code", None) is not None and c.cr_code.co_name == "acquire":
+                    return True
+                c = getattr(c, "cr_await", None)
+            return False
+
+        monkeypatch.setattr(transport, "call", call)
+
+        async def run():
+            one = asyncio.ensure_future(t.restore_shard_async(0, tmp_path / "ck", worker=other, replace=True))
+            while not first.get("held"):
+                await asyncio.sleep(0.01)
+            one.cancel()  # the caller interrupted: the restore goes on in the background
+            two = asyncio.ensure_future(t.restore_shard_async(0, tmp_path / "ck", worker=old, replace=True))
+            while not (waits_for_the_lock(two) or (old, "info") in sent[sent.index((other, "restore")) :]):
+                await asyncio.sleep(0.01)  # (the second one blocked, or planned against the old placement)
+            first["go"] = True
+            return await asyncio.gather(one, two, return_exceptions=True)
+
+        got_one, got_two = dist_client.sync(run)
+        monkeypatch.undo()
+        assert got_one["worker"] == other and got_two["worker"] == old, (got_one, got_two)
+        assert got_two["dropped_items"] == got_one["items_restored"]  # it replaced the first one's copy
+        info = t.info()
+        assert info["size"] == info["coordinator_size"] == t.size, info
+        assert t.placement[0] == old
+        name = t.name
+
+        def shards_here(dask_worker):
+            tables = dask_worker.plugins["gear-flow"].host.tables
+            return sorted(tables.table(name).shards) if name in tables else []
+
+        held = dist_client.run(shards_here)
+        assert sorted(s for shards in held.values() for s in shards) == [0, 1], held  # one copy of each
+    finally:
+        t.close()

@@ -15,6 +15,7 @@ requests to the workers and the coordinator.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import uuid
@@ -517,11 +518,35 @@ async def restore_shard_async(
     CheckpointError, ShardLostError, SpecError
         As :meth:`restore_shard`.
     """
+    shard = check_shard(shard, table.spec.num_shards)  # (not True for 1, nor 7 of 2 reported as a missing file)
+    # one restore of a shard at a time in this process: a restore interrupted once begun goes on to its end in
+    # the background, and the next one (the caller trying again) planned against the placement before it, so
+    # that each dropped the other's copy or counted it beside its own
+    lock = _RESTORING.setdefault((id(asyncio.get_running_loop()), table._ctx.scheduler.address, table.name, shard),
+                                 asyncio.Lock())  # fmt: skip
+    await lock.acquire()
+    try:
+        step = await _restore_shard_step(table, shard, path, worker, replace)
+    except BaseException:
+        lock.release()
+        raise
+    step.add_done_callback(lambda _: lock.release())  # (held to the restore's end, through a cancel of its caller)
+    return await through_cancel(step)
+
+
+#: (loop, scheduler, table, shard) -> the lock a restore of that shard holds to its end
+_RESTORING: dict[tuple, asyncio.Lock] = {}
+
+
+async def _restore_shard_step(
+    table: DistributedTable, shard: int, path: str | os.PathLike[str], worker: str | None, replace: bool
+) -> asyncio.Future:
+    """:func:`restore_shard_async`'s checks and plan, then its step on the workers begun: the future of its
+    report."""
     from pathlib import Path
 
     from .. import checkpoint as ck
 
-    shard = check_shard(shard, table.spec.num_shards)  # (not True for 1, nor 7 of 2 reported as a missing file)
     if (await table._link.coordinator.lookup()).get("closed"):  # the new copy would serve the data path open
         raise TableClosedError(f"table {table.name!r} is closed; restore_shard is refused (restore it as a new table)")
     if worker is not None and not isinstance(worker, str):
@@ -552,10 +577,10 @@ async def restore_shard_async(
     else:
         op, args = "restore", dict(name=table.name, config=table._config, directory=str(path), files={shard: entry})
 
-    async def rebuilt() -> tuple:
-        """The shard rebuilt on ``worker``, the coordinator told, the replaced copy dropped: begun on the worker,
-        it goes to its end through a cancel (a cancel between its steps left the coordinator counting what the
-        shard held before, or the replaced copy on its old worker counted beside the new one)."""
+    async def rebuilt() -> dict:
+        """The shard rebuilt on ``worker``, the coordinator told, the replaced copy dropped, and the report: begun
+        on the worker, it goes to its end through a cancel (a cancel between its steps left the coordinator
+        counting what the shard held before, or the replaced copy on its old worker counted beside the new one)."""
         try:
             done = (await table._link.on_workers({worker: (op, args)}))[worker]
         except (Retry, ShardLostError):  # the target was lost before it could report the shard rebuilt
@@ -575,16 +600,15 @@ async def restore_shard_async(
             errors = [e for e in errors if not isinstance(e, (Retry, ShardLostError))]  # ... unless gone with it
             if errors:
                 raise errors[0]
-        return done, items, inserted, lost
+        report = {"shard": shard, "worker": worker, "items_restored": items, "inserted_at_checkpoint": inserted}
+        if in_place:
+            report.update(reopened_s=done["seconds"], recovered=done["recovered"], directory=done["directory"])
+        if lost:
+            report["inserted_at_loss"] = lost["inserted_at_loss"]
+            report["lost_items"] = lost["inserted_at_loss"] - inserted
+        if before is not None:
+            report["dropped_items"] = before["size"]
+            report["inserted_since_checkpoint"] = before["inserted"] - inserted
+        return report
 
-    done, items, inserted, lost = await through_cancel(rebuilt())
-    report = {"shard": shard, "worker": worker, "items_restored": items, "inserted_at_checkpoint": inserted}
-    if in_place:
-        report.update(reopened_s=done["seconds"], recovered=done["recovered"], directory=done["directory"])
-    if lost:
-        report["inserted_at_loss"] = lost["inserted_at_loss"]
-        report["lost_items"] = lost["inserted_at_loss"] - inserted
-    if before is not None:
-        report["dropped_items"] = before["size"]
-        report["inserted_since_checkpoint"] = before["inserted"] - inserted
-    return report
+    return asyncio.ensure_future(rebuilt())
