@@ -161,6 +161,8 @@ def test_a_prioritized_insert_interrupted_in_its_sum_tree_repair_is_stored_whole
 
     t = gf.LocalTable(make_spec(capacity=64, num_shards=1), sampler=gf.Prioritized(1.0))
     t.insert([episode(i, 1) for i in range(3)])
+    # the next cell of a notebook: its kernel puts Python's own handler back in for each cell it runs
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sent = _signalled_as_it_runs(monkeypatch, SumTree, "_apply_pending")
     with pytest.raises(KeyboardInterrupt):
         t.insert([episode(3, 1)])
@@ -194,20 +196,21 @@ def test_a_queue_sample_interrupted_in_its_commit_takes_its_item_once(monkeypatc
 
 
 def test_a_table_leaves_a_programs_own_sigint_handler_alone():
-    """Built in the main thread, a table puts its handler in only in place of Python's own: one of the
-    program's is left as it is (it decides what a Ctrl-C does)."""
+    """A table's call puts its handler in only in place of Python's own: one of the program's is left as it is
+    (it decides what a Ctrl-C does).  Outside a call, its handler raises at once, as Python's own."""
 
     def own(signum, frame):
         raise SystemExit(1)
 
     signal.signal(signal.SIGINT, own)
     t = gf.LocalTable(make_spec(capacity=8, num_shards=1))
+    t.insert([episode(1, 2)])
+    t.sample(2)
     assert signal.getsignal(signal.SIGINT) is own
-    t.close()
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    t = gf.LocalTable(make_spec(capacity=8, num_shards=1))
+    t.sample(2)
     assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    with pytest.raises(KeyboardInterrupt):  # outside a call: at once, as Python's own
+    with pytest.raises(KeyboardInterrupt):
         signal.raise_signal(signal.SIGINT)
     t.close()
 

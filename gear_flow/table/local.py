@@ -27,7 +27,7 @@ from numpy.typing import ArrayLike
 
 from .. import config
 from ..errors import CapacityError, EmptyTableError, SpecError
-from ..interrupts import guard_sigint, holds_interrupts
+from ..interrupts import holds_interrupts
 from ..keys import decode, shard_parts, shards_present
 from ..rate_limiters import RateLimiter
 from ..rate_limiters import to_config as limiter_to_config
@@ -278,7 +278,6 @@ class LocalTable(DatasetMethods):
         self._locks = tuple(s.lock for s in self.shards)  # a sample takes them all, in this order
         self.rng = seeded_rng(seed, "table.seed")
         self._admission = Admission()
-        guard_sigint()  # (its calls' sections hold an interrupt to their end)
         self._cond = self._admission.cond
         self._rr = 0
         self._next_episode_id = 0
