@@ -368,9 +368,9 @@ class Context:
         loop after its callback, and an interrupt that comes before then fails its cancel with a
         ``NameError`` logged by tornado, the coroutine then running to its end for a caller gone (a Queue's
         sample taking its items for nobody).  Here an interrupt cancels the call whenever it comes, as the call
-        is handed to the loop or while the caller waits: one the loop has not started yet never starts (a step begun on the workers still
-        goes to its end, :func:`through_cancel`); and a hop takes one turn of the loop less.  A step of a call
-        that nothing may stop midway goes by :meth:`sync_to_end`.
+        is handed to the loop or while the caller waits: one the loop has not started yet never starts (a step
+        begun on the workers still goes to its end, :func:`through_cancel`); and a hop takes one turn of the
+        loop less.  A step of a call that nothing may stop midway goes by :meth:`sync_to_end`.
         """
         caller = _Caller()
         try:
