@@ -61,8 +61,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-#: a disk table's record of an insert across shards under way, removed once every shard has its part
-_INTENT = "insert.intent"
+#: a disk table's record of an insert across shards under way (one per insert, named by its first episode id:
+#: inserts from several threads at once each keep their own), removed once every shard has its part
+_INTENT = "insert-{}.intent"
+#: the record's name before it was one per insert (a table cut short by a kill then may still hold one)
+_ONE_INTENT = "insert.intent"
 #: a disk table's record of its creation under way (the shard directories it makes), removed once its manifest
 #: is written: a creation cut short (a kill) left shard files that no manifest described, which open() refused
 #: (no manifest) and a new table refused to overwrite (a shard there); the next creation removes them
@@ -1040,35 +1043,35 @@ class LocalTable(DatasetMethods):
             return None
         from .. import checkpoint as ck
 
-        intent = self.path / _INTENT
+        intent = self.path / _INTENT.format(int(ids[0]))
         with ck._create(intent, ck.file_mode()) as f:  # (kept by the page cache across a kill, as commits are)
             f.write(json.dumps({"first_episode_id": int(ids[0]), "episodes": len(ids)}).encode())
         return intent
 
     def _roll_back_cut_insert(self) -> tuple[int, int]:
-        """On reopening a disk table: an insert across shards that a kill cut short (its :data:`_INTENT` left)
+        """On reopening a disk table: each insert across shards that a kill cut short (its :data:`_INTENT` left)
         is taken back from the shards that had committed their parts, so it is dropped whole.
 
         Returns
         -------
         tuple of int
-            Items taken back, and the end of the insert's episode ids (never handed out again; 0 for none).
+            Items taken back, and the end of those inserts' episode ids (never handed out again; 0 for none).
         """
-        intent = self.path / _INTENT
-        if not intent.exists():
-            return 0, 0
-        try:
-            m = json.loads(intent.read_text())
-            first, count = int(m["first_episode_id"]), int(m["episodes"])
-        except (OSError, ValueError, KeyError, TypeError):  # cut while written: before any shard was
-            first, count = 0, 0
-        n = sum(s.roll_back(first, count) for s in self.shards) if count else 0
-        intent.unlink()
+        n = end = 0
+        for intent in sorted(self.path.glob(_INTENT.format("*"))) + sorted(self.path.glob(_ONE_INTENT)):
+            try:
+                m = json.loads(intent.read_text())
+                first, count = int(m["first_episode_id"]), int(m["episodes"])
+            except (OSError, ValueError, KeyError, TypeError):  # cut while written: before any shard was
+                first, count = 0, 0
+            n += sum(s.roll_back(first, count) for s in self.shards) if count else 0
+            end = max(end, first + count)
+            intent.unlink()
         if n:
             logger.warning(
-                "table %s: an insert across shards cut short by a kill was taken back (%d items)", self.path, n
+                "table %s: inserts across shards cut short by a kill were taken back (%d items)", self.path, n
             )
-        return n, first + count
+        return n, end
 
     def _can_sample(self, B: int) -> bool:
         return self.rate_limiter.can_sample(B, self.size)
