@@ -3,7 +3,9 @@
 Every error raised on purpose by gear_flow derives from :class:`GearFlowError`.
 Subclasses also derive from the closest builtin (``ValueError``, ``KeyError``,
 ``TimeoutError``) so that generic handlers keep working.  Messages name the bad
-value and what is allowed.
+value and what is allowed.  One interrupt is here too, not an error:
+:class:`HeldInterrupt`, a ``KeyboardInterrupt`` raised once the call it found
+changing a table was done.
 """
 
 from __future__ import annotations
@@ -179,6 +181,32 @@ def nothing_to_sample(who: str, size: int, longest: int, length: int, boundary: 
 
 class RateLimitTimeout(GearFlowError, TimeoutError):
     """A blocking insert or sample was not allowed by the rate limiter in time."""
+
+
+class HeldInterrupt(KeyboardInterrupt):
+    """A ``KeyboardInterrupt`` (Ctrl-C, a notebook's stop) that found a table's call changing the table, held
+    until the change was whole: the call is done (an insert stored, a sample's items taken), and ``result`` is
+    what it returned, for a caller that wants it (a Queue's batch, the keys of an insert).
+
+    A plain ``KeyboardInterrupt`` from a table's call means the call left nothing: it was interrupted before
+    it changed anything, or while it waited.
+
+    Parameters
+    ----------
+    result : object
+        The call's answer.
+
+    Attributes
+    ----------
+    result : object
+        The call's answer.
+    """
+
+    def __init__(self, result: object = None) -> None:
+        super().__init__(
+            "interrupted while the call changed the table: raised once that was done (its answer: .result)"
+        )
+        self.result = result
 
 
 class TableClosedError(GearFlowError, RuntimeError):

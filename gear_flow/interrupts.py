@@ -28,11 +28,15 @@ A :class:`~gear_flow.table.LocalTable` call meets the same problem in its own
 process: landing in its bookkeeping (a sum tree half repaired, a Queue's item
 taken but still counted, an admission left heading its line), the interrupt
 left the table broken for good.  Its mutating steps are sections
-(:func:`holds_interrupts`), the waits inside them let interrupts in
-(:func:`lets_interrupts_in`), and a handler put in for the process
+(:func:`holds_interrupts`), and a handler put in for the process
 (:func:`guard_sigint`, by a section that finds Python's own in) holds a SIGINT
-that finds the main thread in a section until the outermost section ends.
-Put in and out per call, a handler cost more than a tiny sample itself.
+that finds the main thread in a section until the outermost section ends
+(then a :class:`~gear_flow.errors.HeldInterrupt`: the call is done), or until a
+wait inside takes it at one of its turns (:func:`deliver_held`: a plain
+KeyboardInterrupt, the call leaving nothing).  Let in at once, it landed in
+``threading.Condition.wait`` re-taking its lock and left the call believing it
+held a lock another thread did.  Put in and out per call, a handler cost more
+than a tiny sample itself.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from collections.abc import Callable, Collection
 from types import CodeType, FrameType, TracebackType
 from typing import Any, TypeVar
 
+from .errors import HeldInterrupt
 from .table import planner
 
 T = TypeVar("T")
@@ -139,23 +144,31 @@ _HELD = (planner.run.__code__,)
 
 class _Sections:
     """The process's SIGINT handler while a section may run (:func:`guard_sigint`): a signal that finds the
-    main thread in a section is held until the outermost one ends; anywhere else Python's own handler runs."""
+    main thread in a section is held until the outermost one ends (or a wait inside takes it:
+    :func:`deliver_held`); anywhere else Python's own handler runs."""
 
     def __init__(self) -> None:
         self.held: set[CodeType] = set()  # the sections' code (one: the wrapper's)
-        self.let_in: set[CodeType] = set()  # the waits inside them
         self.pending: tuple[int, FrameType | None] | None = None  # (a plain attribute: read at each section's end)
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if _held_at(frame, self.held, self.let_in):
+        if _held_at(frame, self.held, ()):
             self.pending = (signum, frame)
             return
         signal.default_int_handler(signum, frame)
 
-    def ended(self, frame: FrameType | None) -> None:
-        """A section ended with an interrupt held: delivered, unless inside an outer section (whose end does)."""
-        if not _held_at(frame, self.held, ()):
-            deliver_held()
+    def ended(self, frame: FrameType | None, result: object, done: bool) -> None:
+        """A section ended with an interrupt held: raised (a :class:`~gear_flow.errors.HeldInterrupt` carrying
+        ``result`` when it was ``done``, else a plain KeyboardInterrupt), unless inside an outer section (whose
+        end raises it) or in another thread than the main one (whose section does)."""
+        if threading.current_thread() is not threading.main_thread() or _held_at(frame, self.held, ()):
+            return
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        if done:
+            raise HeldInterrupt(result)
+        signal.default_int_handler(*pending)
 
 
 _SECTIONS = _Sections()
@@ -201,21 +214,26 @@ def holds_interrupts(fn: Callable[..., T]) -> Callable[..., T]:
     def section(*args: Any, **kwargs: Any) -> T:
         if _getsignal(_SIGINT) is signal.default_int_handler:  # (Python's own back, or never replaced yet)
             guard_sigint()
+        # no call between each test of `pending` below and the return or raise: a signal is handled at a call
+        # (or a loop's jump), so one that comes later finds no section and is raised in the caller
         try:
-            return fn(*args, **kwargs)
-        finally:
-            # no call between this test and the return: a signal is handled at a call (or a loop's jump), so
-            # one that comes later finds no section and is raised in the caller
+            got = fn(*args, **kwargs)
+        except BaseException:
             if _SECTIONS.pending is not None:
-                _SECTIONS.ended(sys._getframe(1))
+                _SECTIONS.ended(sys._getframe(1), None, False)
+            raise
+        if _SECTIONS.pending is not None:
+            _SECTIONS.ended(sys._getframe(1), got, True)
+        return got
 
     _SECTIONS.held.add(section.__code__)
     return section
 
 
 def deliver_held() -> None:
-    """Raise an interrupt held meanwhile, now: where a wait inside a section can stop (between a lock's
-    tries); nothing in another thread than the main one (whose section delivers it) or with none held.
+    """Raise an interrupt held meanwhile (a plain KeyboardInterrupt), now: where a wait inside a section stops
+    and its caller undoes what it began (an admission's wait leaving its line, between a lock's tries);
+    nothing in another thread than the main one (whose section delivers it) or with none held.
 
     Examples
     --------
@@ -224,21 +242,3 @@ def deliver_held() -> None:
     if _SECTIONS.pending is not None and threading.current_thread() is threading.main_thread():
         pending, _SECTIONS.pending = _SECTIONS.pending, None
         signal.default_int_handler(*pending)
-
-
-def lets_interrupts_in(fn: Callable[..., T]) -> Callable[..., T]:
-    """Mark ``fn`` as a wait inside a section where an interrupt comes at once (its caller undoes what it
-    began: an admission's wait, a lock's acquire); returns ``fn`` itself.
-
-    Parameters
-    ----------
-    fn : callable
-        The wait.
-
-    Returns
-    -------
-    callable
-        ``fn``, unchanged.
-    """
-    _SECTIONS.let_in.add(fn.__code__)
-    return fn

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .errors import InvalidDataError, SpecError, TableClosedError
+from .errors import HeldInterrupt, InvalidDataError, SpecError, TableClosedError
 from .table.results import InsertResult
 from .writers.buffer import BufferedWriter, StepBuffer, check_step
 
@@ -146,7 +146,8 @@ class EpisodeWriter(BufferedWriter):
         """Insert the buffered steps as one episode.
 
         On failure (e.g. a rate-limiter timeout) the steps stay buffered, so
-        the call can be retried.
+        the call can be retried; interrupted once the episode was stored
+        (:class:`~gear_flow.errors.HeldInterrupt`), none stay.
 
         Parameters
         ----------
@@ -172,11 +173,18 @@ class EpisodeWriter(BufferedWriter):
                 priorities = np.array([default if p is None else p for p in self._prio])
             else:
                 priorities = max(p for p in self._prio if p is not None)
-        res = self.table.insert(ep, priorities, timeout=self.timeout, shard=self.shard)
+        try:
+            res = self.table.insert(ep, priorities, timeout=self.timeout, shard=self.shard)
+        except HeldInterrupt as e:  # interrupted once the episode was stored: not buffered for a retry to store again
+            self._stored(e.result, truncated)
+            raise
+        self._stored(res, truncated)
+        return res
+
+    def _stored(self, res: InsertResult, truncated: bool) -> None:
         self.ended.append((int(res.episode_ids[0]), self._n, truncated))
         self._rows.clear()
         self._prio = None
-        return res
 
     def discard(self) -> int:
         """Drop the buffered steps of the current episode.

@@ -19,6 +19,7 @@ from dist_support import coordinator, wait_for
 from helpers import episode, make_spec
 
 import gear_flow as gf
+from gear_flow.errors import HeldInterrupt
 from gear_flow.table.admission import acquire_all
 
 pytestmark = pytest.mark.skipif(
@@ -164,10 +165,10 @@ def test_a_prioritized_insert_interrupted_in_its_sum_tree_repair_is_stored_whole
     # the next cell of a notebook: its kernel puts Python's own handler back in for each cell it runs
     signal.signal(signal.SIGINT, signal.default_int_handler)
     sent = _signalled_as_it_runs(monkeypatch, SumTree, "_apply_pending")
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(HeldInterrupt) as held:  # (a KeyboardInterrupt: the insert is done)
         t.insert([episode(3, 1)])
     monkeypatch.undo()
-    assert sent == ["_apply_pending"]
+    assert sent == ["_apply_pending"] and held.value.result.episode_ids.tolist() == [3]
     assert t.size == 4 and t.info()["rate_limiter"]["inserts"] == 4
     b = t.sample(400)
     assert np.allclose(b.probabilities.numpy(), 0.25)  # four equal priorities (before: 1/3, the root stale)
@@ -184,10 +185,11 @@ def test_a_queue_sample_interrupted_in_its_commit_takes_its_item_once(monkeypatc
     q = gf.LocalTable.queue(make_spec(capacity=64, num_shards=1), 16)
     q.insert([episode(i, 1) for i in range(3)])
     sent = _signalled_as_it_runs(monkeypatch, Shard, "_drop_items")
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(HeldInterrupt) as held:
         q.sample(1)
     monkeypatch.undo()
     assert sent == ["_drop_items"] and q.size == 2
+    assert held.value.result.data["ep"].numpy().ravel().tolist() == [0]  # its batch, for a caller that wants it
     got = [int(q.sample(1, timeout=5).data["ep"].numpy().ravel()[0]) for _ in range(2)]
     assert got == [1, 2] and q.size == 0  # in order, the interrupted call's item 0 taken once
     q.insert([episode(9, 1)])
@@ -212,6 +214,136 @@ def test_a_table_leaves_a_programs_own_sigint_handler_alone():
     assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
     with pytest.raises(KeyboardInterrupt):
         signal.raise_signal(signal.SIGINT)
+    t.close()
+
+
+@pytest.mark.parametrize("call", ["insert", "sample"])
+def test_an_interrupt_held_before_a_calls_wait_comes_while_it_waits_and_leaves_nothing(call):
+    """A SIGINT that found a call's section before its admission wait (the limiter's check, or the wait for
+    the table's condition while other threads are busy) was held through the whole wait: it came only when
+    another thread made room (3 s in the hunt), and then after the call went through, an item taken for
+    nobody.  The wait raises a held interrupt at its next turn: the call leaves its line, as interrupted
+    while it waits."""
+    q = gf.LocalTable.queue(make_spec(capacity=64, num_shards=1), 2)
+    q.insert([episode(100, 1)])
+    q.sample(1)  # (a first call's set-up done)
+    main = threading.main_thread().ident
+    if call == "insert":
+        q.insert([episode(1, 1), episode(2, 1)])  # full
+        real = q.rate_limiter.check_insert_size
+
+        def check(k):  # in the insert's section, before its wait
+            signal.pthread_kill(main, signal.SIGINT)
+            return real(k)
+
+        q.rate_limiter.check_insert_size = check
+        go = lambda: q.insert([episode(3, 1)], timeout=20)  # noqa: E731
+    else:
+        real = q._can_sample
+
+        def check(B):  # in the sample's section, before its wait (an empty Queue)
+            q._can_sample = real
+            signal.pthread_kill(main, signal.SIGINT)
+            return real(B)
+
+        q._can_sample = check
+        go = lambda: q.sample(1, timeout=20)  # noqa: E731
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt) as got:
+        go()
+    assert type(got.value) is KeyboardInterrupt and time.monotonic() - start < 5  # (before: 20 s, its timeout)
+    if call == "insert":
+        q.rate_limiter.check_insert_size = real
+        assert q.info()["waiting"]["inserts"] == 0
+        assert [int(q.sample(1, timeout=5).data["ep"].numpy().ravel()[0]) for _ in range(2)] == [1, 2]
+        assert q.size == 0  # the interrupted insert stored nothing
+    else:
+        assert q.info()["waiting"]["samples"] == 0
+        q.insert([episode(7, 1)])
+        assert q.sample(1, timeout=5).data["ep"].numpy().ravel().tolist() == [7]  # to the next sample
+    q.close()
+
+
+def test_an_interrupt_as_a_woken_wait_retakes_the_tables_lock_keeps_the_lock_with_its_holder():
+    """A sample waiting for an item, woken by an insert that still held the table's condition (waiting for a
+    shard's lock), was interrupted as it re-took the condition's lock inside ``Condition.wait``: let in there,
+    the KeyboardInterrupt left without the lock, and the sample then released the inserting thread's lock;
+    that insert died with ``RuntimeError: release unlocked lock``, keeping a shard's lock for good and its
+    items counted (a hunt's repro: 11 of 11).  Held, the interrupt is raised at the wait's next turn with
+    the lock taken back."""
+    from gear_flow.interrupts import _SECTIONS
+
+    t = gf.LocalTable(make_spec(capacity=64, num_shards=1))
+    t.insert([episode(100, 1)])
+    t.delete(t.sample(1).keys.numpy())  # (a first call's set-up done; empty again)
+    main, shard = threading.main_thread().ident, _Holder(t.shards[0].lock)  # (as a disk table's flush holds it)
+    done = []
+
+    def insert():
+        try:
+            done.append(t.insert([episode(1, 1)], timeout=20))
+        except BaseException as e:  # noqa: BLE001 - what the test reports
+            done.append(e)
+
+    def in_(ident, name) -> bool:
+        f = sys._current_frames().get(ident)
+        while f is not None:
+            if f.f_code.co_name == name:
+                return True
+            f = f.f_back
+        return False
+
+    def drive():
+        wait_for(lambda: t._admission.waiting("sample") == 1, "the sample to wait")  # (info waits for the shard)
+        inserter = threading.Thread(target=insert, daemon=True)
+        inserter.start()  # it admits (waking the sample), then waits for the shard's lock holding the condition
+        wait_for(lambda: in_(inserter.ident, acquire_all.__name__), "the insert to wait for the shard's lock")
+        wait_for(lambda: in_(main, "_acquire_restore"), "the woken sample to wait for the condition's lock")
+        # the signal handled (held, or raised out of the wait) before the insert can let go of the lock; one that
+        # comes as the frame is entered, before its acquire blocks, is handled only once the acquire returns: sent
+        # again then (signals of one kind coalesce: the handler runs once)
+        handled = lambda: _SECTIONS.pending is not None or not in_(main, "_acquire_restore")  # noqa: E731
+        for _ in range(100):
+            signal.pthread_kill(main, signal.SIGINT)
+            end = time.monotonic() + 0.2
+            while not handled() and time.monotonic() < end:
+                time.sleep(0.002)  # (polls what the handler sets)
+            if handled():
+                break
+        shard.release()
+
+    driver = threading.Thread(target=drive, daemon=True)
+    driver.start()
+    with pytest.raises(KeyboardInterrupt) as got:
+        t.sample(1, timeout=20)
+    driver.join(30)
+    wait_for(lambda: done, "the insert to end")
+    assert type(got.value) is KeyboardInterrupt
+    assert not isinstance(done[0], BaseException), done[0]
+    assert _free(t.shards[0].lock) and t.size == 1 and t._admission.in_flight == 0
+    assert t.sample(1, timeout=5).data["ep"].numpy().ravel().tolist() == [1]
+    t.close()
+
+
+def test_a_writers_episode_stored_before_the_interrupt_is_not_buffered_again(monkeypatch):
+    """An episode whose insert held a SIGINT to its end was stored, but the writer kept its steps buffered
+    (the KeyboardInterrupt came before it cleared them): its retry, as the docstring invites, stored the
+    episode twice (a hunt: 6 steps for 3 appended).  The HeldInterrupt says the insert is done, and the
+    writer clears the steps it stored."""
+    from gear_flow.shard import Shard
+
+    t = gf.LocalTable(make_spec(capacity=64, num_shards=1))
+    w = t.writer()
+    steps = episode(5, 3)
+    for i in range(3):
+        w.append({k: v[i] for k, v in steps.items()})
+    sent = _signalled_as_it_runs(monkeypatch, Shard, "insert")  # in the insert's section, once admitted
+    with pytest.raises(HeldInterrupt) as held:
+        w.end_episode()
+    monkeypatch.undo()
+    assert sent == ["insert"] and w.pending == 0 and t.size == 3
+    assert [e[0] for e in w.ended] == held.value.result.episode_ids.tolist()
+    assert w.end_episode() is None and t.size == 3  # nothing left to store twice
     t.close()
 
 

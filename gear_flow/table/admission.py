@@ -32,7 +32,7 @@ from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING
 
 from ..errors import RateLimitTimeout, TableClosedError
-from ..interrupts import deliver_held, lets_interrupts_in
+from ..interrupts import deliver_held
 
 if TYPE_CHECKING:
     from ..rate_limiters import RateLimiter
@@ -50,7 +50,7 @@ KINDS = ("insert", "sample")
 
 #: seconds between two looks of a waiting call at its :data:`WAIT_CANCELLED` event
 CANCEL_TURN_S = 0.25
-#: how often a wait for a lock raises an interrupt held meanwhile (s)
+#: how often a wait of the main thread (for the limiter, for a lock) raises an interrupt held meanwhile (s)
 HELD_TURN_S = 0.05
 
 
@@ -103,7 +103,6 @@ class Admission:
         if self.closed:
             raise TableClosedError("the table is closed")
 
-    @lets_interrupts_in  # (wherever it lands the call leaves its line: nothing to hold it for)
     def wait(
         self,
         kind: str,
@@ -144,7 +143,13 @@ class Admission:
         try:  # (from here on the ticket leaves its line however this ends)
             deadline = None if timeout is None else time.monotonic() + timeout
             cancelled = WAIT_CANCELLED.get()
+            # a table's call holds interrupts (a section): one held meanwhile is raised at the next turn, with
+            # the lock held (let in while Condition.wait re-took the lock, it left that lock with another thread)
+            turn = HELD_TURN_S if threading.current_thread() is threading.main_thread() else None
+            if cancelled is not None:  # (set by its caller, who does not notify this condition)
+                turn = CANCEL_TURN_S if turn is None else min(turn, CANCEL_TURN_S)
             while True:
+                deliver_held()
                 self.check_open()
                 if cancelled is not None and cancelled.is_set():
                     raise CancelledError(f"a waiting {kind} was given up by its caller")
@@ -153,8 +158,8 @@ class Admission:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     raise timed_out(timeout)
-                if cancelled is not None:  # (set by its caller, who does not notify this condition)
-                    remaining = CANCEL_TURN_S if remaining is None else min(remaining, CANCEL_TURN_S)
+                if turn is not None:
+                    remaining = turn if remaining is None else min(remaining, turn)
                 self.cond.wait(remaining)
         except BaseException:
             line.remove(ticket)

@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .. import config
-from ..errors import CapacityError, EmptyTableError, SpecError
+from ..errors import CapacityError, EmptyTableError, HeldInterrupt, SpecError
 from ..interrupts import holds_interrupts
 from ..keys import decode, shard_parts, shards_present
 from ..rate_limiters import RateLimiter
@@ -939,8 +939,16 @@ class LocalTable(DatasetMethods):
         start, what, after = time.monotonic(), None, None
         while True:
             left = timeout if after is None or timeout is None else max(0.0, start + timeout - time.monotonic())
-            size, short = self._sample_admitted(out, batch_size, length, boundary, columns, rng, left, timeout,
-                                                what, after)  # fmt: skip
+            try:
+                size, short = self._sample_admitted(out, batch_size, length, boundary, columns, rng, left, timeout,
+                                                    what, after)  # fmt: skip
+            except HeldInterrupt as e:  # held while the batch was taken: the batch is its answer (a Queue's items)
+                size, short = e.result
+                if short is not None:  # nothing taken: as interrupted before it began
+                    raise KeyboardInterrupt from None
+                self._admission.wake()
+                e.result = out.batch(size)
+                raise
             if short is None:
                 break
             # nothing taken and the admission given back: it waits for the next insert, as Reverb's sample waits
