@@ -726,8 +726,8 @@ def test_a_sample_interrupted_between_two_reader_drawn_parts_counts_none_of_it(d
 
     t = DistributedTable.create(dist_client, make_spec(capacity=64, num_shards=2), sampler=gf.Prioritized(0.6))
     t.insert([episode(i, 3) for i in range(8)])
-    for _ in range(3):
-        t.sample(4, timeout=10)
+    for _ in range(3):  # (64 rows: both shards' parts drawn, but for a chance of 2 in 2**64)
+        t.sample(64, timeout=10)
     real, calls = reader_draw.generator, []
 
     def generator(seed):  # the second worker's part: the first one's is drawn and booked already
@@ -745,14 +745,14 @@ def test_a_sample_interrupted_between_two_reader_drawn_parts_counts_none_of_it(d
     reader_draw.generator = generator
     try:
         with pytest.raises(KeyboardInterrupt):
-            t.sample(4, timeout=10)
+            t.sample(64, timeout=10)
     finally:
         reader_draw.generator = real
     assert len(calls) == 2 and t.stats["reader_draws"] > drawn  # (landed after a part drawn in this thread)
     wait_for(lambda: len(set(counts())) == 1, "the shards' sample counts to be the limiter's", 10)
-    assert counts() == (12, 12)
-    t.sample(4, timeout=10)
-    wait_for(lambda: counts() == (16, 16), "the next sample to be counted alike", 10)
+    assert counts() == (192, 192)
+    t.sample(64, timeout=10)
+    wait_for(lambda: counts() == (256, 256), "the next sample to be counted alike", 10)
     t.close()
 
 
