@@ -216,6 +216,35 @@ def test_a_lane_directory_is_private_and_leaves_with_its_server(tmp_path):
     asyncio.run(run())
 
 
+def test_a_lane_asked_for_as_its_server_closes_leaves_no_directory():
+    """A lane asked for as its worker (or the scheduler) closed made its directory after the close had removed
+    the lanes': left behind, the suite's check of shared-memory leftovers failed its run (1 session in 12 of
+    one test that starts a cluster).  A start after the close, or one the close overtook, removes what it made
+    and fails as the comm does for a closing worker."""
+    from gear_flow.storage.shared import leftover_segments
+
+    async def run():
+        async def serve(action, args, v):
+            return True, None
+
+        before = set(leftover_segments())
+        srv = LaneServer(serve)
+        srv.close()
+        with pytest.raises(OSError, match="closed"):
+            await srv.start()
+        with pytest.raises(OSError, match="closed"):
+            await srv.start_tcp("127.0.0.1", "127.0.0.1")
+        late = LaneServer(serve)
+        starting = asyncio.ensure_future(late.start())
+        await asyncio.sleep(0)  # (its first step made the directory, its server is on the way)
+        late.close()
+        with pytest.raises(OSError, match="closed"):
+            await starting
+        assert set(leftover_segments()) == before and late.path is None
+
+    asyncio.run(run())
+
+
 def test_a_lane_reads_requests_however_the_socket_cuts_them():
     """A server connection receives a request's buffers straight into their arrays: whatever pieces the
     socket delivers (a byte at a time, a pickle larger than its read buffer, several buffers and an empty one,

@@ -495,6 +495,7 @@ class LaneServer:
         self._tcp_server: asyncio.AbstractServer | None = None
         self._tcp_starting: asyncio.Future | None = None
         self._connections: set[_LaneConnection] = set()  # open connections: dropped with the server
+        self._closed = False  # (a start that comes, or ends, after the close leaves nothing behind)
 
     async def start(self) -> str:
         """Start listening (once); the socket's path.
@@ -564,18 +565,29 @@ class LaneServer:
     async def _start_tcp(self, host: str, contact: str) -> str:
         from distributed.comm.addressing import unparse_host_port
 
+        self._check_open()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         sock = socket.create_server((host, 0), family=family)  # one socket, one address
         self._tcp_server = await asyncio.get_running_loop().create_server(lambda: _LaneConnection(self), sock=sock)
         self.tcp = TCP + unparse_host_port(contact, sock.getsockname()[1])
+        self._check_open()
         return self.tcp
 
     async def _start(self) -> str:
+        self._check_open()
         self._dir = private_dir("lane")  # mode 0700, swept after a crash
         path = os.path.join(self._dir, "s")
         self._server = await asyncio.get_running_loop().create_unix_server(lambda: _LaneConnection(self), path=path)
         self.path = path
+        self._check_open()
         return path
+
+    def _check_open(self) -> None:
+        """Raise once closed, after letting go of what a start made meanwhile: a lane asked for as its worker
+        (or the scheduler) closed made its directory after the close had removed it, and it was left behind."""
+        if self._closed:
+            self.close()
+            raise OSError("the lane is closed (its worker or scheduler is closing)")
 
     def close(self) -> None:
         """Stop listening, drop every open connection, remove the socket and its directory.
@@ -583,6 +595,7 @@ class LaneServer:
         A handle's next request on a dropped connection fails at once and
         goes over the comm, which reports a closing worker as lost.
         """
+        self._closed = True
         for server in (self._server, self._tcp_server):
             if server is not None:
                 server.close()
