@@ -347,6 +347,37 @@ def test_a_writers_episode_stored_before_the_interrupt_is_not_buffered_again(mon
     t.close()
 
 
+def test_an_interrupt_just_after_a_calls_change_still_reaches_the_caller_with_its_answer(monkeypatch):
+    """A SIGINT that came once a Queue sample had taken its item, while the call built its batch (or as a
+    writer cleared the steps its insert had stored), found no section: a plain KeyboardInterrupt, the item
+    lost (or the steps kept, for a retry to store twice).  The whole call is the section: the interrupt comes
+    as a HeldInterrupt with the batch, and the writer's steps leave with their insert."""
+    from gear_flow.sample import SampleBuffers
+    from gear_flow.writers.buffer import StepBuffer
+
+    q = gf.LocalTable.queue(make_spec(capacity=64, num_shards=1), 8)
+    q.insert([episode(i, 1) for i in range(2)])
+    sent = _signalled_as_it_runs(monkeypatch, SampleBuffers, "batch")  # the item taken, the batch being built
+    with pytest.raises(HeldInterrupt) as held:
+        q.sample(1)
+    monkeypatch.undo()
+    assert sent == ["batch"] and held.value.result.data["ep"].numpy().ravel().tolist() == [0]
+    assert q.sample(1, timeout=5).data["ep"].numpy().ravel().tolist() == [1]
+    q.close()
+
+    t = gf.LocalTable(make_spec(capacity=64, num_shards=1))
+    w, steps = t.writer(), episode(5, 3)
+    for i in range(3):
+        w.append({k: v[i] for k, v in steps.items()})
+    sent = _signalled_as_it_runs(monkeypatch, StepBuffer, "clear")  # stored, the steps leaving the buffer
+    with pytest.raises(HeldInterrupt):
+        w.end_episode()
+    monkeypatch.undo()
+    assert sent == ["clear"] and w.pending == 0 and t.size == 3
+    assert w.end_episode() is None and t.size == 3
+    t.close()
+
+
 def _interrupt_once(pred, timeout: float = 60.0) -> threading.Thread:
     """A thread that sends SIGINT to the main thread once ``pred()`` holds (the call is seen waiting)."""
     main = threading.main_thread().ident

@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .. import config
-from ..errors import CapacityError, EmptyTableError, HeldInterrupt, SpecError
+from ..errors import CapacityError, EmptyTableError, SpecError
 from ..interrupts import holds_interrupts
 from ..keys import decode, shard_parts, shards_present
 from ..rate_limiters import RateLimiter
@@ -223,6 +223,10 @@ class LocalTable(DatasetMethods):
     >>> tuple(batch["obs"].shape), tuple(batch.mask.shape)
     ((4, 5, 3), (4, 5))
     """
+
+    #: its calls hold an interrupt that finds them changing the table to their end (a writer's own step after an
+    #: insert holds it with them; a distributed table's blocking call must stay interruptible while it waits)
+    _holds_interrupts = True
 
     def __init__(
         self,
@@ -618,6 +622,7 @@ class LocalTable(DatasetMethods):
         return self.size + self._admission.in_flight
 
     # -- writing --------------------------------------------------------------------------
+    @holds_interrupts
     def insert(
         self,
         episodes: Mapping | Sequence[Mapping],
@@ -676,6 +681,7 @@ class LocalTable(DatasetMethods):
         checked, lengths = check_episodes(self.spec, as_episode_list(episodes))
         return self._insert(lengths, partial(pick, checked), priorities, timeout, shard)
 
+    @holds_interrupts
     def insert_batch(
         self,
         columns: Mapping[str, ArrayLike],
@@ -730,7 +736,6 @@ class LocalTable(DatasetMethods):
 
         return self._insert(lengths, chunks, priorities, timeout, shard)
 
-    @holds_interrupts
     def _insert(self, lengths: np.ndarray, chunks, priorities, timeout, shard) -> InsertResult:
         """Admit, route and store validated episodes of ``lengths``; ``chunks(sel)`` gives the row
         chunks of episodes ``sel`` (in order) for one shard."""
@@ -869,6 +874,7 @@ class LocalTable(DatasetMethods):
             self.rate_limiter.forget(removed)  # unsampled: a queue's no longer wait
 
     # -- sampling -----------------------------------------------------------------------------
+    @holds_interrupts
     def sample(
         self,
         batch_size: int,
@@ -939,16 +945,8 @@ class LocalTable(DatasetMethods):
         start, what, after = time.monotonic(), None, None
         while True:
             left = timeout if after is None or timeout is None else max(0.0, start + timeout - time.monotonic())
-            try:
-                size, short = self._sample_admitted(out, batch_size, length, boundary, columns, rng, left, timeout,
-                                                    what, after)  # fmt: skip
-            except HeldInterrupt as e:  # held while the batch was taken: the batch is its answer (a Queue's items)
-                size, short = e.result
-                if short is not None:  # nothing taken: as interrupted before it began
-                    raise KeyboardInterrupt from None
-                self._admission.wake()
-                e.result = out.batch(size)
-                raise
+            size, short = self._sample_admitted(out, batch_size, length, boundary, columns, rng, left, timeout,
+                                                what, after)  # fmt: skip
             if short is None:
                 break
             # nothing taken and the admission given back: it waits for the next insert, as Reverb's sample waits
@@ -984,7 +982,6 @@ class LocalTable(DatasetMethods):
             self._checked[key] = (columns, weakref.ref(out))
         return columns, out
 
-    @holds_interrupts
     def _sample_admitted(self, out, B, L, boundary, columns, rng, timeout, whole, what, after) -> tuple:
         """Admit and gather one batch: ``(size, None)``; or, when its items left cannot fill it
         (``max_times_sampled``), nothing taken and the admission given back, ``(None, (rows they could
