@@ -196,8 +196,9 @@ _SIGINT = int(signal.SIGINT)
 
 
 def holds_interrupts(fn: Callable[..., T]) -> Callable[..., T]:
-    """Make ``fn`` a section: a SIGINT that finds the main thread inside it (and not in a wait it lets
-    interrupts into) raises its KeyboardInterrupt once the outermost section ends, its work done.
+    """Make ``fn`` a section: a SIGINT that finds the main thread inside it is held, and raised once the
+    outermost section ends (a :class:`~gear_flow.errors.HeldInterrupt` carrying ``fn``'s answer: its work
+    done), or at the next turn of a wait inside it (:func:`deliver_held`: a plain KeyboardInterrupt).
 
     Parameters
     ----------
