@@ -18,7 +18,6 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .errors import InvalidDataError, SpecError, TableClosedError
-from .interrupts import holds_interrupts
 from .table.results import InsertResult
 from .writers.buffer import BufferedWriter, StepBuffer, check_step
 
@@ -174,10 +173,7 @@ class EpisodeWriter(BufferedWriter):
                 priorities = np.array([default if p is None else p for p in self._prio])
             else:
                 priorities = max(p for p in self._prio if p is not None)
-        # a local table's insert holds an interrupt to its end (a HeldInterrupt: stored): the steps leave the buffer
-        # in the same section, or one landing between the two kept them for a retry to store again
-        store = self._store_held if getattr(self.table, "_holds_interrupts", False) else self._store
-        return store(ep, priorities, truncated)
+        return self._stored(self._store, ep, priorities, truncated)
 
     def _store(self, ep: dict, priorities: ArrayLike | float | None, truncated: bool) -> InsertResult:
         res = self.table.insert(ep, priorities, timeout=self.timeout, shard=self.shard)
@@ -185,8 +181,6 @@ class EpisodeWriter(BufferedWriter):
         self._rows.clear()
         self._prio = None
         return res
-
-    _store_held = holds_interrupts(_store)
 
     def discard(self) -> int:
         """Drop the buffered steps of the current episode.

@@ -378,6 +378,37 @@ def test_an_interrupt_just_after_a_calls_change_still_reaches_the_caller_with_it
     t.close()
 
 
+@pytest.mark.parametrize("kind", ["episode", "trajectory", "vector"])
+def test_every_writers_rows_leave_it_with_the_insert_that_stored_them(monkeypatch, kind):
+    """A writer's insert that held a SIGINT to its end raised a HeldInterrupt before the writer let go of the
+    rows it stored (a TrajectoryWriter's chunk, a VectorWriter's ended episodes): the next flush or
+    end_episode stored them again.  Each writer's insert and its letting go are one section."""
+    from gear_flow.shard import Shard
+
+    t = gf.LocalTable(make_spec(capacity=64, num_shards=1))
+    steps = episode(5, 2)
+    one = [{k: v[i] for k, v in steps.items()} for i in range(2)]
+    if kind == "vector":
+        w = gf.VectorWriter(t, 2)
+        w.append({k: np.stack([v, v]) for k, v in one[0].items()})
+        last = lambda: w.append({k: np.stack([v, v]) for k, v in one[1].items()}, done=[True, True])  # noqa: E731
+        again = w.flush
+    else:
+        w = t.writer() if kind == "episode" else gf.TrajectoryWriter(t, chunk_length=8, overlap=1)
+        w.append(one[0])
+        w.append(one[1])
+        last = again = w.end_episode
+    sent = _signalled_as_it_runs(monkeypatch, Shard, "insert")  # in the table's insert, once admitted
+    with pytest.raises(HeldInterrupt):
+        last()
+    monkeypatch.undo()
+    stored = t.size
+    assert sent == ["insert"] and stored == (4 if kind == "vector" else 2)
+    again()  # (a retry, or the next chunk's flush)
+    assert t.size == stored and t.info()["totals"]["inserted"] == stored  # stored once
+    t.close()
+
+
 def _interrupt_once(pred, timeout: float = 60.0) -> threading.Thread:
     """A thread that sends SIGINT to the main thread once ``pred()`` holds (the call is seen waiting)."""
     main = threading.main_thread().ident

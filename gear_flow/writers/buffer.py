@@ -9,13 +9,17 @@ column (doubling, so appending is amortised O(1)).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 
 from ..errors import InvalidDataError
+from ..interrupts import holds_interrupts
 from ..spec import TableSpec
 from ..table.validate import as_array, storable
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -175,6 +179,19 @@ class BufferedWriter:
 
     def _flush(self) -> None:  # pragma: no cover - abstract by intent
         raise NotImplementedError
+
+    def _stored(self, store: Callable[..., T], *args: Any) -> T:
+        """``store(*args)``: an insert and the buffer's letting go of what it stored, as one section when the
+        table's calls hold interrupts (``LocalTable``): an interrupt held by the insert then comes once the
+        buffer let go, where one landing between the two left the rows for a retry to store twice.  A
+        distributed table's blocking insert stays interruptible while it waits (no section)."""
+        if getattr(self.table, "_holds_interrupts", False):
+            return self._stored_held(store, *args)
+        return store(*args)
+
+    @holds_interrupts
+    def _stored_held(self, store: Callable[..., T], *args: Any) -> T:
+        return store(*args)
 
     def discard(self) -> int:  # pragma: no cover - abstract by intent
         """Drop what is pending without inserting it.

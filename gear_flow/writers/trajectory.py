@@ -229,7 +229,10 @@ class TrajectoryWriter(BufferedWriter):
         """
         if self.pending <= 0:
             return
-        n = self._rows.n
+        self._stored(self._chunk, self._rows.n)
+
+    def _chunk(self, n: int) -> None:
+        """The ``n`` buffered rows inserted as one chunk, its last ``overlap`` rows kept for the next."""
         self._insert(n)
         keep = min(self.overlap, n)
         self._rows.keep_last(keep)
@@ -256,6 +259,10 @@ class TrajectoryWriter(BufferedWriter):
         -------
         None
         """
+        self._stored(self._last_chunk)
+
+    def _last_chunk(self) -> None:
+        """What is left of the episode inserted, and the buffer emptied for the next."""
         # an item created on the rows kept since the last chunk goes in with them: they are its chunk
         if self.pending > 0 or (self.items == "created" and any(p > 0 for p in self._prio)):
             self._insert(self._rows.n)

@@ -201,14 +201,16 @@ class VectorWriter(BufferedWriter):
         limiter or a shard's ring refuses their sum; each kept once it went in)."""
         prio = self._priorities(envs)
         try:
-            return self._insert(envs, prio)
+            return self._stored(self._insert, envs, prio)
         except (SpecError, CapacityError):  # (the episodes, shard and timeout are checked: only their sum is
             if len(envs) == 1:  # left, too many for the limiter or for a shard's ring, each of them not)
                 raise
         return _joined(
             [  # (the priorities as the joint insert gives them)
-                self._insert(
-                    [e], None if prio is None else prio[i : i + 1] if isinstance(prio, np.ndarray) else [prio[i]]
+                self._stored(
+                    self._insert,
+                    [e],
+                    None if prio is None else prio[i : i + 1] if isinstance(prio, np.ndarray) else [prio[i]],
                 )
                 for i, e in enumerate(envs)
             ]
