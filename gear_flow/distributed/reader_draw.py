@@ -72,18 +72,18 @@ class DrawnCounts:
         #: reached the owners, so that ``flush()`` and ``info()`` see every draw counted
         self.flushing = asyncio.Lock()  # bound to the loop that first waits on it
 
-    def add(self, shard: int, n: int) -> None:
-        """Count ``n`` samples drawn from ``shard``.
+    def add(self, counts: dict[int, int]) -> None:
+        """Count samples drawn, per shard: a sample's once it stands, or those whose report failed (kept for the
+        next one).
 
         Parameters
         ----------
-        shard : int
-            The shard.
-        n : int
-            Samples.
+        counts : dict of int to int
+            ``{shard: samples}``.
         """
         with self._lock:
-            self._n[shard] += int(n)
+            for s, n in counts.items():
+                self._n[s] += int(n)
 
     def take(self) -> dict[int, int]:
         """Everything counted so far, forgotten here.
@@ -96,18 +96,6 @@ class DrawnCounts:
         with self._lock:
             got, self._n = dict(self._n), defaultdict(int)
             return got
-
-    def put_back(self, counts: dict[int, int]) -> None:
-        """Counts whose report failed: kept for the next one.
-
-        Parameters
-        ----------
-        counts : dict of int to int
-            ``{shard: samples}``.
-        """
-        with self._lock:
-            for s, n in counts.items():
-                self._n[s] += n
 
     def __len__(self) -> int:
         return len(self._n)
@@ -177,7 +165,7 @@ async def report(table: DistributedTable) -> None:
     )
     for a, c in by.items():
         if a not in res:
-            table._drawn.put_back(c)
+            table._drawn.add(c)
     errors = [e for e in errors if not isinstance(e, Retry)]
     if errors:
         raise errors[0]

@@ -1364,8 +1364,7 @@ class RemoteSample:
         """The sample is whole and goes to its caller: the rows readers drew for it are counted for their
         owners (the handle reports them soon, :func:`~gear_flow.distributed.reader_draw.flush_soon`)."""
         if self.drawn_by_readers:
-            for s, n in self.drawn_by_readers.items():
-                self.t._drawn.add(s, n)
+            self.t._drawn.add(self.drawn_by_readers)
             self.drawn_by_readers.clear()
             reader_draw.flush_soon(self.t)
 
