@@ -1417,7 +1417,8 @@ class Shard:
             Columns to gather.
         """
         with self.lock:
-            counted = self.sample_counts(slots)  # this sample included (before it is recorded)
+            # this sample included (before it is recorded); none without max_times_sampled
+            counted = None if self.times_sampled is None else self.sample_counts(slots)
             if not self.step_items:
                 prio = self.priority[slots]  # as drawn (an expiring take may clear it)
                 win = self.take(slots, length, boundary, rng, out.bytes, offset, columns, record=False)
@@ -1484,6 +1485,9 @@ class Shard:
         return out
 
     def _record(self, slots: np.ndarray) -> None:
+        if self.times_sampled is None and self.store is None:  # a count only (no expiry, nothing to commit)
+            self.counters.sampled += len(slots)
+            return
         with self._counting():
             self.counters.sampled += len(slots)
             if self.times_sampled is not None:

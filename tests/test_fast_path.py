@@ -5,7 +5,7 @@ A sample's fused take (placement, gather and rows in one compiled call) against 
 fused gather and on the disk tier; the sample arguments checked once still refuse what is
 wrong; the batched episode check against the per-episode one; one tree repair for an
 insert's evicted and inserted leaves against a repair per call; the weighted plan's draw
-taken straight against the plan's generator.
+taken straight against the plan's generator, and a one-shard table's sample drawn straight against the plan's.
 """
 
 from __future__ import annotations
@@ -757,3 +757,58 @@ def test_a_listed_valid_mass_is_kept_until_a_slot_changes():
     tm.get(2)
     assert tm.valid_listed(2, listed(8e-6)) == 8e-6
     assert calls == [4e-6, 5e-6, 6e-6, 7e-6, 0.5, 8e-6]
+
+
+def _through_the_plan(shards, B, L, boundary, columns, rng, beta, out):
+    """A weighted sample run through the planner and the executor, as before a one-shard table drew straight."""
+    from gear_flow.table import executor, two_level
+
+    ex = executor.InProcess(shards, rng, out, L, boundary, columns)
+    planner.run(planner.sample("weighted", B, rng), ex)
+    two_level.importance_weights(out.probabilities, beta, out.weights)
+    return ex.expired
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized", "zero"])
+@pytest.mark.parametrize("boundary", ["pad_tail", "strict"])
+@pytest.mark.parametrize("L", [1, 3])
+@pytest.mark.parametrize("limit", [0, 2])
+def test_a_one_shard_sample_drawn_straight_is_the_plans(sampler, boundary, L, limit):
+    """A one-shard table's weighted sample skips the plan and its executor (the planner's one-shard draw: every
+    row the shard's, all of its mass); batch after batch it is the plan's sample, row for row, with the same
+    expiries (``max_times_sampled``), the same generator draws and the same shard left behind; every priority 0
+    (no mass) goes the plan's way."""
+    from gear_flow.table import executor
+
+    tables = []
+    for _ in range(2):
+        sel = Uniform() if sampler == "uniform" else Prioritized(0.7, 0.5)
+        t = LocalTable(_spec(), sampler=sel, max_times_sampled=limit, seed=3)
+        eps = _episodes(12, 5)
+        t.insert(eps, priorities=None if sampler == "uniform" else np.full(sum(len(e["done"]) for e in eps), 0.0)
+                 if sampler == "zero" else np.random.default_rng(1).random(sum(len(e["done"]) for e in eps)) + 0.1)  # fmt: skip
+        tables.append(t)
+    a, b = tables
+    ra, rb = np.random.default_rng(8), np.random.default_rng(8)
+    columns = a.spec.names
+    beta = a.cfg.beta
+    for _ in range(5):
+        oa, ob = (SampleBuffers(t.spec, columns, 16, L) for t in tables)
+        got = executor.sample_shards(a._by_id, "weighted", oa, 16, L, boundary, columns, ra, beta, "a")
+        want = _through_the_plan(b._by_id, 16, L, boundary, columns, rb, beta, ob)
+        assert got == want
+        for name in (*ROWS, "weights"):
+            np.testing.assert_array_equal(getattr(oa, name), getattr(ob, name), err_msg=name)
+        for name in columns:
+            np.testing.assert_array_equal(oa.arrays[name], ob.arrays[name], err_msg=name)
+        sa, sb = a.shards[0], b.shards[0]
+        assert (sa.size, sa.counters.sampled, sa.counters.expired) == (
+            sb.size,
+            sb.counters.sampled,
+            sb.counters.expired,
+        )
+        if limit:
+            np.testing.assert_array_equal(sa.times_sampled, sb.times_sampled)
+    assert ra.random() == rb.random()
+    if limit:
+        assert a.shards[0].counters.expired > 0  # the batches expired items: the counts compared above moved

@@ -9,17 +9,20 @@ from .base import WeightedSelector
 
 
 @njit(nogil=True, cache=True)
-def _ring_leaves(uniforms, mass, n, first, capacity):
+def _ring_leaves(uniforms, mass, n, first, capacity, prob):
     """The leaf a sum tree's descent finds for each ``u * mass`` when its live leaves, of weight 1, are the
-    ``n`` ring slots from ``first`` on (:meth:`Uniform.draw`)."""
+    ``n`` ring slots from ``first`` on (:meth:`Uniform.draw`), and ``prob`` for each (a draw's probability,
+    :meth:`Uniform.draw_probs`: made here, where a separate ``np.full`` cost a call more than the draw)."""
     wrap = first + n - capacity  # live slots in slot order: [0, wrap) then [first, capacity)
     out = np.empty(uniforms.shape[0], np.int64)
+    probs = np.empty(uniforms.shape[0], np.float64)
     for i in range(uniforms.shape[0]):
         # the descent goes right at equality, so u * mass in [k, k + 1) is the k-th leaf; a product rounded up
         # to the mass itself ends in the last positive leaf
         k = min(np.int64(uniforms[i] * mass), n - 1)
         out[i] = k + first if wrap <= 0 else (k if k < wrap else k + first - wrap)
-    return out
+        probs[i] = prob
+    return out, probs
 
 
 class Uniform(WeightedSelector):
@@ -66,12 +69,16 @@ class Uniform(WeightedSelector):
         numpy.ndarray
             int64 ``[n]`` slots, what :meth:`WeightedSelector.draw` returns.
         """
+        return self._draw(uniforms, 1.0)[0]
+
+    def _draw(self, uniforms: np.ndarray, prob: float) -> tuple[np.ndarray, np.ndarray | None]:
+        """:meth:`draw`'s slots, and ``prob`` for each when the ring's arithmetic drew them (else None)."""
         lo, hi = self.shard.live_seq_range()
         n = hi - lo
         mass = self.mass
         if n <= 0 or mass != n:
-            return super().draw(uniforms)
-        return _ring_leaves(np.asarray(uniforms, dtype=np.float64), mass, n, lo % self.capacity, self.capacity)
+            return super().draw(uniforms), None
+        return _ring_leaves(np.asarray(uniforms, dtype=np.float64), mass, n, lo % self.capacity, self.capacity, prob)
 
     def draw_probs(self, uniforms: np.ndarray, denom: float) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`draw`, and each drawn slot's probability ``1 / denom`` (a live item weighs 1).
@@ -92,8 +99,8 @@ class Uniform(WeightedSelector):
         """
         if type(self).drawn_weights is not Uniform.drawn_weights:  # a subclass that weighs its draws itself
             return super().draw_probs(uniforms, denom)
-        slots = self.draw(uniforms)
-        return slots, np.full(len(slots), 1.0 / denom)
+        slots, probs = self._draw(uniforms, 1.0 / denom)
+        return slots, np.full(len(slots), 1.0 / denom) if probs is None else probs
 
     def drawn_weights(self, slots: np.ndarray) -> np.ndarray:
         """Ones: a live item weighs 1 and a draw returns live items only (no read of the tree's leaves, a

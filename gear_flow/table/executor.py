@@ -211,11 +211,48 @@ class InProcess:
             off += n
 
     def _gather(self, i: int, slots: np.ndarray, p: np.ndarray, off: int, scale: float = 1.0) -> None:
-        s = self.shards[i]
-        before = s.counters.expired
-        s.take_rows(slots, p, scale, self.L, self.boundary, self.rng, self.out, off, self.columns)
-        if s.counters.expired != before:
-            self.expired[i] = self.expired.get(i, 0) + s.counters.expired - before
+        n = take_into(self.shards[i], slots, p, scale, self.L, self.boundary, self.rng, self.out, off, self.columns)
+        if n:
+            self.expired[i] = self.expired.get(i, 0) + n
+
+
+def take_into(
+    shard: Shard, slots: np.ndarray, probs: np.ndarray, scale: float, L: int, boundary: str,
+    rng: np.random.Generator, out: SampleBuffers, off: int, columns: tuple[str, ...],
+) -> int:  # fmt: skip
+    """:meth:`~gear_flow.shard.Shard.take_rows` of drawn ``slots`` into ``out`` from row ``off``.
+
+    Parameters
+    ----------
+    shard : Shard
+        The shard drawn from (its lock held by the caller).
+    slots : numpy.ndarray
+        int64 drawn slots.
+    probs : numpy.ndarray
+        float64 each draw's probability within the shard.
+    scale : float
+        The shard's share of the batch's mass.
+    L : int
+        Window length, in steps.
+    boundary : str
+        Boundary mode.
+    rng : numpy.random.Generator
+        Places windows within episode items.
+    out : SampleBuffers
+        The batch.
+    off : int
+        Its first row for these windows.
+    columns : tuple of str
+        Columns to gather.
+
+    Returns
+    -------
+    int
+        Items the take expired (``max_times_sampled``).
+    """
+    before = shard.counters.expired
+    shard.take_rows(slots, probs, scale, L, boundary, rng, out, off, columns)
+    return shard.counters.expired - before
 
 
 def sample_shards(
@@ -270,6 +307,14 @@ def sample_shards(
     EmptyTableError
         Nothing can be sampled (empty, or no window fits).
     """
+    if selection == "weighted" and len(shards) == 1:
+        ((i, s),) = shards.items()
+        mass = s.valid_mass(L, boundary)
+        if mass > 0:  # planner.weighted_draw's one shard: every row its own, all the mass (no Draw, no executor)
+            slots, q = s.draw(B, L, boundary, rng, mass)
+            n = take_into(s, slots, q, 1.0, L, boundary, rng, out, 0, columns)
+            two_level.importance_weights(out.probabilities, beta, out.weights)
+            return {i: n} if n else {}
     ex = InProcess(shards, rng, out, L, boundary, columns, horizon)
     try:
         draw = None
