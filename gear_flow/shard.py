@@ -134,18 +134,21 @@ def _count_sampled(times_sampled, slots):
 
 
 @njit(nogil=True, cache=True)
-def _apply_updates(seqs, priorities, stamps, stamp0, clock, lo, hi, capacity, active, touched, priority):
+def _apply_updates(seqs, priorities, stamps, stamp0, clock, lo, hi, capacity, active, touched, priority, dense):
     """The live items among ``seqs`` (at least ``lo``, active) get ``priorities`` and their stamps
     (``stamps``; when it is empty ``stamp0 + i`` for the ``i``-th seq, or with ``stamp0`` < 0 the shard's
     clock on from ``clock``, one a live item), in order (a repeat: the last wins).  Returns the live ones'
     slots and priorities, the clock after them and their largest priority (-1.0: none); or, with nothing
-    written, a clock of -1 when a seq is not below ``hi`` (never issued: the caller names it)."""
+    written, a clock of -1 when a seq is not below ``hi`` (never issued: the caller names it).  ``dense``:
+    every seq of ``[lo, hi)`` is live (the shard holds ``hi - lo`` items), so ``active`` is not read (a
+    cache miss an item in a large shard)."""
     n = seqs.shape[0]
     for i in range(n):  # every item's state on its way before the pass that waits for it (a window at a time)
         if seqs[i] >= hi:
             return seqs[:0], priorities[:0], -1, -1.0
         slot = seqs[i] % capacity
-        prefetch(active, slot)
+        if not dense:
+            prefetch(active, slot)
         prefetch_write(touched, slot)
         prefetch_write(priority, slot)
     slots = np.empty(n, np.int64)
@@ -154,7 +157,7 @@ def _apply_updates(seqs, priorities, stamps, stamp0, clock, lo, hi, capacity, ac
     for i in range(n):
         s = seqs[i]
         slot = s % capacity
-        if s >= lo and s >= 0 and active[slot] == 1:
+        if s >= lo and s >= 0 and (dense or active[slot] == 1):
             if stamps.shape[0]:
                 st = stamps[i]
             else:
@@ -743,7 +746,7 @@ class Shard:
             # and priorities written (the loads of their state overlap); the selectors then take the live ones
             slots, pr, clock, top = _apply_updates(
                 np.asarray(seqs, dtype=np.int64), np.asarray(priorities, dtype=np.float64), st, st0, self._clock,
-                lo, hi, self.capacity, self.active, self.touched, self.priority,
+                lo, hi, self.capacity, self.active, self.touched, self.priority, self.size == hi - lo,
             )  # fmt: skip
             if clock < 0:
                 self.check_issued(seqs)  # (raises, naming the first such key)

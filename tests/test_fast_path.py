@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from gear_flow import ColumnSpec, LocalTable, Prioritized, SampleBuffers, TableSpec, Uniform
-from gear_flow.errors import InvalidDataError, SpecError
+from gear_flow.errors import InvalidDataError, RateLimitTimeout, SpecError
 from gear_flow.ops import gather, sumtree
 from gear_flow.sample import NO_COUNTS
 from gear_flow.table import planner
@@ -812,3 +812,44 @@ def test_a_one_shard_sample_drawn_straight_is_the_plans(sampler, boundary, L, li
     assert ra.random() == rb.random()
     if limit:
         assert a.shards[0].counters.expired > 0  # the batches expired items: the counts compared above moved
+
+
+@pytest.mark.parametrize("unit", ["step", "episode"])
+def test_an_update_of_a_shard_without_holes_applies_what_reading_each_items_flag_applies(unit):
+    """A shard holding ``hi - lo`` items has every seq of its live range live, so its update reads no item's
+    ``active`` flag: through inserts that wrap the ring, deletes, expiries (``max_times_sampled``) and evictions
+    (``max_size``), whenever a shard is dense every item of its range is active, and an update of live, stale
+    and repeated seqs writes and returns what the pass reading each flag does (both states are reached)."""
+    from gear_flow.shard import _NO_STAMPS, _apply_updates
+
+    seen = {True: 0, False: 0}
+    for seed in range(6):
+        rng = np.random.default_rng(seed)
+        spec = TableSpec(_spec(capacity=150).columns, capacity=150, item_unit=unit, max_size=140 if seed % 2 else None)
+        t = LocalTable(spec, sampler=Prioritized(0.6, 0.4), max_times_sampled=3 if seed % 3 == 0 else 0, seed=seed)
+        for step in range(40):
+            what = rng.integers(0, 4)
+            try:
+                keys = t.sample(8, timeout=0).keys.numpy() if what >= 2 else None
+            except RateLimitTimeout:  # (every item left expired: the next insert)
+                keys, what = None, 0
+            if what <= 1:
+                t.insert(_episodes(int(rng.integers(1, 4)), seed * 100 + step, lo=2, hi=12))
+            elif what == 2:
+                t.delete(keys[: int(rng.integers(0, 3))])
+            sh = t.shards[0]
+            lo, hi = sh.live_seq_range()
+            dense = sh.size == hi - lo
+            seen[dense] += 1
+            if dense:
+                assert np.all(sh.active[np.arange(lo, hi) % sh.capacity] == 1)
+            seqs = rng.integers(max(0, lo - 30), hi, 40)
+            pr = rng.random(40)
+            got, want = [], []
+            for d, into in ((dense, got), (False, want)):
+                touched, priority = sh.touched.copy(), sh.priority.copy()
+                res = _apply_updates(seqs, pr, _NO_STAMPS, 5, sh._clock, lo, hi, sh.capacity, sh.active, touched,
+                                     priority, d)  # fmt: skip
+                into.extend([*(np.asarray(x).tolist() for x in res), touched.tolist(), priority.tolist()])
+            assert got == want
+    assert seen[True] and seen[False]

@@ -541,6 +541,8 @@ def to_host(x: Any) -> Any:
         A NumPy array for a tensor or CuPy array, else ``x`` itself.
     """
     if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor, on any device
+        if getattr(x, "is_cpu", False) and not x.requires_grad:  # its own memory (a batch's keys): no detached copy
+            return x.numpy()
         return x.detach().cpu().numpy()
     if is_device_array(x) and hasattr(x, "get"):  # CuPy
         return x.get()
