@@ -5,7 +5,9 @@ A sample's fused take (placement, gather and rows in one compiled call) against 
 fused gather and on the disk tier; the sample arguments checked once still refuse what is
 wrong; the batched episode check against the per-episode one; one tree repair for an
 insert's evicted and inserted leaves against a repair per call; the weighted plan's draw
-taken straight against the plan's generator, and a one-shard table's sample drawn straight against the plan's.
+taken straight against the plan's generator; a one-shard table's sample drawn straight
+against the plan's; an update that reads no item's flag in a shard without holes against
+one that reads each.
 """
 
 from __future__ import annotations
@@ -780,13 +782,14 @@ def test_a_one_shard_sample_drawn_straight_is_the_plans(sampler, boundary, L, li
     (no mass) goes the plan's way."""
     from gear_flow.table import executor
 
+    eps = _episodes(12, 5)
+    n = sum(len(e["done"]) for e in eps)
+    priorities = {"uniform": None, "zero": np.zeros(n), "prioritized": np.random.default_rng(1).random(n) + 0.1}
     tables = []
     for _ in range(2):
         sel = Uniform() if sampler == "uniform" else Prioritized(0.7, 0.5)
         t = LocalTable(_spec(), sampler=sel, max_times_sampled=limit, seed=3)
-        eps = _episodes(12, 5)
-        t.insert(eps, priorities=None if sampler == "uniform" else np.full(sum(len(e["done"]) for e in eps), 0.0)
-                 if sampler == "zero" else np.random.default_rng(1).random(sum(len(e["done"]) for e in eps)) + 0.1)  # fmt: skip
+        t.insert(eps, priorities=priorities[sampler])
         tables.append(t)
     a, b = tables
     ra, rb = np.random.default_rng(8), np.random.default_rng(8)
