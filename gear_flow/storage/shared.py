@@ -101,6 +101,10 @@ class SharedTier(HostTier):
     def __init__(self):
         self.segments = {}  # id(array) -> SharedMemory
         self.names = {}  # id(array) -> segment name
+        # a table dropped or left open at exit without close(): its segments unlinked then, where the resource
+        # tracker unlinked them only at exit, warning of "leaked shared_memory objects" to a user who did nothing
+        # wrong (a script's table that ends with the script)
+        weakref.finalize(self, _unlink_left, self.segments, os.getpid())
 
     def empty(self, shape: tuple[int, ...], dtype: DTypeLike) -> np.ndarray:
         """A new array in its own shared-memory segment, owned by this tier (see :meth:`release`).
@@ -166,12 +170,24 @@ class SharedTier(HostTier):
 
     def release(self) -> None:
         """Unlink every segment (mappings stay valid until their arrays are gone: :meth:`empty`)."""
-        for seg in self.segments.values():
-            try:
-                seg.unlink()
-            except FileNotFoundError:
-                pass
-        self.segments.clear()
+        _unlink_all(self.segments)
+
+
+def _unlink_left(segments: dict, owner: int) -> None:
+    """A dropped tier's segments unlinked, in the process that made them (``owner``): a child forked from it
+    that exits normally runs the finalizers it inherited, and the segments are its parent's."""
+    if os.getpid() == owner:
+        _unlink_all(segments)
+
+
+def _unlink_all(segments: dict) -> None:
+    """Unlink ``segments`` (id -> SharedMemory) and forget them."""
+    for seg in segments.values():
+        try:
+            seg.unlink()
+        except FileNotFoundError:
+            pass
+    segments.clear()
 
 
 register_tier("shared", SharedTier)
