@@ -367,3 +367,6 @@ def test_page_from_a_scheduler_preload():
         assert client.run_on_scheduler(lambda dask_scheduler=None: dask_scheduler.plugins[DASHBOARD].served)
         page = urllib.request.urlopen(client.dashboard_link.replace("/status", "/gear-flow"))
         assert page.status == 200 and b"bokeh" in page.read().lower()
+        # Dask's own pages link to it in their navigation bar
+        status = urllib.request.urlopen(client.dashboard_link).read().decode()
+        assert 'href="gear-flow"' in status, [ln for ln in status.splitlines() if "href" in ln][:20]

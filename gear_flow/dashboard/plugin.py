@@ -293,8 +293,12 @@ def add_page(scheduler: Scheduler, plugin: GearFlowDashboard) -> bool:
     from .page import gear_flow_doc
 
     prefix = getattr(dashboard, "_prefix", "") or ""  # the dashboard's own (Scheduler(http_prefix=...))
+    # the page named in Dask's own navigation (the scheduler's one set of template variables, which every Dask
+    # page renders its bar from): linked from the status page a user opens, not only from its own bar
     extra = template_variables(scheduler)
-    extra = {**extra, "pages": [*extra.get("pages", []), ROUTE.strip("/")]}
+    pages = extra.setdefault("pages", [])
+    if ROUTE.strip("/") not in pages:
+        pages.append(ROUTE.strip("/"))
     app = BokehApplication({ROUTE: partial(gear_flow_doc, plugin)}, scheduler, prefix=prefix, template_variables=extra)
     scheduler.http_application.add_application(app)
     app.initialize(IOLoop.current())
