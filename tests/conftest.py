@@ -1,6 +1,16 @@
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
+
+#: where the suite's forked workers mark their start and their normal end (``forkserver_preload``): one directory
+#: for the run, set before xdist starts its workers (they inherit it) and before the fork server starts
+MARKS_VAR = "GEAR_FLOW_TEST_MARKS"
+_MADE_MARKS = MARKS_VAR not in os.environ  # (this process made the directory: it removes it at the session's end)
+if _MADE_MARKS:
+    os.environ[MARKS_VAR] = tempfile.mkdtemp(prefix="gf-test-marks-")
 
 
 def _gpu_usable() -> bool:
@@ -164,10 +174,36 @@ def requests_seen(dist_client):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """No shared-memory segment may outlive its owner: a leak fails the run."""
-    from gear_flow.storage.shared import leftover_segments
+    """No shared-memory segment may outlive its owner: a leak fails the run.
+
+    Except a killed worker's: killed, a worker leaves its segments and its lane's directory, as after a crash,
+    and the next worker on the machine sweeps them (``gear_flow.storage.shared.sweep``).  A test that kills
+    one sweeps after it, but a worker can also be killed where no test meant it to: a nanny closing its
+    cluster kills a worker that does not close within its timeout (a loaded two-core machine), and nothing
+    starts a worker after the last cluster.  So the leftovers of the suite's workers that never ended
+    normally (``forkserver_preload`` marks each one's start and its normal end) are swept here, as the
+    next worker would; those of a worker that ended normally, or of any other process, fail the run."""
+    from gear_flow.storage.shared import leftover_segments, sweep
 
     left = leftover_segments()
     if left:
+        sweep(_killed_workers())
+        left = leftover_segments()
+    if left:
         print(f"\nleaked gear_flow shared-memory segments: {left}")
         session.exitstatus = 1
+    if _MADE_MARKS:
+        import shutil
+
+        shutil.rmtree(os.environ[MARKS_VAR], ignore_errors=True)
+
+
+def _killed_workers() -> list[int]:
+    """The suite's forked workers that started and never ended normally (see :func:`pytest_sessionfinish`)."""
+    marks = os.environ.get(MARKS_VAR)
+    if not marks or not os.path.isdir(marks):
+        return []
+    names = set(os.listdir(marks))
+    return [
+        int(n.split(".")[0]) for n in names if n.endswith(".started") and n.replace(".started", ".exited") not in names
+    ]
