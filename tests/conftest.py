@@ -190,7 +190,9 @@ def pytest_sessionfinish(session, exitstatus):
         sweep(_killed_workers())
         left = leftover_segments()
     if left:
-        print(f"\nleaked gear_flow shared-memory segments: {left}")
+        ended = _marked(".exited")
+        whose = {n: "a worker that ended normally" if _owner(n) in ended else "not a worker of the suite" for n in left}
+        print(f"\nleaked gear_flow shared-memory segments: {whose}")
         session.exitstatus = 1
     if _MADE_MARKS:
         import shutil
@@ -200,10 +202,17 @@ def pytest_sessionfinish(session, exitstatus):
 
 def _killed_workers() -> list[int]:
     """The suite's forked workers that started and never ended normally (see :func:`pytest_sessionfinish`)."""
+    return sorted(_marked(".started") - _marked(".exited"))
+
+
+def _marked(suffix: str) -> set[int]:
+    """The pids with a mark ending in ``suffix`` (``.started``, ``.exited``)."""
     marks = os.environ.get(MARKS_VAR)
     if not marks or not os.path.isdir(marks):
-        return []
-    names = set(os.listdir(marks))
-    return [
-        int(n.split(".")[0]) for n in names if n.endswith(".started") and n.replace(".started", ".exited") not in names
-    ]
+        return set()
+    return {int(n[: -len(suffix)]) for n in os.listdir(marks) if n.endswith(suffix)}
+
+
+def _owner(name: str) -> int:
+    """The pid in a segment's name ``gf_<pid>_<token>``."""
+    return int(name.split("_")[1])
