@@ -18,9 +18,8 @@ header are plain int64 accesses, ordered on x86-64's memory model.)
 Segments are named ``gf_<owner pid>_<token>`` and unlinked when the table is
 closed or dropped, when the owner exits, or when the worker closes; if the
 owner is killed, Python's resource tracker (registered at creation) unlinks
-them.  Readers map segments
-read-only, outside the resource tracker, so that a reader never unlinks (or
-stops tracking) an owner's segment.
+them.  Readers map segments read-only, outside the resource tracker, so that
+a reader never unlinks (or stops tracking) an owner's segment.
 """
 
 from __future__ import annotations
