@@ -1420,8 +1420,7 @@ class Shard:
             Columns to gather.
         """
         with self.lock:
-            # this sample included (before it is recorded); none without max_times_sampled
-            counted = None if self.times_sampled is None else self.sample_counts(slots)
+            counted = self.sample_counts(slots)  # this sample included (before it is recorded)
             if not self.step_items:
                 prio = self.priority[slots]  # as drawn (an expiring take may clear it)
                 win = self.take(slots, length, boundary, rng, out.bytes, offset, columns, record=False)
