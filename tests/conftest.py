@@ -183,7 +183,7 @@ def pytest_sessionfinish(session, exitstatus):
     starts a worker after the last cluster.  So the leftovers of the suite's workers that never ended
     normally (``forkserver_preload`` marks each one's start and its normal end) are swept here, as the
     next worker would; those of a worker that ended normally, or of any other process, fail the run."""
-    from gear_flow.storage.shared import leftover_segments, sweep
+    from gear_flow.storage.shared import leftover_segments, segment_owner, sweep
 
     left = leftover_segments()
     if left:
@@ -191,7 +191,10 @@ def pytest_sessionfinish(session, exitstatus):
         left = leftover_segments()
     if left:
         ended = _marked(".exited")
-        whose = {n: "a worker that ended normally" if _owner(n) in ended else "not a worker of the suite" for n in left}
+        whose = {
+            n: "a worker that ended normally" if segment_owner(n) in ended else "not a worker of the suite"
+            for n in left
+        }
         print(f"\nleaked gear_flow shared-memory segments: {whose}")
         session.exitstatus = 1
     if _MADE_MARKS:
@@ -211,8 +214,3 @@ def _marked(suffix: str) -> set[int]:
     if not marks or not os.path.isdir(marks):
         return set()
     return {int(n[: -len(suffix)]) for n in os.listdir(marks) if n.endswith(suffix)}
-
-
-def _owner(name: str) -> int:
-    """The pid in a segment's name ``gf_<pid>_<token>``."""
-    return int(name.split("_")[1])

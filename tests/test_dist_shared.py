@@ -16,7 +16,7 @@ from helpers import COLUMNS, episode
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable
 from gear_flow.shard import EpisodeBatch, Shard
-from gear_flow.storage.shared import Attached, leftover_segments
+from gear_flow.storage.shared import Attached, leftover_segments, segment_owner
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -154,7 +154,7 @@ def test_a_reader_whose_owner_is_killed(degraded):
     # (another test's processes, killed on the other test worker, may be swept a moment later: not this one's;
     # this one's worker processes may still be exiting, removing theirs, when the cluster's close returns)
     end = time.monotonic() + 20
-    while left := [n for n in leftover_segments() if int(n.split("_")[1]) in ours]:
+    while left := [n for n in leftover_segments() if segment_owner(n) in ours]:
         assert time.monotonic() < end, f"segments of this test's processes remain: {left}"
         time.sleep(0.05)
 

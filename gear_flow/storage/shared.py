@@ -218,7 +218,7 @@ class Attached:
         self.capacity = int(info["capacity"])
         self.header = self.map(info["header"], shard)
         #: the owner's pid, from the segments' names (``gf_<pid>_...``)
-        self.owner_pid = int(info["header"]["segment"][len(PREFIX) :].split("_", 1)[0])
+        self.owner_pid = int(segment_owner(info["header"]["segment"]))
         self._pidfd = None
         try:  # Linux: a descriptor of the owner process itself (its pid may be reused, the descriptor not)
             self._pidfd = os.pidfd_open(self.owner_pid)
@@ -405,6 +405,32 @@ def private_dir(mark: str) -> str:
     return tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}_{mark}", dir=parent)
 
 
+def segment_owner(name: str) -> int | None:
+    """The pid in a segment's (or private directory's) name, ``gf_<pid>_<token>``.
+
+    Parameters
+    ----------
+    name : str
+        The name, without a leading ``/``.
+
+    Returns
+    -------
+    int or None
+        The owner's pid; None for a name of another form.
+
+    Examples
+    --------
+    >>> segment_owner("gf_123_lane0a1b"), segment_owner("other")
+    (123, None)
+    """
+    if not name.startswith(PREFIX):
+        return None
+    try:
+        return int(name[len(PREFIX) :].split("_", 1)[0])
+    except ValueError:
+        return None
+
+
 def leftover_segments() -> list[str]:
     """gear_flow segments in /dev/shm whose owner process is gone.
 
@@ -420,11 +446,8 @@ def leftover_segments() -> list[str]:
     except OSError:
         return out
     for n in names:
-        if not n.startswith(PREFIX):
-            continue
-        try:
-            pid = int(n[len(PREFIX) :].split("_", 1)[0])
-        except ValueError:
+        pid = segment_owner(n)
+        if pid is None:
             continue
         try:
             os.kill(pid, 0)
