@@ -3,13 +3,15 @@
 Every error raised on purpose by gear_flow derives from :class:`GearFlowError`.
 Subclasses also derive from the closest builtin (``ValueError``, ``KeyError``,
 ``TimeoutError``) so that generic handlers keep working.  Messages name the bad
-value and what is allowed.  One interrupt is here too, not an error:
+value and what is allowed.  Two interrupts are here too, not errors:
 :class:`HeldInterrupt`, a ``KeyboardInterrupt`` raised once the call it found
-changing a table was done.
+changing a table was done, and :class:`InterruptedInFlight`, one raised at
+once while a distributed table's call goes on to its end.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 
 
@@ -207,6 +209,32 @@ class HeldInterrupt(KeyboardInterrupt):
             "interrupted while the call changed the table: raised once that was done (its answer: .result)"
         )
         self.result = result
+
+
+class InterruptedInFlight(KeyboardInterrupt):
+    """A ``KeyboardInterrupt`` (Ctrl-C, a notebook's stop) that found a distributed table's blocking insert where
+    it could no longer be taken back (its workers may hold its items): the caller gets it at once, and the
+    insert goes on to its end in the background, so that the workers and the coordinator agree.  ``outcome``
+    says how it ended.
+
+    Raised too when the event loop carries the call (no lane): the interrupt cancels it there, and it ends as
+    its steps allow, cancelled before it changed anything or gone on to its end.
+
+    Parameters
+    ----------
+    outcome : concurrent.futures.Future
+        The call's end.
+
+    Attributes
+    ----------
+    outcome : concurrent.futures.Future
+        Its result is the call's answer (an insert's :class:`~gear_flow.table.results.InsertResult`: stored);
+        it raises ``CancelledError`` for a call stopped before it changed anything, or the call's error.
+    """
+
+    def __init__(self, outcome: concurrent.futures.Future) -> None:
+        super().__init__("interrupted while the call went on on the table's workers: it ends in the background")
+        self.outcome = outcome
 
 
 class TableClosedError(GearFlowError, RuntimeError):

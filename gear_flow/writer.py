@@ -176,7 +176,7 @@ class EpisodeWriter(BufferedWriter):
         return self._stored(self._store, ep, priorities, truncated)
 
     def _store(self, ep: dict, priorities: ArrayLike | float | None, truncated: bool) -> InsertResult:
-        res = self.table.insert(ep, priorities, timeout=self.timeout, shard=self.shard)
+        res = self._table_insert(ep, priorities, timeout=self.timeout, shard=self.shard)
         self.ended.append((int(res.episode_ids[0]), self._n, truncated))
         self._rows.clear()
         self._prio = None

@@ -8,6 +8,7 @@ while another thread holds the shard lock it waits for.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import threading
@@ -614,6 +615,36 @@ def _interrupt_at(monkeypatch, where: str) -> list:
     return fired
 
 
+@contextlib.contextmanager
+def _queue(client, over_lanes: bool):
+    """A 2-shard Queue of 16 (closed after) whose blocking inserts go from the caller's thread over its workers'
+    lanes (``over_lanes``: each worker's lane learnt by an insert to its shard, then an insert in the thread;
+    items 1 to 4), or by the event loop (no lane; empty)."""
+    import dask
+
+    from gear_flow.distributed import DistributedTable
+
+    lanes = {"gear-flow.distributed.shared-memory": False, "gear-flow.distributed.tcp-lane": over_lanes}
+    with dask.config.set(lanes):
+        t = DistributedTable.queue(client, make_spec(capacity=64, num_shards=2), 16, timeout=10)
+        try:
+            if over_lanes:
+                t.insert([episode(1, 1)], shard=0)  # (the event loop's path: each learns its worker's lane)
+                t.insert([episode(2, 1)], shard=1)
+                t.insert([episode(3, 1), episode(4, 1)])
+                assert t.stats["insert_in_thread"] == 1
+            yield t
+        finally:
+            t.close()
+
+
+def _stored_items(t, n: int) -> list[int]:
+    """Every item of a Queue table ``t`` once ``n`` are stored and counted: its ``ep``, in order (the next
+    sample waits for an item the workers or the coordinator miss)."""
+    wait_for(lambda: _settled(t, n) and t.info()["inserts_in_flight"] == 0, "workers and coordinator to agree", 20)
+    return [t.sample(1).data["ep"].numpy().ravel().tolist()[0] for _ in range(n)]
+
+
 @pytest.mark.parametrize("where", ["parts", "write", "apply", "commit"])
 def test_a_blocking_insert_interrupted_midway_leaves_workers_and_coordinator_agreeing(dist_client, monkeypatch, where):
     """A blocking insert sent over the workers' lanes from the caller's thread, interrupted by a SIGINT in the
@@ -622,36 +653,112 @@ def test_a_blocking_insert_interrupted_midway_leaves_workers_and_coordinator_agr
     back with the items stored (2 more on the workers than the coordinator counted); once its workers had
     applied, or just before its commit, it was never committed (in flight for good, its items uncounted).
     Interrupted in its own steps, it is given back; interrupted once the workers may hold its items, it is
-    finished in the background, stored and counted; the caller gets the KeyboardInterrupt either way, and
-    every item goes out once, in order."""
-    import dask
+    finished in the background, stored and counted; the caller gets the KeyboardInterrupt either way (one
+    holding the insert's end, its result once stored, when it goes on), and every item goes out once, in
+    order."""
+    from gear_flow.errors import InterruptedInFlight
 
-    from gear_flow.distributed import DistributedTable
+    with _queue(dist_client, over_lanes=True) as t:
+        fired = _interrupt_at(monkeypatch, where)
+        with pytest.raises(KeyboardInterrupt) as got:
+            t.insert([episode(10, 1), episode(11, 1)], shard=0 if where == "write" else None)
+        assert fired == [where]
+        monkeypatch.undo()
+        stored = [] if where == "parts" else [10, 11]
+        assert (type(got.value) is InterruptedInFlight) == bool(stored)
+        if stored:
+            assert got.value.outcome.result(timeout=20).num_items == 2
+        n = 4 + len(stored)
+        assert _stored_items(t, n) == [1, 2, 3, 4, *stored]
+        t.insert([episode(12, 1)])
+        assert t.sample(1).data["ep"].numpy().ravel().tolist() == [12]
+        assert t.size == 0 and t.info()["rate_limiter"]["inserts"] == n + 1
 
-    lanes = {"gear-flow.distributed.shared-memory": False, "gear-flow.distributed.tcp-lane": True}
-    with dask.config.set(lanes):
-        t = DistributedTable.queue(dist_client, make_spec(capacity=64, num_shards=2), 16, timeout=10)
-        try:
-            t.insert([episode(1, 1)], shard=0)  # (the event loop's path: each learns its worker's lane)
-            t.insert([episode(2, 1)], shard=1)
+
+def _writer_holding(t, kind: str):
+    """A writer of ``kind`` of ``t`` holding 2 steps of episode 10 (a VectorWriter: of 2 environments), and its
+    call that inserts them (ending the episode; a VectorWriter's last step) and the one that retries it."""
+    steps = episode(10, 2)
+    one = [{k: v[i] for k, v in steps.items()} for i in range(2)]
+    if kind == "vector":
+        w = gf.VectorWriter(t, 2)
+        w.append({k: np.stack([v, v]) for k, v in one[0].items()})
+        return w, lambda: w.append({k: np.stack([v, v]) for k, v in one[1].items()}, done=[True, True]), w.flush
+    w = t.writer() if kind == "episode" else gf.TrajectoryWriter(t, chunk_length=8, overlap=1)
+    for step in one:
+        w.append(step)
+    return w, w.end_episode, w.end_episode
+
+
+@pytest.mark.parametrize(
+    "kind, where",
+    [("episode", "parts"), ("episode", "write"), ("episode", "commit"), ("trajectory", "commit"), ("vector", "commit")],
+)
+def test_every_writers_distributed_insert_interrupted_as_it_went_on_is_stored_once(
+    dist_client, monkeypatch, kind, where
+):
+    """A writer's blocking distributed insert interrupted once its workers might hold its items (one writing
+    the episode, or as the commit went to the coordinator; a VectorWriter's two episodes on two workers,
+    staged and applied) went on to its end in the background, stored, but the caller got a plain
+    KeyboardInterrupt, the call's word for "left nothing", and the writer kept the rows: the retry its
+    docstring invites stored them twice (4 items for 2 appended).  The interrupt now carries the insert's
+    end (:class:`~gear_flow.errors.InterruptedInFlight`); the writer waits for it, lets go of the rows it
+    stored and raises a HeldInterrupt, as over a LocalTable.  Interrupted before anything was sent, the
+    insert left nothing: a plain KeyboardInterrupt, the rows kept and stored once by the retry."""
+    with _queue(dist_client, over_lanes=True) as t:
+        w, last, again = _writer_holding(t, kind)
+        fired = _interrupt_at(monkeypatch, where)
+        with pytest.raises(KeyboardInterrupt) as got:  # (a plain one, uncaught, would stop the test run)
+            last()
+        monkeypatch.undo()
+        stored = where != "parts"
+        assert fired == [where] and type(got.value) is (HeldInterrupt if stored else KeyboardInterrupt)
+        if kind == "episode":
+            assert w.pending == (0 if stored else 2)
+            if stored:
+                assert [e[0] for e in w.ended] == got.value.result.episode_ids.tolist()
+        again()  # the retry (the next flush): stores what is left, nothing twice
+        n = 4 + (4 if kind == "vector" else 2)
+        assert _stored_items(t, n) == [1, 2, 3, 4] + [10] * (n - 4)
+        assert t.info()["rate_limiter"]["inserts"] == n  # (each stored once)
+
+
+def test_an_insert_interrupted_while_the_event_loop_applies_it_carries_what_it_stored(dist_client, monkeypatch):
+    """A blocking insert the event loop carries (no lanes), interrupted once its workers applied it: the loop
+    finished it (stored and counted) for a caller who got a plain KeyboardInterrupt and could not tell, so a
+    writer's retry stored it twice.  The interrupt is an :class:`InterruptedInFlight` whose ``outcome`` is the
+    insert's result once it ended; a writer waits for it and raises a HeldInterrupt with its steps let go
+    (one episode: its worker writes it whole, no apply)."""
+    from gear_flow.distributed import transactions
+    from gear_flow.errors import InterruptedInFlight
+
+    real, main, fired = transactions.call, threading.main_thread().ident, []
+
+    async def call(ctx, addr, what, **kw):
+        got = await real(ctx, addr, what, **kw)
+        if what in ("write", "apply") and not fired:  # (on the event loop's thread, the caller waiting)
+            fired.append(what)
+            signal.pthread_kill(main, signal.SIGINT)
+        return got
+
+    with _queue(dist_client, over_lanes=False) as t:
+        monkeypatch.setattr(transactions, "call", call)
+        with pytest.raises(KeyboardInterrupt) as got:  # (a plain one, uncaught, would stop the test run)
             t.insert([episode(3, 1), episode(4, 1)])
-            assert t.stats["insert_in_thread"] == 1
-            fired = _interrupt_at(monkeypatch, where)
-            with pytest.raises(KeyboardInterrupt):
-                t.insert([episode(10, 1), episode(11, 1)], shard=0 if where == "write" else None)
-            assert fired == [where]
-            monkeypatch.undo()
-            stored = [] if where == "parts" else [10, 11]
-            n = 4 + len(stored)
-            wait_for(
-                lambda: _settled(t, n) and t.info()["inserts_in_flight"] == 0, "workers and coordinator to agree", 20
-            )
-            t.insert([episode(12, 1)])
-            got = [t.sample(1).data["ep"].numpy().ravel().tolist()[0] for _ in range(n + 1)]
-            assert got == [1, 2, 3, 4, *stored, 12]
-            assert t.size == 0 and t.info()["rate_limiter"]["inserts"] == n + 1
-        finally:
-            t.close()
+        assert type(got.value) is InterruptedInFlight
+        res = got.value.outcome.result(timeout=20)
+        assert fired == ["apply"] and res.num_items == 2 and sorted(set(res.shards.tolist())) == [0, 1]
+
+        fired.clear()
+        w, last, again = _writer_holding(t, "episode")
+        with pytest.raises(KeyboardInterrupt) as held:
+            last()
+        assert fired == ["write"] and type(held.value) is HeldInterrupt and w.pending == 0
+        assert [e[0] for e in w.ended] == held.value.result.episode_ids.tolist()
+        monkeypatch.undo()
+        assert again() is None
+        assert _stored_items(t, 4) == [3, 4, 10, 10]
+        assert t.stats["insert_in_thread"] == 0
 
 
 def test_held_interrupts_come_at_the_next_request_or_at_the_calls_end():

@@ -32,14 +32,15 @@ event loop, as are an abort and an eviction to ``max_size``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from numpy.typing import ArrayLike
 
-from ..errors import GearFlowError
+from ..errors import GearFlowError, InterruptedInFlight
 from ..interrupts import HeldInterrupts
 from ..table import planner
 from ..table.results import InsertResult
@@ -71,6 +72,8 @@ if TYPE_CHECKING:
     from .api import DistributedTable
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def _in_thread(table: DistributedTable, ins: Insert) -> bool:
@@ -182,11 +185,16 @@ class ThreadInserter:
         except BaseException as e:  # nothing sent yet: the steps give the admission back
             raise Unstored(e, sorted(parts)) from None
         if paths is None:  # the placement changed since the insert was routed: the event loop's path
-            return ctx.sync_to_end(LoopInserter(t).store, txn, parts)
+            return _waited(ctx.go_on(LoopInserter(t).store, txn, parts))
         if paths:
             t.stats["insert_remote_bytes"] += sum(n for _, n in paths.values())
         tx = LaneTransaction(t, paths, self.interrupts)
-        applied, size = planner.run(transaction_steps(t, txn, parts), tx, tx.hand_over, self.interrupts)
+        try:
+            applied, size = planner.run(transaction_steps(t, txn, parts), tx, tx.hand_over, self.interrupts)
+        except KeyboardInterrupt as e:
+            if tx.finishing is None:  # (its steps took it back: nothing stored)
+                raise
+            raise InterruptedInFlight(tx.finishing) from e
         if tx.in_thread:
             t.stats["insert_in_thread"] += 1
         return applied, size
@@ -216,6 +224,8 @@ class LaneTransaction:
         self.interrupts = interrupts
         #: every request went, and was answered, from this thread
         self.in_thread = True
+        #: the steps' end once handed to the event loop (:meth:`hand_over`), ``(applied, size)``
+        self.finishing: concurrent.futures.Future | None = None
 
     def __call__(self, req: object) -> object:
         """Answer one request of the steps.
@@ -253,8 +263,9 @@ class LaneTransaction:
         transactions in flight drifting.  The event loop asks ``req`` again (a write, an apply or an abort
         sent twice is applied once, a commit repeated is ignored) and finishes the steps in the background,
         through any cancel (:class:`~gear_flow.distributed.transactions.LoopTransaction`), as it finishes an
-        ``insert_async`` cancelled there; the caller gets the interrupt at once.  Requests the event loop
-        answers already (an abort everywhere, a lost worker, an eviction) go to their end there.
+        ``insert_async`` cancelled there; the caller gets the interrupt at once, and :attr:`finishing` holds
+        the steps' end.  Requests the event loop answers already (an abort everywhere, a lost worker, an
+        eviction) go to their end there.
 
         Parameters
         ----------
@@ -274,7 +285,7 @@ class LaneTransaction:
             return False
         t = self.t
         try:
-            t._ctx.loop.add_callback(_finish, t, steps, req)
+            self.finishing = t._ctx.go_on(_finish, t, steps, req)
         except RuntimeError:  # the loop is closed (and the client with it): nothing can finish it
             return False
         self.in_thread = False
@@ -316,14 +327,24 @@ class LaneTransaction:
         return out
 
 
-async def _finish(table: DistributedTable, steps: planner.Plan, req: object) -> None:
+async def _finish(table: DistributedTable, steps: planner.Plan, req: object) -> tuple[dict, int]:
     """The rest of a transaction a caller's thread handed over (:meth:`LaneTransaction.hand_over`): ``req``
-    asked again, then the steps answered on the event loop; nobody waits for it."""
-    table._ctx.keep_running()
+    asked again, then the steps answered on the event loop; its ``(applied, size)``, for whoever holds the
+    interrupt's future (:class:`~gear_flow.errors.InterruptedInFlight`)."""
     try:
-        await planner.run_async(planner.resumed(steps, req), LoopTransaction(table))
-    except Exception as e:  # noqa: BLE001 - its caller was interrupted; the error says what was stored
+        return await planner.run_async(planner.resumed(steps, req), LoopTransaction(table))
+    except Exception as e:  # its caller was interrupted, and may never ask: the error says what was stored
         logger.info("table %r: an interrupted insert finished in the background: %s", table.name, e)
+        raise
+
+
+def _waited(step: concurrent.futures.Future[T]) -> T:
+    """``step``'s answer (begun on the event loop, nothing stops it midway); an interrupt while it is awaited
+    comes as an :class:`~gear_flow.errors.InterruptedInFlight` holding it."""
+    try:
+        return step.result()
+    except KeyboardInterrupt as e:
+        raise InterruptedInFlight(step) from e
 
 
 def _over_lanes(table: DistributedTable, requests: list[tuple[str, str, dict]]) -> list:
@@ -405,12 +426,18 @@ def insert(
         eviction loses a worker marks the shard lost and returns.
     GearFlowError
         Staging failed on a worker; nothing of the insert was stored.
+    InterruptedInFlight
+        A KeyboardInterrupt that came once the workers might hold the
+        insert's items (or while the event loop carried it): the insert
+        goes on to its end in the background, and ``.outcome`` ends with
+        its result (stored) or error.  A plain KeyboardInterrupt: nothing
+        was stored.
     """
     ins = prepare(table, episodes, priorities, shard, timeout)
     if _in_thread(table, ins):  # the caller's thread writes (an actor into its own worker's shards), or sends them
         with HeldInterrupts() as interrupts:  # over the workers' lanes; an interrupt comes where the steps act on it
             return planner.run(insert_steps(table, ins, timeout), ThreadInserter(table, interrupts), None, interrupts)
-    return table._ctx.sync(planner.run_async, insert_steps(table, ins, timeout), LoopInserter(table))
+    return table._ctx.sync_in_flight(planner.run_async, insert_steps(table, ins, timeout), LoopInserter(table))
 
 
 def insert_batch(

@@ -30,7 +30,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from distributed.core import Status
 
 from .. import config
-from ..errors import CoordinatorLostError, GearFlowError, ShardLostError, ShardMovedError, SpecError
+from ..errors import (
+    CoordinatorLostError,
+    GearFlowError,
+    InterruptedInFlight,
+    ShardLostError,
+    ShardMovedError,
+    SpecError,
+)
 from . import protocol, wire
 from .coordinator import COORD_LANE_OPS, admission_wait
 from .lane import LANE_ERRORS, RESENDABLE_OPS, Lanes, NotSent
@@ -178,6 +185,52 @@ def _ended(running: set, task: asyncio.Task) -> None:
     running.discard(task)
     if not task.cancelled() and task.exception() is not None:
         logger.debug("a step on the event loop ended with %r", task.exception())
+
+
+def settled(value: T) -> concurrent.futures.Future[T]:
+    """A future already ended with ``value`` (a step that went to its end before the interrupt came).
+
+    Parameters
+    ----------
+    value : object
+        Its result.
+
+    Returns
+    -------
+    concurrent.futures.Future
+        Done.
+    """
+    fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+    fut.set_result(value)
+    return fut
+
+
+def then(step: concurrent.futures.Future, fn: Callable[[Any], T]) -> concurrent.futures.Future[T]:
+    """The future of ``fn(step's result)`` once ``step`` ends (its error or cancel passed on as it is): a
+    call's end made of its last step's (an insert's result of its store's ``(applied, size)``).
+
+    Parameters
+    ----------
+    step : concurrent.futures.Future
+        The step.
+    fn : callable
+        Its result to the call's.
+
+    Returns
+    -------
+    concurrent.futures.Future
+        Ends when ``step`` does.
+    """
+    out: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def ended(f: concurrent.futures.Future) -> None:
+        try:
+            out.set_result(fn(f.result()))
+        except BaseException as e:  # noqa: BLE001 - the step's error (or cancel) is the call's
+            out.set_exception(e)
+
+    step.add_done_callback(ended)
+    return out
 
 
 class Context:
@@ -372,11 +425,42 @@ class Context:
         begun on the workers still goes to its end, :func:`through_cancel`); and a hop takes one turn of the
         loop less.  A step of a call that nothing may stop midway goes by :meth:`sync_to_end`.
         """
-        caller = _Caller()
+        return self._sync(fn, args, kwargs, False)
+
+    def sync_in_flight(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """As :meth:`sync`, for a call whose caller must learn how it ended when an interrupt stops the wait (an
+        insert, whose steps a writer then lets go of or keeps): the interrupt comes as an
+        :class:`~gear_flow.errors.InterruptedInFlight` holding the call's future, the call cancelled on the
+        loop and ending there as its steps allow.
+
+        Parameters
+        ----------
+        fn : callable
+            A coroutine function.
+        *args, **kwargs
+            Passed to ``fn``.
+
+        Returns
+        -------
+        object
+            What ``fn`` returned; its exception is raised here.
+
+        Raises
+        ------
+        InterruptedInFlight
+            Interrupted while it waits.
+        """
+        return self._sync(fn, args, kwargs, True)
+
+    def _sync(self, fn: Callable[..., Awaitable[T]], args: tuple, kwargs: dict, in_flight: bool) -> T:
+        caller, call = _Caller(), None
         try:
-            return self._start(_awaited(self, fn, args, kwargs, caller)).result()
-        except BaseException:  # interrupted: the call is cancelled on the loop (done: nothing)
+            call = self._start(_awaited(self, fn, args, kwargs, caller))
+            return call.result()
+        except BaseException as e:  # interrupted: the call is cancelled on the loop (done: nothing)
             caller.leave(self.loop.asyncio_loop)
+            if in_flight and call is not None and isinstance(e, KeyboardInterrupt):
+                raise InterruptedInFlight(call) from e
             raise
 
     def keep_running(self) -> None:
@@ -411,7 +495,30 @@ class Context:
         object
             The step's answer (its error raised here; a RuntimeError as :meth:`sync` raises one).
         """
-        return self._start(_awaited(self, fn, args, kwargs, None)).result()
+        return self.go_on(fn, *args, **kwargs).result()
+
+    def go_on(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
+        """Start a step that nothing may stop midway on the loop (:meth:`sync_to_end` without the wait): a caller
+        interrupted while it waits for the future still holds it, and can say how the step ended.
+
+        Parameters
+        ----------
+        fn : callable
+            The step: a coroutine function, called with ``*args`` and ``**kwargs``.
+        *args, **kwargs
+            Its arguments.
+
+        Returns
+        -------
+        concurrent.futures.Future
+            The step's end.
+
+        Raises
+        ------
+        RuntimeError
+            Called from the event loop itself, or the loop is closed.
+        """
+        return self._start(_awaited(self, fn, args, kwargs, None))
 
     def _start(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         if self.in_loop():

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..errors import ShardLostError, ShardMovedError, SpecError
+from ..errors import InterruptedInFlight, ShardLostError, ShardMovedError, SpecError
 from ..keys import shards_present
 from ..storage.staging import stage_chunks, staged_bytes, staging_area
 from ..table import planner, routing
@@ -45,7 +45,7 @@ from ..table.results import InsertResult
 from ..table.validate import as_episode_list, check_episodes, insert_priorities
 from .edits import evict_excess
 from .transactions import abort_insert, admission_args, apply_staged, insert_error, run_insert
-from .transport import through_cancel
+from .transport import settled, then, through_cancel
 from .wire import array_bytes
 
 logger = logging.getLogger(__name__)
@@ -542,7 +542,10 @@ def _stored(table: DistributedTable, grant: InsertGrant, req: object) -> Generat
     finally:
         grant.settle()  # committed or aborted by its transaction (or above)
     if table._cfg.evicts_to_max_size(size):  # the inserts' one rule (a queue never evicts)
-        yield Evict(size)
+        try:
+            yield Evict(size)
+        except KeyboardInterrupt as e:  # (the caller's thread) stored: the eviction goes on in the background
+            raise InterruptedInFlight(settled((applied, size))) from e
     return applied, size
 
 
@@ -567,6 +570,8 @@ def _insert_once(
         if not isinstance(e.cause, Exception):  # a cancel or an interrupt before anything was sent: the caller's
             raise e.cause from None
         raise insert_error(table, e.cause, e.workers) from None
+    except InterruptedInFlight as e:  # (the caller's thread) stored, or on its way there in the background
+        raise InterruptedInFlight(then(e.outcome, lambda got: insert_result(ins, ids, sel_of, got[0]))) from e
     return insert_result(ins, ids, sel_of, applied)
 
 

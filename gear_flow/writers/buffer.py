@@ -14,9 +14,10 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import InvalidDataError
+from ..errors import HeldInterrupt, InterruptedInFlight, InvalidDataError
 from ..interrupts import holds_interrupts
 from ..spec import TableSpec
+from ..table.results import InsertResult
 from ..table.validate import as_array, storable
 
 T = TypeVar("T")
@@ -150,6 +151,7 @@ class BufferedWriter:
 
     _unit = "steps"
     _closed: bool
+    _went_on: InterruptedInFlight | None = None  # an insert's interrupt that came as it went on (:meth:`_table_insert`)
 
     def _target(self, table, shard: int | None, timeout: float | None) -> None:
         """The table the writer inserts into, and the ``shard`` and ``timeout`` of its inserts, checked now
@@ -181,13 +183,35 @@ class BufferedWriter:
         raise NotImplementedError
 
     def _stored(self, store: Callable[..., T], *args: Any) -> T:
-        """``store(*args)``: an insert and the buffer's letting go of what it stored, as one section when the
-        table's calls hold interrupts (``LocalTable``): an interrupt held by the insert then comes once the
-        buffer let go, where one landing between the two left the rows for a retry to store twice.  A
-        distributed table's blocking insert stays interruptible while it waits (no section)."""
+        """``store(*args)``: an insert (:meth:`_table_insert`) and the buffer's letting go of what it stored, as one
+        section when the table's calls hold interrupts (``LocalTable``): an interrupt held by the insert then
+        comes once the buffer let go, where one landing between the two left the rows for a retry to store
+        twice.  A distributed table's blocking insert stays interruptible while it waits (no section); one
+        interrupted where it goes on in the background is waited for by :meth:`_table_insert`, and its interrupt
+        raised here once the buffer let go of what it stored (a HeldInterrupt, as a section's)."""
         if getattr(self.table, "_holds_interrupts", False):
             return self._stored_held(store, *args)
-        return store(*args)
+        self._went_on = None
+        out = store(*args)
+        if self._went_on is not None:
+            interrupt, self._went_on = self._went_on, None
+            raise HeldInterrupt(out) from interrupt
+        return out
+
+    def _table_insert(self, *args: Any, **kwargs: Any) -> InsertResult:
+        """The table's ``insert(*args, **kwargs)``.  Interrupted where the insert goes on in the background (a
+        distributed table's, :class:`~gear_flow.errors.InterruptedInFlight`), it waits for the insert's end:
+        stored, it returns its result, so that the writer lets go of the rows it stored, and :meth:`_stored`
+        raises the interrupt after; not stored, the interrupt comes now, the rows kept for a retry."""
+        try:
+            return self.table.insert(*args, **kwargs)
+        except InterruptedInFlight as e:
+            try:
+                res = e.outcome.result()
+            except BaseException:  # noqa: BLE001 - not stored (cancelled, failed) or a second interrupt: the first
+                raise e from None
+            self._went_on = e
+            return res
 
     @holds_interrupts
     def _stored_held(self, store: Callable[..., T], *args: Any) -> T:

@@ -249,7 +249,7 @@ class TrajectoryWriter(BufferedWriter):
             priorities = np.array([default if p is None else p for p in prio], dtype=np.float64)
         else:
             priorities = np.array(prio, dtype=np.float64)
-        res = self.table.insert(self._rows.rows(n), priorities, timeout=self.timeout, shard=self.shard)
+        res = self._table_insert(self._rows.rows(n), priorities, timeout=self.timeout, shard=self.shard)
         self.chunks.append((int(res.episode_ids[0]), n))
 
     def end_episode(self) -> None:

@@ -219,7 +219,7 @@ class VectorWriter(BufferedWriter):
     def _insert(self, envs: list[int], priorities) -> InsertResult:
         """Insert the ended episodes of ``envs`` as one call; they leave :attr:`_ending` once it went in."""
         episodes = [{k: a[e, : self._n[e]] for k, a in self._steps.items()} for e in envs]  # views: insert copies
-        res = self.table.insert(episodes, priorities, timeout=self.timeout, shard=self.shard)
+        res = self._table_insert(episodes, priorities, timeout=self.timeout, shard=self.shard)
         truncated = dict(self._ending)
         for e, eid in zip(envs, res.episode_ids):
             self.ended.append((e, int(eid), int(self._n[e]), truncated[e]))
