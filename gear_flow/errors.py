@@ -217,8 +217,9 @@ class InterruptedInFlight(KeyboardInterrupt):
     insert goes on to its end in the background, so that the workers and the coordinator agree.  ``outcome``
     says how it ended.
 
-    Raised too when the event loop carries the call (no lane): the interrupt cancels it there, and it ends as
-    its steps allow, cancelled before it changed anything or gone on to its end.
+    Raised too when the event loop carries an insert or a sample (no lane; a Queue's sample): the interrupt
+    cancels it there, and it ends as its steps allow, cancelled before it changed anything or gone on to its
+    end (a Queue's batch, whose items left the queue).
 
     Parameters
     ----------
@@ -228,12 +229,15 @@ class InterruptedInFlight(KeyboardInterrupt):
     Attributes
     ----------
     outcome : concurrent.futures.Future
-        Its result is the call's answer (an insert's :class:`~gear_flow.table.results.InsertResult`: stored);
-        it raises ``CancelledError`` for a call stopped before it changed anything, or the call's error.
+        Its result is the call's answer (an insert's :class:`~gear_flow.table.results.InsertResult`: stored;
+        a sample's batch); it raises ``CancelledError`` for a call stopped before it changed anything, or the
+        call's error.
     """
 
     def __init__(self, outcome: concurrent.futures.Future) -> None:
-        super().__init__("interrupted while the call went on on the table's workers: it ends in the background")
+        super().__init__(
+            "interrupted while the call went on on the table's workers: it ends in the background (.outcome)"
+        )
         self.outcome = outcome
 
 

@@ -761,6 +761,34 @@ def test_an_insert_interrupted_while_the_event_loop_applies_it_carries_what_it_s
         assert t.stats["insert_in_thread"] == 0
 
 
+def test_a_queue_sample_interrupted_once_a_worker_committed_it_carries_its_batch(dist_client, monkeypatch):
+    """A blocking Queue sample interrupted once a worker had committed its part (its items handed out) went on
+    to its end on the event loop, for a caller who got a plain KeyboardInterrupt: the batch's items left the
+    queue for nobody.  The interrupt is an :class:`InterruptedInFlight` whose ``outcome`` is the batch."""
+    from gear_flow.distributed import transport
+    from gear_flow.errors import InterruptedInFlight
+
+    real, main, fired = transport.call, threading.main_thread().ident, []
+
+    async def call(ctx, addr, what, **kw):
+        got = await real(ctx, addr, what, **kw)
+        if what == "finish_sample" and kw.get("commit") and not fired:  # (the event loop's thread)
+            fired.append(what)
+            signal.pthread_kill(main, signal.SIGINT)
+        return got
+
+    with _queue(dist_client, over_lanes=False) as t:
+        t.insert([episode(i, 1) for i in (10, 11, 12, 13)])
+        monkeypatch.setattr(transport, "call", call)
+        with pytest.raises(KeyboardInterrupt) as got:  # (a plain one, uncaught, would stop the test run)
+            t.sample(2, timeout=10)
+        monkeypatch.undo()
+        assert fired == ["finish_sample"] and type(got.value) is InterruptedInFlight
+        assert got.value.outcome.result(timeout=20).data["ep"].numpy().ravel().tolist() == [10, 11]
+        assert [t.sample(1, timeout=10).data["ep"].numpy().ravel().tolist() for _ in range(2)] == [[12], [13]]
+        assert t.size == 0 and t.info()["rate_limiter"]["samples"] == 4
+
+
 def test_held_interrupts_come_at_the_next_request_or_at_the_calls_end():
     """A SIGINT that finds the main thread in a plan's code (or the driver's) is only recorded; it comes where
     an answer checks, or when the call ends; one that finds it answering a request comes at once; the handler

@@ -409,7 +409,7 @@ class DistributedTable(DatasetMethods):
         fast = thread_sample.sample_here(self, batch_size, length, columns, boundary, timeout, out, rng)
         if fast is not None:
             return fast
-        return self._ctx.sync(
+        return self._ctx.sync_in_flight(  # (interrupted: its end says where a Queue's items went)
             sampling.sample_async,
             self,
             batch_size,

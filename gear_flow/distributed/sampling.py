@@ -745,6 +745,11 @@ async def sample_async(
         A shard's worker is lost and the table is not ``degraded``.
     TableClosedError
         The table was closed.
+    InterruptedInFlight
+        (The blocking ``sample`` carried by the event loop.) Interrupted
+        while it waited: ``.outcome`` ends with the batch (a Queue's
+        items taken, the commit begun) or ``CancelledError`` (nothing
+        taken).
     """
     call = sample_args(table, batch_size, length, columns, boundary, timeout, out, rng)
     return await planner.run_async(sample_steps(table, call, out), LoopSampler(table, call))
