@@ -723,6 +723,45 @@ def test_every_writers_distributed_insert_interrupted_as_it_went_on_is_stored_on
         assert t.info()["rate_limiter"]["inserts"] == n  # (each stored once)
 
 
+def test_a_writers_distributed_insert_interrupted_in_its_eviction_is_stored_once(dist_client, monkeypatch):
+    """An insert past ``max_size`` interrupted while it evicted (after its commit: stored, the eviction going on
+    on the event loop) raised a plain KeyboardInterrupt, and its writer kept the rows for a retry to store
+    twice.  Its interrupt carries the stored insert's result: the writer lets go of the rows (HeldInterrupt)."""
+    import dask
+
+    from gear_flow.distributed import DistributedTable, writes
+
+    real, main, fired = writes.LoopInserter.__call__, threading.main_thread().ident, []
+
+    async def answer(self, req):
+        if isinstance(req, writes.Evict) and not fired:  # (the event loop's thread: the caller waits for it)
+            fired.append(req.size)
+            signal.pthread_kill(main, signal.SIGINT)
+        return await real(self, req)
+
+    lanes = {"gear-flow.distributed.shared-memory": False, "gear-flow.distributed.tcp-lane": True}
+    with dask.config.set(lanes):
+        t = DistributedTable.create(dist_client, make_spec(capacity=64, num_shards=2, max_size=4), timeout=10)
+        try:
+            t.insert([episode(1, 2)], shard=0)  # (the event loop's path: each learns its worker's lane)
+            t.insert([episode(2, 2)], shard=1)
+            w = t.writer()
+            steps = episode(10, 2)
+            for i in range(2):
+                w.append({k: v[i] for k, v in steps.items()})
+            monkeypatch.setattr(writes.LoopInserter, "__call__", answer)
+            with pytest.raises(KeyboardInterrupt) as got:  # (a plain one, uncaught, would stop the test run)
+                w.end_episode()
+            monkeypatch.undo()
+            assert fired == [6] and type(got.value) is HeldInterrupt and w.pending == 0
+            assert [e[0] for e in w.ended] == got.value.result.episode_ids.tolist()
+            assert w.end_episode() is None
+            wait_for(lambda: t.info()["inserts_in_flight"] == 0 and t.size == 4, "the eviction to end", 20)
+            assert t.info()["totals"]["inserted"] == 6  # (the episode once)
+        finally:
+            t.close()
+
+
 def test_an_insert_interrupted_while_the_event_loop_applies_it_carries_what_it_stored(dist_client, monkeypatch):
     """A blocking insert the event loop carries (no lanes), interrupted once its workers applied it: the loop
     finished it (stored and counted) for a caller who got a plain KeyboardInterrupt and could not tell, so a
