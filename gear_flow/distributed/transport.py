@@ -144,13 +144,20 @@ class _Caller:
     """A blocking caller's hold on its call's task on the loop (:meth:`Context.sync`), so that an interrupt
     cancels the call wherever it lands: before the loop started it (it never starts), or once started, even
     before the caller holds the call's future (an interrupt landing as the call is handed to the loop left it
-    running to its end for a caller gone: a create's name registered and its table built for nobody)."""
+    running to its end for a caller gone: a create's name registered and its table built for nobody).
 
-    __slots__ = ("gone", "task")
+    It also holds the call's end (``end``) from before the call is handed to the loop, so that an interrupt
+    landing while it is handed over still says how the call ended (:meth:`Context.sync_in_flight`): the loop
+    could start it, and take it past what it can take back, before the caller got the future back."""
+
+    __slots__ = ("coro", "created", "end", "gone", "task")
 
     def __init__(self) -> None:
         self.gone = False
         self.task: asyncio.Task | None = None
+        self.coro: Coroutine | None = None  # the call, until the loop made its task
+        self.created = False  # (the loop's thread) its task was made
+        self.end: concurrent.futures.Future | None = None
 
     def leave(self, loop: asyncio.AbstractEventLoop) -> None:
         """The caller stopped waiting (from its own thread): the call is cancelled on ``loop``."""
@@ -163,6 +170,37 @@ class _Caller:
     def _cancel(self) -> None:
         if self.task is not None:
             self.task.cancel()
+        elif not self.created and self.coro is not None:
+            # never handed to the loop (the interrupt came first; else its task would be made by now, the
+            # loop's callbacks running in order): it never runs, and its end says so
+            self.coro.close()
+            self.coro = None
+            if self.end is not None:
+                self.end.cancel()
+
+
+def _create(coro: Coroutine[Any, Any, T], end: concurrent.futures.Future[T], caller: _Caller | None) -> None:
+    """(On the loop) ``coro``'s task, whose end ``end`` takes (what ``asyncio.run_coroutine_threadsafe`` does,
+    with a future its caller held before handing the call over)."""
+    if caller is not None:
+        caller.created, caller.coro = True, None
+    if end.cancelled():  # (nothing cancels it before its task is made: never, but then it must not run)
+        coro.close()
+        return
+    task = asyncio.ensure_future(coro)
+    task.add_done_callback(functools.partial(_ended_into, end))
+
+
+def _ended_into(end: concurrent.futures.Future, task: asyncio.Future) -> None:
+    """A call's task ended: its end set alike (cancelled, its error, or its result)."""
+    if end.cancelled():
+        return
+    if task.cancelled():
+        end.cancel()
+    elif task.exception() is not None:
+        end.set_exception(task.exception())
+    else:
+        end.set_result(task.result())
 
 
 async def _awaited(
@@ -453,14 +491,13 @@ class Context:
         return self._sync(fn, args, kwargs, True)
 
     def _sync(self, fn: Callable[..., Awaitable[T]], args: tuple, kwargs: dict, in_flight: bool) -> T:
-        caller, call = _Caller(), None
+        caller = _Caller()
         try:
-            call = self._start(_awaited(self, fn, args, kwargs, caller))
-            return call.result()
+            return self._start(_awaited(self, fn, args, kwargs, caller), caller).result()
         except BaseException as e:  # interrupted: the call is cancelled on the loop (done: nothing)
             caller.leave(self.loop.asyncio_loop)
-            if in_flight and call is not None and isinstance(e, KeyboardInterrupt):
-                raise InterruptedInFlight(call) from e
+            if in_flight and caller.end is not None and isinstance(e, KeyboardInterrupt):
+                raise InterruptedInFlight(caller.end) from e
             raise
 
     def keep_running(self) -> None:
@@ -520,15 +557,20 @@ class Context:
         """
         return self._start(_awaited(self, fn, args, kwargs, None))
 
-    def _start(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    def _start(self, coro: Coroutine[Any, Any, T], caller: _Caller | None = None) -> concurrent.futures.Future[T]:
+        """``coro`` handed to the loop; its end, held by ``caller`` (when given) before it is handed over."""
         if self.in_loop():
             coro.close()
             raise RuntimeError("sync() called from thread of running loop")
+        end: concurrent.futures.Future[T] = concurrent.futures.Future()
+        if caller is not None:
+            caller.coro, caller.end = coro, end
         try:
-            return asyncio.run_coroutine_threadsafe(coro, self.loop.asyncio_loop)
+            self.loop.asyncio_loop.call_soon_threadsafe(_create, coro, end, caller)
         except RuntimeError:  # the loop is closed
             coro.close()
             raise
+        return end
 
 
 async def _to_its_end(aw: Awaitable[T]) -> tuple[asyncio.Future[T], asyncio.CancelledError | None]:
