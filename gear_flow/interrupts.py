@@ -55,6 +55,8 @@ from .table import planner
 
 T = TypeVar("T")
 
+_NOTHING = object()  # (no answer yet: an interrupt held to the end of a call that raised comes as it is)
+
 
 class HeldInterrupts:
     """SIGINT's Python handler for one call: held while a plan's steps run, let in while a request is answered.
@@ -75,6 +77,7 @@ class HeldInterrupts:
     def __init__(self) -> None:
         self._handler: Any = None  # the handler replaced, while this one is in
         self._pending: tuple[int, FrameType | None] | None = None
+        self._result: Any = _NOTHING  # what the call returned (:meth:`returned`)
 
     def __enter__(self) -> HeldInterrupts:
         if threading.current_thread() is threading.main_thread():
@@ -91,7 +94,31 @@ class HeldInterrupts:
         _signal.signal(_SIGINT, self._handler)
         pending, self._pending = self._pending, None
         if pending is not None and kind is None:  # held to the call's end: delivered now (one leaving already
-            self._handler(*pending)  # with an error, an interrupt among them, reports that one)
+            if self._result is _NOTHING:  # with an error, an interrupt among them, reports that one)
+                self._handler(*pending)
+                return
+            try:
+                self._handler(*pending)
+            except KeyboardInterrupt as e:  # the call is done: its answer goes with the interrupt
+                raise HeldInterrupt(self._result) from e
+
+    def returned(self, result: T) -> T:
+        """``result``, the call's answer, kept for an interrupt held to the call's end: it comes as a
+        :class:`~gear_flow.errors.HeldInterrupt` carrying it (a plain KeyboardInterrupt says the call left
+        nothing, and an insert that stored its episode would be stored again by a writer's retry).
+
+        Parameters
+        ----------
+        result : object
+            The call's answer.
+
+        Returns
+        -------
+        object
+            ``result``.
+        """
+        self._result = result
+        return result
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if _held_at(frame, _HELD, _LET_IN):  # the steps' own code: at the next request

@@ -762,6 +762,36 @@ def test_a_writers_distributed_insert_interrupted_in_its_eviction_is_stored_once
             t.close()
 
 
+def test_an_interrupt_held_to_the_end_of_a_stored_inserts_steps_carries_its_answer(dist_client, monkeypatch):
+    """A SIGINT that found a blocking insert over the lanes in its own steps after the commit (building its
+    answer) was held to the call's end, then raised as a plain KeyboardInterrupt, the word for "left
+    nothing", with the insert stored: a writer's retry stored its episode twice (a hunt: 6 items for 3).  It
+    comes as a HeldInterrupt with the insert's answer; the writer lets go of the rows."""
+    from gear_flow.distributed import writes
+
+    real, main, armed = writes.insert_result, threading.main_thread().ident, []
+
+    def insert_result(*args, **kw):
+        if armed and armed.pop() and threading.get_ident() == main:
+            signal.pthread_kill(main, signal.SIGINT)  # (held: the insert's own code, after its commit)
+        return real(*args, **kw)
+
+    with _queue(dist_client, over_lanes=True) as t:
+        monkeypatch.setattr(writes, "insert_result", insert_result)
+        armed.append(True)
+        with pytest.raises(KeyboardInterrupt) as got:  # (a plain one, uncaught, would stop the test run)
+            t.insert([episode(5, 1)], shard=0)
+        assert type(got.value) is HeldInterrupt and got.value.result.num_items == 1
+        w, last, again = _writer_holding(t, "episode")
+        armed.append(True)
+        with pytest.raises(KeyboardInterrupt) as got:
+            last()
+        monkeypatch.undo()
+        assert type(got.value) is HeldInterrupt and w.pending == 0 and w.ended[0][0] == got.value.result.episode_ids[0]
+        assert again() is None
+        assert _stored_items(t, 7) == [1, 2, 3, 4, 5, 10, 10]
+
+
 def test_an_insert_interrupted_while_the_event_loop_applies_it_carries_what_it_stored(dist_client, monkeypatch):
     """A blocking insert the event loop carries (no lanes), interrupted once its workers applied it: the loop
     finished it (stored and counted) for a caller who got a plain KeyboardInterrupt and could not tell, so a

@@ -432,11 +432,15 @@ def insert(
         goes on to its end in the background, and ``.outcome`` ends with
         its result (stored) or error.  A plain KeyboardInterrupt: nothing
         was stored.
+    HeldInterrupt
+        A KeyboardInterrupt held to the end of the insert's own steps: it
+        is stored, and ``.result`` is this call's answer.
     """
     ins = prepare(table, episodes, priorities, shard, timeout)
     if _in_thread(table, ins):  # the caller's thread writes (an actor into its own worker's shards), or sends them
         with HeldInterrupts() as interrupts:  # over the workers' lanes; an interrupt comes where the steps act on it
-            return planner.run(insert_steps(table, ins, timeout), ThreadInserter(table, interrupts), None, interrupts)
+            steps = insert_steps(table, ins, timeout)
+            return interrupts.returned(planner.run(steps, ThreadInserter(table, interrupts), None, interrupts))
     return table._ctx.sync_in_flight(planner.run_async, insert_steps(table, ins, timeout), LoopInserter(table))
 
 

@@ -151,7 +151,7 @@ class BufferedWriter:
 
     _unit = "steps"
     _closed: bool
-    _went_on: InterruptedInFlight | None = None  # an insert's interrupt that came as it went on (:meth:`_table_insert`)
+    _went_on: KeyboardInterrupt | None = None  # an insert's interrupt that came as it stored (:meth:`_table_insert`)
 
     def _target(self, table, shard: int | None, timeout: float | None) -> None:
         """The table the writer inserts into, and the ``shard`` and ``timeout`` of its inserts, checked now
@@ -202,9 +202,13 @@ class BufferedWriter:
         """The table's ``insert(*args, **kwargs)``.  Interrupted where the insert goes on in the background (a
         distributed table's, :class:`~gear_flow.errors.InterruptedInFlight`), it waits for the insert's end:
         stored, it returns its result, so that the writer lets go of the rows it stored, and :meth:`_stored`
-        raises the interrupt after; not stored, the interrupt comes now, the rows kept for a retry."""
+        raises the interrupt after; not stored, the interrupt comes now, the rows kept for a retry.  A
+        HeldInterrupt (the insert stored) is raised after the same way."""
         try:
             return self.table.insert(*args, **kwargs)
+        except HeldInterrupt as e:  # (a distributed table's, held to the end of its steps) stored
+            self._went_on = e
+            return e.result
         except InterruptedInFlight as e:
             try:
                 res = e.outcome.result()
