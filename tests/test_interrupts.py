@@ -410,6 +410,30 @@ def test_every_writers_rows_leave_it_with_the_insert_that_stored_them(monkeypatc
     t.close()
 
 
+def test_a_trajectory_writers_append_that_stored_a_full_chunk_keeps_its_step_when_interrupted(monkeypatch):
+    """An append that inserts the full chunk first, interrupted while that insert changed the table, raised the
+    HeldInterrupt ("the call is done") before buffering its own step: the step was left out for good, as
+    nobody retries a done call (a hunt: 3 of 4 steps stored).  The step is buffered before the interrupt
+    comes."""
+    from gear_flow.shard import Shard
+
+    t = gf.LocalTable.queue(make_spec(capacity=64, num_shards=1), 8)
+    steps = episode(5, 4)
+    one = [{k: v[i] for k, v in steps.items()} for i in range(4)]
+    w = gf.TrajectoryWriter(t, chunk_length=3, overlap=0)
+    for step in one[:3]:
+        w.append(step)
+    sent = _signalled_as_it_runs(monkeypatch, Shard, "insert")  # in the chunk's insert, once admitted
+    with pytest.raises(HeldInterrupt):
+        w.append(one[3])
+    monkeypatch.undo()
+    assert sent == ["insert"] and t.size == 3 and w.pending == 1
+    w.end_episode()
+    assert [t.sample(1, timeout=5).data["t"].numpy().ravel().tolist()[0] for _ in range(4)] == [0, 1, 2, 3]
+    assert t.size == 0 and [n for _, n in w.chunks] == [3, 1]
+    t.close()
+
+
 def _interrupt_once(pred, timeout: float = 60.0) -> threading.Thread:
     """A thread that sends SIGINT to the main thread once ``pred()`` holds (the call is seen waiting)."""
     main = threading.main_thread().ident

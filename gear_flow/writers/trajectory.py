@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import InvalidDataError, InvalidPriorityError, SpecError, TableClosedError
+from ..errors import HeldInterrupt, InvalidDataError, InvalidPriorityError, SpecError, TableClosedError
 from .buffer import BufferedWriter, StepBuffer, check_step
 
 if TYPE_CHECKING:
@@ -164,7 +164,9 @@ class TrajectoryWriter(BufferedWriter):
         None
             A failed chunk insert (e.g. :class:`~gear_flow.RateLimitTimeout`)
             raises with nothing appended; the chunk stays buffered and the
-            next ``append`` or :meth:`flush` retries it.
+            next ``append`` or :meth:`flush` retries it.  Interrupted once
+            the chunk was stored (:class:`~gear_flow.errors.HeldInterrupt`),
+            the step is appended too.
         """
         if self._closed:
             raise TableClosedError("the writer is closed")
@@ -179,7 +181,14 @@ class TrajectoryWriter(BufferedWriter):
             if not np.isfinite(p) or p < 0:
                 raise InvalidPriorityError(self._rows.n, p)
         if self._rows.n >= self.chunk_length:
-            self.flush()
+            try:
+                self.flush()
+            except HeldInterrupt:  # the chunk stored, the interrupt held to its end: the call is done when it comes,
+                self._buffer(vals, priority)  # this step appended too (else left out, for nobody to retry)
+                raise
+        self._buffer(vals, priority)
+
+    def _buffer(self, vals: dict, priority: float | None) -> None:
         self._rows.append(vals)
         self._prio.append(priority if self.items == "steps" else 0.0)
         self._steps += 1
