@@ -434,6 +434,52 @@ def test_a_trajectory_writers_append_that_stored_a_full_chunk_keeps_its_step_whe
     t.close()
 
 
+class _SignalledList(list):
+    """A list whose first ``extend`` sends SIGINT to the main thread first (it lands there, before the items go
+    in)."""
+
+    sent = False
+
+    def extend(self, items):
+        if not self.sent:
+            self.sent = True
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        super().extend(items)
+
+
+def test_a_vector_writers_step_and_the_end_it_marks_are_kept_together_when_interrupted(monkeypatch):
+    """A VectorWriter's append interrupted after it buffered the step but before it marked the episodes the
+    step ends: a plain KeyboardInterrupt with the step kept and its ``done`` forgotten, so neither retry was
+    right (a flush stored nothing; appending the step again buffered it twice) and the episode was never
+    stored (a hunt).  The two are one section: the interrupt comes once both are done.  And an append whose
+    first flush of episodes ended before is interrupted once they went in buffers its step before the
+    HeldInterrupt comes, as a done call must."""
+    from gear_flow.shard import Shard
+
+    t = gf.LocalTable.queue(make_spec(capacity=64, num_shards=1), 16)
+    w, e = gf.VectorWriter(t, 1), episode(10, 3)
+    for j in range(2):
+        w.append({k: v[j : j + 1] for k, v in e.items()})
+    w._ending = _SignalledList()
+    with pytest.raises(KeyboardInterrupt) as got:  # (a plain one, uncaught, would stop the test run)
+        w.append({k: v[2:3] for k, v in e.items()}, done=[True])
+    assert type(got.value) is HeldInterrupt and w.pending.tolist() == [3] and list(w._ending) == [(0, False)]
+
+    sent = _signalled_as_it_runs(monkeypatch, Shard, "insert")  # as this append first inserts the ended episode
+    nxt = episode(20, 2)
+    with pytest.raises(HeldInterrupt):
+        w.append({k: v[0:1] for k, v in nxt.items()})
+    monkeypatch.undo()
+    assert sent == ["insert"] and t.size == 3 and w.pending.tolist() == [1]
+    w.append({k: v[1:2] for k, v in nxt.items()}, done=[True])
+    got = [t.sample(1, timeout=5).data for _ in range(5)]
+    assert [(int(b["ep"].numpy().ravel()[0]), int(b["t"].numpy().ravel()[0])) for b in got] == [
+        (10, 0), (10, 1), (10, 2), (20, 0), (20, 1),
+    ]  # fmt: skip
+    assert [(env, n) for env, _, n, _ in w.ended] == [(0, 3), (0, 2)] and t.size == 0
+    t.close()
+
+
 def _interrupt_once(pred, timeout: float = 60.0) -> threading.Thread:
     """A thread that sends SIGINT to the main thread once ``pred()`` holds (the call is seen waiting)."""
     main = threading.main_thread().ident

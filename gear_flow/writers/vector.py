@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..errors import CapacityError, InvalidDataError, InvalidPriorityError, SpecError, TableClosedError
+from ..errors import (
+    CapacityError,
+    HeldInterrupt,
+    InvalidDataError,
+    InvalidPriorityError,
+    SpecError,
+    TableClosedError,
+)
+from ..interrupts import holds_interrupts
 from ..table.results import InsertResult
 from ..table.validate import real_numbers
 from .buffer import BufferedWriter, check_step
@@ -121,8 +129,12 @@ class VectorWriter(BufferedWriter):
         """
         if self._closed:
             raise TableClosedError("the writer is closed")
+        held = None
         if self._ending:
-            self.flush()  # raises again, appending nothing
+            try:
+                self.flush()  # raises again, appending nothing
+            except HeldInterrupt as e:  # they went in, the interrupt held to their end: this step goes in too
+                held = e  # before it comes (the call is done then), and nothing is appended when it is refused
         N = self.num_envs
         vals = check_step(self.spec, steps, lead=(N,))
         d = np.zeros(N, dtype=bool) if done is None else np.asarray(done)
@@ -136,6 +148,16 @@ class VectorWriter(BufferedWriter):
             bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
             if len(bad):
                 raise InvalidPriorityError(int(bad[0]), float(p[bad[0]]))
+        self._record(vals, d, p)
+        if held is not None:
+            raise held
+        return self.flush() if self._ending else None
+
+    @holds_interrupts
+    def _record(self, vals: dict, d: np.ndarray, p: np.ndarray | None) -> None:
+        """Every environment's step buffered, and the episodes it ends marked, as one section: cut between the
+        two, a step was buffered with its episode's end forgotten (a hunt: a VectorWriter's episode never
+        inserted)."""
         if self._n.max() == self._prio.shape[1]:
             self._grow()
         at = self._n
@@ -147,7 +169,6 @@ class VectorWriter(BufferedWriter):
         if self.max_episode_length is not None:
             ends |= self._n >= self.max_episode_length
         self._ending.extend((int(i), not d[i]) for i in np.flatnonzero(ends))
-        return self.flush() if self._ending else None
 
     def _grow(self) -> None:
         """Twice the steps per environment, keeping those buffered."""
