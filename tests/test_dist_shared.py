@@ -159,6 +159,52 @@ def test_a_reader_whose_owner_is_killed(degraded):
         time.sleep(0.05)
 
 
+@pytest.mark.parametrize("path", ["thread", "loop"])
+def test_a_loss_learnt_while_a_sample_is_planned_refuses_it(dist_client, monkeypatch, path):
+    """A table that is not degraded refuses a sample once a shard is lost, but the check came at each attempt's
+    start, and the plan read the live shards later: a loss learnt in between (a refresh, or a report to the
+    dead worker meeting its end, on the event loop) made the plan draw from the shard left, and the batch was
+    handed out (a hunt, forced there: 3 of 3; seen once in test_a_reader_whose_owner_is_killed[False] as "DID
+    NOT RAISE").  The loss is learnt here as the plan's first request is answered; the batch is refused."""
+    from gear_flow.distributed import sampling, thread_sample
+
+    t = DistributedTable.create(dist_client, spec(), degraded=False, seed=0)
+    learnt = []
+
+    def learn(table):
+        if not learnt:
+            learnt.append(1)
+            table._view.mark_lost(1, {"size_at_loss": 0, "inserted_at_loss": 0, "detail": "test"})
+
+    try:
+        t.insert([episode(i + 1, 12) for i in range(6)])
+        assert len(t.sample(8, 4)) == 8
+        if path == "loop":
+            monkeypatch.setattr(thread_sample, "sample_here", lambda *a, **k: None)  # (the event loop's path)
+            real = sampling.RemoteSample.__call__
+
+            async def answer(self, req):
+                learn(self.t)
+                return await real(self, req)
+
+            monkeypatch.setattr(sampling.RemoteSample, "__call__", answer)
+        else:
+            real_here = thread_sample.ThreadSample.__call__
+
+            def answer_here(self, req):
+                learn(self.t)
+                return real_here(self, req)
+
+            monkeypatch.setattr(thread_sample.ThreadSample, "__call__", answer_here)
+        in_thread = t.stats["in_thread"]
+        with pytest.raises(gf.ShardLostError):
+            t.sample(8, 4)
+        assert learnt == [1] and (t.stats["in_thread"] == in_thread)  # (the thread's batch refused too)
+        monkeypatch.undo()
+    finally:
+        t.close()
+
+
 def _dev_shm_huge() -> str:
     """The ``huge=`` option /dev/shm is mounted with (``never`` when not given: tmpfs's default)."""
     with open("/proc/mounts") as f:

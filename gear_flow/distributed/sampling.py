@@ -768,6 +768,9 @@ async def _sample_plan(table, out, B, L, boundary, columns, rng, grant: SampleGr
     _SAMPLING.n += 1
     try:
         layout = await planner.run_async(planner.sample(t._cfg.plan, B, rng), ex)
+        # the plan read the live shards as it ran: a loss learnt meanwhile (a refresh, a report that met the
+        # dead worker) refuses the batch a table not degraded would have refused before, drawn from the rest
+        t._view.check_not_lost()
     except planner.NothingToSample:
         await through_cancel(ex.undo())
         await _raise_empty(t, B, L, boundary)

@@ -296,6 +296,7 @@ class ThreadSampler:
         ex = ThreadSample(t, out, c.length, c.boundary, c.columns, c.rng, None, True, None)
         try:
             planner.run(planner.sample(t._cfg.plan, c.batch_size, c.rng), ex)
+            t._view.check_not_lost()  # (a loss learnt while the plan ran: as on the event loop's path)
         except NotHere:  # nothing was sent
             raise
         except BaseException as e:  # what was drawn is given back, as on the event loop's path
