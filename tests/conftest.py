@@ -183,14 +183,16 @@ def pytest_sessionfinish(session, exitstatus):
     starts a worker after the last cluster.  So the leftovers of the suite's workers that never ended
     normally (``forkserver_preload`` marks each one's start and its normal end) are swept here, as the
     next worker would; those of a worker that ended normally, or of any other process, fail the run."""
+    from helpers import killed_workers, marked
+
     from gear_flow.storage.shared import leftover_segments, segment_owner, sweep
 
     left = leftover_segments()
     if left:
-        sweep(_killed_workers())
+        sweep(killed_workers())
         left = leftover_segments()
     if left:
-        ended = _marked(".exited")
+        ended = marked(".exited")
         whose = {
             n: "a worker that ended normally" if segment_owner(n) in ended else "not a worker of the suite"
             for n in left
@@ -201,16 +203,3 @@ def pytest_sessionfinish(session, exitstatus):
         import shutil
 
         shutil.rmtree(os.environ[MARKS_VAR], ignore_errors=True)
-
-
-def _killed_workers() -> list[int]:
-    """The suite's forked workers that started and never ended normally (see :func:`pytest_sessionfinish`)."""
-    return sorted(_marked(".started") - _marked(".exited"))
-
-
-def _marked(suffix: str) -> set[int]:
-    """The pids with a mark ending in ``suffix`` (``.started``, ``.exited``)."""
-    marks = os.environ.get(MARKS_VAR)
-    if not marks or not os.path.isdir(marks):
-        return set()
-    return {int(n[: -len(suffix)]) for n in os.listdir(marks) if n.endswith(suffix)}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import threading
 
 import numpy as np
@@ -251,3 +252,18 @@ def delete_race(table, deleter, items: int = 80, seed: int = 0) -> tuple[list[in
     for th in threads:
         th.join(120)
     return got, deleted, errors
+
+
+def killed_workers() -> list[int]:
+    """The suite's forked workers that started and never ended normally: killed (by the test, or by their
+    nanny when they did not close in time), so their shared-memory segments stay until a sweep."""
+    return sorted(marked(".started") - marked(".exited"))
+
+
+def marked(suffix: str) -> set[int]:
+    """The pids with a mark ending in ``suffix`` (``.started``, ``.exited``) in the suite's marks directory
+    (``GEAR_FLOW_TEST_MARKS``, set by conftest; ``forkserver_preload`` writes them)."""
+    marks = os.environ.get("GEAR_FLOW_TEST_MARKS")
+    if not marks or not os.path.isdir(marks):
+        return set()
+    return {int(n[: -len(suffix)]) for n in os.listdir(marks) if n.endswith(suffix)}
