@@ -129,12 +129,6 @@ class VectorWriter(BufferedWriter):
         """
         if self._closed:
             raise TableClosedError("the writer is closed")
-        held = None
-        if self._ending:
-            try:
-                self.flush()  # raises again, appending nothing
-            except HeldInterrupt as e:  # they went in, the interrupt held to their end: this step goes in too
-                held = e  # before it comes (the call is done then), and nothing is appended when it is refused
         N = self.num_envs
         vals = check_step(self.spec, steps, lead=(N,))
         d = np.zeros(N, dtype=bool) if done is None else np.asarray(done)
@@ -148,6 +142,12 @@ class VectorWriter(BufferedWriter):
             bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
             if len(bad):
                 raise InvalidPriorityError(int(bad[0]), float(p[bad[0]]))
+        held = None
+        if self._ending:
+            try:
+                self.flush()  # raises again, appending nothing
+            except HeldInterrupt as e:  # they went in, the interrupt held to their end: this step goes in too
+                held = e  # before it comes (the call is done then)
         self._record(vals, d, p)
         if held is not None:
             raise held
