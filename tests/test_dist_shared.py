@@ -26,7 +26,7 @@ def spec(capacity=256, num_shards=2):
 
 
 def owned_segments(pids) -> list[str]:
-    return sorted(n for n in os.listdir("/dev/shm") if any(n.startswith(f"gf_{p}_") for p in pids))
+    return sorted(n for n in os.listdir("/dev/shm") if segment_owner(n) in set(pids))
 
 
 def test_the_seqlock_sees_a_write_that_overtakes_a_reader():

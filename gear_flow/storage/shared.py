@@ -473,9 +473,9 @@ def sweep(pids: Iterable[int] | None = None) -> list[str]:
         Names of the segments unlinked.
     """
     gone = []
-    only = None if pids is None else tuple(f"{PREFIX}{int(p)}_" for p in pids)
+    only = None if pids is None else {int(p) for p in pids}
     for n in leftover_segments():
-        if only is not None and not n.startswith(only):
+        if only is not None and segment_owner(n) not in only:
             continue
         path = os.path.join(SHM_DIR, n)
         try:
