@@ -793,13 +793,30 @@ def test_every_writers_distributed_insert_interrupted_as_it_went_on_is_stored_on
         assert t.info()["rate_limiter"]["inserts"] == n  # (each stored once)
 
 
+@contextlib.contextmanager
+def _full_table(client):
+    """A 2-shard table of ``max_size`` 4 (closed after) holding 4 items, whose blocking inserts go from the
+    caller's thread over its workers' lanes (each learnt by an insert to its shard)."""
+    import dask
+
+    from gear_flow.distributed import DistributedTable
+
+    lanes = {"gear-flow.distributed.shared-memory": False, "gear-flow.distributed.tcp-lane": True}
+    with dask.config.set(lanes):
+        t = DistributedTable.create(client, make_spec(capacity=64, num_shards=2, max_size=4), timeout=10)
+        try:
+            t.insert([episode(1, 2)], shard=0)  # (the event loop's path: each learns its worker's lane)
+            t.insert([episode(2, 2)], shard=1)
+            yield t
+        finally:
+            t.close()
+
+
 def test_a_writers_distributed_insert_interrupted_in_its_eviction_is_stored_once(dist_client, monkeypatch):
     """An insert past ``max_size`` interrupted while it evicted (after its commit: stored, the eviction going on
     on the event loop) raised a plain KeyboardInterrupt, and its writer kept the rows for a retry to store
     twice.  Its interrupt carries the stored insert's result: the writer lets go of the rows (HeldInterrupt)."""
-    import dask
-
-    from gear_flow.distributed import DistributedTable, writes
+    from gear_flow.distributed import writes
 
     real, main, fired = writes.LoopInserter.__call__, threading.main_thread().ident, []
 
@@ -809,27 +826,41 @@ def test_a_writers_distributed_insert_interrupted_in_its_eviction_is_stored_once
             signal.pthread_kill(main, signal.SIGINT)
         return await real(self, req)
 
-    lanes = {"gear-flow.distributed.shared-memory": False, "gear-flow.distributed.tcp-lane": True}
-    with dask.config.set(lanes):
-        t = DistributedTable.create(dist_client, make_spec(capacity=64, num_shards=2, max_size=4), timeout=10)
-        try:
-            t.insert([episode(1, 2)], shard=0)  # (the event loop's path: each learns its worker's lane)
-            t.insert([episode(2, 2)], shard=1)
-            w = t.writer()
-            steps = episode(10, 2)
-            for i in range(2):
-                w.append({k: v[i] for k, v in steps.items()})
-            monkeypatch.setattr(writes.LoopInserter, "__call__", answer)
-            with pytest.raises(KeyboardInterrupt) as got:  # (a plain one, uncaught, would stop the test run)
-                w.end_episode()
-            monkeypatch.undo()
-            assert fired == [6] and type(got.value) is HeldInterrupt and w.pending == 0
-            assert [e[0] for e in w.ended] == got.value.result.episode_ids.tolist()
-            assert w.end_episode() is None
-            wait_for(lambda: t.info()["inserts_in_flight"] == 0 and t.size == 4, "the eviction to end", 20)
-            assert t.info()["totals"]["inserted"] == 6  # (the episode once)
-        finally:
-            t.close()
+    with _full_table(dist_client) as t:
+        w = t.writer()
+        steps = episode(10, 2)
+        for i in range(2):
+            w.append({k: v[i] for k, v in steps.items()})
+        monkeypatch.setattr(writes.LoopInserter, "__call__", answer)
+        with pytest.raises(KeyboardInterrupt) as got:  # (a plain one, uncaught, would stop the test run)
+            w.end_episode()
+        monkeypatch.undo()
+        assert fired == [6] and type(got.value) is HeldInterrupt and w.pending == 0
+        assert [e[0] for e in w.ended] == got.value.result.episode_ids.tolist()
+        assert w.end_episode() is None
+        wait_for(lambda: t.info()["inserts_in_flight"] == 0 and t.size == 4, "the eviction to end", 20)
+        assert t.info()["totals"]["inserted"] == 6  # (the episode once)
+
+
+@pytest.mark.parametrize("where", ["write", "commit"])
+def test_an_insert_past_max_size_interrupted_as_it_went_on_is_evicted_before_its_outcome_ends(
+    dist_client, monkeypatch, where
+):
+    """A blocking insert over the lanes past ``max_size``, interrupted once its workers might hold its items:
+    the event loop finished its store in the background but not the eviction after it, so the table stayed
+    over ``max_size`` (6 items of 4) until some later insert evicted.  The eviction now follows the store
+    there, and the interrupt's outcome ends once both did."""
+    from gear_flow.errors import InterruptedInFlight
+
+    with _full_table(dist_client) as t:
+        fired = _interrupt_at(monkeypatch, where)
+        with pytest.raises(KeyboardInterrupt) as got:  # (a plain one, uncaught, would stop the test run)
+            t.insert([episode(10, 2)], shard=0 if where == "write" else None)
+        monkeypatch.undo()
+        assert fired == [where] and type(got.value) is InterruptedInFlight
+        assert got.value.outcome.result(timeout=20).num_items == 2
+        assert t.size == 4 and t.info()["totals"]["inserted"] == 6
+        assert t.info()["inserts_in_flight"] == 0
 
 
 def test_an_interrupt_held_to_the_end_of_a_stored_inserts_steps_carries_its_answer(dist_client, monkeypatch):

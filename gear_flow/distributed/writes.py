@@ -27,6 +27,8 @@ priority updates and deletes.  An insert's steps are one generator,
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import itertools
 import logging
 from collections import defaultdict
@@ -539,6 +541,15 @@ def _stored(table: DistributedTable, grant: InsertGrant, req: object) -> Generat
         if grant.settle():
             yield Abort(grant.txn, e.held, e.cause)
         raise
+    except InterruptedInFlight as e:  # (the caller's thread) its store goes on in the background, and so must
+        # the eviction after it: otherwise the table stays over max_size until another insert evicts
+        try:
+            ends = table._ctx.go_on(_evicted_after, table, e.outcome)
+        except RuntimeError:  # the loop is closed: nothing goes on there
+            ends = None
+        if ends is None:
+            raise
+        raise InterruptedInFlight(ends) from e
     finally:
         grant.settle()  # committed or aborted by its transaction (or above)
     if table._cfg.evicts_to_max_size(size):  # the inserts' one rule (a queue never evicts)
@@ -546,6 +557,19 @@ def _stored(table: DistributedTable, grant: InsertGrant, req: object) -> Generat
             yield Evict(size)
         except KeyboardInterrupt as e:  # (the caller's thread) stored: the eviction goes on in the background
             raise InterruptedInFlight(settled((applied, size))) from e
+    return applied, size
+
+
+async def _evicted_after(table: DistributedTable, stored: concurrent.futures.Future) -> tuple[dict, int]:
+    """A store that went on in the background (``stored``: its ``(applied, size)``), then the table evicted to
+    ``max_size`` as :func:`_stored` evicts; a failed eviction leaves the table over it, as the caller's would
+    (logged: the items are stored whatever the eviction does, and whoever waits must know that)."""
+    applied, size = await asyncio.wrap_future(stored)
+    if table._cfg.evicts_to_max_size(size):
+        try:
+            await through_cancel(evict_excess(table, size))
+        except Exception as e:  # noqa: BLE001 - see above
+            logger.info("table %r: an interrupted insert's eviction to max_size failed: %s", table.name, e)
     return applied, size
 
 
