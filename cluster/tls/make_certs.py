@@ -80,7 +80,7 @@ def _make_with_cryptography(out: Path, hosts: list[str], days: int, name: str) -
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=days)
 
     def pem_key(key) -> bytes:
