@@ -254,6 +254,14 @@ def delete_race(table, deleter, items: int = 80, seed: int = 0) -> tuple[list[in
     return got, deleted, errors
 
 
+def owned_segments(pids) -> list[str]:
+    """The names in /dev/shm owned by any of ``pids`` (:func:`gear_flow.storage.shared.segment_owner`), sorted."""
+    from gear_flow.storage.shared import SHM_DIR, segment_owner
+
+    pids = set(pids)
+    return sorted(n for n in os.listdir(SHM_DIR) if segment_owner(n) in pids)
+
+
 def killed_workers() -> list[int]:
     """The suite's forked workers that started and never ended normally: killed (by the test, or by their
     nanny when they did not close in time), so their shared-memory segments stay until a sweep."""

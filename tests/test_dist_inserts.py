@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from dist_support import DATA_OPS, handed
-from helpers import COLUMNS, episode
+from helpers import COLUMNS, episode, owned_segments
 from lane_support import break_lane_after
 
 import gear_flow as gf
@@ -110,7 +110,7 @@ def test_staging_segments_are_reused_and_bad_places_are_refused(client, data_pla
     t = DistributedTable.create(client, gf.TableSpec(COLUMNS, capacity=500, num_shards=2), seed=0, name="staging")
     try:
         mine = lambda: sorted(  # noqa: E731  (this process's staging segments; its scheduler's lane is no segment)
-            n for n in os.listdir("/dev/shm") if n.startswith(f"gf_{os.getpid()}_") and "_lane" not in n
+            n for n in owned_segments([os.getpid()]) if "_lane" not in n
         )
         t.insert([episode(k, 20) for k in (1, 2)])
         before = mine()

@@ -18,6 +18,7 @@ from helpers import COLUMNS, Catalog, check_windows, chi2_critical
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable, reader_draw
 from gear_flow.keys import decode
+from gear_flow.storage.shared import segment_owner
 
 #: steps per episode; step k of every episode has priority k + 1
 K = 8
@@ -372,12 +373,11 @@ def test_a_closed_handle_keeps_no_owner_segment_mapped_and_leaves_no_draw_uncoun
     shards' mappings then, not when the handle is collected."""
     t = table(dist_client, True)
     cat = Catalog()
-    owners = dist_client.run(os.getpid)
-    prefixes = tuple(f"gf_{pid}_" for pid in owners.values())
+    owners = set(dist_client.run(os.getpid).values())
 
     def mapped() -> list[str]:
         with open("/proc/self/maps") as f:
-            return [ln for ln in f if os.path.basename(ln.split()[-1]).startswith(prefixes)]
+            return [ln for ln in f if segment_owner(os.path.basename(ln.split()[-1])) in owners]
 
     with dask.config.set({"gear-flow.distributed.reader-flush": 600}):  # only close() sends them
         fill(t, cat, range(1, 11))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from dist_support import coordinator
 from distributed import Client, LocalCluster
-from helpers import COLUMNS, episode, killed_workers
+from helpers import COLUMNS, episode, killed_workers, owned_segments
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable
@@ -23,10 +23,6 @@ pytestmark = pytest.mark.timeout(240)
 
 def spec(capacity=256, num_shards=2):
     return gf.TableSpec(COLUMNS, capacity=capacity, num_shards=num_shards)
-
-
-def owned_segments(pids) -> list[str]:
-    return sorted(n for n in os.listdir("/dev/shm") if segment_owner(n) in set(pids))
 
 
 def test_the_seqlock_sees_a_write_that_overtakes_a_reader():

@@ -14,7 +14,7 @@ import dask
 import pytest
 from dist_support import context, coordinator, wait_for
 from distributed import Client, LocalCluster
-from helpers import COLUMNS, episode
+from helpers import COLUMNS, episode, owned_segments
 
 import gear_flow as gf
 from gear_flow.distributed import DistributedTable
@@ -117,8 +117,7 @@ def test_lost_scheduler_is_a_clear_error(tmp_path):
                 t = DistributedTable.create(c, spec(), seed=0)
                 t.insert([episode(1, 10)])
                 assert len(t.sample(4, 1)) == 4
-                owned = (f"gf_{sched.pid}_", f"gf_{worker.pid}_")
-                left_by = [n for n in os.listdir(SHM_DIR) if n.startswith(owned)]
+                left_by = owned_segments([sched.pid, worker.pid])
                 assert left_by  # the coordinator's lane at least, and the shard's rings
                 os.killpg(sched.pid, signal.SIGKILL)
                 sched.wait(timeout=10)
