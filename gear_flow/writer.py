@@ -112,6 +112,7 @@ class EpisodeWriter(BufferedWriter):
         TableClosedError
             The writer is closed.
         """
+        self._settle()
         if self._closed:
             raise TableClosedError("the writer is closed")
         if not isinstance(step, Mapping):
@@ -164,6 +165,7 @@ class EpisodeWriter(BufferedWriter):
             The table's result for the insert (keys, episode id, shard); None
             when no step was buffered.
         """
+        self._settle()
         if self._n == 0:
             return None
         ep = self._rows.rows(self._n)
@@ -190,6 +192,7 @@ class EpisodeWriter(BufferedWriter):
         int
             How many steps were dropped.
         """
+        self._settle()
         n, self._prio = self._n, None
         self._rows.clear()
         return n

@@ -793,6 +793,57 @@ def test_every_writers_distributed_insert_interrupted_as_it_went_on_is_stored_on
         assert t.info()["rate_limiter"]["inserts"] == n  # (each stored once)
 
 
+@pytest.mark.parametrize("kind", ["episode", "trajectory", "vector"])
+def test_a_writers_insert_interrupted_again_while_it_is_awaited_is_settled_by_the_writers_next_call(
+    dist_client, monkeypatch, kind
+):
+    """A second interrupt while a writer waited for the end of its insert (interrupted as the commit went,
+    finished in the background) came at once, the rows kept: the insert then stored them, and the retry the
+    docstrings invite stored them again (4 items for 2 appended; a VectorWriter's two episodes, 8 for 4).
+    The writer's next call now waits for that end first, and lets go of what it stored."""
+    from gear_flow.distributed import thread_insert
+    from gear_flow.errors import InterruptedInFlight
+
+    main, real_finish, seen = threading.main_thread().ident, thread_insert._finish, []
+
+    def waiting_in(caller: str) -> bool:  # whether the main thread waits on a future's result in `caller`
+        f = sys._current_frames().get(main)
+        while f is not None:
+            if f.f_code.co_name == "result" and f.f_back is not None and f.f_back.f_code.co_name == caller:
+                return True
+            f = f.f_back
+        return False
+
+    def interrupt_again():  # (the loop's executor: the insert's end waits for it)
+        end = time.monotonic() + 20
+        while not waiting_in("_table_insert") and time.monotonic() < end:
+            time.sleep(0.002)  # polls the main thread's stack: it blocks on a lock, nothing to notify
+        seen.append(waiting_in("_table_insert"))
+        signal.pthread_kill(main, signal.SIGINT)
+        while waiting_in("_table_insert") and time.monotonic() < end:
+            time.sleep(0.002)
+
+    async def finish(*args):
+        await asyncio.get_running_loop().run_in_executor(None, interrupt_again)
+        return await real_finish(*args)
+
+    with _queue(dist_client, over_lanes=True) as t:
+        w, last, again = _writer_holding(t, kind)
+        fired = _interrupt_at(monkeypatch, "commit")
+        monkeypatch.setattr(thread_insert, "_finish", finish)
+        with pytest.raises(KeyboardInterrupt) as got:  # (a plain one, uncaught, would stop the test run)
+            last()
+        monkeypatch.undo()
+        assert fired == ["commit"] and seen == [True] and type(got.value) is InterruptedInFlight
+        assert got.value.outcome.result(timeout=20).num_items == (4 if kind == "vector" else 2)
+        again()  # the retry: settles the insert first, and stores nothing twice
+        n = 4 + (4 if kind == "vector" else 2)
+        assert t.info()["rate_limiter"]["inserts"] == n
+        assert _stored_items(t, n) == [1, 2, 3, 4] + [10] * (n - 4)
+        if kind == "episode":
+            assert w.pending == 0 and [e[0] for e in w.ended] == got.value.outcome.result().episode_ids.tolist()
+
+
 @contextlib.contextmanager
 def _full_table(client):
     """A 2-shard table of ``max_size`` 4 (closed after) holding 4 items, whose blocking inserts go from the

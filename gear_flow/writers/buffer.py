@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -19,6 +19,9 @@ from ..interrupts import holds_interrupts
 from ..spec import TableSpec
 from ..table.results import InsertResult
 from ..table.validate import as_array, storable
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
 
 T = TypeVar("T")
 
@@ -152,6 +155,9 @@ class BufferedWriter:
     _unit = "steps"
     _closed: bool
     _went_on: KeyboardInterrupt | None = None  # an insert's interrupt that came as it stored (:meth:`_table_insert`)
+    _in_flight: Future | None = None  # the end of an insert interrupted again while it was awaited
+    _unsettled: tuple | None = None  # that end, and the store that made it (:meth:`_settle`)
+    _replayed: InsertResult | None = None  # that insert's result, for the store settling it
 
     def _target(self, table, shard: int | None, timeout: float | None) -> None:
         """The table the writer inserts into, and the ``shard`` and ``timeout`` of its inserts, checked now
@@ -192,7 +198,14 @@ class BufferedWriter:
         if getattr(self.table, "_holds_interrupts", False):
             return self._stored_held(store, *args)
         self._went_on = None
-        out = store(*args)
+        try:
+            out = store(*args)
+        except KeyboardInterrupt:
+            if self._in_flight is not None:  # its end not known yet: the writer's next call settles it
+                self._unsettled = (self._in_flight, store, args)
+            raise
+        finally:
+            self._in_flight = None
         if self._went_on is not None:
             interrupt, self._went_on = self._went_on, None
             raise HeldInterrupt(out) from interrupt
@@ -203,7 +216,11 @@ class BufferedWriter:
         distributed table's, :class:`~gear_flow.errors.InterruptedInFlight`), it waits for the insert's end:
         stored, it returns its result, so that the writer lets go of the rows it stored, and :meth:`_stored`
         raises the interrupt after; not stored, the interrupt comes now, the rows kept for a retry.  A
-        HeldInterrupt (the insert stored) is raised after the same way."""
+        HeldInterrupt (the insert stored) is raised after the same way.  Interrupted again while it waits, the
+        interrupt comes at once and the writer's next call waits for that end first (:meth:`_settle`)."""
+        if self._replayed is not None:  # (settling) the insert of these rows ended in the background: its result
+            res, self._replayed = self._replayed, None
+            return res
         try:
             return self.table.insert(*args, **kwargs)
         except HeldInterrupt as e:  # (a distributed table's, held to the end of its steps) stored
@@ -212,10 +229,34 @@ class BufferedWriter:
         except InterruptedInFlight as e:
             try:
                 res = e.outcome.result()
-            except BaseException:  # noqa: BLE001 - not stored (cancelled, failed) or a second interrupt: the first
+            except KeyboardInterrupt:  # a second interrupt: the first comes, the insert's end still to be known
+                self._in_flight = e.outcome
+                raise e from None
+            except BaseException:  # noqa: BLE001 - not stored (cancelled, failed): the rows kept for a retry
                 raise e from None
             self._went_on = e
             return res
+
+    def _settle(self) -> None:
+        """Before any other step of a writer whose insert was interrupted twice (:meth:`_table_insert`), that
+        insert's end: stored, the store that made it lets go of the rows it stored (its insert answered by
+        the result), as it would have had the wait not been interrupted; not stored, the rows stay for a
+        retry.  Without it a retry stored them twice.  Interrupted while it waits, it stays to settle."""
+        if self._unsettled is None:
+            return
+        end, store, args = self._unsettled
+        try:
+            res = end.result()
+        except KeyboardInterrupt:
+            raise
+        except BaseException:  # noqa: BLE001 - not stored (cancelled, failed): nothing to let go of
+            self._unsettled = None
+            return
+        self._unsettled, self._replayed = None, res
+        try:
+            store(*args)
+        finally:
+            self._replayed = None
 
     @holds_interrupts
     def _stored_held(self, store: Callable[..., T], *args: Any) -> T:
@@ -237,6 +278,7 @@ class BufferedWriter:
         A close whose insert fails (the limiter timed out, the table refused it) raises and leaves the
         writer open with what it holds: a later ``close`` inserts it, or :meth:`discard` drops it.
         """
+        self._settle()
         if not self._closed:
             self._flush()  # (closed only once it went in: a retried close would otherwise drop it unsaid)
             self._closed = True

@@ -168,6 +168,7 @@ class TrajectoryWriter(BufferedWriter):
             the chunk was stored (:class:`~gear_flow.errors.HeldInterrupt`),
             the step is appended too.
         """
+        self._settle()
         if self._closed:
             raise TableClosedError("the writer is closed")
         if priority is not None and self.items == "created":
@@ -209,6 +210,7 @@ class TrajectoryWriter(BufferedWriter):
         -------
         None
         """
+        self._settle()
         if self.items != "created":
             raise SpecError("create_item needs a writer made with items='created'")
         if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= self.overlap + 1:
@@ -236,6 +238,7 @@ class TrajectoryWriter(BufferedWriter):
         None
             Nothing happens when no row was appended since the last chunk.
         """
+        self._settle()
         if self.pending <= 0:
             return
         self._stored(self._chunk, self._rows.n)
@@ -268,6 +271,7 @@ class TrajectoryWriter(BufferedWriter):
         -------
         None
         """
+        self._settle()
         self._stored(self._last_chunk)
 
     def _last_chunk(self) -> None:
@@ -286,6 +290,7 @@ class TrajectoryWriter(BufferedWriter):
         int
             Rows dropped.
         """
+        self._settle()
         n = max(0, self.pending)
         self._rows.clear()
         self._prio, self._head, self._steps = [], 0, 0

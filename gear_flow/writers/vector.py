@@ -127,6 +127,7 @@ class VectorWriter(BufferedWriter):
             appended and the ended episodes stay buffered; the next ``append``
             or :meth:`flush` inserts them first.
         """
+        self._settle()
         if self._closed:
             raise TableClosedError("the writer is closed")
         N = self.num_envs
@@ -194,6 +195,7 @@ class VectorWriter(BufferedWriter):
         -------
         InsertResult or None
         """
+        self._settle()
         for i in self._envs(envs):
             if self._n[i] and all(e != i for e, _ in self._ending):
                 self._ending.append((i, truncated))
@@ -210,6 +212,7 @@ class VectorWriter(BufferedWriter):
         InsertResult or None
             Every episode inserted.
         """
+        self._settle()
         if not self._ending:
             return None
         envs = [e for e, _ in self._ending]
@@ -275,6 +278,7 @@ class VectorWriter(BufferedWriter):
         int
             Steps dropped.
         """
+        self._settle()
         envs = sorted(set(self._envs(envs)))
         n = int(self._n[envs].sum())
         self._n[envs] = 0
