@@ -37,11 +37,20 @@ KeyboardInterrupt, the call leaving nothing).  Let in at once, it landed in
 ``threading.Condition.wait`` re-taking its lock and left the call believing it
 held a lock another thread did.  Put in and out per call, a handler cost more
 than a tiny sample itself.
+
+A section may hold a distributed call: a writer's insert and its letting go
+of the rows it stored are one (landing between the two, an interrupt left the
+rows for a retry to store twice).  The call's waits (a request being answered,
+a wait marked by :func:`lets_in`) still let interrupts in, as without the
+section, and one the section held meanwhile comes at the call's next request
+or wait, where the call acts on it; landing after the call returned, it comes
+once the writer let go (a HeldInterrupt).
 """
 
 from __future__ import annotations
 
 import _signal
+import concurrent.futures
 import functools
 import signal
 import sys
@@ -146,10 +155,16 @@ class HeldInterrupts:
 
     def check(self) -> None:
         """Deliver an interrupt held meanwhile (the handler replaced runs: Python's raises KeyboardInterrupt);
-        an answer calls it before it sends its request, where the steps act on it."""
+        an answer calls it before it sends its request, where the steps act on it.  One a section around the
+        call holds (:func:`holds_interrupts`: a writer's insert and its letting go of the rows) comes here too:
+        the call's steps act on it, where the section would hold it to the call's end."""
+        deliver_held()
         if self._pending is not None:
             pending, self._pending = self._pending, None
-            self._handler(*pending)
+            if self._handler is _SECTIONS.on_signal:  # (raised here, not held again by that section)
+                signal.default_int_handler(*pending)
+            else:
+                self._handler(*pending)
 
 
 def _held_at(frame: FrameType | None, held: Collection[CodeType], let_in: Collection[CodeType]) -> bool:
@@ -165,9 +180,30 @@ def _held_at(frame: FrameType | None, held: Collection[CodeType], let_in: Collec
     return False
 
 
-#: the frames that decide: a request being answered lets interrupts in, the driver's own code holds them
-_LET_IN = (HeldInterrupts.let_in.__code__,)
+#: the frames that decide: a request being answered (or a wait marked by :func:`lets_in`) lets interrupts in, the
+#: driver's own code holds them
+_LET_IN: set[CodeType] = {HeldInterrupts.let_in.__code__}
 _HELD = (planner.run.__code__,)
+
+
+def lets_in(fn: Callable[..., T]) -> Callable[..., T]:
+    """Mark ``fn`` as a wait that interrupts reach at once even inside a section (:func:`holds_interrupts`): a
+    blocking distributed call's wait for its end (a writer's insert and its letting go of the rows are one
+    section, and the insert must stay as quick to interrupt as without it).  ``fn`` should call
+    :func:`deliver_held` before it waits (an interrupt the section held meanwhile).
+
+    Parameters
+    ----------
+    fn : callable
+        The wait.
+
+    Returns
+    -------
+    callable
+        ``fn`` itself.
+    """
+    _LET_IN.add(fn.__code__)
+    return fn
 
 
 class _Sections:
@@ -180,7 +216,7 @@ class _Sections:
         self.pending: tuple[int, FrameType | None] | None = None  # (a plain attribute: read at each section's end)
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if _held_at(frame, self.held, ()):
+        if _held_at(frame, self.held, _LET_IN):
             self.pending = (signum, frame)
             return
         signal.default_int_handler(signum, frame)
@@ -189,7 +225,7 @@ class _Sections:
         """A section ended with an interrupt held: raised (a :class:`~gear_flow.errors.HeldInterrupt` carrying
         ``result`` when it was ``done``, else a plain KeyboardInterrupt), unless inside an outer section (whose
         end raises it) or in another thread than the main one (whose section does)."""
-        if threading.current_thread() is not threading.main_thread() or _held_at(frame, self.held, ()):
+        if threading.current_thread() is not threading.main_thread() or _held_at(frame, self.held, _LET_IN):
             return
         pending, self.pending = self.pending, None
         if pending is None:
@@ -257,6 +293,33 @@ def holds_interrupts(fn: Callable[..., T]) -> Callable[..., T]:
 
     _SECTIONS.held.add(section.__code__)
     return section
+
+
+@lets_in
+def waited(end: concurrent.futures.Future[T]) -> T:
+    """``end.result()``, a wait interrupts reach at once even inside a section (:func:`lets_in`), one the section
+    held meanwhile first.
+
+    Parameters
+    ----------
+    end : concurrent.futures.Future
+        What is awaited.
+
+    Returns
+    -------
+    object
+        Its result.
+
+    Examples
+    --------
+    >>> import concurrent.futures
+    >>> end = concurrent.futures.Future()
+    >>> end.set_result(2)
+    >>> waited(end)
+    2
+    """
+    deliver_held()
+    return end.result()
 
 
 def deliver_held() -> None:

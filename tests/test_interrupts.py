@@ -808,11 +808,13 @@ def test_a_writers_insert_interrupted_again_while_it_is_awaited_is_settled_by_th
 
     def waiting_in(caller: str) -> bool:  # whether the main thread waits on a future's result in `caller`
         f = sys._current_frames().get(main)
-        while f is not None:
-            if f.f_code.co_name == "result" and f.f_back is not None and f.f_back.f_code.co_name == caller:
-                return True
+        while f is not None and f.f_code.co_name != "result":
             f = f.f_back
-        return False
+        names = []
+        while f is not None and len(names) < 3:  # (the wait, its helper, the caller)
+            names.append(f.f_code.co_name)
+            f = f.f_back
+        return caller in names
 
     def interrupt_again():  # (the loop's executor: the insert's end waits for it)
         end = time.monotonic() + 20
@@ -842,6 +844,40 @@ def test_a_writers_insert_interrupted_again_while_it_is_awaited_is_settled_by_th
         assert _stored_items(t, n) == [1, 2, 3, 4] + [10] * (n - 4)
         if kind == "episode":
             assert w.pending == 0 and [e[0] for e in w.ended] == got.value.outcome.result().episode_ids.tolist()
+
+
+@pytest.mark.parametrize("over_lanes", [True, False], ids=["lanes", "loop"])
+@pytest.mark.parametrize("kind", ["episode", "trajectory", "vector"])
+def test_a_writers_insert_interrupted_once_it_returned_lets_go_of_what_it_stored(
+    dist_client, monkeypatch, kind, over_lanes
+):
+    """A SIGINT landing once a distributed insert had returned, before its writer let go of the rows it stored
+    (a hunt's forced repro), came as a plain KeyboardInterrupt, the word for "nothing stored", the rows kept:
+    the writer's retry stored them again (4 items for 2).  The writer's insert and its letting go are one
+    section, as over a LocalTable, whose waits still let interrupts in: a HeldInterrupt, the rows let go."""
+    from gear_flow.distributed import thread_insert
+
+    real, armed = thread_insert.insert, []
+
+    def insert(*args, **kw):
+        res = real(*args, **kw)
+        if armed and armed.pop():
+            signal.raise_signal(signal.SIGINT)  # (handled here: the insert returned, the writer not yet let go)
+        return res
+
+    with _queue(dist_client, over_lanes=over_lanes) as t:
+        w, last, again = _writer_holding(t, kind)
+        monkeypatch.setattr(thread_insert, "insert", insert)
+        armed.append(True)
+        with pytest.raises(KeyboardInterrupt) as got:  # (a plain one, uncaught, would stop the test run)
+            last()
+        monkeypatch.undo()
+        assert not armed and type(got.value) is HeldInterrupt
+        again()  # the retry: nothing left to store
+        before = [1, 2, 3, 4] if over_lanes else []
+        n = len(before) + (4 if kind == "vector" else 2)
+        assert t.info()["rate_limiter"]["inserts"] == n
+        assert _stored_items(t, n) == before + [10] * (n - len(before))
 
 
 @contextlib.contextmanager

@@ -38,6 +38,7 @@ from ..errors import (
     ShardMovedError,
     SpecError,
 )
+from ..interrupts import deliver_held, lets_in, waited
 from . import protocol, wire
 from .coordinator import COORD_LANE_OPS, admission_wait
 from .lane import LANE_ERRORS, RESENDABLE_OPS, Lanes, NotSent
@@ -490,7 +491,9 @@ class Context:
         """
         return self._sync(fn, args, kwargs, True)
 
+    @lets_in  # (inside a section, a writer's insert and its letting go of the rows: the wait stays interruptible)
     def _sync(self, fn: Callable[..., Awaitable[T]], args: tuple, kwargs: dict, in_flight: bool) -> T:
+        deliver_held()  # (one that section held meanwhile: the call never starts)
         caller = _Caller()
         try:
             return self._start(_awaited(self, fn, args, kwargs, caller), caller).result()
@@ -532,7 +535,7 @@ class Context:
         object
             The step's answer (its error raised here; a RuntimeError as :meth:`sync` raises one).
         """
-        return self.go_on(fn, *args, **kwargs).result()
+        return waited(self.go_on(fn, *args, **kwargs))
 
     def go_on(self, fn: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
         """Start a step that nothing may stop midway on the loop (:meth:`sync_to_end` without the wait): a caller

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from ..errors import HeldInterrupt, InterruptedInFlight, InvalidDataError
-from ..interrupts import holds_interrupts
+from ..interrupts import holds_interrupts, waited
 from ..spec import TableSpec
 from ..table.results import InsertResult
 from ..table.validate import as_array, storable
@@ -190,16 +190,15 @@ class BufferedWriter:
 
     def _stored(self, store: Callable[..., T], *args: Any) -> T:
         """``store(*args)``: an insert (:meth:`_table_insert`) and the buffer's letting go of what it stored, as one
-        section when the table's calls hold interrupts (``LocalTable``): an interrupt held by the insert then
-        comes once the buffer let go, where one landing between the two left the rows for a retry to store
-        twice.  A distributed table's blocking insert stays interruptible while it waits (no section); one
-        interrupted where it goes on in the background is waited for by :meth:`_table_insert`, and its interrupt
-        raised here once the buffer let go of what it stored (a HeldInterrupt, as a section's)."""
-        if getattr(self.table, "_holds_interrupts", False):
-            return self._stored_held(store, *args)
+        section (:func:`~gear_flow.interrupts.holds_interrupts`): an interrupt landing between the two (or held
+        by the insert) comes once the buffer let go, a HeldInterrupt, where one landing there left the rows for
+        a retry to store twice.  A distributed table's blocking insert stays as quick to interrupt while it
+        waits (its waits let interrupts in, :func:`~gear_flow.interrupts.lets_in`); one interrupted where it
+        goes on in the background is waited for by :meth:`_table_insert`, and its interrupt raised here once
+        the buffer let go of what it stored (a HeldInterrupt, as a section's)."""
         self._went_on = None
         try:
-            out = store(*args)
+            out = self._stored_held(store, *args)
         except KeyboardInterrupt:
             if self._in_flight is not None:  # its end not known yet: the writer's next call settles it
                 self._unsettled = (self._in_flight, store, args)
@@ -228,7 +227,7 @@ class BufferedWriter:
             return e.result
         except InterruptedInFlight as e:
             try:
-                res = e.outcome.result()
+                res = waited(e.outcome)  # (in the section of :meth:`_stored`: a second interrupt still comes)
             except KeyboardInterrupt:  # a second interrupt: the first comes, the insert's end still to be known
                 self._in_flight = e.outcome
                 raise e from None
