@@ -253,7 +253,7 @@ class BufferedWriter:
             return
         self._unsettled, self._replayed = None, res
         try:
-            store(*args)
+            self._stored_held(store, *args)  # (a section, as the store it finishes)
         finally:
             self._replayed = None
 
