@@ -1846,14 +1846,14 @@ class TableLink:
         self.view.learn(st)
         self.ctx.epoch = self.view.version  # every request to a worker says which placement it was planned at
 
-    def refresh_here(self, version: int) -> None:
+    def refresh_here(self, version: int | None) -> None:
         """:meth:`refresh` from a caller's thread: the event loop is asked only when the view is not at
         ``version`` already.
 
         Parameters
         ----------
-        version : int
-            The version an answer said the placement is at.
+        version : int or None
+            The version an answer said the placement is at; None: asked whatever version the view is at.
         """
         if version != self.view.version:
             self.ctx.sync(self.refresh, version)

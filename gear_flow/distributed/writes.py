@@ -330,11 +330,12 @@ class Learn(NamedTuple):
 
     Parameters
     ----------
-    version : int
-        The placement version an admission was granted at.
+    version : int or None
+        The placement version an admission was granted at; None: whatever version this handle knows (a
+        refusal names none).
     """
 
-    version: int
+    version: int | None
 
 
 class LearnMoved(NamedTuple):
@@ -517,7 +518,7 @@ def _admitted(table: DistributedTable, args: dict) -> Generator[object, object, 
     except ShardLostError:
         # refused while it waited (a shard was lost and the table is not degraded): the placement is
         # learnt first, or the insert would be routed again over the shard this handle still takes for live
-        yield Learn(-1)
+        yield Learn(None)
         raise
     try:
         yield Learn(grant.adm["version"])
