@@ -1018,6 +1018,41 @@ def test_an_insert_interrupted_while_the_event_loop_applies_it_carries_what_it_s
         assert t.stats["insert_in_thread"] == 0
 
 
+def test_a_second_interrupt_as_the_first_cancels_the_call_still_says_how_it_ends(dist_client, monkeypatch):
+    """A blocking insert the event loop carries, interrupted once its workers applied it, and interrupted again
+    as the caller's wait handed its cancel to the loop (a double Ctrl-C; a fuzz's find): the second interrupt
+    came as a plain KeyboardInterrupt, "nothing stored", and the insert went on and stored (a writer's retry
+    stored it twice).  The second one waits for the cancel to be handed over, and the first comes, holding
+    the insert's end (:class:`~gear_flow.errors.InterruptedInFlight`)."""
+    from gear_flow.distributed import transactions, transport
+    from gear_flow.errors import InterruptedInFlight
+
+    real_call, real_leave, main, fired = transactions.call, transport._Caller.leave, threading.main_thread().ident, []
+
+    async def call(ctx, addr, what, **kw):
+        got = await real_call(ctx, addr, what, **kw)
+        if what == "apply" and not fired:  # (on the event loop's thread, the caller waiting)
+            fired.append(what)
+            signal.pthread_kill(main, signal.SIGINT)
+        return got
+
+    def leave(self, loop):
+        if fired == ["apply"]:
+            fired.append("leave")
+            signal.raise_signal(signal.SIGINT)  # (handled here, before the cancel is handed to the loop)
+        return real_leave(self, loop)
+
+    with _queue(dist_client, over_lanes=False) as t:
+        monkeypatch.setattr(transactions, "call", call)
+        monkeypatch.setattr(transport._Caller, "leave", leave)
+        with pytest.raises(KeyboardInterrupt) as got:  # (a plain one, uncaught, would stop the test run)
+            t.insert([episode(3, 1), episode(4, 1)])
+        monkeypatch.undo()
+        assert fired == ["apply", "leave"] and type(got.value) is InterruptedInFlight
+        assert got.value.outcome.result(timeout=20).num_items == 2
+        assert _stored_items(t, 2) == [3, 4]
+
+
 def test_a_queue_sample_interrupted_once_a_worker_committed_it_carries_its_batch(dist_client, monkeypatch):
     """A blocking Queue sample interrupted once a worker had committed its part (its items handed out) went on
     to its end on the event loop, for a caller who got a plain KeyboardInterrupt: the batch's items left the

@@ -38,7 +38,7 @@ from ..errors import (
     ShardMovedError,
     SpecError,
 )
-from ..interrupts import deliver_held, lets_in, waited
+from ..interrupts import deliver_held, holds_interrupts, lets_in, waited
 from . import protocol, wire
 from .coordinator import COORD_LANE_OPS, admission_wait
 from .lane import LANE_ERRORS, RESENDABLE_OPS, Lanes, NotSent
@@ -178,6 +178,14 @@ class _Caller:
             self.coro = None
             if self.end is not None:
                 self.end.cancel()
+
+
+@holds_interrupts
+def _leave(caller: _Caller, loop: asyncio.AbstractEventLoop) -> None:
+    """``caller.leave(loop)`` as a section: a second interrupt landing in it (a double Ctrl-C) waits for the
+    cancel to be scheduled, where it left the call running for a caller whose plain KeyboardInterrupt, not the
+    :class:`~gear_flow.errors.InterruptedInFlight` holding the call's end, said "nothing stored"."""
+    caller.leave(loop)
 
 
 def _create(coro: Coroutine[Any, Any, T], end: concurrent.futures.Future[T], caller: _Caller | None) -> None:
@@ -498,7 +506,10 @@ class Context:
         try:
             return self._start(_awaited(self, fn, args, kwargs, caller), caller).result()
         except BaseException as e:  # interrupted: the call is cancelled on the loop (done: nothing)
-            caller.leave(self.loop.asyncio_loop)
+            try:
+                _leave(caller, self.loop.asyncio_loop)
+            except KeyboardInterrupt:  # a second one, held to the cancel's end: the first says how the call ends
+                pass
             if in_flight and caller.end is not None and isinstance(e, KeyboardInterrupt):
                 raise InterruptedInFlight(caller.end) from e
             raise
