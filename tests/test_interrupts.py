@@ -950,6 +950,32 @@ def test_an_insert_past_max_size_interrupted_as_it_went_on_is_evicted_before_its
         assert t.info()["inserts_in_flight"] == 0
 
 
+def test_an_insert_interrupted_as_it_asks_its_eviction_is_evicted_in_the_background(dist_client, monkeypatch):
+    """A blocking insert over the lanes past ``max_size``, interrupted once stored, as its eviction was about to
+    be asked (a fuzz's find): its InterruptedInFlight said the eviction went on in the background, but it had
+    never begun, and the table stayed over ``max_size`` (6 items of 4) until some later insert evicted.  The
+    eviction is begun there, and the outcome ends once it did."""
+    from gear_flow.distributed import thread_insert, writes
+    from gear_flow.errors import InterruptedInFlight
+
+    real, fired = thread_insert.ThreadInserter.__call__, []
+
+    def answer(self, req):
+        if isinstance(req, writes.Evict) and not fired:
+            fired.append(req.size)
+            signal.raise_signal(signal.SIGINT)  # (handled here: the eviction not asked yet)
+        return real(self, req)
+
+    with _full_table(dist_client) as t:
+        monkeypatch.setattr(thread_insert.ThreadInserter, "__call__", answer)
+        with pytest.raises(KeyboardInterrupt) as got:  # (a plain one, uncaught, would stop the test run)
+            t.insert([episode(10, 2)])
+        monkeypatch.undo()
+        assert fired == [6] and type(got.value) is InterruptedInFlight
+        assert got.value.outcome.result(timeout=20).num_items == 2
+        assert t.size == 4 and t.info()["totals"]["inserted"] == 6
+
+
 def test_an_interrupt_held_to_the_end_of_a_stored_inserts_steps_carries_its_answer(dist_client, monkeypatch):
     """A SIGINT that found a blocking insert over the lanes in its own steps after the commit (building its
     answer) was held to the call's end, then raised as a plain KeyboardInterrupt, the word for "left
