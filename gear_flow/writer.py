@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .errors import InvalidDataError, SpecError, TableClosedError
+from .errors import HeldInterrupt, InvalidDataError, SpecError, TableClosedError
+from .interrupts import holds_interrupts
 from .table.results import InsertResult
 from .writers.buffer import BufferedWriter, StepBuffer, check_step
 
@@ -87,10 +88,14 @@ class EpisodeWriter(BufferedWriter):
         """Add one step to the current episode.
 
         When the step completes ``max_episode_length`` and the automatic
-        ``end_episode`` fails (e.g. :class:`~gear_flow.RateLimitTimeout`), the
-        error propagates but the step *was* appended; the full episode stays
-        buffered and is inserted by the next ``append`` (before it takes its
-        step) or ``end_episode``.
+        ``end_episode`` fails (e.g. :class:`~gear_flow.RateLimitTimeout`, or
+        an interrupt), the error propagates but the step *was* appended; the
+        full episode stays buffered and is inserted by the next ``append``
+        (before it takes its step) or ``end_episode``.  That insert failing
+        again, or interrupted before it stored, the ``append`` raises with
+        nothing appended; interrupted once it stored
+        (:class:`~gear_flow.errors.HeldInterrupt`), the step is appended.
+        :attr:`pending` tells which.
 
         Parameters
         ----------
@@ -119,10 +124,10 @@ class EpisodeWriter(BufferedWriter):
             raise InvalidDataError(
                 f"a step must be a mapping of column -> value, got {type(step).__name__}; nothing was appended"
             )
-        if self.max_episode_length is not None and self._n >= self.max_episode_length:
-            # an automatic end failed earlier: insert that episode first, so that no
-            # episode ever exceeds max_episode_length (raises again, appending nothing)
-            self.end_episode(truncated=True)
+        # an automatic end failed earlier: that episode goes in first, so that no episode ever exceeds
+        # max_episode_length (raising again, appending nothing); this step is checked before, as the first of
+        # the next episode (refused after that insert's HeldInterrupt, it dropped the interrupt)
+        catch_up = self.max_episode_length is not None and self._n >= self.max_episode_length
         vals = check_step(self.spec, step)
         if priority is not None:
             try:
@@ -134,14 +139,28 @@ class EpisodeWriter(BufferedWriter):
             if not np.isfinite(p) or p < 0:
                 from .errors import InvalidPriorityError
 
-                raise InvalidPriorityError(self._n, p)
+                raise InvalidPriorityError(0 if catch_up else self._n, p)
+        held = None
+        if catch_up:
+            try:
+                self.end_episode(truncated=True)
+            except HeldInterrupt as e:  # it went in, the interrupt held to its end: the call is done when it comes,
+                held = e  # so this step is buffered first (else left out, for nobody to retry)
+        self._buffer(vals, priority)
+        if held is not None:
+            raise held
+        if self.max_episode_length is not None and self._n >= self.max_episode_length:
+            self.end_episode(truncated=True)
+
+    @holds_interrupts
+    def _buffer(self, vals: dict, priority: float | None) -> None:
+        """The step buffered with its priority, as one section (cut between the two, the episode's priorities
+        no longer matched its steps)."""
         if priority is not None or self._prio is not None:
             if self._prio is None:
                 self._prio = [None] * self._n
             self._prio.append(priority)
         self._rows.append(vals)
-        if self.max_episode_length is not None and self._n >= self.max_episode_length:
-            self.end_episode(truncated=True)
 
     def end_episode(self, priorities: ArrayLike | float | None = None, truncated: bool = False) -> InsertResult | None:
         """Insert the buffered steps as one episode.

@@ -929,6 +929,34 @@ def test_a_writers_distributed_insert_interrupted_in_its_eviction_is_stored_once
         assert t.info()["totals"]["inserted"] == 6  # (the episode once)
 
 
+def test_an_episode_writers_append_whose_catch_up_insert_stored_keeps_its_step_when_interrupted(
+    dist_client, monkeypatch
+):
+    """An EpisodeWriter with ``max_episode_length`` whose automatic end had failed inserts that full episode
+    first at its next append; interrupted once that insert stored (a HeldInterrupt: "the call is done"), the
+    append had not buffered its own step, lost for good (a fuzz's find, 20 times; 3 of 4 steps stored).  The
+    step is buffered before the interrupt comes, as a TrajectoryWriter's and a VectorWriter's append do."""
+    steps = episode(10, 2)
+    one = [{k: v[i] for k, v in steps.items()} for i in range(2)]
+    last = {k: v[0] for k, v in episode(12, 1).items()}
+    with _queue(dist_client, over_lanes=True) as t:
+        w = t.writer(max_episode_length=2)
+        w.append(one[0])
+        fired = _interrupt_at(monkeypatch, "parts")  # the automatic end interrupted before anything was sent
+        with pytest.raises(KeyboardInterrupt) as got:  # (a plain one, uncaught, would stop the test run)
+            w.append(one[1])
+        monkeypatch.undo()
+        assert fired == ["parts"] and type(got.value) is KeyboardInterrupt and w.pending == 2
+        armed = _held_after_commit(monkeypatch)
+        armed.append(True)
+        with pytest.raises(KeyboardInterrupt) as got:
+            w.append(last)  # its catch-up insert of episode 10, then its own step
+        monkeypatch.undo()
+        assert type(got.value) is HeldInterrupt and w.pending == 1
+        w.end_episode()
+        assert _stored_items(t, 7) == [1, 2, 3, 4, 10, 10, 12]
+
+
 @pytest.mark.parametrize("where", ["write", "commit"])
 def test_an_insert_past_max_size_interrupted_as_it_went_on_is_evicted_before_its_outcome_ends(
     dist_client, monkeypatch, where
@@ -976,22 +1004,29 @@ def test_an_insert_interrupted_as_it_asks_its_eviction_is_evicted_in_the_backgro
         assert t.size == 4 and t.info()["totals"]["inserted"] == 6
 
 
-def test_an_interrupt_held_to_the_end_of_a_stored_inserts_steps_carries_its_answer(dist_client, monkeypatch):
-    """A SIGINT that found a blocking insert over the lanes in its own steps after the commit (building its
-    answer) was held to the call's end, then raised as a plain KeyboardInterrupt, the word for "left
-    nothing", with the insert stored: a writer's retry stored its episode twice (a hunt: 6 items for 3).  It
-    comes as a HeldInterrupt with the insert's answer; the writer lets go of the rows."""
+def _held_after_commit(monkeypatch) -> list:
+    """Each True appended to the returned list sends one SIGINT from a blocking insert's own steps after its
+    commit (building its answer), where it is held to the call's end."""
     from gear_flow.distributed import writes
 
     real, main, armed = writes.insert_result, threading.main_thread().ident, []
 
     def insert_result(*args, **kw):
         if armed and armed.pop() and threading.get_ident() == main:
-            signal.pthread_kill(main, signal.SIGINT)  # (held: the insert's own code, after its commit)
+            signal.pthread_kill(main, signal.SIGINT)
         return real(*args, **kw)
 
+    monkeypatch.setattr(writes, "insert_result", insert_result)
+    return armed
+
+
+def test_an_interrupt_held_to_the_end_of_a_stored_inserts_steps_carries_its_answer(dist_client, monkeypatch):
+    """A SIGINT that found a blocking insert over the lanes in its own steps after the commit (building its
+    answer) was held to the call's end, then raised as a plain KeyboardInterrupt, the word for "left
+    nothing", with the insert stored: a writer's retry stored its episode twice (a hunt: 6 items for 3).  It
+    comes as a HeldInterrupt with the insert's answer; the writer lets go of the rows."""
     with _queue(dist_client, over_lanes=True) as t:
-        monkeypatch.setattr(writes, "insert_result", insert_result)
+        armed = _held_after_commit(monkeypatch)
         armed.append(True)
         with pytest.raises(KeyboardInterrupt) as got:  # (a plain one, uncaught, would stop the test run)
             t.insert([episode(5, 1)], shard=0)

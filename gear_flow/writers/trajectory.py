@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import HeldInterrupt, InvalidDataError, InvalidPriorityError, SpecError, TableClosedError
+from ..interrupts import holds_interrupts
 from .buffer import BufferedWriter, StepBuffer, check_step
 
 if TYPE_CHECKING:
@@ -189,7 +190,10 @@ class TrajectoryWriter(BufferedWriter):
                 raise
         self._buffer(vals, priority)
 
+    @holds_interrupts
     def _buffer(self, vals: dict, priority: float | None) -> None:
+        """The step buffered with its priority, as one section (cut between the two, the chunk's priorities no
+        longer matched its rows)."""
         self._rows.append(vals)
         self._prio.append(priority if self.items == "steps" else 0.0)
         self._steps += 1

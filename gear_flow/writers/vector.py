@@ -123,9 +123,13 @@ class VectorWriter(BufferedWriter):
         InsertResult or None
             The insert of the episodes ended by this step (one per ended
             environment, in environment order), or None when none ended.
-            If it fails (e.g. :class:`~gear_flow.RateLimitTimeout`) the step is
-            appended and the ended episodes stay buffered; the next ``append``
-            or :meth:`flush` inserts them first.
+            If it fails (e.g. :class:`~gear_flow.RateLimitTimeout`, or an
+            interrupt) the step is appended and the ended episodes stay
+            buffered; the next ``append`` or :meth:`flush` inserts them first.
+            That insert failing again, or interrupted before it stored, the
+            ``append`` raises with nothing appended; interrupted once it stored
+            (:class:`~gear_flow.errors.HeldInterrupt`), the step is appended.
+            :attr:`pending` tells which.
         """
         self._settle()
         if self._closed:
