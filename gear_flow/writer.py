@@ -10,6 +10,7 @@ automatically (``truncated`` in :attr:`EpisodeWriter.ended`) and the next
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .errors import HeldInterrupt, InvalidDataError, SpecError, TableClosedError
+from .errors import InvalidDataError, SpecError, TableClosedError
 from .interrupts import holds_interrupts
 from .table.results import InsertResult
 from .writers.buffer import BufferedWriter, StepBuffer, check_step
@@ -140,15 +141,8 @@ class EpisodeWriter(BufferedWriter):
                 from .errors import InvalidPriorityError
 
                 raise InvalidPriorityError(0 if catch_up else self._n, p)
-        held = None
-        if catch_up:
-            try:
-                self.end_episode(truncated=True)
-            except HeldInterrupt as e:  # it went in, the interrupt held to its end: the call is done when it comes,
-                held = e  # so this step is buffered first (else left out, for nobody to retry)
-        self._buffer(vals, priority)
-        if held is not None:
-            raise held
+        self._buffered_after(functools.partial(self.end_episode, truncated=True) if catch_up else None, self._buffer,
+                             vals, priority)  # fmt: skip
         if self.max_episode_length is not None and self._n >= self.max_episode_length:
             self.end_episode(truncated=True)
 

@@ -257,6 +257,19 @@ class BufferedWriter:
         finally:
             self._replayed = None
 
+    def _buffered_after(self, first: Callable[[], object] | None, buffer: Callable[..., None], *args: Any) -> None:
+        """``first()`` (an append's insert of what an earlier one left: an ended episode, a full chunk), then
+        ``buffer(*args)`` (the append's own step).  ``first`` failing, nothing is buffered (the append raises
+        with nothing appended); interrupted once it stored (a HeldInterrupt: the call is done when it comes),
+        the step is buffered before the interrupt comes, else it was left out for nobody to retry."""
+        if first is not None:
+            try:
+                first()
+            except HeldInterrupt:
+                buffer(*args)
+                raise
+        buffer(*args)
+
     @holds_interrupts
     def _stored_held(self, store: Callable[..., T], *args: Any) -> T:
         return store(*args)

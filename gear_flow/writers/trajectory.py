@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import HeldInterrupt, InvalidDataError, InvalidPriorityError, SpecError, TableClosedError
+from ..errors import InvalidDataError, InvalidPriorityError, SpecError, TableClosedError
 from ..interrupts import holds_interrupts
 from .buffer import BufferedWriter, StepBuffer, check_step
 
@@ -182,13 +182,7 @@ class TrajectoryWriter(BufferedWriter):
                 raise InvalidDataError(f"priority must be a number, got {priority!r}") from None
             if not np.isfinite(p) or p < 0:
                 raise InvalidPriorityError(self._rows.n, p)
-        if self._rows.n >= self.chunk_length:
-            try:
-                self.flush()
-            except HeldInterrupt:  # the chunk stored, the interrupt held to its end: the call is done when it comes,
-                self._buffer(vals, priority)  # this step appended too (else left out, for nobody to retry)
-                raise
-        self._buffer(vals, priority)
+        self._buffered_after(self.flush if self._rows.n >= self.chunk_length else None, self._buffer, vals, priority)
 
     @holds_interrupts
     def _buffer(self, vals: dict, priority: float | None) -> None:

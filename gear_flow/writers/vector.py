@@ -26,7 +26,6 @@ from numpy.typing import ArrayLike
 
 from ..errors import (
     CapacityError,
-    HeldInterrupt,
     InvalidDataError,
     InvalidPriorityError,
     SpecError,
@@ -147,15 +146,7 @@ class VectorWriter(BufferedWriter):
             bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
             if len(bad):
                 raise InvalidPriorityError(int(bad[0]), float(p[bad[0]]))
-        held = None
-        if self._ending:
-            try:
-                self.flush()  # raises again, appending nothing
-            except HeldInterrupt as e:  # they went in, the interrupt held to their end: this step goes in too
-                held = e  # before it comes (the call is done then)
-        self._record(vals, d, p)
-        if held is not None:
-            raise held
+        self._buffered_after(self.flush if self._ending else None, self._record, vals, d, p)  # (ended earlier first)
         return self.flush() if self._ending else None
 
     @holds_interrupts
