@@ -544,10 +544,7 @@ def _stored(table: DistributedTable, grant: InsertGrant, req: object) -> Generat
         raise
     except InterruptedInFlight as e:  # (the caller's thread) its store goes on in the background, and so must
         # the eviction after it: otherwise the table stays over max_size until another insert evicts
-        ends = _then_evicted(table, e.outcome)
-        if ends is None:
-            raise
-        raise InterruptedInFlight(ends) from e
+        raise InterruptedInFlight(_then_evicted(table, e.outcome)) from e
     finally:
         grant.settle()  # committed or aborted by its transaction (or above)
     if table._cfg.evicts_to_max_size(size):  # the inserts' one rule (a queue never evicts)
@@ -556,17 +553,17 @@ def _stored(table: DistributedTable, grant: InsertGrant, req: object) -> Generat
         except KeyboardInterrupt as e:  # (the caller's thread) stored: the eviction goes on in the background,
             # started there again: the interrupt may have come before it was asked (an eviction takes the excess
             # its hold finds, so one after the other's end removes nothing more)
-            raise InterruptedInFlight(_then_evicted(table, settled((applied, size))) or settled((applied, size))) from e
+            raise InterruptedInFlight(_then_evicted(table, settled((applied, size)))) from e
     return applied, size
 
 
-def _then_evicted(table: DistributedTable, stored: concurrent.futures.Future) -> concurrent.futures.Future | None:
-    """The end of :func:`_evicted_after` of ``stored``, begun on the event loop; None when the loop is closed
-    (nothing goes on there)."""
+def _then_evicted(table: DistributedTable, stored: concurrent.futures.Future) -> concurrent.futures.Future:
+    """The end of :func:`_evicted_after` of ``stored``, begun on the event loop; ``stored`` itself when the loop
+    is closed (nothing goes on there)."""
     try:
         return table._ctx.go_on(_evicted_after, table, stored)
     except RuntimeError:
-        return None
+        return stored
 
 
 async def _evicted_after(table: DistributedTable, stored: concurrent.futures.Future) -> tuple[dict, int]:
