@@ -30,7 +30,6 @@ from numba import njit
 from . import keys as keymod
 from .errors import EmptyTableError, SpecError, nothing_to_sample
 from .ops import sequences
-from .ops._mem import prefetch, prefetch_write
 from .sample import NO_COUNTS
 from .selectors.base import OrderedSelector, Selector, WeightedSelector
 from .spec import TableSpec
@@ -143,14 +142,11 @@ def _apply_updates(seqs, priorities, stamps, stamp0, clock, lo, hi, capacity, ac
     every seq of ``[lo, hi)`` is live (the shard holds ``hi - lo`` items), so ``active`` is not read (a
     cache miss an item in a large shard)."""
     n = seqs.shape[0]
-    for i in range(n):  # every item's state on its way before the pass that waits for it (a window at a time)
+    # every seq checked before anything is written; no prefetch pass (the loads below are independent, as
+    # take_steps's are: with one, B=1024's update of a 10M-step shard took 197 us, without it 188)
+    for i in range(n):
         if seqs[i] >= hi:
             return seqs[:0], priorities[:0], -1, -1.0
-        slot = seqs[i] % capacity
-        if not dense:
-            prefetch(active, slot)
-        prefetch_write(touched, slot)
-        prefetch_write(priority, slot)
     slots = np.empty(n, np.int64)
     pr = np.empty(n, np.float64)
     k, nxt, top = 0, clock, -1.0
