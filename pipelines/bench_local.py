@@ -39,7 +39,6 @@ from common import (  # noqa: E402
 )
 
 import gear_flow as gf  # noqa: E402
-from gear_flow.ops._mem import prefetch, prefetch_write  # noqa: E402
 
 
 def bench_gear_flow(args, eps, rows, results):
@@ -268,10 +267,7 @@ def _floor_once(tree, fl: dict, slots, rng) -> None:
 
 @njit(cache=True)
 def _floor_take(slots, episode, priority, reward, done, o_ep, o_pr, o_rw, o_dn):
-    for i in range(slots.shape[0]):  # the rows on their way first, as the table's take does
-        s = slots[i]
-        prefetch(episode, s), prefetch(priority, s), prefetch(reward, s), prefetch(done, s)
-    for i in range(slots.shape[0]):
+    for i in range(slots.shape[0]):  # independent loads, no prefetch pass first: as the table's take
         s = slots[i]
         o_ep[i], o_pr[i], o_rw[i], o_dn[i] = episode[s], priority[s], reward[s], done[s]
 
@@ -279,9 +275,6 @@ def _floor_take(slots, episode, priority, reward, done, o_ep, o_pr, o_rw, o_dn):
 @njit(cache=True)
 def _floor_update(slots, new, active, touched, priority):
     for i in range(slots.shape[0]):  # as the table's update does
-        s = slots[i]
-        prefetch(active, s), prefetch_write(touched, s), prefetch_write(priority, s)
-    for i in range(slots.shape[0]):
         s = slots[i]
         if active[s] == 1:
             touched[s] = i
