@@ -589,6 +589,68 @@ def test_a_queue_drained_by_two_consumers_while_its_shards_move_hands_out_each_i
         t.close()
 
 
+def _fail_once(op, name, dask_worker=None):
+    """This worker's gear_flow handler fails the first ``op`` on table ``name`` (as a reply lost on its way:
+    the coordinator's call raises), and runs every later one."""
+    plugin = dask_worker.plugins["gear-flow"]
+    real, left = plugin.run, [1]
+
+    async def run(o, **kw):
+        if o == op and kw.get("name") == name and left[0]:
+            left[0] = 0
+            raise ConnectionResetError(f"{op} lost on its way")
+        return await real(o, **kw)
+
+    plugin.run = run
+
+
+def _sealed_by(name, dask_worker=None):
+    """The move sealing table ``name`` on this worker, or None."""
+    t = dask_worker.plugins["gear-flow"].host.tables.get(name)
+    return None if t is None else t.gate.sealed
+
+
+def test_a_release_that_fails_is_sent_again_and_the_source_serves_on_without_the_shard():
+    """The source's ``move_release`` fails once after the destination installed the shard: the coordinator
+    sends it again, so the source drops its copy and unseals its part of the table (before: the copy stayed
+    beside the moved shard and every operation on the source's other shard waited, both until the seal's
+    lease ended, ``move-timeout`` plus two minutes later)."""
+    with own_cluster(n=2) as client:
+        src, dest = sorted(workers_of(client))
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=1000, num_shards=2), workers=[src])
+        t.insert(tagged(range(20)))
+        client.run(_fail_once, "move_release", t.name, workers=[src])
+        t.move_shards([1], dest)
+        assert t.placement == {0: src, 1: dest}
+        wait_for(lambda: client.run(_sealed_by, t.name, workers=[src])[src] is None, "the source to unseal")
+        wait_for(lambda: sorted(all_tags(client, t)) == list(range(20)), "the source to drop its copy")
+        assert list(client.run(_tags_on, t.name, workers=[src])[src]) == [0]
+        t.insert(tagged([20, 21]), shard=0)
+        assert sorted(all_tags(client, t)) == list(range(22)) and t.info()["size"] == 22
+        assert len(t.sample(8)["tag"]) == 8
+        t.close()
+
+
+def test_a_thaw_that_fails_after_a_failed_move_is_sent_again_and_the_source_serves_on():
+    """The destination fails to install and the source's ``move_thaw`` of the undo fails once: the move is
+    refused, the coordinator sends the thaw again, and the source serves its shards again (before: every
+    operation on them waited until the seal's lease ended)."""
+    with own_cluster(n=2) as client:
+        src, dest = sorted(workers_of(client))
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=1000, num_shards=2), workers=[src])
+        t.insert(tagged(range(20)))
+        client.run(_fail_once, "move_commit", t.name, workers=[dest])
+        client.run(_fail_once, "move_thaw", t.name, workers=[src])
+        with pytest.raises(gf.SpecError, match="not moved"):
+            t.move_shards([1], dest)
+        assert t.placement == {0: src, 1: src}
+        wait_for(lambda: client.run(_sealed_by, t.name, workers=[src])[src] is None, "the source to unseal")
+        t.insert(tagged([20, 21]))
+        assert sorted(all_tags(client, t)) == list(range(22)) and t.info()["size"] == 22
+        assert client.run(_tags_on, t.name, workers=[dest])[dest] == {}
+        t.close()
+
+
 def _kill_when(step, dask_worker=None):
     """SIGKILL this worker when it reaches ``step`` of a move: ``building`` (the source has sealed and sent
     its snapshot) or ``installing`` (built, asked to install)."""

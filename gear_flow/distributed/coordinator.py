@@ -105,7 +105,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         #: the coordinator's own lane (listens once a handle asks, ``lane``)
         self.lane = LaneServer(self.serve, COORD_LANE_OPS)
         #: moves shards off retiring workers, onto joining ones, and between workers on request
-        self.moves = ShardMoves(scheduler, self.tables)
+        self.moves = ShardMoves(scheduler, self.tables, self._spawn)
         #: finishes what departed owners left in flight, and the parts workers left unanswered; handed what it
         #: works with (the tables, the scheduler's calls to workers, background tasks, liveness), not this plugin
         self.recovery = Recovery(self.tables, self._worker_call, self._spawn, lambda addr: addr in scheduler.workers)

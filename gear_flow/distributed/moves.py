@@ -30,7 +30,7 @@ import asyncio
 import logging
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 import dask.config
@@ -88,11 +88,15 @@ class ShardMoves:
     tables : dict of str to TableGate
         The coordinator's tables, by name (read; a move changes a table's
         placement through :meth:`TableGate.moved`).
+    spawn : callable
+        Runs a coroutine in the background (the coordinator's tasks): a
+        move's last step sent again after it failed.
     """
 
-    def __init__(self, scheduler: Scheduler, tables: dict[str, TableGate]) -> None:
+    def __init__(self, scheduler: Scheduler, tables: dict[str, TableGate], spawn: Callable[[Coroutine], None]) -> None:
         self.scheduler = scheduler
         self.tables = tables
+        self._spawn = spawn
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     # -- where ------------------------------------------------------------------------------------------
@@ -339,7 +343,7 @@ class ShardMoves:
                 epoch = g.version + 1
                 await self._call(dest, "move_commit", STEP_S, name=g.name, move=move, epoch=epoch)
             except BaseException as e:
-                await self._undo(g, move, src, dest)
+                await self._undo(g, move, src, dest, begun)
                 if isinstance(e, asyncio.CancelledError):
                     raise
                 raise SpecError(
@@ -347,14 +351,14 @@ class ShardMoves:
                     f"({type(e).__name__}: {e}); they stay on {src}"
                 ) from None
             if dest not in self.scheduler.workers or src not in self.scheduler.workers:
-                await self._undo(g, move, src, dest, epoch)  # one left meanwhile: as if the move never began
+                await self._undo(g, move, src, dest, begun, epoch)  # one left meanwhile: as if it never began
                 raise SpecError(f"table {g.name!r}: a worker left while shard(s) {shards} moved; not moved")
             version = g.moved(shards, dest, epoch)
             if version != epoch:  # the placement changed meanwhile too: the destination takes the later version
                 await self._best_effort(dest, "move_commit", name=g.name, move=move, epoch=version)
-            if not await self._best_effort(src, "move_release", name=g.name, shards=shards, move=move, epoch=version):
-                logger.warning("table %r: worker %s did not drop shard(s) %s it handed over; they are served from %s",
-                               g.name, src, shards, dest)  # fmt: skip
+            release = {"name": g.name, "shards": shards, "move": move, "epoch": version}
+            if not await self._best_effort(src, "move_release", **release):
+                self._again(src, "move_release", begun, release)
             g.arrived()  # a sample waiting for items may find them now
             logger.info("table %r: shard(s) %s moved from %s to %s", g.name, shards, src, dest)
             return version
@@ -368,11 +372,40 @@ class ShardMoves:
                 raise SpecError(f"table {g.name!r}: inserts on shard(s) {shards} are still being settled; not moved")
             await asyncio.sleep(0.05)
 
-    async def _undo(self, g: TableGate, move: str, src: str, dest: str, epoch: int | None = None) -> None:
-        await self._best_effort(dest, "move_abort", name=g.name, move=move)
-        await self._best_effort(src, "move_thaw", name=g.name, move=move)
+    async def _undo(self, g: TableGate, move: str, src: str, dest: str, begun: float, epoch: int | None = None) -> None:
+        if not await self._best_effort(dest, "move_abort", name=g.name, move=move):
+            self._again(dest, "move_abort", begun, {"name": g.name, "move": move})
+        if not await self._best_effort(src, "move_thaw", name=g.name, move=move):
+            self._again(src, "move_thaw", begun, {"name": g.name, "move": move})
         if epoch is not None:  # the destination took that version: no handle may stay below it
             g.passed(epoch)
+
+    def _again(self, addr: str, action: str, begun: float, args: dict) -> None:
+        """A move's step to ``addr`` that failed (``move_release``, ``move_thaw``, ``move_abort``), sent
+        again in the background while ``addr`` is a worker (one that left took what it held with it).
+
+        Until its release or thaw, a source keeps its whole part of the table sealed (every operation
+        there waits) and, after a release failed, a copy of shards it no longer owns, until its seal's
+        lease ends, ``distributed.move-timeout`` plus two minutes after it began: then that copy would
+        serve requests planned at the old placement beside the real one.  So the step is sent again
+        until it is answered or until one step's timeout before that lease ends.
+        """
+        if addr not in self.scheduler.workers:
+            return
+        deadline = begun + seal_lease() - STEP_S  # (the source sealed after ``begun``: its lease ends later)
+        self._spawn(self._until_answered(addr, action, deadline, args))
+
+    async def _until_answered(self, addr: str, action: str, deadline: float, args: dict) -> None:
+        loop, delay = asyncio.get_running_loop(), 0.1
+        while addr in self.scheduler.workers and loop.time() < deadline:
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, 5.0)
+            if await self._best_effort(addr, action, **args):
+                logger.info("table %r: %s on %s answered when sent again", args["name"], action, addr)
+                return
+        if addr in self.scheduler.workers:
+            logger.warning("table %r: worker %s never answered %s of move %s; its seal's lease ends it",
+                           args["name"], addr, action, args["move"])  # fmt: skip
 
     async def _best_effort(self, addr: str, action: str, **args: Any) -> bool:
         if addr not in self.scheduler.workers:
