@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 
+import dask
 import numpy as np
 import pytest
 from dist_support import DIAL, context, coordinator, own_cluster, wait_for
@@ -648,6 +649,76 @@ def test_a_thaw_that_fails_after_a_failed_move_is_sent_again_and_the_source_serv
         t.insert(tagged([20, 21]))
         assert sorted(all_tags(client, t)) == list(range(22)) and t.info()["size"] == 22
         assert client.run(_tags_on, t.name, workers=[dest])[dest] == {}
+        t.close()
+
+
+def _slow_build(seconds, dask_worker=None):
+    """This worker starts building a move's copy ``seconds`` late (as a large copy takes long), and counts the
+    builds that ended (``late_ended`` on its plugin)."""
+    from gear_flow.distributed import host_moves
+
+    plugin = dask_worker.plugins["gear-flow"]
+    plugin.late_ended, real = 0, host_moves.move_in
+
+    def slow(*args, **kwargs):
+        time.sleep(seconds)  # (in the plugin's thread pool: the copy being made)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            plugin.late_ended += 1
+
+    host_moves.move_in = slow
+
+
+def _late_pull(seconds, dask_worker=None):
+    """This worker's pulls of a move (``move_in``) begin ``seconds`` late (as a request queued behind others),
+    and count those that ended (``late_ended`` on its plugin)."""
+    import asyncio
+
+    plugin = dask_worker.plugins["gear-flow"]
+    plugin.late_ended, real = 0, plugin._move_in
+
+    async def late(**kwargs):
+        await asyncio.sleep(seconds)
+        try:
+            return await real(**kwargs)
+        finally:
+            plugin.late_ended += 1
+
+    plugin._move_in = late
+
+
+def _late_ended(dask_worker=None):
+    return dask_worker.plugins["gear-flow"].late_ended
+
+
+def _set_aside(name, dask_worker=None):
+    """``({move: shards set aside}, shards hosted)`` of table ``name`` on this worker."""
+    t = dask_worker.plugins["gear-flow"].host.tables.get(name)
+    return ({}, []) if t is None else ({m: sorted(b) for m, b in t.incoming.items()}, sorted(t.shards))
+
+
+@pytest.mark.parametrize("late", [_late_pull, _slow_build], ids=["pull", "build"])
+def test_a_move_given_up_while_its_destination_is_late_leaves_nothing_behind(late):
+    """The coordinator gives a move up (the copy takes longer than ``move-timeout``) while the destination has
+    not begun to pull the shard (``pull``) or is still building its copy (``build``): the move is refused, and
+    once the destination gets to it, it keeps no copy and the source is not left sealed.  Before: a late pull
+    sealed the source's part of the table for a move nobody would end (every operation there waited until the
+    seal's lease ended); a late build kept the whole copy set aside for as long as the table lived."""
+    with own_cluster(n=2) as client:
+        src, dest = sorted(workers_of(client))
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=1000, num_shards=2), workers=[src])
+        t.insert(tagged(range(20)))
+        client.run(late, 3.0, workers=[dest])
+        with dask.config.set({"gear-flow.distributed.move-timeout": 1}):
+            with pytest.raises(gf.SpecError, match="not moved"):
+                t.move_shards([1], dest)
+        assert t.placement == {0: src, 1: src}
+        wait_for(lambda: client.run(_late_ended, workers=[dest])[dest] == 1, "the destination to get to it")
+        wait_for(lambda: client.run(_sealed_by, t.name, workers=[src])[src] is None, "the source to unseal")
+        assert client.run(_set_aside, t.name, workers=[dest])[dest] == ({}, [])
+        t.insert(tagged([20, 21]))
+        assert sorted(all_tags(client, t)) == list(range(22)) and t.info()["size"] == 22
         t.close()
 
 

@@ -238,6 +238,8 @@ def test_move_messages_that_name_no_move_change_nothing(dist_client, tables):
         refused(raw_worker(t, "move_in", bad, packed=True))
         refused(raw_worker(t, "move_in", {**bad, "source": t.placement[0]}, packed=True), "the source is this worker")
         refused(raw_worker(t, "move_in", {**bad, "source": t.placement[1]}, packed=True), "on this worker already")
+        # that move id was aborted here above: a pull for it never begins (the source is not sealed for it)
+        refused(raw_worker(t, "move_in", {**bad, "source": t.placement[1], "shards": [1]}, packed=True), "was undone")
         refused(raw_coord(t, "move", name=t.name, shards=[0], worker="tcp://10.9.9.9:1"), "not a worker")
         refused(raw_coord(t, "move", name=t.name, shards=[99]), "not a live shard")
     # the worker's epoch is what it is: a request planned at a later one passes, none is refused yet

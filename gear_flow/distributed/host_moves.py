@@ -445,7 +445,7 @@ def move_in(host: ShardHost, name: str, config: dict, move: str, snapshot: dict)
     """
     from .. import checkpoint as ck
 
-    check_absent(host, name, snapshot)
+    check_absent(host, name, snapshot, move)
     t = host.hosted(name, config)
     in_place = {int(i) for i, part in snapshot.items() if "disk" in part}
     built = {}
@@ -462,11 +462,16 @@ def move_in(host: ShardHost, name: str, config: dict, move: str, snapshot: dict)
             t.release_shards([s], disk_files.KEEP if i in in_place else disk_files.REMOVE)
         raise
     t.set_aside(move, built, in_place)
+    if host.tables.was_undone(move):  # while it was built (its coordinator gave up waiting): let go, not kept
+        t.uninstall(move)
+        raise SpecError(f"move {move!r} of table {name!r} was undone while its copy was built here; not kept")
     return {i: s.size for i, s in built.items()}
 
 
-def check_absent(host: ShardHost, name: str, shards: Iterable[int]) -> None:
-    """Refuse a move onto this worker of ``shards`` it hosts already.
+def check_absent(host: ShardHost, name: str, shards: Iterable[int], move: str) -> None:
+    """Refuse ``move`` onto this worker of ``shards`` it hosts already, or once the move was undone here (its
+    coordinator gave up before the request to build reached this worker: the source would be sealed for
+    nothing).
 
     Parameters
     ----------
@@ -476,18 +481,20 @@ def check_absent(host: ShardHost, name: str, shards: Iterable[int]) -> None:
         The table's name.
     shards : iterable of int
         The shards that would arrive.
+    move : str
+        The move's id.
 
     Raises
     ------
     SpecError
-        One of them is hosted here.
+        One of them is hosted here, or the move was undone here.
     """
     t = host.tables.get(name)
-    if t is None:
-        return
-    have = t.hosting(shards)
+    have = [] if t is None else t.hosting(shards)
     if have:
         raise SpecError(f"shard(s) {have} of table {name!r} are on this worker already")
+    if host.tables.was_undone(move):
+        raise SpecError(f"move {move!r} of table {name!r} was undone on this worker; not begun")
 
 
 def move_commit(host: ShardHost, name: str, move: str, epoch: int) -> list[int]:
@@ -526,7 +533,8 @@ def move_commit(host: ShardHost, name: str, move: str, epoch: int) -> list[int]:
 
 
 def move_abort(host: ShardHost, name: str, move: str) -> bool:
-    """Forget the shards built for ``move``, installed or not (it failed before the coordinator placed them).
+    """Forget the shards built for ``move``, installed or not (it failed before the coordinator placed them);
+    a copy still being built for it is let go once built.
 
     Parameters
     ----------
@@ -542,5 +550,4 @@ def move_abort(host: ShardHost, name: str, move: str) -> bool:
     bool
         Whether anything was built for it here.
     """
-    t = host.tables.get(name)
-    return t is not None and t.uninstall(move)
+    return host.tables.undo_move(name, move)

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from ..gpu.shared import SharedPinnedTier
     from ..storage.base import StorageTier
 
+#: moves undone on this worker that it remembers (a copy one of them was still building when undone is let go)
+UNDONE_KEPT = 256
+
 
 def shared_pinned() -> SharedPinnedTier:
     """A ``pinned`` tier whose rings are page-locked shared-memory segments (:mod:`gear_flow.gpu.shared`).
@@ -550,6 +553,47 @@ class HostedTables(Mapping):
     def __init__(self) -> None:
         self._tables: dict[str, HostedTable] = {}
         self._lock = threading.Lock()
+        self._undone: OrderedDict[str, None] = OrderedDict()
+
+    def undo_move(self, name: str, move: str) -> bool:
+        """Forget the shards ``move`` built here for table ``name``, set aside or installed
+        (:meth:`HostedTable.uninstall`), and remember the move undone: a copy still being built for it
+        (its coordinator gave up waiting for it) is let go once built, not set aside for good.
+
+        Parameters
+        ----------
+        name : str
+            The table's name.
+        move : str
+            The move's id.
+
+        Returns
+        -------
+        bool
+            Whether anything was built for it here.
+        """
+        with self._lock:  # first: a build that sets its copy aside after this sees the move undone
+            self._undone[move] = None
+            while len(self._undone) > UNDONE_KEPT:
+                self._undone.popitem(last=False)
+            t = self._tables.get(name)
+        return t is not None and t.uninstall(move)
+
+    def was_undone(self, move: str) -> bool:
+        """Whether ``move`` was undone here (:meth:`undo_move`).
+
+        Parameters
+        ----------
+        move : str
+            The move's id.
+
+        Returns
+        -------
+        bool
+            True for one of the last moves undone.
+        """
+        with self._lock:
+            return move in self._undone
 
     def __getitem__(self, name: str) -> HostedTable:
         return self._tables[name]

@@ -287,7 +287,7 @@ class GearFlowWorker(WorkerPlugin):
             raise ProtocolError(f"worker {source}: 'move_in': the source is this worker")
         from ..storage.shared import machine_id
 
-        host_moves.check_absent(self.host, name, shards)  # before the source is sealed for nothing
+        host_moves.check_absent(self.host, name, shards, move)  # before the source is sealed for nothing
         resp = await self.worker.rpc(source).gear_flow(
             action="move_out",
             v=protocol.VERSION,
