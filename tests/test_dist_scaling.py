@@ -590,15 +590,15 @@ def test_a_queue_drained_by_two_consumers_while_its_shards_move_hands_out_each_i
         t.close()
 
 
-def _fail_once(op, name, dask_worker=None):
-    """This worker's gear_flow handler fails the first ``op`` on table ``name`` (as a reply lost on its way:
-    the coordinator's call raises), and runs every later one."""
+def _fail_once(op, name, times=1, dask_worker=None):
+    """This worker's gear_flow handler fails the first ``times`` ``op`` on table ``name`` (as replies lost on
+    their way: the coordinator's call raises), and runs every later one."""
     plugin = dask_worker.plugins["gear-flow"]
-    real, left = plugin.run, [1]
+    real, left = plugin.run, [times]
 
     async def run(o, **kw):
         if o == op and kw.get("name") == name and left[0]:
-            left[0] = 0
+            left[0] -= 1
             raise ConnectionResetError(f"{op} lost on its way")
         return await real(o, **kw)
 
@@ -612,7 +612,7 @@ def _sealed_by(name, dask_worker=None):
 
 
 def test_a_release_that_fails_is_sent_again_and_the_source_serves_on_without_the_shard():
-    """The source's ``move_release`` fails once after the destination installed the shard: the coordinator
+    """The source's ``move_release`` fails twice after the destination installed the shard: the coordinator
     sends it again, so the source drops its copy and unseals its part of the table (before: the copy stayed
     beside the moved shard and every operation on the source's other shard waited, both until the seal's
     lease ended, ``move-timeout`` plus two minutes later)."""
@@ -620,7 +620,7 @@ def test_a_release_that_fails_is_sent_again_and_the_source_serves_on_without_the
         src, dest = sorted(workers_of(client))
         t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=1000, num_shards=2), workers=[src])
         t.insert(tagged(range(20)))
-        client.run(_fail_once, "move_release", t.name, workers=[src])
+        client.run(_fail_once, "move_release", t.name, 2, workers=[src])
         t.move_shards([1], dest)
         assert t.placement == {0: src, 1: dest}
         wait_for(lambda: client.run(_sealed_by, t.name, workers=[src])[src] is None, "the source to unseal")
@@ -629,6 +629,25 @@ def test_a_release_that_fails_is_sent_again_and_the_source_serves_on_without_the
         t.insert(tagged([20, 21]), shard=0)
         assert sorted(all_tags(client, t)) == list(range(22)) and t.info()["size"] == 22
         assert len(t.sample(8)["tag"]) == 8
+        t.close()
+
+
+def test_a_move_off_a_source_whose_release_is_sent_again_waits_for_it():
+    """Two shards moved off one worker one after the other (as ``rebalance`` does), the first one's release
+    failing twice: the second move waits for that release to be answered, then goes (before: it was refused,
+    the source's part of the table being sealed by the first move still)."""
+    with own_cluster(n=3) as client:
+        src, dest, other = sorted(workers_of(client))
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=1000, num_shards=2), workers=[src])
+        t.insert(tagged(range(20)))
+        client.run(_fail_once, "move_release", t.name, 2, workers=[src])
+        t.move_shards([1], dest)
+        t.move_shards([0], other)
+        assert t.placement == {0: other, 1: dest}
+        wait_for(lambda: sorted(all_tags(client, t)) == list(range(20)), "every copy let go")
+        assert client.run(_tags_on, t.name, workers=[src])[src] == {}
+        t.insert(tagged([20, 21]))
+        assert sorted(all_tags(client, t)) == list(range(22)) and t.info()["size"] == 22
         t.close()
 
 

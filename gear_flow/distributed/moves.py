@@ -98,6 +98,8 @@ class ShardMoves:
         self.tables = tables
         self._spawn = spawn
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        #: the steps of earlier moves being sent again (:meth:`_again`), by table: ``(worker, ended)``
+        self._resending: dict[str, list[tuple[str, asyncio.Future]]] = {}
 
     # -- where ------------------------------------------------------------------------------------------
     def held_by(self, addr: str) -> dict[str, list[int]]:
@@ -330,6 +332,7 @@ class ShardMoves:
                 return g.version
             if dest not in self.scheduler.workers:
                 raise SpecError(f"table {g.name!r}: {dest!r} is not a worker of this cluster; not moved")
+            await self._resent(g.name, {src, dest})
             await self._settled(g, shards)
             move = uuid.uuid4().hex
             timeout = float(config.get("distributed.move-timeout"))
@@ -393,19 +396,36 @@ class ShardMoves:
         if addr not in self.scheduler.workers:
             return
         deadline = begun + seal_lease() - STEP_S  # (the source sealed after ``begun``: its lease ends later)
-        self._spawn(self._until_answered(addr, action, deadline, args))
+        ended = asyncio.get_running_loop().create_future()
+        self._resending.setdefault(args["name"], []).append((addr, ended))
+        self._spawn(self._until_answered(addr, action, deadline, args, ended))
 
-    async def _until_answered(self, addr: str, action: str, deadline: float, args: dict) -> None:
+    async def _until_answered(self, addr: str, action: str, deadline: float, args: dict, ended: asyncio.Future) -> None:
         loop, delay = asyncio.get_running_loop(), 0.1
-        while addr in self.scheduler.workers and loop.time() < deadline:
-            await asyncio.sleep(delay)
-            delay = min(2 * delay, 5.0)
-            if await self._best_effort(addr, action, **args):
-                logger.info("table %r: %s on %s answered when sent again", args["name"], action, addr)
-                return
-        if addr in self.scheduler.workers:
-            logger.warning("table %r: worker %s never answered %s of move %s; its seal's lease ends it",
-                           args["name"], addr, action, args["move"])  # fmt: skip
+        try:
+            while addr in self.scheduler.workers and loop.time() < deadline:
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 5.0)
+                if await self._best_effort(addr, action, **args):
+                    logger.info("table %r: %s on %s answered when sent again", args["name"], action, addr)
+                    return
+            if addr in self.scheduler.workers:
+                logger.warning("table %r: worker %s never answered %s of move %s; its seal's lease ends it",
+                               args["name"], addr, action, args["move"])  # fmt: skip
+        finally:
+            ended.set_result(None)
+            pending = self._resending[args["name"]]
+            pending.remove((addr, ended))
+            if not pending:
+                del self._resending[args["name"]]
+
+    async def _resent(self, name: str, addrs: set[str]) -> None:
+        """Wait, one step's timeout at most, for the steps of the table's earlier moves still being sent again
+        to ``addrs``: until its release or thaw is answered, a source holds its part of the table sealed, and a
+        move now (the next one of a ``rebalance``) would be refused as one that began there already."""
+        waiting = [ended for a, ended in self._resending.get(name, ()) if a in addrs]
+        if waiting:
+            await asyncio.wait(waiting, timeout=STEP_S)
 
     async def _best_effort(self, addr: str, action: str, **args: Any) -> bool:
         if addr not in self.scheduler.workers:
