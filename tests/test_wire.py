@@ -73,3 +73,15 @@ def test_replies_packed_or_plain():
     assert wire.result({"status": "OK", "result": 7}) == 7
     header, frames = serialize({"k": 1}, serializers=("pickle",))
     assert wire.result({"status": "OK", "result": Serialized(header, frames)}) == {"k": 1}
+
+
+def test_an_error_reply_still_serialized_as_the_scheduler_receives_it_raises_with_its_own_type():
+    """A worker's error reply reaches the coordinator with its exception still serialized (the scheduler's comm
+    keeps it as it came): raised with its own type and message, not as a GearFlowError naming the wrapper."""
+    from gear_flow.errors import GearFlowError, SpecError
+
+    header, frames = serialize(SpecError("table 't' is being moved already"), serializers=("pickle",))
+    with pytest.raises(SpecError, match="is being moved already"):
+        wire.unwrap({"status": "error", "error": Serialized(header, frames)})
+    with pytest.raises(GearFlowError, match="^no such table$"):
+        wire.unwrap({"status": "error", "error": "no such table"})

@@ -216,5 +216,9 @@ def unwrap(resp: Any) -> Any:
         raise CoordinatorLostError(f"no reply (got {type(resp).__name__}); the scheduler may have gone away")
     if resp.get("status") != "OK":
         err = resp.get("error")
+        from distributed.protocol import Serialized, deserialize
+
+        if isinstance(err, Serialized):  # as the scheduler receives a worker's error: its comm keeps it as it came
+            err = deserialize(err.header, err.frames)
         raise err if isinstance(err, BaseException) else GearFlowError(str(err))
     return result(resp)
