@@ -40,6 +40,7 @@ from ..errors import GearFlowError, SpecError, TableClosedError
 from ..resources import has_resources
 from . import protocol, wire
 from .host_moves import seal_lease
+from .recovery import until_answered
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -401,15 +402,25 @@ class ShardMoves:
         self._spawn(self._until_answered(addr, action, deadline, args, ended))
 
     async def _until_answered(self, addr: str, action: str, deadline: float, args: dict, ended: asyncio.Future) -> None:
-        loop, delay = asyncio.get_running_loop(), 0.1
-        try:
-            while addr in self.scheduler.workers and loop.time() < deadline:
-                await asyncio.sleep(delay)
+        loop = asyncio.get_running_loop()
+
+        def delays():  # doubling from 0.2 s to 5 s, until the deadline
+            delay = 0.2
+            while loop.time() < deadline:
+                yield delay
                 delay = min(2 * delay, 5.0)
-                if await self._best_effort(addr, action, **args):
-                    logger.info("table %r: %s on %s answered when sent again", args["name"], action, addr)
-                    return
-            if addr in self.scheduler.workers:
+
+        try:
+            await asyncio.sleep(0.1)  # (the first attempt, the move's own, has just failed)
+            answered = await until_answered(
+                lambda: self._call(addr, action, STEP_S, **args),
+                lambda: addr in self.scheduler.workers,
+                f"table {args['name']!r}: {action} on {addr}",
+                delays(),
+            )
+            if answered:
+                logger.info("table %r: %s on %s answered when sent again", args["name"], action, addr)
+            elif answered is False:
                 logger.warning("table %r: worker %s never answered %s of move %s; its seal's lease ends it",
                                args["name"], addr, action, args["move"])  # fmt: skip
         finally:

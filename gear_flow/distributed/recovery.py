@@ -34,6 +34,41 @@ logger = logging.getLogger(__name__)
 WorkerCall = Callable[..., Awaitable[Any]]
 
 
+async def until_answered(
+    step: Callable[[], Awaitable[object]], live: Callable[[], bool], what: str, delays: Iterable[float]
+) -> bool | None:
+    """Run ``await step()``, a request to a worker, until the worker answers it: after each attempt it does
+    not answer (``step`` raises), wait the next of ``delays`` and ask again; with none left, give up.  What
+    recovery and a move's last steps (:mod:`~gear_flow.distributed.moves`) both ask again this way.
+
+    Parameters
+    ----------
+    step : callable
+        ``await step()``: the request (raises when it is not answered).
+    live : callable
+        ``live()``: whether the worker is still in the cluster (asked before each attempt).
+    what : str
+        Names the request and the worker in the log line of each attempt not answered.
+    delays : iterable of float
+        Seconds to wait after each attempt not answered; as many attempts as delays.
+
+    Returns
+    -------
+    bool or None
+        True once answered; None when the worker left first; False when every attempt failed.
+    """
+    for delay in delays:
+        if not live():
+            return None
+        try:
+            await step()
+            return True
+        except Exception as e:  # noqa: BLE001 - not answered again: asked again, later
+            logger.info("%s: %s", what, e)
+            await asyncio.sleep(delay)
+    return False
+
+
 class Recovery:
     """Finishes the transactions departed owners left, and the parts workers left unanswered.
 
@@ -210,19 +245,13 @@ class Recovery:
                            g.name, txn[:8], addr)  # fmt: skip
 
     async def _until_answered(self, g: TableGate, addr: str, what: str, step, gone, attempts: int = 8) -> bool:
-        """Run ``await step()`` until ``addr`` answers it (backing off between attempts), or ``gone()`` once
+        """:func:`until_answered` of ``step`` on ``addr`` (backing off between attempts), or ``gone()`` once
         the scheduler no longer has the worker; False when ``attempts`` all failed."""
-        for attempt in range(attempts):
-            if not self.live(addr):
-                gone()
-                return True
-            try:
-                await step()
-                return True
-            except Exception as e:  # noqa: BLE001 - not answered again: asked again, later
-                logger.info("table %r: %s on %s: %s", g.name, what, addr, e)
-                await asyncio.sleep(min(0.2 * 2**attempt, 10.0))
-        return False
+        delays = (min(0.2 * 2**attempt, 10.0) for attempt in range(attempts))
+        answered = await until_answered(step, lambda: self.live(addr), f"table {g.name!r}: {what} on {addr}", delays)
+        if answered is None:
+            gone()
+        return answered is not False
 
     async def _status(self, g: TableGate, addr: str, txn: str) -> dict:
         """What became of insert ``txn`` on ``addr`` (its ``status``), once it is no longer being written."""
