@@ -397,9 +397,7 @@ class GearFlowCoordinator(SchedulerPlugin):
         resp = await asyncio.wait_for(
             self.scheduler.rpc(addr).gear_flow(action=action, v=protocol.VERSION, **wire.encode(args)), 30
         )
-        if resp.get("status") != "OK":
-            raise GearFlowError(f"worker {addr}: {action} failed")
-        return wire.result(resp)  # the scheduler keeps frames as they came: decoded there
+        return wire.unwrap(resp)  # (its error with its own type and reason; the frames decoded here)
 
     async def _abort_insert(self, name, txn, unreached=None):
         """Give back an insert's admission; the parts on ``unreached`` workers (the client's abort did not
