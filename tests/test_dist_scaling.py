@@ -741,6 +741,37 @@ def test_a_move_given_up_while_its_destination_is_late_leaves_nothing_behind(lat
         t.close()
 
 
+def _own_lease(seconds, dask_worker=None):
+    """This worker's own ``move-timeout`` is ``seconds`` and its seals' margin none: a lease it timed itself
+    would end long before the coordinator's (whose ``move-timeout`` stays 600 s)."""
+    from gear_flow.distributed import host_moves
+
+    host_moves.LEASE_MARGIN_S = 0.0
+    dask.config.set({"gear-flow.distributed.move-timeout": seconds})
+
+
+def test_a_source_stays_sealed_for_the_coordinators_lease_not_its_own():
+    """A worker configured with a shorter ``move-timeout`` than the scheduler's seals a moving shard for the
+    lease the coordinator sends: an insert that reaches it while the copy is still being built waits, is
+    refused as stale once the shard has moved, and lands at the destination.  Before: the source's seal ended
+    after its own 1 s, the insert was applied to the copy it was about to let go, and was lost."""
+    with own_cluster(n=2) as client:
+        src, dest = sorted(workers_of(client))
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=1000, num_shards=2), workers=[src])
+        t.insert(tagged(range(20)))
+        client.run(_own_lease, 1.0, workers=[src])
+        client.run(_slow_build, 3.0, workers=[dest])
+        moving = threading.Thread(target=t.move_shards, args=([1], dest))
+        moving.start()
+        wait_for(lambda: client.run(_sealed_by, t.name, workers=[src])[src] is not None, "the source to seal")
+        t.insert(tagged(range(20, 40)))
+        moving.join()
+        assert t.placement == {0: src, 1: dest}
+        wait_for(lambda: client.run(_sealed_by, t.name, workers=[src])[src] is None, "the source to let go")
+        assert sorted(all_tags(client, t)) == list(range(40)) and t.info()["size"] == 40
+        t.close()
+
+
 def _kill_when(step, dask_worker=None):
     """SIGKILL this worker when it reaches ``step`` of a move: ``building`` (the source has sealed and sent
     its snapshot) or ``installing`` (built, asked to install)."""

@@ -233,8 +233,12 @@ def test_move_messages_that_name_no_move_change_nothing(dist_client, tables):
         args = {"name": t.name, "shards": [0], "move": "m" * 8, "epoch": 1 << 40}
         assert wire.result(raw_worker(t, "move_release", args, packed=True)) is False  # not sealed by that move
         refused(raw_worker(t, "move_commit", {"name": t.name, "move": "m" * 8, "epoch": 1 << 40}), "no shards")
-        refused(raw_worker(t, "move_out", {"name": t.name, "shards": [99], "move": "m" * 8}), "99")
+        refused(raw_worker(t, "move_out", {"name": t.name, "shards": [99], "move": "m" * 8, "lease": 60.0}), "99")
+        # a seal that would end at once (or never): refused before anything is sealed
+        refused(raw_worker(t, "move_out", {"name": t.name, "shards": [0], "move": "m" * 8, "lease": 0.0}), "lease")
+        refused(raw_worker(t, "move_out", {"name": t.name, "shards": [0], "move": "m" * 8}), "lease")
         bad = {"name": t.name, "config": t._config, "move": "m" * 8, "source": "tcp://127.0.0.1:1", "shards": [0]}
+        bad["lease"] = 60.0
         refused(raw_worker(t, "move_in", bad, packed=True))
         refused(raw_worker(t, "move_in", {**bad, "source": t.placement[0]}, packed=True), "the source is this worker")
         refused(raw_worker(t, "move_in", {**bad, "source": t.placement[1]}, packed=True), "on this worker already")

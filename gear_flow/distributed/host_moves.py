@@ -62,6 +62,10 @@ def seal_lease() -> float:
     """Seconds a source stays sealed without hearing from the move again: the coordinator's whole move
     (``distributed.move-timeout``) and its last steps; the coordinator gives a move up before that.
 
+    The coordinator reads it from its own configuration and sends it with the move (``lease``): the source
+    must not time the seal with its own ``move-timeout``, which may be shorter, or a long copy would outlast
+    the seal and the source would take writes the move then leaves behind.
+
     Returns
     -------
     float
@@ -169,7 +173,7 @@ class MoveGate:
             if self._draining is not None:  # only a seal waits for operations to finish (every request leaves)
                 self._cv.notify_all()
 
-    def seal(self, move: str, quiet: Callable[[], bool], timeout: float) -> None:
+    def seal(self, move: str, quiet: Callable[[], bool], timeout: float, lease: float) -> None:
         """Hold every operation for ``move``: new ones wait, those in progress finish, and so do the
         transactions ``quiet()`` reports busy (their apply, abort and finish still enter).
 
@@ -182,6 +186,9 @@ class MoveGate:
             touches the moving shards (called under this gate's lock).
         timeout : float
             Seconds to wait for that.
+        lease : float
+            Seconds the seal lasts without a later step of the move
+            (:func:`seal_lease`, the coordinator's).
 
         Raises
         ------
@@ -208,7 +215,7 @@ class MoveGate:
                 raise
             self._draining = None
             self.sealed = move
-            self._lease_end = time.monotonic() + seal_lease()
+            self._lease_end = time.monotonic() + lease
 
     def thaw(self, move: str, epoch: int | None = None) -> bool:
         """Let the held operations go on; with ``epoch``, at that placement version (the stale ones are
@@ -259,7 +266,9 @@ class MoveGate:
                 self._cv.notify_all()
 
 
-def move_out(host: ShardHost, name: str, shards: list[int], move: str, machine: str | None = None) -> dict:
+def move_out(
+    host: ShardHost, name: str, shards: list[int], move: str, lease: float, machine: str | None = None
+) -> dict:
     """Seal table ``name`` here and snapshot ``shards`` for a move (the source's first step).
 
     A disk shard moving to a worker on this machine is not copied: the
@@ -277,6 +286,9 @@ def move_out(host: ShardHost, name: str, shards: list[int], move: str, machine: 
         The shards that move.
     move : str
         The move's id.
+    lease : float
+        Seconds the table stays sealed without a later step of the move
+        (:func:`seal_lease`, as the coordinator reads it).
     machine : str, optional
         The destination's machine
         (:func:`~gear_flow.storage.shared.machine_id`); None: another one.
@@ -303,7 +315,7 @@ def move_out(host: ShardHost, name: str, shards: list[int], move: str, machine: 
     for i in ids:
         t.shard(i)
 
-    t.gate.seal(move, lambda: not t.txns.touches(set(ids)), DRAIN_S)
+    t.gate.seal(move, lambda: not t.txns.touches(set(ids)), DRAIN_S, lease)
     try:
         hold(t, ids)  # readers on this host leave these shards' draws to this worker while they move
         in_place = [i for i in ids if t.shards[i].store is not None and machine == machine_id()]

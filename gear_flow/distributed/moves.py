@@ -337,17 +337,19 @@ class ShardMoves:
             await self._settled(g, shards)
             move = uuid.uuid4().hex
             timeout = float(config.get("distributed.move-timeout"))
+            lease = seal_lease()  # this scheduler's, sent: the source must not time its seal by its own config
             begun = asyncio.get_running_loop().time()
             try:
                 await self._call(
-                    dest, "move_in", timeout, name=g.name, config=g.config, move=move, source=src, shards=shards
-                )
-                if asyncio.get_running_loop().time() - begun > seal_lease() - 2 * STEP_S:
+                    dest, "move_in", timeout, name=g.name, config=g.config, move=move, source=src, shards=shards,
+                    lease=lease,
+                )  # fmt: skip
+                if asyncio.get_running_loop().time() - begun > lease - 2 * STEP_S:
                     raise TimeoutError("the source's seal is about to end")  # it would serve on beside the copy
                 epoch = g.version + 1
                 await self._call(dest, "move_commit", STEP_S, name=g.name, move=move, epoch=epoch)
             except BaseException as e:
-                await self._undo(g, move, src, dest, begun)
+                await self._undo(g, move, src, dest, begun + lease)
                 if isinstance(e, asyncio.CancelledError):
                     raise
                 raise SpecError(
@@ -355,14 +357,14 @@ class ShardMoves:
                     f"({type(e).__name__}: {e}); they stay on {src}"
                 ) from None
             if dest not in self.scheduler.workers or src not in self.scheduler.workers:
-                await self._undo(g, move, src, dest, begun, epoch)  # one left meanwhile: as if it never began
+                await self._undo(g, move, src, dest, begun + lease, epoch)  # one left meanwhile: as if it never began
                 raise SpecError(f"table {g.name!r}: a worker left while shard(s) {shards} moved; not moved")
             version = g.moved(shards, dest, epoch)
             if version != epoch:  # the placement changed meanwhile too: the destination takes the later version
                 await self._best_effort(dest, "move_commit", name=g.name, move=move, epoch=version)
             release = {"name": g.name, "shards": shards, "move": move, "epoch": version}
             if not await self._best_effort(src, "move_release", **release):
-                self._again(src, "move_release", begun, release)
+                self._again(src, "move_release", begun + lease, release)
             g.arrived()  # a sample waiting for items may find them now
             logger.info("table %r: shard(s) %s moved from %s to %s", g.name, shards, src, dest)
             return version
@@ -376,15 +378,15 @@ class ShardMoves:
                 raise SpecError(f"table {g.name!r}: inserts on shard(s) {shards} are still being settled; not moved")
             await asyncio.sleep(0.05)
 
-    async def _undo(self, g: TableGate, move: str, src: str, dest: str, begun: float, epoch: int | None = None) -> None:
+    async def _undo(self, g: TableGate, move: str, src: str, dest: str, ends: float, epoch: int | None = None) -> None:
         if not await self._best_effort(dest, "move_abort", name=g.name, move=move):
-            self._again(dest, "move_abort", begun, {"name": g.name, "move": move})
+            self._again(dest, "move_abort", ends, {"name": g.name, "move": move})
         if not await self._best_effort(src, "move_thaw", name=g.name, move=move):
-            self._again(src, "move_thaw", begun, {"name": g.name, "move": move})
+            self._again(src, "move_thaw", ends, {"name": g.name, "move": move})
         if epoch is not None:  # the destination took that version: no handle may stay below it
             g.passed(epoch)
 
-    def _again(self, addr: str, action: str, begun: float, args: dict) -> None:
+    def _again(self, addr: str, action: str, ends: float, args: dict) -> None:
         """A move's step to ``addr`` that failed (``move_release``, ``move_thaw``, ``move_abort``), sent
         again in the background while ``addr`` is a worker (one that left took what it held with it).
 
@@ -396,7 +398,7 @@ class ShardMoves:
         """
         if addr not in self.scheduler.workers:
             return
-        deadline = begun + seal_lease() - STEP_S  # (the source sealed after ``begun``: its lease ends later)
+        deadline = ends - STEP_S  # (``ends``: the move began plus its lease; the source sealed later, so ends later)
         ended = asyncio.get_running_loop().create_future()
         self._resending.setdefault(args["name"], []).append((addr, ended))
         self._spawn(self._until_answered(addr, action, deadline, args, ended))

@@ -50,6 +50,7 @@ from .protocol import (
     BUFFERS,
     COLUMNS,
     EPOCH,
+    LEASE,
     LENGTH,
     MASS_PLANS,
     NAME,
@@ -491,8 +492,9 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
     # a move's steps (gear_flow.distributed.host_moves), sent by the coordinator (move_out: by the destination)
     WorkerOp(
         "move_out",
-        # ``machine``: the destination's (host_moves: a disk shard moving on one machine is handed over in place)
-        {"name": NAME, "shards": sequence(SHARD, 127), "move": TXN, "machine": optional(text())},
+        # ``machine``: the destination's (host_moves: a disk shard moving on one machine is handed over in place);
+        # ``lease``: seconds the source stays sealed unless a later step comes (the coordinator's move timeout)
+        {"name": NAME, "shards": sequence(SHARD, 127), "move": TXN, "machine": optional(text()), "lease": LEASE},
         "host_moves.move_out",
         ungated=True,
     ),
@@ -505,6 +507,7 @@ WORKER_OPS: Mapping[str, WorkerOp] = _by_name(
             "move": TXN,
             "source": text(),
             "shards": sequence(SHARD, 127),
+            "lease": LEASE,
         },
         "GearFlowWorker._move_in",
         ungated=True,

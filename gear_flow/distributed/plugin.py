@@ -279,10 +279,10 @@ class GearFlowWorker(WorkerPlugin):
         """Where this worker's TCP lane listens (started on first ask), for a handle on another machine."""
         return {"tcp": await self.lane.start_tcp_beside(self.worker)}
 
-    async def _move_in(self, name: str, config: dict, move: str, source: str, shards: list) -> dict:
-        """Pull ``shards`` of table ``name`` from worker ``source`` (which seals and snapshots them) and build
-        them here aside (:func:`~gear_flow.distributed.host_moves.move_in`); worker to worker, never through
-        the coordinator."""
+    async def _move_in(self, name: str, config: dict, move: str, source: str, shards: list, lease: float) -> dict:
+        """Pull ``shards`` of table ``name`` from worker ``source`` (which seals and snapshots them, for
+        ``lease`` seconds unless a later step comes) and build them here aside
+        (:func:`~gear_flow.distributed.host_moves.move_in`); worker to worker, never through the coordinator."""
         if source == self.worker.address:
             raise ProtocolError(f"worker {source}: 'move_in': the source is this worker")
         from ..storage.shared import machine_id
@@ -292,7 +292,9 @@ class GearFlowWorker(WorkerPlugin):
             action="move_out",
             v=protocol.VERSION,
             # this machine's id: a disk shard moving on one machine is handed over in place, not copied
-            **wire.encode({"name": name, "shards": list(shards), "move": move, "machine": machine_id()}),
+            **wire.encode(
+                {"name": name, "shards": list(shards), "move": move, "lease": lease, "machine": machine_id()}
+            ),
         )
         snapshot = wire.unwrap(resp)
         loop = asyncio.get_running_loop()

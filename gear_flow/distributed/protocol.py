@@ -45,8 +45,9 @@ from .checkers import (
 #: 8: a sample too large for the items left waits for arrivals, ``after``; 9: an insert's abort or commit
 #: names the workers whose parts its abort did not reach, ``unreached``, and the coordinator aborts them;
 #: 10: shards move between workers: every worker request carries the placement version it was planned at,
-#: ``epoch``, and the ``move_*`` operations and the coordinator's ``move``/``rebalance`` exist)
-VERSION = 10
+#: ``epoch``, and the ``move_*`` operations and the coordinator's ``move``/``rebalance`` exist; 11: a move's
+#: pull and seal carry the seal's ``lease``, timed from the coordinator's move timeout)
+VERSION = 11
 
 SHARD = integer(0, 126)
 SEQS = int_array(0, (1 << 56) - 1)
@@ -57,6 +58,8 @@ BOUNDARY = choice(*BOUNDARIES)
 SEED = integer(0, (1 << 63) - 1)
 COLUMNS = sequence(text(256), 4096)
 TIMEOUT = optional(number(0.0, 1e7))
+#: seconds a move's source stays sealed without hearing from the move again
+LEASE = number(1.0, 1e7)
 #: a placement version (the coordinator's ``version`` of a table)
 EPOCH = integer(0, 1 << 62)
 PART = record(
