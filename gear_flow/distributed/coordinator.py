@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -47,6 +48,8 @@ NO_TABLE = frozenset(op.name for op in COORDINATOR_OPS.values() if not op.table)
 COORD_LANE_OPS = frozenset(op.name for op in COORDINATOR_OPS.values() if op.lane)
 #: times the coordinator looks whether a joining worker serves gear_flow requests yet (backing off to 1 s)
 JOIN_ATTEMPTS = 40
+#: seconds the recovery's requests to a worker (an insert's settle or abort) may take
+RECOVERY_CALL_S = 30.0
 
 
 def admission_wait(timeout: float | None) -> float | None:
@@ -105,10 +108,15 @@ class GearFlowCoordinator(SchedulerPlugin):
         #: the coordinator's own lane (listens once a handle asks, ``lane``)
         self.lane = LaneServer(self.serve, COORD_LANE_OPS)
         #: moves shards off retiring workers, onto joining ones, and between workers on request
-        self.moves = ShardMoves(scheduler, self.tables, self._spawn)
+        self.moves = ShardMoves(scheduler, self.tables, self._spawn, self._worker_call)
         #: finishes what departed owners left in flight, and the parts workers left unanswered; handed what it
         #: works with (the tables, the scheduler's calls to workers, background tasks, liveness), not this plugin
-        self.recovery = Recovery(self.tables, self._worker_call, self._spawn, lambda addr: addr in scheduler.workers)
+        self.recovery = Recovery(
+            self.tables,
+            partial(self._worker_call, timeout=RECOVERY_CALL_S),
+            self._spawn,
+            lambda addr: addr in scheduler.workers,
+        )
         self._refusals_logged: set[str] = set()
         scheduler.handlers["gear_flow_coord"] = self.handle
         # every graceful departure (Client.retire_workers, Adaptive, SpecCluster.scale, Worker.close_gracefully)
@@ -392,10 +400,10 @@ class GearFlowCoordinator(SchedulerPlugin):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _worker_call(self, addr, action, **args):
-        # the scheduler's connection to a worker's gear_flow handler: what the recovery is handed to reach workers
+    async def _worker_call(self, addr, action, timeout, **args):
+        # the scheduler's connection to a worker's gear_flow handler: what the recovery and the moves are handed
         resp = await asyncio.wait_for(
-            self.scheduler.rpc(addr).gear_flow(action=action, v=protocol.VERSION, **wire.encode(args)), 30
+            self.scheduler.rpc(addr).gear_flow(action=action, v=protocol.VERSION, **wire.encode(args)), timeout
         )
         return wire.unwrap(resp)  # (its error with its own type and reason; the frames decoded here)
 

@@ -38,9 +38,8 @@ import dask.config
 from .. import config
 from ..errors import GearFlowError, SpecError, TableClosedError
 from ..resources import has_resources
-from . import protocol, wire
 from .host_moves import seal_lease
-from .recovery import until_answered
+from .recovery import WorkerCall, until_answered
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -92,12 +91,24 @@ class ShardMoves:
     spawn : callable
         Runs a coroutine in the background (the coordinator's tasks): a
         move's last step sent again after it failed.
+    call : callable
+        ``await call(addr, action, timeout, **args)``: a request to worker
+        ``addr``'s ``gear_flow`` handler, its result (a worker's error
+        raised), within ``timeout`` seconds; the coordinator's, as
+        :class:`~gear_flow.distributed.recovery.Recovery` is handed it.
     """
 
-    def __init__(self, scheduler: Scheduler, tables: dict[str, TableGate], spawn: Callable[[Coroutine], None]) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        tables: dict[str, TableGate],
+        spawn: Callable[[Coroutine], None],
+        call: WorkerCall,
+    ) -> None:
         self.scheduler = scheduler
         self.tables = tables
         self._spawn = spawn
+        self._call = call
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         #: the steps of earlier moves being sent again (:meth:`_again`), by table: ``(worker, ended)``
         self._resending: dict[str, list[tuple[str, asyncio.Future]]] = {}
@@ -262,12 +273,6 @@ class ShardMoves:
         return f"table {g.name!r}: shard {shard} on worker {src} cannot move: {cause}"
 
     # -- moving -----------------------------------------------------------------------------------------
-    async def _call(self, addr: str, action: str, timeout: float, **args: Any) -> Any:
-        resp = await asyncio.wait_for(
-            self.scheduler.rpc(addr).gear_flow(action=action, v=protocol.VERSION, **wire.encode(args)), timeout
-        )
-        return wire.unwrap(resp)
-
     async def ready(self, addr: str) -> bool:
         """Does worker ``addr`` serve gear_flow requests (its plugin set up)?
 
