@@ -3,9 +3,14 @@
 200 episodes x 1000 steps; obs float32[256], action int64, reward float32,
 done bool; windows L=64, batch B=256, torch tensors out.  Every path reports
 GB/s delivered and its ratio to a single-thread ``np.copyto`` of the same bytes
-measured in this run.  TorchRL's replay buffer (SliceSampler /
-PrioritizedSliceSampler on a LazyTensorStorage) runs the same workload side by
-side when it is installed (``pip install -e '.[bench]'``).
+measured in this run.  The peers run the same workload side by side when they
+are installed: TorchRL's replay buffer (SliceSampler / PrioritizedSliceSampler on
+a LazyTensorStorage) and DeepMind Reverb (a TrajectoryWriter's windows, read
+through a TrajectoryDataset).  They need an environment of their own (torch 2.14,
+NumPy 1.x: the ``bench`` extra)::
+
+    python3 -m venv .venv-peers && .venv-peers/bin/pip install -q -e '.[pipelines,bench]'
+    .venv-peers/bin/python pipelines/bench_local.py
 
 Usage::
 
@@ -495,7 +500,7 @@ def bench_torchrl(args, eps, rows, results):
         def once(rb=rb, name=name, rng=rng):
             s = rb.sample()
             if name == "prioritized":
-                rb.update_priority(s["index"], torch.from_numpy(rng.random(len(s["index"])) + 0.01))
+                rb.update_priority(s["index"], torch.from_numpy(rng.random(len(s["index"]), dtype=np.float32) + 0.01))
 
         ts = timeit(once, repeat=max(3, args.repeat // 2))
         g = batch_bytes / float(np.median(ts)) / 1e9
@@ -520,6 +525,109 @@ def bench_torchrl(args, eps, rows, results):
     results["torchrl"] = out
 
 
+def bench_reverb(args, eps, rows, results):
+    """DeepMind Reverb on the same workload (skipped if dm-reverb is not installed: ``pip install -e '.[reverb]'``
+    in an environment of its own, see the README).
+
+    Reverb's items are the windows themselves: each episode goes through a ``TrajectoryWriter`` step by step and
+    every strict window of ``L`` steps becomes an item (as every step of ours starts one), in a table with a
+    ``Uniform`` or ``Prioritized(0.6)`` sampler.  Batches come from ``TrajectoryDataset.batch(B)``, Reverb's fast
+    path (its own threads keep samples in flight), each column made a torch tensor; a prioritized batch's
+    priorities go back with ``mutate_priorities``.  Memory is the process's resident growth per raw byte.
+    """
+    try:
+        import reverb
+        import tensorflow as tf
+        import torch
+    except ImportError as e:
+        results["reverb"] = {"skipped": str(e)}
+        return
+    B, L = args.batch_size, args.length
+    cols = reference_columns()
+    step_bytes = sum(c.nbytes for c in cols)
+    steps = sum(len(e["reward"]) for e in eps)
+    windows = sum(len(e["reward"]) - L + 1 for e in eps)
+    batch_bytes = B * L * step_bytes
+    ref_batch = results["memcpy_batch_gbps"]
+    out: dict = {"items": windows}
+    signature = {c.name: tf.TensorSpec((L, *c.shape), tf.as_dtype(c.dtype)) for c in cols}
+    selectors = {"uniform": reverb.selectors.Uniform, "prioritized": lambda: reverb.selectors.Prioritized(0.6)}
+    for name, selector in selectors.items():
+        gc.collect()
+        rss0 = rss_bytes()
+        table = reverb.Table(
+            name, selector(), reverb.selectors.Fifo(), windows, reverb.rate_limiters.MinSize(1), signature=signature
+        )
+        server = reverb.Server(tables=[table])
+        client = server.localhost_client()
+        rng = np.random.default_rng(0)
+        t0 = time.perf_counter()
+        with client.trajectory_writer(num_keep_alive_refs=L) as w:
+            for e in eps:
+                n = len(e["reward"])
+                for t in range(n):
+                    w.append({c.name: e[c.name][t] for c in cols})
+                    if t >= L - 1:  # the window of the L steps up to this one
+                        w.create_item(name, float(rng.random() + 0.01), {k: w.history[k][-L:] for k in signature})
+                w.end_episode()
+        ins_s = time.perf_counter() - t0
+        rss1 = rss_bytes()
+        ds = reverb.TrajectoryDataset.from_table_signature(
+            f"localhost:{server.port}", name, max_in_flight_samples_per_worker=2 * B
+        ).batch(B, drop_remainder=True)
+        it = iter(ds)
+
+        def once(name=name, it=it, client=client, rng=rng):
+            s = next(it)
+            batch = {k: torch.from_numpy(v.numpy()) for k, v in s.data.items()}
+            if name == "prioritized":
+                keys = s.info.key.numpy().tolist()
+                client.mutate_priorities(name, updates=dict(zip(keys, (rng.random(B) + 0.01).tolist())))
+            return batch
+
+        ts = timeit(once, repeat=max(3, args.repeat))
+        g = batch_bytes / float(np.median(ts)) / 1e9
+        ours = results[name]["gbps"]
+        out[name] = {
+            "gbps": g,
+            "ratio": g / ref_batch,
+            "ms": 1e3 * float(np.median(ts)),
+            "insert_gbps": steps * step_bytes / ins_s / 1e9,
+            "insert_ratio": steps * step_bytes / ins_s / 1e9 / results["insert"]["memcpy_gbps"],
+            "rss_per_raw": (rss1 - rss0) / (steps * step_bytes),
+        }
+        rows.append(
+            {
+                "path": f"reverb {name} windows",
+                "GB/s": g,
+                "x memcpy": g / ref_batch,
+                "ms": 1e3 * np.median(ts),
+                "note": (
+                    f"gear_flow is {ours / g:.1f}x; insert {out[name]['insert_gbps']:.3f} GB/s; "
+                    f"memory {out[name]['rss_per_raw']:.2f}x raw"
+                ),
+            }
+        )
+        del it, ds, client
+        server.stop()
+        del server, table
+        gc.collect()
+    results["reverb"] = out
+
+
+def _packages() -> dict:
+    """The versions this run measured with (the peers' need their own environment: NumPy 1.x beside Reverb)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("numpy", "numba", "torch", "torchrl", "tensordict", "dm-reverb", "tensorflow-cpu"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--episodes", type=int, default=REFERENCE["episodes"])
@@ -532,7 +640,7 @@ def main(argv=None):
     p.add_argument("--large-capacity", type=int, default=10_000_000)
     p.add_argument("--skip-large-reference", action="store_true", help="skip the 10 GB reference-column latency run")
     p.add_argument("--short-episodes", type=int, default=1024, help="episodes of 64 steps per insert call")
-    p.add_argument("--no-peers", action="store_true", help="skip TorchRL")
+    p.add_argument("--no-peers", action="store_true", help="skip TorchRL and Reverb")
     p.add_argument("--checkpoint-dir", default=None, help="where the checkpoint test writes (default: system temp)")
     p.add_argument("--quick", action="store_true", help="small sizes (seconds)")
     p.add_argument(
@@ -550,12 +658,13 @@ def main(argv=None):
         args.memcpy_pool_mb = 64
     eps = make_episodes(args.episodes, args.episode_length)
     rows: list[dict] = []
-    results: dict = {"args": vars(args)}
+    results: dict = {"args": vars(args), "packages": _packages()}
     bench_gear_flow(args, eps, rows, results)
     bench_latency(args, eps, rows, results)
     bench_fixed_cost(args, rows, results)
     if not args.no_peers:
         bench_torchrl(args, eps, rows, results)
+        bench_reverb(args, eps, rows, results)
     print_table(rows, ["path", "GB/s", "x memcpy", "ms", "ratio", "target", "note"])
     path = write_json("bench_local", results, args.out)
     print(f"\nwrote {path}")

@@ -39,12 +39,19 @@ def local(fig):
     d = _load("bench_local")
     ax = fig.add_subplot(2, 1, 1)
     rows = [(k, d.get(k, {})) for k in ("uniform", "prioritized", "insert")]
+    labels = ["uniform windows", "prioritized + update", "insert, 10 episodes"]
+    for peer, title in (("torchrl", "TorchRL"), ("reverb", "Reverb")):  # the peers on the same workload, when measured
+        for kind in ("uniform", "prioritized"):
+            r = d.get(peer, {}).get(kind, {})
+            if "ratio" in r:
+                rows.append((f"{peer}_{kind}", {"ratio": r["ratio"]}))
+                labels.append(f"{title} {kind}{' + update' * (kind == 'prioritized')}")
     _bars(
         ax,
-        ["uniform windows", "prioritized + update", "insert, 10 episodes"],
+        labels,
         [r.get("ratio", 0.0) for _, r in rows],
         [(r.get("target"), r.get("ratio", 0) >= r.get("target", 0)) for _, r in rows],
-        "Local table, B=256 x L=64 (x single-thread memcpy)",
+        "Local table and its peers, B=256 x L=64 (x single-thread memcpy)",
         "x memcpy (higher is better; line: target)",
     )
     ax = fig.add_subplot(2, 1, 2)
