@@ -1051,7 +1051,7 @@ class Shard:
 
     def draw_sequence(
         self, n: int, length: int, boundary: str, rng: np.random.Generator, by_count: bool = False
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, ...]:
         """Up to ``n`` draws one after another, as Reverb samples a batch from this shard alone.
 
         An item that reaches ``max_times_sampled`` (its times sampled so far
@@ -1059,7 +1059,10 @@ class Shard:
         probability is among the items left then.  Nothing is recorded (a
         :meth:`take` of the slots chosen does that).  Drawn by rejection
         against the full sampler; once most of the mass is out, from the items
-        left directly.
+        left directly.  Once every item with weight is out before ``n`` draws
+        (or none had any), the draws go on uniformly over the items of weight
+        0 (Reverb's prioritized selector, once no weight is left): a second
+        sequence, which the planner reaches once no shard has weight left.
 
         Parameters
         ----------
@@ -1072,40 +1075,41 @@ class Shard:
         rng : numpy.random.Generator
             Source of the uniforms.
         by_count : bool, default False
-            No item of the table has weight (every priority 0): draw
-            uniformly over the items whose window fits; otherwise a shard
-            without weight draws nothing.
+            No item of the table has weight (every priority 0): only the
+            uniform draws.
 
         Returns
         -------
         slots : numpy.ndarray
-            int64 ``[k]``, ``k <= n`` (fewer only once every item is out).
+            int64 ``[k]``: the draws by weight, ``k <= n`` (fewer only once
+            every item with weight is out).
         probs : numpy.ndarray
             float64 ``[k]``: draw ``i``'s probability among the items left then.
         masses : numpy.ndarray
             float64 ``[k + 1]``: the mass left before each draw, then after
-            the last (``by_count``: one per item whose window fits).
+            the last.
         seqs : numpy.ndarray
             int64 ``[k]``: the drawn items' sequence numbers.
+        slots0, probs0, counts0, seqs0 : numpy.ndarray
+            The same of the ``j <= n - k`` uniform draws over the items of
+            weight 0 that follow (``counts0``: the items left before each,
+            then after the last); none when ``k == n``.
         """
         assert isinstance(self.sampler, WeightedSelector) and not self.sampler.without_replacement
         with self.lock:
-            mass = self.valid_mass(length, boundary)
-            full = float(self.valid_count(length, boundary)) if by_count else mass
             slots, probs, masses = np.empty(n, np.int64), np.empty(n), np.zeros(n + 1)
+            limit = self.max_times_sampled or n + 1  # no limit: nothing goes out
+            full = mass = 0.0 if by_count else self.valid_mass(length, boundary)
             masses[0] = max(full, 0.0)
             got, gone, carry = 0, 0.0, {}  # carry: slot -> times gone, over the draws so far
-            limit = self.max_times_sampled or n + 1  # no limit: nothing goes out
             while got < n and full > 0:
                 # rejection would mostly draw what is out; and below 1e-9 of the mass, what is left is lost in
                 # the rounding of what went out (an item of weight 1e-10 beside one of 1: the batch that both
                 # could fill stopped at one, and waited for inserts for ever): the items left are listed
                 if (full - gone) / full < 0.05:
-                    got = self._draw_left(
-                        n, length, boundary, rng, not by_count, limit, carry, slots, probs, masses, got
-                    )
+                    got = self._draw_left(n, length, boundary, rng, limit, carry, slots, probs, masses, got)
                     break
-                cand, p = self.draw(2 * (n - got) + 8, length, boundary, rng, mass=0.0 if by_count else mass)
+                cand, p = self.draw(2 * (n - got) + 8, length, boundary, rng, mass=mass)
                 uniq, inv = _unique_inverse(cand)
                 used = np.zeros(len(uniq), np.int64) if self.times_sampled is None else self.times_sampled[uniq]
                 used = used.astype(np.int64)
@@ -1121,13 +1125,14 @@ class Shard:
                 if got < n:
                     carry.update(zip(uniq.tolist(), used.tolist()))
             out = slots[:got].copy()
-            return out, probs[:got].copy(), masses[: got + 1].copy(), self.slot_seqs(out)
+            weighted = (out, probs[:got].copy(), masses[: got + 1].copy(), self.slot_seqs(out))
+            return weighted + self._draw_unweighted(n - got, length, boundary, rng, limit)
 
-    def _draw_left(self, n, length, boundary, rng, weighted, limit, carry, slots, probs, masses, got) -> int:
+    def _draw_left(self, n, length, boundary, rng, limit, carry, slots, probs, masses, got) -> int:
         """:meth:`draw_sequence`'s draws from the items left, listed (when most of the mass is out); the
         draws taken so far (``got``) after it."""
         live = self._valid_slots(length, boundary)
-        w = self.sampler.leaf_weights(live).astype(np.float64) if weighted else np.ones(len(live))
+        w = self.sampler.leaf_weights(live).astype(np.float64)
         k = np.zeros(len(live), np.int64) if self.times_sampled is None else self.times_sampled[live].astype(np.int64)
         for sl, c in carry.items():
             k[np.searchsorted(live, sl)] = c  # live is sorted (flatnonzero)
@@ -1143,6 +1148,22 @@ class Shard:
             got += 1
             masses[got] = w.sum()
         return got
+
+    def _draw_unweighted(self, n, length, boundary, rng, limit) -> tuple[np.ndarray, ...]:
+        """:meth:`draw_sequence`'s uniform draws, up to ``n``: over the items of weight 0 whose window fits and
+        that may still go, one after another (an item that reaches ``limit`` is out of the later draws), each
+        draw's probability one over the items left then.  ``(slots, probs, counts, seqs)``."""
+        slots, probs, counts = np.empty(n, np.int64), np.empty(n), np.zeros(n + 1)
+        got = 0
+        if n and self.size:  # (listing the items is O(capacity): not for a shard with none)
+            live = self._valid_slots(length, boundary)
+            live = live[self.sampler.leaf_weights(live) == 0]  # (every item fitting, when none has weight)
+            used = np.zeros(len(live), np.int64) if self.times_sampled is None else self.times_sampled[live]
+            used = used.astype(np.int64)
+            keep = used < limit
+            got = sequences.uniform_left(live[keep], used[keep], limit, rng.random(n), slots, probs, counts)
+        out = slots[:got].copy()
+        return out, probs[:got].copy(), counts[: got + 1].copy(), self.slot_seqs(out)
 
     def _draw_listed(self, n, length, boundary, rng, mass) -> tuple[np.ndarray, np.ndarray] | None:
         """:meth:`draw`'s ``n`` draws among the listed items whose windows fit, each by its weight (what

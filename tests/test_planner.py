@@ -84,9 +84,20 @@ def test_limited_plans_short_of_items_raise_before_taking_anything():
     req = seq.send({"sampler": {0: 1.0, 1: 1.0}})
     assert req == planner.Sequences(4, False)
     one = (np.array([7]), np.array([1.0]), np.array([1.0, 0.0]), np.array([70]))  # slots, probs, masses, seqs
+    none = (np.zeros(0, np.int64), np.zeros(0), np.zeros(1), np.zeros(0, np.int64))  # no item of weight 0 left
     with pytest.raises(planner.ShortOfItems) as short:
-        seq.send({0: one, 1: one})
+        seq.send({0: one + none, 1: one + none})
     assert (short.value.have, short.value.want) == (2, 4)
+    # the same with one item of weight 0 on each shard: the batch goes on uniformly over them (Reverb's)
+    seq = planner.sample("sequential", 4, np.random.default_rng(0))
+    next(seq)
+    seq.send({"sampler": {0: 1.0, 1: 1.0}})
+    zero = (np.array([9]), np.array([1.0]), np.array([1.0, 0.0]), np.array([90]))
+    take = seq.send({0: one + zero, 1: one + zero})
+    assert isinstance(take, planner.Take)
+    for s in (0, 1):  # each shard's item with weight in the first two rows, its item without in the last two
+        assert sorted(take.slots[s].tolist()) == [7, 9] and sorted(take.seqs[s].tolist()) == [70, 90]
+    assert sorted(p for s in (0, 1) for p in take.probs[s].tolist()) == [0.5, 0.5, 1.0, 1.0]
 
 
 def test_an_executors_error_is_thrown_into_the_generator_it_drives():

@@ -284,9 +284,9 @@ def _strict_probabilities_stay_exact_under_churn(
         if total == 0 and weights:  # no valid item has weight: uniform over them (Reverb)
             weights = dict.fromkeys(weights, 1.0)
             total = float(len(weights))
-        # with max_times_sampled, the times the items that can be drawn may still go (by weight: those with
-        # some; every priority 0: all, uniformly)
-        budget = sum(max_times - times.get(k, 0) for k, w in weights.items() if w > 0) if max_times else 4
+        # with max_times_sampled, the times the items that can be drawn may still go: by weight those with some,
+        # then (once they are out) uniformly those without, as Reverb's prioritized selector
+        budget = sum(max_times - times.get(k, 0) for k in weights) if max_times else 4
         if not live:
             pass  # below MinSize(1): the sample would wait
         elif total == 0:
@@ -300,10 +300,16 @@ def _strict_probabilities_stay_exact_under_churn(
             keys = b.keys.tolist()
             if not max_times:
                 expect = np.array([weights[k] / total for k in keys])  # KeyError: an invalid item was drawn
-            else:  # item by item (Reverb): each row among the items left then, one that reached the limit out
+            else:  # item by item (Reverb): each row among the items left then, one that reached the limit out;
+                # by weight while an item with weight is left, then uniformly over those without
                 expect, left = [], dict(weights)
                 for k in keys:
-                    expect.append(left[k] / sum(left.values()))  # KeyError: an invalid or spent item was drawn
+                    heavy = {j: w for j, w in left.items() if w > 0}
+                    if heavy:  # KeyError: an invalid or spent item was drawn, or one without weight
+                        expect.append(heavy[k] / sum(heavy.values()))
+                    else:
+                        assert k in left, (k, left)  # an invalid or spent item was drawn
+                        expect.append(1.0 / len(left))
                     times[k] = times.get(k, 0) + 1
                     if times[k] >= max_times:
                         gone.add(k)

@@ -60,7 +60,7 @@ def _weighted_table(make_table, sampler, mts, priorities):
     return t
 
 
-@pytest.mark.parametrize("kind", ["uniform", "prioritized", "one_heavy", "tiny"])
+@pytest.mark.parametrize("kind", ["uniform", "prioritized", "one_heavy", "tiny", "zeros"])
 @pytest.mark.parametrize("mts", [1, 2])
 def test_a_weighted_batch_draws_each_item_from_those_left(make_table, kind, mts):
     """Each row, in batch order, is an item still allowed then, with the probability ``w / M`` of the items
@@ -68,10 +68,14 @@ def test_a_weighted_batch_draws_each_item_from_those_left(make_table, kind, mts)
     ``one_heavy``: once the heavy item is out, 4 of its 1000 parts are left, and the shard draws from the
     items left, listed, instead of by rejection.  ``tiny``: items of weight 1e-10 and 1e-12 beside ones of
     1 were taken for no mass once the others were out (below 1e-9 of it), and a batch they could fill
-    waited for inserts for ever."""
-    priorities = {"one_heavy": [1000.0, 1.0, 1.0, 1.0, 1.0], "tiny": [1.0, 1.0, 1e-10, 1e-12, 1.0]}.get(
-        kind, PRIORITIES
-    )
+    waited for inserts for ever.  ``zeros`` (priorities 2, 0, 1, 0, 0): once the items with weight are out,
+    partway through a batch, the batch goes on uniformly over those of weight 0 (``1/n`` a draw), as
+    Reverb's prioritized selector does once no weight is left; it waited for inserts (and timed out)."""
+    priorities = {
+        "one_heavy": [1000.0, 1.0, 1.0, 1.0, 1.0],
+        "tiny": [1.0, 1.0, 1e-10, 1e-12, 1.0],
+        "zeros": [2.0, 0.0, 1.0, 0.0, 0.0],
+    }.get(kind, PRIORITIES)
     sampler = gf.Uniform() if kind == "uniform" else gf.Prioritized(1.0, 0.0)
     t = _weighted_table(make_table, sampler, mts, priorities)
     weight = {tag: (1.0 if kind == "uniform" else p) for tag, p in enumerate(priorities)}
@@ -79,7 +83,8 @@ def test_a_weighted_batch_draws_each_item_from_those_left(make_table, kind, mts)
     for n in {1: (3, 2), 2: (3, 4, 3)}[mts]:  # every time every item may go, over a few batches
         b = t.sample(n, timeout=30)  # (a batch that waits for inserts here never gets them)
         for tag, p, times in zip(b["tag"].numpy()[:, 0].tolist(), b.probabilities.tolist(), b.times_sampled.tolist()):
-            left = {k: w for k, w in weight.items() if used[k] < mts}
+            left = {k: w for k, w in weight.items() if used[k] < mts and w > 0}  # by weight while any is left
+            left = left or {k: 1.0 for k in weight if used[k] < mts}  # then uniformly over those without
             assert tag in left, (tag, used)
             assert p == pytest.approx(left[tag] / sum(left.values()), rel=1e-9)
             used[tag] += 1
@@ -89,23 +94,38 @@ def test_a_weighted_batch_draws_each_item_from_those_left(make_table, kind, mts)
     assert info["size"] == 0 and info["totals"]["expired"] == 5, info
 
 
-def test_a_weighted_batch_of_every_item_once_is_drawn_as_reverb_draws_it(make_table):
-    """Prioritized weights 1, 2, 3 with ``max_times_sampled=1``, a batch of all 3: each of the 6 orders comes
-    with Reverb's probability ``w_a / 6 * w_b / (6 - w_a)`` (chi-square over many batches)."""
-    weights = [1.0, 2.0, 3.0]
-    rounds = 600 if make_table.kind == "local" else 240
+def _reverb_chance(order: tuple, weights: list) -> float:
+    """Reverb's probability of a batch handing out each item once in ``order`` (``max_times_sampled=1``): each
+    row by weight among the items left with weight, then, once none is, uniformly over those left."""
+    left, chance = dict(enumerate(weights)), 1.0
+    for k in order:
+        heavy = {j: w for j, w in left.items() if w > 0}
+        if heavy and k not in heavy:
+            return 0.0
+        chance *= heavy[k] / sum(heavy.values()) if heavy else 1 / len(left)
+        del left[k]
+    return chance
+
+
+@pytest.mark.parametrize("weights", [[1.0, 2.0, 3.0], [1.0, 0.0, 0.0, 0.0]], ids=["weighted", "zeros"])
+def test_a_weighted_batch_of_every_item_once_is_drawn_as_reverb_draws_it(make_table, weights):
+    """Prioritized weights, ``max_times_sampled=1``, a batch of every item: each order comes with Reverb's
+    probability (chi-square over many batches): 1, 2, 3 give ``w_a / 6 * w_b / (6 - w_a)``; 1, 0, 0, 0 the
+    item with weight first, then the other three in each of their 6 orders equally often (before, that
+    batch waited for inserts once the item with weight was out)."""
+    n = len(weights)
+    rounds = (600 if make_table.kind == "local" else 240) if n == 3 else (480 if make_table.kind == "local" else 180)
     orders: Counter = Counter()
     t = None
     for r in range(rounds):
         if t is None or r % 60 == 0:
             t = make_table(gf.TableSpec(TAG, capacity=64, num_shards=2), sampler=gf.Prioritized(1.0, 0.0),
                            max_times_sampled=1, seed=r)  # fmt: skip
-        t.insert([{"tag": np.array([tag], np.int64)} for tag in range(3)], priorities=weights)
-        orders[tuple(t.sample(3)["tag"].numpy()[:, 0].tolist())] += 1
-    expected = {
-        o: rounds * weights[o[0]] / 6 * weights[o[1]] / (6 - weights[o[0]]) for o in itertools.permutations(range(3))
-    }
-    assert set(orders) <= set(expected)
+        t.insert([{"tag": np.array([tag], np.int64)} for tag in range(n)], priorities=weights)
+        orders[tuple(t.sample(n, timeout=5)["tag"].numpy()[:, 0].tolist())] += 1
+    chances = {o: _reverb_chance(o, weights) for o in itertools.permutations(range(n))}
+    expected = {o: rounds * c for o, c in chances.items() if c > 0}
+    assert len(expected) == 6 and set(orders) <= set(expected), orders
     stat = sum((orders[o] - e) ** 2 / e for o, e in expected.items())
     assert stat < chi2_critical(5), (stat, orders)
 

@@ -450,13 +450,15 @@ class HostSampler:
         seed : int
             Seeds the draws' generator.
         by_count : bool, default False
-            The plan found no weight anywhere: uniform draws over the items
-            whose window fits.
+            The plan found no weight anywhere: only uniform draws over the
+            items whose window fits.
 
         Returns
         -------
         dict
-            ``{shard: (slots, probs, masses, seqs)}``.
+            ``{shard: (slots, probs, masses, seqs, slots0, probs0, counts0,
+            seqs0)}``: the draws by weight, then the uniform ones over the
+            items of weight 0 (:class:`~gear_flow.table.planner.Sequences`).
 
         Raises
         ------

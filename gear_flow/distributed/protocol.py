@@ -46,8 +46,9 @@ from .checkers import (
 #: names the workers whose parts its abort did not reach, ``unreached``, and the coordinator aborts them;
 #: 10: shards move between workers: every worker request carries the placement version it was planned at,
 #: ``epoch``, and the ``move_*`` operations and the coordinator's ``move``/``rebalance`` exist; 11: a move's
-#: pull and seal carry the seal's ``lease``, timed from the coordinator's move timeout)
-VERSION = 11
+#: pull and seal carry the seal's ``lease``, timed from the coordinator's move timeout; 12: a shard's
+#: ``sequences`` answer its draws by weight and then its uniform draws over the items of weight 0)
+VERSION = 12
 
 SHARD = integer(0, 126)
 SEQS = int_array(0, (1 << 56) - 1)

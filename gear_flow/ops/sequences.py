@@ -88,3 +88,33 @@ def interleave(masses, lengths, uniforms, shard_of, draw_of, share):  # pragma: 
         share[j] = masses[pick, pos[pick]] / total
         pos[pick] += 1
     return uniforms.shape[0]
+
+
+@njit(cache=True, nogil=True)
+def uniform_left(cand, used, limit, uniforms, slots, probs, masses):  # pragma: no cover - compiled
+    """Draws uniform over the items ``cand`` left, one per uniform while any is left: an item whose count
+    (``used``, as it went so far) reaches ``limit`` is out of the later draws.  Writes ``slots``, ``probs``
+    (one over the items left then) and ``masses`` (the items left before each draw, then after the last).
+
+    Returns
+    -------
+    int
+        Draws made.
+    """
+    cand, used = cand.copy(), used.copy()
+    m = cand.shape[0]
+    masses[0] = m
+    got = 0
+    for j in range(uniforms.shape[0]):
+        if m == 0:
+            break
+        i = min(int(uniforms[j] * m), m - 1)
+        slots[got] = cand[i]
+        probs[got] = 1.0 / m
+        used[i] += 1
+        if used[i] >= limit:  # out: the last item left takes its place
+            m -= 1
+            cand[i], used[i] = cand[m], used[m]
+        got += 1
+        masses[got] = m
+    return got

@@ -18,9 +18,9 @@ Requests (yielded) and what the executor sends back:
   exactly the probability of the draw made (the shard was chosen with the
   planned masses, the item with the shard's mass when it was drawn), so it
   stays exact while writers insert between planning and drawing;
-* :class:`Sequences` → ``{shard: (slots, probs, masses, seqs)}``: each
+* :class:`Sequences` → ``{shard: (slots, probs, masses, seqs, ...)}``: each
   shard's own item-by-item draws (``max_times_sampled`` applied as it goes),
-  nothing recorded;
+  by weight, then uniform over its items of weight 0, nothing recorded;
 * :class:`Take` → ``None``: gather exactly these slots (probability 1, or
   the probabilities given) at the rows :func:`offsets` gives; a slot removed
   since the candidates were listed (or, with ``seqs``, written over) makes
@@ -179,13 +179,15 @@ class Draw:
 class Sequences:
     """Each shard draws up to ``n`` items one after another, as Reverb samples a batch from it alone
     (an item that reaches ``max_times_sampled`` is out of the later draws), recording nothing; answered
-    with ``{shard: (slots, probs, masses, seqs)}``.
+    with ``{shard: (slots, probs, masses, seqs, slots0, probs0, counts0, seqs0)}``.
 
     ``probs[k]`` is draw ``k``'s probability within the shard, ``masses[k]``
     the shard's mass before draw ``k`` (``len(slots) + 1`` of them, the last
     after the last draw; 0 once every item is out) and ``seqs`` the drawn
     items' sequence numbers (a later :class:`Take` checks its slots still
-    hold them).
+    hold them).  The other four are the same of the uniform draws over the
+    shard's items of weight 0 that follow once every item with weight is out
+    (``counts0``: the items left), up to ``n`` draws in all.
 
     Attributes
     ----------
@@ -193,8 +195,7 @@ class Sequences:
         Draws per shard at most.
     by_count : bool
         No item whose window fits has weight anywhere (every priority 0):
-        each shard draws uniformly over them (Reverb), its mass its count;
-        otherwise a shard without weight draws nothing.
+        each shard draws only uniformly over them (Reverb).
     """
 
     n: int
@@ -352,36 +353,63 @@ def sample(selection: str, batch_size: int, rng: np.random.Generator) -> Plan:
 def _sequential(B: int, rng):
     """Reverb's item-by-item batch over shards: draw ``j`` picks a shard by the masses left at that draw and
     takes that shard's next draw, reporting ``m_s / M * p`` (``w_i / M`` at draw ``j``).  A shard's own
-    sequence is what it alone would give, so the interleave is the table's sequence.  When every item is
-    out before ``B`` draws, nothing is taken (:class:`ShortOfItems`: the sample waits for inserts)."""
+    sequence is what it alone would give, so the interleave is the table's sequence.  Once no item with
+    weight is left (every priority 0 from the start, or the items with weight out partway through the batch),
+    the rest of the batch is drawn uniformly over the items left, those of weight 0, as Reverb's prioritized
+    selector does (``1/n`` a draw).  When every item is out before ``B`` draws, nothing is taken
+    (:class:`ShortOfItems`: the sample waits for inserts)."""
     masses = (yield Summaries(("sampler",)))["sampler"]
-    seqs = yield Sequences(B, not sum(masses.values()) > 0)
-    shards = [s for s in sorted(seqs) if len(seqs[s][0])]
-    if not shards:
+    by_count = not sum(masses.values()) > 0
+    seqs = yield Sequences(B, by_count)
+    rows = _Rows(B)
+    rows.interleave({s: r[:4] for s, r in seqs.items()}, rng)
+    if rows.got < B:  # every item with weight is out: the rest uniform over those without
+        rows.interleave({s: r[4:] for s, r in seqs.items()}, rng)
+    if rows.got == 0:
         raise NothingToSample
-    lengths = np.array([len(seqs[s][0]) for s in shards], dtype=np.int64)
-    table = np.zeros((len(shards), int(lengths.max()) + 1))
-    for i, s in enumerate(shards):
-        table[i, : lengths[i] + 1] = np.asarray(seqs[s][2], dtype=np.float64)
-    shard_of, draw_of, share = np.empty(B, np.int64), np.empty(B, np.int64), np.empty(B)
-    got = sequences.interleave(table, lengths, rng.random(B), shard_of, draw_of, share)
-    if got == 0:
-        raise NothingToSample
-    if got < B:
-        raise ShortOfItems(got, B)
+    if rows.got < B:
+        raise ShortOfItems(rows.got, B)
     slots, probs, want, order = {}, {}, {}, []
-    for i, s in enumerate(shards):
-        mine = np.flatnonzero(shard_of == i)
-        if not len(mine):
-            continue
-        sl, q, _, sq = seqs[s]
-        slots[s] = np.asarray(sl, dtype=np.int64)[draw_of[mine]]
-        probs[s] = share[mine] * np.asarray(q, dtype=np.float64)[draw_of[mine]]
-        want[s] = np.asarray(sq, dtype=np.int64)[draw_of[mine]]
+    for s in np.unique(rows.shard).tolist():
+        mine = np.flatnonzero(rows.shard == s)
+        slots[s], probs[s], want[s] = rows.slot[mine], rows.prob[mine], rows.seq[mine]
         order.append(mine)
     yield Take(slots, probs, want)
     rows_at = np.concatenate(order)
     return Layout(None if np.array_equal(rows_at, np.arange(B)) else rows_at)
+
+
+class _Rows:
+    """The rows of a sequential batch as its interleaves pick them: each row's shard, slot, probability and
+    item seq."""
+
+    def __init__(self, B: int) -> None:
+        self.shard, self.slot, self.seq = (np.empty(B, np.int64) for _ in range(3))
+        self.prob = np.empty(B)
+        self.got = 0
+
+    def interleave(self, seqs: dict, rng: np.random.Generator) -> None:
+        """The next rows from the shards' sequences (``{shard: (slots, probs, masses, seqs)}``), interleaved
+        by the masses they have left, until the batch is full or every item is out."""
+        shards = [s for s in sorted(seqs) if len(seqs[s][0])]
+        if not shards:
+            return
+        n = len(self.shard) - self.got
+        lengths = np.array([len(seqs[s][0]) for s in shards], dtype=np.int64)
+        table = np.zeros((len(shards), int(lengths.max()) + 1))
+        for i, s in enumerate(shards):
+            table[i, : lengths[i] + 1] = np.asarray(seqs[s][2], dtype=np.float64)
+        shard_of, draw_of, share = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n)
+        k = sequences.interleave(table, lengths, rng.random(n), shard_of, draw_of, share)
+        for i, s in enumerate(shards):
+            mine = np.flatnonzero(shard_of[:k] == i)
+            sl, q, _, sq = seqs[s]
+            at, d = self.got + mine, draw_of[mine]
+            self.shard[at] = s
+            self.slot[at] = np.asarray(sl, dtype=np.int64)[d]
+            self.prob[at] = share[mine] * np.asarray(q, dtype=np.float64)[d]
+            self.seq[at] = np.asarray(sq, dtype=np.int64)[d]
+        self.got += k
 
 
 def _weighted(B: int, rng):
