@@ -526,8 +526,8 @@ def bench_torchrl(args, eps, rows, results):
 
 
 def bench_reverb(args, eps, rows, results):
-    """DeepMind Reverb on the same workload (skipped if dm-reverb is not installed: ``pip install -e '.[reverb]'``
-    in an environment of its own, see the README).
+    """DeepMind Reverb on the same workload (skipped if dm-reverb is not installed: the ``bench`` extra, in an
+    environment of its own, as this module's docstring says).
 
     Reverb's items are the windows themselves: each episode goes through a ``TrajectoryWriter`` step by step and
     every strict window of ``L`` steps becomes an item (as every step of ours starts one), in a table with a
