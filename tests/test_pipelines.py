@@ -40,6 +40,22 @@ def test_bench_local_quick_writes_ratios(tmp_path):
     assert fixed["heap_ties"]["distinct_ms"] > 0
 
 
+def test_bench_remote_peers_quick_writes_ratios(tmp_path):
+    """A learner over one worker's TCP lane, against a raw Dask transfer and a memcpy measured in the run; the
+    Reverb rows say why they are missing where Reverb is not installed (it needs the bench extra's
+    environment)."""
+    import bench_remote_peers
+
+    out = tmp_path / "r.json"
+    bench_remote_peers.main(["--quick", "--out", str(out)])
+    data = json.loads(out.read_text())
+    for name in ("uniform", "prioritized"):
+        r = data[name]
+        assert r["gear_flow_gbps"] > 0 and r["raw_dask_gbps"] > 0 and r["gear_flow_memcpy_ratio"] > 0
+        assert r.get("reverb_gbps", 0) > 0 or "not installed" in r["reverb"]["skipped"]
+    assert data["uniform"]["gear_flow_stream_gbps"] > 0
+
+
 @pytest.mark.slow
 def test_bench_distributed_quick(tmp_path):
     """Run as its users run it, in a process of its own: its UCX rows load distributed-ucxx, whose threads
