@@ -52,7 +52,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    REFERENCE,
     alternate,
     make_episodes,
     memcpy_gbps,
@@ -60,6 +59,7 @@ from common import (  # noqa: E402
     print_table,
     raw_dask_step,
     reference_columns,
+    reference_options,
     stream_gbps,
     timeit,
     write_json,
@@ -401,10 +401,7 @@ def _preload_forked_workers() -> None:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--episodes", type=int, default=REFERENCE["episodes"])
-    p.add_argument("--episode-length", type=int, default=REFERENCE["episode_length"])
-    p.add_argument("--batch-size", type=int, default=REFERENCE["batch_size"])
-    p.add_argument("--length", type=int, default=REFERENCE["length"])
+    reference_options(p)
     p.add_argument("--insert-batch", type=int, default=10)
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--quick", action="store_true")

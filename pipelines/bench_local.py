@@ -31,13 +31,13 @@ from numba import njit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    REFERENCE,
     alternate,
     make_episodes,
     memcpy_gbps,
     memcpy_step,
     print_table,
     reference_columns,
+    reference_options,
     rss_bytes,
     timeit,
     write_json,
@@ -526,65 +526,31 @@ def bench_torchrl(args, eps, rows, results):
 
 
 def bench_reverb(args, eps, rows, results):
-    """DeepMind Reverb on the same workload (skipped if dm-reverb is not installed: the ``bench`` extra, in an
-    environment of its own, as this module's docstring says).
-
-    Reverb's items are the windows themselves: each episode goes through a ``TrajectoryWriter`` step by step and
-    every strict window of ``L`` steps becomes an item (as every step of ours starts one), in a table with a
-    ``Uniform`` or ``Prioritized(0.6)`` sampler.  Batches come from ``TrajectoryDataset.batch(B)``, Reverb's fast
-    path (its own threads keep samples in flight), each column made a torch tensor; a prioritized batch's
-    priorities go back with ``mutate_priorities``.  Memory is the process's resident growth per raw byte.
-    """
+    """DeepMind Reverb on the same workload, in this process (:mod:`reverb_peer`; skipped if dm-reverb is not
+    installed: the ``bench`` extra, in an environment of its own, as this module's docstring says).  A server
+    per table; memory is the process's resident growth per raw byte while one is written."""
     try:
         import reverb
-        import tensorflow as tf
-        import torch
+        import reverb_peer
     except ImportError as e:
         results["reverb"] = {"skipped": str(e)}
         return
     B, L = args.batch_size, args.length
-    cols = reference_columns()
-    step_bytes = sum(c.nbytes for c in cols)
+    step_bytes = sum(c.nbytes for c in reference_columns())
     steps = sum(len(e["reward"]) for e in eps)
-    windows = sum(len(e["reward"]) - L + 1 for e in eps)
     batch_bytes = B * L * step_bytes
     ref_batch = results["memcpy_batch_gbps"]
-    out: dict = {"items": windows}
-    signature = {c.name: tf.TensorSpec((L, *c.shape), tf.as_dtype(c.dtype)) for c in cols}
-    selectors = {"uniform": reverb.selectors.Uniform, "prioritized": lambda: reverb.selectors.Prioritized(0.6)}
-    for name, selector in selectors.items():
+    out: dict = {"items": reverb_peer.windows(eps, L)}
+    for name in reverb_peer.SELECTORS:
         gc.collect()
         rss0 = rss_bytes()
-        table = reverb.Table(
-            name, selector(), reverb.selectors.Fifo(), windows, reverb.rate_limiters.MinSize(1), signature=signature
-        )
-        server = reverb.Server(tables=[table])
+        server = reverb.Server(tables=reverb_peer.tables([name], eps, L))
         client = server.localhost_client()
-        rng = np.random.default_rng(0)
         t0 = time.perf_counter()
-        with client.trajectory_writer(num_keep_alive_refs=L) as w:
-            for e in eps:
-                n = len(e["reward"])
-                for t in range(n):
-                    w.append({c.name: e[c.name][t] for c in cols})
-                    if t >= L - 1:  # the window of the L steps up to this one
-                        w.create_item(name, float(rng.random() + 0.01), {k: w.history[k][-L:] for k in signature})
-                w.end_episode()
+        reverb_peer.write(client, [name], eps, L)
         ins_s = time.perf_counter() - t0
         rss1 = rss_bytes()
-        ds = reverb.TrajectoryDataset.from_table_signature(
-            f"localhost:{server.port}", name, max_in_flight_samples_per_worker=2 * B
-        ).batch(B, drop_remainder=True)
-        it = iter(ds)
-
-        def once(name=name, it=it, client=client, rng=rng):
-            s = next(it)
-            batch = {k: torch.from_numpy(v.numpy()) for k, v in s.data.items()}
-            if name == "prioritized":
-                keys = s.info.key.numpy().tolist()
-                client.mutate_priorities(name, updates=dict(zip(keys, (rng.random(B) + 0.01).tolist())))
-            return batch
-
+        once = reverb_peer.reader(f"localhost:{server.port}", name, B, client, np.random.default_rng(0))
         ts = timeit(once, repeat=max(3, args.repeat))
         g = batch_bytes / float(np.median(ts)) / 1e9
         ours = results[name]["gbps"]
@@ -608,9 +574,9 @@ def bench_reverb(args, eps, rows, results):
                 ),
             }
         )
-        del it, ds, client
+        del once, client
         server.stop()
-        del server, table
+        del server
         gc.collect()
     results["reverb"] = out
 
@@ -630,10 +596,7 @@ def _packages() -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--episodes", type=int, default=REFERENCE["episodes"])
-    p.add_argument("--episode-length", type=int, default=REFERENCE["episode_length"])
-    p.add_argument("--batch-size", type=int, default=REFERENCE["batch_size"])
-    p.add_argument("--length", type=int, default=REFERENCE["length"])
+    reference_options(p)
     p.add_argument("--insert-batch", type=int, default=10, help="episodes per insert call")
     p.add_argument("--repeat", type=int, default=30)
     p.add_argument("--small-capacity", type=int, default=100_000)

@@ -33,12 +33,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import (  # noqa: E402
-    REFERENCE,
     make_episodes,
     memcpy_gbps,
     print_table,
     raw_dask_step,
     reference_columns,
+    reference_options,
     stream_gbps,
     timeit,
     write_json,
@@ -50,30 +50,12 @@ import gear_flow as gf  # noqa: E402
 SERVER = """
 import sys
 sys.path.insert(0, {here!r})
-import numpy as np, reverb, tensorflow as tf
-from common import make_episodes, reference_columns
+import reverb, reverb_peer
+from common import make_episodes
 
-L = {length}
-cols = reference_columns()
-signature = {{c.name: tf.TensorSpec((L, *c.shape), tf.as_dtype(c.dtype)) for c in cols}}
 eps = make_episodes({episodes}, {episode_length})
-windows = sum(len(e["reward"]) - L + 1 for e in eps)
-tables = [
-    reverb.Table(name, selector, reverb.selectors.Fifo(), windows, reverb.rate_limiters.MinSize(1), signature=signature)
-    for name, selector in (("uniform", reverb.selectors.Uniform()), ("prioritized", reverb.selectors.Prioritized(0.6)))
-]
-server = reverb.Server(tables=tables, port=None)
-client = server.localhost_client()
-rng = np.random.default_rng(0)
-with client.trajectory_writer(num_keep_alive_refs=L) as w:
-    for e in eps:
-        for t in range(len(e["reward"])):
-            w.append({{c.name: e[c.name][t] for c in cols}})
-            if t >= L - 1:
-                window = {{k: w.history[k][-L:] for k in signature}}
-                w.create_item("uniform", 1.0, window)
-                w.create_item("prioritized", float(rng.random() + 0.01), window)
-        w.end_episode()
+server = reverb.Server(tables=reverb_peer.tables(reverb_peer.SELECTORS, eps, {length}), port=None)
+reverb_peer.write(server.localhost_client(), reverb_peer.SELECTORS, eps, {length})
 print(server.port, flush=True)
 sys.stdin.read()
 server.stop()
@@ -81,43 +63,23 @@ server.stop()
 
 
 def reverb_learner(args):
-    """Start the Reverb server's process; ``(process, {table: one batch}, client)``, or ``(None, reason, None)``."""
+    """Start the Reverb server's process; ``(process, {table: one batch per call})``, or ``(None, reason)``."""
     try:
         import reverb
-        import torch
+        import reverb_peer
     except ImportError as e:
-        return None, f"not installed ({e})", None
+        return None, f"not installed ({e})"
     here = str(Path(__file__).resolve().parent)
     code = SERVER.format(here=here, length=args.length, episodes=args.episodes, episode_length=args.episode_length)
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    port = int(proc.stdout.readline())
-    address = f"localhost:{port}"
-    client = reverb.Client(address)
-    rng = np.random.default_rng(1)
-    B = args.batch_size
-    batches = {}
-    for name in ("uniform", "prioritized"):
-        ds = reverb.TrajectoryDataset.from_table_signature(address, name, max_in_flight_samples_per_worker=2 * B)
-        it = iter(ds.batch(B, drop_remainder=True))
-
-        def once(name=name, it=it):
-            s = next(it)
-            batch = {k: torch.from_numpy(v.numpy()) for k, v in s.data.items()}
-            if name == "prioritized":
-                keys = s.info.key.numpy().tolist()
-                client.mutate_priorities(name, updates=dict(zip(keys, (rng.random(B) + 0.01).tolist())))
-            return batch
-
-        batches[name] = once
-    return proc, batches, client
+    address = f"localhost:{int(proc.stdout.readline())}"
+    client, rng = reverb.Client(address), np.random.default_rng(1)
+    return proc, {n: reverb_peer.reader(address, n, args.batch_size, client, rng) for n in reverb_peer.SELECTORS}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--episodes", type=int, default=REFERENCE["episodes"])
-    p.add_argument("--episode-length", type=int, default=REFERENCE["episode_length"])
-    p.add_argument("--batch-size", type=int, default=REFERENCE["batch_size"])
-    p.add_argument("--length", type=int, default=REFERENCE["length"])
+    reference_options(p)
     p.add_argument("--repeat", type=int, default=30)
     p.add_argument("--memcpy-pool-mb", type=int, default=256)
     p.add_argument("--quick", action="store_true")
@@ -138,7 +100,7 @@ def main(argv=None):
     steps = sum(len(e["reward"]) for e in eps)
     rows: list[dict] = []
     results: dict = {"args": vars(args)}
-    proc, reverb_batches, _client = reverb_learner(args)
+    proc, reverb_batches = reverb_learner(args)
     plane = {"gear-flow.distributed.shared-memory": False, "gear-flow.distributed.tcp-lane": True}
     try:
         with (

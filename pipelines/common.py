@@ -28,6 +28,14 @@ REFERENCE = {
 }
 
 
+def reference_options(p) -> None:
+    """The reference workload's sizes as options of argparse parser ``p``, :data:`REFERENCE` their defaults."""
+    p.add_argument("--episodes", type=int, default=REFERENCE["episodes"])
+    p.add_argument("--episode-length", type=int, default=REFERENCE["episode_length"])
+    p.add_argument("--batch-size", type=int, default=REFERENCE["batch_size"])
+    p.add_argument("--length", type=int, default=REFERENCE["length"])
+
+
 def reference_columns():
     from gear_flow import ColumnSpec
 
