@@ -5,8 +5,8 @@ done bool; windows L=64, batch B=256, torch tensors out.  Every path reports
 GB/s delivered and its ratio to a single-thread ``np.copyto`` of the same bytes
 measured in this run.  The peers run the same workload side by side when they
 are installed: TorchRL's replay buffer (SliceSampler / PrioritizedSliceSampler on
-a LazyTensorStorage) and DeepMind Reverb (a TrajectoryWriter's windows, read
-through a TrajectoryDataset).  They need an environment of their own (torch 2.14,
+a LazyTensorStorage) and DeepMind Reverb (windows written by its Writer, read
+through a TrajectoryDataset; its TrajectoryWriter timed writing too).  They need an environment of their own (torch 2.14,
 NumPy 1.x: the ``bench`` extra)::
 
     python3 -m venv .venv-peers && .venv-peers/bin/pip install -q -e '.[pipelines,bench]'
@@ -541,6 +541,13 @@ def bench_reverb(args, eps, rows, results):
     batch_bytes = B * L * step_bytes
     ref_batch = results["memcpy_batch_gbps"]
     out: dict = {"items": reverb_peer.windows(eps, L)}
+    # its TrajectoryWriter, timed writing the uniform table alone (the tables read below come from its Writer)
+    server = reverb.Server(tables=reverb_peer.tables(["uniform"], eps, L))
+    t0 = time.perf_counter()
+    reverb_peer.write(server.localhost_client(), ["uniform"], eps, L, writer="trajectory")
+    out["trajectory_writer_gbps"] = steps * step_bytes / (time.perf_counter() - t0) / 1e9
+    server.stop()
+    del server
     for name in reverb_peer.SELECTORS:
         gc.collect()
         rss0 = rss_bytes()
@@ -569,7 +576,8 @@ def bench_reverb(args, eps, rows, results):
                 "x memcpy": g / ref_batch,
                 "ms": 1e3 * np.median(ts),
                 "note": (
-                    f"gear_flow is {ours / g:.1f}x; insert {out[name]['insert_gbps']:.3f} GB/s; "
+                    f"gear_flow is {ours / g:.1f}x; insert {out[name]['insert_gbps']:.3f} GB/s "
+                    f"(TrajectoryWriter {out['trajectory_writer_gbps']:.4f}); "
                     f"memory {out[name]['rss_per_raw']:.2f}x raw"
                 ),
             }

@@ -6,8 +6,9 @@ from it as torch tensors:
 * gear_flow: a ``DistributedTable`` on one Dask worker, with shared memory off (what a learner on another
   host sees: its draws and their windows over the worker's TCP lane);
 * Reverb 0.14: a ``reverb.Server`` in its own process holding every strict window as an item (written step
-  by step by a ``TrajectoryWriter`` there), read here over gRPC through a ``TrajectoryDataset`` (Reverb's
-  fast path; its threads keep samples in flight), each column made a torch tensor.
+  by step there, by its ``Writer`` in chunks of L steps: its fastest writer on this workload), read here
+  over gRPC through a ``TrajectoryDataset`` (Reverb's fast path; its threads keep samples in flight), each
+  column made a torch tensor.
 
 Uniform and prioritized tables (a prioritized batch's B priorities written back: ``update_priorities``,
 ``mutate_priorities``).  Each learner's batches are timed in a block of their own, steady (Reverb's dataset
