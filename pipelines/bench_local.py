@@ -6,8 +6,8 @@ GB/s delivered and its ratio to a single-thread ``np.copyto`` of the same bytes
 measured in this run.  The peers run the same workload side by side when they
 are installed: TorchRL's replay buffer (SliceSampler / PrioritizedSliceSampler on
 a LazyTensorStorage) and DeepMind Reverb (windows written by its Writer, read
-through a TrajectoryDataset; its TrajectoryWriter timed writing too).  They need an environment of their own (torch 2.14,
-NumPy 1.x: the ``bench`` extra)::
+through a TrajectoryDataset; its TrajectoryWriter timed writing too).  They need
+an environment of their own (torch 2.14, NumPy 1.x: the ``bench`` extra)::
 
     python3 -m venv .venv-peers && .venv-peers/bin/pip install -q -e '.[pipelines,bench]'
     .venv-peers/bin/python pipelines/bench_local.py
