@@ -495,7 +495,12 @@ class Stream:
             Loader processes (distributed tables only; see :meth:`dataset`).
         **kwargs
             Other ``DataLoader`` arguments (``pin_memory``, ``prefetch_factor``
-            ...); not ``batch_size`` nor ``collate_fn``.
+            ...); not ``batch_size`` nor ``collate_fn``.  Without a
+            ``multiprocessing_context`` the loader's workers start as Dask
+            starts its own processes (``distributed.worker.multiprocessing-method``,
+            ``spawn`` by default), not forked: this process has threads
+            (the Dask client's event loop, the stream's), and a fork copies
+            whatever lock one of them holds, held for ever in the child.
 
         Returns
         -------
@@ -509,10 +514,12 @@ class Stream:
         """
         import torch.utils.data
 
-        from .stream_loader import as_is
+        from .stream_loader import as_is, worker_start_method
 
         dataset = self.dataset()
         dataset.check_workers(num_workers)
+        if num_workers > 0 and kwargs.get("multiprocessing_context") is None:
+            kwargs["multiprocessing_context"] = worker_start_method()
         return torch.utils.data.DataLoader(
             dataset, batch_size=None, collate_fn=as_is, num_workers=num_workers, **kwargs
         )

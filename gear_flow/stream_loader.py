@@ -2,7 +2,7 @@
 
 With ``stream.loader(num_workers=W)`` (``DataLoader(stream.dataset(),
 batch_size=None, collate_fn=as_is, num_workers=W)``) each of the ``W`` loader
-processes (forked or spawned) runs its own stream:
+processes (spawned by default, as Dask starts its own; or forked) runs its own stream:
 
 * it attaches its **own handle** to the distributed table, through its own
   ``distributed.Client`` to the table's scheduler (a handle, its client and
@@ -41,6 +41,23 @@ from .errors import SpecError
 
 if TYPE_CHECKING:
     from .stream import Stream
+
+
+def worker_start_method() -> str:
+    """How :meth:`Stream.loader <gear_flow.Stream.loader>` starts its workers by default: as Dask starts its
+    own processes (``distributed.worker.multiprocessing-method``; ``spawn`` without Dask's config).
+
+    Returns
+    -------
+    str
+        A ``multiprocessing`` start method.
+    """
+    try:
+        import dask
+        import distributed  # noqa: F401  (its config's defaults)
+    except ImportError:
+        return "spawn"
+    return str(dask.config.get("distributed.worker.multiprocessing-method", "spawn"))
 
 
 def as_is(batch: Any) -> Any:

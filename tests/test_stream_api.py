@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 
+import dask
 import numpy as np
 import pytest
 import torch.utils.data
@@ -133,7 +134,16 @@ def test_dataloader_workers_attach_their_own_handles(dist_client):
         assert first[0] != first[1]  # worker 0 and worker 1 draw with their own seeds
         assert _loader_keys(ds, 2) == first  # seeded: the same batches again
         assert _loader_keys(ds, 2, "spawn") == first  # spawned workers: the dataset travels pickled, by name
-        assert t.info()["totals"]["sampled"] == 3 * 5 * 16
+        # Stream.loader's workers start as Dask's own processes do, not forked from this threaded process
+        stream = gf.Stream(t, 16, 4, num_batches=5, seed=7, boundary="strict")
+        loader = stream.loader(num_workers=2)
+        method = dask.config.get("distributed.worker.multiprocessing-method")  # (the suite's: forkserver)
+        assert method != "fork" and loader.multiprocessing_context.get_start_method() == method
+        assert [b.keys.tolist() for b in loader] == first
+        chosen = stream.loader(num_workers=2, multiprocessing_context="fork")  # the caller's choice stands
+        assert chosen.multiprocessing_context.get_start_method() == "fork"
+        assert stream.loader().multiprocessing_context is None  # no workers: nothing started
+        assert t.info()["totals"]["sampled"] == 4 * 5 * 16
     finally:
         t.close()
 
@@ -205,6 +215,7 @@ def test_leaving_a_stream_whose_request_waits_in_a_drained_queue_returns(make_ta
 
 _EXIT_WITH_A_STREAM_WAITING = """
 import sys
+import dask
 import numpy as np
 import gear_flow as gf
 
