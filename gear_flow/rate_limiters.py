@@ -6,7 +6,10 @@ sample of ``n`` items may go ahead now:
 
 * sampling needs ``size >= min_size_to_sample`` and ``diff - n >= min_diff``;
 * inserting is always allowed while the table is below ``min_size_to_sample``
-  (counting the new items), otherwise it needs ``diff + k * spi <= max_diff``.
+  (counting the new items), otherwise it needs ``(inserts + k) * spi - samples
+  <= max_diff``: ``diff`` after the insert, computed in Reverb's order (the
+  same sum in another order rounds differently, and a boundary insert went
+  the other way for a ``samples_per_insert`` such as 0.1).
 
 Calls are atomic: a batch is admitted whole or waits.  A call that could never
 be admitted (``n > max_diff - min_diff``) is rejected at once rather than left
@@ -79,8 +82,8 @@ class RateLimiter(ABC):  # noqa: B024  (abstract by intent: use a subclass)
         (``-sys.float_info.max``: no lower bound).
     max_diff : float
         Past ``min_size_to_sample``, an insert of ``k`` is admitted only if
-        ``diff + k * samples_per_insert <= max_diff`` (``sys.float_info.max``:
-        no upper bound).
+        ``(inserts + k) * samples_per_insert - samples <= max_diff``
+        (``sys.float_info.max``: no upper bound).
 
     Raises
     ------
@@ -117,11 +120,12 @@ class RateLimiter(ABC):  # noqa: B024  (abstract by intent: use a subclass)
         -------
         bool
             True while the table is below ``min_size_to_sample`` counting the
-            new items, else whether ``diff + k * samples_per_insert <= max_diff``.
+            new items, else whether ``(inserts + k) * samples_per_insert - samples <= max_diff`` (Reverb's
+            ``CanInsert``, in its order of operations: the same boundary decision).
         """
         if size + k <= self.min_size_to_sample:
             return True
-        return self.diff + k * self.samples_per_insert <= self.max_diff
+        return (self.state.inserts + k) * self.samples_per_insert - self.state.samples <= self.max_diff
 
     def can_sample(self, n: int, size: int) -> bool:
         """May a sample of ``n`` items go ahead now?

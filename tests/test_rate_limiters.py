@@ -272,6 +272,26 @@ def test_sample_to_insert_ratio_scenario():
     assert (info["min_diff"], info["max_diff"]) == (2.0, 10.0)
 
 
+@pytest.mark.parametrize(
+    "spi, min_size, error_buffer, admitted",
+    # admitted: the single inserts DeepMind Reverb 0.14 took before its first refusal, no samples (its table's
+    # can_insert, checked side by side); max_diff 1.8, 5.1 and 1.5, which 0.1 * (inserts + 1) meets inexactly
+    [(0.1, 1, 1.7, 18), (0.1, 1, 5.0, 50), (0.1, 2, 1.3, 15)],
+)
+def test_an_insert_at_max_diff_is_decided_as_reverb_decides_it(make_table, spi, min_size, error_buffer, admitted):
+    """The boundary insert: the limiter computed diff + k * spi where Reverb computes (inserts + k) * spi -
+    samples, and the two round apart for an spi such as 0.1 (17, 51 and 14 were admitted)."""
+    t = make_table(x_spec(capacity=100), rate_limiter=SampleToInsertRatio(spi, min_size, error_buffer), seed=0)
+    n = 0
+    while True:
+        try:
+            t.insert(scalar_episode(1), timeout=SHORT)
+        except RateLimitTimeout:
+            break
+        n += 1
+    assert n == admitted and t.size == admitted
+
+
 def test_blocked_insert_released_by_sample():
     t = LocalTable(x_spec(capacity=100), rate_limiter=SampleToInsertRatio(1.0, 1, (0.0, 2.0)), seed=0)
     t.insert(scalar_episode(2))  # diff 2 = max_diff
