@@ -71,6 +71,38 @@ def test_an_update_shows_in_the_next_plan_without_asking_for_masses(table):
     _step(table, rng)
 
 
+def test_masses_older_than_their_maximum_age_are_asked_for_before_the_plan(dist_client, data_plane):
+    """A handle planned with every mass it kept, however old, and asked for the stale ones only alongside
+    its draw: its first batch after a pause chose shards by their sizes at its last batch (another handle
+    had filled them unevenly since), so a uniform table's items were drawn with 1/600 * 2/3, 6/7, 6/5 and
+    2 instead of 1/600.  A mass older than ``distributed.mass-max-age`` is now asked for before the plan
+    (the shared-memory plane reads the published masses, current already)."""
+    spec = gf.TableSpec((gf.ColumnSpec("x", (), np.int64),), capacity=4096, num_shards=4)
+    t = DistributedTable.create(dist_client, spec, seed=0)
+    other = DistributedTable.attach(t.name, dist_client)
+    try:
+        t.insert([{"x": np.array([i])} for i in range(100)])
+        n = 100
+        for rnd in range(2):
+            t.sample(64)  # this handle keeps the masses of this batch's replies
+            for s in range(4):  # another handle fills the shards unevenly
+                k = 50 * (rnd + 1) * (s + 1)
+                other.insert([{"x": np.arange(n, n + k)}], shard=s)
+                n += k
+            # every mass kept is older than the maximum age (set here to a microsecond, so no wait is needed)
+            here, asked = t.stats["in_thread"], t.requests["summaries"]
+            with dask.config.set({"gear-flow.distributed.mass-max-age": 1e-6}):
+                b = t.sample(512)
+            assert np.allclose(b.probabilities.numpy(), 1 / n, rtol=1e-12, atol=0), (rnd, n)
+            if data_plane != "shared-memory":  # (there the published masses are read: no request)
+                assert t.requests["summaries"] - asked == 2  # one per worker, before the plan
+            if data_plane == "tcp-lane":  # asked over the lanes by the learner's thread, as its draws go
+                assert t.stats["in_thread"] - here == 1
+    finally:
+        other.close()
+        t.close()
+
+
 def test_a_key_never_seen_issued_is_checked_everywhere_first(table):
     seen = table.sample(64, 1).keys.numpy()
     ok = seen[decode(seen)[0] == 0][:4]

@@ -80,7 +80,10 @@ def test_a_learner_on_another_host_sends_one_request_per_host(boundary):
             t.sample(64, 4, boundary=boundary)  # the routes learnt (and, strict: each owner's tail published)
             before = dict(t.requests)
             for step in range(10):
-                a = t.sample(64, 4, boundary=boundary, rng=np.random.default_rng(step))
+                # the masses of t's last batch held for this one, however long the owners' batch took on this
+                # host (older than distributed.mass-max-age they are asked for first: a request per worker)
+                with dask.config.set({"gear-flow.distributed.mass-max-age": 600}):
+                    a = t.sample(64, 4, boundary=boundary, rng=np.random.default_rng(step))
                 b = owners.sample(64, 4, boundary=boundary, rng=np.random.default_rng(step))
                 obs = a["obs"].numpy()
                 m = a.mask.numpy()

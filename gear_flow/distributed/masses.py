@@ -23,11 +23,13 @@ class MassCache:
     probability is what gets reported) and the item with the shard's mass at
     the draw.  Reusing them saves the masses round trip, so a steady-state
     batch costs one round trip, and only to the workers it draws from.  They
-    are refreshed by every draw's reply and by this handle's priority updates;
-    one older than ``distributed.mass-max-age`` seconds (a shard no batch drew
-    from lately, whose writers may have filled it) is asked for again in the
-    same round trip as the next draw, so a sample never waits for masses
-    while it has some to plan with.
+    are refreshed by every draw's reply and by this handle's priority updates,
+    and used for at most ``distributed.mass-max-age`` seconds: once one is
+    older (a pause; a shard no batch drew from lately, whose writers may have
+    filled it), the next plan asks every shard first.  Planned with, an old
+    mass would make the draw's first level follow the shards' sizes at some
+    earlier batch, however long ago: the reported probabilities those of the
+    draw made, but not the table's distribution.
     """
 
     def __init__(self) -> None:
@@ -37,14 +39,8 @@ class MassCache:
         """Forget every mass (placement changed, or this handle wrote: the next plan asks)."""
         self.values.clear()
 
-    def fresh(
-        self, kinds: Sequence[str], L: int, boundary: str, shards: Iterable[int]
-    ) -> tuple[dict | None, list[int]]:
-        """``(masses to plan with, shards whose mass is older than the maximum age)``.
-
-        Stale shards are still planned with (the reported probabilities stay
-        those of the draw made); the caller refreshes them in the same round
-        trip as the draw, for the next plan.
+    def fresh(self, kinds: Sequence[str], L: int, boundary: str, shards: Iterable[int]) -> dict | None:
+        """The masses to plan with, or None when the plan must ask every shard first.
 
         Parameters
         ----------
@@ -59,25 +55,39 @@ class MassCache:
 
         Returns
         -------
-        masses : dict or None
-            ``{"sampler": {shard: mass}}`` to plan with; None when the plan
-            must ask every shard first: caching off
-            (``distributed.mass-max-age`` <= 0), nothing kept for this plan, a
-            shard missing, or no mass anywhere (a shard that filled since must
-            not make the sample fail).
-        stale : list of int
-            Sorted shards whose mass is older than the maximum age (empty
-            when ``masses`` is None).
+        dict or None
+            ``{"sampler": {shard: mass}}``; None when none are :meth:`kept` for this plan or one is older
+            than ``distributed.mass-max-age`` (<= 0: caching off).
         """
         age = config.get("distributed.mass-max-age") or 0.0
-        if age <= 0 or len(kinds) != 1 or kinds[0] not in ("sampler",):
-            return None, []
-        got = self.values.get((kinds[0], L, boundary))
-        if not got or set(got) != set(shards) or not any(m > 0 for m, _ in got.values()):
-            return None, []
+        if age <= 0 or not self.kept(kinds, L, boundary, shards):
+            return None
+        got = self.values[(kinds[0], L, boundary)]
         now = time.monotonic()
-        stale = sorted(s for s, (_, ts) in got.items() if now - ts > age)
-        return {kinds[0]: {s: m for s, (m, _) in got.items()}}, stale
+        if any(now - ts > age for _, ts in got.values()):
+            return None
+        return {kinds[0]: {s: m for s, (m, _) in got.items()}}
+
+    def kept(self, kinds: Sequence[str], L: int, boundary: str, shards: Iterable[int]) -> bool:
+        """Whether masses for this plan are kept, of any age: for each of ``shards`` and one positive at least.
+
+        None are after :meth:`clear` (the placement changed, or this handle wrote), for a plan that asks for
+        more than the sampler's masses, or when no mass was positive (a shard that filled since must not make
+        the sample fail).
+
+        Parameters
+        ----------
+        kinds, L, boundary, shards
+            As :meth:`fresh` takes them.
+
+        Returns
+        -------
+        bool
+        """
+        if len(kinds) != 1 or kinds[0] not in ("sampler",):
+            return False
+        got = self.values.get((kinds[0], L, boundary))
+        return bool(got) and set(got) == set(shards) and any(m > 0 for m, _ in got.values())
 
     def store(self, kinds: Sequence[str], L: int, boundary: str, got: dict[str, dict[int, float]]) -> None:
         """Keep the masses the workers just reported, stamped now.

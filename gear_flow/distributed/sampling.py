@@ -932,7 +932,6 @@ class RemoteSample:
         self.drawn_by_readers: dict[int, int] = {}
         self.sent = set()  # workers asked for parts (pending parts to undo, record=False)
         self.expired = {}
-        self.stale = []  # shards planned with a mass older than the maximum age: refreshed with the draw
         self.one_part = False  # the parts in flight come from one worker
         #: the shards' incarnations this attempt was planned at (a shard rebuilt since holds other items)
         self.incarnation = table._view.now().incarnation
@@ -968,7 +967,7 @@ class RemoteSample:
             here = reader_draw.fresh_masses(self, req.kinds)
             if here is not None:  # read from the shards' published states: no request
                 return here
-            cached, self.stale = t._masses.fresh(req.kinds, self.L, self.boundary, t._view.live_shards())
+            cached = t._masses.fresh(req.kinds, self.L, self.boundary, t._view.live_shards())
             if cached is not None:
                 return cached
             res = await t._link.on_workers(
@@ -1032,16 +1031,14 @@ class RemoteSample:
             for s, r in self._to_copy(parts):
                 copied[a, s] = await self._off_loop(self.copy_part, len(r["seqs"]), mapped.get(a), s, r, offs[s])
 
-        refresh = self._stale_masses_calls(counts)
         # stored updates of workers not drawn from: same round trip (those another worker drew for: soon, batched)
         pending = pending_calls(t, exclude=set(calls) | self.hosted)
-        if refresh or pending:  # in the same round trip as the draw: the next plan has current masses again
-            (res, errors), (fresh, _), (upd, upd_errors) = await asyncio.gather(
+        if pending:
+            (res, errors), (upd, upd_errors) = await asyncio.gather(
                 t._link.on_workers(calls, partial=True, arrived=arrived),
-                t._link.on_workers(refresh, partial=True),
                 t._link.on_workers(pending, partial=True),
             )
-            self.book_extras(fresh, pending, upd)
+            self.book_extras(pending, upd)
             errors += upd_errors
         else:
             res, errors = await t._link.on_workers(calls, partial=True, arrived=arrived)
@@ -1196,23 +1193,18 @@ class RemoteSample:
             return self._copy_received(r["data"], o, len(r["seqs"]))
         return self._copy_shared(sh[s], r, o)
 
-    def book_extras(self, fresh: dict, pending: dict, upd: dict) -> None:
-        """Book the replies of the requests riding with a draw: masses refreshed, stored updates sent (an
-        update not known applied is stored again, not an error of the draw).
+    def book_extras(self, pending: dict, upd: dict) -> None:
+        """Book the replies of the stored updates sent with a draw (an update not known applied is stored
+        again, not an error of the draw).
 
         Parameters
         ----------
-        fresh : dict
-            ``{worker: summaries reply}`` of the masses refreshed.
         pending : dict
             ``{worker: ("update", arguments)}`` sent with the draw.
         upd : dict
             ``{worker: update reply}`` of those applied.
         """
         t = self.t
-        for r in fresh.values():
-            for s, m in r["sampler"].items():
-                t._masses.update(self.L, self.boundary, int(s), m)
         for a, (_, args) in pending.items():
             if a in upd:
                 book_reply(t, args["masses"] or [], upd[a])
@@ -1334,16 +1326,6 @@ class RemoteSample:
             return fn(*args)
         pool = plugin.executor if plugin is not None else copy_pool()
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
-
-    def _stale_masses_calls(self, counts) -> dict:
-        """``summaries`` requests for the stale shards this draw does not refresh (no count drawn there)."""
-        if counts is None or not self.stale:
-            return {}
-        t = self.t
-        left = [s for s in self.stale if int(counts.get(s, 0)) <= 0 and s in t.placement and s not in t.lost]
-        self.stale = []
-        args = dict(name=t.name, kinds=("sampler",), length=self.L, boundary=self.boundary)
-        return {a: ("summaries", args) for a in sorted({t.placement[s] for s in left})}
 
     async def undo(self) -> None:
         """Forget what this attempt gathered (a retry or a failure follows)."""

@@ -84,10 +84,13 @@ class ThreadSample(RemoteSample):
             here = reader_draw.fresh_masses(self, req.kinds)
             if here is not None:  # read from the shards' published states
                 return here
-            cached, self.stale = t._masses.fresh(req.kinds, self.L, self.boundary, t._view.live_shards())
-            if cached is None:
-                raise NotHere
-            return cached
+            live = t._view.live_shards()
+            cached = t._masses.fresh(req.kinds, self.L, self.boundary, live)
+            if cached is not None:
+                return cached
+            if not t._masses.kept(req.kinds, self.L, self.boundary, live):
+                raise NotHere  # (none kept: the placement changed, or this handle wrote) the event loop's path
+            return self._ask_summaries(req.kinds)  # kept, but older than the maximum age: asked again from here
         if isinstance(req, planner.Draw):
             offs = planner.offsets(req.counts, req.base)
             if not req.by_count:  # the shards whose state is published: drawn here, no request
@@ -99,6 +102,29 @@ class ThreadSample(RemoteSample):
                         return None
             return self._draw_parts_here(offs, req.counts, req.scale, req.by_count)
         raise NotHere
+
+    def _ask_summaries(self, kinds: Sequence[str]) -> dict:
+        """Every worker's summaries of its shards, asked over the lanes from this thread (a read: nothing to
+        undo), kept for the next plans; :class:`NotHere` when a worker does not answer (the event loop's path
+        asks again)."""
+        t = self.t
+        args = dict(name=t.name, kinds=tuple(kinds), length=self.L, boundary=self.boundary)
+        batch = [(a, "summaries", args, "summaries") for a in t._view.workers()]
+        got, failed = [], []
+
+        def arrived(kind, a, op, r):
+            if isinstance(r, BaseException) or not r[0]:
+                failed.append(a)
+            else:
+                got.append(r[1])
+
+        t.requests["summaries"] += len(batch)
+        exchange(t._ctx, batch, arrived)
+        if failed:
+            raise NotHere
+        out = {k: {s: v for r in got for s, v in r[k].items()} for k in kinds}
+        t._masses.store(kinds, self.L, self.boundary, out)
+        return out
 
     def _exchange(self, batch: list, arrived) -> None:
         """Run ``batch``'s requests (:func:`exchange`); windows coming from several workers are read (and
@@ -120,7 +146,7 @@ class ThreadSample(RemoteSample):
         ctx = t._ctx
         mapped = t._routes.every_mapped()
         calls, pending = {}, {}
-        results = {"draw": {}, "fresh": {}, "upd": {}}
+        results = {"draw": {}, "upd": {}}
         errors, copied = [], {}
 
         def arrived(kind, a, op, r):  # a draw's windows are copied while the other workers' replies come
@@ -141,10 +167,10 @@ class ThreadSample(RemoteSample):
 
         try:
             calls = self.part_calls(offs, mapped, counts, scale, None, by_count)
-            refresh = self._stale_masses_calls(counts)
             pending = pending_calls(t, exclude=set(calls) | self.hosted)
-            batch = [(a, op, args, kind) for kind, d in (("draw", calls), ("fresh", refresh), ("upd", pending))
-                     for a, (op, args) in d.items()]  # fmt: skip
+            batch = [
+                (a, op, args, kind) for kind, d in (("draw", calls), ("upd", pending)) for a, (op, args) in d.items()
+            ]
             for _, op, _, _ in batch:
                 t.requests[op] += 1
             self._exchange(batch, arrived)
@@ -155,7 +181,7 @@ class ThreadSample(RemoteSample):
             for _, (_, args) in pending.items():
                 settle(t, args, False)
             raise
-        self.book_extras(results["fresh"], pending, results["upd"])
+        self.book_extras(pending, results["upd"])
         repairs = self.book(calls, results["draw"], copied, offs, counts, errors)
         for a, s, o, torn, args in repairs:
             if not errors:
@@ -220,7 +246,7 @@ def sample_here(
         return None
     call = sample_args(t, B, L, columns, boundary, timeout, out, rng)
     if workers != [ctx.local_addr] and (
-        cfg.plan != "weighted" or t._masses.fresh(("sampler",), L, call.boundary, t._view.live_shards())[0] is None
+        cfg.plan != "weighted" or not t._masses.kept(("sampler",), L, call.boundary, t._view.live_shards())
     ):
         return None  # its plan needs the workers first: the event loop's path asks them
     if out is None:
