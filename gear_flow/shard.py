@@ -1693,12 +1693,13 @@ class Shard:
         if self.ring.header is None:
             return None
         d = self.tier.describe
-        return {
-            "capacity": self.capacity,
-            "header": d(self.ring.header),
-            "columns": {c: d(a) for c, a in self.ring.columns.items()},
-            "selection": None if self.published is None else self.published.describe(),
-        }
+        with self.lock:  # a write publishes under it: a grown index's new block named, the old one freed
+            return {
+                "capacity": self.capacity,
+                "header": d(self.ring.header),
+                "columns": {c: d(a) for c, a in self.ring.columns.items()},
+                "selection": None if self.published is None else self.published.describe(),
+            }
 
     # -- info ---------------------------------------------------------------------------
     def info(self) -> dict:

@@ -124,6 +124,43 @@ def test_a_grown_index_is_told_and_mapped_again():
     check_gathered(sh, d, 2)
 
 
+def test_a_layout_asked_while_the_index_grows_names_live_segments():
+    """A reader asked for the layout (a worker's ``shared_layout``, on its own thread) while a write was
+    publishing a grown index: the old block was freed, its name dropped, before the new block took its place,
+    and the layout named the freed block: ``KeyError`` (a stress hunt saw it as a sample failing right after
+    a retirement).  The layout is now read under the shard's lock, which the write holds as it publishes."""
+    import threading
+
+    s = shard(Uniform(), capacity=4096)
+    insert(s, [(1, 2)])
+    free, got = s.tier.free, []
+
+    def ask():
+        try:
+            got.append(s.shared_layout())
+        except Exception as e:  # noqa: BLE001 - what the reader's request would have raised
+            got.append(e)
+
+    def freeing(a):  # the old index block freed, inside the write's publication: a reader asks right then
+        free(a)
+        asker = threading.Thread(target=ask)
+        asker.start()
+        asker.join(0.5)  # (it waits for the shard's lock now: the write goes on once this returns)
+        threads.append(asker)
+
+    threads: list = []
+    s.tier.free = freeing
+    insert(s, [(k, 2) for k in range(2, 200)], stamp=2)  # past the index's 64 records: it grows, the old goes
+    s.tier.free = free
+    assert threads
+    for t in threads:
+        t.join(10)
+    assert got and not any(isinstance(g, BaseException) for g in got), got
+    sh = Attached(got[-1], s.shard_id)  # the layout the reader got maps the grown index
+    assert not sh.selection.regrown()
+    assert sh.selection.draw(4, 1, "pad_tail", np.random.default_rng(0), s.capacity, True) is not None
+
+
 def check_gathered(sh, d, L):
     """The windows a reader placed, gathered from the mapped rings, hold their episodes' steps."""
     w = d.windows

@@ -372,7 +372,8 @@ class HostedTable:
         """
         from ..storage.shared import machine_id
 
-        return {"machine": machine_id(), "shards": {i: s.shared_layout() for i, s in self.shards.items()}}
+        # (a copy: a move in another thread may add or drop a shard while a layout waits for a shard's lock)
+        return {"machine": machine_id(), "shards": {i: s.shared_layout() for i, s in list(self.shards.items())}}
 
     # -- the shard set: hand-overs -----------------------------------------------------------
     def hosting(self, ids: Iterable[int]) -> list[int]:

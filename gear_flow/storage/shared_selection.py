@@ -192,10 +192,10 @@ class SelectionState:
         s, h = self._shard, self.header
         idx = s.index
         if idx.block is not self._index:  # the index grew into a new block: the old one goes (readers re-map)
+            old, self._index = self._index, idx.block  # (the new one named before the old one's name goes)
             free = getattr(self.tier, "free", None)
             if free is not None:
-                free(self._index)
-            self._index = idx.block
+                free(old)
         h[WRITE_POS] = s.ring.write_pos
         h[INDEX_FIRST], h[INDEX_NEXT], h[INDEX_SIZE], h[INDEX_GENERATION] = (
             idx.first,
