@@ -602,7 +602,8 @@ class TableGate:
         k : int
             Items removed in all (the limiter's count).
         per_shard : dict
-            ``{shard: items removed}``; lost shards' entries are ignored.
+            ``{shard: items removed}``; a lost shard's left it before the loss: its loss record
+            (``size_at_loss``) no longer counts them.
         unsampled : bool, default False
             They left unsampled (deletes, evictions, a failed sample's
             expiries): a queue's limiter no longer counts them as waiting.
@@ -611,6 +612,8 @@ class TableGate:
         for s, j in live.items():
             self.shard_size[s] = self.shard_size.get(s, 0) - j
         self.size -= sum(live.values())
+        for s, j in per_shard.items():  # a lost shard's: they left it before the loss, told after it
+            self._left_before_loss(int(s), int(j))
         self.limiter.on_delete(int(k))
         if unsampled:
             self.forget_waiting(sum(live.values()))
@@ -834,6 +837,15 @@ class TableGate:
             if j:
                 self.unsampled_gone[key] = left - j
                 self.forget_waiting(-j)
+                if key[1] == self.incarnation.get(key[0], 0) - 1:  # of the incarnation lost last (not restored)
+                    self._left_before_loss(key[0], j)
+
+    def _left_before_loss(self, shard: int, k: int) -> None:
+        """``k`` items left lost ``shard`` (handed out, expired, deleted) before its loss, which its record
+        counted (the coordinator was told after the loss): they were not lost with it."""
+        rec = self.lost.get(shard)
+        if rec is not None:
+            rec["size_at_loss"] = max(0, int(rec["size_at_loss"]) - int(k))
 
     def forget_waiting(self, k: int) -> None:
         """``k`` items left a queue's (or stack's) shard unsampled (lost with it, or replaced by a restore):
