@@ -56,6 +56,18 @@ def test_bench_remote_peers_quick_writes_ratios(tmp_path):
     assert data["uniform"]["gear_flow_stream_gbps"] > 0
 
 
+def test_reverb_parity_finds_no_difference(tmp_path):
+    """gear_flow's table and Reverb's on a few random trials and the limiter boundaries (Reverb needs the bench
+    extra's environment: skipped without it)."""
+    pytest.importorskip("reverb")
+    import reverb_parity
+
+    out = tmp_path / "p.json"
+    assert reverb_parity.main(["--trials", "3", "--ops", "20", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert (data["trials"], data["differences"], data["boundary_differences"]) == (3, [], [])
+
+
 @pytest.mark.slow
 def test_bench_distributed_quick(tmp_path):
     """Run as its users run it, in a process of its own: its UCX rows load distributed-ucxx, whose threads
