@@ -35,6 +35,7 @@ from common import (  # noqa: E402
     make_episodes,
     memcpy_gbps,
     memcpy_step,
+    packages,
     print_table,
     reference_columns,
     reference_options,
@@ -589,19 +590,6 @@ def bench_reverb(args, eps, rows, results):
     results["reverb"] = out
 
 
-def _packages() -> dict:
-    """The versions this run measured with (the peers' need their own environment: NumPy 1.x beside Reverb)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {}
-    for name in ("numpy", "numba", "torch", "torchrl", "tensordict", "dm-reverb", "tensorflow-cpu"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     reference_options(p)
@@ -629,7 +617,9 @@ def main(argv=None):
         args.memcpy_pool_mb = 64
     eps = make_episodes(args.episodes, args.episode_length)
     rows: list[dict] = []
-    results: dict = {"args": vars(args), "packages": _packages()}
+    # the versions measured with (the peers need their own environment: NumPy 1.x beside Reverb)
+    peers = ("torchrl", "tensordict", "dm-reverb", "tensorflow-cpu")
+    results: dict = {"args": vars(args), "packages": packages(("numpy", "numba", "torch", *peers))}
     bench_gear_flow(args, eps, rows, results)
     bench_latency(args, eps, rows, results)
     bench_fixed_cost(args, rows, results)

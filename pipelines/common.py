@@ -186,6 +186,20 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def packages(names) -> dict:
+    """The installed version of each distribution in ``names`` (None where it is not installed): what a run
+    measured with, for its JSON (the peers need an environment of their own)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in names:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
 def machine() -> dict:
     return {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count()}
 

@@ -50,7 +50,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
-from common import machine, write_json  # noqa: E402
+from common import packages, write_json  # noqa: E402
 
 import gear_flow as gf  # noqa: E402
 
@@ -349,15 +349,11 @@ def main(argv=None) -> int:
         f"{args.trials} trials of {args.ops} operations: {len(found)} with a difference; "
         f"SampleToInsertRatio boundaries: {len(bounds)} of 36 differ"
     )
-    from importlib.metadata import version
-
     write_json(
         "reverb_parity",
         {
-            "machine": machine(),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "args": vars(args),
-            "packages": {k: version(k) for k in ("dm-reverb", "numpy")},
+            "packages": packages(("dm-reverb", "numpy")),
             "seconds": time.perf_counter() - t0,
             "trials": args.trials,
             "operations": args.trials * args.ops,
