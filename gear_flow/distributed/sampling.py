@@ -40,7 +40,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Generator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -960,6 +960,40 @@ class RemoteSample:
             self._published = reader_draw.published(self.t)
         return self._published
 
+    def summaries_args(self, kinds: Sequence[str]) -> dict:
+        """The arguments of this sample's ``summaries`` request to a worker.
+
+        Parameters
+        ----------
+        kinds : sequence of str
+            The summaries asked for (:class:`~gear_flow.table.planner.Summaries`).
+
+        Returns
+        -------
+        dict
+            ``name``, ``kinds``, ``length`` and ``boundary``.
+        """
+        return dict(name=self.t.name, kinds=tuple(kinds), length=self.L, boundary=self.boundary)
+
+    def keep_summaries(self, kinds: Sequence[str], replies: Iterable[dict]) -> dict:
+        """The workers' ``summaries`` replies as one, kept for the next plans (:class:`~.masses.MassCache`).
+
+        Parameters
+        ----------
+        kinds : sequence of str
+            The summaries asked for.
+        replies : iterable of dict
+            Each worker's reply, ``{kind: {shard: value}}`` of its shards.
+
+        Returns
+        -------
+        dict
+            ``{kind: {shard: value}}`` over every worker's shards.
+        """
+        got = {k: {s: v for r in replies for s, v in r[k].items()} for k in kinds}
+        self.t._masses.store(kinds, self.L, self.boundary, got)
+        return got
+
     async def __call__(self, req):
         t = self.t
         workers = t._view.workers()
@@ -970,15 +1004,8 @@ class RemoteSample:
             cached = t._masses.fresh(req.kinds, self.L, self.boundary, t._view.live_shards())
             if cached is not None:
                 return cached
-            res = await t._link.on_workers(
-                {
-                    a: ("summaries", dict(name=t.name, kinds=req.kinds, length=self.L, boundary=self.boundary))
-                    for a in workers
-                }
-            )
-            got = {k: {s: v for r in res.values() for s, v in r[k].items()} for k in req.kinds}
-            t._masses.store(req.kinds, self.L, self.boundary, got)
-            return got
+            res = await t._link.on_workers({a: ("summaries", self.summaries_args(req.kinds)) for a in workers})
+            return self.keep_summaries(req.kinds, res.values())
         if isinstance(req, planner.Candidates):
             args = dict(
                 name=t.name, n=req.n, role=req.role, length=self.L, boundary=self.boundary, horizon=self.horizon

@@ -108,8 +108,7 @@ class ThreadSample(RemoteSample):
         undo), kept for the next plans; :class:`NotHere` when a worker does not answer (the event loop's path
         asks again)."""
         t = self.t
-        args = dict(name=t.name, kinds=tuple(kinds), length=self.L, boundary=self.boundary)
-        batch = [(a, "summaries", args, "summaries") for a in t._view.workers()]
+        batch = [(a, "summaries", self.summaries_args(kinds), "summaries") for a in t._view.workers()]
         got, failed = [], []
 
         def arrived(kind, a, op, r):
@@ -122,9 +121,7 @@ class ThreadSample(RemoteSample):
         exchange(t._ctx, batch, arrived)
         if failed:
             raise NotHere
-        out = {k: {s: v for r in got for s, v in r[k].items()} for k in kinds}
-        t._masses.store(kinds, self.L, self.boundary, out)
-        return out
+        return self.keep_summaries(kinds, got)
 
     def _exchange(self, batch: list, arrived) -> None:
         """Run ``batch``'s requests (:func:`exchange`); windows coming from several workers are read (and
