@@ -3,8 +3,10 @@ means by "checked side by side with Reverb 0.14".
 
 Each trial draws a table configuration (selector, priority exponent, shards, ``max_size``,
 ``max_times_sampled``, rate limiter) and a sequence of inserts, samples and priority updates and deletes,
-and runs it on a ``gf.LocalTable`` and on a ``reverb.Table`` in a ``reverb.Server``: one-step episodes, so
-an insert is one item on both.  After every operation it compares what both hold, read whole: Reverb's
+and runs it on a ``gf.LocalTable`` (``--kind distributed``: a ``gf.DistributedTable`` on an embedded
+``LocalCluster``, its batches drawn by the handle from the shards' published state or, ``--draw owners``, by
+the shards' owners) and on a ``reverb.Table`` in a ``reverb.Server``: one-step episodes, so an insert is
+one item on both.  After every operation it compares what both hold, read whole: Reverb's
 items from a checkpoint of its server (their priorities and times sampled), gear_flow's from its shards'
 item state.  Compared:
 
@@ -23,11 +25,14 @@ inserts each admits before it refuses (:func:`ratio_boundaries`).
 Left out, as docs/migration.md lists them as differences on purpose: ``alpha = 0`` with items of priority 0
 (weight 1 here, 0 in Reverb), ``times_sampled`` without ``max_times_sampled`` (-1 here), deletes on a Queue or
 Stack (the item's room is free here).  A Reverb probability of 0 when its priorities are all 0 is its sum
-tree's rounding (it tests ``total == 0`` exactly), also left out.
+tree's rounding (it tests ``total == 0`` exactly), also left out.  The distributed kind has every batch
+admitted by its coordinator (``distributed.sample-lease`` 0): a batch served under an admission lease reports
+the table's size when the lease was granted (docs/migration.md).
 
 It needs Reverb: the ``bench`` extra's environment (see ``pipelines/bench_local.py``)::
 
     .venv-peers/bin/python pipelines/reverb_parity.py [--trials 300] [--ops 60] [--seed 0] [--out PATH]
+        [--kind local|distributed] [--workers 2] [--draw reader|owners]
 
 It prints each difference found (the trial's seed, configuration and operation) and exits 1 if there was
 one; the JSON records the run.
@@ -36,6 +41,7 @@ one; the JSON records the run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import shutil
@@ -139,11 +145,30 @@ def _checkpoint_items(path: str, schema) -> list:
     return out
 
 
+def _items(shards) -> dict:
+    """``{id: (priority, times sampled or None)}`` of the live items of ``shards``, from their item state."""
+    out = {}
+    for s in shards:
+        with s.lock:
+            slots = np.flatnonzero(s.active)
+            for slot, i in zip(slots, s.ring.columns["x"][slots]):
+                n = None if s.times_sampled is None else int(s.times_sampled[slot])
+                out[int(i)] = (float(s.priority[slot]), n)
+    return out
+
+
+def _items_here(name: str, dask_worker=None) -> dict:
+    """:func:`_items` of this worker's shards of table ``name`` (``client.run``)."""
+    t = dask_worker.plugins["gear-flow"].host.tables.get(name)
+    return _items(t.shards.values() if t is not None else ())
+
+
 class Pair:
-    """One configuration on both: a ``gf.LocalTable`` and a ``reverb.Table`` served by a ``reverb.Server``
+    """One configuration on both: a gear_flow table (a ``gf.LocalTable``, or with ``client`` a
+    ``gf.DistributedTable`` on that client's cluster) and a ``reverb.Table`` served by a ``reverb.Server``
     that checkpoints into ``tmp``; items carry their id as their one column."""
 
-    def __init__(self, reverb, cfg: dict, tmp: str):
+    def __init__(self, reverb, cfg: dict, tmp: str, client=None):
         from reverb.cc import schema_pb2
 
         self.reverb, self.schema, self.cfg = reverb, schema_pb2, cfg
@@ -151,8 +176,10 @@ class Pair:
         remover = "lifo" if cfg["lim"][0] == "stack" else "fifo"
         spec = gf.TableSpec((gf.ColumnSpec("x", (), np.int64),), capacity=256, num_shards=cfg["num_shards"],
                             max_size=cfg["max_size"])  # fmt: skip
-        self.g = gf.LocalTable(spec, sampler=sel[cfg["sel"]][0](cfg["alpha"]), remover=sel[remover][0](1.0),
-                               rate_limiter=lim[0], max_times_sampled=cfg["mts"], seed=0)  # fmt: skip
+        kw = dict(sampler=sel[cfg["sel"]][0](cfg["alpha"]), remover=sel[remover][0](1.0), rate_limiter=lim[0],
+                  max_times_sampled=cfg["mts"], seed=0)  # fmt: skip
+        self.dask_client = client
+        self.g = gf.LocalTable(spec, **kw) if client is None else gf.DistributedTable.create(client, spec, **kw)
         self.rt = reverb.Table("t", sampler=sel[cfg["sel"]][1](cfg["alpha"]), remover=sel[remover][1](1.0),
                                max_size=cfg["max_size"], rate_limiter=lim[1], max_times_sampled=cfg["mts"])  # fmt: skip
         self.server = reverb.Server([self.rt], port=None, checkpointer=reverb.checkpointers.DefaultCheckpointer(tmp))
@@ -177,13 +204,11 @@ class Pair:
         return {self.rid[it.key]: (float(it.priority), int(it.times_sampled)) for it in items}
 
     def our_state(self) -> dict:
-        """gear_flow's items, from its shards' item state: ``{id: (priority, times sampled or None)}``."""
-        out = {}
-        for s in self.g.shards:
-            slots = np.flatnonzero(s.active)
-            for slot, i in zip(slots, s.ring.columns["x"][slots]):
-                out[int(i)] = (float(s.priority[slot]), None if s.times_sampled is None else int(s.times_sampled[slot]))
-        return out
+        """gear_flow's items, from its shards' item state (in the workers for a distributed table):
+        ``{id: (priority, times sampled or None)}``."""
+        if self.dask_client is None:
+            return _items(self.g.shards)
+        return {i: v for per in self.dask_client.run(_items_here, self.g.name).values() for i, v in per.items()}
 
     def insert(self, i: int, p: float) -> tuple[bool, bool]:
         """Item ``i`` of priority ``p`` into both where admitted now: ``(ours admitted, Reverb's)``."""
@@ -281,12 +306,13 @@ def difference(pair: Pair, op: tuple, before: dict) -> str | None:
     return None
 
 
-def trial(reverb, seed: int, n_ops: int, tmp: str) -> dict | None:
-    """One random trial; the first difference (seed, configuration, operation, what) or None."""
+def trial(reverb, seed: int, n_ops: int, tmp: str, client=None) -> dict | None:
+    """One random trial (with ``client``: on a distributed table); the first difference (seed, configuration,
+    operation, what) or None."""
     rng = random.Random(seed)
     cfg = configuration(rng)
     ops = operations(rng, n_ops, deletes=cfg["lim"][0] not in ("queue", "stack"))
-    pair = Pair(reverb, cfg, os.path.join(tmp, str(seed)))  # (a server loads what its directory holds)
+    pair = Pair(reverb, cfg, os.path.join(tmp, str(seed)), client)  # (a server loads what its directory holds)
     try:
         for k, op in enumerate(ops):
             what = difference(pair, op, pair.our_state())
@@ -297,7 +323,7 @@ def trial(reverb, seed: int, n_ops: int, tmp: str) -> dict | None:
         pair.close()
 
 
-def ratio_boundaries(reverb) -> list[dict]:
+def ratio_boundaries(reverb, client=None) -> list[dict]:
     """SampleToInsertRatio limiters whose ``samples_per_insert`` is no binary fraction (0.1, 0.3, 0.7), each
     filled one insert at a time until it refuses, on both: the inserts each admits (where the last insert's
     rounding decides).  A random trial seldom lands on such a boundary; these do."""
@@ -309,7 +335,7 @@ def ratio_boundaries(reverb) -> list[dict]:
                        "lim": ("ratio", (spi, mins, eb))}  # fmt: skip
                 n = [0, 0]
                 with tempfile.TemporaryDirectory(prefix="reverb-parity-") as tmp:
-                    pair = Pair(reverb, cfg, tmp)
+                    pair = Pair(reverb, cfg, tmp, client)
                     try:
                         for i in range(2000):
                             ours, theirs = pair.insert(i, 1.0)
@@ -329,20 +355,47 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=300)
     p.add_argument("--ops", type=int, default=60, help="operations per trial")
     p.add_argument("--seed", type=int, default=0, help="the first trial's seed (then one up per trial)")
-    p.add_argument("--out", default=None, help="JSON path (default benchmarks/results/reverb_parity.json)")
+    p.add_argument("--kind", choices=("local", "distributed"), default="local",
+                   help="gear_flow's LocalTable, or a DistributedTable on an embedded LocalCluster")  # fmt: skip
+    p.add_argument("--workers", type=int, default=2, help="the distributed kind's worker processes")
+    p.add_argument("--draw", choices=("reader", "owners"), default="reader",
+                   help="the distributed kind's draws: by the handle from the shards' published state where it "
+                   "can, or every batch by the shards' owners")  # fmt: skip
+    p.add_argument(
+        "--out", default=None, help="JSON path (default benchmarks/results/reverb_parity[_distributed[_owners]].json)"
+    )
     args = p.parse_args(argv)
     import reverb
     from absl import logging as absl_logging
 
     absl_logging.set_verbosity(absl_logging.ERROR)
+    with contextlib.ExitStack() as stack:
+        client = None
+        if args.kind == "distributed":
+            import dask
+            from dask.distributed import Client, LocalCluster
+
+            # every batch admitted by the coordinator: one served under an admission lease reports the
+            # table's size when the lease was granted (docs/migration.md), not Reverb's size at the draw
+            stack.enter_context(dask.config.set({"gear-flow.distributed.sample-lease": 0,
+                                                 "gear-flow.distributed.reader-draw": args.draw == "reader"}))  # fmt: skip
+
+            cluster = stack.enter_context(LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
+                                                       host="127.0.0.1", dashboard_address=None))  # fmt: skip
+            client = stack.enter_context(Client(cluster))
+        return _run(reverb, args, client)
+
+
+def _run(reverb, args, client) -> int:
+    """:func:`main`'s trials and boundaries on the table kind ``client`` says (None: local); writes the JSON."""
     found, t0 = [], time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="reverb-parity-") as tmp:
         for seed in range(args.seed, args.seed + args.trials):
-            d = trial(reverb, seed, args.ops, tmp)
+            d = trial(reverb, seed, args.ops, tmp, client)
             if d is not None:
                 found.append(d)
                 print(d, flush=True)
-    bounds = ratio_boundaries(reverb)
+    bounds = ratio_boundaries(reverb, client)
     for d in bounds:
         print(d, flush=True)
     print(
@@ -350,7 +403,7 @@ def main(argv=None) -> int:
         f"SampleToInsertRatio boundaries: {len(bounds)} of 36 differ"
     )
     write_json(
-        "reverb_parity",
+        "reverb_parity" if client is None else f"reverb_parity_distributed{'_owners' * (args.draw == 'owners')}",
         {
             "args": vars(args),
             "packages": packages(("dm-reverb", "numpy")),

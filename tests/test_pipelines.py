@@ -56,14 +56,15 @@ def test_bench_remote_peers_quick_writes_ratios(tmp_path):
     assert data["uniform"]["gear_flow_stream_gbps"] > 0
 
 
-def test_reverb_parity_finds_no_difference(tmp_path):
-    """gear_flow's table and Reverb's on a few random trials and the limiter boundaries (Reverb needs the bench
-    extra's environment: skipped without it)."""
+@pytest.mark.parametrize("kind", ["local", "distributed"])
+def test_reverb_parity_finds_no_difference(tmp_path, kind):
+    """gear_flow's table (local, or distributed on an embedded cluster) and Reverb's on a few random trials and
+    the limiter boundaries (Reverb needs the bench extra's environment: skipped without it)."""
     pytest.importorskip("reverb")
     import reverb_parity
 
     out = tmp_path / "p.json"
-    assert reverb_parity.main(["--trials", "3", "--ops", "20", "--out", str(out)]) == 0
+    assert reverb_parity.main(["--kind", kind, "--trials", "3", "--ops", "20", "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     assert (data["trials"], data["differences"], data["boundary_differences"]) == (3, [], [])
 
