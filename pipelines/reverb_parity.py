@@ -3,10 +3,10 @@ means by "checked side by side with Reverb 0.14".
 
 Each trial draws a table configuration (selector, priority exponent, shards, ``max_size``,
 ``max_times_sampled``, rate limiter) and a sequence of inserts, samples and priority updates and deletes,
-and runs it on a ``gf.LocalTable`` (``--kind distributed``: a ``gf.DistributedTable`` on an embedded
-``LocalCluster``, its batches drawn by the handle from the shards' published state or, ``--draw owners``, by
-the shards' owners) and on a ``reverb.Table`` in a ``reverb.Server``: one-step episodes, so an insert is
-one item on both.  After every operation it compares what both hold, read whole: Reverb's
+and runs it on a ``gf.LocalTable`` (``--kind disk``: one on the disk tier; ``--kind distributed``: a
+``gf.DistributedTable`` on an embedded ``LocalCluster``, its batches drawn by the handle from the shards'
+published state or, ``--draw owners``, by the shards' owners) and on a ``reverb.Table`` in a
+``reverb.Server``: one-step episodes, so an insert is one item on both.  After every operation it compares what both hold, read whole: Reverb's
 items from a checkpoint of its server (their priorities and times sampled), gear_flow's from its shards'
 item state.  Compared:
 
@@ -32,7 +32,7 @@ the table's size when the lease was granted (docs/migration.md).
 It needs Reverb: the ``bench`` extra's environment (see ``pipelines/bench_local.py``)::
 
     .venv-peers/bin/python pipelines/reverb_parity.py [--trials 300] [--ops 60] [--seed 0] [--out PATH]
-        [--kind local|distributed] [--workers 2] [--draw reader|owners]
+        [--kind local|disk|distributed] [--workers 2] [--draw reader|owners]
 
 It prints each difference found (the trial's seed, configuration and operation) and exits 1 if there was
 one; the JSON records the run.
@@ -163,12 +163,43 @@ def _items_here(name: str, dask_worker=None) -> dict:
     return _items(t.shards.values() if t is not None else ())
 
 
-class Pair:
-    """One configuration on both: a gear_flow table (a ``gf.LocalTable``, or with ``client`` a
-    ``gf.DistributedTable`` on that client's cluster) and a ``reverb.Table`` served by a ``reverb.Server``
-    that checkpoints into ``tmp``; items carry their id as their one column."""
+class Kind:
+    """gear_flow's side of the pairs: ``local`` (a ``gf.LocalTable``), ``disk`` (one on the disk tier, in a
+    directory of its own) or ``distributed`` (a ``gf.DistributedTable`` on ``client``'s cluster); one table
+    at a time."""
 
-    def __init__(self, reverb, cfg: dict, tmp: str, client=None):
+    def __init__(self, name: str, client=None):
+        self.name, self.client, self.path = name, client, None
+
+    def table(self, spec, kw: dict):
+        """A new table of this kind."""
+        if self.name == "distributed":
+            return gf.DistributedTable.create(self.client, spec, **kw)
+        if self.name == "disk":
+            self.path = tempfile.mkdtemp(prefix="reverb-parity-disk-")
+            shutil.rmtree(self.path)  # (a disk table makes its directory; its close keeps it)
+            return gf.LocalTable(spec, tier="disk", path=self.path, **kw)
+        return gf.LocalTable(spec, **kw)
+
+    def items(self, table) -> dict:
+        """:func:`_items` of ``table``'s shards, read where they are."""
+        if self.client is None:
+            return _items(table.shards)
+        return {i: v for per in self.client.run(_items_here, table.name).values() for i, v in per.items()}
+
+    def close(self, table) -> None:
+        """Close ``table`` (a disk table's directory removed)."""
+        table.close()
+        if self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)
+            self.path = None
+
+
+class Pair:
+    """One configuration on both: a gear_flow table of ``kind`` (default local) and a ``reverb.Table`` served by
+    a ``reverb.Server`` that checkpoints into ``tmp``; items carry their id as their one column."""
+
+    def __init__(self, reverb, cfg: dict, tmp: str, kind: Kind | None = None):
         from reverb.cc import schema_pb2
 
         self.reverb, self.schema, self.cfg = reverb, schema_pb2, cfg
@@ -178,8 +209,8 @@ class Pair:
                             max_size=cfg["max_size"])  # fmt: skip
         kw = dict(sampler=sel[cfg["sel"]][0](cfg["alpha"]), remover=sel[remover][0](1.0), rate_limiter=lim[0],
                   max_times_sampled=cfg["mts"], seed=0)  # fmt: skip
-        self.dask_client = client
-        self.g = gf.LocalTable(spec, **kw) if client is None else gf.DistributedTable.create(client, spec, **kw)
+        self.kind = kind or Kind("local")
+        self.g = self.kind.table(spec, kw)
         self.rt = reverb.Table("t", sampler=sel[cfg["sel"]][1](cfg["alpha"]), remover=sel[remover][1](1.0),
                                max_size=cfg["max_size"], rate_limiter=lim[1], max_times_sampled=cfg["mts"])  # fmt: skip
         self.server = reverb.Server([self.rt], port=None, checkpointer=reverb.checkpointers.DefaultCheckpointer(tmp))
@@ -190,7 +221,7 @@ class Pair:
     def close(self) -> None:
         """Stop the server, close the table."""
         self.server.stop()
-        self.g.close()
+        self.kind.close(self.g)
 
     def reverb_state(self) -> dict:
         """Reverb's items: ``{id: (priority, times sampled)}``."""
@@ -206,9 +237,7 @@ class Pair:
     def our_state(self) -> dict:
         """gear_flow's items, from its shards' item state (in the workers for a distributed table):
         ``{id: (priority, times sampled or None)}``."""
-        if self.dask_client is None:
-            return _items(self.g.shards)
-        return {i: v for per in self.dask_client.run(_items_here, self.g.name).values() for i, v in per.items()}
+        return self.kind.items(self.g)
 
     def insert(self, i: int, p: float) -> tuple[bool, bool]:
         """Item ``i`` of priority ``p`` into both where admitted now: ``(ours admitted, Reverb's)``."""
@@ -306,13 +335,13 @@ def difference(pair: Pair, op: tuple, before: dict) -> str | None:
     return None
 
 
-def trial(reverb, seed: int, n_ops: int, tmp: str, client=None) -> dict | None:
-    """One random trial (with ``client``: on a distributed table); the first difference (seed, configuration,
-    operation, what) or None."""
+def trial(reverb, seed: int, n_ops: int, tmp: str, kind: Kind | None = None) -> dict | None:
+    """One random trial (on gear_flow's table ``kind``, default local); the first difference (seed,
+    configuration, operation, what) or None."""
     rng = random.Random(seed)
     cfg = configuration(rng)
     ops = operations(rng, n_ops, deletes=cfg["lim"][0] not in ("queue", "stack"))
-    pair = Pair(reverb, cfg, os.path.join(tmp, str(seed)), client)  # (a server loads what its directory holds)
+    pair = Pair(reverb, cfg, os.path.join(tmp, str(seed)), kind)  # (a server loads what its directory holds)
     try:
         for k, op in enumerate(ops):
             what = difference(pair, op, pair.our_state())
@@ -323,7 +352,7 @@ def trial(reverb, seed: int, n_ops: int, tmp: str, client=None) -> dict | None:
         pair.close()
 
 
-def ratio_boundaries(reverb, client=None) -> list[dict]:
+def ratio_boundaries(reverb, kind: Kind | None = None) -> list[dict]:
     """SampleToInsertRatio limiters whose ``samples_per_insert`` is no binary fraction (0.1, 0.3, 0.7), each
     filled one insert at a time until it refuses, on both: the inserts each admits (where the last insert's
     rounding decides).  A random trial seldom lands on such a boundary; these do."""
@@ -335,7 +364,7 @@ def ratio_boundaries(reverb, client=None) -> list[dict]:
                        "lim": ("ratio", (spi, mins, eb))}  # fmt: skip
                 n = [0, 0]
                 with tempfile.TemporaryDirectory(prefix="reverb-parity-") as tmp:
-                    pair = Pair(reverb, cfg, tmp, client)
+                    pair = Pair(reverb, cfg, tmp, kind)
                     try:
                         for i in range(2000):
                             ours, theirs = pair.insert(i, 1.0)
@@ -355,14 +384,17 @@ def main(argv=None) -> int:
     p.add_argument("--trials", type=int, default=300)
     p.add_argument("--ops", type=int, default=60, help="operations per trial")
     p.add_argument("--seed", type=int, default=0, help="the first trial's seed (then one up per trial)")
-    p.add_argument("--kind", choices=("local", "distributed"), default="local",
-                   help="gear_flow's LocalTable, or a DistributedTable on an embedded LocalCluster")  # fmt: skip
+    p.add_argument("--kind", choices=("local", "disk", "distributed"), default="local",
+                   help="gear_flow's LocalTable, one on the disk tier, or a DistributedTable on an embedded "
+                   "LocalCluster")  # fmt: skip
     p.add_argument("--workers", type=int, default=2, help="the distributed kind's worker processes")
     p.add_argument("--draw", choices=("reader", "owners"), default="reader",
                    help="the distributed kind's draws: by the handle from the shards' published state where it "
                    "can, or every batch by the shards' owners")  # fmt: skip
     p.add_argument(
-        "--out", default=None, help="JSON path (default benchmarks/results/reverb_parity[_distributed[_owners]].json)"
+        "--out",
+        default=None,
+        help="JSON path (default benchmarks/results/reverb_parity[_disk|_distributed[_owners]].json)",
     )
     args = p.parse_args(argv)
     import reverb
@@ -383,19 +415,19 @@ def main(argv=None) -> int:
             cluster = stack.enter_context(LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
                                                        host="127.0.0.1", dashboard_address=None))  # fmt: skip
             client = stack.enter_context(Client(cluster))
-        return _run(reverb, args, client)
+        return _run(reverb, args, Kind(args.kind, client))
 
 
-def _run(reverb, args, client) -> int:
-    """:func:`main`'s trials and boundaries on the table kind ``client`` says (None: local); writes the JSON."""
+def _run(reverb, args, kind: Kind) -> int:
+    """:func:`main`'s trials and boundaries on gear_flow's tables of ``kind``; writes the JSON."""
     found, t0 = [], time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="reverb-parity-") as tmp:
         for seed in range(args.seed, args.seed + args.trials):
-            d = trial(reverb, seed, args.ops, tmp, client)
+            d = trial(reverb, seed, args.ops, tmp, kind)
             if d is not None:
                 found.append(d)
                 print(d, flush=True)
-    bounds = ratio_boundaries(reverb, client)
+    bounds = ratio_boundaries(reverb, kind)
     for d in bounds:
         print(d, flush=True)
     print(
@@ -403,7 +435,10 @@ def _run(reverb, args, client) -> int:
         f"SampleToInsertRatio boundaries: {len(bounds)} of 36 differ"
     )
     write_json(
-        "reverb_parity" if client is None else f"reverb_parity_distributed{'_owners' * (args.draw == 'owners')}",
+        "reverb_parity"
+        + {"local": "", "disk": "_disk", "distributed": f"_distributed{'_owners' * (args.draw == 'owners')}"}[
+            kind.name
+        ],
         {
             "args": vars(args),
             "packages": packages(("dm-reverb", "numpy")),

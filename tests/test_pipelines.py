@@ -56,10 +56,10 @@ def test_bench_remote_peers_quick_writes_ratios(tmp_path):
     assert data["uniform"]["gear_flow_stream_gbps"] > 0
 
 
-@pytest.mark.parametrize("kind", ["local", "distributed"])
+@pytest.mark.parametrize("kind", ["local", "disk", "distributed"])
 def test_reverb_parity_finds_no_difference(tmp_path, kind):
-    """gear_flow's table (local, or distributed on an embedded cluster) and Reverb's on a few random trials and
-    the limiter boundaries (Reverb needs the bench extra's environment: skipped without it)."""
+    """gear_flow's table (local, on the disk tier, or distributed on an embedded cluster) and Reverb's on a few
+    random trials and the limiter boundaries (Reverb needs the bench extra's environment: skipped without it)."""
     pytest.importorskip("reverb")
     import reverb_parity
 
