@@ -9,13 +9,14 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import dask
 import numpy as np
 import pytest
 import torch
-from dist_support import own_cluster, wait_for
+from dist_support import coordinator, own_cluster, wait_for
 from distributed import Client, LocalCluster
 from helpers import COLUMNS, Catalog, check_windows, chi2_critical, episode
 
@@ -482,14 +483,22 @@ def test_ucx_transport_over_tcp():
 
 def test_lost_worker_error_and_degraded_mode():
     with own_cluster({"distributed.comm.timeouts.connect": "3s"}) as c:
-        strict = DistributedTable.create(c, spec(), seed=9, name="strict")
+        strict = DistributedTable.create(c, spec(), seed=9, name="strict", rate_limiter=gf.MinSize(60))
         soft = DistributedTable.create(c, spec(), seed=9, name="soft", degraded=True)
         for t in (strict, soft):
             t.insert([episode(i + 1, 20) for i in range(4)])
+        stale = DistributedTable.attach("strict", c)  # a handle that will not have heard of the loss
         victim = strict.placement[1]
         assert soft.placement[1] == victim
         pid = c.run(os.getpid, workers=[victim])[victim]
         os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: 1 in coordinator(strict).lookup()["lost"], "the coordinator to count shard 1 lost")
+        # its first call reaches the coordinator, where the 40 items left no longer satisfy MinSize(60): it is
+        # refused for the loss, as the calls waiting when it happened were, not left to wait out its timeout
+        t0 = time.monotonic()
+        with pytest.raises(gf.ShardLostError, match="shard"):
+            stale.sample(8, 2, timeout=20)
+        assert time.monotonic() - t0 < 10
         with pytest.raises(gf.ShardLostError, match="shard"):
             strict.sample(8, 2)
         with pytest.raises(gf.ShardLostError):

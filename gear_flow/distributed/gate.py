@@ -283,9 +283,20 @@ class TableGate:
         ------
         TableClosedError
             The table is closed.
+        ShardLostError
+            An insert or a sample of a table that is not degraded and has
+            lost shards.
         """
         if self.closed:
             raise TableClosedError(f"table {self.name!r} is closed")
+        if self.lost and kind in ("insert", "sample") and not self.config.get("degraded"):
+            # as mark_lost refuses those already waiting: a handle that has not heard of the loss yet must
+            # not wait out its timeout (the admission's hour) for a limiter the lost items no longer satisfy
+            raise ShardLostError(
+                min(self.lost),
+                f"table {self.name!r} lost shard(s) {sorted(self.lost)}",
+                stored=False if kind == "insert" else None,
+            )
         w = Waiter(kind, int(n), owner, asyncio.get_running_loop().create_future(), extra, ticket)
         if ticket is not None and ticket in self.withdrawn:  # its withdraw came first
             del self.withdrawn[ticket]
