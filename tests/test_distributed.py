@@ -481,7 +481,7 @@ def test_ucx_transport_over_tcp():
     assert "ucx://" in r.stdout
 
 
-def test_lost_worker_error_and_degraded_mode():
+def test_lost_worker_error_and_degraded_mode(tmp_path):
     with own_cluster({"distributed.comm.timeouts.connect": "3s"}) as c:
         strict = DistributedTable.create(c, spec(), seed=9, name="strict", rate_limiter=gf.MinSize(60))
         soft = DistributedTable.create(c, spec(), seed=9, name="soft", degraded=True)
@@ -503,6 +503,11 @@ def test_lost_worker_error_and_degraded_mode():
             strict.sample(8, 2)
         with pytest.raises(gf.ShardLostError):
             strict.insert([episode(9, 5)])
+        # a checkpoint without the lost shard could never be restored (restore needs every shard of a table
+        # that is not degraded): refused, nothing left behind
+        with pytest.raises(gf.ShardLostError, match="every shard"):
+            strict.checkpoint(tmp_path / "strict")
+        assert list(tmp_path.iterdir()) == []
         b = soft.sample(8, 2)  # degraded: keeps serving from shard 0
         assert set(decode(b.keys.numpy())[0].tolist()) == {0}
         info = soft.info()

@@ -82,9 +82,10 @@ def checkpoint(table: DistributedTable, path: str | os.PathLike[str]) -> dict:
     CheckpointError
         ``path`` cannot be written.
     ShardLostError
-        A worker was lost while writing and the table is not ``degraded``
-        (a degraded table marks its shards lost and writes the checkpoint
-        again, of the shards left).
+        The table is not ``degraded`` and has lost shards (a checkpoint of
+        it without them could never be restored), or a worker was lost
+        while writing (a degraded table marks its shards lost and writes the
+        checkpoint again, of the shards left).
     """
     return table._ctx.sync(checkpoint_async, table, path)
 
@@ -137,6 +138,13 @@ async def checkpoint_async(table: DistributedTable, path: str | os.PathLike[str]
             raise ShardLostError(-1, f"{_LOSSES} workers of table {table.name!r} were lost during its checkpoint")
         files = {str(s): e for r in res.values() for s, e in r.items()}
         st = await table._link.coordinator.lookup()
+        if st["lost"] and not table.degraded:
+            # restore() refuses a checkpoint without every shard of a table that is not degraded: writing one
+            # here would report success for a directory that can never be restored
+            lost = sorted(int(s) for s in st["lost"])
+            raise ShardLostError(
+                lost[0], f"table {table.name!r} lost shard(s) {lost}; its checkpoint needs every shard"
+            )
         cfg = {**table._config, "rate_limiter": st["rate_limiter_config"]}
         state = {k: st[k] for k in ("next_episode_id", "next_stamp")}  # past every id and stamp snapshotted
         # what each snapshot holds and had received, not the coordinator's counts now (inserts went on meanwhile:
