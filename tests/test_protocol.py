@@ -135,6 +135,35 @@ def test_stage_with_rows_narrower_than_the_spec(dist_client, tables):
     assert info["size"] == info["coordinator_size"]
 
 
+def test_a_write_the_public_insert_would_refuse_is_refused_by_the_worker(dist_client, tables):
+    """A column the table does not have, and a priority whose weight the sum tree cannot hold, are refused by
+    the worker's ``write`` as the public insert refuses them, not dropped or stored (a weight of 1e308 made
+    every later draw's probabilities 0 and its weights NaN)."""
+    t = tables["prio"]
+    extra = {"shard": 0, "chunks": [{**eps(1)[0], "zz": np.ones(5)}], "lengths": np.array([5]),
+             "episode_ids": np.array([998]), "stamps": np.array([998]), "priorities": None}  # fmt: skip
+    with Unchanged(dist_client, t):
+        refused(raw_worker(t, "write", dict(name=t.name, txn="y" * 8, parts=[extra])), "unknown column", "'zz'")
+    t1 = DistributedTable.create(dist_client, gf.TableSpec(COLS, capacity=256, num_shards=2),
+                                 sampler=gf.Prioritized(alpha=1.0), seed=0)  # fmt: skip
+    try:
+        t1.insert(eps(4))
+        heavy = {**extra, "chunks": eps(1), "priorities": np.full(5, 1e308)}
+        with Unchanged(dist_client, t1):
+            refused(raw_worker(t1, "write", dict(name=t1.name, txn="z" * 8, parts=[heavy])), "1e+280")
+    finally:
+        t1.close()
+
+
+def test_sample_all_refuses_windows_longer_than_the_shards(dist_client, tables):
+    """A raw ``sample_all`` is checked as the public sample is: a window longer than the shard's capacity (a
+    length of 2**30 had the worker allocate the batch until its nanny killed it, its shards lost)."""
+    t = tables["fifo"]
+    args = dict(name=t.name, n=1, length=257, boundary="pad_tail", columns=["obs", "r"], seed=0)
+    with Unchanged(dist_client, t):
+        refused(raw_worker(t, "sample_all", args), "longer than a shard holds")
+
+
 def test_coordinator_counts_cannot_be_corrupted(dist_client, tables):
     t = tables["prio"]
     with Unchanged(dist_client, t):

@@ -744,7 +744,7 @@ class HostSampler:
             items to arrive.
         """
         t = self.tables.table(name)
-        check_sample_args(n, length, boundary)
+        check_sample_args(n, length, boundary, t.spec.capacity)
         columns = check_columns(t.spec, columns, "sample_all")
         if out is not None and not (isinstance(out, SampleBuffers) and out.matches(columns, n, length, t.tier, t.spec)):
             raise ProtocolError(

@@ -36,7 +36,13 @@ def _batch(t: HostedTable, p: dict) -> tuple[int, EpisodeBatch]:
         raise SpecError(f"shard {s.shard_id}: one episode id and one stamp per episode are needed")
     if lengths.sum() > s.capacity:
         raise SpecError(f"shard {s.shard_id}: {int(lengths.sum())} steps exceed its capacity ({s.capacity})")
+    names = {col.name for col in t.spec.columns}
     for c, n in zip(chunks, lengths):
+        # more keys than columns (each column is required below): some unknown, refused as the public insert
+        # refuses them (InvalidDataError) where they were dropped; one len() per episode when there are none
+        if hasattr(c, "keys") and len(c) > len(names):
+            unknown = sorted(str(k) for k in c.keys() if k not in names)
+            raise SpecError(f"shard {s.shard_id}: unknown column(s) {unknown[:8]}; the table's: {sorted(names)}")
         for col in t.spec.columns:
             a = c.get(col.name) if hasattr(c, "get") else None
             if not isinstance(a, np.ndarray) or a.dtype != col.dtype or a.shape != (int(n), *col.shape):
@@ -50,6 +56,7 @@ def _batch(t: HostedTable, p: dict) -> tuple[int, EpisodeBatch]:
         pr = np.asarray(pr, dtype=np.float64)
         if pr.shape != (n_items,) or not np.all(np.isfinite(pr) & (pr >= 0)):
             raise SpecError(f"shard {s.shard_id}: priorities must be {n_items} finite values >= 0")
+        t.cfg.check_priorities(pr)  # as an update's: a weight the sum tree cannot hold poisons every draw
     batch = EpisodeBatch(
         chunks,
         lengths,
