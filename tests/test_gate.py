@@ -16,13 +16,13 @@ from gear_flow.distributed.gate import TICKETS_KEPT, OwnerGone, TableGate, Withd
 from gear_flow.table.config import TableConfig
 
 
-def _gate(limiter, sampler=None, **kw) -> TableGate:
+def _gate(limiter, sampler=None, degraded=False, **kw) -> TableGate:
     spec = gf.TableSpec((gf.ColumnSpec("x", (), np.float32),), capacity=1000, num_shards=2, **kw)
     more = {}
     if isinstance(limiter, gf.Queue):  # a queue's (or stack's) own selectors, each item sampled once
         more = dict(remover=type(sampler)(), max_times_sampled=1)
     cfg = TableConfig.build(spec, sampler=sampler, rate_limiter=limiter, **more)
-    return TableGate("t", cfg.to_dict(), {0: "w0", 1: "w1"})
+    return TableGate("t", {**cfg.to_dict(), "degraded": degraded}, {0: "w0", 1: "w1"})
 
 
 def run(coro):
@@ -135,10 +135,11 @@ def test_a_commit_sent_again_after_its_insert_left_the_transactions_is_ignored()
 def test_a_queue_sample_waits_until_as_many_items_as_it_takes_are_visible(kind):
     """A Queue's limiter counts an insert when it is admitted: with one item committed and one in flight it
     would let a sample of 2 through, whose draw finds one item (and would hand it out twice).  The sample
-    waits for the second commit; a sample of 1 goes at once.  A lost shard's items are not waited for."""
+    waits for the second commit; a sample of 1 goes at once.  A lost shard's items are not waited for (a
+    degraded table: one that is not refuses every insert and sample once a shard is lost)."""
 
     async def go():
-        g = _gate(kind(8), sampler=gf.Fifo() if kind is gf.Queue else gf.Lifo())
+        g = _gate(kind(8), sampler=gf.Fifo() if kind is gf.Queue else gf.Lifo(), degraded=True)
         a = g.request("insert", 1, "p").fut.result()
         g.commit_insert(a["txn"], {0: 1}, {})
         b = g.request("insert", 1, "p").fut.result()  # in flight
