@@ -81,9 +81,10 @@ def handed(
 
 
 @contextlib.contextmanager
-def own_cluster(cfg: dict | None = None, n: int = 2):
+def own_cluster(cfg: dict | None = None, n: int = 2, **kw):
     """A cluster of the test's own (it closes or kills one of the workers): ``n`` worker processes on
-    127.0.0.1, a 5 s connect timeout (a dead worker is given up on soon), ``cfg`` set.
+    127.0.0.1, a 5 s connect timeout (a dead worker is given up on soon), ``cfg`` set, ``kw`` more
+    ``LocalCluster`` arguments.
 
     Once it is closed, what its first workers left behind goes (``sweep`` of their pids).  A killed
     worker leaves its shared segments and lane directory, as after a crash, and its nanny's
@@ -97,7 +98,7 @@ def own_cluster(cfg: dict | None = None, n: int = 2):
         with (
             dask.config.set({"distributed.comm.timeouts.connect": "5s", **(cfg or {})}),
             LocalCluster(
-                n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+                n_workers=n, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None, **kw
             ) as cluster,
             Client(cluster) as client,
         ):

@@ -11,8 +11,9 @@ import threading
 import time
 
 import dask
+import numpy as np
 import pytest
-from dist_support import context, coordinator, wait_for
+from dist_support import context, coordinator, own_cluster, wait_for
 from distributed import Client, LocalCluster
 from helpers import COLUMNS, episode, owned_segments
 
@@ -147,3 +148,22 @@ def test_lost_scheduler_is_a_clear_error(tmp_path):
     # crash (this one, or that of a worker another test process starts meanwhile: the same sweep)
     sweep([sched.pid, worker.pid])
     assert not [n for n in os.listdir(SHM_DIR) if n in left_by]
+
+
+def test_a_batch_too_large_for_the_owners_memory_is_refused_and_the_table_goes_on():
+    """The owners drawing and gathering into batches of their own (shared memory off: as across hosts), a
+    batch whose windows the worker would gather into more than its memory allows: refused before anything
+    is drawn, where the worker's nanny killed it and its shards were lost. The same workers serve on, and
+    the refused batch was not counted."""
+    cols = (gf.ColumnSpec("obs", (16384,), np.float32),)  # 64 KiB a step
+    cfg = {"gear-flow.distributed.reader-draw": False, "gear-flow.distributed.shared-memory": False}
+    with own_cluster(cfg, n=1, memory_limit="1GiB") as c:
+        t = DistributedTable.create(c, gf.TableSpec(cols, capacity=256, num_shards=1), seed=0)
+        t.insert([{"obs": np.ones((64, 16384), np.float32)}])
+        pids = c.run(os.getpid)
+        with pytest.raises(gf.CapacityError, match=r"does not fit this worker's memory.*sample smaller batches"):
+            t.sample(40_000)  # 2.4 GiB of windows
+        assert c.run(os.getpid) == pids  # no worker was killed and restarted
+        assert t.info()["lost"] == {}
+        assert t.sample(64)["obs"].shape == (64, 1, 16384)
+        assert t.info()["rate_limiter"]["samples"] == 64

@@ -27,7 +27,7 @@ over one registry of :class:`~gear_flow.distributed.host_tables.HostedTable`:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,6 +52,12 @@ __all__ = ["HostedTable", "ShardHost", "shared_pinned"]
 
 class ShardHost:
     """All hosted tables of one worker and the parts that serve them; see the module docstring.
+
+    Parameters
+    ----------
+    room : callable, optional
+        ``room()``: the bytes a sample's reply may still take in this
+        process (:class:`HostSampler`'s bound); by default none.
 
     Attributes
     ----------
@@ -82,14 +88,14 @@ class ShardHost:
     True
     """
 
-    def __init__(self) -> None:
+    def __init__(self, room: Callable[[], float] | None = None) -> None:
         self.tables = HostedTables()
         self.writer = HostWriter(self.tables)
         self.editor = HostEditor(self.tables)
         self.checkpointer = HostCheckpointer(self.tables)
         self.disk = HostDisk(self.tables)
         self.selection = HostSelection(self.tables)
-        self.sampler = HostSampler(self.tables, self.editor)
+        self.sampler = HostSampler(self.tables, self.editor, room)
         #: this host's shards mapped from their published state, drawn for readers on other hosts
         self.reader = HostReader()
 

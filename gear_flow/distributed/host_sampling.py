@@ -14,14 +14,14 @@ The planner's questions that gather nothing (``Summaries``, ``Candidates``,
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import backend
-from ..errors import EmptyTableError, GearFlowError, ProtocolError
+from ..errors import CapacityError, EmptyTableError, GearFlowError, ProtocolError
 from ..ops.seeds import generator
 from ..sample import SampleBuffers
 from ..shard import Shard
@@ -410,6 +410,14 @@ def _undo(t: HostedTable, drawn: list[tuple[int, np.ndarray]], req: PartRequest)
             t.shards[i].uncount(len(sl))
 
 
+#: bytes a reply holds per window besides its columns: seqs, probabilities, episode ids, timesteps, offsets,
+#: valid steps, priorities and times sampled, a word each
+_ROW_BYTES = 64
+#: a reply this small is not weighed against the worker's memory: that reads the process's size (~12 us, more
+#: than a small part's draw), and a worker that cannot find this much is at its end whatever it serves
+_SMALL_REPLY = 64 << 20
+
+
 class HostSampler:
     """Samples of the tables a worker hosts: draws, takes and gathers, and the finish of two-phase ones.
 
@@ -419,6 +427,10 @@ class HostSampler:
         The worker's hosted tables.
     editor : HostEditor
         Applies the priority updates that ride on a sample request.
+    room : callable, optional
+        ``room()``: the bytes a reply's batch may still take in this process
+        (the worker's: :func:`gear_flow.distributed.plugin.reply_room`); by
+        default no bound.
 
     Examples
     --------
@@ -429,9 +441,23 @@ class HostSampler:
     {}
     """
 
-    def __init__(self, tables: HostedTables, editor: HostEditor) -> None:
+    def __init__(self, tables: HostedTables, editor: HostEditor, room: Callable[[], float] | None = None) -> None:
         self.tables = tables
         self.editor = editor
+        self.room = room
+
+    def _fits(self, t: HostedTable, rows: int, length: int, columns: Sequence[str]) -> None:
+        """Refuse, before anything is drawn, a reply whose batch would not fit this process: a batch past the
+        worker's memory had its nanny kill it, and the shards it held were lost."""
+        need = rows * (length * sum(max(t.spec.column(c).nbytes, 1) for c in columns) + _ROW_BYTES)
+        if self.room is None or need <= _SMALL_REPLY:
+            return
+        room = self.room()
+        if need > room:
+            raise CapacityError(
+                f"a batch part of {rows} windows x {length} steps ({need / 2**20:.1f} MiB) does not fit this "
+                f"worker's memory ({max(room, 0.0) / 2**20:.1f} MiB left for a reply): sample smaller batches"
+            )
 
     def sequences(self, name: str, n: int, length: int, boundary: str, seed: int, by_count: bool = False) -> dict:
         """Each of this worker's shards' own item-by-item draws (:meth:`gear_flow.shard.Shard.draw_sequence`),
@@ -573,6 +599,9 @@ class HostSampler:
             Inconsistent arguments (both or neither of counts and slots,
             counts on an ordered table, ``scale`` missing a shard,
             ``record=False`` without ``txn``, bad columns or ``out``).
+        CapacityError
+            The windows, gathered here, would not fit this worker's memory
+            (nothing drawn).
         StaleSelectionError
             A shard emptied since the plan, or a chosen slot was removed:
             the caller retries.
@@ -596,6 +625,10 @@ class HostSampler:
             horizon,
             seqs,
         )
+        if req.out is None and not req.geometry:  # (the caller's buffers, or no gather: nothing made here)
+            rows = sum(int(c) for c in req.counts.values()) if req.counts is not None else 0
+            rows += sum(len(x) for x in req.slots.values()) if req.slots is not None else 0
+            self._fits(t, rows, req.length, req.columns)
         updated = self._ride_along(name, updates)
         res = {} if updated is None else {"updated": updated}
         res.update(_serve_part(t, req, rng))
@@ -735,6 +768,9 @@ class HostSampler:
             Invalid ``n``, ``length`` or ``boundary``.
         ProtocolError
             Bad ``columns`` or ``out``.
+        CapacityError
+            The batch, gathered here, would not fit this worker's memory
+            (nothing drawn).
         EmptyTableError
             Nothing can be sampled from the items stored.
         ShortBatchError
@@ -752,6 +788,7 @@ class HostSampler:
                 f"{'device' if backend.output_on_device(t.tier) else 'host'} memory for a {t.tier!r} table"
             )
         if out is None:  # the reply's buffers: large ones come back to a pool once sent (no fresh pages)
+            self._fits(t, n, length, columns)
             shard = next(iter(t.shards.values()), None)  # (none here: the draw below says so)
             empty = None if shard is None else shard.tier.empty_output
             buf = SampleBuffers(t.spec, columns, n, length, tier=t.tier, empty=empty)

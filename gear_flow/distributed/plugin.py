@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import dask
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 from tornado.ioloop import PeriodicCallback
@@ -60,6 +62,31 @@ QUICK_STEPS = 4096
 QUICK_BYTES = 1 << 18
 #: most items a weighted remover may pick on the event loop (it draws them one at a time)
 QUICK_PICKS = 64
+
+
+def reply_room(worker: Worker) -> float:
+    """The bytes a sample's reply may still take in ``worker``'s process: half of what it may grow by before
+    its nanny terminates it (``distributed.worker.memory.terminate`` of its memory limit), for the batch and
+    its copy on the wire; no bound without a memory limit.
+
+    A batch past that had the nanny kill the worker, and the shards it held were lost; refused before the
+    draw (:class:`~gear_flow.distributed.host_sampling.HostSampler`), the table goes on.
+
+    Parameters
+    ----------
+    worker : distributed.Worker
+        The worker.
+
+    Returns
+    -------
+    float
+        Bytes (``inf``: no memory limit).
+    """
+    limit = worker.memory_manager.memory_limit
+    if not limit:
+        return math.inf
+    terminate = dask.config.get("distributed.worker.memory.terminate") or 1.0
+    return max(float(limit) * float(terminate) - worker.monitor.get_process_memory(), 0.0) / 2
 
 
 def _quick(op: str, args: dict[str, Any], host: ShardHost | None = None) -> bool:
@@ -181,7 +208,7 @@ class GearFlowWorker(WorkerPlugin):
 
         short_spin()  # before numba's first parallel gather loads OpenMP here
         self.worker = worker
-        self.host = ShardHost()
+        self.host = ShardHost(room=partial(reply_room, worker))
         sweep()  # segments of workers that died on this machine (e.g. the one this worker replaces)
         self.executor = ThreadPoolExecutor(self.threads, thread_name_prefix="gear-flow")
         #: operations run on the event loop and in the thread pool
