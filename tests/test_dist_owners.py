@@ -210,6 +210,38 @@ def test_calls_waiting_for_the_limiter_of_a_table_that_is_not_degraded_are_refus
         assert got["sample"][2] < 40 and got["insert"][2] < 40, got  # refused at the loss, not at their timeouts
 
 
+def _priorities_here(name, dask_worker=None):
+    """``{tag: priority}`` of this worker's live items of table ``name`` (``client.run``)."""
+    t = dask_worker.plugins["gear-flow"].host.tables.get(name)
+    out = {}
+    for s in t.shards.values() if t is not None else ():
+        with s.lock:
+            live = np.flatnonzero(s.active)
+            out.update(zip(s.ring.columns["tag"][live].tolist(), s.priority[live].tolist()))
+    return out
+
+
+def test_an_update_that_meets_a_lost_shard_may_be_sent_again_once_it_is_restored(tmp_path):
+    """A table that is not degraded, a priority update whose keys span a shard whose worker was killed:
+    ShardLostError, the shards that answered may have applied their part (docs/deployment.md). Sent again
+    once the shard is restored, it applies to every item, the restored shard's included."""
+    with own_cluster() as c:
+        t = DistributedTable.create(c, gf.TableSpec(TAG, capacity=64, num_shards=2), sampler=gf.Prioritized(), seed=0)
+        keys = t.insert(tagged(range(8))).first_keys
+        t.checkpoint(tmp_path / "ck")
+        assert t.placement[0] != t.placement[1]
+        os.kill(c.run(os.getpid, workers=[t.placement[1]])[t.placement[1]], signal.SIGKILL)
+        wait_for(lambda: 1 in coordinator(t).lookup()["lost"], "the coordinator to count shard 1 lost")
+        with pytest.raises(gf.ShardLostError, match="shard 1"):
+            t.update_priorities(keys, 5.0)
+        alive = c.run(_priorities_here, t.name, workers=[t.placement[0]])[t.placement[0]]
+        assert sorted(alive) == [0, 2, 4, 6] and set(alive.values()) <= {1.0, 5.0}
+        t.restore_shard(1, tmp_path / "ck")
+        assert t.update_priorities(keys, 5.0).applied == 8
+        every = {k: v for per in c.run(_priorities_here, t.name).values() for k, v in per.items()}
+        assert every == {i: 5.0 for i in range(8)}
+
+
 def test_ride_along_updates_of_a_killed_workers_shard_are_dropped_not_retried_forever():
     """Updates stored with wait=False for a shard whose worker then dies (degraded table): the samples
     that follow serve from the live shard, the lost shard's updates are dropped (never put back after
