@@ -883,3 +883,82 @@ def test_an_actor_writing_into_its_own_shard_goes_on_when_the_shard_moves_away()
         tags = client.run(_tags_on, t.name, workers=[home])[home][0]
         assert sorted(tags) == [k for k, _ in out]
         t.close()
+
+
+def _hold_move_in(flag, dask_worker=None):
+    """This worker's moves in wait (in its thread pool) until file ``flag`` exists: the test lets them go."""
+    from gear_flow.distributed import host_moves
+
+    real = host_moves.move_in
+
+    def held(*a, **k):
+        while not os.path.exists(flag):  # polling the test's release, a condition it sets
+            time.sleep(0.01)
+        return real(*a, **k)
+
+    host_moves.move_in = held
+
+
+def _move_lock(name, dask_scheduler=None) -> tuple[bool, int]:
+    """Whether table ``name``'s move lock in the coordinator is held (a move in flight), and how many wait
+    for it (a retirement behind the move)."""
+    plugin = next(p for p in dask_scheduler.plugins.values() if hasattr(p, "moves"))
+    lock = plugin.moves._locks.get(name)
+    return (lock is not None and lock.locked(), len(getattr(lock, "_waiters", None) or ()))
+
+
+def test_a_worker_retired_while_a_shard_moves_to_it_keeps_no_shard(tmp_path):
+    """A shard is moving to worker C when C's retirement starts (it holds a shard of its own): the shard
+    arriving after the retirement planned C's evacuation was retired with C and lost. The retirement now
+    marks C as leaving before it plans, and the move in flight to C is undone before it installs: every
+    shard ends on a worker that stays, nothing lost."""
+    flag = str(tmp_path / "go")
+    with own_cluster(DIAL, n=3) as client:
+        a, b, c = sorted(workers_of(client))
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=4096, num_shards=3), workers=[a, b, c])
+        t.insert(tagged(range(3000)))
+        client.run(_hold_move_in, flag, workers=[c])
+        moving = threading.Thread(target=lambda: _ignore_refusal(lambda: t.move_shards([0], c)))
+        moving.start()
+        wait_for(lambda: client.run_on_scheduler(_move_lock, t.name)[0], "the move to start")
+        retired = {}
+        retiring = threading.Thread(target=lambda: retired.update(client.retire_workers(workers=[c])))
+        retiring.start()
+        wait_for(lambda: client.run_on_scheduler(_move_lock, t.name)[1] > 0, "the retirement to wait for the move")
+        open(flag, "w").close()
+        moving.join(120)
+        retiring.join(120)
+        assert c in retired and c not in workers_of(client)
+        st = lookup(t)
+        assert st["lost"] == {} and c not in st["placement"].values()
+        tags = all_tags(client, t)
+        assert sorted(tags) == list(range(3000))  # each once
+        t.close()
+
+
+def _ignore_refusal(fn):
+    """Run ``fn``; a GearFlowError (a move refused or undone) is one of the outcomes the test allows."""
+    try:
+        fn()
+    except gf.GearFlowError:
+        pass
+
+
+async def _close_gracefully(dask_worker=None):
+    await dask_worker.close_gracefully()
+
+
+def test_two_workers_closing_gracefully_at_once_send_their_shards_to_the_one_that_stays():
+    """B and C each hold a shard and close gracefully at the same time (a node drain): each retirement planned
+    its shard onto the other leaving worker (it held the fewest), and one's move failed as the other closed:
+    shards were lost. A retirement now leaves out the workers others are retiring: both shards go to A."""
+    with own_cluster(DIAL, n=3) as client:
+        a, b, c = sorted(workers_of(client))
+        t = DistributedTable.create(client, gf.TableSpec(TAG, capacity=4096, num_shards=4), workers=[a, a, b, c])
+        t.insert(tagged(range(4000)))
+        client.run(_close_gracefully, workers=[b, c], wait=False)
+        wait_for(lambda: set(workers_of(client)) == {a}, "B and C to leave", deadline=120)
+        st = lookup(t)
+        assert st["lost"] == {} and set(st["placement"].values()) == {a}
+        assert sorted(all_tags(client, t)) == list(range(4000))
+        t.close()

@@ -165,15 +165,18 @@ class GearFlowCoordinator(SchedulerPlugin):
         else:
             choose.pop("attribute", None)
             addrs = list(sched.workers_to_close(**choose))
-        holders = [a for a in addrs if self.moves.held_by(a)]
-        if holders:  # every worker of this retirement leaves: none of them may take a leaving holder's shards
-            left, refused = await self.moves.evacuate(addrs)
-            for line in refused:
-                sched.log_event("gear-flow", {"action": "retirement-refused", "detail": line})
-            addrs = [a for a in addrs if a not in holders or a in left]
-        if not addrs:
-            return {}
-        return await original(workers=addrs, **kw)
+        # from here until the scheduler has retired them, no move brings shards to these workers, and a move
+        # in flight to one ends first: its shard is then in the placement and moves off with the others
+        async with self.moves.leaving(addrs):
+            holders = [a for a in addrs if self.moves.held_by(a)]
+            if holders:  # every worker of this retirement leaves: none of them may take a leaving holder's shards
+                left, refused = await self.moves.evacuate(addrs)
+                for line in refused:
+                    sched.log_event("gear-flow", {"action": "retirement-refused", "detail": line})
+                addrs = [a for a in addrs if a not in holders or a in left]
+            if not addrs:
+                return {}
+            return await original(workers=addrs, **kw)
 
     def valid_workers_downscaling(self, scheduler: Scheduler, workers: list) -> list:
         """The workers an adaptive policy may retire: with ``distributed.scale-down: keep`` (the default),
@@ -205,7 +208,7 @@ class GearFlowCoordinator(SchedulerPlugin):
             _, refused = self.moves.destinations([ws.address])
             if not refused:
                 out.append(ws)
-            for line in refused:
+            for line in refused.values():
                 if line not in self._refusals_logged:  # (asked every adaptive interval)
                     self._refusals_logged.add(line)
                     logger.warning("not retired: %s", line)

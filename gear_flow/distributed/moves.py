@@ -27,6 +27,7 @@ for them (the shards' rings at capacity, against ``memory_limit`` times
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections import defaultdict
@@ -56,6 +57,13 @@ ITEM_OVERHEAD = 64
 STEP_S = 30.0
 #: seconds a move waits for the table's inserts whose parts are not known yet (unsettled) to be settled
 SETTLE_S = 10.0
+#: times a retirement plans its moves again after one failed (e.g. its destination began to leave meanwhile)
+EVACUATE_ROUNDS = 3
+
+
+class DestinationLeaving(SpecError):
+    """A move refused because its destination began to leave (a retirement of it) before the move installed:
+    the shards stay where they were, and a retirement moving them plans again."""
 
 
 def shard_bytes(g: TableGate) -> int:
@@ -112,6 +120,9 @@ class ShardMoves:
         self._locks: dict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         #: the steps of earlier moves being sent again (:meth:`_again`), by table: ``(worker, ended)``
         self._resending: dict[str, list[tuple[str, asyncio.Future]]] = {}
+        #: workers a retirement in progress is taking away (a count per retirement naming them): no move may
+        #: bring shards there, and a move in flight to one is undone before it installs (:meth:`leaving`)
+        self._leaving: dict[str, int] = defaultdict(int)
 
     # -- where ------------------------------------------------------------------------------------------
     def held_by(self, addr: str) -> dict[str, list[int]]:
@@ -139,8 +150,9 @@ class ShardMoves:
         return need is None or has_resources(ws.resources, need)
 
     def _running(self, leaving: Iterable[str] = ()) -> list[WorkerState]:
-        """The running workers, but those in ``leaving`` (where shards may go)."""
-        leaving = set(leaving)
+        """The running workers, but those in ``leaving`` and those a retirement is taking away (where shards
+        may go)."""
+        leaving = set(leaving) | {a for a, n in self._leaving.items() if n > 0}
         return [
             ws for a, ws in self.scheduler.workers.items()
             if a not in leaving and getattr(ws.status, "name", "") == "running"
@@ -156,7 +168,7 @@ class ShardMoves:
 
     def destinations(
         self, leaving: Iterable[str], planned: dict[str, int] | None = None
-    ) -> tuple[dict[str, list[tuple[str, list[int]]]], list[str]]:
+    ) -> tuple[dict[str, list[tuple[str, list[int]]]], dict[str, str]]:
         """Where the shards of the workers ``leaving`` would go.
 
         Parameters
@@ -172,16 +184,15 @@ class ShardMoves:
         plan : dict
             ``{source: [(table, [(shard, destination), ...]), ...]}`` for
             the sources whose every shard has somewhere to go.
-        refused : list of str
-            One line per source that cannot leave, naming the table and
-            the shard that has nowhere to go (that source is not in
-            ``plan``).
+        refused : dict of str to str
+            Per source that cannot leave, a line naming the table and the
+            shard that has nowhere to go (that source is not in ``plan``).
         """
         leaving = set(leaving)
         planned = {} if planned is None else planned
         workers = self._running(leaving)
         plan: dict[str, list] = {}
-        refused = []
+        refused: dict[str, str] = {}
         for src in sorted(leaving):
             mine = []
             trial = dict(planned)
@@ -214,7 +225,7 @@ class ShardMoves:
                     break
                 mine.append((name, moves))
             if why is not None:
-                refused.append(why)
+                refused[src] = why
                 continue
             planned.update(trial)
             plan[src] = mine
@@ -338,6 +349,8 @@ class ShardMoves:
                 return g.version
             if dest not in self.scheduler.workers:
                 raise SpecError(f"table {g.name!r}: {dest!r} is not a worker of this cluster; not moved")
+            if self._leaving.get(dest):
+                raise DestinationLeaving(f"table {g.name!r}: {dest} is being retired; not moved")
             await self._resent(g.name, {src, dest})
             await self._settled(g, shards)
             move = uuid.uuid4().hex
@@ -351,13 +364,15 @@ class ShardMoves:
                 )  # fmt: skip
                 if asyncio.get_running_loop().time() - begun > lease - 2 * STEP_S:
                     raise TimeoutError("the source's seal is about to end")  # it would serve on beside the copy
+                if self._leaving.get(dest):  # a retirement of the destination began while the copy was made
+                    raise DestinationLeaving(f"{dest} is being retired")
                 epoch = g.version + 1
                 await self._call(dest, "move_commit", STEP_S, name=g.name, move=move, epoch=epoch)
             except BaseException as e:
                 await self._undo(g, move, src, dest, begun + lease)
                 if isinstance(e, asyncio.CancelledError):
                     raise
-                raise SpecError(
+                raise (DestinationLeaving if isinstance(e, DestinationLeaving) else SpecError)(
                     f"table {g.name!r}: shard(s) {shards} not moved from {src} to {dest} "
                     f"({type(e).__name__}: {e}); they stay on {src}"
                 ) from None
@@ -455,6 +470,31 @@ class ShardMoves:
             logger.info("%s on %s: %s: %s", action, addr, type(e).__name__, e)
             return False
 
+    @contextlib.asynccontextmanager
+    async def leaving(self, addrs: Iterable[str]):
+        """Mark the workers ``addrs`` as leaving for the block (a retirement), once every move in flight has
+        ended: no move brings shards to them from then on, and the shards a move in flight brought them
+        meanwhile are in the placement, where :meth:`held_by` sees them.
+
+        Parameters
+        ----------
+        addrs : iterable of str
+            Addresses of the leaving workers.
+        """
+        addrs = sorted(set(addrs))
+        for a in addrs:
+            self._leaving[a] += 1
+        try:
+            for lock in list(self._locks.values()):  # moves in flight end (and those after refuse these workers)
+                async with lock:
+                    pass
+            yield
+        finally:
+            for a in addrs:
+                self._leaving[a] -= 1
+                if self._leaving[a] <= 0:
+                    del self._leaving[a]
+
     async def evacuate(self, addrs: Iterable[str]) -> tuple[set[str], list[str]]:
         """Move every shard off the workers ``addrs`` (they are leaving).
 
@@ -472,20 +512,35 @@ class ShardMoves:
             with nowhere to go, or the move that failed).
         """
         addrs = {a for a in addrs if a in self.scheduler.workers}
-        plan, refused = self.destinations(addrs)
-        ok = set(addrs) - {a for a in addrs if self.held_by(a) and a not in plan}
-        for src, tables in plan.items():
-            try:
-                for name, moves in tables:
-                    g = self.tables[name]
-                    by_dest = defaultdict(list)
-                    for s, d in moves:
-                        by_dest[d].append(s)
-                    for d, ss in sorted(by_dest.items()):
-                        await self.move(g, ss, d)
-            except GearFlowError as e:
-                ok.discard(src)
-                refused.append(f"worker {src} stays: {e}")
+        why: dict[str, str] = {}
+        done: set[str] = set()  # sources given up on (a move of theirs failed, not for a leaving destination)
+        for _ in range(EVACUATE_ROUNDS):  # again when a move's destination began to leave meanwhile
+            if not any(self.held_by(a) for a in addrs - done):
+                break
+            plan, refused = self.destinations(addrs - done)
+            why.update(refused)
+            failed = False
+            for src, tables in plan.items():
+                try:
+                    for name, moves in tables:
+                        g = self.tables[name]
+                        by_dest = defaultdict(list)
+                        for s, d in moves:
+                            by_dest[d].append(s)
+                        for d, ss in sorted(by_dest.items()):
+                            await self.move(g, ss, d)
+                except GearFlowError as e:
+                    why[src] = f"worker {src} stays: {e}"
+                    if isinstance(e, DestinationLeaving):  # planned again, elsewhere
+                        failed = True
+                    else:  # that worker stays, as one move failing has always meant
+                        done.add(src)
+            if not failed:
+                break
+        ok = {a for a in addrs if not self.held_by(a)}
+        refused = [
+            why.get(a, f"worker {a} stays: its shards {self.held_by(a)} did not all move") for a in sorted(addrs - ok)
+        ]
         staying = [a for a, ws in self.scheduler.workers.items() if a not in addrs]
         for line in refused:  # (the whole cluster closing keeps its shards to the end: nothing to warn about)
             logger.log(logging.WARNING if staying else logging.INFO, "not retired: %s", line)
