@@ -962,3 +962,35 @@ def test_two_workers_closing_gracefully_at_once_send_their_shards_to_the_one_tha
         assert st["lost"] == {} and set(st["placement"].values()) == {a}
         assert sorted(all_tags(client, t)) == list(range(4000))
         t.close()
+
+
+def _refuse_samples(n, dask_worker=None):
+    """This worker refuses its next ``n`` sample requests as a worker its shards had just left does
+    (ShardMovedError): what a sample planned across a run of moves meets, one refusal a move."""
+    from gear_flow.errors import ShardMovedError
+
+    plugin = dask_worker.plugins["gear-flow"]
+    real, left = plugin.run, [n]
+
+    async def run(op, **kw):
+        if op == "sample_part" and left[0] > 0:
+            left[0] -= 1
+            raise ShardMovedError(0, "refused by the test")
+        return await real(op, **kw)
+
+    plugin.run = run
+
+
+def test_a_sample_refused_by_each_move_of_a_rebalance_is_redone_until_served(dist_client):
+    """A rebalance moves a table's shards one after the other, and a sample planned across them may be refused
+    once by each move: it was given up after 8 ("redone 8 times", 4-6 runs in 8 of a sampler beside an
+    8-move rebalance). A refusal for a move is not one of the 8 attempts: the sample is redone where the
+    shards are now, 10 refusals in a row here, and served."""
+    t = DistributedTable.create(dist_client, gf.TableSpec(TAG, capacity=256, num_shards=2), sampler=gf.Fifo())
+    try:
+        t.insert(tagged(range(8)))
+        dist_client.run(_refuse_samples, 10, workers=[t.placement[0]])
+        b = t.sample(4)
+        assert b["tag"].numpy()[:, 0].tolist() == [0, 1, 2, 3]
+    finally:
+        t.close()

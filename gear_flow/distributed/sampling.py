@@ -64,6 +64,9 @@ if TYPE_CHECKING:
     from .api import DistributedTable
 
 _ATTEMPTS = 8
+#: times a sample is redone because shards moved, besides :data:`_ATTEMPTS` (a rebalance moves a table's shards one
+#: after the other, and a sample planned across them may be refused once by each move)
+_MOVED_ATTEMPTS = 256
 #: a sample's steps (:func:`sample_steps`): yields its requests, is sent their answers, returns its result
 Steps = Generator[object, object, object]
 logger = logging.getLogger(__name__)
@@ -558,7 +561,7 @@ def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers |
     lost_at = _lost_at_grant(t, grant) if exclusive else None
     expired = {}
     try:
-        attempt = -1
+        attempt, moved = -1, 0
         while True:
             attempt += 1
             if attempt == _ATTEMPTS:
@@ -596,6 +599,16 @@ def sample_steps(table: DistributedTable, call: SampleArgs, out: SampleBuffers |
                     # (an attempt counts shards moving, which each redo must get past)
                     if time_left(t, call.timeout, call.start) == 0.0:
                         raise _time_up(t, call, "served", f"the items it chose were removed each time ({e})") from None
+                    attempt -= 1
+                elif (
+                    isinstance(e, Moved)
+                    and moved < _MOVED_ATTEMPTS
+                    and time_left(t, call.timeout, call.start) != 0.0  # (None: no limit)
+                ):
+                    # a move ended (its source refused what was planned before it; the placement is known now):
+                    # redone where the shards are now, however many moves a rebalance or a retirement makes one
+                    # after the other (each move of such a run may refuse it once)
+                    moved += 1
                     attempt -= 1
                 elif attempt == _ATTEMPTS - 1:
                     raise redone_too_often(t, e) from None
@@ -1332,6 +1345,8 @@ class RemoteSample:
             e = errors[0]
             if isinstance(e, StaleSelectionError):  # its words kept: a sample given up names them
                 raise Stale(str(e))
+            if isinstance(e, Moved):  # (a move's refusal: the sample's redo does not count it an attempt)
+                raise Moved(e.addrs)
             if isinstance(e, Retry):
                 raise Retry(str(e))
             raise e
