@@ -167,3 +167,25 @@ def test_a_batch_too_large_for_the_owners_memory_is_refused_and_the_table_goes_o
         assert t.info()["lost"] == {}
         assert t.sample(64)["obs"].shape == (64, 1, 16384)
         assert t.info()["rate_limiter"]["samples"] == 64
+
+
+async def _served_after_teardown(dask_worker=None):
+    """Tear the plugin down as a closing worker does, then serve a request that needs its thread pool."""
+    from gear_flow.distributed import protocol
+
+    plugin = dask_worker.plugins["gear-flow"]
+    plugin.teardown(dask_worker)
+    ok, err = await plugin.serve("checkpoint", {"name": "t", "directory": "/nonexistent"}, protocol.VERSION)
+    return ok, type(err).__name__, str(err)
+
+
+def test_a_request_that_meets_its_worker_closing_is_refused_as_such():
+    """A request still arriving as its worker closes (the plugin torn down, its thread pool shut down) is
+    answered with a GearFlowError saying the worker is closing, logged without a traceback, not as the bug an
+    unexpected error is (a move's destination closing during a scale-down logged 'move_in failed' with one)."""
+    with own_cluster(n=1) as c:
+        DistributedTable.create(c, spec(), seed=0)  # (gear_flow's plugins registered)
+        (w,) = list(c.run(os.getpid))
+        ok, kind, msg = c.run(_served_after_teardown, workers=[w])[w]
+        assert (ok, kind) == (False, "GearFlowError")
+        assert "the worker is closing" in msg, msg

@@ -208,6 +208,8 @@ class GearFlowWorker(WorkerPlugin):
 
         short_spin()  # before numba's first parallel gather loads OpenMP here
         self.worker = worker
+        #: torn down (:meth:`teardown`): a request still running then fails for that, not for a bug
+        self.closing = False
         self.host = ShardHost(room=partial(reply_room, worker))
         sweep()  # segments of workers that died on this machine (e.g. the one this worker replaces)
         self.executor = ThreadPoolExecutor(self.threads, thread_name_prefix="gear-flow")
@@ -228,6 +230,7 @@ class GearFlowWorker(WorkerPlugin):
         worker : distributed.Worker
             The worker this plugin was set up on.
         """
+        self.closing = True
         pc = worker.periodic_callbacks.pop("gear-flow-staging", None)
         if pc is not None:
             pc.stop()
@@ -435,6 +438,9 @@ class GearFlowWorker(WorkerPlugin):
         except GearFlowError as e:  # returned, re-raised with its own type by the caller
             return False, e
         except Exception as e:  # a bug or a message the schema let through: answered, the worker survives
+            if self.closing:  # torn down under the request (its thread pool shut down): not a bug, no traceback
+                logger.info("gear_flow %r not served: the worker is closing (%s: %s)", action, type(e).__name__, e)
+                return False, GearFlowError(f"worker operation {action!r}: the worker is closing ({e})")
             logger.exception("gear_flow %r failed", action)
             return False, GearFlowError(f"worker operation {action!r}: {type(e).__name__}: {e}")
         return True, result
