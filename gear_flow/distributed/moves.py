@@ -472,9 +472,10 @@ class ShardMoves:
 
     @contextlib.asynccontextmanager
     async def leaving(self, addrs: Iterable[str]):
-        """Mark the workers ``addrs`` as leaving for the block (a retirement), once every move in flight has
-        ended: no move brings shards to them from then on, and the shards a move in flight brought them
-        meanwhile are in the placement, where :meth:`held_by` sees them.
+        """Mark the workers ``addrs`` as leaving for the block (a retirement), and enter it once every move
+        in flight has ended: no move brings shards to them from the mark on (one in flight to them is undone
+        before it installs), and what a move that did install brought them is in the placement, where
+        :meth:`held_by` sees it.
 
         Parameters
         ----------
