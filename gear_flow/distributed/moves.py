@@ -31,7 +31,7 @@ import contextlib
 import logging
 import uuid
 from collections import defaultdict
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
 
 import dask.config
@@ -471,7 +471,7 @@ class ShardMoves:
             return False
 
     @contextlib.asynccontextmanager
-    async def leaving(self, addrs: Iterable[str]):
+    async def leaving(self, addrs: Iterable[str]) -> AsyncIterator[None]:
         """Mark the workers ``addrs`` as leaving for the block (a retirement), and enter it once every move
         in flight has ended: no move brings shards to them from the mark on (one in flight to them is undone
         before it installs), and what a move that did install brought them is in the placement, where
