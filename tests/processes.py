@@ -4,6 +4,7 @@ group), logged to a file, stopped in a ``finally``; and what they listen on, rea
 from __future__ import annotations
 
 import os
+import random
 import re
 import signal
 import socket
@@ -19,9 +20,20 @@ CLUSTER = ROOT / "cluster"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on 127.0.0.1 below the kernel's ephemeral range: a port the kernel handed out (a bind to
+    port 0) could go to another process's bind to port 0 (a test's LocalCluster) before the process told of
+    it binds it ("Address already in use", a scheduler of the launch scripts that did not start)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(min(10_000, low // 2), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port below {low} on 127.0.0.1")
 
 
 class Processes:
