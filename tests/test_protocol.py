@@ -155,13 +155,19 @@ def test_a_write_the_public_insert_would_refuse_is_refused_by_the_worker(dist_cl
         t1.close()
 
 
-def test_sample_all_refuses_windows_longer_than_the_shards(dist_client, tables):
-    """A raw ``sample_all`` is checked as the public sample is: a window longer than the shard's capacity (a
-    length of 2**30 had the worker allocate the batch until its nanny killed it, its shards lost)."""
+def test_sample_all_and_parts_refuse_windows_longer_than_the_shards(dist_client, tables):
+    """A raw ``sample_all`` or ``sample_part`` is checked as the public sample is: a window longer than the
+    shard's capacity (a length of 2**30 had ``sample_all`` allocate the batch until its nanny killed the
+    worker, its shards lost; ``sample_part`` answered a misleading stale selection, which invites a retry)."""
     t = tables["fifo"]
     args = dict(name=t.name, n=1, length=257, boundary="pad_tail", columns=["obs", "r"], seed=0)
     with Unchanged(dist_client, t):
         refused(raw_worker(t, "sample_all", args), "longer than a shard holds")
+    p = tables["prio"]
+    args = dict(name=p.name, length=257, boundary="pad_tail", columns=["obs", "r"], seed=0, counts={0: 1},
+                scale={0: 1.0})  # fmt: skip
+    with Unchanged(dist_client, p):
+        refused(raw_worker(p, "sample_part", args), "longer than a shard holds")
 
 
 def test_coordinator_counts_cannot_be_corrupted(dist_client, tables):

@@ -250,9 +250,11 @@ class PartRequest:
         ProtocolError
             As :meth:`HostSampler.sample_part` raises it.
         SpecError
-            A shard of the part is not here.
+            A shard of the part is not here, or ``length`` is longer than a
+            shard holds.
         """
         name = t.name
+        check_sample_args(1, length, boundary, t.spec.capacity)  # (as the public sample: no window past a shard)
         columns = check_columns(t.spec, columns, "sample_part")
         record = True if record is None else bool(record)
         if slots is None and t.cfg.selection == "ordered":
