@@ -193,6 +193,20 @@ class TableSpec:
         """Raw bytes of one step over all columns."""
         return sum(c.nbytes for c in self.columns)
 
+    def batch_step_nbytes(self, columns: Iterable[str]) -> int:
+        """Bytes of one window step of ``columns`` in a batch's buffers (a column of no bytes takes one there).
+
+        Parameters
+        ----------
+        columns : iterable of str
+            Column names.
+
+        Returns
+        -------
+        int
+        """
+        return sum(max(self.column(c).nbytes, 1) for c in columns)
+
     def to_dict(self) -> dict[str, object]:
         """A JSON-able description (used by checkpoints and the distributed table).
 

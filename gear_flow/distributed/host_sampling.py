@@ -451,7 +451,7 @@ class HostSampler:
     def _fits(self, t: HostedTable, rows: int, length: int, columns: Sequence[str]) -> None:
         """Refuse, before anything is drawn, a reply whose batch would not fit this process: a batch past the
         worker's memory had its nanny kill it, and the shards it held were lost."""
-        need = rows * (length * sum(max(t.spec.column(c).nbytes, 1) for c in columns) + _ROW_BYTES)
+        need = rows * (length * t.spec.batch_step_nbytes(columns) + _ROW_BYTES)
         if self.room is None or need <= _SMALL_REPLY:
             return
         room = self.room()

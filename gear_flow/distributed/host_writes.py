@@ -36,7 +36,7 @@ def _batch(t: HostedTable, p: dict) -> tuple[int, EpisodeBatch]:
         raise SpecError(f"shard {s.shard_id}: one episode id and one stamp per episode are needed")
     if lengths.sum() > s.capacity:
         raise SpecError(f"shard {s.shard_id}: {int(lengths.sum())} steps exceed its capacity ({s.capacity})")
-    names = {col.name for col in t.spec.columns}
+    names = t.spec.name_set
     for c, n in zip(chunks, lengths):
         # more keys than columns (each column is required below): some unknown, refused as the public insert
         # refuses them (InvalidDataError) where they were dropped; one len() per episode when there are none

@@ -152,7 +152,7 @@ class ShardMoves:
     def _running(self, leaving: Iterable[str] = ()) -> list[WorkerState]:
         """The running workers, but those in ``leaving`` and those a retirement is taking away (where shards
         may go)."""
-        leaving = set(leaving) | {a for a, n in self._leaving.items() if n > 0}
+        leaving = set(leaving) | set(self._leaving)  # (a retirement's entry goes when it ends)
         return [
             ws for a, ws in self.scheduler.workers.items()
             if a not in leaving and getattr(ws.status, "name", "") == "running"

@@ -856,7 +856,7 @@ async def _sample_one_worker(table, addr, out, B, L, boundary, columns, rng, hor
     settle(t, upd, True)
     if "updated" in res:
         book_reply(t, upd["masses"] or [], res["updated"])
-    nbytes = B * L * sum(max(t.spec.column(c).nbytes, 1) for c in columns)
+    nbytes = B * L * t.spec.batch_step_nbytes(columns)
     if local:
         t.stats["local_bytes"] += nbytes
     elif out is None:
